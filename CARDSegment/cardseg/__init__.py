@@ -1,0 +1,16 @@
+"""cardseg: the CARDSegment inference engine.
+
+Categorical-diffusion segmentation of MRI slices with CARD calibration: a primary and a
+small reference denoiser run along the primary's reverse trajectory; their averaged
+Jensen-Shannon disagreement (TAC) becomes a per-pixel temperature for the primary's logits.
+
+Where each equation of the paper lives:
+
+* Eq. 1 forward process, Eq. 3 reverse step, the true posterior: :mod:`cardseg.diffusion`
+* Eq. 2 temperature scaling: :func:`cardseg.calibration.temperature_scale`
+* Eq. 4 agreement score: :func:`cardseg.metrics.agreement_score`
+* Eq. 5 Jensen-Shannon divergence, Eq. 6 TAC: :mod:`cardseg.trajectory`
+* Eq. 7 temperature field: :func:`cardseg.calibration.temperature_field`
+"""
+
+__version__ = "0.1.0"

@@ -1,0 +1,189 @@
+"""The ``cardseg`` command line: thin glue around the engine (and, lazily, ``cardseg_train``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import List, Optional
+
+from .errors import CardsegError
+
+LAZY = {
+    "train": "train the primary and reference denoisers (needs the [train] extra)",
+    "fit-calibration": "fit CARD's temperature mapping on a bundle (needs the [train] extra)",
+    "evaluate": "compare CARD and the baselines on labelled data (needs the [train] extra)",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
+    parser = argparse.ArgumentParser(prog="cardseg", description="Calibrated categorical-diffusion segmentation (CARD).")
+    parser.add_argument("--version", action="version", version=f"cardseg {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("segment", help="segment a volume and calibrate its confidence",
+                       description="Segment INPUT (NIfTI, NRRD, MHA or a DICOM folder) into OUTDIR.")
+    p.add_argument("input", metavar="INPUT")
+    p.add_argument("-o", "--output", metavar="OUTDIR", required=True)
+    p.add_argument("--bundle", metavar="PATH", help="model bundle folder (default: $CARDSEG_BUNDLE or the shipped one)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--batch-size", type=int, default=8, metavar="N")
+    p.add_argument("--method", default="card", choices=["card", "uc"],
+                   help="card: calibrated by trajectory agreement; uc: primary only, uncalibrated")
+    p.add_argument("--frame", type=int, metavar="N", help="frame of a 4D (cine) image, 0-based")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUTDIR")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
+    p.add_argument("--progress", default="bar", choices=["bar", "json", "none"],
+                   help="json: one {stage, done, total} object per line on stderr")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch")
+
+    sub.add_parser("sizes", help="parameter count of every network size")
+
+    p = sub.add_parser("info", help="describe a bundle")
+    p.add_argument("--bundle", metavar="PATH")
+
+    p = sub.add_parser("init-bundle", help="write an untrained (random, seeded) bundle, e.g. for tests")
+    p.add_argument("output", metavar="OUTDIR")
+    p.add_argument("--primary", default="time-unet:tiny", help="ARCH:SIZE, e.g. time-swinunetr:base")
+    p.add_argument("--reference", default="time-unet:micro")
+    p.add_argument("--input-size", type=int, default=64)
+    p.add_argument("--spacing", type=float, default=3.0, help="network pixel spacing in mm")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true")
+
+    p = sub.add_parser("synth", help="write a synthetic short-axis cine-like volume (and its labels)")
+    p.add_argument("output", metavar="OUTPUT.nii.gz")
+    p.add_argument("--labels", metavar="PATH", help="also write the label map here")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--slices", type=int, default=10)
+
+    for name, text in LAZY.items():
+        p = sub.add_parser(name, help=text, add_help=False)
+        p.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def cmd_segment(a) -> int:
+    from .bundle import load_bundle
+    from .progress import make_progress
+    from .segment import resolve_device, segment_volume, write_outputs
+    from .volume import read_volume
+
+    import torch
+
+    out = os.path.abspath(a.output)
+    if os.path.isdir(out) and os.listdir(out) and not a.overwrite:
+        raise CardsegError(f"{out}: folder exists and is not empty (use --overwrite)")
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise CardsegError(f"{out}: exists and is not a folder")
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    t_start = time.perf_counter()
+    progress = make_progress(a.progress, a.quiet)
+    device = resolve_device(a.device)
+    progress.stage("read", 1)
+    volume = read_volume(a.input, a.frame)
+    bundle = load_bundle(a.bundle, device=device)
+    progress.advance(1)
+    result = segment_volume(volume, bundle, method=a.method, device=device, batch_size=a.batch_size, progress=progress)
+    result.report["input"] = os.path.abspath(a.input)
+    result.report["frame"] = a.frame
+    result.report["timings_s"]["total"] = time.perf_counter() - t_start
+    write_outputs(result, volume, bundle, out, overwrite=a.overwrite, progress=progress)
+    progress.close()
+    if not a.quiet and a.progress != "json":
+        r = result.report
+        agr = "" if r["agreement"] is None else f", agreement {r['agreement']:.3f}"
+        ood = " (OUT OF DOMAIN)" if r.get("out_of_domain") else ""
+        print(f"{out}: {volume.shape[0]} slices, method {a.method}{agr}{ood}, "
+              f"{len(r['regions'])} flagged regions, {time.perf_counter() - t_start:.1f} s")
+    return 0
+
+
+def cmd_sizes(a) -> int:
+    from .networks import SWIN_SIZES, UNET_SIZES, build_network, count_parameters
+
+    print(f"{'network':32s} {'parameters':>12s}")
+    for size, fs in SWIN_SIZES.items():
+        n = count_parameters(build_network({"arch": "time-swinunetr", "size": size, "num_classes": 4}))
+        print(f"{'time-swinunetr:' + size + f' (feature_size {fs})':32s} {n:>12,d}")
+    for size in UNET_SIZES:
+        n = count_parameters(build_network({"arch": "time-unet", "size": size, "num_classes": 4}))
+        print(f"{'time-unet:' + size:32s} {n:>12,d}")
+    print("(4 classes, 1 image channel)")
+    return 0
+
+
+def cmd_info(a) -> int:
+    from .bundle import load_bundle
+
+    b = load_bundle(a.bundle)
+    c = b.config
+    print(f"bundle {b.ident} at {b.path}")
+    print(f"  classes: {', '.join(b.class_names)}")
+    print(f"  grid: {c['input_size']} x {c['input_size']} at {c['pixel_spacing_mm']} mm")
+    print(f"  steps: {b.sampled_steps} of T = {c['diffusion']['num_steps']}")
+    for role in ("primary", "reference"):
+        s = c["networks"][role]
+        print(f"  {role}: {s['arch']}:{s.get('size', '')} ({s.get('parameters', 0):,d} parameters)")
+    print(f"  calibration: {b.calibrator!r} (fitted: {c['calibration'].get('fitted', False)})")
+    print(f"  out-of-domain agreement threshold: {c.get('agreement', {}).get('out_of_domain_threshold')}")
+    return 0
+
+
+def cmd_init_bundle(a) -> int:
+    from .scaffold import init_bundle
+
+    path = init_bundle(a.output, a.primary, a.reference, a.input_size, a.spacing, a.seed, overwrite=a.overwrite)
+    print(f"wrote untrained bundle {path}")
+    return 0
+
+
+def cmd_synth(a) -> int:
+    import SimpleITK as sitk
+
+    from .scaffold import synthetic_cine_volume
+
+    vol, lab = synthetic_cine_volume(shape=(a.slices, 192, 176), seed=a.seed)
+    sitk.WriteImage(vol.to_image(), a.output)
+    if a.labels:
+        sitk.WriteImage(vol.to_image(lab), a.labels)
+    print(f"wrote {a.output}" + (f" and {a.labels}" if a.labels else ""))
+    return 0
+
+
+def run_lazy(command: str, args: List[str]) -> int:
+    try:
+        from cardseg_train import cli as train_cli
+    except ImportError as exc:
+        raise CardsegError(f"'cardseg {command}' needs the training tools: pip install 'cardsegment[train]' ({exc})") from None
+    return int(train_cli.main([command, *args]) or 0)
+
+
+COMMANDS = {"segment": cmd_segment, "sizes": cmd_sizes, "info": cmd_info, "init-bundle": cmd_init_bundle,
+            "synth": cmd_synth}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    try:
+        if argv and argv[0] in LAZY:
+            return run_lazy(argv[0], argv[1:])
+        a = parser.parse_args(argv)
+        return COMMANDS[a.command](a)
+    except CardsegError as exc:
+        print(f"cardseg: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("cardseg: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

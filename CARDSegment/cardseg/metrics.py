@@ -1,0 +1,75 @@
+"""Region-of-interest, agreement score (paper Eq. 4) and connectivity (numpy arrays).
+
+Volumes here are numpy arrays in SimpleITK order ``(Z, Y, X)`` = ``(k, j, i)``: slices are the
+first axis and every 2D operation works on the ``(j, i)`` planes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional
+
+import numpy as np
+from scipy import ndimage
+
+LN2 = math.log(2.0)
+
+
+def disk(radius: int) -> np.ndarray:
+    """Binary disk structuring element of the given radius in pixels, ``(2r+1, 2r+1)``."""
+    r = int(radius)
+    yy, xx = np.mgrid[-r : r + 1, -r : r + 1]
+    return (yy * yy + xx * xx) <= r * r
+
+
+def roi_mask(foreground: np.ndarray, radius: int) -> np.ndarray:
+    """Foreground dilated per slice in 2D by a disk of ``radius`` pixels.
+
+    foreground: bool ``(Z, Y, X)`` or ``(Y, X)`` → bool of the same shape.
+    """
+    fg = np.asarray(foreground, dtype=bool)
+    if radius <= 0:
+        return fg.copy()
+    structure = disk(radius)
+    if fg.ndim == 2:
+        return ndimage.binary_dilation(fg, structure=structure)
+    return np.stack([ndimage.binary_dilation(s, structure=structure) if s.any() else s for s in fg])
+
+
+def agreement_score(tac: np.ndarray, roi: np.ndarray) -> Optional[float]:
+    """Paper Eq. 4: ``Agr = 1 - (1 / (|R| ln 2)) Σ_{v∈R} d̄(v)``, in ``[0, 1]``.
+
+    tac: TAC map ``d̄``; roi: bool mask ``R`` of the same shape. ``None`` when R is empty.
+    """
+    roi = np.asarray(roi, dtype=bool)
+    n = int(roi.sum())
+    if n == 0:
+        return None
+    return float(1.0 - np.asarray(tac, dtype=np.float64)[roi].sum() / (n * LN2))
+
+
+def agreement_report(tac: np.ndarray, labels: np.ndarray, radius: int, class_names: List[str]) -> Dict[str, object]:
+    """Agreement over the predicted foreground's ROI: whole volume, per slice and per class.
+
+    tac: ``(Z, Y, X)``; labels: predicted integer labels ``(Z, Y, X)`` (0 = background).
+    Per class, the ROI is that class's predicted mask dilated the same way.
+    """
+    roi = roi_mask(labels > 0, radius)
+    per_slice = [agreement_score(tac[z], roi[z]) for z in range(tac.shape[0])]
+    per_class = {}
+    for k, name in enumerate(class_names):
+        if k == 0:
+            continue
+        per_class[name] = agreement_score(tac, roi_mask(labels == k, radius))
+    return {"agreement": agreement_score(tac, roi), "agreement_per_slice": per_slice, "agreement_per_class": per_class}
+
+
+def lcc_ratio(foreground: np.ndarray) -> Optional[float]:
+    """``|largest connected component| / |foreground|`` (3D, face connectivity); None if empty."""
+    fg = np.asarray(foreground, dtype=bool)
+    total = int(fg.sum())
+    if total == 0:
+        return None
+    lab, n = ndimage.label(fg)
+    sizes = np.bincount(lab.ravel())[1:]
+    return float(sizes.max() / total)

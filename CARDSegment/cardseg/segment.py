@@ -1,0 +1,227 @@
+"""The segmentation pipeline: volume → slices → dual trajectory → calibrated outputs → files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Optional
+
+import numpy as np
+import SimpleITK as sitk
+import torch
+
+from .bundle import Bundle
+from .calibration import CARD, Uncalibrated, temperature_scale
+from .errors import CardsegError
+from .metrics import agreement_report
+from .preprocess import SliceGrid, network_to_slices, normalize_slice, slices_to_network
+from .progress import Progress
+from .regions import flagged_regions
+from .trajectory import run_trajectory
+from .volume import Volume
+
+METHODS = ("card", "uc")
+#: logit margin that makes pixels outside the network's field of view background
+OUTSIDE_MARGIN = 30.0
+
+
+@dataclass
+class SegmentationResult:
+    """Everything one run produces on the input's own grid (arrays ``(Z, Y, X)``)."""
+
+    labels: np.ndarray  # uint8 (Z, Y, X)
+    probabilities: np.ndarray  # float32 (Z, Y, X, K), calibrated for card, softmax for uc
+    logits: np.ndarray  # float32 (Z, K, Y, X) terminal primary logits on the input grid
+    disagreement: Optional[np.ndarray]  # float32 (Z, Y, X) TAC map, card only
+    temperature: Optional[np.ndarray]  # float32 (Z, Y, X), card only
+    field_of_view: np.ndarray  # bool (Y, X)
+    report: Dict[str, object] = field(default_factory=dict)
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise CardsegError("--device cuda asked for, but torch sees no CUDA GPU")
+    if device not in ("cpu", "cuda"):
+        raise CardsegError(f"unknown device {device!r} (auto, cpu or cuda)")
+    return torch.device(device)
+
+
+def network_inputs(volume: Volume, bundle: Bundle) -> tuple:
+    """Normalised slices on the network grid ``(Z, 1, N, N)`` and the :class:`SliceGrid` used."""
+    pre = bundle.config["preprocessing"]
+    z, ny, nx = volume.shape
+    grid = SliceGrid((ny, nx), tuple(volume.spacing[:2]), float(bundle.config["pixel_spacing_mm"]),
+                     int(bundle.config["input_size"]))
+    norm = np.stack([normalize_slice(s, pre.get("low_percentile", 0.5), pre.get("high_percentile", 99.5))
+                     for s in volume.array])
+    return slices_to_network(norm, grid), grid
+
+
+def segment_volume(volume: Volume, bundle: Bundle, method: str = "card", device: torch.device | str = "cpu",
+                   batch_size: int = 8, progress: Optional[Progress] = None) -> SegmentationResult:
+    """Run the method on every slice of ``volume`` and bring the results back to its grid."""
+    if method not in METHODS:
+        raise CardsegError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
+    if batch_size < 1:
+        raise CardsegError(f"--batch-size must be at least 1, got {batch_size}")
+    progress = progress or Progress()
+    device = torch.device(device)
+    timings: Dict[str, float] = {}
+    t0 = time.perf_counter()
+    x, grid = network_inputs(volume, bundle)
+    timings["preprocess"] = time.perf_counter() - t0
+
+    k = bundle.num_classes
+    steps = bundle.sampled_steps
+    fov = grid.field_of_view()
+    nb = (x.shape[0] + batch_size - 1) // batch_size
+    progress.stage("trajectory", nb * len(steps))
+    logits_out, tac_out = [], []
+    t0 = time.perf_counter()
+    for b in range(nb):
+        xb = x[b * batch_size:(b + 1) * batch_size].to(device)
+        res = run_trajectory(bundle.primary, xb, steps, k, reference=bundle.reference,
+                             mode="card" if method == "card" else "uc", schedule=bundle.schedule,
+                             on_step=lambda t: progress.advance(1))
+        logits_out.append(network_to_slices(res.logits.float(), grid).cpu())
+        if res.tac is not None:
+            tac_out.append(network_to_slices(res.tac[:, None].float(), grid)[:, 0].cpu())
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    timings["trajectory"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    logits = torch.cat(logits_out)  # (Z, K, Y, X)
+    outside = torch.from_numpy(~fov)
+    logits[:, :, outside] = -OUTSIDE_MARGIN
+    logits[:, 0][:, outside] = 0.0
+    labels = logits.argmax(dim=1).to(torch.uint8)
+    disagreement = temperature = None
+    if method == "card":
+        tac = torch.cat(tac_out)
+        tac[:, outside] = 0.0
+        cal = bundle.calibrator
+        if not isinstance(cal, CARD):
+            raise CardsegError(f"bundle calibration method is {cal.name!r}; --method card needs 'card'")
+        tau = cal.temperature(tac)
+        tau[:, outside] = cal.tau_min
+        logp = temperature_scale(logits, tau)
+        disagreement, temperature = tac.numpy().astype(np.float32), tau.numpy().astype(np.float32)
+    else:
+        logp = Uncalibrated().log_probs(logits)
+    probs = logp.exp().permute(0, 2, 3, 1).contiguous().numpy().astype(np.float32)
+    timings["postprocess"] = time.perf_counter() - t0
+
+    result = SegmentationResult(labels=labels.numpy(), probabilities=probs, logits=logits.numpy(),
+                                disagreement=disagreement, temperature=temperature, field_of_view=fov)
+    result.report = build_report(result, volume, bundle, method, device, timings)
+    return result
+
+
+def build_report(result: SegmentationResult, volume: Volume, bundle: Bundle, method: str, device, timings) -> dict:
+    cfg = bundle.config
+    names = bundle.class_names
+    voxel_ml = float(np.prod(volume.spacing)) / 1000.0
+    counts = np.bincount(result.labels.ravel(), minlength=len(names))
+    report: Dict[str, object] = {
+        "method": method,
+        "agreement": None,
+        "agreement_per_slice": None,
+        "agreement_per_class": None,
+        "out_of_domain": None,
+        "regions": [],
+        "class_volumes_ml": {n: float(counts[i] * voxel_ml) for i, n in enumerate(names) if i > 0},
+        "shape_zyx": list(volume.shape),
+        "spacing_xyz": [float(s) for s in volume.spacing],
+        "timings_s": timings,
+        "device": str(device),
+        "bundle": {"id": bundle.ident, "path": str(Path(bundle.path).resolve()), "checksums": bundle.checksums},
+    }
+    if method == "card":
+        radius = int(cfg.get("agreement", {}).get("roi_dilation_px", 10))
+        report.update(agreement_report(result.disagreement, result.labels, radius, names))
+        threshold = cfg.get("agreement", {}).get("out_of_domain_threshold")
+        if threshold is not None and report["agreement"] is not None:
+            report["out_of_domain"] = bool(report["agreement"] < float(threshold))
+        reg = cfg.get("regions", {})
+        report["regions"] = flagged_regions(result.disagreement, result.labels, float(reg.get("flag_threshold", 0.1)),
+                                            int(reg.get("min_voxels", 10)), volume.ijk_to_lps(), volume.spacing, names)
+        report["calibration"] = bundle.calibrator.to_dict()
+    return report
+
+
+def write_outputs(result: SegmentationResult, volume: Volume, bundle: Bundle, outdir: os.PathLike,
+                  overwrite: bool = False, progress: Optional[Progress] = None) -> Path:
+    """Write every output into a temporary folder, then move it into ``outdir`` in one step."""
+    out = Path(outdir)
+    if out.exists() and not out.is_dir():
+        raise CardsegError(f"{out}: exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise CardsegError(f"{out}: folder exists and is not empty (use --overwrite)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    progress = progress or Progress()
+    files = output_files(result)
+    progress.stage("write", len(files))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        for name in files:
+            _write_one(name, tmp / name, result, volume, bundle)
+            progress.advance(1)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def output_files(result: SegmentationResult) -> list:
+    files = ["segmentation.nii.gz", "segmentation.seg.nrrd", "probabilities.nii.gz"]
+    if result.disagreement is not None:
+        files += ["disagreement.nii.gz", "temperature.nii.gz"]
+    return files + ["report.json"]
+
+
+def _write_one(name: str, path: Path, result: SegmentationResult, volume: Volume, bundle: Bundle) -> None:
+    if name == "segmentation.nii.gz":
+        sitk.WriteImage(volume.to_image(result.labels), str(path), useCompression=True)
+    elif name == "probabilities.nii.gz":
+        sitk.WriteImage(volume.to_image(result.probabilities, is_vector=True), str(path), useCompression=True)
+    elif name == "disagreement.nii.gz":
+        sitk.WriteImage(volume.to_image(result.disagreement), str(path), useCompression=True)
+    elif name == "temperature.nii.gz":
+        sitk.WriteImage(volume.to_image(result.temperature), str(path), useCompression=True)
+    elif name == "segmentation.seg.nrrd":
+        write_seg_nrrd(path, result.labels, volume, bundle.config["classes"])
+    elif name == "report.json":
+        path.write_text(json.dumps(result.report, indent=2) + "\n")
+    else:  # pragma: no cover - output_files and this function list the same names
+        raise AssertionError(name)
+
+
+def write_seg_nrrd(path: Path, labels: np.ndarray, volume: Volume, classes: list) -> None:
+    """A Slicer ``.seg.nrrd`` with one segment per foreground class (names and colours)."""
+    import slicerio
+
+    ijk = np.ascontiguousarray(labels.transpose(2, 1, 0))  # (Z, Y, X) → (i, j, k)
+    seg = slicerio.create_segmentation(ijk.shape, volume.ijk_to_lps())
+    for value, cls in enumerate(classes):
+        if value == 0:
+            continue
+        segment = {"id": f"Segment_{value}", "name": cls["name"], "color": [float(c) for c in cls.get("color", [1, 0, 0])]}
+        if cls.get("terminology"):
+            segment["terminology"] = cls["terminology"]
+        slicerio.add_segment(seg, ijk == value, segment)
+    slicerio.write_segmentation(str(path), seg)
