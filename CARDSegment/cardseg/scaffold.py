@@ -37,10 +37,24 @@ def init_bundle(path: os.PathLike, primary: str = "time-unet:tiny", reference: s
     torch.manual_seed(seed)
     specs = {"primary": parse_network(primary), "reference": parse_network(reference)}
     nets = {role: build_network({**spec, "num_classes": len(ACDC_CLASSES)}) for role, spec in specs.items()}
+    for net in nets.values():
+        _randomize_zero_weights(net)
     config = default_config(name, ACDC_CLASSES, specs["primary"], specs["reference"], pixel_spacing_mm, input_size,
                             sampled_steps=sampled_steps)
     config["provenance"] = {"training": "none (randomly initialised)", "seed": seed}
     return save_bundle(path, config, nets["primary"], nets["reference"], fp16=False, overwrite=overwrite)
+
+
+def _randomize_zero_weights(net: torch.nn.Module, std: float = 0.05) -> None:
+    """Give zero-initialised layers (output convolutions, FiLM) small random weights.
+
+    Those layers make a freshly built denoiser output constant logits; an untrained test
+    bundle should instead produce varied labels and disagreement so tests see real data flow.
+    """
+    with torch.no_grad():
+        for p in net.parameters():
+            if p.dim() > 1 and not p.any():
+                p.normal_(0.0, std)
 
 
 def synthetic_cine_volume(shape: Tuple[int, int, int] = (8, 192, 176), spacing=(1.5, 1.5, 8.0), seed: int = 0,
