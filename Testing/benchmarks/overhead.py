@@ -1,0 +1,97 @@
+"""Benchmark: CARD's overhead over the primary alone on one volume (not a test).
+
+    python Testing/benchmarks/overhead.py [--bundle PATH] [--input VOLUME] [--repeats 3]
+
+Runs ``segment_volume`` with ``--method uc`` and ``--method card`` on the same volume in one
+process (after one warm-up each), and prints the median wall time of each, the overhead ratio
+card/uc, slices per second, and the floor the reference's own compute sets (one primary and
+one reference forward pass timed separately). Without --bundle it uses the shipped bundle, or
+builds an untrained one of the given sizes (speed does not depend on training).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bundle")
+    ap.add_argument("--input", help="volume file (default: a synthetic 10-slice cine-like volume)")
+    ap.add_argument("--primary", default="time-swinunetr:small", help="for an untrained bundle")
+    ap.add_argument("--reference", default="time-swinunetr:mini", help="for an untrained bundle")
+    ap.add_argument("--input-size", type=int, default=128)
+    ap.add_argument("--spacing", type=float, default=1.5)
+    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--threads", type=int)
+    a = ap.parse_args()
+
+    from cardseg.bundle import BUNDLES_DIR, DEFAULT_NAME, load_bundle
+    from cardseg.networks import count_parameters
+    from cardseg.scaffold import init_bundle, synthetic_cine_volume
+    from cardseg.segment import network_inputs, resolve_device, segment_volume
+    from cardseg.volume import read_volume
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    device = resolve_device(a.device)
+    tmp = tempfile.TemporaryDirectory()
+    path = a.bundle
+    if path is None and (BUNDLES_DIR / DEFAULT_NAME / "bundle.json").is_file():
+        path = BUNDLES_DIR / DEFAULT_NAME
+    if path is None:
+        path = init_bundle(f"{tmp.name}/b", a.primary, a.reference, a.input_size, a.spacing)
+    bundle = load_bundle(path, device=device)
+    volume = read_volume(a.input) if a.input else synthetic_cine_volume((10, 216, 256))[0]
+    z = volume.shape[0]
+
+    def timed(method: str) -> float:
+        t0 = time.perf_counter()
+        segment_volume(volume, bundle, method=method, device=device, batch_size=a.batch_size)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    times = {}
+    for method in ("uc", "card"):
+        timed(method)  # warm-up
+        times[method] = statistics.median(timed(method) for _ in range(a.repeats))
+
+    x, _ = network_inputs(volume, bundle)
+    xb = x[: a.batch_size].to(device)
+    state = torch.full((xb.shape[0], bundle.num_classes, *xb.shape[2:]), 1.0 / bundle.num_classes, device=device)
+    t = torch.full((xb.shape[0],), 49, dtype=torch.long, device=device)
+
+    def forward_time(net) -> float:
+        with torch.no_grad():
+            net(xb, state, t)
+            runs = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                net(xb, state, t)
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                runs.append(time.perf_counter() - t0)
+        return statistics.median(runs)
+
+    tp, tr = forward_time(bundle.primary), forward_time(bundle.reference)
+    print(f"bundle {bundle.ident}: primary {count_parameters(bundle.primary):,d} params, "
+          f"reference {count_parameters(bundle.reference):,d} params, grid {bundle.config['input_size']}px")
+    print(f"device {device}, threads {torch.get_num_threads()}, volume {z} slices, batch {a.batch_size}, "
+          f"{len(bundle.sampled_steps)} steps")
+    print(f"uc   {times['uc']:.3f} s  ({z / times['uc']:.2f} slices/s)")
+    print(f"card {times['card']:.3f} s  ({z / times['card']:.2f} slices/s)")
+    print(f"overhead card/uc: {times['card'] / times['uc']:.3f}x  "
+          f"(reference compute floor 1 + t_ref/t_primary = {1 + tr / tp:.3f}x; paper: 1.16x on a GPU)")
+    tmp.cleanup()
+
+
+if __name__ == "__main__":
+    main()
