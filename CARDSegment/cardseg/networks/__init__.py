@@ -19,7 +19,8 @@ from torch import nn
 #: SwinUNETR feature sizes of the paper's capacity sweep (parameter counts: ``cardseg sizes``).
 SWIN_SIZES: Dict[str, int] = {"mini": 12, "tiny": 24, "small": 36, "base": 60, "large": 72}
 #: channel widths of the small time-conditioned U-Nets.
-UNET_SIZES: Dict[str, tuple] = {"micro": (8, 16, 16), "tiny": (16, 32, 32), "small": (32, 64, 64), "medium": (32, 64, 128, 128)}
+UNET_SIZES: Dict[str, tuple] = {"micro": (8, 16, 32), "tiny": (16, 32, 64), "small": (16, 32, 64, 128),
+                                "medium": (32, 64, 128, 256)}
 
 ARCHES = ("time-swinunetr", "time-unet", "discriminative")
 
@@ -61,5 +62,6 @@ def size_multiple(spec: dict) -> int:
     """The input side length must be a multiple of this for the spec's network."""
     if spec.get("arch") == "time-swinunetr" or spec.get("backbone") == "swinunetr":
         return 32
-    channels = spec.get("channels") or UNET_SIZES.get(spec.get("size", "tiny"), (16, 32, 64, 128))
-    return 2 ** (len(channels) - 1)
+    if spec.get("arch") == "time-unet":
+        return 2 ** len(spec.get("channels") or UNET_SIZES.get(spec.get("size", "tiny"), (16, 32, 64)))
+    return 2 ** (len(spec.get("channels") or (16, 32, 64, 128)) - 1)
