@@ -1,8 +1,8 @@
 """Entry point for the ``cardseg`` subcommands that live in the training package.
 
 ``cardseg train [options]`` trains one denoiser into a run folder; ``cardseg train export``
-assembles a bundle from a primary run and a reference run. ``fit-calibration`` and
-``evaluate`` are not available yet and say so.
+assembles a bundle from a primary run and a reference run; ``cardseg evaluate`` measures a
+bundle's Dice on labelled volumes. ``fit-calibration`` is not available yet and says so.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from cardseg.errors import CardsegError
 
 PLANNED = {
     "fit-calibration": "calibration fitting (issue: calibration and evaluation harness)",
-    "evaluate": "the evaluation harness (issue: calibration and evaluation harness)",
 }
 
 #: command-line flag → TrainConfig field, for flags whose default is "the config's default"
@@ -187,6 +186,47 @@ def cmd_export(argv: List[str]) -> int:
     return 0
 
 
+def evaluate_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cardseg evaluate",
+        description="Segmentation quality of a bundle on labelled ACDC volumes: Dice per class per 3D volume at "
+                    "the volume's own grid (dice.csv, dice.json, dice.md in --out).")
+    p.add_argument("--bundle", metavar="PATH", help="bundle folder (default: $CARDSEG_BUNDLE or the shipped one)")
+    p.add_argument("--data", default="../shared/data/acdc", metavar="PATH", help="ACDC HDF5 folder")
+    p.add_argument("--split", default="val", choices=["val", "test"],
+                   help="val for development; test only to report, never to select")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--h5-spacing", type=float, default=1.5, metavar="MM",
+                   help="pixel size assumed for the geometry-less HDF5 volumes (default 1.5, as in training)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int)
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def cmd_evaluate(argv: List[str]) -> int:
+    import torch
+
+    from cardseg.bundle import load_bundle
+    from cardseg.progress import make_progress
+    from cardseg.segment import resolve_device
+
+    from .evaluation import acdc_h5_volumes, evaluate_dice, write_dice_table
+
+    a = evaluate_parser().parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    device = resolve_device(a.device)
+    bundle = load_bundle(a.bundle, device=device)
+    cases = acdc_h5_volumes(a.data, a.split, a.h5_spacing)
+    rows = evaluate_dice(bundle, cases, device=device, batch_size=a.batch_size, progress=make_progress("bar", a.quiet))
+    summary = write_dice_table(rows, bundle.class_names, Path(a.out), f"{bundle.ident} on ACDC {a.split}")
+    if not a.quiet:
+        print(" ".join(f"{k} {v:.3f}" for k, v in summary.items()), f"-> {a.out}")
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv else ""
@@ -195,6 +235,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         if rest and rest[0] == "export":
             return cmd_export(rest[1:])
         return cmd_train(rest)
+    if command == "evaluate":
+        return cmd_evaluate(argv[1:])
     if command in PLANNED:
         raise CardsegError(f"'cardseg {command}' is not available in this version yet: {PLANNED[command]}")
     raise CardsegError(f"unknown training command {command!r}")

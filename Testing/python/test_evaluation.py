@@ -1,0 +1,49 @@
+import json
+
+import numpy as np
+import pytest
+
+from cardseg.bundle import load_bundle
+from cardseg.cli import main
+from cardseg.scaffold import synthetic_cine_volume
+from cardseg_train.evaluation import LabelledVolume, acdc_h5_volumes, dice_score, evaluate_dice, summarize
+
+from conftest import ACDC
+
+
+def test_dice_score_by_hand():
+    a = np.zeros((1, 4, 4), np.uint8)
+    b = np.zeros((1, 4, 4), np.uint8)
+    a[0, :2, :2] = 1  # 4 px
+    b[0, :2, :3] = 1  # 6 px, 4 shared
+    assert dice_score(a, b, 1) == pytest.approx(8 / 10)
+    assert np.isnan(dice_score(a, b, 2))
+    assert dice_score(b, b, 1) == 1.0
+
+
+def test_evaluate_dice_on_a_perfect_and_a_blank_prediction(tiny_bundle):
+    vol, lab = synthetic_cine_volume((2, 64, 64), spacing=(3.0, 3.0, 8.0))
+    bundle = load_bundle(tiny_bundle)
+    rows = evaluate_dice(bundle, [LabelledVolume("syn", "p", vol, lab)])
+    assert set(rows[0]) == {"case", "patient", "RV", "MYO", "LV", "mean"}
+    assert all(0.0 <= rows[0][k] <= 1.0 for k in ("RV", "MYO", "LV"))
+    s = summarize(rows + [{"case": "x", "patient": "q", "RV": 1.0, "MYO": 1.0, "LV": float("nan"), "mean": 1.0}],
+                  bundle.class_names)
+    assert s["LV"] == pytest.approx(rows[0]["LV"])  # NaN (class absent) is skipped
+    assert s["RV"] == pytest.approx((rows[0]["RV"] + 1) / 2)
+
+
+@pytest.mark.skipif(not (ACDC / "volumes").is_dir(), reason="ACDC data not present")
+def test_acdc_validation_volumes_and_evaluate_command(tiny_bundle, tmp_path):
+    vols = acdc_h5_volumes(str(ACDC), "val")
+    assert len(vols) == 20 and len({v.patient for v in vols}) == 10
+    test_ids = set((ACDC / "test_patients.txt").read_text().split())
+    assert not test_ids & {v.patient for v in vols}
+    v = vols[0]
+    assert v.volume.array.shape == v.labels.shape and set(np.unique(v.labels)) <= {0, 1, 2, 3}
+    code = main(["evaluate", "--bundle", str(tiny_bundle), "--data", str(ACDC), "--split", "val", "--out",
+                 str(tmp_path / "ev"), "--quiet"])
+    assert code == 0
+    rep = json.loads((tmp_path / "ev" / "dice.json").read_text())
+    assert len(rep["volumes"]) == 20 and 0 <= rep["summary"]["mean"] <= 1
+    assert (tmp_path / "ev" / "dice.md").read_text().count("|") > 8
