@@ -47,3 +47,17 @@ def test_acdc_validation_volumes_and_evaluate_command(tiny_bundle, tmp_path):
     rep = json.loads((tmp_path / "ev" / "dice.json").read_text())
     assert len(rep["volumes"]) == 20 and 0 <= rep["summary"]["mean"] <= 1
     assert (tmp_path / "ev" / "dice.md").read_text().count("|") > 8
+
+
+def test_learning_curve_plot_from_a_run_log(tmp_path):
+    from cardseg_train.plots import plot_learning_curve, read_log
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "log.csv").write_text(
+        "step,lr,loss,val_dice,val_dice_RV,val_dice_MYO,val_dice_LV\n"
+        "50,1e-4,2.0,,,,\n100,1e-4,1.5,0.5,0.4,0.5,0.6\n150,1e-4,1.2,,,,\n200,1e-4,1.0,0.7,0.6,0.7,0.8\n")
+    rows = read_log(run)
+    assert rows[0] == {"step": 50.0, "lr": 1e-4, "loss": 2.0} and rows[3]["val_dice_LV"] == 0.8
+    png = plot_learning_curve([run], tmp_path / "curve.png")
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
