@@ -53,15 +53,62 @@ def resolve_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
+def normalized_slices(volume: Volume, bundle: Bundle) -> np.ndarray:
+    """The volume's slices scaled to ``[0, 1]`` as the bundle's preprocessing says: ``(Z, Y, X)``."""
+    pre = bundle.config["preprocessing"]
+    return np.stack([normalize_slice(s, pre.get("low_percentile", 0.5), pre.get("high_percentile", 99.5))
+                     for s in volume.array]).astype(np.float32)
+
+
+def slice_grid(shape_yx: tuple, spacing_xy: tuple, bundle: Bundle) -> SliceGrid:
+    return SliceGrid(tuple(shape_yx), tuple(float(s) for s in spacing_xy), float(bundle.config["pixel_spacing_mm"]),
+                     int(bundle.config["input_size"]))
+
+
 def network_inputs(volume: Volume, bundle: Bundle) -> tuple:
     """Normalised slices on the network grid ``(Z, 1, N, N)`` and the :class:`SliceGrid` used."""
-    pre = bundle.config["preprocessing"]
-    z, ny, nx = volume.shape
-    grid = SliceGrid((ny, nx), tuple(volume.spacing[:2]), float(bundle.config["pixel_spacing_mm"]),
-                     int(bundle.config["input_size"]))
-    norm = np.stack([normalize_slice(s, pre.get("low_percentile", 0.5), pre.get("high_percentile", 99.5))
-                     for s in volume.array])
-    return slices_to_network(norm, grid), grid
+    grid = slice_grid(volume.shape[1:], volume.spacing[:2], bundle)
+    return slices_to_network(normalized_slices(volume, bundle), grid), grid
+
+
+def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle, method: str = "card",
+                         device: torch.device | str = "cpu", batch_size: int = 8,
+                         progress: Optional[Progress] = None) -> tuple:
+    """Run the trajectory on normalised slices and bring the results back to their grid.
+
+    slices01: ``(Z, Y, X)`` already scaled to ``[0, 1]`` (:func:`normalized_slices`, possibly
+    perturbed by the caller); spacing_xy: in-plane spacing (x, y) in mm. Returns
+    ``(logits (Z, K, Y, X), tac (Z, Y, X) or None, field_of_view (Y, X) bool)`` as torch/numpy,
+    with pixels outside the network's field of view set to background and zero disagreement.
+    """
+    progress = progress or Progress()
+    device = torch.device(device)
+    grid = slice_grid(slices01.shape[1:], spacing_xy, bundle)
+    x = slices_to_network(slices01, grid)
+    steps = bundle.sampled_steps
+    nb = (x.shape[0] + batch_size - 1) // batch_size
+    progress.stage("trajectory", nb * len(steps))
+    logits_out, tac_out = [], []
+    for b in range(nb):
+        xb = x[b * batch_size:(b + 1) * batch_size].to(device)
+        res = run_trajectory(bundle.primary, xb, steps, bundle.num_classes, reference=bundle.reference,
+                             mode="card" if method == "card" else "uc", schedule=bundle.schedule,
+                             on_step=lambda t: progress.advance(1))
+        logits_out.append(network_to_slices(res.logits.float(), grid).cpu())
+        if res.tac is not None:
+            tac_out.append(network_to_slices(res.tac[:, None].float(), grid)[:, 0].cpu())
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    fov = grid.field_of_view()
+    outside = torch.from_numpy(~fov)
+    logits = torch.cat(logits_out)
+    logits[:, :, outside] = -OUTSIDE_MARGIN
+    logits[:, 0][:, outside] = 0.0
+    tac = None
+    if tac_out:
+        tac = torch.cat(tac_out)
+        tac[:, outside] = 0.0
+    return logits, tac, fov
 
 
 def segment_volume(volume: Volume, bundle: Bundle, method: str = "card", device: torch.device | str = "cpu",
@@ -71,47 +118,24 @@ def segment_volume(volume: Volume, bundle: Bundle, method: str = "card", device:
         raise CardsegError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
     if batch_size < 1:
         raise CardsegError(f"--batch-size must be at least 1, got {batch_size}")
-    progress = progress or Progress()
-    device = torch.device(device)
     timings: Dict[str, float] = {}
     t0 = time.perf_counter()
-    x, grid = network_inputs(volume, bundle)
+    slices01 = normalized_slices(volume, bundle)
     timings["preprocess"] = time.perf_counter() - t0
 
-    k = bundle.num_classes
-    steps = bundle.sampled_steps
-    fov = grid.field_of_view()
-    nb = (x.shape[0] + batch_size - 1) // batch_size
-    progress.stage("trajectory", nb * len(steps))
-    logits_out, tac_out = [], []
     t0 = time.perf_counter()
-    for b in range(nb):
-        xb = x[b * batch_size:(b + 1) * batch_size].to(device)
-        res = run_trajectory(bundle.primary, xb, steps, k, reference=bundle.reference,
-                             mode="card" if method == "card" else "uc", schedule=bundle.schedule,
-                             on_step=lambda t: progress.advance(1))
-        logits_out.append(network_to_slices(res.logits.float(), grid).cpu())
-        if res.tac is not None:
-            tac_out.append(network_to_slices(res.tac[:, None].float(), grid)[:, 0].cpu())
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    logits, tac, fov = trajectory_on_slices(slices01, volume.spacing[:2], bundle, method, device, batch_size, progress)
     timings["trajectory"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    logits = torch.cat(logits_out)  # (Z, K, Y, X)
-    outside = torch.from_numpy(~fov)
-    logits[:, :, outside] = -OUTSIDE_MARGIN
-    logits[:, 0][:, outside] = 0.0
     labels = logits.argmax(dim=1).to(torch.uint8)
     disagreement = temperature = None
     if method == "card":
-        tac = torch.cat(tac_out)
-        tac[:, outside] = 0.0
         cal = bundle.calibrator
         if not isinstance(cal, CARD):
             raise CardsegError(f"bundle calibration method is {cal.name!r}; --method card needs 'card'")
         tau = cal.temperature(tac)
-        tau[:, outside] = cal.tau_min
+        tau[:, torch.from_numpy(~fov)] = cal.tau_min
         logp = temperature_scale(logits, tau)
         disagreement, temperature = tac.numpy().astype(np.float32), tau.numpy().astype(np.float32)
     else:

@@ -242,7 +242,11 @@ def test_json_progress_lines(tiny_bundle, rotated_nifti, tmp_path, capfd):
     assert lines[-1]["stage"] == "write" and lines[-1]["done"] == lines[-1]["total"]
 
 
-def test_lazy_training_commands_report_clearly(capsys):
-    assert main(["evaluate"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("cardseg: error:") and "evaluate" in err
+def test_training_commands_say_clearly_when_the_extra_is_missing(monkeypatch, capsys):
+    import sys as _sys
+
+    monkeypatch.setitem(_sys.modules, "cardseg_train", None)  # as if the [train] extra were not installed
+    for command in ("train", "fit-calibration", "evaluate"):
+        assert main([command, "--help"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("cardseg: error:") and "[train]" in err and len(err.strip().splitlines()) == 1
