@@ -29,6 +29,8 @@ ENV_VAR = "CARDSEG_BUNDLE"
 DEFAULT_NAME = "acdc"
 BUNDLES_DIR = Path(__file__).resolve().parent / "bundles"
 ROLES = ("primary", "reference")
+#: keys of bundle.json's "calibration" block that describe the fit rather than parameterise it
+CALIBRATION_META = ("fitted", "fit")
 
 
 def sha256_file(path: os.PathLike) -> str:
@@ -93,7 +95,7 @@ class Bundle:
 
     @property
     def calibrator(self) -> Calibrator:
-        cal = {k: v for k, v in self.config["calibration"].items() if k != "fitted"}
+        cal = {k: v for k, v in self.config["calibration"].items() if k not in CALIBRATION_META}
         return calibrator_from_dict(cal)
 
     @property

@@ -115,3 +115,25 @@ def test_first_step_from_uniform_state_segments(tmp_path):
     dice = dice_per_class(pred, y, 4)
     assert min(dice) > 0.3, dice  # chance (random or all-background) is about 0.05 or 0
     assert float((pred == y).float().mean()) > float((y == 0).float().mean())  # beats "all background"
+
+
+def test_stop_file_ends_a_run_cleanly(tmp_path):
+    """`touch RUN/STOP` makes the trainer validate, save and write its summary at the next step."""
+    from cardseg_train.train import TrainConfig, train
+
+    import threading
+    import time as _time
+
+    out = tmp_path / "run"
+    cfg = TrainConfig(data="synthetic", network="time-unet:micro", input_size=32, spacing=6.0, steps=100000,
+                      batch_size=2, log_interval=1, val_interval=100000, val_max_volumes=1, warmup=1).resolve()
+
+    def stopper():
+        while not (out / "log.csv").exists():
+            _time.sleep(0.05)
+        (out / "STOP").touch()
+
+    threading.Thread(target=stopper, daemon=True).start()
+    summary = train(cfg, out, progress=False)
+    assert summary["stopped_by"] == "stop file" and summary["steps_done"] < 100000
+    assert (out / "summary.json").is_file() and (out / "last.pt").is_file()

@@ -186,7 +186,7 @@ def engine_card_outputs(bundle, slices01: np.ndarray, spacing_xy: Tuple[float, f
 
 def build_pool(bundle, cases, variants: Sequence[str] = POOL_VARIANTS, roi_radius: int = 10,
                max_pixels_per_item: Optional[int] = 30_000, seed: int = 0, device="cpu", batch_size: int = 8,
-               progress: Optional[Callable[[str], None]] = None) -> List[PoolItem]:
+               progress: Optional[Callable[[str], None]] = None, draws: int = 1) -> List[PoolItem]:
     """Run the dual trajectory on every case and variant and keep its ROI pixels.
 
     cases: :class:`~cardseg_train.evaluation.LabelledVolume` items (source validation only).
@@ -194,7 +194,8 @@ def build_pool(bundle, cases, variants: Sequence[str] = POOL_VARIANTS, roi_radiu
     perturbed (:func:`perturb_image`, generator seeded by ``(seed, case, variant)``; ``clean``
     is left as is) and run through :func:`engine_card_outputs`. The ROI is the ground-truth
     foreground dilated by ``roi_radius`` pixels (per slice, disk), as in the metrics; at most
-    ``max_pixels_per_item`` of its pixels are kept (seeded). Each item records the volume
+    ``max_pixels_per_item`` of its pixels are kept (seeded); each perturbation is drawn ``draws``
+    times per volume (draw 0 keeps the generator of a single-draw pool). Each item records the volume
     agreement score the engine would report (Eq. 4 over the predicted foreground's ROI,
     dilated by the bundle's ``agreement.roi_dilation_px``).
     """
@@ -208,8 +209,9 @@ def build_pool(bundle, cases, variants: Sequence[str] = POOL_VARIANTS, roi_radiu
     for case in cases:
         roi = roi_mask(case.labels > 0, roi_radius)
         norm = normalized_slices(case.volume, bundle)
-        for variant in variants:
-            rng = corruption_rng(case.case, f"pool:{variant}", seed)
+        jobs = [(v, k) for v in variants for k in range(1 if v == "clean" else max(1, draws))]
+        for variant, draw in jobs:
+            rng = corruption_rng(case.case, f"pool:{variant}" + (f":{draw}" if draw else ""), seed)
             img = norm if variant == "clean" else perturb_image(norm, variant, rng)
             logits, tac = engine_card_outputs(bundle, img, tuple(case.volume.spacing[:2]), device, batch_size)
             pred = logits.argmax(axis=1)

@@ -462,6 +462,7 @@ class Trainer:
         c = self.config
         self._load_data()
         self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "STOP").unlink(missing_ok=True)  # a stop request belongs to the previous invocation
         (self.out / "config.json").write_text(json.dumps(c.to_dict(), indent=2) + "\n")
 
         torch.manual_seed(int(c.seed))
@@ -533,6 +534,8 @@ class Trainer:
                     bar.update(1)
 
                 over_budget = budget_s is not None and (time.perf_counter() - self.t_start) >= budget_s
+                stop_file = (self.out / "STOP").exists()  # `touch RUN/STOP` ends a run cleanly
+                over_budget = over_budget or stop_file
                 last_step = step >= c.steps or over_budget
                 do_val = bool(self.val_volumes) and (step % c.val_interval == 0 or last_step)
                 if step % c.log_interval == 0 or do_val or last_step:
@@ -565,7 +568,7 @@ class Trainer:
                 if step % c.val_interval == 0 and not do_val:
                     self._save_last(step)  # a resumable point even without validation data
                 if over_budget and step < c.steps:
-                    stop_reason = "time budget"
+                    stop_reason = "stop file" if stop_file else "time budget"
                     break
         except KeyboardInterrupt:
             self._save_last(step)
