@@ -1,0 +1,166 @@
+"""One "Segment & Calibrate" from start to nodes, without Qt.
+
+:class:`SegmentationJob` writes the input volume to a temporary file, runs ``cardseg segment``
+in a separate process (:class:`~CARDSegmentLib.process.CardsegRun`), and when the process has
+succeeded turns its outputs into nodes (:func:`~CARDSegmentLib.nodes.load_outputs`). The scene
+is not touched before :meth:`SegmentationJob.finish`: a cancelled or failed run leaves it as it
+was. The module's Logic drives :meth:`poll` from a ``QTimer``; tests call :meth:`wait`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional
+
+from . import process as proc
+from .bundles import bundle_classes
+from .nodes import OutputError, OutputNodes, load_outputs, write_volume_file
+
+
+@dataclass
+class JobOptions:
+    """What the panel chose (and a few things tests and scripts may set)."""
+
+    bundle_path: Optional[str] = None  # a bundle folder; None: the engine's own default
+    device: str = "auto"  # auto | cpu | cuda
+    method: str = "card"  # card | uc
+    load_probabilities: bool = False
+    overlay: str = "disagreement"  # disagreement | temperature | none
+    opacity: float = 0.5
+    engine_dir: Optional[str] = None  # folder that holds the ``cardseg`` package
+    python_executable: Optional[str] = None
+    threads: Optional[int] = None
+    batch_size: Optional[int] = None
+    work_root: Optional[str] = None  # where the temporary folder is made (default: the system's)
+    keep_files: bool = False  # keep the temporary folder (debugging)
+
+
+class SegmentationJob:
+    """Segment and calibrate one input volume in a separate process, then load the results."""
+
+    def __init__(self, scene, input_volume, options: Optional[JobOptions] = None,
+                 launcher: Optional[proc.Launcher] = None,
+                 on_progress: Optional[Callable[[proc.Progress], None]] = None):
+        self.scene = scene
+        self.input_volume = input_volume
+        self.options = options or JobOptions()
+        self.launcher = launcher
+        self.on_progress = on_progress
+        self.work_dir: Optional[Path] = None
+        self.run: Optional[proc.CardsegRun] = None
+        self.outputs: Optional[OutputNodes] = None
+        self._error: Optional[str] = None
+        self._state = proc.IDLE
+
+    # -- state
+
+    @property
+    def state(self) -> str:
+        """idle, running, succeeded (outputs ready to load), loaded, failed or cancelled."""
+        return self._state
+
+    @property
+    def error(self) -> Optional[str]:
+        return self._error or (self.run.error if self.run is not None else None)
+
+    @property
+    def progress(self) -> proc.Progress:
+        return self.run.progress if self.run is not None else proc.Progress()
+
+    @property
+    def input_path(self) -> Optional[Path]:
+        return self.work_dir / "input.nrrd" if self.work_dir else None
+
+    @property
+    def output_dir(self) -> Optional[Path]:
+        return self.work_dir / "output" if self.work_dir else None
+
+    # -- steps
+
+    def start(self) -> None:
+        """Write the input to a temporary file and start the engine (the scene is not changed)."""
+        if self._state != proc.IDLE:
+            raise RuntimeError("this job was already started")
+        if self.input_volume is None or self.input_volume.GetImageData() is None:
+            self._fail("choose an input volume that has image data")
+            return
+        self.work_dir = Path(tempfile.mkdtemp(prefix="CARDSegment-", dir=self.options.work_root))
+        try:
+            write_volume_file(self.input_volume, self.input_path)
+        except OutputError as exc:
+            self._fail(str(exc))
+            return
+        o = self.options
+        command = proc.SegmentCommand(
+            input_path=str(self.input_path), output_dir=str(self.output_dir), bundle_path=o.bundle_path,
+            device=o.device, method=o.method, python_executable=o.python_executable, engine_dir=o.engine_dir,
+            threads=o.threads, batch_size=o.batch_size)
+        self.run = proc.CardsegRun(command, self.launcher, self.on_progress)
+        self._state = proc.RUNNING
+        self.run.start()
+        if self.run.state == proc.FAILED:
+            self._state = proc.FAILED
+            self.cleanup()
+
+    def poll(self) -> str:
+        """Advance: read the process's output; ``succeeded`` means :meth:`finish` may be called."""
+        if self._state != proc.RUNNING or self.run is None:
+            return self._state
+        state = self.run.poll()
+        if state in (proc.FAILED, proc.CANCELLED):
+            self._state = state
+            self.cleanup()
+        elif state == proc.SUCCEEDED:
+            self._state = proc.SUCCEEDED
+        return self._state
+
+    def wait(self, timeout: Optional[float] = None) -> str:
+        """Poll until the process ends (scripts, tests, Slicer's self-test)."""
+        if self.run is not None and self._state == proc.RUNNING:
+            self.run.wait(timeout)
+        return self.poll()
+
+    def cancel(self) -> None:
+        """End the process and delete the temporary files; the scene stays as it was."""
+        if self.run is not None:
+            self.run.cancel()
+        if self._state in (proc.IDLE, proc.RUNNING, proc.SUCCEEDED):
+            self._state = proc.CANCELLED
+        self.cleanup()
+
+    def finish(self, classes: Optional[list] = None) -> OutputNodes:
+        """Turn the outputs of a succeeded run into nodes (replacing this module's earlier ones)."""
+        if self._state != proc.SUCCEEDED:
+            raise RuntimeError(f"nothing to load: the run is {self._state}")
+        try:
+            if classes is None and self.options.bundle_path:
+                classes = bundle_classes(self.options.bundle_path)
+            o = self.options
+            self.outputs = load_outputs(self.scene, self.input_volume, self.output_dir, classes=classes,
+                                        load_probabilities=o.load_probabilities, overlay=o.overlay,
+                                        opacity=o.opacity)
+        except (OutputError, ValueError, KeyError, OSError) as exc:
+            self._fail(str(exc))
+            raise OutputError(str(exc)) from exc
+        finally:
+            self.cleanup()
+        self._state = "loaded"
+        return self.outputs
+
+    def cleanup(self) -> None:
+        if self.work_dir is not None and not self.options.keep_files:
+            shutil.rmtree(self.work_dir, ignore_errors=True)
+
+    def _fail(self, message: str) -> None:
+        self._state = proc.FAILED
+        self._error = message
+        self.cleanup()
+
+
+def engine_dir_of(module_file: os.PathLike) -> str:
+    """The folder next to ``CARDSegment.py`` that holds the ``cardseg`` package."""
+    return str(Path(module_file).resolve().parent)

@@ -1,0 +1,389 @@
+"""Running ``cardseg segment`` in a separate process, without Qt.
+
+The Slicer module must never block its GUI: the engine runs in its own Python process
+(PythonSlicer inside Slicer, any interpreter in tests) and reports progress as one JSON object
+per line on stderr (``--progress json``). This module builds the command, starts it through an
+injectable *launcher*, turns the progress lines into an overall fraction and a short status
+text, and pulls the one-line ``cardseg: error: ...`` message out of a failed run.
+
+Nothing here imports Qt or Slicer: the module's Logic polls :meth:`CardsegRun.poll` from a
+``QTimer``; tests drive it with a fake launcher or a real subprocess.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+#: states of a run
+IDLE, RUNNING, SUCCEEDED, FAILED, CANCELLED = "idle", "running", "succeeded", "failed", "cancelled"
+FINISHED_STATES = (SUCCEEDED, FAILED, CANCELLED)
+
+#: how much of the progress bar each engine stage fills (the rest is unknown stages)
+STAGE_SPANS: Dict[str, Tuple[float, float]] = {
+    "read": (0.0, 0.05),
+    "trajectory": (0.05, 0.92),
+    "write": (0.92, 1.0),
+}
+STAGE_TEXT = {
+    "read": "Reading the volume and the model bundle",
+    "trajectory": "Reverse diffusion (primary and reference)",
+    "write": "Writing results",
+}
+ERROR_PREFIX = "cardseg: error:"
+DEVICE_CHOICES = ("auto", "cpu", "cuda")
+METHOD_CHOICES = ("card", "uc")
+#: lines of process output kept for the error message and the log
+LOG_LINES = 200
+
+
+# ---------------------------------------------------------------------------------------------
+# command
+
+
+@dataclass
+class SegmentCommand:
+    """Everything needed to start one ``cardseg segment`` run."""
+
+    input_path: str
+    output_dir: str
+    bundle_path: Optional[str] = None  # None: the engine's default ($CARDSEG_BUNDLE, then the shipped one)
+    device: str = "auto"
+    method: str = "card"
+    python_executable: Optional[str] = None  # None: PythonSlicer when found, else this interpreter
+    engine_dir: Optional[str] = None  # folder that holds the ``cardseg`` package (put on PYTHONPATH)
+    threads: Optional[int] = None
+    batch_size: Optional[int] = None
+    extra_env: Dict[str, str] = field(default_factory=dict)
+
+    def argv(self) -> List[str]:
+        """The full command line, interpreter first."""
+        if self.device not in DEVICE_CHOICES:
+            raise ValueError(f"device must be one of {DEVICE_CHOICES}, not {self.device!r}")
+        if self.method not in METHOD_CHOICES:
+            raise ValueError(f"method must be one of {METHOD_CHOICES}, not {self.method!r}")
+        args = [self.python_executable or default_python_executable(), "-m", "cardseg", "segment",
+                str(self.input_path), "-o", str(self.output_dir), "--progress", "json",
+                "--device", self.device, "--method", self.method, "--overwrite"]
+        if self.bundle_path:
+            args += ["--bundle", str(self.bundle_path)]
+        if self.threads:
+            args += ["--threads", str(int(self.threads))]
+        if self.batch_size:
+            args += ["--batch-size", str(int(self.batch_size))]
+        return args
+
+    def env(self, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+        """The child's environment: ``engine_dir`` first on PYTHONPATH, unbuffered output."""
+        env = dict(os.environ if base is None else base)
+        if self.engine_dir:
+            parts = [str(self.engine_dir)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+            env["PYTHONPATH"] = os.pathsep.join(parts)
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.extra_env)
+        return env
+
+
+def default_python_executable() -> str:
+    """PythonSlicer when it is on PATH or beside this interpreter (inside Slicer), else this interpreter."""
+    found = shutil.which("PythonSlicer")
+    if found:
+        return found
+    beside = Path(sys.executable).with_name("PythonSlicer" + (".exe" if os.name == "nt" else ""))
+    if beside.is_file():
+        return str(beside)
+    return sys.executable
+
+
+# ---------------------------------------------------------------------------------------------
+# progress and error lines
+
+
+@dataclass
+class Progress:
+    """The latest progress line: stage name, steps done and total, and the overall fraction."""
+
+    stage: str = ""
+    done: int = 0
+    total: int = 0
+    fraction: float = 0.0
+
+    @property
+    def text(self) -> str:
+        if not self.stage:
+            return "Starting"
+        label = STAGE_TEXT.get(self.stage, self.stage)
+        return f"{label} ({self.done}/{self.total})" if self.total > 1 else label
+
+
+def parse_progress_line(line: str) -> Optional[Tuple[str, int, int]]:
+    """``(stage, done, total)`` from one ``--progress json`` line, or None for any other line."""
+    text = line.strip()
+    if not (text.startswith("{") and text.endswith("}")):
+        return None
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(obj, dict) or "stage" not in obj:
+        return None
+    try:
+        return str(obj["stage"]), int(obj.get("done", 0)), int(obj.get("total", 0))
+    except (TypeError, ValueError):
+        return None
+
+
+def overall_fraction(stage: str, done: int, total: int, previous: float = 0.0) -> float:
+    """Where a stage's ``done/total`` puts the whole run on [0, 1]; never moves backwards."""
+    span = STAGE_SPANS.get(stage)
+    if span is None:
+        return previous
+    lo, hi = span
+    part = min(max(done / total, 0.0), 1.0) if total > 0 else 0.0
+    return max(previous, lo + (hi - lo) * part)
+
+
+def extract_error(lines: Sequence[str], returncode: Optional[int]) -> str:
+    """The one line that says why a run failed.
+
+    The engine's own ``cardseg: error: ...`` line when there is one (without the prefix);
+    otherwise the last line that is not a progress line (a Python exception's last line), with
+    the exit status; otherwise just the exit status.
+    """
+    for line in reversed(lines):
+        text = line.strip()
+        if text.startswith(ERROR_PREFIX):
+            return text[len(ERROR_PREFIX):].strip()
+    others = [ln.strip() for ln in lines if ln.strip() and parse_progress_line(ln) is None]
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except (ValueError, AttributeError):
+            name = f"signal {-returncode}"
+        status = f"the segmentation process was stopped by {name} (out of memory?)"
+    else:
+        status = f"the segmentation process exited with code {returncode}"
+    if others:
+        return f"{others[-1]} ({status})"
+    return status
+
+
+# ---------------------------------------------------------------------------------------------
+# launchers: how a process is started (injectable)
+
+
+class ProcessHandle:
+    """What a launcher returns: a running process seen through three calls.
+
+    ``read_lines()`` returns the ``(stream, line)`` pairs ("stdout" or "stderr") that arrived
+    since the last call without blocking; ``returncode()`` is None while the process runs (or
+    while output is still being read) and its exit status after; ``kill()`` ends it.
+    """
+
+    def read_lines(self) -> List[Tuple[str, str]]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def returncode(self) -> Optional[int]:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def kill(self) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+Launcher = Callable[[List[str], Dict[str, str], Optional[str]], ProcessHandle]
+
+
+class PopenHandle(ProcessHandle):
+    """A real child process; two reader threads move its output lines into a queue."""
+
+    def __init__(self, argv: List[str], env: Dict[str, str], cwd: Optional[str] = None):
+        kwargs = {}
+        if os.name == "nt":
+            kwargs["creationflags"] = getattr(subprocess, "CREATE_NO_WINDOW", 0)
+        else:
+            kwargs["start_new_session"] = True  # its own process group: cancel ends all of it
+        self._proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, encoding="utf-8", errors="replace",
+                                      bufsize=1, **kwargs)
+        self._queue: "queue.Queue[Tuple[str, str]]" = queue.Queue()
+        self._exited_at: Optional[float] = None
+        self._readers = [threading.Thread(target=self._pump, args=(name, stream), daemon=True)
+                         for name, stream in (("stdout", self._proc.stdout), ("stderr", self._proc.stderr))]
+        for t in self._readers:
+            t.start()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def _pump(self, name: str, stream) -> None:
+        try:
+            for line in stream:
+                self._queue.put((name, line.rstrip("\r\n")))
+        except (OSError, ValueError):
+            pass
+        finally:
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+    def read_lines(self) -> List[Tuple[str, str]]:
+        out = []
+        while True:
+            try:
+                out.append(self._queue.get_nowait())
+            except queue.Empty:
+                return out
+
+    def returncode(self) -> Optional[int]:
+        code = self._proc.poll()
+        if code is None:
+            return None
+        if self._exited_at is None:
+            self._exited_at = time.monotonic()
+        for t in self._readers:  # the pipes close right after exit: wait for their last lines
+            t.join(timeout=0.2)
+        if any(t.is_alive() for t in self._readers) and time.monotonic() - self._exited_at < 5.0:
+            return None  # something still holds the pipes open; give it a few seconds
+        return code
+
+    def kill(self) -> None:
+        if self._proc.poll() is not None:
+            return
+        try:
+            if os.name != "nt":
+                os.killpg(self._proc.pid, signal.SIGKILL)
+            else:
+                self._proc.kill()
+        except (ProcessLookupError, PermissionError, OSError):
+            self._proc.kill()
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process that survives SIGKILL
+            pass
+
+
+def subprocess_launcher(argv: List[str], env: Dict[str, str], cwd: Optional[str] = None) -> ProcessHandle:
+    """The default launcher: a real child process."""
+    return PopenHandle(argv, env, cwd)
+
+
+# ---------------------------------------------------------------------------------------------
+# one run
+
+
+class CardsegRun:
+    """One ``cardseg segment`` run: start, poll, cancel; progress, state and error message.
+
+    >>> run = CardsegRun(SegmentCommand("in.nrrd", "out"))      # doctest: +SKIP
+    >>> run.start(); run.wait(); run.state                         # doctest: +SKIP
+    'succeeded'
+    """
+
+    def __init__(self, command: SegmentCommand, launcher: Optional[Launcher] = None,
+                 on_progress: Optional[Callable[[Progress], None]] = None):
+        self.command = command
+        self.launcher = launcher or subprocess_launcher
+        self.on_progress = on_progress
+        self.state = IDLE
+        self.progress = Progress()
+        self.error: Optional[str] = None
+        self.returncode: Optional[int] = None
+        self.log: List[str] = []
+        self.started_at: Optional[float] = None
+        self.finished_at: Optional[float] = None
+        self._handle: Optional[ProcessHandle] = None
+
+    @property
+    def running(self) -> bool:
+        return self.state == RUNNING
+
+    @property
+    def finished(self) -> bool:
+        return self.state in FINISHED_STATES
+
+    def start(self) -> None:
+        if self.state != IDLE:
+            raise RuntimeError(f"this run was already started (state {self.state})")
+        argv, env = self.command.argv(), self.command.env()
+        self.started_at = time.monotonic()
+        try:
+            self._handle = self.launcher(argv, env, None)
+        except OSError as exc:
+            self._finish(FAILED, f"cannot start {argv[0]}: {exc}")
+            return
+        self.state = RUNNING
+
+    def poll(self) -> str:
+        """Read what arrived, update progress; returns the state (call it from a timer)."""
+        if self.state != RUNNING or self._handle is None:
+            return self.state
+        self._consume(self._handle.read_lines())
+        code = self._handle.returncode()
+        if code is None:
+            return self.state
+        self._consume(self._handle.read_lines())
+        self.returncode = code
+        if code == 0:
+            self.progress.fraction = 1.0
+            self._finish(SUCCEEDED, None)
+        else:
+            self._finish(FAILED, extract_error(self.log, code))
+        return self.state
+
+    def cancel(self) -> None:
+        """End the process; the state becomes ``cancelled`` (nothing else is touched)."""
+        if self.state == IDLE:
+            self._finish(CANCELLED, None)
+            return
+        if self.state != RUNNING:
+            return
+        if self._handle is not None:
+            self._handle.kill()
+            self._consume(self._handle.read_lines())
+        self._finish(CANCELLED, None)
+
+    def wait(self, timeout: Optional[float] = None, interval: float = 0.05) -> str:
+        """Poll until the run finishes (for scripts and tests); cancels it on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() == RUNNING:
+            if deadline is not None and time.monotonic() > deadline:
+                self.cancel()
+                self.error = f"timed out after {timeout:.0f} s"
+                break
+            time.sleep(interval)
+        return self.state
+
+    # -- internals
+
+    def _consume(self, pairs: List[Tuple[str, str]]) -> None:
+        changed = False
+        for _stream, line in pairs:
+            parsed = parse_progress_line(line)
+            if parsed is None:
+                if line.strip():
+                    self.log.append(line)
+                continue
+            stage, done, total = parsed
+            self.progress = Progress(stage, done, total, overall_fraction(stage, done, total, self.progress.fraction))
+            changed = True
+        if len(self.log) > LOG_LINES:
+            del self.log[:-LOG_LINES]
+        if changed and self.on_progress is not None:
+            self.on_progress(self.progress)
+
+    def _finish(self, state: str, error: Optional[str]) -> None:
+        self.state = state
+        self.error = error
+        self.finished_at = time.monotonic()

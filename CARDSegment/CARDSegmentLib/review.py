@@ -1,0 +1,274 @@
+"""Reviewing the flagged regions: a table node that travels with the segmentation.
+
+One row per region of ``report.json`` (already ranked by the engine, most concerning first),
+with the reviewer's decision (pending / accepted / corrected / rejected) and a note. The table
+is a ``vtkMRMLTableNode`` referenced by the segmentation node, so it is saved and loaded with
+the scene. Selecting a region centres the slice views on it and outlines it with a markups ROI
+aligned with the input's voxel grid. MRML classes only (no Qt).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from .nodes import (INPUT_REFERENCE, ROLE_ATTRIBUTE, OutputNodes, ijk_to_ras, jump_slices_to, local_to_world,
+                    lps_to_ras, read_report, _vtk_matrix)
+
+STATUSES = ("pending", "accepted", "corrected", "rejected")
+#: (column name, kind, title shown in Slicer's table view)
+COLUMNS = (
+    ("region", "int", "Region"),
+    ("status", "string", "Status"),
+    ("voxels", "int", "Voxels"),
+    ("volume_mm3", "double", "Volume (mm3)"),
+    ("mean_disagreement", "double", "Mean disagreement"),
+    ("max_disagreement", "double", "Max disagreement"),
+    ("summed_disagreement", "double", "Summed disagreement"),
+    ("classes", "string", "Classes"),
+    ("centroid_r", "double", "Centroid R"),
+    ("centroid_a", "double", "Centroid A"),
+    ("centroid_s", "double", "Centroid S"),
+    ("bbox_ijk", "string", "Bounding box (i0 i1 j0 j1 k0 k1)"),
+    ("note", "string", "Note"),
+)
+COLUMN_NAMES = tuple(c[0] for c in COLUMNS)
+
+
+def _array(kind: str):
+    import vtk
+
+    return {"int": vtk.vtkIntArray, "double": vtk.vtkDoubleArray, "string": vtk.vtkStringArray}[kind]()
+
+
+def _row_values(region: dict) -> Dict[str, object]:
+    ras = lps_to_ras(region.get("centroid_lps", [0.0, 0.0, 0.0]))
+    bbox = region.get("bbox_ijk") or [[0, 0], [0, 0], [0, 0]]
+    return {
+        "region": int(region["id"]),
+        "status": "pending",
+        "voxels": int(region.get("voxels", 0)),
+        "volume_mm3": float(region.get("volume_mm3", 0.0)),
+        "mean_disagreement": float(region.get("mean_disagreement", 0.0)),
+        "max_disagreement": float(region.get("max_disagreement", 0.0)),
+        "summed_disagreement": float(region.get("summed_disagreement", 0.0)),
+        "classes": ", ".join(str(c) for c in region.get("classes", [])),
+        "centroid_r": ras[0], "centroid_a": ras[1], "centroid_s": ras[2],
+        "bbox_ijk": " ".join(str(int(v)) for pair in bbox for v in pair),
+        "note": "",
+    }
+
+
+def create_review_table(scene, regions: List[dict], name: str = "CARD review"):
+    """A table node with one pending row per region, in the report's order."""
+    table = scene.AddNewNodeByClass("vtkMRMLTableNode", name)
+    rows = [_row_values(r) for r in regions]
+    for col, kind, title in COLUMNS:
+        arr = _array(kind)
+        arr.SetName(col)
+        arr.SetNumberOfValues(len(rows))
+        for i, row in enumerate(rows):
+            arr.SetValue(i, row[col])
+        table.AddColumn(arr)
+        table.SetColumnTitle(col, title)
+    table.SetUseColumnTitleAsColumnHeader(True)
+    table.SetLocked(False)
+    table.SetColumnDescription("status", "reviewer decision: " + ", ".join(STATUSES))
+    table.Modified()
+    return table
+
+
+def _column(table, name: str):
+    col = table.GetTable().GetColumnByName(name)
+    if col is None:
+        raise KeyError(f"table {table.GetName()!r} has no column {name!r}: not a CARDSegment review table")
+    return col
+
+
+def _value(col, i: int, kind: str):
+    v = col.GetValue(i)
+    if kind == "int":
+        return int(v) if not isinstance(v, str) else int(float(v))
+    if kind == "double":
+        return float(v)
+    return "" if v is None else str(v)
+
+
+def review_rows(table) -> List[Dict[str, object]]:
+    """Every row of a review table as a dictionary (column name → value)."""
+    if table is None:
+        return []
+    n = table.GetNumberOfRows()
+    cols = {name: (_column(table, name), kind) for name, kind, _ in COLUMNS}
+    return [{name: _value(col, i, kind) for name, (col, kind) in cols.items()} for i in range(n)]
+
+
+def _row_index(table, region_id: int) -> int:
+    col = _column(table, "region")
+    for i in range(table.GetNumberOfRows()):
+        if _value(col, i, "int") == int(region_id):
+            return i
+    raise KeyError(f"no region {region_id} in {table.GetName()!r}")
+
+
+def set_region_status(table, region_id: int, status: str, note: Optional[str] = None) -> None:
+    """Record the reviewer's decision (and optionally a note) for one region."""
+    if status not in STATUSES:
+        raise ValueError(f"status must be one of {STATUSES}, not {status!r}")
+    i = _row_index(table, region_id)
+    _column(table, "status").SetValue(i, status)
+    if note is not None:
+        _column(table, "note").SetValue(i, str(note))
+    table.GetTable().Modified()
+    table.Modified()
+
+
+def review_counts(table) -> Dict[str, int]:
+    """How many regions have each status."""
+    counts = {s: 0 for s in STATUSES}
+    for row in review_rows(table):
+        counts[row["status"] if row["status"] in counts else "pending"] += 1
+    return counts
+
+
+def has_decisions(table) -> bool:
+    """True when any region was marked accepted, corrected or rejected."""
+    return any(row["status"] != "pending" for row in review_rows(table))
+
+
+# ---------------------------------------------------------------------------------------------
+# showing a region
+
+
+def region_box(row: Dict[str, object], input_volume) -> Dict[str, object]:
+    """A region's box in the input's RAS space: centre, axes (columns) and size in mm.
+
+    The box follows the input's voxel axes: it covers the voxels from the bounding box's first
+    to last index inclusive (half a voxel beyond each centre).
+    """
+    m = ijk_to_ras(input_volume)
+    i0, i1, j0, j1, k0, k1 = [int(v) for v in str(row["bbox_ijk"]).split()]
+    centre_ijk = np.array([(i0 + i1) / 2.0, (j0 + j1) / 2.0, (k0 + k1) / 2.0, 1.0])
+    centre = (m @ centre_ijk)[:3]
+    spacing = np.linalg.norm(m[:3, :3], axis=0)
+    axes = m[:3, :3] / spacing[None, :]
+    if np.linalg.det(axes) < 0:  # keep a right-handed frame; the box is symmetric
+        axes[:, 2] = -axes[:, 2]
+    size = np.array([i1 - i0 + 1, j1 - j0 + 1, k1 - k0 + 1], dtype=float) * spacing
+    return {"centre": centre.tolist(), "axes": axes, "size": size.tolist()}
+
+
+def show_region(scene, input_volume, outputs: OutputNodes, region_id: int):
+    """Outline region ``region_id`` with this module's ROI and centre the slice views on it.
+
+    Returns the ROI node (made on first use, then moved from region to region).
+    """
+    table = outputs.review
+    if table is None:
+        raise KeyError("no review table for this volume")
+    row = review_rows(table)[_row_index(table, region_id)]
+    box = region_box(row, input_volume)
+    roi = outputs.roi
+    if roi is None or not scene.IsNodePresent(roi):
+        roi = scene.AddNewNodeByClass("vtkMRMLMarkupsROINode", scene.GenerateUniqueName(
+            f"{input_volume.GetName()} CARD region"))
+        roi.CreateDefaultDisplayNodes()
+        roi.SetAttribute(ROLE_ATTRIBUTE, "roi")
+        roi.SetNodeReferenceID(INPUT_REFERENCE, input_volume.GetID())
+        display = roi.GetDisplayNode()
+        if display is not None:
+            display.SetFillOpacity(0.0)
+            display.SetHandlesInteractive(False)
+            display.SetSelectedColor(1.0, 0.85, 0.1)
+            display.SetColor(1.0, 0.85, 0.1)
+        outputs.roi = roi
+    roi.SetAndObserveTransformNodeID(input_volume.GetTransformNodeID())
+    frame = np.eye(4)
+    frame[:3, :3] = box["axes"]
+    was_modifying = roi.StartModify()
+    roi.SetAndObserveObjectToNodeMatrix(_vtk_matrix(frame))
+    roi.SetCenter(*box["centre"])
+    roi.SetSize(*box["size"])
+    roi.SetLocked(True)
+    roi.SetAttribute("CARDSegment.Region", str(region_id))
+    roi.EndModify(was_modifying)
+    centroid = [row["centroid_r"], row["centroid_a"], row["centroid_s"]]
+    jump_slices_to(scene, local_to_world(input_volume, centroid))
+    return roi
+
+
+# ---------------------------------------------------------------------------------------------
+# export
+
+
+def review_document(table, report: Optional[dict]) -> dict:
+    """The report with each region's review decision and note added (what the JSON export holds)."""
+    report = dict(report or {})
+    rows = {row["region"]: row for row in review_rows(table)}
+    regions = []
+    for region in report.get("regions") or []:
+        region = dict(region)
+        row = rows.pop(int(region["id"]), None)
+        region["status"] = row["status"] if row else "pending"
+        region["note"] = row["note"] if row else ""
+        regions.append(region)
+    for rid, row in sorted(rows.items()):  # regions known only to the table (no report available)
+        regions.append({"id": rid, "status": row["status"], "note": row["note"], "voxels": row["voxels"],
+                        "volume_mm3": row["volume_mm3"], "mean_disagreement": row["mean_disagreement"],
+                        "max_disagreement": row["max_disagreement"],
+                        "summed_disagreement": row["summed_disagreement"],
+                        "classes": [c for c in row["classes"].split(", ") if c],
+                        "centroid_lps": lps_to_ras([row["centroid_r"], row["centroid_a"], row["centroid_s"]])})
+    report["regions"] = regions
+    report["review"] = review_counts(table)
+    return report
+
+
+CSV_FIELDS = ("region", "status", "note", "voxels", "volume_mm3", "mean_disagreement", "max_disagreement",
+              "summed_disagreement", "classes", "centroid_l", "centroid_p", "centroid_s", "bbox_ijk",
+              "volume_agreement", "out_of_domain", "method", "bundle", "input")
+
+
+def review_csv(table, report: Optional[dict]) -> str:
+    """One CSV row per region: the decision, the region's measures and the volume's report fields."""
+    doc = review_document(table, report)
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    for region in doc["regions"]:
+        lps = region.get("centroid_lps") or ["", "", ""]
+        bbox = region.get("bbox_ijk")
+        writer.writerow({
+            "region": region.get("id"), "status": region.get("status"), "note": region.get("note", ""),
+            "voxels": region.get("voxels"), "volume_mm3": region.get("volume_mm3"),
+            "mean_disagreement": region.get("mean_disagreement"), "max_disagreement": region.get("max_disagreement"),
+            "summed_disagreement": region.get("summed_disagreement"),
+            "classes": " ".join(region.get("classes") or []),
+            "centroid_l": lps[0], "centroid_p": lps[1], "centroid_s": lps[2],
+            "bbox_ijk": " ".join(str(v) for pair in bbox for v in pair) if bbox else "",
+            "volume_agreement": doc.get("agreement"), "out_of_domain": doc.get("out_of_domain"),
+            "method": doc.get("method"), "bundle": (doc.get("bundle") or {}).get("id"),
+            "input": doc.get("input_node") or doc.get("input"),
+        })
+    return out.getvalue()
+
+
+def export_review(outputs: OutputNodes, path: os.PathLike) -> Path:
+    """Write the review with the report: ``.json`` (the full report plus decisions) or ``.csv``."""
+    if outputs.review is None:
+        raise KeyError("no review table for this volume")
+    p = Path(path)
+    report = read_report(outputs.report)
+    if p.suffix.lower() == ".json":
+        p.write_text(json.dumps(review_document(outputs.review, report), indent=2) + "\n")
+    elif p.suffix.lower() == ".csv":
+        p.write_text(review_csv(outputs.review, report))
+    else:
+        raise ValueError(f"{p.name}: export to .csv or .json")
+    return p

@@ -1,0 +1,223 @@
+"""The module's process runner (CARDSegmentLib.process): command, progress lines, errors, cancel.
+
+Pure Python: runs with or without slicer-core. A fake launcher replays scripted output; real
+subprocesses check the error line of ``python -m cardseg segment`` and that cancel ends a process.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MODULE_DIR = REPO / "CARDSegment"
+if str(MODULE_DIR) not in sys.path:
+    sys.path.insert(0, str(MODULE_DIR))
+
+from CARDSegmentLib import process as proc  # noqa: E402
+
+
+class FakeHandle(proc.ProcessHandle):
+    """Replays one batch of (stream, line) pairs per poll, then exits with ``code``."""
+
+    def __init__(self, batches, code=0):
+        self.batches = list(batches)
+        self.code = code
+        self.killed = False
+
+    def read_lines(self):
+        return self.batches.pop(0) if self.batches else []
+
+    def returncode(self):
+        if self.killed:
+            return -9
+        return None if self.batches else self.code
+
+    def kill(self):
+        self.killed = True
+
+
+class FakeLauncher:
+    def __init__(self, handle):
+        self.handle = handle
+        self.calls = []
+
+    def __call__(self, argv, env, cwd):
+        self.calls.append((argv, env, cwd))
+        return self.handle
+
+
+def progress_line(stage, done, total):
+    return ("stderr", f'{{"stage": "{stage}", "done": {done}, "total": {total}}}')
+
+
+def command(**kw):
+    return proc.SegmentCommand("/tmp/in.nrrd", "/tmp/out", python_executable="/usr/bin/python3", **kw)
+
+
+# ---------------------------------------------------------------------------------------------
+# command line
+
+
+def test_command_line_and_environment():
+    cmd = command(bundle_path="/b/acdc", device="cuda", method="uc", engine_dir="/slicer/CARDSegment", threads=2)
+    argv = cmd.argv()
+    assert argv[:5] == ["/usr/bin/python3", "-m", "cardseg", "segment", "/tmp/in.nrrd"]
+    assert argv[argv.index("-o") + 1] == "/tmp/out"
+    assert argv[argv.index("--progress") + 1] == "json"
+    assert argv[argv.index("--device") + 1] == "cuda"
+    assert argv[argv.index("--method") + 1] == "uc"
+    assert argv[argv.index("--bundle") + 1] == "/b/acdc"
+    assert argv[argv.index("--threads") + 1] == "2"
+    env = cmd.env({"PYTHONPATH": "/elsewhere", "HOME": "/h"})
+    assert env["PYTHONPATH"].split(os.pathsep) == ["/slicer/CARDSegment", "/elsewhere"]
+    assert env["HOME"] == "/h" and env["PYTHONUNBUFFERED"] == "1"
+    plain = command().argv()
+    assert "--bundle" not in plain and "--threads" not in plain
+    assert plain[plain.index("--device") + 1] == "auto" and plain[plain.index("--method") + 1] == "card"
+
+
+@pytest.mark.parametrize("kw", [{"device": "gpu"}, {"method": "ts"}])
+def test_command_rejects_unknown_choices(kw):
+    with pytest.raises(ValueError):
+        command(**kw).argv()
+
+
+# ---------------------------------------------------------------------------------------------
+# lines
+
+
+def test_progress_lines_are_parsed_and_other_lines_ignored():
+    assert proc.parse_progress_line('{"stage": "trajectory", "done": 3, "total": 10}\n') == ("trajectory", 3, 10)
+    for line in ("", "Traceback (most recent call last):", "cardseg: error: x", "{not json}", '{"done": 1}',
+                 '["stage"]', '{"stage": "read", "done": "many", "total": 1}'):
+        assert proc.parse_progress_line(line) is None
+
+
+def test_overall_fraction_spans_the_stages_and_never_goes_back():
+    f = proc.overall_fraction("read", 0, 1)
+    assert f == 0.0
+    f = proc.overall_fraction("read", 1, 1, f)
+    assert f == pytest.approx(0.05)
+    mid = proc.overall_fraction("trajectory", 5, 10, f)
+    assert 0.05 < mid < 0.92
+    assert proc.overall_fraction("read", 0, 1, mid) == mid  # a later stage restarting does not move it back
+    assert proc.overall_fraction("mystery", 1, 2, mid) == mid
+    assert proc.overall_fraction("write", 6, 6, mid) == pytest.approx(1.0)
+    assert proc.overall_fraction("trajectory", 3, 0, 0.2) == 0.2
+
+
+def test_error_line_extraction():
+    lines = ['{"stage": "read", "done": 0, "total": 1}', "cardseg: error: /x.nii.gz: no such file"]
+    assert proc.extract_error(lines, 2) == "/x.nii.gz: no such file"
+    tb = ["Traceback (most recent call last):", '  File "x.py", line 1', "ModuleNotFoundError: No module named 'torch'"]
+    msg = proc.extract_error(tb, 1)
+    assert msg.startswith("ModuleNotFoundError: No module named 'torch'") and "code 1" in msg
+    assert "SIGKILL" in proc.extract_error([], -9)
+    assert proc.extract_error(['{"stage": "read", "done": 0, "total": 1}'], 3) == \
+        "the segmentation process exited with code 3"
+
+
+# ---------------------------------------------------------------------------------------------
+# a run, with a fake process
+
+
+def test_fake_run_reports_progress_and_succeeds():
+    batches = [[progress_line("read", 0, 1), progress_line("read", 1, 1)],
+               [("stdout", "some chatter"), progress_line("trajectory", 2, 5)],
+               [progress_line("trajectory", 5, 5), progress_line("write", 3, 6)],
+               [progress_line("write", 6, 6)]]
+    launcher = FakeLauncher(FakeHandle(batches, code=0))
+    seen = []
+    run = proc.CardsegRun(command(engine_dir="/m"), launcher, on_progress=seen.append)
+    assert run.state == proc.IDLE
+    run.start()
+    assert run.state == proc.RUNNING
+    argv, env, _ = launcher.calls[0]
+    assert argv[2:4] == ["cardseg", "segment"] and env["PYTHONPATH"].startswith("/m")
+    fractions = []
+    while run.poll() == proc.RUNNING:
+        fractions.append(run.progress.fraction)
+    assert run.state == proc.SUCCEEDED and run.error is None and run.returncode == 0
+    assert fractions == sorted(fractions) and fractions[0] == pytest.approx(0.05)
+    assert run.progress.fraction == 1.0
+    assert [p.stage for p in seen] == ["read", "trajectory", "write", "write"]
+    assert "Reverse diffusion" in seen[1].text and "(2/5)" in seen[1].text
+    assert run.log == ["some chatter"]
+    with pytest.raises(RuntimeError):
+        run.start()
+
+
+def test_fake_run_failure_gives_the_one_line_error():
+    batches = [[progress_line("read", 0, 1)],
+               [("stderr", "cardseg: error: /in.nii.gz: 4D image with 30 frames; choose one with --frame N (0..29)")]]
+    run = proc.CardsegRun(command(), FakeLauncher(FakeHandle(batches, code=2)))
+    run.start()
+    assert run.wait(timeout=5) == proc.FAILED
+    assert run.returncode == 2
+    assert run.error == "/in.nii.gz: 4D image with 30 frames; choose one with --frame N (0..29)"
+
+
+def test_fake_run_cancel_kills_the_process():
+    handle = FakeHandle([[progress_line("trajectory", 1, 50)]] * 100)
+    run = proc.CardsegRun(command(), FakeLauncher(handle))
+    run.start()
+    run.poll()
+    run.cancel()
+    assert handle.killed and run.state == proc.CANCELLED and run.error is None
+    assert run.poll() == proc.CANCELLED  # polling after cancel changes nothing
+    run.cancel()
+    assert run.state == proc.CANCELLED
+
+
+def test_a_launcher_that_cannot_start_fails_the_run():
+    def broken(argv, env, cwd):
+        raise FileNotFoundError(2, "No such file or directory", argv[0])
+
+    run = proc.CardsegRun(command(), broken)
+    run.start()
+    assert run.state == proc.FAILED and "cannot start /usr/bin/python3" in run.error
+
+
+# ---------------------------------------------------------------------------------------------
+# real subprocesses
+
+
+def test_real_engine_bad_input_gives_its_one_line_error(tmp_path):
+    cmd = proc.SegmentCommand(str(tmp_path / "missing.nii.gz"), str(tmp_path / "out"), python_executable=sys.executable,
+                              engine_dir=str(MODULE_DIR), device="cpu", threads=1)
+    run = proc.CardsegRun(cmd)
+    run.start()
+    assert run.wait(timeout=900) == proc.FAILED, run.error  # generous: a loaded machine is slow to import torch
+    assert run.returncode == 2
+    assert run.error == f"{tmp_path / 'missing.nii.gz'}: no such file"
+    assert not (tmp_path / "out").exists()
+
+
+def test_real_cancel_ends_the_child_process(tmp_path):
+    script = ("import sys, time, json\n"
+              "for i in range(600):\n"
+              "    sys.stderr.write(json.dumps({'stage': 'trajectory', 'done': i, 'total': 600}) + '\\n')\n"
+              "    sys.stderr.flush(); time.sleep(0.1)\n")
+    fake_engine = tmp_path / "cardseg"
+    fake_engine.mkdir()
+    (fake_engine / "__init__.py").write_text("")
+    (fake_engine / "__main__.py").write_text(script)
+    cmd = proc.SegmentCommand("in", "out", python_executable=sys.executable, engine_dir=str(tmp_path))
+    run = proc.CardsegRun(cmd)
+    run.start()
+    handle = run._handle
+    deadline = time.monotonic() + 30
+    while run.progress.done < 2 and time.monotonic() < deadline:
+        run.poll()
+        time.sleep(0.05)
+    assert run.progress.stage == "trajectory" and run.progress.done >= 2
+    run.cancel()
+    assert run.state == proc.CANCELLED
+    assert handle._proc.poll() is not None  # the child is gone
+    with pytest.raises(ProcessLookupError):
+        os.kill(handle.pid, 0)
