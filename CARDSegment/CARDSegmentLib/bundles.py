@@ -39,7 +39,7 @@ def resolve_bundle(use_shipped: bool, folder: Optional[os.PathLike], module_dir:
 def bundle_config(path: os.PathLike) -> dict:
     p = Path(path) / "bundle.json"
     try:
-        return json.loads(p.read_text())
+        return json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise BundleChoiceError(f"{p}: unreadable ({exc})") from None
 

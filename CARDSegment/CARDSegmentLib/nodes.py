@@ -177,7 +177,7 @@ def read_report(node_or_path) -> Optional[dict]:
         return None
     if isinstance(node_or_path, (str, os.PathLike)):
         try:
-            return json.loads(Path(node_or_path).read_text())
+            return json.loads(Path(node_or_path).read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise OutputError(f"cannot read {node_or_path}: {exc}") from None
     text = node_or_path.GetText()

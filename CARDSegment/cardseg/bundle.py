@@ -123,7 +123,7 @@ def resolve_bundle_path(path: Optional[os.PathLike] = None) -> Path:
 def read_config(path: os.PathLike) -> dict:
     p = Path(path) / "bundle.json"
     try:
-        config = json.loads(p.read_text())
+        config = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise CardsegError(f"{p}: unreadable bundle.json ({exc})") from None
     if config.get("schema_version") != SCHEMA_VERSION:

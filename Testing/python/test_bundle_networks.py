@@ -49,7 +49,7 @@ def test_truncated_and_missing_weights_are_refused(bundle_copy):
 
 
 def test_weights_that_do_not_fit_are_refused_even_with_matching_checksum(bundle_copy, tiny_bundle):
-    cfg = json.loads((bundle_copy / "bundle.json").read_text())
+    cfg = json.loads((bundle_copy / "bundle.json").read_text(encoding="utf-8"))
     cfg["networks"]["primary"]["size"] = "small"  # the file holds a tiny U-Net
     (bundle_copy / "bundle.json").write_text(json.dumps(cfg))
     with pytest.raises(CardsegError, match="do not fit"):
@@ -57,7 +57,7 @@ def test_weights_that_do_not_fit_are_refused_even_with_matching_checksum(bundle_
 
 
 def test_bad_schema_and_not_a_bundle(bundle_copy, tmp_path):
-    cfg = json.loads((bundle_copy / "bundle.json").read_text())
+    cfg = json.loads((bundle_copy / "bundle.json").read_text(encoding="utf-8"))
     cfg["schema_version"] = 99
     (bundle_copy / "bundle.json").write_text(json.dumps(cfg))
     with pytest.raises(CardsegError, match="schema_version"):

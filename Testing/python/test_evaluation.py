@@ -37,16 +37,16 @@ def test_evaluate_dice_on_a_perfect_and_a_blank_prediction(tiny_bundle):
 def test_acdc_validation_volumes_and_evaluate_command(tiny_bundle, tmp_path):
     vols = acdc_h5_volumes(str(ACDC), "val")
     assert len(vols) == 20 and len({v.patient for v in vols}) == 10
-    test_ids = set((ACDC / "test_patients.txt").read_text().split())
+    test_ids = set((ACDC / "test_patients.txt").read_text(encoding="utf-8").split())
     assert not test_ids & {v.patient for v in vols}
     v = vols[0]
     assert v.volume.array.shape == v.labels.shape and set(np.unique(v.labels)) <= {0, 1, 2, 3}
     code = main(["evaluate", "--bundle", str(tiny_bundle), "--data", str(ACDC), "--split", "val", "--out",
                  str(tmp_path / "ev"), "--quiet"])
     assert code == 0
-    rep = json.loads((tmp_path / "ev" / "dice.json").read_text())
+    rep = json.loads((tmp_path / "ev" / "dice.json").read_text(encoding="utf-8"))
     assert len(rep["volumes"]) == 20 and 0 <= rep["summary"]["mean"] <= 1
-    assert (tmp_path / "ev" / "dice.md").read_text().count("|") > 8
+    assert (tmp_path / "ev" / "dice.md").read_text(encoding="utf-8").count("|") > 8
 
 
 def test_learning_curve_plot_from_a_run_log(tmp_path):

@@ -73,7 +73,7 @@ def test_disagreement_temperature_and_report(outputs):
     d = sitk.GetArrayFromImage(_read(card / "disagreement.nii.gz"))
     tau = sitk.GetArrayFromImage(_read(card / "temperature.nii.gz"))
     assert d.min() >= 0 and d.max() <= np.log(2) + 1e-6 and d.max() > 0
-    rep = json.loads((card / "report.json").read_text())
+    rep = json.loads((card / "report.json").read_text(encoding="utf-8"))
     cal = rep["calibration"]
     assert tau.min() >= cal["tau_min"] - 1e-6 and tau.max() <= cal["tau_max"] + 1e-6
     for key in ("agreement", "agreement_per_slice", "agreement_per_class", "out_of_domain", "regions", "timings_s",
@@ -90,7 +90,7 @@ def test_disagreement_temperature_and_report(outputs):
     assert sums == sorted(sums, reverse=True)
     lps = _read(card / "segmentation.nii.gz").TransformContinuousIndexToPhysicalPoint(r0["centroid_ijk"])
     assert np.allclose(lps, r0["centroid_lps"], atol=1e-4)
-    uc = json.loads((outputs / "uc" / "report.json").read_text())
+    uc = json.loads((outputs / "uc" / "report.json").read_text(encoding="utf-8"))
     assert uc["agreement"] is None and uc["regions"] == []
 
 
@@ -100,7 +100,7 @@ def test_seg_nrrd_has_named_coloured_segments(outputs, tiny_bundle):
     seg = slicerio.read_segmentation(str(outputs / "card" / "segmentation.seg.nrrd"))
     names = [s["name"] for s in seg["segments"]]
     assert names == ["RV", "MYO", "LV"]
-    cfg = json.loads((tiny_bundle / "bundle.json").read_text())
+    cfg = json.loads((tiny_bundle / "bundle.json").read_text(encoding="utf-8"))
     assert seg["segments"][2]["color"] == pytest.approx(cfg["classes"][3]["color"])
     labels = sitk.GetArrayFromImage(_read(outputs / "card" / "segmentation.nii.gz"))
     for s, value in zip(seg["segments"], (1, 2, 3)):

@@ -130,8 +130,8 @@ def run(tmp_path_factory, bundle, rotated_nifti):
     outputs = job.finish()
     return SimpleNamespace(scene=scene, volume=volume, outputs=outputs, job=job, progress=seen,
                            outdir=job.output_dir, bundle=bundle, input_path=rotated_nifti,
-                           report=json.loads((job.output_dir / "report.json").read_text()),
-                           classes=json.loads((bundle / "bundle.json").read_text())["classes"])
+                           report=json.loads((job.output_dir / "report.json").read_text(encoding="utf-8")),
+                           classes=json.loads((bundle / "bundle.json").read_text(encoding="utf-8"))["classes"])
 
 
 @pytest.fixture
@@ -570,7 +570,7 @@ def test_review_survives_a_scene_save_and_reload(fresh, run, tmp_path):
     assert (d.GetWindowLevelMin(), d.GetWindowLevelMax()) == pytest.approx((0.0, LN2), abs=1e-5)  # saved as text
     # the reloaded scene still works: show a region, export, and a re-run replaces it all
     lib.show_region(scene, volume, back, ids[1])
-    doc = json.loads(lib.export_review(back, tmp_path / "after.json").read_text())
+    doc = json.loads(lib.export_review(back, tmp_path / "after.json").read_text(encoding="utf-8"))
     assert doc["regions"][0]["status"] == "corrected"
     old = {n.GetID() for n in back.nodes()}
     lib.load_outputs(scene, volume, run.outdir)
@@ -617,14 +617,14 @@ def test_review_export_csv_and_json(fresh, run, tmp_path):
     o = fresh.outputs
     first = run.report["regions"][0]["id"]
     lib.set_region_status(o.review, first, "accepted", note="fine, ok")
-    doc = json.loads(lib.export_review(o, tmp_path / "review.json").read_text())
+    doc = json.loads(lib.export_review(o, tmp_path / "review.json").read_text(encoding="utf-8"))
     assert doc["agreement"] == pytest.approx(run.report["agreement"])
     assert doc["out_of_domain"] is True and doc["input_node"] == fresh.volume.GetName()
     assert [r["id"] for r in doc["regions"]] == [r["id"] for r in run.report["regions"]]
     assert doc["regions"][0]["status"] == "accepted" and doc["regions"][0]["note"] == "fine, ok"
     assert doc["regions"][0]["bbox_ijk"] == run.report["regions"][0]["bbox_ijk"]
     assert doc["review"]["accepted"] == 1
-    text = lib.export_review(o, tmp_path / "review.csv").read_text()
+    text = lib.export_review(o, tmp_path / "review.csv").read_text(encoding="utf-8")
     rows = list(csv.DictReader(io.StringIO(text)))
     assert len(rows) == len(run.report["regions"])
     assert rows[0]["region"] == str(first) and rows[0]["status"] == "accepted" and rows[0]["note"] == "fine, ok"

@@ -62,7 +62,7 @@ def cmake_module_files():
 
     A tiny interpreter for the few commands the file uses, run in file order.
     """
-    text = (MODULE_DIR / "CMakeLists.txt").read_text()
+    text = (MODULE_DIR / "CMakeLists.txt").read_text(encoding="utf-8")
     variables = {}
     body = re.sub(r"#[^\n]*", "", text)
     for m in re.finditer(r"\b(set|file|list)\s*\(([^)]*)\)", body, flags=re.I):
@@ -121,7 +121,7 @@ def test_every_shipped_bundle_file_is_a_resource(tmp_path):
     assert bundle_files <= set(resources)
     # the globs cover what pip ships as package data, and would pick up a default bundle
     suffixes = {p.rpartition("*")[2] for p in patterns}
-    pyproject = (REPO / "pyproject.toml").read_text()
+    pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
     for ext in re.findall(r'"bundles/\*/\*(\.[a-z]+)"', pyproject):
         assert ext in suffixes
     fake = tmp_path / "cardseg" / "bundles" / "acdc"
@@ -134,19 +134,19 @@ def test_every_shipped_bundle_file_is_a_resource(tmp_path):
 
 
 def test_testing_folder_follows_slicer_convention():
-    assert "add_subdirectory(Python)" in (MODULE_DIR / "Testing" / "CMakeLists.txt").read_text()
+    assert "add_subdirectory(Python)" in (MODULE_DIR / "Testing" / "CMakeLists.txt").read_text(encoding="utf-8")
     assert (MODULE_DIR / "Testing" / "Python" / "CMakeLists.txt").is_file()
-    module_cmake = (MODULE_DIR / "CMakeLists.txt").read_text()
+    module_cmake = (MODULE_DIR / "CMakeLists.txt").read_text(encoding="utf-8")
     assert "slicer_add_python_unittest(SCRIPT ${MODULE_NAME}.py)" in module_cmake
     assert "add_subdirectory(Testing)" in module_cmake
     py_in_testing = [p for p in (MODULE_DIR / "Testing").rglob("*.py")]
-    registered = (MODULE_DIR / "Testing" / "Python" / "CMakeLists.txt").read_text()
+    registered = (MODULE_DIR / "Testing" / "Python" / "CMakeLists.txt").read_text(encoding="utf-8")
     for p in py_in_testing:
         assert p.name in registered, f"{p} is not registered in Testing/Python/CMakeLists.txt"
 
 
 def test_extension_adds_the_module():
-    text = re.sub(r"#[^\n]*", "", (REPO / "CMakeLists.txt").read_text())
+    text = re.sub(r"#[^\n]*", "", (REPO / "CMakeLists.txt").read_text(encoding="utf-8"))
     assert re.search(r"add_subdirectory\(\s*CARDSegment\s*\)", text)
     assert 'EXTENSION_DEPENDS "PyTorch"' in text and 'EXTENSION_CATEGORY "Segmentation"' in text
 
@@ -162,7 +162,7 @@ def test_icon_is_the_extension_icon():
 
 
 def _module_tree():
-    return ast.parse(MODULE_FILE.read_text())
+    return ast.parse(MODULE_FILE.read_text(encoding="utf-8"))
 
 
 def parameter_fields():
@@ -200,7 +200,7 @@ def test_ui_binds_exactly_the_parameter_node_fields():
 
 def test_module_uses_only_widgets_that_the_ui_has():
     _, widgets, _ = ui_widgets()
-    used = set(re.findall(r"self\.ui\.(\w+)", MODULE_FILE.read_text()))
+    used = set(re.findall(r"self\.ui\.(\w+)", MODULE_FILE.read_text(encoding="utf-8")))
     assert used and used <= set(widgets), used - set(widgets)
 
 
@@ -217,7 +217,7 @@ def test_module_has_the_four_slicer_classes_and_no_method_code():
 
 def _imports(path: Path):
     names = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             names |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -230,7 +230,7 @@ def test_library_is_mrml_only(path):
     imported = _imports(path)
     assert not {m.split(".")[0] for m in imported} & {"qt", "ctk", "cardseg", "torch", "PythonQt"}
     assert not any("ScriptedLoadableModule" in m for m in imported)
-    names = {getattr(n, "id", None) or getattr(n, "attr", None) for n in ast.walk(ast.parse(path.read_text()))}
+    names = {getattr(n, "id", None) or getattr(n, "attr", None) for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))}
     assert not {n for n in names if n and ("ScriptedLoadableModule" in n or n in ("mrmlScene", "app"))}
 
 
@@ -242,7 +242,7 @@ def test_package_list_matches_pyproject():
     from CARDSegmentLib.dependencies import REQUIREMENTS, is_new_enough, missing_requirements
 
     declared = {}
-    for dep in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]:
+    for dep in tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]:
         m = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*(?:>=\s*([0-9.]+))?", dep.strip())
         assert m, dep
         declared[m.group(1).lower()] = m.group(2)

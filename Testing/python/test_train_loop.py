@@ -48,7 +48,7 @@ def test_resume_continues_exactly(runs):
     for k in a["model"]:
         assert torch.allclose(a["model"][k], b["model"][k], atol=1e-6), k
     assert [r["step"] for r in _rows(resumed)] == ["1", "2", "3", "4"]
-    assert json.loads((resumed / "summary.json").read_text())["steps_done"] == 4
+    assert json.loads((resumed / "summary.json").read_text(encoding="utf-8"))["steps_done"] == 4
 
 
 def test_resume_refuses_a_different_recipe(runs):
@@ -90,7 +90,7 @@ def test_unknown_training_command_is_refused():
 def test_time_budget_stops_cleanly(tmp_path):
     out = tmp_path / "budget"
     assert cardseg.cli.main(["train", *SMOKE, "--steps", "500", "--time-budget", "0.00001", "--out", str(out)]) == 0
-    s = json.loads((out / "summary.json").read_text())
+    s = json.loads((out / "summary.json").read_text(encoding="utf-8"))
     assert s["stopped_by"] == "time budget" and 1 <= s["steps_done"] < 500
     assert load_checkpoint(out / "last.pt")["step"] == s["steps_done"]
 

@@ -176,7 +176,7 @@ def cmd_export(argv: List[str]) -> int:
     path = export_bundle(a.primary, a.reference, a.output, name=a.name, version=a.version,
                          primary_checkpoint=a.primary_checkpoint, reference_checkpoint=a.reference_checkpoint,
                          overwrite=a.overwrite, fp16=not a.fp32)
-    cfg = json.loads((Path(path) / "bundle.json").read_text())
+    cfg = json.loads((Path(path) / "bundle.json").read_text(encoding="utf-8"))
     prov = cfg["provenance"]["training"]
     print(f"wrote bundle {path}: primary {prov['primary']['network']} (step {prov['primary']['checkpoint_step']}), "
           f"reference {prov['reference']['network']} (step {prov['reference']['checkpoint_step']})")

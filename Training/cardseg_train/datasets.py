@@ -69,7 +69,7 @@ class SliceRecord:
 # --------------------------------------------------------------------------------------------
 def read_split_list(path: os.PathLike) -> List[str]:
     """Patient/case ids in a split file (one per line, ``#`` comments and blank lines ignored)."""
-    lines = Path(path).read_text().splitlines()
+    lines = Path(path).read_text(encoding="utf-8").splitlines()
     return [ln.split("#", 1)[0].strip() for ln in lines if ln.split("#", 1)[0].strip()]
 
 

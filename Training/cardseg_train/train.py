@@ -324,7 +324,7 @@ def read_run_config(run: os.PathLike) -> TrainConfig:
     p = Path(run) / "config.json"
     if not p.is_file():
         raise CardsegError(f"{run}: not a training run folder (no config.json)")
-    return TrainConfig.from_dict(json.loads(p.read_text()))
+    return TrainConfig.from_dict(json.loads(p.read_text(encoding="utf-8")))
 
 
 # --------------------------------------------------------------------------------------------
@@ -616,7 +616,7 @@ def load_run_network(run: os.PathLike, which: str = "best") -> Tuple[torch.nn.Mo
 def _run_provenance(run: Path, cfg: TrainConfig, meta: dict, which: str) -> dict:
     summary = {}
     if (run / "summary.json").is_file():
-        summary = json.loads((run / "summary.json").read_text())
+        summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
     return {
         "run": str(run.resolve()),
         "network": f"{cfg.network}",
