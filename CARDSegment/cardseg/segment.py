@@ -44,12 +44,13 @@ class SegmentationResult:
 
 
 def resolve_device(device: str = "auto") -> torch.device:
+    """``auto`` (CUDA when torch sees a GPU, else CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise CardsegError("--device cuda asked for, but torch sees no CUDA GPU")
-    if device not in ("cpu", "cuda"):
+    if device != "cpu" and not (device == "cuda" or device.startswith("cuda:")):
         raise CardsegError(f"unknown device {device!r} (auto, cpu or cuda)")
+    if device != "cpu" and not torch.cuda.is_available():
+        raise CardsegError(f"--device {device} asked for, but torch sees no CUDA GPU")
     return torch.device(device)
 
 

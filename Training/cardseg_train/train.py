@@ -45,6 +45,7 @@ from cardseg.diffusion import CategoricalSchedule, default_sampling_steps, one_h
 from cardseg.errors import CardsegError
 from cardseg.networks import build_network, count_parameters, size_multiple
 from cardseg.scaffold import ACDC_CLASSES, parse_network
+from cardseg.segment import resolve_device
 from cardseg.trajectory import run_trajectory
 
 from .augment import AugmentConfig, BatchAugment
@@ -165,14 +166,6 @@ def smoke_config(config: TrainConfig, explicit: Sequence[str] = ()) -> TrainConf
         if k not in explicit:
             setattr(config, k, v)
     return config
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise CardsegError("--device cuda asked for, but torch sees no CUDA GPU")
-    return torch.device(name)
 
 
 def hardware_description(device: torch.device) -> str:
