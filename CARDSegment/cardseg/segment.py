@@ -74,14 +74,18 @@ def network_inputs(volume: Volume, bundle: Bundle) -> tuple:
 
 def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle, method: str = "card",
                          device: torch.device | str = "cpu", batch_size: int = 8,
-                         progress: Optional[Progress] = None) -> tuple:
+                         progress: Optional[Progress] = None, with_reference: bool = False) -> tuple:
     """Run the trajectory on normalised slices and bring the results back to their grid.
 
     slices01: ``(Z, Y, X)`` already scaled to ``[0, 1]`` (:func:`normalized_slices`, possibly
     perturbed by the caller); spacing_xy: in-plane spacing (x, y) in mm. Returns
     ``(logits (Z, K, Y, X), tac (Z, Y, X) or None, field_of_view (Y, X) bool)`` as torch/numpy,
     with pixels outside the network's field of view set to background and zero disagreement.
+    ``with_reference=True`` (``card`` only) appends the reference's terminal logits
+    ``(Z, K, Y, X)`` as a fourth item (figures; the calibration never uses them).
     """
+    if with_reference and method != "card":
+        raise ValueError("with_reference needs method 'card'")
     progress = progress or Progress()
     device = torch.device(device)
     grid = slice_grid(slices01.shape[1:], spacing_xy, bundle)
@@ -89,7 +93,7 @@ def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle
     steps = bundle.sampled_steps
     nb = (x.shape[0] + batch_size - 1) // batch_size
     progress.stage("trajectory", nb * len(steps))
-    logits_out, tac_out = [], []
+    logits_out, tac_out, ref_out = [], [], []
     for b in range(nb):
         xb = x[b * batch_size:(b + 1) * batch_size].to(device)
         res = run_trajectory(bundle.primary, xb, steps, bundle.num_classes, reference=bundle.reference,
@@ -98,18 +102,27 @@ def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle
         logits_out.append(network_to_slices(res.logits.float(), grid).cpu())
         if res.tac is not None:
             tac_out.append(network_to_slices(res.tac[:, None].float(), grid)[:, 0].cpu())
+        if with_reference:
+            ref_out.append(network_to_slices(res.reference_logits.float(), grid).cpu())
     if device.type == "cuda":
         torch.cuda.synchronize()
     fov = grid.field_of_view()
     outside = torch.from_numpy(~fov)
-    logits = torch.cat(logits_out)
-    logits[:, :, outside] = -OUTSIDE_MARGIN
-    logits[:, 0][:, outside] = 0.0
+    logits = _outside_to_background(torch.cat(logits_out), outside)
     tac = None
     if tac_out:
         tac = torch.cat(tac_out)
         tac[:, outside] = 0.0
+    if with_reference:
+        return logits, tac, fov, _outside_to_background(torch.cat(ref_out), outside)
     return logits, tac, fov
+
+
+def _outside_to_background(logits: torch.Tensor, outside: torch.Tensor) -> torch.Tensor:
+    """Pixels outside the field of view become confident background (in place)."""
+    logits[:, :, outside] = -OUTSIDE_MARGIN
+    logits[:, 0][:, outside] = 0.0
+    return logits
 
 
 def segment_volume(volume: Volume, bundle: Bundle, method: str = "card", device: torch.device | str = "cpu",

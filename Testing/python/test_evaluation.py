@@ -42,7 +42,7 @@ def test_acdc_validation_volumes_and_evaluate_command(tiny_bundle, tmp_path):
     v = vols[0]
     assert v.volume.array.shape == v.labels.shape and set(np.unique(v.labels)) <= {0, 1, 2, 3}
     code = main(["evaluate", "--bundle", str(tiny_bundle), "--data", str(ACDC), "--split", "val", "--out",
-                 str(tmp_path / "ev"), "--quiet"])
+                 str(tmp_path / "ev"), "--dice-only", "--quiet"])
     assert code == 0
     rep = json.loads((tmp_path / "ev" / "dice.json").read_text(encoding="utf-8"))
     assert len(rep["volumes"]) == 20 and 0 <= rep["summary"]["mean"] <= 1

@@ -184,43 +184,116 @@ def cmd_export(argv: List[str]) -> int:
 
 
 def evaluate_parser() -> argparse.ArgumentParser:
+    from .calibration_eval import CONDITIONS, METHODS
+
     p = argparse.ArgumentParser(
         prog="cardseg evaluate",
-        description="Segmentation quality of a bundle on labelled ACDC volumes: Dice per class per 3D volume at "
-                    "the volume's own grid (dice.csv, dice.json, dice.md in --out).")
+        description="Evaluate a bundle on labelled ACDC volumes: CARD against UC/TS/ETS/HTS under the conditions "
+                    "clean, bias, motion, ghost, spike (ACDC-C). Writes calibration.md/.csv/.json (ECE, SCE, ACE "
+                    "per condition, NLL), dice.*, figures (NLL per condition, reliability diagrams, confidence "
+                    "histograms, agreement vs Dice, a qualitative panel) into --out. Each (case, condition) is "
+                    "cached as it finishes, so a rerun resumes. --dice-only gives the quick Dice table.")
     p.add_argument("--bundle", metavar="PATH", help="bundle folder (default: $CARDSEG_BUNDLE or the shipped one)")
     p.add_argument("--data", default="../shared/data/acdc", metavar="PATH", help="ACDC HDF5 folder")
     p.add_argument("--split", default="val", choices=["val", "test"],
                    help="val for development; test only to report, never to select")
     p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--dice-only", action="store_true", help="only Dice per class per volume (dice.csv/json/md)")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated (default {','.join(METHODS)})")
+    p.add_argument("--conditions", default=",".join(CONDITIONS),
+                   help=f"comma-separated (default {','.join(CONDITIONS)})")
+    p.add_argument("--seed", type=int, default=0, help="corruption seed (per case and condition)")
+    p.add_argument("--max-cases", type=int, metavar="N", help="only the first N volumes (quick runs)")
+    p.add_argument("--panel", metavar="CASE[:CONDITION]",
+                   help="qualitative panel for this case (default: the case and condition with the lowest "
+                        "agreement); 'none' to skip")
+    p.add_argument("--cache", default="cache/evaluate", metavar="DIR", help="per-case cache folder ('' for none)")
     p.add_argument("--h5-spacing", type=float, default=1.5, metavar="MM",
                    help="pixel size assumed for the geometry-less HDF5 volumes (default 1.5, as in training)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--device", default="auto")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int)
     p.add_argument("--quiet", action="store_true")
     return p
 
 
+def _names(text: str, allowed, what: str) -> List[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in allowed]
+    if bad or not names:
+        raise CardsegError(f"unknown {what} {', '.join(bad) or repr(text)} (choose from {', '.join(allowed)})")
+    return names
+
+
 def cmd_evaluate(argv: List[str]) -> int:
+    a = evaluate_parser().parse_args(argv)
+    from .calibration_eval import CONDITIONS, METHODS
+
+    methods = _names(a.methods, METHODS, "method")
+    conditions = _names(a.conditions, list(CONDITIONS), "condition")
+    if a.max_cases is not None and a.max_cases < 1:
+        raise CardsegError("--max-cases must be at least 1")
+    panel_case, _, panel_cond = (a.panel or "").partition(":")
+    if panel_cond:
+        _names(panel_cond, list(CONDITIONS), "--panel condition")
+
+    import numpy as np
     import torch
 
     from cardseg.bundle import load_bundle
     from cardseg.progress import make_progress
     from cardseg.segment import resolve_device
 
+    from .calibration_eval import (CaseCache, bundle_calibrators, calibration_table, case_panel, choose_panel,
+                                   run_cases)
+    from .calibration_report import write_report
     from .evaluation import acdc_h5_volumes, evaluate_dice, write_dice_table
 
-    a = evaluate_parser().parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     device = resolve_device(a.device)
     bundle = load_bundle(a.bundle, device=device)
-    cases = acdc_h5_volumes(a.data, a.split, a.h5_spacing)
-    rows = evaluate_dice(bundle, cases, device=device, batch_size=a.batch_size, progress=make_progress("bar", a.quiet))
-    summary = write_dice_table(rows, bundle.class_names, Path(a.out), f"{bundle.ident} on ACDC {a.split}")
+    calibrators = None if a.dice_only else bundle_calibrators(bundle, methods)
+    cases = acdc_h5_volumes(a.data, a.split, a.h5_spacing)[:a.max_cases]
+    if panel_case and panel_case.lower() != "none" and not any(c.case == panel_case for c in cases):
+        raise CardsegError(f"--panel: no case {panel_case!r} among the evaluated {a.split} volumes")
+    out = Path(a.out)
+    title = f"{bundle.ident} on ACDC {a.split}"
+    if a.dice_only:
+        rows = evaluate_dice(bundle, cases, device=device, batch_size=a.batch_size,
+                             progress=make_progress("bar", a.quiet))
+        summary = write_dice_table(rows, bundle.class_names, out, title)
+        if not a.quiet:
+            print(" ".join(f"{k} {v:.3f}" for k, v in summary.items()), f"-> {out}")
+        return 0
+    settings = {"data": str(Path(a.data).resolve()), "split": a.split, "seed": a.seed, "h5_spacing": a.h5_spacing}
+    cache = CaseCache(Path(a.cache) if a.cache else None, CaseCache.make_key(bundle.checksums, settings))
+    progress = make_progress("bar", a.quiet)
+    results = run_cases(bundle, cases, conditions, cache, a.seed, device, a.batch_size, progress)
+    progress.close()
+    table = calibration_table(results, calibrators, bundle.class_names, conditions)
+    table["settings"] = {**settings, "bundle": bundle.ident, "cases": [c.case for c in cases]}
+    write_report(table, out, title)
+    if "clean" in conditions:
+        rows = [{"case": r.case, "patient": r.patient, **r.dice,
+                 "mean": float(np.nanmean([r.dice[n] for n in bundle.class_names[1:]]))}
+                for r in results if r.condition == "clean"]
+        write_dice_table(rows, bundle.class_names, out, title)
+    if panel_case.lower() != "none":
+        if panel_case:
+            cond = panel_cond or "clean"
+            item = next((c for c in cases if c.case == panel_case), None)
+            if item is None:
+                raise CardsegError(f"--panel: no case {panel_case!r} in the {a.split} split")
+        else:
+            pick = choose_panel(results)
+            item, cond = next(c for c in cases if c.case == pick.case), pick.condition
+        case_panel(bundle, item, cond, out / f"panel_{item.case}_{cond}.png", a.seed, device, a.batch_size)
     if not a.quiet:
-        print(" ".join(f"{k} {v:.3f}" for k, v in summary.items()), f"-> {a.out}")
+        for m in methods:
+            print(f"{m:5s} mean NLL {table['mean_nll'][m]:.4f}  " + "  ".join(
+                f"{c} {table['pooled'][c][m]['nll']:.3f}" for c in conditions))
+        print(f"lowest mean NLL: {table['lowest_mean_nll']} -> {out / 'calibration.md'}")
     return 0
 
 

@@ -1,0 +1,315 @@
+"""The calibration harness behind ``cardseg evaluate``: methods x conditions, as the paper's Table I.
+
+For every labelled volume of a split and every condition (``clean`` and the four ACDC-C
+corruptions of :mod:`cardseg_train.corruptions`), the bundle's dual trajectory runs once
+(:func:`run_case`) and what the metrics need is kept in a :class:`CaseResult`: the terminal
+primary logits, the TAC map and the labels of the ROI pixels, Dice per class, the LCC ratio,
+and per slice the agreement and Dice. Each result is cached on disk as soon as it exists, so an
+interrupted evaluation resumes where it stopped (:class:`CaseCache`).
+
+Every calibrator (UC, TS, ETS, HTS from ``bundle.json``'s fitted ``baselines``, and CARD) is then
+applied to the same cached logits (:func:`calibration_table`): one interface, backbone-matched
+baselines. Definitions used everywhere (fitting, evaluation, tests):
+
+* ROI: the ground-truth foreground dilated per slice by a disk of radius 10 px, on the volume's
+  own grid (:func:`cardseg.metrics.roi_mask`).
+* ECE (top-label), SCE, ACE with 10 bins and NLL, pooled over all ROI pixels of all volumes of a
+  condition (:class:`cardseg.calibration_metrics.CalibrationAccumulator`); per-volume means are
+  reported beside them.
+* Mean NLL of a method: the mean over the conditions of its pooled NLL (each condition weighs
+  the same); the ACDC-C block mean leaves ``clean`` out.
+* Agreement (paper Eq. 4) over the same ROI, per volume and per slice; agreement versus Dice is
+  per slice, skipping slices without ground-truth foreground, with Pearson r (paper Fig. 2b).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from cardseg.calibration import Calibrator, calibrator_from_dict
+from cardseg.calibration_metrics import CalibrationAccumulator, calibration_metrics
+from cardseg.errors import CardsegError
+from cardseg.metrics import agreement_score, lcc_ratio, roi_mask
+from cardseg.progress import Progress
+
+from .corruptions import corrupt_labelled_volume
+from .evaluation import LabelledVolume, dice_score
+
+#: condition name -> corruption kind (None: the volume as it is)
+CONDITIONS: Dict[str, Optional[str]] = {"clean": None, "bias": "bias_field", "motion": "motion",
+                                        "ghost": "ghosting", "spike": "spike"}
+#: the calibrators compared, in table order
+METHODS = ("uc", "ts", "ets", "hts", "card")
+METHOD_LABELS = {"uc": "Primary (UC)", "ts": "Primary+TS", "ets": "Primary+ETS", "hts": "Primary+HTS",
+                 "card": "CARD"}
+#: ROI radius of the metrics, pixels of the volume's own grid
+ROI_RADIUS = 10
+#: bump when what a cached case holds, or how it is computed, changes
+CACHE_VERSION = 1
+
+
+@dataclass
+class CaseResult:
+    """What the metrics need from one volume under one condition.
+
+    logits ``(K, n)`` float32, tac ``(n,)`` float32 and labels ``(n,)`` uint8 are the ROI pixels
+    (ROI as in the module docstring); dice: per foreground class name (NaN when the class is
+    absent from both); slice_agreement / slice_dice: per slice with ground-truth foreground
+    (Eq. 4 over that slice's ROI; mean Dice over the classes present in it or the prediction).
+    """
+
+    case: str
+    patient: str
+    condition: str
+    logits: np.ndarray
+    tac: np.ndarray
+    labels: np.ndarray
+    dice: Dict[str, float] = field(default_factory=dict)
+    lcc: Optional[float] = None
+    agreement: Optional[float] = None
+    slice_index: List[int] = field(default_factory=list)
+    slice_agreement: List[float] = field(default_factory=list)
+    slice_dice: List[float] = field(default_factory=list)
+
+    def meta(self) -> dict:
+        return {"case": self.case, "patient": self.patient, "condition": self.condition, "dice": self.dice,
+                "lcc": self.lcc, "agreement": self.agreement, "slice_index": self.slice_index,
+                "slice_agreement": self.slice_agreement, "slice_dice": self.slice_dice}
+
+
+def condition_volume(item: LabelledVolume, condition: str, seed: int = 0) -> LabelledVolume:
+    """The volume under ``condition`` (corruptions seeded per case, labels untouched)."""
+    if condition not in CONDITIONS:
+        raise CardsegError(f"unknown condition {condition!r} (choose from {', '.join(CONDITIONS)})")
+    kind = CONDITIONS[condition]
+    return item if kind is None else corrupt_labelled_volume(item, kind, seed)
+
+
+def slice_dice(pred: np.ndarray, truth: np.ndarray, num_classes: int) -> float:
+    """Mean Dice over foreground classes present in either 2D map (NaN when none is)."""
+    scores = [dice_score(pred, truth, k) for k in range(1, num_classes)]
+    scores = [s for s in scores if not math.isnan(s)]
+    return float(np.mean(scores)) if scores else float("nan")
+
+
+def summarize_case(case: str, patient: str, condition: str, logits: np.ndarray, tac: np.ndarray,
+                   labels: np.ndarray, class_names: Sequence[str], roi_radius: int = ROI_RADIUS) -> CaseResult:
+    """Reduce one volume's trajectory outputs to a :class:`CaseResult`.
+
+    logits ``(Z, K, Y, X)``, tac and labels ``(Z, Y, X)`` on the volume's own grid.
+    """
+    k = len(class_names)
+    if logits.shape[1] != k or logits.shape[:1] + logits.shape[2:] != labels.shape or tac.shape != labels.shape:
+        raise ValueError(f"shapes disagree: logits {logits.shape}, tac {tac.shape}, labels {labels.shape}")
+    pred = logits.argmax(axis=1)
+    roi = roi_mask(labels > 0, roi_radius)
+    z_roi = np.moveaxis(logits, 1, 0)[:, roi].astype(np.float32)
+    res = CaseResult(case, patient, condition, z_roi, tac[roi].astype(np.float32), labels[roi].astype(np.uint8))
+    res.dice = {name: dice_score(pred, labels, i) for i, name in enumerate(class_names) if i}
+    res.lcc = lcc_ratio(pred > 0)
+    res.agreement = agreement_score(tac, roi)
+    for zi in range(labels.shape[0]):
+        if not (labels[zi] > 0).any():
+            continue
+        res.slice_index.append(zi)
+        res.slice_agreement.append(float(agreement_score(tac[zi], roi[zi])))
+        res.slice_dice.append(slice_dice(pred[zi], labels[zi], k))
+    return res
+
+
+def run_case(bundle, item: LabelledVolume, condition: str, seed: int = 0, device="cpu", batch_size: int = 8,
+             roi_radius: int = ROI_RADIUS) -> CaseResult:
+    """Corrupt (if asked), normalise as the engine does, run the dual trajectory, summarise."""
+    from cardseg.segment import normalized_slices, trajectory_on_slices
+
+    vol = condition_volume(item, condition, seed)
+    slices01 = normalized_slices(vol.volume, bundle)
+    logits, tac, _ = trajectory_on_slices(slices01, tuple(vol.volume.spacing[:2]), bundle, "card", device, batch_size)
+    return summarize_case(item.case, item.patient, condition, logits.numpy(), tac.numpy(), item.labels,
+                          bundle.class_names, roi_radius)
+
+
+class CaseCache:
+    """One ``.npz`` per (case, condition) under ``root/<key>/``; arrays plus a JSON header, no
+    pickles; written atomically so an interrupted run never leaves a half file behind."""
+
+    def __init__(self, root: Optional[Path], key: str):
+        self.dir = None if root is None else Path(root) / key
+
+    @staticmethod
+    def make_key(checksums: Dict[str, str], settings: dict) -> str:
+        blob = json.dumps({"weights": checksums, "version": CACHE_VERSION, **settings}, sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def path(self, case: str, condition: str) -> Optional[Path]:
+        return None if self.dir is None else self.dir / f"{case}__{condition}.npz"
+
+    def load(self, case: str, condition: str) -> Optional[CaseResult]:
+        p = self.path(case, condition)
+        if p is None or not p.is_file():
+            return None
+        with np.load(p, allow_pickle=False) as f:
+            meta = json.loads(bytes(f["meta"]).decode())
+            return CaseResult(logits=f["logits"], tac=f["tac"], labels=f["labels"], **meta)
+
+    def save(self, res: CaseResult) -> None:
+        p = self.path(res.case, res.condition)
+        if p is None:
+            return
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(p.stem + ".tmp.npz")
+        meta = np.frombuffer(json.dumps(res.meta()).encode(), dtype=np.uint8)
+        np.savez_compressed(tmp, logits=res.logits, tac=res.tac, labels=res.labels, meta=meta)
+        tmp.replace(p)
+
+
+def run_cases(bundle, cases: Sequence[LabelledVolume], conditions: Sequence[str], cache: CaseCache, seed: int = 0,
+              device="cpu", batch_size: int = 8, progress: Optional[Progress] = None) -> List[CaseResult]:
+    """Every (case, condition), from the cache where it is already there (resumable per case)."""
+    progress = progress or Progress()
+    progress.stage("cases x conditions", len(cases) * len(conditions))
+    out = []
+    for item in cases:
+        for condition in conditions:
+            res = cache.load(item.case, condition)
+            if res is None:
+                res = run_case(bundle, item, condition, seed, device, batch_size)
+                cache.save(res)
+            out.append(res)
+            progress.advance(1)
+    return out
+
+
+def bundle_calibrators(bundle, methods: Sequence[str] = METHODS) -> Dict[str, Calibrator]:
+    """The fitted calibrators of a bundle: CARD from ``calibration``, the rest from ``baselines``."""
+    baselines = bundle.config.get("baselines") or {}
+    out = {}
+    for m in methods:
+        if m == "card":
+            if not bundle.config.get("calibration", {}).get("fitted"):
+                raise CardsegError(f"{bundle.path}: CARD is not fitted (run cardseg fit-calibration first)")
+            out[m] = bundle.calibrator
+        elif m == "uc":
+            out[m] = calibrator_from_dict({"method": "uc"})
+        elif m in baselines:
+            out[m] = calibrator_from_dict(baselines[m])
+        else:
+            raise CardsegError(f"{bundle.path}: bundle.json has no fitted {m!r} baseline "
+                               f"(run cardseg fit-calibration first)")
+    return out
+
+
+def calibrated_probs(cal: Calibrator, res: CaseResult) -> np.ndarray:
+    """``(n, K)`` probabilities of one case's ROI pixels under ``cal``."""
+    z = torch.from_numpy(np.ascontiguousarray(res.logits, dtype=np.float32))[None]
+    d = torch.from_numpy(np.ascontiguousarray(res.tac, dtype=np.float32))[None]
+    return cal.probabilities(z, d if cal.needs_tac else None)[0].T.numpy()
+
+
+def pearson_r(x: Sequence[float], y: Sequence[float]) -> Optional[float]:
+    """Pearson correlation of the finite pairs; None with fewer than 3 or no spread."""
+    a = np.asarray(x, dtype=np.float64)
+    b = np.asarray(y, dtype=np.float64)
+    ok = np.isfinite(a) & np.isfinite(b)
+    a, b = a[ok], b[ok]
+    if a.size < 3 or a.std() == 0 or b.std() == 0:
+        return None
+    return float(np.corrcoef(a, b)[0, 1])
+
+
+def _mean(values) -> Optional[float]:
+    v = [float(x) for x in values if x is not None and np.isfinite(x)]
+    return float(np.mean(v)) if v else None
+
+
+def calibration_table(results: Sequence[CaseResult], calibrators: Dict[str, Calibrator], class_names: Sequence[str],
+                      conditions: Optional[Sequence[str]] = None) -> dict:
+    """Every metric of the report, JSON-able (see the module docstring for the definitions)."""
+    k = len(class_names)
+    conditions = list(conditions or dict.fromkeys(r.condition for r in results))
+    methods = list(calibrators)
+    pooled: Dict[str, Dict[str, dict]] = {}
+    per_volume: Dict[str, Dict[str, dict]] = {}
+    reliability: Dict[str, Dict[str, dict]] = {}
+    confidence_hist: Dict[str, Dict[str, list]] = {}
+    segmentation: Dict[str, dict] = {}
+    scatter: Dict[str, dict] = {}
+    for cond in conditions:
+        rs = [r for r in results if r.condition == cond]
+        if not rs:
+            raise CardsegError(f"no results for condition {cond!r}")
+        pooled[cond], per_volume[cond], reliability[cond], confidence_hist[cond] = {}, {}, {}, {}
+        for m, cal in calibrators.items():
+            acc = CalibrationAccumulator(k)
+            vols = []
+            for r in rs:
+                p = calibrated_probs(cal, r)
+                acc.add(p, r.labels)
+                vols.append(calibration_metrics(p, r.labels))
+            pooled[cond][m] = acc.result()
+            per_volume[cond][m] = {key: float(np.mean([v[key] for v in vols])) for key in ("ece", "sce", "ace", "nll")}
+            diag = acc.reliability()
+            reliability[cond][m] = diag.to_dict()
+            confidence_hist[cond][m] = diag.count.tolist()
+        dice = {name: _mean(r.dice[name] for r in rs) for name in class_names[1:]}
+        dice["mean"] = _mean(_mean(r.dice.values()) for r in rs)
+        segmentation[cond] = {"dice": dice, "lcc": _mean(r.lcc for r in rs),
+                              "agreement": _mean(r.agreement for r in rs), "volumes": len(rs)}
+        xs = [a for r in rs for a in r.slice_agreement]
+        ys = [d for r in rs for d in r.slice_dice]
+        scatter[cond] = {"agreement": xs, "dice": ys, "r": pearson_r(xs, ys)}
+    mean_nll = {m: float(np.mean([pooled[c][m]["nll"] for c in conditions])) for m in methods}
+    corrupted = [c for c in conditions if c != "clean"]
+    block_nll = ({m: float(np.mean([pooled[c][m]["nll"] for c in corrupted])) for m in methods} if corrupted else None)
+    all_x = [a for c in conditions for a in scatter[c]["agreement"]]
+    all_y = [d for c in conditions for d in scatter[c]["dice"]]
+    post_hoc = [m for m in ("ts", "ets", "hts") if m in methods]
+    ratio = None
+    if "card" in methods and post_hoc:
+        best = min(post_hoc, key=lambda m: mean_nll[m])
+        ratio = {"best_baseline": best, "card_over_best": mean_nll["card"] / mean_nll[best]}
+    return {
+        "conditions": conditions, "methods": methods, "classes": list(class_names),
+        "volumes": len({r.case for r in results}),
+        "pooled": pooled, "per_volume_mean": per_volume, "mean_nll": mean_nll, "corrupted_block_nll": block_nll,
+        "lowest_mean_nll": min(methods, key=lambda m: mean_nll[m]), "card_vs_best_post_hoc": ratio,
+        "segmentation": segmentation, "agreement_vs_dice": {"r_all": pearson_r(all_x, all_y), "per_condition": scatter},
+        "reliability": reliability, "confidence_histogram": confidence_hist,
+        "calibrators": {m: cal.to_dict() for m, cal in calibrators.items()},
+    }
+
+
+def choose_panel(results: Sequence[CaseResult]) -> CaseResult:
+    """Default qualitative case: the (case, condition) with the lowest volume agreement."""
+    scored = [r for r in results if r.agreement is not None]
+    if not scored:
+        raise CardsegError("no case with a ground-truth ROI to draw")
+    return min(scored, key=lambda r: r.agreement)
+
+
+def case_panel(bundle, item: LabelledVolume, condition: str, path: Path, seed: int = 0, device="cpu",
+               batch_size: int = 8, slice_index: Optional[int] = None) -> Path:
+    """Run one volume again with the reference's predictions kept and draw paper Fig. 4 for one
+    slice (default: the slice with the largest ground-truth foreground)."""
+    from cardseg.segment import normalized_slices, trajectory_on_slices
+
+    from .calibration_report import plot_case_panel
+
+    vol = condition_volume(item, condition, seed)
+    slices01 = normalized_slices(vol.volume, bundle)
+    logits, tac, _, ref = trajectory_on_slices(slices01, tuple(vol.volume.spacing[:2]), bundle, "card", device,
+                                               batch_size, with_reference=True)
+    z = int(np.argmax((item.labels > 0).sum(axis=(1, 2)))) if slice_index is None else int(slice_index)
+    if not 0 <= z < item.labels.shape[0]:
+        raise CardsegError(f"slice {z} outside 0..{item.labels.shape[0] - 1}")
+    temperature = bundle.calibrator.temperature(tac[z:z + 1])[0].numpy() if bundle.calibrator.needs_tac else None
+    return plot_case_panel(slices01[z], item.labels[z], logits[z].argmax(0).numpy(), ref[z].argmax(0).numpy(),
+                           tac[z].numpy(), Path(path), f"{item.case}, {condition}, slice {z}", temperature)
