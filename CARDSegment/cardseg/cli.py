@@ -69,18 +69,22 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_segment(a) -> int:
-    from .bundle import load_bundle
-    from .progress import make_progress
-    from .segment import resolve_device, segment_volume, write_outputs
-    from .volume import read_volume
-
-    import torch
-
+    # cheap checks first: a wrong path is reported before torch is even imported
+    if not os.path.exists(a.input):
+        raise CardsegError(f"{a.input}: no such file or folder")
     out = os.path.abspath(a.output)
     if os.path.isdir(out) and os.listdir(out) and not a.overwrite:
         raise CardsegError(f"{out}: folder exists and is not empty (use --overwrite)")
     if os.path.exists(out) and not os.path.isdir(out):
         raise CardsegError(f"{out}: exists and is not a folder")
+
+    import torch
+
+    from .bundle import load_bundle
+    from .progress import make_progress
+    from .segment import resolve_device, segment_volume, write_outputs
+    from .volume import read_volume
+
     if a.threads:
         torch.set_num_threads(a.threads)
     t_start = time.perf_counter()

@@ -177,7 +177,7 @@ def test_evaluate_command_end_to_end_and_resume(tiny_bundle, tmp_path, monkeypat
     assert t["settings"]["split"] == "val" and all(c.startswith("patient") for c in t["settings"]["cases"])
     assert all(t["pooled"][c][m]["n"] > 1000 for c in t["conditions"] for m in t["methods"])
     assert len(list(cache.rglob("*.npz"))) == 4
-    assert len(list(out.glob("panel_*.png"))) == 1
+    assert len(list(out.glob("panel_*.png"))) == 1 and len(list(out.glob("conditions_*.png"))) == 1
     assert json.loads((out / "dice.json").read_text(encoding="utf-8"))["summary"]["mean"] >= 0
     # a second run resumes from the cache: no trajectory is run again, the table is identical
     monkeypatch.setattr(ce, "run_case", lambda *a, **k: pytest.fail("ran a cached case again"))

@@ -313,3 +313,16 @@ def case_panel(bundle, item: LabelledVolume, condition: str, path: Path, seed: i
     temperature = bundle.calibrator.temperature(tac[z:z + 1])[0].numpy() if bundle.calibrator.needs_tac else None
     return plot_case_panel(slices01[z], item.labels[z], logits[z].argmax(0).numpy(), ref[z].argmax(0).numpy(),
                            tac[z].numpy(), Path(path), f"{item.case}, {condition}, slice {z}", temperature)
+
+
+def conditions_figure(bundle, item: LabelledVolume, conditions: Sequence[str], path: Path, seed: int = 0,
+                      slice_index: Optional[int] = None) -> Path:
+    """The same slice under every condition, as the network sees it (normalised), with the
+    ground-truth outline (default slice: the largest ground-truth foreground)."""
+    from cardseg.segment import normalized_slices
+
+    from .calibration_report import plot_conditions
+
+    z = int(np.argmax((item.labels > 0).sum(axis=(1, 2)))) if slice_index is None else int(slice_index)
+    images = {c: normalized_slices(condition_volume(item, c, seed).volume, bundle)[z] for c in conditions}
+    return plot_conditions(images, item.labels[z], Path(path), f"{item.case}, slice {z}")

@@ -271,3 +271,21 @@ def plot_case_panel(image: np.ndarray, truth: np.ndarray, primary: np.ndarray, r
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     return _save(fig, Path(path))
+
+
+def plot_conditions(images: Dict[str, np.ndarray], truth: np.ndarray, path: Path, title: str = "") -> Path:
+    """One 2D slice under each condition, with the ground-truth outline: the picture that shows
+    an artifact is what it claims (motion rings and blurs inside the field of view rather than
+    shifting the heart off its mask). images: condition -> ``(Y, X)``."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(images), figsize=(2.6 * len(images), 2.9), squeeze=False)
+    for ax, (name, img) in zip(axes[0], images.items()):
+        ax.imshow(img, cmap="gray")
+        ax.contour(truth > 0, levels=[0.5], colors="lime", linewidths=0.7)
+        ax.set_title(name, fontsize=9)
+        ax.set_axis_off()
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    return _save(fig, Path(path))

@@ -245,7 +245,7 @@ def cmd_evaluate(argv: List[str]) -> int:
     from cardseg.segment import resolve_device
 
     from .calibration_eval import (CaseCache, bundle_calibrators, calibration_table, case_panel, choose_panel,
-                                   run_cases)
+                                   conditions_figure, run_cases)
     from .calibration_report import write_report
     from .evaluation import acdc_h5_volumes, evaluate_dice, write_dice_table
 
@@ -289,6 +289,7 @@ def cmd_evaluate(argv: List[str]) -> int:
             pick = choose_panel(results)
             item, cond = next(c for c in cases if c.case == pick.case), pick.condition
         case_panel(bundle, item, cond, out / f"panel_{item.case}_{cond}.png", a.seed, device, a.batch_size)
+        conditions_figure(bundle, item, conditions, out / f"conditions_{item.case}.png", a.seed)
     if not a.quiet:
         for m in methods:
             print(f"{m:5s} mean NLL {table['mean_nll'][m]:.4f}  " + "  ".join(
