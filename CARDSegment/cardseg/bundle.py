@@ -30,7 +30,7 @@ DEFAULT_NAME = "acdc"
 BUNDLES_DIR = Path(__file__).resolve().parent / "bundles"
 ROLES = ("primary", "reference")
 #: keys of bundle.json's "calibration" block that describe the fit rather than parameterise it
-CALIBRATION_META = ("fitted", "fit")
+CALIBRATION_META = ("fitted", "fit", "tac_steps")
 
 
 def sha256_file(path: os.PathLike) -> str:
@@ -92,6 +92,19 @@ class Bundle:
     @property
     def sampled_steps(self) -> List[int]:
         return [int(s) for s in self.config["diffusion"]["sampled_steps"]]
+
+    @property
+    def tac_steps(self) -> Optional[List[int]]:
+        """Steps the TAC average runs over (paper Eq. 6's set T): ``calibration.tac_steps`` in
+        ``bundle.json``, or ``None`` for every sampled step (the paper's default)."""
+        steps = self.config.get("calibration", {}).get("tac_steps")
+        if steps is None:
+            return None
+        steps = [int(s) for s in steps]
+        if not steps or not set(steps) <= set(self.sampled_steps):
+            raise CardsegError(f"{self.path}: calibration.tac_steps {steps} must be a non-empty subset of the "
+                               f"sampled steps {self.sampled_steps}")
+        return steps
 
     @property
     def calibrator(self) -> Calibrator:

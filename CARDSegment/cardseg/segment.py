@@ -72,50 +72,73 @@ def network_inputs(volume: Volume, bundle: Bundle) -> tuple:
     return slices_to_network(normalized_slices(volume, bundle), grid), grid
 
 
+@dataclass
+class SliceTrajectory:
+    """The dual trajectory's outputs brought back to the slices' own grid.
+
+    logits: ``(Z, K, Y, X)`` terminal primary logits; tac: ``(Z, Y, X)`` TAC map (``None`` for
+    ``uc``); fov: ``(Y, X)`` bool, the network's field of view (outside: background, zero
+    disagreement); reference_logits: ``(Z, K, Y, X)`` the reference's terminal logits, when asked
+    (figures only); step_js: ``{t: (Z, Y, X)}`` each sampled step's JS map, when asked.
+    """
+
+    logits: torch.Tensor
+    tac: Optional[torch.Tensor]
+    fov: np.ndarray
+    reference_logits: Optional[torch.Tensor] = None
+    step_js: Dict[int, torch.Tensor] = field(default_factory=dict)
+
+
 def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle, method: str = "card",
                          device: torch.device | str = "cpu", batch_size: int = 8,
-                         progress: Optional[Progress] = None, with_reference: bool = False) -> tuple:
+                         progress: Optional[Progress] = None, with_reference: bool = False,
+                         keep_step_js: bool = False) -> SliceTrajectory:
     """Run the trajectory on normalised slices and bring the results back to their grid.
 
     slices01: ``(Z, Y, X)`` already scaled to ``[0, 1]`` (:func:`normalized_slices`, possibly
-    perturbed by the caller); spacing_xy: in-plane spacing (x, y) in mm. Returns
-    ``(logits (Z, K, Y, X), tac (Z, Y, X) or None, field_of_view (Y, X) bool)`` as torch/numpy,
-    with pixels outside the network's field of view set to background and zero disagreement.
-    ``with_reference=True`` (``card`` only) appends the reference's terminal logits
-    ``(Z, K, Y, X)`` as a fourth item (figures; the calibration never uses them).
+    perturbed by the caller); spacing_xy: in-plane spacing (x, y) in mm. The TAC averages the
+    bundle's ``tac_steps`` (default: every sampled step). ``with_reference`` and
+    ``keep_step_js`` (``card`` only) also return the reference's terminal logits and the
+    per-step JS maps (see :class:`SliceTrajectory`).
     """
-    if with_reference and method != "card":
-        raise ValueError("with_reference needs method 'card'")
+    if (with_reference or keep_step_js) and method != "card":
+        raise ValueError("with_reference and keep_step_js need method 'card'")
     progress = progress or Progress()
     device = torch.device(device)
     grid = slice_grid(slices01.shape[1:], spacing_xy, bundle)
     x = slices_to_network(slices01, grid)
     steps = bundle.sampled_steps
+    tac_steps = bundle.tac_steps if method == "card" else None
     nb = (x.shape[0] + batch_size - 1) // batch_size
     progress.stage("trajectory", nb * len(steps))
     logits_out, tac_out, ref_out = [], [], []
+    js_out: Dict[int, list] = {t: [] for t in steps} if keep_step_js else {}
     for b in range(nb):
         xb = x[b * batch_size:(b + 1) * batch_size].to(device)
         res = run_trajectory(bundle.primary, xb, steps, bundle.num_classes, reference=bundle.reference,
                              mode="card" if method == "card" else "uc", schedule=bundle.schedule,
-                             on_step=lambda t: progress.advance(1))
+                             tac_steps=tac_steps, keep_steps=keep_step_js, on_step=lambda t: progress.advance(1))
         logits_out.append(network_to_slices(res.logits.float(), grid).cpu())
         if res.tac is not None:
             tac_out.append(network_to_slices(res.tac[:, None].float(), grid)[:, 0].cpu())
         if with_reference:
             ref_out.append(network_to_slices(res.reference_logits.float(), grid).cpu())
+        for t in js_out:
+            js_out[t].append(network_to_slices(res.per_step_js[t][:, None].float(), grid)[:, 0].cpu())
     if device.type == "cuda":
         torch.cuda.synchronize()
     fov = grid.field_of_view()
     outside = torch.from_numpy(~fov)
-    logits = _outside_to_background(torch.cat(logits_out), outside)
-    tac = None
+    out = SliceTrajectory(_outside_to_background(torch.cat(logits_out), outside), None, fov)
     if tac_out:
-        tac = torch.cat(tac_out)
-        tac[:, outside] = 0.0
+        out.tac = torch.cat(tac_out)
+        out.tac[:, outside] = 0.0
     if with_reference:
-        return logits, tac, fov, _outside_to_background(torch.cat(ref_out), outside)
-    return logits, tac, fov
+        out.reference_logits = _outside_to_background(torch.cat(ref_out), outside)
+    for t, parts in js_out.items():
+        out.step_js[t] = torch.cat(parts)
+        out.step_js[t][:, outside] = 0.0
+    return out
 
 
 def _outside_to_background(logits: torch.Tensor, outside: torch.Tensor) -> torch.Tensor:
@@ -138,7 +161,8 @@ def segment_volume(volume: Volume, bundle: Bundle, method: str = "card", device:
     timings["preprocess"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    logits, tac, fov = trajectory_on_slices(slices01, volume.spacing[:2], bundle, method, device, batch_size, progress)
+    traj = trajectory_on_slices(slices01, volume.spacing[:2], bundle, method, device, batch_size, progress)
+    logits, tac, fov = traj.logits, traj.tac, traj.fov
     timings["trajectory"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

@@ -227,3 +227,38 @@ def test_build_pool_runs_the_engine_on_each_variant(tiny_bundle):
     th = pool_thresholds(pool)
     assert th["out_of_domain_threshold"] == pytest.approx(pool[0].agreement - 0.01)
     assert isinstance(fit_card(pool), CARD)
+
+
+def test_tac_step_subsets_from_kept_step_js_match_the_engine(tiny_bundle, tmp_path):
+    import shutil
+
+    from cardseg.bundle import load_bundle, update_config
+    from cardseg.errors import CardsegError
+    from cardseg.metrics import roi_mask
+    from cardseg.scaffold import synthetic_cine_volume
+    from cardseg.segment import segment_volume
+    from cardseg_train.calibration_fit import PoolItem, build_pool, pool_with_tac_steps
+    from cardseg_train.evaluation import LabelledVolume
+
+    vol, lab = synthetic_cine_volume(shape=(2, 64, 56), spacing=(3.0, 2.5, 8.0), seed=4)
+    path = tmp_path / "b"
+    shutil.copytree(tiny_bundle, path)
+    bundle = load_bundle(path)
+    it = build_pool(bundle, [LabelledVolume("s_frame01", "s", vol, lab)], variants=("clean",), roi_radius=3,
+                    max_pixels_per_item=None)[0]
+    assert it.steps == bundle.sampled_steps and it.step_js.shape == (5, it.labels.size)
+    assert np.allclose(it.step_js.mean(axis=0), it.tac, atol=1e-6)  # TAC = mean of the per-step JS (Eq. 6)
+    last = pool_with_tac_steps([it], [0])[0]
+    assert np.array_equal(last.logits, it.logits) and not np.allclose(last.tac, it.tac)
+    # the engine, told to average step 0 only, gives the same TAC and agreement
+    update_config(path, {"calibration": {"tac_steps": [0]}})
+    b0 = load_bundle(path)
+    assert b0.tac_steps == [0] and b0.calibrator.name == "card"
+    ref = segment_volume(vol, b0, method="card")
+    assert np.allclose(last.tac, ref.disagreement[roi_mask(lab > 0, 3)], atol=1e-6)
+    assert last.agreement == pytest.approx(ref.report["agreement"], abs=1e-6)
+    update_config(path, {"calibration": {"tac_steps": [5]}})
+    with pytest.raises(CardsegError, match="tac_steps"):
+        load_bundle(path).tac_steps
+    with pytest.raises(ValueError, match="per-step"):
+        pool_with_tac_steps([PoolItem(it.logits, it.labels, it.tac)], [0])

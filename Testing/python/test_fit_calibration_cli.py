@@ -34,8 +34,12 @@ def test_fit_calibration_writes_fitted_values_only_into_bundle_json(tiny_bundle,
     real = calibrate.acdc_h5_volumes
     monkeypatch.setattr(calibrate, "acdc_h5_volumes", lambda data, split: real(data, split)[:2])  # keep it quick
     assert main(["fit-calibration", "--bundle", str(bundle), "--data", str(ACDC), "--max-pixels", "3000",
-                 "--cache", str(tmp_path / "cache")]) == 0
+                 "--cache", str(tmp_path / "cache"), "--tac-steps", "auto"]) == 0
     cfg = read_config(bundle)
+    sets = cfg["calibration"]["fit"]["tac_step_sets"]
+    assert set(sets["pool_nll"]) == {"all", "mid", "last"}
+    assert sets["pool_nll"][sets["chosen"]] == min(sets["pool_nll"].values())
+    assert cfg["calibration"]["tac_steps"] == {"all": None, "mid": [24, 12, 0], "last": [0]}[sets["chosen"]]
     cal = cfg["calibration"]
     assert cal["fitted"] is True and cal["method"] == "card"
     assert 1.0 <= cal["tau_min"] <= cal["tau_max"] and cal["w_k"] > 0 and cal["w_b"] >= 0

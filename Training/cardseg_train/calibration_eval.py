@@ -132,8 +132,8 @@ def run_case(bundle, item: LabelledVolume, condition: str, seed: int = 0, device
 
     vol = condition_volume(item, condition, seed)
     slices01 = normalized_slices(vol.volume, bundle)
-    logits, tac, _ = trajectory_on_slices(slices01, tuple(vol.volume.spacing[:2]), bundle, "card", device, batch_size)
-    return summarize_case(item.case, item.patient, condition, logits.numpy(), tac.numpy(), item.labels,
+    traj = trajectory_on_slices(slices01, tuple(vol.volume.spacing[:2]), bundle, "card", device, batch_size)
+    return summarize_case(item.case, item.patient, condition, traj.logits.numpy(), traj.tac.numpy(), item.labels,
                           bundle.class_names, roi_radius)
 
 
@@ -305,8 +305,9 @@ def case_panel(bundle, item: LabelledVolume, condition: str, path: Path, seed: i
 
     vol = condition_volume(item, condition, seed)
     slices01 = normalized_slices(vol.volume, bundle)
-    logits, tac, _, ref = trajectory_on_slices(slices01, tuple(vol.volume.spacing[:2]), bundle, "card", device,
-                                               batch_size, with_reference=True)
+    traj = trajectory_on_slices(slices01, tuple(vol.volume.spacing[:2]), bundle, "card", device, batch_size,
+                                with_reference=True)
+    logits, tac, ref = traj.logits, traj.tac, traj.reference_logits
     z = int(np.argmax((item.labels > 0).sum(axis=(1, 2)))) if slice_index is None else int(slice_index)
     if not 0 <= z < item.labels.shape[0]:
         raise CardsegError(f"slice {z} outside 0..{item.labels.shape[0] - 1}")

@@ -82,7 +82,11 @@ class PoolItem:
 
     logits: terminal primary logits ``(K, n)``; labels: ground truth ``(n,)``; tac: TAC
     values ``(n,)``; agreement: the engine's volume agreement score (Eq. 4, over the
-    predicted-foreground ROI) when known.
+    predicted-foreground ROI) when known; step_js: the JS value of each sampled step ``(S, n)``
+    in the order of ``steps``, when kept, so the TAC of any step subset can be formed
+    later without running the trajectory again (:func:`pool_with_tac_steps`); step_roi_js: per
+    step, the mean JS over the predicted-foreground ROI the agreement score uses (so the agreement
+    of any step subset is exact: Eq. 4 is linear in the TAC).
     """
 
     logits: np.ndarray
@@ -91,6 +95,9 @@ class PoolItem:
     case: str = ""
     variant: str = "clean"
     agreement: Optional[float] = None
+    step_js: Optional[np.ndarray] = None
+    steps: Optional[List[int]] = None
+    step_roi_js: Optional[List[float]] = None
 
     def __post_init__(self):
         self.logits = np.asarray(self.logits, dtype=np.float32)
@@ -99,12 +106,20 @@ class PoolItem:
         if self.logits.ndim != 2 or self.logits.shape[1] != self.labels.shape[0] or self.tac.shape != self.labels.shape:
             raise ValueError(f"PoolItem needs logits (K, n), labels (n,), tac (n,); got {self.logits.shape}, "
                              f"{self.labels.shape}, {self.tac.shape}")
+        if self.step_js is not None:
+            self.step_js = np.asarray(self.step_js, dtype=np.float32)
+            self.steps = [int(t) for t in (self.steps or [])]
+            if self.step_js.shape != (len(self.steps), self.labels.shape[0]):
+                raise ValueError(f"PoolItem step_js must be (len(steps), n), got {self.step_js.shape} for "
+                                 f"{len(self.steps)} steps and n = {self.labels.shape[0]}")
 
 
 def pool_item(logits: np.ndarray, tac: np.ndarray, labels: np.ndarray, roi: np.ndarray,
               rng: Optional[np.random.Generator] = None, max_pixels: Optional[int] = None, case: str = "",
-              variant: str = "clean", agreement: Optional[float] = None) -> PoolItem:
-    """Gather the ROI pixels of a volume: logits ``(Z, K, Y, X)``, tac/labels/roi ``(Z, Y, X)``.
+              variant: str = "clean", agreement: Optional[float] = None,
+              step_js: Optional[Dict[int, np.ndarray]] = None, step_roi_js: Optional[List[float]] = None) -> PoolItem:
+    """Gather the ROI pixels of a volume: logits ``(Z, K, Y, X)``, tac/labels/roi ``(Z, Y, X)``,
+    step_js ``{t: (Z, Y, X)}`` (optional).
 
     With ``max_pixels``, a uniform random subset (without replacement, drawn from ``rng``)
     of that many ROI pixels is kept, in their original order.
@@ -112,11 +127,33 @@ def pool_item(logits: np.ndarray, tac: np.ndarray, labels: np.ndarray, roi: np.n
     roi = np.asarray(roi, dtype=bool)
     z = np.moveaxis(np.asarray(logits), 1, 0)[:, roi]
     t, y = np.asarray(tac)[roi], np.asarray(labels)[roi]
+    steps = list(step_js) if step_js else None
+    js = np.stack([np.asarray(step_js[s])[roi] for s in steps]) if steps else None
     if max_pixels is not None and y.shape[0] > max_pixels:
         rng = rng if rng is not None else np.random.default_rng(0)
         keep = np.sort(rng.choice(y.shape[0], size=max_pixels, replace=False))
         z, t, y = z[:, keep], t[keep], y[keep]
-    return PoolItem(z, y, t, case=case, variant=variant, agreement=agreement)
+        js = None if js is None else js[:, keep]
+    return PoolItem(z, y, t, case=case, variant=variant, agreement=agreement, step_js=js, steps=steps,
+                    step_roi_js=step_roi_js)
+
+
+def pool_with_tac_steps(pool: Sequence[PoolItem], tac_steps: Optional[Sequence[int]]) -> List[PoolItem]:
+    """The pool with each item's TAC re-formed over ``tac_steps`` (paper Eq. 6 with another step
+    set ``T``, e.g. TAC-mid ``[24, 12, 0]`` or TAC-last ``[0]``; ``None``: every sampled step) from
+    its kept per-step JS values."""
+    out = []
+    for it in pool:
+        if it.step_js is None:
+            raise ValueError("this pool kept no per-step JS values (rebuild it)")
+        rows = list(range(len(it.steps))) if tac_steps is None else [it.steps.index(int(t)) for t in tac_steps]
+        tac = it.step_js[rows].mean(axis=0)
+        agreement = it.agreement
+        if it.step_roi_js is not None and agreement is not None:
+            agreement = float(1.0 - np.mean([it.step_roi_js[r] for r in rows]) / LN2)
+        out.append(PoolItem(it.logits, it.labels, tac, it.case, it.variant, agreement, it.step_js, it.steps,
+                            it.step_roi_js))
+    return out
 
 
 def concat_pool(pool: Sequence[PoolItem]) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -168,8 +205,9 @@ def perturb_image(img01: np.ndarray, kind: str, rng: np.random.Generator) -> np.
 
 
 def engine_card_outputs(bundle, slices01: np.ndarray, spacing_xy: Tuple[float, float], device="cpu",
-                        batch_size: int = 8) -> Tuple[np.ndarray, np.ndarray]:
-    """The dual trajectory on already normalised slices: ``(logits (Z, K, Y, X), tac (Z, Y, X))``.
+                        batch_size: int = 8) -> Tuple[np.ndarray, np.ndarray, Dict[int, np.ndarray]]:
+    """The dual trajectory on already normalised slices: ``(logits (Z, K, Y, X), tac (Z, Y, X),
+    {t: JS (Z, Y, X)} for each sampled step)``.
 
     A perturbation must act on the network's own ``[0, 1]`` input scale: the engine's robust
     per-slice min-max normalisation would otherwise undo any affine change (a contrast factor
@@ -179,9 +217,9 @@ def engine_card_outputs(bundle, slices01: np.ndarray, spacing_xy: Tuple[float, f
     """
     from cardseg.segment import trajectory_on_slices
 
-    logits, tac, _ = trajectory_on_slices(np.asarray(slices01, dtype=np.float32), tuple(spacing_xy), bundle, "card",
-                                          device, batch_size)
-    return logits.numpy(), tac.numpy()
+    traj = trajectory_on_slices(np.asarray(slices01, dtype=np.float32), tuple(spacing_xy), bundle, "card", device,
+                                batch_size, keep_step_js=True)
+    return traj.logits.numpy(), traj.tac.numpy(), {t: js.numpy() for t, js in traj.step_js.items()}
 
 
 def build_pool(bundle, cases, variants: Sequence[str] = POOL_VARIANTS, roi_radius: int = 10,
@@ -213,11 +251,13 @@ def build_pool(bundle, cases, variants: Sequence[str] = POOL_VARIANTS, roi_radiu
         for variant, draw in jobs:
             rng = corruption_rng(case.case, f"pool:{variant}" + (f":{draw}" if draw else ""), seed)
             img = norm if variant == "clean" else perturb_image(norm, variant, rng)
-            logits, tac = engine_card_outputs(bundle, img, tuple(case.volume.spacing[:2]), device, batch_size)
-            pred = logits.argmax(axis=1)
-            agreement = agreement_score(tac, roi_mask(pred > 0, agreement_radius))
+            logits, tac, step_js = engine_card_outputs(bundle, img, tuple(case.volume.spacing[:2]), device,
+                                                       batch_size)
+            pred_roi = roi_mask(logits.argmax(axis=1) > 0, agreement_radius)
+            agreement = agreement_score(tac, pred_roi)
+            step_roi_js = [float(js[pred_roi].mean()) for js in step_js.values()] if pred_roi.any() else None
             pool.append(pool_item(logits, tac, case.labels, roi, rng, max_pixels_per_item, case=case.case,
-                                  variant=variant, agreement=agreement))
+                                  variant=variant, agreement=agreement, step_js=step_js, step_roi_js=step_roi_js))
             if progress is not None:
                 progress(f"{case.case} {variant}: {pool[-1].labels.shape[0]} px, agreement {agreement}")
     return pool

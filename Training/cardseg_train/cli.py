@@ -266,7 +266,8 @@ def cmd_evaluate(argv: List[str]) -> int:
         if not a.quiet:
             print(" ".join(f"{k} {v:.3f}" for k, v in summary.items()), f"-> {out}")
         return 0
-    settings = {"data": str(Path(a.data).resolve()), "split": a.split, "seed": a.seed, "h5_spacing": a.h5_spacing}
+    settings = {"data": str(Path(a.data).resolve()), "split": a.split, "seed": a.seed, "h5_spacing": a.h5_spacing,
+                "tac_steps": bundle.tac_steps}
     cache = CaseCache(Path(a.cache) if a.cache else None, CaseCache.make_key(bundle.checksums, settings))
     progress = make_progress("bar", a.quiet)
     results = run_cases(bundle, cases, conditions, cache, a.seed, device, a.batch_size, progress)
@@ -310,6 +311,9 @@ def fit_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-pixels", type=int, default=30000, help="ROI pixels kept per pool item (default 30000)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache", default="cache/calibration", metavar="DIR", help="pool cache folder ('' for none)")
+    p.add_argument("--tac-steps", default="all", choices=["all", "mid", "last", "auto"],
+                   help="steps the TAC averages: all sampled steps (paper, default), the last three, the last one, "
+                        "or auto: the one of these with the lowest CARD NLL on the validation pool")
     p.add_argument("--dry-run", action="store_true", help="fit and print, do not write bundle.json")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--batch-size", type=int, default=8)
@@ -330,7 +334,8 @@ def cmd_fit(argv: List[str]) -> int:
         torch.set_num_threads(a.threads)
     fit_bundle_calibration(str(resolve_bundle_path(a.bundle)), a.data, draws=a.draws, seed=a.seed,
                            max_pixels_per_item=a.max_pixels, cache_dir=a.cache or None,
-                           device=resolve_device(a.device), batch_size=a.batch_size, write=not a.dry_run)
+                           device=resolve_device(a.device), batch_size=a.batch_size, write=not a.dry_run,
+                           tac_steps=a.tac_steps)
     return 0
 
 
