@@ -150,57 +150,57 @@ def plot_nll_by_condition(t: dict, path: Path) -> Path:
     return _save(fig, path)
 
 
-def plot_reliability(t: dict, path: Path) -> Path:
-    """Top-label reliability diagrams: rows = conditions, columns = methods."""
+def _condition_method_grid(t: dict, path: Path, draw, ylabel: str, row_height: float) -> Path:
+    """One panel per (condition, method): rows = conditions, columns = methods;
+    ``draw(ax, condition, method, column)`` fills a panel."""
     plt = _plt()
     conds, methods = t["conditions"], t["methods"]
-    fig, axes = plt.subplots(len(conds), len(methods), figsize=(2.3 * len(methods), 2.2 * len(conds)),
+    fig, axes = plt.subplots(len(conds), len(methods), figsize=(2.3 * len(methods), row_height * len(conds)),
                              squeeze=False, sharex=True, sharey=True)
     for i, c in enumerate(conds):
         for j, m in enumerate(methods):
             ax = axes[i][j]
-            d = t["reliability"][c][m]
-            edges = np.asarray(d["edges"])
-            centres, w = (edges[:-1] + edges[1:]) / 2, edges[1] - edges[0]
-            acc = np.array([np.nan if a is None else a for a in d["accuracy"]])
-            conf = np.array([np.nan if a is None else a for a in d["confidence"]])
-            ax.bar(centres, np.nan_to_num(acc), w, color="C0", edgecolor="k", lw=0.3, label="accuracy")
-            ax.bar(centres, np.nan_to_num(conf - acc), w, bottom=np.nan_to_num(acc), color="C3", alpha=0.35,
-                   label="gap")
-            ax.plot([0, 1], [0, 1], "k--", lw=0.8)
-            ax.text(0.03, 0.9, f"ECE {100 * t['pooled'][c][m]['ece']:.1f}%", fontsize=7, transform=ax.transAxes)
+            draw(ax, c, m, j)
             if i == 0:
                 ax.set_title(METHOD_LABELS.get(m, m), fontsize=9)
             if j == 0:
-                ax.set_ylabel(f"{c}\naccuracy", fontsize=8)
+                ax.set_ylabel(f"{c}\n{ylabel}", fontsize=8)
             if i == len(conds) - 1:
                 ax.set_xlabel("confidence", fontsize=8)
     fig.tight_layout()
     return _save(fig, path)
+
+
+def _bin_centres(t: dict, c: str, m: str):
+    edges = np.asarray(t["reliability"][c][m]["edges"])
+    return (edges[:-1] + edges[1:]) / 2, edges[1] - edges[0]
+
+
+def plot_reliability(t: dict, path: Path) -> Path:
+    """Top-label reliability diagrams (accuracy per confidence bin, gap to the diagonal shaded)."""
+    def draw(ax, c, m, j):
+        d = t["reliability"][c][m]
+        centres, w = _bin_centres(t, c, m)
+        acc = np.nan_to_num(np.array([np.nan if a is None else a for a in d["accuracy"]]))
+        conf = np.nan_to_num(np.array([np.nan if a is None else a for a in d["confidence"]]))
+        ax.bar(centres, acc, w, color="C0", edgecolor="k", lw=0.3)
+        seen = np.asarray(d["count"]) > 0
+        ax.bar(centres[seen], np.abs(conf - acc)[seen], w, bottom=np.minimum(acc, conf)[seen], color="C3", alpha=0.35)
+        ax.plot([0, 1], [0, 1], "k--", lw=0.8)
+        ax.text(0.03, 0.9, f"ECE {100 * t['pooled'][c][m]['ece']:.1f}%", fontsize=7, transform=ax.transAxes)
+
+    return _condition_method_grid(t, path, draw, "accuracy", 2.2)
 
 
 def plot_confidence_histograms(t: dict, path: Path) -> Path:
-    """Share of ROI pixels per top-label confidence bin: rows = conditions, columns = methods."""
-    plt = _plt()
-    conds, methods = t["conditions"], t["methods"]
-    fig, axes = plt.subplots(len(conds), len(methods), figsize=(2.3 * len(methods), 2.0 * len(conds)),
-                             squeeze=False, sharex=True, sharey=True)
-    for i, c in enumerate(conds):
-        for j, m in enumerate(methods):
-            ax = axes[i][j]
-            edges = np.asarray(t["reliability"][c][m]["edges"])
-            counts = np.asarray(t["confidence_histogram"][c][m], dtype=np.float64)
-            ax.bar((edges[:-1] + edges[1:]) / 2, counts / max(1.0, counts.sum()), edges[1] - edges[0],
-                   color=f"C{j}", edgecolor="k", lw=0.3)
-            ax.set_yscale("log")
-            if i == 0:
-                ax.set_title(METHOD_LABELS.get(m, m), fontsize=9)
-            if j == 0:
-                ax.set_ylabel(f"{c}\nshare of pixels", fontsize=8)
-            if i == len(conds) - 1:
-                ax.set_xlabel("confidence", fontsize=8)
-    fig.tight_layout()
-    return _save(fig, path)
+    """Share of ROI pixels per top-label confidence bin (log scale)."""
+    def draw(ax, c, m, j):
+        centres, w = _bin_centres(t, c, m)
+        counts = np.asarray(t["confidence_histogram"][c][m], dtype=np.float64)
+        ax.bar(centres, counts / max(1.0, counts.sum()), w, color=f"C{j}", edgecolor="k", lw=0.3)
+        ax.set_yscale("log")
+
+    return _condition_method_grid(t, path, draw, "share of pixels", 2.0)
 
 
 def plot_agreement_vs_dice(t: dict, path: Path) -> Path:
