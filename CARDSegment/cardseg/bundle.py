@@ -197,6 +197,9 @@ def save_bundle(path: os.PathLike, config: dict, primary: nn.Module, reference: 
             spec.update({"file": fname, "sha256": sha256_file(tmp / fname), "parameters": count_parameters(net),
                          "dtype": "float16" if fp16 else "float32"})
         (tmp / "bundle.json").write_text(json.dumps(config, indent=2) + "\n")
+        for f in tmp.iterdir():
+            _readable(f)
+        _readable(tmp, directory=True)
         _replace_dir(tmp, dest)
     finally:
         if tmp.exists():
@@ -219,8 +222,17 @@ def update_config(path: os.PathLike, changes: dict) -> dict:
     fd, tmp = tempfile.mkstemp(prefix=".bundle-", suffix=".json", dir=root)
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(config, indent=2) + "\n")
+    _readable(Path(tmp))
     os.replace(tmp, root / "bundle.json")
     return config
+
+
+def _readable(path: Path, directory: bool = False) -> None:
+    """Give a file made by ``tempfile`` (mode 0600/0700) the usual mode under the umask, so a
+    bundle written by one user (e.g. an installer) can be read by the others."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, (0o777 if directory else 0o666) & ~umask)
 
 
 def _replace_dir(src: Path, dest: Path) -> None:

@@ -1,4 +1,5 @@
 import json
+import os
 import shutil
 
 import pytest
@@ -85,6 +86,18 @@ def test_update_config_rewrites_json_only(bundle_copy):
     assert cfg["calibration"]["tau_max"] == 7.5 and cfg["calibration"]["method"] == "card"
     assert {p.name: p.read_bytes() for p in bundle_copy.glob("*.safetensors")} == before
     assert load_bundle(bundle_copy).calibrator.tau_max == 7.5
+    # written through a temporary file, yet readable by others as any file under the umask
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (bundle_copy / "bundle.json").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_saved_bundle_files_get_the_usual_modes(tiny_bundle):
+    umask = os.umask(0)
+    os.umask(umask)
+    assert tiny_bundle.stat().st_mode & 0o777 == 0o777 & ~umask  # made through tempfile.mkdtemp (0700)
+    for f in tiny_bundle.iterdir():
+        assert f.stat().st_mode & 0o777 == 0o666 & ~umask, f.name
 
 
 @pytest.mark.parametrize("spec", [
