@@ -80,7 +80,7 @@ def _read_any(path: str) -> sitk.Image:
         except RuntimeError as exc:
             raise CardsegError(f"{path}: cannot read the DICOM series ({_first_line(exc)})") from None
     if not os.path.exists(path):
-        raise CardsegError(f"{path}: no such file")
+        raise CardsegError(f"{path}: no such file or folder")
     try:
         return sitk.ReadImage(path)
     except RuntimeError as exc:

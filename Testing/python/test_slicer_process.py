@@ -194,7 +194,7 @@ def test_real_engine_bad_input_gives_its_one_line_error(tmp_path):
     run.start()
     assert run.wait(timeout=900) == proc.FAILED, run.error  # generous: a loaded machine is slow to import torch
     assert run.returncode == 2
-    assert run.error == f"{tmp_path / 'missing.nii.gz'}: no such file"
+    assert run.error == f"{tmp_path / 'missing.nii.gz'}: no such file or folder"
     assert not (tmp_path / "out").exists()
 
 
