@@ -131,6 +131,15 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
+def _save_titled(fig, path: Path, title: str = "") -> Path:
+    """Optional figure title, tight layout, parent folder made, saved atomically."""
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return _save(fig, path)
+
+
 def plot_nll_by_condition(t: dict, path: Path) -> Path:
     """Grouped bars: pooled NLL per condition, one bar per method (paper Fig. 1b)."""
     plt = _plt()
@@ -266,11 +275,7 @@ def plot_case_panel(image: np.ndarray, truth: np.ndarray, primary: np.ndarray, r
         fig.colorbar(im, ax=axes[5], fraction=0.046)
     for ax in axes:
         ax.set_axis_off()
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return _save(fig, Path(path))
+    return _save_titled(fig, Path(path), title)
 
 
 def plot_conditions(images: Dict[str, np.ndarray], truth: np.ndarray, path: Path, title: str = "") -> Path:
@@ -284,8 +289,4 @@ def plot_conditions(images: Dict[str, np.ndarray], truth: np.ndarray, path: Path
         ax.contour(truth > 0, levels=[0.5], colors="lime", linewidths=0.7)
         ax.set_title(name, fontsize=9)
         ax.set_axis_off()
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return _save(fig, Path(path))
+    return _save_titled(fig, Path(path), title)
