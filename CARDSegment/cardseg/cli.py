@@ -27,20 +27,31 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     p = sub.add_parser("segment", help="segment a volume and calibrate its confidence",
-                       description="Segment INPUT (NIfTI, NRRD, MHA or a DICOM folder) into OUTDIR.")
-    p.add_argument("input", metavar="INPUT")
-    p.add_argument("-o", "--output", metavar="OUTDIR", required=True)
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       description="Segment INPUT into OUTDIR: labels, calibrated probabilities, disagreement and "
+                                   "temperature maps, flagged regions and a report. Everything is checked before any "
+                                   "work; bad input ends with one line and exit code 2, nothing written.")
+    p.add_argument("input", metavar="INPUT",
+                   help="NIfTI (.nii/.nii.gz), NRRD, MetaImage (.mha/.mhd), a DICOM series folder, or a 2D "
+                        "PNG/JPEG/BMP/TIFF with --spacing; slices are the image's third axis")
+    p.add_argument("-o", "--output", metavar="OUTDIR", required=True,
+                   help="output folder: new, empty, or one an earlier cardseg run wrote (with --overwrite)")
     p.add_argument("--bundle", metavar="PATH", help="model bundle folder (default: $CARDSEG_BUNDLE or the shipped one)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--batch-size", type=int, default=8, metavar="N")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="where the networks run; auto: CUDA when torch sees a GPU, else CPU")
+    p.add_argument("--batch-size", type=int, default=8, metavar="N", help="slices per network call")
     p.add_argument("--method", default="card", choices=["card", "uc"],
                    help="card: calibrated by trajectory agreement; uc: primary only, uncalibrated")
-    p.add_argument("--frame", type=int, metavar="N", help="frame of a 4D (cine) image, 0-based")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUTDIR")
-    p.add_argument("--quiet", action="store_true", help="no progress bar, no summary")
+    p.add_argument("--frame", type=int, metavar="N", help="frame (phase) of a 4D or cine DICOM image, 0-based")
+    p.add_argument("--spacing", metavar="SX,SY[,SZ]",
+                   help="pixel spacing in mm, replacing the file's (needed for PNG/JPEG/BMP/TIFF)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace OUTDIR if it holds only an earlier cardseg run's results (never anything else)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, no summary line")
     p.add_argument("--progress", default="bar", choices=["bar", "json", "none"],
-                   help="json: one {stage, done, total} object per line on stderr")
-    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch")
+                   help="bar: a progress bar on stderr; json: one {stage, done, total} object per line on stderr; "
+                        "the summary line goes to stdout either way")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
 
     sub.add_parser("sizes", help="parameter count of every network size")
 
@@ -68,44 +79,65 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def cmd_segment(a) -> int:
-    # cheap checks first: a wrong path is reported before torch is even imported
+def _check_segment_args(a) -> None:
+    """Option values that can be judged alone, before anything is read."""
+    if a.batch_size < 1:
+        raise CardsegError(f"--batch-size must be at least 1, got {a.batch_size}")
+    if a.threads is not None and a.threads < 1:
+        raise CardsegError(f"--threads must be at least 1, got {a.threads}")
+    if a.frame is not None and a.frame < 0:
+        raise CardsegError(f"--frame must be 0 or more, got {a.frame}")
     if not os.path.exists(a.input):
         raise CardsegError(f"{a.input}: no such file or folder")
-    out = os.path.abspath(a.output)
-    if os.path.isdir(out) and os.listdir(out) and not a.overwrite:
-        raise CardsegError(f"{out}: folder exists and is not empty (use --overwrite)")
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise CardsegError(f"{out}: exists and is not a folder")
+
+
+def cmd_segment(a) -> int:
+    # Every check that needs no torch comes first, in this order: options, output location,
+    # bundle (schema, files), input image. Only then torch, the networks and the work.
+    from .bundle_schema import check_bundle_folder
+    from .inputs import parse_spacing
+    from .outdir import OutputWriter, check_output
+    from .volume import read_volume
+
+    t_start = time.perf_counter()
+    _check_segment_args(a)
+    spacing = parse_spacing(a.spacing) if a.spacing else None
+    out = check_output(a.output, a.overwrite, inputs=[a.input])
+    bundle_root, _ = check_bundle_folder(a.bundle)
+    volume = read_volume(a.input, a.frame, spacing)
 
     import torch
 
+    from . import __version__
     from .bundle import load_bundle
     from .progress import make_progress
     from .segment import resolve_device, segment_volume, write_outputs
-    from .volume import read_volume
 
     if a.threads:
         torch.set_num_threads(a.threads)
-    t_start = time.perf_counter()
-    progress = make_progress(a.progress, a.quiet)
     device = resolve_device(a.device)
-    progress.stage("read", 1)
-    volume = read_volume(a.input, a.frame)
-    bundle = load_bundle(a.bundle, device=device)
-    progress.advance(1)
-    result = segment_volume(volume, bundle, method=a.method, device=device, batch_size=a.batch_size, progress=progress)
-    result.report["input"] = os.path.abspath(a.input)
-    result.report["frame"] = a.frame
-    result.report["timings_s"]["total"] = time.perf_counter() - t_start
-    write_outputs(result, volume, bundle, out, overwrite=a.overwrite, progress=progress)
-    progress.close()
-    if not a.quiet and a.progress != "json":
+    bundle = load_bundle(bundle_root, device=device)
+    progress = make_progress(a.progress, a.quiet)
+    try:
+        with OutputWriter(out, a.overwrite, version=__version__) as writer:
+            result = segment_volume(volume, bundle, method=a.method, device=device, batch_size=a.batch_size,
+                                    progress=progress)
+            result.report["input"] = os.path.abspath(a.input)
+            result.report["frame"] = a.frame
+            if spacing:
+                result.report["spacing_given_mm"] = list(spacing)
+            result.report["timings_s"]["total"] = time.perf_counter() - t_start
+            write_outputs(result, volume, bundle, out, a.overwrite, progress, writer=writer)
+    finally:
+        progress.close()  # before any error line, so that it never shares a line with a half bar
+    if not a.quiet:
         r = result.report
+        n = volume.shape[0]
         agr = "" if r["agreement"] is None else f", agreement {r['agreement']:.3f}"
         ood = " (OUT OF DOMAIN)" if r.get("out_of_domain") else ""
-        print(f"{out}: {volume.shape[0]} slices, method {a.method}{agr}{ood}, "
-              f"{len(r['regions'])} flagged regions, {time.perf_counter() - t_start:.1f} s")
+        nreg = len(r["regions"])
+        print(f"{out}: {n} slice{'s' if n != 1 else ''}, method {a.method}{agr}{ood}, "
+              f"{nreg} flagged region{'s' if nreg != 1 else ''}, {time.perf_counter() - t_start:.1f} s")
     return 0
 
 
@@ -187,6 +219,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except KeyboardInterrupt:
         print("cardseg: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # a disk that fills up or a folder that vanishes while writing
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"cardseg: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,10 +13,12 @@ import numpy as np
 import SimpleITK as sitk
 import torch
 
+from . import __version__
 from .bundle import Bundle
 from .calibration import CARD, Uncalibrated, temperature_scale
 from .errors import CardsegError
 from .metrics import agreement_report
+from .outdir import OutputWriter, check_output
 from .preprocess import SliceGrid, network_to_slices, normalize_slice, slices_to_network
 from .progress import Progress
 from .regions import flagged_regions
@@ -220,33 +220,23 @@ def build_report(result: SegmentationResult, volume: Volume, bundle: Bundle, met
 
 
 def write_outputs(result: SegmentationResult, volume: Volume, bundle: Bundle, outdir: os.PathLike,
-                  overwrite: bool = False, progress: Optional[Progress] = None) -> Path:
-    """Write every output into a temporary folder, then move it into ``outdir`` in one step."""
-    out = Path(outdir)
-    if out.exists() and not out.is_dir():
-        raise CardsegError(f"{out}: exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise CardsegError(f"{out}: folder exists and is not empty (use --overwrite)")
-    out.parent.mkdir(parents=True, exist_ok=True)
+                  overwrite: bool = False, progress: Optional[Progress] = None, writer: Optional[OutputWriter] = None) -> Path:
+    """Write every output into a temporary folder, then move it into ``outdir`` in one step.
+
+    The folder rules (stamp, what ``overwrite`` may replace, lock, clean-up) are
+    :mod:`cardseg.outdir`'s; pass an entered ``writer`` to reuse one taken before the work.
+    """
     progress = progress or Progress()
     files = output_files(result)
+    if writer is None:
+        out = check_output(outdir, overwrite)
+        with OutputWriter(out, overwrite, version=__version__) as w:
+            return write_outputs(result, volume, bundle, out, overwrite, progress, writer=w)
     progress.stage("write", len(files))
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        for name in files:
-            _write_one(name, tmp / name, result, volume, bundle)
-            progress.advance(1)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.replace(out, old)
-            os.replace(tmp, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    for name in files:
+        _write_one(name, writer.path(name), result, volume, bundle)
+        progress.advance(1)
+    return writer.commit()
 
 
 def output_files(result: SegmentationResult) -> list:
@@ -268,7 +258,7 @@ def _write_one(name: str, path: Path, result: SegmentationResult, volume: Volume
     elif name == "segmentation.seg.nrrd":
         write_seg_nrrd(path, result.labels, volume, bundle.config["classes"])
     elif name == "report.json":
-        path.write_text(json.dumps(result.report, indent=2) + "\n")
+        path.write_text(json.dumps(result.report, indent=2) + "\n", encoding="utf-8")
     else:  # pragma: no cover - output_files and this function list the same names
         raise AssertionError(name)
 

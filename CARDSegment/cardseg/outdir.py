@@ -1,0 +1,291 @@
+"""The output folder: who owns it, and how results land in it without ever losing a file.
+
+Rules (the same for ``cardseg segment``, the batch path and the Slicer module's process):
+
+* cardseg writes a stamp file (:data:`STAMP`) into every output folder it creates; the stamp
+  lists the files it wrote there. ``--overwrite`` only ever replaces a folder that carries the
+  stamp and holds nothing but the files the stamp lists. Any other non-empty folder is refused,
+  with or without ``--overwrite``.
+* The output folder must not be, contain or lie inside the input (a file or a DICOM folder).
+* Results are written into a sibling temporary folder and moved into place in one rename.
+  While a run writes, it holds a lock on ``.<name>.cardseg.lock`` beside the output folder; a
+  second run for the same folder fails at once with one line. Whatever a killed run left beside
+  the folder (temporary folder, replaced folder, lock file) carries cardseg's names and is
+  cleaned up by the next run that takes the lock.
+
+Nothing here reads or computes images: :func:`check_output` validates the location before any
+work (no writes at all), :class:`OutputWriter` does the writing once the results exist.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Iterable, List, Optional
+
+from .errors import CardsegError
+
+#: the file that marks a folder as written by cardseg (JSON: tool, version, time, files)
+STAMP = ".cardseg-output.json"
+_TMP, _OLD, _LOCK = ".cardseg-tmp", ".cardseg-old", ".cardseg.lock"
+
+
+def _sibling(out: Path, suffix: str) -> Path:
+    return out.with_name(f".{out.name}{suffix}")
+
+
+def read_stamp(folder: Path) -> Optional[dict]:
+    """The stamp of a cardseg output folder, or ``None`` if it has none (or an unreadable one)."""
+    try:
+        stamp = json.loads((folder / STAMP).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(stamp, dict) or stamp.get("tool") != "cardseg" or not isinstance(stamp.get("files"), list):
+        return None
+    return stamp
+
+
+def _is_within(path: Path, folder: Path) -> bool:
+    try:
+        path.relative_to(folder)
+        return True
+    except ValueError:
+        return False
+
+
+def _nearest_existing(path: Path) -> Path:
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def check_output(output: os.PathLike, overwrite: bool = False, inputs: Iterable[os.PathLike] = ()) -> Path:
+    """Validate the output location before any work; return its absolute path. Writes nothing.
+
+    Refuses (one-line :class:`CardsegError`): an output that is, contains or lies inside one of
+    ``inputs``; a path whose parent is a file or cannot be written; an existing file; a non-empty
+    folder without cardseg's stamp or with files the stamp does not list (even with
+    ``overwrite``); a stamped non-empty folder without ``overwrite``.
+    """
+    out = Path(os.path.realpath(os.path.abspath(os.fspath(output))))
+    for inp in inputs:
+        src = Path(os.path.realpath(os.path.abspath(os.fspath(inp))))
+        if out == src or _is_within(src, out):
+            raise CardsegError(f"{out}: the output folder would hold the input {src}; choose another folder")
+        if src.is_dir() and _is_within(out, src):
+            raise CardsegError(f"{out}: the output folder lies inside the input {src}; choose another folder")
+    if out.exists() and not out.is_dir():
+        raise CardsegError(f"{out}: exists and is not a folder")
+    base = _nearest_existing(out.parent if not out.exists() else out)
+    if not base.is_dir():
+        raise CardsegError(f"{out}: cannot create it, {base} is a file")
+    _check_writable(out.parent if out.exists() else base, out)
+    if out.is_dir():
+        if not os.access(out, os.R_OK | os.X_OK):
+            raise CardsegError(f"{out}: folder cannot be read")
+        _check_replaceable(out, overwrite)
+    return out
+
+
+def _check_writable(folder: Path, out: Path) -> None:
+    """Whether files can be created in ``folder`` (a probe file, removed at once: permissions,
+    read-only file systems and special folders such as /proc all answer the same way)."""
+    if os.access(folder, os.W_OK | os.X_OK):
+        try:
+            fd, probe = tempfile.mkstemp(prefix=".cardseg-probe-", dir=folder)
+            os.close(fd)
+            os.unlink(probe)
+            return
+        except OSError:
+            pass
+    raise CardsegError(f"{out}: cannot write there ({folder} is not writable)")
+
+
+def _check_replaceable(out: Path, overwrite: bool) -> None:
+    present = sorted(p.name for p in out.iterdir())
+    if not present:
+        return
+    stamp = read_stamp(out)
+    if stamp is None:
+        raise CardsegError(f"{out}: folder is not empty and was not written by cardseg; it is never replaced, "
+                           "choose a new or empty folder")
+    foreign = [n for n in present if n != STAMP and n not in stamp["files"]]
+    if foreign:
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        raise CardsegError(f"{out}: holds files cardseg did not write ({', '.join(foreign[:3])}{more}); "
+                           "it is never replaced, move them or choose another folder")
+    if not overwrite:
+        raise CardsegError(f"{out}: holds the results of an earlier cardseg run (use --overwrite to replace them)")
+
+
+class _Lock:
+    """An exclusive, non-blocking lock on a file (``flock`` on POSIX, ``msvcrt`` on Windows)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd: Optional[int] = None
+
+    def acquire(self) -> bool:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            if not _try_lock(fd):
+                os.close(fd)
+                return False
+            try:  # the file we locked may have been unlinked by the run that just finished
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                self.fd = fd
+                os.write(fd, f"{os.getpid()}\n".encode())
+                return True
+            os.close(fd)
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+        os.close(self.fd)  # closing drops the lock
+        self.fd = None
+
+
+def _try_lock(fd: int) -> bool:
+    if sys.platform == "win32":  # pragma: no cover - exercised on Windows only
+        import msvcrt
+
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+            return True
+        except OSError:
+            return False
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False
+
+
+def _remove_leftover(folder: Path) -> None:
+    """Remove a temporary or replaced folder a killed run left, if it is cardseg's own."""
+    if not folder.exists():
+        return
+    if folder.is_dir() and (read_stamp(folder) is not None or not any(folder.iterdir())):
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class OutputWriter:
+    """Write one run's files into a temporary folder and move it to ``out`` in one step.
+
+    Use as a context manager after :func:`check_output`::
+
+        with OutputWriter(out, overwrite) as w:
+            write_file(w.path("report.json"))
+            w.commit()
+
+    On entry the lock is taken (or one-line refusal), parents are created, leftovers of killed
+    runs are removed and the stamp is written into the temporary folder first. Without
+    ``commit()`` (an exception), the temporary folder goes and so do the parent folders this
+    writer created; the output folder is untouched.
+    """
+
+    def __init__(self, out: os.PathLike, overwrite: bool = False, version: str = ""):
+        self.out = Path(out)
+        self.overwrite = overwrite
+        self.version = version
+        self.tmp = _sibling(self.out, _TMP)
+        self.files: List[str] = []
+        self._lock = _Lock(_sibling(self.out, _LOCK))
+        self._made_parents: List[Path] = []
+        self._committed = False
+
+    def __enter__(self) -> "OutputWriter":
+        self._make_parents()
+        try:
+            if not self._lock.acquire():
+                raise CardsegError(f"{self.out}: another cardseg run is writing this folder now; "
+                                   "wait for it to finish or choose another folder")
+        except OSError as exc:
+            self._remove_parents()
+            raise CardsegError(f"{self.out}: cannot write there ({exc.strerror})") from None
+        try:
+            _remove_leftover(self.tmp)
+            _remove_leftover(_sibling(self.out, _OLD))
+            if self.out.exists():
+                check_output(self.out, self.overwrite)  # again, now under the lock
+            os.mkdir(self.tmp)  # the user's umask applies, as for any other tool
+            self._write_stamp(self.tmp)
+        except BaseException:
+            self._abort()
+            raise
+        return self
+
+    def path(self, name: str) -> Path:
+        """Where to write the file ``name`` (recorded in the stamp)."""
+        if name not in self.files:
+            self.files.append(name)
+        return self.tmp / name
+
+    def commit(self) -> Path:
+        """Move the finished folder into place, replacing an earlier cardseg result."""
+        self._write_stamp(self.tmp)
+        old = _sibling(self.out, _OLD)
+        if self.out.exists():
+            check_output(self.out, self.overwrite)  # something may have appeared there meanwhile
+            os.replace(self.out, old)
+            os.replace(self.tmp, self.out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(self.tmp, self.out)
+        self._committed = True
+        return self.out
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self._committed:
+            self._abort()
+        else:
+            self._lock.release()
+
+    def _write_stamp(self, folder: Path) -> None:
+        stamp = {"tool": "cardseg", "version": self.version, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                 "files": list(self.files)}
+        (folder / STAMP).write_text(json.dumps(stamp, indent=1) + "\n", encoding="utf-8")
+
+    def _make_parents(self) -> None:
+        missing = []
+        p = self.out.parent
+        while not p.exists():
+            missing.append(p)
+            p = p.parent
+        for p in reversed(missing):
+            try:
+                os.mkdir(p)
+            except FileExistsError:
+                continue
+            except OSError as exc:
+                self._remove_parents()
+                raise CardsegError(f"{self.out}: cannot create {p} ({exc.strerror})") from None
+            self._made_parents.append(p)
+
+    def _remove_parents(self) -> None:
+        for p in reversed(self._made_parents):
+            try:
+                p.rmdir()
+            except OSError:
+                break
+        self._made_parents = []
+
+    def _abort(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self._lock.release()
+        self._remove_parents()
