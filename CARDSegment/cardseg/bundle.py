@@ -1,13 +1,14 @@
 """Model bundles: a folder with ``bundle.json``, ``primary.safetensors`` and ``reference.safetensors``.
 
-Weights are safetensors only (never pickle) and are verified against the sha256 recorded in
-``bundle.json`` before anything is loaded. Calibration fitting rewrites ``bundle.json`` only.
+Weights are safetensors only (never pickle). :func:`load_bundle` checks ``bundle.json`` against
+the schema once (:mod:`cardseg.bundle_schema`), verifies each weight file's sha256 and header,
+and compares the tensor shapes with the networks ``bundle.json`` describes before loading
+anything. Calibration fitting rewrites ``bundle.json`` only.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 import shutil
@@ -19,26 +20,13 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
+from .bundle_schema import (BUNDLES_DIR, CALIBRATION_META, DEFAULT_NAME, ENV_VAR, ROLES, SCHEMA_VERSION,  # noqa: F401
+                            WeightFile, read_config, resolve_bundle_path, sha256_file, validate_config,
+                            verify_weights)
 from .calibration import Calibrator, calibrator_from_dict
 from .diffusion import CategoricalSchedule
 from .errors import CardsegError
-from .networks import build_network, count_parameters
-
-SCHEMA_VERSION = 1
-ENV_VAR = "CARDSEG_BUNDLE"
-DEFAULT_NAME = "acdc"
-BUNDLES_DIR = Path(__file__).resolve().parent / "bundles"
-ROLES = ("primary", "reference")
-#: keys of bundle.json's "calibration" block that describe the fit rather than parameterise it
-CALIBRATION_META = ("fitted", "fit", "tac_steps")
-
-
-def sha256_file(path: os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+from .networks import build_network, count_parameters, size_multiple
 
 
 def default_config(name: str, classes: List[dict], primary: dict, reference: dict, pixel_spacing_mm: float,
@@ -87,7 +75,7 @@ class Bundle:
     @property
     def schedule(self) -> CategoricalSchedule:
         d = self.config["diffusion"]
-        return CategoricalSchedule(num_steps=int(d["num_steps"]), s=float(d.get("s", 0.008)))
+        return CategoricalSchedule(num_steps=int(d["num_steps"]), s=float(d["s"]))
 
     @property
     def sampled_steps(self) -> List[int]:
@@ -96,15 +84,10 @@ class Bundle:
     @property
     def tac_steps(self) -> Optional[List[int]]:
         """Steps the TAC average runs over (paper Eq. 6's set T): ``calibration.tac_steps`` in
-        ``bundle.json``, or ``None`` for every sampled step (the paper's default)."""
-        steps = self.config.get("calibration", {}).get("tac_steps")
-        if steps is None:
-            return None
-        steps = [int(s) for s in steps]
-        if not steps or not set(steps) <= set(self.sampled_steps):
-            raise CardsegError(f"{self.path}: calibration.tac_steps {steps} must be a non-empty subset of the "
-                               f"sampled steps {self.sampled_steps}")
-        return steps
+        ``bundle.json``, or ``None`` for every sampled step (the paper's default). The schema has
+        checked that they are sampled steps."""
+        steps = self.config["calibration"].get("tac_steps")
+        return None if steps is None else [int(s) for s in steps]
 
     @property
     def calibrator(self) -> Calibrator:
@@ -122,58 +105,104 @@ class Bundle:
         return self
 
 
-def resolve_bundle_path(path: Optional[os.PathLike] = None) -> Path:
-    """``--bundle`` if given, else ``$CARDSEG_BUNDLE``, else the shipped default bundle."""
-    chosen = path or os.environ.get(ENV_VAR) or (BUNDLES_DIR / DEFAULT_NAME)
-    p = Path(chosen)
-    if not (p / "bundle.json").is_file():
-        if path is None and not os.environ.get(ENV_VAR):
-            raise CardsegError(f"no default bundle at {p}; pass --bundle PATH (an untrained one: cardseg init-bundle)")
-        raise CardsegError(f"{p}: not a bundle (no bundle.json)")
-    return p
-
-
-def read_config(path: os.PathLike) -> dict:
-    p = Path(path) / "bundle.json"
-    try:
-        config = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise CardsegError(f"{p}: unreadable bundle.json ({exc})") from None
-    if config.get("schema_version") != SCHEMA_VERSION:
-        raise CardsegError(f"{p}: schema_version {config.get('schema_version')!r}, this cardseg reads {SCHEMA_VERSION}")
-    for key in ("id", "classes", "pixel_spacing_mm", "input_size", "diffusion", "networks", "calibration"):
-        if key not in config:
-            raise CardsegError(f"{p}: missing key {key!r}")
-    return config
-
-
 def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device = "cpu") -> Bundle:
-    """Load and verify a bundle (see :func:`resolve_bundle_path` for how ``path`` is chosen)."""
+    """Load and verify a bundle (see :func:`resolve_bundle_path` for how ``path`` is chosen).
+
+    In order: ``bundle.json`` against the schema, each weight file's sha256 and safetensors
+    header, the header's tensor shapes against the network ``bundle.json`` describes, then the
+    weights. Every refusal is a one-line :class:`CardsegError` naming the file.
+    """
+    root = resolve_bundle_path(path)
+    config = validate_config(read_config(root), root)
+    weights = verify_weights(root, config)
+    nets = {role: _load_network(root, config, role, weights[role]).to(device) for role in ROLES}
+    checksums = {w.path.name: w.sha256 for w in weights.values()}
+    return Bundle(path=root, config=config, primary=nets["primary"], reference=nets["reference"], checksums=checksums)
+
+
+def _build(root: Path, config: dict, role: str, num_classes: int) -> nn.Module:
+    """The untrained network ``bundle.json`` describes for ``role``, for ``num_classes`` classes."""
+    spec = config["networks"][role]
+    try:
+        return build_network({**spec, "num_classes": num_classes})
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CardsegError(f"{root / 'bundle.json'}: networks.{role}: {_first_line(exc)}") from None
+
+
+def _load_network(root: Path, config: dict, role: str, weights: WeightFile) -> nn.Module:
+    """Build ``role``'s network, check the file's tensor shapes against it, load it (eval, float32)."""
     from safetensors.torch import load_file
 
-    root = resolve_bundle_path(path)
-    config = read_config(root)
-    nets = {}
-    checksums = {}
-    for role in ROLES:
-        spec = config["networks"].get(role)
-        if spec is None:
-            raise CardsegError(f"{root}: bundle.json has no {role} network")
-        wfile = root / spec.get("file", f"{role}.safetensors")
-        if not wfile.is_file():
-            raise CardsegError(f"{root}: missing weight file {wfile.name}")
-        digest = sha256_file(wfile)
-        if digest != spec.get("sha256"):
-            raise CardsegError(f"{wfile}: checksum mismatch (file is truncated, altered or not this bundle's)")
-        checksums[wfile.name] = digest
-        try:
-            net = build_network({**spec, "num_classes": len(config["classes"])})
-            state = load_file(str(wfile))
-            net.load_state_dict(state, strict=True)
-        except (ValueError, RuntimeError, KeyError) as exc:
-            raise CardsegError(f"{wfile}: weights do not fit the {spec.get('arch')} network ({str(exc).splitlines()[0][:160]})") from None
-        nets[role] = net.float().eval().to(device)
-    return Bundle(path=root, config=config, primary=nets["primary"], reference=nets["reference"], checksums=checksums)
+    spec = config["networks"][role]
+    multiple = size_multiple(spec)
+    if config["input_size"] % multiple:
+        raise CardsegError(f"{root / 'bundle.json'}: input_size must be a multiple of {multiple} for the {role} "
+                           f"network {_describe(spec)} (got {config['input_size']})")
+    num_classes = len(config["classes"])
+    net = _build(root, config, role, num_classes)
+    _check_shapes(root, config, role, weights, net, num_classes)
+    try:
+        net.load_state_dict(load_file(str(weights.path)), strict=True)
+    except Exception as exc:  # noqa: BLE001 - any failure of a checked file is reported in one line
+        raise CardsegError(f"{weights.path}: weights do not load into the {_describe(spec)} network "
+                           f"({_first_line(exc)})") from None
+    return net.float().eval()
+
+
+def _check_shapes(root: Path, config: dict, role: str, weights: WeightFile, net: nn.Module, num_classes: int) -> None:
+    """Refuse a weight file whose tensors (names, shapes) do not fit ``net``, in one line.
+
+    A file made for another number of classes is reported as such; otherwise the first
+    missing, unexpected or differently shaped tensor is named.
+    """
+    need = {k: tuple(v.shape) for k, v in net.state_dict().items()}
+    held = weights.shapes()
+    if need == held:
+        return
+    name, spec = weights.path.name, config["networks"][role]
+    other = _class_count_held(root, config, role, need, held, num_classes)
+    if other is not None:
+        raise CardsegError(f"{root}: bundle.json lists {num_classes} classes but {name} holds a network for "
+                           f"{other} classes")
+    missing = [k for k in need if k not in held]
+    unexpected = [k for k in held if k not in need]
+    if missing:
+        problem = f"tensor {missing[0]!r} is missing, {len(missing)} in all"
+    elif unexpected:
+        problem = f"tensor {unexpected[0]!r} is not part of it, {len(unexpected)} such in all"
+    else:
+        key = next(k for k in need if need[k] != held[k])
+        problem = f"tensor {key!r} has shape {list(held[key])}, the network needs {list(need[key])}"
+    raise CardsegError(f"{weights.path}: weights do not fit the {_describe(spec)} network that bundle.json "
+                       f"describes ({problem})")
+
+
+def _class_count_held(root: Path, config: dict, role: str, need: dict, held: dict, num_classes: int) -> Optional[int]:
+    """The class count the file's network was built for, when that alone explains the mismatch."""
+    if set(need) != set(held):
+        return None
+    key = next(k for k in need if need[k] != held[k])
+    a, b = need[key], held[key]
+    if len(a) != len(b):
+        return None
+    other = num_classes + next(y - x for x, y in zip(a, b) if x != y)
+    if other < 1 or other == num_classes:
+        return None
+    try:
+        candidate = _build(root, config, role, other)
+    except CardsegError:
+        return None
+    return other if {k: tuple(v.shape) for k, v in candidate.state_dict().items()} == held else None
+
+
+def _describe(spec: dict) -> str:
+    """``time-unet:tiny`` or ``discriminative:unet``."""
+    return f"{spec.get('arch')}:{spec.get('size') or spec.get('backbone') or ''}".rstrip(":")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:200] if lines else type(exc).__name__
 
 
 def save_bundle(path: os.PathLike, config: dict, primary: nn.Module, reference: nn.Module, fp16: bool = True,
@@ -196,6 +225,7 @@ def save_bundle(path: os.PathLike, config: dict, primary: nn.Module, reference: 
             spec = config["networks"][role]
             spec.update({"file": fname, "sha256": sha256_file(tmp / fname), "parameters": count_parameters(net),
                          "dtype": "float16" if fp16 else "float32"})
+        validate_config(config, tmp, label=str(dest / "bundle.json"))
         (tmp / "bundle.json").write_text(json.dumps(config, indent=2) + "\n")
         for f in tmp.iterdir():
             _readable(f)
@@ -210,7 +240,8 @@ def save_bundle(path: os.PathLike, config: dict, primary: nn.Module, reference: 
 def update_config(path: os.PathLike, changes: dict) -> dict:
     """Merge ``changes`` (top-level keys, dicts merged one level deep) into ``bundle.json``.
 
-    Written atomically; the weights are never touched.
+    The merged configuration is checked against the schema before anything is written (a
+    refused change leaves the file as it was); written atomically; the weights are never touched.
     """
     root = Path(path)
     config = read_config(root)
@@ -219,6 +250,7 @@ def update_config(path: os.PathLike, changes: dict) -> dict:
             config[key].update(value)
         else:
             config[key] = value
+    validate_config(config, root)
     fd, tmp = tempfile.mkstemp(prefix=".bundle-", suffix=".json", dir=root)
     with os.fdopen(fd, "w") as f:
         f.write(json.dumps(config, indent=2) + "\n")

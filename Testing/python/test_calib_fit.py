@@ -257,8 +257,8 @@ def test_tac_step_subsets_from_kept_step_js_match_the_engine(tiny_bundle, tmp_pa
     ref = segment_volume(vol, b0, method="card")
     assert np.allclose(last.tac, ref.disagreement[roi_mask(lab > 0, 3)], atol=1e-6)
     assert last.agreement == pytest.approx(ref.report["agreement"], abs=1e-6)
-    update_config(path, {"calibration": {"tac_steps": [5]}})
-    with pytest.raises(CardsegError, match="tac_steps"):
-        load_bundle(path).tac_steps
+    with pytest.raises(CardsegError, match="tac_steps"):  # not a sampled step: refused before writing
+        update_config(path, {"calibration": {"tac_steps": [5]}})
+    assert load_bundle(path).tac_steps == [0]
     with pytest.raises(ValueError, match="per-step"):
         pool_with_tac_steps([PoolItem(it.logits, it.labels, it.tac)], [0])

@@ -41,8 +41,10 @@ def test_every_output_is_written_on_the_input_grid(outputs, rotated_nifti):
     card = outputs / "card"
     names = {"segmentation.nii.gz", "segmentation.seg.nrrd", "probabilities.nii.gz", "disagreement.nii.gz",
              "temperature.nii.gz", "report.json"}
-    assert {p.name for p in card.iterdir()} == names
-    assert {p.name for p in (outputs / "uc").iterdir()} == names - {"disagreement.nii.gz", "temperature.nii.gz"}
+    stamp = {".cardseg-output.json"}
+    assert {p.name for p in card.iterdir()} == names | stamp
+    assert {p.name for p in (outputs / "uc").iterdir()} == (names | stamp) - {"disagreement.nii.gz",
+                                                                               "temperature.nii.gz"}
     for name in names - {"report.json"}:
         img = _read(card / name)
         assert img.GetSize() == ref.GetSize(), name
@@ -204,15 +206,17 @@ def test_bad_inputs_fail_with_one_line_and_write_nothing(tiny_bundle, synthetic_
     assert leftovers == []
 
 
-def test_existing_outdir_is_kept_without_overwrite(tiny_bundle, rotated_nifti, tmp_path, capsys):
+def test_existing_outdir_is_kept_with_or_without_overwrite(tiny_bundle, rotated_nifti, tmp_path, capsys):
     out = tmp_path / "out"
     out.mkdir()
     (out / "mine.txt").write_text("keep me")
     assert run([rotated_nifti, "-o", out, "--bundle", tiny_bundle, "--quiet"]) == 2
-    assert "not empty" in capsys.readouterr().err
-    assert [p.name for p in out.iterdir()] == ["mine.txt"]
-    assert run([rotated_nifti, "-o", out, "--bundle", tiny_bundle, "--quiet", "--overwrite"]) == 0
-    assert not (out / "mine.txt").exists() and (out / "report.json").exists()
+    assert "not written by cardseg" in capsys.readouterr().err
+    assert run([rotated_nifti, "-o", out, "--bundle", tiny_bundle, "--quiet", "--overwrite"]) == 2
+    assert [p.name for p in out.iterdir()] == ["mine.txt"] and (out / "mine.txt").read_text() == "keep me"
+    (out / "mine.txt").unlink()  # an empty folder is fine
+    assert run([rotated_nifti, "-o", out, "--bundle", tiny_bundle, "--quiet"]) == 0
+    assert (out / "report.json").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no temporary folders left behind
 
 

@@ -16,6 +16,7 @@ from cardseg.bundle import load_bundle, update_config
 from .calibration_fit import (POOL_VARIANTS, PoolItem, build_pool, fit_calibrator, pool_nll, pool_thresholds,
                               pool_with_tac_steps)
 from .evaluation import acdc_h5_volumes
+from .train import data_name
 
 BASELINES = ("uc", "ts", "ets", "hts")
 #: TAC step sets ``--tac-steps auto`` chooses from (paper Sec. V ablation): every sampled step,
@@ -126,7 +127,9 @@ def fit_bundle_calibration(bundle_path: str, data: str, variants: Sequence[str] 
         "baselines": {m: fitted[m].to_dict() for m in BASELINES},
         "pool_nll": nll,
         "thresholds": thresholds,
-        "pool": {**settings, "items": len(pool), "pixels": int(sum(it.labels.size for it in pool))},
+        # the cache key above holds the resolved path; bundle.json records the data's name only
+        "pool": {**settings, "data": data_name(data, "acdc-h5"), "items": len(pool),
+                 "pixels": int(sum(it.labels.size for it in pool))},
         "tac_steps": {"chosen": chosen, "steps": chosen_steps, "pool_nll": step_set_nll},
         "timings_s": {"pool": pool_time, "fit": fit_time},
     }

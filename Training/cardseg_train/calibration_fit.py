@@ -274,11 +274,12 @@ def pixel_flag_threshold(tac_values: np.ndarray, quantile: float = 0.99) -> floa
 
 def ood_agreement_threshold(volume_agreements: Sequence[float], margin: float = 0.01) -> float:
     """Out-of-domain threshold: just below the lowest source-validation volume agreement,
-    ``min(agreements) - margin``, so no source-validation volume would be called out of domain."""
+    ``min(agreements) - margin`` (not below 0), so no source-validation volume would be called out
+    of domain."""
     a = [float(v) for v in volume_agreements if v is not None and np.isfinite(v)]
     if not a:
         raise ValueError("no volume agreement scores")
-    return min(a) - margin
+    return max(min(a) - margin, 0.0)
 
 
 def pool_thresholds(pool: Sequence[PoolItem], quantile: float = 0.99, margin: float = 0.01) -> Dict[str, float]:

@@ -248,6 +248,7 @@ def cmd_evaluate(argv: List[str]) -> int:
                                    conditions_figure, run_cases)
     from .calibration_report import write_report
     from .evaluation import acdc_h5_volumes, evaluate_dice, write_dice_table
+    from .train import data_name
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -273,7 +274,9 @@ def cmd_evaluate(argv: List[str]) -> int:
     results = run_cases(bundle, cases, conditions, cache, a.seed, device, a.batch_size, progress)
     progress.close()
     table = calibration_table(results, calibrators, bundle.class_names, conditions)
-    table["settings"] = {**settings, "bundle": bundle.ident, "cases": [c.case for c in cases]}
+    # the cache key holds the resolved data path; the written tables name the data only
+    table["settings"] = {**settings, "data": data_name(a.data, "acdc-h5"), "bundle": bundle.ident,
+                         "cases": [c.case for c in cases]}
     write_report(table, out, title)
     if "clean" in conditions:
         rows = [{"case": r.case, "patient": r.patient, **r.dice,

@@ -35,7 +35,7 @@ import platform
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -149,6 +149,29 @@ class TrainConfig:
         aug = AugmentConfig.from_dict(d.pop("augment", {}))
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known}, loss=loss, augment=aug)
+
+
+#: how provenance describes each data layout
+DATA_LAYOUTS = {"acdc-h5": "ACDC HDF5 layout", "acdc-nifti": "ACDC NIfTI layout",
+                "pairs": "imagesTr/labelsTr NIfTI pairs"}
+
+
+def data_name(data: os.PathLike, data_format: Optional[str] = None) -> str:
+    """How provenance names a dataset: its folder's name and layout, never a machine's folders.
+
+    ``/work/shared/data/acdc`` in the HDF5 layout → ``"acdc (ACDC HDF5 layout)"``; ``synthetic``
+    stays ``"synthetic"``. A relative path is resolved against the working folder for its name.
+    """
+    if str(data) == "synthetic":
+        return "synthetic"
+    name = Path(data).resolve().name or str(data)
+    layout = DATA_LAYOUTS.get(data_format or "")
+    return f"{name} ({layout})" if layout else name
+
+
+def _is_machine_path(text) -> bool:
+    """Whether a recorded value is an absolute path (POSIX, or a Windows drive or share)."""
+    return isinstance(text, str) and (text.startswith(("/", "\\")) or bool(PureWindowsPath(text).drive))
 
 
 def class_list(names: Sequence[str]) -> List[dict]:
@@ -382,7 +405,7 @@ class Trainer:
 
     def _provenance_data(self) -> dict:
         c = self.config
-        return {"data": str(Path(c.data).resolve()) if c.data != "synthetic" else "synthetic",
+        return {"data": data_name(c.data, c.data_format),
                 "format": c.data_format, "train_patients": list(self.train_data.patients),
                 "train_slices": len(self.train_data),
                 "val_patients": sorted({p for p in (self.val_data.patients if self.val_data else [])}),
@@ -606,12 +629,23 @@ def load_run_network(run: os.PathLike, which: str = "best") -> Tuple[torch.nn.Mo
     return net.eval(), cfg, meta
 
 
+def _run_data_name(summary: dict, cfg: TrainConfig) -> str:
+    """The run's data as provenance names it; summaries written before names were recorded hold
+    an absolute path, which is reduced to its name here."""
+    fmt = summary.get("format", cfg.data_format)
+    data = summary.get("data")
+    if data is None or _is_machine_path(data):
+        return data_name(data or cfg.data, fmt)
+    return data
+
+
 def _run_provenance(run: Path, cfg: TrainConfig, meta: dict, which: str) -> dict:
+    """What a bundle records of one training run: names and numbers, no machine's folders."""
     summary = {}
     if (run / "summary.json").is_file():
         summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
     return {
-        "run": str(run.resolve()),
+        "run": run.resolve().name,
         "network": f"{cfg.network}",
         "checkpoint": which,
         "checkpoint_step": meta.get("step"),
@@ -620,7 +654,7 @@ def _run_provenance(run: Path, cfg: TrainConfig, meta: dict, which: str) -> dict
         "steps_done": summary.get("steps_done", meta.get("step")),
         "training_time_s": summary.get("elapsed_s", meta.get("elapsed_s")),
         "hardware": summary.get("hardware"),
-        "data": summary.get("data", cfg.data),
+        "data": _run_data_name(summary, cfg),
         "data_format": summary.get("format", cfg.data_format),
         "split": {"train_patients": summary.get("train_patients"), "val_patients": summary.get("val_patients")},
         "recipe": {"batch_size": cfg.batch_size, "lr": cfg.lr, "warmup": cfg.warmup, "lr_schedule": cfg.lr_schedule,
