@@ -96,7 +96,7 @@ def cmd_segment(a) -> int:
     # bundle (schema, files), input image. Only then torch, the networks and the work.
     from .bundle_schema import check_bundle_folder
     from .inputs import parse_spacing
-    from .outdir import OutputWriter, check_output
+    from .outdir import check_output
     from .volume import read_volume
 
     t_start = time.perf_counter()
@@ -108,10 +108,9 @@ def cmd_segment(a) -> int:
 
     import torch
 
-    from . import __version__
     from .bundle import load_bundle
     from .progress import make_progress
-    from .segment import resolve_device, segment_volume, write_outputs
+    from .segment import resolve_device, segment_file
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -119,20 +118,13 @@ def cmd_segment(a) -> int:
     bundle = load_bundle(bundle_root, device=device)
     progress = make_progress(a.progress, a.quiet)
     try:
-        with OutputWriter(out, a.overwrite, version=__version__) as writer:
-            result = segment_volume(volume, bundle, method=a.method, device=device, batch_size=a.batch_size,
-                                    progress=progress)
-            result.report["input"] = os.path.abspath(a.input)
-            result.report["frame"] = a.frame
-            if spacing:
-                result.report["spacing_given_mm"] = list(spacing)
-            result.report["timings_s"]["total"] = time.perf_counter() - t_start
-            write_outputs(result, volume, bundle, out, a.overwrite, progress, writer=writer)
+        r = segment_file(a.input, out, bundle, method=a.method, device=device, batch_size=a.batch_size,
+                         frame=a.frame, spacing=spacing, overwrite=a.overwrite, progress=progress, volume=volume,
+                         t_start=t_start)
     finally:
         progress.close()  # before any error line, so that it never shares a line with a half bar
     if not a.quiet:
-        r = result.report
-        n = volume.shape[0]
+        n = r["slices"]
         agr = "" if r["agreement"] is None else f", agreement {r['agreement']:.3f}"
         ood = " (OUT OF DOMAIN)" if r.get("out_of_domain") else ""
         nreg = len(r["regions"])

@@ -239,6 +239,33 @@ def write_outputs(result: SegmentationResult, volume: Volume, bundle: Bundle, ou
     return writer.commit()
 
 
+def segment_file(input_path: os.PathLike, out: os.PathLike, bundle: Bundle, *, method: str = "card",
+                 device: torch.device | str = "cpu", batch_size: int = 8, frame: Optional[int] = None,
+                 spacing: Optional[tuple] = None, overwrite: bool = False, progress: Optional[Progress] = None,
+                 volume: Optional[Volume] = None, t_start: Optional[float] = None) -> dict:
+    """One case, the one path every run takes (``cardseg segment``, ``cardseg batch``, Slicer):
+    check the output folder, read and check the input (unless ``volume`` was read already), take
+    the folder's lock, segment, write atomically. Returns the report; raises
+    :class:`CardsegError` (one line) with nothing written on bad input."""
+    from .volume import read_volume
+
+    t_start = time.perf_counter() if t_start is None else t_start
+    out = check_output(out, overwrite, inputs=[input_path])
+    if volume is None:
+        volume = read_volume(input_path, frame, spacing)
+    with OutputWriter(out, overwrite, version=__version__) as writer:
+        result = segment_volume(volume, bundle, method=method, device=device, batch_size=batch_size,
+                                progress=progress)
+        result.report["input"] = os.path.abspath(input_path)
+        result.report["frame"] = frame
+        result.report["slices"] = int(volume.shape[0])
+        if spacing:
+            result.report["spacing_given_mm"] = list(spacing)
+        result.report["timings_s"]["total"] = time.perf_counter() - t_start
+        write_outputs(result, volume, bundle, out, overwrite, progress, writer=writer)
+    return result.report
+
+
 def output_files(result: SegmentationResult) -> list:
     files = ["segmentation.nii.gz", "segmentation.seg.nrrd", "probabilities.nii.gz"]
     if result.disagreement is not None:
