@@ -48,7 +48,8 @@ def default_config(name: str, classes: List[dict], primary: dict, reference: dic
                       "sampled_steps": sampled_steps or default_sampling_steps(num_steps)},
         "networks": {"primary": dict(primary), "reference": dict(reference)},
         "calibration": {"method": "card", "tau_min": 1.0, "tau_max": 3.0, "w_b": 0.1, "w_k": 0.05, "fitted": False},
-        "regions": {"flag_threshold": 0.1, "min_voxels": 10},
+        "regions": {"flag_threshold": 0.1, "min_voxels": 10, "connectivity": "3d", "merge_px": 0, "max_regions": None,
+                    "model": None},
         "agreement": {"roi_dilation_px": 10, "out_of_domain_threshold": None},
         "provenance": {},
     }

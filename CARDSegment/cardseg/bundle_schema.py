@@ -240,6 +240,8 @@ def validate_config(config: dict, root: os.PathLike, label: Optional[str] = None
         _check_baselines(where, _block(where, config, "baselines"))
     _check_regions(where, _block(where, config, "regions"))
     _check_agreement(where, _block(where, config, "agreement"))
+    if config.get("indices") is not None:
+        _check_indices(where, _block(where, config, "indices"))
     if "provenance" in config and not isinstance(config["provenance"], dict):
         where.fail("provenance", f"must be an object (got {_show(config['provenance'])})")
     return config
@@ -449,12 +451,38 @@ _CALIBRATOR_RANGES = {"uc": _no_ranges, "ts": _ts_ranges, "ets": _ets_ranges, "h
                       "card": _card_ranges}
 
 
+#: features of the region error model (kept in step with cardseg.regions.FEATURES by a test)
+REGION_FEATURES = ("log_sum_tac", "max_tac", "mean_tac", "log_voxels", "slices", "foreground_fraction", "classes",
+                   "end_position", "fov_fraction")
+
+
 def _check_regions(where: _Where, regions: dict) -> None:
-    """Region flag threshold on the TAC map (``[0, ln 2]``) and the smallest region kept."""
+    """How flagged regions are formed (threshold on the TAC map in ``[0, ln 2]``, smallest region,
+    connectivity, merge radius, cap) and the fitted error model (``null``: not fitted)."""
     value = _number(where, "regions.flag_threshold", _required(where, regions, "flag_threshold", "regions."))
     if not 0.0 <= value <= LN2 + TAC_TOL:
         where.fail("regions.flag_threshold", f"must be in [0, ln 2 = {LN2:.4f}] (got {_show(value)})")
     _integer(where, "regions.min_voxels", _required(where, regions, "min_voxels", "regions."), low=1)
+    if "connectivity" in regions:
+        _choice(where, "regions.connectivity", regions["connectivity"], ("3d", "slice"))
+    if "merge_px" in regions:
+        _integer(where, "regions.merge_px", regions["merge_px"], low=0, high=50)
+    if regions.get("max_regions") is not None:
+        _integer(where, "regions.max_regions", regions["max_regions"], low=1)
+    model = _required(where, regions, "model", "regions.")
+    if model is None:
+        return
+    if not isinstance(model, dict) or model.get("kind") != "logistic":
+        where.fail("regions.model", "must be null or a logistic model (refit it: cardseg fit-review)")
+    if list(model.get("features") or []) != list(REGION_FEATURES):
+        where.fail("regions.model.features", f"must be {list(REGION_FEATURES)} (refit it: cardseg fit-review)")
+    for key in ("mean", "scale", "coef"):
+        values = _required(where, model, key, "regions.model.")
+        if not isinstance(values, list) or len(values) != len(REGION_FEATURES):
+            where.fail(f"regions.model.{key}", f"must be a list of {len(REGION_FEATURES)} numbers")
+        for i, v in enumerate(values):
+            _number(where, f"regions.model.{key}[{i}]", v, low=0.0 if key == "scale" else None, low_open=True)
+    _number(where, "regions.model.intercept", _required(where, model, "intercept", "regions.model."))
 
 
 def _check_agreement(where: _Where, agreement: dict) -> None:
@@ -463,6 +491,28 @@ def _check_agreement(where: _Where, agreement: dict) -> None:
     threshold = agreement.get("out_of_domain_threshold")
     if threshold is not None:
         _number(where, "agreement.out_of_domain_threshold", threshold, low=0.0, high=1.0)
+
+
+def _check_indices(where: _Where, block: dict) -> None:
+    """Fitted cardiac-index intervals (``cardseg.indices``): nominal level in (0, 1), method, the
+    spread's flag threshold on the TAC map, one positive finite scale per index family."""
+    _number(where, "indices.nominal", _required(where, block, "nominal", "indices."), low=0.0, high=1.0, low_open=True)
+    if block["nominal"] >= 1.0:
+        where.fail("indices.nominal", f"must be < 1 (got {_show(block['nominal'])})")
+    _text(where, "indices.method", _required(where, block, "method", "indices."))
+    spread = _block(where, block, "spread", "indices.")
+    _text(where, "indices.spread.model", _required(where, spread, "model", "indices.spread."))
+    value = _number(where, "indices.spread.flag_threshold",
+                    _required(where, spread, "flag_threshold", "indices.spread."))
+    if not 0.0 <= value <= LN2 + TAC_TOL:
+        where.fail("indices.spread.flag_threshold", f"must be in [0, ln 2 = {LN2:.4f}] (got {_show(value)})")
+    scales = _block(where, block, "scales", "indices.")
+    for family in ("volume", "stroke_volume", "ejection_fraction", "mass"):
+        _number(where, f"indices.scales.{family}", _required(where, scales, family, "indices.scales."),
+                low=0.0, low_open=True)
+    for key in ("calibration", "fit", "families"):
+        if key in block and not isinstance(block[key], dict):
+            where.fail(f"indices.{key}", f"must be an object (got {_show(block[key])})")
 
 
 # --------------------------------------------------------------------------------------------

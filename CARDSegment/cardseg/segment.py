@@ -40,6 +40,7 @@ class SegmentationResult:
     disagreement: Optional[np.ndarray]  # float32 (Z, Y, X) TAC map, card only
     temperature: Optional[np.ndarray]  # float32 (Z, Y, X), card only
     field_of_view: np.ndarray  # bool (Y, X)
+    region_ranks: Optional[np.ndarray] = None  # uint16 (Z, Y, X), card only: rank of the flagged region (0 none)
     report: Dict[str, object] = field(default_factory=dict)
 
 
@@ -212,9 +213,10 @@ def build_report(result: SegmentationResult, volume: Volume, bundle: Bundle, met
         threshold = cfg.get("agreement", {}).get("out_of_domain_threshold")
         if threshold is not None and report["agreement"] is not None:
             report["out_of_domain"] = bool(report["agreement"] < float(threshold))
-        reg = cfg.get("regions", {})
-        report["regions"] = flagged_regions(result.disagreement, result.labels, float(reg.get("flag_threshold", 0.1)),
-                                            int(reg.get("min_voxels", 10)), volume.ijk_to_lps(), volume.spacing, names)
+        report["regions"], result.region_ranks = flagged_regions(
+            result.disagreement, result.labels, cfg["regions"], volume.ijk_to_lps(), volume.spacing, names,
+            result.field_of_view)
+        report["region_ranking"] = "p_error" if cfg["regions"].get("model") else "summed_disagreement"
         report["calibration"] = bundle.calibrator.to_dict()
     return report
 
@@ -269,7 +271,7 @@ def segment_file(input_path: os.PathLike, out: os.PathLike, bundle: Bundle, *, m
 def output_files(result: SegmentationResult) -> list:
     files = ["segmentation.nii.gz", "segmentation.seg.nrrd", "probabilities.nii.gz"]
     if result.disagreement is not None:
-        files += ["disagreement.nii.gz", "temperature.nii.gz"]
+        files += ["disagreement.nii.gz", "temperature.nii.gz", "regions.nii.gz"]
     return files + ["report.json"]
 
 
@@ -282,6 +284,8 @@ def _write_one(name: str, path: Path, result: SegmentationResult, volume: Volume
         sitk.WriteImage(volume.to_image(result.disagreement), str(path), useCompression=True)
     elif name == "temperature.nii.gz":
         sitk.WriteImage(volume.to_image(result.temperature), str(path), useCompression=True)
+    elif name == "regions.nii.gz":
+        sitk.WriteImage(volume.to_image(result.region_ranks), str(path), useCompression=True)
     elif name == "segmentation.seg.nrrd":
         write_seg_nrrd(path, result.labels, volume, bundle.config["classes"])
     elif name == "report.json":

@@ -58,7 +58,8 @@ def test_flagged_regions_ranked_filtered_and_located():
     m = np.eye(4)
     m[:3, :3] = np.diag([2.0, 3.0, 5.0])
     m[:3, 3] = [10, 20, 30]
-    regs = flagged_regions(tac, labels, 0.1, 2, m, (2.0, 3.0, 5.0), ["background", "RV", "MYO", "LV"])
+    settings = {"flag_threshold": 0.1, "min_voxels": 2, "model": None}
+    regs, ranks = flagged_regions(tac, labels, settings, m, (2.0, 3.0, 5.0), ["background", "RV", "MYO", "LV"])
     assert [r["voxels"] for r in regs] == [24, 18]
     first, second = regs
     assert first["id"] == 1 and first["volume_mm3"] == 24 * 30.0
@@ -67,4 +68,7 @@ def test_flagged_regions_ranked_filtered_and_located():
     assert first["centroid_lps"] == pytest.approx([10 + 2 * 11.5, 20 + 3 * 12.5, 30 + 5 * 1.0])
     assert first["mean_disagreement"] == pytest.approx(0.5) and first["classes"] == ["background"]
     assert second["classes"] == ["MYO"]
-    assert flagged_regions(tac, labels, 0.9, 1, m, (1, 1, 1), ["b"]) == []
+    assert first["p_error"] is None  # no fitted model: ranked by summed disagreement
+    assert (ranks == 1).sum() == 24 and (ranks == 2).sum() == 18 and ranks.max() == 2
+    regs, ranks = flagged_regions(tac, labels, {**settings, "flag_threshold": 0.9}, m, (1, 1, 1), ["b"])
+    assert regs == [] and not ranks.any()

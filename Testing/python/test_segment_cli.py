@@ -40,11 +40,11 @@ def test_every_output_is_written_on_the_input_grid(outputs, rotated_nifti):
     ref = _read(rotated_nifti)
     card = outputs / "card"
     names = {"segmentation.nii.gz", "segmentation.seg.nrrd", "probabilities.nii.gz", "disagreement.nii.gz",
-             "temperature.nii.gz", "report.json"}
+             "temperature.nii.gz", "regions.nii.gz", "report.json"}
     stamp = {".cardseg-output.json"}
     assert {p.name for p in card.iterdir()} == names | stamp
-    assert {p.name for p in (outputs / "uc").iterdir()} == (names | stamp) - {"disagreement.nii.gz",
-                                                                               "temperature.nii.gz"}
+    assert {p.name for p in (outputs / "uc").iterdir()} == (names | stamp) - {
+        "disagreement.nii.gz", "temperature.nii.gz", "regions.nii.gz"}
     for name in names - {"report.json"}:
         img = _read(card / name)
         assert img.GetSize() == ref.GetSize(), name
