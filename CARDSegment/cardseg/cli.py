@@ -15,6 +15,8 @@ LAZY = {
     "train": "train the primary and reference denoisers (needs the [train] extra)",
     "fit-calibration": "fit CARD's temperature mapping on a bundle (needs the [train] extra)",
     "evaluate": "compare CARD and the baselines on labelled data (needs the [train] extra)",
+    "fit-review": "choose the flagged-region rule and fit p_error on validation data (needs the [train] extra)",
+    "fit-indices": "fit and measure the cardiac-index intervals on a bundle (needs the [train] extra)",
 }
 
 

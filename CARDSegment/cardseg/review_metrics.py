@@ -9,6 +9,9 @@ Definitions (used by fitting, evaluation and tests alike):
   :data:`CATCH_RADIUS_PX` pixels (Euclidean, in-plane) of it.
 * The **caught fraction** of the top ``k`` regions: errors caught by at least one of the first
   ``k`` regions of their volume, over all errors, pooled over the volumes.
+* The **review burden**: the voxels of the first three regions over the predicted foreground
+  (heart) voxels of their volume, averaged over volumes; a rule that merges the whole heart into
+  one region would catch everything and help nobody, and this number shows it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from .regions import dilate_slices
 
 MIN_ERROR_PX = 30
 CATCH_RADIUS_PX = 2
+#: the review burden counts the size of this many first regions
+BURDEN_REGIONS = 3
 
 
 def substantial_errors(pred: np.ndarray, truth: np.ndarray, min_px: int = MIN_ERROR_PX) -> List[np.ndarray]:
@@ -74,10 +79,15 @@ class ReviewTally:
     regions: int = 0
     empty_regions: int = 0
     volumes: int = 0
+    burden: List[float] = field(default_factory=list)
 
-    def add(self, catches: np.ndarray) -> None:
-        """One volume's :func:`catch_matrix` (regions in rank order)."""
+    def add(self, catches: np.ndarray, sizes: Optional[np.ndarray] = None, foreground: int = 0) -> None:
+        """One volume's :func:`catch_matrix` (regions in rank order); ``sizes`` (voxels of each
+        region, same order) and the predicted ``foreground`` voxel count measure the review
+        burden: the size of the first :data:`BURDEN_REGIONS` regions over the predicted heart."""
         n_regions, n_errors = catches.shape
+        if sizes is not None and foreground > 0:
+            self.burden.append(float(np.sum(sizes[:BURDEN_REGIONS])) / foreground)
         self.volumes += 1
         self.errors += n_errors
         self.regions += n_regions
@@ -95,4 +105,5 @@ class ReviewTally:
         return {"volumes": self.volumes, "substantial_errors": self.errors,
                 **{f"caught_top{k}": self.fraction(k) for k in self.budgets}, "caught_all": self.fraction(None),
                 "regions_per_volume": self.regions / self.volumes if self.volumes else None,
-                "empty_region_fraction": self.empty_regions / self.regions if self.regions else None}
+                "empty_region_fraction": self.empty_regions / self.regions if self.regions else None,
+                "top3_size_over_foreground": float(np.mean(self.burden)) if self.burden else None}

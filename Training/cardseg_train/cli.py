@@ -2,7 +2,8 @@
 
 ``cardseg train [options]`` trains one denoiser into a run folder; ``cardseg train export``
 assembles a bundle from a primary run and a reference run; ``cardseg evaluate`` measures a
-bundle's Dice on labelled volumes; ``cardseg fit-calibration`` fits CARD into a bundle.
+bundle's Dice on labelled volumes; ``cardseg fit-calibration`` fits CARD into a bundle;
+``cardseg fit-indices`` fits and measures the cardiac-index intervals.
 """
 
 from __future__ import annotations
@@ -208,6 +209,9 @@ def evaluate_parser() -> argparse.ArgumentParser:
                    help="qualitative panel for this case (default: the case and condition with the lowest "
                         "agreement); 'none' to skip")
     p.add_argument("--cache", default="cache/evaluate", metavar="DIR", help="per-case cache folder ('' for none)")
+    p.add_argument("--review-cache", default="cache/review", metavar="DIR",
+                   help="whole-volume maps for the review study ('' for none)")
+    p.add_argument("--no-review", action="store_true", help="skip the flagged-region review study")
     p.add_argument("--h5-spacing", type=float, default=1.5, metavar="MM",
                    help="pixel size assumed for the geometry-less HDF5 volumes (default 1.5, as in training)")
     p.add_argument("--device", default="auto")
@@ -283,6 +287,8 @@ def cmd_evaluate(argv: List[str]) -> int:
                  "mean": float(np.nanmean([r.dice[n] for n in bundle.class_names[1:]]))}
                 for r in results if r.condition == "clean"]
         write_dice_table(rows, bundle.class_names, out, title)
+    if not a.no_review:
+        review_section(bundle, cases, conditions, a, device, out, title)
     if panel_case.lower() != "none":
         if panel_case:
             cond = panel_cond or "clean"
@@ -299,6 +305,71 @@ def cmd_evaluate(argv: List[str]) -> int:
             print(f"{m:5s} mean NLL {table['mean_nll'][m]:.4f}  " + "  ".join(
                 f"{c} {table['pooled'][c][m]['nll']:.3f}" for c in conditions))
         print(f"lowest mean NLL: {table['lowest_mean_nll']} -> {out / 'calibration.md'}")
+    return 0
+
+
+def review_section(bundle, cases, conditions, a, device, out: Path, title: str) -> None:
+    """The flagged-region study of ``cardseg evaluate``: review.md/.json/.png in ``out``."""
+    from cardseg.progress import make_progress
+
+    from .review_data import cache_key, collect_maps
+    from .review_report import review_tables, summary_line, write_review
+
+    key = cache_key(bundle.checksums, {"split": a.split, "seed": a.seed})
+    progress = make_progress("bar", a.quiet)
+    maps = collect_maps(bundle, cases, conditions, Path(a.review_cache) / key if a.review_cache else None, a.seed,
+                        device, a.batch_size, progress)
+    progress.close()
+    t = review_tables(maps, bundle.config)
+    write_review(t, out, f"Flagged-region review, {title}")
+    if not a.quiet:
+        print(summary_line(t, conditions))
+
+
+def review_fit_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cardseg fit-review",
+        description="Choose how flagged regions are formed (connectivity, TAC threshold, merge radius, smallest "
+                    "region) and fit the region error model p_error on the clean validation volumes, maximising the "
+                    "substantial errors caught by the first 3 regions per volume (leave-one-patient-out); writes "
+                    "bundle.json's regions block. Test patients are never read.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--bundle", metavar="PATH", help="bundle folder (default: $CARDSEG_BUNDLE or the shipped one)")
+    p.add_argument("--data", default="../shared/data/acdc", metavar="PATH", help="ACDC HDF5 folder (val split used)")
+    p.add_argument("--cache", default="cache/review", metavar="DIR", help="whole-volume map cache ('' for none)")
+    p.add_argument("--out", metavar="DIR", help="also write the candidates' table (review_fit.json) here")
+    p.add_argument("--dry-run", action="store_true", help="fit and print, do not write bundle.json")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int)
+    return p
+
+
+def cmd_fit_review(argv: List[str]) -> int:
+    a = review_fit_parser().parse_args(argv)
+    import torch
+
+    from cardseg.bundle import load_bundle
+    from cardseg.progress import make_progress
+    from cardseg.segment import resolve_device
+
+    from .review_report import fit_bundle_review
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    device = resolve_device(a.device)
+    bundle = load_bundle(a.bundle, device=device)
+    progress = make_progress("bar")
+    res = fit_bundle_review(bundle, a.data, Path(a.cache) if a.cache else None, write=not a.dry_run, device=device,
+                            batch_size=a.batch_size, progress=progress)
+    progress.close()
+    if a.out:
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "review_fit.json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+    v = res["block"]["fit"]["validation"]["cross_validated"]
+    print(f"regions: {json.dumps({k: res['block'][k] for k in ('connectivity', 'flag_threshold', 'merge_px', 'min_voxels', 'max_regions')})}; "
+          f"validation (held out): top3 {v['caught_top3']:.2f}, all {v['caught_all']:.2f}, "
+          f"{v['regions_per_volume']:.1f} regions/volume" + (" (dry run)" if a.dry_run else f" -> {bundle.path}"))
     return 0
 
 
@@ -342,6 +413,47 @@ def cmd_fit(argv: List[str]) -> int:
     return 0
 
 
+def fit_indices_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cardseg fit-indices",
+        description="Fit the intervals of the cardiac indices (LV/RV EDV, ESV, SV, EF, LV mass) on the validation "
+                    "subjects (ED frame01, ES frame02): a spread from CARD's calibrated probabilities and "
+                    "disagreement, one split-conformal scale per index family; writes them into bundle.json "
+                    "('indices'). --measure-test OUT then measures coverage, width and errors on the test subjects "
+                    "(nothing is fitted on them) into OUT/indices.md, indices.json, indices_coverage.png.")
+    p.add_argument("--bundle", metavar="PATH", help="bundle folder (default: $CARDSEG_BUNDLE or the shipped one)")
+    p.add_argument("--data", default="../shared/data/acdc", metavar="PATH", help="ACDC HDF5 folder")
+    p.add_argument("--level", type=float, default=0.9, help="nominal coverage of the intervals (default 0.9)")
+    p.add_argument("--measure-test", metavar="OUT", help="measure the fitted intervals on the test subjects into OUT")
+    p.add_argument("--no-fit", action="store_true", help="with --measure-test: measure the bundle's stored fit")
+    p.add_argument("--dry-run", action="store_true", help="fit and print, do not write bundle.json")
+    p.add_argument("--cache", default="cache/indices", metavar="DIR", help="per-volume cache folder ('' for none)")
+    p.add_argument("--h5-spacing", type=float, default=1.5, metavar="MM",
+                   help="pixel size assumed for the geometry-less HDF5 volumes (default 1.5, as in training)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int)
+    return p
+
+
+def cmd_fit_indices(argv: List[str]) -> int:
+    a = fit_indices_parser().parse_args(argv)
+    if a.no_fit and not a.measure_test:
+        raise CardsegError("--no-fit needs --measure-test OUT (there is nothing else to do)")
+    import torch
+
+    from cardseg.segment import resolve_device
+
+    from .indices_fit import fit_indices
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    fit_indices(a.bundle, a.data, level=a.level, h5_spacing=a.h5_spacing, cache_dir=a.cache or None,
+                device=resolve_device(a.device), batch_size=a.batch_size, write=not a.dry_run,
+                measure_out=a.measure_test, fit=not a.no_fit)
+    return 0
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv else ""
@@ -354,6 +466,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return cmd_evaluate(argv[1:])
     if command == "fit-calibration":
         return cmd_fit(argv[1:])
+    if command == "fit-review":
+        return cmd_fit_review(argv[1:])
+    if command == "fit-indices":
+        return cmd_fit_indices(argv[1:])
     raise CardsegError(f"unknown training command {command!r}")
 
 

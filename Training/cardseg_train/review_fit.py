@@ -7,7 +7,8 @@ and labelled 1 when they catch a substantial error (:mod:`cardseg.review_metrics
 model (L2, standardised features) predicts that label; it is fitted leave-one-patient-out so
 that the setting is chosen on out-of-sample rankings: the setting that catches the most
 substantial errors within the first :data:`BUDGET` regions per volume, with at most
-``max_regions`` regions per volume, wins. The final model is then fitted on all validation
+``max_regions`` regions per volume and a review burden (:mod:`cardseg.review_metrics`) of at
+most :data:`MAX_BURDEN`, wins. The final model is then fitted on all validation
 regions of that setting. Test patients are never read here.
 """
 
@@ -29,18 +30,23 @@ from .review_data import VolumeMaps
 BUDGET = 3
 #: regions reported per volume at most
 MAX_REGIONS = 6
+#: the first BUDGET regions may cover at most this share of the predicted heart (review burden)
+MAX_BURDEN = 0.2
 GRID = {"connectivity": ("3d", "slice"), "flag_threshold": (0.02, 0.035, 0.05, 0.075, 0.1, 0.15),
         "merge_px": (0, 3, 6), "min_voxels": (10, 30)}
 
 
 @dataclass
 class VolumeRegions:
-    """One volume's candidate regions under one setting: features ``(n, F)``, catches ``(n, E)``."""
+    """One volume's candidate regions under one setting: features ``(n, F)``, catches ``(n, E)``,
+    sizes ``(n,)`` voxels, and the volume's predicted foreground voxels."""
 
     case: str
     patient: str
     features: np.ndarray
     catches: np.ndarray
+    sizes: np.ndarray
+    foreground: int
 
 
 def patient_of(case: str) -> str:
@@ -51,7 +57,9 @@ def volume_regions(maps: VolumeMaps, near: Sequence[np.ndarray], settings: dict)
     lab, n = region_labels(maps.tac, settings["flag_threshold"], settings["min_voxels"], settings["connectivity"],
                            settings["merge_px"])
     feats = region_features(maps.tac, maps.pred, lab, n)
-    return VolumeRegions(maps.case, patient_of(maps.case), feats, catch_matrix(lab, n, near))
+    sizes = np.bincount(lab.ravel(), minlength=n + 1)[1:]
+    return VolumeRegions(maps.case, patient_of(maps.case), feats, catch_matrix(lab, n, near), sizes,
+                         int((maps.pred > 0).sum()))
 
 
 def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 0.05) -> ErrorModel:
@@ -84,7 +92,8 @@ def score(volumes: Sequence[VolumeRegions], models: Dict[str, Optional[ErrorMode
     tally = ReviewTally()
     for v in volumes:
         order, _ = rank_regions(v.features, models.get(v.patient), max_regions)
-        tally.add(v.catches[order] if len(order) else np.zeros((0, v.catches.shape[1]), bool))
+        tally.add(v.catches[order] if len(order) else np.zeros((0, v.catches.shape[1]), bool), v.sizes[order],
+                  v.foreground)
     return tally
 
 
@@ -120,7 +129,7 @@ def region_ece(p: np.ndarray, y: np.ndarray, bins: int = 10) -> Optional[float]:
 
 
 def select_settings(maps: Sequence[VolumeMaps], grid: Optional[dict] = None, max_regions: int = MAX_REGIONS,
-                    progress=None) -> dict:
+                    max_burden: float = MAX_BURDEN, progress=None) -> dict:
     """Grid search on (clean validation) ``maps``; returns the chosen settings, the fitted model and
     every candidate's cross-validated figures."""
     grid = grid or GRID
@@ -138,8 +147,9 @@ def select_settings(maps: Sequence[VolumeMaps], grid: Optional[dict] = None, max
         row = {**settings, **summary}
         rows.append(row)
         objective = (summary[f"caught_top{BUDGET}"] or 0.0, summary["caught_all"] or 0.0)
+        burden = summary["top3_size_over_foreground"]
         if summary["regions_per_volume"] is not None and summary["regions_per_volume"] <= max_regions and (
-                best is None or objective > best[0]):
+                burden is not None and burden <= max_burden) and (best is None or objective > best[0]):
             best = (objective, settings, vols)
         if progress is not None:
             progress.advance(1)
@@ -168,7 +178,7 @@ def evaluate_review(maps: Sequence[VolumeMaps], settings: dict, model: Optional[
             v = volume_regions(m, near, settings)
             order, p = rank_regions(v.features, model, settings.get("max_regions"))
             caught = v.catches[order] if len(order) else np.zeros((0, len(near)), bool)
-            tally.add(caught)
+            tally.add(caught, v.sizes[order], v.foreground)
             if p is not None and len(order):
                 ps.append(p[order])
                 ys.append(caught.any(axis=1))
