@@ -31,9 +31,9 @@ BUDGET = 3
 #: regions reported per volume at most
 MAX_REGIONS = 6
 #: the first BUDGET regions may cover at most this share of the predicted heart (review burden)
-MAX_BURDEN = 0.2
-GRID = {"connectivity": ("3d", "slice"), "flag_threshold": (0.02, 0.035, 0.05, 0.075, 0.1, 0.15),
-        "merge_px": (0, 3, 6), "min_voxels": (10, 30)}
+MAX_BURDEN = 0.25
+GRID = {"connectivity": ("3d", "slice"), "flag_threshold": (0.035, 0.045, 0.06, 0.075, 0.1),
+        "merge_px": (0, 2, 4), "min_voxels": (10, 30)}
 
 
 @dataclass

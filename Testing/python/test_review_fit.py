@@ -1,0 +1,63 @@
+"""Choosing the region rule and fitting p_error on labelled maps (synthetic, so the answer is known)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cardseg.regions import FEATURES, ErrorModel
+from cardseg_train.review_data import VolumeMaps
+from cardseg_train.review_fit import evaluate_review, fit_logistic, region_ece, select_settings
+
+
+def _maps(seed: int, case: str) -> VolumeMaps:
+    """A volume whose prediction is wrong in two 8x8 blobs; strong disagreement sits on the errors,
+    weak disagreement on two decoys that are right."""
+    rng = np.random.default_rng(seed)
+    truth = np.zeros((4, 48, 48), np.uint8)
+    truth[:, 10:38, 10:38] = 3
+    pred = truth.copy()
+    tac = rng.uniform(0, 0.01, truth.shape).astype(np.float32)
+    for z, (y, x) in ((0, (12, 12)), (2, (26, 24))):
+        pred[z, y:y + 8, x:x + 8] = 2  # a substantial error (64 px)
+        tac[z, y - 1:y + 9, x - 1:x + 9] = rng.uniform(0.3, 0.5)
+    for z, (y, x) in ((1, (30, 12)), (3, (14, 30))):
+        tac[z, y:y + 6, x:x + 6] = rng.uniform(0.06, 0.09)  # decoys: no error there
+    return VolumeMaps(case, "clean", pred, truth, tac, (1.5, 1.5, 8.0))
+
+
+def test_selection_prefers_the_rule_that_catches_the_errors_and_p_error_ranks_them_first():
+    maps = [_maps(i, f"patient{i:03d}_frame01") for i in range(6)]
+    grid = {"connectivity": ("slice",), "flag_threshold": (0.05, 0.2), "merge_px": (0,), "min_voxels": (10,)}
+    res = select_settings(maps, grid=grid, max_regions=6, max_burden=1.0)
+    cands = {c["flag_threshold"]: c for c in res["candidates"]}
+    assert cands[0.05]["caught_all"] == pytest.approx(1.0) and cands[0.2]["caught_all"] == pytest.approx(1.0)
+    v = res["validation"]["cross_validated"]
+    assert v["caught_top1"] == pytest.approx(0.5) and v["caught_top3"] == pytest.approx(1.0)
+    model = res["model"]
+    assert isinstance(model, ErrorModel) and model.coef.shape == (len(FEATURES),)
+    out = evaluate_review(maps, res["settings"], model)["clean"]
+    assert out["substantial_errors"] == 12 and out["caught_top1"] >= 0.5
+
+
+def test_burden_cap_excludes_rules_that_cover_the_heart():
+    maps = [_maps(i, f"patient{i:03d}_frame01") for i in range(4)]
+    for m in maps:
+        m.tac[:, 9:39, 9:39] = np.maximum(m.tac[:, 9:39, 9:39], 0.03)  # a weak band over the whole heart
+    grid = {"connectivity": ("3d",), "flag_threshold": (0.02, 0.1), "merge_px": (0,), "min_voxels": (10,)}
+    res = select_settings(maps, grid=grid, max_burden=0.3)
+    assert res["settings"]["flag_threshold"] == 0.1  # 0.02 would make one region of the whole heart
+
+
+def test_logistic_fit_lowers_the_loss_and_recovers_the_direction():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, len(FEATURES)))
+    y = rng.uniform(size=400) < 1 / (1 + np.exp(-(2 * x[:, 1] - 1)))
+    m = fit_logistic(x, y, l2=1e-3)
+    p = m.probability(x)
+    base = np.full(400, y.mean())
+    nll = lambda q: -np.mean(y * np.log(q) + (1 - y) * np.log(1 - q))  # noqa: E731
+    assert nll(p) < nll(base) - 0.1
+    assert np.argmax(np.abs(m.coef)) == 1 and m.coef[1] > 0
+    assert region_ece(p, y) < 0.1
+    assert region_ece(np.array([0.05, 0.95]), np.array([False, True])) == pytest.approx(0.05)
