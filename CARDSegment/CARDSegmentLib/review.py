@@ -26,6 +26,7 @@ STATUSES = ("pending", "accepted", "corrected", "rejected")
 COLUMNS = (
     ("region", "int", "Region"),
     ("status", "string", "Status"),
+    ("p_error", "double", "P(error)"),
     ("voxels", "int", "Voxels"),
     ("volume_mm3", "double", "Volume (mm3)"),
     ("mean_disagreement", "double", "Mean disagreement"),
@@ -39,6 +40,8 @@ COLUMNS = (
     ("note", "string", "Note"),
 )
 COLUMN_NAMES = tuple(c[0] for c in COLUMNS)
+#: columns that tables saved by older versions lack (read as NaN)
+OPTIONAL_COLUMNS = ("p_error",)
 
 
 def _array(kind: str):
@@ -53,6 +56,7 @@ def _row_values(region: dict) -> Dict[str, object]:
     return {
         "region": int(region["id"]),
         "status": "pending",
+        "p_error": float("nan") if region.get("p_error") is None else float(region["p_error"]),
         "voxels": int(region.get("voxels", 0)),
         "volume_mm3": float(region.get("volume_mm3", 0.0)),
         "mean_disagreement": float(region.get("mean_disagreement", 0.0)),
@@ -105,8 +109,13 @@ def review_rows(table) -> List[Dict[str, object]]:
     if table is None:
         return []
     n = table.GetNumberOfRows()
-    cols = {name: (_column(table, name), kind) for name, kind, _ in COLUMNS}
-    return [{name: _value(col, i, kind) for name, (col, kind) in cols.items()} for i in range(n)]
+    cols = {name: (_column(table, name), kind) for name, kind, _ in COLUMNS
+            if name not in OPTIONAL_COLUMNS or table.GetTable().GetColumnByName(name) is not None}
+    rows = [{name: _value(col, i, kind) for name, (col, kind) in cols.items()} for i in range(n)]
+    for row in rows:
+        for name in OPTIONAL_COLUMNS:
+            row.setdefault(name, float("nan"))
+    return rows
 
 
 def _row_index(table, region_id: int) -> int:
@@ -219,7 +228,9 @@ def review_document(table, report: Optional[dict]) -> dict:
         region["note"] = row["note"] if row else ""
         regions.append(region)
     for rid, row in sorted(rows.items()):  # regions known only to the table (no report available)
-        regions.append({"id": rid, "status": row["status"], "note": row["note"], "voxels": row["voxels"],
+        regions.append({"id": rid, "status": row["status"], "note": row["note"],
+                        "p_error": None if row["p_error"] != row["p_error"] else row["p_error"],
+                        "voxels": row["voxels"],
                         "volume_mm3": row["volume_mm3"], "mean_disagreement": row["mean_disagreement"],
                         "max_disagreement": row["max_disagreement"],
                         "summed_disagreement": row["summed_disagreement"],
@@ -230,8 +241,8 @@ def review_document(table, report: Optional[dict]) -> dict:
     return report
 
 
-CSV_FIELDS = ("region", "status", "note", "voxels", "volume_mm3", "mean_disagreement", "max_disagreement",
-              "summed_disagreement", "classes", "centroid_l", "centroid_p", "centroid_s", "bbox_ijk",
+CSV_FIELDS = ("region", "status", "p_error", "note", "voxels", "volume_mm3", "mean_disagreement",
+              "max_disagreement", "summed_disagreement", "classes", "centroid_l", "centroid_p", "centroid_s", "bbox_ijk",
               "volume_agreement", "out_of_domain", "method", "bundle", "input")
 
 
@@ -245,7 +256,8 @@ def review_csv(table, report: Optional[dict]) -> str:
         lps = region.get("centroid_lps") or ["", "", ""]
         bbox = region.get("bbox_ijk")
         writer.writerow({
-            "region": region.get("id"), "status": region.get("status"), "note": region.get("note", ""),
+            "region": region.get("id"), "status": region.get("status"), "p_error": region.get("p_error"),
+            "note": region.get("note", ""),
             "voxels": region.get("voxels"), "volume_mm3": region.get("volume_mm3"),
             "mean_disagreement": region.get("mean_disagreement"), "max_disagreement": region.get("max_disagreement"),
             "summed_disagreement": region.get("summed_disagreement"),
