@@ -61,3 +61,25 @@ def test_logistic_fit_lowers_the_loss_and_recovers_the_direction():
     assert np.argmax(np.abs(m.coef)) == 1 and m.coef[1] > 0
     assert region_ece(p, y) < 0.1
     assert region_ece(np.array([0.05, 0.95]), np.array([False, True])) == pytest.approx(0.05)
+
+
+def test_maps_are_cached_and_reused(tiny_bundle, synthetic_volume, tmp_path, monkeypatch):
+    from cardseg.bundle import load_bundle
+    from cardseg_train import review_data
+    from cardseg_train.evaluation import LabelledVolume
+
+    vol, lab = synthetic_volume
+    item = LabelledVolume("patient900_frame01", "patient900", vol, lab)
+    bundle = load_bundle(tiny_bundle)
+    first = review_data.collect_maps(bundle, [item], ["clean", "spike"], tmp_path)
+    assert [m.condition for m in first] == ["clean", "spike"]
+    assert first[0].pred.shape == lab.shape and first[0].tac.shape == lab.shape
+    assert not np.array_equal(first[0].tac, first[1].tac)  # the corruption changed the trajectory
+
+    def boom(*a, **k):
+        raise AssertionError("recomputed a cached map")
+
+    monkeypatch.setattr(review_data, "compute_maps", boom)
+    again = review_data.collect_maps(bundle, [item], ["clean", "spike"], tmp_path)
+    assert np.array_equal(again[0].pred, first[0].pred)
+    assert np.allclose(again[1].tac, first[1].tac, atol=1e-3)  # stored as float16

@@ -212,6 +212,8 @@ def evaluate_parser() -> argparse.ArgumentParser:
     p.add_argument("--review-cache", default="cache/review", metavar="DIR",
                    help="whole-volume maps for the review study ('' for none)")
     p.add_argument("--no-review", action="store_true", help="skip the flagged-region review study")
+    p.add_argument("--review-only", action="store_true",
+                   help="only the flagged-region review study (review.md/.json/.png), no calibration table")
     p.add_argument("--h5-spacing", type=float, default=1.5, metavar="MM",
                    help="pixel size assumed for the geometry-less HDF5 volumes (default 1.5, as in training)")
     p.add_argument("--device", default="auto")
@@ -258,7 +260,7 @@ def cmd_evaluate(argv: List[str]) -> int:
         torch.set_num_threads(a.threads)
     device = resolve_device(a.device)
     bundle = load_bundle(a.bundle, device=device)
-    calibrators = None if a.dice_only else bundle_calibrators(bundle, methods)
+    calibrators = None if a.dice_only or a.review_only else bundle_calibrators(bundle, methods)
     cases = acdc_h5_volumes(a.data, a.split, a.h5_spacing)[:a.max_cases]
     if panel_case and panel_case.lower() != "none" and not any(c.case == panel_case for c in cases):
         raise CardsegError(f"--panel: no case {panel_case!r} among the evaluated {a.split} volumes")
@@ -270,6 +272,9 @@ def cmd_evaluate(argv: List[str]) -> int:
         summary = write_dice_table(rows, bundle.class_names, out, title)
         if not a.quiet:
             print(" ".join(f"{k} {v:.3f}" for k, v in summary.items()), f"-> {out}")
+        return 0
+    if a.review_only:
+        review_section(bundle, cases, conditions, a, device, out, title)
         return 0
     settings = {"data": str(Path(a.data).resolve()), "split": a.split, "seed": a.seed, "h5_spacing": a.h5_spacing,
                 "tac_steps": bundle.tac_steps}

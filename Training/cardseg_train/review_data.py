@@ -67,6 +67,8 @@ def collect_maps(bundle, cases: Sequence[LabelledVolume], conditions: Sequence[s
         for cond in conditions:
             path = None if cache_dir is None else Path(cache_dir) / f"{item.case}__{cond}.npz"
             maps = _load(path)
+            if maps is not None and not np.allclose(maps.spacing, item.volume.spacing):
+                maps = None  # made with another pixel-size assumption: compute again
             if maps is None:
                 maps = compute_maps(bundle, item, cond, seed, device, batch_size)
                 _save(path, maps)
