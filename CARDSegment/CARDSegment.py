@@ -10,7 +10,6 @@ import enum
 import importlib
 import logging
 import os
-import pathlib
 import tempfile
 from typing import Annotated, Callable, Optional
 
@@ -28,7 +27,6 @@ import CARDSegmentLib as lib
 from CARDSegmentLib import dependencies as deps
 
 POLL_INTERVAL_MS = 200
-TORCH_REQUIREMENT = ">=2.1"
 
 
 #
@@ -104,7 +102,9 @@ class CARDSegmentParameterNode:
 
     inputVolume: vtkMRMLScalarVolumeNode
     bundleSource: BundleSource = BundleSource.SHIPPED
-    bundleFolder: pathlib.Path
+    # a plain string, bound by hand (onBundleFolderChanged): a pathlib.Path field would show an
+    # unset folder as "." in the path box
+    bundleFolder: str = ""
     device: Device = Device.AUTO
     method: Method = Method.CARD
     loadProbabilities: bool = False
@@ -113,7 +113,7 @@ class CARDSegmentParameterNode:
 
 
 class DependencyDeclined(RuntimeError):
-    """The user chose not to install what the engine needs."""
+    """Nothing was installed: the user said no, or the installed PyTorch must be replaced by hand first."""
 
 
 #
@@ -133,6 +133,7 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self._parameterNode = None
         self._parameterNodeGuiTag = None
         self._shownOverlay = None
+        self._preparing = False  # checking or installing the Python packages before a run
 
     def setup(self) -> None:
         ScriptedLoadableModuleWidget.setup(self)
@@ -153,6 +154,7 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.addObserver(slicer.mrmlScene, slicer.mrmlScene.EndCloseEvent, self.onSceneEndClose)
 
         self.ui.applyButton.connect("clicked(bool)", self.onApplyButton)
+        self.ui.bundleFolderPathLineEdit.connect("currentPathChanged(QString)", self.onBundleFolderChanged)
         self.ui.regionsTable.connect("itemSelectionChanged()", self.onRegionSelected)
         self.ui.acceptButton.connect("clicked(bool)", lambda _: self.onSetStatus("accepted"))
         self.ui.correctedButton.connect("clicked(bool)", lambda _: self.onSetStatus("corrected"))
@@ -210,8 +212,12 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         if p is None:
             return
         running = self.logic.isRunning
-        self.ui.applyButton.enabled = running or bool(p.inputVolume)
-        self.ui.bundleFolderPathLineEdit.enabled = p.bundleSource == BundleSource.FOLDER and not running
+        self.ui.applyButton.enabled = not self._preparing and (running or bool(p.inputVolume))
+        folderBox = self.ui.bundleFolderPathLineEdit
+        folderBox.enabled = p.bundleSource == BundleSource.FOLDER and not running and not self._preparing
+        shownFolder = lib.folder_text(p.bundleFolder)
+        if folderBox.currentPath != shownFolder:
+            folderBox.currentPath = shownFolder
         shown = (p.inputVolume.GetID() if p.inputVolume else None, p.overlay, p.overlayOpacity)
         if shown != self._shownOverlay:
             inputChanged = self._shownOverlay is None or shown[0] != self._shownOverlay[0]
@@ -221,11 +227,21 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             elif p.inputVolume:
                 self.logic.showOverlay(p.inputVolume, p.overlay.value, p.overlayOpacity)
 
+    def onBundleFolderChanged(self, path: str) -> None:
+        """The folder box changed: store it ("" when empty, never ".")."""
+        p = self._parameterNode
+        text = lib.folder_text(path)
+        if p is not None and p.bundleFolder != text:
+            p.bundleFolder = text
+
     # -- running
 
     def onApplyButton(self) -> None:
+        """Start a run (after the package check), or cancel the running one."""
         if self.logic.isRunning:
             self.logic.cancel()
+            return
+        if self._preparing:  # pip processes GUI events while it installs: ignore clicks meanwhile
             return
         p = self._parameterNode
         if not p or not p.inputVolume:
@@ -235,24 +251,47 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         except lib.BundleChoiceError as exc:
             slicer.util.errorDisplay(f"Cannot use this bundle: {exc}")
             return
+        if p.bundleSource == BundleSource.FOLDER:
+            self.ui.bundleFolderPathLineEdit.addCurrentPathToHistory()
+        self._setPreparing(True)  # before anything can install: a second click must not start a second install
+        try:
+            ready = self._prepareRun(p)
+        finally:
+            self._setPreparing(False)
+        if ready:
+            self._setRunning(True)
+            self.logic.start(p.inputVolume, options, onProgress=self._onProgress, onFinished=self._onFinished)
+
+    def _prepareRun(self, p) -> bool:
+        """Check (and, after asking, install) the packages; ask before replacing reviewed results."""
         try:
             self.logic.ensureDependencies(askConfirmation=True)
         except DependencyDeclined as exc:
             self.ui.statusLabel.text = str(exc)
             slicer.util.warningDisplay(str(exc), windowTitle="CARDSegment")
-            return
+            return False
         except Exception as exc:
             logging.exception("CARDSegment: installing dependencies failed")
-            slicer.util.errorDisplay(f"Installing the Python packages failed: {exc}")
-            return
+            message = f"Installing the Python packages failed: {lib.one_line(exc)}"
+            self.ui.statusLabel.text = message
+            slicer.util.errorDisplay(message, windowTitle="CARDSegment")
+            return False
         previous = self.logic.outputs(p.inputVolume)
         if previous.review is not None and lib.has_decisions(previous.review):
-            if not slicer.util.confirmOkCancelDisplay(
-                    "This volume's regions have review decisions. A new run replaces the results and the review "
-                    "(use 'Keep these results' first to keep them). Continue?", windowTitle="CARDSegment"):
-                return
-        self._setRunning(True)
-        self.logic.start(p.inputVolume, options, onProgress=self._onProgress, onFinished=self._onFinished)
+            return bool(slicer.util.confirmOkCancelDisplay(
+                "This volume's regions have review decisions. A new run replaces the results and the review "
+                "(use 'Keep these results' first to keep them). Continue?", windowTitle="CARDSegment"))
+        return True
+
+    def _setPreparing(self, preparing: bool) -> None:
+        """While the packages are checked or installed: button and inputs disabled."""
+        self._preparing = preparing
+        self.ui.inputsCollapsibleButton.enabled = not preparing
+        if preparing:
+            self.ui.applyButton.enabled = False
+            self.ui.statusLabel.text = "Checking the Python packages the engine needs..."
+        else:
+            self._onParameterNodeModified()
 
     def _setRunning(self, running: bool) -> None:
         self.ui.applyButton.text = "Cancel" if running else "Segment && Calibrate"
@@ -268,16 +307,22 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.ui.statusLabel.text = progress.text
 
     def _onFinished(self, state: str, error: Optional[str]) -> None:
+        """The run ended: the panel returns to idle first, whatever happens next."""
         self._setRunning(False)
-        self._onParameterNodeModified()
-        if state == "loaded":
-            self.ui.statusLabel.text = "Done."
-            self.refreshResults()
-        elif state == lib.CANCELLED:
-            self.ui.statusLabel.text = "Cancelled: the scene was not changed."
-        else:
-            self.ui.statusLabel.text = f"Failed: {error}"
-            slicer.util.errorDisplay(f"Segmentation failed: {error}", windowTitle="CARDSegment")
+        try:
+            self._onParameterNodeModified()
+            if state == "loaded":
+                self.ui.statusLabel.text = "Done."
+                self.refreshResults()
+                return
+            if state == lib.CANCELLED:
+                self.ui.statusLabel.text = "Cancelled: the scene was not changed."
+                return
+        except Exception as exc:  # showing the results failed: say so in one line
+            logging.exception("CARDSegment: showing the results failed")
+            state, error = lib.FAILED, lib.one_line(exc)
+        self.ui.statusLabel.text = f"Failed: {error}"
+        slicer.util.errorDisplay(f"Segmentation failed: {error}", windowTitle="CARDSegment")
 
     # -- results and review
 
@@ -375,6 +420,7 @@ class CARDSegmentLogic(ScriptedLoadableModuleLogic):
         ScriptedLoadableModuleLogic.__init__(self)
         self.moduleDir = os.path.dirname(os.path.abspath(__file__))
         self.job: Optional["lib.SegmentationJob"] = None
+        self._monitor: Optional["lib.JobMonitor"] = None
         self._timer: Optional[qt.QTimer] = None
         self._onProgress: Optional[Callable] = None
         self._onFinished: Optional[Callable] = None
@@ -406,6 +452,9 @@ class CARDSegmentLogic(ScriptedLoadableModuleLogic):
         missing = deps.missing_requirements()
         if not missing:
             return
+        tooOld = deps.torch_too_old()
+        if tooOld:  # an old torch cannot be replaced in a running Slicer: say what to do
+            raise DependencyDeclined(tooOld)
         if askConfirmation and not slicer.util.confirmOkCancelDisplay(deps.describe(missing),
                                                                       windowTitle="CARDSegment"):
             raise DependencyDeclined(
@@ -421,10 +470,11 @@ class CARDSegmentLogic(ScriptedLoadableModuleLogic):
             torchLogic = PyTorchUtils.PyTorchUtilsLogic()
             if not torchLogic.torchInstalled():
                 with slicer.util.WaitCursor():
-                    torch = torchLogic.installTorch(askConfirmation=False, torchVersionRequirement=TORCH_REQUIREMENT)
+                    torch = torchLogic.installTorch(askConfirmation=False,
+                                                    torchVersionRequirement=deps.torch_version_requirement())
                 if torch is None:
                     raise DependencyDeclined("PyTorch was not installed, so CARDSegment cannot segment yet.")
-        others = [r.pip_spec for r in missing if r.module != "torch"]
+        others = deps.pip_specs(missing)  # the installed torch pinned: pip must not replace it
         if others:
             with slicer.util.WaitCursor():
                 slicer.util.pip_install(others)
@@ -437,19 +487,23 @@ class CARDSegmentLogic(ScriptedLoadableModuleLogic):
 
     @property
     def isRunning(self) -> bool:
-        return self.job is not None and self.job.state in (lib.RUNNING, lib.SUCCEEDED)
+        return self._monitor is not None and not self._monitor.finished
 
     def start(self, inputVolume, options: "lib.JobOptions", onProgress: Optional[Callable] = None,
               onFinished: Optional[Callable] = None) -> None:
-        """Start a run in a separate process; a QTimer polls it; the scene changes only at the end."""
+        """Start a run in a separate process; a QTimer polls it; the scene changes only at the end.
+
+        ``onFinished(state, error)`` is called exactly once: state ``loaded``, ``failed`` (with a
+        one-line error, whatever went wrong) or ``cancelled``.
+        """
         if self.isRunning:
             raise RuntimeError("a segmentation is already running")
         self._onProgress, self._onFinished = onProgress, onFinished
         self.job = lib.SegmentationJob(slicer.mrmlScene, inputVolume, options, launcher=self.launcher,
                                        on_progress=onProgress)
-        self.job.start()
-        if self.job.state == lib.FAILED:
-            self._finished(lib.FAILED, self.job.error)
+        self._monitor = lib.JobMonitor(self.job, busy=slicer.util.WaitCursor)
+        if self._monitor.start():
+            self._finished()
             return
         self._timer = qt.QTimer()
         self._timer.setInterval(POLL_INTERVAL_MS)
@@ -457,41 +511,36 @@ class CARDSegmentLogic(ScriptedLoadableModuleLogic):
         self._timer.start()
 
     def _poll(self) -> None:
-        if self.job is None:
-            return
-        state = self.job.poll()
-        if state == lib.RUNNING:
+        """The timer's slot: one step of the run; nothing may escape it (Qt would swallow it)."""
+        monitor = self._monitor
+        if monitor is None or not monitor.step():
             return
         self._stopTimer()
-        if state == lib.SUCCEEDED:
-            try:
-                with slicer.util.WaitCursor():
-                    self.job.finish()
-            except lib.OutputError as exc:
-                self._finished(lib.FAILED, str(exc))
-                return
-            self._finished("loaded", None)
-        else:
-            self._finished(state, self.job.error)
+        self._finished()
 
     def _stopTimer(self) -> None:
         if self._timer is not None:
             self._timer.stop()
             self._timer = None
 
-    def _finished(self, state: str, error: Optional[str]) -> None:
-        callback = self._onFinished
-        self._onFinished = None
-        if callback:
+    def _finished(self) -> None:
+        """Hand the run's outcome to the panel, once."""
+        callback, self._onFinished = self._onFinished, None
+        if callback is None or self._monitor is None or self._monitor.outcome is None:
+            return
+        state, error = self._monitor.outcome
+        try:
             callback(state, error)
+        except Exception:
+            logging.exception("CARDSegment: updating the panel after the run failed")
 
     def cancel(self) -> None:
         """End the running process; the scene stays as it was."""
-        if self.job is None or not self.isRunning:
+        if not self.isRunning:
             return
         self._stopTimer()
-        self.job.cancel()
-        self._finished(lib.CANCELLED, None)
+        self._monitor.cancel()
+        self._finished()
 
     def runSync(self, inputVolume, options: "lib.JobOptions", timeout: float = 1800.0) -> "lib.OutputNodes":
         """Run to the end and load the results (scripts and the self-test); raises on failure."""
@@ -531,7 +580,12 @@ class CARDSegmentLogic(ScriptedLoadableModuleLogic):
 
 
 class CARDSegmentTest(ScriptedLoadableModuleTest):
-    """Runs in Slicer: a small synthetic oblique volume, an untrained tiny bundle, the whole path."""
+    """Runs in Slicer: a small synthetic oblique volume through the whole path, with networks of the
+    shipped bundle's architecture (SwinUNETR primary, so a missing MONAI piece fails here), then
+    once with the shipped bundle itself."""
+
+    #: the shipped bundle's networks, used when the module folder has no shipped bundle
+    SHIPPED_NETWORKS = ("time-swinunetr:mini", "time-unet:tiny")
 
     def setUp(self):
         slicer.mrmlScene.Clear()
@@ -539,17 +593,33 @@ class CARDSegmentTest(ScriptedLoadableModuleTest):
     def runTest(self):
         self.setUp()
         self.test_segment_synthetic_volume()
+        self.setUp()
+        self.test_shipped_bundle()
+
+    @staticmethod
+    def _moduleDir() -> str:
+        return os.path.dirname(os.path.abspath(__file__))
+
+    def _shippedNetworks(self):
+        """"arch:size" of the shipped bundle's primary and reference networks."""
+        shipped = lib.shipped_bundle_dir(self._moduleDir())
+        if not (shipped / "bundle.json").is_file():
+            return self.SHIPPED_NETWORKS
+        networks = lib.bundle_config(shipped)["networks"]
+        return tuple(f"{networks[role]['arch']}:{networks[role]['size']}" for role in ("primary", "reference"))
 
     def _makeInputs(self, folder: str):
-        """A tiny untrained bundle and a synthetic oblique volume, written by the engine in PythonSlicer."""
+        """An untrained bundle with the shipped bundle's networks and a synthetic oblique volume,
+        written by the engine in PythonSlicer."""
         import subprocess
 
         script = (
             "import sys, numpy as np, SimpleITK as sitk\n"
             "from cardseg.scaffold import init_bundle, synthetic_cine_volume\n"
             "from cardseg.bundle import update_config\n"
-            "out = sys.argv[1]\n"
-            "init_bundle(out + '/bundle', input_size=64, pixel_spacing_mm=3.0, seed=1)\n"
+            "out, primary, reference = sys.argv[1:4]\n"
+            "init_bundle(out + '/bundle', primary=primary, reference=reference, input_size=64,\n"
+            "            pixel_spacing_mm=3.0, seed=1)\n"
             "update_config(out + '/bundle', {'regions': {'flag_threshold': 0.05, 'min_voxels': 5}})\n"
             "vol, _ = synthetic_cine_volume(shape=(3, 64, 56), spacing=(2.5, 2.2, 8.0), seed=3)\n"
             "img = vol.to_image()\n"
@@ -559,18 +629,26 @@ class CARDSegmentTest(ScriptedLoadableModuleTest):
         )
         from CARDSegmentLib.process import default_python_executable
 
-        env = lib.SegmentCommand("", "", engine_dir=os.path.dirname(os.path.abspath(__file__))).env()
-        subprocess.run([default_python_executable(), "-c", script, folder], env=env, check=True, timeout=600)
+        primary, reference = self._shippedNetworks()
+        env = lib.SegmentCommand("", "", engine_dir=self._moduleDir()).env()
+        subprocess.run([default_python_executable(), "-c", script, folder, primary, reference], env=env, check=True,
+                       timeout=600)
         return os.path.join(folder, "bundle"), os.path.join(folder, "input.nrrd")
 
-    def test_segment_synthetic_volume(self):
+    def _skipWhenPackagesMissing(self) -> bool:
         missing = deps.missing_requirements()
         if missing:
             self.delayDisplay("Skipped: install " + ", ".join(r.pip_spec for r in missing) + " first")
+        return bool(missing)
+
+    def test_segment_synthetic_volume(self):
+        if self._skipWhenPackagesMissing():
             return
-        self.delayDisplay("Making a synthetic volume and a tiny untrained bundle")
+        self.delayDisplay("Making a synthetic volume and an untrained bundle with the shipped networks")
         folder = tempfile.mkdtemp(prefix="CARDSegmentTest-")
         bundle, volumePath = self._makeInputs(folder)
+        primary = lib.bundle_config(bundle)["networks"]["primary"]
+        self.assertEqual(f"{primary['arch']}:{primary['size']}", self._shippedNetworks()[0])
         volume = slicer.util.loadVolume(volumePath)
         other = slicer.mrmlScene.AddNewNodeByClass("vtkMRMLScalarVolumeNode", "unrelated")
         before = vtk.vtkMatrix4x4()
@@ -596,6 +674,7 @@ class CARDSegmentTest(ScriptedLoadableModuleTest):
         display = outputs.disagreement.GetDisplayNode()
         self.assertAlmostEqual(display.GetWindowLevelMin(), 0.0)
         self.assertAlmostEqual(display.GetWindowLevelMax(), 0.6931471805599453, places=6)
+        self.assertTrue(display.GetApplyThreshold())  # the low end is transparent
         self.assertIsNotNone(outputs.review)
         summary = lib.agreement_summary(outputs.report_dict())
         self.assertIsNotNone(summary.agreement)
@@ -613,3 +692,26 @@ class CARDSegmentTest(ScriptedLoadableModuleTest):
             lib.show_region(slicer.mrmlScene, volume, again, region)
             lib.set_region_status(again.review, region, "accepted")
         self.delayDisplay("CARDSegment test passed")
+
+    def test_shipped_bundle(self):
+        """The shipped default bundle itself (trained weights) segments the synthetic volume."""
+        if self._skipWhenPackagesMissing():
+            return
+        shipped = lib.shipped_bundle_dir(self._moduleDir())
+        if not (shipped / "bundle.json").is_file():
+            self.delayDisplay("Skipped: this version ships no default bundle")
+            return
+        self.delayDisplay("Segmenting with the shipped bundle (separate process)")
+        folder = tempfile.mkdtemp(prefix="CARDSegmentTest-")
+        _, volumePath = self._makeInputs(folder)
+        volume = slicer.util.loadVolume(volumePath)
+        logic = CARDSegmentLogic()
+        options = lib.JobOptions(bundle_path=str(shipped), device="cpu", method="card", engine_dir=logic.moduleDir)
+        outputs = logic.runSync(volume, options, timeout=900)
+        segmentation = outputs.segmentation.GetSegmentation()
+        names = [segmentation.GetNthSegment(i).GetName() for i in range(segmentation.GetNumberOfSegments())]
+        self.assertEqual(names, [c["name"] for c in lib.bundle_classes(shipped)[1:]])
+        report = outputs.report_dict()
+        self.assertEqual(os.path.realpath(report["bundle"]["path"]), os.path.realpath(str(shipped)))
+        self.assertIsNotNone(outputs.disagreement)
+        self.delayDisplay("CARDSegment shipped-bundle test passed")

@@ -2,7 +2,8 @@
 
 * :mod:`.process` — build and run ``cardseg segment`` in a separate process, read its progress
   lines and its one-line error (any launcher: a real subprocess or a test's fake).
-* :mod:`.jobs` — one "Segment & Calibrate": input to temporary file, process, outputs to nodes.
+* :mod:`.jobs` — one "Segment & Calibrate": input to temporary file, process, outputs to nodes;
+  :class:`~.jobs.JobMonitor` drives it from the panel's timer and turns any error into one line.
 * :mod:`.nodes` — outputs to nodes on the input's exact geometry, overlays, replacing earlier
   outputs, the agreement summary.
 * :mod:`.review` — the flagged-region review table, ROI outline, export.
@@ -11,9 +12,10 @@
 Everything here runs in Slicer and under the PyPI ``slicer-core`` package (real MRML, no GUI).
 """
 
-from .bundles import BundleChoiceError, bundle_classes, bundle_label, resolve_bundle, shipped_bundle_dir
+from .bundles import (BundleChoiceError, bundle_classes, bundle_config, bundle_label, folder_text, resolve_bundle,
+                      shipped_bundle_dir)
 from .dependencies import REQUIREMENTS, Requirement, missing_requirements
-from .jobs import JobOptions, SegmentationJob, engine_dir_of
+from .jobs import JobMonitor, JobOptions, SegmentationJob, engine_dir_of, one_line
 from .nodes import (OVERLAY_CHOICES, ROLE_ATTRIBUTE, OutputError, OutputNodes, Summary, agreement_summary,
                     find_outputs, load_outputs, release_outputs, remove_outputs, set_overlay_opacity, show_overlay)
 from .process import (CANCELLED, FAILED, IDLE, RUNNING, SUCCEEDED, CardsegRun, Progress, SegmentCommand,
@@ -21,9 +23,10 @@ from .process import (CANCELLED, FAILED, IDLE, RUNNING, SUCCEEDED, CardsegRun, P
 from .review import STATUSES, export_review, has_decisions, review_counts, review_rows, set_region_status, show_region
 
 __all__ = [
-    "BundleChoiceError", "bundle_classes", "bundle_label", "resolve_bundle", "shipped_bundle_dir",
+    "BundleChoiceError", "bundle_classes", "bundle_config", "bundle_label", "folder_text", "resolve_bundle",
+    "shipped_bundle_dir",
     "REQUIREMENTS", "Requirement", "missing_requirements",
-    "JobOptions", "SegmentationJob", "engine_dir_of",
+    "JobMonitor", "JobOptions", "SegmentationJob", "engine_dir_of", "one_line",
     "OVERLAY_CHOICES", "ROLE_ATTRIBUTE", "OutputError", "OutputNodes", "Summary", "agreement_summary",
     "find_outputs", "load_outputs", "release_outputs", "remove_outputs", "set_overlay_opacity", "show_overlay",
     "CANCELLED", "FAILED", "IDLE", "RUNNING", "SUCCEEDED", "CardsegRun", "Progress", "SegmentCommand",

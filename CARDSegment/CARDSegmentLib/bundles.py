@@ -28,12 +28,18 @@ def resolve_bundle(use_shipped: bool, folder: Optional[os.PathLike], module_dir:
                 "the trained default bundle is not shipped with this version yet; choose a bundle folder "
                 "(an untrained one for trying the module out: cardseg init-bundle FOLDER)")
         return path
-    if not folder or not str(folder).strip() or str(folder).strip() == ".":
+    if not folder_text(folder):
         raise BundleChoiceError("choose a bundle folder (it holds bundle.json and two .safetensors files)")
     path = Path(folder)
     if not (path / "bundle.json").is_file():
         raise BundleChoiceError(f"{path}: not a bundle folder (no bundle.json)")
     return path
+
+
+def folder_text(value: Optional[object]) -> str:
+    """What the folder box shows for a stored folder: nothing when unset ("", None or ".")."""
+    text = "" if value is None else str(value).strip()
+    return "" if text in ("", ".") else text
 
 
 def bundle_config(path: os.PathLike) -> dict:

@@ -4,6 +4,16 @@ The module's Logic asks the user before installing anything: torch through the P
 extension (``PyTorchUtils``), the rest with ``slicer.util.pip_install``. This file only knows the
 list and how to check it, so that it can be tested anywhere. Keep it in step with the
 ``dependencies`` of the repository's ``pyproject.toml`` (a test compares them).
+
+Why these minimums (read from MONAI's own wheels and metadata):
+
+* ``monai>=1.5``: the first release whose ``SwinUNETR`` takes no ``img_size`` (MONAI 1.4.0 still
+  requires it, so the shipped bundle's SwinUNETR primary cannot be built with 1.4).
+* ``torch>=2.4.1``: what MONAI 1.5.x declares (``Requires-Dist: torch>=2.4.1``; 1.5.0 also caps it
+  below 2.7; MONAI 1.6 asks for torch>=2.8). A lower torch minimum would let pip replace the
+  PyTorch extension's build (e.g. CUDA) with a PyPI one while installing MONAI; for the same
+  reason :func:`pip_specs` pins the installed torch when pip installs the rest.
+* ``einops``: MONAI's ``SwinUNETR`` imports it at run time, but MONAI declares it only as an extra.
 """
 
 from __future__ import annotations
@@ -30,8 +40,9 @@ class Requirement:
 
 #: torch first: it must come from the PyTorch extension before anything that depends on it
 REQUIREMENTS: Tuple[Requirement, ...] = (
-    Requirement("torch", "torch", "2.1"),
-    Requirement("monai", "monai", "1.4"),
+    Requirement("torch", "torch", "2.4.1"),
+    Requirement("monai", "monai", "1.5"),
+    Requirement("einops", "einops"),
     Requirement("numpy", "numpy"),
     Requirement("scipy", "scipy"),
     Requirement("SimpleITK", "SimpleITK", "2.3"),
@@ -62,7 +73,8 @@ def is_new_enough(installed: Optional[str], minimum: Optional[str]) -> bool:
     return have + (0,) * (width - len(have)) >= need + (0,) * (width - len(need))
 
 
-def _installed_version(distribution: str) -> Optional[str]:
+def installed_version(distribution: str) -> Optional[str]:
+    """The installed version of ``distribution``, or None when it is not installed."""
     try:
         return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
@@ -70,7 +82,7 @@ def _installed_version(distribution: str) -> Optional[str]:
 
 
 def missing_requirements(find_spec: Callable = importlib.util.find_spec,
-                         version_of: Callable[[str], Optional[str]] = _installed_version) -> List[Requirement]:
+                         version_of: Callable[[str], Optional[str]] = installed_version) -> List[Requirement]:
     """The requirements that cannot be imported or are older than their minimum version."""
     missing = []
     for req in REQUIREMENTS:
@@ -91,3 +103,46 @@ def describe(missing: List[Requirement]) -> str:
         text += (" PyTorch is installed through the PyTorch extension and can take several minutes and"
                  " a few gigabytes.")
     return text + " Install them now?"
+
+
+def requirement(module: str) -> Requirement:
+    """The requirement of the package imported as ``module``."""
+    for req in REQUIREMENTS:
+        if req.module == module:
+            return req
+    raise KeyError(module)
+
+
+def torch_version_requirement() -> str:
+    """The torch version specifier for the PyTorch extension's installer, e.g. ``">=2.4.1"``."""
+    minimum = requirement("torch").minimum
+    return f">={minimum}" if minimum else ""
+
+
+def torch_too_old(version_of: Callable[[str], Optional[str]] = installed_version) -> Optional[str]:
+    """A sentence when torch is installed but older than the minimum (None otherwise).
+
+    Such a torch cannot be upgraded in a running Slicer (it may be imported already, and pip
+    would replace the PyTorch extension's build), so the user is told what to do instead.
+    """
+    have, need = version_of("torch"), requirement("torch").minimum
+    if not have or is_new_enough(have, need):
+        return None
+    return (f"PyTorch {have} is installed, but CARDSegment needs PyTorch {need} or later (for MONAI "
+            f"{requirement('monai').minimum} or later). Open the 'PyTorch Utils' module, uninstall PyTorch, "
+            "restart Slicer and click 'Segment & Calibrate' again: it installs a current PyTorch.")
+
+
+def pip_specs(missing: List[Requirement],
+              version_of: Callable[[str], Optional[str]] = installed_version) -> List[str]:
+    """The ``pip install`` arguments for the missing requirements other than torch.
+
+    When torch is installed, it is pinned to its installed version (``torch==2.5.1+cu124``), so that
+    resolving MONAI can never make pip replace the PyTorch extension's build with another one:
+    pip then picks a MONAI release that accepts the installed torch.
+    """
+    specs = [r.pip_spec for r in missing if r.module != "torch"]
+    torch = version_of("torch")
+    if specs and torch:
+        specs.append(f"torch=={torch}")
+    return specs

@@ -4,17 +4,20 @@
 in a separate process (:class:`~CARDSegmentLib.process.CardsegRun`), and when the process has
 succeeded turns its outputs into nodes (:func:`~CARDSegmentLib.nodes.load_outputs`). The scene
 is not touched before :meth:`SegmentationJob.finish`: a cancelled or failed run leaves it as it
-was. The module's Logic drives :meth:`poll` from a ``QTimer``; tests call :meth:`wait`.
+was. The module's Logic drives a :class:`JobMonitor` from a ``QTimer`` (it turns every error,
+expected or not, into the panel's one-line message); scripts and tests call :meth:`wait`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, ContextManager, Optional, Tuple
 
 from . import process as proc
 from .bundles import bundle_classes
@@ -91,8 +94,8 @@ class SegmentationJob:
         self.work_dir = Path(tempfile.mkdtemp(prefix="CARDSegment-", dir=self.options.work_root))
         try:
             write_volume_file(self.input_volume, self.input_path)
-        except OutputError as exc:
-            self._fail(str(exc))
+        except Exception as exc:  # noqa: BLE001 - any failure here is the run's one-line error
+            self._fail(one_line(exc))
             return
         o = self.options
         command = proc.SegmentCommand(
@@ -124,6 +127,14 @@ class SegmentationJob:
             self.run.wait(timeout)
         return self.poll()
 
+    def abort(self, message: str) -> None:
+        """Fail the job with ``message``: end the process if it runs, delete the temporary files."""
+        try:
+            if self.run is not None and self.run.running:
+                self.run.cancel()
+        finally:
+            self._fail(message)
+
     def cancel(self) -> None:
         """End the process and delete the temporary files; the scene stays as it was."""
         if self.run is not None:
@@ -143,9 +154,10 @@ class SegmentationJob:
             self.outputs = load_outputs(self.scene, self.input_volume, self.output_dir, classes=classes,
                                         load_probabilities=o.load_probabilities, overlay=o.overlay,
                                         opacity=o.opacity)
-        except (OutputError, ValueError, KeyError, OSError) as exc:
-            self._fail(str(exc))
-            raise OutputError(str(exc)) from exc
+        except Exception as exc:  # noqa: BLE001 - whatever broke, the scene is as before and one line says why
+            message = one_line(exc)
+            self._fail(message)
+            raise OutputError(message) from exc
         finally:
             self.cleanup()
         self._state = "loaded"
@@ -164,3 +176,89 @@ class SegmentationJob:
 def engine_dir_of(module_file: os.PathLike) -> str:
     """The folder next to ``CARDSegment.py`` that holds the ``cardseg`` package."""
     return str(Path(module_file).resolve().parent)
+
+
+#: errors whose message is already written for the user; others get their type name in front
+_PLAIN_ERRORS = (OutputError, OSError, ValueError)
+
+
+def one_line(exc: BaseException) -> str:
+    """The one line the panel shows for an exception.
+
+    Expected errors (unreadable outputs, files, values) give their message; anything else (a bug,
+    an API this Slicer lacks) gives ``Type: message`` so that the cause stays recognisable.
+    """
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    text = lines[0] if lines else ""
+    if isinstance(exc, _PLAIN_ERRORS) and text:
+        return text
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+class JobMonitor:
+    """Drives one :class:`SegmentationJob` from a GUI timer; no exception ever leaves it.
+
+    :meth:`start` and :meth:`step` return True once the job has ended; :attr:`outcome` is then
+    ``(state, error)`` with state ``loaded``, ``failed`` or ``cancelled``. Whatever goes wrong while
+    polling the process or loading its outputs (an unexpected exception included) ends the job as
+    ``failed`` with a one-line message, the process stopped and the temporary files deleted, so
+    that the panel can always return to its idle state.
+    """
+
+    def __init__(self, job: SegmentationJob, busy: Callable[[], ContextManager] = contextlib.nullcontext):
+        self.job = job
+        self.busy = busy  # wraps the loading of the results (the Logic passes a wait cursor)
+        self.outcome: Optional[Tuple[str, Optional[str]]] = None
+
+    @property
+    def finished(self) -> bool:
+        return self.outcome is not None
+
+    def start(self) -> bool:
+        """Start the job; True when it ended at once (e.g. the input could not be written)."""
+        try:
+            self.job.start()
+        except Exception as exc:  # noqa: BLE001
+            return self._failed(exc)
+        if self.job.state in (proc.FAILED, proc.CANCELLED):
+            self.outcome = (self.job.state, self.job.error)
+        return self.finished
+
+    def step(self) -> bool:
+        """Poll once; load the results when the process has succeeded. True once the job has ended."""
+        if self.finished:
+            return True
+        try:
+            state = self.job.poll()
+            if state == proc.RUNNING:
+                return False
+            if state == proc.SUCCEEDED:
+                with self.busy():
+                    self.job.finish()
+                self.outcome = ("loaded", None)
+            else:
+                self.outcome = (state, self.job.error)
+        except Exception as exc:  # noqa: BLE001 - the panel must never stay stuck in "running"
+            return self._failed(exc)
+        return True
+
+    def cancel(self) -> None:
+        """End the process; the scene stays as it was."""
+        if self.finished:
+            return
+        try:
+            self.job.cancel()
+        except Exception:  # noqa: BLE001 - cancelling must always end the run for the panel
+            logging.getLogger(__name__).exception("CARDSegment: cancelling the run failed")
+        self.outcome = (proc.CANCELLED, None)
+
+    def _failed(self, exc: BaseException) -> bool:
+        message = self.job.error if isinstance(exc, OutputError) and self.job.error else one_line(exc)
+        if not isinstance(exc, OutputError):
+            logging.getLogger(__name__).error("CARDSegment: the run failed", exc_info=exc)
+        try:
+            self.job.abort(message)
+        except Exception:  # noqa: BLE001
+            logging.getLogger(__name__).exception("CARDSegment: cleaning up after a failed run failed")
+        self.outcome = (proc.FAILED, message)
+        return True

@@ -52,6 +52,11 @@ _CARDIAC_TYPES = {
     "lv myocardium": ("74281007", "Myocardium"),
 }
 
+#: disagreement (nats) below which both overlays are transparent, so that the input shows
+#: unchanged where the two networks agree (typical voxels lie near 0.002 on the [0, ln 2] window);
+#: it is the display node's threshold, which the Volumes module shows and lets the user change
+SHOWN_FROM_DISAGREEMENT = 0.01
+
 OVERLAY_STYLE = {
     "disagreement": {"colormap": "Inferno", "title": "Disagreement (TAC)"},
     "temperature": {"colormap": "Viridis", "title": "Temperature"},
@@ -263,6 +268,16 @@ def segment_terminology(name: str) -> Optional[str]:
             f"{_ANATOMIC_CONTEXT}~^^~^^")
 
 
+def set_segment_terminology(segment, entry: str) -> None:
+    """Give ``segment`` a terminology entry, in the way every supported Slicer understands.
+
+    ``vtkSegment.SetTerminology`` is missing from Slicer 5.8 (it came with 5.10) and only stores
+    the entry as the segment's tag named ``GetTerminologyEntryTagName()``, which Slicer 5.8
+    already reads and writes in the same format. Setting that tag directly works on all of them.
+    """
+    segment.SetTag(segment.GetTerminologyEntryTagName(), entry)
+
+
 def _load_segmentation(scene, input_volume, path: Path, name: str, classes: Optional[List[dict]]):
     import slicer
     import vtk
@@ -303,7 +318,7 @@ def _load_segmentation(scene, input_volume, path: Path, name: str, classes: Opti
             continue
         terminology = segment_terminology(segment.GetName())
         if terminology:
-            segment.SetTerminology(terminology)
+            set_segment_terminology(segment, terminology)
     node.CreateDefaultDisplayNodes()
     display = node.GetDisplayNode()
     if display is not None:
@@ -333,6 +348,46 @@ def overlay_range(role: str, report: Optional[dict], node=None) -> tuple:
     return 1.0, 3.0
 
 
+def temperature_at(disagreement: float, calibration: dict) -> Optional[float]:
+    """The CARD temperature for a disagreement value, from the report's calibration parameters.
+
+    The engine's map (``cardseg.calibration.card.temperature_field``, restated here because this
+    library does not import the engine): ``tau_min + sigmoid((tac - w_b) / w_k) * (tau_max - tau_min)``.
+    None when the parameters are missing.
+    """
+    try:
+        lo, hi = float(calibration["tau_min"]), float(calibration["tau_max"])
+        w_b, w_k = float(calibration["w_b"]), float(calibration["w_k"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if w_k <= 0:
+        return None
+    z = (disagreement - w_b) / w_k
+    weight = 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0
+    return lo + weight * (hi - lo)
+
+
+def overlay_threshold(role: str, report: Optional[dict], node=None) -> tuple:
+    """``(lower, upper)``: the values an overlay shows; voxels outside are fully transparent.
+
+    Both maps hide the voxels whose disagreement is below :data:`SHOWN_FROM_DISAGREEMENT`: the
+    disagreement map directly, the temperature map at the temperature the calibration gives that
+    disagreement (so both show the same voxels; outside the field of view, at ``tau_min``, it is
+    transparent too). ``upper`` is above every value of the map.
+    """
+    lo, hi = overlay_range(role, report, node)
+    data_hi = hi
+    if node is not None and node.GetImageData() is not None:
+        data_hi = max(hi, float(node.GetImageData().GetScalarRange()[1]))
+    if role == "disagreement":
+        lower = SHOWN_FROM_DISAGREEMENT
+    else:
+        lower = temperature_at(SHOWN_FROM_DISAGREEMENT, (report or {}).get("calibration") or {})
+        if lower is None:
+            lower = lo + (hi - lo) * SHOWN_FROM_DISAGREEMENT / LN2
+    return float(lower), float(data_hi) + 1.0
+
+
 def _style_overlay(scene, node, role: str, report: Optional[dict]) -> None:
     style = OVERLAY_STYLE[role]
     display = node.GetDisplayNode()
@@ -341,6 +396,11 @@ def _style_overlay(scene, node, role: str, report: Optional[dict]) -> None:
     lo, hi = overlay_range(role, report, node)
     display.SetWindowLevelMinMax(lo, hi)
     display.SetInterpolate(False)
+    # the low end transparent: only where the networks disagree does the overlay cover the input
+    display.SetAutoThreshold(0)
+    lower, upper = overlay_threshold(role, report, node)
+    display.SetThreshold(lower, upper)
+    display.SetApplyThreshold(1)
     legend = color_legend(node)
     if legend is not None:
         legend.SetTitleText(style["title"])

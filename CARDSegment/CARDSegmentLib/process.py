@@ -259,19 +259,57 @@ class PopenHandle(ProcessHandle):
         return code
 
     def kill(self) -> None:
-        if self._proc.poll() is not None:
-            return
-        try:
-            if os.name != "nt":
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            else:
-                self._proc.kill()
-        except (ProcessLookupError, PermissionError, OSError):
-            self._proc.kill()
+        """End the process and every process it started (see :func:`kill_process_tree`)."""
+        kill_process_tree(self._proc)
         try:
             self._proc.wait(timeout=10)
         except subprocess.TimeoutExpired:  # pragma: no cover - a process that survives SIGKILL
             pass
+
+
+def run_quietly(argv: List[str], timeout: float = 30.0) -> int:
+    """Run a short helper command without a console window; its exit status (-1 if it cannot run)."""
+    flags = getattr(subprocess, "CREATE_NO_WINDOW", 0) if os.name == "nt" else 0
+    try:
+        return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              timeout=timeout, creationflags=flags).returncode
+    except (OSError, subprocess.SubprocessError):
+        return -1
+
+
+def tree_kill_command(pid: int) -> List[str]:
+    """Windows: end process ``pid`` and all its descendants, forcibly."""
+    return ["taskkill", "/F", "/T", "/PID", str(int(pid))]
+
+
+def kill_process_tree(proc: subprocess.Popen, windows: Optional[bool] = None,
+                      run_command: Callable[[List[str]], int] = run_quietly) -> None:
+    """End ``proc`` and every process it started.
+
+    PythonSlicer is a launcher that starts the real interpreter as its child, so ending the
+    launcher alone would leave the engine running (and its temporary folder locked on Windows).
+    On Windows the tree goes with ``taskkill /F /T``; elsewhere the child runs in its own session,
+    so its process group goes with one ``SIGKILL`` (also after the leader has exited, while
+    descendants may still run). ``proc.kill()`` is the fallback when neither works.
+    """
+    windows = (os.name == "nt") if windows is None else windows
+    running = proc.poll() is None
+    if windows:
+        if running and run_command(tree_kill_command(proc.pid)) != 0 and proc.poll() is None:
+            _kill_quietly(proc)
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, OSError):
+        if running:
+            _kill_quietly(proc)
+
+
+def _kill_quietly(proc: subprocess.Popen) -> None:
+    try:
+        proc.kill()
+    except OSError:  # pragma: no cover - it ended in between
+        pass
 
 
 def subprocess_launcher(argv: List[str], env: Dict[str, str], cwd: Optional[str] = None) -> ProcessHandle:
@@ -349,10 +387,12 @@ class CardsegRun:
             return
         if self.state != RUNNING:
             return
-        if self._handle is not None:
-            self._handle.kill()
-            self._consume(self._handle.read_lines())
-        self._finish(CANCELLED, None)
+        try:
+            if self._handle is not None:
+                self._handle.kill()
+                self._consume(self._handle.read_lines())
+        finally:
+            self._finish(CANCELLED, None)
 
     def wait(self, timeout: Optional[float] = None, interval: float = 0.05) -> str:
         """Poll until the run finishes (for scripts and tests); cancels it on timeout."""
@@ -368,7 +408,7 @@ class CardsegRun:
     # -- internals
 
     def _consume(self, pairs: List[Tuple[str, str]]) -> None:
-        changed = False
+        """Keep the log lines; report every progress line (a fast stage may share a poll with the next)."""
         for _stream, line in pairs:
             parsed = parse_progress_line(line)
             if parsed is None:
@@ -377,11 +417,10 @@ class CardsegRun:
                 continue
             stage, done, total = parsed
             self.progress = Progress(stage, done, total, overall_fraction(stage, done, total, self.progress.fraction))
-            changed = True
+            if self.on_progress is not None:
+                self.on_progress(self.progress)
         if len(self.log) > LOG_LINES:
             del self.log[:-LOG_LINES]
-        if changed and self.on_progress is not None:
-            self.on_progress(self.progress)
 
     def _finish(self, state: str, error: Optional[str]) -> None:
         self.state = state

@@ -27,6 +27,8 @@ def module_sources():
 @pytest.mark.parametrize("path", module_sources(), ids=lambda p: p.name)
 def test_module_sources_compile(path, tmp_path):
     py_compile.compile(str(path), cfile=str(tmp_path / "x.pyc"), doraise=True)
+    # Slicer 5.8 runs Python 3.9: no syntax from later versions (match, except*, ...)
+    ast.parse(path.read_text(encoding="utf-8"), filename=str(path), feature_version=(3, 9))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -184,18 +186,40 @@ def ui_widgets():
     return root, widgets, bound
 
 
+#: fields the module binds by hand instead of through SlicerParameterName: field -> (widget, signal)
+HAND_BOUND = {"bundleFolder": ("bundleFolderPathLineEdit", "currentPathChanged(QString)")}
+
+
 def test_ui_binds_exactly_the_parameter_node_fields():
     root, widgets, bound = ui_widgets()
     assert root.find("class").text == "CARDSegment"
     assert widgets["CARDSegment"] == "qMRMLWidget"
-    assert set(bound) == parameter_fields()
+    assert set(bound) | set(HAND_BOUND) == parameter_fields() and not set(bound) & set(HAND_BOUND)
     # each bound widget is of a kind Slicer's parameterNodeWrapper connects to that field's type
-    kinds = {"inputVolume": "qMRMLNodeComboBox", "bundleSource": "QComboBox", "bundleFolder": "ctkPathLineEdit",
+    kinds = {"inputVolume": "qMRMLNodeComboBox", "bundleSource": "QComboBox",
              "device": "QComboBox", "method": "QComboBox", "loadProbabilities": "QCheckBox",
              "overlay": "QComboBox", "overlayOpacity": "ctkSliderWidget"}
     assert {field: widgets[name] for field, name in bound.items()} == kinds
     custom = {c.find("class").text for c in root.iter("customwidget")}
     assert {cls for cls in widgets.values() if not cls.startswith("Q")} <= custom
+
+
+def test_bundle_folder_is_bound_by_hand_and_keeps_a_history():
+    """A pathlib.Path field would show an unset folder as "." (Slicer's path connector writes
+    str(Path())); the module binds a plain string itself and records used folders."""
+    root, widgets, _ = ui_widgets()
+    source = MODULE_FILE.read_text(encoding="utf-8")
+    for field, (widget, signal) in HAND_BOUND.items():
+        assert widgets[widget] == "ctkPathLineEdit"
+        assert f'self.ui.{widget}.connect("{signal}"' in source
+    fields = {stmt.target.id: stmt for node in _module_tree().body if isinstance(node, ast.ClassDef)
+              for stmt in node.body if isinstance(stmt, ast.AnnAssign) and node.name == "CARDSegmentParameterNode"}
+    assert ast.unparse(fields["bundleFolder"].annotation) == "str"
+    assert ast.literal_eval(fields["bundleFolder"].value) == ""
+    box = next(w for w in root.iter("widget") if w.get("name") == "bundleFolderPathLineEdit")
+    keys = [p.find("string").text for p in box.findall("property") if p.get("name") == "settingKey"]
+    assert keys == ["CARDSegment/BundleFolder"]  # the history lives in Slicer's settings under this key
+    assert "bundleFolderPathLineEdit.addCurrentPathToHistory()" in source
 
 
 def test_module_uses_only_widgets_that_the_ui_has():
@@ -234,19 +258,32 @@ def test_library_is_mrml_only(path):
     assert not {n for n in names if n and ("ScriptedLoadableModule" in n or n in ("mrmlScene", "app"))}
 
 
-def test_package_list_matches_pyproject():
+def _declared_dependencies():
+    """pyproject.toml's ``dependencies`` as {name: minimum or None}."""
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-
-    if str(MODULE_DIR) not in sys.path:
-        sys.path.insert(0, str(MODULE_DIR))
-    from CARDSegmentLib.dependencies import REQUIREMENTS, is_new_enough, missing_requirements
-
     declared = {}
     for dep in tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["project"]["dependencies"]:
         m = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*(?:>=\s*([0-9.]+))?", dep.strip())
         assert m, dep
         declared[m.group(1).lower()] = m.group(2)
+    return declared
+
+
+def _dependencies_module():
+    if str(MODULE_DIR) not in sys.path:
+        sys.path.insert(0, str(MODULE_DIR))
+    from CARDSegmentLib import dependencies
+
+    return dependencies
+
+
+def test_package_list_matches_pyproject():
+    from_module = _dependencies_module()
+    REQUIREMENTS, is_new_enough, missing_requirements = (from_module.REQUIREMENTS, from_module.is_new_enough,
+                                                         from_module.missing_requirements)
+    declared = _declared_dependencies()
     assert {r.distribution.lower(): r.minimum for r in REQUIREMENTS} == declared
+    assert "einops" in declared  # MONAI's SwinUNETR imports it at run time; MONAI lists it as an extra only
     assert REQUIREMENTS[0].module == "torch"  # torch comes first (PyTorch extension)
     # this environment runs the engine, so nothing is missing here
     assert missing_requirements() == []
@@ -255,3 +292,79 @@ def test_package_list_matches_pyproject():
     assert {r.module for r in old} == {r.module for r in REQUIREMENTS if r.minimum}
     assert is_new_enough("2.13.0+cpu", "2.1") and not is_new_enough("1.13.1", "2.1")
     assert is_new_enough("1.4", "1.4.0") and not is_new_enough(None, "1.0") and is_new_enough(None, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# the torch and MONAI minimums, against what MONAI itself declares
+
+#: ``Requires-Dist: torch`` of each MONAI release from 1.5 on, read from the wheels' METADATA
+#: (1.5.0 also caps torch below 2.7); checked below against the installed MONAI's own metadata
+MONAI_TORCH_MINIMUM = {"1.5.0": "2.4.1", "1.5.1": "2.4.1", "1.5.2": "2.4.1", "1.6.0": "2.8.0", "1.6.1": "2.8.0"}
+#: the first MONAI release whose SwinUNETR takes no ``img_size`` (1.4.0 requires it)
+MONAI_SWINUNETR_WITHOUT_IMG_SIZE = "1.5.0"
+
+
+def _declared_torch_minimum(requires):
+    """The torch minimum in a list of ``Requires-Dist`` strings (None when torch has none)."""
+    for req in requires or []:
+        m = re.match(r"torch\s*(?:\(\s*)?([^;]*)", req)
+        if m and re.match(r"torch\b(?![-_.a-z])", req):
+            lower = re.search(r">=\s*([0-9][0-9.]*)", m.group(1))
+            return lower.group(1) if lower else None
+    return None
+
+
+def test_torch_and_monai_minimums_follow_monai_metadata():
+    importlib_metadata = pytest.importorskip("importlib.metadata")
+    dependencies = _dependencies_module()
+    torch_min = dependencies.requirement("torch").minimum
+    monai_min = dependencies.requirement("monai").minimum
+    ge = dependencies.is_new_enough  # ge(a, b): version a >= version b (padded: "1.5" == "1.5.0")
+    # MONAI old enough to lack an img_size-free SwinUNETR is refused
+    assert ge(monai_min, MONAI_SWINUNETR_WITHOUT_IMG_SIZE)
+    # torch minimum = what the oldest accepted MONAI asks for: lower lets pip swap torch, higher is needless
+    accepted = [v for v in MONAI_TORCH_MINIMUM if ge(v, monai_min)]
+    oldest = min(accepted, key=dependencies.version_tuple)
+    assert ge(torch_min, MONAI_TORCH_MINIMUM[oldest]) and ge(MONAI_TORCH_MINIMUM[oldest], torch_min)
+    assert all(ge(MONAI_TORCH_MINIMUM[v], torch_min) for v in accepted)
+    # the table matches the installed MONAI's own metadata, and the installed torch satisfies it
+    installed = importlib_metadata.version("monai")
+    declared = _declared_torch_minimum(importlib_metadata.requires("monai"))
+    assert declared is not None, importlib_metadata.requires("monai")
+    if installed in MONAI_TORCH_MINIMUM:
+        assert MONAI_TORCH_MINIMUM[installed] == declared
+    assert ge(declared, torch_min)  # the installed MONAI, too, needs at least our torch minimum
+    assert ge(importlib_metadata.version("torch"), declared)
+    assert ge(installed, monai_min)
+    # the module hands the same minimum to the PyTorch extension's installer
+    assert dependencies.torch_version_requirement() == f">={torch_min}"
+
+
+def test_installed_monai_swinunetr_needs_no_img_size():
+    inspect = pytest.importorskip("inspect")
+    nets = pytest.importorskip("monai.networks.nets")
+    params = inspect.signature(nets.SwinUNETR.__init__).parameters
+    assert "img_size" not in params or params["img_size"].default is not inspect.Parameter.empty
+    pytest.importorskip("einops")
+
+
+def test_declared_torch_minimum_parsing():
+    assert _declared_torch_minimum(["numpy<3.0,>=1.24", "torch<2.7.0,>=2.4.1"]) == "2.4.1"
+    assert _declared_torch_minimum(["torch>=2.8.0", "numpy"]) == "2.8.0"
+    assert _declared_torch_minimum(["torchvision>=0.1; extra == 'all'", "torch>=1.9"]) == "1.9"
+    assert _declared_torch_minimum(["numpy"]) is None
+
+
+def test_old_torch_and_pip_pins():
+    dependencies = _dependencies_module()
+    versions = {"torch": "2.1.2+cu121"}
+    assert "2.1.2+cu121" in dependencies.torch_too_old(versions.get) and "PyTorch Utils" in \
+        dependencies.torch_too_old(versions.get)
+    assert dependencies.torch_too_old({"torch": "2.4.1"}.get) is None
+    assert dependencies.torch_too_old({}.get) is None  # not installed: the PyTorch extension installs it
+    missing = [dependencies.requirement(m) for m in ("torch", "monai", "einops")]
+    # torch itself never goes to pip; an installed torch is pinned so pip keeps the extension's build
+    assert dependencies.pip_specs(missing, {"torch": "2.5.1+cu124"}.get) == ["monai>=1.5", "einops",
+                                                                              "torch==2.5.1+cu124"]
+    assert dependencies.pip_specs(missing, {}.get) == ["monai>=1.5", "einops"]
+    assert dependencies.pip_specs(missing[:1], {"torch": "2.5.1"}.get) == []

@@ -145,8 +145,9 @@ def test_fake_run_reports_progress_and_succeeds():
     assert run.state == proc.SUCCEEDED and run.error is None and run.returncode == 0
     assert fractions == sorted(fractions) and fractions[0] == pytest.approx(0.05)
     assert run.progress.fraction == 1.0
-    assert [p.stage for p in seen] == ["read", "trajectory", "write", "write"]
-    assert "Reverse diffusion" in seen[1].text and "(2/5)" in seen[1].text
+    # every progress line is reported, also when two stages arrive in one poll
+    assert [p.stage for p in seen] == ["read", "read", "trajectory", "trajectory", "write", "write"]
+    assert "Reverse diffusion" in seen[2].text and "(2/5)" in seen[2].text
     assert run.log == ["some chatter"]
     with pytest.raises(RuntimeError):
         run.start()
@@ -221,3 +222,124 @@ def test_real_cancel_ends_the_child_process(tmp_path):
     assert handle._proc.poll() is not None  # the child is gone
     with pytest.raises(ProcessLookupError):
         os.kill(handle.pid, 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# cancel ends the whole process tree (PythonSlicer is a launcher that starts the interpreter)
+
+
+def _gone(pid: int) -> bool:
+    """True when ``pid`` no longer runs (a zombie waiting for its reaper counts as gone)."""
+    stat = Path(f"/proc/{pid}/stat")
+    if Path("/proc/self/stat").exists():  # Linux: read the process state
+        try:
+            return stat.read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _wait_gone(pid: int, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if _gone(pid):
+            return True
+        time.sleep(0.05)
+    return _gone(pid)
+
+
+def _launcher_engine(tmp_path):
+    """A fake ``cardseg`` whose process starts a long-lived child of its own, like a launcher does."""
+    script = ("import subprocess, sys, time, json\n"
+              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+              "print('grandchild', child.pid, flush=True)\n"
+              "for i in range(600):\n"
+              "    sys.stderr.write(json.dumps({'stage': 'trajectory', 'done': i, 'total': 600}) + '\\n')\n"
+              "    sys.stderr.flush(); time.sleep(0.1)\n")
+    engine = tmp_path / "cardseg"
+    engine.mkdir()
+    (engine / "__init__.py").write_text("")
+    (engine / "__main__.py").write_text(script)
+    return proc.SegmentCommand("in", "out", python_executable=sys.executable, engine_dir=str(tmp_path))
+
+
+def _start_until_grandchild(cmd):
+    run = proc.CardsegRun(cmd)
+    run.start()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        run.poll()
+        pids = [int(line.split()[1]) for line in run.log if line.startswith("grandchild ")]
+        if pids and run.progress.done >= 1:
+            return run, pids[0]
+        time.sleep(0.05)
+    raise AssertionError(f"the fake engine did not start its child: {run.log}")
+
+
+@pytest.mark.skipif(os.name == "nt", reason="POSIX process groups")
+def test_real_cancel_ends_the_grandchild_too(tmp_path):
+    run, grandchild = _start_until_grandchild(_launcher_engine(tmp_path))
+    child = run._handle.pid
+    assert not _gone(grandchild)
+    run.cancel()
+    assert run.state == proc.CANCELLED
+    assert _wait_gone(child) and _wait_gone(grandchild), "cancel left part of the process tree running"
+
+
+class _Recorder:
+    """Stands in for ``taskkill``: records the command, then does what taskkill /T would (here: the group)."""
+
+    def __init__(self, returncode=0, act=True):
+        self.calls, self.returncode, self.act = [], returncode, act
+
+    def __call__(self, argv):
+        self.calls.append(argv)
+        if self.act and self.returncode == 0 and os.name != "nt":
+            import signal
+
+            os.killpg(int(argv[-1]), signal.SIGKILL)
+        return self.returncode
+
+
+@pytest.mark.skipif(os.name == "nt", reason="emulates taskkill with a POSIX process group")
+def test_windows_cancel_kills_the_tree_with_taskkill(tmp_path):
+    run, grandchild = _start_until_grandchild(_launcher_engine(tmp_path))
+    popen = run._handle._proc
+    taskkill = _Recorder()
+    proc.kill_process_tree(popen, windows=True, run_command=taskkill)
+    assert taskkill.calls == [["taskkill", "/F", "/T", "/PID", str(popen.pid)]]
+    popen.wait(timeout=10)
+    assert _wait_gone(grandchild)
+    run.cancel()
+    # an ended process is not sent to taskkill again (its pid may belong to someone else by now)
+    proc.kill_process_tree(popen, windows=True, run_command=taskkill)
+    assert len(taskkill.calls) == 1
+
+
+def test_windows_cancel_falls_back_to_kill_when_taskkill_fails():
+    class Proc:
+        pid, killed = 4242, False
+
+        def poll(self):
+            return 1 if self.killed else None
+
+        def kill(self):
+            self.killed = True
+
+    failing = _Recorder(returncode=128, act=False)
+    p = Proc()
+    proc.kill_process_tree(p, windows=True, run_command=failing)
+    assert failing.calls == [proc.tree_kill_command(4242)] and p.killed
+    assert proc.tree_kill_command(17) == ["taskkill", "/F", "/T", "/PID", "17"]
+
+
+def test_popen_handle_kills_through_the_tree_killer(monkeypatch):
+    seen = []
+    monkeypatch.setattr(proc, "kill_process_tree", lambda p, **kw: (seen.append(p.pid), p.kill()))
+    handle = proc.PopenHandle([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ))
+    handle.kill()
+    assert seen == [handle.pid] and handle._proc.poll() is not None
