@@ -495,7 +495,7 @@ def _check_agreement(where: _Where, agreement: dict) -> None:
 
 def _check_indices(where: _Where, block: dict) -> None:
     """Fitted cardiac-index intervals (``cardseg.indices``): nominal level in (0, 1), method, the
-    spread's flag threshold on the TAC map, one positive finite scale per index family."""
+    spread's model and flag threshold on the TAC map, a positive finite scale per index family."""
     _number(where, "indices.nominal", _required(where, block, "nominal", "indices."), low=0.0, high=1.0, low_open=True)
     if block["nominal"] >= 1.0:
         where.fail("indices.nominal", f"must be < 1 (got {_show(block['nominal'])})")
@@ -507,9 +507,10 @@ def _check_indices(where: _Where, block: dict) -> None:
     if not 0.0 <= value <= LN2 + TAC_TOL:
         where.fail("indices.spread.flag_threshold", f"must be in [0, ln 2 = {LN2:.4f}] (got {_show(value)})")
     scales = _block(where, block, "scales", "indices.")
-    for family in ("volume", "stroke_volume", "ejection_fraction", "mass"):
-        _number(where, f"indices.scales.{family}", _required(where, scales, family, "indices.scales."),
-                low=0.0, low_open=True)
+    if not scales:
+        where.fail("indices.scales", "must hold one scale per index family (got none)")
+    for family, value in scales.items():
+        _number(where, f"indices.scales.{family}", value, low=0.0, low_open=True)
     for key in ("calibration", "fit", "families"):
         if key in block and not isinstance(block[key], dict):
             where.fail(f"indices.{key}", f"must be an object (got {_show(block[key])})")

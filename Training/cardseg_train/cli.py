@@ -365,12 +365,16 @@ def cmd_fit_review(argv: List[str]) -> int:
     device = resolve_device(a.device)
     bundle = load_bundle(a.bundle, device=device)
     progress = make_progress("bar")
-    res = fit_bundle_review(bundle, a.data, Path(a.cache) if a.cache else None, write=not a.dry_run, device=device,
+    res = fit_bundle_review(bundle, a.data, Path(a.cache) if a.cache else None, write=False, device=device,
                             batch_size=a.batch_size, progress=progress)
     progress.close()
-    if a.out:
+    if a.out:  # first, so that a refused bundle write loses nothing of the fit
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "review_fit.json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+    if not a.dry_run:
+        from cardseg.bundle import update_config
+
+        update_config(bundle.path, {"regions": res["block"]})
     v = res["block"]["fit"]["validation"]["cross_validated"]
     print(f"regions: {json.dumps({k: res['block'][k] for k in ('connectivity', 'flag_threshold', 'merge_px', 'min_voxels', 'max_regions')})}; "
           f"validation (held out): top3 {v['caught_top3']:.2f}, all {v['caught_all']:.2f}, "
