@@ -55,6 +55,53 @@ def build_parser() -> argparse.ArgumentParser:
                         "the summary line goes to stdout either way")
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
 
+    p = sub.add_parser("batch", help="segment many cases: cohort table, resume, triage report, optional Ray",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       description="Segment every case into OUTDIR/<case>/ exactly as 'segment' does, with the model "
+                                   "loaded once per worker; write cohort.csv (and cohort.parquet with pyarrow), "
+                                   "subjects.csv (cardiac indices with intervals for subjects with ED and ES cases) "
+                                   "and triage.html. A bad case gets its one-line error in the table and the batch "
+                                   "goes on (exit code 1 at the end); a rerun skips finished cases (keyed by the "
+                                   "input's content and the bundle). Refusals before any work: one line, exit 2.")
+    p.add_argument("inputs", nargs="*", metavar="INPUT",
+                   help="image files, folders (their image files and DICOM series sub-folders; a folder of DICOM "
+                        "files is one case) or glob patterns (quote them; ** recurses); or use --manifest")
+    p.add_argument("-o", "--output", metavar="OUTDIR", required=True,
+                   help="batch folder: new, empty, or an earlier batch's (resumed); any other folder is refused")
+    p.add_argument("--manifest", metavar="CSV",
+                   help="cases from a CSV with the header case,path,frame,phase,subject (case and path required; "
+                        "phase ED or ES; relative paths from the CSV's folder)")
+    p.add_argument("--bundle", metavar="PATH",
+                   help="model bundle folder; without it: $CARDSEG_BUNDLE, else the shipped one")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
+                   help="where the networks run; auto: CUDA when torch sees a GPU, else CPU")
+    p.add_argument("--batch-size", type=int, default=8, metavar="N", help="slices per network call")
+    p.add_argument("--method", default="card", choices=["card", "uc"],
+                   help="card: calibrated by trajectory agreement; uc: primary only, uncalibrated")
+    p.add_argument("--frame", type=int, metavar="N",
+                   help="frame (phase) of 4D or cine DICOM inputs, 0-based; a manifest's frame column overrides it")
+    p.add_argument("--spacing", metavar="SX,SY[,SZ]",
+                   help="pixel spacing in mm for every case, replacing the files' (needed for PNG/JPEG/BMP/TIFF)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="recompute every case, replacing the case folders cardseg wrote (never anything else); "
+                        "needed to reuse an OUTDIR made with another bundle or method")
+    p.add_argument("--quiet", action="store_true", help="no progress bar, no summary line")
+    p.add_argument("--progress", default="bar", choices=["bar", "json", "none"],
+                   help="bar: a progress bar over cases on stderr with ETA and cases/min; json: one "
+                        "{stage, done, total} object per line on stderr")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="CPU threads for torch per worker; without it: torch's choice (with --ray: the worker's CPUs)")
+    p.add_argument("--ray", metavar="ADDRESS",
+                   help="run the cases on a Ray cluster: auto (the one this machine belongs to), HOST:PORT, "
+                        "ray://HOST:PORT, or local (start one here); needs the [cluster] extra and a filesystem "
+                        "every node sees inputs and OUTDIR on at the same paths")
+    p.add_argument("--ray-workers", type=int, metavar="N",
+                   help="Ray actors, one model each; without it: one per GPU, else the cluster's CPUs / CPUs per worker")
+    p.add_argument("--ray-cpus-per-worker", type=float, default=1.0, metavar="C", help="CPUs each Ray actor asks for")
+    p.add_argument("--no-report", action="store_true", help="do not write triage.html")
+    p.add_argument("--report-thumbnails", type=int, default=200, metavar="N",
+                   help="thumbnails in triage.html for the N least trusted cases (the rest are listed without)")
+
     sub.add_parser("sizes", help="parameter count of every network size")
 
     p = sub.add_parser("info", help="describe a bundle")
@@ -135,6 +182,12 @@ def cmd_segment(a) -> int:
     return 0
 
 
+def cmd_batch(a) -> int:
+    from .batch import main_from_args
+
+    return main_from_args(a)
+
+
 def cmd_sizes(a) -> int:
     from .networks import SWIN_SIZES, UNET_SIZES, build_network, count_parameters
 
@@ -195,7 +248,7 @@ def run_lazy(command: str, args: List[str]) -> int:
     return int(train_cli.main([command, *args]) or 0)
 
 
-COMMANDS = {"segment": cmd_segment, "sizes": cmd_sizes, "info": cmd_info, "init-bundle": cmd_init_bundle,
+COMMANDS = {"segment": cmd_segment, "batch": cmd_batch, "sizes": cmd_sizes, "info": cmd_info, "init-bundle": cmd_init_bundle,
             "synth": cmd_synth}
 
 
