@@ -68,9 +68,22 @@ def review_tables(maps, config: dict) -> dict:
     settings, model = bundle_rule(config)
     baseline = {**BASELINE_RULE, "flag_threshold": settings["flag_threshold"] if not config["regions"].get("model")
                 else float(config["regions"].get("baseline_flag_threshold", settings["flag_threshold"]))}
+    per_condition = evaluate_review(maps, settings, model)
     return {"rule": {**settings, "ranking": "p_error" if model else "summed_disagreement"},
-            "bundle": evaluate_review(maps, settings, model),
+            "bundle": per_condition, "pooled_region_ece": pooled_ece(per_condition),
             "baseline_rule": baseline, "baseline": evaluate_review(maps, baseline, None)}
+
+
+def pooled_ece(per_condition: dict) -> Optional[float]:
+    """ECE of ``p_error`` over the regions of every condition together (from the per-bin counts)."""
+    n = err = 0.0
+    for s in per_condition.values():
+        rel = s["reliability"]
+        for count, mp, obs in zip(rel["count"], rel["mean_p"], rel["observed"]):
+            if count:
+                n += count
+                err += count * abs(obs - mp)
+    return err / n if n else None
 
 
 def markdown(t: dict, title: str) -> str:
@@ -80,15 +93,21 @@ def markdown(t: dict, title: str) -> str:
              "Fractions are pooled over the volumes of a condition.", "",
              f"Rule: `{json.dumps(t['rule'])}`; baseline: `{json.dumps(t['baseline_rule'])}` ranked by summed "
              "disagreement.", "",
+             "Review burden: voxels of the first three regions over the predicted heart (foreground) voxels, "
+             "mean over volumes.", "",
              "| condition | rule | errors | top 1 | top 3 | top 5 | all | regions / volume | regions catching nothing "
-             "| p_error ECE |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| review burden | p_error ECE |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for cond in t["bundle"]:
         for name, key in (("bundle", "bundle"), ("baseline", "baseline")):
             s = t[key][cond]
             lines.append(f"| {cond} | {name} | {s['substantial_errors']} | {_fmt(s['caught_top1'], 100, 0)}% | "
                          f"{_fmt(s['caught_top3'], 100, 0)}% | {_fmt(s['caught_top5'], 100, 0)}% | "
                          f"{_fmt(s['caught_all'], 100, 0)}% | {_fmt(s['regions_per_volume'], 1, 1)} | "
-                         f"{_fmt(s['empty_region_fraction'], 100, 0)}% | {_fmt(s.get('region_ece'), 1, 3)} |")
+                         f"{_fmt(s['empty_region_fraction'], 100, 0)}% | "
+                         f"{_fmt(s['top3_size_over_foreground'], 100, 0)}% | {_fmt(s.get('region_ece'), 1, 3)} |")
+    if t.get("pooled_region_ece") is not None:
+        lines += ["", f"p_error ECE over the regions of all conditions together: {t['pooled_region_ece']:.3f} "
+                      "(10 equal-width bins)."]
     return "\n".join(lines) + "\n"
 
 
