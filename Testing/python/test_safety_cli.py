@@ -337,3 +337,32 @@ def test_summary_line_and_progress_never_share_a_line_with_an_error(tmp_path, sc
     sitk.WriteImage(img, str(one))
     code, out, _ = cli(one, "-o", tmp_path / "o1", "--progress", "none", "--bundle", tiny_bundle)
     assert code == 0 and "1 slice," in out
+
+
+def test_an_error_while_writing_clears_the_bar_and_leaves_nothing(tmp_path, scan, tiny_bundle, capsys, monkeypatch):
+    """The progress bar is closed before the error line (never a half-drawn bar in front of it),
+    and a failure in the middle of writing leaves neither OUTDIR nor its temporary folder."""
+    from cardseg import segment
+    from cardseg.cli import main
+    from cardseg.errors import CardsegError
+
+    real = segment._write_one
+    calls = []
+
+    def failing(name, path, *a):
+        calls.append(name)
+        if len(calls) == 3:
+            raise CardsegError("disk full (simulated)")
+        return real(name, path, *a)
+
+    monkeypatch.setattr(segment, "_write_one", failing)
+    code = main(["segment", str(scan / "scan.nii.gz"), "-o", str(tmp_path / "out"), "--bundle", str(tiny_bundle)])
+    err = capsys.readouterr().err
+    assert code == 2 and len(calls) == 3
+    last = err.rstrip("\n").split("\n")[-1]
+    screen = []  # what a terminal shows of that line: each carriage return writes over from column 0
+    for part in last.split("\r"):
+        screen[:len(part)] = list(part)
+    assert "".join(screen).rstrip().startswith("cardseg: error:") and "disk full" in "".join(screen)
+    assert "".join(screen).rstrip().endswith("(simulated)")  # no remnant of the bar after it
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["study"]
