@@ -139,7 +139,8 @@ def plot_review(t: dict, path: Path) -> Path:
     b.set_ylabel("regions holding an error")
     b.set_xlim(0, 1)
     b.set_ylim(0, 1)
-    b.legend(fontsize=7)
+    if b.get_legend_handles_labels()[0]:
+        b.legend(fontsize=7)
     b.set_title("reliability of p_error over regions (dot size: count)", fontsize=9)
     return _save_titled(fig, path)
 
