@@ -152,7 +152,10 @@ def cmd_segment(a) -> int:
     _check_segment_args(a)
     spacing = parse_spacing(a.spacing) if a.spacing else None
     out = check_output(a.output, a.overwrite, inputs=[a.input])
-    bundle_root, _ = check_bundle_folder(a.bundle)
+    bundle_root, config = check_bundle_folder(a.bundle)
+    if a.method == "card" and config["calibration"]["method"] != "card":
+        raise CardsegError(f"{bundle_root}: the bundle is calibrated by {config['calibration']['method']!r}, "
+                           "not CARD; use --method uc or a CARD bundle")
     volume = read_volume(a.input, a.frame, spacing)
 
     import torch

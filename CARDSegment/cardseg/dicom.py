@@ -68,12 +68,19 @@ def _read_slice_header(path: Path) -> _Slice:
     ori = _meta(reader, "0020|0037")
     if pos is None or ori is None:
         raise CardsegError(f"{path}: DICOM file has no image position or orientation")
-    o = np.array([float(v) for v in ori.split("\\")])
-    return _Slice(path=path, position=np.array([float(v) for v in pos.split("\\")]), row=o[:3], col=o[3:6],
-                  size=tuple(reader.GetSize()[:2]), spacing=tuple(reader.GetSpacing()[:2]),
-                  instance=int(float(_meta(reader, "0020|0013") or 0)),
-                  trigger=float(_meta(reader, "0018|1060") or 0.0),
-                  thickness=float(_meta(reader, "0018|0050") or 0.0))
+    try:
+        o = np.array([float(v) for v in ori.split("\\")])
+        position = np.array([float(v) for v in pos.split("\\")])
+        if o.shape != (6,) or position.shape != (3,):
+            raise ValueError("shape")
+        return _Slice(path=path, position=position, row=o[:3], col=o[3:6],
+                      size=tuple(reader.GetSize()[:2]), spacing=tuple(reader.GetSpacing()[:2]),
+                      instance=int(float(_meta(reader, "0020|0013") or 0)),
+                      trigger=float(_meta(reader, "0018|1060") or 0.0),
+                      thickness=float(_meta(reader, "0018|0050") or 0.0))
+    except ValueError:
+        raise CardsegError(f"{path}: DICOM file has a malformed position, orientation, instance number, "
+                           "trigger time or slice thickness") from None
 
 
 def list_series_files(folder: Path) -> List[Path]:
@@ -111,20 +118,28 @@ def read_dicom_series(folder: os.PathLike, frame: Optional[int] = None) -> sitk.
         raise CardsegError(f"{folder}: files differ in size, orientation or pixel spacing from {first.path.name}: "
                            f"{_names(odd)}")
     stack = _select_phase(folder, headers, normal, frame)
+    from .inputs import MAX_VOLUME_VOXELS
+
+    n = len(stack) * first.size[0] * first.size[1]
+    if n > MAX_VOLUME_VOXELS:
+        raise CardsegError(f"{folder}: the volume to segment has {n:,d} voxels; the limit is {MAX_VOLUME_VOXELS:,d} "
+                           "(about 1 GB of working memory)")
     gaps = np.diff([float(h.position @ normal) for h in stack])
     spacing_z = float(np.median(gaps)) if len(gaps) else first.thickness
     if len(gaps) and (spacing_z <= 0 or np.abs(gaps - spacing_z).max() > GAP_TOLERANCE * spacing_z + 1e-3):
         k = int(np.argmax(np.abs(gaps - spacing_z)))
         raise CardsegError(f"{folder}: uneven slice spacing: {gaps[k]:.3g} mm between {stack[k].path.name} and "
                            f"{stack[k + 1].path.name} where the series has {spacing_z:.3g} mm (a missing or extra slice?)")
-    images = []
+    planes = []
     for h in stack:
         try:
             img = sitk.ReadImage(str(h.path))
         except RuntimeError:
             raise CardsegError(f"{folder}: unreadable DICOM file {h.path.name}") from None
-        images.append(img[:, :, 0] if img.GetDimension() == 3 else img)
-    vol = sitk.JoinSeries(images)
+        a = sitk.GetArrayFromImage(img).astype(np.float32)
+        planes.append(a[0] if a.ndim == 3 else a)
+    # stacked as arrays: each file's own 2D origin (a tilted series) must not stop the join
+    vol = sitk.GetImageFromArray(np.stack(planes))
     vol.SetOrigin(tuple(float(v) for v in stack[0].position))
     vol.SetSpacing((*first.spacing, spacing_z))
     vol.SetDirection(tuple(float(v) for v in np.column_stack([first.row, first.col, normal]).ravel()))

@@ -120,8 +120,6 @@ def check_data(path: Path, opener: Callable, skip: int, expected: int, dtype: Op
             while f.read(_CHUNK):  # to the end: a corrupt compressed tail fails its checksum
                 pass
     except (EOFError, OSError, zlib.error, ValueError) as exc:
-        if isinstance(exc, CardsegError):
-            raise
         raise CardsegError(f"{path}: {what} data are corrupt or truncated ({_short(exc)})") from None
     if have < expected:
         raise CardsegError(f"{path}: file is truncated: the header declares {expected:,d} bytes of image data, "
@@ -140,7 +138,15 @@ _NIFTI_DTYPES = {2: "u1", 4: "i2", 8: "i4", 16: "f4", 64: "f8", 256: "i1", 512: 
 
 def inspect_nifti(path: Path) -> Tuple[Declared, Callable[[], None]]:
     """NIfTI-1/2 (``.nii``, ``.nii.gz``, ``.hdr`` + ``.img``): dims, datatype, pixdim, data."""
-    gz = path.name.lower().endswith(".gz")
+    low = path.name.lower()
+    if low.endswith(".img") or low.endswith(".img.gz"):  # the data half of a pair: read its header
+        stem = path.name[:-len(".img.gz")] if low.endswith(".img.gz") else path.name[:-len(".img")]
+        header = next((path.with_name(stem + e) for e in (".hdr", ".hdr.gz", ".HDR") if path.with_name(stem + e).is_file()),
+                      None)
+        if header is None:
+            raise CardsegError(f"{path}: the header file {stem}.hdr of this NIfTI/Analyze pair is missing")
+        return inspect_nifti(header)
+    gz = low.endswith(".gz")
     try:
         with (gzip.open(path, "rb") if gz else open(path, "rb")) as f:
             head = f.read(540)
@@ -184,7 +190,7 @@ def inspect_nifti(path: Path) -> Tuple[Declared, Callable[[], None]]:
         data_path = next((c for c in cands if c.is_file()), None)
         if data_path is None:
             raise CardsegError(f"{path}: the data file {stem}.img is missing")
-        skip = 0
+        skip = max(vox_offset, 0)
     return decl, lambda: check_data(data_path, lambda: _open_stream(
         data_path, "gzip" if data_path.name.lower().endswith(".gz") else "raw"), skip,
         decl.voxels * bpv, dtype, "NIfTI")
@@ -227,9 +233,9 @@ def inspect_nrrd(path: Path) -> Tuple[Declared, Callable[[], None]]:
         raise CardsegError(f"{path}: not a NRRD file")
     fields: Dict[str, str] = {}
     for line in lines[1:]:
-        if line.startswith("#") or ":=" in line.split(":")[0]:
-            continue
         key, sep, value = line.partition(":")
+        if line.startswith("#") or value.startswith("="):  # comments and key:=value pairs
+            continue
         if sep:
             fields[key.strip().lower()] = value.strip()
     try:
@@ -249,16 +255,16 @@ def inspect_nrrd(path: Path) -> Tuple[Declared, Callable[[], None]]:
         return decl, lambda: None
     datafile = fields.get("data file") or fields.get("datafile")
     if datafile:
-        if datafile.startswith("LIST") or "%" in datafile.split()[0]:
+        if datafile.startswith("LIST") or "%" in datafile:
             return decl, lambda: None  # several data files: left to the reader
-        data_path = (path.parent / datafile.split()[0])
+        data_path = path.parent / datafile
         if not data_path.is_file():
             raise CardsegError(f"{path}: the data file {data_path.name} is missing")
         skip = int(fields.get("byte skip", "0") or 0)
     else:
         if offset < 0:
             raise CardsegError(f"{path}: NRRD header has no end (file truncated?)")
-        data_path, skip = path, offset
+        data_path, skip = path, offset + max(int(fields.get("byte skip", "0") or 0), 0)
     if encoding != "raw":
         off = skip if not datafile else 0
         opener = (lambda: _OffsetStream(data_path, off, encoding))
@@ -354,7 +360,10 @@ def inspect_metaimage(path: Path) -> Tuple[Declared, Callable[[], None]]:
         data_path, start = path.parent / datafile, 0
         if not data_path.is_file():
             raise CardsegError(f"{path}: the data file {datafile} is missing")
-        start += max(int(fields.get("HeaderSize", "0")), 0)
+        header_size = int(fields.get("HeaderSize", "0"))
+        if header_size < 0:  # -1: the data are the last bytes of the file
+            header_size = max(data_path.stat().st_size - decl.voxels * decl.bytes_per_voxel, 0)
+        start += header_size
     expected = decl.voxels * decl.bytes_per_voxel
     if fields.get("CompressedData", "False").lower() == "true":
         opener = (lambda: _ZlibStream(data_path, start))

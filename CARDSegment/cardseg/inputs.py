@@ -5,8 +5,9 @@ MetaImage (``.mha``, ``.mhd``), a DICOM series folder (or one DICOM file), and 2
 BMP or TIFF images when the pixel spacing is given (they carry none). Checked before any data
 is used, each refusal one line:
 
-* the header's declared size against the voxel limits (:data:`MAX_FILE_VOXELS` for everything
-  the file holds, :data:`MAX_VOLUME_VOXELS` for the volume that is segmented), before reading;
+* the header's declared size against :data:`MAX_FILE_VOXELS` (everything the file holds) before
+  any data are read, and the volume to segment against :data:`MAX_VOLUME_VOXELS` (before reading
+  for DICOM series, after reading one frame otherwise);
 * the data really present against what the header declares (:mod:`cardseg.headers`), and no
   NaN or infinite value; for DICOM, a complete, evenly spaced series (:mod:`cardseg.dicom`);
 * a physical spacing that exists and is plausible for MRI (:data:`INPLANE_SPACING_MM`,
@@ -22,6 +23,7 @@ the one error line.
 from __future__ import annotations
 
 import os
+import struct
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -105,13 +107,16 @@ def _read_file(p: Path, frame: Optional[int], user_spacing: Optional[Sequence[fl
                            "(need a scalar grey-level image)")
     has_spacing = True
     if io in INSPECTORS:
-        declared, check_data = INSPECTORS[io](p)
+        try:
+            declared, check_data = INSPECTORS[io](p)
+        except (ValueError, struct.error, IndexError, OSError) as exc:
+            raise CardsegError(f"{p}: malformed {io.replace('ImageIO', '')} header ({_first_line(exc)})") from None
         _check_file_voxels(declared.voxels, p)
         if declared.spacing is not None:
             # the header's own values (before a reader turns 0 into 1 mm), where the user gave none
             own = list(declared.spacing)[:3]
             given = list(user_spacing or [])
-            check_spacing(given + own[len(given):], p, header=not given)
+            check_spacing(given + own[len(given):], p, header=io == "NiftiImageIO" and not given)
         else:
             has_spacing = False
         _check_frame_before_reading(size, p, frame)

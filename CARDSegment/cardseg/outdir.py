@@ -7,18 +7,22 @@ Rules (the same for ``cardseg segment``, the batch path and the Slicer module's 
   stamp and holds nothing but the files the stamp lists. Any other non-empty folder is refused,
   with or without ``--overwrite``.
 * The output folder must not be, contain or lie inside the input (a file or a DICOM folder).
-* Results are written into a sibling temporary folder and moved into place in one rename.
+* Results are written into a sibling temporary folder and moved into place by renames (a new
+  folder: one; an earlier result: two, the first undone if the second fails).
   While a run writes, it holds a lock on ``.<name>.cardseg.lock`` beside the output folder; a
   second run for the same folder fails at once with one line. Whatever a killed run left beside
   the folder (temporary folder, replaced folder, lock file) carries cardseg's names and is
   cleaned up by the next run that takes the lock.
 
 Nothing here reads or computes images: :func:`check_output` validates the location before any
-work (no writes at all), :class:`OutputWriter` does the writing once the results exist.
+work (it writes nothing but a probe file that it removes at once), :class:`OutputWriter` does
+the writing once the results exist. The stamp records each file's size and sha256, so a result
+that someone edited and saved under the same name counts as theirs and is never replaced.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -45,9 +49,28 @@ def read_stamp(folder: Path) -> Optional[dict]:
         stamp = json.loads((folder / STAMP).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(stamp, dict) or stamp.get("tool") != "cardseg" or not isinstance(stamp.get("files"), list):
+    if not isinstance(stamp, dict) or stamp.get("tool") != "cardseg" or not isinstance(stamp.get("files"), dict):
         return None
     return stamp
+
+
+def file_digest(path: Path) -> dict:
+    """What the stamp records of a file: its size and sha256."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return {"size": path.stat().st_size, "sha256": h.hexdigest()}
+
+
+def _changed(folder: Path, name: str, recorded) -> bool:
+    """Whether ``folder/name`` is no longer the file cardseg wrote (size, then sha256)."""
+    p = folder / name
+    if not isinstance(recorded, dict) or not p.is_file():
+        return True
+    if p.stat().st_size != recorded.get("size"):
+        return True
+    return file_digest(p)["sha256"] != recorded.get("sha256")
 
 
 def _is_within(path: Path, folder: Path) -> bool:
@@ -66,7 +89,8 @@ def _nearest_existing(path: Path) -> Path:
 
 
 def check_output(output: os.PathLike, overwrite: bool = False, inputs: Iterable[os.PathLike] = ()) -> Path:
-    """Validate the output location before any work; return its absolute path. Writes nothing.
+    """Validate the output location before any work; return its absolute path. Writes nothing
+    (but a probe file, removed at once, to learn whether the folder is writable).
 
     Refuses (one-line :class:`CardsegError`): an output that is, contains or lies inside one of
     ``inputs``; a path whose parent is a file or cannot be written; an existing file; a non-empty
@@ -90,6 +114,7 @@ def check_output(output: os.PathLike, overwrite: bool = False, inputs: Iterable[
         if not os.access(out, os.R_OK | os.X_OK):
             raise CardsegError(f"{out}: folder cannot be read")
         _check_replaceable(out, overwrite)
+    _check_siblings(out)
     return out
 
 
@@ -107,8 +132,12 @@ def _check_writable(folder: Path, out: Path) -> None:
     raise CardsegError(f"{out}: cannot write there ({folder} is not writable)")
 
 
+#: files an operating system drops into folders by itself: never a reason to refuse
+SYSTEM_FILES = (".DS_Store", "Thumbs.db", "desktop.ini")
+
+
 def _check_replaceable(out: Path, overwrite: bool) -> None:
-    present = sorted(p.name for p in out.iterdir())
+    present = sorted(p.name for p in out.iterdir() if p.name not in SYSTEM_FILES)
     if not present:
         return
     stamp = read_stamp(out)
@@ -120,8 +149,21 @@ def _check_replaceable(out: Path, overwrite: bool) -> None:
         more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
         raise CardsegError(f"{out}: holds files cardseg did not write ({', '.join(foreign[:3])}{more}); "
                            "it is never replaced, move them or choose another folder")
+    edited = [n for n in present if n != STAMP and _changed(out, n, stamp["files"][n])]
+    if edited:
+        raise CardsegError(f"{out}: {', '.join(edited[:3])} changed after cardseg wrote it; the folder is never "
+                           "replaced, move the file or choose another folder")
     if not overwrite:
         raise CardsegError(f"{out}: holds the results of an earlier cardseg run (use --overwrite to replace them)")
+
+
+def _check_siblings(out: Path) -> None:
+    """The temporary and replaced-folder names beside ``out`` must be free or cardseg's own leftovers."""
+    for suffix in (_TMP, _OLD):
+        p = _sibling(out, suffix)
+        if p.exists() or p.is_symlink():
+            if p.is_symlink() or not p.is_dir() or (read_stamp(p) is None and any(p.iterdir())):
+                raise CardsegError(f"{out}: {p.name} beside it was not made by cardseg; move it away first")
 
 
 class _Lock:
@@ -150,11 +192,14 @@ class _Lock:
     def release(self) -> None:
         if self.fd is None:
             return
+        if sys.platform == "win32":  # pragma: no cover - an open file cannot be removed there
+            os.close(self.fd)
         try:
             os.unlink(self.path)
         except OSError:
             pass
-        os.close(self.fd)  # closing drops the lock
+        if sys.platform != "win32":
+            os.close(self.fd)  # closing drops the lock
         self.fd = None
 
 
@@ -176,12 +221,24 @@ def _try_lock(fd: int) -> bool:
         return False
 
 
+def _remove_own(folder: Path) -> None:
+    """Remove a folder cardseg made, its stamp last: if the removal stops half way, the folder
+    still carries the stamp and the next run can finish the job."""
+    for p in folder.iterdir():
+        if p.name == STAMP:
+            continue
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+    (folder / STAMP).unlink(missing_ok=True)
+    folder.rmdir()
+
+
 def _remove_leftover(folder: Path) -> None:
     """Remove a temporary or replaced folder a killed run left, if it is cardseg's own."""
-    if not folder.exists():
-        return
-    if folder.is_dir() and (read_stamp(folder) is not None or not any(folder.iterdir())):
-        shutil.rmtree(folder, ignore_errors=True)
+    if folder.is_dir() and not folder.is_symlink() and (read_stamp(folder) is not None or not any(folder.iterdir())):
+        _remove_own(folder)
 
 
 class OutputWriter:
@@ -219,8 +276,11 @@ class OutputWriter:
             self._remove_parents()
             raise CardsegError(f"{self.out}: cannot write there ({exc.strerror})") from None
         try:
+            old = _sibling(self.out, _OLD)
+            if not self.out.exists() and old.is_dir() and read_stamp(old) is not None:
+                os.replace(old, self.out)  # a run stopped between its two renames: put the result back
             _remove_leftover(self.tmp)
-            _remove_leftover(_sibling(self.out, _OLD))
+            _remove_leftover(old)
             if self.out.exists():
                 check_output(self.out, self.overwrite)  # again, now under the lock
             os.mkdir(self.tmp)  # the user's umask applies, as for any other tool
@@ -237,18 +297,45 @@ class OutputWriter:
         return self.tmp / name
 
     def commit(self) -> Path:
-        """Move the finished folder into place, replacing an earlier cardseg result."""
+        """Move the finished folder into place, replacing an earlier cardseg result.
+
+        A new output: one rename. An existing empty folder (perhaps a mount point or the shell's
+        current folder) is filled file by file, the stamp last. An earlier result: renamed aside,
+        the new folder renamed in (the first rename undone if the second fails), the old removed.
+        """
         self._write_stamp(self.tmp)
         old = _sibling(self.out, _OLD)
-        if self.out.exists():
-            check_output(self.out, self.overwrite)  # something may have appeared there meanwhile
-            os.replace(self.out, old)
+        if not self.out.exists():
             os.replace(self.tmp, self.out)
-            shutil.rmtree(old, ignore_errors=True)
         else:
-            os.replace(self.tmp, self.out)
+            check_output(self.out, self.overwrite)  # something may have appeared there meanwhile
+            stamp = read_stamp(self.out)
+            try:
+                if stamp is None:
+                    raise OSError("empty folder: fill it in place")
+                os.replace(self.out, old)
+            except OSError:
+                self._fill_in_place(stamp)
+            else:
+                try:
+                    os.replace(self.tmp, self.out)
+                except BaseException:
+                    os.replace(old, self.out)
+                    raise
+                _remove_own(old)
         self._committed = True
         return self.out
+
+    def _fill_in_place(self, stamp: Optional[dict]) -> None:
+        """Replace the contents of the existing folder ``out`` (its earlier cardseg files, listed in
+        ``stamp``, and nothing else) by the new files, the stamp last."""
+        for name in (stamp or {}).get("files", {}):
+            if name not in self.files:
+                (self.out / name).unlink(missing_ok=True)
+        for name in self.files:
+            os.replace(self.tmp / name, self.out / name)
+        os.replace(self.tmp / STAMP, self.out / STAMP)
+        self.tmp.rmdir()
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if not self._committed:
@@ -257,8 +344,9 @@ class OutputWriter:
             self._lock.release()
 
     def _write_stamp(self, folder: Path) -> None:
+        files = {n: file_digest(folder / n) for n in self.files if (folder / n).is_file()}
         stamp = {"tool": "cardseg", "version": self.version, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                 "files": list(self.files)}
+                 "files": files}
         (folder / STAMP).write_text(json.dumps(stamp, indent=1) + "\n", encoding="utf-8")
 
     def _make_parents(self) -> None:

@@ -83,8 +83,9 @@ def region_features(tac: np.ndarray, pred: np.ndarray, lab: np.ndarray, n: int,
     tac ``(Z, Y, X)`` disagreement, pred ``(Z, Y, X)`` predicted labels, fov ``(Y, X)`` bool
     field of view (all True if ``None``). See :data:`FEATURES`: log summed and max/mean TAC, log
     size, slices spanned, fraction predicted foreground, distinct predicted classes inside,
-    position of the centroid slice from the middle (0) to the first/last slice (1), fraction of
-    the region inside the field of view.
+    position of the centroid slice from the middle (0) to the first/last slice (1; 0 for a single
+    slice), fraction of the region inside the field of view (1 wherever the engine zeroes the TAC
+    outside it, as it does today: kept so that a model stays valid if that changes).
     """
     if n == 0:
         return np.zeros((0, len(FEATURES)))
@@ -105,7 +106,7 @@ def region_features(tac: np.ndarray, pred: np.ndarray, lab: np.ndarray, n: int,
         sub = lab[sl] == i + 1
         slices = int(sub.any(axis=(1, 2)).sum())
         classes = np.unique(np.asarray(pred)[sl][sub]).size
-        pos = abs(zc[i][0] / max(z - 1, 1) - 0.5) * 2.0
+        pos = abs(zc[i][0] / (z - 1) - 0.5) * 2.0 if z > 1 else 0.0  # one slice: neither end
         out[i] = (np.log1p(s[i]), mx[i], s[i] / vox[i], np.log(vox[i]), slices, fg[i] / vox[i], classes, pos,
                   infov[i] / vox[i])
     return out
@@ -181,8 +182,9 @@ def flagged_regions(tac: np.ndarray, labels: np.ndarray, settings: dict, ijk_to_
     feats = region_features(tac, labels, lab, n, fov)
     model = ErrorModel.from_dict(s["model"]) if s.get("model") else None
     order, p = rank_regions(feats, model, s.get("max_regions"))
-    rank_of = np.zeros(n + 1, np.uint16)
-    rank_of[order + 1] = np.arange(1, order.size + 1, dtype=np.uint16)
+    dtype = np.uint16 if order.size < 65535 else np.uint32
+    rank_of = np.zeros(n + 1, dtype)
+    rank_of[order + 1] = np.arange(1, order.size + 1, dtype=dtype)
     rank_map = rank_of[lab]
     voxel_mm3 = float(np.prod(spacing))
     objects = ndimage.find_objects(lab)

@@ -100,7 +100,7 @@ def test_manifest_parsing(tmp_path):
                         "s1,a.nii.gz,s1_ed,ed,\n"
                         "s1,/abs/b.nii.gz,s1_es,ES,7\n"
                         "\n"
-                        ",c.nii.gz,other,,\n")
+                        ",c.nii.gz,other,,\n", encoding="utf-8")
     cases = B.read_manifest(manifest, default_frame=2)
     assert [c.name for c in cases] == ["s1_ed", "s1_es", "other"]
     assert cases[0].path == str(tmp_path / "data" / "a.nii.gz")  # relative to the manifest's folder

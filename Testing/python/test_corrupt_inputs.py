@@ -76,3 +76,34 @@ def test_corrupt_files_are_refused_in_one_line(originals, tiny_bundle, tmp_path_
     assert len(lines) == 1 and lines[0].startswith("cardseg: error:"), (fmt, kind, proc.stderr)
     assert sorted(p.name for p in work.iterdir()) == [path.name]  # nothing written beside it
     assert path.read_bytes() == bad  # the input untouched
+
+
+def test_detached_and_unusual_headers_are_read_or_refused_in_one_line(tmp_path, synthetic_volume):
+    from cardseg.errors import CardsegError
+    from cardseg.volume import read_volume
+
+    vol, _ = synthetic_volume
+    img = vol.to_image()
+    # a NIfTI pair, named by either half
+    sitk.WriteImage(img, str(tmp_path / "pair.hdr"))
+    for name in ("pair.hdr", "pair.img"):
+        assert read_volume(tmp_path / name).shape == vol.shape
+    # a detached NRRD whose data file name holds a space
+    (tmp_path / "my scan.raw").write_bytes(np.ascontiguousarray(vol.array, dtype="<f4").tobytes())
+    z, y, x = vol.shape
+    (tmp_path / "d.nhdr").write_text(
+        f"NRRD0004\ntype: float\ndimension: 3\nsizes: {x} {y} {z}\nspacings: 1.5 1.5 8\nendian: little\n"
+        "encoding: raw\ndata file: my scan.raw\n", encoding="ascii")
+    assert np.array_equal(read_volume(tmp_path / "d.nhdr").array, vol.array)
+    # MetaImage with HeaderSize = -1: the data are the file's last bytes
+    (tmp_path / "m.raw").write_bytes(b"junk header bytes" + np.ascontiguousarray(vol.array, "<f4").tobytes())
+    (tmp_path / "m.mhd").write_text(
+        f"ObjectType = Image\nNDims = 3\nDimSize = {x} {y} {z}\nElementSpacing = 1.5 1.5 8\n"
+        "ElementType = MET_FLOAT\nHeaderSize = -1\nElementDataFile = m.raw\n", encoding="ascii")
+    assert np.array_equal(read_volume(tmp_path / "m.mhd").array, vol.array)
+    # junk in a header field: one line, not a traceback
+    (tmp_path / "bad.mhd").write_text(
+        f"ObjectType = Image\nNDims = 3\nDimSize = {x} {y} {z}\nElementSpacing = 1.5 1.5 8 ;\n"
+        "ElementType = MET_FLOAT\nElementDataFile = m.raw\n", encoding="ascii")
+    with pytest.raises(CardsegError, match="bad.mhd"):
+        read_volume(tmp_path / "bad.mhd")

@@ -58,10 +58,15 @@ def scan(tmp_path, synthetic_volume):
     return study
 
 
-def write_dicom_series(folder: Path, vol, phases: int = 1, skip=()):
-    """One int16 DICOM file per slice (and phase), with positions, orientation, trigger times."""
+def write_dicom_series(folder: Path, vol, phases: int = 1, skip=(), direction=None):
+    """One int16 DICOM file per slice (and phase), with positions, orientation, trigger times;
+    ``direction`` (9 numbers) tilts the series as a short-axis stack is."""
     folder.mkdir(parents=True, exist_ok=True)
     img = sitk.Cast(vol.to_image(), sitk.sitkInt16)
+    if direction is not None:
+        img.SetDirection(direction)
+    d = np.asarray(img.GetDirection()).reshape(3, 3)
+    orientation = "\\".join(f"{v:.6f}" for v in [*d[:, 0], *d[:, 1]])
     writer = sitk.ImageFileWriter()
     writer.KeepOriginalImageUIDOn()
     n = 0
@@ -73,7 +78,7 @@ def write_dicom_series(folder: Path, vol, phases: int = 1, skip=()):
             sl = img[:, :, k] + 100 * ph
             sl.SetMetaData("0020|000e", "1.2.826.0.1.3680043.2.1125.1.4242")
             sl.SetMetaData("0020|0032", "\\".join(map(str, img.TransformIndexToPhysicalPoint((0, 0, k)))))
-            sl.SetMetaData("0020|0037", "1\\0\\0\\0\\1\\0")
+            sl.SetMetaData("0020|0037", orientation)
             sl.SetMetaData("0020|0013", str(n))
             sl.SetMetaData("0018|1060", str(40.0 * ph))
             sl.SetMetaData("0008|0060", "MR")
@@ -262,6 +267,23 @@ def test_cine_dicom_series_reads_the_phase_named_by_frame(tmp_path, synthetic_vo
     assert_refused(cli(missing, "-o", tmp_path / "o", "--frame", "0", "--bundle", tiny_bundle), "missing")
 
 
+def test_a_tilted_dicom_series_keeps_its_geometry(tmp_path, synthetic_volume, tiny_bundle):
+    """Short-axis series are oblique: each file's own origin must not stop the stack."""
+    vol, _ = synthetic_volume
+    rot = sitk.VersorTransform((0.2, 0.9, 0.3), 0.7)
+    direction = tuple(np.asarray(rot.GetMatrix()).tolist())
+    write_dicom_series(tmp_path / "sax", vol, direction=direction)
+    code, _, err = cli(tmp_path / "sax", "-o", tmp_path / "o", "--quiet", "--bundle", tiny_bundle)
+    assert code == 0, err
+    seg = sitk.ReadImage(str(tmp_path / "o" / "segmentation.nii.gz"))
+    assert np.allclose(seg.GetDirection(), direction, atol=1e-4)
+    assert np.allclose(seg.GetSpacing(), vol.spacing, atol=1e-3)
+    ref = vol.to_image()
+    ref.SetDirection(direction)
+    assert np.allclose(seg.TransformIndexToPhysicalPoint((3, 5, 2)), ref.TransformIndexToPhysicalPoint((3, 5, 2)),
+                       atol=1e-2)
+
+
 def _nifti_with_pixdim(tmp_path, name, value):
     img = sitk.GetImageFromArray(np.random.default_rng(0).random((4, 32, 32)).astype(np.float32))
     img.SetSpacing((1.5, 1.5, 8.0))
@@ -366,3 +388,41 @@ def test_an_error_while_writing_clears_the_bar_and_leaves_nothing(tmp_path, scan
     assert "".join(screen).rstrip().startswith("cardseg: error:") and "disk full" in "".join(screen)
     assert "".join(screen).rstrip().endswith("(simulated)")  # no remnant of the bar after it
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study"]
+
+
+def test_a_result_edited_under_the_same_name_is_never_replaced(tmp_path, scan, tiny_bundle):
+    out = tmp_path / "result"
+    assert cli(scan / "scan.nii.gz", "-o", out, "--quiet", "--bundle", tiny_bundle)[0] == 0
+    seg = out / "segmentation.seg.nrrd"
+    seg.write_bytes(seg.read_bytes() + b"\n")  # corrected in Slicer and saved back under its name
+    before = snapshot(out)
+    assert_refused(cli(scan / "scan.nii.gz", "-o", out, "--overwrite", "--bundle", tiny_bundle),
+                   "segmentation.seg.nrrd changed after cardseg wrote it")
+    assert snapshot(out) == before
+
+
+def test_an_existing_empty_folder_is_filled_in_place_and_foreign_siblings_refused(tmp_path, scan, tiny_bundle):
+    out = tmp_path / "mnt"
+    out.mkdir()
+    inode = out.stat().st_ino  # a mount point or the shell's current folder must stay where it is
+    assert cli(scan / "scan.nii.gz", "-o", out, "--quiet", "--bundle", tiny_bundle)[0] == 0
+    assert out.stat().st_ino == inode and (out / "report.json").is_file()
+    (tmp_path / ".other.cardseg-tmp").write_text("a user's file that happens to have this name")
+    assert_refused(cli(scan / "scan.nii.gz", "-o", tmp_path / "other", "--bundle", tiny_bundle), "not made by cardseg")
+    assert (tmp_path / ".other.cardseg-tmp").read_text().startswith("a user's")
+
+
+def test_a_run_stopped_between_its_two_renames_gets_its_result_back(tmp_path):
+    from cardseg.errors import CardsegError
+    from cardseg.outdir import OutputWriter, check_output
+
+    out = check_output(tmp_path / "result")
+    with OutputWriter(out) as w:
+        w.path("report.json").write_text('{"run": 1}')
+        w.commit()
+    os.replace(out, tmp_path / ".result.cardseg-old")  # as if killed after the first rename
+    with pytest.raises(CardsegError, match="--overwrite"):
+        with OutputWriter(out):
+            pass
+    assert (out / "report.json").read_text() == '{"run": 1}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["result"]

@@ -320,7 +320,7 @@ def review_section(bundle, cases, conditions, a, device, out: Path, title: str) 
     from .review_data import cache_key, collect_maps
     from .review_report import review_tables, summary_line, write_review
 
-    key = cache_key(bundle.checksums, {"split": a.split, "seed": a.seed})
+    key = cache_key(bundle, a.split, a.seed)
     progress = make_progress("bar", a.quiet)
     maps = collect_maps(bundle, cases, conditions, Path(a.review_cache) / key if a.review_cache else None, a.seed,
                         device, a.batch_size, progress)

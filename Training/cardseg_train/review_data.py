@@ -38,8 +38,14 @@ class VolumeMaps:
     spacing: tuple
 
 
-def cache_key(checksums: dict, settings: dict) -> str:
-    blob = json.dumps({"weights": checksums, "version": CACHE_VERSION, **settings}, sort_keys=True).encode()
+def cache_key(bundle, split: str, seed: int = 0) -> str:
+    """The cache folder name: the weights and everything of the bundle that shapes the maps (grid,
+    preprocessing, sampled and averaged steps), the split and the corruption seed."""
+    c = bundle.config
+    blob = json.dumps({"weights": bundle.checksums, "version": CACHE_VERSION, "split": split, "seed": seed,
+                       "grid": [c["input_size"], c["pixel_spacing_mm"]], "preprocessing": c["preprocessing"],
+                       "sampled_steps": bundle.sampled_steps, "tac_steps": bundle.tac_steps},
+                      sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 

@@ -147,22 +147,22 @@ def select_settings(maps: Sequence[VolumeMaps], grid: Optional[dict] = None, max
         row = {**settings, **summary}
         rows.append(row)
         objective = (summary[f"caught_top{BUDGET}"] or 0.0, summary["caught_all"] or 0.0)
-        burden = summary["top3_size_over_foreground"]
-        if summary["regions_per_volume"] is not None and summary["regions_per_volume"] <= max_regions and (
-                burden is not None and burden <= max_burden) and (best is None or objective > best[0]):
+        burden = summary["top3_size_over_foreground"]  # (score() already keeps at most max_regions)
+        if burden is not None and burden <= max_burden and (best is None or objective > best[0]):
             best = (objective, settings, vols)
         if progress is not None:
             progress.advance(1)
     if best is None:
-        raise ValueError("no candidate setting produced regions")
+        raise ValueError(f"no candidate setting produced regions within a review burden of {max_burden:.0%}")
     _, settings, vols = best
     x = np.concatenate([v.features for v in vols])
     y = np.concatenate([v.catches.any(axis=1) for v in vols])
     model = fit_logistic(x, y)
-    p_cv, y_cv = held_out_probabilities(vols, cross_validated(vols))
+    held_out = cross_validated(vols)
+    p_cv, y_cv = held_out_probabilities(vols, held_out)
     return {"settings": {**settings, "max_regions": max_regions}, "model": model, "candidates": rows,
             "validation": {**score(vols, {v.patient: model for v in vols}, max_regions).summary(),
-                           "cross_validated": score(vols, cross_validated(vols), max_regions).summary(),
+                           "cross_validated": score(vols, held_out, max_regions).summary(),
                            "cross_validated_region_ece": region_ece(p_cv, y_cv),
                            "regions_total": int(len(y)), "regions_with_error": int(y.sum())}}
 

@@ -22,7 +22,8 @@ from cardseg.regions import ErrorModel
 from .calibration_report import _atomic_write, _fmt, _plt, _save_titled
 from .review_fit import evaluate_review, select_settings
 
-#: the rule before the review model (1.2.0): 3D components over the 0.99 TAC quantile, by summed TAC
+#: the rule before the review model (1.2.0): 3D components of TAC above the bundle's
+#: ``baseline_flag_threshold`` (1.2.0: the 0.99 quantile of clean validation TAC), by summed TAC
 BASELINE_RULE = {"connectivity": "3d", "merge_px": 0, "min_voxels": 10, "max_regions": None}
 
 
@@ -47,7 +48,7 @@ def fit_bundle_review(bundle, data: str, cache_dir: Optional[Path], write: bool 
 
     t0 = time.perf_counter()
     cases = acdc_h5_volumes(data, "val")
-    key = cache_key(bundle.checksums, {"split": "val", "seed": 0})
+    key = cache_key(bundle, "val", 0)
     maps = collect_maps(bundle, cases, ["clean"], None if cache_dir is None else Path(cache_dir) / key, 0, device,
                         batch_size, progress)
     fit = select_settings(maps, progress=progress)
