@@ -249,16 +249,11 @@ def _holds_dicom(folder: Path) -> bool:
 
 
 def _looks_like_dicom(path: Path) -> bool:
-    if path.suffix.lower() in _DICOM_SUFFIXES:
-        return True
+    from .dicom import looks_like_dicom
+
     if any(path.name.lower().endswith(s) for s in _STRIP_SUFFIXES):
-        return False
-    try:
-        with open(path, "rb") as f:
-            head = f.read(132)
-    except OSError:
-        return False
-    return len(head) == 132 and head[128:132] == b"DICM"
+        return path.suffix.lower() in _DICOM_SUFFIXES
+    return looks_like_dicom(path)
 
 
 def _folder_cases(folder: Path) -> List[Path]:
@@ -328,11 +323,9 @@ def _check_subject_pairs(cases: Sequence[Case]) -> Dict[str, Dict[str, Case]]:
 # content hashes and resume keys
 # --------------------------------------------------------------------------------------------
 def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    from .bundle_schema import sha256_file
+
+    return sha256_file(path)
 
 
 def _companions(path: Path) -> List[Path]:
@@ -801,12 +794,9 @@ class BatchResult:
 
 
 def _check_options(o: BatchOptions) -> None:
-    if o.batch_size < 1:
-        raise CardsegError(f"--batch-size must be at least 1, got {o.batch_size}")
-    if o.threads is not None and o.threads < 1:
-        raise CardsegError(f"--threads must be at least 1, got {o.threads}")
-    if o.frame is not None and o.frame < 0:
-        raise CardsegError(f"--frame must be 0 or more, got {o.frame}")
+    from .cli import check_run_options
+
+    check_run_options(o.batch_size, o.threads, o.frame)
     if o.method not in ("card", "uc"):
         raise CardsegError(f"unknown method {o.method!r} (card or uc)")
     if o.manifest and o.inputs:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -128,14 +127,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_run_options(batch_size: int, threads: Optional[int], frame: Optional[int]) -> None:
+    """Option values of ``segment`` and ``batch`` that can be judged alone, before anything is read."""
+    if batch_size < 1:
+        raise CardsegError(f"--batch-size must be at least 1, got {batch_size}")
+    if threads is not None and threads < 1:
+        raise CardsegError(f"--threads must be at least 1, got {threads}")
+    if frame is not None and frame < 0:
+        raise CardsegError(f"--frame must be 0 or more, got {frame}")
+
+
 def _check_segment_args(a) -> None:
-    """Option values that can be judged alone, before anything is read."""
-    if a.batch_size < 1:
-        raise CardsegError(f"--batch-size must be at least 1, got {a.batch_size}")
-    if a.threads is not None and a.threads < 1:
-        raise CardsegError(f"--threads must be at least 1, got {a.threads}")
-    if a.frame is not None and a.frame < 0:
-        raise CardsegError(f"--frame must be 0 or more, got {a.frame}")
+    check_run_options(a.batch_size, a.threads, a.frame)
     if not os.path.exists(a.input):
         raise CardsegError(f"{a.input}: no such file or folder")
 

@@ -38,7 +38,8 @@ class _Slice:
     thickness: float  # SliceThickness (mm), used as the slice spacing of a one-slice series
 
 
-def _looks_like_dicom(path: Path) -> bool:
+def looks_like_dicom(path: Path) -> bool:
+    """A ``.dcm``/``.dicom``/``.ima`` name, or the ``DICM`` mark at byte 128."""
     if path.suffix.lower() in _DICOM_SUFFIXES:
         return True
     try:
@@ -95,7 +96,7 @@ def list_series_files(folder: Path) -> List[Path]:
     listed = {os.path.realpath(f) for f in files}
     stray = sorted(p for p in folder.iterdir()
                    if p.is_file() and not p.name.startswith(".") and os.path.realpath(p) not in listed
-                   and _looks_like_dicom(p))
+                   and looks_like_dicom(p))
     if stray:
         raise CardsegError(f"{folder}: unreadable or foreign DICOM files in the series folder: {_names(stray)}")
     return files

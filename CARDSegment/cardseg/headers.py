@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import bz2
 import gzip
-import os
 import re
 import struct
 import zlib

@@ -22,7 +22,6 @@ that someone edited and saved under the same name counts as theirs and is never 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -56,11 +55,9 @@ def read_stamp(folder: Path) -> Optional[dict]:
 
 def file_digest(path: Path) -> dict:
     """What the stamp records of a file: its size and sha256."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return {"size": path.stat().st_size, "sha256": h.hexdigest()}
+    from .bundle_schema import sha256_file
+
+    return {"size": path.stat().st_size, "sha256": sha256_file(path)}
 
 
 def _changed(folder: Path, name: str, recorded) -> bool:
