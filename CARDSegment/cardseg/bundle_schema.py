@@ -48,6 +48,19 @@ CALIBRATION_PARAMS: Dict[str, Tuple[str, ...]] = {
     "ets": ("temperature", "w0", "w1", "w2"),
     "hts": ("w", "b"),
     "card": ("tau_min", "tau_max", "w_b", "w_k"),
+    "pts": ("arch", "weights"),
+    "lts": ("arch", "weights"),
+    "calibnet": ("arch", "weights"),
+}
+#: the small-network calibrators (PTS, LTS, CalibNet: ``cardseg.calibration.netbase``), comparison
+#: baselines stored under ``baselines`` only (the engine calibrates with ``calibration``, which
+#: cannot feed them the image or the augmentation statistics). Their ``arch`` keys: ``(low, high)``
+#: for an integer, ``(low, high, max_len)`` for a list of integers.
+NET_CALIBRATOR_ARCH: Dict[str, Dict[str, Tuple[int, ...]]] = {
+    "pts": {"num_classes": (2, 255), "top_k": (1, 255), "hidden": (1, 64), "layers": (1, 4)},
+    "lts": {"num_classes": (2, 255), "hidden": (1, 64), "kernel": (1, 9), "dilations": (1, 16, 6)},
+    "calibnet": {"num_classes": (2, 255), "branch": (1, 32), "hidden": (1, 64), "reduction": (1, 160),
+                 "dae_hidden": (1, 64), "dae_dilations": (1, 16, 6), "augmentations": (1, 64)},
 }
 #: keys of the "calibration" block that describe the fit rather than parameterise it
 CALIBRATION_META = ("fitted", "fit", "tac_steps")
@@ -237,7 +250,7 @@ def validate_config(config: dict, root: os.PathLike, label: Optional[str] = None
         _check_network(where, _block(where, networks, role, "networks."), f"networks.{role}", Path(root))
     _check_calibration(where, _block(where, config, "calibration"), steps)
     if config.get("baselines") is not None:
-        _check_baselines(where, _block(where, config, "baselines"))
+        _check_baselines(where, _block(where, config, "baselines"), len(config["classes"]))
     _check_regions(where, _block(where, config, "regions"))
     _check_agreement(where, _block(where, config, "agreement"))
     if config.get("indices") is not None:
@@ -373,6 +386,9 @@ def _is_plain_name(name: str) -> bool:
 
 def _check_calibration(where: _Where, cal: dict, sampled_steps: Sequence[int]) -> None:
     """The calibration method with all its parameters, and the optional fit description."""
+    if cal.get("method") in NET_CALIBRATOR_ARCH:
+        where.fail("calibration.method", f"{_show(cal['method'])} is a comparison baseline (store it under "
+                                         f"baselines); the engine calibrates with {', '.join(_ENGINE_METHODS)}")
     _check_calibrator(where, cal, "calibration", allowed_extra=CALIBRATION_META)
     if "fitted" in cal and not isinstance(cal["fitted"], bool):
         where.fail("calibration.fitted", f"must be true or false (got {_show(cal['fitted'])})")
@@ -388,8 +404,9 @@ def _check_calibration(where: _Where, cal: dict, sampled_steps: Sequence[int]) -
                            f"must be one of the sampled steps {_show(list(sampled_steps))} (got {_show(t)})")
 
 
-def _check_baselines(where: _Where, baselines: dict) -> None:
-    """Fitted baseline calibrators, each stored under its own method name."""
+def _check_baselines(where: _Where, baselines: dict, num_classes: int) -> None:
+    """Fitted baseline calibrators, each stored under its own method name (a network calibrator
+    fitted for the bundle's class count)."""
     for name, cal in baselines.items():
         key = f"baselines.{name}"
         if not isinstance(cal, dict):
@@ -397,6 +414,9 @@ def _check_baselines(where: _Where, baselines: dict) -> None:
         method = _check_calibrator(where, cal, key)
         if method != name:
             where.fail(f"{key}.method", f"must be {_show(name)}, the key it is stored under (got {_show(method)})")
+        if method in NET_CALIBRATOR_ARCH and cal["arch"]["num_classes"] != num_classes:
+            where.fail(f"{key}.arch.num_classes", f"must be the bundle's class count {num_classes} "
+                                                  f"(got {cal['arch']['num_classes']})")
 
 
 def _check_calibrator(where: _Where, cal: dict, key: str, allowed_extra: Sequence[str] = ()) -> str:
@@ -447,8 +467,107 @@ def _no_ranges(where: _Where, cal: dict, key: str) -> None:
     """UC has no parameters."""
 
 
+def net_arch_problem(method: str, arch: Any) -> Optional[Tuple[str, str]]:
+    """Why ``arch`` is not a valid architecture of the network calibrator ``method``, as
+    ``(key, problem)``, or ``None`` (shared with the engine, which raises it as a ``ValueError``)."""
+    spec = NET_CALIBRATOR_ARCH[method]
+    if not isinstance(arch, dict):
+        return "", f"must be an object (got {_show(arch)})"
+    for key in arch:
+        if key not in spec:
+            return key, f"is not a setting of the {method} network (it takes {', '.join(spec)})"
+    for key, bounds in spec.items():
+        if key not in arch:
+            return key, "is missing"
+        v = arch[key]
+        if len(bounds) == 3:
+            low, high, max_len = bounds
+            if (not isinstance(v, (list, tuple)) or not 1 <= len(v) <= max_len
+                    or any(not _is_int(x) or not low <= x <= high for x in v)):
+                return key, f"must be a list of 1 to {max_len} integers in [{low}, {high}] (got {_show(v)})"
+        elif not _is_int(v) or not bounds[0] <= v <= bounds[1]:
+            return key, f"must be an integer in [{bounds[0]}, {bounds[1]}] (got {_show(v)})"
+    if method == "pts" and arch["top_k"] > arch["num_classes"]:
+        return "top_k", f"must be <= num_classes ({arch['num_classes']}) (got {arch['top_k']})"
+    if method == "lts" and arch["kernel"] % 2 == 0:
+        return "kernel", f"must be odd (got {arch['kernel']})"
+    if method == "calibnet" and arch["reduction"] > 5 * arch["branch"]:
+        return "reduction", f"must be <= 5 * branch ({5 * arch['branch']}) (got {arch['reduction']})"
+    return None
+
+
+def net_weight_shapes(method: str, arch: dict) -> Dict[str, List[int]]:
+    """The tensors (name → shape) of a network calibrator with a valid ``arch`` (kept in step with
+    the engine's modules by a test)."""
+    k = arch["num_classes"]
+    shapes: Dict[str, List[int]] = {}
+
+    def conv(name: str, c_out: int, c_in: int, size: int) -> None:
+        shapes[f"{name}.weight"], shapes[f"{name}.bias"] = [c_out, c_in, size, size], [c_out]
+
+    if method == "pts":
+        h = arch["hidden"]
+        for i in range(arch["layers"]):
+            shapes[f"hidden.{i}.weight"], shapes[f"hidden.{i}.bias"] = [h, arch["top_k"] if i == 0 else h], [h]
+        shapes["out.weight"], shapes["out.bias"] = [1, h], [1]
+    elif method == "lts":
+        c, size = arch["hidden"], arch["kernel"]
+        for i in range(len(arch["dilations"])):
+            conv(f"convs.{i}", c, k + 1 if i == 0 else c, size)
+        conv("out", 1, c, size)
+    elif method == "calibnet":
+        b, c, d = arch["branch"], arch["hidden"], arch["dae_hidden"]
+        squeeze = max(1, 5 * b // arch["reduction"])
+        for i in range(len(arch["dae_dilations"])):
+            conv(f"dae.convs.{i}", d, k if i == 0 else d, 3)
+        conv("dae.out", k, d, 3)
+        for j in range(5):
+            conv(f"branches.{j}", b, 1 if j == 0 else k, 3)
+        shapes["se_down.weight"], shapes["se_down.bias"] = [squeeze, 5 * b], [squeeze]
+        shapes["se_up.weight"], shapes["se_up.bias"] = [5 * b, squeeze], [5 * b]
+        conv("head", c, 5 * b, 3)
+        conv("out", 1, c, 3)
+    else:
+        raise ValueError(f"{method!r} is not a network calibrator")
+    return shapes
+
+
+def _net_ranges(where: _Where, cal: dict, key: str) -> None:
+    """A network calibrator: a valid ``arch`` and exactly its tensors, each with its shape and
+    that many finite numbers."""
+    method = cal["method"]
+    problem = net_arch_problem(method, cal["arch"])
+    if problem is not None:
+        where.fail(f"{key}.arch" + (f".{problem[0]}" if problem[0] else ""), problem[1])
+    arch, weights = cal["arch"], cal["weights"]
+    if not isinstance(weights, dict):
+        where.fail(f"{key}.weights", f"must be an object of tensors (got {_show(weights)})")
+    shapes = net_weight_shapes(method, arch)
+    for name in weights:
+        if name not in shapes:
+            where.fail(f"{key}.weights.{name}", f"is not a tensor of this {method} network")
+    for name, shape in shapes.items():
+        entry = _block(where, weights, name, f"{key}.weights.")
+        at = f"{key}.weights.{name}"
+        for extra in entry:
+            if extra not in ("shape", "values"):
+                where.fail(f"{at}.{extra}", "is not allowed (a tensor has shape and values)")
+        if _required(where, entry, "shape", f"{at}.") != shape:
+            where.fail(f"{at}.shape", f"must be {_show(shape)} for this arch (got {_show(entry['shape'])})")
+        values = _required(where, entry, "values", f"{at}.")
+        size = math.prod(shape)
+        if not isinstance(values, list) or len(values) != size:
+            got = f"{len(values)} values" if isinstance(values, list) else _show(values)
+            where.fail(f"{at}.values", f"must be a list of {size} numbers (got {got})")
+        for i, v in enumerate(values):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                where.fail(f"{at}.values[{i}]", f"must be a finite number (got {_show(v)})")
+
+
 _CALIBRATOR_RANGES = {"uc": _no_ranges, "ts": _ts_ranges, "ets": _ets_ranges, "hts": _hts_ranges,
-                      "card": _card_ranges}
+                      "card": _card_ranges, "pts": _net_ranges, "lts": _net_ranges, "calibnet": _net_ranges}
+#: the methods a bundle's own ``calibration`` block may name
+_ENGINE_METHODS = tuple(m for m in CALIBRATION_PARAMS if m not in NET_CALIBRATOR_ARCH)
 
 
 #: features of the region error model (kept in step with cardseg.regions.FEATURES by a test)

@@ -132,7 +132,7 @@ def test_fit_calibrator_interface(ts_pool):
         cal = fit_calibrator(method, ts_pool[:1])
         assert cal.name == method
     with pytest.raises(ValueError):
-        fit_calibrator("pts", ts_pool)
+        fit_calibrator("platt", ts_pool)
     with pytest.raises(ValueError):
         fit_ts([])
 

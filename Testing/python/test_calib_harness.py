@@ -157,7 +157,7 @@ def test_evaluate_refuses_bad_arguments_before_any_work(tiny_bundle, tmp_path, c
 
     out = tmp_path / "ev"
     for extra, msg in ((["--conditions", "clean,fog"], "unknown condition fog"),
-                       (["--methods", "card,lts"], "unknown method lts"),
+                       (["--methods", "card,platt"], "unknown method platt"),
                        (["--panel", "x:haze"], "unknown --panel condition haze")):
         proc = subprocess.run([sys.executable, "-m", "cardseg", "evaluate", "--bundle", str(tiny_bundle), "--out",
                                str(out), *extra], capture_output=True, text=True)

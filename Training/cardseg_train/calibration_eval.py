@@ -7,9 +7,13 @@ primary logits, the TAC map and the labels of the ROI pixels, Dice per class, th
 and per slice the agreement and Dice. Each result is cached on disk as soon as it exists, so an
 interrupted evaluation resumes where it stopped (:class:`CaseCache`).
 
-Every calibrator (UC, TS, ETS, HTS from ``bundle.json``'s fitted ``baselines``, and CARD) is then
-applied to the same cached logits (:func:`calibration_table`): one interface, backbone-matched
-baselines. Definitions used everywhere (fitting, evaluation, tests):
+Every calibrator (UC, TS, ETS, HTS and, when fitted and asked for, PTS, LTS and CalibNet from
+``bundle.json``'s fitted ``baselines``, and CARD) is then applied to the same cached logits
+(:func:`calibration_table`): one interface, backbone-matched baselines. LTS and CalibNet read the
+image and each pixel's neighbourhood, which the ROI pixel vectors lack: for them each result
+also keeps its ROI box (:class:`~cardseg_train.calibration_spatial.SpatialItem`, with CalibNet's
+augmentation statistics when asked), their probabilities are computed on the box and read at the
+same ROI pixels, in the same order. Definitions used everywhere (fitting, evaluation, tests):
 
 * ROI: the ground-truth foreground dilated per slice by a disk of radius 10 px, on the volume's
   own grid (:func:`cardseg.metrics.roi_mask`).
@@ -29,7 +33,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -40,16 +44,22 @@ from cardseg.errors import CardsegError
 from cardseg.metrics import agreement_score, lcc_ratio, roi_mask
 from cardseg.progress import Progress
 
-from .corruptions import corrupt_labelled_volume
+from .calibration_spatial import (SpatialItem, augmentation_stats, crop_roi_probs, engine_primary_logits,
+                                  spatial_arrays, spatial_from_arrays, spatial_item)
+from .corruptions import corrupt_labelled_volume, corruption_rng
 from .evaluation import LabelledVolume, dice_score
 
 #: condition name -> corruption kind (None: the volume as it is)
 CONDITIONS: Dict[str, Optional[str]] = {"clean": None, "bias": "bias_field", "motion": "motion",
                                         "ghost": "ghosting", "spike": "spike"}
-#: the calibrators compared, in table order
+#: the calibrators compared by default, in table order
 METHODS = ("uc", "ts", "ets", "hts", "card")
+#: every calibrator ``--methods`` can name (the network ones once fit-calibration fitted them)
+ALL_METHODS = METHODS + ("pts", "lts", "calibnet")
 METHOD_LABELS = {"uc": "Primary (UC)", "ts": "Primary+TS", "ets": "Primary+ETS", "hts": "Primary+HTS",
-                 "card": "CARD"}
+                 "card": "CARD", "pts": "Primary+PTS", "lts": "Primary+LTS", "calibnet": "Primary+CalibNet"}
+#: the post-hoc baselines CARD is compared against (``card_vs_best_post_hoc``)
+POST_HOC = ("ts", "ets", "hts", "pts", "lts", "calibnet")
 #: ROI radius of the metrics, pixels of the volume's own grid
 ROI_RADIUS = 10
 #: bump when what a cached case holds, or how it is computed, changes
@@ -63,7 +73,8 @@ class CaseResult:
     logits ``(K, n)`` float32, tac ``(n,)`` float32 and labels ``(n,)`` uint8 are the ROI pixels
     (ROI as in the module docstring); dice: per foreground class name (NaN when the class is
     absent from both); slice_agreement / slice_dice: per slice with ground-truth foreground
-    (Eq. 4 over that slice's ROI; mean Dice over the classes present in it or the prediction).
+    (Eq. 4 over that slice's ROI; mean Dice over the classes present in it or the prediction);
+    spatial: the ROI box for LTS and CalibNet, when asked for.
     """
 
     case: str
@@ -78,6 +89,13 @@ class CaseResult:
     slice_index: List[int] = field(default_factory=list)
     slice_agreement: List[float] = field(default_factory=list)
     slice_dice: List[float] = field(default_factory=list)
+    spatial: Optional[SpatialItem] = None
+
+    def has_crops(self, augmentations: int = 0) -> bool:
+        """Whether the result holds the ROI box (with that many augmentations) or needs none."""
+        if self.labels.size == 0:
+            return True
+        return self.spatial is not None and (not augmentations or self.spatial.augmentations == augmentations)
 
     def meta(self) -> dict:
         return {"case": self.case, "patient": self.patient, "condition": self.condition, "dice": self.dice,
@@ -126,15 +144,29 @@ def summarize_case(case: str, patient: str, condition: str, logits: np.ndarray, 
 
 
 def run_case(bundle, item: LabelledVolume, condition: str, seed: int = 0, device="cpu", batch_size: int = 8,
-             roi_radius: int = ROI_RADIUS) -> CaseResult:
-    """Corrupt (if asked), normalise as the engine does, run the dual trajectory, summarise."""
+             roi_radius: int = ROI_RADIUS, spatial: bool = False, augmentations: int = 0) -> CaseResult:
+    """Corrupt (if asked), normalise as the engine does, run the dual trajectory, summarise.
+
+    ``spatial``: also keep the ROI box (LTS, CalibNet); ``augmentations``: with CalibNet's logit
+    statistics over that many augmentations (seeded by ``(seed, case, "calibnet-aug:" condition)``).
+    """
     from cardseg.segment import normalized_slices, trajectory_on_slices
 
     vol = condition_volume(item, condition, seed)
     slices01 = normalized_slices(vol.volume, bundle)
-    traj = trajectory_on_slices(slices01, tuple(vol.volume.spacing[:2]), bundle, "card", device, batch_size)
-    return summarize_case(item.case, item.patient, condition, traj.logits.numpy(), traj.tac.numpy(), item.labels,
-                          bundle.class_names, roi_radius)
+    spacing = tuple(vol.volume.spacing[:2])
+    traj = trajectory_on_slices(slices01, spacing, bundle, "card", device, batch_size)
+    logits, tac = traj.logits.numpy(), traj.tac.numpy()
+    res = summarize_case(item.case, item.patient, condition, logits, tac, item.labels, bundle.class_names, roi_radius)
+    roi = roi_mask(item.labels > 0, roi_radius)
+    if (spatial or augmentations) and roi.any():
+        res.spatial = spatial_item(logits, slices01, item.labels, roi, tac)
+        if augmentations:
+            res.spatial.aug_mean, res.spatial.aug_std = augmentation_stats(
+                engine_primary_logits(bundle, spacing, device, batch_size), slices01, res.spatial.box, augmentations,
+                corruption_rng(item.case, f"calibnet-aug:{condition}", seed))
+            res.spatial.augmentations = int(augmentations)
+    return res
 
 
 class CaseCache:
@@ -158,7 +190,10 @@ class CaseCache:
             return None
         with np.load(p, allow_pickle=False) as f:
             meta = json.loads(bytes(f["meta"]).decode())
-            return CaseResult(logits=f["logits"], tac=f["tac"], labels=f["labels"], **meta)
+            res = CaseResult(logits=f["logits"], tac=f["tac"], labels=f["labels"], **meta)
+            if "spatial_meta" in f.files:
+                res.spatial = spatial_from_arrays(f, json.loads(bytes(f["spatial_meta"]).decode()))
+            return res
 
     def save(self, res: CaseResult) -> None:
         p = self.path(res.case, res.condition)
@@ -167,21 +202,30 @@ class CaseCache:
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(p.stem + ".tmp.npz")
         meta = np.frombuffer(json.dumps(res.meta()).encode(), dtype=np.uint8)
-        np.savez_compressed(tmp, logits=res.logits, tac=res.tac, labels=res.labels, meta=meta)
+        extra = {}
+        if res.spatial is not None:
+            extra, sp_meta = spatial_arrays(res.spatial)
+            extra["spatial_meta"] = np.frombuffer(json.dumps(sp_meta).encode(), dtype=np.uint8)
+        np.savez_compressed(tmp, logits=res.logits, tac=res.tac, labels=res.labels, meta=meta, **extra)
         tmp.replace(p)
 
 
 def run_cases(bundle, cases: Sequence[LabelledVolume], conditions: Sequence[str], cache: CaseCache, seed: int = 0,
-              device="cpu", batch_size: int = 8, progress: Optional[Progress] = None) -> List[CaseResult]:
-    """Every (case, condition), from the cache where it is already there (resumable per case)."""
+              device="cpu", batch_size: int = 8, progress: Optional[Progress] = None, spatial: bool = False,
+              augmentations: int = 0) -> List[CaseResult]:
+    """Every (case, condition), from the cache where it is already there (resumable per case).
+
+    ``spatial`` / ``augmentations`` (see :func:`crop_needs`): a cached result without the ROI box
+    (or with another number of augmentations) is run again, and cached with it."""
     progress = progress or Progress()
     progress.stage("cases x conditions", len(cases) * len(conditions))
     out = []
     for item in cases:
         for condition in conditions:
             res = cache.load(item.case, condition)
-            if res is None:
-                res = run_case(bundle, item, condition, seed, device, batch_size)
+            if res is None or ((spatial or augmentations) and not res.has_crops(augmentations)):
+                res = run_case(bundle, item, condition, seed, device, batch_size, spatial=spatial,
+                               augmentations=augmentations)
                 cache.save(res)
             out.append(res)
             progress.advance(1)
@@ -207,8 +251,26 @@ def bundle_calibrators(bundle, methods: Sequence[str] = METHODS) -> Dict[str, Ca
     return out
 
 
+def crop_needs(calibrators: Iterable[Calibrator]) -> Tuple[bool, int]:
+    """``(spatial, augmentations)`` the results must hold for these calibrators: the ROI box for
+    any spatial one, and CalibNet's number of augmentations (one number for all)."""
+    cals = list(calibrators)
+    counts = {int(c.augmentations) for c in cals if "aug_mean" in c.needs_inputs}
+    if len(counts) > 1:
+        raise CardsegError(f"calibrators fitted with different numbers of augmentations: {sorted(counts)}")
+    return any(c.spatial for c in cals), (counts.pop() if counts else 0)
+
+
 def calibrated_probs(cal: Calibrator, res: CaseResult) -> np.ndarray:
-    """``(n, K)`` probabilities of one case's ROI pixels under ``cal``."""
+    """``(n, K)`` probabilities of one case's ROI pixels under ``cal`` (a spatial calibrator runs on
+    the result's ROI box and is read at the same pixels)."""
+    if cal.spatial or cal.needs_inputs:
+        if res.labels.size == 0:
+            return np.zeros((0, res.logits.shape[0]), dtype=np.float32)
+        if res.spatial is None:
+            raise CardsegError(f"{res.case} {res.condition}: no ROI box cached for {cal.name} (run_cases with "
+                               f"spatial=True)")
+        return crop_roi_probs(cal, res.spatial)
     z = torch.from_numpy(np.ascontiguousarray(res.logits, dtype=np.float32))[None]
     d = torch.from_numpy(np.ascontiguousarray(res.tac, dtype=np.float32))[None]
     return cal.probabilities(z, d if cal.needs_tac else None)[0].T.numpy()
@@ -271,7 +333,7 @@ def calibration_table(results: Sequence[CaseResult], calibrators: Dict[str, Cali
     block_nll = ({m: float(np.mean([pooled[c][m]["nll"] for c in corrupted])) for m in methods} if corrupted else None)
     all_x = [a for c in conditions for a in scatter[c]["agreement"]]
     all_y = [d for c in conditions for d in scatter[c]["dice"]]
-    post_hoc = [m for m in ("ts", "ets", "hts") if m in methods]
+    post_hoc = [m for m in POST_HOC if m in methods]
     ratio = None
     if "card" in methods and post_hoc:
         best = min(post_hoc, key=lambda m: mean_nll[m])
@@ -283,7 +345,7 @@ def calibration_table(results: Sequence[CaseResult], calibrators: Dict[str, Cali
         "lowest_mean_nll": min(methods, key=lambda m: mean_nll[m]), "card_vs_best_post_hoc": ratio,
         "segmentation": segmentation, "agreement_vs_dice": {"r_all": pearson_r(all_x, all_y), "per_condition": scatter},
         "reliability": reliability, "confidence_histogram": confidence_hist,
-        "calibrators": {m: cal.to_dict() for m, cal in calibrators.items()},
+        "calibrators": {m: cal.summary() for m, cal in calibrators.items()},
     }
 
 

@@ -27,6 +27,7 @@ region-flag and out-of-domain thresholds (:func:`pool_thresholds` takes both fro
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import time
@@ -40,6 +41,8 @@ from scipy.special import expit, log_softmax, softmax
 from cardseg.calibration import (CARD, Calibrator, EnsembleTemperatureScaling, EntropyTemperatureScaling,
                                  TemperatureScaling, Uncalibrated)
 from cardseg.calibration.hts import LOG_ENTROPY_FLOOR, TEMPERATURE_FLOOR
+
+from .calibration_spatial import CROP_MARGIN, SpatialItem
 
 LN2 = math.log(2.0)
 
@@ -86,7 +89,10 @@ class PoolItem:
     in the order of ``steps``, when kept, so the TAC of any step subset can be formed
     later without running the trajectory again (:func:`pool_with_tac_steps`); step_roi_js: per
     step, the mean JS over the predicted-foreground ROI the agreement score uses (so the agreement
-    of any step subset is exact: Eq. 4 is linear in the TAC).
+    of any step subset is exact: Eq. 4 is linear in the TAC). patient: the patient the volume
+    belongs to (held-out splits keep a patient's items together; empty: use ``case``). spatial:
+    the ROI box with the image, for the convolutional calibrators (LTS, CalibNet), when built
+    with ``spatial=True`` (:mod:`cardseg_train.calibration_spatial`).
     """
 
     logits: np.ndarray
@@ -98,6 +104,8 @@ class PoolItem:
     step_js: Optional[np.ndarray] = None
     steps: Optional[List[int]] = None
     step_roi_js: Optional[List[float]] = None
+    patient: str = ""
+    spatial: Optional[SpatialItem] = None
 
     def __post_init__(self):
         self.logits = np.asarray(self.logits, dtype=np.float32)
@@ -151,8 +159,9 @@ def pool_with_tac_steps(pool: Sequence[PoolItem], tac_steps: Optional[Sequence[i
         agreement = it.agreement
         if it.step_roi_js is not None and agreement is not None:
             agreement = float(1.0 - np.mean([it.step_roi_js[r] for r in rows]) / LN2)
-        out.append(PoolItem(it.logits, it.labels, tac, it.case, it.variant, agreement, it.step_js, it.steps,
-                            it.step_roi_js))
+        # the crops keep no per-step JS: their TAC (over the steps the pool ran with) would not match
+        spatial = it.spatial if it.spatial is None or tac_steps is None else dataclasses.replace(it.spatial, tac=None)
+        out.append(dataclasses.replace(it, tac=tac, agreement=agreement, spatial=spatial))
     return out
 
 
@@ -224,7 +233,8 @@ def engine_card_outputs(bundle, slices01: np.ndarray, spacing_xy: Tuple[float, f
 
 def build_pool(bundle, cases, variants: Sequence[str] = POOL_VARIANTS, roi_radius: int = 10,
                max_pixels_per_item: Optional[int] = 30_000, seed: int = 0, device="cpu", batch_size: int = 8,
-               progress: Optional[Callable[[str], None]] = None, draws: int = 1) -> List[PoolItem]:
+               progress: Optional[Callable[[str], None]] = None, draws: int = 1, spatial: bool = False,
+               augmentations: int = 0, crop_margin: int = CROP_MARGIN) -> List[PoolItem]:
     """Run the dual trajectory on every case and variant and keep its ROI pixels.
 
     cases: :class:`~cardseg_train.evaluation.LabelledVolume` items (source validation only).
@@ -236,11 +246,22 @@ def build_pool(bundle, cases, variants: Sequence[str] = POOL_VARIANTS, roi_radiu
     times per volume (draw 0 keeps the generator of a single-draw pool). Each item records the volume
     agreement score the engine would report (Eq. 4 over the predicted foreground's ROI,
     dilated by the bundle's ``agreement.roi_dilation_px``).
+
+    ``spatial``: each item also keeps its ROI box (:func:`~cardseg_train.calibration_spatial.spatial_item`,
+    ``crop_margin`` pixels around the ROI) for LTS and CalibNet; ``augmentations`` (needs
+    ``spatial``): the primary also runs on that many photometric augmentations of the item's
+    image, for CalibNet's mean and standard deviation of the logits (generator seeded by
+    ``(seed, case, "calibnet-aug:" variant)``, apart from the pool's own draws, so the pixel
+    vectors are the same with or without crops).
     """
     from cardseg.metrics import agreement_score, roi_mask
     from cardseg.segment import normalized_slices
 
+    from .calibration_spatial import augmentation_stats, engine_primary_logits, spatial_item
     from .corruptions import corruption_rng
+
+    if augmentations and not spatial:
+        raise ValueError("augmentation statistics are kept with the spatial crops: pass spatial=True")
 
     agreement_radius = int(bundle.config.get("agreement", {}).get("roi_dilation_px", 10))
     pool = []
@@ -249,15 +270,25 @@ def build_pool(bundle, cases, variants: Sequence[str] = POOL_VARIANTS, roi_radiu
         norm = normalized_slices(case.volume, bundle)
         jobs = [(v, k) for v in variants for k in range(1 if v == "clean" else max(1, draws))]
         for variant, draw in jobs:
-            rng = corruption_rng(case.case, f"pool:{variant}" + (f":{draw}" if draw else ""), seed)
+            tag = variant + (f":{draw}" if draw else "")
+            rng = corruption_rng(case.case, f"pool:{tag}", seed)
             img = norm if variant == "clean" else perturb_image(norm, variant, rng)
-            logits, tac, step_js = engine_card_outputs(bundle, img, tuple(case.volume.spacing[:2]), device,
-                                                       batch_size)
+            spacing = tuple(case.volume.spacing[:2])
+            logits, tac, step_js = engine_card_outputs(bundle, img, spacing, device, batch_size)
             pred_roi = roi_mask(logits.argmax(axis=1) > 0, agreement_radius)
             agreement = agreement_score(tac, pred_roi)
             step_roi_js = [float(js[pred_roi].mean()) for js in step_js.values()] if pred_roi.any() else None
             pool.append(pool_item(logits, tac, case.labels, roi, rng, max_pixels_per_item, case=case.case,
                                   variant=variant, agreement=agreement, step_js=step_js, step_roi_js=step_roi_js))
+            pool[-1].patient = str(getattr(case, "patient", "") or "")
+            if spatial:
+                sp = spatial_item(logits, img, case.labels, roi, tac, crop_margin)
+                if augmentations:
+                    sp.aug_mean, sp.aug_std = augmentation_stats(
+                        engine_primary_logits(bundle, spacing, device, batch_size), img, sp.box, augmentations,
+                        corruption_rng(case.case, f"calibnet-aug:{tag}", seed))
+                    sp.augmentations = int(augmentations)
+                pool[-1].spatial = sp
             if progress is not None:
                 progress(f"{case.case} {variant}: {pool[-1].labels.shape[0]} px, agreement {agreement}")
     return pool
@@ -474,10 +505,18 @@ FITTERS: Dict[str, Callable[[Sequence[PoolItem]], Calibrator]] = {
 }
 
 
+#: the small-network calibrators, fitted by :mod:`cardseg_train.calibration_fit_nets`
+NETWORK_METHODS = ("pts", "lts", "calibnet")
+
+
 def fit_calibrator(method: str, pool: Sequence[PoolItem], **kwargs) -> Calibrator:
-    """Fit ``method`` (one of :data:`FITTERS`) on the pool."""
+    """Fit ``method`` (one of :data:`FITTERS` or :data:`NETWORK_METHODS`) on the pool."""
+    if method in NETWORK_METHODS:
+        from .calibration_fit_nets import NET_FITTERS
+
+        return NET_FITTERS[method](pool, **kwargs)
     if method not in FITTERS:
-        raise ValueError(f"no fitter for {method!r} (choose from {', '.join(FITTERS)})")
+        raise ValueError(f"no fitter for {method!r} (choose from {', '.join((*FITTERS, *NETWORK_METHODS))})")
     return FITTERS[method](pool, **kwargs)
 
 

@@ -185,7 +185,7 @@ def cmd_export(argv: List[str]) -> int:
 
 
 def evaluate_parser() -> argparse.ArgumentParser:
-    from .calibration_eval import CONDITIONS, METHODS
+    from .calibration_eval import ALL_METHODS, CONDITIONS, METHODS
 
     p = argparse.ArgumentParser(
         prog="cardseg evaluate",
@@ -200,7 +200,11 @@ def evaluate_parser() -> argparse.ArgumentParser:
                    help="val for development; test only to report, never to select")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--dice-only", action="store_true", help="only Dice per class per volume (dice.csv/json/md)")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"comma-separated (default {','.join(METHODS)})")
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help=f"comma-separated, from {','.join(ALL_METHODS)} (default {','.join(METHODS)}); pts, lts and "
+                        f"calibnet need them fitted (cardseg fit-calibration --baselines); lts and calibnet read the "
+                        f"image around the ROI, so each case is run again once to cache its crops, and calibnet "
+                        f"also runs the primary on its augmentations")
     p.add_argument("--conditions", default=",".join(CONDITIONS),
                    help=f"comma-separated (default {','.join(CONDITIONS)})")
     p.add_argument("--seed", type=int, default=0, help="corruption seed (per case and condition)")
@@ -233,9 +237,9 @@ def _names(text: str, allowed, what: str) -> List[str]:
 
 def cmd_evaluate(argv: List[str]) -> int:
     a = evaluate_parser().parse_args(argv)
-    from .calibration_eval import CONDITIONS, METHODS
+    from .calibration_eval import ALL_METHODS, CONDITIONS
 
-    methods = _names(a.methods, METHODS, "method")
+    methods = _names(a.methods, ALL_METHODS, "method")
     conditions = _names(a.conditions, list(CONDITIONS), "condition")
     if a.max_cases is not None and a.max_cases < 1:
         raise CardsegError("--max-cases must be at least 1")
@@ -251,7 +255,7 @@ def cmd_evaluate(argv: List[str]) -> int:
     from cardseg.segment import resolve_device
 
     from .calibration_eval import (CaseCache, bundle_calibrators, calibration_table, case_panel, choose_panel,
-                                   conditions_figure, run_cases)
+                                   conditions_figure, crop_needs, run_cases)
     from .calibration_report import write_report
     from .evaluation import acdc_h5_volumes, evaluate_dice, write_dice_table
     from .train import data_name
@@ -280,7 +284,9 @@ def cmd_evaluate(argv: List[str]) -> int:
                 "tac_steps": bundle.tac_steps}
     cache = CaseCache(Path(a.cache) if a.cache else None, CaseCache.make_key(bundle.checksums, settings))
     progress = make_progress("bar", a.quiet)
-    results = run_cases(bundle, cases, conditions, cache, a.seed, device, a.batch_size, progress)
+    spatial, augmentations = crop_needs(calibrators.values())
+    results = run_cases(bundle, cases, conditions, cache, a.seed, device, a.batch_size, progress, spatial=spatial,
+                        augmentations=augmentations)
     progress.close()
     table = calibration_table(results, calibrators, bundle.class_names, conditions)
     # the cache key holds the resolved data path; the written tables name the data only
@@ -397,10 +403,17 @@ def fit_parser() -> argparse.ArgumentParser:
     p.add_argument("--tac-steps", default="all", choices=["all", "mid", "last", "auto"],
                    help="steps the TAC averages: all sampled steps (paper, default), the last three, the last one, "
                         "or auto: the one of these with the lowest CARD NLL on the validation pool")
+    p.add_argument("--baselines", default="ts,ets,hts", metavar="NAMES",
+                   help="comma-separated baselines to fit beside CARD, from ts, ets, hts, pts, lts, calibnet (default "
+                        "ts,ets,hts; uc is always written). pts fits on the pool's pixels; lts and calibnet need the "
+                        "image around each pixel, so the pool is built (and cached) with crops, and calibnet also "
+                        "runs the primary on 4 augmentations of each pool image and trains its shape prior on the "
+                        "training split's label maps")
     p.add_argument("--dry-run", action="store_true", help="fit and print, do not write bundle.json")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--threads", type=int)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
 
@@ -410,15 +423,20 @@ def cmd_fit(argv: List[str]) -> int:
     from cardseg.bundle import resolve_bundle_path
     from cardseg.segment import resolve_device
 
-    from .calibrate import fit_bundle_calibration
+    from cardseg.progress import make_progress
+
+    from .calibrate import fit_bundle_calibration, parse_baselines
 
     a = fit_parser().parse_args(argv)
+    baselines = parse_baselines(a.baselines)
     if a.threads:
         torch.set_num_threads(a.threads)
+    progress = make_progress("bar", a.quiet)
     fit_bundle_calibration(str(resolve_bundle_path(a.bundle)), a.data, draws=a.draws, seed=a.seed,
                            max_pixels_per_item=a.max_pixels, cache_dir=a.cache or None,
                            device=resolve_device(a.device), batch_size=a.batch_size, write=not a.dry_run,
-                           tac_steps=a.tac_steps)
+                           tac_steps=a.tac_steps, baselines=baselines, progress=progress)
+    progress.close()
     return 0
 
 

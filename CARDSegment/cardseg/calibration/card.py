@@ -36,7 +36,8 @@ class CARD(Calibrator):
     def temperature(self, tac: torch.Tensor) -> torch.Tensor:
         return temperature_field(tac, self.tau_min, self.tau_max, self.w_b, self.w_k)
 
-    def log_probs(self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def log_probs(self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None,
+                  **inputs: torch.Tensor) -> torch.Tensor:
         if tac is None:
             raise ValueError("CARD needs the TAC map of the dual trajectory")
         return temperature_scale(logits, self.temperature(tac.to(logits.dtype)))

@@ -42,7 +42,8 @@ class EnsembleTemperatureScaling(Calibrator):
         self.temperature = float(temperature)
         self.w0, self.w1, self.w2 = weights
 
-    def log_probs(self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def log_probs(self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None,
+                  **inputs: torch.Tensor) -> torch.Tensor:
         k = logits.shape[1]
         members = []
         for w, logp in ((self.w0, lambda: torch.log_softmax(logits / self.temperature, dim=1)),

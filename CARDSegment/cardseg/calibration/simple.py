@@ -15,7 +15,8 @@ class Uncalibrated(Calibrator):
 
     name = "uc"
 
-    def log_probs(self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def log_probs(self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None,
+                  **inputs: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(logits, dim=1)
 
 
@@ -30,7 +31,8 @@ class TemperatureScaling(Calibrator):
             raise ValueError(f"temperature must be positive, got {temperature}")
         self.temperature = float(temperature)
 
-    def log_probs(self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def log_probs(self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None,
+                  **inputs: torch.Tensor) -> torch.Tensor:
         return temperature_scale(logits, self.temperature)
 
     def params(self):
