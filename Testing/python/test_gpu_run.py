@@ -1,0 +1,136 @@
+"""The GPU run's pack builder, entry script and importer, rehearsed on the CPU (smoke mode).
+
+The GPU machine is lent rarely and for minutes; this rehearsal runs the very code it runs (the
+same jobs, networks, loss, augmentation, validation, checkpoint files and engine checks) on a
+synthetic pack, so the real run cannot fail on a typo.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU = ROOT / "Training" / "gpu"
+
+
+def _load(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"cardseg_gpu_{name}", GPU / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gpu_run = _load("run")
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gpu")
+    pack, out = tmp / "pack", tmp / "out"
+    subprocess.run([sys.executable, str(GPU / "build_pack.py"), "--data", "synthetic", "--out", str(pack),
+                    "--input-size", "64", "--spacing", "3.0", "--no-wheels"], check=True, cwd=ROOT)
+    proc = subprocess.run([sys.executable, str(GPU / "run.py"), "--pack", str(pack), "--out", str(out), "--smoke",
+                           "--budget-s", "5", "--batch-size", "2"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return pack, out, tmp
+
+
+def test_pack_holds_grid_slices_and_no_test_patients(smoke):
+    pack, _, _ = smoke
+    meta = json.loads((pack / "pack.json").read_text())
+    with np.load(pack / "data.npz") as z:
+        images, labels, cases = z["train_images"], z["train_labels"], z["train_cases"]
+        val_cases = z["val_cases"]
+    assert images.dtype == np.uint8 and images.shape[1:] == (64, 64) and labels.shape == images.shape
+    assert set(np.unique(labels)) <= {0, 1, 2, 3} and labels.max() == 3
+    assert meta["slices"] == {"train": len(images), "val": len(val_cases)}
+    assert not set(meta["split"]["train"]) & set(meta["split"]["val"])
+    assert {c.split("_")[0] for c in cases.tolist()} <= set(meta["split"]["train"])
+
+
+def test_run_returns_what_the_device_allows(smoke):
+    _, out, _ = smoke
+    files = sorted(p for p in out.iterdir())
+    assert all(p.is_file() for p in files)
+    assert len(files) <= 8, [p.name for p in files]
+    assert all(p.stat().st_size < 16 * 2 ** 20 for p in files)
+    expected = {"engine.json", "log.jsonl"} | {f for fs in gpu_run.JOB_FILES.values() for f in fs
+                                                if not f.startswith("reference_1")}
+    assert expected <= {p.name for p in files}
+    assert not [p for p in files if p.name.endswith(".part")]
+
+
+def test_log_and_engine_checks(smoke):
+    _, out, _ = smoke
+    rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    done = {r["job"]: r for r in rows if r.get("event") == "done"}
+    assert set(done) == set(gpu_run.JOBS)
+    assert all(r["steps"] >= 1 for r in done.values())
+    assert any(r.get("event") == "val" and 0.0 <= r["dice"] <= 1.0 for r in rows)
+    engine = json.loads((out / "engine.json").read_text())
+    timing = engine["paper_scale_timing"]
+    assert "error" not in timing, timing
+    assert timing["uc_ms"] > 0 and timing["card_ms"] > timing["uc_ms"] * 0.9
+    assert "error" not in engine["cuda_consistency"], engine["cuda_consistency"]
+
+
+def test_weights_load_into_their_networks(smoke):
+    from safetensors import safe_open
+
+    from cardseg.networks import build_network
+
+    _, out, _ = smoke
+    for job, names in gpu_run.JOB_FILES.items():
+        spec = {**gpu_run.JOBS[job]["spec"], "num_classes": 4}
+        own = build_network(spec).state_dict()
+        path = out / names[0]
+        with safe_open(str(path), framework="pt") as f:
+            keys = list(f.keys())
+            meta = json.loads(f.metadata()["cardseg"])
+        if gpu_run.JOBS[job]["keep"] == "milestones":
+            steps = {k.split(".", 1)[0] for k in keys}
+            assert steps and all(s.startswith("step") for s in steps)
+            first = sorted(steps)[0]
+            keys = [k.split(".", 1)[1] for k in keys if k.startswith(first + ".")]
+            assert set(meta["checkpoints"]) == {s[4:] for s in steps}
+        assert set(keys) == set(own), job
+
+
+def test_import_then_export_a_bundle(smoke, tmp_path):
+    import_runs = _load("import_runs")
+    from cardseg.bundle import load_bundle
+    from cardseg_train.train import export_bundle
+
+    pack, out, _ = smoke
+    runs = import_runs.import_runs([out], pack / "pack.json", tmp_path / "runs")
+    names = {r.name for r in runs}
+    assert "primary" in names and "deterministic" in names
+    refs = sorted(r for r in runs if r.name.startswith("reference-mini-s"))
+    assert refs
+    bundle = export_bundle(tmp_path / "runs" / "primary", refs[-1], tmp_path / "bundle", version="9.9.9")
+    b = load_bundle(bundle)
+    assert b.config["input_size"] == 64 and b.config["pixel_spacing_mm"] == 3.0
+    assert b.config["networks"]["primary"]["size"] == "tiny"
+
+
+def test_lr_follows_the_time_budget():
+    f = gpu_run.lr_factor
+    assert f(0.0) < f(0.02) < f(0.03) == pytest.approx(1.0)
+    assert f(0.5) < 1.0 and f(0.99) < f(0.5)
+    assert f(1.0) == pytest.approx(0.02)
+
+
+def test_missing_pack_is_one_line_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, str(GPU / "run.py"), "--pack", str(tmp_path / "nope"), "--out",
+                           str(tmp_path / "o")], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "pack.json" in proc.stderr
