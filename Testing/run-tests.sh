@@ -7,6 +7,6 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install --quiet -c constraints.txt -e ".[test,cluster]"
+.venv/bin/python -m pip install --quiet -c constraints.txt -e ".[test,cluster,speed]"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 .venv/bin/python -m pytest -q "$@"

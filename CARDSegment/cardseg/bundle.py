@@ -64,6 +64,9 @@ class Bundle:
     primary: nn.Module
     reference: nn.Module
     checksums: Dict[str, str] = field(default_factory=dict)
+    #: what runs the networks: ``torch`` (eager modules) or ``onnx`` (ONNX Runtime sessions,
+    #: :mod:`cardseg.onnx_backend`); the pipeline calls both the same way
+    backend: str = "torch"
 
     @property
     def class_names(self) -> List[str]:
@@ -106,19 +109,43 @@ class Bundle:
         return self
 
 
-def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device = "cpu") -> Bundle:
+#: the backend :func:`load_bundle` uses when none is given (``cardseg batch --backend`` sets it
+#: for its own process, whose workers load the bundle)
+DEFAULT_BACKEND = "torch"
+
+
+def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device = "cpu",
+                backend: Optional[str] = None) -> Bundle:
     """Load and verify a bundle (see :func:`resolve_bundle_path` for how ``path`` is chosen).
 
     In order: ``bundle.json`` against the schema, each weight file's sha256 and safetensors
     header, the header's tensor shapes against the network ``bundle.json`` describes, then the
     weights. Every refusal is a one-line :class:`CardsegError` naming the file.
+
+    ``backend``: ``torch`` (default: :data:`DEFAULT_BACKEND`) gives the eager torch modules;
+    ``onnx`` gives ONNX Runtime sessions made from the same verified weights and cached in the
+    user's cache folder (:mod:`cardseg.onnx_backend`; CPU only; the shapes are checked when
+    the model is exported).
     """
+    from .onnx_backend import BACKENDS
+
+    backend = backend or DEFAULT_BACKEND
+    if backend not in BACKENDS:
+        raise CardsegError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
     root = resolve_bundle_path(path)
     config = validate_config(read_config(root), root)
     weights = verify_weights(root, config)
-    nets = {role: _load_network(root, config, role, weights[role]).to(device) for role in ROLES}
+    if backend == "onnx":
+        from .onnx_backend import load_networks
+
+        if torch.device(device).type != "cpu":
+            raise CardsegError("--backend onnx runs on the CPU; use --device cpu or --backend torch")
+        nets = load_networks(root, config, weights, lambda role: _load_network(root, config, role, weights[role]))
+    else:
+        nets = {role: _load_network(root, config, role, weights[role]).to(device) for role in ROLES}
     checksums = {w.path.name: w.sha256 for w in weights.values()}
-    return Bundle(path=root, config=config, primary=nets["primary"], reference=nets["reference"], checksums=checksums)
+    return Bundle(path=root, config=config, primary=nets["primary"], reference=nets["reference"], checksums=checksums,
+                  backend=backend)
 
 
 def _build(root: Path, config: dict, role: str, num_classes: int) -> nn.Module:

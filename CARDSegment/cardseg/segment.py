@@ -205,6 +205,7 @@ def build_report(result: SegmentationResult, volume: Volume, bundle: Bundle, met
         "spacing_xyz": [float(s) for s in volume.spacing],
         "timings_s": timings,
         "device": str(device),
+        "backend": getattr(bundle, "backend", "torch"),
         "bundle": {"id": bundle.ident, "path": str(Path(bundle.path).resolve()), "checksums": bundle.checksums},
     }
     if method == "card":

@@ -1,6 +1,7 @@
 """Benchmark: CARD's overhead over the primary alone on one volume (not a test).
 
-    python Testing/benchmarks/overhead.py [--bundle PATH] [--input VOLUME] [--repeats 3]
+    python Testing/benchmarks/overhead.py [--bundle PATH] [--input VOLUME] [--repeats 3] [--backend torch|onnx]
+    python Testing/benchmarks/overhead.py --paper-scale      # on a GPU: the paper's batch of 32 at 256 x 256
 
 Runs ``segment_volume`` with ``--method uc`` and ``--method card`` on the same volume in one
 process (after one warm-up each), and prints the median wall time of each, the overhead ratio
@@ -31,7 +32,25 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int)
+    ap.add_argument("--backend", default="torch", choices=["torch", "onnx"], help="onnx: needs the [speed] extra")
+    ap.add_argument("--paper-scale", action="store_true",
+                    help="the paper's timing instead: time-SwinUNETR base (40.5M) primary alone vs with a Mini "
+                         "reference, 5 steps on a batch of 32 slices of 256 x 256, random weights (the GPU run's "
+                         "engine check, Training/gpu/run.py)")
     a = ap.parse_args()
+    if a.paper_scale:
+        import importlib.util
+        import json
+        from pathlib import Path
+
+        path = Path(__file__).resolve().parents[2] / "Training" / "gpu" / "run.py"
+        spec = importlib.util.spec_from_file_location("cardseg_gpu_run", path)
+        gpu_run = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(gpu_run)
+        if a.threads:
+            torch.set_num_threads(a.threads)
+        print(json.dumps(gpu_run.paper_scale_timing(smoke=not torch.cuda.is_available(), repeats=a.repeats), indent=2))
+        return
 
     from cardseg.bundle import BUNDLES_DIR, DEFAULT_NAME, load_bundle
     from cardseg.networks import count_parameters
@@ -48,7 +67,7 @@ def main() -> None:
         path = BUNDLES_DIR / DEFAULT_NAME
     if path is None:
         path = init_bundle(f"{tmp.name}/b", a.primary, a.reference, a.input_size, a.spacing)
-    bundle = load_bundle(path, device=device)
+    bundle = load_bundle(path, device=device, backend=a.backend)
     volume = read_volume(a.input) if a.input else synthetic_cine_volume((10, 216, 256))[0]
     z = volume.shape[0]
 
@@ -82,9 +101,16 @@ def main() -> None:
         return statistics.median(runs)
 
     tp, tr = forward_time(bundle.primary), forward_time(bundle.reference)
-    print(f"bundle {bundle.ident}: primary {count_parameters(bundle.primary):,d} params, "
-          f"reference {count_parameters(bundle.reference):,d} params, grid {bundle.config['input_size']}px")
-    print(f"device {device}, threads {torch.get_num_threads()}, volume {z} slices, batch {a.batch_size}, "
+    def params(role: str) -> int:
+        net = getattr(bundle, role)
+        if isinstance(net, torch.nn.Module):
+            return count_parameters(net)
+        return bundle.config["networks"][role]["parameters"]
+
+    print(f"bundle {bundle.ident}: primary {params('primary'):,d} params, "
+          f"reference {params('reference'):,d} params, grid {bundle.config['input_size']}px")
+    print(f"device {device}, backend {bundle.backend}, threads {torch.get_num_threads()}, volume {z} slices, "
+          f"batch {a.batch_size}, "
           f"{len(bundle.sampled_steps)} steps")
     print(f"uc   {times['uc']:.3f} s  ({z / times['uc']:.2f} slices/s)")
     print(f"card {times['card']:.3f} s  ({z / times['card']:.2f} slices/s)")

@@ -1,0 +1,204 @@
+"""The optional ONNX Runtime backend (``--backend onnx``, ``cardseg.onnx_backend``): its logits against
+torch's to a tolerance on a small input, the model cache (location, key, reuse, a damaged file made
+again), no MONAI on a warm start, and ``cardseg segment --backend onnx`` end to end.
+
+Skipped cleanly where onnxruntime or onnx (the ``[speed]`` extra) is missing, except the refusals,
+which need neither.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import SimpleITK as sitk
+import torch
+
+from cardseg.errors import CardsegError
+
+HAVE_ONNX = importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
+needs_onnx = pytest.mark.skipif(not HAVE_ONNX, reason="onnxruntime and onnx not installed (the [speed] extra)")
+
+#: max |onnx - torch| of the logits on the small input (measured about 1e-6 here; 5e-5 on the shipped bundle)
+LOGIT_TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def swin_bundle(tmp_path_factory) -> Path:
+    """An untrained bundle with the shipped architecture (SwinUNETR mini + a small U-Net), 64 px."""
+    from cardseg.scaffold import init_bundle
+
+    path = tmp_path_factory.mktemp("speed") / "swin"
+    init_bundle(path, primary="time-swinunetr:mini", reference="time-unet:micro", input_size=64,
+                pixel_spacing_mm=3.0, seed=2)
+    return path
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """``CARDSEG_CACHE_DIR`` pointed at a fresh folder for this module."""
+    path = tmp_path_factory.mktemp("cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CARDSEG_CACHE_DIR", str(path))
+        yield path
+
+
+def _inputs(n, k, size, t, seed):
+    g = torch.Generator().manual_seed(seed)
+    image = torch.rand(n, 1, size, size, generator=g)
+    state = torch.softmax(3.0 * torch.randn(n, k, size, size, generator=g), dim=1)
+    return image, state, torch.full((n,), t, dtype=torch.long)
+
+
+@needs_onnx
+def test_onnx_logits_match_torch(swin_bundle, cache):
+    from cardseg.bundle import load_bundle
+
+    tb = load_bundle(swin_bundle)
+    ob = load_bundle(swin_bundle, backend="onnx")
+    assert ob.backend == "onnx" and tb.backend == "torch"
+    k, size = tb.num_classes, tb.config["input_size"]
+    for role in ("primary", "reference"):
+        for n, t, seed in ((1, 49, 0), (3, 24, 1), (5, 0, 2)):  # batch sizes other than the export's 2
+            x = _inputs(n, k, size, t, seed)
+            with torch.no_grad():
+                ref = getattr(tb, role)(*x)
+            out = getattr(ob, role)(*x)
+            assert out.shape == ref.shape and out.dtype == torch.float32
+            diff = float((out - ref).abs().max())
+            assert diff <= LOGIT_TOL, (role, n, t, diff)
+            top2 = ref.topk(2, dim=1).values
+            clear = (top2[:, 0] - top2[:, 1]) > 10 * LOGIT_TOL  # argmax equal wherever it is not a near tie
+            assert torch.equal(out.argmax(1)[clear], ref.argmax(1)[clear])
+
+
+@needs_onnx
+def test_model_cache_location_key_reuse_and_repair(swin_bundle, cache, monkeypatch):
+    import cardseg
+    from cardseg import onnx_backend
+    from cardseg.bundle import load_bundle
+
+    load_bundle(swin_bundle, backend="onnx")  # made (or found) once
+    models = cache / "models"
+    onnx_files = sorted(models.glob("*.onnx"))
+    assert [p.name.split("-")[0] for p in onnx_files] == ["primary", "reference"]
+    package = Path(cardseg.__file__).resolve().parent
+    assert package not in onnx_backend.cache_dir().resolve().parents
+    config = json.loads((swin_bundle / "bundle.json").read_text())
+    for p in onnx_files:
+        rec = json.loads(p.with_suffix(".json").read_text())
+        role = rec["role"]
+        assert rec["weights_sha256"] == config["networks"][role]["sha256"]
+        assert rec["key"].startswith(p.stem.split("-", 1)[1])
+        assert rec["probe_max_abs_diff"] <= LOGIT_TOL
+    # the key follows the weights, the network and the grid
+    spec = config["networks"]["primary"]
+    key = onnx_backend.cache_key("a" * 64, spec, 4, 1, 64)
+    assert key != onnx_backend.cache_key("b" * 64, spec, 4, 1, 64)
+    assert key != onnx_backend.cache_key("a" * 64, {**spec, "size": "tiny"}, 4, 1, 64)
+    assert key != onnx_backend.cache_key("a" * 64, spec, 4, 1, 96)
+
+    # a warm cache exports nothing
+    calls = []
+    real_export = onnx_backend.export_onnx
+    monkeypatch.setattr(onnx_backend, "export_onnx", lambda *a, **k: calls.append(1) or real_export(*a, **k))
+    load_bundle(swin_bundle, backend="onnx")
+    assert calls == []
+    # a damaged file (here: truncated) is not used but made again
+    primary = onnx_files[0]
+    primary.write_bytes(primary.read_bytes()[:1000])
+    b = load_bundle(swin_bundle, backend="onnx")
+    assert calls == [1]
+    rec = json.loads(primary.with_suffix(".json").read_text())
+    assert rec["onnx_sha256"] == onnx_backend.hashlib.sha256(primary.read_bytes()).hexdigest()
+    x = _inputs(2, b.num_classes, 64, 12, 5)
+    assert b.primary(*x).shape == (2, b.num_classes, 64, 64)
+
+
+@needs_onnx
+def test_unwritable_cache_keeps_the_model_in_memory(swin_bundle, tmp_path, monkeypatch):
+    from cardseg.bundle import load_bundle
+
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("CARDSEG_CACHE_DIR", str(blocker))
+    b = load_bundle(swin_bundle, backend="onnx")
+    assert b.primary.source == "memory"
+
+
+def test_cache_may_not_lie_inside_the_package(monkeypatch):
+    import cardseg
+    from cardseg import onnx_backend
+
+    monkeypatch.setenv("CARDSEG_CACHE_DIR", str(Path(cardseg.__file__).resolve().parent / "bundles"))
+    with pytest.raises(CardsegError, match="inside the installed cardseg package"):
+        onnx_backend.cache_dir()
+
+
+@needs_onnx
+def test_warm_start_imports_no_monai(swin_bundle, cache):
+    from cardseg.bundle import load_bundle
+
+    load_bundle(swin_bundle, backend="onnx")  # warm the cache
+    code = ("import sys; from cardseg.bundle import load_bundle; "
+            f"b = load_bundle({str(swin_bundle)!r}, backend='onnx'); "
+            "assert 'monai' not in sys.modules, 'monai imported'; print(b.primary.source)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip().startswith(str(cache))
+
+
+@needs_onnx
+def test_segment_onnx_matches_torch_and_repeats_bit_for_bit(swin_bundle, cache, synthetic_volume, tmp_path):
+    from cardseg.cli import main
+
+    vol, _ = synthetic_volume
+    inp = tmp_path / "in.nii.gz"
+    sitk.WriteImage(vol.to_image(), str(inp))
+    outs = {}
+    for name, backend in (("torch", "torch"), ("onnx", "onnx"), ("onnx2", "onnx")):
+        outs[name] = tmp_path / name
+        assert main(["segment", str(inp), "-o", str(outs[name]), "--bundle", str(swin_bundle), "--quiet",
+                     "--backend", backend, "--batch-size", "3"]) == 0
+
+    def arr(name, f):
+        return sitk.GetArrayFromImage(sitk.ReadImage(str(outs[name] / f)))
+
+    files = ("segmentation.nii.gz", "probabilities.nii.gz", "disagreement.nii.gz", "temperature.nii.gz",
+             "regions.nii.gz")
+    for f in files:  # the same backend twice: bit-identical
+        assert np.array_equal(arr("onnx", f), arr("onnx2", f)), f
+    p_t, p_o = arr("torch", "probabilities.nii.gz"), arr("onnx", "probabilities.nii.gz")
+    assert np.abs(p_t - p_o).max() <= 1e-4
+    assert np.abs(arr("torch", "disagreement.nii.gz") - arr("onnx", "disagreement.nii.gz")).max() <= 1e-4
+    # labels: identical wherever the torch probabilities are not a near tie
+    top2 = np.sort(p_t, axis=-1)[..., -2:]
+    clear = (top2[..., 1] - top2[..., 0]) > 1e-3
+    assert np.array_equal(arr("torch", "segmentation.nii.gz")[clear], arr("onnx", "segmentation.nii.gz")[clear])
+    rep = json.loads((outs["onnx"] / "report.json").read_text())
+    assert rep["backend"] == "onnx" and rep["device"] == "cpu"
+    assert json.loads((outs["torch"] / "report.json").read_text())["backend"] == "torch"
+
+
+def test_backend_refusals(tmp_path, tiny_bundle, monkeypatch, capsys):
+    from cardseg.bundle import load_bundle
+    from cardseg.cli import main
+
+    with pytest.raises(CardsegError, match="unknown backend"):
+        load_bundle(tiny_bundle, backend="tensorrt")
+    inp = tmp_path / "in.nii.gz"
+    inp.write_bytes(b"")  # never read: the options are refused first
+    assert main(["segment", str(inp), "-o", str(tmp_path / "o"), "--backend", "onnx", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("cardseg: error: --backend onnx runs on the CPU") and "\n" not in err
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
+    assert main(["segment", str(inp), "-o", str(tmp_path / "o"), "--backend", "onnx"]) == 2
+    assert "needs onnxruntime (pip install 'cardsegment[speed]')" in capsys.readouterr().err
+    assert main(["batch", str(inp), "-o", str(tmp_path / "b"), "--backend", "onnx", "--ray", "local"]) == 2
+    assert not (tmp_path / "o").exists() and not (tmp_path / "b").exists()
