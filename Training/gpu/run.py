@@ -284,7 +284,7 @@ def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: int, seed:
     log_every = 1.0 if smoke else 15.0
     t0 = time.perf_counter()
     t_val, t_log = t0, t0
-    step, loss_sum, n_sum = 0, 0.0, 0
+    step, n_sum = 0, 0
 
     def current_val(weights: str) -> dict:
         if weights == "ema":
@@ -337,7 +337,6 @@ def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: int, seed:
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
         opt.step()
         step += 1
-        loss_sum += float(loss.detach()) if smoke else 0.0
         n_sum += 1
         if ema is not None:
             d = min(job["ema"], (1 + step) / (10 + step))
@@ -353,7 +352,7 @@ def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: int, seed:
             log_line(out, {"job": name, "event": "train", "step": step, "loss": round(cur, 5),
                            "lr": opt.param_groups[0]["lr"], "steps_per_s": round(n_sum / (now - t_log), 2),
                            "elapsed_s": round(now - t0, 1)})
-            t_log, n_sum, loss_sum = now, 0, 0.0
+            t_log, n_sum = now, 0
         if job["keep"] == "best" and now - t_val >= val_every:
             for weights in (("raw", "ema") if ema is not None else ("raw",)):
                 v = current_val(weights)
@@ -395,9 +394,9 @@ def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: int, seed:
 def _no_simpleitk() -> None:
     """Let the engine's modules import where SimpleITK is absent: the array path used here never
     calls it (reading and writing files does, and stays untested on the GPU machine)."""
-    try:
-        import SimpleITK  # noqa: F401
-    except ImportError:
+    import importlib.util
+
+    if importlib.util.find_spec("SimpleITK") is None:
         import types
 
         sys.modules["SimpleITK"] = types.ModuleType("SimpleITK")
