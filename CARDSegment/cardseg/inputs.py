@@ -22,8 +22,10 @@ the one error line.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
+import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -93,11 +95,32 @@ def _raster_name(p: Path) -> str:
     return p.suffix.lstrip(".").upper() or "raster"
 
 
+@contextlib.contextmanager
+def _native_stderr_muted():
+    """Silence what C libraries (libpng, libjpeg, libtiff) print to file descriptor 2 while a
+    reader runs: a damaged file must end in our one-line error, not in their messages too."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # no real stderr (embedded, captured): nothing to mute
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), fd)
+            yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+
+
 def _read_file(p: Path, frame: Optional[int], user_spacing: Optional[Sequence[float]] = None):
     reader = sitk.ImageFileReader()
     reader.SetFileName(str(p))
     try:
-        reader.ReadImageInformation()
+        with _native_stderr_muted():
+            reader.ReadImageInformation()
     except RuntimeError:
         raise CardsegError(f"{p}: not a readable image (NIfTI, NRRD, MHA, DICOM; PNG/JPEG/BMP/TIFF with --spacing)") from None
     io = reader.GetImageIO() or sitk.ImageFileReader.GetImageIOFromFileName(str(p))
@@ -130,7 +153,8 @@ def _read_file(p: Path, frame: Optional[int], user_spacing: Optional[Sequence[fl
         raise CardsegError(f"{p}: {io.replace('ImageIO', '')} files are not supported "
                            "(NIfTI, NRRD, MHA, DICOM; PNG/JPEG/BMP/TIFF with --spacing)")
     try:
-        img = reader.Execute()
+        with _native_stderr_muted():
+            img = reader.Execute()
     except RuntimeError as exc:
         raise CardsegError(f"{p}: image data cannot be read ({_first_line(exc)})") from None
     return img, has_spacing
