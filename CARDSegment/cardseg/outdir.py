@@ -107,11 +107,15 @@ def check_output(output: os.PathLike, overwrite: bool = False, inputs: Iterable[
     if not base.is_dir():
         raise CardsegError(f"{out}: cannot create it, {base} is a file")
     _check_writable(out.parent if out.exists() else base, out)
-    if out.is_dir():
-        if not os.access(out, os.R_OK | os.X_OK):
-            raise CardsegError(f"{out}: folder cannot be read")
-        _check_replaceable(out, overwrite)
-    _check_siblings(out)
+    try:
+        if out.is_dir():
+            if not os.access(out, os.R_OK | os.X_OK):
+                raise CardsegError(f"{out}: folder cannot be read")
+            _check_replaceable(out, overwrite)
+        _check_siblings(out)
+    except FileNotFoundError:  # another run, holding the lock, moved the folder while it was read
+        raise CardsegError(f"{out}: another cardseg run is writing this folder now; "
+                           "wait for it to finish or choose another folder") from None
     return out
 
 
