@@ -195,6 +195,9 @@ def validate(net, volumes, kind: str, schedule, steps, k: int, batch: int = 64) 
     label and prediction does not count), with the engine's sampler for diffusion networks."""
     from cardseg.trajectory import run_trajectory
 
+    _no_simpleitk()  # cardseg_train.train imports the engine's file I/O, unused here
+    from cardseg_train.train import dice_per_class
+
     was = net.training
     net.eval()
     scores = []
@@ -207,13 +210,7 @@ def validate(net, volumes, kind: str, schedule, steps, k: int, batch: int = 64) 
             else:
                 logits = net(x)
             preds.append(logits.argmax(dim=1))
-        pred = torch.cat(preds)
-        row = []
-        for c in range(1, k):
-            a, b = pred == c, labs == c
-            den = int(a.sum()) + int(b.sum())
-            row.append(float("nan") if den == 0 else 2.0 * int((a & b).sum()) / den)
-        scores.append(row)
+        scores.append(dice_per_class(torch.cat(preds), labs.long(), k))
     net.train(was)
     with np.errstate(all="ignore"):
         per = np.nan_to_num(np.nanmean(np.array(scores, dtype=np.float64), axis=0))
