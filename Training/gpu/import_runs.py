@@ -31,7 +31,7 @@ import torch  # noqa: E402
 
 #: folder-name stem of each job's runs
 STEMS = {"primary": "primary", "reference": "reference-mini", "reference_unet": "reference-unet",
-         "deterministic": "deterministic"}
+         "deterministic": "deterministic", "aleatoric": "aleatoric"}
 
 
 def _read(path: Path):

@@ -12,7 +12,8 @@ What it does, in order (each part guarded, so one failure never costs the others
    before any training starts, so training never disturbs the timings.
 2. ``jobs``: one process per network, all sharing the GPU for the same wall-clock budget:
    the diffusion primary, two references (the paper's Mini SwinUNETR and the cheap U-Net)
-   saved at several training lengths, and a deterministic SwinUNETR of the primary's size.
+   saved at several training lengths, and a deterministic and an aleatoric SwinUNETR of the
+   primary's size (the conventional baselines' segmentors). ``--jobs`` picks a subset.
    Each trains with bf16 autocast, data and augmentation on the GPU, a learning rate that
    warms up and then follows a cosine over the *time* budget, validates on the pack's
    validation volumes with the engine's 5-step sampler, and writes fp16 safetensors into OUT
@@ -54,7 +55,7 @@ import torch.nn.functional as F  # noqa: E402
 #: every job: network spec, loss kind, checkpoint policy, output file(s)
 JOBS: Dict[str, dict] = {
     # the primary gets the whole budget and the largest batch: its Dice is what the run is for
-    "primary": {"spec": {"arch": "time-swinunetr", "size": "tiny"}, "kind": "diffusion", "lr": 4e-4, "batch": 64,
+    "primary": {"spec": {"arch": "time-swinunetr", "size": "tiny"}, "kind": "diffusion", "lr": 4e-4, "batch": 128,
                 "keep": "best", "ema": 0.999},
     # references: saved at MILESTONES (the maturity axis), stopped after the last one
     "reference": {"spec": {"arch": "time-swinunetr", "size": "mini"}, "kind": "diffusion", "lr": 3e-4, "batch": 32,
@@ -66,6 +67,9 @@ JOBS: Dict[str, dict] = {
     "deterministic": {"spec": {"arch": "discriminative", "backbone": "swinunetr", "feature_size": 24},
                       "kind": "deterministic", "lr": 4e-4, "batch": 32, "budget_frac": 0.6, "keep": "best",
                       "ema": 0.999},
+    # the "Alea." row: the same SwinUNETR with a class-wise log-variance head (Kendall and Gal)
+    "aleatoric": {"spec": {"arch": "discriminative", "backbone": "swinunetr", "feature_size": 24, "aleatoric": True},
+                  "kind": "aleatoric", "lr": 4e-4, "batch": 32, "budget_frac": 0.6, "keep": "best", "ema": 0.999},
 }
 #: steps at which the references are saved (plus their last step): the maturity axis
 MILESTONES = (250, 500, 1000, 2000, 4000, 8000)
@@ -207,6 +211,8 @@ def validate(net, volumes, kind: str, schedule, steps, k: int, batch: int = 64) 
             x = as_float(imgs[i:i + batch])
             if kind == "diffusion":
                 logits = run_trajectory(net, x, steps, k, mode="uc", schedule=schedule).logits
+            elif kind == "aleatoric":
+                logits = net.heads(x)[0]  # the mean logits: the argmax the sampled prediction also has
             else:
                 logits = net(x)
             preds.append(logits.argmax(dim=1))
@@ -221,15 +227,16 @@ def validate(net, volumes, kind: str, schedule, steps, k: int, batch: int = 64) 
 # --------------------------------------------------------------------------------------------
 # one job
 # --------------------------------------------------------------------------------------------
-def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: int, seed: int, smoke: bool,
-            init_from: Optional[str] = None, lr_scale: float = 1.0) -> dict:
+def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: Optional[int], seed: int, smoke: bool,
+            init_from: Optional[str] = None, lr_scale: float = 1.0, p_uncond: float = 0.2,
+            val_every_s: float = 30.0) -> dict:
     from cardseg.diffusion import CategoricalSchedule, default_sampling_steps
     from cardseg.networks import build_network, count_parameters
     from cardseg_train.losses import DiffusionLoss, boundary_ce, soft_dice_loss
 
     job = JOBS[name]
     budget_s = budget_s * float(job.get("budget_frac", 1.0))
-    batch = batch if smoke else int(job.get("batch", batch))
+    batch = int(batch) if batch else int(job.get("batch", 32))
     max_steps = int(job.get("max_steps", 10 ** 9))
     cuda = torch.cuda.is_available() and not smoke
     device = torch.device("cuda" if cuda else "cpu")
@@ -265,7 +272,7 @@ def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: int, seed:
     n_train = data["train_images"].shape[0]
     base = {"job": name, "network": {k_: v for k_, v in spec.items() if k_ != "num_classes"},
             "parameters": count_parameters(net), "device": torch.cuda.get_device_name() if cuda else "cpu",
-            "batch_size": batch, "budget_s": budget_s, "lr": job["lr"], "seed": seed,
+            "batch_size": batch, "budget_s": budget_s, "lr": job["lr"], "seed": seed, "p_uncond": p_uncond,
             "init_from": Path(init_from).name if init_from else None,
             "pack": {k_: meta_pack.get(k_) for k_ in ("data", "pixel_spacing_mm", "input_size", "preprocessing",
                                                        "split", "data_sha256")}}
@@ -277,7 +284,7 @@ def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: int, seed:
     best = {"dice": -1.0, "step": 0, "weights": "raw"}
     best_state = None
     last_save = time.perf_counter()
-    val_every = 2.0 if smoke else 30.0
+    val_every = 2.0 if smoke else val_every_s
     log_every = 1.0 if smoke else 15.0
     t0 = time.perf_counter()
     t_val, t_log = t0, t0
@@ -320,12 +327,20 @@ def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: int, seed:
         img, lab = augment(as_float(data["train_images"][idx]), data["train_labels"][idx].long())
         with autocast:
             if job["kind"] == "diffusion":
-                img, x_t, t = noisy_inputs(schedule, img, lab, k)
+                img, x_t, t = noisy_inputs(schedule, img, lab, k, p_uncond=p_uncond)
                 logits = net(img, x_t, t)
+            elif job["kind"] == "aleatoric":
+                logits, log_var = net.heads(img)
             else:
                 logits = net(img)
         if job["kind"] == "diffusion":
             loss, _ = loss_fn(logits.float(), lab, x_t, t)
+        elif job["kind"] == "aleatoric":
+            from cardseg.networks.discriminative import aleatoric_nll
+
+            logits = logits.float()
+            loss = (aleatoric_nll(logits, log_var.float(), lab) + soft_dice_loss(logits, lab)
+                    + 0.5 * boundary_ce(logits, lab))
         else:
             logits = logits.float()
             loss = F.cross_entropy(logits, lab) + soft_dice_loss(logits, lab) + 0.5 * boundary_ce(logits, lab)
@@ -393,7 +408,7 @@ def _no_simpleitk() -> None:
     calls it (reading and writing files does, and stays untested on the GPU machine)."""
     import importlib.util
 
-    if importlib.util.find_spec("SimpleITK") is None:
+    if "SimpleITK" not in sys.modules and importlib.util.find_spec("SimpleITK") is None:
         import types
 
         sys.modules["SimpleITK"] = types.ModuleType("SimpleITK")
@@ -497,14 +512,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--pack", default=str(ROOT / "Training" / "gpu" / "pack"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=420.0, help="training wall-clock budget of every job")
-    ap.add_argument("--batch-size", type=int, default=32, help="jobs without a batch of their own; --smoke: every job")
+    ap.add_argument("--batch-size", type=int, help="every job's batch (default: each job's own)")
     ap.add_argument("--jobs", default=",".join(JOBS), help="comma-separated subset of " + ", ".join(JOBS))
     ap.add_argument("--no-checks", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny batch and budget: the test suite's rehearsal")
     ap.add_argument("--job", help=argparse.SUPPRESS)  # internal: run one job in this process
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--init-from", help="continue one job (--jobs NAME) from a returned .safetensors")
+    ap.add_argument("--init-from", action="append", default=[], metavar="[JOB=]FILE",
+                    help="continue a job from a returned .safetensors (a bare FILE: the only job); repeatable")
     ap.add_argument("--lr-scale", type=float, default=1.0, help="multiply every job's learning rate")
+    ap.add_argument("--p-uncond", type=float, default=0.2, help="diffusion jobs: probability of zeroing the image")
+    ap.add_argument("--val-every-s", type=float, default=30.0, help="seconds between validations")
     a = ap.parse_args(argv)
     out, pack = Path(a.out), Path(a.pack)
     out.mkdir(parents=True, exist_ok=True)
@@ -514,24 +532,40 @@ def main(argv: Optional[List[str]] = None) -> int:
     if a.job:
         if a.smoke:
             torch.set_num_threads(1)
-        run_job(a.job, pack, out, a.budget_s, a.batch_size, a.seed, a.smoke, a.init_from, a.lr_scale)
+        run_job(a.job, pack, out, a.budget_s, a.batch_size, a.seed, a.smoke, (a.init_from or [None])[0],
+                a.lr_scale, a.p_uncond, a.val_every_s)
         return 0
     jobs = [j.strip() for j in a.jobs.split(",") if j.strip()]
     unknown = [j for j in jobs if j not in JOBS]
     if unknown:
         print(f"run: unknown job(s) {', '.join(unknown)} (choose from {', '.join(JOBS)})", file=sys.stderr)
         return 2
+    inits: Dict[str, str] = {}
+    for item in a.init_from:
+        name, sep, path = item.partition("=")
+        if not sep:
+            if len(jobs) != 1:
+                print("run: --init-from FILE needs exactly one job; write JOB=FILE", file=sys.stderr)
+                return 2
+            name, path = jobs[0], item
+        if name not in jobs or not Path(path).is_file():
+            print(f"run: --init-from {item}: {'no such job in --jobs' if name not in jobs else 'no such file'}",
+                  file=sys.stderr)
+            return 2
+        inits[name] = path
     if not a.no_checks:
         run_checks(out, a.smoke)
     procs = {}
     for i, name in enumerate(jobs):
         cmd = [sys.executable, str(Path(__file__).resolve()), "--pack", str(pack), "--out", str(out), "--job", name,
-               "--budget-s", str(a.budget_s), "--batch-size", str(a.batch_size), "--seed", str(a.seed + i)]
+               "--budget-s", str(a.budget_s), "--seed", str(a.seed + i), "--lr-scale", str(a.lr_scale),
+               "--p-uncond", str(a.p_uncond), "--val-every-s", str(a.val_every_s)]
+        if a.batch_size:
+            cmd += ["--batch-size", str(a.batch_size)]
         if a.smoke:
             cmd.append("--smoke")
-        if a.init_from:
-            cmd += ["--init-from", a.init_from]
-        cmd += ["--lr-scale", str(a.lr_scale)]
+        if name in inits:
+            cmd += ["--init-from", inits[name]]
         procs[name] = subprocess.Popen(cmd, stdout=sys.stdout, stderr=sys.stderr)
     deadline = time.time() + a.budget_s + (120 if not a.smoke else 60)
     codes = {}

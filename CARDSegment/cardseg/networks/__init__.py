@@ -6,6 +6,7 @@ Every network here maps ``(image (B, C_img, H, W), state (B, K, H, W), t (B,))``
     {"arch": "time-swinunetr", "size": "mini", "num_classes": 4}
     {"arch": "time-unet", "size": "tiny", "num_classes": 4}
     {"arch": "discriminative", "backbone": "unet", "num_classes": 4}
+    {"arch": "discriminative", "backbone": "swinunetr", "feature_size": 24, "aleatoric": true, "num_classes": 4}
 
 and built with :func:`build_network`.
 """
@@ -47,8 +48,11 @@ def build_network(spec: dict) -> nn.Module:
             raise ValueError(f"unknown U-Net size {size!r} (choose from {', '.join(UNET_SIZES)})")
         return TimeUNet(num_classes=k, channels=channels, image_channels=c_img)
     if arch == "discriminative":
-        from .discriminative import DiscriminativeSegmentor
+        from .discriminative import AleatoricSegmentor, DiscriminativeSegmentor
 
+        if spec.get("aleatoric"):
+            return AleatoricSegmentor(num_classes=k, backbone=spec.get("backbone", "swinunetr"),
+                                      feature_size=int(spec.get("feature_size", 12)), image_channels=c_img)
         return DiscriminativeSegmentor(num_classes=k, backbone=spec.get("backbone", "unet"),
                                        feature_size=int(spec.get("feature_size", 12)), image_channels=c_img)
     raise ValueError(f"unknown network architecture {arch!r} (choose from {', '.join(ARCHES)})")
