@@ -64,8 +64,22 @@ def agreement_report(tac: np.ndarray, labels: np.ndarray, radius: int, class_nam
     return {"agreement": agreement_score(tac, roi), "agreement_per_slice": per_slice, "agreement_per_class": per_class}
 
 
+def slice_lcc_ratios(foreground: np.ndarray) -> list:
+    """Paper Fig. 2a's LCC ratio per 2D slice: foreground ``(Z, Y, X)`` bool → one value per slice
+    (``|largest 4-connected component| / |foreground|`` of that slice; None where it is empty)."""
+    fg = np.asarray(foreground, dtype=bool)
+    return [lcc_ratio(fg[z]) for z in range(fg.shape[0])]
+
+
+def mean_slice_lcc_ratio(foreground: np.ndarray) -> Optional[float]:
+    """Mean of :func:`slice_lcc_ratios` over the slices with foreground; None if there are none."""
+    vals = [v for v in slice_lcc_ratios(foreground) if v is not None]
+    return float(np.mean(vals)) if vals else None
+
+
 def lcc_ratio(foreground: np.ndarray) -> Optional[float]:
-    """``|largest connected component| / |foreground|`` (3D, face connectivity); None if empty."""
+    """``|largest connected component| / |foreground|`` (face connectivity, in as many dimensions
+    as the array has); None if empty."""
     fg = np.asarray(foreground, dtype=bool)
     total = int(fg.sum())
     if total == 0:

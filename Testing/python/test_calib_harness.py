@@ -53,7 +53,13 @@ def test_summarize_case_keeps_roi_pixels_dice_and_slice_agreement():
     assert res.slice_index == [1, 2]  # slice 0 has no ground-truth foreground
     assert res.slice_agreement[0] == pytest.approx(agreement_score(tac[1], roi[1]))
     assert res.agreement == pytest.approx(agreement_score(tac, roi)) and 0 < res.agreement < 1
-    assert res.lcc == pytest.approx(1.0)
+    assert res.lcc == pytest.approx(1.0) and res.lcc_reference is None
+    # per 2D slice (paper Fig. 2a): a stray island on one slice lowers that slice's ratio only
+    ref = logits.copy()
+    ref[2, 1, 0:2, 0:2] += 40.0  # 4 RV pixels in a corner of slice 2, apart from the heart
+    res = ce.summarize_case("p1_f1", "p1", "clean", logits, tac, lab, NAMES, reference_logits=ref)
+    heart = int((ref[2].argmax(0) > 0).sum()) - 4
+    assert res.lcc_reference == pytest.approx((1.0 + heart / (heart + 4)) / 2)
     with pytest.raises(ValueError, match="shapes"):
         ce.summarize_case("x", "x", "clean", logits[:, :3], tac, lab, NAMES)
 
@@ -96,11 +102,19 @@ def test_calibration_table_pools_pixels_and_card_wins_where_tac_marks_the_errors
     assert t["pooled"]["clean"]["ts"]["ece"] == pytest.approx(ref["ece"], rel=1e-5)
     assert t["mean_nll"]["ts"] == pytest.approx((t["pooled"]["clean"]["ts"]["nll"]
                                                  + t["pooled"]["motion"]["ts"]["nll"]) / 2)
-    assert t["corrupted_block_nll"]["ts"] == pytest.approx(t["pooled"]["motion"]["ts"]["nll"])
-    # the wrong patch is confidently wrong; only CARD (high TAC there) softens it
-    assert t["mean_nll"]["card"] < min(t["mean_nll"]["ts"], t["mean_nll"]["uc"])
-    assert t["lowest_mean_nll"] == "card"
-    assert t["card_vs_best_post_hoc"]["best_baseline"] == "ts"
+    assert t["artifacts_only_nll"]["ts"] == pytest.approx(t["pooled"]["motion"]["ts"]["nll"])
+    # CARD's pooled NLL: each ROI pixel's logits divided by Eq. 7's temperature of its own TAC,
+    # computed here by hand from the parameters
+    motion = [r for r in results if r.condition == "motion"]
+    z = np.concatenate([r.logits.T for r in motion]).astype(np.float64)
+    d = np.concatenate([r.tac for r in motion]).astype(np.float64)
+    tau = 1.0 + (30.0 - 1.0) / (1.0 + np.exp(-(d - 0.2) / 0.02))
+    zs = z / tau[:, None]
+    logp = zs - zs.max(1, keepdims=True) - np.log(np.exp(zs - zs.max(1, keepdims=True)).sum(1, keepdims=True))
+    y = np.concatenate([r.labels for r in motion])
+    assert t["pooled"]["motion"]["card"]["nll"] == pytest.approx(-logp[np.arange(y.size), y].mean(), rel=1e-4)
+    assert t["lowest_mean_nll"] == min(t["mean_nll"], key=t["mean_nll"].get)
+    assert t["card_vs_best_post_hoc"]["best_baseline"] == "ts"  # the only post-hoc baseline given
     assert t["card_vs_best_post_hoc"]["card_over_best"] == pytest.approx(t["mean_nll"]["card"] / t["mean_nll"]["ts"])
     assert sum(t["confidence_histogram"]["clean"]["uc"]) == t["pooled"]["clean"]["uc"]["n"] == y.size
     seg = t["segmentation"]["motion"]

@@ -20,8 +20,11 @@ same ROI pixels, in the same order. Definitions used everywhere (fitting, evalua
 * ECE (top-label), SCE, ACE with 10 bins and NLL, pooled over all ROI pixels of all volumes of a
   condition (:class:`cardseg.calibration_metrics.CalibrationAccumulator`); per-volume means are
   reported beside them.
-* Mean NLL of a method: the mean over the conditions of its pooled NLL (each condition weighs
-  the same); the ACDC-C block mean leaves ``clean`` out.
+* ACDC-C block NLL of a method (the paper's): the mean over *all* conditions, clean included, of
+  its pooled NLL, each condition weighing the same (``mean_nll``); the artifacts-only mean
+  (clean left out) is reported beside it as ``artifacts_only_nll``.
+* LCC ratio (paper Fig. 2a) per 2D slice, averaged over the slices with predicted foreground,
+  for the primary's and the reference's terminal predictions.
 * Agreement (paper Eq. 4) over the same ROI, per volume and per slice; agreement versus Dice is
   per slice, skipping slices without ground-truth foreground, with Pearson r (paper Fig. 2b).
 """
@@ -41,7 +44,7 @@ import torch
 from cardseg.calibration import Calibrator, calibrator_from_dict
 from cardseg.calibration_metrics import CalibrationAccumulator, calibration_metrics
 from cardseg.errors import CardsegError
-from cardseg.metrics import agreement_score, lcc_ratio, roi_mask
+from cardseg.metrics import agreement_score, mean_slice_lcc_ratio, roi_mask
 from cardseg.progress import Progress
 
 from .calibration_spatial import (SpatialItem, augmentation_stats, crop_roi_probs, engine_primary_logits,
@@ -63,7 +66,7 @@ POST_HOC = ("ts", "ets", "hts", "pts", "lts", "calibnet")
 #: ROI radius of the metrics, pixels of the volume's own grid
 ROI_RADIUS = 10
 #: bump when what a cached case holds, or how it is computed, changes
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 @dataclass
@@ -85,6 +88,7 @@ class CaseResult:
     labels: np.ndarray
     dice: Dict[str, float] = field(default_factory=dict)
     lcc: Optional[float] = None
+    lcc_reference: Optional[float] = None
     agreement: Optional[float] = None
     slice_index: List[int] = field(default_factory=list)
     slice_agreement: List[float] = field(default_factory=list)
@@ -99,7 +103,7 @@ class CaseResult:
 
     def meta(self) -> dict:
         return {"case": self.case, "patient": self.patient, "condition": self.condition, "dice": self.dice,
-                "lcc": self.lcc, "agreement": self.agreement, "slice_index": self.slice_index,
+                "lcc": self.lcc, "lcc_reference": self.lcc_reference, "agreement": self.agreement, "slice_index": self.slice_index,
                 "slice_agreement": self.slice_agreement, "slice_dice": self.slice_dice}
 
 
@@ -119,10 +123,12 @@ def slice_dice(pred: np.ndarray, truth: np.ndarray, num_classes: int) -> float:
 
 
 def summarize_case(case: str, patient: str, condition: str, logits: np.ndarray, tac: np.ndarray,
-                   labels: np.ndarray, class_names: Sequence[str], roi_radius: int = ROI_RADIUS) -> CaseResult:
+                   labels: np.ndarray, class_names: Sequence[str], roi_radius: int = ROI_RADIUS,
+                   reference_logits: Optional[np.ndarray] = None) -> CaseResult:
     """Reduce one volume's trajectory outputs to a :class:`CaseResult`.
 
-    logits ``(Z, K, Y, X)``, tac and labels ``(Z, Y, X)`` on the volume's own grid.
+    logits (and reference_logits, when given) ``(Z, K, Y, X)``, tac and labels ``(Z, Y, X)`` on
+    the volume's own grid.
     """
     k = len(class_names)
     if logits.shape[1] != k or logits.shape[:1] + logits.shape[2:] != labels.shape or tac.shape != labels.shape:
@@ -132,7 +138,9 @@ def summarize_case(case: str, patient: str, condition: str, logits: np.ndarray, 
     z_roi = np.moveaxis(logits, 1, 0)[:, roi].astype(np.float32)
     res = CaseResult(case, patient, condition, z_roi, tac[roi].astype(np.float32), labels[roi].astype(np.uint8))
     res.dice = {name: dice_score(pred, labels, i) for i, name in enumerate(class_names) if i}
-    res.lcc = lcc_ratio(pred > 0)
+    res.lcc = mean_slice_lcc_ratio(pred > 0)
+    if reference_logits is not None:
+        res.lcc_reference = mean_slice_lcc_ratio(reference_logits.argmax(axis=1) > 0)
     res.agreement = agreement_score(tac, roi)
     for zi in range(labels.shape[0]):
         if not (labels[zi] > 0).any():
@@ -155,9 +163,10 @@ def run_case(bundle, item: LabelledVolume, condition: str, seed: int = 0, device
     vol = condition_volume(item, condition, seed)
     slices01 = normalized_slices(vol.volume, bundle)
     spacing = tuple(vol.volume.spacing[:2])
-    traj = trajectory_on_slices(slices01, spacing, bundle, "card", device, batch_size)
+    traj = trajectory_on_slices(slices01, spacing, bundle, "card", device, batch_size, with_reference=True)
     logits, tac = traj.logits.numpy(), traj.tac.numpy()
-    res = summarize_case(item.case, item.patient, condition, logits, tac, item.labels, bundle.class_names, roi_radius)
+    res = summarize_case(item.case, item.patient, condition, logits, tac, item.labels, bundle.class_names, roi_radius,
+                         reference_logits=traj.reference_logits.numpy())
     roi = roi_mask(item.labels > 0, roi_radius)
     if (spatial or augmentations) and roi.any():
         res.spatial = spatial_item(logits, slices01, item.labels, roi, tac)
@@ -324,13 +333,15 @@ def calibration_table(results: Sequence[CaseResult], calibrators: Dict[str, Cali
         dice = {name: _mean(r.dice[name] for r in rs) for name in class_names[1:]}
         dice["mean"] = _mean(_mean(r.dice.values()) for r in rs)
         segmentation[cond] = {"dice": dice, "lcc": _mean(r.lcc for r in rs),
+                              "lcc_reference": _mean(r.lcc_reference for r in rs),
                               "agreement": _mean(r.agreement for r in rs), "volumes": len(rs)}
         xs = [a for r in rs for a in r.slice_agreement]
         ys = [d for r in rs for d in r.slice_dice]
         scatter[cond] = {"agreement": xs, "dice": ys, "r": pearson_r(xs, ys)}
     mean_nll = {m: float(np.mean([pooled[c][m]["nll"] for c in conditions])) for m in methods}
     corrupted = [c for c in conditions if c != "clean"]
-    block_nll = ({m: float(np.mean([pooled[c][m]["nll"] for c in corrupted])) for m in methods} if corrupted else None)
+    artifacts_nll = ({m: float(np.mean([pooled[c][m]["nll"] for c in corrupted])) for m in methods}
+                     if corrupted else None)
     all_x = [a for c in conditions for a in scatter[c]["agreement"]]
     all_y = [d for c in conditions for d in scatter[c]["dice"]]
     post_hoc = [m for m in POST_HOC if m in methods]
@@ -341,7 +352,7 @@ def calibration_table(results: Sequence[CaseResult], calibrators: Dict[str, Cali
     return {
         "conditions": conditions, "methods": methods, "classes": list(class_names),
         "volumes": len({r.case for r in results}),
-        "pooled": pooled, "per_volume_mean": per_volume, "mean_nll": mean_nll, "corrupted_block_nll": block_nll,
+        "pooled": pooled, "per_volume_mean": per_volume, "mean_nll": mean_nll, "artifacts_only_nll": artifacts_nll,
         "lowest_mean_nll": min(methods, key=lambda m: mean_nll[m]), "card_vs_best_post_hoc": ratio,
         "segmentation": segmentation, "agreement_vs_dice": {"r_all": pearson_r(all_x, all_y), "per_condition": scatter},
         "reliability": reliability, "confidence_histogram": confidence_hist,
