@@ -22,8 +22,21 @@ ACDC_CLASSES = [
 
 
 def parse_network(text: str) -> dict:
-    """``"time-unet:micro"`` or ``"time-swinunetr:mini"`` → a network spec."""
+    """``"time-unet:micro"``, ``"time-swinunetr:mini"`` or, for the plain segmentors,
+    ``"discriminative:swinunetr-tiny"`` / ``"discriminative:unet"`` → a network spec."""
     arch, _, size = text.partition(":")
+    if arch == "discriminative":
+        from .networks import SWIN_SIZES
+
+        backbone, _, width = (size or "swinunetr").partition("-")
+        spec = {"arch": arch, "backbone": backbone}
+        if backbone == "swinunetr":
+            spec["feature_size"] = SWIN_SIZES.get(width or "mini", 0)
+            if not spec["feature_size"]:
+                raise ValueError(f"unknown SwinUNETR size {width!r} (choose from {', '.join(SWIN_SIZES)})")
+        elif width:
+            raise ValueError(f"discriminative:{backbone} takes no size")
+        return spec
     return {"arch": arch, "size": size or ("mini" if arch == "time-swinunetr" else "tiny")}
 
 

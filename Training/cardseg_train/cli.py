@@ -47,8 +47,11 @@ def train_parser() -> argparse.ArgumentParser:
     g.add_argument("--classes", metavar="NAMES", help="comma-separated class names, background first "
                    "(default background,RV,MYO,LV)")
     g = p.add_argument_group("model")
-    g.add_argument("--role", choices=["primary", "reference"], help="what the run is for (default primary)")
-    g.add_argument("--size", metavar="ARCH:SIZE", help="network, e.g. time-swinunetr:mini (default) or time-unet:small")
+    g.add_argument("--role", choices=["primary", "reference", "deterministic", "aleatoric"],
+                   help="what the run is for (default primary): a diffusion denoiser of a bundle, or the plain "
+                        "(deterministic) or aleatoric segmentor of the conventional baselines")
+    g.add_argument("--size", metavar="ARCH:SIZE", help="network, e.g. time-swinunetr:mini (default) or time-unet:small; "
+                   "plain segmentors discriminative:swinunetr-tiny (their default) or discriminative:unet")
     g.add_argument("--spacing", type=float, metavar="MM", help="network pixel size in mm (default 2.0)")
     g.add_argument("--input-size", type=int, metavar="N", help="network grid side (default 128)")
     g.add_argument("--num-steps", type=int, metavar="T", help="diffusion horizon (default 50)")

@@ -98,3 +98,42 @@ class DiffusionLoss:
         terms["boundary"] = boundary_ce(logits, labels, w.boundary_radius) if w.boundary else zero
         total = w.kl * terms["kl"] + w.ce * terms["ce"] + w.dice * terms["dice"] + w.boundary * terms["boundary"]
         return total, {name: v.detach() for name, v in terms.items()}
+
+
+class SegmentationLoss:
+    """The deterministic segmentors' loss: the same CE, soft Dice and boundary terms and weights
+    as :class:`DiffusionLoss`, without the diffusion KL. ``loss(logits (B,K,H,W), labels (B,H,W))``
+    → ``(total, {name: detached scalar})``."""
+
+    def __init__(self, weights: Optional[LossWeights] = None):
+        self.weights = weights or LossWeights()
+
+    def __call__(self, logits: torch.Tensor, labels: torch.Tensor):
+        w = self.weights
+        zero = logits.sum() * 0.0
+        terms = {"ce": F.cross_entropy(logits.float(), labels.long()) if w.ce else zero,
+                 "dice": soft_dice_loss(logits, labels) if w.dice else zero,
+                 "boundary": boundary_ce(logits, labels, w.boundary_radius) if w.boundary else zero}
+        total = w.ce * terms["ce"] + w.dice * terms["dice"] + w.boundary * terms["boundary"]
+        return total, {name: v.detach() for name, v in terms.items()}
+
+
+class AleatoricLoss(SegmentationLoss):
+    """The aleatoric segmentor's loss: Kendall and Gal's sampled-logit NLL
+    (:func:`cardseg.networks.discriminative.aleatoric_nll`) in place of the CE term, the Dice and
+    boundary terms on the mean logits. ``loss(mu, log_var (B,K,H,W), labels (B,H,W))``."""
+
+    def __init__(self, weights: Optional[LossWeights] = None, samples: int = 16):
+        super().__init__(weights)
+        self.samples = int(samples)
+
+    def __call__(self, mu: torch.Tensor, log_var: torch.Tensor, labels: torch.Tensor):
+        from cardseg.networks.discriminative import aleatoric_nll
+
+        w = self.weights
+        zero = mu.sum() * 0.0
+        terms = {"ce": aleatoric_nll(mu.float(), log_var.float(), labels, self.samples) if w.ce else zero,
+                 "dice": soft_dice_loss(mu, labels) if w.dice else zero,
+                 "boundary": boundary_ce(mu, labels, w.boundary_radius) if w.boundary else zero}
+        total = w.ce * terms["ce"] + w.dice * terms["dice"] + w.boundary * terms["boundary"]
+        return total, {name: v.detach() for name, v in terms.items()}

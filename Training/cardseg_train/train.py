@@ -50,11 +50,18 @@ from cardseg.trajectory import run_trajectory
 
 from .augment import AugmentConfig, BatchAugment
 from .datasets import ACDC_H5_SPACING_MM, SliceDataset, detect_format, load_split, resolve_split
-from .losses import DiffusionLoss, LossWeights
+from .losses import AleatoricLoss, DiffusionLoss, LossWeights, SegmentationLoss
 
 CHECKPOINT_FORMAT = "cardseg-train-checkpoint"
 CHECKPOINT_VERSION = 1
-ROLES = ("primary", "reference")
+#: what a run is for → how it trains: the two diffusion denoisers of a bundle, and the plain
+#: segmentors of the conventional baselines (``deterministic``; with ``--size
+#: discriminative:unet`` and two seeds also the Dual U-Net control) and the ``aleatoric`` one
+ROLES = {"primary": "diffusion", "reference": "diffusion", "deterministic": "deterministic",
+         "aleatoric": "aleatoric"}
+#: the network a role trains when ``--size`` is not given
+DEFAULT_NETWORK = {"primary": "time-swinunetr:mini", "reference": "time-swinunetr:mini",
+                   "deterministic": "discriminative:swinunetr-tiny", "aleatoric": "discriminative:swinunetr-tiny"}
 #: settings that may change when a run is resumed; everything else must match the run's config
 RESUMABLE = ("steps", "time_budget_min", "val_interval", "log_interval", "device", "threads", "val_max_volumes",
              "val_batch_size", "amp")
@@ -72,7 +79,7 @@ class TrainConfig:
     data: str = "../shared/data/acdc"
     data_format: Optional[str] = None  # None: detect
     role: str = "primary"
-    network: str = "time-swinunetr:mini"  # ARCH:SIZE
+    network: Optional[str] = None  # ARCH:SIZE; None: the role's DEFAULT_NETWORK
     spacing: float = 2.0  # network pixel size, mm
     input_size: int = 128  # network grid side N
     acdc_h5_spacing: float = ACDC_H5_SPACING_MM  # assumed pixel size of the geometry-less HDF5 files
@@ -108,7 +115,15 @@ class TrainConfig:
     def resolve(self) -> "TrainConfig":
         """Fill the derived defaults in place (warm-up, sampled steps) and check the values."""
         if self.role not in ROLES:
-            raise CardsegError(f"--role must be primary or reference, not {self.role!r}")
+            raise CardsegError(f"--role must be one of {', '.join(ROLES)}, not {self.role!r}")
+        if self.network is None:
+            self.network = DEFAULT_NETWORK[self.role]
+        diffusion_arch = not self.network.startswith("discriminative")
+        if diffusion_arch != (self.kind == "diffusion"):
+            raise CardsegError(f"--role {self.role} cannot train {self.network}: "
+                               + ("use a time-conditioned network (time-swinunetr:SIZE or time-unet:SIZE)"
+                                  if self.kind == "diffusion" else "use discriminative:swinunetr-SIZE or "
+                                                                   "discriminative:unet"))
         if self.steps < 1 or self.batch_size < 1:
             raise CardsegError("--steps and --batch-size must be at least 1")
         if self.warmup is None:
@@ -132,11 +147,22 @@ class TrainConfig:
         return self
 
     @property
+    def kind(self) -> str:
+        """``diffusion``, ``deterministic`` or ``aleatoric``: how the role trains."""
+        return ROLES.get(self.role, "diffusion")
+
+    @property
     def num_classes(self) -> int:
         return len(self.classes)
 
     def network_spec(self) -> dict:
-        return {**parse_network(self.network), "num_classes": self.num_classes}
+        try:
+            spec = parse_network(self.network or DEFAULT_NETWORK.get(self.role, "time-swinunetr:mini"))
+        except ValueError as exc:
+            raise CardsegError(f"--size {self.network}: {exc}") from None
+        if self.kind == "aleatoric":
+            spec["aleatoric"] = True
+        return {**spec, "num_classes": self.num_classes}
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -182,7 +208,8 @@ def class_list(names: Sequence[str]) -> List[dict]:
 
 def smoke_config(config: TrainConfig, explicit: Sequence[str] = ()) -> TrainConfig:
     """Shrink a configuration to a seconds-long end-to-end run (keys in ``explicit`` are kept)."""
-    preset = {"steps": 4, "batch_size": 2, "network": "time-unet:micro", "input_size": 64, "spacing": 4.0,
+    tiny = "time-unet:micro" if ROLES.get(config.role) == "diffusion" else "discriminative:unet"
+    preset = {"steps": 4, "batch_size": 2, "network": tiny, "input_size": 64, "spacing": 4.0,
               "log_interval": 1, "val_interval": 4, "val_max_volumes": 1, "max_train_patients": 2,
               "max_train_slices": 8, "warmup": 1}
     for k, v in preset.items():
@@ -268,7 +295,8 @@ def dice_per_class(pred: torch.Tensor, label: torch.Tensor, num_classes: int) ->
 def validate(net: torch.nn.Module, volumes: Sequence[Tuple[str, torch.Tensor, torch.Tensor]], num_classes: int,
              schedule: CategoricalSchedule, sampled_steps: Sequence[int], device: torch.device,
              batch_size: int = 16, class_names: Optional[Sequence[str]] = None) -> Dict[str, float]:
-    """Mean per-class Dice over volumes, with the engine's reverse sampler (mode ``uc``).
+    """Mean per-class Dice over volumes, with the engine's reverse sampler (mode ``uc``; one
+    forward pass for a plain segmentor).
 
     volumes: ``[(case, images (Z, 1, N, N), labels (Z, N, N))]`` on the network grid. Returns
     ``{"dice": mean over foreground classes, "dice_<name>": ...}``; a class absent from a
@@ -283,8 +311,11 @@ def validate(net: torch.nn.Module, volumes: Sequence[Tuple[str, torch.Tensor, to
             preds = []
             for i in range(0, images.shape[0], batch_size):
                 x = images[i:i + batch_size].to(device)
-                res = run_trajectory(net, x, sampled_steps, num_classes, mode="uc", schedule=schedule)
-                preds.append(res.logits.argmax(dim=1).cpu())
+                if getattr(net, "one_shot", False):  # a plain segmentor: one forward pass
+                    logits = net(x)
+                else:
+                    logits = run_trajectory(net, x, sampled_steps, num_classes, mode="uc", schedule=schedule).logits
+                preds.append(logits.argmax(dim=1).cpu())
             scores.append(dice_per_class(torch.cat(preds), labels.long(), num_classes))
     finally:
         net.train(was_training)
@@ -473,6 +504,24 @@ class Trainer:
                 w.writeheader()
                 w.writerows({k: r.get(k, "") for k in self._csv_fields()} for r in keep)
 
+    def _loss(self, img: torch.Tensor, lab: torch.Tensor, autocast):
+        """One batch's loss for the run's role: the diffusion recipe (noised state, time), one
+        forward pass of a plain segmentor, or the aleatoric heads."""
+        c = self.config
+        if c.kind == "diffusion":
+            img, x_t, t = make_training_inputs(self.schedule, img, lab, c.num_classes, c.p_uniform, c.p_uncond,
+                                               self.generator)
+            with autocast:
+                logits = self.net(img, x_t, t)
+            return self.loss_fn(logits.float(), lab, x_t, t)
+        if c.kind == "aleatoric":
+            with autocast:
+                mu, log_var = self.net.heads(img)
+            return self.loss_fn(mu.float(), log_var.float(), lab)
+        with autocast:
+            logits = self.net(img)
+        return self.loss_fn(logits.float(), lab)
+
     # -- run ---------------------------------------------------------------------------------
     def run(self) -> dict:
         c = self.config
@@ -486,7 +535,9 @@ class Trainer:
         self.optimizer = torch.optim.Adam(self.net.parameters(), lr=c.lr, weight_decay=c.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: lr_factor(s, int(c.warmup), c.steps, c.lr_schedule))
-        self.loss_fn = DiffusionLoss(self.schedule, c.loss)
+        self.loss_fn = {"diffusion": lambda: DiffusionLoss(self.schedule, c.loss),
+                        "deterministic": lambda: SegmentationLoss(c.loss),
+                        "aleatoric": lambda: AleatoricLoss(c.loss)}[c.kind]()
         self.augment = BatchAugment(c.augment)
         self.perm = torch.zeros(0, dtype=torch.long)
         self.cursor = 0
@@ -530,11 +581,7 @@ class Trainer:
             while step < c.steps:
                 idx = self._next_indices(c.batch_size).to(self.device)
                 img, lab = self.augment(train_images[idx], train_labels[idx].long(), self.generator)
-                img, x_t, t = make_training_inputs(self.schedule, img, lab, c.num_classes, c.p_uniform, c.p_uncond,
-                                                   self.generator)
-                with autocast:
-                    logits = self.net(img, x_t, t)
-                loss, terms = self.loss_fn(logits.float(), lab, x_t, t)
+                loss, terms = self._loss(img, lab, autocast)
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if c.grad_clip:
@@ -560,7 +607,8 @@ class Trainer:
                         raise CardsegError(f"training diverged at step {step} (loss {means['loss']}); lower --lr")
                     now = time.perf_counter()
                     row = {"step": step, "lr": f"{self.scheduler.get_last_lr()[0]:.6g}",
-                           "loss": f"{means['loss']:.5f}", "kl": f"{means['kl']:.5f}", "ce": f"{means['ce']:.5f}",
+                           "loss": f"{means['loss']:.5f}", "kl": f"{means['kl']:.5f}" if "kl" in means else "",
+                           "ce": f"{means['ce']:.5f}",
                            "dice_loss": f"{means['dice']:.5f}", "boundary": f"{means['boundary']:.5f}",
                            "steps_per_s": f"{n_acc / max(now - t_row, 1e-9):.3f}",
                            "elapsed_s": f"{self.elapsed_before + now - self.t_start:.1f}"}

@@ -50,10 +50,14 @@ def _config(meta: dict, pack: dict, role: str):
 
     spec = meta["network"]
     if spec["arch"] == "discriminative":
-        network = f"discriminative:{spec.get('backbone', 'swinunetr')}"
+        from cardseg.networks import SWIN_SIZES
+
+        backbone = spec.get("backbone", "swinunetr")
+        width = {v: k for k, v in SWIN_SIZES.items()}.get(int(spec.get("feature_size", 12)))
+        network = f"discriminative:{backbone}" + (f"-{width}" if backbone == "swinunetr" else "")
     else:
         network = f"{spec['arch']}:{spec['size']}"
-    cfg = TrainConfig(data="acdc", data_format="acdc-h5", role=role if role in ("primary", "reference") else "primary",
+    cfg = TrainConfig(data="acdc", data_format="acdc-h5", role=role,
                       network=network, spacing=float(pack["pixel_spacing_mm"]), input_size=int(pack["input_size"]),
                       low_percentile=float(pack["preprocessing"]["low_percentile"]),
                       high_percentile=float(pack["preprocessing"]["high_percentile"]),
@@ -102,7 +106,8 @@ def import_runs(dirs: List[Path], pack_json: Path, out: Path) -> List[Path]:
     for stem, path in sorted(files.items()):
         tensors, meta = _read(path)
         job = meta.get("job", stem.split("_")[0] if not stem.startswith("reference_unet") else "reference_unet")
-        cfg = _config(meta, pack, "reference" if job.startswith("reference") else "primary")
+        cfg = _config(meta, pack, "reference" if job.startswith("reference") else
+                      job if job in ("deterministic", "aleatoric") else "primary")
         history = done.get(job, [])
         # a continued run's steps add to the first run's
         total_steps = sum(int(h.get("steps", 0)) for h in history)

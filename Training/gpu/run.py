@@ -50,7 +50,6 @@ for _sub in ("CARDSegment", "Training"):
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 #: every job: network spec, loss kind, checkpoint policy, output file(s)
 JOBS: Dict[str, dict] = {
@@ -232,7 +231,7 @@ def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: Optional[i
             val_every_s: float = 30.0) -> dict:
     from cardseg.diffusion import CategoricalSchedule, default_sampling_steps
     from cardseg.networks import build_network, count_parameters
-    from cardseg_train.losses import DiffusionLoss, boundary_ce, soft_dice_loss
+    from cardseg_train.losses import AleatoricLoss, DiffusionLoss, SegmentationLoss
 
     job = JOBS[name]
     budget_s = budget_s * float(job.get("budget_frac", 1.0))
@@ -258,7 +257,7 @@ def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: Optional[i
         net.load_state_dict({n: held[n].to(own[n].dtype) for n in own})
     schedule = CategoricalSchedule(50)
     steps = default_sampling_steps(50, 5)
-    loss_fn = DiffusionLoss(schedule)
+    loss_fn, plain_loss, aleatoric_loss = DiffusionLoss(schedule), SegmentationLoss(), AleatoricLoss()
     augment = DeviceAugment()
     job = {**job, "lr": job["lr"] * lr_scale}
     opt = torch.optim.AdamW(net.parameters(), lr=job["lr"], weight_decay=1e-5)
@@ -336,14 +335,9 @@ def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: Optional[i
         if job["kind"] == "diffusion":
             loss, _ = loss_fn(logits.float(), lab, x_t, t)
         elif job["kind"] == "aleatoric":
-            from cardseg.networks.discriminative import aleatoric_nll
-
-            logits = logits.float()
-            loss = (aleatoric_nll(logits, log_var.float(), lab) + soft_dice_loss(logits, lab)
-                    + 0.5 * boundary_ce(logits, lab))
+            loss, _ = aleatoric_loss(logits.float(), log_var.float(), lab)
         else:
-            logits = logits.float()
-            loss = F.cross_entropy(logits, lab) + soft_dice_loss(logits, lab) + 0.5 * boundary_ce(logits, lab)
+            loss, _ = plain_loss(logits.float(), lab)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)

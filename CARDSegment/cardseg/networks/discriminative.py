@@ -17,6 +17,9 @@ class DiscriminativeSegmentor(nn.Module):
     a one-step "trajectory"; ``backbone`` is ``"swinunetr"`` or ``"unet"`` (MONAI).
     """
 
+    #: one forward pass gives the prediction (no reverse trajectory needed)
+    one_shot = True
+
     def __init__(self, num_classes: int, backbone: str = "unet", feature_size: int = 12, image_channels: int = 1,
                  channels=(16, 32, 64, 128), out_channels: int | None = None):
         super().__init__()
