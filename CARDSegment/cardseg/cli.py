@@ -1,4 +1,5 @@
-"""The ``cardseg`` command line: thin glue around the engine (and, lazily, ``cardseg_train``)."""
+"""The ``cardseg`` command line: thin glue around the engine, plus the subcommands other installed
+packages register under the ``cardseg.commands`` entry points (the training tools)."""
 
 from __future__ import annotations
 
@@ -10,13 +11,31 @@ from typing import List, Optional
 
 from .errors import CardsegError
 
-LAZY = {
-    "train": "train the primary and reference denoisers (needs the [train] extra)",
-    "fit-calibration": "fit CARD's temperature mapping on a bundle (needs the [train] extra)",
-    "evaluate": "compare CARD and the baselines on labelled data (needs the [train] extra)",
-    "fit-review": "choose the flagged-region rule and fit p_error on validation data (needs the [train] extra)",
-    "fit-indices": "fit and measure the cardiac-index intervals on a bundle (needs the [train] extra)",
-}
+#: entry-point group through which installed packages add subcommands (the training tools do:
+#: train, evaluate, fit-calibration, fit-review, fit-indices, compare); the engine never imports them
+PLUGIN_GROUP = "cardseg.commands"
+#: what to install when a registered subcommand's package cannot be imported
+PLUGIN_HINT = "pip install 'cardsegment[train]'"
+
+
+def plugin_commands() -> dict:
+    """``{name: entry point}`` of the subcommands registered under :data:`PLUGIN_GROUP`; each loads
+    to a function taking the argument list after the name (its docstring's first line is its help)."""
+    from importlib.metadata import entry_points
+
+    try:
+        found = entry_points(group=PLUGIN_GROUP)
+    except Exception:  # noqa: BLE001 - broken metadata must not break the engine's own commands
+        return {}
+    return {ep.name: ep for ep in found}
+
+
+def _plugin_help(ep) -> str:
+    try:
+        doc = (ep.load().__doc__ or "").strip()
+    except Exception:  # noqa: BLE001
+        return f"(not available here: {PLUGIN_HINT})"
+    return doc.splitlines()[0] if doc else ""
 
 
 BACKEND_HELP = ("what runs the networks: torch (eager), or onnx (ONNX Runtime on the CPU, about twice as fast, "
@@ -24,7 +43,7 @@ BACKEND_HELP = ("what runs the networks: torch (eager), or onnx (ONNX Runtime on
                 "bundle's weights once and cached in $CARDSEG_CACHE_DIR or ~/.cache/cardseg)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(plugin_help: bool = False) -> argparse.ArgumentParser:
     from . import __version__
 
     parser = argparse.ArgumentParser(prog="cardseg", description="Calibrated categorical-diffusion segmentation (CARD).")
@@ -129,8 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--slices", type=int, default=10)
 
-    for name, text in LAZY.items():
-        p = sub.add_parser(name, help=text, add_help=False)
+    for name, ep in sorted(plugin_commands().items()):
+        if name in sub.choices:
+            continue
+        p = sub.add_parser(name, help=_plugin_help(ep) if plugin_help else None, add_help=False)
         p.add_argument("args", nargs=argparse.REMAINDER)
     return parser
 
@@ -275,12 +296,13 @@ def cmd_synth(a) -> int:
     return 0
 
 
-def run_lazy(command: str, args: List[str]) -> int:
+def run_plugin(name: str, ep, args: List[str]) -> int:
+    """Run a subcommand another package registered (see :func:`plugin_commands`)."""
     try:
-        from cardseg_train import cli as train_cli
+        fn = ep.load()
     except ImportError as exc:
-        raise CardsegError(f"'cardseg {command}' needs the training tools: pip install 'cardsegment[train]' ({exc})") from None
-    return int(train_cli.main([command, *args]) or 0)
+        raise CardsegError(f"'cardseg {name}' needs the training tools: {PLUGIN_HINT} ({exc})") from None
+    return int(fn(args) or 0)
 
 
 COMMANDS = {"segment": cmd_segment, "batch": cmd_batch, "sizes": cmd_sizes, "info": cmd_info, "init-bundle": cmd_init_bundle,
@@ -289,10 +311,11 @@ COMMANDS = {"segment": cmd_segment, "batch": cmd_batch, "sizes": cmd_sizes, "inf
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
     try:
-        if argv and argv[0] in LAZY:
-            return run_lazy(argv[0], argv[1:])
+        plugins = plugin_commands()
+        if argv and argv[0] in plugins and argv[0] not in COMMANDS:
+            return run_plugin(argv[0], plugins[argv[0]], argv[1:])
+        parser = build_parser(plugin_help=not argv or argv[0] in ("-h", "--help"))
         a = parser.parse_args(argv)
         return COMMANDS[a.command](a)
     except CardsegError as exc:

@@ -3,7 +3,9 @@
 ``cardseg train [options]`` trains one denoiser into a run folder; ``cardseg train export``
 assembles a bundle from a primary run and a reference run; ``cardseg evaluate`` measures a
 bundle's Dice on labelled volumes; ``cardseg fit-calibration`` fits CARD into a bundle;
-``cardseg fit-indices`` fits and measures the cardiac-index intervals.
+``cardseg fit-indices`` fits and measures the cardiac-index intervals; ``cardseg compare``
+assembles the paper's Table I from several evaluations. The engine's ``cardseg`` finds these
+through the ``cardseg.commands`` entry points (:data:`COMMANDS`); it never imports this package.
 """
 
 from __future__ import annotations
@@ -484,22 +486,77 @@ def cmd_fit_indices(argv: List[str]) -> int:
     return 0
 
 
+def compare_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cardseg compare",
+        description="The paper's Table I from cardseg evaluate outputs: the conventional baselines (UC, TS, ETS, HTS, "
+                    "PTS, LTS, CalibNet) on a deterministic segmentor, Alea. on the aleatoric one, Primary+ETS, "
+                    "Primary+HTS and CARD on the diffusion primary; writes comparison.md/.json and a figure.")
+    p.add_argument("--card", metavar="DIR", help="evaluate --out of the CARD bundle (Primary+ETS, Primary+HTS, CARD)")
+    p.add_argument("--conventional", metavar="DIR",
+                   help="evaluate --out of the deterministic segmentor's plain bundle (methods uc,ts,ets,hts,pts,lts,"
+                        "calibnet)")
+    p.add_argument("--aleatoric", metavar="DIR", help="evaluate --out of the aleatoric segmentor's plain bundle (uc)")
+    p.add_argument("--out", required=True, metavar="DIR")
+    return p
+
+
+def cmd_compare(argv: List[str]) -> int:
+    from .comparison import markdown, parse_sources, write_comparison
+
+    a = compare_parser().parse_args(argv)
+    sources = parse_sources(a.card, a.conventional, a.aleatoric)
+    if not sources:
+        raise CardsegError("give at least one of --card, --conventional, --aleatoric")
+    print(markdown(write_comparison(sources, Path(a.out))))
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# the subcommands this package adds to ``cardseg`` (pyproject: entry points "cardseg.commands");
+# each takes the arguments after its name, and its docstring's first line is its help
+# --------------------------------------------------------------------------------------------
+def command_train(argv: List[str]) -> int:
+    """train a denoiser or a baseline segmentor into a run folder; 'train export' makes a bundle"""
+    if argv and argv[0] == "export":
+        return cmd_export(argv[1:])
+    return cmd_train(argv)
+
+
+def command_evaluate(argv: List[str]) -> int:
+    """compare CARD and the baselines on labelled data (ACDC-C conditions)"""
+    return cmd_evaluate(argv)
+
+
+def command_fit_calibration(argv: List[str]) -> int:
+    """fit CARD's temperature mapping and the baselines on a bundle's validation pool"""
+    return cmd_fit(argv)
+
+
+def command_fit_review(argv: List[str]) -> int:
+    """choose the flagged-region rule and fit p_error on validation data"""
+    return cmd_fit_review(argv)
+
+
+def command_fit_indices(argv: List[str]) -> int:
+    """fit and measure the cardiac-index intervals on a bundle"""
+    return cmd_fit_indices(argv)
+
+
+def command_compare(argv: List[str]) -> int:
+    """the paper's Table I from several evaluate outputs (conventional baselines, Alea., CARD)"""
+    return cmd_compare(argv)
+
+
+COMMANDS = {"train": command_train, "evaluate": command_evaluate, "fit-calibration": command_fit_calibration,
+            "fit-review": command_fit_review, "fit-indices": command_fit_indices, "compare": command_compare}
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv else ""
-    if command == "train":
-        rest = argv[1:]
-        if rest and rest[0] == "export":
-            return cmd_export(rest[1:])
-        return cmd_train(rest)
-    if command == "evaluate":
-        return cmd_evaluate(argv[1:])
-    if command == "fit-calibration":
-        return cmd_fit(argv[1:])
-    if command == "fit-review":
-        return cmd_fit_review(argv[1:])
-    if command == "fit-indices":
-        return cmd_fit_indices(argv[1:])
+    if command in COMMANDS:
+        return COMMANDS[command](argv[1:])
     raise CardsegError(f"unknown training command {command!r}")
 
 

@@ -717,6 +717,10 @@ def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.
                   overwrite: bool = False, fp16: bool = True) -> Path:
     """Assemble a bundle from a trained primary run and a reference run (engine :func:`save_bundle`).
 
+    A *plain* bundle wraps one deterministic or aleatoric run (given as both runs) so the
+    conventional baselines fit and evaluate through the same engine path: one forward pass
+    (``sampled_steps`` ``[0]``), the TAC identically 0, ``"segmentor": {"kind": ...}`` recorded.
+
     The primary defaults to its best validated checkpoint; the reference to its last one (the
     paper fixes the reference's training length a priori instead of selecting it). Both runs
     must share the grid (spacing, size), the classes, the diffusion horizon and the
@@ -727,6 +731,14 @@ def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.
     p_run, r_run = Path(primary_run), Path(reference_run)
     p_net, p_cfg, p_meta = load_run_network(p_run, primary_checkpoint)
     r_net, r_cfg, r_meta = load_run_network(r_run, reference_checkpoint)
+    if (p_cfg.kind == "diffusion") != (r_cfg.kind == "diffusion"):
+        raise CardsegError("a bundle holds two diffusion denoisers, or one plain segmentor given as both "
+                           f"--primary and --reference (got roles {p_cfg.role} and {r_cfg.role})")
+    plain = p_cfg.kind != "diffusion"
+    if plain and p_run.resolve() != r_run.resolve():
+        raise CardsegError("a plain segmentor's bundle takes the same run as --primary and --reference")
+    if plain:  # one forward pass ("step 0"); the reference is the segmentor itself, so the TAC is 0
+        r_net, r_cfg, r_meta, reference_checkpoint = p_net, p_cfg, p_meta, primary_checkpoint
     for key in ("spacing", "input_size", "num_steps", "classes", "low_percentile", "high_percentile", "sampled_steps"):
         a, b = getattr(p_cfg, key), getattr(r_cfg, key)
         if a != b:
@@ -741,7 +753,9 @@ def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.
     strip = lambda spec: {k: v for k, v in spec.items() if k != "num_classes"}  # noqa: E731
     config = default_config(name, p_cfg.classes, strip(p_cfg.network_spec()), strip(r_cfg.network_spec()),
                             p_cfg.spacing, p_cfg.input_size, version=version, num_steps=p_cfg.num_steps,
-                            sampled_steps=list(p_cfg.sampled_steps))
+                            sampled_steps=[0] if plain else list(p_cfg.sampled_steps))
+    if plain:
+        config["segmentor"] = {"kind": p_cfg.kind}
     config["preprocessing"].update({"low_percentile": p_cfg.low_percentile, "high_percentile": p_cfg.high_percentile})
     config["provenance"] = {
         "training": {"primary": _run_provenance(p_run, p_cfg, p_meta, primary_checkpoint),

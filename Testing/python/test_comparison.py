@@ -1,0 +1,76 @@
+"""``cardseg compare``: the paper's Table I from several evaluate outputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cardseg.cli import main
+from cardseg.errors import CardsegError
+from cardseg_train.comparison import PAPER, ROWS, comparison_table, markdown
+
+CONDS = ["clean", "spike"]
+
+
+def _table(methods, nll, volumes=4, split="test"):
+    """A calibration.json as evaluate writes it, with NLL nll[method][condition]."""
+    pooled = {c: {m: {"ece": 0.01 * (i + 1), "sce": 0.02, "ace": 0.03, "nll": nll[m][j], "n": 100}
+                  for i, m in enumerate(methods)} for j, c in enumerate(CONDS)}
+    return {"conditions": CONDS, "methods": list(methods), "volumes": volumes, "pooled": pooled,
+            "settings": {"split": split, "seed": 0, "cases": [f"c{i}" for i in range(volumes)]},
+            "segmentation": {"clean": {"dice": {"mean": 0.9}}}}
+
+
+def _sources():
+    conv = _table(["uc", "ts", "ets", "hts"], {"uc": [0.9, 1.5], "ts": [0.4, 0.8], "ets": [0.35, 0.75],
+                                               "hts": [0.36, 0.7]})
+    card = _table(["uc", "ets", "hts", "card"], {"uc": [0.8, 1.2], "ets": [0.3, 0.6], "hts": [0.31, 0.62],
+                                                 "card": [0.25, 0.45]})
+    return {"conventional": conv, "card": card}
+
+
+def test_rows_follow_the_paper_and_block_nll_is_the_equal_weight_mean():
+    cmp = comparison_table(_sources())
+    labels = [r["label"] for r in cmp["rows"]]
+    assert labels == ["UC", "TS", "ETS", "HTS", "Primary+ETS", "Primary+HTS", "CARD"]
+    assert [lab for lab, _, _ in ROWS if lab in labels] == labels  # the paper's order
+    hts = next(r for r in cmp["rows"] if r["label"] == "HTS")
+    assert hts["block_nll"] == pytest.approx((0.36 + 0.7) / 2) and hts["artifacts_only_nll"] == pytest.approx(0.7)
+    assert hts["paper_block_nll"] == PAPER["HTS"][0]
+    assert cmp["lowest_block_nll"] == "CARD"
+    r = cmp["card_vs_best_other"]
+    assert r["best_other"] == "Primary+ETS" and r["card_over_best_other"] == pytest.approx(0.35 / 0.45)
+    assert r["paper_card_over_best_other"] == pytest.approx(0.405 / 0.559)
+    assert "Alea. (aleatoric: uc)" in cmp["missing"] and "PTS (conventional: pts)" in cmp["missing"]
+    text = markdown(cmp)
+    assert "| CARD | diffusion primary |" in text and "0.778x" in text
+
+
+def test_sources_on_different_cases_are_refused():
+    src = _sources()
+    src["card"]["volumes"] = 3
+    with pytest.raises(CardsegError, match="different volumes"):
+        comparison_table(src)
+    src = _sources()
+    src["card"]["settings"]["split"] = "val"
+    with pytest.raises(CardsegError, match="differ in split"):
+        comparison_table(src)
+
+
+def test_cli_writes_table_json_and_figure(tmp_path, capsys):
+    for name, t in _sources().items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "calibration.json").write_text(json.dumps(t))
+    out = tmp_path / "cmp"
+    assert main(["compare", "--card", str(tmp_path / "card"), "--conventional", str(tmp_path / "conventional"),
+                 "--out", str(out)]) == 0
+    back = json.loads((out / "comparison.json").read_text())
+    assert [r["label"] for r in back["rows"]][-1] == "CARD"
+    assert (out / "comparison.md").read_text().startswith("# ")
+    from PIL import Image
+
+    with Image.open(out / "comparison_block_nll.png") as im:
+        assert im.size[0] > 300 and im.size[1] > 200
+    assert main(["compare", "--card", str(tmp_path / "nope"), "--out", str(out)]) == 2
+    assert "no calibration.json" in capsys.readouterr().err
