@@ -198,3 +198,15 @@ def test_evaluate_command_end_to_end_and_resume(tiny_bundle, tmp_path, monkeypat
     assert main(args[:-2] + ["--panel", "none"]) == 0
     again = json.loads((out / "calibration.json").read_text(encoding="utf-8"))
     assert again["mean_nll"] == t["mean_nll"]
+
+
+def test_method_names_come_from_the_calibrators_and_the_segmentor():
+    results = _results()
+    cals = {"uc": Uncalibrated(), "ts": TemperatureScaling(2.0), "card": CARD(1.0, 3.0, 0.1, 0.05)}
+    on_primary = ce.calibration_table(results, cals, NAMES)
+    assert on_primary["labels"] == {"uc": "Primary (UC)", "ts": "Primary+TS", "card": "CARD"}
+    plain = ce.calibration_table(results, {"uc": Uncalibrated(), "ts": TemperatureScaling(2.0)}, NAMES,
+                                 segmentor="deterministic")
+    assert plain["labels"] == {"uc": "UC", "ts": "TS"}
+    text = markdown_table(plain)
+    assert "| TS |" in text and "Primary+TS" not in text

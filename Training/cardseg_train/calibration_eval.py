@@ -41,7 +41,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from cardseg.calibration import Calibrator, calibrator_from_dict
+from cardseg.calibration import Calibrator, calibrator_from_dict, method_label
 from cardseg.calibration_metrics import CalibrationAccumulator, calibration_metrics
 from cardseg.errors import CardsegError
 from cardseg.metrics import agreement_score, mean_slice_lcc_ratio, roi_mask
@@ -59,8 +59,6 @@ CONDITIONS: Dict[str, Optional[str]] = {"clean": None, "bias": "bias_field", "mo
 METHODS = ("uc", "ts", "ets", "hts", "card")
 #: every calibrator ``--methods`` can name (the network ones once fit-calibration fitted them)
 ALL_METHODS = METHODS + ("pts", "lts", "calibnet")
-METHOD_LABELS = {"uc": "Primary (UC)", "ts": "Primary+TS", "ets": "Primary+ETS", "hts": "Primary+HTS",
-                 "card": "CARD", "pts": "Primary+PTS", "lts": "Primary+LTS", "calibnet": "Primary+CalibNet"}
 #: the post-hoc baselines CARD is compared against (``card_vs_best_post_hoc``)
 POST_HOC = ("ts", "ets", "hts", "pts", "lts", "calibnet")
 #: ROI radius of the metrics, pixels of the volume's own grid
@@ -302,8 +300,11 @@ def _mean(values) -> Optional[float]:
 
 
 def calibration_table(results: Sequence[CaseResult], calibrators: Dict[str, Calibrator], class_names: Sequence[str],
-                      conditions: Optional[Sequence[str]] = None) -> dict:
-    """Every metric of the report, JSON-able (see the module docstring for the definitions)."""
+                      conditions: Optional[Sequence[str]] = None, segmentor: str = "diffusion") -> dict:
+    """Every metric of the report, JSON-able (see the module docstring for the definitions).
+
+    ``segmentor``: what made the logits (a bundle's ``segmentor.kind``; ``diffusion`` for a CARD
+    bundle), which decides how the methods are named (:func:`cardseg.calibration.method_label`)."""
     k = len(class_names)
     conditions = list(conditions or dict.fromkeys(r.condition for r in results))
     methods = list(calibrators)
@@ -350,7 +351,8 @@ def calibration_table(results: Sequence[CaseResult], calibrators: Dict[str, Cali
         best = min(post_hoc, key=lambda m: mean_nll[m])
         ratio = {"best_baseline": best, "card_over_best": mean_nll["card"] / mean_nll[best]}
     return {
-        "conditions": conditions, "methods": methods, "classes": list(class_names),
+        "conditions": conditions, "methods": methods, "classes": list(class_names), "segmentor": segmentor,
+        "labels": {m: method_label(m, on_primary=segmentor == "diffusion") for m in methods},
         "volumes": len({r.case for r in results}),
         "pooled": pooled, "per_volume_mean": per_volume, "mean_nll": mean_nll, "artifacts_only_nll": artifacts_nll,
         "lowest_mean_nll": min(methods, key=lambda m: mean_nll[m]), "card_vs_best_post_hoc": ratio,

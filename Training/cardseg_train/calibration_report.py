@@ -22,11 +22,15 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional
 
 import numpy as np
 
-from .calibration_eval import METHOD_LABELS
+
+
+def _label(t: dict, method: str) -> str:
+    """The method's name in this table (``labels``, written by the harness from the calibrators)."""
+    return (t.get("labels") or {}).get(method, method)
 
 
 def _fmt(v: Optional[float], scale: float = 1.0, digits: int = 3) -> str:
@@ -58,7 +62,7 @@ def markdown_table(t: dict, title: str = "") -> str:
     for m in methods:
         cells = [f"{_fmt(t['pooled'][c][m]['ece'], 100, 2)} | {_fmt(t['pooled'][c][m]['sce'], 100, 2)} | "
                  f"{_fmt(t['pooled'][c][m]['ace'], 100, 2)}" for c in conds]
-        row = f"| {METHOD_LABELS.get(m, m)} | " + " | ".join(cells) + f" | {_fmt(t['mean_nll'][m])} |"
+        row = f"| {_label(t, m)} | " + " | ".join(cells) + f" | {_fmt(t['mean_nll'][m])} |"
         if artifacts:
             row += f" {_fmt(artifacts[m])} |"
         lines.append(row)
@@ -66,12 +70,12 @@ def markdown_table(t: dict, title: str = "") -> str:
     head = "| Method | " + " | ".join(conds) + " | block (mean) |"
     lines += [head, "|" + "---|" * (len(conds) + 2)]
     for m in methods:
-        lines.append(f"| {METHOD_LABELS.get(m, m)} | " + " | ".join(_fmt(t["pooled"][c][m]["nll"]) for c in conds)
+        lines.append(f"| {_label(t, m)} | " + " | ".join(_fmt(t["pooled"][c][m]["nll"]) for c in conds)
                      + f" | {_fmt(t['mean_nll'][m])} |")
     ratio = t.get("card_vs_best_post_hoc")
-    lines += ["", f"Lowest block NLL: **{METHOD_LABELS.get(t['lowest_mean_nll'], t['lowest_mean_nll'])}**."]
+    lines += ["", f"Lowest block NLL: **{_label(t, t['lowest_mean_nll'])}**."]
     if ratio:
-        lines.append(f"CARD / best post-hoc baseline ({METHOD_LABELS[ratio['best_baseline']]}): "
+        lines.append(f"CARD / best post-hoc baseline ({_label(t, ratio['best_baseline'])}): "
                      f"**{ratio['card_over_best']:.3f}x** block NLL.")
     names = t["classes"][1:]
     lines += ["", "Segmentation (primary, same for every method) per condition:", "",
@@ -154,7 +158,7 @@ def plot_nll_by_condition(t: dict, path: Path) -> Path:
     x = np.arange(len(conds))
     for i, m in enumerate(methods):
         vals = [t["pooled"][c][m]["nll"] for c in conds]
-        ax.bar(x + (i - (len(methods) - 1) / 2) * width, vals, width, label=f"{METHOD_LABELS.get(m, m)} "
+        ax.bar(x + (i - (len(methods) - 1) / 2) * width, vals, width, label=f"{_label(t, m)} "
                f"(mean {t['mean_nll'][m]:.3f})", color=f"C{i}")
     ax.set_xticks(x, conds)
     ax.set(ylabel="NLL (ROI pixels)", title="NLL per condition")
@@ -176,7 +180,7 @@ def _condition_method_grid(t: dict, path: Path, draw, ylabel: str, row_height: f
             ax = axes[i][j]
             draw(ax, c, m, j)
             if i == 0:
-                ax.set_title(METHOD_LABELS.get(m, m), fontsize=9)
+                ax.set_title(_label(t, m), fontsize=9)
             if j == 0:
                 ax.set_ylabel(f"{c}\n{ylabel}", fontsize=8)
             if i == len(conds) - 1:

@@ -293,7 +293,8 @@ def cmd_evaluate(argv: List[str]) -> int:
     results = run_cases(bundle, cases, conditions, cache, a.seed, device, a.batch_size, progress, spatial=spatial,
                         augmentations=augmentations)
     progress.close()
-    table = calibration_table(results, calibrators, bundle.class_names, conditions)
+    table = calibration_table(results, calibrators, bundle.class_names, conditions,
+                              segmentor=(bundle.config.get("segmentor") or {}).get("kind", "diffusion"))
     # the cache key holds the resolved data path; the written tables name the data only
     table["settings"] = {**settings, "data": data_name(a.data, "acdc-h5"), "bundle": bundle.ident,
                          "cases": [c.case for c in cases]}

@@ -720,6 +720,9 @@ def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.
     A *plain* bundle wraps one deterministic or aleatoric run (given as both runs) so the
     conventional baselines fit and evaluate through the same engine path: one forward pass
     (``sampled_steps`` ``[0]``), the TAC identically 0, ``"segmentor": {"kind": ...}`` recorded.
+    Two deterministic runs of one network (different seeds) make the Dual U-Net control: the
+    "TAC" is then the JS between their softmaxes, and CARD's fitted sigmoid temperature acts on
+    the first one's logits (``"segmentor": {"kind": "dual"}``).
 
     The primary defaults to its best validated checkpoint; the reference to its last one (the
     paper fixes the reference's training length a priori instead of selecting it). Both runs
@@ -735,10 +738,17 @@ def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.
         raise CardsegError("a bundle holds two diffusion denoisers, or one plain segmentor given as both "
                            f"--primary and --reference (got roles {p_cfg.role} and {r_cfg.role})")
     plain = p_cfg.kind != "diffusion"
-    if plain and p_run.resolve() != r_run.resolve():
-        raise CardsegError("a plain segmentor's bundle takes the same run as --primary and --reference")
-    if plain:  # one forward pass ("step 0"); the reference is the segmentor itself, so the TAC is 0
+    segmentor = None
+    if plain and p_run.resolve() == r_run.resolve():
+        # one forward pass ("step 0"); the reference is the segmentor itself, so the TAC is 0
         r_net, r_cfg, r_meta, reference_checkpoint = p_net, p_cfg, p_meta, primary_checkpoint
+        segmentor = {"kind": p_cfg.kind}
+    elif plain:
+        # the Dual U-Net control: two plain segmentors; the "TAC" is the JS of their softmaxes
+        if p_cfg.kind != "deterministic" or r_cfg.kind != "deterministic" or p_cfg.network != r_cfg.network:
+            raise CardsegError("a dual-segmentor bundle takes two deterministic runs of one network "
+                               f"(got {p_cfg.role} {p_cfg.network} and {r_cfg.role} {r_cfg.network})")
+        segmentor = {"kind": "dual", "seeds": [p_cfg.seed, r_cfg.seed]}
     for key in ("spacing", "input_size", "num_steps", "classes", "low_percentile", "high_percentile", "sampled_steps"):
         a, b = getattr(p_cfg, key), getattr(r_cfg, key)
         if a != b:
@@ -754,8 +764,8 @@ def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.
     config = default_config(name, p_cfg.classes, strip(p_cfg.network_spec()), strip(r_cfg.network_spec()),
                             p_cfg.spacing, p_cfg.input_size, version=version, num_steps=p_cfg.num_steps,
                             sampled_steps=[0] if plain else list(p_cfg.sampled_steps))
-    if plain:
-        config["segmentor"] = {"kind": p_cfg.kind}
+    if segmentor:
+        config["segmentor"] = segmentor
     config["preprocessing"].update({"low_percentile": p_cfg.low_percentile, "high_percentile": p_cfg.high_percentile})
     config["provenance"] = {
         "training": {"primary": _run_provenance(p_run, p_cfg, p_meta, primary_checkpoint),

@@ -1,6 +1,6 @@
 """Calibrators: one interface (:class:`Calibrator`) for CARD and the baselines."""
 
-from .base import REGISTRY, Calibrator, calibrator_from_dict, register, temperature_scale
+from .base import REGISTRY, Calibrator, calibrator_from_dict, method_label, register, temperature_scale
 from .calibnet import CalibNet
 from .card import CARD, temperature_field
 from .ets import EnsembleTemperatureScaling
@@ -10,7 +10,7 @@ from .netbase import NetworkCalibrator
 from .pts import ParameterizedTemperatureScaling
 from .simple import TemperatureScaling, Uncalibrated
 
-__all__ = ["REGISTRY", "Calibrator", "calibrator_from_dict", "register", "temperature_scale", "CARD",
+__all__ = ["REGISTRY", "Calibrator", "calibrator_from_dict", "method_label", "register", "temperature_scale", "CARD",
            "temperature_field", "EnsembleTemperatureScaling", "EntropyTemperatureScaling", "entropy_temperature",
            "normalized_log_entropy", "TemperatureScaling", "Uncalibrated", "NetworkCalibrator",
            "ParameterizedTemperatureScaling", "LocalTemperatureScaling", "CalibNet"]

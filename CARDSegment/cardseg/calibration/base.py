@@ -37,6 +37,8 @@ class Calibrator:
     """Base class: ``log_probs(logits, tac)`` → calibrated log-probabilities ``(B, K, *S)``."""
 
     name: ClassVar[str] = ""
+    #: how tables and figures name the method (the paper's abbreviation)
+    label: ClassVar[str] = ""
     #: whether the method needs the TAC map (and so the reference trajectory)
     needs_tac: ClassVar[bool] = False
     #: extra per-pixel inputs ``log_probs`` needs as keyword arguments (see the module docstring)
@@ -86,6 +88,17 @@ REGISTRY: Dict[str, Type[Calibrator]] = {}
 def register(cls: Type[Calibrator]) -> Type[Calibrator]:
     REGISTRY[cls.name] = cls
     return cls
+
+
+def method_label(name: str, on_primary: bool = True) -> str:
+    """How a report names method ``name``: its :attr:`Calibrator.label`, prefixed ``Primary+``
+    when it calibrates the diffusion primary (the paper's backbone-matched controls; UC becomes
+    ``Primary (UC)``), bare when it calibrates a plain segmentor. CARD is always ``CARD``."""
+    cls = REGISTRY.get(name)
+    label = cls.label if cls is not None and cls.label else name
+    if name == "card" or not on_primary:
+        return label
+    return "Primary (UC)" if name == "uc" else f"Primary+{label}"
 
 
 def calibrator_from_dict(d: dict) -> Calibrator:

@@ -88,6 +88,7 @@ class CalibNet(NetworkCalibrator):
     """
 
     name = "calibnet"
+    label = "CalibNet"
     needs_inputs = ("image", "aug_mean", "aug_std")
     spatial = True
     arch_defaults = {"num_classes": 4, "branch": 4, "hidden": 8, "reduction": 4, "dae_hidden": 8,

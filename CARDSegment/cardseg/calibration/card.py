@@ -24,6 +24,7 @@ class CARD(Calibrator):
     """Trajectory-aware pixel-wise temperature scaling (paper Sec. IV-B)."""
 
     name = "card"
+    label = "CARD"
     needs_tac = True
 
     def __init__(self, tau_min: float = 1.0, tau_max: float = 3.0, w_b: float = 0.1, w_k: float = 0.05):

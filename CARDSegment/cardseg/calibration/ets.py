@@ -26,6 +26,7 @@ class EnsembleTemperatureScaling(Calibrator):
     """
 
     name = "ets"
+    label = "ETS"
 
     def __init__(self, temperature: float = 1.0, w0: float = 1.0, w1: float = 0.0, w2: float = 0.0):
         if not temperature > 0:

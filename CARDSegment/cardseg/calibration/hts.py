@@ -44,6 +44,7 @@ class EntropyTemperatureScaling(Calibrator):
     """
 
     name = "hts"
+    label = "HTS"
 
     def __init__(self, w: float = 0.1, b: float = 0.8):
         if not (math.isfinite(w) and math.isfinite(b)):

@@ -44,6 +44,7 @@ class LocalTemperatureScaling(NetworkCalibrator):
     """
 
     name = "lts"
+    label = "LTS"
     needs_inputs = ("image",)
     spatial = True
     arch_defaults = {"num_classes": 4, "hidden": 8, "kernel": 5, "dilations": [1, 2, 4]}

@@ -39,6 +39,7 @@ class ParameterizedTemperatureScaling(NetworkCalibrator):
     """
 
     name = "pts"
+    label = "PTS"
     arch_defaults = {"num_classes": 4, "top_k": 4, "hidden": 5, "layers": 2}
 
     def build(self, arch: dict) -> nn.Module:

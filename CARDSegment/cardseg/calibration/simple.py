@@ -14,6 +14,7 @@ class Uncalibrated(Calibrator):
     """UC: the plain softmax of the primary's terminal logits."""
 
     name = "uc"
+    label = "UC"
 
     def log_probs(self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None,
                   **inputs: torch.Tensor) -> torch.Tensor:
@@ -25,6 +26,7 @@ class TemperatureScaling(Calibrator):
     """TS: one scalar temperature ``T > 0`` for every pixel, ``Softmax(z / T)``."""
 
     name = "ts"
+    label = "TS"
 
     def __init__(self, temperature: float = 1.0):
         if temperature <= 0:
