@@ -98,7 +98,8 @@ def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle
 
     slices01: ``(Z, Y, X)`` already scaled to ``[0, 1]`` (:func:`normalized_slices`, possibly
     perturbed by the caller); spacing_xy: in-plane spacing (x, y) in mm. The TAC averages the
-    bundle's ``tac_steps`` (default: every sampled step). ``with_reference`` and
+    bundle's ``tac_steps`` (default: every sampled step); ``method`` ``logit-mix`` (the paper's
+    ablation: both networks' logits averaged at every step, no TAC) is for evaluation. ``with_reference`` and
     ``keep_step_js`` (``card`` only) also return the reference's terminal logits and the
     per-step JS maps (see :class:`SliceTrajectory`).
     """
@@ -117,7 +118,7 @@ def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle
     for b in range(nb):
         xb = x[b * batch_size:(b + 1) * batch_size].to(device)
         res = run_trajectory(bundle.primary, xb, steps, bundle.num_classes, reference=bundle.reference,
-                             mode="card" if method == "card" else "uc", schedule=bundle.schedule,
+                             mode=method if method in ("card", "logit-mix") else "uc", schedule=bundle.schedule,
                              tac_steps=tac_steps, keep_steps=keep_step_js, on_step=lambda t: progress.advance(1))
         logits_out.append(network_to_slices(res.logits.float(), grid).cpu())
         if res.tac is not None:

@@ -191,6 +191,12 @@ def test_evaluate_command_end_to_end_and_resume(tiny_bundle, tmp_path, monkeypat
     assert t["settings"]["split"] == "val" and all(c.startswith("patient") for c in t["settings"]["cases"])
     assert all(t["pooled"][c][m]["n"] > 1000 for c in t["conditions"] for m in t["methods"])
     assert len(list(cache.rglob("*.npz"))) == 4
+    # every sampled step's JS is cached at the ROI pixels: their mean is the cached TAC (Eq. 6)
+    key_dir = next(p.parent for p in cache.rglob("*.npz"))
+    res = ce.CaseCache(key_dir.parent, key_dir.name).load(t["settings"]["cases"][0], "spike")
+    assert res.js_steps == [49, 37, 24, 12, 0] and res.step_js.shape == (5, res.tac.size)
+    assert np.allclose(res.tac_over(res.js_steps), res.tac, atol=2e-3)
+    assert np.allclose(res.tac_over([0]), res.step_js[4].astype(np.float32))
     assert len(list(out.glob("panel_*.png"))) == 1 and len(list(out.glob("conditions_*.png"))) == 1
     assert json.loads((out / "dice.json").read_text(encoding="utf-8"))["summary"]["mean"] >= 0
     # a second run resumes from the cache: no trajectory is run again, the table is identical

@@ -214,7 +214,9 @@ def fit_bundle_calibration(bundle_path: str, data: str, variants: Sequence[str] 
         # the cache key above holds the resolved path; bundle.json records the data's name only
         "pool": {**settings, "data": data_name(data, "acdc-h5"), "items": len(pool),
                  "pixels": int(sum(it.labels.size for it in pool))},
-        "tac_steps": {"chosen": chosen, "steps": chosen_steps, "pool_nll": step_set_nll},
+        "tac_steps": {"chosen": chosen, "steps": chosen_steps, "pool_nll": step_set_nll,
+                      # every set's own fit: the TAC-mid / TAC-last ablations apply them
+                      "params": {name: {**fit[0].params(), "steps": fit[2]} for name, fit in card_fits.items()}},
         "timings_s": {"pool": pool_time, "fit": fit_time},
     }
     if write:

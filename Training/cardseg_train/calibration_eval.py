@@ -64,7 +64,7 @@ POST_HOC = ("ts", "ets", "hts", "pts", "lts", "calibnet")
 #: ROI radius of the metrics, pixels of the volume's own grid
 ROI_RADIUS = 10
 #: bump when what a cached case holds, or how it is computed, changes
-CACHE_VERSION = 2
+CACHE_VERSION = 3
 
 
 @dataclass
@@ -92,6 +92,19 @@ class CaseResult:
     slice_agreement: List[float] = field(default_factory=list)
     slice_dice: List[float] = field(default_factory=list)
     spatial: Optional[SpatialItem] = None
+    #: each sampled step's JS map at the ROI pixels ``(S, n)`` float16, rows in ``js_steps`` order
+    #: (the TAC over any step subset, for the TAC-last / TAC-mid ablations, without a new run)
+    step_js: Optional[np.ndarray] = None
+    js_steps: List[int] = field(default_factory=list)
+
+    def tac_over(self, steps: Optional[Sequence[int]]) -> np.ndarray:
+        """The TAC (Eq. 6) over ``steps`` at the ROI pixels ``(n,)``; None: the cached TAC."""
+        if steps is None:
+            return self.tac
+        if self.step_js is None:
+            raise CardsegError(f"{self.case} {self.condition}: no per-step JS cached (rerun evaluate)")
+        rows = [self.js_steps.index(int(t)) for t in steps]
+        return self.step_js[rows].astype(np.float32).mean(axis=0)
 
     def has_crops(self, augmentations: int = 0) -> bool:
         """Whether the result holds the ROI box (with that many augmentations) or needs none."""
@@ -102,7 +115,7 @@ class CaseResult:
     def meta(self) -> dict:
         return {"case": self.case, "patient": self.patient, "condition": self.condition, "dice": self.dice,
                 "lcc": self.lcc, "lcc_reference": self.lcc_reference, "agreement": self.agreement, "slice_index": self.slice_index,
-                "slice_agreement": self.slice_agreement, "slice_dice": self.slice_dice}
+                "slice_agreement": self.slice_agreement, "slice_dice": self.slice_dice, "js_steps": self.js_steps}
 
 
 def condition_volume(item: LabelledVolume, condition: str, seed: int = 0) -> LabelledVolume:
@@ -150,8 +163,11 @@ def summarize_case(case: str, patient: str, condition: str, logits: np.ndarray, 
 
 
 def run_case(bundle, item: LabelledVolume, condition: str, seed: int = 0, device="cpu", batch_size: int = 8,
-             roi_radius: int = ROI_RADIUS, spatial: bool = False, augmentations: int = 0) -> CaseResult:
+             roi_radius: int = ROI_RADIUS, spatial: bool = False, augmentations: int = 0,
+             mode: str = "card") -> CaseResult:
     """Corrupt (if asked), normalise as the engine does, run the dual trajectory, summarise.
+
+    ``mode`` ``logit-mix`` runs the paper's Logit Mix ablation instead (the mixed logits, TAC 0).
 
     ``spatial``: also keep the ROI box (LTS, CalibNet); ``augmentations``: with CalibNet's logit
     statistics over that many augmentations (seeded by ``(seed, case, "calibnet-aug:" condition)``).
@@ -161,11 +177,21 @@ def run_case(bundle, item: LabelledVolume, condition: str, seed: int = 0, device
     vol = condition_volume(item, condition, seed)
     slices01 = normalized_slices(vol.volume, bundle)
     spacing = tuple(vol.volume.spacing[:2])
-    traj = trajectory_on_slices(slices01, spacing, bundle, "card", device, batch_size, with_reference=True)
+    if mode == "logit-mix":
+        traj = trajectory_on_slices(slices01, spacing, bundle, "logit-mix", device, batch_size)
+        logits = traj.logits.numpy()
+        return summarize_case(item.case, item.patient, condition, logits, np.zeros(item.labels.shape, np.float32),
+                              item.labels, bundle.class_names, roi_radius)
+    if mode != "card":
+        raise ValueError(f"run_case mode must be card or logit-mix, not {mode!r}")
+    traj = trajectory_on_slices(slices01, spacing, bundle, "card", device, batch_size, with_reference=True,
+                                keep_step_js=True)
     logits, tac = traj.logits.numpy(), traj.tac.numpy()
     res = summarize_case(item.case, item.patient, condition, logits, tac, item.labels, bundle.class_names, roi_radius,
                          reference_logits=traj.reference_logits.numpy())
     roi = roi_mask(item.labels > 0, roi_radius)
+    res.js_steps = [int(t) for t in traj.step_js]
+    res.step_js = np.stack([traj.step_js[t].numpy()[roi] for t in res.js_steps]).astype(np.float16)
     if (spatial or augmentations) and roi.any():
         res.spatial = spatial_item(logits, slices01, item.labels, roi, tac)
         if augmentations:
@@ -198,6 +224,8 @@ class CaseCache:
         with np.load(p, allow_pickle=False) as f:
             meta = json.loads(bytes(f["meta"]).decode())
             res = CaseResult(logits=f["logits"], tac=f["tac"], labels=f["labels"], **meta)
+            if "step_js" in f.files:
+                res.step_js = f["step_js"]
             if "spatial_meta" in f.files:
                 res.spatial = spatial_from_arrays(f, json.loads(bytes(f["spatial_meta"]).decode()))
             return res
@@ -213,13 +241,15 @@ class CaseCache:
         if res.spatial is not None:
             extra, sp_meta = spatial_arrays(res.spatial)
             extra["spatial_meta"] = np.frombuffer(json.dumps(sp_meta).encode(), dtype=np.uint8)
+        if res.step_js is not None:
+            extra["step_js"] = res.step_js
         np.savez_compressed(tmp, logits=res.logits, tac=res.tac, labels=res.labels, meta=meta, **extra)
         tmp.replace(p)
 
 
 def run_cases(bundle, cases: Sequence[LabelledVolume], conditions: Sequence[str], cache: CaseCache, seed: int = 0,
               device="cpu", batch_size: int = 8, progress: Optional[Progress] = None, spatial: bool = False,
-              augmentations: int = 0) -> List[CaseResult]:
+              augmentations: int = 0, mode: str = "card") -> List[CaseResult]:
     """Every (case, condition), from the cache where it is already there (resumable per case).
 
     ``spatial`` / ``augmentations`` (see :func:`crop_needs`): a cached result without the ROI box
@@ -232,7 +262,7 @@ def run_cases(bundle, cases: Sequence[LabelledVolume], conditions: Sequence[str]
             res = cache.load(item.case, condition)
             if res is None or ((spatial or augmentations) and not res.has_crops(augmentations)):
                 res = run_case(bundle, item, condition, seed, device, batch_size, spatial=spatial,
-                               augmentations=augmentations)
+                               augmentations=augmentations, mode=mode)
                 cache.save(res)
             out.append(res)
             progress.advance(1)

@@ -1,0 +1,134 @@
+"""The paper's component ablation (its Table III) on one ACDC-C condition, spike by default.
+
+Rows (ECE / SCE / ACE in %, pooled over the ROI pixels of the split's volumes under the
+condition, NLL beside them):
+
+* ``Primary only``: the diffusion primary's terminal logits, uncalibrated.
+* ``Logit Mix``: primary and reference logits averaged at every reverse step (the mix advances
+  the state and is the output; uncalibrated, as the paper's fusion control).
+* ``Dual U-Net``: two discriminative U-Nets (seeds 0 and 1); their softmax JS through CARD's
+  fitted sigmoid temperature on the first one's logits (read from that bundle's evaluation).
+* ``w/o Ref. Contrast``: the primary on both paths, so the JS and the TAC are 0 everywhere and
+  Eq. 7 is one temperature for every pixel; fitted by NLL on the validation pool, that is the
+  pool's temperature-scaling fit, so the row applies the bundle's fitted TS.
+* ``TAC-last`` / ``TAC-mid``: CARD refitted on the validation pool with the TAC over ``{0}`` /
+  ``{24, 12, 0}`` (``fit-calibration`` keeps each set's fit), applied to the TAC over the
+  same steps, formed from the per-step JS each evaluated case keeps.
+* ``Proposed``: CARD as shipped (TAC over the bundle's step set).
+
+Every row reads the evaluation cache of ``cardseg evaluate`` (same key, so an evaluated split
+is not run again); only Logit Mix needs its own trajectories, cached beside them.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+
+from cardseg.calibration import CARD, TemperatureScaling, Uncalibrated
+from cardseg.calibration_metrics import CalibrationAccumulator
+from cardseg.errors import CardsegError
+
+from .calibration_eval import CaseResult
+
+ROWS = ("Primary only", "Logit Mix", "Dual U-Net", "w/o Ref. Contrast", "TAC-last", "TAC-mid", "Proposed")
+#: the paper's Table III (spike): ECE, SCE, ACE in %
+PAPER = {"Primary only": (20.19, 10.10, 9.48), "Logit Mix": (19.62, 9.82, 9.03), "Dual U-Net": (19.22, 11.49, 11.10),
+         "w/o Ref. Contrast": (17.78, 9.02, 8.51), "TAC-last": (17.62, 8.96, 8.47), "TAC-mid": (17.45, 8.89, 8.42),
+         "Proposed": (13.81, 7.61, 7.42)}
+
+
+def step_set_calibrators(config: dict) -> Dict[str, CARD]:
+    """CARD fitted per TAC step set, from ``calibration.fit.tac_step_sets.params`` of a bundle
+    fitted with ``--tac-steps auto`` → ``{"mid": CARD, "last": CARD, ...}`` (steps kept apart)."""
+    sets = (((config.get("calibration") or {}).get("fit") or {}).get("tac_step_sets") or {}).get("params") or {}
+    return {name: CARD(**{k: v for k, v in p.items() if k != "steps"}) for name, p in sets.items()}
+
+
+def _metrics(pairs) -> dict:
+    """Pooled ECE / SCE / ACE / NLL over ``[(probs (n, K), labels (n,))]``."""
+    pairs = list(pairs)
+    acc = CalibrationAccumulator(pairs[0][0].shape[1])
+    for p, y in pairs:
+        acc.add(p, y)
+    return acc.result()
+
+
+def _probs(cal, res: CaseResult, tac: Optional[np.ndarray] = None) -> np.ndarray:
+    z = torch.from_numpy(np.ascontiguousarray(res.logits, dtype=np.float32))[None]
+    d = None
+    if cal.needs_tac:
+        d = torch.from_numpy(np.ascontiguousarray(res.tac if tac is None else tac, dtype=np.float32))[None]
+    return cal.probabilities(z, d)[0].T.numpy()
+
+
+def ablation_table(card_results: Sequence[CaseResult], mix_results: Sequence[CaseResult], config: dict,
+                   dual_table: Optional[dict] = None, condition: str = "spike") -> dict:
+    """Every row of :data:`ROWS` that the inputs allow, JSON-able.
+
+    card_results / mix_results: the condition's cases from the card and logit-mix trajectories;
+    config: the CARD bundle's ``bundle.json`` (fitted CARD, TS and the step-set fits); dual_table:
+    the Dual U-Net bundle's ``calibration.json`` (its ``card`` method under ``condition``).
+    """
+    card_results = [r for r in card_results if r.condition == condition and r.labels.size]
+    mix_results = [r for r in mix_results if r.condition == condition and r.labels.size]
+    if not card_results:
+        raise CardsegError(f"no evaluated cases under {condition!r}")
+    cal = config.get("calibration") or {}
+    card = CARD(**{k: cal[k] for k in ("tau_min", "tau_max", "w_b", "w_k")})
+    ts = (config.get("baselines") or {}).get("ts")
+    rows: Dict[str, dict] = {}
+    rows["Primary only"] = _metrics((_probs(Uncalibrated(), r), r.labels) for r in card_results)
+    if mix_results:
+        rows["Logit Mix"] = _metrics((_probs(Uncalibrated(), r), r.labels) for r in mix_results)
+    if dual_table is not None and "card" in dual_table.get("methods", ()):
+        rows["Dual U-Net"] = {k: dual_table["pooled"][condition]["card"][k] for k in ("ece", "sce", "ace", "nll")}
+    if ts is not None:
+        rows["w/o Ref. Contrast"] = _metrics((_probs(TemperatureScaling(ts["temperature"]), r), r.labels)
+                                             for r in card_results)
+    steps_of = {name: p.get("steps") for name, p in
+                ((((cal.get("fit") or {}).get("tac_step_sets") or {}).get("params")) or {}).items()}
+    for name, label in (("last", "TAC-last"), ("mid", "TAC-mid")):
+        fitted = step_set_calibrators(config).get(name)
+        if fitted is not None and steps_of.get(name):
+            rows[label] = _metrics((_probs(fitted, r, r.tac_over(steps_of[name])), r.labels) for r in card_results)
+    rows["Proposed"] = _metrics((_probs(card, r), r.labels) for r in card_results)
+    ordered = [{"label": lab, **{k: float(rows[lab][k]) for k in ("ece", "sce", "ace", "nll")},
+                "paper_ece_sce_ace": PAPER[lab]} for lab in ROWS if lab in rows]
+    return {"condition": condition, "volumes": len({r.case for r in card_results}), "rows": ordered,
+            "missing": [lab for lab in ROWS if lab not in rows]}
+
+
+def markdown(t: dict, title: str = "") -> str:
+    lines = [f"# {title or 'Component ablation'} ({t['condition']})", "",
+             f"{t['volumes']} volumes under {t['condition']}; ECE / SCE / ACE in %, pooled over the ROI pixels; the "
+             "paper's Table III beside ours.", "",
+             "| Variant | ECE | SCE | ACE | NLL | paper ECE / SCE / ACE |", "|---|---|---|---|---|---|"]
+    for r in t["rows"]:
+        lines.append(f"| {r['label']} | {100 * r['ece']:.2f} | {100 * r['sce']:.2f} | {100 * r['ace']:.2f} | "
+                     f"{r['nll']:.3f} | {' / '.join(f'{v:.2f}' for v in r['paper_ece_sce_ace'])} |")
+    if t["missing"]:
+        lines += ["", "Not computed: " + ", ".join(t["missing"]) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(t: dict, path) -> None:
+    """ECE per variant, ours beside the paper's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows: List[dict] = t["rows"]
+    x = np.arange(len(rows))
+    fig, ax = plt.subplots(figsize=(7.5, 3.4))
+    ax.bar(x - 0.2, [100 * r["ece"] for r in rows], 0.4, label="ours")
+    ax.bar(x + 0.2, [r["paper_ece_sce_ace"][0] for r in rows], 0.4, label="paper", alpha=0.6)
+    ax.set_xticks(x, [r["label"] for r in rows], rotation=25, ha="right")
+    ax.set_ylabel(f"ECE (%) under {t['condition']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
