@@ -79,7 +79,8 @@ def test_log_and_engine_checks(smoke):
     engine = json.loads((out / "engine.json").read_text())
     timing = engine["paper_scale_timing"]
     assert "error" not in timing, timing
-    assert timing["uc_ms"] > 0 and timing["card_ms"] > timing["uc_ms"] * 0.9
+    assert timing["uc_ms"] > 0 and timing["card_ms"] > 0  # speed itself is the benchmarks' business
+    assert timing["ratio"] == pytest.approx(timing["card_ms"] / timing["uc_ms"], abs=1e-3)
     assert "error" not in engine["cuda_consistency"], engine["cuda_consistency"]
 
 
@@ -134,3 +135,16 @@ def test_missing_pack_is_one_line_exit_2(tmp_path):
                            str(tmp_path / "o")], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "pack.json" in proc.stderr
+
+
+def test_reference_sweep_grid_and_heat_map(tmp_path):
+    choose = _load("choose_reference")
+    rows = {"reference-unet-s500": {"card_nll": 0.31, "parameters": 162_000},
+            "reference-unet-s2000": {"card_nll": 0.29, "parameters": 162_000},
+            "reference-mini-s500": {"card_nll": 0.33, "parameters": 1_640_000},
+            "reference-micro-s2000": {"card_nll": 0.30, "parameters": 41_000}, "not-a-candidate": {"card_nll": 0.1}}
+    caps, steps, grid = choose.sweep_grid(rows)
+    assert caps == ["micro", "unet", "mini"] and steps == [500, 2000]  # by capacity, then by length
+    assert np.isnan(grid[0, 0]) and grid[1, 1] == 0.29 and grid[2, 0] == 0.33 and np.isnan(grid[2, 1])
+    png = choose.plot_sweep(rows, tmp_path / "sweep.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"

@@ -1,7 +1,8 @@
 """Choose the reference's capacity and training length on the source-validation pool.
 
     python Training/gpu/choose_reference.py --primary runs/gpu/primary --candidates runs/gpu/reference-* \
-        [--pack Training/gpu/pack] [--variants clean,noise] [--out choice.json]
+        [--pack Training/gpu/pack] [--variants clean,noise] [--out choice.json] [--plot sweep.png]
+    python Training/gpu/choose_reference.py --replot choice.json sweep.png   # the heat map again
 
 The primary's reverse trajectory is run once per validation volume and variant, on the pack's
 network grid (the validation volumes exactly as the engine maps them); every candidate
@@ -57,6 +58,75 @@ class _Candidates(nn.Module):
         return outs[0]
 
 
+#: the GPU run's reference jobs, as their run folders name them (reference-<name>-s<steps>)
+GPU_CANDIDATES = {"mini": "time-swinunetr:mini", "unet": "time-unet:tiny"}
+
+
+def sweep_grid(rows: dict):
+    """Candidates named ``reference-<capacity>-s<steps>`` → ``(capacities, steps, nll (C, S))``,
+    NaN where a capacity was not saved at a length (the paper's Fig. 5 axes)."""
+    import re
+
+    cells = {}
+    for name, row in rows.items():
+        m = re.fullmatch(r"(?:reference-)?(.+)-s(\d+)", name)
+        if m:
+            cells[(m.group(1), int(m.group(2)))] = row["card_nll"]
+    caps = sorted({c for c, _ in cells}, key=lambda c: min(r.get("parameters", 0) for n, r in rows.items()
+                                                            if n.startswith(f"reference-{c}-s") or n.startswith(f"{c}-s")))
+    steps = sorted({s for _, s in cells})
+    grid = np.full((len(caps), len(steps)), np.nan)
+    for (c, s), v in cells.items():
+        grid[caps.index(c), steps.index(s)] = v
+    return caps, steps, grid
+
+
+def plot_sweep(rows: dict, path: Path, title: str = "") -> Path:
+    """Heat map of CARD's validation-pool NLL x 100 per reference capacity and training length,
+    the lowest cell outlined (paper Fig. 5)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    from cardseg.scaffold import parse_network
+
+    caps, steps, grid = sweep_grid(rows)
+    if not caps:
+        raise ValueError("no candidate named reference-<capacity>-s<steps>")
+    fig, ax = plt.subplots(figsize=(1.2 * len(steps) + 2.5, 0.8 * len(caps) + 1.8))
+    im = ax.imshow(100 * grid, cmap="viridis_r", aspect="auto")
+    for i in range(len(caps)):
+        for j in range(len(steps)):
+            if np.isfinite(grid[i, j]):
+                light = grid[i, j] < np.nanmin(grid) + 0.5 * (np.nanmax(grid) - np.nanmin(grid))
+                ax.text(j, i, f"{100 * grid[i, j]:.1f}", ha="center", va="center", color="k" if light else "w",
+                        fontsize=9)
+    bi, bj = np.unravel_index(np.nanargmin(grid), grid.shape)
+    ax.add_patch(Rectangle((bj - 0.5, bi - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2.5))
+    labels = []
+    for c in caps:
+        n = next((r.get("parameters") for k, r in rows.items() if k.endswith(tuple(f"{c}-s{s}" for s in steps))), None)
+        spec = GPU_CANDIDATES.get(c)
+        if n is None and spec is not None:
+            from cardseg.networks import build_network, count_parameters
+
+            n = count_parameters(build_network({**parse_network(spec), "num_classes": 4}))
+        labels.append((spec or c) + (f"\n{n / 1e6:.2f}M" if n else ""))
+    ax.set_xticks(range(len(steps)), [str(s) for s in steps])
+    ax.set_yticks(range(len(caps)), labels)
+    ax.set_xlabel("reference training steps")
+    ax.set_ylabel("reference capacity")
+    ax.set_title(title or "CARD NLL x 100 on the validation pool (lowest outlined)", fontsize=10)
+    fig.colorbar(im, ax=ax, label="NLL x 100")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv=None) -> int:
     from cardseg.diffusion import CategoricalSchedule, default_sampling_steps
     from cardseg.metrics import roi_mask
@@ -73,6 +143,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-pixels", type=int, default=30000)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--out")
+    ap.add_argument("--plot", metavar="PNG", help="also draw the capacity x training-length heat map (paper Fig. 5)")
     a = ap.parse_args(argv)
 
     primary, p_cfg, _ = load_run_network(a.primary)
@@ -116,6 +187,7 @@ def main(argv=None) -> int:
     for c, pool in pools.items():
         card = fit_card(pool)
         rows[Path(c).name] = {"card_nll": pool_nll(card, pool), "ts_nll": pool_nll(fit_ts(pool), pool),
+                              "parameters": sum(p.numel() for p in cands[a.candidates.index(c)].parameters()),
                               "mean_tac": float(np.mean([p.tac.mean() for p in pool])), "params": card.to_dict()}
         print(f"{Path(c).name:28s} CARD NLL {rows[Path(c).name]['card_nll']:.4f}  TS {rows[Path(c).name]['ts_nll']:.4f}  "
               f"mean TAC {rows[Path(c).name]['mean_tac']:.4f}", flush=True)
@@ -125,8 +197,17 @@ def main(argv=None) -> int:
     print(f"chosen: {best}")
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=2) + "\n")
+    if a.plot:
+        plot_sweep(rows, Path(a.plot))
+    return 0
+
+
+def replot(argv=None) -> int:
+    """``choose_reference.py --replot CHOICE.json PNG``: the heat map of a saved choice."""
+    choice, png = argv
+    plot_sweep(json.loads(Path(choice).read_text())["candidates"], Path(png))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(replot(sys.argv[2:]) if sys.argv[1:2] == ["--replot"] else main())
