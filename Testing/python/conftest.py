@@ -44,3 +44,18 @@ def rotated_nifti(tmp_path_factory, synthetic_volume) -> Path:
     path = tmp_path_factory.mktemp("inputs") / "oblique.nii.gz"
     sitk.WriteImage(img, str(path))
     return path
+
+
+def assert_figure(path, min_width: int = 300, min_height: int = 200, min_ink: float = 0.01, min_colors: int = 3):
+    """A written figure is a real, non-blank image: a PNG of at least that size whose pixels are
+    not all background (at least ``min_ink`` of them differ from the corner colour) and that uses
+    at least ``min_colors`` colours (axes, text and data, not one flat fill)."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        assert im.format == "PNG", f"{path}: {im.format}"
+        assert im.width >= min_width and im.height >= min_height, f"{path}: {im.size}"
+        rgb = np.asarray(im.convert("RGB"))
+    ink = float((np.abs(rgb.astype(int) - rgb[0, 0].astype(int)).sum(axis=2) > 30).mean())
+    assert ink >= min_ink, f"{path}: only {ink:.4f} of the pixels differ from the background"
+    assert len(np.unique(rgb.reshape(-1, 3), axis=0)) >= min_colors, f"{path}: a flat image"

@@ -10,6 +10,8 @@ from cardseg.cli import main
 from cardseg.errors import CardsegError
 from cardseg_train.comparison import PAPER, ROWS, comparison_table, markdown
 
+from conftest import assert_figure
+
 CONDS = ["clean", "spike"]
 
 
@@ -68,9 +70,6 @@ def test_cli_writes_table_json_and_figure(tmp_path, capsys):
     back = json.loads((out / "comparison.json").read_text())
     assert [r["label"] for r in back["rows"]][-1] == "CARD"
     assert (out / "comparison.md").read_text().startswith("# ")
-    from PIL import Image
-
-    with Image.open(out / "comparison_block_nll.png") as im:
-        assert im.size[0] > 300 and im.size[1] > 200
+    assert_figure(out / "comparison_block_nll.png")
     assert main(["compare", "--card", str(tmp_path / "nope"), "--out", str(out)]) == 2
     assert "no calibration.json" in capsys.readouterr().err

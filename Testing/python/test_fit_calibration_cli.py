@@ -1,6 +1,5 @@
 """``cardseg fit-calibration`` end to end on two real validation patients with a tiny bundle."""
 
-import json
 import shutil
 
 import numpy as np

@@ -15,7 +15,7 @@ from cardseg.bundle import read_config, update_config
 from cardseg.cli import main
 from cardseg.errors import CardsegError
 
-from conftest import ACDC
+from conftest import ACDC, assert_figure
 
 NAMES = ["background", "RV", "MYO", "LV"]
 SCALES = {"LV_volume": 2.0, "RV_volume": 2.2, "LV_stroke_volume": 2.5, "RV_stroke_volume": 2.4,
@@ -341,7 +341,7 @@ def test_fit_indices_command(tiny_bundle, tmp_path, monkeypatch):
     assert result["subjects"] == 2 and result["settings"]["split"] == "test"
     assert set(result["indices"]) == set(ix.INDEX_NAMES)
     assert (out / "indices.md").read_text().startswith("# Cardiac indices")
-    assert (out / "indices_coverage.png").stat().st_size > 0
+    assert_figure(out / "indices_coverage.png")
     # cached: a measurement with the stored fit runs without segmenting again
     n = len(list((tmp_path / "cache").rglob("*.npz")))
     assert n == 8

@@ -10,7 +10,6 @@ import gzip
 import hashlib
 import json
 import os
-import shutil
 import signal
 import struct
 import subprocess

@@ -111,7 +111,6 @@ def test_seg_nrrd_has_named_coloured_segments(outputs, tiny_bundle):
 
 
 def test_outputs_are_bit_identical_between_runs(outputs, tiny_bundle, rotated_nifti, tmp_path):
-    import shutil
 
     bundle = outputs / "bundle"
     assert run([rotated_nifti, "-o", tmp_path / "again", "--bundle", bundle, "--quiet", "--batch-size", "3"]) == 0
