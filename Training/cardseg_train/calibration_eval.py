@@ -202,6 +202,12 @@ def run_case(bundle, item: LabelledVolume, condition: str, seed: int = 0, device
     return res
 
 
+def evaluation_settings(data: str, split: str, seed: int, h5_spacing: float, bundle) -> dict:
+    """What keys the per-case cache beside the bundle's weights (``evaluate`` and ``ablate`` alike)."""
+    return {"data": str(Path(data).resolve()), "split": split, "seed": seed, "h5_spacing": h5_spacing,
+            "tac_steps": bundle.tac_steps}
+
+
 class CaseCache:
     """One ``.npz`` per (case, condition) under ``root/<key>/``; arrays plus a JSON header, no
     pickles; written atomically so an interrupted run never leaves a half file behind."""

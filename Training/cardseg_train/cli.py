@@ -240,12 +240,6 @@ def _names(text: str, allowed, what: str) -> List[str]:
     return names
 
 
-def _evaluation_settings(a, bundle) -> dict:
-    """What keys ``evaluate``'s per-case cache beside the bundle's weights (``ablate`` reads the same)."""
-    return {"data": str(Path(a.data).resolve()), "split": a.split, "seed": a.seed, "h5_spacing": a.h5_spacing,
-            "tac_steps": bundle.tac_steps}
-
-
 def cmd_evaluate(argv: List[str]) -> int:
     a = evaluate_parser().parse_args(argv)
     from .calibration_eval import ALL_METHODS, CONDITIONS
@@ -266,7 +260,7 @@ def cmd_evaluate(argv: List[str]) -> int:
     from cardseg.segment import resolve_device
 
     from .calibration_eval import (CaseCache, bundle_calibrators, calibration_table, case_panel, choose_panel,
-                                   conditions_figure, crop_needs, run_cases)
+                                   conditions_figure, crop_needs, evaluation_settings, run_cases)
     from .calibration_report import write_report
     from .evaluation import acdc_h5_volumes, evaluate_dice, write_dice_table
     from .train import data_name
@@ -291,7 +285,7 @@ def cmd_evaluate(argv: List[str]) -> int:
     if a.review_only:
         review_section(bundle, cases, conditions, a, device, out, title)
         return 0
-    settings = _evaluation_settings(a, bundle)
+    settings = evaluation_settings(a.data, a.split, a.seed, a.h5_spacing, bundle)
     cache = CaseCache(Path(a.cache) if a.cache else None, CaseCache.make_key(bundle.checksums, settings))
     progress = make_progress("bar", a.quiet)
     spatial, augmentations = crop_needs(calibrators.values())
@@ -492,102 +486,6 @@ def cmd_fit_indices(argv: List[str]) -> int:
     return 0
 
 
-def ablate_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="cardseg ablate",
-        description="The paper's component ablation (Table III) under one condition: Primary only, Logit Mix, Dual "
-                    "U-Net, w/o Ref. Contrast, TAC-last, TAC-mid, Proposed (ECE/SCE/ACE). Reads cardseg evaluate's "
-                    "cache (run evaluate first, same --split/--seed); only Logit Mix runs trajectories of its own. "
-                    "TAC-last/mid need the bundle fitted with fit-calibration --tac-steps auto.")
-    p.add_argument("--bundle", metavar="PATH", help="the CARD bundle (default: $CARDSEG_BUNDLE or the shipped one)")
-    p.add_argument("--dual", metavar="DIR", help="evaluate --out of the Dual U-Net bundle (its card method)")
-    p.add_argument("--data", default="../shared/data/acdc", metavar="PATH", help="ACDC HDF5 folder")
-    p.add_argument("--split", default="val", choices=["val", "test"])
-    p.add_argument("--condition", default="spike", help="one of clean, bias, motion, ghost, spike (default spike)")
-    p.add_argument("--out", required=True, metavar="DIR")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-cases", type=int, metavar="N", help="only the first N volumes (quick runs)")
-    p.add_argument("--cache", default="cache/evaluate", metavar="DIR")
-    p.add_argument("--h5-spacing", type=float, default=1.5, metavar="MM")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--threads", type=int)
-    p.add_argument("--quiet", action="store_true")
-    return p
-
-
-def cmd_ablate(argv: List[str]) -> int:
-    a = ablate_parser().parse_args(argv)
-    from .calibration_eval import CONDITIONS
-
-    _names(a.condition, list(CONDITIONS), "condition")
-    dual = None
-    if a.dual:
-        from .comparison import load_table
-
-        dual = load_table(Path(a.dual))
-    import torch
-
-    from cardseg.bundle import load_bundle
-    from cardseg.progress import make_progress
-    from cardseg.segment import resolve_device
-
-    from .ablation import ablation_table, markdown, plot
-    from .calibration_eval import CaseCache, run_cases
-    from .evaluation import acdc_h5_volumes
-
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    device = resolve_device(a.device)
-    bundle = load_bundle(a.bundle, device=device)
-    cases = acdc_h5_volumes(a.data, a.split, a.h5_spacing)[:a.max_cases]
-    settings = _evaluation_settings(a, bundle)
-    root = Path(a.cache) if a.cache else None
-    progress = make_progress("bar", a.quiet)
-    card = run_cases(bundle, cases, [a.condition], CaseCache(root, CaseCache.make_key(bundle.checksums, settings)),
-                     a.seed, device, a.batch_size, progress)
-    mix_key = CaseCache.make_key(bundle.checksums, {**settings, "mode": "logit-mix"})
-    mix = run_cases(bundle, cases, [a.condition], CaseCache(root, mix_key), a.seed, device, a.batch_size, progress,
-                    mode="logit-mix")
-    progress.close()
-    table = ablation_table(card, mix, bundle.config, dual, a.condition)
-    table["settings"] = {"split": a.split, "seed": a.seed, "bundle": bundle.ident, "dual": a.dual}
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    text = markdown(table, f"{bundle.ident}: component ablation on ACDC {a.split}")
-    (out / "ablation.md").write_text(text, encoding="utf-8")
-    (out / "ablation.json").write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
-    plot(table, out / "ablation_ece.png")
-    print(text)
-    return 0
-
-
-def compare_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="cardseg compare",
-        description="The paper's Table I from cardseg evaluate outputs: the conventional baselines (UC, TS, ETS, HTS, "
-                    "PTS, LTS, CalibNet) on a deterministic segmentor, Alea. on the aleatoric one, Primary+ETS, "
-                    "Primary+HTS and CARD on the diffusion primary; writes comparison.md/.json and a figure.")
-    p.add_argument("--card", metavar="DIR", help="evaluate --out of the CARD bundle (Primary+ETS, Primary+HTS, CARD)")
-    p.add_argument("--conventional", metavar="DIR",
-                   help="evaluate --out of the deterministic segmentor's plain bundle (methods uc,ts,ets,hts,pts,lts,"
-                        "calibnet)")
-    p.add_argument("--aleatoric", metavar="DIR", help="evaluate --out of the aleatoric segmentor's plain bundle (uc)")
-    p.add_argument("--out", required=True, metavar="DIR")
-    return p
-
-
-def cmd_compare(argv: List[str]) -> int:
-    from .comparison import markdown, parse_sources, write_comparison
-
-    a = compare_parser().parse_args(argv)
-    sources = parse_sources(a.card, a.conventional, a.aleatoric)
-    if not sources:
-        raise CardsegError("give at least one of --card, --conventional, --aleatoric")
-    print(markdown(write_comparison(sources, Path(a.out))))
-    return 0
-
-
 # --------------------------------------------------------------------------------------------
 # the subcommands this package adds to ``cardseg`` (pyproject: entry points "cardseg.commands");
 # each takes the arguments after its name, and its docstring's first line is its help
@@ -619,19 +517,18 @@ def command_fit_indices(argv: List[str]) -> int:
     return cmd_fit_indices(argv)
 
 
-def command_ablate(argv: List[str]) -> int:
-    """the paper's component ablation (Logit Mix, Dual U-Net, TAC-last/mid, ...) under one condition"""
-    return cmd_ablate(argv)
+def _from_cli_compare(name: str):
+    def run(argv: List[str]) -> int:
+        from . import cli_compare
 
+        return getattr(cli_compare, name)(argv)
 
-def command_compare(argv: List[str]) -> int:
-    """the paper's Table I from several evaluate outputs (conventional baselines, Alea., CARD)"""
-    return cmd_compare(argv)
+    return run
 
 
 COMMANDS = {"train": command_train, "evaluate": command_evaluate, "fit-calibration": command_fit_calibration,
-            "fit-review": command_fit_review, "fit-indices": command_fit_indices, "compare": command_compare,
-            "ablate": command_ablate}
+            "fit-review": command_fit_review, "fit-indices": command_fit_indices,
+            "compare": _from_cli_compare("command_compare"), "ablate": _from_cli_compare("command_ablate")}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -1,0 +1,122 @@
+"""``cardseg compare`` and ``cardseg ablate``: the paper's Table I and Table III from evaluations.
+
+Both only read what ``cardseg evaluate`` wrote or cached (``ablate`` runs the Logit Mix
+trajectories, which no evaluation has); the tables themselves are built in
+:mod:`cardseg_train.comparison` and :mod:`cardseg_train.ablation`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import List
+
+from cardseg.errors import CardsegError
+
+
+def ablate_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cardseg ablate",
+        description="The paper's component ablation (Table III) under one condition: Primary only, Logit Mix, Dual "
+                    "U-Net, w/o Ref. Contrast, TAC-last, TAC-mid, Proposed (ECE/SCE/ACE). Reads cardseg evaluate's "
+                    "cache (run evaluate first, same --split/--seed); only Logit Mix runs trajectories of its own. "
+                    "TAC-last/mid need the bundle fitted with fit-calibration --tac-steps auto.")
+    p.add_argument("--bundle", metavar="PATH", help="the CARD bundle (default: $CARDSEG_BUNDLE or the shipped one)")
+    p.add_argument("--dual", metavar="DIR", help="evaluate --out of the Dual U-Net bundle (its card method)")
+    p.add_argument("--data", default="../shared/data/acdc", metavar="PATH", help="ACDC HDF5 folder")
+    p.add_argument("--split", default="val", choices=["val", "test"])
+    p.add_argument("--condition", default="spike", help="one of clean, bias, motion, ghost, spike (default spike)")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-cases", type=int, metavar="N", help="only the first N volumes (quick runs)")
+    p.add_argument("--cache", default="cache/evaluate", metavar="DIR")
+    p.add_argument("--h5-spacing", type=float, default=1.5, metavar="MM")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int)
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def cmd_ablate(argv: List[str]) -> int:
+    a = ablate_parser().parse_args(argv)
+    from .calibration_eval import CONDITIONS
+    from .cli import _names
+
+    _names(a.condition, list(CONDITIONS), "condition")
+    dual = None
+    if a.dual:
+        from .comparison import load_table
+
+        dual = load_table(Path(a.dual))
+    import torch
+
+    from cardseg.bundle import load_bundle
+    from cardseg.progress import make_progress
+    from cardseg.segment import resolve_device
+
+    from .ablation import ablation_table, markdown, plot
+    from .calibration_eval import CaseCache, evaluation_settings, run_cases
+    from .evaluation import acdc_h5_volumes
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    device = resolve_device(a.device)
+    bundle = load_bundle(a.bundle, device=device)
+    cases = acdc_h5_volumes(a.data, a.split, a.h5_spacing)[:a.max_cases]
+    settings = evaluation_settings(a.data, a.split, a.seed, a.h5_spacing, bundle)
+    root = Path(a.cache) if a.cache else None
+    progress = make_progress("bar", a.quiet)
+    card = run_cases(bundle, cases, [a.condition], CaseCache(root, CaseCache.make_key(bundle.checksums, settings)),
+                     a.seed, device, a.batch_size, progress)
+    mix_key = CaseCache.make_key(bundle.checksums, {**settings, "mode": "logit-mix"})
+    mix = run_cases(bundle, cases, [a.condition], CaseCache(root, mix_key), a.seed, device, a.batch_size, progress,
+                    mode="logit-mix")
+    progress.close()
+    table = ablation_table(card, mix, bundle.config, dual, a.condition)
+    table["settings"] = {"split": a.split, "seed": a.seed, "bundle": bundle.ident, "dual": a.dual}
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = markdown(table, f"{bundle.ident}: component ablation on ACDC {a.split}")
+    (out / "ablation.md").write_text(text, encoding="utf-8")
+    (out / "ablation.json").write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
+    plot(table, out / "ablation_ece.png")
+    print(text)
+    return 0
+
+
+def compare_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cardseg compare",
+        description="The paper's Table I from cardseg evaluate outputs: the conventional baselines (UC, TS, ETS, HTS, "
+                    "PTS, LTS, CalibNet) on a deterministic segmentor, Alea. on the aleatoric one, Primary+ETS, "
+                    "Primary+HTS and CARD on the diffusion primary; writes comparison.md/.json and a figure.")
+    p.add_argument("--card", metavar="DIR", help="evaluate --out of the CARD bundle (Primary+ETS, Primary+HTS, CARD)")
+    p.add_argument("--conventional", metavar="DIR",
+                   help="evaluate --out of the deterministic segmentor's plain bundle (methods uc,ts,ets,hts,pts,lts,"
+                        "calibnet)")
+    p.add_argument("--aleatoric", metavar="DIR", help="evaluate --out of the aleatoric segmentor's plain bundle (uc)")
+    p.add_argument("--out", required=True, metavar="DIR")
+    return p
+
+
+def cmd_compare(argv: List[str]) -> int:
+    from .comparison import markdown, parse_sources, write_comparison
+
+    a = compare_parser().parse_args(argv)
+    sources = parse_sources(a.card, a.conventional, a.aleatoric)
+    if not sources:
+        raise CardsegError("give at least one of --card, --conventional, --aleatoric")
+    print(markdown(write_comparison(sources, Path(a.out))))
+    return 0
+
+
+def command_ablate(argv: List[str]) -> int:
+    """the paper's component ablation (Logit Mix, Dual U-Net, TAC-last/mid, ...) under one condition"""
+    return cmd_ablate(argv)
+
+
+def command_compare(argv: List[str]) -> int:
+    """the paper's Table I from several evaluate outputs (conventional baselines, Alea., CARD)"""
+    return cmd_compare(argv)
