@@ -248,7 +248,9 @@ def test_json_progress_lines(tiny_bundle, rotated_nifti, tmp_path, capfd):
 def test_training_commands_say_clearly_when_the_extra_is_missing(monkeypatch, capsys):
     import sys as _sys
 
-    monkeypatch.setitem(_sys.modules, "cardseg_train", None)  # as if the [train] extra were not installed
+    # as if the [train] extra were not installed (also the submodules other tests imported already)
+    for name in ["cardseg_train", *[m for m in _sys.modules if m.startswith("cardseg_train.")]]:
+        monkeypatch.setitem(_sys.modules, name, None)
     for command in ("train", "fit-calibration", "evaluate"):
         assert main([command, "--help"]) == 2
         err = capsys.readouterr().err
