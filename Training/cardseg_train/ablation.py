@@ -25,13 +25,12 @@ from __future__ import annotations
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
-import torch
 
 from cardseg.calibration import CARD, TemperatureScaling, Uncalibrated
 from cardseg.calibration_metrics import CalibrationAccumulator
 from cardseg.errors import CardsegError
 
-from .calibration_eval import CaseResult
+from .calibration_eval import CaseResult, calibrated_probs as _probs
 
 ROWS = ("Primary only", "Logit Mix", "Dual U-Net", "w/o Ref. Contrast", "TAC-last", "TAC-mid", "Proposed")
 #: the paper's Table III (spike): ECE, SCE, ACE in %
@@ -40,11 +39,11 @@ PAPER = {"Primary only": (20.19, 10.10, 9.48), "Logit Mix": (19.62, 9.82, 9.03),
          "Proposed": (13.81, 7.61, 7.42)}
 
 
-def step_set_calibrators(config: dict) -> Dict[str, CARD]:
+def step_set_calibrators(config: dict) -> Dict[str, tuple]:
     """CARD fitted per TAC step set, from ``calibration.fit.tac_step_sets.params`` of a bundle
-    fitted with ``--tac-steps auto`` → ``{"mid": CARD, "last": CARD, ...}`` (steps kept apart)."""
+    fitted with ``--tac-steps auto`` → ``{"mid": (CARD, [24, 12, 0]), "last": (CARD, [0]), ...}``."""
     sets = (((config.get("calibration") or {}).get("fit") or {}).get("tac_step_sets") or {}).get("params") or {}
-    return {name: CARD(**{k: v for k, v in p.items() if k != "steps"}) for name, p in sets.items()}
+    return {name: (CARD(**{k: v for k, v in p.items() if k != "steps"}), p.get("steps")) for name, p in sets.items()}
 
 
 def _metrics(pairs) -> dict:
@@ -54,14 +53,6 @@ def _metrics(pairs) -> dict:
     for p, y in pairs:
         acc.add(p, y)
     return acc.result()
-
-
-def _probs(cal, res: CaseResult, tac: Optional[np.ndarray] = None) -> np.ndarray:
-    z = torch.from_numpy(np.ascontiguousarray(res.logits, dtype=np.float32))[None]
-    d = None
-    if cal.needs_tac:
-        d = torch.from_numpy(np.ascontiguousarray(res.tac if tac is None else tac, dtype=np.float32))[None]
-    return cal.probabilities(z, d)[0].T.numpy()
 
 
 def ablation_table(card_results: Sequence[CaseResult], mix_results: Sequence[CaseResult], config: dict,
@@ -88,12 +79,11 @@ def ablation_table(card_results: Sequence[CaseResult], mix_results: Sequence[Cas
     if ts is not None:
         rows["w/o Ref. Contrast"] = _metrics((_probs(TemperatureScaling(ts["temperature"]), r), r.labels)
                                              for r in card_results)
-    steps_of = {name: p.get("steps") for name, p in
-                ((((cal.get("fit") or {}).get("tac_step_sets") or {}).get("params")) or {}).items()}
+    fits = step_set_calibrators(config)
     for name, label in (("last", "TAC-last"), ("mid", "TAC-mid")):
-        fitted = step_set_calibrators(config).get(name)
-        if fitted is not None and steps_of.get(name):
-            rows[label] = _metrics((_probs(fitted, r, r.tac_over(steps_of[name])), r.labels) for r in card_results)
+        fitted, steps = fits.get(name, (None, None))
+        if fitted is not None and steps:
+            rows[label] = _metrics((_probs(fitted, r, r.tac_over(steps)), r.labels) for r in card_results)
     rows["Proposed"] = _metrics((_probs(card, r), r.labels) for r in card_results)
     ordered = [{"label": lab, **{k: float(rows[lab][k]) for k in ("ece", "sce", "ace", "nll")},
                 "paper_ece_sce_ace": PAPER[lab]} for lab in ROWS if lab in rows]

@@ -304,9 +304,10 @@ def crop_needs(calibrators: Iterable[Calibrator]) -> Tuple[bool, int]:
     return any(c.spatial for c in cals), (counts.pop() if counts else 0)
 
 
-def calibrated_probs(cal: Calibrator, res: CaseResult) -> np.ndarray:
+def calibrated_probs(cal: Calibrator, res: CaseResult, tac: Optional[np.ndarray] = None) -> np.ndarray:
     """``(n, K)`` probabilities of one case's ROI pixels under ``cal`` (a spatial calibrator runs on
-    the result's ROI box and is read at the same pixels)."""
+    the result's ROI box and is read at the same pixels); ``tac`` ``(n,)`` replaces the cached TAC
+    (e.g. :meth:`CaseResult.tac_over` another step set)."""
     if cal.spatial or cal.needs_inputs:
         if res.labels.size == 0:
             return np.zeros((0, res.logits.shape[0]), dtype=np.float32)
@@ -315,7 +316,7 @@ def calibrated_probs(cal: Calibrator, res: CaseResult) -> np.ndarray:
                                f"spatial=True)")
         return crop_roi_probs(cal, res.spatial)
     z = torch.from_numpy(np.ascontiguousarray(res.logits, dtype=np.float32))[None]
-    d = torch.from_numpy(np.ascontiguousarray(res.tac, dtype=np.float32))[None]
+    d = torch.from_numpy(np.ascontiguousarray(res.tac if tac is None else tac, dtype=np.float32))[None]
     return cal.probabilities(z, d if cal.needs_tac else None)[0].T.numpy()
 
 
