@@ -469,7 +469,7 @@ def test_shipped_bundle_records_no_machine_paths():
 
 
 def test_provenance_names_data_and_runs_not_their_folders(tmp_path):
-    from cardseg_train.train import _is_machine_path, data_name
+    from cardseg_train.train_config import _is_machine_path, data_name
 
     data = tmp_path / "acdc"
     data.mkdir()
@@ -481,7 +481,8 @@ def test_provenance_names_data_and_runs_not_their_folders(tmp_path):
 
 
 def test_exported_provenance_holds_names_even_from_old_run_summaries(tmp_path):
-    from cardseg_train.train import TrainConfig, _run_provenance
+    from cardseg_train.export import _run_provenance
+    from cardseg_train.train_config import TrainConfig
 
     run = tmp_path / "runs" / "primary-mini"
     run.mkdir(parents=True)

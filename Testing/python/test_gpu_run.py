@@ -109,7 +109,7 @@ def test_weights_load_into_their_networks(smoke):
 def test_import_then_export_a_bundle(smoke, tmp_path):
     import_runs = _load("import_runs")
     from cardseg.bundle import load_bundle
-    from cardseg_train.train import export_bundle
+    from cardseg_train.export import export_bundle
 
     pack, out, _ = smoke
     runs = import_runs.import_runs([out], pack / "pack.json", tmp_path / "runs")

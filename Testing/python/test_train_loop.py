@@ -15,7 +15,10 @@ from cardseg.errors import CardsegError
 from cardseg_train import cli as train_cli
 from cardseg_train.augment import AugmentConfig
 from cardseg_train.datasets import SliceDataset, synthetic_records
-from cardseg_train.train import TrainConfig, dice_per_class, load_checkpoint, load_run_network, train
+from cardseg_train.runs import load_checkpoint, load_run_network
+from cardseg_train.train import train
+from cardseg_train.train_config import TrainConfig
+from cardseg_train.train_steps import dice_per_class
 
 SMOKE = ["--smoke", "--data", "synthetic", "--quiet"]
 
@@ -117,7 +120,8 @@ def test_first_step_from_uniform_state_segments(tmp_path):
 
 def test_stop_file_ends_a_run_cleanly(tmp_path):
     """`touch RUN/STOP` makes the trainer validate, save and write its summary at the next step."""
-    from cardseg_train.train import TrainConfig, train
+    from cardseg_train.train import train
+    from cardseg_train.train_config import TrainConfig
 
     import threading
     import time as _time

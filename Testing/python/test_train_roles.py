@@ -15,7 +15,7 @@ from cardseg.networks import build_network
 from cardseg.networks.discriminative import AleatoricSegmentor, aleatoric_nll, predictive_logits
 from cardseg.scaffold import parse_network
 from cardseg_train.losses import AleatoricLoss, SegmentationLoss
-from cardseg_train.train import load_run_network
+from cardseg_train.runs import load_run_network
 
 SMOKE = ["--smoke", "--data", "synthetic", "--quiet"]
 

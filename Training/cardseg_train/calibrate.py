@@ -20,7 +20,7 @@ from .calibration_fit import (NETWORK_METHODS, POOL_VARIANTS, PoolItem, build_po
                               pool_thresholds, pool_with_tac_steps)
 from .calibration_spatial import CROP_MARGIN, crop_box, crop_nll, spatial_arrays, spatial_from_arrays
 from .evaluation import acdc_h5_volumes
-from .train import data_name
+from .train_config import data_name
 
 #: the baselines fitted by default (UC, which has nothing to fit, is always written too)
 BASELINES = ("uc", "ts", "ets", "hts")

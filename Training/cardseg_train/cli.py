@@ -112,7 +112,7 @@ def export_parser() -> argparse.ArgumentParser:
 def config_from_args(a: argparse.Namespace):
     """``(TrainConfig, names of the fields set on the command line)``."""
     from .augment import AugmentConfig
-    from .train import TrainConfig, class_list, smoke_config
+    from .train_config import TrainConfig, class_list, smoke_config
 
     config = TrainConfig()
     explicit = []
@@ -143,7 +143,8 @@ def config_from_args(a: argparse.Namespace):
 
 
 def cmd_train(argv: List[str]) -> int:
-    from .train import TrainConfig, train
+    from .train import train
+    from .train_config import TrainConfig
 
     a = train_parser().parse_args(argv)
     if not a.out:
@@ -151,7 +152,7 @@ def cmd_train(argv: List[str]) -> int:
     config, explicit = config_from_args(a)
     if a.resume:
         # start from nothing: every unset flag means "as saved"; resumable ones default to the saved value too
-        from .train import RESUMABLE, read_run_config
+        from .train_config import RESUMABLE, read_run_config
 
         saved = read_run_config(a.out)
         blank = TrainConfig(**{f: None for f in TrainConfig.__dataclass_fields__ if f not in ("loss", "augment")})
@@ -176,7 +177,7 @@ def cmd_train(argv: List[str]) -> int:
 
 
 def cmd_export(argv: List[str]) -> int:
-    from .train import export_bundle
+    from .export import export_bundle
 
     a = export_parser().parse_args(argv)
     path = export_bundle(a.primary, a.reference, a.output, name=a.name, version=a.version,
@@ -186,303 +187,6 @@ def cmd_export(argv: List[str]) -> int:
     prov = cfg["provenance"]["training"]
     print(f"wrote bundle {path}: primary {prov['primary']['network']} (step {prov['primary']['checkpoint_step']}), "
           f"reference {prov['reference']['network']} (step {prov['reference']['checkpoint_step']})")
-    return 0
-
-
-def evaluate_parser() -> argparse.ArgumentParser:
-    from .calibration_eval import ALL_METHODS, CONDITIONS, METHODS
-
-    p = argparse.ArgumentParser(
-        prog="cardseg evaluate",
-        description="Evaluate a bundle on labelled ACDC volumes: CARD against UC/TS/ETS/HTS under the conditions "
-                    "clean, bias, motion, ghost, spike (ACDC-C). Writes calibration.md/.csv/.json (ECE, SCE, ACE "
-                    "per condition, NLL), dice.*, figures (NLL per condition, reliability diagrams, confidence "
-                    "histograms, agreement vs Dice, a qualitative panel) into --out. Each (case, condition) is "
-                    "cached as it finishes, so a rerun resumes. --dice-only gives the quick Dice table.")
-    p.add_argument("--bundle", metavar="PATH", help="bundle folder (default: $CARDSEG_BUNDLE or the shipped one)")
-    p.add_argument("--data", default="../shared/data/acdc", metavar="PATH", help="ACDC HDF5 folder")
-    p.add_argument("--split", default="val", choices=["val", "test"],
-                   help="val for development; test only to report, never to select")
-    p.add_argument("--out", required=True, metavar="DIR")
-    p.add_argument("--dice-only", action="store_true", help="only Dice per class per volume (dice.csv/json/md)")
-    p.add_argument("--methods", default=",".join(METHODS),
-                   help=f"comma-separated, from {','.join(ALL_METHODS)} (default {','.join(METHODS)}); pts, lts and "
-                        f"calibnet need them fitted (cardseg fit-calibration --baselines); lts and calibnet read the "
-                        f"image around the ROI, so each case is run again once to cache its crops, and calibnet "
-                        f"also runs the primary on its augmentations")
-    p.add_argument("--conditions", default=",".join(CONDITIONS),
-                   help=f"comma-separated (default {','.join(CONDITIONS)})")
-    p.add_argument("--seed", type=int, default=0, help="corruption seed (per case and condition)")
-    p.add_argument("--max-cases", type=int, metavar="N", help="only the first N volumes (quick runs)")
-    p.add_argument("--panel", metavar="CASE[:CONDITION]",
-                   help="qualitative panel for this case (default: the case and condition with the lowest "
-                        "agreement); 'none' to skip")
-    p.add_argument("--cache", default="cache/evaluate", metavar="DIR", help="per-case cache folder ('' for none)")
-    p.add_argument("--review-cache", default="cache/review", metavar="DIR",
-                   help="whole-volume maps for the review study ('' for none)")
-    p.add_argument("--no-review", action="store_true", help="skip the flagged-region review study")
-    p.add_argument("--review-only", action="store_true",
-                   help="only the flagged-region review study (review.md/.json/.png), no calibration table")
-    p.add_argument("--h5-spacing", type=float, default=1.5, metavar="MM",
-                   help="pixel size assumed for the geometry-less HDF5 volumes (default 1.5, as in training)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--threads", type=int)
-    p.add_argument("--quiet", action="store_true")
-    return p
-
-
-def _names(text: str, allowed, what: str) -> List[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in allowed]
-    if bad or not names:
-        raise CardsegError(f"unknown {what} {', '.join(bad) or repr(text)} (choose from {', '.join(allowed)})")
-    return names
-
-
-def cmd_evaluate(argv: List[str]) -> int:
-    a = evaluate_parser().parse_args(argv)
-    from .calibration_eval import ALL_METHODS, CONDITIONS
-
-    methods = _names(a.methods, ALL_METHODS, "method")
-    conditions = _names(a.conditions, list(CONDITIONS), "condition")
-    if a.max_cases is not None and a.max_cases < 1:
-        raise CardsegError("--max-cases must be at least 1")
-    panel_case, _, panel_cond = (a.panel or "").partition(":")
-    if panel_cond:
-        _names(panel_cond, list(CONDITIONS), "--panel condition")
-
-    import numpy as np
-    import torch
-
-    from cardseg.bundle import load_bundle
-    from cardseg.progress import make_progress
-    from cardseg.segment import resolve_device
-
-    from .calibration_eval import (CaseCache, bundle_calibrators, calibration_table, case_panel, choose_panel,
-                                   conditions_figure, crop_needs, evaluation_settings, run_cases)
-    from .calibration_report import write_report
-    from .evaluation import acdc_h5_volumes, evaluate_dice, write_dice_table
-    from .train import data_name
-
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    device = resolve_device(a.device)
-    bundle = load_bundle(a.bundle, device=device)
-    calibrators = None if a.dice_only or a.review_only else bundle_calibrators(bundle, methods)
-    cases = acdc_h5_volumes(a.data, a.split, a.h5_spacing)[:a.max_cases]
-    if panel_case and panel_case.lower() != "none" and not any(c.case == panel_case for c in cases):
-        raise CardsegError(f"--panel: no case {panel_case!r} among the evaluated {a.split} volumes")
-    out = Path(a.out)
-    title = f"{bundle.ident} on ACDC {a.split}"
-    if a.dice_only:
-        rows = evaluate_dice(bundle, cases, device=device, batch_size=a.batch_size,
-                             progress=make_progress("bar", a.quiet))
-        summary = write_dice_table(rows, bundle.class_names, out, title)
-        if not a.quiet:
-            print(" ".join(f"{k} {v:.3f}" for k, v in summary.items()), f"-> {out}")
-        return 0
-    if a.review_only:
-        review_section(bundle, cases, conditions, a, device, out, title)
-        return 0
-    settings = evaluation_settings(a.data, a.split, a.seed, a.h5_spacing, bundle)
-    cache = CaseCache(Path(a.cache) if a.cache else None, CaseCache.make_key(bundle.checksums, settings))
-    progress = make_progress("bar", a.quiet)
-    spatial, augmentations = crop_needs(calibrators.values())
-    results = run_cases(bundle, cases, conditions, cache, a.seed, device, a.batch_size, progress, spatial=spatial,
-                        augmentations=augmentations)
-    progress.close()
-    table = calibration_table(results, calibrators, bundle.class_names, conditions,
-                              segmentor=(bundle.config.get("segmentor") or {}).get("kind", "diffusion"))
-    # the cache key holds the resolved data path; the written tables name the data only
-    table["settings"] = {**settings, "data": data_name(a.data, "acdc-h5"), "bundle": bundle.ident,
-                         "cases": [c.case for c in cases]}
-    write_report(table, out, title)
-    if "clean" in conditions:
-        rows = [{"case": r.case, "patient": r.patient, **r.dice,
-                 "mean": float(np.nanmean([r.dice[n] for n in bundle.class_names[1:]]))}
-                for r in results if r.condition == "clean"]
-        write_dice_table(rows, bundle.class_names, out, title)
-    if not a.no_review:
-        review_section(bundle, cases, conditions, a, device, out, title)
-    if panel_case.lower() != "none":
-        if panel_case:
-            cond = panel_cond or "clean"
-            item = next((c for c in cases if c.case == panel_case), None)
-            if item is None:
-                raise CardsegError(f"--panel: no case {panel_case!r} in the {a.split} split")
-        else:
-            pick = choose_panel(results)
-            item, cond = next(c for c in cases if c.case == pick.case), pick.condition
-        case_panel(bundle, item, cond, out / f"panel_{item.case}_{cond}.png", a.seed, device, a.batch_size)
-        conditions_figure(bundle, item, conditions, out / f"conditions_{item.case}.png", a.seed)
-    if not a.quiet:
-        for m in methods:
-            print(f"{m:5s} mean NLL {table['mean_nll'][m]:.4f}  " + "  ".join(
-                f"{c} {table['pooled'][c][m]['nll']:.3f}" for c in conditions))
-        print(f"lowest mean NLL: {table['lowest_mean_nll']} -> {out / 'calibration.md'}")
-    return 0
-
-
-def review_section(bundle, cases, conditions, a, device, out: Path, title: str) -> None:
-    """The flagged-region study of ``cardseg evaluate``: review.md/.json/.png in ``out``."""
-    from cardseg.progress import make_progress
-
-    from .review_data import cache_key, collect_maps
-    from .review_report import review_tables, summary_line, write_review
-
-    key = cache_key(bundle, a.split, a.seed)
-    progress = make_progress("bar", a.quiet)
-    maps = collect_maps(bundle, cases, conditions, Path(a.review_cache) / key if a.review_cache else None, a.seed,
-                        device, a.batch_size, progress)
-    progress.close()
-    t = review_tables(maps, bundle.config)
-    write_review(t, out, f"Flagged-region review, {title}")
-    if not a.quiet:
-        print(summary_line(t, conditions))
-
-
-def review_fit_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="cardseg fit-review",
-        description="Choose how flagged regions are formed (connectivity, TAC threshold, merge radius, smallest "
-                    "region) and fit the region error model p_error on the clean validation volumes, maximising the "
-                    "substantial errors caught by the first 3 regions per volume (leave-one-patient-out); writes "
-                    "bundle.json's regions block. Test patients are never read.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--bundle", metavar="PATH", help="bundle folder (default: $CARDSEG_BUNDLE or the shipped one)")
-    p.add_argument("--data", default="../shared/data/acdc", metavar="PATH", help="ACDC HDF5 folder (val split used)")
-    p.add_argument("--cache", default="cache/review", metavar="DIR", help="whole-volume map cache ('' for none)")
-    p.add_argument("--out", metavar="DIR", help="also write the candidates' table (review_fit.json) here")
-    p.add_argument("--dry-run", action="store_true", help="fit and print, do not write bundle.json")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--threads", type=int)
-    return p
-
-
-def cmd_fit_review(argv: List[str]) -> int:
-    a = review_fit_parser().parse_args(argv)
-    import torch
-
-    from cardseg.bundle import load_bundle
-    from cardseg.progress import make_progress
-    from cardseg.segment import resolve_device
-
-    from .review_report import fit_bundle_review
-
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    device = resolve_device(a.device)
-    bundle = load_bundle(a.bundle, device=device)
-    progress = make_progress("bar")
-    res = fit_bundle_review(bundle, a.data, Path(a.cache) if a.cache else None, write=False, device=device,
-                            batch_size=a.batch_size, progress=progress)
-    progress.close()
-    if a.out:  # first, so that a refused bundle write loses nothing of the fit
-        Path(a.out).mkdir(parents=True, exist_ok=True)
-        (Path(a.out) / "review_fit.json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
-    if not a.dry_run:
-        from cardseg.bundle import update_config
-
-        update_config(bundle.path, {"regions": res["block"]})
-    v = res["block"]["fit"]["validation"]["cross_validated"]
-    print(f"regions: {json.dumps({k: res['block'][k] for k in ('connectivity', 'flag_threshold', 'merge_px', 'min_voxels', 'max_regions')})}; "
-          f"validation (held out): top3 {v['caught_top3']:.2f}, all {v['caught_all']:.2f}, "
-          f"{v['regions_per_volume']:.1f} regions/volume" + (" (dry run)" if a.dry_run else f" -> {bundle.path}"))
-    return 0
-
-
-def fit_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="cardseg fit-calibration",
-        description="Fit CARD's temperature mapping {tau_min, tau_max, w_b, w_k} (and the TS/ETS/HTS baselines) by "
-                    "mean NLL on the source-validation pool (validation volumes plus contrast, gamma and noise "
-                    "perturbations), and the region/out-of-domain thresholds; writes them into bundle.json.")
-    p.add_argument("--bundle", metavar="PATH", help="bundle folder to calibrate (default: $CARDSEG_BUNDLE or shipped)")
-    p.add_argument("--data", default="../shared/data/acdc", metavar="PATH", help="ACDC HDF5 folder (val split used)")
-    p.add_argument("--draws", type=int, default=1, help="seeded draws of each perturbation per volume (default 1)")
-    p.add_argument("--max-pixels", type=int, default=30000, help="ROI pixels kept per pool item (default 30000)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cache", default="cache/calibration", metavar="DIR", help="pool cache folder ('' for none)")
-    p.add_argument("--tac-steps", default="all", choices=["all", "mid", "last", "auto"],
-                   help="steps the TAC averages: all sampled steps (paper, default), the last three, the last one, "
-                        "or auto: the one of these with the lowest CARD NLL on the validation pool")
-    p.add_argument("--baselines", default="ts,ets,hts", metavar="NAMES",
-                   help="comma-separated baselines to fit beside CARD, from ts, ets, hts, pts, lts, calibnet (default "
-                        "ts,ets,hts; uc is always written). pts fits on the pool's pixels; lts and calibnet need the "
-                        "image around each pixel, so the pool is built (and cached) with crops, and calibnet also "
-                        "runs the primary on 4 augmentations of each pool image and trains its shape prior on the "
-                        "training split's label maps")
-    p.add_argument("--dry-run", action="store_true", help="fit and print, do not write bundle.json")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--threads", type=int)
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
-    return p
-
-
-def cmd_fit(argv: List[str]) -> int:
-    import torch
-
-    from cardseg.bundle import resolve_bundle_path
-    from cardseg.segment import resolve_device
-
-    from cardseg.progress import make_progress
-
-    from .calibrate import fit_bundle_calibration, parse_baselines
-
-    a = fit_parser().parse_args(argv)
-    baselines = parse_baselines(a.baselines)
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    progress = make_progress("bar", a.quiet)
-    fit_bundle_calibration(str(resolve_bundle_path(a.bundle)), a.data, draws=a.draws, seed=a.seed,
-                           max_pixels_per_item=a.max_pixels, cache_dir=a.cache or None,
-                           device=resolve_device(a.device), batch_size=a.batch_size, write=not a.dry_run,
-                           tac_steps=a.tac_steps, baselines=baselines, progress=progress)
-    progress.close()
-    return 0
-
-
-def fit_indices_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="cardseg fit-indices",
-        description="Fit the intervals of the cardiac indices (LV/RV EDV, ESV, SV, EF, LV mass) on the validation "
-                    "subjects (ED frame01, ES frame02): a spread from CARD's calibrated probabilities and "
-                    "disagreement, one split-conformal scale per index family; writes them into bundle.json "
-                    "('indices'). --measure-test OUT then measures coverage, width and errors on the test subjects "
-                    "(nothing is fitted on them) into OUT/indices.md, indices.json, indices_coverage.png.")
-    p.add_argument("--bundle", metavar="PATH", help="bundle folder (default: $CARDSEG_BUNDLE or the shipped one)")
-    p.add_argument("--data", default="../shared/data/acdc", metavar="PATH", help="ACDC HDF5 folder")
-    p.add_argument("--level", type=float, default=0.9, help="nominal coverage of the intervals (default 0.9)")
-    p.add_argument("--measure-test", metavar="OUT", help="measure the fitted intervals on the test subjects into OUT")
-    p.add_argument("--no-fit", action="store_true", help="with --measure-test: measure the bundle's stored fit")
-    p.add_argument("--dry-run", action="store_true", help="fit and print, do not write bundle.json")
-    p.add_argument("--cache", default="cache/indices", metavar="DIR", help="per-volume cache folder ('' for none)")
-    p.add_argument("--h5-spacing", type=float, default=1.5, metavar="MM",
-                   help="pixel size assumed for the geometry-less HDF5 volumes (default 1.5, as in training)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--threads", type=int)
-    return p
-
-
-def cmd_fit_indices(argv: List[str]) -> int:
-    a = fit_indices_parser().parse_args(argv)
-    if a.no_fit and not a.measure_test:
-        raise CardsegError("--no-fit needs --measure-test OUT (there is nothing else to do)")
-    import torch
-
-    from cardseg.segment import resolve_device
-
-    from .indices_fit import fit_indices
-
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    fit_indices(a.bundle, a.data, level=a.level, h5_spacing=a.h5_spacing, cache_dir=a.cache or None,
-                device=resolve_device(a.device), batch_size=a.batch_size, write=not a.dry_run,
-                measure_out=a.measure_test, fit=not a.no_fit)
     return 0
 
 
@@ -497,38 +201,21 @@ def command_train(argv: List[str]) -> int:
     return cmd_train(argv)
 
 
-def command_evaluate(argv: List[str]) -> int:
-    """compare CARD and the baselines on labelled data (ACDC-C conditions)"""
-    return cmd_evaluate(argv)
-
-
-def command_fit_calibration(argv: List[str]) -> int:
-    """fit CARD's temperature mapping and the baselines on a bundle's validation pool"""
-    return cmd_fit(argv)
-
-
-def command_fit_review(argv: List[str]) -> int:
-    """choose the flagged-region rule and fit p_error on validation data"""
-    return cmd_fit_review(argv)
-
-
-def command_fit_indices(argv: List[str]) -> int:
-    """fit and measure the cardiac-index intervals on a bundle"""
-    return cmd_fit_indices(argv)
-
-
-def _from_cli_compare(name: str):
+def _lazy(module: str, name: str):
+    """A command of another CLI module of this package, imported only when it runs."""
     def run(argv: List[str]) -> int:
-        from . import cli_compare
+        import importlib
 
-        return getattr(cli_compare, name)(argv)
+        return getattr(importlib.import_module(f".{module}", __package__), name)(argv)
 
     return run
 
 
-COMMANDS = {"train": command_train, "evaluate": command_evaluate, "fit-calibration": command_fit_calibration,
-            "fit-review": command_fit_review, "fit-indices": command_fit_indices,
-            "compare": _from_cli_compare("command_compare"), "ablate": _from_cli_compare("command_ablate")}
+COMMANDS = {"train": command_train, "evaluate": _lazy("cli_evaluate", "command_evaluate"),
+            "fit-calibration": _lazy("cli_fit", "command_fit_calibration"),
+            "fit-review": _lazy("cli_fit", "command_fit_review"),
+            "fit-indices": _lazy("cli_fit", "command_fit_indices"),
+            "compare": _lazy("cli_compare", "command_compare"), "ablate": _lazy("cli_compare", "command_ablate")}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

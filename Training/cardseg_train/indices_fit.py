@@ -254,7 +254,7 @@ def fit_indices(bundle_path: Optional[str], data: str, level: float = 0.9, h5_sp
     from cardseg.bundle import load_bundle, update_config
 
     from .evaluation import ACDC_H5_THICKNESS_MM
-    from .train import data_name
+    from .train_config import data_name
 
     if not 0.0 < level < 1.0:
         raise CardsegError(f"--level must be in (0, 1), got {level}")

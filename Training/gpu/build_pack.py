@@ -72,7 +72,7 @@ def fetch_wheels(dest: Path, wheels: str | None) -> list:
 def build_pack(data: str, out: Path, spacing: float = 1.4, size: int = 160, low: float = 0.5, high: float = 99.5,
                wheels: str | None = None, with_wheels: bool = True, max_patients=None) -> dict:
     from cardseg_train.datasets import detect_format
-    from cardseg_train.train import data_name
+    from cardseg_train.train_config import data_name
 
     fmt = detect_format(data)
     out.mkdir(parents=True, exist_ok=True)

@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     from cardseg.trajectory import js_divergence, run_trajectory
     from cardseg_train.calibration_fit import fit_card, fit_ts, perturb_image, pool_item, pool_nll
     from cardseg_train.corruptions import corruption_rng
-    from cardseg_train.train import load_run_network
+    from cardseg_train.runs import load_run_network
 
     ap = argparse.ArgumentParser(description="Choose the reference on the validation pool (lowest CARD NLL).")
     ap.add_argument("--primary", required=True)

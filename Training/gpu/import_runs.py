@@ -6,7 +6,7 @@
 ``reference_unet.safetensors``, ``deterministic.safetensors``, ``log.jsonl``). When several are
 given, a later one's file replaces an earlier one's (a continued run returns a newer primary);
 their logs are kept together. Each network becomes a run folder with ``config.json`` (the
-recipe as a :class:`cardseg_train.train.TrainConfig`, on the pack's grid), ``best.pt`` and
+recipe as a :class:`cardseg_train.train_config.TrainConfig`, on the pack's grid), ``best.pt`` and
 ``last.pt`` (plain state dicts, fp32) and ``summary.json`` (steps, time, hardware, validation
 Dice). References become one folder per saved step (``reference-mini-s2000``,
 ``reference-unet-s1000``, ...), so the maturity axis can be compared like any other runs.
@@ -31,6 +31,7 @@ import torch  # noqa: E402
 
 #: folder-name stem of each job's runs
 STEMS = {"primary": "primary", "reference": "reference-mini", "reference_unet": "reference-unet",
+         "reference_unet_micro": "reference-unet-micro", "reference_unet_small": "reference-unet-small",
          "deterministic": "deterministic", "aleatoric": "aleatoric"}
 
 
@@ -46,7 +47,7 @@ def _read(path: Path):
 
 def _config(meta: dict, pack: dict, role: str):
     from cardseg.diffusion import default_sampling_steps
-    from cardseg_train.train import TrainConfig
+    from cardseg_train.train_config import TrainConfig
 
     spec = meta["network"]
     if spec["arch"] == "discriminative":
@@ -72,7 +73,7 @@ def _config(meta: dict, pack: dict, role: str):
 
 
 def _write_run(out: Path, cfg: dict, state: Dict[str, torch.Tensor], step: int, val: dict, summary: dict) -> None:
-    from cardseg_train.train import CHECKPOINT_FORMAT, CHECKPOINT_VERSION
+    from cardseg_train.runs import CHECKPOINT_FORMAT, CHECKPOINT_VERSION
 
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
@@ -105,7 +106,7 @@ def import_runs(dirs: List[Path], pack_json: Path, out: Path) -> List[Path]:
     made = []
     for stem, path in sorted(files.items()):
         tensors, meta = _read(path)
-        job = meta.get("job", stem.split("_")[0] if not stem.startswith("reference_unet") else "reference_unet")
+        job = meta.get("job", stem if stem in STEMS else stem.split("_")[0])
         cfg = _config(meta, pack, "reference" if job.startswith("reference") else
                       job if job in ("deterministic", "aleatoric") else "primary")
         history = done.get(job, [])

@@ -61,6 +61,11 @@ JOBS: Dict[str, dict] = {
                   "keep": "milestones", "max_steps": 8000},
     "reference_unet": {"spec": {"arch": "time-unet", "size": "tiny"}, "kind": "diffusion", "lr": 1e-3, "batch": 32,
                        "keep": "milestones", "max_steps": 8000},
+    # the capacity axis of the reference sweep (paper Fig. 5): the same U-Net recipe one size down and up
+    "reference_unet_micro": {"spec": {"arch": "time-unet", "size": "micro"}, "kind": "diffusion", "lr": 1e-3,
+                             "batch": 32, "keep": "milestones", "max_steps": 8000},
+    "reference_unet_small": {"spec": {"arch": "time-unet", "size": "small"}, "kind": "diffusion", "lr": 1e-3,
+                             "batch": 32, "keep": "milestones", "max_steps": 8000},
     # the conventional baselines' segmentor: lowest priority, so it stops at 60 % of the budget
     # and leaves the GPU to the primary's annealing phase
     "deterministic": {"spec": {"arch": "discriminative", "backbone": "swinunetr", "feature_size": 24},
@@ -198,8 +203,8 @@ def validate(net, volumes, kind: str, schedule, steps, k: int, batch: int = 64) 
     label and prediction does not count), with the engine's sampler for diffusion networks."""
     from cardseg.trajectory import run_trajectory
 
-    _no_simpleitk()  # cardseg_train.train imports the engine's file I/O, unused here
-    from cardseg_train.train import dice_per_class
+    _no_simpleitk()  # the engine's file I/O is never used here
+    from cardseg_train.train_steps import dice_per_class
 
     was = net.training
     net.eval()

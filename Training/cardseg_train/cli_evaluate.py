@@ -1,0 +1,171 @@
+"""``cardseg evaluate``: a bundle on labelled ACDC volumes under the ACDC-C conditions.
+
+The measuring itself is :mod:`cardseg_train.calibration_eval` (tables, figures) and
+:mod:`cardseg_train.review_report` (the flagged-region study); this file only parses and calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import List
+
+from cardseg.errors import CardsegError
+
+
+def evaluate_parser() -> argparse.ArgumentParser:
+    from .calibration_eval import ALL_METHODS, CONDITIONS, METHODS
+
+    p = argparse.ArgumentParser(
+        prog="cardseg evaluate",
+        description="Evaluate a bundle on labelled ACDC volumes: CARD against UC/TS/ETS/HTS under the conditions "
+                    "clean, bias, motion, ghost, spike (ACDC-C). Writes calibration.md/.csv/.json (ECE, SCE, ACE "
+                    "per condition, NLL), dice.*, figures (NLL per condition, reliability diagrams, confidence "
+                    "histograms, agreement vs Dice, a qualitative panel) into --out. Each (case, condition) is "
+                    "cached as it finishes, so a rerun resumes. --dice-only gives the quick Dice table.")
+    p.add_argument("--bundle", metavar="PATH", help="bundle folder (default: $CARDSEG_BUNDLE or the shipped one)")
+    p.add_argument("--data", default="../shared/data/acdc", metavar="PATH", help="ACDC HDF5 folder")
+    p.add_argument("--split", default="val", choices=["val", "test"],
+                   help="val for development; test only to report, never to select")
+    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--dice-only", action="store_true", help="only Dice per class per volume (dice.csv/json/md)")
+    p.add_argument("--methods", default=",".join(METHODS),
+                   help=f"comma-separated, from {','.join(ALL_METHODS)} (default {','.join(METHODS)}); pts, lts and "
+                        f"calibnet need them fitted (cardseg fit-calibration --baselines); lts and calibnet read the "
+                        f"image around the ROI, so each case is run again once to cache its crops, and calibnet "
+                        f"also runs the primary on its augmentations")
+    p.add_argument("--conditions", default=",".join(CONDITIONS),
+                   help=f"comma-separated (default {','.join(CONDITIONS)})")
+    p.add_argument("--seed", type=int, default=0, help="corruption seed (per case and condition)")
+    p.add_argument("--max-cases", type=int, metavar="N", help="only the first N volumes (quick runs)")
+    p.add_argument("--panel", metavar="CASE[:CONDITION]",
+                   help="qualitative panel for this case (default: the case and condition with the lowest "
+                        "agreement); 'none' to skip")
+    p.add_argument("--cache", default="cache/evaluate", metavar="DIR", help="per-case cache folder ('' for none)")
+    p.add_argument("--review-cache", default="cache/review", metavar="DIR",
+                   help="whole-volume maps for the review study ('' for none)")
+    p.add_argument("--no-review", action="store_true", help="skip the flagged-region review study")
+    p.add_argument("--review-only", action="store_true",
+                   help="only the flagged-region review study (review.md/.json/.png), no calibration table")
+    p.add_argument("--h5-spacing", type=float, default=1.5, metavar="MM",
+                   help="pixel size assumed for the geometry-less HDF5 volumes (default 1.5, as in training)")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int)
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+def _names(text: str, allowed, what: str) -> List[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in allowed]
+    if bad or not names:
+        raise CardsegError(f"unknown {what} {', '.join(bad) or repr(text)} (choose from {', '.join(allowed)})")
+    return names
+
+
+def cmd_evaluate(argv: List[str]) -> int:
+    a = evaluate_parser().parse_args(argv)
+    from .calibration_eval import ALL_METHODS, CONDITIONS
+
+    methods = _names(a.methods, ALL_METHODS, "method")
+    conditions = _names(a.conditions, list(CONDITIONS), "condition")
+    if a.max_cases is not None and a.max_cases < 1:
+        raise CardsegError("--max-cases must be at least 1")
+    panel_case, _, panel_cond = (a.panel or "").partition(":")
+    if panel_cond:
+        _names(panel_cond, list(CONDITIONS), "--panel condition")
+
+    import numpy as np
+    import torch
+
+    from cardseg.bundle import load_bundle
+    from cardseg.progress import make_progress
+    from cardseg.segment import resolve_device
+
+    from .calibration_eval import (CaseCache, bundle_calibrators, calibration_table, case_panel, choose_panel,
+                                   conditions_figure, crop_needs, evaluation_settings, run_cases)
+    from .calibration_report import write_report
+    from .evaluation import acdc_h5_volumes, evaluate_dice, write_dice_table
+    from .train_config import data_name
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    device = resolve_device(a.device)
+    bundle = load_bundle(a.bundle, device=device)
+    calibrators = None if a.dice_only or a.review_only else bundle_calibrators(bundle, methods)
+    cases = acdc_h5_volumes(a.data, a.split, a.h5_spacing)[:a.max_cases]
+    if panel_case and panel_case.lower() != "none" and not any(c.case == panel_case for c in cases):
+        raise CardsegError(f"--panel: no case {panel_case!r} among the evaluated {a.split} volumes")
+    out = Path(a.out)
+    title = f"{bundle.ident} on ACDC {a.split}"
+    if a.dice_only:
+        rows = evaluate_dice(bundle, cases, device=device, batch_size=a.batch_size,
+                             progress=make_progress("bar", a.quiet))
+        summary = write_dice_table(rows, bundle.class_names, out, title)
+        if not a.quiet:
+            print(" ".join(f"{k} {v:.3f}" for k, v in summary.items()), f"-> {out}")
+        return 0
+    if a.review_only:
+        review_section(bundle, cases, conditions, a, device, out, title)
+        return 0
+    settings = evaluation_settings(a.data, a.split, a.seed, a.h5_spacing, bundle)
+    cache = CaseCache(Path(a.cache) if a.cache else None, CaseCache.make_key(bundle.checksums, settings))
+    progress = make_progress("bar", a.quiet)
+    spatial, augmentations = crop_needs(calibrators.values())
+    results = run_cases(bundle, cases, conditions, cache, a.seed, device, a.batch_size, progress, spatial=spatial,
+                        augmentations=augmentations)
+    progress.close()
+    table = calibration_table(results, calibrators, bundle.class_names, conditions,
+                              segmentor=(bundle.config.get("segmentor") or {}).get("kind", "diffusion"))
+    # the cache key holds the resolved data path; the written tables name the data only
+    table["settings"] = {**settings, "data": data_name(a.data, "acdc-h5"), "bundle": bundle.ident,
+                         "cases": [c.case for c in cases]}
+    write_report(table, out, title)
+    if "clean" in conditions:
+        rows = [{"case": r.case, "patient": r.patient, **r.dice,
+                 "mean": float(np.nanmean([r.dice[n] for n in bundle.class_names[1:]]))}
+                for r in results if r.condition == "clean"]
+        write_dice_table(rows, bundle.class_names, out, title)
+    if not a.no_review:
+        review_section(bundle, cases, conditions, a, device, out, title)
+    if panel_case.lower() != "none":
+        if panel_case:
+            cond = panel_cond or "clean"
+            item = next((c for c in cases if c.case == panel_case), None)
+            if item is None:
+                raise CardsegError(f"--panel: no case {panel_case!r} in the {a.split} split")
+        else:
+            pick = choose_panel(results)
+            item, cond = next(c for c in cases if c.case == pick.case), pick.condition
+        case_panel(bundle, item, cond, out / f"panel_{item.case}_{cond}.png", a.seed, device, a.batch_size)
+        conditions_figure(bundle, item, conditions, out / f"conditions_{item.case}.png", a.seed)
+    if not a.quiet:
+        for m in methods:
+            print(f"{m:5s} mean NLL {table['mean_nll'][m]:.4f}  " + "  ".join(
+                f"{c} {table['pooled'][c][m]['nll']:.3f}" for c in conditions))
+        print(f"lowest mean NLL: {table['lowest_mean_nll']} -> {out / 'calibration.md'}")
+    return 0
+
+
+def review_section(bundle, cases, conditions, a, device, out: Path, title: str) -> None:
+    """The flagged-region study of ``cardseg evaluate``: review.md/.json/.png in ``out``."""
+    from cardseg.progress import make_progress
+
+    from .review_data import cache_key, collect_maps
+    from .review_report import review_tables, summary_line, write_review
+
+    key = cache_key(bundle, a.split, a.seed)
+    progress = make_progress("bar", a.quiet)
+    maps = collect_maps(bundle, cases, conditions, Path(a.review_cache) / key if a.review_cache else None, a.seed,
+                        device, a.batch_size, progress)
+    progress.close()
+    t = review_tables(maps, bundle.config)
+    write_review(t, out, f"Flagged-region review, {title}")
+    if not a.quiet:
+        print(summary_line(t, conditions))
+
+
+def command_evaluate(argv: List[str]) -> int:
+    """compare CARD and the baselines on labelled data (ACDC-C conditions)"""
+    return cmd_evaluate(argv)

@@ -1,0 +1,175 @@
+"""``cardseg fit-calibration``, ``cardseg fit-review`` and ``cardseg fit-indices``: what a bundle
+learns on the validation split (temperature mapping and baselines, the flagged-region rule, the
+cardiac-index intervals), written into its ``bundle.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import List
+
+from cardseg.errors import CardsegError
+
+
+def review_fit_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cardseg fit-review",
+        description="Choose how flagged regions are formed (connectivity, TAC threshold, merge radius, smallest "
+                    "region) and fit the region error model p_error on the clean validation volumes, maximising the "
+                    "substantial errors caught by the first 3 regions per volume (leave-one-patient-out); writes "
+                    "bundle.json's regions block. Test patients are never read.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--bundle", metavar="PATH", help="bundle folder (default: $CARDSEG_BUNDLE or the shipped one)")
+    p.add_argument("--data", default="../shared/data/acdc", metavar="PATH", help="ACDC HDF5 folder (val split used)")
+    p.add_argument("--cache", default="cache/review", metavar="DIR", help="whole-volume map cache ('' for none)")
+    p.add_argument("--out", metavar="DIR", help="also write the candidates' table (review_fit.json) here")
+    p.add_argument("--dry-run", action="store_true", help="fit and print, do not write bundle.json")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int)
+    return p
+
+
+def cmd_fit_review(argv: List[str]) -> int:
+    a = review_fit_parser().parse_args(argv)
+    import torch
+
+    from cardseg.bundle import load_bundle
+    from cardseg.progress import make_progress
+    from cardseg.segment import resolve_device
+
+    from .review_report import fit_bundle_review
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    device = resolve_device(a.device)
+    bundle = load_bundle(a.bundle, device=device)
+    progress = make_progress("bar")
+    res = fit_bundle_review(bundle, a.data, Path(a.cache) if a.cache else None, write=False, device=device,
+                            batch_size=a.batch_size, progress=progress)
+    progress.close()
+    if a.out:  # first, so that a refused bundle write loses nothing of the fit
+        Path(a.out).mkdir(parents=True, exist_ok=True)
+        (Path(a.out) / "review_fit.json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+    if not a.dry_run:
+        from cardseg.bundle import update_config
+
+        update_config(bundle.path, {"regions": res["block"]})
+    v = res["block"]["fit"]["validation"]["cross_validated"]
+    print(f"regions: {json.dumps({k: res['block'][k] for k in ('connectivity', 'flag_threshold', 'merge_px', 'min_voxels', 'max_regions')})}; "
+          f"validation (held out): top3 {v['caught_top3']:.2f}, all {v['caught_all']:.2f}, "
+          f"{v['regions_per_volume']:.1f} regions/volume" + (" (dry run)" if a.dry_run else f" -> {bundle.path}"))
+    return 0
+
+
+def fit_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cardseg fit-calibration",
+        description="Fit CARD's temperature mapping {tau_min, tau_max, w_b, w_k} (and the TS/ETS/HTS baselines) by "
+                    "mean NLL on the source-validation pool (validation volumes plus contrast, gamma and noise "
+                    "perturbations), and the region/out-of-domain thresholds; writes them into bundle.json.")
+    p.add_argument("--bundle", metavar="PATH", help="bundle folder to calibrate (default: $CARDSEG_BUNDLE or shipped)")
+    p.add_argument("--data", default="../shared/data/acdc", metavar="PATH", help="ACDC HDF5 folder (val split used)")
+    p.add_argument("--draws", type=int, default=1, help="seeded draws of each perturbation per volume (default 1)")
+    p.add_argument("--max-pixels", type=int, default=30000, help="ROI pixels kept per pool item (default 30000)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache", default="cache/calibration", metavar="DIR", help="pool cache folder ('' for none)")
+    p.add_argument("--tac-steps", default="all", choices=["all", "mid", "last", "auto"],
+                   help="steps the TAC averages: all sampled steps (paper, default), the last three, the last one, "
+                        "or auto: the one of these with the lowest CARD NLL on the validation pool")
+    p.add_argument("--baselines", default="ts,ets,hts", metavar="NAMES",
+                   help="comma-separated baselines to fit beside CARD, from ts, ets, hts, pts, lts, calibnet (default "
+                        "ts,ets,hts; uc is always written). pts fits on the pool's pixels; lts and calibnet need the "
+                        "image around each pixel, so the pool is built (and cached) with crops, and calibnet also "
+                        "runs the primary on 4 augmentations of each pool image and trains its shape prior on the "
+                        "training split's label maps")
+    p.add_argument("--dry-run", action="store_true", help="fit and print, do not write bundle.json")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def cmd_fit(argv: List[str]) -> int:
+    import torch
+
+    from cardseg.bundle import resolve_bundle_path
+    from cardseg.segment import resolve_device
+
+    from cardseg.progress import make_progress
+
+    from .calibrate import fit_bundle_calibration, parse_baselines
+
+    a = fit_parser().parse_args(argv)
+    baselines = parse_baselines(a.baselines)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    progress = make_progress("bar", a.quiet)
+    fit_bundle_calibration(str(resolve_bundle_path(a.bundle)), a.data, draws=a.draws, seed=a.seed,
+                           max_pixels_per_item=a.max_pixels, cache_dir=a.cache or None,
+                           device=resolve_device(a.device), batch_size=a.batch_size, write=not a.dry_run,
+                           tac_steps=a.tac_steps, baselines=baselines, progress=progress)
+    progress.close()
+    return 0
+
+
+def fit_indices_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cardseg fit-indices",
+        description="Fit the intervals of the cardiac indices (LV/RV EDV, ESV, SV, EF, LV mass) on the validation "
+                    "subjects (ED frame01, ES frame02): a spread from CARD's calibrated probabilities and "
+                    "disagreement, one split-conformal scale per index family; writes them into bundle.json "
+                    "('indices'). --measure-test OUT then measures coverage, width and errors on the test subjects "
+                    "(nothing is fitted on them) into OUT/indices.md, indices.json, indices_coverage.png.")
+    p.add_argument("--bundle", metavar="PATH", help="bundle folder (default: $CARDSEG_BUNDLE or the shipped one)")
+    p.add_argument("--data", default="../shared/data/acdc", metavar="PATH", help="ACDC HDF5 folder")
+    p.add_argument("--level", type=float, default=0.9, help="nominal coverage of the intervals (default 0.9)")
+    p.add_argument("--measure-test", metavar="OUT", help="measure the fitted intervals on the test subjects into OUT")
+    p.add_argument("--no-fit", action="store_true", help="with --measure-test: measure the bundle's stored fit")
+    p.add_argument("--dry-run", action="store_true", help="fit and print, do not write bundle.json")
+    p.add_argument("--cache", default="cache/indices", metavar="DIR", help="per-volume cache folder ('' for none)")
+    p.add_argument("--h5-spacing", type=float, default=1.5, metavar="MM",
+                   help="pixel size assumed for the geometry-less HDF5 volumes (default 1.5, as in training)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--threads", type=int)
+    return p
+
+
+def cmd_fit_indices(argv: List[str]) -> int:
+    a = fit_indices_parser().parse_args(argv)
+    if a.no_fit and not a.measure_test:
+        raise CardsegError("--no-fit needs --measure-test OUT (there is nothing else to do)")
+    import torch
+
+    from cardseg.segment import resolve_device
+
+    from .indices_fit import fit_indices
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    fit_indices(a.bundle, a.data, level=a.level, h5_spacing=a.h5_spacing, cache_dir=a.cache or None,
+                device=resolve_device(a.device), batch_size=a.batch_size, write=not a.dry_run,
+                measure_out=a.measure_test, fit=not a.no_fit)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def command_fit_calibration(argv: List[str]) -> int:
+    """fit CARD's temperature mapping and the baselines on a bundle's validation pool"""
+    return cmd_fit(argv)
+
+
+def command_fit_review(argv: List[str]) -> int:
+    """choose the flagged-region rule and fit p_error on validation data"""
+    return cmd_fit_review(argv)
+
+
+def command_fit_indices(argv: List[str]) -> int:
+    """fit and measure the cardiac-index intervals on a bundle"""
+    return cmd_fit_indices(argv)

@@ -1,0 +1,116 @@
+"""``cardseg train export``: a bundle from a primary run and a reference run (or one plain
+segmentor run, or two for the Dual U-Net control), with what the bundle records of each run.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+from pathlib import Path
+
+from cardseg.errors import CardsegError
+
+from .runs import load_run_network
+from .train_config import TrainConfig, _is_machine_path, data_name
+
+
+def _run_data_name(summary: dict, cfg: TrainConfig) -> str:
+    """The run's data as provenance names it; summaries written before names were recorded hold
+    an absolute path, which is reduced to its name here."""
+    fmt = summary.get("format", cfg.data_format)
+    data = summary.get("data")
+    if data is None or _is_machine_path(data):
+        return data_name(data or cfg.data, fmt)
+    return data
+
+
+def _run_provenance(run: Path, cfg: TrainConfig, meta: dict, which: str) -> dict:
+    """What a bundle records of one training run: names and numbers, no machine's folders."""
+    summary = {}
+    if (run / "summary.json").is_file():
+        summary = json.loads((run / "summary.json").read_text(encoding="utf-8"))
+    return {
+        "run": run.resolve().name,
+        "network": f"{cfg.network}",
+        "checkpoint": which,
+        "checkpoint_step": meta.get("step"),
+        "val_dice": (meta.get("val") or {}).get("dice") if which == "best" else (summary.get("last_val") or {}).get("dice"),
+        "val": meta.get("val") if which == "best" else summary.get("last_val"),
+        "steps_done": summary.get("steps_done", meta.get("step")),
+        "training_time_s": summary.get("elapsed_s", meta.get("elapsed_s")),
+        "hardware": summary.get("hardware"),
+        "data": _run_data_name(summary, cfg),
+        "data_format": summary.get("format", cfg.data_format),
+        "split": {"train_patients": summary.get("train_patients"), "val_patients": summary.get("val_patients")},
+        "recipe": {"batch_size": cfg.batch_size, "lr": cfg.lr, "warmup": cfg.warmup, "lr_schedule": cfg.lr_schedule,
+                   "p_uniform": cfg.p_uniform, "p_uncond": cfg.p_uncond, "seed": cfg.seed,
+                   "loss": cfg.loss.to_dict(), "augment": cfg.augment.to_dict(),
+                   "acdc_h5_spacing_mm": cfg.acdc_h5_spacing if cfg.data_format == "acdc-h5" else None},
+    }
+
+
+def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.PathLike, name: str = "acdc",
+                  version: str = "0.1.0", primary_checkpoint: str = "best", reference_checkpoint: str = "last",
+                  overwrite: bool = False, fp16: bool = True) -> Path:
+    """Assemble a bundle from a trained primary run and a reference run (engine :func:`save_bundle`).
+
+    A *plain* bundle wraps one deterministic or aleatoric run (given as both runs) so the
+    conventional baselines fit and evaluate through the same engine path: one forward pass
+    (``sampled_steps`` ``[0]``), the TAC identically 0, ``"segmentor": {"kind": ...}`` recorded.
+    Two deterministic runs of one network (different seeds) make the Dual U-Net control: the
+    "TAC" is then the JS between their softmaxes, and CARD's fitted sigmoid temperature acts on
+    the first one's logits (``"segmentor": {"kind": "dual"}``).
+
+    The primary defaults to its best validated checkpoint; the reference to its last one (the
+    paper fixes the reference's training length a priori instead of selecting it). Both runs
+    must share the grid (spacing, size), the classes, the diffusion horizon and the
+    preprocessing. Provenance (data, split, steps, time, hardware, validation Dice) is recorded.
+    """
+    from cardseg.bundle import default_config, save_bundle
+
+    p_run, r_run = Path(primary_run), Path(reference_run)
+    p_net, p_cfg, p_meta = load_run_network(p_run, primary_checkpoint)
+    r_net, r_cfg, r_meta = load_run_network(r_run, reference_checkpoint)
+    if (p_cfg.kind == "diffusion") != (r_cfg.kind == "diffusion"):
+        raise CardsegError("a bundle holds two diffusion denoisers, or one plain segmentor given as both "
+                           f"--primary and --reference (got roles {p_cfg.role} and {r_cfg.role})")
+    plain = p_cfg.kind != "diffusion"
+    segmentor = None
+    if plain and p_run.resolve() == r_run.resolve():
+        # one forward pass ("step 0"); the reference is the segmentor itself, so the TAC is 0
+        r_net, r_cfg, r_meta, reference_checkpoint = p_net, p_cfg, p_meta, primary_checkpoint
+        segmentor = {"kind": p_cfg.kind}
+    elif plain:
+        # the Dual U-Net control: two plain segmentors; the "TAC" is the JS of their softmaxes
+        if p_cfg.kind != "deterministic" or r_cfg.kind != "deterministic" or p_cfg.network != r_cfg.network:
+            raise CardsegError("a dual-segmentor bundle takes two deterministic runs of one network "
+                               f"(got {p_cfg.role} {p_cfg.network} and {r_cfg.role} {r_cfg.network})")
+        segmentor = {"kind": "dual", "seeds": [p_cfg.seed, r_cfg.seed]}
+    for key in ("spacing", "input_size", "num_steps", "classes", "low_percentile", "high_percentile", "sampled_steps"):
+        a, b = getattr(p_cfg, key), getattr(r_cfg, key)
+        if a != b:
+            raise CardsegError(f"primary and reference runs differ in {key} ({a!r} vs {b!r})")
+    warnings = []
+    for key in ("data", "data_format", "acdc_h5_spacing", "val_fraction"):
+        a, b = getattr(p_cfg, key), getattr(r_cfg, key)
+        if a != b:
+            warnings.append(f"primary and reference runs differ in {key}: {a!r} vs {b!r}")
+    for w in warnings:
+        print(f"cardseg: warning: {w}", file=sys.stderr)
+    strip = lambda spec: {k: v for k, v in spec.items() if k != "num_classes"}  # noqa: E731
+    config = default_config(name, p_cfg.classes, strip(p_cfg.network_spec()), strip(r_cfg.network_spec()),
+                            p_cfg.spacing, p_cfg.input_size, version=version, num_steps=p_cfg.num_steps,
+                            sampled_steps=[0] if plain else list(p_cfg.sampled_steps))
+    if segmentor:
+        config["segmentor"] = segmentor
+    config["preprocessing"].update({"low_percentile": p_cfg.low_percentile, "high_percentile": p_cfg.high_percentile})
+    config["provenance"] = {
+        "training": {"primary": _run_provenance(p_run, p_cfg, p_meta, primary_checkpoint),
+                     "reference": _run_provenance(r_run, r_cfg, r_meta, reference_checkpoint)},
+        "exported": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "weights_dtype": "float16" if fp16 else "float32",
+        "warnings": warnings,
+    }
+    return save_bundle(out, config, p_net, r_net, fp16=fp16, overwrite=overwrite)
