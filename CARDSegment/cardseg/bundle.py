@@ -122,7 +122,9 @@ def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device =
     header, the header's tensor shapes against the network ``bundle.json`` describes, then the
     weights. Every refusal is a one-line :class:`CardsegError` naming the file.
 
-    ``backend``: ``torch`` (default: :data:`DEFAULT_BACKEND`) gives the eager torch modules;
+    ``backend``: ``torch`` (default: :data:`DEFAULT_BACKEND`) gives the eager torch modules (on
+    the CPU with their instance norms run as the equivalent group norms,
+    :func:`cardseg.networks.fast.instance_to_group_norm`);
     ``onnx`` gives ONNX Runtime sessions made from the same verified weights and cached in the
     user's cache folder (:mod:`cardseg.onnx_backend`; CPU only; the shapes are checked when
     the model is exported).
@@ -143,6 +145,11 @@ def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device =
         nets = load_networks(root, config, weights, lambda role: _load_network(root, config, role, weights[role]))
     else:
         nets = {role: _load_network(root, config, role, weights[role]).to(device) for role in ROLES}
+        if torch.device(device).type == "cpu":  # same arithmetic, a faster CPU kernel
+            from .networks.fast import instance_to_group_norm
+
+            for net in nets.values():
+                instance_to_group_norm(net)
     checksums = {w.path.name: w.sha256 for w in weights.values()}
     return Bundle(path=root, config=config, primary=nets["primary"], reference=nets["reference"], checksums=checksums,
                   backend=backend)

@@ -26,6 +26,7 @@ import numpy as np
 from scipy import ndimage
 
 from .errors import CardsegError
+from .metrics import roi_mask
 
 #: region features the error model reads, in this order
 FEATURES = ("log_sum_tac", "max_tac", "mean_tac", "log_voxels", "slices", "foreground_fraction", "classes",
@@ -33,18 +34,9 @@ FEATURES = ("log_sum_tac", "max_tac", "mean_tac", "log_voxels", "slices", "foreg
 DEFAULTS = {"connectivity": "3d", "merge_px": 0, "max_regions": None}
 
 
-def disk(radius: int) -> np.ndarray:
-    """A 2D disk structuring element of ``radius`` pixels, ``(2r+1, 2r+1)`` bool."""
-    r = int(radius)
-    yy, xx = np.mgrid[-r:r + 1, -r:r + 1]
-    return (yy ** 2 + xx ** 2) <= r * r
-
-
 def dilate_slices(mask: np.ndarray, radius: int) -> np.ndarray:
     """Per-slice binary dilation of ``mask (Z, Y, X)`` by a disk (no growth across slices)."""
-    if radius <= 0:
-        return mask.copy()
-    return ndimage.binary_dilation(mask, structure=disk(radius)[None])
+    return roi_mask(mask, radius)
 
 
 def region_labels(tac: np.ndarray, threshold: float, min_voxels: int, connectivity: str = "3d",

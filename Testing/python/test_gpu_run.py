@@ -41,11 +41,17 @@ def smoke(tmp_path_factory):
                            "--budget-s", "5", "--batch-size", "2"], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return pack, out, tmp
+    sweep = tmp / "sweep"  # the capacity-sweep references, a call of their own
+    proc = subprocess.run([sys.executable, str(GPU / "run.py"), "--pack", str(pack), "--out", str(sweep), "--smoke",
+                           "--budget-s", "3", "--batch-size", "2", "--no-checks", "--jobs",
+                           "reference_unet_micro,reference_unet_small"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return pack, out, tmp, sweep
 
 
 def test_pack_holds_grid_slices_and_no_test_patients(smoke):
-    pack, _, _ = smoke
+    pack, _, _, _ = smoke
     meta = json.loads((pack / "pack.json").read_text())
     with np.load(pack / "data.npz") as z:
         images, labels, cases = z["train_images"], z["train_labels"], z["train_cases"]
@@ -58,22 +64,22 @@ def test_pack_holds_grid_slices_and_no_test_patients(smoke):
 
 
 def test_run_returns_what_the_device_allows(smoke):
-    _, out, _ = smoke
+    _, out, _, _ = smoke
     files = sorted(p for p in out.iterdir())
     assert all(p.is_file() for p in files)
     assert len(files) <= 8, [p.name for p in files]
     assert all(p.stat().st_size < 16 * 2 ** 20 for p in files)
-    expected = {"engine.json", "log.jsonl"} | {f for fs in gpu_run.JOB_FILES.values() for f in fs
+    expected = {"engine.json", "log.jsonl"} | {f for job in gpu_run.DEFAULT_JOBS for f in gpu_run.JOB_FILES[job]
                                                 if not f.startswith("reference_1")}
     assert expected <= {p.name for p in files}
     assert not [p for p in files if p.name.endswith(".part")]
 
 
 def test_log_and_engine_checks(smoke):
-    _, out, _ = smoke
+    _, out, _, _ = smoke
     rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     done = {r["job"]: r for r in rows if r.get("event") == "done"}
-    assert set(done) == set(gpu_run.JOBS)
+    assert set(done) == set(gpu_run.DEFAULT_JOBS)
     assert all(r["steps"] >= 1 for r in done.values())
     assert any(r.get("event") == "val" and 0.0 <= r["dice"] <= 1.0 for r in rows)
     engine = json.loads((out / "engine.json").read_text())
@@ -89,11 +95,12 @@ def test_weights_load_into_their_networks(smoke):
 
     from cardseg.networks import build_network
 
-    _, out, _ = smoke
+    _, out, _, sweep = smoke
+    assert len(list(sweep.iterdir())) <= 8
     for job, names in gpu_run.JOB_FILES.items():
         spec = {**gpu_run.JOBS[job]["spec"], "num_classes": 4}
         own = build_network(spec).state_dict()
-        path = out / names[0]
+        path = (out if job in gpu_run.DEFAULT_JOBS else sweep) / names[0]
         with safe_open(str(path), framework="pt") as f:
             keys = list(f.keys())
             meta = json.loads(f.metadata()["cardseg"])
@@ -111,7 +118,7 @@ def test_import_then_export_a_bundle(smoke, tmp_path):
     from cardseg.bundle import load_bundle
     from cardseg_train.export import export_bundle
 
-    pack, out, _ = smoke
+    pack, out, _, _ = smoke
     runs = import_runs.import_runs([out], pack / "pack.json", tmp_path / "runs")
     names = {r.name for r in runs}
     assert "primary" in names and "deterministic" in names
@@ -148,3 +155,63 @@ def test_reference_sweep_grid_and_heat_map(tmp_path):
     assert np.isnan(grid[0, 0]) and grid[1, 1] == 0.29 and grid[2, 0] == 0.33 and np.isnan(grid[2, 1])
     png = choose.plot_sweep(rows, tmp_path / "sweep.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cached_primary_pass_gives_the_trajectorys_own_tac(tmp_path):
+    """The sweep's cache (the primary's states and softmax kept once) must give each candidate
+    exactly the TAC that running it alongside the primary gives (paper Eqs. 5-6)."""
+    import torch
+
+    from cardseg.diffusion import CategoricalSchedule, default_sampling_steps
+    from cardseg.networks import build_network
+    from cardseg.trajectory import run_trajectory
+
+    choose = _load("choose_reference")
+    torch.manual_seed(0)
+    primary = build_network({"arch": "time-unet", "size": "micro", "num_classes": 4}).eval()
+    reference = build_network({"arch": "time-unet", "size": "micro", "num_classes": 4}).eval()
+    rng = np.random.default_rng(1)
+    img = rng.random((3, 32, 32)).astype(np.float32)
+    lab = np.zeros((3, 32, 32), np.int64)
+    lab[:, 10:20, 12:22] = rng.integers(1, 4, (3, 10, 10))
+    steps = default_sampling_steps(50, 5)
+    items = choose.primary_pass(primary, [("p1", img, lab)], ["clean"], steps, max_pixels=200, batch_size=2)
+    path = tmp_path / "c" / "primary.npz"
+    key = {"primary": "abc", "steps": steps}
+    choose.save_items(items, path, key)
+    assert choose.load_items(path, {**key, "primary": "other"}) is None  # other settings: not reused
+    items = choose.load_items(path, key)
+    pool = choose.candidate_pool(reference, items, {("p1", "clean"): img}, steps, batch_size=2)
+    res = run_trajectory(primary, torch.from_numpy(img)[:, None], steps, 4, reference=reference, mode="card",
+                         schedule=CategoricalSchedule(50))
+    px = items[0]["pixels"]
+    assert px.size == 200 and len(np.unique(px)) == 200
+    np.testing.assert_allclose(pool[0].tac, res.tac.numpy().reshape(-1)[px], atol=1e-6)
+    np.testing.assert_allclose(pool[0].logits, np.moveaxis(res.logits.numpy(), 1, 0).reshape(4, -1)[:, px], atol=1e-5)
+    np.testing.assert_array_equal(pool[0].labels, lab.reshape(-1)[px])
+    assert pool[0].tac.max() > 0  # two different networks disagree somewhere
+
+
+def test_sweep_reuses_the_primary_pass_and_merges_an_earlier_choice(smoke, tmp_path, capsys):
+    import_runs = _load("import_runs")
+    choose = _load("choose_reference")
+    pack, out, _, sweep = smoke
+    runs = import_runs.import_runs([out, sweep], pack / "pack.json", tmp_path / "runs")
+    assert any(r.name.startswith("reference-unet-micro-s") for r in runs)
+    assert any(r.name.startswith("reference-unet-small-s") for r in runs)
+    refs = sorted(str(r) for r in runs if r.name.startswith("reference-"))
+    assert len(refs) >= 2
+    args = ["--primary", str(tmp_path / "runs" / "primary"), "--pack", str(pack), "--variants", "clean",
+            "--cache", str(tmp_path / "cache"), "--batch-size", "8"]
+    assert choose.main(args + ["--candidates", refs[0], "--out", str(tmp_path / "first.json")]) == 0
+    assert list((tmp_path / "cache").glob("primary-*.npz"))
+    capsys.readouterr()
+    assert choose.main(args + ["--candidates", refs[1], "--merge", str(tmp_path / "first.json"),
+                               "--out", str(tmp_path / "both.json")]) == 0
+    assert "from " in capsys.readouterr().out  # the primary did not run again
+    first = json.loads((tmp_path / "first.json").read_text())["candidates"]
+    both = json.loads((tmp_path / "both.json").read_text())
+    names = {Path(r).name for r in refs[:2]}
+    assert set(both["candidates"]) == names
+    assert both["candidates"][Path(refs[0]).name] == first[Path(refs[0]).name]
+    assert both["chosen"] == min(both["candidates"], key=lambda k: both["candidates"][k]["card_nll"])

@@ -2,6 +2,8 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cardseg.metrics import agreement_report, agreement_score, disk, lcc_ratio, roi_mask
 from cardseg.regions import flagged_regions
@@ -72,3 +74,18 @@ def test_flagged_regions_ranked_filtered_and_located():
     assert (ranks == 1).sum() == 24 and (ranks == 2).sum() == 18 and ranks.max() == 2
     regs, ranks = flagged_regions(tac, labels, {**settings, "flag_threshold": 0.9}, m, (1, 1, 1), ["b"])
     assert regs == [] and not ranks.any()
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), radius=st.integers(0, 12), density=st.floats(0.0, 0.05))
+def test_roi_mask_is_the_disk_dilation(seed, radius, density):
+    """The distance-transform ROI equals a binary dilation with the disk, slice by slice (the
+    definition), for any mask and radius, empty slices included."""
+    from scipy import ndimage
+
+    rng = np.random.default_rng(seed)
+    fg = rng.random((3, 37, 29)) < density
+    fg[1] = False
+    expected = np.stack([ndimage.binary_dilation(s, structure=disk(radius)) if radius > 0 else s for s in fg])
+    np.testing.assert_array_equal(roi_mask(fg, radius), expected)
+    np.testing.assert_array_equal(roi_mask(fg[0], radius), expected[0])

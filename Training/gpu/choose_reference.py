@@ -30,36 +30,8 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 
-class _Recorder(nn.Module):
-    """Wraps the primary: returns its logits and keeps each step's softmax."""
-
-    def __init__(self, net: nn.Module):
-        super().__init__()
-        self.net, self.probs = net, []
-
-    def forward(self, image, state, t):
-        out = self.net(image, state, t)
-        self.probs.append(out.softmax(dim=1))
-        return out
-
-
-class _Candidates(nn.Module):
-    """Runs every candidate reference on the state it is given; returns the first one's logits."""
-
-    def __init__(self, nets):
-        super().__init__()
-        self.nets = nn.ModuleList(nets)
-        self.probs = [[] for _ in nets]
-
-    def forward(self, image, state, t):
-        outs = [n(image, state, t) for n in self.nets]
-        for store, o in zip(self.probs, outs):
-            store.append(o.softmax(dim=1))
-        return outs[0]
-
-
-#: the GPU run's reference jobs, as their run folders name them (reference-<name>-s<steps>)
-GPU_CANDIDATES = {"mini": "time-swinunetr:mini", "unet": "time-unet:tiny"}
+GPU_CANDIDATES = {"mini": "time-swinunetr:mini", "unet": "time-unet:tiny", "unet-micro": "time-unet:micro",
+                  "unet-small": "time-unet:small"}
 
 
 def sweep_grid(rows: dict):
@@ -127,12 +99,140 @@ def plot_sweep(rows: dict, path: Path, title: str = "") -> Path:
     return path
 
 
-def main(argv=None) -> int:
-    from cardseg.diffusion import CategoricalSchedule, default_sampling_steps
-    from cardseg.metrics import roi_mask
-    from cardseg.trajectory import js_divergence, run_trajectory
-    from cardseg_train.calibration_fit import fit_card, fit_ts, perturb_image, pool_item, pool_nll
+def _variant_image(img01: np.ndarray, case: str, variant: str) -> np.ndarray:
+    """A validation volume ``(Z, H, W)`` in [0, 1] as the pool sees it under ``variant`` (seeded per case)."""
+    from cardseg_train.calibration_fit import perturb_image
     from cardseg_train.corruptions import corruption_rng
+
+    return img01 if variant == "clean" else perturb_image(img01, variant, corruption_rng(case, f"pool:{variant}", 0))
+
+
+def _file_sha(path: Path) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def primary_pass(primary: nn.Module, volumes, variants, steps, max_pixels: int, batch_size: int,
+                 progress=None) -> list:
+    """The primary's reverse trajectory once per validation volume and variant: what every
+    candidate reference needs, kept at the pool's pixels only.
+
+    volumes: ``[(case, img01 (Z, H, W), labels (Z, H, W))]``. Returns one dict per (volume,
+    variant): ``states`` ``(S, Z, H, W)`` uint8, the class of the one-hot state fed at each sampled
+    step (255: the uniform start); ``probs`` ``(S, K, P)``, the primary's softmax at each step at
+    the ``P`` pool pixels ``pixels`` (flat indices into ``(Z, H, W)``, the same pixels
+    :func:`cardseg_train.calibration_fit.pool_item` keeps); ``logits`` ``(K, P)`` (final);
+    ``labels`` ``(P,)``.
+    """
+    from cardseg.diffusion import CategoricalSchedule
+    from cardseg.metrics import roi_mask
+    from cardseg.trajectory import run_trajectory
+
+    sched = CategoricalSchedule(50)
+    items = []
+    for case, img01, lab in volumes:
+        roi = roi_mask(lab > 0, 10)
+        flat = np.flatnonzero(roi)
+        if max_pixels is not None and flat.size > max_pixels:  # pool_item's draw, exactly
+            flat = flat[np.sort(np.random.default_rng(0).choice(flat.size, size=max_pixels, replace=False))]
+        for variant in variants:
+            x = _variant_image(img01, case, variant)
+            states, probs, logits = [], [], []
+            for i in range(0, x.shape[0], batch_size):
+                xb = torch.from_numpy(np.ascontiguousarray(x[i:i + batch_size]))[:, None]
+                kept = {}
+
+                def record(image, state, t, _kept=kept):
+                    out = primary(image, state, t)
+                    _kept[int(t[0])] = (state, out.softmax(dim=1))
+                    return out
+
+                with torch.no_grad():
+                    res = run_trajectory(record, xb, steps, 4, mode="uc", schedule=sched)
+                k = res.logits.shape[1]
+                st = []
+                for t in steps:
+                    state = kept[t][0]
+                    uniform = bool(torch.all(state == state.flatten()[0])) and abs(float(state.flatten()[0]) - 1 / k) < 1e-6
+                    if not uniform and not bool(torch.all(state.sum(1) == 1) and torch.all((state == 0) | (state == 1))):
+                        raise RuntimeError("the sampler's states are neither one-hot nor uniform; cannot cache them")
+                    st.append(np.full(state.shape[:1] + state.shape[2:], 255, np.uint8) if uniform
+                              else state.argmax(1).numpy().astype(np.uint8))
+                states.append(np.stack(st))
+                probs.append(np.stack([kept[t][1].numpy() for t in steps]))
+                logits.append(res.logits.numpy())
+            states, probs, logits = np.concatenate(states, 1), np.concatenate(probs, 1), np.concatenate(logits, 0)
+            zyx = np.unravel_index(flat, lab.shape)
+            items.append({"case": case, "variant": variant, "states": states, "pixels": flat,
+                          "probs": probs.transpose(0, 2, 1, 3, 4)[:, :, zyx[0], zyx[1], zyx[2]].astype(np.float32),
+                          "logits": logits[zyx[0], :, zyx[1], zyx[2]].T.astype(np.float32),
+                          "labels": lab.reshape(-1)[flat].astype(np.int64)})
+            if progress is not None:
+                progress(1)
+    return items
+
+
+def save_items(items: list, path: Path, key: dict) -> None:
+    arrays = {"key": np.array(json.dumps(key, sort_keys=True))}
+    for n, it in enumerate(items):
+        arrays[f"{n}.meta"] = np.array(json.dumps({"case": it["case"], "variant": it["variant"]}))
+        for name in ("states", "pixels", "probs", "logits", "labels"):
+            arrays[f"{n}.{name}"] = it[name]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".part.npz")
+    np.savez(tmp, **arrays)
+    tmp.replace(path)
+
+
+def load_items(path: Path, key: dict):
+    """The cached primary pass, or None when absent or made with other settings."""
+    if not path.is_file():
+        return None
+    with np.load(path) as z:
+        if json.loads(str(z["key"])) != json.loads(json.dumps(key, sort_keys=True)):
+            return None
+        n = len([k for k in z.files if k.endswith(".meta")])
+        return [{**json.loads(str(z[f"{i}.meta"])), **{name: z[f"{i}.{name}"] for name in
+                 ("states", "pixels", "probs", "logits", "labels")}} for i in range(n)]
+
+
+def candidate_pool(reference: nn.Module, items: list, images: dict, steps, batch_size: int) -> list:
+    """One candidate's pool: the reference on the primary's cached state at every sampled step
+    (paper Eq. 5), JS against the primary's softmax at the pool pixels, averaged over the steps
+    (Eq. 6). images: ``{(case, variant): (Z, H, W) image}``."""
+    from cardseg.trajectory import js_divergence
+    from cardseg_train.calibration_fit import PoolItem
+
+    pool = []
+    for it in items:
+        x = images[(it["case"], it["variant"])]
+        k = it["logits"].shape[0]
+        z, h, w = it["states"].shape[1:]
+        zyx = np.unravel_index(it["pixels"], (z, h, w))
+        js = []
+        for si, t in enumerate(steps):
+            q = np.empty((z, k, h, w), np.float32)
+            for i in range(0, z, batch_size):
+                xb = torch.from_numpy(np.ascontiguousarray(x[i:i + batch_size]))[:, None]
+                cls = torch.from_numpy(it["states"][si, i:i + batch_size].astype(np.int64))
+                state = (torch.full((cls.shape[0], k) + cls.shape[1:], 1.0 / k) if bool((cls == 255).all())
+                         else torch.nn.functional.one_hot(cls, k).permute(0, 3, 1, 2).float())
+                with torch.no_grad():
+                    q[i:i + batch_size] = reference(xb, state, torch.full((cls.shape[0],), t)).softmax(dim=1).numpy()
+            q_px = q[zyx[0], :, zyx[1], zyx[2]].T  # (K, P)
+            js.append(js_divergence(torch.from_numpy(it["probs"][si])[None], torch.from_numpy(q_px)[None])[0].numpy())
+        pool.append(PoolItem(it["logits"], it["labels"], np.mean(js, axis=0), case=it["case"], variant=it["variant"]))
+    return pool
+
+
+def main(argv=None) -> int:
+    from cardseg.diffusion import default_sampling_steps
+    from cardseg_train.calibration_fit import fit_card, fit_ts, pool_nll
     from cardseg_train.runs import load_run_network
 
     ap = argparse.ArgumentParser(description="Choose the reference on the validation pool (lowest CARD NLL).")
@@ -142,55 +242,53 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="clean,noise")
     ap.add_argument("--max-pixels", type=int, default=30000)
     ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--cache", default="cache/choose_reference", metavar="DIR",
+                    help="where the primary's pass is cached ('' for none)")
+    ap.add_argument("--merge", metavar="CHOICE.json",
+                    help="keep the rows of an earlier choice (same primary and pool) for candidates not given now")
     ap.add_argument("--out")
     ap.add_argument("--plot", metavar="PNG", help="also draw the capacity x training-length heat map (paper Fig. 5)")
     a = ap.parse_args(argv)
-
-    primary, p_cfg, _ = load_run_network(a.primary)
-    cands = [load_run_network(c)[0] for c in a.candidates]
-    steps = list(p_cfg.sampled_steps or default_sampling_steps(50, 5))
-    sched = CategoricalSchedule(50)
-    with np.load(Path(a.pack) / "data.npz") as z:
-        imgs, labs, cases = z["val_images"], z["val_labels"], z["val_cases"]
-    pools = {c: [] for c in a.candidates}
-    variants = [v.strip() for v in a.variants.split(",") if v.strip()]
     from tqdm.auto import tqdm
 
+    primary, p_cfg, _ = load_run_network(a.primary)
+    steps = list(p_cfg.sampled_steps or default_sampling_steps(50, 5))
+    variants = [v.strip() for v in a.variants.split(",") if v.strip()]
+    with np.load(Path(a.pack) / "data.npz") as z:
+        imgs, labs, cases = z["val_images"], z["val_labels"], z["val_cases"]
     order = list(dict.fromkeys(cases.tolist()))
-    bar = tqdm(total=len(order) * len(variants), desc="reference candidates", unit="item")
-    for case in order:
-        idx = np.flatnonzero(cases == case)
-        img01 = imgs[idx].astype(np.float32) / 255.0
-        lab = labs[idx].astype(np.int64)
-        roi = roi_mask(lab > 0, 10)
-        for variant in variants:
-            rng = corruption_rng(case, f"pool:{variant}", 0)
-            x = img01 if variant == "clean" else perturb_image(img01, variant, rng)
-            logits_all, tacs = [], [[] for _ in cands]
-            for i in range(0, len(idx), a.batch_size):
-                xb = torch.from_numpy(np.ascontiguousarray(x[i:i + a.batch_size]))[:, None]
-                rec, cs = _Recorder(primary), _Candidates(cands)
-                with torch.no_grad():
-                    res = run_trajectory(rec, xb, steps, 4, reference=cs, mode="card", schedule=sched)
-                logits_all.append(res.logits)
-                for j in range(len(cands)):
-                    js = [js_divergence(p, q) for p, q in zip(rec.probs, cs.probs[j])]
-                    tacs[j].append(torch.stack(js).mean(0))
-            logits = torch.cat(logits_all).numpy()
-            for j, c in enumerate(a.candidates):
-                tac = torch.cat(tacs[j]).numpy()
-                pools[c].append(pool_item(logits, tac, lab, roi, np.random.default_rng(0), a.max_pixels, case=case,
-                                          variant=variant))
-            bar.update(1)
-    bar.close()
+    volumes = [(c, imgs[cases == c].astype(np.float32) / 255.0, labs[cases == c].astype(np.int64)) for c in order]
+    pack_meta = json.loads((Path(a.pack) / "pack.json").read_text())
+    key = {"primary": _file_sha(Path(a.primary) / "best.pt"), "pack": pack_meta.get("data_sha256"),
+           "variants": variants, "max_pixels": a.max_pixels, "steps": steps}
+    cache = Path(a.cache) / f"primary-{key['primary'][:16]}.npz" if a.cache else None
+    items = load_items(cache, key) if cache is not None else None
+    if items is None:
+        bar = tqdm(total=len(volumes) * len(variants), desc="primary trajectories", unit="item")
+        items = primary_pass(primary, volumes, variants, steps, a.max_pixels, a.batch_size, bar.update)
+        bar.close()
+        if cache is not None:
+            save_items(items, cache, key)
+    else:
+        print(f"primary pass: {len(items)} items from {cache}")
+    images = {(c, v): _variant_image(x, c, v) for c, x, _ in volumes for v in variants}
     rows = {}
-    for c, pool in pools.items():
+    if a.merge:
+        earlier = json.loads(Path(a.merge).read_text())
+        if earlier.get("variants") != variants:
+            print(f"choose_reference: --merge {a.merge} was made with other variants", file=sys.stderr)
+            return 2
+        rows.update(earlier["candidates"])
+    for c in tqdm(a.candidates, desc="reference candidates", unit="candidate"):
+        net = load_run_network(c)[0]
+        pool = candidate_pool(net, items, images, steps, a.batch_size)
         card = fit_card(pool)
-        rows[Path(c).name] = {"card_nll": pool_nll(card, pool), "ts_nll": pool_nll(fit_ts(pool), pool),
-                              "parameters": sum(p.numel() for p in cands[a.candidates.index(c)].parameters()),
-                              "mean_tac": float(np.mean([p.tac.mean() for p in pool])), "params": card.to_dict()}
-        print(f"{Path(c).name:28s} CARD NLL {rows[Path(c).name]['card_nll']:.4f}  TS {rows[Path(c).name]['ts_nll']:.4f}  "
-              f"mean TAC {rows[Path(c).name]['mean_tac']:.4f}", flush=True)
+        name = Path(c).name
+        rows[name] = {"card_nll": pool_nll(card, pool), "ts_nll": pool_nll(fit_ts(pool), pool),
+                      "parameters": sum(p.numel() for p in net.parameters()),
+                      "mean_tac": float(np.mean([p.tac.mean() for p in pool])), "params": card.to_dict()}
+        print(f"{name:28s} CARD NLL {rows[name]['card_nll']:.4f}  TS {rows[name]['ts_nll']:.4f}  "
+              f"mean TAC {rows[name]['mean_tac']:.4f}", flush=True)
     best = min(rows, key=lambda k: rows[k]["card_nll"])
     result = {"chosen": best, "variants": variants, "candidates": rows,
               "objective": "CARD pool NLL over ROI pixels, validation volumes on the network grid"}

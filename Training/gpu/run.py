@@ -75,6 +75,10 @@ JOBS: Dict[str, dict] = {
     "aleatoric": {"spec": {"arch": "discriminative", "backbone": "swinunetr", "feature_size": 24, "aleatoric": True},
                   "kind": "aleatoric", "lr": 4e-4, "batch": 32, "budget_frac": 0.6, "keep": "best", "ema": 0.999},
 }
+#: what a call runs without ``--jobs``: the bundle's networks and the conventional baselines'
+#: segmentors, within the device's 8 returned files (the capacity-sweep references are asked for
+#: by name: ``--jobs reference_unet_micro,reference_unet_small``)
+DEFAULT_JOBS = ("primary", "reference", "reference_unet", "deterministic", "aleatoric")
 #: steps at which the references are saved (plus their last step): the maturity axis
 MILESTONES = (250, 500, 1000, 2000, 4000, 8000)
 #: at most this many checkpoints per file keeps a Mini SwinUNETR file under 16 MiB
@@ -512,7 +516,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=420.0, help="training wall-clock budget of every job")
     ap.add_argument("--batch-size", type=int, help="every job's batch (default: each job's own)")
-    ap.add_argument("--jobs", default=",".join(JOBS), help="comma-separated subset of " + ", ".join(JOBS))
+    ap.add_argument("--jobs", default=",".join(DEFAULT_JOBS),
+                    help=f"comma-separated, from {', '.join(JOBS)} (default {','.join(DEFAULT_JOBS)})")
     ap.add_argument("--no-checks", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny batch and budget: the test suite's rehearsal")
     ap.add_argument("--job", help=argparse.SUPPRESS)  # internal: run one job in this process
