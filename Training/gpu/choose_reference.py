@@ -44,13 +44,30 @@ def sweep_grid(rows: dict):
         m = re.fullmatch(r"(?:reference-)?(.+)-s(\d+)", name)
         if m:
             cells[(m.group(1), int(m.group(2)))] = row["card_nll"]
-    caps = sorted({c for c, _ in cells}, key=lambda c: min(r.get("parameters", 0) for n, r in rows.items()
-                                                            if n.startswith(f"reference-{c}-s") or n.startswith(f"{c}-s")))
+    caps = sorted({c for c, _ in cells}, key=lambda c: _capacity_parameters(c, rows) or 0)
     steps = sorted({s for _, s in cells})
     grid = np.full((len(caps), len(steps)), np.nan)
     for (c, s), v in cells.items():
         grid[caps.index(c), steps.index(s)] = v
     return caps, steps, grid
+
+
+def _capacity_parameters(capacity: str, rows: dict):
+    """Parameter count of a capacity: recorded in its rows, else that of its registered network
+    (choices written before counts were recorded); None when neither is known."""
+    import re
+
+    counts = [r["parameters"] for n, r in rows.items() if r.get("parameters")
+              and re.fullmatch(rf"(?:reference-)?{re.escape(capacity)}-s\d+", n)]
+    if counts:
+        return min(counts)
+    spec = GPU_CANDIDATES.get(capacity)
+    if spec is None:
+        return None
+    from cardseg.networks import build_network, count_parameters
+    from cardseg.scaffold import parse_network
+
+    return count_parameters(build_network({**parse_network(spec), "num_classes": 4}))
 
 
 def plot_sweep(rows: dict, path: Path, title: str = "") -> Path:
@@ -61,8 +78,6 @@ def plot_sweep(rows: dict, path: Path, title: str = "") -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
-
-    from cardseg.scaffold import parse_network
 
     caps, steps, grid = sweep_grid(rows)
     if not caps:
@@ -79,13 +94,8 @@ def plot_sweep(rows: dict, path: Path, title: str = "") -> Path:
     ax.add_patch(Rectangle((bj - 0.5, bi - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2.5))
     labels = []
     for c in caps:
-        n = next((r.get("parameters") for k, r in rows.items() if k.endswith(tuple(f"{c}-s{s}" for s in steps))), None)
-        spec = GPU_CANDIDATES.get(c)
-        if n is None and spec is not None:
-            from cardseg.networks import build_network, count_parameters
-
-            n = count_parameters(build_network({**parse_network(spec), "num_classes": 4}))
-        labels.append((spec or c) + (f"\n{n / 1e6:.2f}M" if n else ""))
+        n = _capacity_parameters(c, rows)
+        labels.append(GPU_CANDIDATES.get(c, c) + (f"\n{n / 1e6:.2f}M" if n else ""))
     ax.set_xticks(range(len(steps)), [str(s) for s in steps])
     ax.set_yticks(range(len(caps)), labels)
     ax.set_xlabel("reference training steps")
