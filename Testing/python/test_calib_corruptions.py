@@ -110,3 +110,32 @@ def test_picture_clean_vs_corruptions(clean, tmp_path):
     fig.savefig(out, dpi=60)
     plt.close(fig)
     assert os.path.getsize(out) > 1000
+
+
+def test_evaluation_normalises_after_corrupting(clean, tiny_bundle, monkeypatch):
+    """The paper's protocol: the artifact acts on the scanner's image and the bundle's own
+    normalisation (whatever it is) runs on the corrupted volume, as it would on a user's file."""
+    import cardseg.segment
+    from cardseg.bundle import load_bundle
+    from cardseg_train import calibration_eval as ce
+    from cardseg_train.evaluation import LabelledVolume
+
+    vol, lab = clean
+    item = LabelledVolume("p1_f1", "p1", vol, lab)
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def spy(volume, bundle):
+        seen.append(np.array(volume.array))
+        raise Stop
+
+    monkeypatch.setattr(cardseg.segment, "normalized_slices", spy)
+    bundle = load_bundle(tiny_bundle)
+    for condition in ("clean", "spike"):
+        with pytest.raises(Stop):
+            ce.run_case(bundle, item, condition, seed=3)
+    np.testing.assert_array_equal(seen[0], vol.array)
+    np.testing.assert_array_equal(seen[1], ce.condition_volume(item, "spike", 3).volume.array)
+    assert not np.array_equal(seen[1], vol.array)
