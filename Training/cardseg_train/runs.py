@@ -4,10 +4,11 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import platform
 from pathlib import Path
-from typing import Tuple
+from typing import List, Sequence, Tuple
 
 import torch
 
@@ -57,3 +58,34 @@ def load_run_network(run: os.PathLike, which: str = "best") -> Tuple[torch.nn.Mo
     net.load_state_dict(ckpt["model"])
     meta = {k: v for k, v in ckpt.items() if k in ("step", "val", "best", "elapsed_s", "kind")}
     return net.eval(), cfg, meta
+
+
+class RunLog:
+    """A run's ``log.csv``: one row per logging interval (loss terms, learning rate, speed, and the
+    validation Dice of each foreground class when the row validated)."""
+
+    def __init__(self, path: Path, class_names: Sequence[str]):
+        self.path = Path(path)
+        self.fields: List[str] = (["step", "lr", "loss", "kl", "ce", "dice_loss", "boundary", "steps_per_s",
+                                   "elapsed_s", "val_dice"] + [f"val_dice_{n}" for n in list(class_names)[1:]])
+
+    def write(self, row: dict) -> None:
+        new = not self.path.exists()
+        with open(self.path, "a", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=self.fields)
+            if new:
+                w.writeheader()
+            w.writerow({k: row.get(k, "") for k in self.fields})
+
+    def truncate(self, step: int) -> None:
+        """Drop rows written after ``step`` (the tail an interrupted run wrote past its checkpoint)."""
+        if not self.path.exists():
+            return
+        with open(self.path, newline="") as f:
+            rows = list(csv.DictReader(f))
+        keep = [r for r in rows if r.get("step", "").isdigit() and int(r["step"]) <= step]
+        if len(keep) != len(rows):
+            with open(self.path, "w", newline="") as f:
+                w = csv.DictWriter(f, fieldnames=self.fields)
+                w.writeheader()
+                w.writerows({k: r.get(k, "") for k in self.fields} for r in keep)

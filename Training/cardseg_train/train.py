@@ -29,7 +29,6 @@ The recipe's pieces live beside this file: :mod:`.train_config` (the configurati
 from __future__ import annotations
 
 import contextlib
-import csv
 import datetime
 import json
 import math
@@ -37,7 +36,7 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -50,9 +49,39 @@ from cardseg.segment import resolve_device
 from .augment import BatchAugment
 from .datasets import SliceDataset, detect_format, load_split, resolve_split
 from .losses import AleatoricLoss, DiffusionLoss, SegmentationLoss
-from .runs import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, atomic_save, hardware_description, load_checkpoint
+from .runs import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, RunLog, atomic_save, hardware_description, load_checkpoint
 from .train_config import TrainConfig, data_name, merge_resume_config, read_run_config
 from .train_steps import lr_factor, make_training_inputs, validate
+
+def load_run_data(c: TrainConfig, train_data: Optional[SliceDataset] = None,
+                  val_data: Optional[SliceDataset] = None) -> Tuple[SliceDataset, Optional[SliceDataset], List]:
+    """The run's training slices and validation volumes on its grid (given datasets are used as
+    they are; ``max_train_slices`` / ``val_max_volumes`` applied) → ``(train, val, val volumes)``."""
+    fmt = c.data_format or detect_format(c.data)
+    c.data_format = fmt
+    kw = dict(fmt=fmt, val_fraction=c.val_fraction, seed=c.seed, spacing_mm=c.acdc_h5_spacing)
+    if train_data is None:
+        recs = load_split(c.data, "train", max_patients=c.max_train_patients, **kw)
+        train_data = SliceDataset(recs, c.spacing, c.input_size, c.low_percentile, c.high_percentile,
+                                  num_classes=c.num_classes)
+    if c.max_train_slices is not None and len(train_data) > c.max_train_slices:
+        keep = np.linspace(0, len(train_data) - 1, c.max_train_slices).round().astype(int)
+        train_data = train_data.subset(keep.tolist())
+    if val_data is None:
+        val_patients = resolve_split(c.data, fmt, c.val_fraction, c.seed).get("val", [])
+        if c.val_max_volumes is not None:
+            val_patients = val_patients[:max(1, c.val_max_volumes)]
+        if val_patients:
+            recs = [r for r in load_split(c.data, "val", **kw) if r.patient in set(val_patients)]
+            val_data = SliceDataset(recs, c.spacing, c.input_size, c.low_percentile, c.high_percentile,
+                                    num_classes=c.num_classes)
+    val_volumes = val_data.volumes() if val_data is not None else []
+    if c.val_max_volumes is not None:
+        val_volumes = val_volumes[:c.val_max_volumes]
+    if train_data.num_classes > c.num_classes:
+        raise CardsegError(f"labels have {train_data.num_classes} classes, the run declares {c.num_classes}")
+    return train_data, val_data, val_volumes
+
 
 class Trainer:
     """Trains one denoiser into a run folder. ``Trainer(config, out, resume).run()`` → summary dict."""
@@ -81,35 +110,11 @@ class Trainer:
         self.train_data = train_data
         self.val_data = val_data
         self.class_names = [cl["name"] for cl in c.classes]
+        self.log = RunLog(self.out / "log.csv", self.class_names)
 
     # -- data --------------------------------------------------------------------------------
     def _load_data(self) -> None:
-        c = self.config
-        fmt = c.data_format or detect_format(c.data)
-        c.data_format = fmt
-        kw = dict(fmt=fmt, val_fraction=c.val_fraction, seed=c.seed, spacing_mm=c.acdc_h5_spacing)
-        if self.train_data is None:
-            recs = load_split(c.data, "train", max_patients=c.max_train_patients, **kw)
-            self.train_data = SliceDataset(recs, c.spacing, c.input_size, c.low_percentile, c.high_percentile,
-                                           num_classes=c.num_classes)
-        if c.max_train_slices is not None and len(self.train_data) > c.max_train_slices:
-            keep = np.linspace(0, len(self.train_data) - 1, c.max_train_slices).round().astype(int)
-            self.train_data = self.train_data.subset(keep.tolist())
-        if self.val_data is None:
-            lists = resolve_split(c.data, fmt, c.val_fraction, c.seed)
-            val_patients = lists.get("val", [])
-            if c.val_max_volumes is not None:
-                val_patients = val_patients[:max(1, c.val_max_volumes)]
-            if val_patients:
-                recs = load_split(c.data, "val", **kw)
-                recs = [r for r in recs if r.patient in set(val_patients)]
-                self.val_data = SliceDataset(recs, c.spacing, c.input_size, c.low_percentile, c.high_percentile,
-                                             num_classes=c.num_classes)
-        self.val_volumes = self.val_data.volumes() if self.val_data is not None else []
-        if c.val_max_volumes is not None:
-            self.val_volumes = self.val_volumes[:c.val_max_volumes]
-        if self.train_data.num_classes > c.num_classes:
-            raise CardsegError(f"labels have {self.train_data.num_classes} classes, the run declares {c.num_classes}")
+        self.train_data, self.val_data, self.val_volumes = load_run_data(self.config, self.train_data, self.val_data)
 
     def _provenance_data(self) -> dict:
         c = self.config
@@ -152,34 +157,6 @@ class Trainer:
         atomic_save({"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "kind": "best", "step": int(step),
                       "model": {k: v.detach().cpu() for k, v in self.net.state_dict().items()},
                       "val": dict(val), "network": self.config.network_spec()}, self.out / "best.pt")
-
-    # -- logging -----------------------------------------------------------------------------
-    def _csv_fields(self) -> List[str]:
-        return (["step", "lr", "loss", "kl", "ce", "dice_loss", "boundary", "steps_per_s", "elapsed_s", "val_dice"]
-                + [f"val_dice_{n}" for n in self.class_names[1:]])
-
-    def _write_row(self, row: dict) -> None:
-        path = self.out / "log.csv"
-        new = not path.exists()
-        with open(path, "a", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=self._csv_fields())
-            if new:
-                w.writeheader()
-            w.writerow({k: row.get(k, "") for k in self._csv_fields()})
-
-    def _truncate_log(self, step: int) -> None:
-        """Drop log rows written after the checkpoint being resumed (an interrupted tail)."""
-        path = self.out / "log.csv"
-        if not path.exists():
-            return
-        with open(path, newline="") as f:
-            rows = list(csv.DictReader(f))
-        keep = [r for r in rows if r.get("step", "").isdigit() and int(r["step"]) <= step]
-        if len(keep) != len(rows):
-            with open(path, "w", newline="") as f:
-                w = csv.DictWriter(f, fieldnames=self._csv_fields())
-                w.writeheader()
-                w.writerows({k: r.get(k, "") for k in self._csv_fields()} for r in keep)
 
     def _loss(self, img: torch.Tensor, lab: torch.Tensor, autocast):
         """One batch's loss for the run's role: the diffusion recipe (noised state, time), one
@@ -229,7 +206,7 @@ class Trainer:
         self.best = dict(ck["best"])
         self.elapsed_before = float(ck.get("elapsed_s", 0.0))
         step = int(ck["step"])
-        self._truncate_log(step)
+        self.log.truncate(step)
         return step
 
     def _optimise(self, images: torch.Tensor, labels: torch.Tensor, autocast) -> Dict[str, torch.Tensor]:
@@ -317,7 +294,7 @@ class Trainer:
                     row = self._log_row(step, sums, n_acc, time.perf_counter() - t_row)
                     if do_val:
                         last_val = self._validate(step, row)
-                    self._write_row(row)
+                    self.log.write(row)
                     if bar is not None:
                         post = {"loss": f"{float(row['loss']):.3f}"}
                         if last_val:
