@@ -255,3 +255,21 @@ def test_training_commands_say_clearly_when_the_extra_is_missing(monkeypatch, ca
         assert main([command, "--help"]) == 2
         err = capsys.readouterr().err
         assert err.startswith("cardseg: error:") and "[train]" in err and len(err.strip().splitlines()) == 1
+
+
+def test_console_script_exits_quickly_with_everything_written(tmp_path, tiny_bundle, rotated_nifti):
+    """``cardseg segment`` skips the interpreter's teardown (os._exit): what it printed to a pipe
+    must still arrive, its files be complete, and its exit codes be the documented ones."""
+    out = tmp_path / "o"
+    proc = subprocess.run([sys.executable, "-m", "cardseg", "segment", str(rotated_nifti), "-o", str(out),
+                           "--bundle", str(tiny_bundle), "--method", "uc", "--progress", "none"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-1000:]
+    assert str(out) in proc.stdout and "method uc" in proc.stdout  # the summary line, flushed before exit
+    report = json.loads((out / "report.json").read_text())
+    assert report["method"] == "uc"
+    assert sitk.ReadImage(str(out / "segmentation.nii.gz")).GetSize() == sitk.ReadImage(str(rotated_nifti)).GetSize()
+    bad = subprocess.run([sys.executable, "-m", "cardseg", "segment", str(tmp_path / "missing.nii.gz"), "-o",
+                          str(tmp_path / "o2"), "--bundle", str(tiny_bundle)], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "missing.nii.gz" in bad.stderr
+    assert not (tmp_path / "o2").exists()

@@ -42,7 +42,7 @@ def ablate_parser() -> argparse.ArgumentParser:
 def cmd_ablate(argv: List[str]) -> int:
     a = ablate_parser().parse_args(argv)
     from .calibration_eval import CONDITIONS
-    from .cli import _names
+    from .cli_evaluate import _names
 
     _names(a.condition, list(CONDITIONS), "condition")
     dual = None
