@@ -34,11 +34,6 @@ FEATURES = ("log_sum_tac", "max_tac", "mean_tac", "log_voxels", "slices", "foreg
 DEFAULTS = {"connectivity": "3d", "merge_px": 0, "max_regions": None}
 
 
-def dilate_slices(mask: np.ndarray, radius: int) -> np.ndarray:
-    """Per-slice binary dilation of ``mask (Z, Y, X)`` by a disk (no growth across slices)."""
-    return roi_mask(mask, radius)
-
-
 def region_labels(tac: np.ndarray, threshold: float, min_voxels: int, connectivity: str = "3d",
                   merge_px: int = 0) -> Tuple[np.ndarray, int]:
     """Label the flagged components of ``tac (Z, Y, X)``: int32 map (0 none, 1..n) and ``n``.
@@ -48,7 +43,7 @@ def region_labels(tac: np.ndarray, threshold: float, min_voxels: int, connectivi
     if connectivity not in ("3d", "slice"):
         raise CardsegError(f"regions.connectivity must be '3d' or 'slice' (got {connectivity!r})")
     mask = np.asarray(tac) > threshold
-    grown = dilate_slices(mask, merge_px)
+    grown = roi_mask(mask, merge_px)  # per slice, no growth across slices
     if connectivity == "3d":
         structure = np.zeros((3, 3, 3), bool)
         structure[1] = True  # 8-connected in-plane ...

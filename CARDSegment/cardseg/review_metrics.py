@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 from scipy import ndimage
 
-from .regions import dilate_slices
+from .metrics import roi_mask
 
 MIN_ERROR_PX = 30
 CATCH_RADIUS_PX = 2
@@ -52,7 +52,7 @@ def substantial_errors(pred: np.ndarray, truth: np.ndarray, min_px: int = MIN_ER
 
 def near_errors(errors: Sequence[np.ndarray], radius: int = CATCH_RADIUS_PX) -> List[np.ndarray]:
     """Each error mask grown in-plane by ``radius`` (a region touching the grown mask catches it)."""
-    return [dilate_slices(e, radius) for e in errors]
+    return [roi_mask(e, radius) for e in errors]
 
 
 def catch_matrix(region_map: np.ndarray, n_regions: int, near: Sequence[np.ndarray]) -> np.ndarray:

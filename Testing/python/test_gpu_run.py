@@ -175,7 +175,8 @@ def test_cached_primary_pass_gives_the_trajectorys_own_tac(tmp_path):
     lab = np.zeros((3, 32, 32), np.int64)
     lab[:, 10:20, 12:22] = rng.integers(1, 4, (3, 10, 10))
     steps = default_sampling_steps(50, 5)
-    items = choose.primary_pass(primary, [("p1", img, lab)], ["clean"], steps, max_pixels=200, batch_size=2)
+    items = choose.primary_pass(primary, [("p1", lab)], {("p1", "clean"): img}, ["clean"], steps, max_pixels=200,
+                                batch_size=2)
     path = tmp_path / "c" / "primary.npz"
     key = {"primary": "abc", "steps": steps}
     choose.save_items(items, path, key)

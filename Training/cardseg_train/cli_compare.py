@@ -14,6 +14,8 @@ from typing import List
 
 from cardseg.errors import CardsegError
 
+from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing
+
 
 def ablate_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -22,20 +24,16 @@ def ablate_parser() -> argparse.ArgumentParser:
                     "U-Net, w/o Ref. Contrast, TAC-last, TAC-mid, Proposed (ECE/SCE/ACE). Reads cardseg evaluate's "
                     "cache (run evaluate first, same --split/--seed); only Logit Mix runs trajectories of its own. "
                     "TAC-last/mid need the bundle fitted with fit-calibration --tac-steps auto.")
-    p.add_argument("--bundle", metavar="PATH", help="the CARD bundle (default: $CARDSEG_BUNDLE or the shipped one)")
+    add_bundle_and_data(p, bundle_help="the CARD bundle (default: $CARDSEG_BUNDLE or the shipped one)")
     p.add_argument("--dual", metavar="DIR", help="evaluate --out of the Dual U-Net bundle (its card method)")
-    p.add_argument("--data", default="../shared/data/acdc", metavar="PATH", help="ACDC HDF5 folder")
     p.add_argument("--split", default="val", choices=["val", "test"])
     p.add_argument("--condition", default="spike", help="one of clean, bias, motion, ghost, spike (default spike)")
     p.add_argument("--out", required=True, metavar="DIR")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-cases", type=int, metavar="N", help="only the first N volumes (quick runs)")
     p.add_argument("--cache", default="cache/evaluate", metavar="DIR")
-    p.add_argument("--h5-spacing", type=float, default=1.5, metavar="MM")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--threads", type=int)
-    p.add_argument("--quiet", action="store_true")
+    add_h5_spacing(p)
+    add_compute(p)
     return p
 
 

@@ -12,6 +12,8 @@ from typing import List
 
 from cardseg.errors import CardsegError
 
+from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing
+
 
 def evaluate_parser() -> argparse.ArgumentParser:
     from .calibration_eval import ALL_METHODS, CONDITIONS, METHODS
@@ -23,8 +25,7 @@ def evaluate_parser() -> argparse.ArgumentParser:
                     "per condition, NLL), dice.*, figures (NLL per condition, reliability diagrams, confidence "
                     "histograms, agreement vs Dice, a qualitative panel) into --out. Each (case, condition) is "
                     "cached as it finishes, so a rerun resumes. --dice-only gives the quick Dice table.")
-    p.add_argument("--bundle", metavar="PATH", help="bundle folder (default: $CARDSEG_BUNDLE or the shipped one)")
-    p.add_argument("--data", default="../shared/data/acdc", metavar="PATH", help="ACDC HDF5 folder")
+    add_bundle_and_data(p)
     p.add_argument("--split", default="val", choices=["val", "test"],
                    help="val for development; test only to report, never to select")
     p.add_argument("--out", required=True, metavar="DIR")
@@ -47,12 +48,8 @@ def evaluate_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-review", action="store_true", help="skip the flagged-region review study")
     p.add_argument("--review-only", action="store_true",
                    help="only the flagged-region review study (review.md/.json/.png), no calibration table")
-    p.add_argument("--h5-spacing", type=float, default=1.5, metavar="MM",
-                   help="pixel size assumed for the geometry-less HDF5 volumes (default 1.5, as in training)")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--threads", type=int)
-    p.add_argument("--quiet", action="store_true")
+    add_h5_spacing(p)
+    add_compute(p)
     return p
 
 

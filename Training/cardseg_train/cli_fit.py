@@ -12,6 +12,8 @@ from typing import List
 
 from cardseg.errors import CardsegError
 
+from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing
+
 
 def review_fit_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -21,14 +23,11 @@ def review_fit_parser() -> argparse.ArgumentParser:
                     "substantial errors caught by the first 3 regions per volume (leave-one-patient-out); writes "
                     "bundle.json's regions block. Test patients are never read.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--bundle", metavar="PATH", help="bundle folder (default: $CARDSEG_BUNDLE or the shipped one)")
-    p.add_argument("--data", default="../shared/data/acdc", metavar="PATH", help="ACDC HDF5 folder (val split used)")
+    add_bundle_and_data(p, data_help="ACDC HDF5 folder (val split used)")
     p.add_argument("--cache", default="cache/review", metavar="DIR", help="whole-volume map cache ('' for none)")
     p.add_argument("--out", metavar="DIR", help="also write the candidates' table (review_fit.json) here")
     p.add_argument("--dry-run", action="store_true", help="fit and print, do not write bundle.json")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--threads", type=int)
+    add_compute(p)
     return p
 
 
@@ -46,7 +45,7 @@ def cmd_fit_review(argv: List[str]) -> int:
         torch.set_num_threads(a.threads)
     device = resolve_device(a.device)
     bundle = load_bundle(a.bundle, device=device)
-    progress = make_progress("bar")
+    progress = make_progress("bar", a.quiet)
     res = fit_bundle_review(bundle, a.data, Path(a.cache) if a.cache else None, write=False, device=device,
                             batch_size=a.batch_size, progress=progress)
     progress.close()
@@ -70,8 +69,8 @@ def fit_parser() -> argparse.ArgumentParser:
         description="Fit CARD's temperature mapping {tau_min, tau_max, w_b, w_k} (and the TS/ETS/HTS baselines) by "
                     "mean NLL on the source-validation pool (validation volumes plus contrast, gamma and noise "
                     "perturbations), and the region/out-of-domain thresholds; writes them into bundle.json.")
-    p.add_argument("--bundle", metavar="PATH", help="bundle folder to calibrate (default: $CARDSEG_BUNDLE or shipped)")
-    p.add_argument("--data", default="../shared/data/acdc", metavar="PATH", help="ACDC HDF5 folder (val split used)")
+    add_bundle_and_data(p, data_help="ACDC HDF5 folder (val split used)",
+                        bundle_help="bundle folder to calibrate (default: $CARDSEG_BUNDLE or shipped)")
     p.add_argument("--draws", type=int, default=1, help="seeded draws of each perturbation per volume (default 1)")
     p.add_argument("--max-pixels", type=int, default=30000, help="ROI pixels kept per pool item (default 30000)")
     p.add_argument("--seed", type=int, default=0)
@@ -86,10 +85,7 @@ def fit_parser() -> argparse.ArgumentParser:
                         "runs the primary on 4 augmentations of each pool image and trains its shape prior on the "
                         "training split's label maps")
     p.add_argument("--dry-run", action="store_true", help="fit and print, do not write bundle.json")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--threads", type=int)
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_compute(p)
     return p
 
 
@@ -124,18 +120,14 @@ def fit_indices_parser() -> argparse.ArgumentParser:
                     "disagreement, one split-conformal scale per index family; writes them into bundle.json "
                     "('indices'). --measure-test OUT then measures coverage, width and errors on the test subjects "
                     "(nothing is fitted on them) into OUT/indices.md, indices.json, indices_coverage.png.")
-    p.add_argument("--bundle", metavar="PATH", help="bundle folder (default: $CARDSEG_BUNDLE or the shipped one)")
-    p.add_argument("--data", default="../shared/data/acdc", metavar="PATH", help="ACDC HDF5 folder")
+    add_bundle_and_data(p)
     p.add_argument("--level", type=float, default=0.9, help="nominal coverage of the intervals (default 0.9)")
     p.add_argument("--measure-test", metavar="OUT", help="measure the fitted intervals on the test subjects into OUT")
     p.add_argument("--no-fit", action="store_true", help="with --measure-test: measure the bundle's stored fit")
     p.add_argument("--dry-run", action="store_true", help="fit and print, do not write bundle.json")
     p.add_argument("--cache", default="cache/indices", metavar="DIR", help="per-volume cache folder ('' for none)")
-    p.add_argument("--h5-spacing", type=float, default=1.5, metavar="MM",
-                   help="pixel size assumed for the geometry-less HDF5 volumes (default 1.5, as in training)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--threads", type=int)
+    add_h5_spacing(p)
+    add_compute(p, quiet=False)
     return p
 
 
@@ -156,8 +148,6 @@ def cmd_fit_indices(argv: List[str]) -> int:
                 measure_out=a.measure_test, fit=not a.no_fit)
     return 0
 
-
-# --------------------------------------------------------------------------------------------
 
 
 def command_fit_calibration(argv: List[str]) -> int:

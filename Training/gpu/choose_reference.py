@@ -127,12 +127,13 @@ def _file_sha(path: Path) -> str:
     return h.hexdigest()
 
 
-def primary_pass(primary: nn.Module, volumes, variants, steps, max_pixels: int, batch_size: int,
+def primary_pass(primary: nn.Module, volumes, images: dict, variants, steps, max_pixels: int, batch_size: int,
                  progress=None) -> list:
     """The primary's reverse trajectory once per validation volume and variant: what every
     candidate reference needs, kept at the pool's pixels only.
 
-    volumes: ``[(case, img01 (Z, H, W), labels (Z, H, W))]``. Returns one dict per (volume,
+    volumes: ``[(case, labels (Z, H, W))]``; images: ``{(case, variant): (Z, H, W) image}`` (what
+    :func:`_variant_image` gives; the candidates run on the same arrays). Returns one dict per (volume,
     variant): ``states`` ``(S, Z, H, W)`` uint8, the class of the one-hot state fed at each sampled
     step (255: the uniform start); ``probs`` ``(S, K, P)``, the primary's softmax at each step at
     the ``P`` pool pixels ``pixels`` (flat indices into ``(Z, H, W)``, the same pixels
@@ -145,13 +146,13 @@ def primary_pass(primary: nn.Module, volumes, variants, steps, max_pixels: int, 
 
     sched = CategoricalSchedule(50)
     items = []
-    for case, img01, lab in volumes:
+    for case, lab in volumes:
         roi = roi_mask(lab > 0, 10)
         flat = np.flatnonzero(roi)
         if max_pixels is not None and flat.size > max_pixels:  # pool_item's draw, exactly
             flat = flat[np.sort(np.random.default_rng(0).choice(flat.size, size=max_pixels, replace=False))]
         for variant in variants:
-            x = _variant_image(img01, case, variant)
+            x = images[(case, variant)]
             states, probs, logits = [], [], []
             for i in range(0, x.shape[0], batch_size):
                 xb = torch.from_numpy(np.ascontiguousarray(x[i:i + batch_size]))[:, None]
@@ -168,8 +169,9 @@ def primary_pass(primary: nn.Module, volumes, variants, steps, max_pixels: int, 
                 st = []
                 for t in steps:
                     state = kept[t][0]
-                    uniform = bool(torch.all(state == state.flatten()[0])) and abs(float(state.flatten()[0]) - 1 / k) < 1e-6
-                    if not uniform and not bool(torch.all(state.sum(1) == 1) and torch.all((state == 0) | (state == 1))):
+                    uniform = bool(((state - 1.0 / k).abs() < 1e-6).all())
+                    one_hot = bool(((state == 0) | (state == 1)).all() and (state.sum(1) == 1).all())
+                    if not (uniform or one_hot):
                         raise RuntimeError("the sampler's states are neither one-hot nor uniform; cannot cache them")
                     st.append(np.full(state.shape[:1] + state.shape[2:], 255, np.uint8) if uniform
                               else state.argmax(1).numpy().astype(np.uint8))
@@ -267,7 +269,8 @@ def main(argv=None) -> int:
     with np.load(Path(a.pack) / "data.npz") as z:
         imgs, labs, cases = z["val_images"], z["val_labels"], z["val_cases"]
     order = list(dict.fromkeys(cases.tolist()))
-    volumes = [(c, imgs[cases == c].astype(np.float32) / 255.0, labs[cases == c].astype(np.int64)) for c in order]
+    volumes = [(c, labs[cases == c].astype(np.int64)) for c in order]
+    images = {(c, v): _variant_image(imgs[cases == c].astype(np.float32) / 255.0, c, v) for c in order for v in variants}
     pack_meta = json.loads((Path(a.pack) / "pack.json").read_text())
     key = {"primary": _file_sha(Path(a.primary) / "best.pt"), "pack": pack_meta.get("data_sha256"),
            "variants": variants, "max_pixels": a.max_pixels, "steps": steps}
@@ -275,13 +278,12 @@ def main(argv=None) -> int:
     items = load_items(cache, key) if cache is not None else None
     if items is None:
         bar = tqdm(total=len(volumes) * len(variants), desc="primary trajectories", unit="item")
-        items = primary_pass(primary, volumes, variants, steps, a.max_pixels, a.batch_size, bar.update)
+        items = primary_pass(primary, volumes, images, variants, steps, a.max_pixels, a.batch_size, bar.update)
         bar.close()
         if cache is not None:
             save_items(items, cache, key)
     else:
         print(f"primary pass: {len(items)} items from {cache}")
-    images = {(c, v): _variant_image(x, c, v) for c, x, _ in volumes for v in variants}
     rows = {}
     if a.merge:
         earlier = json.loads(Path(a.merge).read_text())

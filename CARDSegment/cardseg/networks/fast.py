@@ -24,11 +24,11 @@ def instance_to_group_norm(net: nn.Module) -> int:
              if isinstance(child, _INSTANCE_NORMS) and not child.track_running_stats]
     for parent, name, norm in swaps:
         group = nn.GroupNorm(norm.num_features, norm.num_features, eps=norm.eps, affine=norm.affine)
-        if norm.affine:
+        if norm.affine:  # without an affine part the group norm holds no tensors to place
+            group.to(norm.weight.device)
             with torch.no_grad():
                 group.weight.copy_(norm.weight)
                 group.bias.copy_(norm.bias)
-        group.to(device=next(norm.parameters(), next(net.parameters())).device)
         group.train(norm.training)
         setattr(parent, name, group)
     return len(swaps)

@@ -1,0 +1,28 @@
+"""Options several training-tool subcommands share, declared once."""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_DATA = "../shared/data/acdc"
+
+
+def add_bundle_and_data(p: argparse.ArgumentParser, data_help: str = "ACDC HDF5 folder",
+                        bundle_help: str = "bundle folder (default: $CARDSEG_BUNDLE or the shipped one)") -> None:
+    """``--bundle`` and ``--data``."""
+    p.add_argument("--bundle", metavar="PATH", help=bundle_help)
+    p.add_argument("--data", default=DEFAULT_DATA, metavar="PATH", help=data_help)
+
+
+def add_h5_spacing(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--h5-spacing", type=float, default=1.5, metavar="MM",
+                   help="pixel size assumed for the geometry-less HDF5 volumes (default 1.5, as in training)")
+
+
+def add_compute(p: argparse.ArgumentParser, quiet: bool = True) -> None:
+    """``--device``, ``--batch-size``, ``--threads`` and (for commands with a progress bar) ``--quiet``."""
+    p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")
+    p.add_argument("--batch-size", type=int, default=8, help="slices per network batch (default 8)")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch")
+    if quiet:
+        p.add_argument("--quiet", action="store_true", help="no progress bar")
