@@ -515,15 +515,17 @@ class CaseWorker:
     """Runs cases one after another; the bundle is loaded at the first case and kept."""
 
     def __init__(self, bundle_root: os.PathLike, method: str = "card", device: str = "auto", batch_size: int = 8,
-                 threads: Optional[int] = None):
+                 threads: Optional[int] = None, backend: str = "torch"):
         self.bundle_root = Path(bundle_root)
         self.method, self.device_name, self.batch_size, self.threads = method, device, batch_size, threads
+        self.backend = backend  # torch, onnx or auto (cardseg.bundle.load_bundle)
         self.bundle = None
         self.device = None
         self.loads = 0  # how often the bundle was loaded (once)
 
-    def load(self) -> None:
-        """Load the bundle onto the device (once); one-line :class:`CardsegError` if it cannot."""
+    def load(self, progress=None) -> None:
+        """Load the bundle onto the device (once); one-line :class:`CardsegError` if it cannot.
+        ``progress`` (a :class:`cardseg.progress.Progress`) shows a first run's ONNX export."""
         if self.bundle is not None:
             return
         import torch
@@ -534,7 +536,8 @@ class CaseWorker:
         if self.threads:
             torch.set_num_threads(int(self.threads))
         self.device = resolve_device(self.device_name)
-        self.bundle = load_bundle(self.bundle_root, device=self.device)
+        self.bundle = load_bundle(self.bundle_root, device=self.device, backend=self.backend,
+                                  progress=progress)
         self.loads += 1
 
     def run(self, job: Job) -> dict:
@@ -860,8 +863,17 @@ def run_batch(o: BatchOptions) -> BatchResult:
 
         ray_started = cluster.connect(o.ray)
     elif plan.jobs:  # the networks load here, once: a bundle that does not load is a refusal
-        worker = CaseWorker(bundle_root, o.method, o.device, o.batch_size, o.threads)
-        worker.load()
+        worker = CaseWorker(bundle_root, o.method, o.device, o.batch_size, o.threads, getattr(o, "backend", "torch"))
+        from .progress import make_progress
+
+        load_progress = make_progress(o.progress, o.quiet)
+        try:
+            worker.load(load_progress)
+        finally:
+            load_progress.close()
+        if not o.quiet:
+            for note in worker.bundle.notes:
+                print(f"cardseg: note: {note}", file=sys.stderr)
     try:
         result = _execute(plan, progress, worker, cluster)
     finally:

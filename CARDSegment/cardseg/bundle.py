@@ -67,6 +67,8 @@ class Bundle:
     #: what runs the networks: ``torch`` (eager modules) or ``onnx`` (ONNX Runtime sessions,
     #: :mod:`cardseg.onnx_backend`); the pipeline calls both the same way
     backend: str = "torch"
+    #: one-line remarks from loading (e.g. why ``auto`` fell back to torch), for the user
+    notes: List[str] = field(default_factory=list)
 
     @property
     def class_names(self) -> List[str]:
@@ -109,50 +111,66 @@ class Bundle:
         return self
 
 
-#: the backend :func:`load_bundle` uses when none is given (``cardseg batch --backend`` sets it
-#: for its own process, whose workers load the bundle)
-DEFAULT_BACKEND = "torch"
-
-
 def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device = "cpu",
-                backend: Optional[str] = None) -> Bundle:
+                backend: Optional[str] = None, progress=None) -> Bundle:
     """Load and verify a bundle (see :func:`resolve_bundle_path` for how ``path`` is chosen).
 
     In order: ``bundle.json`` against the schema, each weight file's sha256 and safetensors
     header, the header's tensor shapes against the network ``bundle.json`` describes, then the
     weights. Every refusal is a one-line :class:`CardsegError` naming the file.
 
-    ``backend``: ``torch`` (default: :data:`DEFAULT_BACKEND`) gives the eager torch modules (on
-    the CPU with their instance norms run as the equivalent group norms,
-    :func:`cardseg.networks.fast.instance_to_group_norm`);
-    ``onnx`` gives ONNX Runtime sessions made from the same verified weights and cached in the
-    user's cache folder (:mod:`cardseg.onnx_backend`; CPU only; the shapes are checked when
-    the model is exported).
-    """
-    from .onnx_backend import BACKENDS
+    ``backend`` (default ``torch``; ``cardseg segment`` and ``batch`` default to ``auto``, or to
+    ``$CARDSEG_BACKEND``: :func:`cardseg.onnx_backend.default_backend`):
 
-    backend = backend or DEFAULT_BACKEND
-    if backend not in BACKENDS:
-        raise CardsegError(f"unknown backend {backend!r} (choose from {', '.join(BACKENDS)})")
+    * ``torch``: the eager torch modules (on the CPU with their instance norms run as the
+      equivalent group norms, :func:`cardseg.networks.fast.instance_to_group_norm`);
+    * ``onnx``: ONNX Runtime sessions made from the same verified weights and cached in the
+      user's cache folder (:mod:`cardseg.onnx_backend`; CPU only; the shapes are checked when
+      the model is exported; ``progress`` shows the export of the first run);
+    * ``auto``: ``onnx`` on the CPU when ONNX Runtime is installed (the ``[speed]`` extra) and the
+      models are cached or can be exported, else ``torch``. An export that fails its check
+      against torch falls back to ``torch`` and says why in :attr:`Bundle.notes`.
+
+    :attr:`Bundle.backend` is the one that was used.
+    """
+    from .onnx_backend import CHOICES, ExporterMissing, available
+
+    backend = backend or "torch"
+    if backend not in CHOICES:
+        raise CardsegError(f"unknown backend {backend!r} (choose from {', '.join(CHOICES)})")
     root = resolve_bundle_path(path)
     config = validate_config(read_config(root), root)
     weights = verify_weights(root, config)
-    if backend == "onnx":
+    on_cpu = torch.device(device).type == "cpu"
+    if backend == "onnx" and not on_cpu:
+        raise CardsegError("--backend onnx runs on the CPU; use --device cpu or --backend torch")
+    notes: List[str] = []
+    nets = None
+    if backend == "onnx" or (backend == "auto" and on_cpu and available() is None):
         from .onnx_backend import load_networks
 
-        if torch.device(device).type != "cpu":
-            raise CardsegError("--backend onnx runs on the CPU; use --device cpu or --backend torch")
-        nets = load_networks(root, config, weights, lambda role: _load_network(root, config, role, weights[role]))
-    else:
+        try:
+            nets = load_networks(root, config, weights, lambda role: _load_network(root, config, role, weights[role]),
+                                 progress=progress)
+            backend = "onnx"
+        except ExporterMissing:
+            if backend == "onnx":
+                raise
+        except CardsegError as exc:
+            if backend == "onnx":
+                raise
+            notes.append(f"ONNX Runtime not used ({exc}); the torch networks run instead")
+    if nets is None:
+        backend = "torch"
         nets = {role: _load_network(root, config, role, weights[role]).to(device) for role in ROLES}
-        if torch.device(device).type == "cpu":  # same arithmetic, a faster CPU kernel
+        if on_cpu:  # same arithmetic, a faster CPU kernel
             from .networks.fast import instance_to_group_norm
 
             for net in nets.values():
                 instance_to_group_norm(net)
     checksums = {w.path.name: w.sha256 for w in weights.values()}
     return Bundle(path=root, config=config, primary=nets["primary"], reference=nets["reference"], checksums=checksums,
-                  backend=backend)
+                  backend=backend, notes=notes)
 
 
 def _build(root: Path, config: dict, role: str, num_classes: int) -> nn.Module:

@@ -1,4 +1,7 @@
-"""Optional ONNX Runtime backend for the two denoisers (``--backend onnx``, the ``[speed]`` extra).
+"""ONNX Runtime backend for the two denoisers (the ``[speed]`` extra): what ``cardseg segment`` and
+``cardseg batch`` use on the CPU by default (``--backend auto``) when it is installed, or on
+request (``--backend onnx``); the eager torch networks otherwise (``--backend torch``, and always
+on a GPU or with ``--ray``). ``$CARDSEG_BACKEND`` changes the commands' default.
 
 The ONNX model is made here, by our own code, from the bundle's safetensors (never downloaded):
 the eager torch network is built and loaded as usual, exported with the TorchScript-based
@@ -44,6 +47,10 @@ import torch
 from .errors import CardsegError
 
 BACKENDS = ("torch", "onnx")
+#: what ``--backend`` accepts: a backend, or ``auto`` (see :func:`cardseg.bundle.load_bundle`)
+CHOICES = ("auto",) + BACKENDS
+#: the default of ``--backend`` and of :func:`cardseg.bundle.load_bundle` (``auto`` when unset)
+BACKEND_ENV = "CARDSEG_BACKEND"
 CACHE_ENV = "CARDSEG_CACHE_DIR"
 OPSET = 17
 #: bump when the export recipe changes, so that older cached files are not used
@@ -51,6 +58,19 @@ EXPORT_FORMAT = 1
 #: |onnx - torch| allowed on the export probe, absolute plus relative to the largest |logit|
 TOLERANCE = (1e-3, 1e-4)
 INSTALL_HINT = "pip install 'cardsegment[speed]'"
+
+
+class ExporterMissing(CardsegError):
+    """A network would have to be exported, and the ``onnx`` package that torch's exporter needs
+    is not installed (``auto`` then runs the torch networks without a word)."""
+
+
+def default_backend() -> str:
+    """``$CARDSEG_BACKEND`` when set, else ``auto``; an unknown value is a one-line error."""
+    value = os.environ.get(BACKEND_ENV, "").strip() or "auto"
+    if value not in CHOICES:
+        raise CardsegError(f"${BACKEND_ENV}={value!r}: choose from {', '.join(CHOICES)}")
+    return value
 
 
 def available() -> Optional[str]:
@@ -153,7 +173,7 @@ def export_onnx(net: torch.nn.Module, num_classes: int, image_channels: int, siz
     import io
 
     if importlib.util.find_spec("onnx") is None:  # torch's exporter needs it
-        raise CardsegError(f"exporting a bundle's network to ONNX needs the onnx package ({INSTALL_HINT})")
+        raise ExporterMissing(f"exporting a bundle's network to ONNX needs the onnx package ({INSTALL_HINT})")
 
     buf = io.BytesIO()
     batch = {0: "batch"}
@@ -223,24 +243,37 @@ def _read_cached(model: Path, record: Path, key: str) -> Optional[bytes]:
 
 
 def load_networks(root: Path, config: dict, weights: Dict[str, object], build: Callable[[str], torch.nn.Module],
-                  threads: Optional[int] = None) -> Dict[str, OnnxNetwork]:
+                  threads: Optional[int] = None, progress=None) -> Dict[str, OnnxNetwork]:
     """``{role: OnnxNetwork}`` for both networks, from the cache or exported now.
 
     ``weights``: :func:`cardseg.bundle_schema.verify_weights`'s result (sha256 checked);
-    ``build(role)``: the eager torch network (only called on a cache miss).
+    ``build(role)``: the eager torch network (only called on a cache miss); ``progress``: a
+    :class:`cardseg.progress.Progress`, given the stage ``export-onnx`` (one step per network)
+    when anything has to be exported (the first run with a bundle, about 15 s on 2 cores).
+    :class:`ExporterMissing` when a network is not cached and the ``onnx`` package is absent,
+    before anything is built.
     """
     reason = available()
     if reason:
         raise CardsegError(reason)
     num_classes, size = len(config["classes"]), int(config["input_size"])
     channels = int(config.get("image_channels", 1))
+    import importlib.util
+
     folder = cache_dir() / "models"
+    found = {}
+    for role, wf in weights.items():
+        key = cache_key(wf.sha256, config["networks"][role], num_classes, channels, size)
+        model, record = folder / f"{role}-{key[:40]}.onnx", folder / f"{role}-{key[:40]}.json"
+        found[role] = (key, model, record, _read_cached(model, record, key))
+    missing = [role for role, hit in found.items() if hit[3] is None]
+    if missing and importlib.util.find_spec("onnx") is None:
+        raise ExporterMissing(f"exporting a bundle's network to ONNX needs the onnx package ({INSTALL_HINT})")
+    if missing and progress is not None:
+        progress.stage("export-onnx", len(missing))
     out = {}
     for role, wf in weights.items():
-        spec = config["networks"][role]
-        key = cache_key(wf.sha256, spec, num_classes, channels, size)
-        model, record = folder / f"{role}-{key[:40]}.onnx", folder / f"{role}-{key[:40]}.json"
-        data = _read_cached(model, record, key)
+        key, model, record, data = found[role]
         if data is not None:
             out[role] = OnnxNetwork(data, num_classes, threads, source=str(model))
             continue
@@ -263,4 +296,6 @@ def load_networks(root: Path, config: dict, weights: Dict[str, object], build: C
         except OSError:
             pass  # an unwritable cache: this process keeps the model in memory
         out[role] = onnx_net
+        if progress is not None:
+            progress.advance(1)
     return out

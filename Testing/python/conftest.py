@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,12 @@ import SimpleITK as sitk
 import torch
 
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
+
+# the suite never reads or writes the user's model cache (ONNX exports of the test bundles);
+# child processes inherit the variable
+_MODEL_CACHE = tempfile.TemporaryDirectory(prefix="cardseg-test-cache-")
+os.environ["CARDSEG_CACHE_DIR"] = _MODEL_CACHE.name
+os.environ.pop("CARDSEG_BACKEND", None)
 
 REPO = Path(__file__).resolve().parents[2]
 ACDC = REPO.parent / "shared" / "data" / "acdc"

@@ -202,3 +202,116 @@ def test_backend_refusals(tmp_path, tiny_bundle, monkeypatch, capsys):
     assert "needs onnxruntime (pip install 'cardsegment[speed]')" in capsys.readouterr().err
     assert main(["batch", str(inp), "-o", str(tmp_path / "b"), "--backend", "onnx", "--ray", "local"]) == 2
     assert not (tmp_path / "o").exists() and not (tmp_path / "b").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# --backend auto (the default of segment and batch)
+# --------------------------------------------------------------------------------------------
+def _segment(main, inp, out, bundle, *extra):
+    return main(["segment", str(inp), "-o", str(out), "--bundle", str(bundle), "--batch-size", "3", *extra])
+
+
+@pytest.fixture()
+def volume_file(tmp_path, synthetic_volume):
+    vol, _ = synthetic_volume
+    inp = tmp_path / "in.nii.gz"
+    sitk.WriteImage(vol.to_image(), str(inp))
+    return inp
+
+
+@needs_onnx
+def test_auto_exports_once_then_uses_the_cache(tmp_path, tiny_bundle, volume_file, monkeypatch, capfd):
+    """The default on the CPU is ONNX Runtime; the first run shows its export as a progress stage
+    (the Slicer module reads these lines), the second finds the cache and exports nothing."""
+    from cardseg.cli import main
+
+    monkeypatch.setenv("CARDSEG_CACHE_DIR", str(tmp_path / "cache"))
+    stages = []
+    for run in ("first", "second"):
+        assert _segment(main, volume_file, tmp_path / run, tiny_bundle, "--progress", "json", "--device", "cpu") == 0
+        lines = [json.loads(x) for x in capfd.readouterr().err.splitlines() if x.startswith("{")]
+        stages.append([x["stage"] for x in lines])
+        assert json.loads((tmp_path / run / "report.json").read_text())["backend"] == "onnx"
+    assert stages[0][0] == "export-onnx" and stages[0].count("export-onnx") == 3  # opened, then 2 networks
+    assert "export-onnx" not in stages[1] and "trajectory" in stages[1]
+    assert len(list((tmp_path / "cache" / "models").glob("*.onnx"))) == 2
+
+
+@needs_onnx
+def test_environment_variable_sets_the_default(tmp_path, tiny_bundle, volume_file, monkeypatch, capsys):
+    from cardseg.cli import main
+
+    monkeypatch.setenv("CARDSEG_BACKEND", "torch")
+    assert _segment(main, volume_file, tmp_path / "t", tiny_bundle, "--quiet") == 0
+    assert json.loads((tmp_path / "t" / "report.json").read_text())["backend"] == "torch"
+    # the option wins over the variable
+    assert _segment(main, volume_file, tmp_path / "o", tiny_bundle, "--quiet", "--backend", "onnx") == 0
+    assert json.loads((tmp_path / "o" / "report.json").read_text())["backend"] == "onnx"
+    monkeypatch.setenv("CARDSEG_BACKEND", "tensorrt")
+    assert _segment(main, volume_file, tmp_path / "x", tiny_bundle) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("cardseg: error: $CARDSEG_BACKEND='tensorrt'") and "\n" not in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_auto_without_onnxruntime_runs_torch_silently(tmp_path, tiny_bundle, volume_file, monkeypatch, capsys):
+    from cardseg.cli import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
+    assert _segment(main, volume_file, tmp_path / "o", tiny_bundle) == 0
+    assert json.loads((tmp_path / "o" / "report.json").read_text())["backend"] == "torch"
+    assert "note" not in capsys.readouterr().err
+
+
+@needs_onnx
+def test_auto_without_the_exporter_runs_torch_and_onnx_refuses(tmp_path, tiny_bundle, monkeypatch):
+    """ONNX Runtime alone cannot make the model: auto runs torch without a word, onnx says why,
+    and nothing is built before that is known."""
+    from cardseg import onnx_backend
+    from cardseg.bundle import load_bundle
+
+    monkeypatch.setenv("CARDSEG_CACHE_DIR", str(tmp_path / "empty-cache"))
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnx" else real(name, *a))
+    b = load_bundle(tiny_bundle, backend="auto")
+    assert b.backend == "torch" and b.notes == [] and isinstance(b.primary, torch.nn.Module)
+    with pytest.raises(onnx_backend.ExporterMissing, match="needs the onnx package"):
+        load_bundle(tiny_bundle, backend="onnx")
+    assert not (tmp_path / "empty-cache").exists()
+
+
+@needs_onnx
+def test_auto_falls_back_to_torch_when_the_export_disagrees(tmp_path, tiny_bundle, volume_file, monkeypatch, capsys):
+    from cardseg import onnx_backend
+    from cardseg.cli import main
+
+    monkeypatch.setenv("CARDSEG_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(onnx_backend, "within_tolerance", lambda diff, scale: False)
+    assert _segment(main, volume_file, tmp_path / "o", tiny_bundle, "--progress", "none") == 0
+    err = capsys.readouterr().err
+    notes = [x for x in err.splitlines() if x.startswith("cardseg: note:")]
+    assert len(notes) == 1 and "differs from torch" in notes[0] and "torch networks run instead" in notes[0]
+    assert json.loads((tmp_path / "o" / "report.json").read_text())["backend"] == "torch"
+    assert not list((tmp_path / "cache").glob("models/*.onnx"))  # a failed export is never cached
+    assert _segment(main, volume_file, tmp_path / "x", tiny_bundle, "--quiet", "--backend", "onnx") == 2
+    assert "differs from torch" in capsys.readouterr().err and not (tmp_path / "x").exists()
+
+
+def test_auto_on_a_gpu_or_with_ray_is_torch(tiny_bundle, monkeypatch):
+    """``auto`` never asks ONNX Runtime for a CUDA device, and Ray's workers load torch."""
+    import argparse
+
+    from cardseg import onnx_backend
+    from cardseg.cli import _check_backend
+
+    a = argparse.Namespace(backend=None, device="auto", ray="local")
+    _check_backend(a)
+    assert a.backend == "torch"
+    calls = []
+    monkeypatch.setattr(onnx_backend, "load_networks", lambda *x, **k: calls.append(x))
+    from cardseg import bundle as bundle_mod
+
+    monkeypatch.setattr(bundle_mod, "_load_network", lambda root, config, role, w: torch.nn.Identity())
+    b = bundle_mod.load_bundle(tiny_bundle, device="meta", backend="auto")
+    assert b.backend == "torch" and calls == []
