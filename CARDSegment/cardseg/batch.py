@@ -775,6 +775,9 @@ class BatchOptions:
     quiet: bool = False
     progress: str = "bar"
     threads: Optional[int] = None
+    #: what runs the networks of the local worker: torch, onnx or auto (cardseg.bundle.load_bundle);
+    #: Ray's workers always run torch
+    backend: str = "torch"
     ray: Optional[str] = None
     ray_workers: Optional[int] = None
     ray_cpus_per_worker: float = 1.0
@@ -863,7 +866,7 @@ def run_batch(o: BatchOptions) -> BatchResult:
 
         ray_started = cluster.connect(o.ray)
     elif plan.jobs:  # the networks load here, once: a bundle that does not load is a refusal
-        worker = CaseWorker(bundle_root, o.method, o.device, o.batch_size, o.threads, getattr(o, "backend", "torch"))
+        worker = CaseWorker(bundle_root, o.method, o.device, o.batch_size, o.threads, o.backend)
         from .progress import make_progress
 
         load_progress = make_progress(o.progress, o.quiet)
@@ -1015,7 +1018,8 @@ def options_from_args(a) -> BatchOptions:
     """The :class:`BatchOptions` of a parsed ``cardseg batch`` command line."""
     return BatchOptions(inputs=list(a.inputs or ()), manifest=a.manifest, output=a.output, bundle=a.bundle,
                         method=a.method, device=a.device, batch_size=a.batch_size, frame=a.frame, spacing=a.spacing,
-                        overwrite=a.overwrite, quiet=a.quiet, progress=a.progress, threads=a.threads, ray=a.ray,
+                        overwrite=a.overwrite, quiet=a.quiet, progress=a.progress, threads=a.threads,
+                        backend=a.backend or "torch", ray=a.ray,
                         ray_workers=a.ray_workers, ray_cpus_per_worker=a.ray_cpus_per_worker,
                         report=not a.no_report, report_thumbnails=a.report_thumbnails)
 

@@ -315,3 +315,18 @@ def test_auto_on_a_gpu_or_with_ray_is_torch(tiny_bundle, monkeypatch):
     monkeypatch.setattr(bundle_mod, "_load_network", lambda root, config, role, w: torch.nn.Identity())
     b = bundle_mod.load_bundle(tiny_bundle, device="meta", backend="auto")
     assert b.backend == "torch" and calls == []
+
+
+@needs_onnx
+def test_batch_uses_the_backend_it_is_given(tmp_path, tiny_bundle, volume_file, monkeypatch):
+    """``cardseg batch``'s local worker loads the networks with the settled backend (auto: onnx
+    here), and ``--backend torch`` gives torch."""
+    from cardseg.cli import main
+
+    monkeypatch.setenv("CARDSEG_CACHE_DIR", str(tmp_path / "cache"))
+    for backend, out in ((None, "auto"), ("torch", "torch")):
+        extra = ["--backend", backend] if backend else []
+        assert main(["batch", str(volume_file), "-o", str(tmp_path / out), "--bundle", str(tiny_bundle), "--quiet",
+                     "--no-report", "--batch-size", "3", *extra]) == 0
+        (case,) = [p for p in (tmp_path / out).iterdir() if (p / "report.json").is_file()]
+        assert json.loads((case / "report.json").read_text())["backend"] == (backend or "onnx")
