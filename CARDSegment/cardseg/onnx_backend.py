@@ -249,7 +249,7 @@ def load_networks(root: Path, config: dict, weights: Dict[str, object], build: C
     ``weights``: :func:`cardseg.bundle_schema.verify_weights`'s result (sha256 checked);
     ``build(role)``: the eager torch network (only called on a cache miss); ``progress``: a
     :class:`cardseg.progress.Progress`, given the stage ``export-onnx`` (one step per network)
-    when anything has to be exported (the first run with a bundle, about 15 s on 2 cores).
+    when anything has to be exported (the first run with a bundle, about 4 s more on 2 cores).
     :class:`ExporterMissing` when a network is not cached and the ``onnx`` package is absent,
     before anything is built.
     """
