@@ -156,10 +156,11 @@ def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device =
         except ExporterMissing:
             if backend == "onnx":
                 raise
-        except CardsegError as exc:
+        except Exception as exc:  # auto must run wherever torch runs
             if backend == "onnx":
                 raise
-            notes.append(f"ONNX Runtime not used ({exc}); the torch networks run instead")
+            why = str(exc) if isinstance(exc, CardsegError) else f"{type(exc).__name__}: {_first_line(exc)}"
+            notes.append(f"ONNX Runtime not used ({why}); the torch networks run instead")
     if nets is None:
         backend = "torch"
         nets = {role: _load_network(root, config, role, weights[role]).to(device) for role in ROLES}

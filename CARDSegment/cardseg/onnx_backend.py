@@ -49,7 +49,7 @@ from .errors import CardsegError
 BACKENDS = ("torch", "onnx")
 #: what ``--backend`` accepts: a backend, or ``auto`` (see :func:`cardseg.bundle.load_bundle`)
 CHOICES = ("auto",) + BACKENDS
-#: the default of ``--backend`` and of :func:`cardseg.bundle.load_bundle` (``auto`` when unset)
+#: sets the default of ``cardseg segment --backend`` and ``cardseg batch --backend`` (``auto`` when unset)
 BACKEND_ENV = "CARDSEG_BACKEND"
 CACHE_ENV = "CARDSEG_CACHE_DIR"
 OPSET = 17
@@ -63,6 +63,14 @@ INSTALL_HINT = "pip install 'cardsegment[speed]'"
 class ExporterMissing(CardsegError):
     """A network would have to be exported, and the ``onnx`` package that torch's exporter needs
     is not installed (``auto`` then runs the torch networks without a word)."""
+
+
+def _check_exporter() -> None:
+    """:class:`ExporterMissing` unless the ``onnx`` package (which torch's exporter needs) is installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("onnx") is None:
+        raise ExporterMissing(f"exporting a bundle's network to ONNX needs the onnx package ({INSTALL_HINT})")
 
 
 def default_backend() -> str:
@@ -169,12 +177,9 @@ def probe_inputs(num_classes: int, image_channels: int, size: int, batch: int = 
 
 def export_onnx(net: torch.nn.Module, num_classes: int, image_channels: int, size: int) -> bytes:
     """The network as ONNX bytes (opset 17, TorchScript exporter, dynamic batch axis)."""
-    import importlib.util
     import io
 
-    if importlib.util.find_spec("onnx") is None:  # torch's exporter needs it
-        raise ExporterMissing(f"exporting a bundle's network to ONNX needs the onnx package ({INSTALL_HINT})")
-
+    _check_exporter()
     buf = io.BytesIO()
     batch = {0: "batch"}
     with warnings.catch_warnings(), torch.no_grad():
@@ -258,8 +263,6 @@ def load_networks(root: Path, config: dict, weights: Dict[str, object], build: C
         raise CardsegError(reason)
     num_classes, size = len(config["classes"]), int(config["input_size"])
     channels = int(config.get("image_channels", 1))
-    import importlib.util
-
     folder = cache_dir() / "models"
     found = {}
     for role, wf in weights.items():
@@ -267,8 +270,8 @@ def load_networks(root: Path, config: dict, weights: Dict[str, object], build: C
         model, record = folder / f"{role}-{key[:40]}.onnx", folder / f"{role}-{key[:40]}.json"
         found[role] = (key, model, record, _read_cached(model, record, key))
     missing = [role for role, hit in found.items() if hit[3] is None]
-    if missing and importlib.util.find_spec("onnx") is None:
-        raise ExporterMissing(f"exporting a bundle's network to ONNX needs the onnx package ({INSTALL_HINT})")
+    if missing:
+        _check_exporter()
     if missing and progress is not None:
         progress.stage("export-onnx", len(missing))
     out = {}

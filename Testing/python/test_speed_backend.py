@@ -330,3 +330,23 @@ def test_batch_uses_the_backend_it_is_given(tmp_path, tiny_bundle, volume_file, 
                      "--no-report", "--batch-size", "3", *extra]) == 0
         (case,) = [p for p in (tmp_path / out).iterdir() if (p / "report.json").is_file()]
         assert json.loads((case / "report.json").read_text())["backend"] == (backend or "onnx")
+
+
+@needs_onnx
+def test_auto_survives_any_export_failure(tmp_path, tiny_bundle, monkeypatch):
+    """An exporter that breaks in an unforeseen way (here a RuntimeError) costs ``auto`` the speed,
+    not the run; ``onnx`` lets the error through."""
+    from cardseg import onnx_backend
+    from cardseg.bundle import load_bundle
+
+    monkeypatch.setenv("CARDSEG_CACHE_DIR", str(tmp_path / "cache"))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("exporter exploded\nsecond line")
+
+    monkeypatch.setattr(onnx_backend, "export_onnx", broken)
+    b = load_bundle(tiny_bundle, backend="auto")
+    assert b.backend == "torch" and isinstance(b.reference, torch.nn.Module)
+    assert b.notes == ["ONNX Runtime not used (RuntimeError: exporter exploded); the torch networks run instead"]
+    with pytest.raises(RuntimeError, match="exporter exploded"):
+        load_bundle(tiny_bundle, backend="onnx")
