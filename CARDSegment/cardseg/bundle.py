@@ -149,17 +149,26 @@ def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device =
     if backend == "onnx" or (backend == "auto" and on_cpu and available() is None):
         from .onnx_backend import load_networks
 
+        def build(role: str) -> nn.Module:
+            try:
+                return _load_network(root, config, role, weights[role])
+            except CardsegError as exc:  # the bundle's own fault: no backend can run it
+                raise _BundleFault(exc) from None
+
         try:
-            nets = load_networks(root, config, weights, lambda role: _load_network(root, config, role, weights[role]),
-                                 progress=progress)
+            nets = load_networks(root, config, weights, build, progress=progress)
             backend = "onnx"
+        except _BundleFault as fault:
+            raise fault.error from None
         except ExporterMissing:
             if backend == "onnx":
                 raise
         except Exception as exc:  # auto must run wherever torch runs
-            if backend == "onnx":
-                raise
             why = str(exc) if isinstance(exc, CardsegError) else f"{type(exc).__name__}: {_first_line(exc)}"
+            if backend == "onnx":
+                if isinstance(exc, CardsegError):
+                    raise
+                raise CardsegError(f"ONNX Runtime failed ({why}); use --backend torch") from exc
             notes.append(f"ONNX Runtime not used ({why}); the torch networks run instead")
     if nets is None:
         backend = "torch"
@@ -172,6 +181,14 @@ def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device =
     checksums = {w.path.name: w.sha256 for w in weights.values()}
     return Bundle(path=root, config=config, primary=nets["primary"], reference=nets["reference"], checksums=checksums,
                   backend=backend, notes=notes)
+
+
+class _BundleFault(Exception):
+    """Carries a :class:`CardsegError` about the bundle itself out of the ONNX path unchanged."""
+
+    def __init__(self, error: CardsegError):
+        super().__init__(str(error))
+        self.error = error
 
 
 def _build(root: Path, config: dict, role: str, num_classes: int) -> nn.Module:

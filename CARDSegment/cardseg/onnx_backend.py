@@ -272,6 +272,7 @@ def load_networks(root: Path, config: dict, weights: Dict[str, object], build: C
     missing = [role for role, hit in found.items() if hit[3] is None]
     if missing:
         _check_exporter()
+    built = {role: build(role) for role in missing}  # a broken bundle fails here, before any progress line
     if missing and progress is not None:
         progress.stage("export-onnx", len(missing))
     out = {}
@@ -280,7 +281,7 @@ def load_networks(root: Path, config: dict, weights: Dict[str, object], build: C
         if data is not None:
             out[role] = OnnxNetwork(data, num_classes, threads, source=str(model))
             continue
-        net = build(role)
+        net = built[role]
         data = optimize_offline(export_onnx(net, num_classes, channels, size))
         onnx_net = OnnxNetwork(data, num_classes, threads, source="memory")
         diff, scale = max_abs_difference(net, onnx_net, num_classes, channels, size)
