@@ -778,6 +778,8 @@ class BatchOptions:
     #: what runs the networks of the local worker: torch, onnx or auto (cardseg.bundle.load_bundle);
     #: Ray's workers always run torch
     backend: str = "torch"
+    #: local worker processes, one model each (cardseg.local_pool); 1: the cases run in this process
+    workers: int = 1
     ray: Optional[str] = None
     ray_workers: Optional[int] = None
     ray_cpus_per_worker: float = 1.0
@@ -811,6 +813,10 @@ def _check_options(o: BatchOptions) -> None:
         raise CardsegError("nothing to run: give INPUT files, folders or patterns, or --manifest CSV")
     if o.ray_workers is not None and o.ray_workers < 1:
         raise CardsegError(f"--ray-workers must be at least 1, got {o.ray_workers}")
+    if o.workers < 1:
+        raise CardsegError(f"--workers must be at least 1, got {o.workers}")
+    if o.workers > 1 and o.ray:
+        raise CardsegError("--workers is for this machine; with --ray use --ray-workers")
     if o.ray_cpus_per_worker <= 0:
         raise CardsegError(f"--ray-cpus-per-worker must be above 0, got {o.ray_cpus_per_worker}")
     if o.report_thumbnails < 0:
@@ -947,6 +953,12 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
                         plan.jobs, on_result, bundle_root=plan.bundle_root, config=plan.config, outdir=out,
                         method=o.method, device=o.device, batch_size=o.batch_size, threads=o.threads,
                         workers=o.ray_workers, cpus_per_worker=o.ray_cpus_per_worker)
+                elif o.workers > 1 and len(plan.jobs) > 1:
+                    from . import local_pool
+
+                    result.worker_loads = local_pool.run_jobs(
+                        plan.jobs, on_result, bundle_root=plan.bundle_root, method=o.method, device=o.device,
+                        batch_size=o.batch_size, threads=o.threads, backend=o.backend, workers=o.workers)
                 else:
                     for j in plan.jobs:
                         on_result(worker.run(j))
@@ -1019,7 +1031,7 @@ def options_from_args(a) -> BatchOptions:
     return BatchOptions(inputs=list(a.inputs or ()), manifest=a.manifest, output=a.output, bundle=a.bundle,
                         method=a.method, device=a.device, batch_size=a.batch_size, frame=a.frame, spacing=a.spacing,
                         overwrite=a.overwrite, quiet=a.quiet, progress=a.progress, threads=a.threads,
-                        backend=a.backend or "torch", ray=a.ray,
+                        backend=a.backend or "torch", workers=a.workers, ray=a.ray,
                         ray_workers=a.ray_workers, ray_cpus_per_worker=a.ray_cpus_per_worker,
                         report=not a.no_report, report_thumbnails=a.report_thumbnails)
 

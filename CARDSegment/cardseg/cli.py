@@ -117,6 +117,9 @@ def build_parser(plugin_help: bool = False) -> argparse.ArgumentParser:
                         "{stage, done, total} object per line on stderr")
     p.add_argument("--threads", type=int, metavar="N",
                    help="CPU threads for torch per worker; without it: torch's choice (with --ray: the worker's CPUs)")
+    p.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="worker processes on this machine, one model each, the CPUs shared out among them (with "
+                        "--threads: that many each); more than one gets more cases through a multi-core CPU")
     p.add_argument("--ray", metavar="ADDRESS",
                    help="run the cases on a Ray cluster: auto (the one this machine belongs to), HOST:PORT, "
                         "ray://HOST:PORT, or local (start one here); needs the [cluster] extra and a filesystem "

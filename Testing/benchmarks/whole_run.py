@@ -2,6 +2,7 @@
 
     python Testing/benchmarks/whole_run.py [--input VOLUME] [--bundle PATH] [--backend auto|torch|onnx]
                                            [--repeats 5] [--cases 8] [--batch-repeats 2] [--threads N]
+                                           [--batch-workers N]
                                            [--json OUT.json]
 
 Every run is a fresh process, as a user's would be. For ``--method uc`` and ``--method card`` it runs
@@ -190,6 +191,8 @@ def main() -> None:
     ap.add_argument("--batch-repeats", type=int, default=2, help="rounds of loop + batch (least of them)")
     ap.add_argument("--threads", type=int, help="--threads for every run (default: torch's choice)")
     ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--batch-workers", type=int, default=1,
+                    help="cardseg batch --workers N (with --threads T: T // N threads each)")
     ap.add_argument("--json", help="write every measurement here")
     a = ap.parse_args()
 
@@ -207,6 +210,11 @@ def main() -> None:
         common = ["--quiet", "--overwrite", "--batch-size", str(a.batch_size), "--backend", a.backend]
         common += ["--bundle", a.bundle] if a.bundle else []
         common += ["--threads", str(a.threads)] if a.threads else []
+        batch_common = [x for x in common]
+        if a.batch_workers > 1:
+            batch_common += ["--workers", str(a.batch_workers)]
+            if a.threads:
+                batch_common[batch_common.index("--threads") + 1] = str(max(1, a.threads // a.batch_workers))
 
         def seg_args(method, out):
             return ["segment", str(inp), "-o", str(out), "--method", method] + common
@@ -248,7 +256,7 @@ def main() -> None:
                                            + common, env))
                 for walls, extra in ((batch_walls, []), (no_report_walls, ["--no-report"])):
                     out = tmp / f"batch-{r}-{len(extra)}"
-                    walls.append(_run(cs + ["batch", str(cases), "-o", str(out)] + common + extra, env))
+                    walls.append(_run(cs + ["batch", str(cases), "-o", str(out)] + batch_common + extra, env))
                     shutil.rmtree(out)
             # the loop: --cases times its least case (the fairest to the loop); the batch: its least run
             loop_s, bw, bw_nr = a.cases * min(loop_walls), min(batch_walls), min(no_report_walls)

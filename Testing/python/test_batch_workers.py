@@ -1,0 +1,132 @@
+"""`cardseg batch --workers N` (cardseg.local_pool): the same table and case folders as one worker,
+one bundle load per worker process, a worker that dies fails only the cases it was running, and
+the options are checked before anything is written."""
+
+from __future__ import annotations
+
+import csv
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import SimpleITK as sitk
+
+from cardseg import batch as B
+from cardseg import local_pool
+from cardseg.errors import CardsegError
+
+pytestmark = pytest.mark.slow
+
+
+def read_csv(path: Path):
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def without_timings(rows):
+    return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
+
+
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory, synthetic_volume):
+    vol, _ = synthetic_volume
+    root = tmp_path_factory.mktemp("workers") / "in"
+    root.mkdir()
+    for i in range(4):
+        arr = np.roll(vol.array, 3 * i, axis=2) * (1.0 + 0.05 * i)
+        sitk.WriteImage(vol.to_image(arr.astype(np.float32)), str(root / f"c{i}.nii.gz"))
+    (root / "c1b_broken.nii.gz").write_bytes(b"garbage")
+    return root
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_bundle, inputs):
+    root = tmp_path_factory.mktemp("runs")
+    common = dict(inputs=[str(inputs)], bundle=str(tiny_bundle), progress="none", threads=1, report=False)
+    one = B.run_batch(B.BatchOptions(output=str(root / "one"), **common))
+    two = B.run_batch(B.BatchOptions(output=str(root / "two"), workers=2, **common))
+    return {"root": root, "one": one, "two": two}
+
+
+def test_table_and_folders_equal_one_worker(runs):
+    one, two = (read_csv(runs["root"] / d / B.COHORT_CSV) for d in ("one", "two"))
+    assert [r["case"] for r in two] == ["c0", "c1", "c1b_broken", "c2", "c3"]
+    assert [r["status"] for r in two] == ["ok", "ok", "error", "ok", "ok"]
+    assert without_timings(two) == without_timings(one)
+    for case in ("c0", "c1", "c2", "c3"):
+        a, b = (runs["root"] / d / case for d in ("one", "two"))
+        assert sorted(p.name for p in a.iterdir()) == sorted(p.name for p in b.iterdir())
+        ra, rb = (json.loads((d / "report.json").read_text()) for d in (a, b))
+        assert ra["agreement"] == rb["agreement"] and ra["class_volumes_ml"] == rb["class_volumes_ml"]
+
+
+def test_one_bundle_load_per_worker_process(runs):
+    assert runs["two"].computed == 4 and runs["two"].failed == 1
+    assert runs["two"].worker_loads == 2 and runs["one"].worker_loads == 1
+
+
+def test_rerun_reuses_the_cases_without_starting_workers(runs, tiny_bundle, inputs):
+    again = B.run_batch(B.BatchOptions(inputs=[str(inputs / "c?.nii.gz")], output=str(runs["root"] / "two"),
+                                       bundle=str(tiny_bundle), progress="none", threads=1, report=False, workers=2))
+    assert again.computed == 0 and again.reused == 4 and again.worker_loads == 0
+
+
+def test_a_dying_worker_fails_only_its_cases(tmp_path, tiny_bundle, inputs):
+    """A worker process killed in the middle of the batch: the case(s) it was running get a one-line
+    error, every other case finishes on a fresh set of workers."""
+    from cardseg.bundle_schema import check_bundle_folder
+
+    root, _ = check_bundle_folder(str(tiny_bundle))
+    jobs = [B.Job(case=f"c{i}", path=str(inputs / f"c{i}.nii.gz"), out=str(tmp_path / f"c{i}")) for i in range(4)]
+    results = []
+
+    def on_result(res):
+        results.append(res)
+        if len(results) == 1:  # kill a worker that is busy with another case
+            victim = multiprocessing.active_children()[0]
+            os.kill(victim.pid, signal.SIGKILL)
+
+    local_pool.run_jobs(jobs, on_result, bundle_root=root, threads=1, workers=2)
+    by_case = {r["case"]: r for r in results}
+    assert sorted(by_case) == ["c0", "c1", "c2", "c3"] and len(results) == 4
+    died = [r for r in results if r["status"] == "error"]
+    assert 1 <= len(died) <= 2  # what was in flight when the pool broke
+    assert all(r["error"].startswith("worker process died") and "\n" not in r["error"] for r in died)
+    assert all((tmp_path / r["case"] / "report.json").is_file() for r in results if r["status"] == "ok")
+    assert sum(r["status"] == "ok" for r in results) >= 2
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--workers", "0"], "--workers must be at least 1, got 0"),
+    (["--workers", "2", "--ray", "local"], "--workers is for this machine; with --ray use --ray-workers"),
+])
+def test_worker_options_are_refused_in_one_line(tmp_path, tiny_bundle, inputs, extra, message):
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "cardseg", "batch", str(inputs), "-o", str(out), "--bundle",
+                        str(tiny_bundle), *extra], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stderr.strip() == f"cardseg: error: {message}"
+    assert not out.exists()
+
+
+def test_python_dash_m_cardseg_runs_workers(tmp_path, tiny_bundle, inputs):
+    """``python -m cardseg batch --workers 2``: the spawned workers import cardseg.__main__ without
+    running the command again."""
+    out = tmp_path / "out"
+    p = subprocess.run([sys.executable, "-m", "cardseg", "batch", str(inputs / "c?.nii.gz"), "-o", str(out),
+                        "--bundle", str(tiny_bundle), "--workers", "2", "--threads", "1", "--quiet", "--no-report"],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert [r["status"] for r in read_csv(out / B.COHORT_CSV)] == ["ok"] * 4
+
+
+def test_threads_are_shared_out():
+    assert local_pool.default_threads(1) == (os.cpu_count() or 1)
+    assert local_pool.default_threads(10 * (os.cpu_count() or 1)) == 1
+    with pytest.raises(CardsegError):
+        B._check_options(B.BatchOptions(inputs=["x"], workers=-1))
