@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import os
 import tempfile
 from pathlib import Path
@@ -66,3 +67,14 @@ def assert_figure(path, min_width: int = 300, min_height: int = 200, min_ink: fl
     ink = float((np.abs(rgb.astype(int) - rgb[0, 0].astype(int)).sum(axis=2) > 30).mean())
     assert ink >= min_ink, f"{path}: only {ink:.4f} of the pixels differ from the background"
     assert len(np.unique(rgb.reshape(-1, 3), axis=0)) >= min_colors, f"{path}: a flat image"
+
+
+def read_csv(path):
+    """The rows of a CSV file (a batch's cohort table) as dicts."""
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def without_timings(rows):
+    """Cohort rows without their ``time_*`` columns (which differ between runs)."""
+    return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]

@@ -20,6 +20,7 @@ import SimpleITK as sitk
 
 from cardseg import batch as B
 from cardseg.cli import main
+from conftest import read_csv
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,10 +39,6 @@ def run_cli(args, env_stderr=False):
         rc = main(args)
     return rc, out.getvalue(), err.getvalue()
 
-
-def read_csv(path: Path):
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
 
 
 def fake_indices(ed_dir, es_dir, config):

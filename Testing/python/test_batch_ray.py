@@ -3,10 +3,8 @@ the same cases, the same OUTDIR layout and table (timings aside), resumable the 
 
 from __future__ import annotations
 
-import csv
 import json
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,17 +13,10 @@ import SimpleITK as sitk
 ray = pytest.importorskip("ray", reason="Ray not installed (the [cluster] extra)")
 
 from cardseg import batch as B  # noqa: E402
+from conftest import read_csv, without_timings  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-
-def read_csv(path: Path):
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
-
-
-def without_timings(rows):
-    return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
 
 
 @pytest.fixture(scope="module")

@@ -4,14 +4,12 @@ the options are checked before anything is written."""
 
 from __future__ import annotations
 
-import csv
 import json
 import multiprocessing
 import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,17 +18,10 @@ import SimpleITK as sitk
 from cardseg import batch as B
 from cardseg import local_pool
 from cardseg.errors import CardsegError
+from conftest import read_csv, without_timings
 
 pytestmark = pytest.mark.slow
 
-
-def read_csv(path: Path):
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
-
-
-def without_timings(rows):
-    return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
 
 
 @pytest.fixture(scope="module")
