@@ -958,7 +958,8 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
 
                     result.worker_loads = local_pool.run_jobs(
                         plan.jobs, on_result, bundle_root=plan.bundle_root, method=o.method, device=o.device,
-                        batch_size=o.batch_size, threads=o.threads, backend=o.backend, workers=o.workers)
+                        batch_size=o.batch_size, threads=o.threads, backend=worker.bundle.backend,
+                        workers=o.workers)  # the backend the check load settled on: no second fallback
                 else:
                     for j in plan.jobs:
                         on_result(worker.run(j))

@@ -8,8 +8,8 @@ process is started once (``spawn``), loads the bundle once (:class:`cardseg.batc
 runs one case at a time; results come back to the batch process, which alone writes the cohort
 table and the resume state, in completion order, exactly as for one worker or for Ray.
 
-A worker process that dies (killed, out of memory) fails the cases it was running, one line
-each; the cases not yet started go to a fresh set of workers (at most ``2 N`` restarts). Ctrl-C
+A worker process that dies (killed, out of memory) breaks the whole pool: the cases in flight at
+that moment (at most one per worker) fail, one line each; the cases not yet started go to a fresh set of workers (at most ``2 N`` restarts). Ctrl-C
 stops the workers at once: they ignore SIGINT themselves, so that only this process decides.
 """
 
