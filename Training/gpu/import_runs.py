@@ -32,7 +32,7 @@ import torch  # noqa: E402
 #: folder-name stem of each job's runs
 STEMS = {"primary": "primary", "reference": "reference-mini", "reference_unet": "reference-unet",
          "reference_unet_micro": "reference-unet-micro", "reference_unet_small": "reference-unet-small",
-         "deterministic": "deterministic", "aleatoric": "aleatoric"}
+         "deterministic": "deterministic", "deterministic_b": "deterministic-b", "aleatoric": "aleatoric"}
 
 
 def _read(path: Path):
@@ -108,7 +108,8 @@ def import_runs(dirs: List[Path], pack_json: Path, out: Path) -> List[Path]:
         tensors, meta = _read(path)
         job = meta.get("job", stem if stem in STEMS else stem.split("_")[0])
         cfg = _config(meta, pack, "reference" if job.startswith("reference") else
-                      job if job in ("deterministic", "aleatoric") else "primary")
+                      "deterministic" if job.startswith("deterministic") else
+                      "aleatoric" if job == "aleatoric" else "primary")
         history = done.get(job, [])
         # a continued run's steps add to the first run's
         total_steps = sum(int(h.get("steps", 0)) for h in history)

@@ -58,14 +58,14 @@ JOBS: Dict[str, dict] = {
                 "keep": "best", "ema": 0.999},
     # references: saved at MILESTONES (the maturity axis), stopped after the last one
     "reference": {"spec": {"arch": "time-swinunetr", "size": "mini"}, "kind": "diffusion", "lr": 3e-4, "batch": 32,
-                  "keep": "milestones", "max_steps": 8000},
+                  "keep": "milestones", "max_steps": 16000},
     "reference_unet": {"spec": {"arch": "time-unet", "size": "tiny"}, "kind": "diffusion", "lr": 1e-3, "batch": 32,
-                       "keep": "milestones", "max_steps": 8000},
+                       "keep": "milestones", "max_steps": 16000},
     # the capacity axis of the reference sweep (paper Fig. 5): the same U-Net recipe one size down and up
     "reference_unet_micro": {"spec": {"arch": "time-unet", "size": "micro"}, "kind": "diffusion", "lr": 1e-3,
-                             "batch": 32, "keep": "milestones", "max_steps": 8000},
+                             "batch": 32, "keep": "milestones", "max_steps": 16000},
     "reference_unet_small": {"spec": {"arch": "time-unet", "size": "small"}, "kind": "diffusion", "lr": 1e-3,
-                             "batch": 32, "keep": "milestones", "max_steps": 8000},
+                             "batch": 32, "keep": "milestones", "max_steps": 16000},
     # the conventional baselines' segmentor: lowest priority, so it stops at 60 % of the budget
     # and leaves the GPU to the primary's annealing phase
     "deterministic": {"spec": {"arch": "discriminative", "backbone": "swinunetr", "feature_size": 24},
@@ -74,16 +74,23 @@ JOBS: Dict[str, dict] = {
     # the "Alea." row: the same SwinUNETR with a class-wise log-variance head (Kendall and Gal)
     "aleatoric": {"spec": {"arch": "discriminative", "backbone": "swinunetr", "feature_size": 24, "aleatoric": True},
                   "kind": "aleatoric", "lr": 4e-4, "batch": 32, "budget_frac": 0.6, "keep": "best", "ema": 0.999},
+    # the second member of the Dual SwinUNETR control: the deterministic recipe, another seed
+    "deterministic_b": {"spec": {"arch": "discriminative", "backbone": "swinunetr", "feature_size": 24},
+                        "kind": "deterministic", "lr": 4e-4, "batch": 32, "budget_frac": 0.6, "keep": "best",
+                        "ema": 0.999},
 }
 #: what a call runs without ``--jobs``: the bundle's networks and the conventional baselines'
 #: segmentors, within the device's 8 returned files (the capacity-sweep references are asked for
 #: by name: ``--jobs reference_unet_micro,reference_unet_small``)
 DEFAULT_JOBS = ("primary", "reference", "reference_unet", "deterministic", "aleatoric")
 #: steps at which the references are saved (plus their last step): the maturity axis
-MILESTONES = (250, 500, 1000, 2000, 4000, 8000)
+MILESTONES = (250, 500, 1000, 2000, 4000, 8000, 12000, 16000)
 #: at most this many checkpoints per file keeps a Mini SwinUNETR file under 16 MiB
 PER_FILE = 4
 SAVE_EVERY_S = 120.0
+#: --smoke trains every job for exactly this many steps (never a wall-clock budget, so a busy
+#: machine cannot turn the rehearsal into a failure)
+SMOKE_STEPS = 4
 
 
 def job_files(name: str) -> List[str]:
@@ -237,15 +244,18 @@ def validate(net, volumes, kind: str, schedule, steps, k: int, batch: int = 64) 
 # --------------------------------------------------------------------------------------------
 def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: Optional[int], seed: int, smoke: bool,
             init_from: Optional[str] = None, lr_scale: float = 1.0, p_uncond: float = 0.2,
-            val_every_s: float = 30.0) -> dict:
+            val_every_s: float = 30.0, share_with_primary: bool = True) -> dict:
     from cardseg.diffusion import CategoricalSchedule, default_sampling_steps
     from cardseg.networks import build_network, count_parameters
     from cardseg_train.losses import AleatoricLoss, DiffusionLoss, SegmentationLoss
 
     job = JOBS[name]
-    budget_s = budget_s * float(job.get("budget_frac", 1.0))
+    if share_with_primary:  # the lower-priority jobs leave the GPU to the primary's annealing
+        budget_s = budget_s * float(job.get("budget_frac", 1.0))
     batch = int(batch) if batch else int(job.get("batch", 32))
     max_steps = int(job.get("max_steps", 10 ** 9))
+    if smoke:
+        max_steps = SMOKE_STEPS
     cuda = torch.cuda.is_available() and not smoke
     device = torch.device("cuda" if cuda else "cpu")
     torch.manual_seed(seed)
@@ -326,7 +336,7 @@ def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: Optional[i
     net.train()
     while True:
         elapsed = time.perf_counter() - t0
-        frac = elapsed / budget_s
+        frac = step / max_steps if smoke else elapsed / budget_s
         if frac >= 1.0 or step >= max_steps:
             break
         for g in opt.param_groups:
@@ -450,12 +460,98 @@ def cuda_consistency(smoke: bool) -> dict:
     return res
 
 
+def _timed(fn, cuda: bool, repeats: int) -> List[float]:
+    """Two warm-up calls, then ``repeats`` timed calls (seconds, sorted)."""
+    def once() -> float:
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    once()
+    once()
+    return sorted(once() for _ in range(repeats))
+
+
+def schedule_variants(primary, reference, x: torch.Tensor, steps, k: int, sched, repeats: int) -> dict:
+    """The trajectory under every execution schedule of :mod:`cardseg.gpu_exec`, timed in one run.
+
+    For each family (eager fp32, eager bf16, CUDA graph fp32, CUDA graph bf16): ``uc_ms``,
+    ``card_ms``, ``card_streams_ms`` (reference on a second stream), the reference's own five
+    forwards ``reference_ms``, the ratios, the *floor* ``1 + reference_ms / uc_ms`` and, against
+    the eager fp32 CARD trajectory, the label agreement and the largest TAC difference. Each
+    family is guarded: one that fails (e.g. capture unsupported) records its error.
+    """
+    from cardseg.diffusion import uniform_state
+    from cardseg.gpu_exec import GraphedTrajectory, run_trajectory_fast
+
+    cuda = x.device.type == "cuda"
+    b, _, h, w = x.shape
+    states = [uniform_state((b, h, w), k, device=x.device) for _ in steps]
+    t_batches = [torch.full((b,), t, dtype=torch.long, device=x.device) for t in steps]
+    ms = lambda ts: round(1000 * ts[len(ts) // 2], 2)  # noqa: E731 - median in ms
+    with torch.no_grad():
+        ref_eager = run_trajectory_fast(primary, reference, x, steps, k, "card", sched)
+    out: dict = {}
+    families = [("eager_fp32", False, None), ("eager_bf16", False, torch.bfloat16)]
+    if cuda:
+        families += [("graph_fp32", True, None), ("graph_bf16", True, torch.bfloat16)]
+    for name, graph, dtype in families:
+        fam: dict = {}
+        try:
+            def ref_only():
+                with torch.no_grad(), (torch.autocast("cuda", dtype=dtype) if dtype is not None and cuda
+                                       else torch.autocast("cpu", enabled=False)):
+                    for s, tb in zip(states, t_batches):
+                        reference(x, s, tb)
+
+            runners = {}
+            if graph:
+                for label, mode, streams in (("uc", "uc", False), ("card", "card", False),
+                                             ("card_streams", "card", True)):
+                    g = GraphedTrajectory(primary, reference, x, steps, k, mode=mode, schedule=sched,
+                                          streams=streams, dtype=dtype)
+                    runners[label] = (lambda g=g: g(x))
+                ref_graph = torch.cuda.CUDAGraph()
+                ref_only()
+                with torch.cuda.graph(ref_graph):
+                    ref_only()
+                runners["reference"] = ref_graph.replay
+            else:
+                for label, mode, streams in (("uc", "uc", False), ("card", "card", False),
+                                             ("card_streams", "card", True)):
+                    runners[label] = (lambda mode=mode, streams=streams: run_trajectory_fast(
+                        primary, reference, x, steps, k, mode, sched, streams=streams, dtype=dtype))
+                runners["reference"] = ref_only
+            for label, fn in runners.items():
+                ts = _timed(fn, cuda, repeats)
+                fam[f"{label}_ms"] = ms(ts)
+                fam[f"{label}_ms_all"] = [round(1000 * t, 2) for t in ts]
+            fam["ratio"] = round(fam["card_ms"] / fam["uc_ms"], 3)
+            fam["ratio_streams"] = round(fam["card_streams_ms"] / fam["uc_ms"], 3)
+            fam["floor"] = round(1 + fam["reference_ms"] / fam["uc_ms"], 3)
+            for label in ("card", "card_streams"):
+                res = runners[label]()
+                agree = (res.logits.argmax(1) == ref_eager.logits.argmax(1)).float().mean()
+                fam[f"{label}_label_agreement_vs_eager_fp32"] = float(agree)
+                fam[f"{label}_max_abs_tac_diff_vs_eager_fp32"] = float((res.tac - ref_eager.tac).abs().max())
+        except Exception as exc:  # noqa: BLE001 - one schedule failing must not hide the others
+            fam["error"] = f"{type(exc).__name__}: {exc}"
+            fam["traceback"] = traceback.format_exc()[-1500:]
+        out[name] = fam
+    return out
+
+
 def paper_scale_timing(smoke: bool, repeats: int = 5) -> dict:
     """Paper Sec. "Computational overhead": the primary alone vs primary + reference (CARD) over
-    5 sampled steps on a batch of 32 slices of 256 x 256, random weights, fp32, median of runs."""
+    5 sampled steps on a batch of 32 slices of 256 x 256, random weights, median of runs, under
+    every execution schedule (:func:`schedule_variants`). ``uc_ms``/``card_ms``/``ratio`` are the
+    eager fp32 figures (the paper's setting)."""
     from cardseg.diffusion import CategoricalSchedule, default_sampling_steps
     from cardseg.networks import build_network, count_parameters
-    from cardseg.trajectory import run_trajectory
 
     cuda = torch.cuda.is_available() and not smoke
     dev = torch.device("cuda" if cuda else "cpu")
@@ -465,36 +561,43 @@ def paper_scale_timing(smoke: bool, repeats: int = 5) -> dict:
     reference = build_network({"arch": "time-swinunetr", "size": "mini", "num_classes": 4}).to(dev).eval()
     x = torch.rand(batch, 1, size, size, device=dev)
     steps = default_sampling_steps(50, 5)
-    sched = CategoricalSchedule(50)
-
-    def once(mode: str) -> float:
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            run_trajectory(primary, x, steps, 4, reference=reference if mode == "card" else None, mode=mode,
-                           schedule=sched)
-        if cuda:
-            torch.cuda.synchronize()
-        return time.perf_counter() - t0
-
     out = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
            "primary_parameters": count_parameters(primary), "reference_parameters": count_parameters(reference),
            "input": [batch, 1, size, size], "steps": steps, "dtype": "float32", "repeats": repeats}
-    for mode in ("uc", "card"):
-        once(mode)
-        once(mode)
-        times = sorted(once(mode) for _ in range(repeats))
-        out[f"{mode}_ms"] = round(1000 * times[len(times) // 2], 1)
-        out[f"{mode}_ms_all"] = [round(1000 * t, 1) for t in times]
-    out["ratio"] = round(out["card_ms"] / out["uc_ms"], 3)
+    out["schedules"] = schedule_variants(primary, reference, x, steps, 4, CategoricalSchedule(50), repeats)
+    base = out["schedules"]["eager_fp32"]
+    out.update({"uc_ms": base["uc_ms"], "card_ms": base["card_ms"], "ratio": round(base["card_ms"] / base["uc_ms"], 3),
+                "floor": base["floor"]})
     out["paper"] = {"uc_ms": 1736.8, "card_ms": 2015.5, "ratio": 1.16}
     return out
+
+
+def bundle_timing(smoke: bool, repeats: int = 10) -> dict:
+    """The shipped bundle's networks on one 10-slice phantom volume (its real grid and weights)
+    under every execution schedule: the overhead a user of ``cardseg segment --device cuda`` sees."""
+    _no_simpleitk()
+    from cardseg.bundle import load_bundle
+    from cardseg.scaffold import synthetic_cine_volume
+    from cardseg.segment import network_inputs
+
+    cuda = torch.cuda.is_available() and not smoke
+    dev = "cuda" if cuda else "cpu"
+    vol, _ = synthetic_cine_volume((10, 216, 256) if not smoke else (2, 64, 64), seed=3)
+    b = load_bundle(device=dev)
+    x, _ = network_inputs(vol, b)
+    x = x.float().to(dev)
+    res = {"bundle": b.ident, "input": list(x.shape), "device": torch.cuda.get_device_name() if cuda else "cpu"}
+    res["schedules"] = schedule_variants(b.primary, b.reference, x, b.sampled_steps, b.num_classes, b.schedule,
+                                         repeats if not smoke else 2)
+    return res
 
 
 def run_checks(out: Path, smoke: bool) -> dict:
     res: dict = {"torch": torch.__version__, "cuda": torch.cuda.is_available()}
     if torch.cuda.is_available():
         res["gpu"] = torch.cuda.get_device_name()
-    for key, fn in (("paper_scale_timing", paper_scale_timing), ("cuda_consistency", cuda_consistency)):
+    for key, fn in (("paper_scale_timing", paper_scale_timing), ("bundle_timing", bundle_timing),
+                    ("cuda_consistency", cuda_consistency)):
         t0 = time.perf_counter()
         try:
             res[key] = fn(smoke)
@@ -521,6 +624,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--no-checks", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny batch and budget: the test suite's rehearsal")
     ap.add_argument("--job", help=argparse.SUPPRESS)  # internal: run one job in this process
+    ap.add_argument("--alone", action="store_true", help=argparse.SUPPRESS)  # internal: no primary beside it
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--init-from", action="append", default=[], metavar="[JOB=]FILE",
                     help="continue a job from a returned .safetensors (a bare FILE: the only job); repeatable")
@@ -537,7 +641,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if a.smoke:
             torch.set_num_threads(1)
         run_job(a.job, pack, out, a.budget_s, a.batch_size, a.seed, a.smoke, (a.init_from or [None])[0],
-                a.lr_scale, a.p_uncond, a.val_every_s)
+                a.lr_scale, a.p_uncond, a.val_every_s, share_with_primary=not a.alone)
         return 0
     jobs = [j.strip() for j in a.jobs.split(",") if j.strip()]
     unknown = [j for j in jobs if j not in JOBS]
@@ -568,10 +672,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             cmd += ["--batch-size", str(a.batch_size)]
         if a.smoke:
             cmd.append("--smoke")
+        if "primary" not in jobs:
+            cmd.append("--alone")
         if name in inits:
             cmd += ["--init-from", inits[name]]
         procs[name] = subprocess.Popen(cmd, stdout=sys.stdout, stderr=sys.stderr)
-    deadline = time.time() + a.budget_s + (120 if not a.smoke else 60)
+    deadline = time.time() + (a.budget_s + 120 if not a.smoke else 900)
     codes = {}
     for name, p in procs.items():
         try:
