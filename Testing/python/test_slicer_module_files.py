@@ -110,7 +110,7 @@ def test_cmakelists_lists_every_script_and_resource_of_the_module_folder():
     assert present - listed == set(), "files the built extension would miss"
     # the engine and the shipped bundles come in through globs, so new files need no edit
     assert "cardseg/*.py" in variables["CARDSEG_PYTHON_SCRIPTS__patterns"]
-    assert "cardseg/cli.py" in scripts and "cardseg/calibration/card.py" in scripts
+    assert "cardseg/cli.py" in scripts and "cardseg/method/calibration/card.py" in scripts
     assert "CARDSegmentLib/process.py" in scripts
     assert {"Resources/UI/CARDSegment.ui", "Resources/Icons/CARDSegment.png"} <= set(resources)
 
