@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import SimpleITK as sitk
 
-from cardseg import batch as B
+from cardseg.cohort import batch as B
 from cardseg.cli import main
 from conftest import read_csv
 
@@ -256,7 +256,7 @@ def test_subjects_table(cohort):
 
 def test_subjects_with_the_real_indices_module(cohort):
     indices = pytest.importorskip("cardseg.indices", reason="cardseg.indices not there yet")
-    from cardseg.bundle_schema import check_bundle_folder
+    from cardseg.bundle.folder import check_bundle_folder
 
     _, config = check_bundle_folder(cohort["bundle"])
     cases = B.read_manifest(cohort["manifest"])

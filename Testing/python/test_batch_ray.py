@@ -12,7 +12,7 @@ import SimpleITK as sitk
 
 ray = pytest.importorskip("ray", reason="Ray not installed (the [cluster] extra)")
 
-from cardseg import batch as B  # noqa: E402
+from cardseg.cohort import batch as B  # noqa: E402
 from conftest import read_csv, without_timings  # noqa: E402
 
 pytestmark = pytest.mark.slow

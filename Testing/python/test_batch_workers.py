@@ -15,9 +15,9 @@ import numpy as np
 import pytest
 import SimpleITK as sitk
 
-from cardseg import batch as B
-from cardseg import local_pool
-from cardseg.errors import CardsegError
+from cardseg.cohort import batch as B
+from cardseg.cohort import local_pool
+from cardseg.base.errors import CardsegError
 from conftest import read_csv, without_timings
 
 pytestmark = pytest.mark.slow
@@ -71,7 +71,7 @@ def test_rerun_reuses_the_cases_without_starting_workers(runs, tiny_bundle, inpu
 def test_a_dying_worker_fails_only_its_cases(tmp_path, tiny_bundle, inputs):
     """A worker process killed in the middle of the batch: the case(s) it was running get a one-line
     error, every other case finishes on a fresh set of workers."""
-    from cardseg.bundle_schema import check_bundle_folder
+    from cardseg.bundle.folder import check_bundle_folder
 
     root, _ = check_bundle_folder(str(tiny_bundle))
     jobs = [B.Job(case=f"c{i}", path=str(inputs / f"c{i}.nii.gz"), out=str(tmp_path / f"c{i}")) for i in range(4)]

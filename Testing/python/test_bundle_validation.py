@@ -18,12 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from cardseg import bundle_schema
-from cardseg.bundle import load_bundle, save_bundle, update_config
-from cardseg.bundle_schema import (BUNDLES_DIR, DEFAULT_NAME, check_bundle_folder, read_config,
-                                   read_safetensors_header, sha256_file, validate_config)
+from cardseg.bundle import calibration_schema, schema as bundle_schema
+from cardseg.bundle.loading import load_bundle, save_bundle, update_config
+from cardseg.bundle.folder import BUNDLES_DIR, DEFAULT_NAME, check_bundle_folder, read_config
+from cardseg.bundle.weights import read_safetensors_header
+from cardseg.bundle.schema import validate_config
+from cardseg.base.files import sha256_file
 from cardseg.cli import main
-from cardseg.errors import CardsegError
+from cardseg.base.errors import CardsegError
 
 SHIPPED = BUNDLES_DIR / DEFAULT_NAME
 DROP = object()  # as a value: remove the key
@@ -212,7 +214,7 @@ def test_not_an_object_and_optional_keys(tiny_bundle):
 
 
 def test_every_fitted_calibrator_round_trips_through_the_schema(tiny_bundle):
-    from cardseg.calibration import REGISTRY
+    from cardseg.method.calibration import REGISTRY
 
     cfg = read_config(tiny_bundle)
     fitted = {"card": {"tau_min": 1.0, "tau_max": 5.0, "w_b": 0.0, "w_k": 0.01}, "ts": {"temperature": 1.7},
@@ -223,15 +225,15 @@ def test_every_fitted_calibrator_round_trips_through_the_schema(tiny_bundle):
 
 
 def test_name_lists_are_in_sync_with_the_engine():
-    from cardseg.calibration import REGISTRY
-    from cardseg.networks import ARCHES, SWIN_SIZES, UNET_SIZES
+    from cardseg.method.calibration import REGISTRY
+    from cardseg.method.networks import ARCHES, SWIN_SIZES, UNET_SIZES
 
     assert set(bundle_schema.NETWORK_SIZES) == set(ARCHES)
     assert bundle_schema.NETWORK_SIZES["time-swinunetr"] == tuple(SWIN_SIZES)
     assert bundle_schema.NETWORK_SIZES["time-unet"] == tuple(UNET_SIZES)
-    assert set(bundle_schema.CALIBRATION_PARAMS) == set(REGISTRY)
+    assert set(calibration_schema.CALIBRATION_PARAMS) == set(REGISTRY)
     for method, cls in REGISTRY.items():
-        assert tuple(cls().params()) == bundle_schema.CALIBRATION_PARAMS[method], method
+        assert tuple(cls().params()) == calibration_schema.CALIBRATION_PARAMS[method], method
 
 
 # ---------------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import pytest
 import torch
 from scipy.special import expit, softmax
 
-from cardseg.calibration import CARD, EnsembleTemperatureScaling, EntropyTemperatureScaling, TemperatureScaling
+from cardseg.method.calibration import CARD, EnsembleTemperatureScaling, EntropyTemperatureScaling, TemperatureScaling
 from cardseg_train.calibration_fit import (FITTERS, PERTURBATIONS, PoolItem, apply_perturbation, card_objective,
                                            concat_pool, ets_objective, fit_calibrator, fit_card, fit_ets, fit_hts,
                                            fit_ts, hts_objective, log_entropy, ood_agreement_threshold,
@@ -175,7 +175,7 @@ def test_perturbations_are_label_free_seeded_and_in_range():
     assert np.allclose(apply_perturbation(img, "contrast", {"contrast": 1.0}), img)
     # why the pool perturbs the engine-normalised input: the engine's per-slice robust min-max
     # would undo a contrast factor below 1 applied before it
-    from cardseg.preprocess import normalize_volume
+    from cardseg.io.preprocess import normalize_volume
 
     low = apply_perturbation(img, "contrast", {"contrast": 0.7})
     assert not np.allclose(low, img) and np.allclose(normalize_volume(low), normalize_volume(img), atol=1e-5)
@@ -197,9 +197,9 @@ def test_threshold_rules():
 
 
 def test_build_pool_runs_the_engine_on_each_variant(tiny_bundle):
-    from cardseg.bundle import load_bundle
-    from cardseg.metrics import roi_mask
-    from cardseg.scaffold import synthetic_cine_volume
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.metrics.segmentation import roi_mask
+    from cardseg.bundle.scaffold import synthetic_cine_volume
     from cardseg.segment import segment_volume
     from cardseg_train.calibration_fit import POOL_VARIANTS, build_pool
     from cardseg_train.evaluation import LabelledVolume
@@ -232,10 +232,10 @@ def test_build_pool_runs_the_engine_on_each_variant(tiny_bundle):
 def test_tac_step_subsets_from_kept_step_js_match_the_engine(tiny_bundle, tmp_path):
     import shutil
 
-    from cardseg.bundle import load_bundle, update_config
-    from cardseg.errors import CardsegError
-    from cardseg.metrics import roi_mask
-    from cardseg.scaffold import synthetic_cine_volume
+    from cardseg.bundle.loading import load_bundle, update_config
+    from cardseg.base.errors import CardsegError
+    from cardseg.metrics.segmentation import roi_mask
+    from cardseg.bundle.scaffold import synthetic_cine_volume
     from cardseg.segment import segment_volume
     from cardseg_train.calibration_fit import PoolItem, build_pool, pool_with_tac_steps
     from cardseg_train.evaluation import LabelledVolume

@@ -93,7 +93,7 @@ def test_log_and_engine_checks(smoke):
 def test_weights_load_into_their_networks(smoke):
     from safetensors import safe_open
 
-    from cardseg.networks import build_network
+    from cardseg.method.networks import build_network
 
     _, out, _, sweep = smoke
     assert len(list(sweep.iterdir())) <= 8
@@ -115,7 +115,7 @@ def test_weights_load_into_their_networks(smoke):
 
 def test_import_then_export_a_bundle(smoke, tmp_path):
     import_runs = _load("import_runs")
-    from cardseg.bundle import load_bundle
+    from cardseg.bundle.loading import load_bundle
     from cardseg_train.export import export_bundle
 
     pack, out, _, _ = smoke
@@ -162,9 +162,9 @@ def test_cached_primary_pass_gives_the_trajectorys_own_tac(tmp_path):
     exactly the TAC that running it alongside the primary gives (paper Eqs. 5-6)."""
     import torch
 
-    from cardseg.diffusion import CategoricalSchedule, default_sampling_steps
-    from cardseg.networks import build_network
-    from cardseg.trajectory import run_trajectory
+    from cardseg.method.diffusion import CategoricalSchedule, default_sampling_steps
+    from cardseg.method.networks import build_network
+    from cardseg.method.trajectory import run_trajectory
 
     choose = _load("choose_reference")
     torch.manual_seed(0)

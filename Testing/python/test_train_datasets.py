@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 import torch
 
-from cardseg.bundle import default_config
-from cardseg.errors import CardsegError
-from cardseg.scaffold import ACDC_CLASSES
+from cardseg.bundle.loading import default_config
+from cardseg.base.errors import CardsegError
+from cardseg.bundle.scaffold import ACDC_CLASSES
 from cardseg.segment import network_inputs
-from cardseg.volume import Volume
+from cardseg.io.volume import Volume
 from cardseg_train import datasets as D
 
 ACDC = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "acdc"

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import SimpleITK as sitk
 
-from cardseg import batch as B
-from cardseg import triage as T
+from cardseg.cohort import batch as B
+from cardseg.cohort import triage as T
 
 BROWSERS = ("/usr/bin/chromium-headless-shell", "/usr/lib/chromium/chromium-headless-shell",
             "/usr/lib/chromium/headless_shell", "/usr/bin/chromium")
@@ -90,7 +90,7 @@ def report_dir(tmp_path_factory, tiny_bundle, synthetic_volume):
                     "LVEF_low": 49.5, "LVEF_high": 64.75, "LVEDV_ml": 151.0, "LVEDV_ml_low": 140.0,
                     "LVEDV_ml_high": 162.0, "error": ""}],
                   B.subject_columns(["LVEDV_ml", "LVEF"]))
-    from cardseg.bundle_schema import check_bundle_folder
+    from cardseg.bundle.folder import check_bundle_folder
 
     _, config = check_bundle_folder(tiny_bundle)
     T.write_report(out, config=config)

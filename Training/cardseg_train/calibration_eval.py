@@ -41,11 +41,11 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from cardseg.calibration import Calibrator, calibrator_from_dict, method_label
-from cardseg.calibration_metrics import CalibrationAccumulator, calibration_metrics
-from cardseg.errors import CardsegError
-from cardseg.metrics import agreement_score, mean_slice_lcc_ratio, roi_mask
-from cardseg.progress import Progress
+from cardseg.method.calibration import Calibrator, calibrator_from_dict, method_label
+from cardseg.metrics.calibration import CalibrationAccumulator, calibration_metrics
+from cardseg.base.errors import CardsegError
+from cardseg.metrics.segmentation import agreement_score, mean_slice_lcc_ratio, roi_mask
+from cardseg.base.progress import Progress
 
 from .calibration_spatial import (SpatialItem, augmentation_stats, crop_roi_probs, engine_primary_logits,
                                   spatial_arrays, spatial_from_arrays, spatial_item)

@@ -38,9 +38,9 @@ import numpy as np
 from scipy import optimize
 from scipy.special import expit, log_softmax, softmax
 
-from cardseg.calibration import (CARD, Calibrator, EnsembleTemperatureScaling, EntropyTemperatureScaling,
-                                 TemperatureScaling, Uncalibrated)
-from cardseg.calibration.hts import LOG_ENTROPY_FLOOR, TEMPERATURE_FLOOR
+from cardseg.method.calibration import (CARD, Calibrator, EnsembleTemperatureScaling, EntropyTemperatureScaling,
+                                        TemperatureScaling, Uncalibrated)
+from cardseg.method.calibration.hts import LOG_ENTROPY_FLOOR, TEMPERATURE_FLOOR
 
 from .calibration_spatial import CROP_MARGIN, SpatialItem
 
@@ -254,7 +254,7 @@ def build_pool(bundle, cases, variants: Sequence[str] = POOL_VARIANTS, roi_radiu
     ``(seed, case, "calibnet-aug:" variant)``, apart from the pool's own draws, so the pixel
     vectors are the same with or without crops).
     """
-    from cardseg.metrics import agreement_score, roi_mask
+    from cardseg.metrics.segmentation import agreement_score, roi_mask
     from cardseg.segment import normalized_slices
 
     from .calibration_spatial import augmentation_stats, engine_primary_logits, spatial_item

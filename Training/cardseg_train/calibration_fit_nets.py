@@ -35,9 +35,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from cardseg.calibration import CalibNet, LocalTemperatureScaling, ParameterizedTemperatureScaling
-from cardseg.calibration.netbase import NetworkCalibrator
-from cardseg.progress import Progress
+from cardseg.method.calibration import CalibNet, LocalTemperatureScaling, ParameterizedTemperatureScaling
+from cardseg.method.calibration.netbase import NetworkCalibrator
+from cardseg.base.progress import Progress
 
 from .calibration_fit import PoolItem, _fit_temperature, concat_pool
 from .calibration_spatial import LOG_FLOOR, SpatialItem, crop_inputs, crop_nll

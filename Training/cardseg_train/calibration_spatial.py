@@ -24,8 +24,8 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from cardseg.calibration import Calibrator
-from cardseg.calibration.calibnet import AUGMENTATION_KINDS, AUGMENTATION_NOISE_SIGMA
+from cardseg.method.calibration import Calibrator
+from cardseg.method.calibration.calibnet import AUGMENTATION_KINDS, AUGMENTATION_NOISE_SIGMA
 
 #: pixels kept around the ROI's bounding box (at least the calibrators' receptive field radius:
 #: 16 for the default LTS, 16 + 4 for the default CalibNet, whose outer pixels see zero padding)

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import List
 
-from cardseg.errors import CardsegError
+from cardseg.base.errors import CardsegError
 
 from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing
 
@@ -50,8 +50,8 @@ def cmd_ablate(argv: List[str]) -> int:
         dual = load_table(Path(a.dual))
     import torch
 
-    from cardseg.bundle import load_bundle
-    from cardseg.progress import make_progress
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.base.progress import make_progress
     from cardseg.segment import resolve_device
 
     from .ablation import ablation_table, markdown, plot

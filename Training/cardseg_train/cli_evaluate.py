@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import List
 
-from cardseg.errors import CardsegError
+from cardseg.base.errors import CardsegError
 
 from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing
 
@@ -76,8 +76,8 @@ def cmd_evaluate(argv: List[str]) -> int:
     import numpy as np
     import torch
 
-    from cardseg.bundle import load_bundle
-    from cardseg.progress import make_progress
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.base.progress import make_progress
     from cardseg.segment import resolve_device
 
     from .calibration_eval import (CaseCache, bundle_calibrators, calibration_table, case_panel, choose_panel,
@@ -147,7 +147,7 @@ def cmd_evaluate(argv: List[str]) -> int:
 
 def review_section(bundle, cases, conditions, a, device, out: Path, title: str) -> None:
     """The flagged-region study of ``cardseg evaluate``: review.md/.json/.png in ``out``."""
-    from cardseg.progress import make_progress
+    from cardseg.base.progress import make_progress
 
     from .review_data import cache_key, collect_maps
     from .review_report import review_tables, summary_line, write_review

@@ -34,8 +34,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from cardseg.errors import CardsegError
-from cardseg.preprocess import SliceGrid, normalize_slice, slices_to_network
+from cardseg.base.errors import CardsegError
+from cardseg.io.preprocess import SliceGrid, normalize_slice, slices_to_network
 
 #: in-plane pixel size assumed for the ACDC HDF5 files, which store no geometry
 ACDC_H5_SPACING_MM = 1.5
@@ -269,7 +269,7 @@ def pair_records(root: os.PathLike, cases: Optional[Iterable[str]] = None, image
 
 def synthetic_records(seeds: Iterable[int], slices: int = 8, shape=(160, 144), spacing=(1.5, 1.5)) -> List[SliceRecord]:
     """Labelled slices of :func:`cardseg.scaffold.synthetic_cine_volume` (tests and smoke runs)."""
-    from cardseg.scaffold import synthetic_cine_volume
+    from cardseg.bundle.scaffold import synthetic_cine_volume
 
     out = []
     for s in seeds:

@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from cardseg.errors import CardsegError
+from cardseg.base.errors import CardsegError
 
 from .runs import load_run_network
 from .train_config import TrainConfig, _is_machine_path, data_name
@@ -68,7 +68,7 @@ def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.
     must share the grid (spacing, size), the classes, the diffusion horizon and the
     preprocessing. Provenance (data, split, steps, time, hardware, validation Dice) is recorded.
     """
-    from cardseg.bundle import default_config, save_bundle
+    from cardseg.bundle.loading import default_config, save_bundle
 
     p_run, r_run = Path(primary_run), Path(reference_run)
     p_net, p_cfg, p_meta = load_run_network(p_run, primary_checkpoint)

@@ -27,7 +27,7 @@ from typing import Dict, Optional
 import torch
 import torch.nn.functional as F
 
-from cardseg.diffusion import CategoricalSchedule, one_hot
+from cardseg.method.diffusion import CategoricalSchedule, one_hot
 
 
 @dataclass
@@ -128,7 +128,7 @@ class AleatoricLoss(SegmentationLoss):
         self.samples = int(samples)
 
     def __call__(self, mu: torch.Tensor, log_var: torch.Tensor, labels: torch.Tensor):
-        from cardseg.networks.discriminative import aleatoric_nll
+        from cardseg.method.networks.discriminative import aleatoric_nll
 
         w = self.weights
         zero = mu.sum() * 0.0

@@ -21,8 +21,8 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 from scipy import optimize
 
-from cardseg.regions import FEATURES, ErrorModel, rank_regions, region_features, region_labels
-from cardseg.review_metrics import ReviewTally, catch_matrix, near_errors, substantial_errors
+from cardseg.review.regions import FEATURES, ErrorModel, rank_regions, region_features, region_labels
+from cardseg.review.evaluation import ReviewTally, catch_matrix, near_errors, substantial_errors
 
 from .review_data import VolumeMaps
 

@@ -17,7 +17,7 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
-from cardseg.regions import ErrorModel
+from cardseg.review.regions import ErrorModel
 
 from .calibration_report import _atomic_write, _fmt, _plt, _save_titled
 from .review_fit import evaluate_review, select_settings
@@ -41,7 +41,7 @@ def fit_bundle_review(bundle, data: str, cache_dir: Optional[Path], write: bool 
                       batch_size: int = 8, progress=None) -> dict:
     """Choose the region rule and fit ``p_error`` on the clean validation volumes; write them into
     the bundle (unless ``write`` is False). Returns the fit summary."""
-    from cardseg.bundle import update_config
+    from cardseg.bundle.loading import update_config
 
     from .evaluation import acdc_h5_volumes
     from .review_data import cache_key, collect_maps

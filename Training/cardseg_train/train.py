@@ -41,9 +41,9 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from cardseg.diffusion import CategoricalSchedule
-from cardseg.errors import CardsegError
-from cardseg.networks import build_network, count_parameters
+from cardseg.method.diffusion import CategoricalSchedule
+from cardseg.base.errors import CardsegError
+from cardseg.method.networks import build_network, count_parameters
 from cardseg.segment import resolve_device
 
 from .augment import BatchAugment

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PureWindowsPath
 from typing import List, Optional, Sequence
 
-from cardseg.diffusion import default_sampling_steps
-from cardseg.errors import CardsegError
-from cardseg.networks import build_network, size_multiple
-from cardseg.scaffold import ACDC_CLASSES, parse_network
+from cardseg.method.diffusion import default_sampling_steps
+from cardseg.base.errors import CardsegError
+from cardseg.method.networks import build_network, size_multiple
+from cardseg.bundle.scaffold import ACDC_CLASSES, parse_network
 
 from .augment import AugmentConfig
 from .datasets import ACDC_H5_SPACING_MM

@@ -64,8 +64,8 @@ def _capacity_parameters(capacity: str, rows: dict):
     spec = GPU_CANDIDATES.get(capacity)
     if spec is None:
         return None
-    from cardseg.networks import build_network, count_parameters
-    from cardseg.scaffold import parse_network
+    from cardseg.method.networks import build_network, count_parameters
+    from cardseg.bundle.scaffold import parse_network
 
     return count_parameters(build_network({**parse_network(spec), "num_classes": 4}))
 
@@ -140,9 +140,9 @@ def primary_pass(primary: nn.Module, volumes, images: dict, variants, steps, max
     :func:`cardseg_train.calibration_fit.pool_item` keeps); ``logits`` ``(K, P)`` (final);
     ``labels`` ``(P,)``.
     """
-    from cardseg.diffusion import CategoricalSchedule
-    from cardseg.metrics import roi_mask
-    from cardseg.trajectory import run_trajectory
+    from cardseg.method.diffusion import CategoricalSchedule
+    from cardseg.metrics.segmentation import roi_mask
+    from cardseg.method.trajectory import run_trajectory
 
     sched = CategoricalSchedule(50)
     items = []
@@ -217,7 +217,7 @@ def candidate_pool(reference: nn.Module, items: list, images: dict, steps, batch
     """One candidate's pool: the reference on the primary's cached state at every sampled step
     (paper Eq. 5), JS against the primary's softmax at the pool pixels, averaged over the steps
     (Eq. 6). images: ``{(case, variant): (Z, H, W) image}``."""
-    from cardseg.trajectory import js_divergence
+    from cardseg.method.trajectory import js_divergence
     from cardseg_train.calibration_fit import PoolItem
 
     pool = []
@@ -243,7 +243,7 @@ def candidate_pool(reference: nn.Module, items: list, images: dict, steps, batch
 
 
 def main(argv=None) -> int:
-    from cardseg.diffusion import default_sampling_steps
+    from cardseg.method.diffusion import default_sampling_steps
     from cardseg_train.calibration_fit import fit_card, fit_ts, pool_nll
     from cardseg_train.runs import load_run_network
 

@@ -190,7 +190,7 @@ def noisy_inputs(schedule, images: torch.Tensor, labels: torch.Tensor, k: int, p
     """The training recipe's inputs (:func:`cardseg_train.train.make_training_inputs`: ``x_t`` from
     paper Eq. 1, the exact uniform state with ``p_uniform``, the image zeroed with ``p_uncond``),
     drawn on the device. images ``(B, 1, N, N)``, labels ``(B, N, N)`` → ``(image, x_t, t)``."""
-    from cardseg.diffusion import one_hot
+    from cardseg.method.diffusion import one_hot
 
     b, dev, top = labels.shape[0], labels.device, schedule.num_steps - 1
     t = torch.randint(0, schedule.num_steps, (b,), device=dev)
@@ -212,7 +212,7 @@ def noisy_inputs(schedule, images: torch.Tensor, labels: torch.Tensor, k: int, p
 def validate(net, volumes, kind: str, schedule, steps, k: int, batch: int = 64) -> Dict[str, float]:
     """Mean per-class Dice over validation volumes (foreground classes; a class absent from both
     label and prediction does not count), with the engine's sampler for diffusion networks."""
-    from cardseg.trajectory import run_trajectory
+    from cardseg.method.trajectory import run_trajectory
 
     _no_simpleitk()  # the engine's file I/O is never used here
     from cardseg_train.train_steps import dice_per_class
@@ -245,8 +245,8 @@ def validate(net, volumes, kind: str, schedule, steps, k: int, batch: int = 64) 
 def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: Optional[int], seed: int, smoke: bool,
             init_from: Optional[str] = None, lr_scale: float = 1.0, p_uncond: float = 0.2,
             val_every_s: float = 30.0, share_with_primary: bool = True) -> dict:
-    from cardseg.diffusion import CategoricalSchedule, default_sampling_steps
-    from cardseg.networks import build_network, count_parameters
+    from cardseg.method.diffusion import CategoricalSchedule, default_sampling_steps
+    from cardseg.method.networks import build_network, count_parameters
     from cardseg_train.losses import AleatoricLoss, DiffusionLoss, SegmentationLoss
 
     job = JOBS[name]
@@ -430,8 +430,8 @@ def _no_simpleitk() -> None:
 def cuda_consistency(smoke: bool) -> dict:
     """The shipped bundle's CARD trajectory on a phantom: CPU vs CUDA labels, CUDA twice."""
     _no_simpleitk()
-    from cardseg.bundle import load_bundle
-    from cardseg.scaffold import synthetic_cine_volume
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.bundle.scaffold import synthetic_cine_volume
     from cardseg.segment import trajectory_on_slices, normalized_slices
 
     vol, _ = synthetic_cine_volume((10, 216, 256), seed=3)
@@ -485,8 +485,8 @@ def schedule_variants(primary, reference, x: torch.Tensor, steps, k: int, sched,
     the eager fp32 CARD trajectory, the label agreement and the largest TAC difference. Each
     family is guarded: one that fails (e.g. capture unsupported) records its error.
     """
-    from cardseg.diffusion import uniform_state
-    from cardseg.gpu_exec import GraphedTrajectory, run_trajectory_fast
+    from cardseg.method.diffusion import uniform_state
+    from cardseg.method.gpu_exec import GraphedTrajectory, run_trajectory_fast
 
     cuda = x.device.type == "cuda"
     b, _, h, w = x.shape
@@ -550,8 +550,8 @@ def paper_scale_timing(smoke: bool, repeats: int = 5) -> dict:
     5 sampled steps on a batch of 32 slices of 256 x 256, random weights, median of runs, under
     every execution schedule (:func:`schedule_variants`). ``uc_ms``/``card_ms``/``ratio`` are the
     eager fp32 figures (the paper's setting)."""
-    from cardseg.diffusion import CategoricalSchedule, default_sampling_steps
-    from cardseg.networks import build_network, count_parameters
+    from cardseg.method.diffusion import CategoricalSchedule, default_sampling_steps
+    from cardseg.method.networks import build_network, count_parameters
 
     cuda = torch.cuda.is_available() and not smoke
     dev = torch.device("cuda" if cuda else "cpu")
@@ -576,8 +576,8 @@ def bundle_timing(smoke: bool, repeats: int = 10) -> dict:
     """The shipped bundle's networks on one 10-slice phantom volume (its real grid and weights)
     under every execution schedule: the overhead a user of ``cardseg segment --device cuda`` sees."""
     _no_simpleitk()
-    from cardseg.bundle import load_bundle
-    from cardseg.scaffold import synthetic_cine_volume
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.bundle.scaffold import synthetic_cine_volume
     from cardseg.segment import network_inputs
 
     cuda = torch.cuda.is_available() and not smoke

@@ -20,20 +20,22 @@ from typing import Dict, List, Optional
 import torch
 from torch import nn
 
-from .bundle_schema import (BUNDLES_DIR, CALIBRATION_META, DEFAULT_NAME, ENV_VAR, ROLES, SCHEMA_VERSION,  # noqa: F401
-                            WeightFile, read_config, resolve_bundle_path, sha256_file, validate_config,
-                            verify_weights)
-from .calibration import Calibrator, calibrator_from_dict
-from .diffusion import CategoricalSchedule
-from .errors import CardsegError
-from .networks import build_network, count_parameters, size_multiple
+from cardseg.base.errors import CardsegError
+from cardseg.base.files import sha256_file
+from cardseg.bundle.calibration_schema import CALIBRATION_META
+from cardseg.bundle.folder import read_config, resolve_bundle_path
+from cardseg.bundle.schema import ROLES, SCHEMA_VERSION, validate_config
+from cardseg.bundle.weights import WeightFile, verify_weights
+from cardseg.method.calibration import Calibrator, calibrator_from_dict
+from cardseg.method.diffusion import CategoricalSchedule
+from cardseg.method.networks import build_network, count_parameters, size_multiple
 
 
 def default_config(name: str, classes: List[dict], primary: dict, reference: dict, pixel_spacing_mm: float,
                    input_size: int, version: str = "0.0.0", num_steps: int = 50,
                    sampled_steps: Optional[List[int]] = None) -> dict:
     """A complete ``bundle.json`` dictionary with unfitted calibration defaults."""
-    from .diffusion import default_sampling_steps
+    from cardseg.method.diffusion import default_sampling_steps
 
     return {
         "schema_version": SCHEMA_VERSION,
@@ -133,7 +135,7 @@ def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device =
 
     :attr:`Bundle.backend` is the one that was used.
     """
-    from .onnx_backend import CHOICES, ExporterMissing, available
+    from cardseg.bundle.onnx_backend import CHOICES, ExporterMissing, available
 
     backend = backend or "torch"
     if backend not in CHOICES:
@@ -147,11 +149,11 @@ def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device =
     notes: List[str] = []
     nets = None
     if backend == "onnx" or (backend == "auto" and on_cpu and available() is None):
-        from .onnx_backend import load_networks
+        from cardseg.bundle.onnx_backend import load_networks
 
         def build(role: str) -> nn.Module:
             try:
-                return _load_network(root, config, role, weights[role])
+                return load_network(root, config, role, weights[role])
             except CardsegError as exc:  # the bundle's own fault: no backend can run it
                 raise _BundleFault(exc) from None
 
@@ -172,9 +174,9 @@ def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device =
             notes.append(f"ONNX Runtime not used ({why}); the torch networks run instead")
     if nets is None:
         backend = "torch"
-        nets = {role: _load_network(root, config, role, weights[role]).to(device) for role in ROLES}
+        nets = {role: load_network(root, config, role, weights[role]).to(device) for role in ROLES}
         if on_cpu:  # same arithmetic, a faster CPU kernel
-            from .networks.fast import instance_to_group_norm
+            from cardseg.method.networks.fast import instance_to_group_norm
 
             for net in nets.values():
                 instance_to_group_norm(net)
@@ -200,7 +202,7 @@ def _build(root: Path, config: dict, role: str, num_classes: int) -> nn.Module:
         raise CardsegError(f"{root / 'bundle.json'}: networks.{role}: {_first_line(exc)}") from None
 
 
-def _load_network(root: Path, config: dict, role: str, weights: WeightFile) -> nn.Module:
+def load_network(root: Path, config: dict, role: str, weights: WeightFile) -> nn.Module:
     """Build ``role``'s network, check the file's tensor shapes against it, load it (eval, float32)."""
     from safetensors.torch import load_file
 

@@ -44,7 +44,7 @@ from typing import Callable, Dict, Optional
 import numpy as np
 import torch
 
-from .errors import CardsegError
+from cardseg.base.errors import CardsegError
 
 BACKENDS = ("torch", "onnx")
 #: what ``--backend`` accepts: a backend, or ``auto`` (see :func:`cardseg.bundle.load_bundle`)
@@ -98,7 +98,7 @@ def cache_dir() -> Path:
     else:
         xdg = os.environ.get("XDG_CACHE_HOME")
         root = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "cardseg"
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parent.parent  # the cardseg package folder
     resolved = root.resolve()
     if resolved == package or package in resolved.parents:
         raise CardsegError(f"{root}: the model cache may not lie inside the installed cardseg package")

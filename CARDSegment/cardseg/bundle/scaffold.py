@@ -9,9 +9,9 @@ import numpy as np
 import torch
 from scipy import ndimage
 
-from .bundle import default_config, save_bundle
-from .networks import build_network
-from .volume import Volume
+from cardseg.bundle.loading import default_config, save_bundle
+from cardseg.io.volume import Volume
+from cardseg.method.networks import build_network
 
 ACDC_CLASSES = [
     {"name": "background", "color": [0.0, 0.0, 0.0]},
@@ -26,7 +26,7 @@ def parse_network(text: str) -> dict:
     ``"discriminative:swinunetr-tiny"`` / ``"discriminative:unet"`` → a network spec."""
     arch, _, size = text.partition(":")
     if arch == "discriminative":
-        from .networks import SWIN_SIZES
+        from cardseg.method.networks import SWIN_SIZES
 
         backbone, _, width = (size or "swinunetr").partition("-")
         spec = {"arch": arch, "backbone": backbone}

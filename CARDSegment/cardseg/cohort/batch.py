@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .errors import CardsegError
+from cardseg.base.errors import CardsegError
 
 #: the manifest's columns; only the first two are required
 MANIFEST_COLUMNS = ("case", "path", "frame", "phase", "subject")
@@ -249,7 +249,7 @@ def _holds_dicom(folder: Path) -> bool:
 
 
 def _looks_like_dicom(path: Path) -> bool:
-    from .dicom import looks_like_dicom
+    from cardseg.io.dicom import looks_like_dicom
 
     if any(path.name.lower().endswith(s) for s in _STRIP_SUFFIXES):
         return path.suffix.lower() in _DICOM_SUFFIXES
@@ -323,7 +323,7 @@ def _check_subject_pairs(cases: Sequence[Case]) -> Dict[str, Dict[str, Case]]:
 # content hashes and resume keys
 # --------------------------------------------------------------------------------------------
 def _file_sha256(path: Path) -> str:
-    from .bundle_schema import sha256_file
+    from cardseg.base.files import sha256_file
 
     return sha256_file(path)
 
@@ -403,15 +403,15 @@ def read_batch_stamp(outdir: Path) -> Optional[dict]:
 
 def check_batch_outdir(output: os.PathLike, settings: dict, overwrite: bool) -> Tuple[Path, Optional[dict]]:
     """Validate OUTDIR before any work; writes nothing. Returns ``(absolute path, earlier stamp)``."""
-    from .outdir import STAMP, _check_writable, _nearest_existing, read_stamp
+    from cardseg.io.outdir import STAMP, check_writable, nearest_existing, read_stamp
 
     out = Path(os.path.realpath(os.path.abspath(os.fspath(output))))
     if out.exists() and not out.is_dir():
         raise CardsegError(f"{out}: exists and is not a folder")
-    base = _nearest_existing(out)
+    base = nearest_existing(out)
     if not base.is_dir():
         raise CardsegError(f"{out}: cannot create it, {base} is a file")
-    _check_writable(base if not out.exists() else out, out)
+    check_writable(base if not out.exists() else out, out)
     if not out.exists():
         return out, None
     present = sorted(e.name for e in out.iterdir())
@@ -447,7 +447,7 @@ def _write_atomic(path: Path, data: bytes) -> None:
 
 
 def _write_stamp(out: Path, settings: dict, created: Optional[str]) -> None:
-    from . import __version__
+    from cardseg import __version__
 
     now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     stamp = {"tool": "cardseg-batch", "version": __version__, "created": created or now, "updated": now,
@@ -482,7 +482,7 @@ def _append_state(out: Path, record: dict) -> None:
 
 def _finished_report(folder: Path) -> Optional[dict]:
     """The report of a case folder that still holds a complete cardseg output, else ``None``."""
-    from .outdir import read_stamp
+    from cardseg.io.outdir import read_stamp
 
     stamp = read_stamp(folder)
     if stamp is None or "report.json" not in stamp["files"]:
@@ -530,8 +530,8 @@ class CaseWorker:
             return
         import torch
 
-        from .bundle import load_bundle
-        from .segment import resolve_device
+        from cardseg.bundle.loading import load_bundle
+        from cardseg.segment import resolve_device
 
         if self.threads:
             torch.set_num_threads(int(self.threads))
@@ -546,8 +546,8 @@ class CaseWorker:
         t0 = time.perf_counter()
         try:
             self.load()
-            from .progress import Progress
-            from .segment import segment_file
+            from cardseg.base.progress import Progress
+            from cardseg.segment import segment_file
 
             report = segment_file(job.path, job.out, self.bundle, method=self.method, device=self.device,
                                   batch_size=self.batch_size, frame=job.frame, spacing=job.spacing,
@@ -664,7 +664,7 @@ def read_table(path: os.PathLike) -> List[dict]:
 def _indices_function() -> Optional[Callable]:
     """``cardseg.indices.indices_from_folders`` when that module is there, else ``None``."""
     try:
-        from .indices import indices_from_folders
+        from cardseg.cohort.indices import indices_from_folders
     except ImportError:
         return None
     return indices_from_folders
@@ -723,7 +723,7 @@ class CaseProgress:
         self.t0 = time.perf_counter()
         self.failed = 0
         if self.kind == "json":
-            from .progress import JsonProgress
+            from cardseg.base.progress import JsonProgress
 
             self.json = JsonProgress()
 
@@ -802,7 +802,7 @@ class BatchResult:
 
 
 def _check_options(o: BatchOptions) -> None:
-    from .cli import check_run_options
+    from cardseg.base.options import check_run_options
 
     check_run_options(o.batch_size, o.threads, o.frame)
     if o.method not in ("card", "uc"):
@@ -852,8 +852,8 @@ def run_batch(o: BatchOptions) -> BatchResult:
     a refusal up to here is a one-line :class:`CardsegError` and nothing is written. Only then is
     OUTDIR created or taken (its lock), stamped, and filled.
     """
-    from .bundle_schema import check_bundle_folder
-    from .inputs import parse_spacing
+    from cardseg.bundle.folder import check_bundle_folder
+    from cardseg.io.inputs import parse_spacing
 
     t_start = time.perf_counter()
     _check_options(o)
@@ -868,12 +868,12 @@ def run_batch(o: BatchOptions) -> BatchResult:
     worker = cluster = None
     ray_started = False
     if plan.jobs and o.ray:  # a cluster that cannot be reached is a refusal, before OUTDIR is touched
-        from . import cluster
+        from cardseg.cohort import cluster
 
         ray_started = cluster.connect(o.ray)
     elif plan.jobs:  # the networks load here, once: a bundle that does not load is a refusal
         worker = CaseWorker(bundle_root, o.method, o.device, o.batch_size, o.threads, o.backend)
-        from .progress import make_progress
+        from cardseg.base.progress import make_progress
 
         load_progress = make_progress(o.progress, o.quiet)
         try:
@@ -917,13 +917,13 @@ def _plan(o: BatchOptions, out: Path, earlier: Optional[dict], settings: dict, c
 
 
 def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], cluster) -> BatchResult:
-    from .outdir import _Lock
+    from cardseg.io.outdir import FileLock
 
     o, out = plan.options, plan.out
     by_name = {c.name: c for c in plan.cases}
     created = not out.exists()
     os.makedirs(out, exist_ok=True)
-    lock = _Lock(out / LOCK_FILE)
+    lock = FileLock(out / LOCK_FILE)
     if not lock.acquire():
         if created:
             _rmdir_quiet(out)
@@ -954,7 +954,7 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
                         method=o.method, device=o.device, batch_size=o.batch_size, threads=o.threads,
                         workers=o.ray_workers, cpus_per_worker=o.ray_cpus_per_worker)
                 elif o.workers > 1 and len(plan.jobs) > 1:
-                    from . import local_pool
+                    from cardseg.cohort import local_pool
 
                     result.worker_loads = local_pool.run_jobs(
                         plan.jobs, on_result, bundle_root=plan.bundle_root, method=o.method, device=o.device,
@@ -974,7 +974,7 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
                 result.files.append(COHORT_PARQUET)
         _write_subjects(out, plan.cases, rows, plan.config, result)
         if o.report:
-            from .triage import write_report
+            from cardseg.cohort.triage import write_report
 
             write_report(out, config=plan.config, max_thumbnails=o.report_thumbnails)
             result.files.append(TRIAGE_HTML)

@@ -31,8 +31,8 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
-from .batch import BATCH_STAMP, CaseWorker, Job, _one_line
-from .errors import CardsegError
+from cardseg.base.errors import CardsegError, one_line
+from cardseg.cohort.batch import BATCH_STAMP, CaseWorker, Job
 
 try:
     import ray
@@ -60,7 +60,7 @@ def connect(address: str) -> bool:
         else:
             ray.init(address=address, **kwargs)
     except Exception as exc:
-        raise CardsegError(f"--ray {address}: cannot connect to a Ray cluster ({_one_line(exc)})") from None
+        raise CardsegError(f"--ray {address}: cannot connect to a Ray cluster ({one_line(exc)})") from None
     return True
 
 
@@ -74,7 +74,7 @@ class _WorkerActor:
 
     def __init__(self, blob: Dict[str, bytes], outdir: str, method: str, device: str, batch_size: int,
                  threads: Optional[int]):
-        from .bundle_schema import check_bundle_folder
+        from cardseg.bundle.folder import check_bundle_folder
 
         self.tmp = tempfile.mkdtemp(prefix="cardseg-bundle-")
         for name, data in blob.items():

@@ -45,7 +45,7 @@ from typing import Dict, Mapping, Optional, Sequence, Tuple
 import numpy as np
 from scipy import ndimage
 
-from .errors import CardsegError
+from cardseg.base.errors import CardsegError
 
 #: the indices, in table order
 INDEX_NAMES = ("LVEDV_ml", "LVESV_ml", "LVSV_ml", "LVEF", "RVEDV_ml", "RVESV_ml", "RVSV_ml", "RVEF", "LVM_g")

@@ -34,7 +34,7 @@ def default_threads(workers: int) -> int:
 def _start_worker(bundle_root: str, method: str, device: str, batch_size: int, threads: int, backend: str) -> None:
     global _WORKER
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the batch process's to handle
-    from .batch import CaseWorker
+    from cardseg.cohort.batch import CaseWorker
 
     _WORKER = CaseWorker(Path(bundle_root), method, device, batch_size, threads, backend)
 

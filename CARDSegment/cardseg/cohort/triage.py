@@ -40,9 +40,9 @@ from string import Template
 from typing import Dict, List, Optional, Sequence, Tuple
 from urllib.parse import quote
 
-from .errors import CardsegError
+from cardseg.base.errors import CardsegError
 
-TEMPLATE = Path(__file__).resolve().parent / "templates" / "triage.html"
+TEMPLATE = Path(__file__).resolve().parent.parent / "templates" / "triage.html"
 TIERS = ("failed", "out of domain", "flagged regions", "no flagged region", "not measured")
 UNITS = {"_ml": "ml", "_g": "g", "EF": "%"}
 #: thumbnail size in pixels (two panels side by side)
@@ -190,7 +190,7 @@ def case_thumbnail(folder: Path, report: dict, colors: Sequence, flag_threshold:
     z = worst_slice(report, labels)
     image = None
     try:  # the input itself, read as segment read it (the case folder holds no copy of it)
-        from .volume import read_volume
+        from cardseg.io.volume import read_volume
 
         vol = read_volume(report["input"], report.get("frame"), report.get("spacing_given_mm"))
         if vol.array.shape == labels.shape:
@@ -257,8 +257,9 @@ def write_report(outdir: os.PathLike, config: Optional[dict] = None, max_thumbna
     config: the bundle's ``bundle.json`` (class colours); rows: the cohort table (default: read
     ``cohort.csv``). Thumbnails need matplotlib; without it the page says so in their place.
     """
-    from . import __version__
-    from .batch import COHORT_CSV, SUBJECTS_CSV, TRIAGE_HTML, _write_atomic
+    from cardseg import __version__
+    from cardseg.base.files import write_atomic
+    from cardseg.cohort.batch import COHORT_CSV, SUBJECTS_CSV, TRIAGE_HTML
 
     out = Path(outdir)
     if rows is None:
@@ -334,7 +335,7 @@ def write_report(outdir: os.PathLike, config: Optional[dict] = None, max_thumbna
         indices_note_html=(" Cardiac indices come with their intervals at the stated nominal level "
                            "(the subject's ED and ES cases)." if subjects else ""))
     path = out / TRIAGE_HTML
-    _write_atomic(path, page.encode("utf-8"))
+    write_atomic(path, page.encode("utf-8"))
     return path
 
 
@@ -346,7 +347,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--bundle", metavar="PATH", help="bundle for the class colours (default: the batch's settings)")
     p.add_argument("--thumbnails", type=int, default=200, metavar="N", help="thumbnails for the first N cases")
     a = p.parse_args(argv)
-    from .batch import read_batch_stamp
+    from cardseg.cohort.batch import read_batch_stamp
 
     out = Path(a.outdir)
     if read_batch_stamp(out) is None:
@@ -354,7 +355,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     config = None
     if a.bundle:
-        from .bundle_schema import check_bundle_folder
+        from cardseg.bundle.folder import check_bundle_folder
 
         _, config = check_bundle_folder(a.bundle)
     print(write_report(out, config, a.thumbnails))

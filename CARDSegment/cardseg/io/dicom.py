@@ -18,7 +18,8 @@ from typing import List, Optional
 import numpy as np
 import SimpleITK as sitk
 
-from .errors import CardsegError
+from cardseg.base.errors import CardsegError
+from cardseg.io.limits import MAX_VOLUME_VOXELS
 
 #: relative tolerance on the slice gap before a series counts as unevenly spaced
 GAP_TOLERANCE = 0.02
@@ -119,8 +120,6 @@ def read_dicom_series(folder: os.PathLike, frame: Optional[int] = None) -> sitk.
         raise CardsegError(f"{folder}: files differ in size, orientation or pixel spacing from {first.path.name}: "
                            f"{_names(odd)}")
     stack = _select_phase(folder, headers, normal, frame)
-    from .inputs import MAX_VOLUME_VOXELS
-
     n = len(stack) * first.size[0] * first.size[1]
     if n > MAX_VOLUME_VOXELS:
         raise CardsegError(f"{folder}: the volume to segment has {n:,d} voxels; the limit is {MAX_VOLUME_VOXELS:,d} "

@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .errors import CardsegError
+from cardseg.base.errors import CardsegError
 
 _CHUNK = 1 << 20
 

@@ -5,7 +5,7 @@ MetaImage (``.mha``, ``.mhd``), a DICOM series folder (or one DICOM file), and 2
 BMP or TIFF images when the pixel spacing is given (they carry none). Checked before any data
 is used, each refusal one line:
 
-* the header's declared size against :data:`MAX_FILE_VOXELS` (everything the file holds) before
+* the header's declared size against :data:`~cardseg.io.limits.MAX_FILE_VOXELS` (everything the file holds) before
   any data are read, and the volume to segment against :data:`MAX_VOLUME_VOXELS` (before reading
   for DICOM series, after reading one frame otherwise);
 * the data really present against what the header declares (:mod:`cardseg.headers`), and no
@@ -32,18 +32,10 @@ from typing import Optional, Sequence
 import numpy as np
 import SimpleITK as sitk
 
-from .errors import CardsegError
-from .headers import INSPECTORS
+from cardseg.base.errors import CardsegError
+from cardseg.io.headers import INSPECTORS
+from cardseg.io.limits import INPLANE_SPACING_MM, MAX_FILE_VOXELS, MAX_VOLUME_VOXELS, MIN_INPLANE, SLICE_SPACING_MM
 
-#: most voxels a file may declare in all (every frame of a 4D cine), about 256 MB as float32
-MAX_FILE_VOXELS = 64 * 2 ** 20
-#: most voxels of the volume that is segmented (one frame), about 1 GB of working memory
-MAX_VOLUME_VOXELS = 16 * 2 ** 20
-#: smallest in-plane size (pixels) accepted as an image rather than a mistake
-MIN_INPLANE = 16
-#: plausible pixel spacing (mm) for MRI in-plane, and between slices
-INPLANE_SPACING_MM = (0.05, 10.0)
-SLICE_SPACING_MM = (0.05, 100.0)
 #: ITK readers of 2D raster formats that store no physical pixel spacing
 RASTER_IO = {"PNGImageIO": "PNG", "JPEGImageIO": "JPEG", "BMPImageIO": "BMP", "TIFFImageIO": "TIFF"}
 _SUPPORTED_PIXELS = {
@@ -72,7 +64,7 @@ def read_image(path: os.PathLike, frame: Optional[int] = None, spacing: Optional
     if not p.exists():
         raise CardsegError(f"{p}: no such file or folder")
     if p.is_dir():
-        from .dicom import read_dicom_series
+        from cardseg.io.dicom import read_dicom_series
 
         img = read_dicom_series(p, frame)
         has_spacing = True

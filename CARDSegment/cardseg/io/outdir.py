@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Iterable, List, Optional
 
-from .errors import CardsegError
+from cardseg.base.errors import CardsegError
 
 #: the file that marks a folder as written by cardseg (JSON: tool, version, time, files)
 STAMP = ".cardseg-output.json"
@@ -55,7 +55,7 @@ def read_stamp(folder: Path) -> Optional[dict]:
 
 def file_digest(path: Path) -> dict:
     """What the stamp records of a file: its size and sha256."""
-    from .bundle_schema import sha256_file
+    from cardseg.base.files import sha256_file
 
     return {"size": path.stat().st_size, "sha256": sha256_file(path)}
 
@@ -78,7 +78,7 @@ def _is_within(path: Path, folder: Path) -> bool:
         return False
 
 
-def _nearest_existing(path: Path) -> Path:
+def nearest_existing(path: Path) -> Path:
     p = path
     while not p.exists() and p != p.parent:
         p = p.parent
@@ -103,10 +103,10 @@ def check_output(output: os.PathLike, overwrite: bool = False, inputs: Iterable[
             raise CardsegError(f"{out}: the output folder lies inside the input {src}; choose another folder")
     if out.exists() and not out.is_dir():
         raise CardsegError(f"{out}: exists and is not a folder")
-    base = _nearest_existing(out.parent if not out.exists() else out)
+    base = nearest_existing(out.parent if not out.exists() else out)
     if not base.is_dir():
         raise CardsegError(f"{out}: cannot create it, {base} is a file")
-    _check_writable(out.parent if out.exists() else base, out)
+    check_writable(out.parent if out.exists() else base, out)
     try:
         if out.is_dir():
             if not os.access(out, os.R_OK | os.X_OK):
@@ -119,7 +119,7 @@ def check_output(output: os.PathLike, overwrite: bool = False, inputs: Iterable[
     return out
 
 
-def _check_writable(folder: Path, out: Path) -> None:
+def check_writable(folder: Path, out: Path) -> None:
     """Whether files can be created in ``folder`` (a probe file, removed at once: permissions,
     read-only file systems and special folders such as /proc all answer the same way)."""
     if os.access(folder, os.W_OK | os.X_OK):
@@ -167,7 +167,7 @@ def _check_siblings(out: Path) -> None:
                 raise CardsegError(f"{out}: {p.name} beside it was not made by cardseg; move it away first")
 
 
-class _Lock:
+class FileLock:
     """An exclusive, non-blocking lock on a file (``flock`` on POSIX, ``msvcrt`` on Windows)."""
 
     def __init__(self, path: Path):
@@ -263,7 +263,7 @@ class OutputWriter:
         self.version = version
         self.tmp = _sibling(self.out, _TMP)
         self.files: List[str] = []
-        self._lock = _Lock(_sibling(self.out, _LOCK))
+        self._lock = FileLock(_sibling(self.out, _LOCK))
         self._made_parents: List[Path] = []
         self._committed = False
 

@@ -64,7 +64,7 @@ def read_volume(path: os.PathLike, frame: Optional[int] = None, spacing: Optiona
     (mm, x y [z]) replaces the file's. Raises :class:`CardsegError` for anything that is not a
     complete, finite, non-constant scalar image of a plausible size and spacing.
     """
-    from .inputs import check_array, read_image
+    from cardseg.io.inputs import check_array, read_image
 
     vol = Volume.from_image(read_image(path, frame, spacing))
     check_array(vol.array, Path(path))

@@ -22,8 +22,8 @@ from typing import Iterable, Optional, Sequence
 
 import torch
 
-from .diffusion import CategoricalSchedule, uniform_state
-from .trajectory import TACAccumulator, TrajectoryResult, js_divergence, run_trajectory
+from cardseg.method.diffusion import CategoricalSchedule, uniform_state
+from cardseg.method.trajectory import TACAccumulator, TrajectoryResult, js_divergence, run_trajectory
 
 
 def _autocast(device: torch.device, dtype: Optional[torch.dtype]):

@@ -13,7 +13,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 import torch
 
-from .diffusion import CategoricalSchedule, uniform_state
+from cardseg.method.diffusion import CategoricalSchedule, uniform_state
 
 JS_EPS = 1e-12
 LN2 = math.log(2.0)

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 from scipy import ndimage
 
-from .metrics import roi_mask
+from cardseg.metrics.segmentation import roi_mask
 
 MIN_ERROR_PX = 30
 CATCH_RADIUS_PX = 2

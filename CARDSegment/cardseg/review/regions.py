@@ -25,8 +25,8 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 from scipy import ndimage
 
-from .errors import CardsegError
-from .metrics import roi_mask
+from cardseg.base.errors import CardsegError
+from cardseg.metrics.segmentation import roi_mask
 
 #: region features the error model reads, in this order
 FEATURES = ("log_sum_tac", "max_tac", "mean_tac", "log_voxels", "slices", "foreground_fraction", "classes",

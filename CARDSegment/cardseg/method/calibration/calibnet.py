@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import register
-from .netbase import LOGIT_CLIP, LOGIT_SCALE, NetworkCalibrator
+from cardseg.method.calibration.base import register
+from cardseg.method.calibration.netbase import LOGIT_CLIP, LOGIT_SCALE, NetworkCalibrator
 
 #: the augmentation set whose logit statistics CalibNet reads (the fitting pool's perturbations at
 #: CalibNet's strength): augmentation j is kind ``AUGMENTATION_KINDS[j % 3]``, contrast and gamma

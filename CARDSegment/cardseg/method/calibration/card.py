@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from .base import Calibrator, register, temperature_scale
+from cardseg.method.calibration.base import Calibrator, register, temperature_scale
 
 
 def temperature_field(tac: torch.Tensor, tau_min: float, tau_max: float, w_b: float, w_k: float) -> torch.Tensor:

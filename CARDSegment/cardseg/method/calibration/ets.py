@@ -7,7 +7,7 @@ from typing import Optional
 
 import torch
 
-from .base import Calibrator, register
+from cardseg.method.calibration.base import Calibrator, register
 
 #: probabilities are clamped here before the log, so a zero-weight mixture never gives ``-inf``
 PROB_FLOOR = 1e-12

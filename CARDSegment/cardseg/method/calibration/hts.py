@@ -8,7 +8,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .base import Calibrator, register, temperature_scale
+from cardseg.method.calibration.base import Calibrator, register, temperature_scale
 
 #: lower clamp of the normalised log-entropy (a one-hot softmax has zero entropy: log 0 = -inf)
 LOG_ENTROPY_FLOOR = -9.0

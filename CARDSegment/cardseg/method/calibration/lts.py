@@ -6,8 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .base import register
-from .netbase import NetworkCalibrator, logit_input
+from cardseg.method.calibration.base import register
+from cardseg.method.calibration.netbase import NetworkCalibrator, logit_input
 
 
 class _LTSNet(nn.Module):

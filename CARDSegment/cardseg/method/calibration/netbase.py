@@ -9,8 +9,9 @@ Parameters, JSON-able and stored in ``bundle.json`` without pickle: ``arch`` (th
 hyper-parameters, integers and lists of integers, ``num_classes`` among them) and ``weights``
 (``{tensor name: {"shape": [...], "values": [...]}}``, the module's tensors as flat lists of
 numbers written with 9 significant digits, which float32 reads back exactly).
-``cardseg.bundle_schema`` checks both without torch; its ``NET_CALIBRATOR_ARCH`` and
-:func:`~cardseg.bundle_schema.net_arch_problem` are the one statement of the allowed settings.
+``cardseg.bundle.calibration_schema`` checks both without torch; ``NET_CALIBRATOR_ARCH`` and
+:func:`~cardseg.method.calibration.arch.net_arch_problem` are the one statement of the allowed
+settings.
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from typing import Any, ClassVar, Dict, Optional
 import torch
 from torch import nn
 
-from ..bundle_schema import NET_CALIBRATOR_ARCH, net_arch_problem
-from .base import Calibrator, temperature_scale
+from cardseg.method.calibration.arch import NET_CALIBRATOR_ARCH, net_arch_problem
+from cardseg.method.calibration.base import Calibrator, temperature_scale
 
 #: smallest temperature a network calibrator gives (the lower bound of the fitted TS temperature)
 TEMPERATURE_FLOOR = 0.05

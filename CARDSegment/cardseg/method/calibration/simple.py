@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from .base import Calibrator, register, temperature_scale
+from cardseg.method.calibration.base import Calibrator, register, temperature_scale
 
 
 @register

@@ -32,7 +32,7 @@ def build_network(spec: dict) -> nn.Module:
     k = int(spec["num_classes"])
     c_img = int(spec.get("image_channels", 1))
     if arch == "time-swinunetr":
-        from .swin import TimeSwinUNETR
+        from cardseg.method.networks.swin import TimeSwinUNETR
 
         size = spec.get("size", "mini")
         fs = int(spec.get("feature_size", SWIN_SIZES.get(size, 0)))
@@ -40,7 +40,7 @@ def build_network(spec: dict) -> nn.Module:
             raise ValueError(f"unknown SwinUNETR size {size!r} (choose from {', '.join(SWIN_SIZES)})")
         return TimeSwinUNETR(num_classes=k, feature_size=fs, image_channels=c_img)
     if arch == "time-unet":
-        from .unet import TimeUNet
+        from cardseg.method.networks.unet import TimeUNet
 
         size = spec.get("size", "tiny")
         channels = spec.get("channels") or UNET_SIZES.get(size)
@@ -48,7 +48,7 @@ def build_network(spec: dict) -> nn.Module:
             raise ValueError(f"unknown U-Net size {size!r} (choose from {', '.join(UNET_SIZES)})")
         return TimeUNet(num_classes=k, channels=channels, image_channels=c_img)
     if arch == "discriminative":
-        from .discriminative import AleatoricSegmentor, DiscriminativeSegmentor
+        from cardseg.method.networks.discriminative import AleatoricSegmentor, DiscriminativeSegmentor
 
         if spec.get("aleatoric"):
             return AleatoricSegmentor(num_classes=k, backbone=spec.get("backbone", "swinunetr"),

@@ -6,7 +6,7 @@ import torch
 from monai.networks.nets import SwinUNETR
 from torch import nn
 
-from .embedding import FiLM, TimestepEmbedding
+from cardseg.method.networks.embedding import FiLM, TimestepEmbedding
 
 
 class TimeSwinUNETR(SwinUNETR):

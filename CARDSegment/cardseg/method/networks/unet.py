@@ -8,7 +8,7 @@ import torch
 from monai.networks.blocks import UnetOutBlock, UnetResBlock, UnetrUpBlock
 from torch import nn
 
-from .embedding import FiLM, TimestepEmbedding
+from cardseg.method.networks.embedding import FiLM, TimestepEmbedding
 
 
 class TimeUNet(nn.Module):
