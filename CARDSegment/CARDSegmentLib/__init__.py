@@ -11,8 +11,17 @@
 * :mod:`.review` — the flagged-region review table, ROI outline, export.
 * :mod:`.summary` — the agreement score in words.
 * :mod:`.colormaps`, :mod:`.bundles`, :mod:`.dependencies` — colour maps, bundle choice, packages.
+* For the module file (``CARDSegment.py``): :mod:`.parameters` (the panel's choices, job options),
+  :mod:`.install` (installing the packages in Slicer, after asking), :mod:`.module_logic` (the
+  Logic without Qt: runs polled by a timer it is given, results shown, reviewed, exported),
+  :mod:`.selftest` (the self-test's steps).
 
-Everything here runs in Slicer and under the PyPI ``slicer-core`` package (real MRML, no GUI).
+Arrows point down: ``outputs`` is the bottom; ``geometry``, ``volume_files``, ``terminology``,
+``views`` sit on it; ``overlays`` and ``review`` on those; ``loading`` on them; ``jobs`` on
+``loading`` and ``process``; the module-file helpers on top.
+
+Everything here runs in Slicer and under the PyPI ``slicer-core`` package (real MRML, no GUI);
+:mod:`.install` alone calls ``slicer.util``'s dialogs and pip, which tests replace.
 """
 
 from .bundles import (BundleChoiceError, bundle_classes, bundle_config, bundle_label, folder_text, resolve_bundle,
