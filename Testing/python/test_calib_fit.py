@@ -9,11 +9,11 @@ import torch
 from scipy.special import expit, softmax
 
 from cardseg.method.calibration import CARD, EnsembleTemperatureScaling, EntropyTemperatureScaling, TemperatureScaling
-from cardseg_train.calibration_fit import (FITTERS, PERTURBATIONS, PoolItem, apply_perturbation, card_objective,
-                                           concat_pool, ets_objective, fit_calibrator, fit_card, fit_ets, fit_hts,
-                                           fit_ts, hts_objective, log_entropy, ood_agreement_threshold,
-                                           perturb_image, perturbation_params, pixel_flag_threshold, pool_item,
-                                           pool_nll, pool_thresholds)
+from cardseg_train.calibration_fit import FITTERS, fit_calibrator, fit_card, fit_ets, fit_hts, fit_ts, pool_nll
+from cardseg_train.calibration_objectives import card_objective, ets_objective, hts_objective, log_entropy
+from cardseg_train.calibration_perturb import PERTURBATIONS, apply_perturbation, perturb_image, perturbation_params
+from cardseg_train.calibration_pool import (PoolItem, concat_pool, ood_agreement_threshold, pixel_flag_threshold,
+                                            pool_item, pool_thresholds)
 
 TRUE_CARD = (1.0, 7.0, 0.2, 0.04)
 
@@ -201,7 +201,8 @@ def test_build_pool_runs_the_engine_on_each_variant(tiny_bundle):
     from cardseg.metrics.segmentation import roi_mask
     from cardseg.bundle.scaffold import synthetic_cine_volume
     from cardseg.segment import segment_volume
-    from cardseg_train.calibration_fit import POOL_VARIANTS, build_pool
+    from cardseg_train.calibration_perturb import POOL_VARIANTS
+    from cardseg_train.calibration_pool import build_pool
     from cardseg_train.evaluation import LabelledVolume
 
     vol, lab = synthetic_cine_volume(shape=(2, 64, 56), spacing=(3.0, 2.5, 8.0), seed=2)
@@ -237,7 +238,7 @@ def test_tac_step_subsets_from_kept_step_js_match_the_engine(tiny_bundle, tmp_pa
     from cardseg.metrics.segmentation import roi_mask
     from cardseg.bundle.scaffold import synthetic_cine_volume
     from cardseg.segment import segment_volume
-    from cardseg_train.calibration_fit import PoolItem, build_pool, pool_with_tac_steps
+    from cardseg_train.calibration_pool import PoolItem, build_pool, pool_with_tac_steps
     from cardseg_train.evaluation import LabelledVolume
 
     vol, lab = synthetic_cine_volume(shape=(2, 64, 56), spacing=(3.0, 2.5, 8.0), seed=4)

@@ -13,7 +13,7 @@ import torch
 from scipy.ndimage import gaussian_filter
 from scipy.special import softmax
 
-from cardseg.method.calibration import arch as calibrator_arch
+from cardseg.method import calibrator_arch
 from cardseg.bundle.loading import load_bundle, update_config
 from cardseg.bundle.folder import read_config
 from cardseg.bundle.schema import validate_config
@@ -21,8 +21,9 @@ from cardseg.method.calibration import (CalibNet, LocalTemperatureScaling, Param
                                         TemperatureScaling, Uncalibrated, calibrator_from_dict)
 from cardseg.method.calibration.netbase import TEMPERATURE_FLOOR
 from cardseg.base.errors import CardsegError
-from cardseg_train.calibration_fit import PoolItem, fit_calibrator, fit_ts, pool_nll
+from cardseg_train.calibration_fit import fit_calibrator, fit_ts, pool_nll
 from cardseg_train.calibration_fit_nets import fit_calibnet, fit_lts, fit_pts, holdout_split
+from cardseg_train.calibration_pool import PoolItem
 from cardseg_train.calibration_spatial import SpatialItem, crop_nll, crop_roi_probs, spatial_item
 
 from conftest import ACDC
@@ -421,7 +422,7 @@ def test_build_pool_keeps_crops_that_line_up_with_the_pixel_vectors(tiny_bundle,
     from cardseg.bundle.scaffold import synthetic_cine_volume
     from cardseg.segment import normalized_slices
     from cardseg_train.calibrate import load_pool, save_pool
-    from cardseg_train.calibration_fit import build_pool
+    from cardseg_train.calibration_pool import build_pool
     from cardseg_train.evaluation import LabelledVolume
 
     vol, lab = synthetic_cine_volume(shape=(3, 64, 56), spacing=(3.0, 2.5, 8.0), seed=2)

@@ -16,8 +16,9 @@ from cardseg.bundle.loading import load_bundle, update_config
 from cardseg.base.errors import CardsegError
 from cardseg.base.progress import Progress
 
-from .calibration_fit import (NETWORK_METHODS, POOL_VARIANTS, PoolItem, build_pool, fit_calibrator, pool_nll,
-                              pool_thresholds, pool_with_tac_steps)
+from .calibration_fit import NETWORK_METHODS, fit_calibrator, pool_nll
+from .calibration_perturb import POOL_VARIANTS
+from .calibration_pool import PoolItem, build_pool, pool_thresholds, pool_with_tac_steps
 from .calibration_spatial import CROP_MARGIN, crop_box, crop_nll, spatial_arrays, spatial_from_arrays
 from .evaluation import acdc_h5_volumes
 from .train_config import data_name
