@@ -228,7 +228,7 @@ def write_outputs(result: SegmentationResult, volume: Volume, bundle: Bundle, ou
     """Write every output into a temporary folder, then move it into ``outdir`` in one step.
 
     The folder rules (stamp, what ``overwrite`` may replace, lock, clean-up) are
-    :mod:`cardseg.outdir`'s; pass an entered ``writer`` to reuse one taken before the work.
+    :mod:`cardseg.io.outdir`'s; pass an entered ``writer`` to reuse one taken before the work.
     """
     progress = progress or Progress()
     files = output_files(result)

@@ -5,7 +5,7 @@
 Times PyTorch's ``InstanceNorm2d`` and ``GroupNorm(C, C)`` kernels on the activation shapes the
 shipped networks see (10 slices at 160 x 160 and their downsampled stages), then the shipped
 bundle's two networks, five reverse steps on 10 slices, with the instance norms as built and after
-:func:`cardseg.networks.fast.instance_to_group_norm`, and the largest logit difference between
+:func:`cardseg.method.networks.fast.instance_to_group_norm`, and the largest logit difference between
 the two. Least time of ``--repeats`` runs (other load only ever adds time).
 """
 

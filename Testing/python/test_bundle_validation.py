@@ -99,7 +99,7 @@ def test_shipped_and_tiny_bundles_pass(tiny_bundle):
 
 
 def test_check_bundle_folder_is_torch_free():
-    code = ("import sys; from cardseg.bundle_schema import check_bundle_folder; check_bundle_folder(); "
+    code = ("import sys; from cardseg.bundle.folder import check_bundle_folder; check_bundle_folder(); "
             "assert 'torch' not in sys.modules and 'numpy' not in sys.modules, sorted(sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr

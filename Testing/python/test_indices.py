@@ -1,4 +1,4 @@
-"""Cardiac indices and their intervals (:mod:`cardseg.indices`, ``cardseg fit-indices``)."""
+"""Cardiac indices and their intervals (:mod:`cardseg.cohort.indices`, ``cardseg fit-indices``)."""
 
 from __future__ import annotations
 

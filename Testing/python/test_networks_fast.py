@@ -1,4 +1,4 @@
-"""Inference-time rewrites: same function, cheaper kernel (cardseg.networks.fast)."""
+"""Inference-time rewrites: same function, cheaper kernel (cardseg.method.networks.fast)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The optional ONNX Runtime backend (``--backend onnx``, ``cardseg.onnx_backend``): its logits against
+"""The optional ONNX Runtime backend (``--backend onnx``, ``cardseg.bundle.onnx_backend``): its logits against
 torch's to a tolerance on a small input, the model cache (location, key, reuse, a damaged file made
 again), no MONAI on a warm start, and ``cardseg segment --backend onnx`` end to end.
 
@@ -145,7 +145,7 @@ def test_warm_start_imports_no_monai(swin_bundle, cache):
     from cardseg.bundle.loading import load_bundle
 
     load_bundle(swin_bundle, backend="onnx")  # warm the cache
-    code = ("import sys; from cardseg.bundle import load_bundle; "
+    code = ("import sys; from cardseg.bundle.loading import load_bundle; "
             f"b = load_bundle({str(swin_bundle)!r}, backend='onnx'); "
             "assert 'monai' not in sys.modules, 'monai imported'; print(b.primary.source)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)

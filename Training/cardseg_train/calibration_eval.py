@@ -16,9 +16,9 @@ augmentation statistics when asked), their probabilities are computed on the box
 same ROI pixels, in the same order. Definitions used everywhere (fitting, evaluation, tests):
 
 * ROI: the ground-truth foreground dilated per slice by a disk of radius 10 px, on the volume's
-  own grid (:func:`cardseg.metrics.roi_mask`).
+  own grid (:func:`cardseg.metrics.segmentation.roi_mask`).
 * ECE (top-label), SCE, ACE with 10 bins and NLL, pooled over all ROI pixels of all volumes of a
-  condition (:class:`cardseg.calibration_metrics.CalibrationAccumulator`); per-volume means are
+  condition (:class:`cardseg.metrics.calibration.CalibrationAccumulator`); per-volume means are
   reported beside them.
 * ACDC-C block NLL of a method (the paper's): the mean over *all* conditions, clean included, of
   its pooled NLL, each condition weighing the same (``mean_nll``); the artifacts-only mean
@@ -341,7 +341,7 @@ def calibration_table(results: Sequence[CaseResult], calibrators: Dict[str, Cali
     """Every metric of the report, JSON-able (see the module docstring for the definitions).
 
     ``segmentor``: what made the logits (a bundle's ``segmentor.kind``; ``diffusion`` for a CARD
-    bundle), which decides how the methods are named (:func:`cardseg.calibration.method_label`)."""
+    bundle), which decides how the methods are named (:func:`cardseg.method.calibration.method_label`)."""
     k = len(class_names)
     conditions = list(conditions or dict.fromkeys(r.condition for r in results))
     methods = list(calibrators)

@@ -13,8 +13,8 @@ map, the in-plane spacing ``(sx, sy)`` in mm, and where it came from):
   with ``labelsTr/x.nii.gz``; nnU-Net's ``x_0000.nii.gz`` image names are accepted too).
 
 :class:`SliceDataset` turns records into tensors on the network grid with the engine's own
-preprocessing (:func:`cardseg.preprocess.normalize_slice`, then :class:`~cardseg.preprocess.SliceGrid`
-and :func:`~cardseg.preprocess.slices_to_network`; labels with ``mode="nearest"``), computed once
+preprocessing (:func:`cardseg.io.preprocess.normalize_slice`, then :class:`~cardseg.io.preprocess.SliceGrid`
+and :func:`~cardseg.io.preprocess.slices_to_network`; labels with ``mode="nearest"``), computed once
 and kept in memory.
 
 Splits: ``train`` and ``val`` only ever come from the training and source-validation lists; a
@@ -268,7 +268,7 @@ def pair_records(root: os.PathLike, cases: Optional[Iterable[str]] = None, image
 
 
 def synthetic_records(seeds: Iterable[int], slices: int = 8, shape=(160, 144), spacing=(1.5, 1.5)) -> List[SliceRecord]:
-    """Labelled slices of :func:`cardseg.scaffold.synthetic_cine_volume` (tests and smoke runs)."""
+    """Labelled slices of :func:`cardseg.bundle.scaffold.synthetic_cine_volume` (tests and smoke runs)."""
     from cardseg.bundle.scaffold import synthetic_cine_volume
 
     out = []

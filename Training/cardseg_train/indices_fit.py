@@ -4,7 +4,7 @@ The shipped engine runs (``segment_volume(..., method="card")``) on every ED (``
 (``frame02``) volume of a split; what the indices need (predicted labels, calibrated
 probabilities, TAC map, ground-truth labels) is cached per volume under ``cache/indices/<key>/``
 (key: the bundle's weights and calibration, the data and the assumed geometry), so a rerun
-only recomputes the statistics. :mod:`cardseg.indices` does the arithmetic; this module feeds it.
+only recomputes the statistics. :mod:`cardseg.cohort.indices` does the arithmetic; this module feeds it.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ Recipe (paper, Implementation Details, plus what the field notes warn about):
 * Loss: :class:`cardseg_train.losses.DiffusionLoss` (variational KL + CE + Dice + boundary).
 * Adam, linear learning-rate warm-up (1000 steps, or a tenth of a shorter run), then constant
   (or cosine decay to 10 %), gradient clipping, batch size 8.
-* Validation: the engine's 5-step sampler (:func:`cardseg.trajectory.run_trajectory`, mode
+* Validation: the engine's 5-step sampler (:func:`cardseg.method.trajectory.run_trajectory`, mode
   ``uc``) on the source-validation volumes; per-class Dice on the network grid, averaged over
   volumes; the checkpoint with the best mean foreground Dice is kept as ``best.pt``.
 

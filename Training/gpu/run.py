@@ -477,7 +477,7 @@ def _timed(fn, cuda: bool, repeats: int) -> List[float]:
 
 
 def schedule_variants(primary, reference, x: torch.Tensor, steps, k: int, sched, repeats: int) -> dict:
-    """The trajectory under every execution schedule of :mod:`cardseg.gpu_exec`, timed in one run.
+    """The trajectory under every execution schedule of :mod:`cardseg.method.gpu_exec`, timed in one run.
 
     For each family (eager fp32, eager bf16, CUDA graph fp32, CUDA graph bf16): ``uc_ms``,
     ``card_ms``, ``card_streams_ms`` (reference on a second stream), the reference's own five

@@ -9,7 +9,7 @@ from typing import Dict, Sequence, Tuple
 
 from cardseg.base.errors import show
 from cardseg.bundle.fields import Where, choice_value, is_int, number_value, required_object, required_value
-from cardseg.method.calibration.arch import NET_CALIBRATOR_ARCH, net_arch_problem, net_weight_shapes
+from cardseg.method.calibrator_arch import NET_CALIBRATOR_ARCH, net_arch_problem, net_weight_shapes
 
 #: the parameters each calibration method needs, all of them required (kept in sync by a test)
 CALIBRATION_PARAMS: Dict[str, Tuple[str, ...]] = {

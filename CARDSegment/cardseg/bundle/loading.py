@@ -1,7 +1,7 @@
 """Model bundles: a folder with ``bundle.json``, ``primary.safetensors`` and ``reference.safetensors``.
 
 Weights are safetensors only (never pickle). :func:`load_bundle` checks ``bundle.json`` against
-the schema once (:mod:`cardseg.bundle_schema`), verifies each weight file's sha256 and header,
+the schema once (:mod:`cardseg.bundle.schema`), verifies each weight file's sha256 and header,
 and compares the tensor shapes with the networks ``bundle.json`` describes before loading
 anything. Calibration fitting rewrites ``bundle.json`` only.
 """
@@ -67,7 +67,7 @@ class Bundle:
     reference: nn.Module
     checksums: Dict[str, str] = field(default_factory=dict)
     #: what runs the networks: ``torch`` (eager modules) or ``onnx`` (ONNX Runtime sessions,
-    #: :mod:`cardseg.onnx_backend`); the pipeline calls both the same way
+    #: :mod:`cardseg.bundle.onnx_backend`); the pipeline calls both the same way
     backend: str = "torch"
     #: one-line remarks from loading (e.g. why ``auto`` fell back to torch), for the user
     notes: List[str] = field(default_factory=list)
@@ -122,12 +122,12 @@ def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device =
     weights. Every refusal is a one-line :class:`CardsegError` naming the file.
 
     ``backend`` (default ``torch``; ``cardseg segment`` and ``batch`` default to ``auto``, or to
-    ``$CARDSEG_BACKEND``: :func:`cardseg.onnx_backend.default_backend`):
+    ``$CARDSEG_BACKEND``: :func:`cardseg.bundle.onnx_backend.default_backend`):
 
     * ``torch``: the eager torch modules (on the CPU with their instance norms run as the
-      equivalent group norms, :func:`cardseg.networks.fast.instance_to_group_norm`);
+      equivalent group norms, :func:`cardseg.method.networks.fast.instance_to_group_norm`);
     * ``onnx``: ONNX Runtime sessions made from the same verified weights and cached in the
-      user's cache folder (:mod:`cardseg.onnx_backend`; CPU only; the shapes are checked when
+      user's cache folder (:mod:`cardseg.bundle.onnx_backend`; CPU only; the shapes are checked when
       the model is exported; ``progress`` shows the export of the first run);
     * ``auto``: ``onnx`` on the CPU when ONNX Runtime is installed (the ``[speed]`` extra) and the
       models are cached or can be exported, else ``torch``. An export that fails its check

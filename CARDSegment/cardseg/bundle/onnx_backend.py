@@ -12,7 +12,7 @@ installed package:
 * ``$CARDSEG_CACHE_DIR``, else ``$XDG_CACHE_HOME/cardseg``, else ``~/.cache/cardseg``;
   models go to ``models/<role>-<key>.onnx`` with a ``.json`` record beside each.
 * The key is the sha256 of everything the exported graph depends on: the weight file's sha256
-  (checked by :func:`cardseg.bundle_schema.verify_weights` before anything is used), the network
+  (checked by :func:`cardseg.bundle.schema.verify_weights` before anything is used), the network
   spec and class count, the input size, the opset and the torch, MONAI and ONNX Runtime versions.
   A bundle whose weights change gets a new file; nothing is ever looked up by name alone.
 * What is stored is the export after ONNX Runtime's basic (hardware-independent) graph
@@ -47,7 +47,7 @@ import torch
 from cardseg.base.errors import CardsegError
 
 BACKENDS = ("torch", "onnx")
-#: what ``--backend`` accepts: a backend, or ``auto`` (see :func:`cardseg.bundle.load_bundle`)
+#: what ``--backend`` accepts: a backend, or ``auto`` (see :func:`cardseg.bundle.loading.load_bundle`)
 CHOICES = ("auto",) + BACKENDS
 #: sets the default of ``cardseg segment --backend`` and ``cardseg batch --backend`` (``auto`` when unset)
 BACKEND_ENV = "CARDSEG_BACKEND"
@@ -251,9 +251,9 @@ def load_networks(root: Path, config: dict, weights: Dict[str, object], build: C
                   threads: Optional[int] = None, progress=None) -> Dict[str, OnnxNetwork]:
     """``{role: OnnxNetwork}`` for both networks, from the cache or exported now.
 
-    ``weights``: :func:`cardseg.bundle_schema.verify_weights`'s result (sha256 checked);
+    ``weights``: :func:`cardseg.bundle.schema.verify_weights`'s result (sha256 checked);
     ``build(role)``: the eager torch network (only called on a cache miss); ``progress``: a
-    :class:`cardseg.progress.Progress`, given the stage ``export-onnx`` (one step per network)
+    :class:`cardseg.base.progress.Progress`, given the stage ``export-onnx`` (one step per network)
     when anything has to be exported (the first run with a bundle, about 4 s more on 2 cores).
     :class:`ExporterMissing` when a network is not cached and the ``onnx`` package is absent,
     before anything is built.

@@ -6,7 +6,7 @@ weight file's sha256 and that it is a safetensors file, by reading its JSON head
 is ever unpickled or executed); :func:`check_bundle_folder` does both for a ``--bundle`` path, so
 a command can refuse a broken bundle before it reads any input or imports torch.
 
-Every refusal is a :class:`~cardseg.errors.CardsegError` with one line that names the file and
+Every refusal is a :class:`~cardseg.base.errors.CardsegError` with one line that names the file and
 the key, e.g. ``.../bundle.json: calibration.tau_min must be >= 1 (got 0)``.
 """
 
@@ -26,11 +26,11 @@ from cardseg.bundle.fields import (Where, choice_value, integer_value, is_int, n
 SCHEMA_VERSION = 1
 ROLES = ("primary", "reference")
 
-#: intensity normalisations the engine implements (``cardseg.preprocess.normalize_slice``)
+#: intensity normalisations the engine implements (``cardseg.io.preprocess.normalize_slice``)
 NORMALIZATIONS = ("slice-percentile",)
-#: noise schedules the engine implements (``cardseg.diffusion.cosine_alpha_bar``)
+#: noise schedules the engine implements (``cardseg.method.diffusion.cosine_alpha_bar``)
 SCHEDULES = ("cosine",)
-#: architectures and size names of ``cardseg.networks`` (kept in sync by a test)
+#: architectures and size names of ``cardseg.method.networks`` (kept in sync by a test)
 NETWORK_SIZES: Dict[str, Tuple[str, ...]] = {
     "time-swinunetr": ("mini", "tiny", "small", "base", "large"),
     "time-unet": ("micro", "tiny", "small", "medium"),
@@ -152,7 +152,7 @@ def _check_diffusion(where: Where, diff: dict) -> List[int]:
 
 
 def _check_network(where: Where, spec: dict, key: str, root: Path) -> None:
-    """Architecture and size known to ``cardseg.networks``, a weight file inside the folder, its sha256."""
+    """Architecture and size known to ``cardseg.method.networks``, a weight file inside the folder, its sha256."""
     arch = choice_value(where, f"{key}.arch", required_value(where, spec, "arch", f"{key}."), tuple(NETWORK_SIZES))
     if arch == "discriminative":
         choice_value(where, f"{key}.backbone", required_value(where, spec, "backbone", f"{key}."), DISCRIMINATIVE_BACKBONES)
@@ -202,7 +202,7 @@ def _is_plain_name(name: str) -> bool:
             and not PureWindowsPath(name).drive and not os.path.isabs(name))
 
 
-#: features of the region error model (kept in step with cardseg.regions.FEATURES by a test)
+#: features of the region error model (kept in step with cardseg.review.regions.FEATURES by a test)
 REGION_FEATURES = ("log_sum_tac", "max_tac", "mean_tac", "log_voxels", "slices", "foreground_fraction", "classes",
                    "end_position", "fov_fraction")
 
@@ -245,7 +245,7 @@ def _check_agreement(where: Where, agreement: dict) -> None:
 
 
 def _check_indices(where: Where, block: dict) -> None:
-    """Fitted cardiac-index intervals (``cardseg.indices``): nominal level in (0, 1), method, the
+    """Fitted cardiac-index intervals (``cardseg.cohort.indices``): nominal level in (0, 1), method, the
     spread's model and flag threshold on the TAC map, a positive finite scale per index family."""
     number_value(where, "indices.nominal", required_value(where, block, "nominal", "indices."), low=0.0, high=1.0, low_open=True)
     if block["nominal"] >= 1.0:

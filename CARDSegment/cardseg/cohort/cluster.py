@@ -1,9 +1,9 @@
 """``cardseg batch --ray``: the batch's cases as tasks of Ray actors, one model per actor.
 
 Imported only when ``--ray`` is given (Ray is the optional ``[cluster]`` extra). The driver
-(:func:`cardseg.batch.run_batch`) decides which cases to run, keeps the state file and writes the
-tables exactly as for a local batch; this module only spreads :class:`cardseg.batch.Job` s over
-actors, each a :class:`cardseg.batch.CaseWorker` that loads the bundle once and writes every case
+(:func:`cardseg.cohort.batch.run_batch`) decides which cases to run, keeps the state file and writes the
+tables exactly as for a local batch; this module only spreads :class:`cardseg.cohort.batch.Job` s over
+actors, each a :class:`cardseg.cohort.batch.CaseWorker` that loads the bundle once and writes every case
 it runs through :func:`cardseg.segment.segment_file` straight into ``OUTDIR/<case>/``.
 
 How things move:
@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from cardseg.base.errors import CardsegError, one_line
-from cardseg.cohort.batch import BATCH_STAMP, CaseWorker, Job
+from cardseg.cohort.layout import BATCH_STAMP
+from cardseg.cohort.worker import CaseWorker, Job
 
 try:
     import ray

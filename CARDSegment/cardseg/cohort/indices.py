@@ -285,7 +285,7 @@ def calibration_fingerprint(config: Mapping) -> dict:
 
 def make_block(config: Mapping, scales: Mapping[str, float], level: float, flag_threshold: float,
                fit: Optional[dict] = None) -> dict:
-    """The ``indices`` block for ``bundle.json`` (see :func:`cardseg.bundle.update_config`)."""
+    """The ``indices`` block for ``bundle.json`` (see :func:`cardseg.bundle.loading.update_config`)."""
     return {
         "nominal": float(level),
         "method": METHOD,

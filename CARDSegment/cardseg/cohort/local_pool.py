@@ -4,7 +4,7 @@ Small convolutions on 160 x 160 slices use a CPU's cores poorly when one process
 many threads; N processes with fewer threads each get more cases through where there are many
 cores (on this project's 2 cores, where one process already uses both well, two single-thread
 workers got 1.10x the cases per minute of one two-thread worker over 12 cases). Each worker
-process is started once (``spawn``), loads the bundle once (:class:`cardseg.batch.CaseWorker`) and
+process is started once (``spawn``), loads the bundle once (:class:`cardseg.cohort.batch.CaseWorker`) and
 runs one case at a time; results come back to the batch process, which alone writes the cohort
 table and the resume state, in completion order, exactly as for one worker or for Ray.
 
@@ -34,7 +34,7 @@ def default_threads(workers: int) -> int:
 def _start_worker(bundle_root: str, method: str, device: str, batch_size: int, threads: int, backend: str) -> None:
     global _WORKER
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the batch process's to handle
-    from cardseg.cohort.batch import CaseWorker
+    from cardseg.cohort.worker import CaseWorker
 
     _WORKER = CaseWorker(Path(bundle_root), method, device, batch_size, threads, backend)
 

@@ -20,7 +20,7 @@ then more flagged regions, then a larger flagged volume, then the case name:
 contours in the bundle's class colours, and the disagreement map over the image. Thumbnails
 are made for the first ``max_thumbnails`` cases of the ranking (the ones a reader looks at).
 
-``python -m cardseg.triage OUTDIR`` rewrites the report of an existing batch.
+``python -m cardseg.cohort.triage OUTDIR`` rewrites the report of an existing batch.
 """
 
 from __future__ import annotations
@@ -259,7 +259,7 @@ def write_report(outdir: os.PathLike, config: Optional[dict] = None, max_thumbna
     """
     from cardseg import __version__
     from cardseg.base.files import write_atomic
-    from cardseg.cohort.batch import COHORT_CSV, SUBJECTS_CSV, TRIAGE_HTML
+    from cardseg.cohort.layout import COHORT_CSV, SUBJECTS_CSV, TRIAGE_HTML
 
     out = Path(outdir)
     if rows is None:
@@ -342,12 +342,12 @@ def write_report(outdir: os.PathLike, config: Optional[dict] = None, max_thumbna
 def main(argv: Optional[List[str]] = None) -> int:
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m cardseg.triage", description="rewrite a batch's triage.html")
+    p = argparse.ArgumentParser(prog="python -m cardseg.cohort.triage", description="rewrite a batch's triage.html")
     p.add_argument("outdir", metavar="OUTDIR", help="a cardseg batch output folder")
     p.add_argument("--bundle", metavar="PATH", help="bundle for the class colours (default: the batch's settings)")
     p.add_argument("--thumbnails", type=int, default=200, metavar="N", help="thumbnails for the first N cases")
     a = p.parse_args(argv)
-    from cardseg.cohort.batch import read_batch_stamp
+    from cardseg.cohort.state import read_batch_stamp
 
     out = Path(a.outdir)
     if read_batch_stamp(out) is None:

@@ -5,7 +5,7 @@ holds) without an error, filling the missing bytes with zeros; its NIfTI reader 
 ``pixdim`` into 1.0 mm and NaN into 0. So for every format whose data we accept, this module
 parses the header itself, counts the data bytes really present (decompressing as a stream, so
 a corrupt or truncated compressed stream is noticed too) and, for floating-point data, checks
-that every value is finite. Nothing here builds an image: :mod:`cardseg.inputs` does that.
+that every value is finite. Nothing here builds an image: :mod:`cardseg.io.inputs` does that.
 
 Each ``inspect_*`` function reads the header only and returns ``(Declared, check)``, where
 ``check()`` reads the data stream (call it after the size limits passed); both raise

@@ -8,8 +8,8 @@ is used, each refusal one line:
 * the header's declared size against :data:`~cardseg.io.limits.MAX_FILE_VOXELS` (everything the file holds) before
   any data are read, and the volume to segment against :data:`MAX_VOLUME_VOXELS` (before reading
   for DICOM series, after reading one frame otherwise);
-* the data really present against what the header declares (:mod:`cardseg.headers`), and no
-  NaN or infinite value; for DICOM, a complete, evenly spaced series (:mod:`cardseg.dicom`);
+* the data really present against what the header declares (:mod:`cardseg.io.headers`), and no
+  NaN or infinite value; for DICOM, a complete, evenly spaced series (:mod:`cardseg.io.dicom`);
 * a physical spacing that exists and is plausible for MRI (:data:`INPLANE_SPACING_MM`,
   :data:`SLICE_SPACING_MM`), naming the axis and value; ``spacing`` given by the user
   replaces the file's;

@@ -58,7 +58,7 @@ class Volume:
 
 
 def read_volume(path: os.PathLike, frame: Optional[int] = None, spacing: Optional[Sequence[float]] = None) -> Volume:
-    """Read an input image as a 3D volume after every check of :mod:`cardseg.inputs`.
+    """Read an input image as a 3D volume after every check of :mod:`cardseg.io.inputs`.
 
     A 2D image becomes one slice; a 4D image needs ``frame`` (0-based, last axis); ``spacing``
     (mm, x y [z]) replaces the file's. Raises :class:`CardsegError` for anything that is not a

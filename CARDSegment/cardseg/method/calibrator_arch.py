@@ -11,7 +11,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from cardseg.base.errors import show
 
-#: the small-network calibrators (PTS, LTS, CalibNet: ``cardseg.calibration.netbase``), comparison
+#: the small-network calibrators (PTS, LTS, CalibNet: ``cardseg.method.calibration.netbase``), comparison
 #: baselines stored under ``baselines`` only (the engine calibrates with ``calibration``, which
 #: cannot feed them the image or the augmentation statistics). Their ``arch`` keys: ``(low, high)``
 #: for an integer, ``(low, high, max_len)`` for a list of integers.

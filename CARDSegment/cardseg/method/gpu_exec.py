@@ -1,7 +1,7 @@
 """Faster execution of the reverse trajectory on a CUDA device: the same arithmetic, scheduled
 differently (paper Sec. "Computational overhead").
 
-Nothing here changes the method: :func:`cardseg.trajectory.run_trajectory` stays the definition.
+Nothing here changes the method: :func:`cardseg.method.trajectory.run_trajectory` stays the definition.
 These are three independent ways to run it on a GPU, each checked against the eager fp32
 trajectory by ``Training/gpu/run.py`` before any figure is reported:
 

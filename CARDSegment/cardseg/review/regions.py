@@ -13,7 +13,7 @@ the bundle's ``regions`` block says (all chosen on the validation split, see
 
 Each region gets features (:data:`FEATURES`) and, from the bundle's fitted logistic model
 (:class:`ErrorModel`), ``p_error``: the probability that it holds a substantial segmentation
-error (:mod:`cardseg.review_metrics` defines one). Regions are ranked by ``p_error`` (by summed
+error (:mod:`cardseg.review.evaluation` defines one). Regions are ranked by ``p_error`` (by summed
 disagreement where a bundle has no fitted model: ``regions.model`` is ``null``).
 """
 

@@ -10,7 +10,7 @@ hyper-parameters, integers and lists of integers, ``num_classes`` among them) an
 (``{tensor name: {"shape": [...], "values": [...]}}``, the module's tensors as flat lists of
 numbers written with 9 significant digits, which float32 reads back exactly).
 ``cardseg.bundle.calibration_schema`` checks both without torch; ``NET_CALIBRATOR_ARCH`` and
-:func:`~cardseg.method.calibration.arch.net_arch_problem` are the one statement of the allowed
+:func:`~cardseg.method.calibrator_arch.net_arch_problem` are the one statement of the allowed
 settings.
 """
 
@@ -22,8 +22,8 @@ from typing import Any, ClassVar, Dict, Optional
 import torch
 from torch import nn
 
-from cardseg.method.calibration.arch import NET_CALIBRATOR_ARCH, net_arch_problem
 from cardseg.method.calibration.base import Calibrator, temperature_scale
+from cardseg.method.calibrator_arch import NET_CALIBRATOR_ARCH, net_arch_problem
 
 #: smallest temperature a network calibrator gives (the lower bound of the fitted TS temperature)
 TEMPERATURE_FLOOR = 0.05

@@ -29,7 +29,7 @@ class ParameterizedTemperatureScaling(NetworkCalibrator):
     """PTS: one temperature per pixel from the pattern of the pixel's own sorted logits.
 
     For each pixel the logits ``z (K,)`` are sorted in decreasing order, the first ``top_k`` kept,
-    clipped to ``±100`` and divided by 10 (:func:`~cardseg.calibration.netbase.logit_input`); a
+    clipped to ``±100`` and divided by 10 (:func:`~cardseg.method.calibration.netbase.logit_input`); a
     small MLP (``layers`` hidden layers of ``hidden`` ReLU units; the authors use 2 x 5) maps them
     to ``o`` and ``T = max(|o|, 0.05)``; ``q = Softmax(z / T)``.
     The temperature depends only on the pixel's logits (no image, no neighbours, no TAC), so
