@@ -14,7 +14,7 @@ from typing import List
 
 from cardseg.base.errors import CardsegError
 
-from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing
+from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing, comma_names
 
 
 def ablate_parser() -> argparse.ArgumentParser:
@@ -40,9 +40,8 @@ def ablate_parser() -> argparse.ArgumentParser:
 def cmd_ablate(argv: List[str]) -> int:
     a = ablate_parser().parse_args(argv)
     from .calibration_eval import CONDITIONS
-    from .cli_evaluate import _names
 
-    _names(a.condition, list(CONDITIONS), "condition")
+    comma_names(a.condition, list(CONDITIONS), "condition")
     dual = None
     if a.dual:
         from .comparison import load_table

@@ -13,7 +13,7 @@ from pathlib import Path
 from cardseg.base.errors import CardsegError
 
 from .runs import load_run_network
-from .train_config import TrainConfig, _is_machine_path, data_name
+from .train_config import TrainConfig, is_machine_path, data_name
 
 
 def _run_data_name(summary: dict, cfg: TrainConfig) -> str:
@@ -21,7 +21,7 @@ def _run_data_name(summary: dict, cfg: TrainConfig) -> str:
     an absolute path, which is reduced to its name here."""
     fmt = summary.get("format", cfg.data_format)
     data = summary.get("data")
-    if data is None or _is_machine_path(data):
+    if data is None or is_machine_path(data):
         return data_name(data or cfg.data, fmt)
     return data
 

@@ -374,12 +374,12 @@ def markdown(result: dict, title: str = "") -> str:
 
 def write_measurement(result: dict, out: Path, title: str = "") -> Dict[str, Path]:
     """``indices.md``, ``indices.json`` and ``indices_coverage.png`` into ``out``."""
-    from .calibration_report import _atomic_write
+    from .report_files import atomic_write
 
     out.mkdir(parents=True, exist_ok=True)
     paths = {"md": out / "indices.md", "json": out / "indices.json", "png": out / "indices_coverage.png"}
-    _atomic_write(paths["md"], markdown(result, title).encode("utf-8"))
-    _atomic_write(paths["json"], json.dumps({"title": title, **result}, indent=1).encode("utf-8"))
+    atomic_write(paths["md"], markdown(result, title).encode("utf-8"))
+    atomic_write(paths["json"], json.dumps({"title": title, **result}, indent=1).encode("utf-8"))
     plot_intervals(result, paths["png"], title)
     return paths
 
@@ -389,9 +389,9 @@ def plot_intervals(result: dict, path: Path, title: str = "") -> Path:
     the empirical coverage per family against the nominal level."""
     from cardseg.cohort import indices as ix
 
-    from .calibration_report import _plt, _save_titled
+    from .report_files import pyplot, save_titled
 
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(2, 5, figsize=(16, 6.6))
     for ax, name in zip(axes.ravel(), ix.INDEX_NAMES):
         items = [r[name] for r in result["rows"]]
@@ -430,4 +430,4 @@ def plot_intervals(result: dict, path: Path, title: str = "") -> Path:
     ax.set(ylim=(0, 1.05), ylabel="test coverage", title="coverage per family (95% CI)")
     ax.title.set_fontsize(9)
     ax.legend(fontsize=7, loc="lower left")
-    return _save_titled(fig, Path(path), title)
+    return save_titled(fig, Path(path), title)

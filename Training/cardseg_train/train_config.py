@@ -158,7 +158,7 @@ def data_name(data: os.PathLike, data_format: Optional[str] = None) -> str:
     return f"{name} ({layout})" if layout else name
 
 
-def _is_machine_path(text) -> bool:
+def is_machine_path(text) -> bool:
     """Whether a recorded value is an absolute path (POSIX, or a Windows drive or share)."""
     return isinstance(text, str) and (text.startswith(("/", "\\")) or bool(PureWindowsPath(text).drive))
 
