@@ -47,9 +47,10 @@ from cardseg.method.networks import build_network, count_parameters
 from cardseg.segment import resolve_device
 
 from .augment import BatchAugment
-from .datasets import SliceDataset, detect_format, load_split, resolve_split
+from .datasets import detect_format, load_split, resolve_split
 from .losses import AleatoricLoss, DiffusionLoss, SegmentationLoss
 from .runs import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, RunLog, atomic_save, hardware_description, load_checkpoint
+from .slice_dataset import SliceDataset
 from .train_config import TrainConfig, data_name, merge_resume_config, read_run_config
 from .train_steps import lr_factor, make_training_inputs, validate
 
