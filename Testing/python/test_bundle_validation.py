@@ -471,15 +471,15 @@ def test_shipped_bundle_records_no_machine_paths():
 
 
 def test_provenance_names_data_and_runs_not_their_folders(tmp_path):
-    from cardseg_train.train_config import _is_machine_path, data_name
+    from cardseg_train.train_config import data_name, is_machine_path
 
     data = tmp_path / "acdc"
     data.mkdir()
     assert data_name(data, "acdc-h5") == "acdc (ACDC HDF5 layout)"
     assert data_name(str(data) + "/", None) == "acdc"
     assert data_name("synthetic", "synthetic") == "synthetic"
-    assert all(_is_machine_path(p) for p in ("/work/shared/data/acdc", "C:\\data", "\\\\server\\share"))
-    assert not any(_is_machine_path(p) for p in ("acdc (ACDC HDF5 layout)", "synthetic", "primary-mini"))
+    assert all(is_machine_path(p) for p in ("/work/shared/data/acdc", "C:\\data", "\\\\server\\share"))
+    assert not any(is_machine_path(p) for p in ("acdc (ACDC HDF5 layout)", "synthetic", "primary-mini"))
 
 
 def test_exported_provenance_holds_names_even_from_old_run_summaries(tmp_path):
