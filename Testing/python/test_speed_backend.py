@@ -312,7 +312,7 @@ def test_auto_on_a_gpu_or_with_ray_is_torch(tiny_bundle, monkeypatch):
     monkeypatch.setattr(onnx_backend, "load_networks", lambda *x, **k: calls.append(x))
     from cardseg.bundle import loading as bundle_mod
 
-    monkeypatch.setattr(bundle_mod, "_load_network", lambda root, config, role, w: torch.nn.Identity())
+    monkeypatch.setattr(bundle_mod, "load_network", lambda root, config, role, w: torch.nn.Identity())
     b = bundle_mod.load_bundle(tiny_bundle, device="meta", backend="auto")
     assert b.backend == "torch" and calls == []
 
