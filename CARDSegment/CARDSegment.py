@@ -1,17 +1,17 @@
 """CARDSegment: cardiac cine MRI segmentation with calibrated confidence (CARD) in 3D Slicer.
 
 The module is thin on purpose: the method is the ``cardseg`` engine (shipped in the module
-folder), run in a separate PythonSlicer process so that the GUI never freezes; the MRML work
-(outputs to nodes, overlays, the region review) lives in ``CARDSegmentLib``, which has no Qt and
-is tested outside Slicer. This file holds the four Slicer classes: Module, Widget, Logic, Test.
+folder), run in a separate PythonSlicer process so that the GUI never freezes; everything that is
+not a Slicer class lives in ``CARDSegmentLib``, which has no Qt and is tested outside Slicer (the
+MRML work: outputs to nodes, overlays, the region review; the Logic's run handling in
+``CARDSegmentLib.module_logic``; the self-test's body in ``CARDSegmentLib.selftest``). This file
+holds the Slicer classes: Module, parameter node, Widget, Logic (a Slicer wrapper of the
+library's), Test.
 """
 
-import enum
-import importlib
 import logging
 import os
-import tempfile
-from typing import Annotated, Callable, Optional
+from typing import Annotated, Optional
 
 import qt
 import vtk
@@ -24,9 +24,10 @@ from slicer.ScriptedLoadableModule import (ScriptedLoadableModule, ScriptedLoada
 from slicer.util import VTKObservationMixin
 
 import CARDSegmentLib as lib
-from CARDSegmentLib import dependencies as deps
-
-POLL_INTERVAL_MS = 200
+from CARDSegmentLib import selftest
+from CARDSegmentLib.install import DependencyDeclined
+from CARDSegmentLib.module_logic import ModuleLogic
+from CARDSegmentLib.parameters import BundleSource, Device, Method, Overlay
 
 
 #
@@ -58,42 +59,8 @@ class CARDSegment(ScriptedLoadableModule):
 
 
 #
-# Parameters
+# Parameters (the choices themselves: CARDSegmentLib.parameters)
 #
-
-
-class BundleSource(enum.Enum):
-    SHIPPED = "shipped"
-    FOLDER = "folder"
-
-    def label(self):
-        return {"shipped": "Shipped default (ACDC)", "folder": "Bundle folder"}[self.value]
-
-
-class Device(enum.Enum):
-    AUTO = "auto"
-    GPU = "cuda"
-    CPU = "cpu"
-
-    def label(self):
-        return {"auto": "Automatic", "cuda": "GPU (CUDA)", "cpu": "CPU"}[self.value]
-
-
-class Method(enum.Enum):
-    CARD = "card"
-    UNCALIBRATED = "uc"
-
-    def label(self):
-        return {"card": "CARD (calibrated)", "uc": "Uncalibrated (primary only)"}[self.value]
-
-
-class Overlay(enum.Enum):
-    DISAGREEMENT = "disagreement"
-    TEMPERATURE = "temperature"
-    NONE = "none"
-
-    def label(self):
-        return {"disagreement": "Disagreement", "temperature": "Temperature", "none": "None"}[self.value]
 
 
 @parameterNodeWrapper
@@ -110,10 +77,6 @@ class CARDSegmentParameterNode:
     loadProbabilities: bool = False
     overlay: Overlay = Overlay.DISAGREEMENT
     overlayOpacity: Annotated[float, WithinRange(0.0, 1.0)] = 0.5
-
-
-class DependencyDeclined(RuntimeError):
-    """Nothing was installed: the user said no, or the installed PyTorch must be replaced by hand first."""
 
 
 #
@@ -413,165 +376,18 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
 #
 
 
-class CARDSegmentLogic(ScriptedLoadableModuleLogic):
-    """Starts and polls runs (QTimer) and calls CARDSegmentLib for everything in the scene."""
+class CARDSegmentLogic(ScriptedLoadableModuleLogic, ModuleLogic):
+    """Slicer's Logic for this module: CARDSegmentLib's ModuleLogic on the application's scene, with
+    a QTimer polling runs and Slicer's wait cursor while results load."""
 
     def __init__(self) -> None:
         ScriptedLoadableModuleLogic.__init__(self)
-        self.moduleDir = os.path.dirname(os.path.abspath(__file__))
-        self.job: Optional["lib.SegmentationJob"] = None
-        self._monitor: Optional["lib.JobMonitor"] = None
-        self._timer: Optional[qt.QTimer] = None
-        self._onProgress: Optional[Callable] = None
-        self._onFinished: Optional[Callable] = None
-        self.launcher = None  # tests may inject a fake process launcher
+        ModuleLogic.__init__(self, moduleDir=os.path.dirname(os.path.abspath(__file__)),
+                             scene=lambda: slicer.mrmlScene, makeTimer=lambda: qt.QTimer(),
+                             busy=lambda: slicer.util.WaitCursor())
 
     def getParameterNode(self):
         return CARDSegmentParameterNode(super().getParameterNode())
-
-    # -- options and dependencies
-
-    def bundlePath(self, parameterNode) -> str:
-        return str(lib.resolve_bundle(parameterNode.bundleSource == BundleSource.SHIPPED,
-                                      parameterNode.bundleFolder, self.moduleDir))
-
-    def jobOptions(self, parameterNode) -> "lib.JobOptions":
-        return lib.JobOptions(
-            bundle_path=self.bundlePath(parameterNode),
-            device=parameterNode.device.value,
-            method=parameterNode.method.value,
-            load_probabilities=parameterNode.loadProbabilities,
-            overlay=parameterNode.overlay.value,
-            opacity=parameterNode.overlayOpacity,
-            engine_dir=self.moduleDir,
-        )
-
-    @staticmethod
-    def ensureDependencies(askConfirmation: bool = True) -> None:
-        """Install what the engine needs, after asking: torch via PyTorchUtils, the rest via pip."""
-        missing = deps.missing_requirements()
-        if not missing:
-            return
-        tooOld = deps.torch_too_old()
-        if tooOld:  # an old torch cannot be replaced in a running Slicer: say what to do
-            raise DependencyDeclined(tooOld)
-        if askConfirmation and not slicer.util.confirmOkCancelDisplay(deps.describe(missing),
-                                                                      windowTitle="CARDSegment"):
-            raise DependencyDeclined(
-                "Nothing was installed, so CARDSegment cannot segment yet. It needs: "
-                + ", ".join(r.pip_spec for r in missing)
-                + ". Click 'Segment & Calibrate' again to install them.")
-        if any(r.module == "torch" for r in missing):
-            try:
-                import PyTorchUtils
-            except ModuleNotFoundError:
-                raise RuntimeError("CARDSegment needs the PyTorch extension: install it with the Extensions Manager, "
-                                   "restart Slicer and try again.") from None
-            torchLogic = PyTorchUtils.PyTorchUtilsLogic()
-            if not torchLogic.torchInstalled():
-                with slicer.util.WaitCursor():
-                    torch = torchLogic.installTorch(askConfirmation=False,
-                                                    torchVersionRequirement=deps.torch_version_requirement())
-                if torch is None:
-                    raise DependencyDeclined("PyTorch was not installed, so CARDSegment cannot segment yet.")
-        others = deps.pip_specs(missing)  # the installed torch pinned: pip must not replace it
-        if others:
-            with slicer.util.WaitCursor():
-                slicer.util.pip_install(others)
-        importlib.invalidate_caches()
-        still = deps.missing_requirements()
-        if still:
-            raise RuntimeError("still missing after installation: " + ", ".join(r.pip_spec for r in still))
-
-    # -- running
-
-    @property
-    def isRunning(self) -> bool:
-        return self._monitor is not None and not self._monitor.finished
-
-    def start(self, inputVolume, options: "lib.JobOptions", onProgress: Optional[Callable] = None,
-              onFinished: Optional[Callable] = None) -> None:
-        """Start a run in a separate process; a QTimer polls it; the scene changes only at the end.
-
-        ``onFinished(state, error)`` is called exactly once: state ``loaded``, ``failed`` (with a
-        one-line error, whatever went wrong) or ``cancelled``.
-        """
-        if self.isRunning:
-            raise RuntimeError("a segmentation is already running")
-        self._onProgress, self._onFinished = onProgress, onFinished
-        self.job = lib.SegmentationJob(slicer.mrmlScene, inputVolume, options, launcher=self.launcher,
-                                       on_progress=onProgress)
-        self._monitor = lib.JobMonitor(self.job, busy=slicer.util.WaitCursor)
-        if self._monitor.start():
-            self._finished()
-            return
-        self._timer = qt.QTimer()
-        self._timer.setInterval(POLL_INTERVAL_MS)
-        self._timer.connect("timeout()", self._poll)
-        self._timer.start()
-
-    def _poll(self) -> None:
-        """The timer's slot: one step of the run; nothing may escape it (Qt would swallow it)."""
-        monitor = self._monitor
-        if monitor is None or not monitor.step():
-            return
-        self._stopTimer()
-        self._finished()
-
-    def _stopTimer(self) -> None:
-        if self._timer is not None:
-            self._timer.stop()
-            self._timer = None
-
-    def _finished(self) -> None:
-        """Hand the run's outcome to the panel, once."""
-        callback, self._onFinished = self._onFinished, None
-        if callback is None or self._monitor is None or self._monitor.outcome is None:
-            return
-        state, error = self._monitor.outcome
-        try:
-            callback(state, error)
-        except Exception:
-            logging.exception("CARDSegment: updating the panel after the run failed")
-
-    def cancel(self) -> None:
-        """End the running process; the scene stays as it was."""
-        if not self.isRunning:
-            return
-        self._stopTimer()
-        self._monitor.cancel()
-        self._finished()
-
-    def runSync(self, inputVolume, options: "lib.JobOptions", timeout: float = 1800.0) -> "lib.OutputNodes":
-        """Run to the end and load the results (scripts and the self-test); raises on failure."""
-        job = lib.SegmentationJob(slicer.mrmlScene, inputVolume, options, launcher=self.launcher)
-        job.start()
-        state = job.wait(timeout)
-        if state != lib.SUCCEEDED:
-            raise RuntimeError(f"segmentation {state}: {job.error}")
-        return job.finish()
-
-    # -- results
-
-    @staticmethod
-    def outputs(inputVolume) -> "lib.OutputNodes":
-        return lib.find_outputs(slicer.mrmlScene, inputVolume)
-
-    def showOverlay(self, inputVolume, overlay: str, opacity: float) -> None:
-        outputs = self.outputs(inputVolume)
-        if outputs.segmentation is not None:
-            lib.show_overlay(slicer.mrmlScene, inputVolume, outputs, overlay, opacity)
-
-    def showRegion(self, inputVolume, regionId: int) -> dict:
-        outputs = self.outputs(inputVolume)
-        lib.show_region(slicer.mrmlScene, inputVolume, outputs, regionId)
-        return next(r for r in lib.review_rows(outputs.review) if r["region"] == regionId)
-
-    def setRegionStatus(self, inputVolume, regionId: int, status: str, note: Optional[str] = None) -> None:
-        lib.set_region_status(self.outputs(inputVolume).review, regionId, status, note)
-
-    def exportReview(self, inputVolume, path: str) -> str:
-        return str(lib.export_review(self.outputs(inputVolume), path))
 
 
 #
@@ -582,10 +398,10 @@ class CARDSegmentLogic(ScriptedLoadableModuleLogic):
 class CARDSegmentTest(ScriptedLoadableModuleTest):
     """Runs in Slicer: a small synthetic oblique volume through the whole path, with networks of the
     shipped bundle's architecture (SwinUNETR primary, so a missing MONAI piece fails here), then
-    once with the shipped bundle itself."""
+    once with the shipped bundle itself. The steps: CARDSegmentLib.selftest."""
 
     #: the shipped bundle's networks, used when the module folder has no shipped bundle
-    SHIPPED_NETWORKS = ("time-swinunetr:mini", "time-unet:tiny")
+    SHIPPED_NETWORKS = selftest.SHIPPED_NETWORKS
 
     def setUp(self):
         slicer.mrmlScene.Clear()
@@ -602,116 +418,16 @@ class CARDSegmentTest(ScriptedLoadableModuleTest):
 
     def _shippedNetworks(self):
         """"arch:size" of the shipped bundle's primary and reference networks."""
-        shipped = lib.shipped_bundle_dir(self._moduleDir())
-        if not (shipped / "bundle.json").is_file():
-            return self.SHIPPED_NETWORKS
-        networks = lib.bundle_config(shipped)["networks"]
-        return tuple(f"{networks[role]['arch']}:{networks[role]['size']}" for role in ("primary", "reference"))
-
-    def _makeInputs(self, folder: str):
-        """An untrained bundle with the shipped bundle's networks and a synthetic oblique volume,
-        written by the engine in PythonSlicer."""
-        import subprocess
-
-        script = (
-            "import sys, numpy as np, SimpleITK as sitk\n"
-            "from cardseg.scaffold import init_bundle, synthetic_cine_volume\n"
-            "from cardseg.bundle import update_config\n"
-            "out, primary, reference = sys.argv[1:4]\n"
-            "init_bundle(out + '/bundle', primary=primary, reference=reference, input_size=64,\n"
-            "            pixel_spacing_mm=3.0, seed=1)\n"
-            "update_config(out + '/bundle', {'regions': {'flag_threshold': 0.05, 'min_voxels': 5}})\n"
-            "vol, _ = synthetic_cine_volume(shape=(3, 64, 56), spacing=(2.5, 2.2, 8.0), seed=3)\n"
-            "img = vol.to_image()\n"
-            "img.SetDirection(np.asarray(sitk.VersorTransform((0.3, -0.5, 0.8), 0.6).GetMatrix()).tolist())\n"
-            "img.SetOrigin((-40.5, 12.25, 7.0))\n"
-            "sitk.WriteImage(img, out + '/input.nrrd')\n"
-        )
-        from CARDSegmentLib.process import default_python_executable
-
-        primary, reference = self._shippedNetworks()
-        env = lib.SegmentCommand("", "", engine_dir=self._moduleDir()).env()
-        subprocess.run([default_python_executable(), "-c", script, folder, primary, reference], env=env, check=True,
-                       timeout=600)
-        return os.path.join(folder, "bundle"), os.path.join(folder, "input.nrrd")
-
-    def _skipWhenPackagesMissing(self) -> bool:
-        missing = deps.missing_requirements()
-        if missing:
-            self.delayDisplay("Skipped: install " + ", ".join(r.pip_spec for r in missing) + " first")
-        return bool(missing)
+        return selftest.shipped_networks(self._moduleDir())
 
     def test_segment_synthetic_volume(self):
-        if self._skipWhenPackagesMissing():
+        if selftest.skip_when_packages_missing(self):
             return
-        self.delayDisplay("Making a synthetic volume and an untrained bundle with the shipped networks")
-        folder = tempfile.mkdtemp(prefix="CARDSegmentTest-")
-        bundle, volumePath = self._makeInputs(folder)
-        primary = lib.bundle_config(bundle)["networks"]["primary"]
-        self.assertEqual(f"{primary['arch']}:{primary['size']}", self._shippedNetworks()[0])
-        volume = slicer.util.loadVolume(volumePath)
-        other = slicer.mrmlScene.AddNewNodeByClass("vtkMRMLScalarVolumeNode", "unrelated")
-        before = vtk.vtkMatrix4x4()
-        volume.GetIJKToRASMatrix(before)
-        inputMTime = volume.GetImageData().GetMTime()
-
-        logic = CARDSegmentLogic()
-        options = lib.JobOptions(bundle_path=bundle, device="cpu", method="card", load_probabilities=True,
-                                 engine_dir=logic.moduleDir)
-        self.delayDisplay("Segmenting (separate process)")
-        outputs = logic.runSync(volume, options, timeout=900)
-
-        self.assertEqual(outputs.segmentation.GetClassName(), "vtkMRMLSegmentationNode")
-        names = [outputs.segmentation.GetSegmentation().GetNthSegment(i).GetName()
-                 for i in range(outputs.segmentation.GetSegmentation().GetNumberOfSegments())]
-        self.assertEqual(names, [c["name"] for c in lib.bundle_classes(bundle)[1:]])
-        for node in (outputs.disagreement, outputs.temperature, outputs.probabilities):
-            m = vtk.vtkMatrix4x4()
-            node.GetIJKToRASMatrix(m)
-            for r in range(4):
-                for c in range(4):
-                    self.assertAlmostEqual(m.GetElement(r, c), before.GetElement(r, c), places=9)
-        display = outputs.disagreement.GetDisplayNode()
-        self.assertAlmostEqual(display.GetWindowLevelMin(), 0.0)
-        self.assertAlmostEqual(display.GetWindowLevelMax(), 0.6931471805599453, places=6)
-        self.assertTrue(display.GetApplyThreshold())  # the low end is transparent
-        self.assertIsNotNone(outputs.review)
-        summary = lib.agreement_summary(outputs.report_dict())
-        self.assertIsNotNone(summary.agreement)
-
-        self.delayDisplay("Re-running replaces this module's outputs only")
-        old = [n.GetID() for n in outputs.nodes()]
-        again = logic.runSync(volume, options, timeout=900)
-        for nodeID in old:
-            self.assertIsNone(slicer.mrmlScene.GetNodeByID(nodeID))
-        self.assertTrue(slicer.mrmlScene.IsNodePresent(other))
-        self.assertTrue(slicer.mrmlScene.IsNodePresent(volume))
-        self.assertEqual(volume.GetImageData().GetMTime(), inputMTime)
-        if lib.review_rows(again.review):
-            region = lib.review_rows(again.review)[0]["region"]
-            lib.show_region(slicer.mrmlScene, volume, again, region)
-            lib.set_region_status(again.review, region, "accepted")
-        self.delayDisplay("CARDSegment test passed")
+        selftest.segment_synthetic_volume(self, slicer.mrmlScene, CARDSegmentLogic, slicer.util.loadVolume,
+                                          self._moduleDir())
 
     def test_shipped_bundle(self):
         """The shipped default bundle itself (trained weights) segments the synthetic volume."""
-        if self._skipWhenPackagesMissing():
+        if selftest.skip_when_packages_missing(self):
             return
-        shipped = lib.shipped_bundle_dir(self._moduleDir())
-        if not (shipped / "bundle.json").is_file():
-            self.delayDisplay("Skipped: this version ships no default bundle")
-            return
-        self.delayDisplay("Segmenting with the shipped bundle (separate process)")
-        folder = tempfile.mkdtemp(prefix="CARDSegmentTest-")
-        _, volumePath = self._makeInputs(folder)
-        volume = slicer.util.loadVolume(volumePath)
-        logic = CARDSegmentLogic()
-        options = lib.JobOptions(bundle_path=str(shipped), device="cpu", method="card", engine_dir=logic.moduleDir)
-        outputs = logic.runSync(volume, options, timeout=900)
-        segmentation = outputs.segmentation.GetSegmentation()
-        names = [segmentation.GetNthSegment(i).GetName() for i in range(segmentation.GetNumberOfSegments())]
-        self.assertEqual(names, [c["name"] for c in lib.bundle_classes(shipped)[1:]])
-        report = outputs.report_dict()
-        self.assertEqual(os.path.realpath(report["bundle"]["path"]), os.path.realpath(str(shipped)))
-        self.assertIsNotNone(outputs.disagreement)
-        self.delayDisplay("CARDSegment shipped-bundle test passed")
+        selftest.segment_with_shipped_bundle(self, CARDSegmentLogic, slicer.util.loadVolume, self._moduleDir())

@@ -4,23 +4,37 @@
   lines and its one-line error (any launcher: a real subprocess or a test's fake).
 * :mod:`.jobs` — one "Segment & Calibrate": input to temporary file, process, outputs to nodes;
   :class:`~.jobs.JobMonitor` drives it from the panel's timer and turns any error into one line.
-* :mod:`.nodes` — outputs to nodes on the input's exact geometry, overlays, replacing earlier
-  outputs, the agreement summary.
+* :mod:`.loading` — one output folder to nodes on the input's exact geometry, replacing earlier
+  outputs; below it :mod:`.outputs` (roles, finding, releasing, removing this module's nodes),
+  :mod:`.geometry`, :mod:`.volume_files`, :mod:`.terminology`.
+* :mod:`.overlays` — the disagreement and temperature maps in the slice views; :mod:`.views`.
 * :mod:`.review` — the flagged-region review table, ROI outline, export.
+* :mod:`.summary` — the agreement score in words.
 * :mod:`.colormaps`, :mod:`.bundles`, :mod:`.dependencies` — colour maps, bundle choice, packages.
+* For the module file (``CARDSegment.py``): :mod:`.parameters` (the panel's choices, job options),
+  :mod:`.install` (installing the packages in Slicer, after asking), :mod:`.module_logic` (the
+  Logic without Qt: runs polled by a timer it is given, results shown, reviewed, exported),
+  :mod:`.selftest` (the self-test's steps).
 
-Everything here runs in Slicer and under the PyPI ``slicer-core`` package (real MRML, no GUI).
+Arrows point down: ``outputs`` is the bottom; ``geometry``, ``volume_files``, ``terminology``,
+``views`` sit on it; ``overlays`` and ``review`` on those; ``loading`` on them; ``jobs`` on
+``loading`` and ``process``; the module-file helpers on top.
+
+Everything here runs in Slicer and under the PyPI ``slicer-core`` package (real MRML, no GUI);
+:mod:`.install` alone calls ``slicer.util``'s dialogs and pip, which tests replace.
 """
 
 from .bundles import (BundleChoiceError, bundle_classes, bundle_config, bundle_label, folder_text, resolve_bundle,
                       shipped_bundle_dir)
 from .dependencies import REQUIREMENTS, Requirement, missing_requirements
 from .jobs import JobMonitor, JobOptions, SegmentationJob, engine_dir_of, one_line
-from .nodes import (OVERLAY_CHOICES, ROLE_ATTRIBUTE, OutputError, OutputNodes, Summary, agreement_summary,
-                    find_outputs, load_outputs, release_outputs, remove_outputs, set_overlay_opacity, show_overlay)
+from .loading import load_outputs
+from .outputs import ROLE_ATTRIBUTE, OutputError, OutputNodes, find_outputs, release_outputs, remove_outputs
+from .overlays import OVERLAY_CHOICES, set_overlay_opacity, show_overlay
 from .process import (CANCELLED, FAILED, IDLE, RUNNING, SUCCEEDED, CardsegRun, Progress, SegmentCommand,
                       extract_error, parse_progress_line)
 from .review import STATUSES, export_review, has_decisions, review_counts, review_rows, set_region_status, show_region
+from .summary import Summary, agreement_summary
 
 __all__ = [
     "BundleChoiceError", "bundle_classes", "bundle_config", "bundle_label", "folder_text", "resolve_bundle",

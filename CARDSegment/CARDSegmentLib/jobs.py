@@ -2,7 +2,7 @@
 
 :class:`SegmentationJob` writes the input volume to a temporary file, runs ``cardseg segment``
 in a separate process (:class:`~CARDSegmentLib.process.CardsegRun`), and when the process has
-succeeded turns its outputs into nodes (:func:`~CARDSegmentLib.nodes.load_outputs`). The scene
+succeeded turns its outputs into nodes (:func:`~CARDSegmentLib.loading.load_outputs`). The scene
 is not touched before :meth:`SegmentationJob.finish`: a cancelled or failed run leaves it as it
 was. The module's Logic drives a :class:`JobMonitor` from a ``QTimer`` (it turns every error,
 expected or not, into the panel's one-line message); scripts and tests call :meth:`wait`.
@@ -21,7 +21,9 @@ from typing import Callable, ContextManager, Optional, Tuple
 
 from . import process as proc
 from .bundles import bundle_classes
-from .nodes import OutputError, OutputNodes, load_outputs, write_volume_file
+from .loading import load_outputs
+from .outputs import OutputError, OutputNodes
+from .volume_files import write_volume_file
 
 
 @dataclass

@@ -18,8 +18,9 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from .nodes import (INPUT_REFERENCE, ROLE_ATTRIBUTE, OutputNodes, ijk_to_ras, jump_slices_to, local_to_world,
-                    lps_to_ras, read_report, _vtk_matrix)
+from .geometry import ijk_to_ras, local_to_world, lps_to_ras, vtk_matrix
+from .outputs import INPUT_REFERENCE, ROLE_ATTRIBUTE, OutputNodes, read_report
+from .views import jump_slices_to
 
 STATUSES = ("pending", "accepted", "corrected", "rejected")
 #: (column name, kind, title shown in Slicer's table view)
@@ -201,7 +202,7 @@ def show_region(scene, input_volume, outputs: OutputNodes, region_id: int):
     frame = np.eye(4)
     frame[:3, :3] = box["axes"]
     was_modifying = roi.StartModify()
-    roi.SetAndObserveObjectToNodeMatrix(_vtk_matrix(frame))
+    roi.SetAndObserveObjectToNodeMatrix(vtk_matrix(frame))
     roi.SetCenter(*box["centre"])
     roi.SetSize(*box["size"])
     roi.SetLocked(True)

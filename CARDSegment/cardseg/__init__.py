@@ -6,11 +6,11 @@ Jensen-Shannon disagreement (TAC) becomes a per-pixel temperature for the primar
 
 Where each equation of the paper lives:
 
-* Eq. 1 forward process, Eq. 3 reverse step, the true posterior: :mod:`cardseg.diffusion`
-* Eq. 2 temperature scaling: :func:`cardseg.calibration.temperature_scale`
-* Eq. 4 agreement score: :func:`cardseg.metrics.agreement_score`
-* Eq. 5 Jensen-Shannon divergence, Eq. 6 TAC: :mod:`cardseg.trajectory`
-* Eq. 7 temperature field: :func:`cardseg.calibration.temperature_field`
+* Eq. 1 forward process, Eq. 3 reverse step, the true posterior: :mod:`cardseg.method.diffusion`
+* Eq. 2 temperature scaling: :func:`cardseg.method.calibration.temperature_scale`
+* Eq. 4 agreement score: :func:`cardseg.metrics.segmentation.agreement_score`
+* Eq. 5 Jensen-Shannon divergence, Eq. 6 TAC: :mod:`cardseg.method.trajectory`
+* Eq. 7 temperature field: :func:`cardseg.method.calibration.temperature_field`
 """
 
 __version__ = "0.1.0"

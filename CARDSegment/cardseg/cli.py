@@ -9,7 +9,8 @@ import sys
 import time
 from typing import List, Optional
 
-from .errors import CardsegError
+from cardseg.base.errors import CardsegError
+from cardseg.base.options import check_run_options
 
 #: entry-point group through which installed packages add subcommands (the training tools do:
 #: train, evaluate, fit-calibration, fit-review, fit-indices, compare); the engine never imports them
@@ -46,7 +47,7 @@ BACKEND_HELP = ("what runs the networks: torch (eager), onnx (ONNX Runtime on th
 
 
 def build_parser(plugin_help: bool = False) -> argparse.ArgumentParser:
-    from . import __version__
+    from cardseg import __version__
 
     parser = argparse.ArgumentParser(prog="cardseg", description="Calibrated categorical-diffusion segmentation (CARD).")
     parser.add_argument("--version", action="version", version=f"cardseg {__version__}")
@@ -161,16 +162,6 @@ def build_parser(plugin_help: bool = False) -> argparse.ArgumentParser:
     return parser
 
 
-def check_run_options(batch_size: int, threads: Optional[int], frame: Optional[int]) -> None:
-    """Option values of ``segment`` and ``batch`` that can be judged alone, before anything is read."""
-    if batch_size < 1:
-        raise CardsegError(f"--batch-size must be at least 1, got {batch_size}")
-    if threads is not None and threads < 1:
-        raise CardsegError(f"--threads must be at least 1, got {threads}")
-    if frame is not None and frame < 0:
-        raise CardsegError(f"--frame must be 0 or more, got {frame}")
-
-
 def _check_segment_args(a) -> None:
     check_run_options(a.batch_size, a.threads, a.frame)
     _check_backend(a)
@@ -182,7 +173,7 @@ def _check_backend(a) -> None:
     """Settle ``a.backend`` (none given: ``$CARDSEG_BACKEND``, else ``auto``). ``onnx``: ONNX Runtime
     importable, the CPU (``--device auto`` becomes ``cpu``), not with ``--ray``; ``auto`` with
     ``--ray`` becomes ``torch`` (the workers load the torch networks)."""
-    from .onnx_backend import available, default_backend
+    from cardseg.bundle.onnx_backend import available, default_backend
 
     a.backend = getattr(a, "backend", None) or default_backend()
     if getattr(a, "ray", None) and a.backend == "auto":
@@ -202,10 +193,10 @@ def _check_backend(a) -> None:
 def cmd_segment(a) -> int:
     # Every check that needs no torch comes first, in this order: options, output location,
     # bundle (schema, files), input image. Only then torch, the networks and the work.
-    from .bundle_schema import check_bundle_folder
-    from .inputs import parse_spacing
-    from .outdir import check_output
-    from .volume import read_volume
+    from cardseg.bundle.folder import check_bundle_folder
+    from cardseg.io.inputs import parse_spacing
+    from cardseg.io.outdir import check_output
+    from cardseg.io.volume import read_volume
 
     t_start = time.perf_counter()
     _check_segment_args(a)
@@ -219,9 +210,9 @@ def cmd_segment(a) -> int:
 
     import torch
 
-    from .bundle import load_bundle
-    from .progress import make_progress
-    from .segment import resolve_device, segment_file
+    from cardseg.base.progress import make_progress
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.segment import resolve_device, segment_file
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -251,14 +242,14 @@ def cmd_segment(a) -> int:
 
 
 def cmd_batch(a) -> int:
-    from .batch import main_from_args
+    from cardseg.cohort.batch import main_from_args
 
     _check_backend(a)
     return main_from_args(a)
 
 
 def cmd_sizes(a) -> int:
-    from .networks import SWIN_SIZES, UNET_SIZES, build_network, count_parameters
+    from cardseg.method.networks import SWIN_SIZES, UNET_SIZES, build_network, count_parameters
 
     print(f"{'network':32s} {'parameters':>12s}")
     for size, fs in SWIN_SIZES.items():
@@ -272,7 +263,7 @@ def cmd_sizes(a) -> int:
 
 
 def cmd_info(a) -> int:
-    from .bundle import load_bundle
+    from cardseg.bundle.loading import load_bundle
 
     b = load_bundle(a.bundle)
     c = b.config
@@ -289,7 +280,7 @@ def cmd_info(a) -> int:
 
 
 def cmd_init_bundle(a) -> int:
-    from .scaffold import init_bundle
+    from cardseg.bundle.scaffold import init_bundle
 
     path = init_bundle(a.output, a.primary, a.reference, a.input_size, a.spacing, a.seed, overwrite=a.overwrite)
     print(f"wrote untrained bundle {path}")
@@ -299,7 +290,7 @@ def cmd_init_bundle(a) -> int:
 def cmd_synth(a) -> int:
     import SimpleITK as sitk
 
-    from .scaffold import synthetic_cine_volume
+    from cardseg.bundle.scaffold import synthetic_cine_volume
 
     vol, lab = synthetic_cine_volume(shape=(a.slices, 192, 176), seed=a.seed)
     sitk.WriteImage(vol.to_image(), a.output)

@@ -13,17 +13,17 @@ import numpy as np
 import SimpleITK as sitk
 import torch
 
-from . import __version__
-from .bundle import Bundle
-from .calibration import CARD, Uncalibrated, temperature_scale
-from .errors import CardsegError
-from .metrics import agreement_report
-from .outdir import OutputWriter, check_output
-from .preprocess import SliceGrid, network_to_slices, normalize_slice, slices_to_network
-from .progress import Progress
-from .regions import flagged_regions
-from .trajectory import run_trajectory
-from .volume import Volume
+from cardseg import __version__
+from cardseg.base.errors import CardsegError
+from cardseg.base.progress import Progress
+from cardseg.bundle.loading import Bundle
+from cardseg.io.outdir import OutputWriter, check_output
+from cardseg.io.preprocess import SliceGrid, network_to_slices, normalize_slice, slices_to_network
+from cardseg.io.volume import Volume
+from cardseg.method.calibration import CARD, Uncalibrated, temperature_scale
+from cardseg.method.trajectory import run_trajectory
+from cardseg.metrics.segmentation import agreement_report
+from cardseg.review.regions import flagged_regions
 
 METHODS = ("card", "uc")
 #: logit margin that makes pixels outside the network's field of view background
@@ -228,7 +228,7 @@ def write_outputs(result: SegmentationResult, volume: Volume, bundle: Bundle, ou
     """Write every output into a temporary folder, then move it into ``outdir`` in one step.
 
     The folder rules (stamp, what ``overwrite`` may replace, lock, clean-up) are
-    :mod:`cardseg.outdir`'s; pass an entered ``writer`` to reuse one taken before the work.
+    :mod:`cardseg.io.outdir`'s; pass an entered ``writer`` to reuse one taken before the work.
     """
     progress = progress or Progress()
     files = output_files(result)
@@ -251,7 +251,7 @@ def segment_file(input_path: os.PathLike, out: os.PathLike, bundle: Bundle, *, m
     check the output folder, read and check the input (unless ``volume`` was read already), take
     the folder's lock, segment, write atomically. Returns the report; raises
     :class:`CardsegError` (one line) with nothing written on bad input."""
-    from .volume import read_volume
+    from cardseg.io.volume import read_volume
 
     t_start = time.perf_counter() if t_start is None else t_start
     out = check_output(out, overwrite, inputs=[input_path])

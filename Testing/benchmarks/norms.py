@@ -5,7 +5,7 @@
 Times PyTorch's ``InstanceNorm2d`` and ``GroupNorm(C, C)`` kernels on the activation shapes the
 shipped networks see (10 slices at 160 x 160 and their downsampled stages), then the shipped
 bundle's two networks, five reverse steps on 10 slices, with the instance norms as built and after
-:func:`cardseg.networks.fast.instance_to_group_norm`, and the largest logit difference between
+:func:`cardseg.method.networks.fast.instance_to_group_norm`, and the largest logit difference between
 the two. Least time of ``--repeats`` runs (other load only ever adds time).
 """
 
@@ -45,15 +45,17 @@ def main() -> None:
             print(f"(10, {c:3d}, {side:3d}, {side:3d})  instance {1e3 * ti:7.2f} ms  group {1e3 * tg:7.2f} ms  "
                   f"{ti / tg:4.1f}x")
 
-        from cardseg.bundle import _load_network, read_config, resolve_bundle_path, verify_weights
-        from cardseg.diffusion import CategoricalSchedule
-        from cardseg.networks.fast import instance_to_group_norm
-        from cardseg.trajectory import run_trajectory
+        from cardseg.bundle.folder import read_config, resolve_bundle_path
+        from cardseg.bundle.loading import load_network
+        from cardseg.bundle.weights import verify_weights
+        from cardseg.method.diffusion import CategoricalSchedule
+        from cardseg.method.networks.fast import instance_to_group_norm
+        from cardseg.method.trajectory import run_trajectory
 
         root = resolve_bundle_path(a.bundle)
         config = read_config(root)
         weights = verify_weights(root, config)
-        nets = {role: _load_network(root, config, role, weights[role]) for role in ("primary", "reference")}
+        nets = {role: load_network(root, config, role, weights[role]) for role in ("primary", "reference")}
         fast = {role: copy.deepcopy(net) for role, net in nets.items()}
         for net in fast.values():
             instance_to_group_norm(net)

@@ -52,11 +52,12 @@ def main() -> None:
         print(json.dumps(gpu_run.paper_scale_timing(smoke=not torch.cuda.is_available(), repeats=a.repeats), indent=2))
         return
 
-    from cardseg.bundle import BUNDLES_DIR, DEFAULT_NAME, load_bundle
-    from cardseg.networks import count_parameters
-    from cardseg.scaffold import init_bundle, synthetic_cine_volume
+    from cardseg.bundle.folder import BUNDLES_DIR, DEFAULT_NAME
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.bundle.scaffold import init_bundle, synthetic_cine_volume
+    from cardseg.io.volume import read_volume
+    from cardseg.method.networks import count_parameters
     from cardseg.segment import network_inputs, resolve_device, segment_volume
-    from cardseg.volume import read_volume
 
     if a.threads:
         torch.set_num_threads(a.threads)

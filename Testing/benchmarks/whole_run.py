@@ -98,17 +98,17 @@ def _child(out_json: str, argv: list) -> int:
 
         setattr(module, name, timed)
 
-    import cardseg.bundle
-    import cardseg.bundle_schema
+    import cardseg.bundle.folder
+    import cardseg.bundle.loading
     import cardseg.cli
-    import cardseg.outdir
+    import cardseg.io.outdir
+    import cardseg.io.volume
     import cardseg.segment
-    import cardseg.volume
 
-    wrap(cardseg.outdir, "check_output", "checks (options, OUTDIR, bundle)")
-    wrap(cardseg.bundle_schema, "check_bundle_folder", "checks (options, OUTDIR, bundle)")
-    wrap(cardseg.volume, "read_volume", "read + input checks")
-    wrap(cardseg.bundle, "load_bundle", "bundle load")
+    wrap(cardseg.io.outdir, "check_output", "checks (options, OUTDIR, bundle)")
+    wrap(cardseg.bundle.folder, "check_bundle_folder", "checks (options, OUTDIR, bundle)")
+    wrap(cardseg.io.volume, "read_volume", "read + input checks")
+    wrap(cardseg.bundle.loading, "load_bundle", "bundle load")
     wrap(cardseg.segment, "run_trajectory", "networks (run_trajectory)")
     wrap(cardseg.segment, "slices_to_network", "resampling to/from the network grid")
     wrap(cardseg.segment, "network_to_slices", "resampling to/from the network grid")

@@ -27,7 +27,7 @@ ACDC = REPO.parent / "shared" / "data" / "acdc"
 @pytest.fixture(scope="session")
 def tiny_bundle(tmp_path_factory) -> Path:
     """An untrained bundle of two tiny U-Nets (64 x 64 at 3 mm), made the documented way."""
-    from cardseg.scaffold import init_bundle
+    from cardseg.bundle.scaffold import init_bundle
 
     path = tmp_path_factory.mktemp("bundles") / "tiny"
     init_bundle(path, primary="time-unet:tiny", reference="time-unet:micro", input_size=64, pixel_spacing_mm=3.0, seed=1)
@@ -36,7 +36,7 @@ def tiny_bundle(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def synthetic_volume():
-    from cardseg.scaffold import synthetic_cine_volume
+    from cardseg.bundle.scaffold import synthetic_cine_volume
 
     return synthetic_cine_volume(shape=(4, 96, 80), spacing=(1.6, 1.4, 8.0), seed=3)
 

@@ -8,8 +8,8 @@ import shutil
 import numpy as np
 import pytest
 
-from cardseg.bundle import update_config
-from cardseg.calibration_metrics import calibration_metrics
+from cardseg.bundle.loading import update_config
+from cardseg.metrics.calibration import calibration_metrics
 from cardseg.cli import main
 from cardseg_train import calibration_eval as ce
 from cardseg_train.ablation import ROWS, ablation_table

@@ -18,7 +18,15 @@ import numpy as np
 import pytest
 import SimpleITK as sitk
 
-from cardseg import batch as B
+from cardseg.base.errors import CardsegError
+from cardseg.cohort import batch as cohort_batch
+from cardseg.cohort.batch import run_batch
+from cardseg.cohort.case_progress import CaseProgress
+from cardseg.cohort.cases import cases_from_inputs, read_manifest
+from cardseg.cohort.hashing import content_hash
+from cardseg.cohort.layout import BATCH_STAMP, COHORT_CSV, SEGMENT_LEFTOVER, STATE_FILE
+from cardseg.cohort.options import BatchOptions
+from cardseg.cohort.subjects import subject_rows
 from cardseg.cli import main
 from conftest import read_csv
 
@@ -42,7 +50,7 @@ def run_cli(args, env_stderr=False):
 
 
 def fake_indices(ed_dir, es_dir, config):
-    """A stand-in for cardseg.indices.indices_from_folders: values from the two reports, so that the
+    """A stand-in for cardseg.cohort.indices.indices_from_folders: values from the two reports, so that the
     test sees which folders were used for ED and ES."""
     ed = json.loads((Path(ed_dir) / "report.json").read_text())["class_volumes_ml"]
     es = json.loads((Path(es_dir) / "report.json").read_text())["class_volumes_ml"]
@@ -98,7 +106,7 @@ def test_manifest_parsing(tmp_path):
                         "s1,/abs/b.nii.gz,s1_es,ES,7\n"
                         "\n"
                         ",c.nii.gz,other,,\n", encoding="utf-8")
-    cases = B.read_manifest(manifest, default_frame=2)
+    cases = read_manifest(manifest, default_frame=2)
     assert [c.name for c in cases] == ["s1_ed", "s1_es", "other"]
     assert cases[0].path == str(tmp_path / "data" / "a.nii.gz")  # relative to the manifest's folder
     assert cases[1].path == "/abs/b.nii.gz"
@@ -113,15 +121,15 @@ def test_inputs_files_folders_globs(tmp_path, synthetic_volume):
         write_case(tmp_path / "study" / sub / "sa.nii.gz", vol, 0)
     write_case(tmp_path / "flat" / "x_ED.nii.gz", vol, 0)
     (tmp_path / "flat" / "notes.txt").write_text("not an image")
-    cases = B.cases_from_inputs([str(tmp_path / "study" / "*" / "sa.nii.gz"), str(tmp_path / "flat")])
+    cases = cases_from_inputs([str(tmp_path / "study" / "*" / "sa.nii.gz"), str(tmp_path / "flat")])
     assert [c.name for c in cases] == ["p1_sa", "p2_sa", "x_ED"]  # clashing names get their folder
-    with pytest.raises(B.CardsegError, match="matches no file"):
-        B.cases_from_inputs([str(tmp_path / "nothing*.nii.gz")])
-    with pytest.raises(B.CardsegError, match="no such file"):
-        B.cases_from_inputs([str(tmp_path / "missing.nii.gz")])
+    with pytest.raises(CardsegError, match="matches no file"):
+        cases_from_inputs([str(tmp_path / "nothing*.nii.gz")])
+    with pytest.raises(CardsegError, match="no such file"):
+        cases_from_inputs([str(tmp_path / "missing.nii.gz")])
     (tmp_path / "empty").mkdir()
-    with pytest.raises(B.CardsegError, match="holds no image"):
-        B.cases_from_inputs([str(tmp_path / "empty")])
+    with pytest.raises(CardsegError, match="holds no image"):
+        cases_from_inputs([str(tmp_path / "empty")])
 
 
 def test_refuses_foreign_outdir(tmp_path, tiny_bundle, synthetic_volume):
@@ -138,7 +146,7 @@ def test_refuses_foreign_outdir(tmp_path, tiny_bundle, synthetic_volume):
 
 
 def test_ray_is_not_imported_without_ray():
-    code = "import sys, cardseg.cli, cardseg.batch, cardseg.triage; print('ray' in sys.modules)"
+    code = "import sys, cardseg.cli, cardseg.cohort.batch, cardseg.cohort.triage; print('ray' in sys.modules)"
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert res.stdout.strip() == "False"
 
@@ -146,7 +154,7 @@ def test_ray_is_not_imported_without_ray():
 def test_case_progress_bar_shows_rate(monkeypatch):
     err = io.StringIO()
     monkeypatch.setattr(sys, "stderr", err)
-    p = B.CaseProgress("bar")
+    p = CaseProgress("bar")
     p.start(3)
     for ok in (True, False, True):
         p.advance(ok)
@@ -175,7 +183,7 @@ def cohort(tmp_path_factory, tiny_bundle, synthetic_volume):
                         "p3_ed,in/p3_missing.nii.gz,ED,p3\n")
     out = root / "out"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(B, "_indices_function", lambda: fake_indices)
+        mp.setattr(cohort_batch, "indices_function", lambda: fake_indices)
         t0 = time.perf_counter()
         rc, stdout, stderr = run_cli(["batch", "--manifest", str(manifest), "-o", str(out), "--bundle",
                                       str(tiny_bundle), "--progress", "json"])
@@ -216,7 +224,7 @@ def test_cohort_table_columns(cohort):
     assert float(r["time_total_s"]) == report["timings_s"]["total"]
     assert r["subject"] == "p1" and r["phase"] == "ES" and r["reused"] == "false" and r["method"] == "card"
     assert r["out_of_domain"] == ""  # the untrained bundle has no out-of-domain threshold
-    assert r["input_sha256"] == B.content_hash(cohort["root"] / "in" / "p1_es.nii.gz")
+    assert r["input_sha256"] == content_hash(cohort["root"] / "in" / "p1_es.nii.gz")
     assert r["input"] == str(cohort["root"] / "in" / "p1_es.nii.gz")
 
 
@@ -255,13 +263,13 @@ def test_subjects_table(cohort):
 
 
 def test_subjects_with_the_real_indices_module(cohort):
-    indices = pytest.importorskip("cardseg.indices", reason="cardseg.indices not there yet")
-    from cardseg.bundle_schema import check_bundle_folder
+    indices = pytest.importorskip("cardseg.cohort.indices", reason="cardseg.cohort.indices not there yet")
+    from cardseg.bundle.folder import check_bundle_folder
 
     _, config = check_bundle_folder(cohort["bundle"])
-    cases = B.read_manifest(cohort["manifest"])
+    cases = read_manifest(cohort["manifest"])
     status = {r["case"]: r["status"] for r in read_csv(cohort["out"] / "cohort.csv")}
-    rows, _ = B.subject_rows(cohort["out"], cases, status, config, indices.indices_from_folders)
+    rows, _ = subject_rows(cohort["out"], cases, status, config, indices.indices_from_folders)
     p1 = rows[0]
     if "indices" in config:
         assert p1["error"] == "" and p1["LVEF"] is not None
@@ -270,7 +278,7 @@ def test_subjects_with_the_real_indices_module(cohort):
 
 
 def test_batch_stamp_and_settings_change(cohort, tiny_bundle):
-    stamp = json.loads((cohort["out"] / B.BATCH_STAMP).read_text())
+    stamp = json.loads((cohort["out"] / BATCH_STAMP).read_text())
     assert stamp["tool"] == "cardseg-batch" and stamp["settings"]["method"] == "card"
     before = sorted(p.name for p in cohort["out"].iterdir())
     rc, _, stderr = run_cli(["batch", "--manifest", str(cohort["manifest"]), "-o", str(cohort["out"]), "--bundle",
@@ -282,8 +290,8 @@ def test_batch_stamp_and_settings_change(cohort, tiny_bundle):
 def test_rerun_retries_only_the_failed_cases(cohort, tiny_bundle):
     mtimes = {c: (cohort["out"] / c / "report.json").stat().st_mtime_ns for c in ("p1_ed", "p1_es", "p2_es")}
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(B, "_indices_function", lambda: fake_indices)
-        result = B.run_batch(B.BatchOptions(manifest=str(cohort["manifest"]), output=str(cohort["out"]),
+        mp.setattr(cohort_batch, "indices_function", lambda: fake_indices)
+        result = run_batch(BatchOptions(manifest=str(cohort["manifest"]), output=str(cohort["out"]),
                                             bundle=str(tiny_bundle), progress="none", report=False))
     assert result.computed == 0 and result.reused == 3
     assert [(r["case"], r["status"], r["reused"]) for r in result.rows] == [
@@ -305,7 +313,7 @@ def test_resume_after_kill(tmp_path, tiny_bundle, synthetic_volume):
     proc = subprocess.Popen([sys.executable, "-m", "cardseg", "batch", str(tmp_path / "in"), "-o", str(out),
                              "--bundle", str(tiny_bundle), "--progress", "none", "--threads", "1"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    state = out / B.STATE_FILE
+    state = out / STATE_FILE
     deadline = time.time() + 240
     try:
         while time.time() < deadline and proc.poll() is None:
@@ -321,30 +329,30 @@ def test_resume_after_kill(tmp_path, tiny_bundle, synthetic_volume):
     assert 1 <= len(done) < 4
     first = done[0]
     mtime = (out / first / "report.json").stat().st_mtime_ns
-    assert not (out / B.COHORT_CSV).exists()  # killed before the table
+    assert not (out / COHORT_CSV).exists()  # killed before the table
 
-    result = B.run_batch(B.BatchOptions(inputs=[str(tmp_path / "in")], output=str(out), bundle=str(tiny_bundle),
+    result = run_batch(BatchOptions(inputs=[str(tmp_path / "in")], output=str(out), bundle=str(tiny_bundle),
                                         progress="none", report=False))
     rows = {r["case"]: r for r in result.rows}
     assert [r["status"] for r in result.rows] == ["ok"] * 4
     assert (out / first / "report.json").stat().st_mtime_ns == mtime  # not recomputed
     assert rows[first]["reused"] is True
     assert result.computed == 4 - len(done) and result.reused == len(done)
-    assert not [p.name for p in out.iterdir() if B.SEGMENT_LEFTOVER.match(p.name)]  # killed run's leftovers gone
+    assert not [p.name for p in out.iterdir() if SEGMENT_LEFTOVER.match(p.name)]  # killed run's leftovers gone
     assert rows[first]["agreement"] == json.loads((out / first / "report.json").read_text())["agreement"]
 
     # a third run computes nothing and does not even load the model
-    again = B.run_batch(B.BatchOptions(inputs=[str(tmp_path / "in")], output=str(out), bundle=str(tiny_bundle),
+    again = run_batch(BatchOptions(inputs=[str(tmp_path / "in")], output=str(out), bundle=str(tiny_bundle),
                                        progress="none", report=False))
     assert again.computed == 0 and again.reused == 4 and again.worker_loads == 0
-    table = read_csv(out / B.COHORT_CSV)
+    table = read_csv(out / COHORT_CSV)
     assert [r["reused"] for r in table] == ["true"] * 4
 
     # the key is the content: a changed input is recomputed, the others are not
     write_case(inputs[2], vol, 9)
     mtimes = {c: (out / c / "report.json").stat().st_mtime_ns for c in ("c0", "c1", "c3")}
-    third = B.run_batch(B.BatchOptions(inputs=[str(tmp_path / "in")], output=str(out), bundle=str(tiny_bundle),
+    third = run_batch(BatchOptions(inputs=[str(tmp_path / "in")], output=str(out), bundle=str(tiny_bundle),
                                        progress="none", report=False))
     assert third.computed == 1 and [r["reused"] for r in third.rows] == [True, True, False, True]
     assert {c: (out / c / "report.json").stat().st_mtime_ns for c in mtimes} == mtimes
-    assert third.rows[2]["input_sha256"] == B.content_hash(inputs[2])
+    assert third.rows[2]["input_sha256"] == content_hash(inputs[2])

@@ -12,7 +12,9 @@ import SimpleITK as sitk
 
 ray = pytest.importorskip("ray", reason="Ray not installed (the [cluster] extra)")
 
-from cardseg import batch as B  # noqa: E402
+from cardseg.cohort.batch import run_batch  # noqa: E402
+from cardseg.cohort.layout import COHORT_CSV  # noqa: E402
+from cardseg.cohort.options import BatchOptions  # noqa: E402
 from conftest import read_csv, without_timings  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -31,17 +33,17 @@ def runs(tmp_path_factory, tiny_bundle, synthetic_volume):
     inputs = [str(root / "in")]
     common = dict(inputs=inputs, bundle=str(tiny_bundle), progress="none", threads=1, report=False)
     t0 = time.perf_counter()
-    local = B.run_batch(B.BatchOptions(output=str(root / "local"), **common))
+    local = run_batch(BatchOptions(output=str(root / "local"), **common))
     t1 = time.perf_counter()
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         t2 = time.perf_counter()
-        remote = B.run_batch(B.BatchOptions(output=str(root / "ray"), ray="auto", ray_workers=2, **common))
-        tables = {d: read_csv(root / d / B.COHORT_CSV) for d in ("local", "ray")}
+        remote = run_batch(BatchOptions(output=str(root / "ray"), ray="auto", ray_workers=2, **common))
+        tables = {d: read_csv(root / d / COHORT_CSV) for d in ("local", "ray")}
         t3 = time.perf_counter()
         # the finished cases again (not the broken one, which would be retried: a new actor)
         rerun = dict(common, inputs=[str(root / "in" / "c?.nii.gz")])
-        again = B.run_batch(B.BatchOptions(output=str(root / "ray"), ray="auto", ray_workers=2, **rerun))
+        again = run_batch(BatchOptions(output=str(root / "ray"), ray="auto", ray_workers=2, **rerun))
     finally:
         ray.shutdown()
     print(f"local {t1 - t0:.1f} s, ray.init {t2 - t1:.1f} s, ray batch {t3 - t2:.1f} s, rerun "
@@ -81,4 +83,4 @@ def test_ray_resumes_like_local(runs):
     assert [r["case"] for r in again.rows] == ["c0", "c1", "c2"]
     assert again.computed == 0 and again.reused == 3 and again.worker_loads == 0  # no actor started
     assert [r["reused"] for r in again.rows] == [True, True, True]
-    assert read_csv(runs["root"] / "ray" / B.COHORT_CSV)[0]["reused"] == "true"
+    assert read_csv(runs["root"] / "ray" / COHORT_CSV)[0]["reused"] == "true"

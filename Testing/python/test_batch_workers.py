@@ -1,4 +1,4 @@
-"""`cardseg batch --workers N` (cardseg.local_pool): the same table and case folders as one worker,
+"""`cardseg batch --workers N` (cardseg.cohort.local_pool): the same table and case folders as one worker,
 one bundle load per worker process, a worker that dies fails only the cases it was running, and
 the options are checked before anything is written."""
 
@@ -15,9 +15,12 @@ import numpy as np
 import pytest
 import SimpleITK as sitk
 
-from cardseg import batch as B
-from cardseg import local_pool
-from cardseg.errors import CardsegError
+from cardseg.cohort.batch import run_batch
+from cardseg.cohort.layout import COHORT_CSV
+from cardseg.cohort.options import BatchOptions, check_options
+from cardseg.cohort.worker import Job
+from cardseg.cohort import local_pool
+from cardseg.base.errors import CardsegError
 from conftest import read_csv, without_timings
 
 pytestmark = pytest.mark.slow
@@ -40,13 +43,13 @@ def inputs(tmp_path_factory, synthetic_volume):
 def runs(tmp_path_factory, tiny_bundle, inputs):
     root = tmp_path_factory.mktemp("runs")
     common = dict(inputs=[str(inputs)], bundle=str(tiny_bundle), progress="none", threads=1, report=False)
-    one = B.run_batch(B.BatchOptions(output=str(root / "one"), **common))
-    two = B.run_batch(B.BatchOptions(output=str(root / "two"), workers=2, **common))
+    one = run_batch(BatchOptions(output=str(root / "one"), **common))
+    two = run_batch(BatchOptions(output=str(root / "two"), workers=2, **common))
     return {"root": root, "one": one, "two": two}
 
 
 def test_table_and_folders_equal_one_worker(runs):
-    one, two = (read_csv(runs["root"] / d / B.COHORT_CSV) for d in ("one", "two"))
+    one, two = (read_csv(runs["root"] / d / COHORT_CSV) for d in ("one", "two"))
     assert [r["case"] for r in two] == ["c0", "c1", "c1b_broken", "c2", "c3"]
     assert [r["status"] for r in two] == ["ok", "ok", "error", "ok", "ok"]
     assert without_timings(two) == without_timings(one)
@@ -63,7 +66,7 @@ def test_one_bundle_load_per_worker_process(runs):
 
 
 def test_rerun_reuses_the_cases_without_starting_workers(runs, tiny_bundle, inputs):
-    again = B.run_batch(B.BatchOptions(inputs=[str(inputs / "c?.nii.gz")], output=str(runs["root"] / "two"),
+    again = run_batch(BatchOptions(inputs=[str(inputs / "c?.nii.gz")], output=str(runs["root"] / "two"),
                                        bundle=str(tiny_bundle), progress="none", threads=1, report=False, workers=2))
     assert again.computed == 0 and again.reused == 4 and again.worker_loads == 0
 
@@ -71,10 +74,10 @@ def test_rerun_reuses_the_cases_without_starting_workers(runs, tiny_bundle, inpu
 def test_a_dying_worker_fails_only_its_cases(tmp_path, tiny_bundle, inputs):
     """A worker process killed in the middle of the batch: the case(s) it was running get a one-line
     error, every other case finishes on a fresh set of workers."""
-    from cardseg.bundle_schema import check_bundle_folder
+    from cardseg.bundle.folder import check_bundle_folder
 
     root, _ = check_bundle_folder(str(tiny_bundle))
-    jobs = [B.Job(case=f"c{i}", path=str(inputs / f"c{i}.nii.gz"), out=str(tmp_path / f"c{i}")) for i in range(4)]
+    jobs = [Job(case=f"c{i}", path=str(inputs / f"c{i}.nii.gz"), out=str(tmp_path / f"c{i}")) for i in range(4)]
     results = []
 
     def on_result(res):
@@ -113,11 +116,11 @@ def test_python_dash_m_cardseg_runs_workers(tmp_path, tiny_bundle, inputs):
                         "--bundle", str(tiny_bundle), "--workers", "2", "--threads", "1", "--quiet", "--no-report"],
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr
-    assert [r["status"] for r in read_csv(out / B.COHORT_CSV)] == ["ok"] * 4
+    assert [r["status"] for r in read_csv(out / COHORT_CSV)] == ["ok"] * 4
 
 
 def test_threads_are_shared_out():
     assert local_pool.default_threads(1) == (os.cpu_count() or 1)
     assert local_pool.default_threads(10 * (os.cpu_count() or 1)) == 1
     with pytest.raises(CardsegError):
-        B._check_options(B.BatchOptions(inputs=["x"], workers=-1))
+        check_options(BatchOptions(inputs=["x"], workers=-1))

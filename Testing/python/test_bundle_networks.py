@@ -5,9 +5,10 @@ import shutil
 import pytest
 import torch
 
-from cardseg.bundle import load_bundle, read_config, resolve_bundle_path, update_config
-from cardseg.errors import CardsegError
-from cardseg.networks import SWIN_SIZES, build_network, count_parameters
+from cardseg.bundle.loading import load_bundle, update_config
+from cardseg.bundle.folder import read_config, resolve_bundle_path
+from cardseg.base.errors import CardsegError
+from cardseg.method.networks import SWIN_SIZES, build_network, count_parameters
 
 
 def test_bundle_loads_with_verified_checksums(tiny_bundle):

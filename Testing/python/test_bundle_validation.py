@@ -18,12 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from cardseg import bundle_schema
-from cardseg.bundle import load_bundle, save_bundle, update_config
-from cardseg.bundle_schema import (BUNDLES_DIR, DEFAULT_NAME, check_bundle_folder, read_config,
-                                   read_safetensors_header, sha256_file, validate_config)
+from cardseg.bundle import calibration_schema, schema as bundle_schema
+from cardseg.bundle.loading import load_bundle, save_bundle, update_config
+from cardseg.bundle.folder import BUNDLES_DIR, DEFAULT_NAME, check_bundle_folder, read_config
+from cardseg.bundle.weights import read_safetensors_header
+from cardseg.bundle.schema import validate_config
+from cardseg.base.files import sha256_file
 from cardseg.cli import main
-from cardseg.errors import CardsegError
+from cardseg.base.errors import CardsegError
 
 SHIPPED = BUNDLES_DIR / DEFAULT_NAME
 DROP = object()  # as a value: remove the key
@@ -97,7 +99,7 @@ def test_shipped_and_tiny_bundles_pass(tiny_bundle):
 
 
 def test_check_bundle_folder_is_torch_free():
-    code = ("import sys; from cardseg.bundle_schema import check_bundle_folder; check_bundle_folder(); "
+    code = ("import sys; from cardseg.bundle.folder import check_bundle_folder; check_bundle_folder(); "
             "assert 'torch' not in sys.modules and 'numpy' not in sys.modules, sorted(sys.modules)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -212,7 +214,7 @@ def test_not_an_object_and_optional_keys(tiny_bundle):
 
 
 def test_every_fitted_calibrator_round_trips_through_the_schema(tiny_bundle):
-    from cardseg.calibration import REGISTRY
+    from cardseg.method.calibration import REGISTRY
 
     cfg = read_config(tiny_bundle)
     fitted = {"card": {"tau_min": 1.0, "tau_max": 5.0, "w_b": 0.0, "w_k": 0.01}, "ts": {"temperature": 1.7},
@@ -223,15 +225,15 @@ def test_every_fitted_calibrator_round_trips_through_the_schema(tiny_bundle):
 
 
 def test_name_lists_are_in_sync_with_the_engine():
-    from cardseg.calibration import REGISTRY
-    from cardseg.networks import ARCHES, SWIN_SIZES, UNET_SIZES
+    from cardseg.method.calibration import REGISTRY
+    from cardseg.method.networks import ARCHES, SWIN_SIZES, UNET_SIZES
 
     assert set(bundle_schema.NETWORK_SIZES) == set(ARCHES)
     assert bundle_schema.NETWORK_SIZES["time-swinunetr"] == tuple(SWIN_SIZES)
     assert bundle_schema.NETWORK_SIZES["time-unet"] == tuple(UNET_SIZES)
-    assert set(bundle_schema.CALIBRATION_PARAMS) == set(REGISTRY)
+    assert set(calibration_schema.CALIBRATION_PARAMS) == set(REGISTRY)
     for method, cls in REGISTRY.items():
-        assert tuple(cls().params()) == bundle_schema.CALIBRATION_PARAMS[method], method
+        assert tuple(cls().params()) == calibration_schema.CALIBRATION_PARAMS[method], method
 
 
 # ---------------------------------------------------------------------------------------------
@@ -469,15 +471,15 @@ def test_shipped_bundle_records_no_machine_paths():
 
 
 def test_provenance_names_data_and_runs_not_their_folders(tmp_path):
-    from cardseg_train.train_config import _is_machine_path, data_name
+    from cardseg_train.train_config import data_name, is_machine_path
 
     data = tmp_path / "acdc"
     data.mkdir()
     assert data_name(data, "acdc-h5") == "acdc (ACDC HDF5 layout)"
     assert data_name(str(data) + "/", None) == "acdc"
     assert data_name("synthetic", "synthetic") == "synthetic"
-    assert all(_is_machine_path(p) for p in ("/work/shared/data/acdc", "C:\\data", "\\\\server\\share"))
-    assert not any(_is_machine_path(p) for p in ("acdc (ACDC HDF5 layout)", "synthetic", "primary-mini"))
+    assert all(is_machine_path(p) for p in ("/work/shared/data/acdc", "C:\\data", "\\\\server\\share"))
+    assert not any(is_machine_path(p) for p in ("acdc (ACDC HDF5 layout)", "synthetic", "primary-mini"))
 
 
 def test_exported_provenance_holds_names_even_from_old_run_summaries(tmp_path):

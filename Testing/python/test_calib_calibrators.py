@@ -8,8 +8,9 @@ import torch.nn.functional as F
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from cardseg.calibration import (REGISTRY, EnsembleTemperatureScaling, EntropyTemperatureScaling, TemperatureScaling,
-                                 Uncalibrated, calibrator_from_dict, entropy_temperature, normalized_log_entropy)
+from cardseg.method.calibration import (REGISTRY, EnsembleTemperatureScaling, EntropyTemperatureScaling,
+                                        TemperatureScaling, Uncalibrated, calibrator_from_dict, entropy_temperature,
+                                        normalized_log_entropy)
 
 
 def test_ets_is_the_stated_mixture():

@@ -9,7 +9,7 @@ from scipy import ndimage
 
 pytest.importorskip("torchio")
 
-from cardseg.scaffold import synthetic_cine_volume  # noqa: E402
+from cardseg.bundle.scaffold import synthetic_cine_volume  # noqa: E402
 from cardseg_train.corruptions import (CORRUPTIONS, corrupt_labelled_volume, corrupt_volume,  # noqa: E402
                                        corruption_params)
 
@@ -116,7 +116,7 @@ def test_evaluation_normalises_after_corrupting(clean, tiny_bundle, monkeypatch)
     """The paper's protocol: the artifact acts on the scanner's image and the bundle's own
     normalisation (whatever it is) runs on the corrupted volume, as it would on a user's file."""
     import cardseg.segment
-    from cardseg.bundle import load_bundle
+    from cardseg.bundle.loading import load_bundle
     from cardseg_train import calibration_eval as ce
     from cardseg_train.evaluation import LabelledVolume
 

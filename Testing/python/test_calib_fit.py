@@ -8,12 +8,12 @@ import pytest
 import torch
 from scipy.special import expit, softmax
 
-from cardseg.calibration import CARD, EnsembleTemperatureScaling, EntropyTemperatureScaling, TemperatureScaling
-from cardseg_train.calibration_fit import (FITTERS, PERTURBATIONS, PoolItem, apply_perturbation, card_objective,
-                                           concat_pool, ets_objective, fit_calibrator, fit_card, fit_ets, fit_hts,
-                                           fit_ts, hts_objective, log_entropy, ood_agreement_threshold,
-                                           perturb_image, perturbation_params, pixel_flag_threshold, pool_item,
-                                           pool_nll, pool_thresholds)
+from cardseg.method.calibration import CARD, EnsembleTemperatureScaling, EntropyTemperatureScaling, TemperatureScaling
+from cardseg_train.calibration_fit import FITTERS, fit_calibrator, fit_card, fit_ets, fit_hts, fit_ts, pool_nll
+from cardseg_train.calibration_objectives import card_objective, ets_objective, hts_objective, log_entropy
+from cardseg_train.calibration_perturb import PERTURBATIONS, apply_perturbation, perturb_image, perturbation_params
+from cardseg_train.calibration_pool import (PoolItem, concat_pool, ood_agreement_threshold, pixel_flag_threshold,
+                                            pool_item, pool_thresholds)
 
 TRUE_CARD = (1.0, 7.0, 0.2, 0.04)
 
@@ -175,7 +175,7 @@ def test_perturbations_are_label_free_seeded_and_in_range():
     assert np.allclose(apply_perturbation(img, "contrast", {"contrast": 1.0}), img)
     # why the pool perturbs the engine-normalised input: the engine's per-slice robust min-max
     # would undo a contrast factor below 1 applied before it
-    from cardseg.preprocess import normalize_volume
+    from cardseg.io.preprocess import normalize_volume
 
     low = apply_perturbation(img, "contrast", {"contrast": 0.7})
     assert not np.allclose(low, img) and np.allclose(normalize_volume(low), normalize_volume(img), atol=1e-5)
@@ -197,11 +197,12 @@ def test_threshold_rules():
 
 
 def test_build_pool_runs_the_engine_on_each_variant(tiny_bundle):
-    from cardseg.bundle import load_bundle
-    from cardseg.metrics import roi_mask
-    from cardseg.scaffold import synthetic_cine_volume
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.metrics.segmentation import roi_mask
+    from cardseg.bundle.scaffold import synthetic_cine_volume
     from cardseg.segment import segment_volume
-    from cardseg_train.calibration_fit import POOL_VARIANTS, build_pool
+    from cardseg_train.calibration_perturb import POOL_VARIANTS
+    from cardseg_train.calibration_pool import build_pool
     from cardseg_train.evaluation import LabelledVolume
 
     vol, lab = synthetic_cine_volume(shape=(2, 64, 56), spacing=(3.0, 2.5, 8.0), seed=2)
@@ -232,12 +233,12 @@ def test_build_pool_runs_the_engine_on_each_variant(tiny_bundle):
 def test_tac_step_subsets_from_kept_step_js_match_the_engine(tiny_bundle, tmp_path):
     import shutil
 
-    from cardseg.bundle import load_bundle, update_config
-    from cardseg.errors import CardsegError
-    from cardseg.metrics import roi_mask
-    from cardseg.scaffold import synthetic_cine_volume
+    from cardseg.bundle.loading import load_bundle, update_config
+    from cardseg.base.errors import CardsegError
+    from cardseg.metrics.segmentation import roi_mask
+    from cardseg.bundle.scaffold import synthetic_cine_volume
     from cardseg.segment import segment_volume
-    from cardseg_train.calibration_fit import PoolItem, build_pool, pool_with_tac_steps
+    from cardseg_train.calibration_pool import PoolItem, build_pool, pool_with_tac_steps
     from cardseg_train.evaluation import LabelledVolume
 
     vol, lab = synthetic_cine_volume(shape=(2, 64, 56), spacing=(3.0, 2.5, 8.0), seed=4)

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from cardseg.bundle import update_config
-from cardseg.calibration import CARD, TemperatureScaling, Uncalibrated
-from cardseg.calibration_metrics import calibration_metrics
+from cardseg.bundle.loading import update_config
+from cardseg.method.calibration import CARD, TemperatureScaling, Uncalibrated
+from cardseg.metrics.calibration import calibration_metrics
 from cardseg.cli import main
-from cardseg.metrics import agreement_score, roi_mask
+from cardseg.metrics.segmentation import agreement_score, roi_mask
 from cardseg_train import calibration_eval as ce
 from cardseg_train.calibration_report import markdown_table, write_report
 
@@ -146,8 +146,8 @@ def test_report_files(tmp_path):
 
 
 def test_bundle_calibrators_need_fitted_values(tiny_bundle):
-    from cardseg.bundle import load_bundle
-    from cardseg.errors import CardsegError
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.base.errors import CardsegError
 
     with pytest.raises(CardsegError, match="fit-calibration"):
         ce.bundle_calibrators(load_bundle(tiny_bundle))

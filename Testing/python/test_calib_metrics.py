@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cardseg.calibration_metrics import (CalibrationAccumulator, ace, adaptive_bins, calibration_metrics, ece, nll,
+from cardseg.metrics.calibration import (CalibrationAccumulator, ace, adaptive_bins, calibration_metrics, ece, nll,
                                          reliability_diagram, roi_pixels, sce)
 
 # five pixels, three classes (worked by hand in test_ece_by_hand)

@@ -13,15 +13,17 @@ import torch
 from scipy.ndimage import gaussian_filter
 from scipy.special import softmax
 
-from cardseg import bundle_schema
-from cardseg.bundle import load_bundle, read_config, update_config
-from cardseg.bundle_schema import validate_config
-from cardseg.calibration import (CalibNet, LocalTemperatureScaling, ParameterizedTemperatureScaling, REGISTRY,
-                                 TemperatureScaling, Uncalibrated, calibrator_from_dict)
-from cardseg.calibration.netbase import TEMPERATURE_FLOOR
-from cardseg.errors import CardsegError
-from cardseg_train.calibration_fit import PoolItem, fit_calibrator, fit_ts, pool_nll
+from cardseg.method import calibrator_arch
+from cardseg.bundle.loading import load_bundle, update_config
+from cardseg.bundle.folder import read_config
+from cardseg.bundle.schema import validate_config
+from cardseg.method.calibration import (CalibNet, LocalTemperatureScaling, ParameterizedTemperatureScaling, REGISTRY,
+                                        TemperatureScaling, Uncalibrated, calibrator_from_dict)
+from cardseg.method.calibration.netbase import TEMPERATURE_FLOOR
+from cardseg.base.errors import CardsegError
+from cardseg_train.calibration_fit import fit_calibrator, fit_ts, pool_nll
 from cardseg_train.calibration_fit_nets import fit_calibnet, fit_lts, fit_pts, holdout_split
+from cardseg_train.calibration_pool import PoolItem
 from cardseg_train.calibration_spatial import SpatialItem, crop_nll, crop_roi_probs, spatial_item
 
 from conftest import ACDC
@@ -276,8 +278,8 @@ def test_schema_shapes_are_in_step_with_the_modules(arch):
     arch = dict(arch)
     method = arch.pop("method")
     cal = REGISTRY[method](arch)
-    assert {k: list(v.shape) for k, v in cal.net.state_dict().items()} == bundle_schema.net_weight_shapes(method, arch)
-    assert set(cal.arch_defaults) == set(bundle_schema.NET_CALIBRATOR_ARCH[method])
+    assert {k: list(v.shape) for k, v in cal.net.state_dict().items()} == calibrator_arch.net_weight_shapes(method, arch)
+    assert set(cal.arch_defaults) == set(calibrator_arch.NET_CALIBRATOR_ARCH[method])
 
 
 def _fitted_forms():
@@ -416,11 +418,11 @@ def test_spatial_fitters_say_what_the_pool_lacks():
 
 
 def test_build_pool_keeps_crops_that_line_up_with_the_pixel_vectors(tiny_bundle, tmp_path):
-    from cardseg.metrics import roi_mask
-    from cardseg.scaffold import synthetic_cine_volume
+    from cardseg.metrics.segmentation import roi_mask
+    from cardseg.bundle.scaffold import synthetic_cine_volume
     from cardseg.segment import normalized_slices
     from cardseg_train.calibrate import load_pool, save_pool
-    from cardseg_train.calibration_fit import build_pool
+    from cardseg_train.calibration_pool import build_pool
     from cardseg_train.evaluation import LabelledVolume
 
     vol, lab = synthetic_cine_volume(shape=(3, 64, 56), spacing=(3.0, 2.5, 8.0), seed=2)
@@ -464,7 +466,7 @@ def test_evaluation_reads_spatial_calibrators_at_the_same_pixels(tmp_path):
     image = rng.random((z, h, w)).astype(np.float32)
     res = ce.summarize_case("c1", "p1", "clean", logits, tac, labels, ["bg", "a", "b", "c"], roi_radius=3)
     assert not res.has_crops()
-    from cardseg.metrics import roi_mask
+    from cardseg.metrics.segmentation import roi_mask
 
     res.spatial = spatial_item(logits, image, labels, roi_mask(labels > 0, 3), tac, margin=2)
     assert res.spatial.box[:2] == (1, 3) and res.has_crops() and not res.has_crops(4)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from cardseg.cli import main
-from cardseg.errors import CardsegError
+from cardseg.base.errors import CardsegError
 from cardseg_train.comparison import PAPER, ROWS, comparison_table, markdown
 
 from conftest import assert_figure

@@ -78,8 +78,8 @@ def test_corrupt_files_are_refused_in_one_line(originals, tiny_bundle, tmp_path_
 
 
 def test_detached_and_unusual_headers_are_read_or_refused_in_one_line(tmp_path, synthetic_volume):
-    from cardseg.errors import CardsegError
-    from cardseg.volume import read_volume
+    from cardseg.base.errors import CardsegError
+    from cardseg.io.volume import read_volume
 
     vol, _ = synthetic_volume
     img = vol.to_image()

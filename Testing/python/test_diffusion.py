@@ -4,7 +4,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cardseg.diffusion import CategoricalSchedule, cosine_alpha_bar, default_sampling_steps, one_hot, uniform_state
+from cardseg.method.diffusion import (CategoricalSchedule, cosine_alpha_bar, default_sampling_steps, one_hot,
+                                      uniform_state)
 
 
 def test_cosine_schedule_decreases_from_near_one_to_zero():

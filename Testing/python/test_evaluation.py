@@ -3,9 +3,9 @@ import json
 import numpy as np
 import pytest
 
-from cardseg.bundle import load_bundle
+from cardseg.bundle.loading import load_bundle
 from cardseg.cli import main
-from cardseg.scaffold import synthetic_cine_volume
+from cardseg.bundle.scaffold import synthetic_cine_volume
 from cardseg_train.evaluation import LabelledVolume, acdc_h5_volumes, dice_score, evaluate_dice, summarize
 
 from conftest import ACDC, assert_figure

@@ -5,10 +5,11 @@ import shutil
 import numpy as np
 import pytest
 
-from cardseg.bundle import load_bundle, read_config
+from cardseg.bundle.loading import load_bundle
+from cardseg.bundle.folder import read_config
 from cardseg.cli import main
 from cardseg_train import calibrate
-from cardseg_train.calibration_fit import PoolItem
+from cardseg_train.calibration_pool import PoolItem
 
 from conftest import ACDC
 

@@ -28,7 +28,8 @@ def _load(name: str):
     return mod
 
 
-gpu_run = _load("run")
+gpu_run = _load("run")  # puts Training on sys.path: the run's pieces import as the package gpu
+from gpu import jobs as gpu_jobs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +42,10 @@ def smoke(tmp_path_factory):
                            "--budget-s", "5", "--batch-size", "2"], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    sweep = tmp / "sweep"  # the capacity-sweep references, a call of their own
+    sweep = tmp / "sweep"  # the capacity-sweep references and the Dual control's second member, a call of their own
     proc = subprocess.run([sys.executable, str(GPU / "run.py"), "--pack", str(pack), "--out", str(sweep), "--smoke",
                            "--budget-s", "3", "--batch-size", "2", "--no-checks", "--jobs",
-                           "reference_unet_micro,reference_unet_small"], cwd=ROOT, capture_output=True, text=True,
+                           "reference_unet_micro,reference_unet_small,deterministic_b"], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return pack, out, tmp, sweep
@@ -69,8 +70,8 @@ def test_run_returns_what_the_device_allows(smoke):
     assert all(p.is_file() for p in files)
     assert len(files) <= 8, [p.name for p in files]
     assert all(p.stat().st_size < 16 * 2 ** 20 for p in files)
-    expected = {"engine.json", "log.jsonl"} | {f for job in gpu_run.DEFAULT_JOBS for f in gpu_run.JOB_FILES[job]
-                                                if not f.startswith("reference_1")}
+    # a smoke run saves one checkpoint per job: only the first of a reference's files is written
+    expected = {"engine.json", "log.jsonl"} | {gpu_jobs.JOB_FILES[job][0] for job in gpu_jobs.DEFAULT_JOBS}
     assert expected <= {p.name for p in files}
     assert not [p for p in files if p.name.endswith(".part")]
 
@@ -79,7 +80,7 @@ def test_log_and_engine_checks(smoke):
     _, out, _, _ = smoke
     rows = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     done = {r["job"]: r for r in rows if r.get("event") == "done"}
-    assert set(done) == set(gpu_run.DEFAULT_JOBS)
+    assert set(done) == set(gpu_jobs.DEFAULT_JOBS)
     assert all(r["steps"] >= 1 for r in done.values())
     assert any(r.get("event") == "val" and 0.0 <= r["dice"] <= 1.0 for r in rows)
     engine = json.loads((out / "engine.json").read_text())
@@ -93,18 +94,18 @@ def test_log_and_engine_checks(smoke):
 def test_weights_load_into_their_networks(smoke):
     from safetensors import safe_open
 
-    from cardseg.networks import build_network
+    from cardseg.method.networks import build_network
 
     _, out, _, sweep = smoke
     assert len(list(sweep.iterdir())) <= 8
-    for job, names in gpu_run.JOB_FILES.items():
-        spec = {**gpu_run.JOBS[job]["spec"], "num_classes": 4}
+    for job, names in gpu_jobs.JOB_FILES.items():
+        spec = {**gpu_jobs.JOBS[job]["spec"], "num_classes": 4}
         own = build_network(spec).state_dict()
-        path = (out if job in gpu_run.DEFAULT_JOBS else sweep) / names[0]
+        path = (out if job in gpu_jobs.DEFAULT_JOBS else sweep) / names[0]
         with safe_open(str(path), framework="pt") as f:
             keys = list(f.keys())
             meta = json.loads(f.metadata()["cardseg"])
-        if gpu_run.JOBS[job]["keep"] == "milestones":
+        if gpu_jobs.JOBS[job]["keep"] == "milestones":
             steps = {k.split(".", 1)[0] for k in keys}
             assert steps and all(s.startswith("step") for s in steps)
             first = sorted(steps)[0]
@@ -115,7 +116,7 @@ def test_weights_load_into_their_networks(smoke):
 
 def test_import_then_export_a_bundle(smoke, tmp_path):
     import_runs = _load("import_runs")
-    from cardseg.bundle import load_bundle
+    from cardseg.bundle.loading import load_bundle
     from cardseg_train.export import export_bundle
 
     pack, out, _, _ = smoke
@@ -131,7 +132,7 @@ def test_import_then_export_a_bundle(smoke, tmp_path):
 
 
 def test_lr_follows_the_time_budget():
-    f = gpu_run.lr_factor
+    f = gpu_jobs.lr_factor
     assert f(0.0) < f(0.02) < f(0.03) == pytest.approx(1.0)
     assert f(0.5) < 1.0 and f(0.99) < f(0.5)
     assert f(1.0) == pytest.approx(0.02)
@@ -162,9 +163,9 @@ def test_cached_primary_pass_gives_the_trajectorys_own_tac(tmp_path):
     exactly the TAC that running it alongside the primary gives (paper Eqs. 5-6)."""
     import torch
 
-    from cardseg.diffusion import CategoricalSchedule, default_sampling_steps
-    from cardseg.networks import build_network
-    from cardseg.trajectory import run_trajectory
+    from cardseg.method.diffusion import CategoricalSchedule, default_sampling_steps
+    from cardseg.method.networks import build_network
+    from cardseg.method.trajectory import run_trajectory
 
     choose = _load("choose_reference")
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""Cardiac indices and their intervals (:mod:`cardseg.indices`, ``cardseg fit-indices``)."""
+"""Cardiac indices and their intervals (:mod:`cardseg.cohort.indices`, ``cardseg fit-indices``)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import SimpleITK as sitk
 
-from cardseg import indices as ix
-from cardseg.bundle import read_config, update_config
+from cardseg.cohort import indices as ix
+from cardseg.bundle.folder import read_config
+from cardseg.bundle.loading import update_config
 from cardseg.cli import main
-from cardseg.errors import CardsegError
+from cardseg.base.errors import CardsegError
 
 from conftest import ACDC, assert_figure
 
@@ -99,7 +100,7 @@ def test_volume_spread_by_hand():
 
 def _subject_arrays(confidence, disagreement, seed=0):
     """ED and ES arrays of a synthetic subject, ``confidence`` and ``disagreement`` at class edges."""
-    from cardseg.scaffold import synthetic_cine_volume
+    from cardseg.bundle.scaffold import synthetic_cine_volume
 
     _, lab_ed = synthetic_cine_volume(shape=(4, 64, 64), spacing=(2.0, 2.0, 8.0), seed=seed)
     lab_es = lab_ed.copy()
@@ -224,7 +225,7 @@ def test_too_few_residuals_refused():
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory, tiny_bundle):
     """ED and ES runs (card) of two synthetic volumes, and a uc run, with the tiny bundle."""
-    from cardseg.scaffold import synthetic_cine_volume
+    from cardseg.bundle.scaffold import synthetic_cine_volume
 
     root = tmp_path_factory.mktemp("indices")
     bundle = root / "bundle"

@@ -1,4 +1,4 @@
-"""Inference-time rewrites: same function, cheaper kernel (cardseg.networks.fast)."""
+"""Inference-time rewrites: same function, cheaper kernel (cardseg.method.networks.fast)."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 from torch import nn
 
-from cardseg.bundle import load_bundle
-from cardseg.networks import build_network
-from cardseg.networks.fast import instance_to_group_norm
+from cardseg.bundle.loading import load_bundle
+from cardseg.method.networks import build_network
+from cardseg.method.networks.fast import instance_to_group_norm
 
 
 def _randomise_affine(net: nn.Module) -> None:

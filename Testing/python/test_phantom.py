@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from scipy import ndimage
 
-from cardseg.bundle import load_bundle
+from cardseg.bundle.loading import load_bundle
 from cardseg.cli import main
-from cardseg.scaffold import synthetic_cine_volume
+from cardseg.bundle.scaffold import synthetic_cine_volume
 from cardseg.segment import segment_volume
-from cardseg.volume import read_volume
+from cardseg.io.volume import read_volume
 
 RV, MYO, LV = 1, 2, 3
 #: Dice floors per class for the default bundle on the default phantom. Measured (bundle acdc

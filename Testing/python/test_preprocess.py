@@ -1,7 +1,7 @@
 import numpy as np
 import torch
 
-from cardseg.preprocess import SliceGrid, network_to_slices, normalize_slice, slices_to_network
+from cardseg.io.preprocess import SliceGrid, network_to_slices, normalize_slice, slices_to_network
 
 
 def test_normalize_slice_range_and_constant():

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 import SimpleITK as sitk
 
-from cardseg.errors import CardsegError
-from cardseg.regions import FEATURES, ErrorModel, flagged_regions, rank_regions, region_features, region_labels
-from cardseg.review_metrics import ReviewTally, catch_matrix, near_errors, substantial_errors
+from cardseg.base.errors import CardsegError
+from cardseg.review.regions import FEATURES, ErrorModel, flagged_regions, rank_regions, region_features, region_labels
+from cardseg.review.evaluation import ReviewTally, catch_matrix, near_errors, substantial_errors
 
 
 def test_substantial_errors_ignore_slivers_and_small_blobs():
@@ -121,7 +121,7 @@ def test_regions_map_agrees_with_the_report(tiny_bundle, rotated_nifti, tmp_path
     are those of report.json, with a fitted model stored in the bundle."""
     import shutil
 
-    from cardseg.bundle import update_config
+    from cardseg.bundle.loading import update_config
     from cardseg.cli import main
 
     bundle = tmp_path / "b"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from cardseg.regions import FEATURES, ErrorModel
+from cardseg.review.regions import FEATURES, ErrorModel
 from cardseg_train.review_data import VolumeMaps
 from cardseg_train.review_fit import evaluate_review, fit_logistic, region_ece, select_settings
 
@@ -64,7 +64,7 @@ def test_logistic_fit_lowers_the_loss_and_recovers_the_direction():
 
 
 def test_maps_are_cached_and_reused(tiny_bundle, synthetic_volume, tmp_path, monkeypatch):
-    from cardseg.bundle import load_bundle
+    from cardseg.bundle.loading import load_bundle
     from cardseg_train import review_data
     from cardseg_train.evaluation import LabelledVolume
 

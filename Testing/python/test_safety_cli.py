@@ -171,12 +171,12 @@ def test_a_killed_run_leaves_nothing_that_the_next_run_does_not_clean(tmp_path, 
 
 
 def test_the_loser_of_a_race_fails_with_one_line(tmp_path, scan, tiny_bundle):
-    from cardseg.outdir import _Lock
+    from cardseg.io.outdir import FileLock
 
     out = tmp_path / "result"
     assert cli(scan / "scan.nii.gz", "-o", out, "--quiet", "--bundle", tiny_bundle)[0] == 0
     before = snapshot(out)
-    lock = _Lock(tmp_path / ".result.cardseg.lock")  # another run holds the folder
+    lock = FileLock(tmp_path / ".result.cardseg.lock")  # another run holds the folder
     assert lock.acquire()
     try:
         assert_refused(cli(scan / "scan.nii.gz", "-o", out, "--overwrite", "--bundle", tiny_bundle),
@@ -197,8 +197,8 @@ def test_the_loser_of_a_race_fails_with_one_line(tmp_path, scan, tiny_bundle):
 
 
 def test_something_appearing_at_the_output_meanwhile_is_not_replaced(tmp_path):
-    from cardseg.errors import CardsegError
-    from cardseg.outdir import OutputWriter, check_output
+    from cardseg.base.errors import CardsegError
+    from cardseg.io.outdir import OutputWriter, check_output
 
     out = check_output(tmp_path / "result")
     with pytest.raises(CardsegError, match="not written by cardseg"):
@@ -255,7 +255,7 @@ def test_cine_dicom_series_reads_the_phase_named_by_frame(tmp_path, synthetic_vo
     cine = tmp_path / "cine"
     write_dicom_series(cine, vol, phases=3)
     assert_refused(cli(cine, "-o", tmp_path / "o", "--bundle", tiny_bundle), "cine", "3 phases", "--frame")
-    from cardseg.volume import read_volume
+    from cardseg.io.volume import read_volume
 
     one = read_volume(cine, frame=1)
     assert one.shape == vol.shape
@@ -365,7 +365,7 @@ def test_an_error_while_writing_clears_the_bar_and_leaves_nothing(tmp_path, scan
     and a failure in the middle of writing leaves neither OUTDIR nor its temporary folder."""
     from cardseg import segment
     from cardseg.cli import main
-    from cardseg.errors import CardsegError
+    from cardseg.base.errors import CardsegError
 
     real = segment._write_one
     calls = []
@@ -412,8 +412,8 @@ def test_an_existing_empty_folder_is_filled_in_place_and_foreign_siblings_refuse
 
 
 def test_a_run_stopped_between_its_two_renames_gets_its_result_back(tmp_path):
-    from cardseg.errors import CardsegError
-    from cardseg.outdir import OutputWriter, check_output
+    from cardseg.base.errors import CardsegError
+    from cardseg.io.outdir import OutputWriter, check_output
 
     out = check_output(tmp_path / "result")
     with OutputWriter(out) as w:

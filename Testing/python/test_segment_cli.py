@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import SimpleITK as sitk
 
-from cardseg.bundle import update_config
+from cardseg.bundle.loading import update_config
 from cardseg.cli import main
 
 

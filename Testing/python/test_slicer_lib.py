@@ -32,7 +32,9 @@ if str(MODULE_DIR) not in sys.path:
     sys.path.insert(0, str(MODULE_DIR))
 
 import CARDSegmentLib as lib  # noqa: E402
-from CARDSegmentLib import colormaps, nodes  # noqa: E402
+from CARDSegmentLib import colormaps, geometry, overlays, volume_files  # noqa: E402
+from CARDSegmentLib import outputs as outputs_lib  # noqa: E402
+from CARDSegmentLib import terminology as terminology_lib  # noqa: E402
 
 LN2 = math.log(2.0)
 SLICE_VIEWS = ("Red", "Yellow", "Green")
@@ -56,7 +58,7 @@ def make_scene():
 
 def load_input(scene, path, name="cine"):
     volume = scene.AddNewNodeByClass("vtkMRMLScalarVolumeNode", name)
-    nodes.read_volume_file(volume, path)
+    volume_files.read_volume_file(volume, path)
     return volume
 
 
@@ -66,7 +68,7 @@ def node_ids(scene):
 
 
 def matrix(node):
-    return nodes.ijk_to_ras(node)
+    return geometry.ijk_to_ras(node)
 
 
 def array_of(volume_node):
@@ -109,7 +111,7 @@ def terminology(segment) -> str:
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory, tiny_bundle):
     """The tiny untrained bundle, flagging regions at 0.1 and out of domain below agreement 0.999."""
-    from cardseg.bundle import update_config
+    from cardseg.bundle.loading import update_config
 
     path = tmp_path_factory.mktemp("slicer-bundle") / "bundle"
     shutil.copytree(tiny_bundle, path)
@@ -163,11 +165,11 @@ def test_job_runs_the_engine_in_a_subprocess_and_makes_the_nodes(run):
     assert o.report.GetClassName() == "vtkMRMLTextNode"
     assert o.review.GetClassName() == "vtkMRMLTableNode"
     for node in o.nodes():
-        assert node.GetAttribute(lib.ROLE_ATTRIBUTE) in nodes.ROLES
-        assert node.GetNodeReferenceID(nodes.INPUT_REFERENCE) == run.volume.GetID()
+        assert node.GetAttribute(lib.ROLE_ATTRIBUTE) in outputs_lib.ROLES
+        assert node.GetNodeReferenceID(outputs_lib.INPUT_REFERENCE) == run.volume.GetID()
         assert run.scene.IsNodePresent(node)
-    assert o.segmentation.GetNodeReference(nodes.REVIEW_REFERENCE) is o.review
-    assert o.segmentation.GetNodeReference(nodes.REPORT_REFERENCE) is o.report
+    assert o.segmentation.GetNodeReference(outputs_lib.REVIEW_REFERENCE) is o.review
+    assert o.segmentation.GetNodeReference(outputs_lib.REPORT_REFERENCE) is o.report
     assert o.report_dict()["agreement"] == pytest.approx(run.report["agreement"])
     # progress came from the process's JSON lines, through every stage, to the end
     stages = [p.stage for p in run.progress]
@@ -249,7 +251,7 @@ def test_overlays_use_perceptual_maps_with_fixed_windows_and_legends(run):
         assert comp.GetBackgroundVolumeID() == run.volume.GetID()
         assert comp.GetForegroundVolumeID() == o.disagreement.GetID()
         assert comp.GetForegroundOpacity() == pytest.approx(0.5)
-    leg_d, leg_t = nodes.color_legend(o.disagreement, False), nodes.color_legend(o.temperature, False)
+    leg_d, leg_t = overlays.color_legend(o.disagreement, False), overlays.color_legend(o.temperature, False)
     assert leg_d is not None and leg_t is not None
     assert leg_d.GetVisibility() and not leg_t.GetVisibility()
     assert "Disagreement" in leg_d.GetTitleText() and "Temperature" in leg_t.GetTitleText()
@@ -283,8 +285,8 @@ def test_segment_terminology_uses_the_tag_api_that_slicer_5_8_has():
             self.tags[tag] = value
 
     segment = Slicer58Segment()
-    nodes.set_segment_terminology(segment, nodes.segment_terminology("LV"))
-    assert segment.tags == {"TerminologyEntry": nodes.segment_terminology("LV")}
+    terminology_lib.set_segment_terminology(segment, terminology_lib.segment_terminology("LV"))
+    assert segment.tags == {"TerminologyEntry": terminology_lib.segment_terminology("LV")}
     assert slicer.vtkSegment.GetTerminologyEntryTagName() == "TerminologyEntry"
 
 
@@ -300,7 +302,7 @@ def _volume_array(node):
 
 def _with_agreeing_half(outputs, report):
     """Make the lower half of every map look like agreement (typical low disagreement there)."""
-    low_temperature = nodes.temperature_at(TYPICAL_DISAGREEMENT, report["calibration"])
+    low_temperature = overlays.temperature_at(TYPICAL_DISAGREEMENT, report["calibration"])
     d, t = _volume_array(outputs.disagreement), _volume_array(outputs.temperature)
     half = np.arange(d.size) < d.size // 2
     d[half] = TYPICAL_DISAGREEMENT
@@ -323,13 +325,13 @@ def _display_rgba(node):
 
 def test_the_engines_temperature_formula_is_restated_exactly():
     import torch
-    from cardseg.calibration.card import temperature_field
+    from cardseg.method.calibration.card import temperature_field
 
     cal = {"tau_min": 1.0, "tau_max": 7.59, "w_b": 0.0074, "w_k": 0.0098}
     tac = np.array([0.0, 0.0019, 0.01, 0.05, 0.3, math.log(2.0)])
     engine = temperature_field(torch.tensor(tac), cal["tau_min"], cal["tau_max"], cal["w_b"], cal["w_k"]).numpy()
-    assert [nodes.temperature_at(float(x), cal) for x in tac] == pytest.approx(engine.tolist(), rel=1e-9)
-    assert nodes.temperature_at(0.1, {"tau_min": 1.0}) is None
+    assert [overlays.temperature_at(float(x), cal) for x in tac] == pytest.approx(engine.tolist(), rel=1e-9)
+    assert overlays.temperature_at(0.1, {"tau_min": 1.0}) is None
 
 
 def test_overlays_are_transparent_where_the_networks_agree(fresh, run):
@@ -340,7 +342,7 @@ def test_overlays_are_transparent_where_the_networks_agree(fresh, run):
         display = node.GetDisplayNode()
         assert display.GetApplyThreshold()
         lower, upper = display.GetLowerThreshold(), display.GetUpperThreshold()
-        assert (lower, upper) == pytest.approx(nodes.overlay_threshold(role, run.report, node))
+        assert (lower, upper) == pytest.approx(overlays.overlay_threshold(role, run.report, node))
         values = _volume_array(node)
         assert upper > values.max()
         rgba = _display_rgba(node)
@@ -349,13 +351,13 @@ def test_overlays_are_transparent_where_the_networks_agree(fresh, run):
         assert np.all(alpha[half] == 0), role
         assert np.array_equal(alpha == 0, values < lower), role
         assert np.all(alpha[values >= lower] == 255)
-    assert o.disagreement.GetDisplayNode().GetLowerThreshold() == pytest.approx(nodes.SHOWN_FROM_DISAGREEMENT)
+    assert o.disagreement.GetDisplayNode().GetLowerThreshold() == pytest.approx(overlays.SHOWN_FROM_DISAGREEMENT)
     # the temperature map hides the same voxels: its threshold is the temperature of that disagreement
     cal = run.report["calibration"]
     assert o.temperature.GetDisplayNode().GetLowerThreshold() == pytest.approx(
-        nodes.temperature_at(nodes.SHOWN_FROM_DISAGREEMENT, cal))
-    assert nodes.overlay_threshold("temperature", {"calibration": {"tau_min": 1.0, "tau_max": 3.0}})[0] == \
-        pytest.approx(1.0 + 2.0 * nodes.SHOWN_FROM_DISAGREEMENT / LN2)
+        overlays.temperature_at(overlays.SHOWN_FROM_DISAGREEMENT, cal))
+    assert overlays.overlay_threshold("temperature", {"calibration": {"tau_min": 1.0, "tau_max": 3.0}})[0] == \
+        pytest.approx(1.0 + 2.0 * overlays.SHOWN_FROM_DISAGREEMENT / LN2)
 
 
 def _slice_view(scene):
@@ -396,7 +398,7 @@ def test_rendered_slice_shows_the_input_unchanged_where_the_networks_agree(run):
     shown = vtk_to_numpy(reslice.GetOutput().GetPointData().GetScalars()).reshape(with_overlay.shape[:2])
     composite_node.SetForegroundVolumeID(None)
     input_only = _render(view.GetImageDataConnection())
-    low = shown < nodes.SHOWN_FROM_DISAGREEMENT
+    low = shown < overlays.SHOWN_FROM_DISAGREEMENT
     inside = np.isclose(shown, TYPICAL_DISAGREEMENT)  # the agreeing half of the volume, on this slice
     assert inside.mean() > 0.05 and (~low).mean() > 0.05, "the slice should cut both halves"
     # where the networks agree the input is shown exactly as without the overlay (not darkened) ...
@@ -532,7 +534,7 @@ def test_writing_the_input_changes_neither_node_nor_scene(run, tmp_path):
     scene = make_scene()
     volume = load_input(scene, run.input_path)
     ids, count, mtime = node_ids(scene), scene.GetNumberOfNodes(), volume.GetMTime()
-    nodes.write_volume_file(volume, tmp_path / "x.nrrd")
+    volume_files.write_volume_file(volume, tmp_path / "x.nrrd")
     assert (tmp_path / "x.nrrd").is_file()
     assert node_ids(scene) == ids and scene.GetNumberOfNodes() == count and volume.GetMTime() == mtime
     assert volume.GetStorageNodeID() is None
@@ -655,7 +657,7 @@ def test_an_unexpected_error_while_loading_ends_the_run_with_one_line(run, tmp_p
     def missing_api(segment, entry):
         raise AttributeError("'vtkSegment' object has no attribute 'SetTerminology'")
 
-    monkeypatch.setattr(nodes, "set_segment_terminology", missing_api)
+    monkeypatch.setattr(terminology_lib, "set_segment_terminology", missing_api)
     entered = []
 
     class Busy:
@@ -805,7 +807,7 @@ def test_review_survives_a_scene_save_and_reload(fresh, run, tmp_path):
     back = lib.find_outputs(scene, volume)
     assert back.segmentation is not None and back.review is not None and back.report is not None
     assert back.roi is not None and back.disagreement is not None and back.probabilities is not None
-    assert back.segmentation.GetNodeReference(nodes.REVIEW_REFERENCE) is back.review
+    assert back.segmentation.GetNodeReference(outputs_lib.REVIEW_REFERENCE) is back.review
     rows = {r["region"]: r for r in lib.review_rows(back.review)}
     assert rows[ids[0]]["status"] == "corrected" and rows[ids[0]]["note"] == "RV wall redrawn"
     assert rows[ids[-1]]["status"] == "rejected"

@@ -110,7 +110,7 @@ def test_cmakelists_lists_every_script_and_resource_of_the_module_folder():
     assert present - listed == set(), "files the built extension would miss"
     # the engine and the shipped bundles come in through globs, so new files need no edit
     assert "cardseg/*.py" in variables["CARDSEG_PYTHON_SCRIPTS__patterns"]
-    assert "cardseg/cli.py" in scripts and "cardseg/calibration/card.py" in scripts
+    assert "cardseg/cli.py" in scripts and "cardseg/method/calibration/card.py" in scripts
     assert "CARDSegmentLib/process.py" in scripts
     assert {"Resources/UI/CARDSegment.ui", "Resources/Icons/CARDSegment.png"} <= set(resources)
 
@@ -237,6 +237,10 @@ def test_module_has_the_four_slicer_classes_and_no_method_code():
     assert "ScriptedLoadableModuleTest" in classes["CARDSegmentTest"]
     imported = _imports(MODULE_FILE)
     assert not any(m.split(".")[0] in ("cardseg", "torch", "numpy") for m in imported), imported
+    # the Logic is Slicer's wrapper of CARDSegmentLib's: what it does lives in the library
+    logic = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "CARDSegmentLogic")
+    assert "ModuleLogic" in classes["CARDSegmentLogic"]
+    assert {f.name for f in logic.body if isinstance(f, ast.FunctionDef)} == {"__init__", "getParameterNode"}
 
 
 def _imports(path: Path):

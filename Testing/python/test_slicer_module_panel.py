@@ -1,4 +1,5 @@
-"""The module file itself (CARDSegment.py: Widget, Logic, self-test) driven without the Slicer application.
+"""The module file itself (CARDSegment.py: Widget, Logic, self-test, with what they call in CARDSegmentLib) driven
+without the Slicer application.
 
 ``CARDSegment.py`` imports Qt and Slicer's scripted-module classes, which only the application
 has. Here they are replaced by small stand-ins (a timer whose ticks the test fires, widgets that
@@ -29,7 +30,7 @@ if str(MODULE_DIR) not in sys.path:
     sys.path.insert(0, str(MODULE_DIR))
 
 import CARDSegmentLib as lib  # noqa: E402
-from CARDSegmentLib import nodes  # noqa: E402
+from CARDSegmentLib import dependencies, terminology, volume_files  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,7 +246,7 @@ def make_widget(module, volume=None):
 
 def load_volume(scene, path, name="cine"):
     volume = scene.AddNewNodeByClass("vtkMRMLScalarVolumeNode", name)
-    nodes.read_volume_file(volume, path)
+    volume_files.read_volume_file(volume, path)
     return volume
 
 
@@ -307,7 +308,7 @@ def test_a_failed_install_restores_the_panel_with_one_line(module, rotated_nifti
 
 
 def test_ensure_dependencies_refuses_an_old_torch_before_asking(module, monkeypatch):
-    deps = module.deps
+    deps = dependencies
     monkeypatch.setattr(deps, "missing_requirements", lambda: [deps.requirement("torch")])
     monkeypatch.setattr(deps, "torch_too_old", lambda: "PyTorch 2.1.0 is installed, but ...")
     asked = []
@@ -318,7 +319,7 @@ def test_ensure_dependencies_refuses_an_old_torch_before_asking(module, monkeypa
 
 
 def test_ensure_dependencies_pins_the_installed_torch_for_pip(module, monkeypatch):
-    deps = module.deps
+    deps = dependencies
     monkeypatch.setattr(deps, "missing_requirements", lambda: [deps.requirement("monai"), deps.requirement("einops")])
     monkeypatch.setattr(deps, "installed_version", lambda dist: "2.5.1+cu124" if dist == "torch" else None)
     monkeypatch.setattr(deps.pip_specs, "__defaults__", (deps.installed_version,))
@@ -362,7 +363,7 @@ def test_an_unexpected_error_while_loading_leaves_the_panel_idle_with_one_line(m
     def missing_api(segment, entry):
         raise AttributeError("'vtkSegment' object has no attribute 'SetTerminology'")
 
-    monkeypatch.setattr(nodes, "set_segment_terminology", missing_api)
+    monkeypatch.setattr(terminology, "set_segment_terminology", missing_api)
     widget = make_widget(module, volume)
     widget.logic.ensureDependencies = lambda askConfirmation=True: None
     widget.logic.launcher = CopyingProcess(finished_run)

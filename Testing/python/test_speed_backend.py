@@ -1,4 +1,4 @@
-"""The optional ONNX Runtime backend (``--backend onnx``, ``cardseg.onnx_backend``): its logits against
+"""The optional ONNX Runtime backend (``--backend onnx``, ``cardseg.bundle.onnx_backend``): its logits against
 torch's to a tolerance on a small input, the model cache (location, key, reuse, a damaged file made
 again), no MONAI on a warm start, and ``cardseg segment --backend onnx`` end to end.
 
@@ -19,7 +19,7 @@ import pytest
 import SimpleITK as sitk
 import torch
 
-from cardseg.errors import CardsegError
+from cardseg.base.errors import CardsegError
 
 HAVE_ONNX = importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
 needs_onnx = pytest.mark.skipif(not HAVE_ONNX, reason="onnxruntime and onnx not installed (the [speed] extra)")
@@ -31,7 +31,7 @@ LOGIT_TOL = 1e-4
 @pytest.fixture(scope="module")
 def swin_bundle(tmp_path_factory) -> Path:
     """An untrained bundle with the shipped architecture (SwinUNETR mini + a small U-Net), 64 px."""
-    from cardseg.scaffold import init_bundle
+    from cardseg.bundle.scaffold import init_bundle
 
     path = tmp_path_factory.mktemp("speed") / "swin"
     init_bundle(path, primary="time-swinunetr:mini", reference="time-unet:micro", input_size=64,
@@ -57,7 +57,7 @@ def _inputs(n, k, size, t, seed):
 
 @needs_onnx
 def test_onnx_logits_match_torch(swin_bundle, cache):
-    from cardseg.bundle import load_bundle
+    from cardseg.bundle.loading import load_bundle
 
     tb = load_bundle(swin_bundle)
     ob = load_bundle(swin_bundle, backend="onnx")
@@ -80,8 +80,8 @@ def test_onnx_logits_match_torch(swin_bundle, cache):
 @needs_onnx
 def test_model_cache_location_key_reuse_and_repair(swin_bundle, cache, monkeypatch):
     import cardseg
-    from cardseg import onnx_backend
-    from cardseg.bundle import load_bundle
+    from cardseg.bundle import onnx_backend
+    from cardseg.bundle.loading import load_bundle
 
     load_bundle(swin_bundle, backend="onnx")  # made (or found) once
     models = cache / "models"
@@ -122,7 +122,7 @@ def test_model_cache_location_key_reuse_and_repair(swin_bundle, cache, monkeypat
 
 @needs_onnx
 def test_unwritable_cache_keeps_the_model_in_memory(swin_bundle, tmp_path, monkeypatch):
-    from cardseg.bundle import load_bundle
+    from cardseg.bundle.loading import load_bundle
 
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
@@ -133,7 +133,7 @@ def test_unwritable_cache_keeps_the_model_in_memory(swin_bundle, tmp_path, monke
 
 def test_cache_may_not_lie_inside_the_package(monkeypatch):
     import cardseg
-    from cardseg import onnx_backend
+    from cardseg.bundle import onnx_backend
 
     monkeypatch.setenv("CARDSEG_CACHE_DIR", str(Path(cardseg.__file__).resolve().parent / "bundles"))
     with pytest.raises(CardsegError, match="inside the installed cardseg package"):
@@ -142,10 +142,10 @@ def test_cache_may_not_lie_inside_the_package(monkeypatch):
 
 @needs_onnx
 def test_warm_start_imports_no_monai(swin_bundle, cache):
-    from cardseg.bundle import load_bundle
+    from cardseg.bundle.loading import load_bundle
 
     load_bundle(swin_bundle, backend="onnx")  # warm the cache
-    code = ("import sys; from cardseg.bundle import load_bundle; "
+    code = ("import sys; from cardseg.bundle.loading import load_bundle; "
             f"b = load_bundle({str(swin_bundle)!r}, backend='onnx'); "
             "assert 'monai' not in sys.modules, 'monai imported'; print(b.primary.source)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
@@ -186,7 +186,7 @@ def test_segment_onnx_matches_torch_and_repeats_bit_for_bit(swin_bundle, cache, 
 
 
 def test_backend_refusals(tmp_path, tiny_bundle, monkeypatch, capsys):
-    from cardseg.bundle import load_bundle
+    from cardseg.bundle.loading import load_bundle
     from cardseg.cli import main
 
     with pytest.raises(CardsegError, match="unknown backend"):
@@ -268,8 +268,8 @@ def test_auto_without_onnxruntime_runs_torch_silently(tmp_path, tiny_bundle, vol
 def test_auto_without_the_exporter_runs_torch_and_onnx_refuses(tmp_path, tiny_bundle, monkeypatch):
     """ONNX Runtime alone cannot make the model: auto runs torch without a word, onnx says why,
     and nothing is built before that is known."""
-    from cardseg import onnx_backend
-    from cardseg.bundle import load_bundle
+    from cardseg.bundle import onnx_backend
+    from cardseg.bundle.loading import load_bundle
 
     monkeypatch.setenv("CARDSEG_CACHE_DIR", str(tmp_path / "empty-cache"))
     real = importlib.util.find_spec
@@ -283,7 +283,7 @@ def test_auto_without_the_exporter_runs_torch_and_onnx_refuses(tmp_path, tiny_bu
 
 @needs_onnx
 def test_auto_falls_back_to_torch_when_the_export_disagrees(tmp_path, tiny_bundle, volume_file, monkeypatch, capsys):
-    from cardseg import onnx_backend
+    from cardseg.bundle import onnx_backend
     from cardseg.cli import main
 
     monkeypatch.setenv("CARDSEG_CACHE_DIR", str(tmp_path / "cache"))
@@ -302,7 +302,7 @@ def test_auto_on_a_gpu_or_with_ray_is_torch(tiny_bundle, monkeypatch):
     """``auto`` never asks ONNX Runtime for a CUDA device, and Ray's workers load torch."""
     import argparse
 
-    from cardseg import onnx_backend
+    from cardseg.bundle import onnx_backend
     from cardseg.cli import _check_backend
 
     a = argparse.Namespace(backend=None, device="auto", ray="local")
@@ -310,9 +310,9 @@ def test_auto_on_a_gpu_or_with_ray_is_torch(tiny_bundle, monkeypatch):
     assert a.backend == "torch"
     calls = []
     monkeypatch.setattr(onnx_backend, "load_networks", lambda *x, **k: calls.append(x))
-    from cardseg import bundle as bundle_mod
+    from cardseg.bundle import loading as bundle_mod
 
-    monkeypatch.setattr(bundle_mod, "_load_network", lambda root, config, role, w: torch.nn.Identity())
+    monkeypatch.setattr(bundle_mod, "load_network", lambda root, config, role, w: torch.nn.Identity())
     b = bundle_mod.load_bundle(tiny_bundle, device="meta", backend="auto")
     assert b.backend == "torch" and calls == []
 
@@ -336,8 +336,8 @@ def test_batch_uses_the_backend_it_is_given(tmp_path, tiny_bundle, volume_file, 
 def test_auto_survives_any_export_failure(tmp_path, tiny_bundle, monkeypatch):
     """An exporter that breaks in an unforeseen way (here a RuntimeError) costs ``auto`` the speed,
     not the run; ``onnx`` says so in one line."""
-    from cardseg import onnx_backend
-    from cardseg.bundle import load_bundle
+    from cardseg.bundle import onnx_backend
+    from cardseg.bundle.loading import load_bundle
 
     monkeypatch.setenv("CARDSEG_CACHE_DIR", str(tmp_path / "cache"))
 

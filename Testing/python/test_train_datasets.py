@@ -11,12 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from cardseg.bundle import default_config
-from cardseg.errors import CardsegError
-from cardseg.scaffold import ACDC_CLASSES
+from cardseg.bundle.loading import default_config
+from cardseg.base.errors import CardsegError
+from cardseg.bundle.scaffold import ACDC_CLASSES
 from cardseg.segment import network_inputs
-from cardseg.volume import Volume
+from cardseg.io.volume import Volume
 from cardseg_train import datasets as D
+from cardseg_train.slice_dataset import SliceDataset
 
 ACDC = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "acdc"
 HAS_ACDC = (ACDC / "slices").is_dir() and (ACDC / "train_patients.txt").is_file()
@@ -102,7 +103,7 @@ def test_h5_real_acdc():
     assert 0.0 <= r.image.min() and r.image.max() <= 1.0 and set(np.unique(r.label)) <= {0, 1, 2, 3}
     val = D.acdc_h5_records(ACDC, lists["val"][:1])
     assert len({r.case for r in val}) == 2  # end-diastole and end-systole volumes
-    ds = D.SliceDataset(two[:6] + val[:4], target_spacing=2.0, size=128)
+    ds = SliceDataset(two[:6] + val[:4], target_spacing=2.0, size=128)
     assert ds.images.shape == (10, 1, 128, 128) and ds.labels.shape == (10, 128, 128)
     assert ds.num_classes == 4 and 0.0 <= float(ds.images.min()) and float(ds.images.max()) <= 1.0
     assert not set(lists["test"]) & ({r.patient for r in two} | {r.patient for r in val})
@@ -155,7 +156,7 @@ def test_mapping_equals_inference_preprocessing():
     img, lab = _toy_volume(z=3, ny=60, nx=52)
     spacing = (1.4, 1.7)
     recs = [D.SliceRecord(img[z], lab[z], spacing, "c", "p", z) for z in range(3)]
-    ds = D.SliceDataset(recs, target_spacing=2.5, size=32)
+    ds = SliceDataset(recs, target_spacing=2.5, size=32)
     cfg = default_config("t", ACDC_CLASSES, {"arch": "time-unet"}, {"arch": "time-unet"}, 2.5, 32)
     vol = Volume(array=img, spacing=(*spacing, 8.0), origin=(0.0, 0.0, 0.0), direction=tuple(np.eye(3).ravel()))
     x, grid = network_inputs(vol, types.SimpleNamespace(config=cfg))
@@ -171,4 +172,4 @@ def test_mapping_equals_inference_preprocessing():
 def test_dataset_rejects_too_many_classes():
     img, lab = _toy_volume(z=1)
     with pytest.raises(CardsegError):
-        D.SliceDataset([D.SliceRecord(img[0], lab[0], (1.0, 1.0), "c", "p")], 2.0, 32, num_classes=3)
+        SliceDataset([D.SliceRecord(img[0], lab[0], (1.0, 1.0), "c", "p")], 2.0, 32, num_classes=3)

@@ -9,12 +9,13 @@ import pytest
 import torch
 
 import cardseg.cli
-from cardseg.bundle import load_bundle
-from cardseg.diffusion import uniform_state
-from cardseg.errors import CardsegError
+from cardseg.bundle.loading import load_bundle
+from cardseg.method.diffusion import uniform_state
+from cardseg.base.errors import CardsegError
 from cardseg_train import cli as train_cli
 from cardseg_train.augment import AugmentConfig
-from cardseg_train.datasets import SliceDataset, synthetic_records
+from cardseg_train.datasets import synthetic_records
+from cardseg_train.slice_dataset import SliceDataset
 from cardseg_train.runs import load_checkpoint, load_run_network
 from cardseg_train.train import train
 from cardseg_train.train_config import TrainConfig

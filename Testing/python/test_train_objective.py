@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from cardseg.diffusion import CategoricalSchedule, one_hot
+from cardseg.method.diffusion import CategoricalSchedule, one_hot
 from cardseg_train.augment import AugmentConfig, BatchAugment
 from cardseg_train.losses import DiffusionLoss, LossWeights, boundary_band, boundary_ce, soft_dice_loss
 from cardseg_train.train_steps import lr_factor, make_training_inputs, sample_noisy_state

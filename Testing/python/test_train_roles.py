@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import cardseg.cli
-from cardseg.networks import build_network
-from cardseg.networks.discriminative import AleatoricSegmentor, aleatoric_nll, predictive_logits
-from cardseg.scaffold import parse_network
+from cardseg.method.networks import build_network
+from cardseg.method.networks.discriminative import AleatoricSegmentor, aleatoric_nll, predictive_logits
+from cardseg.bundle.scaffold import parse_network
 from cardseg_train.losses import AleatoricLoss, SegmentationLoss
 from cardseg_train.runs import load_run_network
 

@@ -5,9 +5,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cardseg.diffusion import CategoricalSchedule
-from cardseg.networks import build_network
-from cardseg.trajectory import TACAccumulator, js_divergence, run_trajectory
+from cardseg.method.diffusion import CategoricalSchedule
+from cardseg.method.networks import build_network
+from cardseg.method.trajectory import TACAccumulator, js_divergence, run_trajectory
 
 LN2 = math.log(2)
 

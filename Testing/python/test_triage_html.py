@@ -15,8 +15,12 @@ import numpy as np
 import pytest
 import SimpleITK as sitk
 
-from cardseg import batch as B
-from cardseg import triage as T
+from cardseg.cohort.batch import run_batch
+from cardseg.cohort.layout import COHORT_CSV, SUBJECTS_CSV, TRIAGE_HTML
+from cardseg.cohort.options import BatchOptions
+from cardseg.cohort.subjects import subject_columns
+from cardseg.cohort.tables import table_columns, write_table
+from cardseg.cohort import triage as T
 
 BROWSERS = ("/usr/bin/chromium-headless-shell", "/usr/lib/chromium/chromium-headless-shell",
             "/usr/lib/chromium/headless_shell", "/usr/bin/chromium")
@@ -75,22 +79,22 @@ def report_dir(tmp_path_factory, tiny_bundle, synthetic_volume):
         sitk.WriteImage(vol.to_image(arr.astype(np.float32)), str(root / "in" / f"{name}.nii.gz"))
     (root / "in" / "delta.nii.gz").write_bytes(b"not an image")
     out = root / "out with space"
-    result = B.run_batch(B.BatchOptions(inputs=[str(root / "in")], output=str(out), bundle=str(tiny_bundle),
+    result = run_batch(BatchOptions(inputs=[str(root / "in")], output=str(out), bundle=str(tiny_bundle),
                                         progress="none"))
-    assert (out / B.TRIAGE_HTML).is_file()
+    assert (out / TRIAGE_HTML).is_file()
     rows = {r["case"]: dict(r) for r in result.rows}
     rows["alpha"].update(agreement=0.97, out_of_domain=False, flagged_regions=0, flagged_volume_ml=0.0)
     rows["beta"].update(agreement=0.95, out_of_domain=True, flagged_regions=1, flagged_volume_ml=0.2)
     rows["gamma"].update(agreement=0.91, out_of_domain=False, flagged_regions=3, flagged_volume_ml=1.5,
                          subject="s1", phase="ED")
-    columns = B.table_columns(list(rows.values()), ["RV", "MYO", "LV"])
-    B.write_table(out / B.COHORT_CSV, list(rows.values()), columns)
-    B.write_table(out / B.SUBJECTS_CSV,
+    columns = table_columns(list(rows.values()), ["RV", "MYO", "LV"])
+    write_table(out / COHORT_CSV, list(rows.values()), columns)
+    write_table(out / SUBJECTS_CSV,
                   [{"subject": "s1", "ed_case": "gamma", "es_case": "alpha", "nominal": 0.9, "LVEF": 57.25,
                     "LVEF_low": 49.5, "LVEF_high": 64.75, "LVEDV_ml": 151.0, "LVEDV_ml_low": 140.0,
                     "LVEDV_ml_high": 162.0, "error": ""}],
-                  B.subject_columns(["LVEDV_ml", "LVEF"]))
-    from cardseg.bundle_schema import check_bundle_folder
+                  subject_columns(["LVEDV_ml", "LVEF"]))
+    from cardseg.bundle.folder import check_bundle_folder
 
     _, config = check_bundle_folder(tiny_bundle)
     T.write_report(out, config=config)
@@ -100,7 +104,7 @@ def report_dir(tmp_path_factory, tiny_bundle, synthetic_volume):
 def expected_order(out: Path):
     """The documented rule, written again here: failed, then out of domain, then with flagged
     regions, then clean; lower agreement first within each."""
-    with open(out / B.COHORT_CSV, newline="") as f:
+    with open(out / COHORT_CSV, newline="") as f:
         rows = list(csv.DictReader(f))
 
     def key(r):
@@ -122,7 +126,7 @@ def page(report_dir):
         pg = browser.new_page()
         requests = []
         pg.on("request", lambda r: requests.append(r.url))
-        url = (report_dir / B.TRIAGE_HTML).resolve().as_uri()
+        url = (report_dir / TRIAGE_HTML).resolve().as_uri()
         pg.goto(url)
         pg.wait_for_load_state("load")
         yield {"page": pg, "requests": requests, "url": url, "dir": report_dir}
@@ -160,7 +164,7 @@ def test_page_shows_indices_with_intervals(page):
 
 def test_page_is_self_contained(page):
     assert page["requests"] and all(u.startswith(("file://", "data:")) for u in page["requests"]), page["requests"]
-    html = (page["dir"] / B.TRIAGE_HTML).read_text()
+    html = (page["dir"] / TRIAGE_HTML).read_text()
     assert "http://" not in html and "https://" not in html and "<script" not in html.lower()
 
 

@@ -26,9 +26,9 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from cardseg.calibration import CARD, TemperatureScaling, Uncalibrated
-from cardseg.calibration_metrics import CalibrationAccumulator
-from cardseg.errors import CardsegError
+from cardseg.method.calibration import CARD, TemperatureScaling, Uncalibrated
+from cardseg.metrics.calibration import CalibrationAccumulator
+from cardseg.base.errors import CardsegError
 
 from .calibration_eval import CaseResult, calibrated_probs as _probs
 

@@ -12,12 +12,13 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from cardseg.bundle import load_bundle, update_config
-from cardseg.errors import CardsegError
-from cardseg.progress import Progress
+from cardseg.bundle.loading import load_bundle, update_config
+from cardseg.base.errors import CardsegError
+from cardseg.base.progress import Progress
 
-from .calibration_fit import (NETWORK_METHODS, POOL_VARIANTS, PoolItem, build_pool, fit_calibrator, pool_nll,
-                              pool_thresholds, pool_with_tac_steps)
+from .calibration_fit import NETWORK_METHODS, fit_calibrator, pool_nll
+from .calibration_perturb import POOL_VARIANTS
+from .calibration_pool import PoolItem, build_pool, pool_thresholds, pool_with_tac_steps
 from .calibration_spatial import CROP_MARGIN, crop_box, crop_nll, spatial_arrays, spatial_from_arrays
 from .evaluation import acdc_h5_volumes
 from .train_config import data_name
@@ -103,7 +104,7 @@ def parse_baselines(text: str) -> List[str]:
 def shape_label_maps(data: str, margin: int = CROP_MARGIN, roi_radius: int = 10) -> List[np.ndarray]:
     """Source label maps for CalibNet's shape prior: the training split's slices, each cut to its
     volume's ROI box (as the pool's crops), slices without foreground left out."""
-    from cardseg.metrics import roi_mask
+    from cardseg.metrics.segmentation import roi_mask
 
     maps = []
     for case in acdc_h5_volumes(data, "train"):

@@ -16,9 +16,9 @@ augmentation statistics when asked), their probabilities are computed on the box
 same ROI pixels, in the same order. Definitions used everywhere (fitting, evaluation, tests):
 
 * ROI: the ground-truth foreground dilated per slice by a disk of radius 10 px, on the volume's
-  own grid (:func:`cardseg.metrics.roi_mask`).
+  own grid (:func:`cardseg.metrics.segmentation.roi_mask`).
 * ECE (top-label), SCE, ACE with 10 bins and NLL, pooled over all ROI pixels of all volumes of a
-  condition (:class:`cardseg.calibration_metrics.CalibrationAccumulator`); per-volume means are
+  condition (:class:`cardseg.metrics.calibration.CalibrationAccumulator`); per-volume means are
   reported beside them.
 * ACDC-C block NLL of a method (the paper's): the mean over *all* conditions, clean included, of
   its pooled NLL, each condition weighing the same (``mean_nll``); the artifacts-only mean
@@ -41,11 +41,11 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from cardseg.calibration import Calibrator, calibrator_from_dict, method_label
-from cardseg.calibration_metrics import CalibrationAccumulator, calibration_metrics
-from cardseg.errors import CardsegError
-from cardseg.metrics import agreement_score, mean_slice_lcc_ratio, roi_mask
-from cardseg.progress import Progress
+from cardseg.method.calibration import Calibrator, calibrator_from_dict, method_label
+from cardseg.metrics.calibration import CalibrationAccumulator, calibration_metrics
+from cardseg.base.errors import CardsegError
+from cardseg.metrics.segmentation import agreement_score, mean_slice_lcc_ratio, roi_mask
+from cardseg.base.progress import Progress
 
 from .calibration_spatial import (SpatialItem, augmentation_stats, crop_roi_probs, engine_primary_logits,
                                   spatial_arrays, spatial_from_arrays, spatial_item)
@@ -341,7 +341,7 @@ def calibration_table(results: Sequence[CaseResult], calibrators: Dict[str, Cali
     """Every metric of the report, JSON-able (see the module docstring for the definitions).
 
     ``segmentor``: what made the logits (a bundle's ``segmentor.kind``; ``diffusion`` for a CARD
-    bundle), which decides how the methods are named (:func:`cardseg.calibration.method_label`)."""
+    bundle), which decides how the methods are named (:func:`cardseg.method.calibration.method_label`)."""
     k = len(class_names)
     conditions = list(conditions or dict.fromkeys(r.condition for r in results))
     methods = list(calibrators)

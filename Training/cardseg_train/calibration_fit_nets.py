@@ -35,11 +35,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from cardseg.calibration import CalibNet, LocalTemperatureScaling, ParameterizedTemperatureScaling
-from cardseg.calibration.netbase import NetworkCalibrator
-from cardseg.progress import Progress
+from cardseg.method.calibration import CalibNet, LocalTemperatureScaling, ParameterizedTemperatureScaling
+from cardseg.method.calibration.netbase import NetworkCalibrator
+from cardseg.base.progress import Progress
 
-from .calibration_fit import PoolItem, _fit_temperature, concat_pool
+from .calibration_objectives import fit_temperature
+from .calibration_pool import PoolItem, concat_pool
 from .calibration_spatial import LOG_FLOOR, SpatialItem, crop_inputs, crop_nll
 
 #: the held-out share of the pool's patients
@@ -141,7 +142,7 @@ def fit_pts(pool: Sequence[PoolItem], seed: int = 0, holdout: float = HOLDOUT, h
     info = {} if info is None else info
     train, held, names = holdout_split(pool, holdout, seed)
     z_np, y_np, _ = concat_pool(train)
-    t0 = _fit_temperature(z_np, y_np)
+    t0 = fit_temperature(z_np, y_np)
     k = z_np.shape[1]
     cal = ParameterizedTemperatureScaling({"num_classes": k, "top_k": top_k or k, "hidden": hidden, "layers": layers},
                                           seed=seed)
@@ -200,7 +201,7 @@ def _crop_temperature_start(crops: Sequence[SpatialItem]) -> float:
     """TS temperature on the ROI pixels of crops (the networks' starting point)."""
     z = np.concatenate([np.moveaxis(sp.logits, 1, 0)[:, sp.roi].T for sp in crops]).astype(np.float64)
     y = np.concatenate([sp.labels[sp.roi] for sp in crops]).astype(np.int64)
-    return _fit_temperature(z, y)
+    return fit_temperature(z, y)
 
 
 def _crop_batches(crops: Sequence[SpatialItem], slices: int) -> List[Tuple[int, int, int]]:

@@ -19,30 +19,17 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
-import os
 from pathlib import Path
 from typing import Dict, Optional
 
 import numpy as np
 
+from .report_files import atomic_write, format_value, pyplot, save_figure, save_titled
 
 
 def _label(t: dict, method: str) -> str:
     """The method's name in this table (``labels``, written by the harness from the calibrators)."""
     return (t.get("labels") or {}).get(method, method)
-
-
-def _fmt(v: Optional[float], scale: float = 1.0, digits: int = 3) -> str:
-    if v is None or not math.isfinite(v):
-        return "n/a"
-    return f"{v * scale:.{digits}f}"
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(data)
-    os.replace(tmp, path)
 
 
 def markdown_table(t: dict, title: str = "") -> str:
@@ -60,18 +47,18 @@ def markdown_table(t: dict, title: str = "") -> str:
         head += " artifacts-only NLL |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     for m in methods:
-        cells = [f"{_fmt(t['pooled'][c][m]['ece'], 100, 2)} | {_fmt(t['pooled'][c][m]['sce'], 100, 2)} | "
-                 f"{_fmt(t['pooled'][c][m]['ace'], 100, 2)}" for c in conds]
-        row = f"| {_label(t, m)} | " + " | ".join(cells) + f" | {_fmt(t['mean_nll'][m])} |"
+        cells = [f"{format_value(t['pooled'][c][m]['ece'], 100, 2)} | {format_value(t['pooled'][c][m]['sce'], 100, 2)} | "
+                 f"{format_value(t['pooled'][c][m]['ace'], 100, 2)}" for c in conds]
+        row = f"| {_label(t, m)} | " + " | ".join(cells) + f" | {format_value(t['mean_nll'][m])} |"
         if artifacts:
-            row += f" {_fmt(artifacts[m])} |"
+            row += f" {format_value(artifacts[m])} |"
         lines.append(row)
     lines += ["", "NLL per condition (pooled over ROI pixels):", ""]
     head = "| Method | " + " | ".join(conds) + " | block (mean) |"
     lines += [head, "|" + "---|" * (len(conds) + 2)]
     for m in methods:
-        lines.append(f"| {_label(t, m)} | " + " | ".join(_fmt(t["pooled"][c][m]["nll"]) for c in conds)
-                     + f" | {_fmt(t['mean_nll'][m])} |")
+        lines.append(f"| {_label(t, m)} | " + " | ".join(format_value(t["pooled"][c][m]["nll"]) for c in conds)
+                     + f" | {format_value(t['mean_nll'][m])} |")
     ratio = t.get("card_vs_best_post_hoc")
     lines += ["", f"Lowest block NLL: **{_label(t, t['lowest_mean_nll'])}**."]
     if ratio:
@@ -83,13 +70,13 @@ def markdown_table(t: dict, title: str = "") -> str:
               "LCC ratio reference | agreement | r(agreement, slice Dice) |", "|" + "---|" * (len(names) + 6)]
     for c in conds:
         s = t["segmentation"][c]
-        lines.append(f"| {c} | " + " | ".join(_fmt(s["dice"][n]) for n in names) + f" | {_fmt(s['dice']['mean'])} | "
-                     f"{_fmt(s['lcc'])} | {_fmt(s.get('lcc_reference'))} | {_fmt(s['agreement'])} | "
-                     f"{_fmt(t['agreement_vs_dice']['per_condition'][c]['r'])} |")
+        lines.append(f"| {c} | " + " | ".join(format_value(s["dice"][n]) for n in names) + f" | {format_value(s['dice']['mean'])} | "
+                     f"{format_value(s['lcc'])} | {format_value(s.get('lcc_reference'))} | {format_value(s['agreement'])} | "
+                     f"{format_value(t['agreement_vs_dice']['per_condition'][c]['r'])} |")
     lines += ["", "LCC ratio: largest connected component over all foreground, per 2D slice, averaged over slices "
               "with predicted foreground (paper Fig. 2a).",
               "", f"Pearson r of slice agreement against slice Dice over all conditions: "
-                  f"{_fmt(t['agreement_vs_dice']['r_all'])}.", ""]
+                  f"{format_value(t['agreement_vs_dice']['r_all'])}.", ""]
     return "\n".join(lines)
 
 
@@ -107,15 +94,15 @@ def write_tables(t: dict, out: Path, title: str = "") -> Dict[str, Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"md": out / "calibration.md", "csv": out / "calibration.csv", "json": out / "calibration.json"}
-    _atomic_write(paths["md"], markdown_table(t, title).encode("utf-8"))
+    atomic_write(paths["md"], markdown_table(t, title).encode("utf-8"))
     buf = io.StringIO()
     rows = list(csv_rows(t))
     w = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
     w.writeheader()
     for r in rows:
         w.writerow({k: (f"{v:.6g}" if isinstance(v, float) else v) for k, v in r.items()})
-    _atomic_write(paths["csv"], buf.getvalue().encode("utf-8"))
-    _atomic_write(paths["json"], json.dumps({"title": title, **t}, indent=1).encode("utf-8"))
+    atomic_write(paths["csv"], buf.getvalue().encode("utf-8"))
+    atomic_write(paths["json"], json.dumps({"title": title, **t}, indent=1).encode("utf-8"))
     return paths
 
 
@@ -123,35 +110,9 @@ def write_tables(t: dict, out: Path, title: str = "") -> Dict[str, Path]:
 # figures
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(fig, path: Path) -> Path:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    _plt().close(fig)
-    _atomic_write(path, buf.getvalue())
-    return path
-
-
-def _save_titled(fig, path: Path, title: str = "") -> Path:
-    """Optional figure title, tight layout, parent folder made, saved atomically."""
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return _save(fig, path)
-
-
 def plot_nll_by_condition(t: dict, path: Path) -> Path:
     """Grouped bars: pooled NLL per condition, one bar per method (paper Fig. 1b)."""
-    plt = _plt()
+    plt = pyplot()
     conds, methods = t["conditions"], t["methods"]
     fig, ax = plt.subplots(figsize=(1.6 + 1.5 * len(conds), 3.6))
     width = 0.8 / len(methods)
@@ -165,13 +126,13 @@ def plot_nll_by_condition(t: dict, path: Path) -> Path:
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _condition_method_grid(t: dict, path: Path, draw, ylabel: str, row_height: float) -> Path:
     """One panel per (condition, method): rows = conditions, columns = methods;
     ``draw(ax, condition, method, column)`` fills a panel."""
-    plt = _plt()
+    plt = pyplot()
     conds, methods = t["conditions"], t["methods"]
     fig, axes = plt.subplots(len(conds), len(methods), figsize=(2.3 * len(methods), row_height * len(conds)),
                              squeeze=False, sharex=True, sharey=True)
@@ -186,7 +147,7 @@ def _condition_method_grid(t: dict, path: Path, draw, ylabel: str, row_height: f
             if i == len(conds) - 1:
                 ax.set_xlabel("confidence", fontsize=8)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _bin_centres(t: dict, c: str, m: str):
@@ -223,17 +184,17 @@ def plot_confidence_histograms(t: dict, path: Path) -> Path:
 
 def plot_agreement_vs_dice(t: dict, path: Path) -> Path:
     """Slice agreement (Eq. 4 over the ROI) against slice Dice, one colour per condition."""
-    plt = _plt()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.2, 4.2))
     for i, c in enumerate(t["conditions"]):
         s = t["agreement_vs_dice"]["per_condition"][c]
-        ax.scatter(s["agreement"], s["dice"], s=9, alpha=0.6, color=f"C{i}", label=f"{c} (r = {_fmt(s['r'], 1, 2)})")
+        ax.scatter(s["agreement"], s["dice"], s=9, alpha=0.6, color=f"C{i}", label=f"{c} (r = {format_value(s['r'], 1, 2)})")
     ax.set(xlabel="slice agreement (Eq. 4, ROI)", ylabel="slice Dice (mean over classes)",
-           title=f"agreement vs Dice, r = {_fmt(t['agreement_vs_dice']['r_all'], 1, 2)}")
+           title=f"agreement vs Dice, r = {format_value(t['agreement_vs_dice']['r_all'], 1, 2)}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def write_figures(t: dict, out: Path) -> Dict[str, Path]:
@@ -254,7 +215,7 @@ def plot_case_panel(image: np.ndarray, truth: np.ndarray, primary: np.ndarray, r
                     tac: np.ndarray, path: Path, title: str = "", temperature: Optional[np.ndarray] = None) -> Path:
     """Paper Fig. 4 for one 2D slice ``(Y, X)``: input with the ground-truth contour, primary and
     reference predictions, TAC map, primary error map (and CARD's temperature when given)."""
-    plt = _plt()
+    plt = pyplot()
     from matplotlib.colors import ListedColormap
 
     k = int(max(truth.max(), primary.max(), reference.max(), 3)) + 1
@@ -284,18 +245,18 @@ def plot_case_panel(image: np.ndarray, truth: np.ndarray, primary: np.ndarray, r
         fig.colorbar(im, ax=axes[5], fraction=0.046)
     for ax in axes:
         ax.set_axis_off()
-    return _save_titled(fig, Path(path), title)
+    return save_titled(fig, Path(path), title)
 
 
 def plot_conditions(images: Dict[str, np.ndarray], truth: np.ndarray, path: Path, title: str = "") -> Path:
     """One 2D slice under each condition, with the ground-truth outline: the picture that shows
     an artifact is what it claims (motion rings and blurs inside the field of view rather than
     shifting the heart off its mask). images: condition -> ``(Y, X)``."""
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(images), figsize=(2.6 * len(images), 2.9), squeeze=False)
     for ax, (name, img) in zip(axes[0], images.items()):
         ax.imshow(img, cmap="gray")
         ax.contour(truth > 0, levels=[0.5], colors="lime", linewidths=0.7)
         ax.set_title(name, fontsize=9)
         ax.set_axis_off()
-    return _save_titled(fig, Path(path), title)
+    return save_titled(fig, Path(path), title)

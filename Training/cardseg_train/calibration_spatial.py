@@ -1,6 +1,6 @@
 """Spatial crops for the convolutional calibrators (LTS, CalibNet).
 
-The fitting pool (:class:`~cardseg_train.calibration_fit.PoolItem`) and the evaluation cache
+The fitting pool (:class:`~cardseg_train.calibration_pool.PoolItem`) and the evaluation cache
 (:class:`~cardseg_train.calibration_eval.CaseResult`) hold the ROI pixels of a volume as vectors
 ``(K, n)``: enough for TS, ETS, HTS, CARD and PTS, which read one pixel at a time, but not for a
 network that reads a neighbourhood and the image. A :class:`SpatialItem` adds what those need:
@@ -24,8 +24,10 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from cardseg.calibration import Calibrator
-from cardseg.calibration.calibnet import AUGMENTATION_KINDS, AUGMENTATION_NOISE_SIGMA
+from cardseg.method.calibration import Calibrator
+from cardseg.method.calibration.calibnet import AUGMENTATION_KINDS, AUGMENTATION_NOISE_SIGMA
+
+from .calibration_perturb import apply_perturbation, perturbation_params
 
 #: pixels kept around the ROI's bounding box (at least the calibrators' receptive field radius:
 #: 16 for the default LTS, 16 + 4 for the default CalibNet, whose outer pixels see zero padding)
@@ -104,8 +106,6 @@ def spatial_item(logits: np.ndarray, image: np.ndarray, labels: np.ndarray, roi:
 def calibnet_augmentation(img01: np.ndarray, j: int, rng: np.random.Generator) -> np.ndarray:
     """Augmentation ``j`` of a ``[0, 1]`` image or volume: kind ``AUGMENTATION_KINDS[j % 3]``
     (contrast or gamma factor drawn from ``[0.6, 1.5]``, or Gaussian noise of sigma 0.15)."""
-    from .calibration_fit import apply_perturbation, perturbation_params
-
     kind = AUGMENTATION_KINDS[j % len(AUGMENTATION_KINDS)]
     params = {"sigma": AUGMENTATION_NOISE_SIGMA} if kind == "noise" else perturbation_params(kind, rng)
     return apply_perturbation(img01, kind, params, rng)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from cardseg.errors import CardsegError
+from cardseg.base.errors import CardsegError
 
 
 #: command-line flag → TrainConfig field, for flags whose default is "the config's default"

@@ -12,9 +12,9 @@ import json
 from pathlib import Path
 from typing import List
 
-from cardseg.errors import CardsegError
+from cardseg.base.errors import CardsegError
 
-from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing
+from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing, comma_names
 
 
 def ablate_parser() -> argparse.ArgumentParser:
@@ -40,9 +40,8 @@ def ablate_parser() -> argparse.ArgumentParser:
 def cmd_ablate(argv: List[str]) -> int:
     a = ablate_parser().parse_args(argv)
     from .calibration_eval import CONDITIONS
-    from .cli_evaluate import _names
 
-    _names(a.condition, list(CONDITIONS), "condition")
+    comma_names(a.condition, list(CONDITIONS), "condition")
     dual = None
     if a.dual:
         from .comparison import load_table
@@ -50,8 +49,8 @@ def cmd_ablate(argv: List[str]) -> int:
         dual = load_table(Path(a.dual))
     import torch
 
-    from cardseg.bundle import load_bundle
-    from cardseg.progress import make_progress
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.base.progress import make_progress
     from cardseg.segment import resolve_device
 
     from .ablation import ablation_table, markdown, plot

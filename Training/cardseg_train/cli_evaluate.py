@@ -10,9 +10,9 @@ import argparse
 from pathlib import Path
 from typing import List
 
-from cardseg.errors import CardsegError
+from cardseg.base.errors import CardsegError
 
-from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing
+from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing, comma_names
 
 
 def evaluate_parser() -> argparse.ArgumentParser:
@@ -53,31 +53,23 @@ def evaluate_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _names(text: str, allowed, what: str) -> List[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    bad = [n for n in names if n not in allowed]
-    if bad or not names:
-        raise CardsegError(f"unknown {what} {', '.join(bad) or repr(text)} (choose from {', '.join(allowed)})")
-    return names
-
-
 def cmd_evaluate(argv: List[str]) -> int:
     a = evaluate_parser().parse_args(argv)
     from .calibration_eval import ALL_METHODS, CONDITIONS
 
-    methods = _names(a.methods, ALL_METHODS, "method")
-    conditions = _names(a.conditions, list(CONDITIONS), "condition")
+    methods = comma_names(a.methods, ALL_METHODS, "method")
+    conditions = comma_names(a.conditions, list(CONDITIONS), "condition")
     if a.max_cases is not None and a.max_cases < 1:
         raise CardsegError("--max-cases must be at least 1")
     panel_case, _, panel_cond = (a.panel or "").partition(":")
     if panel_cond:
-        _names(panel_cond, list(CONDITIONS), "--panel condition")
+        comma_names(panel_cond, list(CONDITIONS), "--panel condition")
 
     import numpy as np
     import torch
 
-    from cardseg.bundle import load_bundle
-    from cardseg.progress import make_progress
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.base.progress import make_progress
     from cardseg.segment import resolve_device
 
     from .calibration_eval import (CaseCache, bundle_calibrators, calibration_table, case_panel, choose_panel,
@@ -147,7 +139,7 @@ def cmd_evaluate(argv: List[str]) -> int:
 
 def review_section(bundle, cases, conditions, a, device, out: Path, title: str) -> None:
     """The flagged-region study of ``cardseg evaluate``: review.md/.json/.png in ``out``."""
-    from cardseg.progress import make_progress
+    from cardseg.base.progress import make_progress
 
     from .review_data import cache_key, collect_maps
     from .review_report import review_tables, summary_line, write_review

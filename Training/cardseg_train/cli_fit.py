@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import List
 
-from cardseg.errors import CardsegError
+from cardseg.base.errors import CardsegError
 
 from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing
 
@@ -35,8 +35,8 @@ def cmd_fit_review(argv: List[str]) -> int:
     a = review_fit_parser().parse_args(argv)
     import torch
 
-    from cardseg.bundle import load_bundle
-    from cardseg.progress import make_progress
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.base.progress import make_progress
     from cardseg.segment import resolve_device
 
     from .review_report import fit_bundle_review
@@ -53,7 +53,7 @@ def cmd_fit_review(argv: List[str]) -> int:
         Path(a.out).mkdir(parents=True, exist_ok=True)
         (Path(a.out) / "review_fit.json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
     if not a.dry_run:
-        from cardseg.bundle import update_config
+        from cardseg.bundle.loading import update_config
 
         update_config(bundle.path, {"regions": res["block"]})
     v = res["block"]["fit"]["validation"]["cross_validated"]
@@ -92,10 +92,10 @@ def fit_parser() -> argparse.ArgumentParser:
 def cmd_fit(argv: List[str]) -> int:
     import torch
 
-    from cardseg.bundle import resolve_bundle_path
+    from cardseg.bundle.folder import resolve_bundle_path
     from cardseg.segment import resolve_device
 
-    from cardseg.progress import make_progress
+    from cardseg.base.progress import make_progress
 
     from .calibrate import fit_bundle_calibration, parse_baselines
 

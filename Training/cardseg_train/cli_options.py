@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+from typing import List, Sequence
+
+from cardseg.base.errors import CardsegError
 
 DEFAULT_DATA = "../shared/data/acdc"
 
@@ -26,3 +29,13 @@ def add_compute(p: argparse.ArgumentParser, quiet: bool = True) -> None:
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch")
     if quiet:
         p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def comma_names(text: str, allowed: Sequence[str], what: str) -> List[str]:
+    """The names of a comma-separated option value, each one of ``allowed`` (a one-line
+    :class:`~cardseg.base.errors.CardsegError` naming the unknown ones otherwise)."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    bad = [n for n in names if n not in allowed]
+    if bad or not names:
+        raise CardsegError(f"unknown {what} {', '.join(bad) or repr(text)} (choose from {', '.join(allowed)})")
+    return names

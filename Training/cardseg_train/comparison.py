@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from cardseg.errors import CardsegError
+from cardseg.base.errors import CardsegError
 
 #: (row label, source, method in that source's table): the paper's Table I order
 ROWS: Tuple[Tuple[str, str, str], ...] = (

@@ -15,11 +15,11 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
-from cardseg.bundle import Bundle
-from cardseg.errors import CardsegError
-from cardseg.progress import Progress
+from cardseg.bundle.loading import Bundle
+from cardseg.base.errors import CardsegError
+from cardseg.base.progress import Progress
 from cardseg.segment import segment_volume
-from cardseg.volume import Volume
+from cardseg.io.volume import Volume
 
 from .datasets import ACDC_H5_SPACING_MM, acdc_h5_records, group_by_case, split_lists
 

@@ -10,10 +10,10 @@ import os
 import sys
 from pathlib import Path
 
-from cardseg.errors import CardsegError
+from cardseg.base.errors import CardsegError
 
 from .runs import load_run_network
-from .train_config import TrainConfig, _is_machine_path, data_name
+from .train_config import TrainConfig, is_machine_path, data_name
 
 
 def _run_data_name(summary: dict, cfg: TrainConfig) -> str:
@@ -21,7 +21,7 @@ def _run_data_name(summary: dict, cfg: TrainConfig) -> str:
     an absolute path, which is reduced to its name here."""
     fmt = summary.get("format", cfg.data_format)
     data = summary.get("data")
-    if data is None or _is_machine_path(data):
+    if data is None or is_machine_path(data):
         return data_name(data or cfg.data, fmt)
     return data
 
@@ -68,7 +68,7 @@ def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.
     must share the grid (spacing, size), the classes, the diffusion horizon and the
     preprocessing. Provenance (data, split, steps, time, hardware, validation Dice) is recorded.
     """
-    from cardseg.bundle import default_config, save_bundle
+    from cardseg.bundle.loading import default_config, save_bundle
 
     p_run, r_run = Path(primary_run), Path(reference_run)
     p_net, p_cfg, p_meta = load_run_network(p_run, primary_checkpoint)

@@ -4,7 +4,7 @@ The shipped engine runs (``segment_volume(..., method="card")``) on every ED (``
 (``frame02``) volume of a split; what the indices need (predicted labels, calibrated
 probabilities, TAC map, ground-truth labels) is cached per volume under ``cache/indices/<key>/``
 (key: the bundle's weights and calibration, the data and the assumed geometry), so a rerun
-only recomputes the statistics. :mod:`cardseg.indices` does the arithmetic; this module feeds it.
+only recomputes the statistics. :mod:`cardseg.cohort.indices` does the arithmetic; this module feeds it.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from cardseg.errors import CardsegError
+from cardseg.base.errors import CardsegError
 
 #: bump when what a cached volume holds, or how it is computed, changes
 CACHE_VERSION = 1
@@ -115,7 +115,7 @@ class Subject:
 def subjects_of(volumes, class_names: Sequence[str], flag_threshold: float) -> List[Subject]:
     """Pair each patient's ED and ES volumes (:class:`VolumeArrays`) into :class:`Subject` rows;
     patients without both frames are left out. Holds only one volume's arrays at a time."""
-    from cardseg import indices as ix
+    from cardseg.cohort import indices as ix
 
     frames: Dict[str, Dict[str, tuple]] = {}
     k = len(class_names)
@@ -138,7 +138,7 @@ def subjects_of(volumes, class_names: Sequence[str], flag_threshold: float) -> L
 # --------------------------------------------------------------------------------------------
 def fit_block(subjects: Sequence[Subject], config: dict, level: float, flag_threshold: float, fit_info: dict) -> dict:
     """The ``indices`` block from validation subjects (split-conformal scale per family)."""
-    from cardseg import indices as ix
+    from cardseg.cohort import indices as ix
 
     scales, counts = ix.fit_scales([s.values for s in subjects], [s.truth for s in subjects],
                                    [s.spreads for s in subjects], level)
@@ -170,7 +170,7 @@ def measure(subjects: Sequence[Subject], block: dict) -> dict:
     """
     from scipy.stats import spearmanr
 
-    from cardseg import indices as ix
+    from cardseg.cohort import indices as ix
 
     rows = []
     for s in subjects:
@@ -210,7 +210,7 @@ def _finite(x) -> Optional[float]:
 def constant_width_baseline(fit: Sequence[Subject], test: Sequence[Subject], level: float) -> dict:
     """The same conformal fit with a constant spread (one width per family, no CARD): coverage and
     width on ``test``, to show what CARD's spread adds. Fitted on ``fit`` only."""
-    from cardseg import indices as ix
+    from cardseg.cohort import indices as ix
 
     ones = {n: 1.0 for n in ix.INDEX_NAMES}
     scales, _ = ix.fit_scales([s.values for s in fit], [s.truth for s in fit], [ones for _ in fit], level)
@@ -224,7 +224,7 @@ def constant_width_baseline(fit: Sequence[Subject], test: Sequence[Subject], lev
 def leave_one_out(subjects: Sequence[Subject], level: float, constant: bool = False) -> Dict[str, dict]:
     """Validation-only check of the method: each subject's intervals from scales fitted on the
     others. ``{index: {"coverage", "mean_width"}}``; ``constant``: a spread of 1 for everyone."""
-    from cardseg import indices as ix
+    from cardseg.cohort import indices as ix
 
     ones = {n: 1.0 for n in ix.INDEX_NAMES}
     subs = [Subject(s.patient, s.values, s.truth, ones) for s in subjects] if constant else list(subjects)
@@ -250,8 +250,8 @@ def fit_indices(bundle_path: Optional[str], data: str, level: float = 0.9, h5_sp
     Test subjects are only measured: nothing is fitted or chosen on them. Returns a summary.
     """
     from cardseg import __version__
-    from cardseg import indices as ix
-    from cardseg.bundle import load_bundle, update_config
+    from cardseg.cohort import indices as ix
+    from cardseg.bundle.loading import load_bundle, update_config
 
     from .evaluation import ACDC_H5_THICKNESS_MM
     from .train_config import data_name
@@ -318,7 +318,7 @@ def fit_indices(bundle_path: Optional[str], data: str, level: float = 0.9, h5_sp
 # tables and figure
 # --------------------------------------------------------------------------------------------
 def markdown(result: dict, title: str = "") -> str:
-    from cardseg import indices as ix
+    from cardseg.cohort import indices as ix
 
     nom = result["nominal"]
     base = result["constant_width_baseline"]
@@ -374,12 +374,12 @@ def markdown(result: dict, title: str = "") -> str:
 
 def write_measurement(result: dict, out: Path, title: str = "") -> Dict[str, Path]:
     """``indices.md``, ``indices.json`` and ``indices_coverage.png`` into ``out``."""
-    from .calibration_report import _atomic_write
+    from .report_files import atomic_write
 
     out.mkdir(parents=True, exist_ok=True)
     paths = {"md": out / "indices.md", "json": out / "indices.json", "png": out / "indices_coverage.png"}
-    _atomic_write(paths["md"], markdown(result, title).encode("utf-8"))
-    _atomic_write(paths["json"], json.dumps({"title": title, **result}, indent=1).encode("utf-8"))
+    atomic_write(paths["md"], markdown(result, title).encode("utf-8"))
+    atomic_write(paths["json"], json.dumps({"title": title, **result}, indent=1).encode("utf-8"))
     plot_intervals(result, paths["png"], title)
     return paths
 
@@ -387,11 +387,11 @@ def write_measurement(result: dict, out: Path, title: str = "") -> Dict[str, Pat
 def plot_intervals(result: dict, path: Path, title: str = "") -> Path:
     """Predicted index with its interval against the label-derived one, one panel per index, and
     the empirical coverage per family against the nominal level."""
-    from cardseg import indices as ix
+    from cardseg.cohort import indices as ix
 
-    from .calibration_report import _plt, _save_titled
+    from .report_files import pyplot, save_titled
 
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(2, 5, figsize=(16, 6.6))
     for ax, name in zip(axes.ravel(), ix.INDEX_NAMES):
         items = [r[name] for r in result["rows"]]
@@ -430,4 +430,4 @@ def plot_intervals(result: dict, path: Path, title: str = "") -> Path:
     ax.set(ylim=(0, 1.05), ylabel="test coverage", title="coverage per family (95% CI)")
     ax.title.set_fontsize(9)
     ax.legend(fontsize=7, loc="lower left")
-    return _save_titled(fig, Path(path), title)
+    return save_titled(fig, Path(path), title)

@@ -6,7 +6,7 @@ the network's predicted clean label distribution, ``x0`` the one-hot label and `
 fed to the network at step ``t``:
 
 * ``kl``: mean over pixels of ``KL(q(x_{t-1} | x_t, x0) || q(x_{t-1} | x_t, p̂0))``
-  (:meth:`cardseg.diffusion.CategoricalSchedule.variational_kl`); zero exactly when ``p̂0 = x0``.
+  (:meth:`cardseg.method.diffusion.CategoricalSchedule.variational_kl`); zero exactly when ``p̂0 = x0``.
 * ``ce``: pixel-wise cross-entropy of ``p̂0`` against ``x0``.
 * ``dice``: soft Dice loss on ``p̂0`` over the foreground classes, pooled over the batch
   (MONAI ``DiceLoss``), so a class absent from one slice does not dominate.
@@ -27,7 +27,7 @@ from typing import Dict, Optional
 import torch
 import torch.nn.functional as F
 
-from cardseg.diffusion import CategoricalSchedule, one_hot
+from cardseg.method.diffusion import CategoricalSchedule, one_hot
 
 
 @dataclass
@@ -120,7 +120,7 @@ class SegmentationLoss:
 
 class AleatoricLoss(SegmentationLoss):
     """The aleatoric segmentor's loss: Kendall and Gal's sampled-logit NLL
-    (:func:`cardseg.networks.discriminative.aleatoric_nll`) in place of the CE term, the Dice and
+    (:func:`cardseg.method.networks.discriminative.aleatoric_nll`) in place of the CE term, the Dice and
     boundary terms on the mean logits. ``loss(mu, log_var (B,K,H,W), labels (B,H,W))``."""
 
     def __init__(self, weights: Optional[LossWeights] = None, samples: int = 16):
@@ -128,7 +128,7 @@ class AleatoricLoss(SegmentationLoss):
         self.samples = int(samples)
 
     def __call__(self, mu: torch.Tensor, log_var: torch.Tensor, labels: torch.Tensor):
-        from cardseg.networks.discriminative import aleatoric_nll
+        from cardseg.method.networks.discriminative import aleatoric_nll
 
         w = self.weights
         zero = mu.sum() * 0.0

@@ -16,7 +16,7 @@ from typing import List, Optional, Sequence
 
 import numpy as np
 
-from cardseg.progress import Progress
+from cardseg.base.progress import Progress
 
 from .calibration_eval import condition_volume
 from .evaluation import LabelledVolume

@@ -2,12 +2,12 @@
 
 For every candidate setting (connectivity, TAC threshold, merge radius, smallest region) the
 regions of each clean validation volume are formed with the engine's own
-:func:`cardseg.regions.region_labels`, described by :func:`cardseg.regions.region_features`,
-and labelled 1 when they catch a substantial error (:mod:`cardseg.review_metrics`). A logistic
+:func:`cardseg.review.regions.region_labels`, described by :func:`cardseg.review.regions.region_features`,
+and labelled 1 when they catch a substantial error (:mod:`cardseg.review.evaluation`). A logistic
 model (L2, standardised features) predicts that label; it is fitted leave-one-patient-out so
 that the setting is chosen on out-of-sample rankings: the setting that catches the most
 substantial errors within the first :data:`BUDGET` regions per volume, with at most
-``max_regions`` regions per volume and a review burden (:mod:`cardseg.review_metrics`) of at
+``max_regions`` regions per volume and a review burden (:mod:`cardseg.review.evaluation`) of at
 most :data:`MAX_BURDEN`, wins. The final model is then fitted on all validation
 regions of that setting. Test patients are never read here.
 """
@@ -21,8 +21,8 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 from scipy import optimize
 
-from cardseg.regions import FEATURES, ErrorModel, rank_regions, region_features, region_labels
-from cardseg.review_metrics import ReviewTally, catch_matrix, near_errors, substantial_errors
+from cardseg.review.regions import FEATURES, ErrorModel, rank_regions, region_features, region_labels
+from cardseg.review.evaluation import ReviewTally, catch_matrix, near_errors, substantial_errors
 
 from .review_data import VolumeMaps
 

@@ -17,9 +17,9 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
-from cardseg.regions import ErrorModel
+from cardseg.review.regions import ErrorModel
 
-from .calibration_report import _atomic_write, _fmt, _plt, _save_titled
+from .report_files import atomic_write, format_value, pyplot, save_titled
 from .review_fit import evaluate_review, select_settings
 
 #: the rule before the review model (1.2.0): 3D components of TAC above the bundle's
@@ -41,7 +41,7 @@ def fit_bundle_review(bundle, data: str, cache_dir: Optional[Path], write: bool 
                       batch_size: int = 8, progress=None) -> dict:
     """Choose the region rule and fit ``p_error`` on the clean validation volumes; write them into
     the bundle (unless ``write`` is False). Returns the fit summary."""
-    from cardseg.bundle import update_config
+    from cardseg.bundle.loading import update_config
 
     from .evaluation import acdc_h5_volumes
     from .review_data import cache_key, collect_maps
@@ -101,11 +101,11 @@ def markdown(t: dict, title: str) -> str:
     for cond in t["bundle"]:
         for name, key in (("bundle", "bundle"), ("baseline", "baseline")):
             s = t[key][cond]
-            lines.append(f"| {cond} | {name} | {s['substantial_errors']} | {_fmt(s['caught_top1'], 100, 0)}% | "
-                         f"{_fmt(s['caught_top3'], 100, 0)}% | {_fmt(s['caught_top5'], 100, 0)}% | "
-                         f"{_fmt(s['caught_all'], 100, 0)}% | {_fmt(s['regions_per_volume'], 1, 1)} | "
-                         f"{_fmt(s['empty_region_fraction'], 100, 0)}% | "
-                         f"{_fmt(s['top3_size_over_foreground'], 100, 0)}% | {_fmt(s.get('region_ece'), 1, 3)} |")
+            lines.append(f"| {cond} | {name} | {s['substantial_errors']} | {format_value(s['caught_top1'], 100, 0)}% | "
+                         f"{format_value(s['caught_top3'], 100, 0)}% | {format_value(s['caught_top5'], 100, 0)}% | "
+                         f"{format_value(s['caught_all'], 100, 0)}% | {format_value(s['regions_per_volume'], 1, 1)} | "
+                         f"{format_value(s['empty_region_fraction'], 100, 0)}% | "
+                         f"{format_value(s['top3_size_over_foreground'], 100, 0)}% | {format_value(s.get('region_ece'), 1, 3)} |")
     if t.get("pooled_region_ece") is not None:
         lines += ["", f"p_error ECE over the regions of all conditions together: {t['pooled_region_ece']:.3f} "
                       "(10 equal-width bins)."]
@@ -115,7 +115,7 @@ def markdown(t: dict, title: str) -> str:
 def plot_review(t: dict, path: Path) -> Path:
     """Left: caught fraction for the top 1/3/5/all regions per condition (bundle solid, baseline
     dashed). Right: observed error frequency against ``p_error`` over regions, per condition."""
-    plt = _plt()
+    plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     xs = ["1", "3", "5", "all"]
     for i, cond in enumerate(t["bundle"]):
@@ -143,14 +143,14 @@ def plot_review(t: dict, path: Path) -> Path:
     if b.get_legend_handles_labels()[0]:
         b.legend(fontsize=7)
     b.set_title("reliability of p_error over regions (dot size: count)", fontsize=9)
-    return _save_titled(fig, path)
+    return save_titled(fig, path)
 
 
 def write_review(t: dict, out: Path, title: str) -> Dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
     paths = {"md": out / "review.md", "json": out / "review.json", "png": out / "review.png"}
-    _atomic_write(paths["md"], markdown(t, title).encode("utf-8"))
-    _atomic_write(paths["json"], (json.dumps(t, indent=1) + "\n").encode("utf-8"))
+    atomic_write(paths["md"], markdown(t, title).encode("utf-8"))
+    atomic_write(paths["json"], (json.dumps(t, indent=1) + "\n").encode("utf-8"))
     plot_review(t, paths["png"])
     return paths
 
@@ -160,6 +160,6 @@ def summary_line(t: dict, conditions: Sequence[str]) -> str:
     for cond in conditions:
         s = t["bundle"].get(cond)
         if s:
-            parts.append(f"{cond} top3 {_fmt(s['caught_top3'], 100, 0)}% all {_fmt(s['caught_all'], 100, 0)}% "
-                         f"({_fmt(s['regions_per_volume'], 1, 1)}/vol)")
+            parts.append(f"{cond} top3 {format_value(s['caught_top3'], 100, 0)}% all {format_value(s['caught_all'], 100, 0)}% "
+                         f"({format_value(s['regions_per_volume'], 1, 1)}/vol)")
     return "review: " + "; ".join(parts)

@@ -12,8 +12,8 @@ from typing import List, Sequence, Tuple
 
 import torch
 
-from cardseg.errors import CardsegError
-from cardseg.networks import build_network
+from cardseg.base.errors import CardsegError
+from cardseg.method.networks import build_network
 
 from .train_config import TrainConfig, read_run_config
 

@@ -10,7 +10,7 @@ Recipe (paper, Implementation Details, plus what the field notes warn about):
 * Loss: :class:`cardseg_train.losses.DiffusionLoss` (variational KL + CE + Dice + boundary).
 * Adam, linear learning-rate warm-up (1000 steps, or a tenth of a shorter run), then constant
   (or cosine decay to 10 %), gradient clipping, batch size 8.
-* Validation: the engine's 5-step sampler (:func:`cardseg.trajectory.run_trajectory`, mode
+* Validation: the engine's 5-step sampler (:func:`cardseg.method.trajectory.run_trajectory`, mode
   ``uc``) on the source-validation volumes; per-class Dice on the network grid, averaged over
   volumes; the checkpoint with the best mean foreground Dice is kept as ``best.pt``.
 
@@ -41,15 +41,16 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 import torch
 
-from cardseg.diffusion import CategoricalSchedule
-from cardseg.errors import CardsegError
-from cardseg.networks import build_network, count_parameters
+from cardseg.method.diffusion import CategoricalSchedule
+from cardseg.base.errors import CardsegError
+from cardseg.method.networks import build_network, count_parameters
 from cardseg.segment import resolve_device
 
 from .augment import BatchAugment
-from .datasets import SliceDataset, detect_format, load_split, resolve_split
+from .datasets import detect_format, load_split, resolve_split
 from .losses import AleatoricLoss, DiffusionLoss, SegmentationLoss
 from .runs import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, RunLog, atomic_save, hardware_description, load_checkpoint
+from .slice_dataset import SliceDataset
 from .train_config import TrainConfig, data_name, merge_resume_config, read_run_config
 from .train_steps import lr_factor, make_training_inputs, validate
 

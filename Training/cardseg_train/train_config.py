@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PureWindowsPath
 from typing import List, Optional, Sequence
 
-from cardseg.diffusion import default_sampling_steps
-from cardseg.errors import CardsegError
-from cardseg.networks import build_network, size_multiple
-from cardseg.scaffold import ACDC_CLASSES, parse_network
+from cardseg.method.diffusion import default_sampling_steps
+from cardseg.base.errors import CardsegError
+from cardseg.method.networks import build_network, size_multiple
+from cardseg.bundle.scaffold import ACDC_CLASSES, parse_network
 
 from .augment import AugmentConfig
 from .datasets import ACDC_H5_SPACING_MM
@@ -158,7 +158,7 @@ def data_name(data: os.PathLike, data_format: Optional[str] = None) -> str:
     return f"{name} ({layout})" if layout else name
 
 
-def _is_machine_path(text) -> bool:
+def is_machine_path(text) -> bool:
     """Whether a recorded value is an absolute path (POSIX, or a Windows drive or share)."""
     return isinstance(text, str) and (text.startswith(("/", "\\")) or bool(PureWindowsPath(text).drive))
 

@@ -10,8 +10,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from cardseg.diffusion import CategoricalSchedule, one_hot
-from cardseg.trajectory import run_trajectory
+from cardseg.method.diffusion import CategoricalSchedule, one_hot
+from cardseg.method.trajectory import run_trajectory
 
 
 def sample_noisy_state(schedule: CategoricalSchedule, labels: torch.Tensor, t: torch.Tensor, num_classes: int,

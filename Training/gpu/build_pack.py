@@ -6,7 +6,7 @@
 The pack is a folder (git-ignored) holding:
 
 * ``data.npz``: the training and source-validation slices already on the network grid, exactly
-  as :class:`cardseg_train.datasets.SliceDataset` (and so inference) maps them, stored
+  as :class:`cardseg_train.slice_dataset.SliceDataset` (and so inference) maps them, stored
   compactly: images as ``uint8`` (the engine's per-slice ``[0, 1]`` scaling times 255), labels
   as ``uint8``, each slice's case id. Test patients are never read.
 * ``pack.json``: the grid, the preprocessing, the classes, the split and a checksum of
@@ -47,7 +47,8 @@ def quantize(images) -> np.ndarray:
 
 def split_arrays(data: str, split: str, spacing: float, size: int, low: float, high: float, fmt=None,
                  max_patients=None) -> dict:
-    from cardseg_train.datasets import SliceDataset, load_split
+    from cardseg_train.datasets import load_split
+    from cardseg_train.slice_dataset import SliceDataset
 
     recs = load_split(data, split, fmt=fmt, max_patients=max_patients)
     ds = SliceDataset(recs, spacing, size, low, high, num_classes=4)

@@ -64,8 +64,8 @@ def _capacity_parameters(capacity: str, rows: dict):
     spec = GPU_CANDIDATES.get(capacity)
     if spec is None:
         return None
-    from cardseg.networks import build_network, count_parameters
-    from cardseg.scaffold import parse_network
+    from cardseg.method.networks import build_network, count_parameters
+    from cardseg.bundle.scaffold import parse_network
 
     return count_parameters(build_network({**parse_network(spec), "num_classes": 4}))
 
@@ -111,7 +111,7 @@ def plot_sweep(rows: dict, path: Path, title: str = "") -> Path:
 
 def _variant_image(img01: np.ndarray, case: str, variant: str) -> np.ndarray:
     """A validation volume ``(Z, H, W)`` in [0, 1] as the pool sees it under ``variant`` (seeded per case)."""
-    from cardseg_train.calibration_fit import perturb_image
+    from cardseg_train.calibration_perturb import perturb_image
     from cardseg_train.corruptions import corruption_rng
 
     return img01 if variant == "clean" else perturb_image(img01, variant, corruption_rng(case, f"pool:{variant}", 0))
@@ -137,12 +137,12 @@ def primary_pass(primary: nn.Module, volumes, images: dict, variants, steps, max
     variant): ``states`` ``(S, Z, H, W)`` uint8, the class of the one-hot state fed at each sampled
     step (255: the uniform start); ``probs`` ``(S, K, P)``, the primary's softmax at each step at
     the ``P`` pool pixels ``pixels`` (flat indices into ``(Z, H, W)``, the same pixels
-    :func:`cardseg_train.calibration_fit.pool_item` keeps); ``logits`` ``(K, P)`` (final);
+    :func:`cardseg_train.calibration_pool.pool_item` keeps); ``logits`` ``(K, P)`` (final);
     ``labels`` ``(P,)``.
     """
-    from cardseg.diffusion import CategoricalSchedule
-    from cardseg.metrics import roi_mask
-    from cardseg.trajectory import run_trajectory
+    from cardseg.method.diffusion import CategoricalSchedule
+    from cardseg.metrics.segmentation import roi_mask
+    from cardseg.method.trajectory import run_trajectory
 
     sched = CategoricalSchedule(50)
     items = []
@@ -217,8 +217,8 @@ def candidate_pool(reference: nn.Module, items: list, images: dict, steps, batch
     """One candidate's pool: the reference on the primary's cached state at every sampled step
     (paper Eq. 5), JS against the primary's softmax at the pool pixels, averaged over the steps
     (Eq. 6). images: ``{(case, variant): (Z, H, W) image}``."""
-    from cardseg.trajectory import js_divergence
-    from cardseg_train.calibration_fit import PoolItem
+    from cardseg.method.trajectory import js_divergence
+    from cardseg_train.calibration_pool import PoolItem
 
     pool = []
     for it in items:
@@ -243,7 +243,7 @@ def candidate_pool(reference: nn.Module, items: list, images: dict, steps, batch
 
 
 def main(argv=None) -> int:
-    from cardseg.diffusion import default_sampling_steps
+    from cardseg.method.diffusion import default_sampling_steps
     from cardseg_train.calibration_fit import fit_card, fit_ts, pool_nll
     from cardseg_train.runs import load_run_network
 

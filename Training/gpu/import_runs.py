@@ -46,12 +46,12 @@ def _read(path: Path):
 
 
 def _config(meta: dict, pack: dict, role: str):
-    from cardseg.diffusion import default_sampling_steps
+    from cardseg.method.diffusion import default_sampling_steps
     from cardseg_train.train_config import TrainConfig
 
     spec = meta["network"]
     if spec["arch"] == "discriminative":
-        from cardseg.networks import SWIN_SIZES
+        from cardseg.method.networks import SWIN_SIZES
 
         backbone = spec.get("backbone", "swinunetr")
         width = {v: k for k, v in SWIN_SIZES.items()}.get(int(spec.get("feature_size", 12)))

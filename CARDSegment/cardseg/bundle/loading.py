@@ -1,0 +1,351 @@
+"""Model bundles: a folder with ``bundle.json``, ``primary.safetensors`` and ``reference.safetensors``.
+
+Weights are safetensors only (never pickle). :func:`load_bundle` checks ``bundle.json`` against
+the schema once (:mod:`cardseg.bundle.schema`), verifies each weight file's sha256 and header,
+and compares the tensor shapes with the networks ``bundle.json`` describes before loading
+anything. Calibration fitting rewrites ``bundle.json`` only.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+from torch import nn
+
+from cardseg.base.errors import CardsegError
+from cardseg.base.files import sha256_file
+from cardseg.bundle.calibration_schema import CALIBRATION_META
+from cardseg.bundle.folder import read_config, resolve_bundle_path
+from cardseg.bundle.schema import ROLES, SCHEMA_VERSION, validate_config
+from cardseg.bundle.weights import WeightFile, verify_weights
+from cardseg.method.calibration import Calibrator, calibrator_from_dict
+from cardseg.method.diffusion import CategoricalSchedule
+from cardseg.method.networks import build_network, count_parameters, size_multiple
+
+
+def default_config(name: str, classes: List[dict], primary: dict, reference: dict, pixel_spacing_mm: float,
+                   input_size: int, version: str = "0.0.0", num_steps: int = 50,
+                   sampled_steps: Optional[List[int]] = None) -> dict:
+    """A complete ``bundle.json`` dictionary with unfitted calibration defaults."""
+    from cardseg.method.diffusion import default_sampling_steps
+
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "id": {"name": name, "version": version},
+        "classes": classes,
+        "image_channels": 1,
+        "pixel_spacing_mm": float(pixel_spacing_mm),
+        "input_size": int(input_size),
+        "preprocessing": {"normalization": "slice-percentile", "low_percentile": 0.5, "high_percentile": 99.5,
+                          "pad_value": 0.0},
+        "diffusion": {"schedule": "cosine", "num_steps": int(num_steps), "s": 0.008,
+                      "sampled_steps": sampled_steps or default_sampling_steps(num_steps)},
+        "networks": {"primary": dict(primary), "reference": dict(reference)},
+        "calibration": {"method": "card", "tau_min": 1.0, "tau_max": 3.0, "w_b": 0.1, "w_k": 0.05, "fitted": False},
+        "regions": {"flag_threshold": 0.1, "min_voxels": 10, "connectivity": "3d", "merge_px": 0, "max_regions": None,
+                    "model": None},
+        "agreement": {"roi_dilation_px": 10, "out_of_domain_threshold": None},
+        "provenance": {},
+    }
+
+
+@dataclass
+class Bundle:
+    """A loaded bundle: its folder, its configuration and both networks (eval mode)."""
+
+    path: Path
+    config: dict
+    primary: nn.Module
+    reference: nn.Module
+    checksums: Dict[str, str] = field(default_factory=dict)
+    #: what runs the networks: ``torch`` (eager modules) or ``onnx`` (ONNX Runtime sessions,
+    #: :mod:`cardseg.bundle.onnx_backend`); the pipeline calls both the same way
+    backend: str = "torch"
+    #: one-line remarks from loading (e.g. why ``auto`` fell back to torch), for the user
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def class_names(self) -> List[str]:
+        return [c["name"] for c in self.config["classes"]]
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.config["classes"])
+
+    @property
+    def schedule(self) -> CategoricalSchedule:
+        d = self.config["diffusion"]
+        return CategoricalSchedule(num_steps=int(d["num_steps"]), s=float(d["s"]))
+
+    @property
+    def sampled_steps(self) -> List[int]:
+        return [int(s) for s in self.config["diffusion"]["sampled_steps"]]
+
+    @property
+    def tac_steps(self) -> Optional[List[int]]:
+        """Steps the TAC average runs over (paper Eq. 6's set T): ``calibration.tac_steps`` in
+        ``bundle.json``, or ``None`` for every sampled step (the paper's default). The schema has
+        checked that they are sampled steps."""
+        steps = self.config["calibration"].get("tac_steps")
+        return None if steps is None else [int(s) for s in steps]
+
+    @property
+    def calibrator(self) -> Calibrator:
+        cal = {k: v for k, v in self.config["calibration"].items() if k not in CALIBRATION_META}
+        return calibrator_from_dict(cal)
+
+    @property
+    def ident(self) -> str:
+        i = self.config["id"]
+        return f"{i['name']}-{i['version']}"
+
+    def to(self, device) -> "Bundle":
+        self.primary.to(device)
+        self.reference.to(device)
+        return self
+
+
+def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device = "cpu",
+                backend: Optional[str] = None, progress=None) -> Bundle:
+    """Load and verify a bundle (see :func:`resolve_bundle_path` for how ``path`` is chosen).
+
+    In order: ``bundle.json`` against the schema, each weight file's sha256 and safetensors
+    header, the header's tensor shapes against the network ``bundle.json`` describes, then the
+    weights. Every refusal is a one-line :class:`CardsegError` naming the file.
+
+    ``backend`` (default ``torch``; ``cardseg segment`` and ``batch`` default to ``auto``, or to
+    ``$CARDSEG_BACKEND``: :func:`cardseg.bundle.onnx_backend.default_backend`):
+
+    * ``torch``: the eager torch modules (on the CPU with their instance norms run as the
+      equivalent group norms, :func:`cardseg.method.networks.fast.instance_to_group_norm`);
+    * ``onnx``: ONNX Runtime sessions made from the same verified weights and cached in the
+      user's cache folder (:mod:`cardseg.bundle.onnx_backend`; CPU only; the shapes are checked when
+      the model is exported; ``progress`` shows the export of the first run);
+    * ``auto``: ``onnx`` on the CPU when ONNX Runtime is installed (the ``[speed]`` extra) and the
+      models are cached or can be exported, else ``torch``. An export that fails its check
+      against torch falls back to ``torch`` and says why in :attr:`Bundle.notes`.
+
+    :attr:`Bundle.backend` is the one that was used.
+    """
+    from cardseg.bundle.onnx_backend import CHOICES, ExporterMissing, available
+
+    backend = backend or "torch"
+    if backend not in CHOICES:
+        raise CardsegError(f"unknown backend {backend!r} (choose from {', '.join(CHOICES)})")
+    root = resolve_bundle_path(path)
+    config = validate_config(read_config(root), root)
+    weights = verify_weights(root, config)
+    on_cpu = torch.device(device).type == "cpu"
+    if backend == "onnx" and not on_cpu:
+        raise CardsegError("--backend onnx runs on the CPU; use --device cpu or --backend torch")
+    notes: List[str] = []
+    nets = None
+    if backend == "onnx" or (backend == "auto" and on_cpu and available() is None):
+        from cardseg.bundle.onnx_backend import load_networks
+
+        def build(role: str) -> nn.Module:
+            try:
+                return load_network(root, config, role, weights[role])
+            except CardsegError as exc:  # the bundle's own fault: no backend can run it
+                raise _BundleFault(exc) from None
+
+        try:
+            nets = load_networks(root, config, weights, build, progress=progress)
+            backend = "onnx"
+        except _BundleFault as fault:
+            raise fault.error from None
+        except ExporterMissing:
+            if backend == "onnx":
+                raise
+        except Exception as exc:  # auto must run wherever torch runs
+            why = str(exc) if isinstance(exc, CardsegError) else f"{type(exc).__name__}: {_first_line(exc)}"
+            if backend == "onnx":
+                if isinstance(exc, CardsegError):
+                    raise
+                raise CardsegError(f"ONNX Runtime failed ({why}); use --backend torch") from exc
+            notes.append(f"ONNX Runtime not used ({why}); the torch networks run instead")
+    if nets is None:
+        backend = "torch"
+        nets = {role: load_network(root, config, role, weights[role]).to(device) for role in ROLES}
+        if on_cpu:  # same arithmetic, a faster CPU kernel
+            from cardseg.method.networks.fast import instance_to_group_norm
+
+            for net in nets.values():
+                instance_to_group_norm(net)
+    checksums = {w.path.name: w.sha256 for w in weights.values()}
+    return Bundle(path=root, config=config, primary=nets["primary"], reference=nets["reference"], checksums=checksums,
+                  backend=backend, notes=notes)
+
+
+class _BundleFault(Exception):
+    """Carries a :class:`CardsegError` about the bundle itself out of the ONNX path unchanged."""
+
+    def __init__(self, error: CardsegError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _build(root: Path, config: dict, role: str, num_classes: int) -> nn.Module:
+    """The untrained network ``bundle.json`` describes for ``role``, for ``num_classes`` classes."""
+    spec = config["networks"][role]
+    try:
+        return build_network({**spec, "num_classes": num_classes})
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CardsegError(f"{root / 'bundle.json'}: networks.{role}: {_first_line(exc)}") from None
+
+
+def load_network(root: Path, config: dict, role: str, weights: WeightFile) -> nn.Module:
+    """Build ``role``'s network, check the file's tensor shapes against it, load it (eval, float32)."""
+    from safetensors.torch import load_file
+
+    spec = config["networks"][role]
+    multiple = size_multiple(spec)
+    if config["input_size"] % multiple:
+        raise CardsegError(f"{root / 'bundle.json'}: input_size must be a multiple of {multiple} for the {role} "
+                           f"network {_describe(spec)} (got {config['input_size']})")
+    num_classes = len(config["classes"])
+    net = _build(root, config, role, num_classes)
+    _check_shapes(root, config, role, weights, net, num_classes)
+    try:
+        net.load_state_dict(load_file(str(weights.path)), strict=True)
+    except Exception as exc:  # noqa: BLE001 - any failure of a checked file is reported in one line
+        raise CardsegError(f"{weights.path}: weights do not load into the {_describe(spec)} network "
+                           f"({_first_line(exc)})") from None
+    return net.float().eval()
+
+
+def _check_shapes(root: Path, config: dict, role: str, weights: WeightFile, net: nn.Module, num_classes: int) -> None:
+    """Refuse a weight file whose tensors (names, shapes) do not fit ``net``, in one line.
+
+    A file made for another number of classes is reported as such; otherwise the first
+    missing, unexpected or differently shaped tensor is named.
+    """
+    need = {k: tuple(v.shape) for k, v in net.state_dict().items()}
+    held = weights.shapes()
+    if need == held:
+        return
+    name, spec = weights.path.name, config["networks"][role]
+    other = _class_count_held(root, config, role, need, held, num_classes)
+    if other is not None:
+        raise CardsegError(f"{root}: bundle.json lists {num_classes} classes but {name} holds a network for "
+                           f"{other} classes")
+    missing = [k for k in need if k not in held]
+    unexpected = [k for k in held if k not in need]
+    if missing:
+        problem = f"tensor {missing[0]!r} is missing, {len(missing)} in all"
+    elif unexpected:
+        problem = f"tensor {unexpected[0]!r} is not part of it, {len(unexpected)} such in all"
+    else:
+        key = next(k for k in need if need[k] != held[k])
+        problem = f"tensor {key!r} has shape {list(held[key])}, the network needs {list(need[key])}"
+    raise CardsegError(f"{weights.path}: weights do not fit the {_describe(spec)} network that bundle.json "
+                       f"describes ({problem})")
+
+
+def _class_count_held(root: Path, config: dict, role: str, need: dict, held: dict, num_classes: int) -> Optional[int]:
+    """The class count the file's network was built for, when that alone explains the mismatch."""
+    if set(need) != set(held):
+        return None
+    key = next(k for k in need if need[k] != held[k])
+    a, b = need[key], held[key]
+    if len(a) != len(b):
+        return None
+    other = num_classes + next(y - x for x, y in zip(a, b) if x != y)
+    if other < 1 or other == num_classes:
+        return None
+    try:
+        candidate = _build(root, config, role, other)
+    except CardsegError:
+        return None
+    return other if {k: tuple(v.shape) for k, v in candidate.state_dict().items()} == held else None
+
+
+def _describe(spec: dict) -> str:
+    """``time-unet:tiny`` or ``discriminative:unet``."""
+    return f"{spec.get('arch')}:{spec.get('size') or spec.get('backbone') or ''}".rstrip(":")
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines()
+    return lines[0][:200] if lines else type(exc).__name__
+
+
+def save_bundle(path: os.PathLike, config: dict, primary: nn.Module, reference: nn.Module, fp16: bool = True,
+                overwrite: bool = False) -> Path:
+    """Write a bundle folder atomically (weights as safetensors, sha256 into ``bundle.json``)."""
+    from safetensors.torch import save_file
+
+    dest = Path(path)
+    if dest.exists() and any(dest.iterdir()) and not overwrite:
+        raise CardsegError(f"{dest}: exists and is not empty (use overwrite)")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    config = copy.deepcopy(config)
+    tmp = Path(tempfile.mkdtemp(prefix=".bundle-", dir=dest.parent))
+    try:
+        for role, net in zip(ROLES, (primary, reference)):
+            dtype = torch.float16 if fp16 else torch.float32
+            state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in net.state_dict().items()}
+            fname = f"{role}.safetensors"
+            save_file(state, str(tmp / fname), metadata={"role": role, "format": "pt"})
+            spec = config["networks"][role]
+            spec.update({"file": fname, "sha256": sha256_file(tmp / fname), "parameters": count_parameters(net),
+                         "dtype": "float16" if fp16 else "float32"})
+        validate_config(config, tmp, label=str(dest / "bundle.json"))
+        (tmp / "bundle.json").write_text(json.dumps(config, indent=2) + "\n")
+        for f in tmp.iterdir():
+            _readable(f)
+        _readable(tmp, directory=True)
+        _replace_dir(tmp, dest)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest
+
+
+def update_config(path: os.PathLike, changes: dict) -> dict:
+    """Merge ``changes`` (top-level keys, dicts merged one level deep) into ``bundle.json``.
+
+    The merged configuration is checked against the schema before anything is written (a
+    refused change leaves the file as it was); written atomically; the weights are never touched.
+    """
+    root = Path(path)
+    config = read_config(root)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(config.get(key), dict):
+            config[key].update(value)
+        else:
+            config[key] = value
+    validate_config(config, root)
+    fd, tmp = tempfile.mkstemp(prefix=".bundle-", suffix=".json", dir=root)
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(config, indent=2) + "\n")
+    _readable(Path(tmp))
+    os.replace(tmp, root / "bundle.json")
+    return config
+
+
+def _readable(path: Path, directory: bool = False) -> None:
+    """Give a file made by ``tempfile`` (mode 0600/0700) the usual mode under the umask, so a
+    bundle written by one user (e.g. an installer) can be read by the others."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, (0o777 if directory else 0o666) & ~umask)
+
+
+def _replace_dir(src: Path, dest: Path) -> None:
+    """Move the finished folder ``src`` to ``dest``, replacing what was there only at the end."""
+    if dest.exists():
+        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+        os.replace(dest, old)
+        os.replace(src, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dest)

@@ -1,0 +1,305 @@
+"""ONNX Runtime backend for the two denoisers (the ``[speed]`` extra): what ``cardseg segment`` and
+``cardseg batch`` use on the CPU by default (``--backend auto``) when it is installed, or on
+request (``--backend onnx``); the eager torch networks otherwise (``--backend torch``, and always
+on a GPU or with ``--ray``). ``$CARDSEG_BACKEND`` changes the commands' default.
+
+The ONNX model is made here, by our own code, from the bundle's safetensors (never downloaded):
+the eager torch network is built and loaded as usual, exported with the TorchScript-based
+exporter (``torch.onnx.export(..., dynamo=False, opset_version=17)``, batch axis dynamic), run
+once against torch on a probe input, and written to the user's cache folder, never inside the
+installed package:
+
+* ``$CARDSEG_CACHE_DIR``, else ``$XDG_CACHE_HOME/cardseg``, else ``~/.cache/cardseg``;
+  models go to ``models/<role>-<key>.onnx`` with a ``.json`` record beside each.
+* The key is the sha256 of everything the exported graph depends on: the weight file's sha256
+  (checked by :func:`cardseg.bundle.schema.verify_weights` before anything is used), the network
+  spec and class count, the input size, the opset and the torch, MONAI and ONNX Runtime versions.
+  A bundle whose weights change gets a new file; nothing is ever looked up by name alone.
+* What is stored is the export after ONNX Runtime's basic (hardware-independent) graph
+  optimisations, which shortens every later session start by about a third.
+* The record holds the ONNX file's own sha256, checked at every load (a truncated or altered
+  file is made again), and the probe's max abs difference against torch.
+
+On a cache hit neither MONAI nor the torch networks are built (importing MONAI alone is about a
+quarter of a fresh ``cardseg segment`` run with the torch backend); only ``onnxruntime`` is
+loaded. A cache folder that cannot be written is not an error: the model is then kept in memory
+for this process only.
+
+ONNX Runtime runs on the CPU here (``CPUExecutionProvider``) with as many intra-op threads as
+torch uses (``--threads``), and gives the same segmentation as torch up to float rounding:
+logits differ by at most about 6e-5 on the shipped bundle, whose logits reach 75 (checked against
+:data:`TOLERANCE` at every export and by ``Testing/python/test_speed_backend.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import warnings
+from pathlib import Path
+from typing import Callable, Dict, Optional
+
+import numpy as np
+import torch
+
+from cardseg.base.errors import CardsegError
+
+BACKENDS = ("torch", "onnx")
+#: what ``--backend`` accepts: a backend, or ``auto`` (see :func:`cardseg.bundle.loading.load_bundle`)
+CHOICES = ("auto",) + BACKENDS
+#: sets the default of ``cardseg segment --backend`` and ``cardseg batch --backend`` (``auto`` when unset)
+BACKEND_ENV = "CARDSEG_BACKEND"
+CACHE_ENV = "CARDSEG_CACHE_DIR"
+OPSET = 17
+#: bump when the export recipe changes, so that older cached files are not used
+EXPORT_FORMAT = 1
+#: |onnx - torch| allowed on the export probe, absolute plus relative to the largest |logit|
+TOLERANCE = (1e-3, 1e-4)
+INSTALL_HINT = "pip install 'cardsegment[speed]'"
+
+
+class ExporterMissing(CardsegError):
+    """A network would have to be exported, and the ``onnx`` package that torch's exporter needs
+    is not installed (``auto`` then runs the torch networks without a word)."""
+
+
+def _check_exporter() -> None:
+    """:class:`ExporterMissing` unless the ``onnx`` package (which torch's exporter needs) is installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("onnx") is None:
+        raise ExporterMissing(f"exporting a bundle's network to ONNX needs the onnx package ({INSTALL_HINT})")
+
+
+def default_backend() -> str:
+    """``$CARDSEG_BACKEND`` when set, else ``auto``; an unknown value is a one-line error."""
+    value = os.environ.get(BACKEND_ENV, "").strip() or "auto"
+    if value not in CHOICES:
+        raise CardsegError(f"${BACKEND_ENV}={value!r}: choose from {', '.join(CHOICES)}")
+    return value
+
+
+def available() -> Optional[str]:
+    """``None`` when ONNX Runtime can be imported, else a one-line reason (no import is made)."""
+    import importlib.util
+
+    if importlib.util.find_spec("onnxruntime") is None:
+        return f"--backend onnx needs onnxruntime ({INSTALL_HINT})"
+    return None
+
+
+def cache_dir() -> Path:
+    """The user's cardseg cache folder (see the module docstring); never inside the package."""
+    base = os.environ.get(CACHE_ENV)
+    if base:
+        root = Path(base).expanduser()
+    else:
+        xdg = os.environ.get("XDG_CACHE_HOME")
+        root = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "cardseg"
+    package = Path(__file__).resolve().parent.parent  # the cardseg package folder
+    resolved = root.resolve()
+    if resolved == package or package in resolved.parents:
+        raise CardsegError(f"{root}: the model cache may not lie inside the installed cardseg package")
+    return root
+
+
+def _version(dist: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def cache_key(weights_sha256: str, spec: dict, num_classes: int, image_channels: int, input_size: int) -> str:
+    """sha256 of what the exported graph depends on (see the module docstring)."""
+    what = {"format": EXPORT_FORMAT, "weights_sha256": weights_sha256,
+            "network": {k: spec[k] for k in sorted(spec) if k not in ("file", "sha256", "parameters", "dtype")},
+            "num_classes": int(num_classes), "image_channels": int(image_channels), "input_size": int(input_size),
+            "opset": OPSET, "torch": torch.__version__.split("+")[0], "monai": _version("monai"),
+            "onnxruntime": _version("onnxruntime")}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+class OnnxNetwork:
+    """An ONNX Runtime session that is called like the torch denoisers:
+    ``net(image (B, C, H, W), state (B, K, H, W), t (B,)) -> logits (B, K, H, W)`` (torch tensors)."""
+
+    backend = "onnx"
+
+    def __init__(self, model, num_classes: int, threads: Optional[int] = None, source: str = ""):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = int(threads or torch.get_num_threads())
+        so.inter_op_num_threads = 1
+        so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        # threads that spin between calls would compete with the torch work done between them
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.log_severity_level = 3
+        self.session = ort.InferenceSession(model if isinstance(model, bytes) else str(model), so,
+                                            providers=["CPUExecutionProvider"])
+        self.num_classes = num_classes
+        self.source = source
+
+    def __call__(self, image: torch.Tensor, state: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        feed = {"image": _np(image, np.float32), "state": _np(state, np.float32), "t": _np(t, np.int64)}
+        return torch.from_numpy(self.session.run(None, feed)[0])
+
+    # the bits of the nn.Module interface that inference code touches
+    def eval(self) -> "OnnxNetwork":
+        return self
+
+    def to(self, device) -> "OnnxNetwork":
+        if torch.device(device).type != "cpu":
+            raise CardsegError("--backend onnx runs on the CPU; use --backend torch for a GPU")
+        return self
+
+    def float(self) -> "OnnxNetwork":
+        return self
+
+
+def _np(x: torch.Tensor, dtype) -> np.ndarray:
+    return np.ascontiguousarray(x.detach().cpu().numpy(), dtype=dtype)
+
+
+def probe_inputs(num_classes: int, image_channels: int, size: int, batch: int = 2, seed: int = 0):
+    """A fixed, seeded input (image in [0, 1], a soft label state, two different steps)."""
+    g = torch.Generator().manual_seed(seed)
+    image = torch.rand(batch, image_channels, size, size, generator=g)
+    state = torch.softmax(3.0 * torch.randn(batch, num_classes, size, size, generator=g), dim=1)
+    t = torch.arange(batch, dtype=torch.long) * 12 % 50
+    return image, state, t
+
+
+def export_onnx(net: torch.nn.Module, num_classes: int, image_channels: int, size: int) -> bytes:
+    """The network as ONNX bytes (opset 17, TorchScript exporter, dynamic batch axis)."""
+    import io
+
+    _check_exporter()
+    buf = io.BytesIO()
+    batch = {0: "batch"}
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # TracerWarnings about shape-dependent Python branches (fixed input size)
+        torch.onnx.export(net.eval(), probe_inputs(num_classes, image_channels, size), buf, dynamo=False,
+                          opset_version=OPSET, input_names=["image", "state", "t"], output_names=["logits"],
+                          dynamic_axes={"image": batch, "state": batch, "t": batch, "logits": batch})
+    return buf.getvalue()
+
+
+def optimize_offline(data: bytes) -> bytes:
+    """The model after ONNX Runtime's basic graph optimisations (constant folding, redundant nodes
+    removed; standard ONNX ops only, the same on every CPU), so that a session starts faster."""
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory(prefix="cardseg-onnx-") as tmp:
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        so.optimized_model_filepath = str(Path(tmp) / "basic.onnx")
+        so.log_severity_level = 3
+        ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+        return (Path(tmp) / "basic.onnx").read_bytes()
+
+
+def max_abs_difference(net: torch.nn.Module, onnx_net: OnnxNetwork, num_classes: int, image_channels: int,
+                       size: int, seed: int = 1) -> tuple:
+    """``(max |onnx - torch|, max |torch|)`` of the logits on a seeded probe (batch 3)."""
+    x = probe_inputs(num_classes, image_channels, size, batch=3, seed=seed)
+    with torch.no_grad():
+        ref = net(*x)
+    out = onnx_net(*x)
+    return float((out - ref).abs().max()), float(ref.abs().max())
+
+
+def within_tolerance(diff: float, scale: float) -> bool:
+    return diff <= TOLERANCE[0] + TOLERANCE[1] * scale
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _read_cached(model: Path, record: Path, key: str) -> Optional[bytes]:
+    """The cached ONNX bytes when the record names this key and the file's sha256, else ``None``."""
+    try:
+        rec = json.loads(record.read_text())
+        data = model.read_bytes()
+    except (OSError, ValueError):
+        return None
+    if not isinstance(rec, dict) or rec.get("key") != key or rec.get("onnx_sha256") != hashlib.sha256(data).hexdigest():
+        return None
+    return data
+
+
+def load_networks(root: Path, config: dict, weights: Dict[str, object], build: Callable[[str], torch.nn.Module],
+                  threads: Optional[int] = None, progress=None) -> Dict[str, OnnxNetwork]:
+    """``{role: OnnxNetwork}`` for both networks, from the cache or exported now.
+
+    ``weights``: :func:`cardseg.bundle.schema.verify_weights`'s result (sha256 checked);
+    ``build(role)``: the eager torch network (only called on a cache miss); ``progress``: a
+    :class:`cardseg.base.progress.Progress`, given the stage ``export-onnx`` (one step per network)
+    when anything has to be exported (the first run with a bundle, about 4 s more on 2 cores).
+    :class:`ExporterMissing` when a network is not cached and the ``onnx`` package is absent,
+    before anything is built.
+    """
+    reason = available()
+    if reason:
+        raise CardsegError(reason)
+    num_classes, size = len(config["classes"]), int(config["input_size"])
+    channels = int(config.get("image_channels", 1))
+    folder = cache_dir() / "models"
+    found = {}
+    for role, wf in weights.items():
+        key = cache_key(wf.sha256, config["networks"][role], num_classes, channels, size)
+        model, record = folder / f"{role}-{key[:40]}.onnx", folder / f"{role}-{key[:40]}.json"
+        found[role] = (key, model, record, _read_cached(model, record, key))
+    missing = [role for role, hit in found.items() if hit[3] is None]
+    if missing:
+        _check_exporter()
+    built = {role: build(role) for role in missing}  # a broken bundle fails here, before any progress line
+    if missing and progress is not None:
+        progress.stage("export-onnx", len(missing))
+    out = {}
+    for role, wf in weights.items():
+        key, model, record, data = found[role]
+        if data is not None:
+            out[role] = OnnxNetwork(data, num_classes, threads, source=str(model))
+            continue
+        net = built[role]
+        data = optimize_offline(export_onnx(net, num_classes, channels, size))
+        onnx_net = OnnxNetwork(data, num_classes, threads, source="memory")
+        diff, scale = max_abs_difference(net, onnx_net, num_classes, channels, size)
+        if not within_tolerance(diff, scale):
+            raise CardsegError(f"{root}: the ONNX export of the {role} network differs from torch by {diff:.3g} "
+                               f"(logits up to {scale:.3g}); use --backend torch")
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            _write_atomic(model, data)
+            rec = {"key": key, "role": role, "bundle": config["id"], "weights_sha256": wf.sha256,
+                   "onnx_sha256": hashlib.sha256(data).hexdigest(), "opset": OPSET, "torch": torch.__version__,
+                   "monai": _version("monai"), "onnxruntime": _version("onnxruntime"),
+                   "probe_max_abs_diff": diff, "probe_max_abs_logit": scale}
+            _write_atomic(record, (json.dumps(rec, indent=2) + "\n").encode())
+            onnx_net.source = str(model)
+        except OSError:
+            pass  # an unwritable cache: this process keeps the model in memory
+        out[role] = onnx_net
+        if progress is not None:
+            progress.advance(1)
+    return out

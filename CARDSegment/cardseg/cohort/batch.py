@@ -1,0 +1,268 @@
+"""``cardseg batch``: many cases through the engine's one path, a cohort table, resume, a triage report.
+
+Every case goes through :func:`cardseg.segment.segment_file` (the same checks, pipeline and
+atomic writing as ``cardseg segment``) into ``OUTDIR/<case>/``. This module only decides which
+cases to run, runs them with a model loaded once per worker (here, or on Ray workers through
+:mod:`cardseg.cohort.cluster`, imported only for ``--ray``), and writes what describes the cohort:
+
+``OUTDIR/``
+    ``<case>/``                  each case's ``cardseg segment`` outputs (its own stamp)
+    ``cohort.csv``               one row per case (:data:`COHORT_COLUMNS`, class volumes, timings)
+    ``cohort.parquet``           the same table, when pyarrow is importable
+    ``subjects.csv``             cardiac indices with intervals, one row per subject with ED and ES
+    ``triage.html``              the triage report (:mod:`cardseg.cohort.triage`)
+    ``.cardseg-batch.json``      the stamp: this folder is a batch's output, and its settings
+    ``.cardseg-batch-state.jsonl`` one line per finished case: its resume key
+    ``.cardseg-batch.lock``      held while a batch runs: a second batch into OUTDIR is refused
+
+**Resume.** A case's key is the sha256 of the input's content (the file, its detached data file
+for ``.hdr``/``.mhd``/``.nhdr``, or every file of a DICOM folder), its frame and spacing, the
+method and the bundle (weight checksums and ``bundle.json``). A case whose key is in the state
+file and whose folder still holds cardseg's outputs is not recomputed; its row is rebuilt from
+its ``report.json``. A case whose input changed is recomputed and its folder replaced (only if
+it still holds nothing but cardseg's files). Failed cases are retried on every run.
+
+**Ownership.** OUTDIR may be new, empty, or an earlier batch's output (stamp present, nothing in
+it but what batches and ``segment`` write). Anything else is refused, and so is an earlier batch
+made with another bundle or method unless ``--overwrite`` is given. Nothing that cardseg did not
+write is ever deleted; case folders of cases no longer listed are left alone.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+from cardseg.base.errors import CardsegError, one_line
+from cardseg.cohort.case_progress import CaseProgress
+from cardseg.cohort.cases import Case, cases_from_inputs, read_manifest
+from cardseg.cohort.hashing import bundle_settings, case_key, content_hash
+from cardseg.cohort.layout import COHORT_CSV, COHORT_PARQUET, LOCK_FILE, SUBJECTS_CSV, TRIAGE_HTML
+from cardseg.cohort.options import BatchOptions, BatchResult, check_options, options_from_args
+from cardseg.cohort.state import append_state, check_batch_outdir, finished_report, read_state, write_stamp
+from cardseg.cohort.subjects import indices_function, subject_columns, subject_rows
+from cardseg.cohort.tables import cohort_row, table_columns, write_parquet, write_table
+from cardseg.cohort.worker import CaseWorker, Job
+
+
+@dataclass
+class _Plan:
+    """What a batch will do, decided before OUTDIR is touched."""
+
+    options: BatchOptions
+    out: Path
+    earlier: Optional[dict]
+    settings: dict
+    config: dict
+    bundle_root: Path
+    cases: List[Case]
+    hashes: Dict[str, object]
+    keys: Dict[str, str]
+    rows: Dict[str, dict]
+    jobs: List[Job]
+
+    @property
+    def class_names(self) -> List[str]:
+        return [c["name"] for c in self.config["classes"]][1:]
+
+
+def run_batch(o: BatchOptions) -> BatchResult:
+    """Run a batch: every check first, then the cases, then the tables and the report.
+
+    Order: options, the cases (manifest or INPUTs), the bundle (schema, checksums), OUTDIR, the
+    inputs' content hashes (read only), then the Ray cluster (``--ray``) or the networks (local);
+    a refusal up to here is a one-line :class:`CardsegError` and nothing is written. Only then is
+    OUTDIR created or taken (its lock), stamped, and filled.
+    """
+    from cardseg.bundle.folder import check_bundle_folder
+    from cardseg.io.inputs import parse_spacing
+
+    t_start = time.perf_counter()
+    check_options(o)
+    spacing = parse_spacing(o.spacing) if o.spacing else None
+    cases = read_manifest(o.manifest, o.frame) if o.manifest else cases_from_inputs(o.inputs, o.frame)
+    bundle_root, config = check_bundle_folder(o.bundle)
+    settings = bundle_settings(config, o.method)
+    out, earlier = check_batch_outdir(o.output, settings, o.overwrite)
+    progress = CaseProgress(o.progress, o.quiet)
+    plan = _plan(o, out, earlier, settings, config, bundle_root, cases, spacing, progress)
+
+    worker = cluster = None
+    ray_started = False
+    if plan.jobs and o.ray:  # a cluster that cannot be reached is a refusal, before OUTDIR is touched
+        from cardseg.cohort import cluster
+
+        ray_started = cluster.connect(o.ray)
+    elif plan.jobs:  # the networks load here, once: a bundle that does not load is a refusal
+        worker = CaseWorker(bundle_root, o.method, o.device, o.batch_size, o.threads, o.backend)
+        from cardseg.base.progress import make_progress
+
+        load_progress = make_progress(o.progress, o.quiet)
+        try:
+            worker.load(load_progress)
+        finally:
+            load_progress.close()
+        if not o.quiet:
+            for note in worker.bundle.notes:
+                print(f"cardseg: note: {note}", file=sys.stderr)
+    try:
+        result = _execute(plan, progress, worker, cluster)
+    finally:
+        if cluster is not None:
+            cluster.disconnect(ray_started)
+    result.seconds = time.perf_counter() - t_start
+    return result
+
+
+def _plan(o: BatchOptions, out: Path, earlier: Optional[dict], settings: dict, config: dict, bundle_root: Path,
+          cases: List[Case], spacing, progress: CaseProgress) -> _Plan:
+    """Which cases are finished (same key in the state file, outputs still there) and which to run."""
+    state = {} if (o.overwrite or earlier is None) else read_state(out)
+    hashes = _hash_inputs(cases, progress, o.hash_threads)
+    plan = _Plan(o, out, earlier, settings, config, Path(bundle_root), list(cases), hashes, {}, {}, [])
+    for c in cases:
+        h = hashes[c.name]
+        if isinstance(h, CardsegError):
+            plan.rows[c.name] = cohort_row(c, "error", one_line(h))
+            continue
+        key = plan.keys[c.name] = case_key(h, c, spacing, settings)
+        folder = out / c.name
+        rec = state.get(c.name)
+        report = finished_report(folder) if rec and rec.get("key") == key else None
+        if report is not None:
+            plan.rows[c.name] = cohort_row(c, "ok", report=report, reused=True, input_sha256=h)
+            continue
+        plan.jobs.append(Job(c.name, c.path, str(folder), c.frame, tuple(spacing) if spacing else None,
+                             overwrite=folder.exists()))
+        plan.rows[c.name] = cohort_row(c, "pending", input_sha256=h)
+    return plan
+
+
+def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], cluster) -> BatchResult:
+    from cardseg.io.outdir import FileLock
+
+    o, out = plan.options, plan.out
+    by_name = {c.name: c for c in plan.cases}
+    created = not out.exists()
+    os.makedirs(out, exist_ok=True)
+    lock = FileLock(out / LOCK_FILE)
+    if not lock.acquire():
+        if created:
+            _rmdir_quiet(out)
+        raise CardsegError(f"{out}: another cardseg batch is running into this folder now")
+    result = BatchResult(outdir=out)
+    rows = plan.rows
+    try:
+        write_stamp(out, plan.settings, (plan.earlier or {}).get("created"))
+
+        def on_result(res: dict) -> None:
+            c = by_name[res["case"]]
+            h = plan.hashes[c.name]
+            if res["status"] == "ok":
+                append_state(out, {"case": c.name, "key": plan.keys[c.name], "input_sha256": h,
+                                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+                rows[c.name] = cohort_row(c, "ok", report=res["report"], input_sha256=h)
+                result.computed += 1
+            else:
+                rows[c.name] = cohort_row(c, "error", res["error"], input_sha256=h)
+            progress.advance(res["status"] == "ok")
+
+        try:
+            if plan.jobs:
+                progress.start(len(plan.jobs))
+                if cluster is not None:
+                    result.worker_loads = cluster.run_jobs(
+                        plan.jobs, on_result, bundle_root=plan.bundle_root, config=plan.config, outdir=out,
+                        method=o.method, device=o.device, batch_size=o.batch_size, threads=o.threads,
+                        workers=o.ray_workers, cpus_per_worker=o.ray_cpus_per_worker)
+                elif o.workers > 1 and len(plan.jobs) > 1:
+                    from cardseg.cohort import local_pool
+
+                    result.worker_loads = local_pool.run_jobs(
+                        plan.jobs, on_result, bundle_root=plan.bundle_root, method=o.method, device=o.device,
+                        batch_size=o.batch_size, threads=o.threads, backend=worker.bundle.backend,
+                        workers=o.workers)  # the backend the check load settled on: no second fallback
+                else:
+                    for j in plan.jobs:
+                        on_result(worker.run(j))
+                    result.worker_loads = worker.loads
+        finally:  # the table also after Ctrl-C: unfinished cases are 'pending'
+            progress.close()
+            result.rows = [rows[c.name] for c in plan.cases]
+            columns = table_columns(result.rows, plan.class_names)
+            write_table(out / COHORT_CSV, result.rows, columns)
+            result.files.append(COHORT_CSV)
+            if write_parquet(out / COHORT_PARQUET, result.rows, columns):
+                result.files.append(COHORT_PARQUET)
+        _write_subjects(out, plan.cases, rows, plan.config, result)
+        if o.report:
+            from cardseg.cohort.triage import write_report
+
+            write_report(out, config=plan.config, max_thumbnails=o.report_thumbnails)
+            result.files.append(TRIAGE_HTML)
+    finally:
+        lock.release()
+    result.reused = sum(1 for r in result.rows if r["reused"])
+    result.failed = sum(1 for r in result.rows if r["status"] != "ok")
+    return result
+
+
+def _rmdir_quiet(p: Path) -> None:
+    try:
+        p.rmdir()
+    except OSError:
+        pass
+
+
+def _hash_inputs(cases: Sequence[Case], progress: CaseProgress, threads: int) -> Dict[str, object]:
+    """``{case: sha256 or CardsegError}``, several files at a time (hashlib releases the GIL)."""
+    out: Dict[str, object] = {}
+    progress.start(len(cases), stage="hashing", leave=False)
+
+    def one(c: Case):
+        try:
+            return content_hash(c.path)
+        except CardsegError as exc:
+            return exc
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+        for c, h in zip(cases, pool.map(one, cases)):
+            out[c.name] = h
+            progress.advance(True)
+    progress.close()
+    return out
+
+
+def _write_subjects(out: Path, cases: Sequence[Case], rows: Dict[str, dict], config: dict,
+                    result: BatchResult) -> None:
+    if not any(c.subject for c in cases):
+        return
+    compute = indices_function()
+    if compute is None:
+        print("cardseg: note: cardiac indices are not available in this cardseg (no cardseg.cohort.indices); "
+              f"{SUBJECTS_CSV} not written", file=sys.stderr)
+        return
+    status = {name: r["status"] for name, r in rows.items()}
+    subj, names = subject_rows(out, cases, status, config, compute)
+    write_table(out / SUBJECTS_CSV, subj, subject_columns(names))
+    result.subjects = subj
+    result.files.append(SUBJECTS_CSV)
+
+
+def main_from_args(a) -> int:
+    """``cardseg batch``: run, print one summary line; exit code 0, or 1 when a case failed."""
+    r = run_batch(options_from_args(a))
+    if not a.quiet:
+        n = len(r.rows)
+        ok = n - r.failed
+        ood = sum(1 for row in r.rows if row.get("out_of_domain") is True)
+        rate = r.computed / (r.seconds / 60.0) if r.seconds > 0 and r.computed else 0.0
+        reused = f" ({r.reused} from earlier runs)" if r.reused else ""
+        print(f"{r.outdir}: {n} case{'s' if n != 1 else ''}, {ok} ok{reused}, {r.failed} failed, {ood} out of domain; "
+              f"{', '.join(r.files)}; {r.computed} computed in {r.seconds:.1f} s ({rate:.1f} cases/min)")
+    return 1 if r.failed else 0

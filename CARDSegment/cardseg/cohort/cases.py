@@ -1,0 +1,267 @@
+"""The cases of a batch: from a manifest CSV or from INPUT files, folders and patterns, each with a
+name that can be a folder name (``OUTDIR/<case>/``), and the subjects they pair into (ED and ES)."""
+
+from __future__ import annotations
+
+import csv
+import glob
+import io
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from cardseg.base.errors import CardsegError, one_line
+from cardseg.cohort.layout import OWN_FILES
+
+#: the manifest's columns; only the first two are required
+MANIFEST_COLUMNS = ("case", "path", "frame", "phase", "subject")
+MANIFEST_REQUIRED = ("case", "path")
+PHASES = ("ED", "ES")
+
+#: what a case name may look like (it becomes a folder name)
+CASE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+#: image files a folder given as INPUT is searched for (besides DICOM series sub-folders)
+VOLUME_SUFFIXES = (".nii.gz", ".nii", ".nrrd", ".nhdr", ".mha", ".mhd", ".hdr")
+_STRIP_SUFFIXES = VOLUME_SUFFIXES + (".img.gz", ".img", ".dcm", ".dicom", ".ima", ".png", ".jpg", ".jpeg", ".bmp",
+                                     ".tif", ".tiff")
+_DICOM_SUFFIXES = (".dcm", ".dicom", ".ima")
+_GLOB_CHARS = re.compile(r"[*?\[]")
+
+
+@dataclass
+class Case:
+    """One input to segment: ``OUTDIR/<name>/`` gets its outputs."""
+
+    name: str
+    path: str  # absolute
+    frame: Optional[int] = None
+    phase: Optional[str] = None  # "ED", "ES" or None
+    subject: Optional[str] = None
+    line: Optional[int] = None  # manifest line, for messages
+
+
+def read_manifest(manifest: os.PathLike, default_frame: Optional[int] = None) -> List[Case]:
+    """Cases from a CSV with the header ``case,path,frame,phase,subject`` (only ``case`` and
+    ``path`` required, columns in any order). Relative paths are taken from the manifest's
+    folder; an empty ``frame`` falls back to ``default_frame``. Refuses (one line) a missing or
+    unknown column, an empty case or path, a bad frame or phase, a case name that cannot be a
+    folder name, duplicate cases, and a subject with two ED or two ES cases. A path that does
+    not exist is not refused here: that case fails alone in the table.
+    """
+    mpath = Path(manifest)
+    try:
+        text = mpath.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise CardsegError(f"{mpath}: no such manifest") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CardsegError(f"{mpath}: cannot read the manifest ({one_line(exc)})") from None
+    rows = list(csv.reader(io.StringIO(text)))
+    while rows and not any(c.strip() for c in rows[0]):
+        rows.pop(0)
+    if not rows:
+        raise CardsegError(f"{mpath}: empty manifest; its first line must be the header "
+                           f"{','.join(MANIFEST_COLUMNS)}")
+    header = [c.strip() for c in rows[0]]
+    unknown = [c for c in header if c not in MANIFEST_COLUMNS]
+    missing = [c for c in MANIFEST_REQUIRED if c not in header]
+    also = f" (unknown column(s): {', '.join(repr(c) for c in unknown)})" if unknown else ""
+    if missing:
+        raise CardsegError(f"{mpath}: the manifest has no {' and no '.join(missing)} column{also}; its header must "
+                           f"hold case,path (and optionally frame,phase,subject)")
+    if unknown:
+        raise CardsegError(f"{mpath}: unknown manifest column(s) {', '.join(repr(c) for c in unknown)}; the header "
+                           f"may hold {','.join(MANIFEST_COLUMNS)} (case and path required)")
+    dup = sorted({c for c in header if header.count(c) > 1})
+    if dup:
+        raise CardsegError(f"{mpath}: manifest column(s) {', '.join(dup)} appear more than once in the header")
+    col = {c: header.index(c) for c in header}
+    base = mpath.resolve().parent
+    cases: List[Case] = []
+    for lineno, row in enumerate(rows[1:], start=2):
+        if not any(c.strip() for c in row):
+            continue
+        if len(row) > len(header):
+            raise CardsegError(f"{mpath}, line {lineno}: {len(row)} fields, the header has {len(header)}")
+        get = {c: (row[i].strip() if i < len(row) else "") for c, i in col.items()}
+        where = f"{mpath}, line {lineno}"
+        if not get["case"]:
+            raise CardsegError(f"{where}: empty case")
+        if not get["path"]:
+            raise CardsegError(f"{where}: case {get['case']}: empty path")
+        check_case_name(get["case"], where)
+        frame = default_frame
+        if get.get("frame"):
+            try:
+                frame = int(get["frame"])
+            except ValueError:
+                frame = -1
+            if frame < 0:
+                raise CardsegError(f"{where}: frame {get['frame']!r} is not a whole number >= 0")
+        phase = get.get("phase") or None
+        if phase is not None:
+            if phase.upper() not in PHASES:
+                raise CardsegError(f"{where}: phase {phase!r} must be ED or ES (or empty)")
+            phase = phase.upper()
+        path = Path(os.path.expanduser(get["path"]))
+        path = path if path.is_absolute() else base / path
+        cases.append(Case(get["case"], os.path.abspath(path), frame, phase, get.get("subject") or None, lineno))
+    if not cases:
+        raise CardsegError(f"{mpath}: the manifest lists no case")
+    _check_unique(cases, f"{mpath}: ")
+    _check_subject_phases(cases, mpath)
+    return cases
+
+
+def check_case_name(name: str, where: str = "") -> None:
+    prefix = f"{where}: " if where else ""
+    if not CASE_NAME.match(name):
+        raise CardsegError(f"{prefix}case name {name!r} cannot be a folder name (letters, digits, '.', '_', '-'; "
+                           "starting with a letter or digit)")
+    if name in OWN_FILES:
+        raise CardsegError(f"{prefix}case name {name!r} is reserved (a file cardseg batch writes)")
+
+
+def _check_unique(cases: Sequence[Case], prefix: str = "") -> None:
+    seen: Dict[str, Case] = {}
+    for c in cases:
+        key = c.name.lower()  # case-insensitive file systems would put both into one folder
+        if key in seen:
+            a, b = seen[key], c
+            where = f" (lines {a.line} and {b.line})" if a.line and b.line else ""
+            raise CardsegError(f"{prefix}case {c.name!r} is listed twice{where}; case names must be unique")
+        seen[key] = c
+
+
+def _check_subject_phases(cases: Sequence[Case], mpath: Path) -> None:
+    held: Dict[Tuple[str, str], Case] = {}
+    for c in cases:
+        if c.subject and c.phase:
+            other = held.get((c.subject, c.phase))
+            if other is not None:
+                raise CardsegError(f"{mpath}: subject {c.subject!r} has two {c.phase} cases ({other.name} on line "
+                                   f"{other.line}, {c.name} on line {c.line})")
+            held[(c.subject, c.phase)] = c
+
+
+def cases_from_inputs(inputs: Sequence[str], default_frame: Optional[int] = None) -> List[Case]:
+    """Cases from INPUT arguments: files, folders and glob patterns (``**`` allowed).
+
+    A file is one case. A folder that holds DICOM files is one case (a DICOM series); any other
+    folder contributes its image files (:data:`VOLUME_SUFFIXES`) and its sub-folders that hold
+    DICOM files, sorted by name (not recursively). A case is named after its file without the
+    image suffix (``p001_ED.nii.gz`` -> ``p001_ED``) or its folder; names that clash get their
+    parent folders' names put in front (``p001_sa``, ``p002_sa``). Refuses (one line) an INPUT
+    that does not exist, a pattern that matches nothing, a folder with no image in it.
+    """
+    paths: List[Path] = []
+    for text in inputs:
+        p = Path(os.path.expanduser(text))
+        if p.exists():
+            found = [p]
+        elif _GLOB_CHARS.search(text):
+            found = [Path(m) for m in sorted(glob.glob(os.path.expanduser(text), recursive=True))]
+            if not found:
+                raise CardsegError(f"{text}: the pattern matches no file or folder")
+        else:
+            raise CardsegError(f"{text}: no such file or folder")
+        for f in found:
+            if f.is_dir() and not _holds_dicom(f):
+                inner = _folder_cases(f)
+                if not inner and not _GLOB_CHARS.search(text):
+                    raise CardsegError(f"{f}: folder holds no image ({', '.join(VOLUME_SUFFIXES)}) and no DICOM "
+                                       "series folder")
+                paths.extend(inner)
+            else:
+                paths.append(f)
+    unique: List[Path] = []
+    seen = set()
+    for p in paths:
+        real = os.path.realpath(p)
+        if real not in seen:
+            seen.add(real)
+            unique.append(Path(os.path.abspath(p)))
+    if not unique:
+        raise CardsegError("no case to run: the INPUTs hold no image")
+    names = _case_names(unique)
+    return [Case(n, str(p), default_frame) for n, p in zip(names, unique)]
+
+
+def _holds_dicom(folder: Path) -> bool:
+    try:
+        entries = [e for e in folder.iterdir() if e.is_file() and not e.name.startswith(".")]
+    except OSError:
+        return False
+    return any(_looks_like_dicom(e) for e in entries)
+
+
+def _looks_like_dicom(path: Path) -> bool:
+    from cardseg.io.dicom import looks_like_dicom
+
+    if any(path.name.lower().endswith(s) for s in _STRIP_SUFFIXES):
+        return path.suffix.lower() in _DICOM_SUFFIXES
+    return looks_like_dicom(path)
+
+
+def _folder_cases(folder: Path) -> List[Path]:
+    out = []
+    for e in sorted(folder.iterdir(), key=lambda e: e.name):
+        if e.name.startswith("."):
+            continue
+        if e.is_file() and e.name.lower().endswith(VOLUME_SUFFIXES):
+            out.append(e)
+        elif e.is_dir() and _holds_dicom(e):
+            out.append(e)
+    return out
+
+
+def case_stem(p: Path) -> str:
+    name = p.name
+    for s in _STRIP_SUFFIXES:
+        if name.lower().endswith(s) and len(name) > len(s):
+            name = name[: -len(s)]
+            break
+    return name
+
+
+def _sanitize(name: str) -> str:
+    name = re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+    name = re.sub(r"^[^A-Za-z0-9]+", "", name)[:200]
+    return name or "case"
+
+
+def _case_names(paths: Sequence[Path]) -> List[str]:
+    """File or folder stems, with parent folder names put in front of the ones that clash."""
+    depth = [0] * len(paths)
+
+    def name(i: int) -> str:
+        parts = [case_stem(paths[i])]
+        parent = paths[i].parent
+        for _ in range(depth[i]):
+            parts.insert(0, parent.name)
+            parent = parent.parent
+        cand = _sanitize("_".join(p for p in parts if p))
+        return cand if cand not in OWN_FILES else f"case_{cand}"
+
+    for _ in range(8):
+        names = [name(i) for i in range(len(paths))]
+        lower = [n.lower() for n in names]
+        clash = [i for i, n in enumerate(lower) if lower.count(n) > 1]
+        if not clash:
+            return names
+        for i in clash:
+            depth[i] += 1
+    dup = sorted({names[i] for i in clash})
+    raise CardsegError(f"cannot give the inputs distinct case names ({', '.join(dup[:3])}); "
+                       "name them yourself with --manifest")
+
+
+def subject_pairs(cases: Sequence[Case]) -> Dict[str, Dict[str, Case]]:
+    subjects: Dict[str, Dict[str, Case]] = {}
+    for c in cases:
+        if c.subject:
+            subjects.setdefault(c.subject, {})
+            if c.phase:
+                subjects[c.subject][c.phase] = c
+    return subjects

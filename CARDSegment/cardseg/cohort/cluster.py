@@ -1,0 +1,193 @@
+"""``cardseg batch --ray``: the batch's cases as tasks of Ray actors, one model per actor.
+
+Imported only when ``--ray`` is given (Ray is the optional ``[cluster]`` extra). The driver
+(:func:`cardseg.cohort.batch.run_batch`) decides which cases to run, keeps the state file and writes the
+tables exactly as for a local batch; this module only spreads :class:`cardseg.cohort.batch.Job` s over
+actors, each a :class:`cardseg.cohort.batch.CaseWorker` that loads the bundle once and writes every case
+it runs through :func:`cardseg.segment.segment_file` straight into ``OUTDIR/<case>/``.
+
+How things move:
+
+* **the bundle** travels through Ray's object store (its ``bundle.json`` and weight files, a few
+  MB); each actor writes it into a private temporary folder, checks it there like any bundle
+  (schema, checksums) and loads it: the nodes need not see the driver's bundle folder;
+* **inputs and results** do not travel through Ray: input paths and OUTDIR are absolute paths that
+  every node must see the same way (a shared filesystem: NFS, Lustre, a mounted bucket). An
+  actor that cannot see OUTDIR reports each of its cases as failed with a line saying so;
+* **reports** (``report.json``'s content, a few KB) come back as task results, so the driver
+  builds the table without reading the case folders again.
+
+Actors ask for ``cpus_per_worker`` CPUs each and, when the cluster has GPUs and the device is not
+``cpu``, one GPU each (then there is one actor per GPU unless ``workers`` says otherwise).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import tempfile
+from collections import deque
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence
+
+from cardseg.base.errors import CardsegError, one_line
+from cardseg.cohort.layout import BATCH_STAMP
+from cardseg.cohort.worker import CaseWorker, Job
+
+try:
+    import ray
+except ImportError:  # pragma: no cover - depends on the extra
+    ray = None
+
+#: how many cases an actor is given ahead, so that it never waits for the driver
+PREFETCH = 2
+
+
+def connect(address: str) -> bool:
+    """Connect (``auto``, ``HOST:PORT``, ``ray://HOST:PORT``) or start one here (``local``);
+    True when this call started or connected Ray (and so must :func:`disconnect` it). A Ray
+    already initialised in this process (a test, a notebook) is used as it is. One-line
+    :class:`CardsegError` when there is no Ray or no cluster there."""
+    if ray is None:
+        raise CardsegError("--ray needs Ray: pip install 'cardsegment[cluster]'")
+    if ray.is_initialized():  # e.g. a test or a notebook that called ray.init() itself
+        return False
+    kwargs = dict(ignore_reinit_error=True, logging_level="WARNING", log_to_driver=False,
+                  include_dashboard=False)
+    try:
+        if address == "local":
+            ray.init(**kwargs)
+        else:
+            ray.init(address=address, **kwargs)
+    except Exception as exc:
+        raise CardsegError(f"--ray {address}: cannot connect to a Ray cluster ({one_line(exc)})") from None
+    return True
+
+
+def _bundle_blob(bundle_root: Path, config: dict) -> Dict[str, bytes]:
+    names = ["bundle.json"] + [spec["file"] for spec in config["networks"].values()]
+    return {n: (Path(bundle_root) / n).read_bytes() for n in dict.fromkeys(names)}
+
+
+class _WorkerActor:
+    """One model on one Ray worker: the bundle is written to a private folder and loaded once."""
+
+    def __init__(self, blob: Dict[str, bytes], outdir: str, method: str, device: str, batch_size: int,
+                 threads: Optional[int]):
+        from cardseg.bundle.folder import check_bundle_folder
+
+        self.tmp = tempfile.mkdtemp(prefix="cardseg-bundle-")
+        for name, data in blob.items():
+            path = Path(self.tmp) / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        root, _ = check_bundle_folder(self.tmp)
+        self.outdir = outdir
+        self.worker = CaseWorker(root, method, device, batch_size, threads)
+        self.host = socket.gethostname()
+
+    def run(self, job: Job) -> dict:
+        if not os.path.isfile(os.path.join(self.outdir, BATCH_STAMP)):
+            return {"case": job.case, "status": "error", "report": None, "seconds": 0.0,
+                    "error": f"worker on {self.host} cannot see OUTDIR {self.outdir}: it must be on a filesystem "
+                             "that every node mounts at the same path"}
+        res = self.worker.run(job)
+        res["host"] = self.host
+        return res
+
+    def loads(self) -> int:
+        return self.worker.loads
+
+    def close(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def disconnect(started: bool) -> None:
+    if started and ray is not None and ray.is_initialized():
+        ray.shutdown()
+
+
+def run_jobs(jobs: Sequence[Job], on_result: Callable[[dict], None], *, bundle_root: Path,
+             config: dict, outdir: Path, method: str = "card", device: str = "auto", batch_size: int = 8,
+             threads: Optional[int] = None, workers: Optional[int] = None, cpus_per_worker: float = 1.0) -> int:
+    """Run ``jobs`` on Ray actors (after :func:`connect`), calling ``on_result`` in this process
+    for each finished case (in completion order). A worker that dies fails the cases it held (one
+    line each) and is replaced. Returns how many times a bundle was loaded (one per actor that
+    ran a case)."""
+    actors: List = []
+    try:
+        resources = ray.cluster_resources()
+        gpus = int(resources.get("GPU", 0)) if device != "cpu" else 0
+        per_gpu = 1 if gpus else 0
+        if workers is None:
+            workers = gpus if gpus else max(1, int(resources.get("CPU", 1) // cpus_per_worker))
+        workers = max(1, min(int(workers), len(jobs)))
+        remote_cls = ray.remote(_WorkerActor).options(num_cpus=cpus_per_worker, num_gpus=per_gpu)
+        threads = threads or max(1, int(cpus_per_worker))
+        blob = ray.put(_bundle_blob(bundle_root, config))
+
+        def new_actor():
+            return remote_cls.remote(blob, str(outdir), method, "cuda" if per_gpu and device == "auto" else device,
+                                     batch_size, threads)
+
+        actors = [new_actor() for _ in range(workers)]
+        pending = deque(jobs)
+        inflight: Dict[object, tuple] = {}
+        restarts = 0
+
+        def submit(actor) -> None:
+            if pending:
+                job = pending.popleft()
+                inflight[actor.run.remote(job)] = (actor, job)
+
+        for a in actors:
+            for _ in range(PREFETCH):
+                submit(a)
+        while inflight:
+            ready, _ = ray.wait(list(inflight), num_returns=1)
+            ref = ready[0]
+            actor, job = inflight.pop(ref)
+            try:
+                res = ray.get(ref)
+            except ray.exceptions.RayActorError as exc:
+                res = {"case": job.case, "status": "error", "report": None, "seconds": 0.0,
+                       "error": f"Ray worker died ({_first(exc)})"}
+                if actor in actors:
+                    actors.remove(actor)
+                    if restarts < 2 * workers and pending:
+                        restarts += 1
+                        actors.append(new_actor())
+                        for _ in range(PREFETCH):
+                            submit(actors[-1])
+                actor = None
+            except ray.exceptions.RayError as exc:
+                res = {"case": job.case, "status": "error", "report": None, "seconds": 0.0,
+                       "error": f"Ray task failed ({_first(exc)})"}
+            on_result(res)
+            if actor is not None:
+                submit(actor)
+            elif not actors and pending:
+                while pending:
+                    j = pending.popleft()
+                    on_result({"case": j.case, "status": "error", "report": None, "seconds": 0.0,
+                               "error": "no Ray worker left (they kept dying)"})
+        loads = 0
+        for a in actors:
+            try:
+                loads += ray.get(a.loads.remote())
+                ray.get(a.close.remote())
+            except ray.exceptions.RayError:
+                pass
+        return loads
+    finally:
+        for a in actors:
+            try:
+                ray.kill(a)
+            except Exception:
+                pass
+
+
+def _first(exc: BaseException) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    return (lines[-1] if lines else type(exc).__name__)[:300]

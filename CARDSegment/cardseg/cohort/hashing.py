@@ -1,0 +1,75 @@
+"""Content hashes and resume keys: a case is recomputed only when what its result depends on
+(the input's content, its frame and spacing, the method and the bundle) changed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from cardseg.base.errors import CardsegError
+from cardseg.base.files import sha256_file
+from cardseg.cohort.cases import Case, case_stem
+
+
+def _companions(path: Path) -> List[Path]:
+    """The detached data file(s) of a header-only format (``.hdr``, ``.mhd``, ``.nhdr``)."""
+    name = path.name.lower()
+    found: List[Path] = []
+    if name.endswith(".hdr"):
+        found = [path.with_name(path.name[:-4] + s) for s in (".img", ".img.gz", ".IMG")]
+    elif name.endswith((".mhd", ".nhdr")):
+        try:
+            head = path.read_bytes()[:65536].decode("latin-1")
+        except OSError:
+            head = ""
+        key = r"ElementDataFile\s*=\s*(.+)" if name.endswith(".mhd") else r"data ?file\s*:\s*(.+)"
+        m = re.search(r"(?im)^" + key + r"$", head)
+        if m:
+            value = m.group(1).strip()
+            if value.upper() not in ("LOCAL",) and not value.upper().startswith("LIST") and "%" not in value:
+                found = [path.parent / value]
+        if not found:  # a list or a pattern: every sibling with the same stem
+            stem = case_stem(path)
+            found = sorted(p for p in path.parent.iterdir() if p != path and p.name.startswith(stem + "."))
+    return [p for p in found if p.is_file()]
+
+
+def content_hash(path: os.PathLike) -> str:
+    """sha256 over what the case's result depends on: the file and its detached data file, or
+    every (non-hidden) file directly inside a DICOM folder, each with its name."""
+    p = Path(path)
+    if not p.exists():
+        raise CardsegError(f"{p}: no such file or folder")
+    h = hashlib.sha256()
+    if p.is_dir():
+        files = sorted(e for e in p.iterdir() if e.is_file() and not e.name.startswith("."))
+    else:
+        files = [p] + _companions(p)
+    try:
+        for f in files:
+            h.update(f.name.encode("utf-8", "surrogateescape") + b"\0" + sha256_file(f).encode() + b"\n")
+    except OSError as exc:
+        raise CardsegError(f"{p}: cannot read it ({exc.strerror or exc})") from None
+    return h.hexdigest()
+
+
+def bundle_settings(config: dict, method: str) -> dict:
+    """What, besides the input, a result depends on: the method and the bundle."""
+    weights = {spec["file"]: spec["sha256"] for spec in config["networks"].values()}
+    ident = config.get("id", {})
+    return {"method": method, "bundle": {"id": f"{ident.get('name', '?')}-{ident.get('version', '?')}",
+                                         "checksums": weights,
+                                         "config_sha256": _json_sha256(config)}}
+
+
+def case_key(input_sha256: str, case: Case, spacing: Optional[Sequence[float]], settings: dict) -> str:
+    return _json_sha256({"input": input_sha256, "frame": case.frame,
+                         "spacing": [float(s) for s in spacing] if spacing else None, "settings": settings})
+
+
+def _json_sha256(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

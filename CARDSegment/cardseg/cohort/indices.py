@@ -1,0 +1,404 @@
+"""Cardiac indices from an ED and an ES segmentation, with intervals that CARD's calibration makes honest.
+
+Pure arithmetic on arrays (numpy, scipy; no torch), plus :func:`indices_from_folders`, the one
+helper that reads two ``cardseg segment`` output folders.
+
+Indices (per subject): ``LVEDV_ml, LVESV_ml, LVSV_ml, LVEF, RVEDV_ml, RVESV_ml, RVSV_ml, RVEF, LVM_g``
+-- end-diastolic and end-systolic volumes, stroke volume ``EDV - ESV`` (ml), ejection fraction
+``100 * SV / EDV`` (%), LV myocardial mass ``1.05 g/ml * MYO volume at ED`` (g). The values come
+from the segmentation (argmax labels), the same volumes ``report.json`` lists.
+
+Intervals ``value +- scale_f * spread``:
+
+1. **Spread of a class volume** (ml, one frame), from the calibrated probabilities ``p`` and the
+   TAC map ``d`` (:func:`volume_spread`). Under calibration, ``q_ik`` (the probability that voxel
+   i's class-k membership differs from the segmentation's) summed over a slice is the expected
+   volume the slice gets wrong for class k. A segmentation's errors are not independent per
+   voxel (a contour moves as a whole; a poorly seen basal slice is wrong as a whole), so each
+   slice's expected error is taken to err as a whole (slices independent), and, as a second
+   term, so is each 3D component of flagged disagreement (``d > flag_threshold``, as
+   ``report.json``'s regions), which may span slices. Where the reference disagrees, CARD's
+   temperature has already softened ``p`` (a larger ``q``); the region term adds that such
+   errors reach across slices. The spread never shrinks as probability leaves the segmented
+   class or as the disagreement grows.
+2. **Propagation** to SV, EF and mass by the delta method, ED and ES taken independent
+   (:func:`index_spreads`).
+3. **Scale**: one factor per index family (:data:`FAMILIES`: LV volumes, RV volumes, and each of
+   LVSV, RVSV, LVEF, RVEF, LV mass),
+   fitted on validation subjects only by split conformal calibration (:func:`fit_scales`): the
+   ``ceil((n + 1) * level) / n`` empirical quantile of ``|truth - value| / spread`` over the
+   family's ``n`` validation residuals. For subjects exchangeable with the validation ones the
+   interval then covers the truth with probability at least ``level`` on average over subjects
+   and over the family's indices (a marginal guarantee: not per subject, not per index).
+
+Array shapes are SimpleITK order: ``(Z, Y, X)`` for label maps and TAC, ``(Z, Y, X, K)`` for
+probabilities; spacing is ``(x, y, z)`` in mm.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Dict, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+from scipy import ndimage
+
+from cardseg.base.errors import CardsegError
+
+#: the indices, in table order
+INDEX_NAMES = ("LVEDV_ml", "LVESV_ml", "LVSV_ml", "LVEF", "RVEDV_ml", "RVESV_ml", "RVSV_ml", "RVEF", "LVM_g")
+#: index family -> its members; one fitted scale per family
+FAMILIES: Dict[str, Tuple[str, ...]] = {
+    "LV_volume": ("LVEDV_ml", "LVESV_ml"),
+    "RV_volume": ("RVEDV_ml", "RVESV_ml"),
+    "LV_stroke_volume": ("LVSV_ml",),
+    "RV_stroke_volume": ("RVSV_ml",),
+    "LV_ejection_fraction": ("LVEF",),
+    "RV_ejection_fraction": ("RVEF",),
+    "LV_mass": ("LVM_g",),
+}
+#: the ventricular volumes (ml) among the indices
+VOLUME_NAMES = ("LVEDV_ml", "LVESV_ml", "RVEDV_ml", "RVESV_ml")
+FAMILY_OF = {name: fam for fam, names in FAMILIES.items() for name in names}
+UNITS = {"LVEDV_ml": "ml", "LVESV_ml": "ml", "LVSV_ml": "ml", "LVEF": "%", "RVEDV_ml": "ml", "RVESV_ml": "ml",
+         "RVSV_ml": "ml", "RVEF": "%", "LVM_g": "g"}
+#: the classes the indices need, by their bundle names
+STRUCTURES = ("LV", "RV", "MYO")
+#: myocardial density (g/ml) for LV mass
+MYO_DENSITY_G_PER_ML = 1.05
+#: the spread model :func:`volume_spread` implements (recorded in bundle.json)
+SPREAD_MODEL = "slice-and-region-coherent-expected-error"
+METHOD = "split-conformal"
+#: what a refusal says when a bundle carries no fitted intervals
+NO_BLOCK = "has no fitted index intervals (indices); run: cardseg fit-indices --bundle PATH"
+
+
+# --------------------------------------------------------------------------------------------
+# volumes and indices
+# --------------------------------------------------------------------------------------------
+def voxel_volume_ml(spacing: Sequence[float]) -> float:
+    """Volume of one voxel in ml from its spacing ``(x, y, z)`` in mm."""
+    return float(np.prod([float(s) for s in spacing])) / 1000.0
+
+
+def class_volumes(labels: np.ndarray, spacing: Sequence[float], num_classes: int) -> np.ndarray:
+    """Volume of every class in ml: ``(num_classes,)`` from a label map ``(Z, Y, X)`` (any shape)."""
+    counts = np.bincount(np.asarray(labels, dtype=np.int64).ravel(), minlength=num_classes)[:num_classes]
+    return counts.astype(float) * voxel_volume_ml(spacing)
+
+
+def structure_volumes(volumes: Sequence[float], class_names: Sequence[str]) -> Dict[str, float]:
+    """``{"LV": ml, "RV": ml, "MYO": ml}`` from per-class volumes ``(K,)`` and the class names."""
+    return {s: float(volumes[class_index(class_names, s)]) for s in STRUCTURES}
+
+
+def class_index(class_names: Sequence[str], name: str) -> int:
+    names = list(class_names)
+    if name not in names:
+        raise CardsegError(f"cardiac indices need a class named {name!r}; the bundle's classes are "
+                           f"{', '.join(names)}")
+    return names.index(name)
+
+
+def cardiac_indices(ed: Mapping[str, float], es: Mapping[str, float]) -> Dict[str, float]:
+    """The nine indices from structure volumes in ml at ED and ES (``{"LV", "RV", "MYO"}``).
+
+    SV = EDV - ESV (ml); EF = 100 * SV / EDV (%, NaN when EDV is 0); LVM = 1.05 * MYO_ED (g).
+    """
+    out: Dict[str, float] = {}
+    for side in ("LV", "RV"):
+        edv, esv = float(ed[side]), float(es[side])
+        out[f"{side}EDV_ml"], out[f"{side}ESV_ml"], out[f"{side}SV_ml"] = edv, esv, edv - esv
+        out[f"{side}EF"] = 100.0 * (edv - esv) / edv if edv > 0 else float("nan")
+    out["LVM_g"] = MYO_DENSITY_G_PER_ML * float(ed["MYO"])
+    return {n: out[n] for n in INDEX_NAMES}
+
+
+# --------------------------------------------------------------------------------------------
+# spreads
+# --------------------------------------------------------------------------------------------
+def volume_spread(labels: np.ndarray, probs: np.ndarray, disagreement: np.ndarray, spacing: Sequence[float],
+                  flag_threshold: float) -> np.ndarray:
+    """Unscaled sd (ml) of every class volume in one frame: ``(K,)``.
+
+    labels: the segmentation ``(Z, Y, X)``; probs: calibrated probabilities ``(Z, Y, X, K)``;
+    disagreement: TAC map ``(Z, Y, X)``; spacing: ``(x, y, z)`` mm; flag_threshold: TAC above
+    which a voxel is flagged. With ``q_ik`` the calibrated probability that voxel i's class-k
+    membership differs from the segmentation's (``1 - p_ik`` where it says k, ``p_ik`` elsewhere)
+    and ``v`` the voxel volume in ml::
+
+        sd_k = v * sqrt( sum_slices z (sum_{i in z} q_ik)^2  +  sum_regions r (sum_{i in r} q_ik)^2 )
+
+    ``sum_{i in z} q_ik`` is the slice's expected misassigned class-k volume, taken to err as a
+    whole (a contour moves as a whole; slices independent); the second term does the same for
+    each 3D component of flagged disagreement (``d > flag_threshold``, face connectivity), which
+    may span slices. Non-decreasing as probability leaves the segmented class and as the
+    disagreement grows (regions only grow and merge).
+    """
+    p = np.clip(np.asarray(probs, dtype=np.float64), 0.0, 1.0)
+    lab = np.asarray(labels)
+    d = np.asarray(disagreement)
+    if p.ndim != 4 or p.shape[:3] != d.shape or lab.shape != d.shape:
+        raise ValueError(f"labels, disagreement (Z, Y, X) and probs (Z, Y, X, K) disagree: {lab.shape}, "
+                         f"{d.shape}, {p.shape}")
+    k = p.shape[-1]
+    q = p.copy()
+    segmented = lab[..., None] == np.arange(k)
+    q[segmented] = 1.0 - p[segmented]
+    per_slice = q.sum(axis=(1, 2))  # (Z, K)
+    var = np.sum(per_slice ** 2, axis=0)
+    regions, n = ndimage.label(d > flag_threshold)
+    if n:
+        flat = regions.ravel()
+        for c in range(k):
+            per_region = np.bincount(flat, weights=q[..., c].ravel(), minlength=n + 1)[1:]
+            var[c] += float(np.sum(per_region ** 2))
+    return np.sqrt(var) * voxel_volume_ml(spacing)
+
+
+def index_spreads(ed: Mapping[str, float], es: Mapping[str, float], ed_sd: Mapping[str, float],
+                  es_sd: Mapping[str, float]) -> Dict[str, float]:
+    """Unscaled sd of every index by the delta method (ED and ES errors taken independent).
+
+    ed, es: structure volumes (ml); ed_sd, es_sd: their sds (ml), keys ``LV, RV, MYO``.
+    Var(SV) = s_ED^2 + s_ES^2; EF = 100 (1 - ES/ED): Var = 100^2 ((ES/ED^2)^2 s_ED^2 + s_ES^2 / ED^2);
+    sd(LVM) = 1.05 s_MYO,ED. EF's spread is NaN when EDV is 0.
+    """
+    out: Dict[str, float] = {}
+    for side in ("LV", "RV"):
+        e, s, se, ss = float(ed[side]), float(es[side]), float(ed_sd[side]), float(es_sd[side])
+        out[f"{side}EDV_ml"], out[f"{side}ESV_ml"] = se, ss
+        out[f"{side}SV_ml"] = math.hypot(se, ss)
+        out[f"{side}EF"] = 100.0 * math.hypot(s * se / e ** 2, ss / e) if e > 0 else float("nan")
+    out["LVM_g"] = MYO_DENSITY_G_PER_ML * float(ed_sd["MYO"])
+    return {n: out[n] for n in INDEX_NAMES}
+
+
+# --------------------------------------------------------------------------------------------
+# intervals, coverage, fitting
+# --------------------------------------------------------------------------------------------
+def interval(name: str, value: float, spread: float, scale: float) -> Tuple[float, float]:
+    """``value +- scale * spread``, cut to the range the index has in a heart: volumes, stroke
+    volumes and mass >= 0, EF in [0, 100] (never past the value itself, which a poor segmentation
+    may put outside). The cut drops no possible truth, so coverage is unchanged."""
+    half = float(scale) * float(spread)
+    low = max(value - half, min(0.0, value))
+    high = value + half
+    if name.endswith("EF"):
+        high = min(high, max(100.0, value))
+    return low, high
+
+
+def coverage(truth, low, high) -> float:
+    """Fraction of ``truth`` inside ``[low, high]`` (arrays of one shape, or scalars); NaNs are
+    skipped, NaN if nothing is left."""
+    t, lo, hi = (np.asarray(a, dtype=float).ravel() for a in (truth, low, high))
+    ok = np.isfinite(t) & np.isfinite(lo) & np.isfinite(hi)
+    if not ok.any():
+        return float("nan")
+    return float(np.mean((lo[ok] <= t[ok]) & (t[ok] <= hi[ok])))
+
+
+def conformal_quantile(scores: Sequence[float], level: float) -> float:
+    """Split-conformal quantile: the ``ceil((n + 1) * level)``-th smallest of ``n`` scores.
+
+    ``inf`` when ``n`` is too small for the level (``ceil((n + 1) level) > n``). NaNs are dropped.
+    """
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    s = np.sort(np.asarray([x for x in scores if np.isfinite(x)], dtype=float))
+    rank = math.ceil((len(s) + 1) * level - 1e-12)
+    return float("inf") if rank > len(s) or rank < 1 else float(s[rank - 1])
+
+
+def fit_scales(values: Sequence[Mapping[str, float]], truths: Sequence[Mapping[str, float]],
+               spreads: Sequence[Mapping[str, float]], level: float) -> Tuple[Dict[str, float], Dict[str, int]]:
+    """One scale per family from validation subjects: ``({family: scale}, {family: n residuals})``.
+
+    values, truths, spreads: one ``{index: number}`` per subject. Score of a residual:
+    ``|truth - value| / spread`` (a zero spread with a nonzero error scores ``inf``).
+    """
+    scales, counts = {}, {}
+    for fam, names in FAMILIES.items():
+        scores = []
+        for v, t, s in zip(values, truths, spreads):
+            for n in names:
+                err = abs(float(t[n]) - float(v[n]))
+                if not (np.isfinite(err) and np.isfinite(s[n])):
+                    continue
+                scores.append(err / s[n] if s[n] > 0 else (0.0 if err == 0 else float("inf")))
+        q = conformal_quantile(scores, level)
+        if not np.isfinite(q):
+            raise CardsegError(f"{len(scores)} validation residuals for the {fam} family cannot give a finite "
+                               f"{level:.0%} interval (need at least {math.ceil(level / (1 - level))})")
+        scales[fam], counts[fam] = q, len(scores)
+    return scales, counts
+
+
+def subject_intervals(values: Mapping[str, float], spreads: Mapping[str, float], block: Mapping) -> dict:
+    """``{name: {"value", "low", "high"}, "nominal": level}`` from values, unscaled spreads and the
+    bundle's ``indices`` block."""
+    out: dict = {}
+    for name in INDEX_NAMES:
+        v = float(values[name])
+        lo, hi = interval(name, v, spreads[name], block["scales"][FAMILY_OF[name]])
+        out[name] = {"value": v, "low": lo, "high": hi}
+    out["nominal"] = float(block["nominal"])
+    return out
+
+
+def frame_statistics(labels: np.ndarray, probs: np.ndarray, disagreement: np.ndarray, spacing: Sequence[float],
+                     class_names: Sequence[str], flag_threshold: float) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Structure volumes (ml, from ``labels`` ``(Z, Y, X)``) and their unscaled sds (ml) for one frame."""
+    k = len(class_names)
+    vols = structure_volumes(class_volumes(labels, spacing, k), class_names)
+    sds = structure_volumes(volume_spread(labels, probs, disagreement, spacing, flag_threshold), class_names)
+    return vols, sds
+
+
+def subject_from_arrays(ed: Mapping[str, np.ndarray], es: Mapping[str, np.ndarray], ed_spacing, es_spacing,
+                        class_names: Sequence[str], block: Mapping) -> dict:
+    """Indices with intervals from the arrays of two frames.
+
+    ed, es: ``{"labels": (Z, Y, X), "probs": (Z, Y, X, K), "disagreement": (Z, Y, X)}``;
+    block: the bundle's fitted ``indices`` block.
+    """
+    thr = float(block["spread"]["flag_threshold"])
+    ev, esd = frame_statistics(ed["labels"], ed["probs"], ed["disagreement"], ed_spacing, class_names, thr)
+    sv, ssd = frame_statistics(es["labels"], es["probs"], es["disagreement"], es_spacing, class_names, thr)
+    return subject_intervals(cardiac_indices(ev, sv), index_spreads(ev, sv, esd, ssd), block)
+
+
+# --------------------------------------------------------------------------------------------
+# the bundle's block
+# --------------------------------------------------------------------------------------------
+def calibration_fingerprint(config: Mapping) -> dict:
+    """What the intervals were fitted for: the calibration parameters, TAC steps and weights."""
+    cal = config.get("calibration", {})
+    nets = config.get("networks", {})
+    return {"method": cal.get("method"), **{k: cal.get(k) for k in ("tau_min", "tau_max", "w_b", "w_k")},
+            "tac_steps": cal.get("tac_steps"),
+            "weights": {spec.get("file"): spec.get("sha256") for spec in nets.values() if isinstance(spec, dict)}}
+
+
+def make_block(config: Mapping, scales: Mapping[str, float], level: float, flag_threshold: float,
+               fit: Optional[dict] = None) -> dict:
+    """The ``indices`` block for ``bundle.json`` (see :func:`cardseg.bundle.loading.update_config`)."""
+    return {
+        "nominal": float(level),
+        "method": METHOD,
+        "description": ("value +- scale[family] * spread; spread: per class volume, the calibrated expected "
+                        "misassigned volume of each slice and of each flagged-disagreement region, added in "
+                        "quadrature; delta method to SV/EF/mass; scale: split-conformal quantile of "
+                        "|truth - value| / spread on the validation subjects"),
+        "spread": {"model": SPREAD_MODEL, "flag_threshold": float(flag_threshold)},
+        "scales": {f: float(scales[f]) for f in FAMILIES},
+        "families": {f: list(n) for f, n in FAMILIES.items()},
+        "calibration": calibration_fingerprint(config),
+        "fit": dict(fit or {}),
+    }
+
+
+def fitted_block(config: Mapping) -> dict:
+    """The bundle's ``indices`` block, checked to belong to its current calibration and weights."""
+    block = config.get("indices") if isinstance(config, Mapping) else None
+    if not isinstance(block, Mapping):
+        raise CardsegError(f"bundle {_bundle_name(config)} {NO_BLOCK}")
+    fitted_for = block.get("calibration")
+    if fitted_for is not None and not _same(fitted_for, calibration_fingerprint(config)):
+        raise CardsegError(f"bundle {_bundle_name(config)}: the index intervals were fitted for another calibration "
+                           "or other weights; rerun: cardseg fit-indices --bundle PATH")
+    missing = [f for f in FAMILIES if f not in (block.get("scales") or {})]
+    if missing:
+        raise CardsegError(f"bundle {_bundle_name(config)}: the index intervals have no scale for "
+                           f"{', '.join(missing)}; rerun: cardseg fit-indices --bundle PATH")
+    return dict(block)
+
+
+def _bundle_name(config: Mapping) -> str:
+    ident = config.get("id", {}) if isinstance(config, Mapping) else {}
+    return f"{ident.get('name', '?')}-{ident.get('version', '?')}" if isinstance(ident, Mapping) else "?"
+
+
+def _same(a, b) -> bool:
+    """Equal as JSON values, numbers to a relative 1e-9."""
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return set(a) == set(b) and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(float(a), float(b), rel_tol=1e-9, abs_tol=0.0)
+    return a == b
+
+
+# --------------------------------------------------------------------------------------------
+# from two `cardseg segment` folders
+# --------------------------------------------------------------------------------------------
+def read_segment_folder(folder: Path) -> Tuple[dict, tuple, dict]:
+    """``(arrays, spacing (x, y, z), report)`` of a ``cardseg segment --method card`` output folder.
+
+    arrays: ``labels`` uint8 ``(Z, Y, X)``, ``probs`` float32 ``(Z, Y, X, K)``, ``disagreement``
+    float32 ``(Z, Y, X)``.
+    """
+    import SimpleITK as sitk
+
+    folder = Path(folder)
+    need = ("segmentation.nii.gz", "probabilities.nii.gz", "disagreement.nii.gz", "report.json")
+    missing = [n for n in need if not (folder / n).is_file()]
+    if missing:
+        hint = " (a --method card run writes it)" if missing == ["disagreement.nii.gz"] else ""
+        raise CardsegError(f"{folder}: no {', '.join(missing)}{hint}; cardiac indices need a cardseg segment "
+                           "--method card output folder")
+    try:
+        report = json.loads((folder / "report.json").read_text(encoding="utf-8"))
+        seg = sitk.ReadImage(str(folder / "segmentation.nii.gz"))
+        prob = sitk.ReadImage(str(folder / "probabilities.nii.gz"))
+        dis = sitk.ReadImage(str(folder / "disagreement.nii.gz"))
+    except (OSError, RuntimeError, ValueError) as exc:
+        lines = str(exc).strip().splitlines()
+        raise CardsegError(f"{folder}: cannot read the segment outputs ({lines[0][:200] if lines else exc})") from None
+    arrays = {"labels": sitk.GetArrayFromImage(seg), "probs": sitk.GetArrayFromImage(prob),
+              "disagreement": sitk.GetArrayFromImage(dis)}
+    if arrays["probs"].ndim != 4 or arrays["probs"].shape[:3] != arrays["labels"].shape \
+            or arrays["disagreement"].shape != arrays["labels"].shape:
+        raise CardsegError(f"{folder}: segmentation, probabilities and disagreement are not on one grid")
+    return arrays, tuple(float(s) for s in seg.GetSpacing()), report
+
+
+def _check_report(folder: Path, report: dict, config: Mapping) -> None:
+    """The folder was made by ``card`` with this bundle's weights and calibration."""
+    if report.get("method") != "card":
+        raise CardsegError(f"{folder}: made with --method {report.get('method')}; cardiac index intervals need "
+                           "--method card")
+    want = calibration_fingerprint(config)
+    held = (report.get("bundle") or {}).get("checksums") or {}
+    if held and any(held.get(f) != sha for f, sha in want["weights"].items()):
+        raise CardsegError(f"{folder}: segmented with other weights than bundle {_bundle_name(config)}")
+    cal = report.get("calibration")
+    if isinstance(cal, Mapping) and not _same({k: cal.get(k) for k in ("method", "tau_min", "tau_max", "w_b", "w_k")},
+                                              {k: want[k] for k in ("method", "tau_min", "tau_max", "w_b", "w_k")}):
+        raise CardsegError(f"{folder}: calibrated with other parameters than bundle {_bundle_name(config)}")
+
+
+def indices_from_folders(ed_dir: Path, es_dir: Path, config: dict) -> dict:
+    """Indices with intervals of one subject from its ED and ES ``cardseg segment`` folders.
+
+    config: the bundle's ``bundle.json`` dictionary; its ``indices`` block holds the fitted
+    scales. Returns ``{name: {"value", "low", "high"}, "nominal": level}`` for every name of
+    :data:`INDEX_NAMES` (ml, %, g). Raises :class:`CardsegError` (one line) when the bundle has no
+    fitted block, or a folder is missing a file, was made with ``uc`` or with another bundle.
+    """
+    block = fitted_block(config)
+    names = [c["name"] for c in config["classes"]]
+    frames = []
+    for folder in (Path(ed_dir), Path(es_dir)):
+        arrays, spacing, report = read_segment_folder(folder)
+        _check_report(folder, report, config)
+        if arrays["probs"].shape[-1] != len(names):
+            raise CardsegError(f"{folder}: probabilities have {arrays['probs'].shape[-1]} classes, the bundle "
+                               f"{len(names)}")
+        frames.append((arrays, spacing))
+    (ed, ed_sp), (es, es_sp) = frames
+    return subject_from_arrays(ed, es, ed_sp, es_sp, names, block)

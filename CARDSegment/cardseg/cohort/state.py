@@ -1,0 +1,110 @@
+"""OUTDIR's ownership and a batch's resume state: the batch stamp, the state file (one line per
+finished case) and the check that OUTDIR is new, empty or an earlier batch's output."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Dict, Optional, Tuple
+
+from cardseg.base.errors import CardsegError
+from cardseg.base.files import write_atomic
+from cardseg.cohort.layout import BATCH_STAMP, OWN_FILES, SEGMENT_LEFTOVER, STATE_FILE
+
+
+def read_batch_stamp(outdir: Path) -> Optional[dict]:
+    try:
+        stamp = json.loads((outdir / BATCH_STAMP).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(stamp, dict) or stamp.get("tool") != "cardseg-batch":
+        return None
+    return stamp
+
+
+def check_batch_outdir(output: os.PathLike, settings: dict, overwrite: bool) -> Tuple[Path, Optional[dict]]:
+    """Validate OUTDIR before any work; writes nothing. Returns ``(absolute path, earlier stamp)``."""
+    from cardseg.io.outdir import STAMP, check_writable, nearest_existing, read_stamp
+
+    out = Path(os.path.realpath(os.path.abspath(os.fspath(output))))
+    if out.exists() and not out.is_dir():
+        raise CardsegError(f"{out}: exists and is not a folder")
+    base = nearest_existing(out)
+    if not base.is_dir():
+        raise CardsegError(f"{out}: cannot create it, {base} is a file")
+    check_writable(base if not out.exists() else out, out)
+    if not out.exists():
+        return out, None
+    present = sorted(e.name for e in out.iterdir())
+    if not present:
+        return out, None
+    stamp = read_batch_stamp(out)
+    if stamp is None:
+        what = "an output folder of cardseg segment" if read_stamp(out) is not None else "not written by cardseg batch"
+        raise CardsegError(f"{out}: folder is not empty and {what}; it is never used as a batch's OUTDIR, "
+                           "choose a new or empty folder")
+    own = set(OWN_FILES) | {f".{n}.tmp" for n in OWN_FILES}
+    foreign = [n for n in present if n not in own and not SEGMENT_LEFTOVER.match(n)
+               and not ((out / n).is_dir() and (out / n / STAMP).is_file())]
+    if foreign:
+        more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
+        raise CardsegError(f"{out}: holds files cardseg did not write ({', '.join(foreign[:3])}{more}); "
+                           "move them or choose another folder")
+    if stamp.get("settings") != settings and not overwrite:
+        old = stamp.get("settings") or {}
+        raise CardsegError(f"{out}: holds a batch made with method {old.get('method')} and bundle "
+                           f"{(old.get('bundle') or {}).get('id')} (other settings than now); use --overwrite to "
+                           "recompute its cases, or choose another folder")
+    return out, stamp
+
+
+def write_stamp(out: Path, settings: dict, created: Optional[str]) -> None:
+    from cardseg import __version__
+
+    now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    stamp = {"tool": "cardseg-batch", "version": __version__, "created": created or now, "updated": now,
+             "settings": settings, "files": list(OWN_FILES)}
+    write_atomic(out / BATCH_STAMP, (json.dumps(stamp, indent=1) + "\n").encode())
+
+
+def read_state(out: Path) -> Dict[str, dict]:
+    """``{case: record}`` from the state file, the last line per case winning; a line cut short
+    by a kill is ignored."""
+    state: Dict[str, dict] = {}
+    try:
+        lines = (out / STATE_FILE).read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return state
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("case"), str):
+            state[rec["case"]] = rec
+    return state
+
+
+def append_state(out: Path, record: dict) -> None:
+    with open(out / STATE_FILE, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def finished_report(folder: Path) -> Optional[dict]:
+    """The report of a case folder that still holds a complete cardseg output, else ``None``."""
+    from cardseg.io.outdir import read_stamp
+
+    stamp = read_stamp(folder)
+    if stamp is None or "report.json" not in stamp["files"]:
+        return None
+    if any(not (folder / n).is_file() for n in stamp["files"]):
+        return None
+    try:
+        report = json.loads((folder / "report.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return report if isinstance(report, dict) else None

@@ -1,0 +1,58 @@
+"""The subject table: cardiac indices with intervals, one row per subject with an ED and an ES case."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from cardseg.base.errors import CardsegError, one_line
+from cardseg.cohort.cases import PHASES, Case, subject_pairs
+
+
+def indices_function() -> Optional[Callable]:
+    """``cardseg.cohort.indices.indices_from_folders`` when that module is there, else ``None``."""
+    try:
+        from cardseg.cohort.indices import indices_from_folders
+    except ImportError:
+        return None
+    return indices_from_folders
+
+
+def subject_rows(out: Path, cases: Sequence[Case], status: Dict[str, str], config: dict,
+                 compute: Callable) -> Tuple[List[dict], List[str]]:
+    """One row per subject: ``subject, ed_case, es_case, nominal, <index>, <index>_low,
+    <index>_high, ..., error``; the columns follow the order the indices come in."""
+    rows, names = [], []
+    for subject, phases in subject_pairs(cases).items():
+        row = {"subject": subject, "ed_case": phases["ED"].name if "ED" in phases else "",
+               "es_case": phases["ES"].name if "ES" in phases else "", "nominal": None, "error": ""}
+        missing = [p for p in PHASES if p not in phases]
+        failed = [phases[p].name for p in PHASES if p in phases and status.get(phases[p].name) != "ok"]
+        if missing:
+            row["error"] = f"no {' and no '.join(missing)} case"
+        elif failed:
+            row["error"] = f"case {', '.join(failed)} failed"
+        else:
+            try:
+                res = compute(out / phases["ED"].name, out / phases["ES"].name, config)
+            except CardsegError as exc:
+                row["error"] = one_line(exc)
+            except Exception as exc:
+                row["error"] = f"{type(exc).__name__}: {one_line(exc)}"
+            else:
+                row["nominal"] = res.get("nominal")
+                for name, iv in res.items():
+                    if name == "nominal" or not isinstance(iv, dict):
+                        continue
+                    if name not in names:
+                        names.append(name)
+                    row[name], row[f"{name}_low"], row[f"{name}_high"] = iv.get("value"), iv.get("low"), iv.get("high")
+        rows.append(row)
+    return rows, names
+
+
+def subject_columns(names: Sequence[str]) -> List[str]:
+    cols = ["subject", "ed_case", "es_case", "nominal"]
+    for n in names:
+        cols += [n, f"{n}_low", f"{n}_high"]
+    return cols + ["error"]

@@ -1,0 +1,103 @@
+"""The cohort table: one row per case (CSV, and Parquet when pyarrow is importable)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+from cardseg.base.files import write_atomic
+from cardseg.cohort.cases import Case
+
+#: the cohort table's fixed columns; then ``volume_<class>_ml`` per foreground class, then
+#: ``time_<stage>_s`` per timing in the reports (``total`` first)
+COHORT_COLUMNS = ("case", "subject", "phase", "frame", "input", "input_sha256", "status", "error", "reused",
+                  "output", "method", "slices", "agreement", "out_of_domain", "flagged_regions",
+                  "flagged_volume_ml")
+
+
+def cohort_row(case: Case, status: str, error: str = "", report: Optional[dict] = None, reused: bool = False,
+               input_sha256: str = "") -> dict:
+    """One row of the cohort table; ``report`` is the case's ``report.json`` (``None`` if it failed)."""
+    row = {"case": case.name, "subject": case.subject or "", "phase": case.phase or "",
+           "frame": "" if case.frame is None else case.frame, "input": case.path, "input_sha256": input_sha256,
+           "status": status, "error": error, "reused": reused, "output": f"{case.name}/" if report else "",
+           "method": "", "slices": "", "agreement": None, "out_of_domain": None, "flagged_regions": None,
+           "flagged_volume_ml": None}
+    if report:
+        regions = report.get("regions") or []
+        measured = report.get("method") == "card"
+        row.update({"method": report.get("method", ""), "slices": report.get("slices", ""),
+                    "agreement": report.get("agreement"), "out_of_domain": report.get("out_of_domain"),
+                    "flagged_regions": len(regions) if measured else None,
+                    "flagged_volume_ml": (sum(float(r.get("volume_mm3", 0.0)) for r in regions) / 1000.0
+                                          if measured else None)})
+        for name, ml in (report.get("class_volumes_ml") or {}).items():
+            row[f"volume_{name}_ml"] = ml
+        for stage, sec in (report.get("timings_s") or {}).items():
+            row[f"time_{stage}_s"] = sec
+    return row
+
+
+def table_columns(rows: Sequence[dict], class_names: Sequence[str] = ()) -> List[str]:
+    cols = list(COHORT_COLUMNS)
+    vols = [f"volume_{n}_ml" for n in class_names]
+    times: List[str] = ["time_total_s"]
+    for r in rows:
+        for k in r:
+            if k.startswith("volume_") and k not in vols:
+                vols.append(k)
+            elif k.startswith("time_") and k not in times:
+                times.append(k)
+    return cols + vols + times
+
+
+def _csv_value(v) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)
+
+
+def write_table(path: Path, rows: Sequence[dict], columns: Sequence[str]) -> None:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(columns)
+    for r in rows:
+        w.writerow([_csv_value(r.get(c)) for c in columns])
+    write_atomic(path, buf.getvalue().encode("utf-8"))
+
+
+def write_parquet(path: Path, rows: Sequence[dict], columns: Sequence[str]) -> bool:
+    """The table as Parquet when pyarrow is importable (typed columns); False otherwise."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        return False
+    types = {"frame": pa.int64(), "reused": pa.bool_(), "slices": pa.int64(), "agreement": pa.float64(),
+             "out_of_domain": pa.bool_(), "flagged_regions": pa.int64(), "flagged_volume_ml": pa.float64()}
+    arrays, fields = [], []
+    for c in columns:
+        t = types.get(c) or (pa.float64() if c.startswith(("volume_", "time_")) else pa.string())
+        vals = [r.get(c) for r in rows]
+        vals = [None if v == "" and t != pa.string() else v for v in vals]
+        if t == pa.string():
+            vals = [None if v is None else str(v) for v in vals]
+        arrays.append(pa.array(vals, type=t))
+        fields.append(pa.field(c, t))
+    tmp = path.with_name(f".{path.name}.tmp")
+    pq.write_table(pa.Table.from_arrays(arrays, schema=pa.schema(fields)), str(tmp))
+    os.replace(tmp, path)
+    return True
+
+
+def read_table(path: os.PathLike) -> List[dict]:
+    """``cohort.csv`` (or ``subjects.csv``) as a list of ``{column: text}``."""
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))

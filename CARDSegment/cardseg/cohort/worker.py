@@ -1,0 +1,77 @@
+"""The worker: the bundle loaded once, then one case after another through
+:func:`cardseg.segment.segment_file` (here, in a local worker process or on a Ray actor)."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Tuple
+
+from cardseg.base.errors import CardsegError, one_line
+
+
+@dataclass
+class Job:
+    """What a worker needs for one case (plain data: it travels to Ray workers)."""
+
+    case: str
+    path: str
+    out: str
+    frame: Optional[int] = None
+    spacing: Optional[Tuple[float, ...]] = None
+    overwrite: bool = False
+
+
+class CaseWorker:
+    """Runs cases one after another; the bundle is loaded at the first case and kept."""
+
+    def __init__(self, bundle_root: os.PathLike, method: str = "card", device: str = "auto", batch_size: int = 8,
+                 threads: Optional[int] = None, backend: str = "torch"):
+        self.bundle_root = Path(bundle_root)
+        self.method, self.device_name, self.batch_size, self.threads = method, device, batch_size, threads
+        self.backend = backend  # torch, onnx or auto (cardseg.bundle.loading.load_bundle)
+        self.bundle = None
+        self.device = None
+        self.loads = 0  # how often the bundle was loaded (once)
+
+    def load(self, progress=None) -> None:
+        """Load the bundle onto the device (once); one-line :class:`CardsegError` if it cannot.
+        ``progress`` (a :class:`cardseg.base.progress.Progress`) shows a first run's ONNX export."""
+        if self.bundle is not None:
+            return
+        import torch
+
+        from cardseg.bundle.loading import load_bundle
+        from cardseg.segment import resolve_device
+
+        if self.threads:
+            torch.set_num_threads(int(self.threads))
+        self.device = resolve_device(self.device_name)
+        self.bundle = load_bundle(self.bundle_root, device=self.device, backend=self.backend,
+                                  progress=progress)
+        self.loads += 1
+
+    def run(self, job: Job) -> dict:
+        """``{"case", "status": "ok"|"error", "error", "report", "seconds"}``; never raises for a
+        bad case (KeyboardInterrupt and SystemExit pass)."""
+        t0 = time.perf_counter()
+        try:
+            self.load()
+            from cardseg.base.progress import Progress
+            from cardseg.segment import segment_file
+
+            report = segment_file(job.path, job.out, self.bundle, method=self.method, device=self.device,
+                                  batch_size=self.batch_size, frame=job.frame, spacing=job.spacing,
+                                  overwrite=job.overwrite, progress=Progress())
+            return {"case": job.case, "status": "ok", "error": "", "report": report,
+                    "seconds": time.perf_counter() - t0}
+        except CardsegError as exc:
+            msg = one_line(exc)
+        except MemoryError:
+            msg = "out of memory"
+        except Exception as exc:  # one bad case never stops the batch
+            msg = f"{type(exc).__name__}: {one_line(exc)}"
+        return {"case": job.case, "status": "error", "error": msg, "report": None,
+                "seconds": time.perf_counter() - t0}

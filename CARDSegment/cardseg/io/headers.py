@@ -1,0 +1,377 @@
+"""What an image file declares, checked against what it holds, without trusting ITK.
+
+SimpleITK reads a truncated ``.nii.gz`` (or a header that declares more voxels than the file
+holds) without an error, filling the missing bytes with zeros; its NIfTI reader turns a zero
+``pixdim`` into 1.0 mm and NaN into 0. So for every format whose data we accept, this module
+parses the header itself, counts the data bytes really present (decompressing as a stream, so
+a corrupt or truncated compressed stream is noticed too) and, for floating-point data, checks
+that every value is finite. Nothing here builds an image: :mod:`cardseg.io.inputs` does that.
+
+Each ``inspect_*`` function reads the header only and returns ``(Declared, check)``, where
+``check()`` reads the data stream (call it after the size limits passed); both raise
+:class:`CardsegError` with one line naming the file and the problem.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import re
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+from cardseg.base.errors import CardsegError
+
+_CHUNK = 1 << 20
+
+
+@dataclass
+class Declared:
+    """The header's account of an image: ``size`` per axis (i, j, k, ...), bytes per voxel
+    (all components), and the spacing per spatial axis as written (``None`` where the format
+    stores none, so that a reader's silent default of 1 mm cannot pass as a measurement)."""
+
+    format: str
+    size: Tuple[int, ...]
+    bytes_per_voxel: int
+    spacing: Optional[Tuple[float, ...]]
+
+    @property
+    def voxels(self) -> int:
+        return int(np.prod(self.size, dtype=np.int64)) if self.size else 0
+
+
+# ----------------------------------------------------------------------------- data streams
+
+
+def _open_stream(path: Path, encoding: str):
+    if encoding == "raw":
+        return open(path, "rb")
+    if encoding == "gzip":
+        return gzip.open(path, "rb")
+    if encoding == "bzip2":
+        return bz2.open(path, "rb")
+    raise AssertionError(encoding)
+
+
+class _ZlibStream:
+    """A file-like reader that inflates a zlib stream starting at ``offset`` (MetaImage)."""
+
+    def __init__(self, path: Path, offset: int):
+        self.f = open(path, "rb")
+        self.f.seek(offset)
+        self.z = zlib.decompressobj()
+        self.done = False
+
+    def read(self, n: int) -> bytes:
+        out = b""
+        while len(out) < n and not self.done:
+            raw = self.f.read(_CHUNK)
+            if not raw:
+                if not self.z.eof:
+                    raise EOFError("compressed data ended before the end of the stream")
+                self.done = True
+                break
+            out += self.z.decompress(raw)
+            if self.z.eof:
+                self.done = True
+        return out
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.f.close()
+
+
+def check_data(path: Path, opener: Callable, skip: int, expected: int, dtype: Optional[np.dtype],
+               what: str) -> None:
+    """Read the data stream from ``opener()``: skip ``skip`` bytes, then require ``expected``
+    bytes; for a floating-point ``dtype`` require every value to be finite. One-line errors."""
+    have = 0
+    carry = b""
+    try:
+        with opener() as f:
+            while skip > 0:
+                got = f.read(min(skip, _CHUNK))
+                if not got:
+                    break
+                skip -= len(got)
+            if skip > 0:
+                raise CardsegError(f"{path}: file is truncated (it ends inside the header)")
+            while have < expected:
+                chunk = f.read(min(_CHUNK, expected - have))
+                if not chunk:
+                    break
+                have += len(chunk)
+                if dtype is not None and dtype.kind == "f":
+                    buf = carry + chunk
+                    n = len(buf) - len(buf) % dtype.itemsize
+                    values = np.frombuffer(buf[:n], dtype=dtype)
+                    carry = buf[n:]
+                    if not np.isfinite(values).all():
+                        raise CardsegError(f"{path}: image contains NaN or infinite values")
+            while f.read(_CHUNK):  # to the end: a corrupt compressed tail fails its checksum
+                pass
+    except (EOFError, OSError, zlib.error, ValueError) as exc:
+        raise CardsegError(f"{path}: {what} data are corrupt or truncated ({_short(exc)})") from None
+    if have < expected:
+        raise CardsegError(f"{path}: file is truncated: the header declares {expected:,d} bytes of image data, "
+                           f"the file holds {have:,d}")
+
+
+def _short(exc: Exception) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:120]
+
+
+# ----------------------------------------------------------------------------- NIfTI
+
+_NIFTI_DTYPES = {2: "u1", 4: "i2", 8: "i4", 16: "f4", 64: "f8", 256: "i1", 512: "u2", 768: "u4", 1024: "i8",
+                 1280: "u8", 32: "c8", 1792: "c16", 128: "u1", 2304: "u1"}
+
+
+def inspect_nifti(path: Path) -> Tuple[Declared, Callable[[], None]]:
+    """NIfTI-1/2 (``.nii``, ``.nii.gz``, ``.hdr`` + ``.img``): dims, datatype, pixdim, data."""
+    low = path.name.lower()
+    if low.endswith(".img") or low.endswith(".img.gz"):  # the data half of a pair: read its header
+        stem = path.name[:-len(".img.gz")] if low.endswith(".img.gz") else path.name[:-len(".img")]
+        header = next((path.with_name(stem + e) for e in (".hdr", ".hdr.gz", ".HDR") if path.with_name(stem + e).is_file()),
+                      None)
+        if header is None:
+            raise CardsegError(f"{path}: the header file {stem}.hdr of this NIfTI/Analyze pair is missing")
+        return inspect_nifti(header)
+    gz = low.endswith(".gz")
+    try:
+        with (gzip.open(path, "rb") if gz else open(path, "rb")) as f:
+            head = f.read(540)
+    except (OSError, EOFError, zlib.error) as exc:
+        raise CardsegError(f"{path}: NIfTI header is corrupt or truncated ({_short(exc)})") from None
+    if len(head) < 348:
+        raise CardsegError(f"{path}: file is truncated (it ends inside the NIfTI header)")
+    for end in "<>":
+        n1 = struct.unpack(end + "i", head[:4])[0]
+        if n1 in (348, 540):
+            break
+    else:
+        raise CardsegError(f"{path}: not a NIfTI file (header size field {struct.unpack('<i', head[:4])[0]})")
+    if n1 == 348:
+        dim = struct.unpack(end + "8h", head[40:56])
+        datatype, bitpix = struct.unpack(end + "2h", head[70:74])
+        pixdim = struct.unpack(end + "8f", head[76:108])
+        vox_offset = int(struct.unpack(end + "f", head[108:112])[0])
+    else:
+        if len(head) < 540:
+            raise CardsegError(f"{path}: file is truncated (it ends inside the NIfTI-2 header)")
+        datatype, bitpix = struct.unpack(end + "2h", head[12:16])
+        dim = struct.unpack(end + "8q", head[16:80])
+        pixdim = struct.unpack(end + "8d", head[104:168])
+        vox_offset = int(struct.unpack(end + "q", head[168:176])[0])
+    ndim = int(dim[0])
+    if not 1 <= ndim <= 7 or any(int(d) < 1 for d in dim[1:ndim + 1]):
+        raise CardsegError(f"{path}: NIfTI header declares an invalid size {list(dim[1:max(ndim, 1) + 1])}")
+    size = tuple(int(d) for d in dim[1:ndim + 1])
+    if datatype not in _NIFTI_DTYPES or bitpix <= 0 or bitpix % 8:
+        raise CardsegError(f"{path}: NIfTI datatype {datatype} is not supported")
+    dtype = np.dtype(end + _NIFTI_DTYPES[datatype])
+    bpv = bitpix // 8
+    spacing = tuple(float(p) for p in pixdim[1:min(ndim, 3) + 1])
+    decl = Declared("NIfTI", size, bpv, spacing)
+    data_path, skip = path, vox_offset
+    lower = path.name.lower()
+    if lower.endswith(".hdr") or lower.endswith(".hdr.gz"):
+        stem = path.name[:-len(".hdr.gz")] if lower.endswith(".hdr.gz") else path.name[:-len(".hdr")]
+        cands = [path.with_name(stem + ext) for ext in (".img", ".img.gz", ".IMG")]
+        data_path = next((c for c in cands if c.is_file()), None)
+        if data_path is None:
+            raise CardsegError(f"{path}: the data file {stem}.img is missing")
+        skip = max(vox_offset, 0)
+    return decl, lambda: check_data(data_path, lambda: _open_stream(
+        data_path, "gzip" if data_path.name.lower().endswith(".gz") else "raw"), skip,
+        decl.voxels * bpv, dtype, "NIfTI")
+
+
+# ----------------------------------------------------------------------------- NRRD
+
+_NRRD_TYPES = {
+    "int8": "i1", "signed char": "i1", "int8_t": "i1", "uchar": "u1", "unsigned char": "u1", "uint8": "u1",
+    "uint8_t": "u1", "short": "i2", "short int": "i2", "signed short": "i2", "signed short int": "i2",
+    "int16": "i2", "int16_t": "i2", "ushort": "u2", "unsigned short": "u2", "unsigned short int": "u2",
+    "uint16": "u2", "uint16_t": "u2", "int": "i4", "signed int": "i4", "int32": "i4", "int32_t": "i4",
+    "uint": "u4", "unsigned int": "u4", "uint32": "u4", "uint32_t": "u4", "longlong": "i8", "long long": "i8",
+    "long long int": "i8", "signed long long": "i8", "signed long long int": "i8", "int64": "i8", "int64_t": "i8",
+    "ulonglong": "u8", "unsigned long long": "u8", "unsigned long long int": "u8", "uint64": "u8",
+    "uint64_t": "u8", "float": "f4", "double": "f8",
+}
+
+
+def _read_text_header(path: Path, limit: int = 1 << 16) -> Tuple[List[str], int]:
+    """Lines of a text header up to the first empty line, and the byte offset after it."""
+    with open(path, "rb") as f:
+        raw = f.read(limit)
+    lines, pos = [], 0
+    while True:
+        nl = raw.find(b"\n", pos)
+        if nl < 0:
+            return lines, -1  # no end of header within the limit (a detached header ends with the file)
+        line = raw[pos:nl].rstrip(b"\r")
+        pos = nl + 1
+        if not line:
+            return lines, pos
+        lines.append(line.decode("latin-1"))
+
+
+def inspect_nrrd(path: Path) -> Tuple[Declared, Callable[[], None]]:
+    """NRRD (``.nrrd`` with attached data, ``.nhdr`` with a data file): raw, gzip or bzip2."""
+    lines, offset = _read_text_header(path)
+    if not lines or not lines[0].startswith("NRRD"):
+        raise CardsegError(f"{path}: not a NRRD file")
+    fields: Dict[str, str] = {}
+    for line in lines[1:]:
+        key, sep, value = line.partition(":")
+        if line.startswith("#") or value.startswith("="):  # comments and key:=value pairs
+            continue
+        if sep:
+            fields[key.strip().lower()] = value.strip()
+    try:
+        sizes = tuple(int(s) for s in fields["sizes"].split())
+        dtype = np.dtype(_NRRD_TYPES[fields["type"].lower()])
+    except (KeyError, ValueError) as exc:
+        raise CardsegError(f"{path}: NRRD header lacks a valid {_short(exc)} field") from None
+    if not sizes or any(s < 1 for s in sizes):
+        raise CardsegError(f"{path}: NRRD header declares an invalid size {list(sizes)}")
+    if fields.get("endian", "little") == "big":
+        dtype = dtype.newbyteorder(">")
+    encoding = {"raw": "raw", "gzip": "gzip", "gz": "gzip", "bzip2": "bzip2", "bz2": "bzip2"}.get(
+        fields.get("encoding", "raw").lower())
+    spacing = _nrrd_spacing(fields, len(sizes))
+    decl = Declared("NRRD", sizes, dtype.itemsize, spacing)
+    if encoding is None:  # ascii / hex: ITK parses the text and fails itself on short data
+        return decl, lambda: None
+    datafile = fields.get("data file") or fields.get("datafile")
+    if datafile:
+        if datafile.startswith("LIST") or "%" in datafile:
+            return decl, lambda: None  # several data files: left to the reader
+        data_path = path.parent / datafile
+        if not data_path.is_file():
+            raise CardsegError(f"{path}: the data file {data_path.name} is missing")
+        skip = int(fields.get("byte skip", "0") or 0)
+    else:
+        if offset < 0:
+            raise CardsegError(f"{path}: NRRD header has no end (file truncated?)")
+        data_path, skip = path, offset + max(int(fields.get("byte skip", "0") or 0), 0)
+    if encoding != "raw":
+        off = skip if not datafile else 0
+        opener = (lambda: _OffsetStream(data_path, off, encoding))
+        skip = 0 if not datafile else skip
+    else:
+        opener = (lambda: _open_stream(data_path, "raw"))
+    return decl, lambda: check_data(data_path, opener, skip, decl.voxels * dtype.itemsize, dtype, "NRRD")
+
+
+class _OffsetStream:
+    """A gzip/bzip2 stream that starts ``offset`` bytes into a file (NRRD's attached data)."""
+
+    def __init__(self, path: Path, offset: int, encoding: str):
+        self.f = open(path, "rb")
+        self.f.seek(offset)
+        self.s = gzip.GzipFile(fileobj=self.f, mode="rb") if encoding == "gzip" else bz2.BZ2File(self.f, "rb")
+
+    def read(self, n: int) -> bytes:
+        return self.s.read(n)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.s.close()
+        self.f.close()
+
+
+def _nrrd_spacing(fields: Dict[str, str], ndim: int) -> Optional[Tuple[float, ...]]:
+    if "space directions" in fields:
+        vectors = re.findall(r"\(([^)]*)\)|none", fields["space directions"])
+        out = []
+        for v in vectors:
+            if v:
+                out.append(float(np.linalg.norm([float(x) for x in v.split(",")])))
+        return tuple(out) if out else None
+    if "spacings" in fields:
+        vals = [float(x) for x in fields["spacings"].split() if x.lower() != "nan"]
+        return tuple(vals) if vals else None
+    return None
+
+
+# ----------------------------------------------------------------------------- MetaImage
+
+_MET_TYPES = {"MET_CHAR": "i1", "MET_UCHAR": "u1", "MET_SHORT": "i2", "MET_USHORT": "u2", "MET_INT": "i4",
+              "MET_UINT": "u4", "MET_LONG": "i4", "MET_ULONG": "u4", "MET_LONG_LONG": "i8",
+              "MET_ULONG_LONG": "u8", "MET_FLOAT": "f4", "MET_DOUBLE": "f8"}
+
+
+def inspect_metaimage(path: Path) -> Tuple[Declared, Callable[[], None]]:
+    """MetaImage (``.mha`` with local data, ``.mhd`` with a data file), raw or zlib-compressed."""
+    with open(path, "rb") as f:
+        raw = f.read(1 << 16)
+    fields: Dict[str, str] = {}
+    offset = -1
+    pos = 0
+    while True:
+        nl = raw.find(b"\n", pos)
+        if nl < 0:
+            break
+        line = raw[pos:nl].decode("latin-1").strip()
+        pos = nl + 1
+        key, sep, value = line.partition("=")
+        if sep:
+            fields[key.strip()] = value.strip()
+            if key.strip() == "ElementDataFile":
+                offset = pos
+                break
+    try:
+        size = tuple(int(s) for s in fields["DimSize"].split())
+        dtype = np.dtype(_MET_TYPES[fields["ElementType"]])
+        channels = int(fields.get("ElementNumberOfChannels", "1"))
+    except (KeyError, ValueError) as exc:
+        raise CardsegError(f"{path}: MetaImage header lacks a valid {_short(exc)} field") from None
+    if not size or any(s < 1 for s in size) or channels < 1:
+        raise CardsegError(f"{path}: MetaImage header declares an invalid size {list(size)}")
+    if fields.get("BinaryDataByteOrderMSB", fields.get("ElementByteOrderMSB", "False")).lower() == "true":
+        dtype = dtype.newbyteorder(">")
+    spacing = None
+    for key in ("ElementSpacing", "ElementSize"):
+        if key in fields:
+            spacing = tuple(float(x) for x in fields[key].split())
+            break
+    decl = Declared("MetaImage", size, dtype.itemsize * channels, spacing)
+    datafile = fields.get("ElementDataFile", "")
+    if not datafile:
+        raise CardsegError(f"{path}: MetaImage header has no ElementDataFile")
+    if datafile == "LOCAL":
+        data_path, start = path, offset
+    elif datafile.startswith("LIST") or "%" in datafile:
+        return decl, lambda: None
+    else:
+        data_path, start = path.parent / datafile, 0
+        if not data_path.is_file():
+            raise CardsegError(f"{path}: the data file {datafile} is missing")
+        header_size = int(fields.get("HeaderSize", "0"))
+        if header_size < 0:  # -1: the data are the last bytes of the file
+            header_size = max(data_path.stat().st_size - decl.voxels * decl.bytes_per_voxel, 0)
+        start += header_size
+    expected = decl.voxels * decl.bytes_per_voxel
+    if fields.get("CompressedData", "False").lower() == "true":
+        opener = (lambda: _ZlibStream(data_path, start))
+        skip = 0
+    else:
+        opener = (lambda: _open_stream(data_path, "raw"))
+        skip = start
+    return decl, lambda: check_data(data_path, opener, skip, expected, dtype, "MetaImage")
+
+
+#: ITK ImageIO name → header inspector
+INSPECTORS = {"NiftiImageIO": inspect_nifti, "NrrdImageIO": inspect_nrrd, "MetaImageIO": inspect_metaimage}

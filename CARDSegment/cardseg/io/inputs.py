@@ -1,0 +1,217 @@
+"""The one place that decides whether a file or folder is an image cardseg may segment.
+
+Accepted: NIfTI (``.nii``, ``.nii.gz``, ``.hdr``/``.img``), NRRD (``.nrrd``, ``.nhdr``),
+MetaImage (``.mha``, ``.mhd``), a DICOM series folder (or one DICOM file), and 2D PNG, JPEG,
+BMP or TIFF images when the pixel spacing is given (they carry none). Checked before any data
+is used, each refusal one line:
+
+* the header's declared size against :data:`~cardseg.io.limits.MAX_FILE_VOXELS` (everything the file holds) before
+  any data are read, and the volume to segment against :data:`MAX_VOLUME_VOXELS` (before reading
+  for DICOM series, after reading one frame otherwise);
+* the data really present against what the header declares (:mod:`cardseg.io.headers`), and no
+  NaN or infinite value; for DICOM, a complete, evenly spaced series (:mod:`cardseg.io.dicom`);
+* a physical spacing that exists and is plausible for MRI (:data:`INPLANE_SPACING_MM`,
+  :data:`SLICE_SPACING_MM`), naming the axis and value; ``spacing`` given by the user
+  replaces the file's;
+* a scalar grey-level pixel type, an in-plane size of at least :data:`MIN_INPLANE` pixels, a
+  non-constant image, and a 4D image only with a valid ``frame``.
+
+ITK's own warnings are silenced while reading: what matters is checked here and reported in
+the one error line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import SimpleITK as sitk
+
+from cardseg.base.errors import CardsegError
+from cardseg.io.headers import INSPECTORS
+from cardseg.io.limits import INPLANE_SPACING_MM, MAX_FILE_VOXELS, MAX_VOLUME_VOXELS, MIN_INPLANE, SLICE_SPACING_MM
+
+#: ITK readers of 2D raster formats that store no physical pixel spacing
+RASTER_IO = {"PNGImageIO": "PNG", "JPEGImageIO": "JPEG", "BMPImageIO": "BMP", "TIFFImageIO": "TIFF"}
+_SUPPORTED_PIXELS = {
+    sitk.sitkUInt8, sitk.sitkInt8, sitk.sitkUInt16, sitk.sitkInt16, sitk.sitkUInt32, sitk.sitkInt32,
+    sitk.sitkUInt64, sitk.sitkInt64, sitk.sitkFloat32, sitk.sitkFloat64,
+}
+_AXES = ("i (x)", "j (y)", "k (slice)")
+
+sitk.ProcessObject.SetGlobalWarningDisplay(False)
+
+
+def parse_spacing(text: str) -> tuple:
+    """``"1.5,1.5"`` or ``"1.5,1.5,8"`` (mm) → a tuple of floats; one-line error otherwise."""
+    try:
+        values = tuple(float(v) for v in str(text).replace("x", ",").split(",") if v.strip())
+    except ValueError:
+        values = ()
+    if len(values) not in (2, 3):
+        raise CardsegError(f"--spacing {text!r}: give SX,SY or SX,SY,SZ in mm, e.g. 1.5,1.5,8")
+    return values
+
+
+def read_image(path: os.PathLike, frame: Optional[int] = None, spacing: Optional[Sequence[float]] = None) -> sitk.Image:
+    """Read and check an input (see the module docstring); a 3D :class:`SimpleITK.Image`."""
+    p = Path(path)
+    if not p.exists():
+        raise CardsegError(f"{p}: no such file or folder")
+    if p.is_dir():
+        from cardseg.io.dicom import read_dicom_series
+
+        img = read_dicom_series(p, frame)
+        has_spacing = True
+    else:
+        img, has_spacing = _read_file(p, frame, spacing)
+    img = _as_3d(img, p, frame)
+    if spacing is not None:
+        sp = list(img.GetSpacing())
+        sp[:len(spacing)] = [float(s) for s in spacing]
+        img.SetSpacing(sp)
+    elif not has_spacing:
+        raise CardsegError(f"{p}: a {_raster_name(p)} image carries no physical pixel spacing; "
+                           "give it with --spacing SX,SY (mm)")
+    check_spacing(img.GetSpacing(), p)
+    _check_size(img.GetSize(), p)
+    return img
+
+
+def _raster_name(p: Path) -> str:
+    return p.suffix.lstrip(".").upper() or "raster"
+
+
+@contextlib.contextmanager
+def _native_stderr_muted():
+    """Silence what C libraries (libpng, libjpeg, libtiff) print to file descriptor 2 while a
+    reader runs: a damaged file must end in our one-line error, not in their messages too."""
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # no real stderr (embedded, captured): nothing to mute
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), fd)
+            yield
+    finally:
+        os.dup2(saved, fd)
+        os.close(saved)
+
+
+def _read_file(p: Path, frame: Optional[int], user_spacing: Optional[Sequence[float]] = None):
+    reader = sitk.ImageFileReader()
+    reader.SetFileName(str(p))
+    try:
+        with _native_stderr_muted():
+            reader.ReadImageInformation()
+    except RuntimeError:
+        raise CardsegError(f"{p}: not a readable image (NIfTI, NRRD, MHA, DICOM; PNG/JPEG/BMP/TIFF with --spacing)") from None
+    io = reader.GetImageIO() or sitk.ImageFileReader.GetImageIOFromFileName(str(p))
+    size = tuple(reader.GetSize())
+    if reader.GetNumberOfComponents() != 1 or reader.GetPixelID() not in _SUPPORTED_PIXELS:
+        raise CardsegError(f"{p}: unsupported pixel type {sitk.GetPixelIDValueAsString(reader.GetPixelID())} "
+                           "(need a scalar grey-level image)")
+    has_spacing = True
+    if io in INSPECTORS:
+        try:
+            declared, check_data = INSPECTORS[io](p)
+        except (ValueError, struct.error, IndexError, OSError) as exc:
+            raise CardsegError(f"{p}: malformed {io.replace('ImageIO', '')} header ({_first_line(exc)})") from None
+        _check_file_voxels(declared.voxels, p)
+        if declared.spacing is not None:
+            # the header's own values (before a reader turns 0 into 1 mm), where the user gave none
+            own = list(declared.spacing)[:3]
+            given = list(user_spacing or [])
+            check_spacing(given + own[len(given):], p, header=io == "NiftiImageIO" and not given)
+        else:
+            has_spacing = False
+        _check_frame_before_reading(size, p, frame)
+        check_data()
+    elif io in RASTER_IO:
+        _check_file_voxels(int(np.prod(size)), p)
+        has_spacing = False
+    elif io == "GDCMImageIO":
+        _check_file_voxels(int(np.prod(size)), p)
+    else:
+        raise CardsegError(f"{p}: {io.replace('ImageIO', '')} files are not supported "
+                           "(NIfTI, NRRD, MHA, DICOM; PNG/JPEG/BMP/TIFF with --spacing)")
+    try:
+        with _native_stderr_muted():
+            img = reader.Execute()
+    except RuntimeError as exc:
+        raise CardsegError(f"{p}: image data cannot be read ({_first_line(exc)})") from None
+    return img, has_spacing
+
+
+def _first_line(exc: Exception) -> str:
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    msg = next((ln for ln in lines if "Exception" not in ln and "itk::" not in ln), lines[-1] if lines else "")
+    return msg[:160]
+
+
+def _check_file_voxels(n: int, p: Path) -> None:
+    if n > MAX_FILE_VOXELS:
+        raise CardsegError(f"{p}: the file declares {n:,d} voxels; the limit is {MAX_FILE_VOXELS:,d} "
+                           f"(about {MAX_FILE_VOXELS * 4 >> 20} MB as float32)")
+
+
+def _check_size(size: tuple, p: Path) -> None:
+    n = int(np.prod(size))
+    if n > MAX_VOLUME_VOXELS:
+        raise CardsegError(f"{p}: the volume to segment has {n:,d} voxels; the limit is {MAX_VOLUME_VOXELS:,d} "
+                           "(about 1 GB of working memory)")
+    if min(size[:2]) < MIN_INPLANE:
+        raise CardsegError(f"{p}: in-plane size {size[0]}x{size[1]} is too small (at least {MIN_INPLANE} pixels)")
+
+
+def _check_frame_before_reading(size: tuple, p: Path, frame: Optional[int]) -> None:
+    if len(size) == 4:
+        if frame is None:
+            raise CardsegError(f"{p}: 4D image with {size[3]} frames; choose one with --frame N (0..{size[3] - 1})")
+        if not 0 <= frame < size[3]:
+            raise CardsegError(f"{p}: --frame {frame} is out of range (0..{size[3] - 1})")
+    elif frame is not None:
+        raise CardsegError(f"{p}: --frame given but the image is {len(size)}D, not 4D")
+
+
+def check_spacing(spacing: Sequence[float], p: Path, header: bool = False) -> None:
+    """Each spatial axis' spacing within the plausible MRI range; the message names axis and value."""
+    for axis, value in enumerate(list(spacing)[:3]):
+        lo, hi = INPLANE_SPACING_MM if axis < 2 else SLICE_SPACING_MM
+        if not (np.isfinite(value) and lo <= value <= hi):
+            where = f"pixdim[{axis + 1}]" if header else "spacing"
+            raise CardsegError(f"{p}: {where} of axis {_AXES[axis]} is {value:g} mm, outside the plausible range "
+                               f"{lo:g}-{hi:g} mm for MRI (give the right one with --spacing)")
+
+
+def _as_3d(img: sitk.Image, p: Path, frame: Optional[int]) -> sitk.Image:
+    dim = img.GetDimension()
+    if dim == 4:
+        _check_frame_before_reading(tuple(img.GetSize()), p, frame)
+        size = list(img.GetSize())
+        size[3] = 0
+        return sitk.Extract(img, size=size, index=[0, 0, 0, frame])
+    if p.is_file():
+        _check_frame_before_reading(tuple(img.GetSize()), p, frame)
+    if dim == 2:
+        return sitk.JoinSeries([img])
+    if dim != 3:
+        raise CardsegError(f"{p}: {dim}D images are not supported")
+    return img
+
+
+def check_array(a: np.ndarray, p: Path) -> None:
+    """Values of the volume ``(Z, Y, X)``: finite and not constant."""
+    if not np.isfinite(a).all():
+        raise CardsegError(f"{p}: image contains NaN or infinite values")
+    if float(a.max()) == float(a.min()):
+        raise CardsegError(f"{p}: image is constant ({float(a.min()):g} everywhere)")

@@ -1,0 +1,71 @@
+"""Reading and writing image volumes with their geometry (SimpleITK).
+
+Arrays are in SimpleITK order ``(Z, Y, X)`` = ``(k, j, i)``: a slice is one ``(j, i)`` plane of
+the image's third axis, taken as it is stored (no reorientation).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Sequence
+
+import numpy as np
+import SimpleITK as sitk
+
+
+@dataclass
+class Volume:
+    """A 3D scalar image: ``array (Z, Y, X)`` float32 plus its geometry (x, y, z order)."""
+
+    array: np.ndarray
+    spacing: tuple
+    origin: tuple
+    direction: tuple
+
+    @property
+    def shape(self):
+        return self.array.shape
+
+    def ijk_to_lps(self) -> np.ndarray:
+        """4x4 matrix from voxel index (i, j, k) to physical LPS coordinates (mm)."""
+        d = np.asarray(self.direction, dtype=float).reshape(3, 3)
+        m = np.eye(4)
+        m[:3, :3] = d * np.asarray(self.spacing, dtype=float)[None, :]
+        m[:3, 3] = self.origin
+        return m
+
+    def to_image(self, array: Optional[np.ndarray] = None, is_vector: bool = False) -> sitk.Image:
+        """A SimpleITK image of ``array`` (default: this volume's) on this volume's grid.
+
+        array: ``(Z, Y, X)`` or, with ``is_vector``, ``(Z, Y, X, C)``.
+        """
+        img = sitk.GetImageFromArray(self.array if array is None else array, isVector=is_vector)
+        img.SetSpacing(self.spacing)
+        img.SetOrigin(self.origin)
+        img.SetDirection(self.direction)
+        return img
+
+    @classmethod
+    def from_image(cls, img: sitk.Image) -> "Volume":
+        return cls(
+            array=sitk.GetArrayFromImage(img).astype(np.float32, copy=False),
+            spacing=tuple(img.GetSpacing()),
+            origin=tuple(img.GetOrigin()),
+            direction=tuple(img.GetDirection()),
+        )
+
+
+def read_volume(path: os.PathLike, frame: Optional[int] = None, spacing: Optional[Sequence[float]] = None) -> Volume:
+    """Read an input image as a 3D volume after every check of :mod:`cardseg.io.inputs`.
+
+    A 2D image becomes one slice; a 4D image needs ``frame`` (0-based, last axis); ``spacing``
+    (mm, x y [z]) replaces the file's. Raises :class:`CardsegError` for anything that is not a
+    complete, finite, non-constant scalar image of a plausible size and spacing.
+    """
+    from cardseg.io.inputs import check_array, read_image
+
+    vol = Volume.from_image(read_image(path, frame, spacing))
+    check_array(vol.array, Path(path))
+    return vol

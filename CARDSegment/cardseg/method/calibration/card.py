@@ -1,0 +1,47 @@
+"""CARD: temperature field from the TAC map (paper Eq. 7)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from cardseg.method.calibration.base import Calibrator, register, temperature_scale
+
+
+def temperature_field(tac: torch.Tensor, tau_min: float, tau_max: float, w_b: float, w_k: float) -> torch.Tensor:
+    """Paper Eq. 7: ``τ(v) = τ_min + σ((d̄(v) - w_b) / w_k) · (τ_max - τ_min)``.
+
+    tac: TAC map ``d̄`` of any shape, e.g. ``(B, H, W)`` → ``τ`` of the same shape, within
+    ``[τ_min, τ_max]`` and monotonically increasing in ``d̄``. Requires ``1 ≤ τ_min ≤ τ_max``
+    and ``w_k > 0``.
+    """
+    return tau_min + torch.sigmoid((tac - w_b) / w_k) * (tau_max - tau_min)
+
+
+@register
+class CARD(Calibrator):
+    """Trajectory-aware pixel-wise temperature scaling (paper Sec. IV-B)."""
+
+    name = "card"
+    label = "CARD"
+    needs_tac = True
+
+    def __init__(self, tau_min: float = 1.0, tau_max: float = 3.0, w_b: float = 0.1, w_k: float = 0.05):
+        if not 1.0 <= tau_min <= tau_max:
+            raise ValueError(f"CARD needs 1 <= tau_min <= tau_max, got tau_min={tau_min}, tau_max={tau_max}")
+        if w_k <= 0 or w_b < 0:
+            raise ValueError(f"CARD needs w_b >= 0 and w_k > 0, got w_b={w_b}, w_k={w_k}")
+        self.tau_min, self.tau_max, self.w_b, self.w_k = float(tau_min), float(tau_max), float(w_b), float(w_k)
+
+    def temperature(self, tac: torch.Tensor) -> torch.Tensor:
+        return temperature_field(tac, self.tau_min, self.tau_max, self.w_b, self.w_k)
+
+    def log_probs(self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None,
+                  **inputs: torch.Tensor) -> torch.Tensor:
+        if tac is None:
+            raise ValueError("CARD needs the TAC map of the dual trajectory")
+        return temperature_scale(logits, self.temperature(tac.to(logits.dtype)))
+
+    def params(self):
+        return {"tau_min": self.tau_min, "tau_max": self.tau_max, "w_b": self.w_b, "w_k": self.w_k}

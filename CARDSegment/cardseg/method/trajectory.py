@@ -1,0 +1,152 @@
+"""Reference-guided dual reverse diffusion and temporal aggregation (paper Sec. IV-A, IV-B).
+
+The primary denoiser advances the categorical state along the deterministic reverse sampler;
+the reference is evaluated on the very same states and never advances them. Their pixel-wise
+Jensen-Shannon divergence (Eq. 5) is averaged over the sampled steps (Eq. 6, TAC).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, Optional, Sequence
+
+import torch
+
+from cardseg.method.diffusion import CategoricalSchedule, uniform_state
+
+JS_EPS = 1e-12
+LN2 = math.log(2.0)
+
+#: trajectory modes
+MODES = ("card", "uc", "no-contrast", "logit-mix")
+
+
+def js_divergence(p: torch.Tensor, q: torch.Tensor, dim: int = 1, eps: float = JS_EPS) -> torch.Tensor:
+    """Paper Eq. 5: pixel-wise Jensen-Shannon divergence (natural log), in ``[0, ln 2]``.
+
+    ``JS(p, q) = ½ KL(p || m) + ½ KL(q || m)`` with ``m = (p + q) / 2``; both inputs are clamped
+    at ``eps`` and renormalised first. p, q: ``(B, K, H, W)`` probabilities → ``(B, H, W)``.
+    """
+    p = p.clamp_min(eps)
+    p = p / p.sum(dim=dim, keepdim=True)
+    q = q.clamp_min(eps)
+    q = q / q.sum(dim=dim, keepdim=True)
+    m = 0.5 * (p + q)
+    log_m = m.log()
+    js = 0.5 * (p * (p.log() - log_m)).sum(dim=dim) + 0.5 * (q * (q.log() - log_m)).sum(dim=dim)
+    return js.clamp(0.0, LN2)
+
+
+class TACAccumulator:
+    """Paper Eq. 6, computed as it goes: ``d̄(v) = (1/|T|) Σ_{t∈T} d_t(v)``.
+
+    ``add(t, d_t)`` takes each step's ``(B, H, W)`` divergence; steps outside ``steps`` (when
+    given, e.g. TAC-mid ``{24, 12, 0}`` or TAC-last ``{0}``) are ignored. Only the running sum
+    is kept unless ``keep=True``.
+    """
+
+    def __init__(self, steps: Optional[Iterable[int]] = None, keep: bool = False):
+        self.steps = None if steps is None else set(int(s) for s in steps)
+        self.keep = keep
+        self.total: Optional[torch.Tensor] = None
+        self.count = 0
+        self.per_step: Dict[int, torch.Tensor] = {}
+
+    def add(self, t: int, d_t: torch.Tensor) -> None:
+        if self.keep:
+            self.per_step[int(t)] = d_t.detach().clone()
+        if self.steps is not None and int(t) not in self.steps:
+            return
+        self.total = d_t.clone() if self.total is None else self.total + d_t
+        self.count += 1
+
+    def mean(self) -> torch.Tensor:
+        if self.total is None:
+            raise ValueError("no step of the trajectory fell into the TAC step set")
+        return self.total / self.count
+
+
+@dataclass
+class TrajectoryResult:
+    """What one batch's reverse trajectory yields.
+
+    logits: ``(B, K, H, W)`` terminal primary logits (for ``logit-mix`` the mixed logits).
+    tac: ``(B, H, W)`` TAC map ``d̄`` in ``[0, ln 2]``; ``None`` for ``uc`` and ``logit-mix``.
+    reference_logits: ``(B, K, H, W)`` the reference's terminal logits (``None`` for ``uc``).
+    per_step_js / per_step_states: ``{t: (B, H, W)}`` / ``{t: (B, K, H, W)}`` when asked for.
+    """
+
+    logits: torch.Tensor
+    tac: Optional[torch.Tensor] = None
+    reference_logits: Optional[torch.Tensor] = None
+    per_step_js: Dict[int, torch.Tensor] = field(default_factory=dict)
+    per_step_states: Dict[int, torch.Tensor] = field(default_factory=dict)
+
+
+@torch.no_grad()
+def run_trajectory(
+    primary: torch.nn.Module,
+    image: torch.Tensor,
+    steps: Sequence[int],
+    num_classes: int,
+    reference: Optional[torch.nn.Module] = None,
+    mode: str = "card",
+    schedule: Optional[CategoricalSchedule] = None,
+    tac_steps: Optional[Iterable[int]] = None,
+    keep_steps: bool = False,
+    on_step: Optional[Callable[[int], None]] = None,
+) -> TrajectoryResult:
+    """Run the deterministic reverse sampler on one batch, with the reference alongside.
+
+    image: ``(B, C_img, H, W)``; steps: descending step indices, e.g. ``[49, 37, 24, 12, 0]``;
+    ``x_T = u`` is the state fed at the first of them. Modes:
+
+    * ``card``: primary advances the state, reference evaluated on it, JS → TAC.
+    * ``uc``: primary only (no reference, no TAC).
+    * ``no-contrast``: the primary on both paths (JS is then 0, the TAC map constant).
+    * ``logit-mix``: primary and reference logits averaged at every step; the mix advances
+      the state and is the terminal output; no TAC.
+
+    ``tac_steps`` restricts the TAC average to a subset (TAC-last ``[0]``, TAC-mid
+    ``[24, 12, 0]``); ``on_step(t)`` is called after each step (progress).
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown trajectory mode {mode!r} (choose from {', '.join(MODES)})")
+    steps = [int(s) for s in steps]
+    if not steps or any(a <= b for a, b in zip(steps, steps[1:])):
+        raise ValueError(f"sampled steps must be strictly descending, got {steps}")
+    schedule = schedule or CategoricalSchedule()
+    if steps[0] >= schedule.num_steps or steps[-1] < 0:
+        raise ValueError(f"sampled steps {steps} fall outside 0..{schedule.num_steps - 1}")
+    if mode == "no-contrast":
+        reference = primary
+    if mode in ("card", "logit-mix") and reference is None:
+        raise ValueError(f"mode {mode!r} needs a reference denoiser")
+
+    b, _, h, w = image.shape
+    state = uniform_state((b, h, w), num_classes, dtype=image.dtype, device=image.device)
+    tac = TACAccumulator(tac_steps, keep=keep_steps)
+    result = TrajectoryResult(logits=torch.empty(0))
+    ref_logits = None
+    for t in steps:
+        t_batch = torch.full((b,), t, dtype=torch.long, device=image.device)
+        if keep_steps:
+            result.per_step_states[t] = state.clone()
+        logits = primary(image, state, t_batch)
+        if mode != "uc":
+            ref_logits = logits if reference is primary else reference(image, state, t_batch)
+        if mode == "logit-mix":
+            logits = 0.5 * (logits + ref_logits)
+        elif mode != "uc":
+            tac.add(t, js_divergence(logits.softmax(dim=1), ref_logits.softmax(dim=1)))
+        if t != steps[-1]:
+            state = schedule.reverse_step(logits.softmax(dim=1), t)
+        if on_step is not None:
+            on_step(t)
+    result.logits = logits
+    result.reference_logits = ref_logits
+    if mode in ("card", "no-contrast"):
+        result.tac = tac.mean()
+        result.per_step_js = tac.per_step
+    return result

@@ -1,0 +1,55 @@
+"""Writing the training tools' report files: values formatted for tables, files written
+atomically (to a temporary name, then renamed), matplotlib figures saved as PNG.
+
+Shared by the calibration, review and indices reports; nothing here knows what a report holds.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+from pathlib import Path
+from typing import Optional
+
+
+def format_value(v: Optional[float], scale: float = 1.0, digits: int = 3) -> str:
+    """``v * scale`` with ``digits`` decimals; ``n/a`` for a missing or non-finite value."""
+    if v is None or not math.isfinite(v):
+        return "n/a"
+    return f"{v * scale:.{digits}f}"
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write ``data`` beside ``path`` and rename it into place (never a half-written file)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def pyplot():
+    """``matplotlib.pyplot`` on the non-interactive Agg backend."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Save ``fig`` as PNG (110 dpi) atomically and close it."""
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    pyplot().close(fig)
+    atomic_write(path, buf.getvalue())
+    return path
+
+
+def save_titled(fig, path: Path, title: str = "") -> Path:
+    """Optional figure title, tight layout, parent folder made, saved atomically."""
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return save_figure(fig, path)
