@@ -39,17 +39,18 @@ def main() -> None:
                          "engine check, Training/gpu/run.py)")
     a = ap.parse_args()
     if a.paper_scale:
-        import importlib.util
         import json
+        import sys
         from pathlib import Path
 
-        path = Path(__file__).resolve().parents[2] / "Training" / "gpu" / "run.py"
-        spec = importlib.util.spec_from_file_location("cardseg_gpu_run", path)
-        gpu_run = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(gpu_run)
+        training = str(Path(__file__).resolve().parents[2] / "Training")
+        if training not in sys.path:
+            sys.path.insert(0, training)
+        from gpu.checks import paper_scale_timing
+
         if a.threads:
             torch.set_num_threads(a.threads)
-        print(json.dumps(gpu_run.paper_scale_timing(smoke=not torch.cuda.is_available(), repeats=a.repeats), indent=2))
+        print(json.dumps(paper_scale_timing(smoke=not torch.cuda.is_available(), repeats=a.repeats), indent=2))
         return
 
     from cardseg.bundle.folder import BUNDLES_DIR, DEFAULT_NAME
