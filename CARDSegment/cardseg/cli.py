@@ -10,7 +10,7 @@ import time
 from typing import List, Optional
 
 from cardseg.base.errors import CardsegError
-from cardseg.base.options import check_run_options
+from cardseg.base.options import check_int_range, check_new_file, check_run_options
 
 #: entry-point group through which installed packages add subcommands (the training tools do:
 #: train, evaluate, fit-calibration, fit-review, fit-indices, compare); the engine never imports them
@@ -44,6 +44,12 @@ BACKEND_HELP = ("what runs the networks: torch (eager), onnx (ONNX Runtime on th
                 "from the bundle's weights on the first run and cached in $CARDSEG_CACHE_DIR or ~/.cache/cardseg), "
                 "or auto: onnx on the CPU when the [speed] extra is installed, else torch "
                 "(default: $CARDSEG_BACKEND, else auto)")
+
+
+#: what ``cardseg synth`` writes: single-file formats SimpleITK writes, and the volume's limits
+SYNTH_SUFFIXES = (".nii.gz", ".nii", ".nrrd", ".mha")
+SYNTH_MAX_SLICES = 400  # 400 x 192 x 176 voxels stays under cardseg.io.limits.MAX_VOLUME_VOXELS
+SYNTH_MAX_SEED = 2 ** 32 - 1
 
 
 def build_parser(plugin_help: bool = False) -> argparse.ArgumentParser:
@@ -149,10 +155,11 @@ def build_parser(plugin_help: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--overwrite", action="store_true")
 
     p = sub.add_parser("synth", help="write a synthetic short-axis cine-like volume (and its labels)")
-    p.add_argument("output", metavar="OUTPUT.nii.gz")
+    p.add_argument("output", metavar="OUTPUT.nii.gz", help=f"image file ({', '.join(SYNTH_SUFFIXES)})")
     p.add_argument("--labels", metavar="PATH", help="also write the label map here")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--slices", type=int, default=10)
+    p.add_argument("--seed", type=int, default=0, help=f"0 to {SYNTH_MAX_SEED}")
+    p.add_argument("--slices", type=int, default=10, help=f"1 to {SYNTH_MAX_SLICES}")
+    p.add_argument("--overwrite", action="store_true", help="replace existing files (never a folder)")
 
     for name, ep in sorted(plugin_commands().items()):
         if name in sub.choices:
@@ -287,15 +294,43 @@ def cmd_init_bundle(a) -> int:
     return 0
 
 
-def cmd_synth(a) -> int:
+def _check_synth_args(a) -> None:
+    """``synth``'s options and output files, refused in one line before anything is computed."""
+    check_int_range("--slices", a.slices, 1, SYNTH_MAX_SLICES)
+    check_int_range("--seed", a.seed, 0, SYNTH_MAX_SEED)
+    check_new_file(a.output, a.overwrite, "the output", SYNTH_SUFFIXES)
+    if a.labels:
+        check_new_file(a.labels, a.overwrite, "--labels", SYNTH_SUFFIXES)
+        if os.path.abspath(a.labels) == os.path.abspath(a.output):
+            raise CardsegError(f"{a.labels}: --labels must differ from the output")
+
+
+def _write_image_atomic(image, path: str) -> None:
+    """Write ``image`` to a temporary file beside ``path`` (same suffix), then rename it over
+    ``path``: a failed write leaves ``path`` as it was and no temporary file behind."""
     import SimpleITK as sitk
 
+    folder, name = os.path.split(path)
+    suffix = next(s for s in SYNTH_SUFFIXES if name.lower().endswith(s))
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}.cardseg-tmp{suffix}")
+    try:
+        sitk.WriteImage(image, tmp)
+        os.replace(tmp, path)
+    except RuntimeError as exc:  # SimpleITK's writer errors
+        raise OSError(f"cannot write {path}: {str(exc).strip().splitlines()[-1]}") from None
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+
+
+def cmd_synth(a) -> int:
     from cardseg.bundle.scaffold import synthetic_cine_volume
 
+    _check_synth_args(a)
     vol, lab = synthetic_cine_volume(shape=(a.slices, 192, 176), seed=a.seed)
-    sitk.WriteImage(vol.to_image(), a.output)
+    _write_image_atomic(vol.to_image(), a.output)
     if a.labels:
-        sitk.WriteImage(vol.to_image(lab), a.labels)
+        _write_image_atomic(vol.to_image(lab), a.labels)
     print(f"wrote {a.output}" + (f" and {a.labels}" if a.labels else ""))
     return 0
 
