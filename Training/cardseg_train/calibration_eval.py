@@ -16,7 +16,9 @@ augmentation statistics when asked), their probabilities are computed on the box
 same ROI pixels, in the same order. Definitions used everywhere (fitting, evaluation, tests):
 
 * ROI: the ground-truth foreground dilated per slice by a disk of radius 10 px, on the volume's
-  own grid (:func:`cardseg.metrics.segmentation.roi_mask`).
+  own grid (:func:`cardseg.metrics.segmentation.roi_mask`), the default (``disk10``); the literal
+  "10-pixel kernel" reading, a 10 x 10 square (``square10``, a subset of it), is kept beside as a
+  mask over the same pixels (:data:`ROIS`).
 * ECE (top-label), SCE, ACE with 10 bins and NLL, pooled over all ROI pixels of all volumes of a
   condition (:class:`cardseg.metrics.calibration.CalibrationAccumulator`); per-volume means are
   reported beside them.
@@ -44,12 +46,14 @@ import torch
 from cardseg.method.calibration import Calibrator, calibrator_from_dict, method_label
 from cardseg.metrics.calibration import CalibrationAccumulator, calibration_metrics
 from cardseg.base.errors import CardsegError
-from cardseg.metrics.segmentation import agreement_score, mean_slice_lcc_ratio, roi_mask
+from cardseg.metrics.segmentation import agreement_score, mean_slice_lcc_ratio, roi_mask, roi_mask_square
 from cardseg.base.progress import Progress
 
 from .calibration_spatial import (SpatialItem, augmentation_stats, crop_roi_probs, engine_primary_logits,
                                   spatial_arrays, spatial_from_arrays, spatial_item)
 from .corruptions import corrupt_labelled_volume, corruption_rng
+from .eval_stats import mean_finite as _mean
+from .eval_stats import pearson_r
 from .evaluation import LabelledVolume, dice_score
 
 #: condition name -> corruption kind (None: the volume as it is)
@@ -63,8 +67,10 @@ ALL_METHODS = METHODS + ("pts", "lts", "calibnet")
 POST_HOC = ("ts", "ets", "hts", "pts", "lts", "calibnet")
 #: ROI radius of the metrics, pixels of the volume's own grid
 ROI_RADIUS = 10
+#: the ROIs a table can be computed over: the default disk of radius 10, and the 10 x 10 square
+ROIS = ("disk10", "square10")
 #: bump when what a cached case holds, or how it is computed, changes
-CACHE_VERSION = 3
+CACHE_VERSION = 4
 
 
 @dataclass
@@ -96,6 +102,16 @@ class CaseResult:
     #: (the TAC over any step subset, for the TAC-last / TAC-mid ablations, without a new run)
     step_js: Optional[np.ndarray] = None
     js_steps: List[int] = field(default_factory=list)
+    #: ``(n,)`` bool: which ROI pixels also lie in the 10 x 10 square-kernel ROI (``square10``)
+    roi_square: Optional[np.ndarray] = None
+
+    def roi_pixels(self, roi: str = "disk10") -> Optional[np.ndarray]:
+        """Selector of the ROI pixels of ``roi`` among the cached ones (None: all of them)."""
+        if roi == "disk10":
+            return None
+        if roi == "square10" and self.roi_square is not None:
+            return self.roi_square
+        raise CardsegError(f"{self.case} {self.condition}: no {roi!r} ROI cached (choose from {', '.join(ROIS)})")
 
     def tac_over(self, steps: Optional[Sequence[int]]) -> np.ndarray:
         """The TAC (Eq. 6) over ``steps`` at the ROI pixels ``(n,)``; None: the cached TAC."""
@@ -148,6 +164,7 @@ def summarize_case(case: str, patient: str, condition: str, logits: np.ndarray, 
     roi = roi_mask(labels > 0, roi_radius)
     z_roi = np.moveaxis(logits, 1, 0)[:, roi].astype(np.float32)
     res = CaseResult(case, patient, condition, z_roi, tac[roi].astype(np.float32), labels[roi].astype(np.uint8))
+    res.roi_square = roi_mask_square(labels > 0, roi_radius)[roi]
     res.dice = {name: dice_score(pred, labels, i) for i, name in enumerate(class_names) if i}
     res.lcc = mean_slice_lcc_ratio(pred > 0)
     if reference_logits is not None:
@@ -232,6 +249,8 @@ class CaseCache:
             res = CaseResult(logits=f["logits"], tac=f["tac"], labels=f["labels"], **meta)
             if "step_js" in f.files:
                 res.step_js = f["step_js"]
+            if "roi_square" in f.files:
+                res.roi_square = f["roi_square"].astype(bool)
             if "spatial_meta" in f.files:
                 res.spatial = spatial_from_arrays(f, json.loads(bytes(f["spatial_meta"]).decode()))
             return res
@@ -249,6 +268,8 @@ class CaseCache:
             extra["spatial_meta"] = np.frombuffer(json.dumps(sp_meta).encode(), dtype=np.uint8)
         if res.step_js is not None:
             extra["step_js"] = res.step_js
+        if res.roi_square is not None:
+            extra["roi_square"] = res.roi_square
         np.savez_compressed(tmp, logits=res.logits, tac=res.tac, labels=res.labels, meta=meta, **extra)
         tmp.replace(p)
 
@@ -320,33 +341,23 @@ def calibrated_probs(cal: Calibrator, res: CaseResult, tac: Optional[np.ndarray]
     return cal.probabilities(z, d if cal.needs_tac else None)[0].T.numpy()
 
 
-def pearson_r(x: Sequence[float], y: Sequence[float]) -> Optional[float]:
-    """Pearson correlation of the finite pairs; None with fewer than 3 or no spread."""
-    a = np.asarray(x, dtype=np.float64)
-    b = np.asarray(y, dtype=np.float64)
-    ok = np.isfinite(a) & np.isfinite(b)
-    a, b = a[ok], b[ok]
-    if a.size < 3 or a.std() == 0 or b.std() == 0:
-        return None
-    return float(np.corrcoef(a, b)[0, 1])
-
-
-def _mean(values) -> Optional[float]:
-    v = [float(x) for x in values if x is not None and np.isfinite(x)]
-    return float(np.mean(v)) if v else None
-
-
 def calibration_table(results: Sequence[CaseResult], calibrators: Dict[str, Calibrator], class_names: Sequence[str],
-                      conditions: Optional[Sequence[str]] = None, segmentor: str = "diffusion") -> dict:
+                      conditions: Optional[Sequence[str]] = None, segmentor: str = "diffusion",
+                      roi: str = "disk10") -> dict:
     """Every metric of the report, JSON-able (see the module docstring for the definitions).
 
     ``segmentor``: what made the logits (a bundle's ``segmentor.kind``; ``diffusion`` for a CARD
-    bundle), which decides how the methods are named (:func:`cardseg.method.calibration.method_label`)."""
+    bundle), which decides how the methods are named (:func:`cardseg.method.calibration.method_label`);
+    ``roi``: one of :data:`ROIS`. Per volume, each method's NLL sum and pixel count are kept
+    (``per_volume``) and give the paired patient bootstrap of the block NLL (``bootstrap``)."""
+    from .eval_stats import bootstrap_block_nll
+
     k = len(class_names)
     conditions = list(conditions or dict.fromkeys(r.condition for r in results))
     methods = list(calibrators)
     pooled: Dict[str, Dict[str, dict]] = {}
     per_volume: Dict[str, Dict[str, dict]] = {}
+    volume_sums: Dict[str, Dict[str, list]] = {}
     reliability: Dict[str, Dict[str, dict]] = {}
     confidence_hist: Dict[str, Dict[str, list]] = {}
     segmentation: Dict[str, dict] = {}
@@ -356,13 +367,20 @@ def calibration_table(results: Sequence[CaseResult], calibrators: Dict[str, Cali
         if not rs:
             raise CardsegError(f"no results for condition {cond!r}")
         pooled[cond], per_volume[cond], reliability[cond], confidence_hist[cond] = {}, {}, {}, {}
+        volume_sums[cond] = {}
         for m, cal in calibrators.items():
             acc = CalibrationAccumulator(k)
-            vols = []
+            vols, sums = [], []
             for r in rs:
-                p = calibrated_probs(cal, r)
-                acc.add(p, r.labels)
-                vols.append(calibration_metrics(p, r.labels))
+                sel = r.roi_pixels(roi)
+                p, lab = calibrated_probs(cal, r), r.labels
+                if sel is not None:
+                    p, lab = p[sel], lab[sel]
+                acc.add(p, lab)
+                vols.append(calibration_metrics(p, lab))
+                sums.append({"case": r.case, "patient": r.patient, "n": int(lab.size),
+                             "nll_sum": float(vols[-1]["nll"]) * int(lab.size) if lab.size else 0.0})
+            volume_sums[cond][m] = sums
             pooled[cond][m] = acc.result()
             per_volume[cond][m] = {key: float(np.mean([v[key] for v in vols])) for key in ("ece", "sce", "ace", "nll")}
             diag = acc.reliability()
@@ -391,51 +409,11 @@ def calibration_table(results: Sequence[CaseResult], calibrators: Dict[str, Cali
         "conditions": conditions, "methods": methods, "classes": list(class_names), "segmentor": segmentor,
         "labels": {m: method_label(m, on_primary=segmentor == "diffusion") for m in methods},
         "volumes": len({r.case for r in results}),
-        "pooled": pooled, "per_volume_mean": per_volume, "mean_nll": mean_nll, "artifacts_only_nll": artifacts_nll,
+        "roi": roi, "pooled": pooled, "per_volume_mean": per_volume, "per_volume": volume_sums,
+        "bootstrap": bootstrap_block_nll(volume_sums, conditions, methods),
+        "mean_nll": mean_nll, "artifacts_only_nll": artifacts_nll,
         "lowest_mean_nll": min(methods, key=lambda m: mean_nll[m]), "card_vs_best_post_hoc": ratio,
         "segmentation": segmentation, "agreement_vs_dice": {"r_all": pearson_r(all_x, all_y), "per_condition": scatter},
         "reliability": reliability, "confidence_histogram": confidence_hist,
         "calibrators": {m: cal.summary() for m, cal in calibrators.items()},
     }
-
-
-def choose_panel(results: Sequence[CaseResult]) -> CaseResult:
-    """Default qualitative case: the (case, condition) with the lowest volume agreement."""
-    scored = [r for r in results if r.agreement is not None]
-    if not scored:
-        raise CardsegError("no case with a ground-truth ROI to draw")
-    return min(scored, key=lambda r: r.agreement)
-
-
-def case_panel(bundle, item: LabelledVolume, condition: str, path: Path, seed: int = 0, device="cpu",
-               batch_size: int = 8, slice_index: Optional[int] = None) -> Path:
-    """Run one volume again with the reference's predictions kept and draw paper Fig. 4 for one
-    slice (default: the slice with the largest ground-truth foreground)."""
-    from cardseg.segment import normalized_slices, trajectory_on_slices
-
-    from .calibration_report import plot_case_panel
-
-    vol = condition_volume(item, condition, seed)
-    slices01 = normalized_slices(vol.volume, bundle)
-    traj = trajectory_on_slices(slices01, tuple(vol.volume.spacing[:2]), bundle, "card", device, batch_size,
-                                with_reference=True)
-    logits, tac, ref = traj.logits, traj.tac, traj.reference_logits
-    z = int(np.argmax((item.labels > 0).sum(axis=(1, 2)))) if slice_index is None else int(slice_index)
-    if not 0 <= z < item.labels.shape[0]:
-        raise CardsegError(f"slice {z} outside 0..{item.labels.shape[0] - 1}")
-    temperature = bundle.calibrator.temperature(tac[z:z + 1])[0].numpy() if bundle.calibrator.needs_tac else None
-    return plot_case_panel(slices01[z], item.labels[z], logits[z].argmax(0).numpy(), ref[z].argmax(0).numpy(),
-                           tac[z].numpy(), Path(path), f"{item.case}, {condition}, slice {z}", temperature)
-
-
-def conditions_figure(bundle, item: LabelledVolume, conditions: Sequence[str], path: Path, seed: int = 0,
-                      slice_index: Optional[int] = None) -> Path:
-    """The same slice under every condition, as the network sees it (normalised), with the
-    ground-truth outline (default slice: the largest ground-truth foreground)."""
-    from cardseg.segment import normalized_slices
-
-    from .calibration_report import plot_conditions
-
-    z = int(np.argmax((item.labels > 0).sum(axis=(1, 2)))) if slice_index is None else int(slice_index)
-    images = {c: normalized_slices(condition_volume(item, c, seed).volume, bundle)[z] for c in conditions}
-    return plot_conditions(images, item.labels[z], Path(path), f"{item.case}, slice {z}")

@@ -64,6 +64,7 @@ def markdown_table(t: dict, title: str = "") -> str:
     if ratio:
         lines.append(f"CARD / best post-hoc baseline ({_label(t, ratio['best_baseline'])}): "
                      f"**{ratio['card_over_best']:.3f}x** block NLL.")
+    lines += bootstrap_lines(t)
     names = t["classes"][1:]
     lines += ["", "Segmentation (primary, same for every method) per condition:", "",
               "| Condition | " + " | ".join(f"Dice {n}" for n in names) + " | Dice mean | LCC ratio primary | "
@@ -88,6 +89,28 @@ def csv_rows(t: dict):
             yield {"condition": c, "method": m, "ece": p["ece"], "sce": p["sce"], "ace": p["ace"], "nll": p["nll"],
                    "pixels": p["n"], "ece_volume_mean": v["ece"], "sce_volume_mean": v["sce"],
                    "ace_volume_mean": v["ace"], "nll_volume_mean": v["nll"]}
+
+
+def bootstrap_lines(t: dict) -> list:
+    """The paired patient-bootstrap table of a calibration table (none for older tables)."""
+    bs = t.get("bootstrap")
+    if not bs:
+        return []
+    ref = bs.get("reference")
+    lines = ["", f"Block NLL with {100 * bs['level']:.0f}% intervals from a paired bootstrap over the "
+                 f"{bs['patients']} patients ({bs['resamples']} resamples; every method on the same draws)"
+                 + (f", and {_label(t, ref)} against each method:" if ref else ":"), "",
+             "| Method | block NLL | interval | " + (f"{_label(t, ref)} - method | {_label(t, ref)} / method |"
+                                                    if ref else ""),
+             "|---|---|---|" + ("---|---|" if ref else "")]
+    for m in t["methods"]:
+        lo, hi = bs["block_nll"][m]
+        row = f"| {_label(t, m)} | {format_value(t['mean_nll'][m])} | {lo:.3f} to {hi:.3f} |"
+        if ref:
+            d, r = bs["difference"].get(m), bs["ratio"].get(m)
+            row += (f" {d[0]:+.3f} to {d[1]:+.3f} | {r[0]:.3f}x to {r[1]:.3f}x |" if d else " | |")
+        lines.append(row)
+    return lines
 
 
 def write_tables(t: dict, out: Path, title: str = "") -> Dict[str, Path]:

@@ -37,6 +37,10 @@ def evaluate_parser() -> argparse.ArgumentParser:
                         f"also runs the primary on its augmentations")
     p.add_argument("--conditions", default=",".join(CONDITIONS),
                    help=f"comma-separated (default {','.join(CONDITIONS)})")
+    p.add_argument("--roi", default="disk10",
+                   help="comma-separated ROIs of the tables, the first one the main report: disk10 (default: the "
+                        "ground truth dilated by a disk of radius 10 px) and/or square10 (by a 10 x 10 kernel, the "
+                        "literal reading of the paper); each further one is written into OUT/roi-<name>/")
     p.add_argument("--seed", type=int, default=0, help="corruption seed (per case and condition)")
     p.add_argument("--max-cases", type=int, metavar="N", help="only the first N volumes (quick runs)")
     p.add_argument("--panel", metavar="CASE[:CONDITION]",
@@ -57,7 +61,10 @@ def cmd_evaluate(argv: List[str]) -> int:
     a = evaluate_parser().parse_args(argv)
     from .calibration_eval import ALL_METHODS, CONDITIONS
 
+    from .calibration_eval import ROIS
+
     methods = comma_names(a.methods, ALL_METHODS, "method")
+    rois = comma_names(a.roi, list(ROIS), "ROI")
     conditions = comma_names(a.conditions, list(CONDITIONS), "condition")
     if a.max_cases is not None and a.max_cases < 1:
         raise CardsegError("--max-cases must be at least 1")
@@ -72,8 +79,9 @@ def cmd_evaluate(argv: List[str]) -> int:
     from cardseg.base.progress import make_progress
     from cardseg.segment import resolve_device
 
-    from .calibration_eval import (CaseCache, bundle_calibrators, calibration_table, case_panel, choose_panel,
-                                   conditions_figure, crop_needs, evaluation_settings, run_cases)
+    from .calibration_eval import (CaseCache, bundle_calibrators, calibration_table, crop_needs,
+                                   evaluation_settings, run_cases)
+    from .eval_figures import case_panel, choose_panel, conditions_figure
     from .calibration_report import write_report
     from .evaluation import acdc_h5_volumes, evaluate_dice, write_dice_table
     from .train_config import data_name
@@ -105,12 +113,16 @@ def cmd_evaluate(argv: List[str]) -> int:
     results = run_cases(bundle, cases, conditions, cache, a.seed, device, a.batch_size, progress, spatial=spatial,
                         augmentations=augmentations)
     progress.close()
-    table = calibration_table(results, calibrators, bundle.class_names, conditions,
-                              segmentor=(bundle.config.get("segmentor") or {}).get("kind", "diffusion"))
-    # the cache key holds the resolved data path; the written tables name the data only
-    table["settings"] = {**settings, "data": data_name(a.data, "acdc-h5"), "bundle": bundle.ident,
-                         "cases": [c.case for c in cases]}
-    write_report(table, out, title)
+    segmentor = (bundle.config.get("segmentor") or {}).get("kind", "diffusion")
+    for i, roi in enumerate(rois):
+        table_roi = calibration_table(results, calibrators, bundle.class_names, conditions, segmentor=segmentor,
+                                      roi=roi)
+        # the cache key holds the resolved data path; the written tables name the data only
+        table_roi["settings"] = {**settings, "data": data_name(a.data, "acdc-h5"), "bundle": bundle.ident,
+                                 "cases": [c.case for c in cases], "roi": roi}
+        write_report(table_roi, out if i == 0 else out / f"roi-{roi}", f"{title}, ROI {roi}")
+        if i == 0:
+            table = table_roi
     if "clean" in conditions:
         rows = [{"case": r.case, "patient": r.patient, **r.dice,
                  "mean": float(np.nanmean([r.dice[n] for n in bundle.class_names[1:]]))}

@@ -38,6 +38,20 @@ def roi_mask(foreground: np.ndarray, radius: int) -> np.ndarray:
     return np.stack([_dilate_2d(s, radius) for s in fg])
 
 
+def roi_mask_square(foreground: np.ndarray, size: int) -> np.ndarray:
+    """Foreground dilated per slice in 2D by a ``size`` x ``size`` square kernel (the literal
+    reading of "a 10-pixel kernel"; for an even size the kernel reaches ``size // 2`` pixels
+    towards lower indices and ``size // 2 - 1`` towards higher ones, scipy's origin convention).
+
+    foreground: bool ``(Z, Y, X)`` or ``(Y, X)`` → bool of the same shape.
+    """
+    fg = np.asarray(foreground, dtype=bool)
+    if size <= 1:
+        return fg.copy()
+    footprint = (1, size, size) if fg.ndim == 3 else (size, size)
+    return ndimage.maximum_filter(fg.astype(np.uint8), size=footprint, mode="constant", cval=0).astype(bool)
+
+
 def _dilate_2d(fg: np.ndarray, radius: int) -> np.ndarray:
     if not fg.any():
         return fg.copy()
