@@ -73,3 +73,37 @@ def test_cli_writes_table_json_and_figure(tmp_path, capsys):
     assert_figure(out / "comparison_block_nll.png")
     assert main(["compare", "--card", str(tmp_path / "nope"), "--out", str(out)]) == 2
     assert "no calibration.json" in capsys.readouterr().err
+
+
+def _with_per_volume(t: dict, shift: float) -> dict:
+    """Per-volume NLL sums (4 volumes, 2 patients) whose pooled value is the table's, + shift per volume."""
+    t["per_volume"] = {c: {m: [{"case": f"c{i}", "patient": f"p{i // 2}", "n": 25,
+                                "nll_sum": 25 * (t["pooled"][c][m]["nll"] + shift * (i - 1.5))} for i in range(4)]
+                           for m in t["methods"]} for c in t["conditions"]}
+    return t
+
+
+def test_rows_get_paired_patient_intervals_across_segmentors(tmp_path):
+    src = _sources()
+    _with_per_volume(src["card"], 0.05)
+    _with_per_volume(src["conventional"], 0.02)
+    cmp = comparison_table(src)
+    bs = cmp["bootstrap"]
+    assert bs["patients"] == 2 and bs["reference"] == "CARD" and bs["without_per_volume"] == []
+    assert set(bs["block_nll"]) == {r["label"] for r in cmp["rows"]}
+    card = next(r for r in cmp["rows"] if r["label"] == "CARD")
+    lo, hi = bs["block_nll"]["CARD"]
+    assert lo <= card["block_nll"] <= hi
+    d_lo, d_hi = bs["difference"]["TS"]
+    assert d_hi < 0  # CARD lower than TS by 0.25 in every draw of this example
+    text = markdown(cmp)
+    assert "paired bootstrap over the 2 test patients" in text and "| TS |" in text
+    # an evaluation written before per-volume records: its rows are named, not guessed
+    src = _sources()
+    _with_per_volume(src["card"], 0.05)
+    cmp = comparison_table(src)
+    assert set(cmp["bootstrap"]["without_per_volume"]) == {"UC", "TS", "ETS", "HTS"}
+    assert "No interval for UC, TS, ETS, HTS" in markdown(cmp)
+    from cardseg_train.comparison import plot_block_nll
+
+    assert_figure(plot_block_nll(cmp, tmp_path / "b.png"))
