@@ -132,8 +132,8 @@ BREAKAGES = [
     (("preprocessing", "high_percentile"), 101, "preprocessing.high_percentile must be in [0, 100] (got 101)"),
     (("preprocessing", "pad_value"), 1.0, "preprocessing.pad_value must be 0"),
     (("diffusion", "schedule"), "linear", "diffusion.schedule must be one of cosine"),
-    (("diffusion", "num_steps"), 1, "diffusion.num_steps must be >= 2 (got 1)"),
-    (("diffusion", "s"), 0, "diffusion.s must be > 0 (got 0)"),
+    (("diffusion", "num_steps"), 1, "diffusion.num_steps must be in [2, 10000] (got 1)"),
+    (("diffusion", "s"), 0, "diffusion.s must be in (0, 1] (got 0)"),
     (("diffusion", "s"), DROP, "diffusion.s is missing"),
     (("diffusion", "sampled_steps"), DROP, "diffusion.sampled_steps is missing"),
     (("diffusion", "sampled_steps"), [], "diffusion.sampled_steps must be a non-empty list"),
@@ -158,14 +158,14 @@ BREAKAGES = [
     (("networks", "primary", "dtype"), "int8", "networks.primary.dtype must be one of float16"),
     (("calibration", "method"), "platt", "calibration.method must be one of uc, ts, ets, hts, card"),
     (("calibration", "tau_min"), DROP, "calibration.tau_min is missing"),
-    (("calibration", "tau_min"), 0, "calibration.tau_min must be >= 1 (got 0)"),
-    (("calibration", "tau_max"), 0.5, "calibration.tau_max must be >= tau_min (1.0) (got 0.5)"),
+    (("calibration", "tau_min"), 0, "calibration.tau_min must be in [1, 1000] (got 0)"),
+    (("calibration", "tau_max"), 0.5, "calibration.tau_max must be in [1, 1000] (got 0.5)"),
     (("calibration", "tau_max"), float("inf"), "calibration.tau_max must be finite"),
-    (("calibration", "w_b"), -0.1, "calibration.w_b must be >= 0 (got -0.1)"),
-    (("calibration", "w_k"), 0, "calibration.w_k must be > 0 (got 0)"),
+    (("calibration", "w_b"), -0.1, "calibration.w_b must be in [0, ln 2 = 0.6931] (got -0.1)"),
+    (("calibration", "w_k"), 0, "calibration.w_k must be in [1e-06, ln 2 = 0.6931] (got 0)"),
     (("calibration", "temperature"), 2.0, "calibration.temperature is not a parameter of the card calibration"),
     (("calibration",), {"method": "ts"}, "calibration.temperature is missing"),
-    (("calibration",), {"method": "ts", "temperature": 0}, "calibration.temperature must be > 0 (got 0)"),
+    (("calibration",), {"method": "ts", "temperature": 0}, "calibration.temperature must be in [0.01, 1000] (got 0)"),
     (("calibration",), {"method": "ets", "temperature": 1.0, "w0": 0.5, "w1": 0.2, "w2": 0.2},
      "calibration weights w0 + w1 + w2 must sum to 1"),
     (("calibration",), {"method": "ets", "temperature": 1.0, "w0": 1.5, "w1": -0.5, "w2": 0.0},
@@ -176,7 +176,7 @@ BREAKAGES = [
      "calibration.tac_steps[0] must be one of the sampled steps [49, 37, 24, 12, 0]"),
     (("calibration", "tac_steps"), [], "calibration.tac_steps must be null or a non-empty list"),
     (("calibration", "fitted"), "yes", "calibration.fitted must be true or false"),
-    (("baselines",), {"ts": {"method": "ts", "temperature": -1}}, "baselines.ts.temperature must be > 0"),
+    (("baselines",), {"ts": {"method": "ts", "temperature": -1}}, "baselines.ts.temperature must be in [0.01, 1000]"),
     (("baselines",), {"ts": {"method": "hts", "w": 0.1, "b": 0.8}}, "baselines.ts.method must be \"ts\""),
     (("regions",), DROP, "regions is missing"),
     (("regions", "flag_threshold"), 0.8, "regions.flag_threshold must be in [0, ln 2"),
@@ -347,7 +347,7 @@ def test_input_size_must_suit_the_networks(tiny_bundle, tmp_path):
 def test_update_config_refuses_a_change_that_breaks_the_bundle(tiny_bundle, tmp_path):
     bundle = _copy(tiny_bundle, tmp_path / "b")
     before = _snapshot(bundle)
-    with pytest.raises(CardsegError, match=r"calibration.tau_min must be >= 1 \(got 0.5\)"):
+    with pytest.raises(CardsegError, match=r"calibration.tau_min must be in \[1, 1000\] \(got 0.5\)"):
         update_config(bundle, {"calibration": {"tau_min": 0.5}})
     with pytest.raises(CardsegError, match=r"calibration.tac_steps\[0\] must be one of the sampled steps"):
         update_config(bundle, {"calibration": {"tac_steps": [5]}})
@@ -360,7 +360,7 @@ def test_save_bundle_refuses_an_invalid_config(tiny_bundle, tmp_path):
     b = load_bundle(tiny_bundle)
     cfg = _edit(b.config, ("calibration", "w_k"), 0.0)
     label = re.escape(str(tmp_path / "new" / "bundle.json"))
-    with pytest.raises(CardsegError, match=rf"^{label}: calibration.w_k must be > 0"):
+    with pytest.raises(CardsegError, match=rf"^{label}: calibration.w_k must be in \[1e-06, ln 2"):
         save_bundle(tmp_path / "new", cfg, b.primary, b.reference)
     assert not (tmp_path / "new").exists() and list(tmp_path.iterdir()) == []
 
@@ -395,7 +395,7 @@ CLI_CASES = {
     "no-preprocessing": "bundle.json: preprocessing is missing",
     "no-sampled-steps": "bundle.json: diffusion.sampled_steps is missing",
     "no-class-name": "bundle.json: classes[1].name is missing",
-    "tau-min-0": "bundle.json: calibration.tau_min must be >= 1 (got 0)",
+    "tau-min-0": "bundle.json: calibration.tau_min must be in [1, 1000] (got 0)",
     "no-tau-min": "bundle.json: calibration.tau_min is missing",
     "input-size-0": "bundle.json: input_size must be in [16, 1024] (got 0)",
     "spacing-0": "bundle.json: pixel_spacing_mm must be in [0.1, 20] (got 0)",

@@ -1,6 +1,21 @@
 """The ``calibration`` and ``baselines`` blocks of ``bundle.json``: a known method with every
-parameter present and in range (paper Eq. 7's bounds for CARD), network calibrators with a
-valid architecture and exactly its tensors."""
+parameter present and in range, network calibrators with a valid architecture and exactly its
+tensors.
+
+Every numeric parameter has a closed range, wide enough for any fitted or hand-set value that
+makes sense and narrow enough that the arithmetic stays finite in float32 (``tau_max = 1e39``
+would give an infinite temperature map, a denormal ``w_k`` a division by zero); the message of
+a refusal states the range:
+
+* ``card`` (paper Eq. 7): ``1 <= tau_min <= tau_max <= 1000`` (the fitter searches up to 100),
+  ``w_b`` in ``[0, ln 2]`` (the TAC map's own range), ``w_k`` in ``[1e-6, ln 2]``;
+* ``ts`` and ``ets``: ``temperature`` in ``[0.01, 1000]`` (the fitter searches ``[0.05, 100]``);
+  ETS mixture weights in ``[0, 1]`` summing to 1;
+* ``hts``: ``w`` and ``b`` in ``[-100, 100]`` (temperatures ``softplus(w * l + b)`` with the
+  log-entropy ``l`` in ``[-9, 0]`` stay below about 1000);
+* network calibrators (``pts``, ``lts``, ``calibnet``): every weight finite with
+  ``|value| <= 1e6``.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +41,19 @@ CALIBRATION_PARAMS: Dict[str, Tuple[str, ...]] = {
 CALIBRATION_META = ("fitted", "fit", "tac_steps")
 #: ETS weights may miss [0, 1] and their sum may miss 1 by this much (as ``calibration.ets`` allows)
 ETS_WEIGHT_TOL = 1e-6
+#: CARD's temperatures tau_min and tau_max (at least 1: CARD only ever softens)
+TAU_RANGE = (1.0, 1000.0)
+#: the TAC map lies in [0, ln 2]; a fitted w_b or w_k may exceed ln 2 by float rounding
+LN2 = math.log(2.0)
+TAC_RANGE = (0.0, LN2 + 1e-6)
+#: CARD's transition width: below 1e-6 float32 rounding divides by zero
+W_K_RANGE = (1e-6, LN2 + 1e-6)
+#: TS and ETS temperature
+TEMPERATURE_RANGE = (0.01, 1000.0)
+#: HTS's w and b
+HTS_RANGE = (-100.0, 100.0)
+#: largest |weight| of a network calibrator
+NET_WEIGHT_MAX = 1e6
 
 
 def check_calibration(where: Where, cal: dict, sampled_steps: Sequence[int]) -> None:
@@ -78,22 +106,26 @@ def _check_calibrator(where: Where, cal: dict, key: str, allowed_extra: Sequence
 
 
 def _card_ranges(where: Where, cal: dict, key: str) -> None:
-    """Paper Eq. 7 needs ``1 <= tau_min <= tau_max``, ``w_b >= 0``, ``w_k > 0``."""
-    tau_min = number_value(where, f"{key}.tau_min", cal["tau_min"], low=1.0)
-    tau_max = number_value(where, f"{key}.tau_max", cal["tau_max"])
+    """Paper Eq. 7 needs ``1 <= tau_min <= tau_max``, ``w_b >= 0``, ``w_k > 0``; bounded above
+    as the module docstring says."""
+    tau_min = number_value(where, f"{key}.tau_min", cal["tau_min"], low=TAU_RANGE[0], high=TAU_RANGE[1])
+    tau_max = number_value(where, f"{key}.tau_max", cal["tau_max"], low=TAU_RANGE[0], high=TAU_RANGE[1])
     if tau_max < tau_min:
         where.fail(f"{key}.tau_max", f"must be >= tau_min ({show(tau_min)}) (got {show(tau_max)})")
-    number_value(where, f"{key}.w_b", cal["w_b"], low=0.0)
-    number_value(where, f"{key}.w_k", cal["w_k"], low=0.0, low_open=True)
+    for name, (low, high) in (("w_b", TAC_RANGE), ("w_k", W_K_RANGE)):
+        value = number_value(where, f"{key}.{name}", cal[name])
+        if not low <= value <= high:
+            where.fail(f"{key}.{name}", f"must be in [{low:g}, ln 2 = {LN2:.4f}] (got {show(cal[name])})")
 
 
 def _ts_ranges(where: Where, cal: dict, key: str) -> None:
-    number_value(where, f"{key}.temperature", cal["temperature"], low=0.0, low_open=True)
+    number_value(where, f"{key}.temperature", cal["temperature"], low=TEMPERATURE_RANGE[0], high=TEMPERATURE_RANGE[1])
 
 
 def _ets_ranges(where: Where, cal: dict, key: str) -> None:
-    """Temperature > 0 and mixture weights in [0, 1] summing to 1 (within ``ETS_WEIGHT_TOL``)."""
-    number_value(where, f"{key}.temperature", cal["temperature"], low=0.0, low_open=True)
+    """Temperature in ``TEMPERATURE_RANGE`` and mixture weights in [0, 1] summing to 1 (within
+    ``ETS_WEIGHT_TOL``)."""
+    number_value(where, f"{key}.temperature", cal["temperature"], low=TEMPERATURE_RANGE[0], high=TEMPERATURE_RANGE[1])
     weights = [number_value(where, f"{key}.{w}", cal[w]) for w in ("w0", "w1", "w2")]
     for name, w in zip(("w0", "w1", "w2"), weights):
         if not -ETS_WEIGHT_TOL <= w <= 1.0 + ETS_WEIGHT_TOL:
@@ -103,8 +135,8 @@ def _ets_ranges(where: Where, cal: dict, key: str) -> None:
 
 
 def _hts_ranges(where: Where, cal: dict, key: str) -> None:
-    number_value(where, f"{key}.w", cal["w"])
-    number_value(where, f"{key}.b", cal["b"])
+    number_value(where, f"{key}.w", cal["w"], low=HTS_RANGE[0], high=HTS_RANGE[1])
+    number_value(where, f"{key}.b", cal["b"], low=HTS_RANGE[0], high=HTS_RANGE[1])
 
 
 def _no_ranges(where: Where, cal: dict, key: str) -> None:
@@ -113,7 +145,7 @@ def _no_ranges(where: Where, cal: dict, key: str) -> None:
 
 def _net_ranges(where: Where, cal: dict, key: str) -> None:
     """A network calibrator: a valid ``arch`` and exactly its tensors, each with its shape and
-    that many finite numbers."""
+    that many finite numbers of magnitude at most ``NET_WEIGHT_MAX``."""
     method = cal["method"]
     problem = net_arch_problem(method, cal["arch"])
     if problem is not None:
@@ -141,6 +173,8 @@ def _net_ranges(where: Where, cal: dict, key: str) -> None:
         for i, v in enumerate(values):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 where.fail(f"{at}.values[{i}]", f"must be a finite number (got {show(v)})")
+            if abs(v) > NET_WEIGHT_MAX:
+                where.fail(f"{at}.values[{i}]", f"must be in [-{NET_WEIGHT_MAX:g}, {NET_WEIGHT_MAX:g}] (got {show(v)})")
 
 
 _CALIBRATOR_RANGES = {"uc": _no_ranges, "ts": _ts_ranges, "ets": _ets_ranges, "hts": _hts_ranges,

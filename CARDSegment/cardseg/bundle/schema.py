@@ -41,6 +41,10 @@ DISCRIMINATIVE_BACKBONES = ("unet", "swinunetr")
 WEIGHT_DTYPES = ("float16", "float32", "bfloat16")
 PIXEL_SPACING_MM = (0.1, 20.0)
 INPUT_SIZE = (16, 1024)
+#: diffusion horizon T (the schedule holds T values; the shipped bundle uses 50)
+NUM_STEPS = (2, 10000)
+#: the cosine schedule's offset s (Nichol and Dhariwal use 0.008)
+SCHEDULE_S = (0.0, 1.0)
 #: the TAC map lies in [0, ln 2]; float32 rounding may put its quantiles a hair above
 LN2 = math.log(2.0)
 TAC_TOL = 1e-6
@@ -139,8 +143,10 @@ def _check_preprocessing(where: Where, pre: dict) -> None:
 def _check_diffusion(where: Where, diff: dict) -> List[int]:
     """Schedule, horizon and sampled steps; returns the sampled steps."""
     choice_value(where, "diffusion.schedule", required_value(where, diff, "schedule", "diffusion."), SCHEDULES)
-    num_steps = integer_value(where, "diffusion.num_steps", required_value(where, diff, "num_steps", "diffusion."), low=2)
-    number_value(where, "diffusion.s", required_value(where, diff, "s", "diffusion."), low=0.0, low_open=True)
+    num_steps = integer_value(where, "diffusion.num_steps", required_value(where, diff, "num_steps", "diffusion."),
+                              low=NUM_STEPS[0], high=NUM_STEPS[1])
+    number_value(where, "diffusion.s", required_value(where, diff, "s", "diffusion."), low=SCHEDULE_S[0],
+                 high=SCHEDULE_S[1], low_open=True)
     steps = required_value(where, diff, "sampled_steps", "diffusion.")
     if not isinstance(steps, list) or not steps:
         where.fail("diffusion.sampled_steps", f"must be a non-empty list of step indices (got {show(steps)})")
