@@ -211,8 +211,8 @@ def test_cohort_table_columns(cohort):
     with open(cohort["out"] / "cohort.csv", newline="") as f:
         header = next(csv.reader(f))
     assert header == ["case", "subject", "phase", "frame", "input", "input_sha256", "status", "error", "reused",
-                      "output", "method", "slices", "agreement", "out_of_domain", "flagged_regions",
-                      "flagged_volume_ml", "volume_RV_ml", "volume_MYO_ml", "volume_LV_ml", "time_total_s",
+                      "output", "method", "slices", "agreement", "out_of_domain", "no_foreground",
+                      "flagged_regions", "flagged_volume_ml", "volume_RV_ml", "volume_MYO_ml", "volume_LV_ml", "time_total_s",
                       "time_preprocess_s", "time_trajectory_s", "time_postprocess_s"]
     rows = {r["case"]: r for r in read_csv(cohort["out"] / "cohort.csv")}
     r = rows["p1_es"]
@@ -224,6 +224,7 @@ def test_cohort_table_columns(cohort):
     assert float(r["time_total_s"]) == report["timings_s"]["total"]
     assert r["subject"] == "p1" and r["phase"] == "ES" and r["reused"] == "false" and r["method"] == "card"
     assert r["out_of_domain"] == ""  # the untrained bundle has no out-of-domain threshold
+    assert r["no_foreground"] == "false"
     assert r["input_sha256"] == content_hash(cohort["root"] / "in" / "p1_es.nii.gz")
     assert r["input"] == str(cohort["root"] / "in" / "p1_es.nii.gz")
 

@@ -44,7 +44,8 @@ from cardseg.cohort.cases import Case, cases_from_inputs, read_manifest
 from cardseg.cohort.hashing import bundle_settings, case_key, content_hash
 from cardseg.cohort.layout import COHORT_CSV, COHORT_PARQUET, LOCK_FILE, SUBJECTS_CSV, TRIAGE_HTML
 from cardseg.cohort.options import BatchOptions, BatchResult, check_options, options_from_args
-from cardseg.cohort.state import append_state, check_batch_outdir, finished_report, read_state, write_stamp
+from cardseg.cohort.state import (append_state, check_batch_outdir, finished_report, outputs_digest, read_state,
+                                  write_stamp)
 from cardseg.cohort.subjects import indices_function, subject_columns, subject_rows
 from cardseg.cohort.tables import cohort_row, table_columns, write_parquet, write_table
 from cardseg.cohort.worker import CaseWorker, Job
@@ -85,7 +86,9 @@ def run_batch(o: BatchOptions) -> BatchResult:
     t_start = time.perf_counter()
     check_options(o)
     spacing = parse_spacing(o.spacing) if o.spacing else None
-    cases = read_manifest(o.manifest, o.frame) if o.manifest else cases_from_inputs(o.inputs, o.frame)
+    target = os.path.realpath(os.path.abspath(os.fspath(o.output)))  # nothing is ever taken from inside it
+    cases = (read_manifest(o.manifest, o.frame, outdir=target) if o.manifest
+             else cases_from_inputs(o.inputs, o.frame, outdir=target))
     bundle_root, config = check_bundle_folder(o.bundle)
     settings = bundle_settings(config, o.method)
     out, earlier = check_batch_outdir(o.output, settings, o.overwrite)
@@ -133,10 +136,13 @@ def _plan(o: BatchOptions, out: Path, earlier: Optional[dict], settings: dict, c
         key = plan.keys[c.name] = case_key(h, c, spacing, settings)
         folder = out / c.name
         rec = state.get(c.name)
-        report = finished_report(folder) if rec and rec.get("key") == key else None
+        report = finished_report(folder, rec.get("outputs")) if rec and rec.get("key") == key else None
         if report is not None:
             plan.rows[c.name] = cohort_row(c, "ok", report=report, reused=True, input_sha256=h)
             continue
+        if rec and rec.get("key") == key and not o.quiet:
+            print(f"cardseg: note: case {c.name}: its folder no longer holds what this batch wrote for it; "
+                  "computing it again", file=sys.stderr)
         plan.jobs.append(Job(c.name, c.path, str(folder), c.frame, tuple(spacing) if spacing else None,
                              overwrite=folder.exists()))
         plan.rows[c.name] = cohort_row(c, "pending", input_sha256=h)
@@ -165,6 +171,7 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
             h = plan.hashes[c.name]
             if res["status"] == "ok":
                 append_state(out, {"case": c.name, "key": plan.keys[c.name], "input_sha256": h,
+                                    "outputs": outputs_digest(out / c.name),
                                     "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
                 rows[c.name] = cohort_row(c, "ok", report=res["report"], input_sha256=h)
                 result.computed += 1
@@ -230,11 +237,14 @@ def _hash_inputs(cases: Sequence[Case], progress: CaseProgress, threads: int) ->
         except CardsegError as exc:
             return exc
 
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, threads)) as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, threads))
+    try:
         for c, h in zip(cases, pool.map(one, cases)):
             out[c.name] = h
             progress.advance(True)
-    progress.close()
+    finally:  # Ctrl-C or SIGTERM: the files not yet started are not read
+        pool.shutdown(wait=True, cancel_futures=True)
+        progress.close()
     return out
 
 
@@ -255,14 +265,28 @@ def _write_subjects(out: Path, cases: Sequence[Case], rows: Dict[str, dict], con
 
 
 def main_from_args(a) -> int:
-    """``cardseg batch``: run, print one summary line; exit code 0, or 1 when a case failed."""
-    r = run_batch(options_from_args(a))
+    """``cardseg batch``: run, print one summary line; exit code 0, or 1 when a case failed.
+
+    SIGTERM is handled like Ctrl-C (:func:`cardseg.base.interrupt.sigterm_as_interrupt`): the
+    cohort table is written with the unfinished cases as ``pending``, worker processes and Ray
+    actors are ended, and the exit status is 143 (Ctrl-C: 130, from the command line's handler)."""
+    from cardseg.base.interrupt import EXIT_TERMINATED, Terminated, sigterm_as_interrupt
+
+    try:
+        with sigterm_as_interrupt():
+            r = run_batch(options_from_args(a))
+    except Terminated:
+        print("cardseg: terminated (SIGTERM); unfinished cases are 'pending' in the table, run the same command "
+              "again to resume", file=sys.stderr)
+        return EXIT_TERMINATED
     if not a.quiet:
         n = len(r.rows)
         ok = n - r.failed
         ood = sum(1 for row in r.rows if row.get("out_of_domain") is True)
+        empty = sum(1 for row in r.rows if row.get("no_foreground") is True)
+        empty_note = f" ({empty} with no foreground)" if empty else ""
         rate = r.computed / (r.seconds / 60.0) if r.seconds > 0 and r.computed else 0.0
         reused = f" ({r.reused} from earlier runs)" if r.reused else ""
-        print(f"{r.outdir}: {n} case{'s' if n != 1 else ''}, {ok} ok{reused}, {r.failed} failed, {ood} out of domain; "
-              f"{', '.join(r.files)}; {r.computed} computed in {r.seconds:.1f} s ({rate:.1f} cases/min)")
+        print(f"{r.outdir}: {n} case{'s' if n != 1 else ''}, {ok} ok{reused}, {r.failed} failed, {ood} out of domain"
+              f"{empty_note}; {', '.join(r.files)}; {r.computed} computed in {r.seconds:.1f} s ({rate:.1f} cases/min)")
     return 1 if r.failed else 0

@@ -4,7 +4,6 @@ name that can be a folder name (``OUTDIR/<case>/``), and the subjects they pair 
 from __future__ import annotations
 
 import csv
-import glob
 import io
 import os
 import re
@@ -14,6 +13,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from cardseg.base.errors import CardsegError, one_line
 from cardseg.cohort.layout import OWN_FILES
+from cardseg.cohort.walk import bounded_glob, inside, kind_of, require_file_or_folder
 
 #: the manifest's columns; only the first two are required
 MANIFEST_COLUMNS = ("case", "path", "frame", "phase", "subject")
@@ -42,15 +42,22 @@ class Case:
     line: Optional[int] = None  # manifest line, for messages
 
 
-def read_manifest(manifest: os.PathLike, default_frame: Optional[int] = None) -> List[Case]:
+def read_manifest(manifest: os.PathLike, default_frame: Optional[int] = None,
+                  outdir: Optional[os.PathLike] = None) -> List[Case]:
     """Cases from a CSV with the header ``case,path,frame,phase,subject`` (only ``case`` and
     ``path`` required, columns in any order). Relative paths are taken from the manifest's
     folder; an empty ``frame`` falls back to ``default_frame``. Refuses (one line) a missing or
     unknown column, an empty case or path, a bad frame or phase, a case name that cannot be a
     folder name, duplicate cases, and a subject with two ED or two ES cases. A path that does
-    not exist is not refused here: that case fails alone in the table.
+    not exist is not refused here: that case fails alone in the table. A path inside ``outdir``
+    (the batch's OUTDIR: its own outputs) is refused, and so is a manifest that is not a regular file.
     """
     mpath = Path(manifest)
+    kind = kind_of(mpath)
+    if kind == "missing":
+        raise CardsegError(f"{mpath}: no such manifest")
+    if kind != "file":
+        raise CardsegError(f"{mpath}: the manifest is a {kind}, not a regular file")
     try:
         text = mpath.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
@@ -106,6 +113,9 @@ def read_manifest(manifest: os.PathLike, default_frame: Optional[int] = None) ->
             phase = phase.upper()
         path = Path(os.path.expanduser(get["path"]))
         path = path if path.is_absolute() else base / path
+        if inside(path, outdir):
+            raise CardsegError(f"{where}: {path} is inside the batch's OUTDIR {outdir}; a batch never takes its "
+                               "inputs from its own outputs")
         cases.append(Case(get["case"], os.path.abspath(path), frame, phase, get.get("subject") or None, lineno))
     if not cases:
         raise CardsegError(f"{mpath}: the manifest lists no case")
@@ -145,7 +155,8 @@ def _check_subject_phases(cases: Sequence[Case], mpath: Path) -> None:
             held[(c.subject, c.phase)] = c
 
 
-def cases_from_inputs(inputs: Sequence[str], default_frame: Optional[int] = None) -> List[Case]:
+def cases_from_inputs(inputs: Sequence[str], default_frame: Optional[int] = None,
+                      outdir: Optional[os.PathLike] = None) -> List[Case]:
     """Cases from INPUT arguments: files, folders and glob patterns (``**`` allowed).
 
     A file is one case. A folder that holds DICOM files is one case (a DICOM series); any other
@@ -153,25 +164,37 @@ def cases_from_inputs(inputs: Sequence[str], default_frame: Optional[int] = None
     DICOM files, sorted by name (not recursively). A case is named after its file without the
     image suffix (``p001_ED.nii.gz`` -> ``p001_ED``) or its folder; names that clash get their
     parent folders' names put in front (``p001_sa``, ``p002_sa``). Refuses (one line) an INPUT
-    that does not exist, a pattern that matches nothing, a folder with no image in it.
+    that does not exist, a pattern that matches nothing, a folder with no image in it, and an
+    INPUT or pattern match that is not a regular file or a folder (a FIFO, a device: decided
+    without opening it). Patterns are walked with a bound (:func:`cardseg.cohort.walk.bounded_glob`).
+    Nothing inside ``outdir`` (the batch's OUTDIR) is ever taken: an INPUT given there by name is
+    refused, what a pattern or a folder finds there is left out.
     """
     paths: List[Path] = []
     for text in inputs:
         p = Path(os.path.expanduser(text))
-        if p.exists():
+        if os.path.lexists(p) and kind_of(p) != "missing":
+            require_file_or_folder(p)
+            if inside(p, outdir):
+                raise CardsegError(f"{text}: is inside the batch's OUTDIR {outdir}; a batch never takes its inputs "
+                                   "from its own outputs")
             found = [p]
         elif _GLOB_CHARS.search(text):
-            found = [Path(m) for m in sorted(glob.glob(os.path.expanduser(text), recursive=True))]
+            found = [Path(m) for m in bounded_glob(text)]
+            found = [f for f in found if not inside(f, outdir)]
             if not found:
-                raise CardsegError(f"{text}: the pattern matches no file or folder")
+                raise CardsegError(f"{text}: the pattern matches no file or folder" +
+                                   (" outside OUTDIR" if outdir is not None else ""))
+            for f in found:
+                require_file_or_folder(f)
         else:
-            raise CardsegError(f"{text}: no such file or folder")
+            require_file_or_folder(p)  # a dangling link or a loop says so; else 'no such file or folder'
         for f in found:
             if f.is_dir() and not _holds_dicom(f):
-                inner = _folder_cases(f)
+                inner = [e for e in _folder_cases(f) if not inside(e, outdir)]
                 if not inner and not _GLOB_CHARS.search(text):
                     raise CardsegError(f"{f}: folder holds no image ({', '.join(VOLUME_SUFFIXES)}) and no DICOM "
-                                       "series folder")
+                                       "series folder" + (" outside OUTDIR" if outdir is not None and inside(outdir, f) else ""))
                 paths.extend(inner)
             else:
                 paths.append(f)

@@ -24,6 +24,7 @@ Actors ask for ``cpus_per_worker`` CPUs each and, when the cluster has GPUs and 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import tempfile
@@ -55,11 +56,14 @@ def connect(address: str) -> bool:
         return False
     kwargs = dict(ignore_reinit_error=True, logging_level="WARNING", log_to_driver=False,
                   include_dashboard=False)
+    from cardseg.base.interrupt import keep_sigterm_handler
+
     try:
-        if address == "local":
-            ray.init(**kwargs)
-        else:
-            ray.init(address=address, **kwargs)
+        with keep_sigterm_handler():  # ray.init's own handler would exit without the batch's cleanup
+            if address == "local":
+                ray.init(**kwargs)
+            else:
+                ray.init(address=address, **kwargs)
     except Exception as exc:
         raise CardsegError(f"--ray {address}: cannot connect to a Ray cluster ({one_line(exc)})") from None
     return True
@@ -70,24 +74,67 @@ def _bundle_blob(bundle_root: Path, config: dict) -> Dict[str, bytes]:
     return {n: (Path(bundle_root) / n).read_bytes() for n in dict.fromkeys(names)}
 
 
+#: the prefix of an actor's private bundle folder in its node's temporary folder (then its pid)
+BUNDLE_TMP_PREFIX = "cardseg-bundle-"
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # another user's process: alive
+        return True
+    return True
+
+
+def sweep_bundle_folders(tmpdir: Optional[str] = None) -> int:
+    """Remove the private bundle folders (``cardseg-bundle-<pid>-*``) that actors of this node left
+    when they were killed: those whose process is gone. Returns how many were removed."""
+    root = Path(tmpdir or tempfile.gettempdir())
+    removed = 0
+    try:
+        entries = list(root.iterdir())
+    except OSError:
+        return 0
+    for e in entries:
+        m = re.match(re.escape(BUNDLE_TMP_PREFIX) + r"(\d+)-", e.name)
+        if m and e.is_dir() and not e.is_symlink() and not _pid_alive(int(m.group(1))):
+            shutil.rmtree(e, ignore_errors=True)
+            removed += 1
+    return removed
+
+
 class _WorkerActor:
-    """One model on one Ray worker: the bundle is written to a private folder and loaded once."""
+    """One model on one Ray worker: the bundle is written to a private folder, checked, loaded at
+    once and the folder removed again, so that an actor that is killed later leaves nothing behind
+    (a folder left by one killed while loading is removed by the next actor on that node)."""
 
     def __init__(self, blob: Dict[str, bytes], outdir: str, method: str, device: str, batch_size: int,
                  threads: Optional[int]):
         from cardseg.bundle.folder import check_bundle_folder
 
-        self.tmp = tempfile.mkdtemp(prefix="cardseg-bundle-")
-        for name, data in blob.items():
-            path = Path(self.tmp) / name
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(data)
-        root, _ = check_bundle_folder(self.tmp)
+        sweep_bundle_folders()
         self.outdir = outdir
-        self.worker = CaseWorker(root, method, device, batch_size, threads)
         self.host = socket.gethostname()
+        self.error = ""
+        tmp = tempfile.mkdtemp(prefix=f"{BUNDLE_TMP_PREFIX}{os.getpid()}-")
+        try:
+            for name, data in blob.items():
+                path = Path(tmp) / name
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+            root, _ = check_bundle_folder(tmp)
+            self.worker = CaseWorker(root, method, device, batch_size, threads)
+            self.worker.load()
+        except Exception as exc:  # every case of this actor fails with this line
+            self.error = f"worker on {self.host} cannot load the bundle ({type(exc).__name__}: {one_line(exc)})"
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
 
     def run(self, job: Job) -> dict:
+        if self.error:
+            return {"case": job.case, "status": "error", "report": None, "seconds": 0.0, "error": self.error}
         if not os.path.isfile(os.path.join(self.outdir, BATCH_STAMP)):
             return {"case": job.case, "status": "error", "report": None, "seconds": 0.0,
                     "error": f"worker on {self.host} cannot see OUTDIR {self.outdir}: it must be on a filesystem "
@@ -97,15 +144,18 @@ class _WorkerActor:
         return res
 
     def loads(self) -> int:
-        return self.worker.loads
+        return 0 if self.error else self.worker.loads
 
     def close(self) -> None:
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        """Nothing left to remove (the bundle folder went at once); kept for drivers that call it."""
 
 
 def disconnect(started: bool) -> None:
+    """Shut down the Ray this batch started or connected (``started``), then remove the bundle
+    folders of this node's actors that are gone (a local cluster's, killed mid-load)."""
     if started and ray is not None and ray.is_initialized():
         ray.shutdown()
+    sweep_bundle_folders()
 
 
 def run_jobs(jobs: Sequence[Job], on_result: Callable[[dict], None], *, bundle_root: Path,

@@ -13,6 +13,7 @@ from typing import List, Optional, Sequence
 from cardseg.base.errors import CardsegError
 from cardseg.base.files import sha256_file
 from cardseg.cohort.cases import Case, case_stem
+from cardseg.cohort.walk import require_file_or_folder
 
 
 def _companions(path: Path) -> List[Path]:
@@ -23,7 +24,8 @@ def _companions(path: Path) -> List[Path]:
         found = [path.with_name(path.name[:-4] + s) for s in (".img", ".img.gz", ".IMG")]
     elif name.endswith((".mhd", ".nhdr")):
         try:
-            head = path.read_bytes()[:65536].decode("latin-1")
+            with open(path, "rb") as f:
+                head = f.read(65536).decode("latin-1")
         except OSError:
             head = ""
         key = r"ElementDataFile\s*=\s*(.+)" if name.endswith(".mhd") else r"data ?file\s*:\s*(.+)"
@@ -40,12 +42,12 @@ def _companions(path: Path) -> List[Path]:
 
 def content_hash(path: os.PathLike) -> str:
     """sha256 over what the case's result depends on: the file and its detached data file, or
-    every (non-hidden) file directly inside a DICOM folder, each with its name."""
+    every (non-hidden) file directly inside a DICOM folder, each with its name. Anything but a
+    regular file or a folder (a FIFO, a device) is refused in one line without being opened."""
     p = Path(path)
-    if not p.exists():
-        raise CardsegError(f"{p}: no such file or folder")
+    kind = require_file_or_folder(p)
     h = hashlib.sha256()
-    if p.is_dir():
+    if kind == "folder":
         files = sorted(e for e in p.iterdir() if e.is_file() and not e.name.startswith("."))
     else:
         files = [p] + _companions(p)

@@ -10,7 +10,9 @@ table and the resume state, in completion order, exactly as for one worker or fo
 
 A worker process that dies (killed, out of memory) breaks the whole pool: the cases in flight at
 that moment (at most one per worker) fail, one line each; the cases not yet started go to a fresh set of workers (at most ``2 N`` restarts). Ctrl-C
-stops the workers at once: they ignore SIGINT themselves, so that only this process decides.
+and SIGTERM stop the workers at once: they ignore SIGINT themselves, so that only this process
+decides, and it ends and reaps them (:func:`_stop`); on Linux a worker also ends when the batch
+process dies by SIGKILL.
 """
 
 from __future__ import annotations
@@ -31,9 +33,26 @@ def default_threads(workers: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, workers))
 
 
-def _start_worker(bundle_root: str, method: str, device: str, batch_size: int, threads: int, backend: str) -> None:
+def _die_with_parent(parent: int) -> None:
+    """On Linux, have the kernel end this worker when the batch process dies, even by SIGKILL
+    (no orphan keeps a model in memory); elsewhere nothing."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before the call above
+        os._exit(1)
+
+
+def _start_worker(bundle_root: str, method: str, device: str, batch_size: int, threads: int, backend: str,
+                  parent: int = 0) -> None:
     global _WORKER
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the batch process's to handle
+    if parent:
+        _die_with_parent(parent)
     from cardseg.cohort.worker import CaseWorker
 
     _WORKER = CaseWorker(Path(bundle_root), method, device, batch_size, threads, backend)
@@ -59,7 +78,7 @@ def run_jobs(jobs: Sequence, on_result: Callable[[dict], None], *, bundle_root: 
 
     workers = max(1, min(int(workers), len(jobs)))
     threads = threads or default_threads(workers)
-    args = (str(bundle_root), method, device, batch_size, threads, backend)
+    args = (str(bundle_root), method, device, batch_size, threads, backend, os.getpid())
     ctx = multiprocessing.get_context("spawn")
     pending = list(reversed(jobs))  # popped from the end: jobs in their order
     loaded = set()
@@ -102,12 +121,27 @@ def run_jobs(jobs: Sequence, on_result: Callable[[dict], None], *, bundle_root: 
     return len(loaded)
 
 
-def _stop(pool: ProcessPoolExecutor) -> None:
-    """End the workers now (Ctrl-C, or an error in this process), without waiting for their cases."""
-    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+def _stop(pool: ProcessPoolExecutor, grace_s: float = 5.0) -> None:
+    """End the workers now (Ctrl-C, SIGTERM, or an error in this process), without waiting for their
+    cases: SIGTERM, then SIGKILL for any still there after ``grace_s``; every worker is reaped
+    before this returns, so none outlives the batch (and with them goes multiprocessing's
+    resource tracker, which lives as long as a process holds its pipe)."""
+    import time
+
+    procs = list((getattr(pool, "_processes", None) or {}).values())
+    for proc in procs:
         try:
             proc.terminate()
         except Exception:  # noqa: BLE001 - already gone
+            pass
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        try:
+            proc.join(max(0.0, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5.0)
+        except Exception:  # noqa: BLE001 - already reaped
             pass
     pool.shutdown(wait=False, cancel_futures=True)
 

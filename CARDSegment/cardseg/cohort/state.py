@@ -3,6 +3,7 @@ finished case) and the check that OUTDIR is new, empty or an earlier batch's out
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -94,16 +95,40 @@ def append_state(out: Path, record: dict) -> None:
         os.fsync(f.fileno())
 
 
-def finished_report(folder: Path) -> Optional[dict]:
-    """The report of a case folder that still holds a complete cardseg output, else ``None``."""
+def outputs_digest(folder: Path) -> Optional[str]:
+    """sha256 of what a case folder's own stamp records of its files (each file's size and sha256),
+    or ``None`` when the folder holds no complete cardseg output. The state file keeps this next to
+    the case's key, binding that key (input content, bundle, method) to exactly these outputs."""
     from cardseg.io.outdir import read_stamp
 
     stamp = read_stamp(folder)
-    if stamp is None or "report.json" not in stamp["files"]:
+    if stamp is None or not isinstance(stamp.get("files"), dict) or "report.json" not in stamp["files"]:
         return None
-    if any(not (folder / n).is_file() for n in stamp["files"]):
+    return hashlib.sha256(json.dumps(stamp["files"], sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def finished_report(folder: Path, digest: Optional[str] = None) -> Optional[dict]:
+    """The report of a case folder that still holds exactly the output this batch wrote, else ``None``.
+
+    ``digest``: what :func:`outputs_digest` gave when the batch finished the case (the state
+    file's ``outputs``). The folder is trusted only when its stamp still records that digest,
+    every file it lists is there with its recorded size, and ``report.json`` still has its recorded
+    sha256: a folder that another command (``cardseg segment -o`` into it), a hand or a cut-short
+    write changed since is not reused, and neither is one whose state line has no digest.
+    """
+    from cardseg.base.files import sha256_file
+    from cardseg.io.outdir import read_stamp
+
+    if digest is None or outputs_digest(folder) != digest:
         return None
+    files = read_stamp(folder)["files"]
+    for name, rec in files.items():
+        p = folder / name
+        if not isinstance(rec, dict) or p.is_symlink() or not p.is_file() or p.stat().st_size != rec.get("size"):
+            return None
     try:
+        if sha256_file(folder / "report.json") != files["report.json"].get("sha256"):
+            return None
         report = json.loads((folder / "report.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None

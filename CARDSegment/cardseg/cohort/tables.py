@@ -8,24 +8,30 @@ import os
 from pathlib import Path
 from typing import List, Optional, Sequence
 
+from cardseg.base.csvcells import read_cell, safe_cell
 from cardseg.base.files import write_atomic
 from cardseg.cohort.cases import Case
 
 #: the cohort table's fixed columns; then ``volume_<class>_ml`` per foreground class, then
 #: ``time_<stage>_s`` per timing in the reports (``total`` first)
 COHORT_COLUMNS = ("case", "subject", "phase", "frame", "input", "input_sha256", "status", "error", "reused",
-                  "output", "method", "slices", "agreement", "out_of_domain", "flagged_regions",
-                  "flagged_volume_ml")
+                  "output", "method", "slices", "agreement", "out_of_domain", "no_foreground",
+                  "flagged_regions", "flagged_volume_ml")
 
 
 def cohort_row(case: Case, status: str, error: str = "", report: Optional[dict] = None, reused: bool = False,
                input_sha256: str = "") -> dict:
-    """One row of the cohort table; ``report`` is the case's ``report.json`` (``None`` if it failed)."""
+    """One row of the cohort table; ``report`` is the case's ``report.json`` (``None`` if it failed).
+
+    A result with no foreground at all (every class volume 0: noise, a wrong slice spacing, a
+    broken network) gets ``no_foreground`` true and ``out_of_domain`` true whatever the report
+    says: an empty segmentation of a heart study is not a measurement to trust, and it is counted
+    and ranked with the cases out of domain (first among them), never as 'not measured'."""
     row = {"case": case.name, "subject": case.subject or "", "phase": case.phase or "",
            "frame": "" if case.frame is None else case.frame, "input": case.path, "input_sha256": input_sha256,
            "status": status, "error": error, "reused": reused, "output": f"{case.name}/" if report else "",
-           "method": "", "slices": "", "agreement": None, "out_of_domain": None, "flagged_regions": None,
-           "flagged_volume_ml": None}
+           "method": "", "slices": "", "agreement": None, "out_of_domain": None, "no_foreground": None,
+           "flagged_regions": None, "flagged_volume_ml": None}
     if report:
         regions = report.get("regions") or []
         measured = report.get("method") == "card"
@@ -34,11 +40,23 @@ def cohort_row(case: Case, status: str, error: str = "", report: Optional[dict] 
                     "flagged_regions": len(regions) if measured else None,
                     "flagged_volume_ml": (sum(float(r.get("volume_mm3", 0.0)) for r in regions) / 1000.0
                                           if measured else None)})
-        for name, ml in (report.get("class_volumes_ml") or {}).items():
+        volumes = report.get("class_volumes_ml") or {}
+        for name, ml in volumes.items():
             row[f"volume_{name}_ml"] = ml
+        if volumes:
+            row["no_foreground"] = all(_is_zero(v) for v in volumes.values())
+            if row["no_foreground"]:
+                row["out_of_domain"] = True
         for stage, sec in (report.get("timings_s") or {}).items():
             row[f"time_{stage}_s"] = sec
     return row
+
+
+def _is_zero(v) -> bool:
+    try:
+        return float(v) == 0.0
+    except (TypeError, ValueError):
+        return False
 
 
 def table_columns(rows: Sequence[dict], class_names: Sequence[str] = ()) -> List[str]:
@@ -60,14 +78,19 @@ def _csv_value(v) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, float):
-        return repr(v)
-    return str(v)
+        return repr(float(v))
+    if isinstance(v, int):
+        return str(int(v))
+    return safe_cell(str(v))  # text: never a spreadsheet formula
 
 
 def write_table(path: Path, rows: Sequence[dict], columns: Sequence[str]) -> None:
+    """Write a CSV table atomically; every text cell goes through
+    :func:`cardseg.base.csvcells.safe_cell` (no cell a spreadsheet would run as a formula), the
+    header included."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(columns)
+    w.writerow([safe_cell(str(c)) for c in columns])
     for r in rows:
         w.writerow([_csv_value(r.get(c)) for c in columns])
     write_atomic(path, buf.getvalue().encode("utf-8"))
@@ -81,7 +104,7 @@ def write_parquet(path: Path, rows: Sequence[dict], columns: Sequence[str]) -> b
     except ImportError:
         return False
     types = {"frame": pa.int64(), "reused": pa.bool_(), "slices": pa.int64(), "agreement": pa.float64(),
-             "out_of_domain": pa.bool_(), "flagged_regions": pa.int64(), "flagged_volume_ml": pa.float64()}
+             "out_of_domain": pa.bool_(), "no_foreground": pa.bool_(), "flagged_regions": pa.int64(), "flagged_volume_ml": pa.float64()}
     arrays, fields = [], []
     for c in columns:
         t = types.get(c) or (pa.float64() if c.startswith(("volume_", "time_")) else pa.string())
@@ -98,6 +121,8 @@ def write_parquet(path: Path, rows: Sequence[dict], columns: Sequence[str]) -> b
 
 
 def read_table(path: os.PathLike) -> List[dict]:
-    """``cohort.csv`` (or ``subjects.csv``) as a list of ``{column: text}``."""
+    """``cohort.csv`` (or ``subjects.csv``) as a list of ``{column: text}``, each cell as it was
+    before :func:`write_table` made it safe for spreadsheets."""
     with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
+        return [{read_cell(k): read_cell(v or "") for k, v in r.items() if isinstance(k, str)}
+                for r in csv.DictReader(f)]

@@ -10,7 +10,9 @@ links to the case folders are relative, and the page holds no script.
 then more flagged regions, then a larger flagged volume, then the case name:
 
 0. failed (the case has no result: its one-line error is shown) or not run;
-1. out of domain (agreement below the bundle's out-of-domain threshold);
+1. out of domain (agreement below the bundle's out-of-domain threshold), and first among them
+   the cases whose segmentation has no foreground at all (whatever the method: an empty
+   segmentation of a heart study is never 'not measured');
 2. in domain with at least one flagged region;
 3. in domain without flagged regions;
 4. not measured (``--method uc``: no agreement).
@@ -76,6 +78,8 @@ def tier(row: dict) -> int:
     """The row's tier (see the module docstring): 0 failed ... 4 not measured."""
     if row.get("status") != "ok":
         return 0
+    if no_foreground(row):
+        return 1
     agreement = _float(row.get("agreement"))
     if agreement is None:
         return 4
@@ -84,9 +88,22 @@ def tier(row: dict) -> int:
     return 2 if (_float(row.get("flagged_regions")) or 0) > 0 else 3
 
 
+def no_foreground(row: dict) -> bool:
+    """Whether an ok case's segmentation is empty: the table's ``no_foreground`` column, or (a table
+    without that column) every ``volume_<class>_ml`` cell 0."""
+    if row.get("status") != "ok":
+        return False
+    flag = _bool(row.get("no_foreground"))
+    if flag is not None:
+        return flag
+    volumes = [_float(v) for k, v in row.items() if k.startswith("volume_") and k.endswith("_ml")]
+    return bool(volumes) and all(v == 0.0 for v in volumes)
+
+
 def rank_key(row: dict) -> Tuple:
-    """Sort key, least trusted first: (tier, agreement, -regions, -flagged volume, case)."""
-    agreement = _float(row.get("agreement"))
+    """Sort key, least trusted first: (tier, agreement, -regions, -flagged volume, case); a case with
+    no foreground comes first within its tier."""
+    agreement = -math.inf if no_foreground(row) else _float(row.get("agreement"))
     return (tier(row), agreement if agreement is not None else math.inf,
             -(_float(row.get("flagged_regions")) or 0.0), -(_float(row.get("flagged_volume_ml")) or 0.0),
             str(row.get("case", "")))
@@ -101,6 +118,8 @@ def reason(row: dict) -> str:
     t = tier(row)
     if t == 0:
         return "failed" if row.get("status") == "error" else "not run"
+    if no_foreground(row):
+        return "no foreground (empty segmentation)"
     if t == 2:
         n = int(_float(row.get("flagged_regions")) or 0)
         return f"{n} flagged region{'s' if n != 1 else ''}"
@@ -220,10 +239,9 @@ def _unit(name: str) -> str:
 
 
 def _read_csv(path: Path) -> List[dict]:
-    import csv
+    from cardseg.cohort.tables import read_table
 
-    with open(path, newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
+    return read_table(path)
 
 
 def subject_indices(subjects: Sequence[dict]) -> Dict[str, dict]:

@@ -1,0 +1,51 @@
+"""SIGTERM handled like Ctrl-C: a run that is told to stop (``kill``, a job scheduler, a container
+that is stopped) cleans up exactly as after Ctrl-C, instead of dying where it stands."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from typing import Iterator
+
+#: the exit status of a run ended by SIGTERM (128 + 15, as a shell reports it)
+EXIT_TERMINATED = 128 + int(signal.SIGTERM)
+
+
+class Terminated(KeyboardInterrupt):
+    """Raised in the main thread when SIGTERM arrives inside :func:`sigterm_as_interrupt`; a
+    :class:`KeyboardInterrupt`, so every ``finally`` and ``except KeyboardInterrupt`` written for
+    Ctrl-C runs for it too."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    signal.signal(signum, signal.SIG_IGN)  # a second SIGTERM does not cut the cleanup short
+    raise Terminated(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Inside the block, SIGTERM raises :class:`Terminated` in the main thread (once; later ones
+    are ignored while the cleanup runs); the previous handler is back afterwards. Outside the main
+    thread (where Python cannot set handlers) it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old if old is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def keep_sigterm_handler() -> Iterator[None]:
+    """Put this process's SIGTERM handler back after the block: for a library call (``ray.init``)
+    that installs its own, which would end the process without the cleanup."""
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.getsignal(signal.SIGTERM) if main else None
+    try:
+        yield
+    finally:
+        if main and old is not None:
+            signal.signal(signal.SIGTERM, old)
