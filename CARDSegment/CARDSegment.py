@@ -30,10 +30,7 @@ from CARDSegmentLib.module_logic import ModuleLogic
 from CARDSegmentLib.parameters import BundleSource, Device, Method, Overlay
 
 
-#
-# CARDSegment
-#
-
+# -- CARDSegment
 
 class CARDSegment(ScriptedLoadableModule):
     """Module description shown by Slicer."""
@@ -58,10 +55,7 @@ class CARDSegment(ScriptedLoadableModule):
         )
 
 
-#
-# Parameters (the choices themselves: CARDSegmentLib.parameters)
-#
-
+# -- Parameters (the choices themselves: CARDSegmentLib.parameters)
 
 @parameterNodeWrapper
 class CARDSegmentParameterNode:
@@ -79,10 +73,7 @@ class CARDSegmentParameterNode:
     overlayOpacity: Annotated[float, WithinRange(0.0, 1.0)] = 0.5
 
 
-#
-# CARDSegmentWidget
-#
-
+# -- CARDSegmentWidget
 
 class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
     """The panel: binds the parameters, starts and cancels runs, shows results. No method code."""
@@ -97,6 +88,8 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self._parameterNodeGuiTag = None
         self._shownOverlay = None
         self._preparing = False  # checking or installing the Python packages before a run
+        self._clickGuard = lib.ClickGuard()  # a double click must not start and cancel at once
+        self._watched = ()  # IDs of the output nodes the panel shows (their removal refreshes it)
 
     def setup(self) -> None:
         ScriptedLoadableModuleWidget.setup(self)
@@ -106,6 +99,7 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         uiWidget.setMRMLScene(slicer.mrmlScene)
 
         self.logic = CARDSegmentLogic()
+        self._clickGuard = lib.ClickGuard(qt.QApplication.doubleClickInterval() / 1000.0)
 
         self.ui.progressBar.hide()
         self.ui.regionsTable.setColumnCount(len(self.REGION_COLUMNS))
@@ -115,6 +109,7 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
 
         self.addObserver(slicer.mrmlScene, slicer.mrmlScene.StartCloseEvent, self.onSceneStartClose)
         self.addObserver(slicer.mrmlScene, slicer.mrmlScene.EndCloseEvent, self.onSceneEndClose)
+        self.addObserver(slicer.mrmlScene, slicer.mrmlScene.NodeRemovedEvent, self.onNodeRemoved)
 
         self.ui.applyButton.connect("clicked(bool)", self.onApplyButton)
         self.ui.bundleFolderPathLineEdit.connect("currentPathChanged(QString)", self.onBundleFolderChanged)
@@ -150,12 +145,19 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         if self.parent.isEntered:
             self.initializeParameterNode()
 
+    def onNodeRemoved(self, caller, event) -> None:
+        """A node left the scene: when it is one the panel shows, show what is left."""
+        if not slicer.mrmlScene.IsClosing() and lib.watched_nodes_gone(slicer.mrmlScene, self._watched):
+            self.refreshResults()
+
     def initializeParameterNode(self) -> None:
-        self.setParameterNode(self.logic.getParameterNode())
-        if not self._parameterNode.inputVolume:
-            first = slicer.mrmlScene.GetFirstNodeByClass("vtkMRMLScalarVolumeNode")
+        """Bind the module's parameter node; an unset input becomes the first plain volume."""
+        node = self.logic.getParameterNode()
+        if not node.inputVolume:
+            first = lib.default_input(slicer.mrmlScene)
             if first:
-                self._parameterNode.inputVolume = first
+                node.inputVolume = first
+        self.setParameterNode(node)
 
     def setParameterNode(self, inputParameterNode: Optional[CARDSegmentParameterNode]) -> None:
         if self._parameterNode:
@@ -164,7 +166,7 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self._parameterNode = inputParameterNode
         self._shownOverlay = None
         if self._parameterNode:
-            self._parameterNodeGuiTag = self._parameterNode.connectGui(self.ui)
+            self._parameterNodeGuiTag = lib.connect_gui(self._parameterNode, self.ui)
             self.addObserver(self._parameterNode, vtk.vtkCommand.ModifiedEvent, self._onParameterNodeModified)
             self._onParameterNodeModified()
 
@@ -182,10 +184,9 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         if folderBox.currentPath != shownFolder:
             folderBox.currentPath = shownFolder
         shown = (p.inputVolume.GetID() if p.inputVolume else None, p.overlay, p.overlayOpacity)
-        if shown != self._shownOverlay:
-            inputChanged = self._shownOverlay is None or shown[0] != self._shownOverlay[0]
-            self._shownOverlay = shown
-            if inputChanged:
+        if shown != self._shownOverlay:  # the slice views change only when the user changes the overlay
+            previous, self._shownOverlay = self._shownOverlay, shown
+            if previous is None or shown[0] != previous[0]:
                 self.refreshResults()
             elif p.inputVolume:
                 self.logic.showOverlay(p.inputVolume, p.overlay.value, p.overlayOpacity)
@@ -201,6 +202,8 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
 
     def onApplyButton(self) -> None:
         """Start a run (after the package check), or cancel the running one."""
+        if not self._clickGuard.accepts():  # the second click of a double click
+            return
         if self.logic.isRunning:
             self.logic.cancel()
             return
@@ -257,6 +260,7 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             self._onParameterNodeModified()
 
     def _setRunning(self, running: bool) -> None:
+        self._clickGuard.changed()
         self.ui.applyButton.text = "Cancel" if running else "Segment && Calibrate"
         self.ui.applyButton.enabled = True
         self.ui.progressBar.setVisible(running)
@@ -267,7 +271,8 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
 
     def _onProgress(self, progress: "lib.Progress") -> None:
         self.ui.progressBar.value = int(round(progress.fraction * self.ui.progressBar.maximum))
-        self.ui.statusLabel.text = progress.text
+        elapsed = lib.elapsed_text(self.logic.elapsedSeconds())
+        self.ui.statusLabel.text = f"{progress.text} ({elapsed})" if elapsed else progress.text
 
     def _onFinished(self, state: str, error: Optional[str]) -> None:
         """The run ended: the panel returns to idle first, whatever happens next."""
@@ -275,7 +280,8 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         try:
             self._onParameterNodeModified()
             if state == "loaded":
-                self.ui.statusLabel.text = "Done."
+                elapsed = lib.elapsed_text(self.logic.elapsedSeconds())
+                self.ui.statusLabel.text = f"Done in {elapsed}." if elapsed else "Done."
                 self.refreshResults()
                 return
             if state == lib.CANCELLED:
@@ -290,17 +296,17 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
     # -- results and review
 
     def refreshResults(self) -> None:
+        """Show the input's agreement and review table (the slice views are left as they are)."""
         p = self._parameterNode
         volume = p.inputVolume if p else None
         outputs = self.logic.outputs(volume) if volume else lib.OutputNodes()
+        self._watched = tuple(n.GetID() for n in outputs.nodes())
         summary = lib.agreement_summary(outputs.report_dict() if outputs.report else None)
         self.ui.agreementLabel.text = summary.text
         self.ui.agreementLabel.setStyleSheet("color: #c0392b; font-weight: bold;" if summary.warning else "")
         self.ui.keepResultsButton.enabled = outputs.segmentation is not None
         self.ui.exportButton.enabled = outputs.review is not None
         self._fillRegionsTable(lib.review_rows(outputs.review))
-        if volume is not None and outputs.segmentation is not None:
-            self.logic.showOverlay(volume, p.overlay.value, p.overlayOpacity)
 
     def _fillRegionsTable(self, rows) -> None:
         table = self.ui.regionsTable
@@ -336,6 +342,9 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self._enableReviewButtons(region is not None)
         if region is None:
             return
+        if self.logic.outputs(self._parameterNode.inputVolume).review is None:  # removed meanwhile
+            self.refreshResults()
+            return
         with slicer.util.tryWithErrorDisplay("Cannot show the region.", waitCursor=True):
             row = self.logic.showRegion(self._parameterNode.inputVolume, region)
             self.ui.noteLineEdit.text = row.get("note", "")
@@ -353,7 +362,7 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         volume = self._parameterNode.inputVolume
         if volume is None:
             return
-        default = os.path.join(qt.QDir.homePath(), f"{volume.GetName()}-CARD-review.csv")
+        default = os.path.join(qt.QDir.homePath(), f"{lib.safe_file_name(volume.GetName())}-CARD-review.csv")
         path = qt.QFileDialog.getSaveFileName(
             slicer.util.mainWindow(), "Export review", default, "CSV (*.csv);;JSON (*.json)")
         if not path:
@@ -371,10 +380,7 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.refreshResults()
 
 
-#
-# CARDSegmentLogic
-#
-
+# -- CARDSegmentLogic
 
 class CARDSegmentLogic(ScriptedLoadableModuleLogic, ModuleLogic):
     """Slicer's Logic for this module: CARDSegmentLib's ModuleLogic on the application's scene, with
@@ -390,10 +396,7 @@ class CARDSegmentLogic(ScriptedLoadableModuleLogic, ModuleLogic):
         return CARDSegmentParameterNode(super().getParameterNode())
 
 
-#
-# CARDSegmentTest
-#
-
+# -- CARDSegmentTest
 
 class CARDSegmentTest(ScriptedLoadableModuleTest):
     """Runs in Slicer: a small synthetic oblique volume through the whole path, with networks of the

@@ -10,6 +10,8 @@
 * :mod:`.overlays` — the disagreement and temperature maps in the slice views; :mod:`.views`.
 * :mod:`.review` — the flagged-region review table, ROI outline, export.
 * :mod:`.summary` — the agreement score in words.
+* :mod:`.panel` — the panel's decisions without Qt (GUI binding, default input, removed nodes,
+  double clicks, export file names, elapsed time).
 * :mod:`.colormaps`, :mod:`.bundles`, :mod:`.dependencies` — colour maps, bundle choice, packages.
 * For the module file (``CARDSegment.py``): :mod:`.parameters` (the panel's choices, job options),
   :mod:`.install` (installing the packages in Slicer, after asking), :mod:`.module_logic` (the
@@ -31,6 +33,7 @@ from .jobs import JobMonitor, JobOptions, SegmentationJob, engine_dir_of, one_li
 from .loading import load_outputs
 from .outputs import ROLE_ATTRIBUTE, OutputError, OutputNodes, find_outputs, release_outputs, remove_outputs
 from .overlays import OVERLAY_CHOICES, set_overlay_opacity, show_overlay
+from .panel import ClickGuard, connect_gui, default_input, elapsed_text, safe_file_name, watched_nodes_gone
 from .process import (CANCELLED, FAILED, IDLE, RUNNING, SUCCEEDED, CardsegRun, Progress, SegmentCommand,
                       extract_error, parse_progress_line)
 from .review import STATUSES, export_review, has_decisions, review_counts, review_rows, set_region_status, show_region
@@ -45,6 +48,7 @@ __all__ = [
     "find_outputs", "load_outputs", "release_outputs", "remove_outputs", "set_overlay_opacity", "show_overlay",
     "CANCELLED", "FAILED", "IDLE", "RUNNING", "SUCCEEDED", "CardsegRun", "Progress", "SegmentCommand",
     "extract_error", "parse_progress_line",
+    "ClickGuard", "connect_gui", "default_input", "elapsed_text", "safe_file_name", "watched_nodes_gone",
     "STATUSES", "export_review", "has_decisions", "review_counts", "review_rows", "set_region_status",
     "show_region",
 ]

@@ -9,6 +9,7 @@ a ``qt.QTimer``) and a busy cursor. Method names follow Slicer's camelCase Logic
 from __future__ import annotations
 
 import logging
+import time
 from typing import Callable, ContextManager, Optional
 
 from . import install
@@ -80,6 +81,14 @@ class ModuleLogic:
         self._timer.setInterval(POLL_INTERVAL_MS)
         self._timer.connect("timeout()", self._poll)
         self._timer.start()
+
+    def elapsedSeconds(self) -> Optional[float]:
+        """Seconds the current run has taken so far, or the last run took; None before any run."""
+        run = self.job.run if self.job is not None else None
+        if run is None or run.started_at is None:
+            return None
+        end = run.finished_at if run.finished_at is not None else time.monotonic()
+        return max(0.0, end - run.started_at)
 
     def _poll(self) -> None:
         """The timer's slot: one step of the run; nothing may escape it (Qt would swallow it)."""

@@ -47,7 +47,8 @@ APPLICATION_ONLY = {"mrmlScene", "parameterNodeWrapper", "ScriptedLoadableModule
 
 #: Qt names the module uses: Qt 5 API that Slicer 5.8 (Qt 5.15) and later have; a new one is
 #: added here after checking it there
-QT_NAMES = {"QTimer", "Qt.UserRole", "QTableWidgetItem", "QDir.homePath", "QFileDialog.getSaveFileName"}
+QT_NAMES = {"QTimer", "Qt.UserRole", "QTableWidgetItem", "QDir.homePath", "QFileDialog.getSaveFileName",
+            "QApplication.doubleClickInterval"}
 
 #: what Slicer v5.8.0 declares, for every Slicer name the module uses (generated from the v5.8.0
 #: tag by :func:`lookup_in_slicer_source`; see the module docstring)
@@ -131,12 +132,14 @@ SLICER_5_8_0 = {
         "GetValue": ["vtkImageFillROI", "vtkMRMLMeasurement", "vtkSegmentationConversionParameters"],
         "GetWindowLevelMax": ["vtkMRMLScalarVolumeDisplayNode"],
         "GetWindowLevelMin": ["vtkMRMLScalarVolumeDisplayNode"],
+        "IsClosing": ["vtkMRMLScene"],
         "IsNodeClassRegistered": ["vtkMRMLScene"],
         "IsNodePresent": ["vtkMRMLScene"],
         "JumpSliceByCentering": ["vtkMRMLSliceNode"],
         "Modified": [
             "vtkMRMLAnnotationControlPointsNode", "vtkMRMLCommandLineModuleNode", "vtkMRMLFolderDisplayNode",
             "vtkMRMLNode"],
+        "NodeRemovedEvent": ["vtkMRMLScene"],
         "ReadData": ["vtkMRMLStorageNode"],
         "RemoveAttribute": ["vtkMRMLNode"],
         "RemoveNode": ["vtkMRMLScene"],
@@ -510,6 +513,37 @@ def test_the_frozen_lookup_matches_slicer_5_8_source(usage):
     assert found["classes"] == set(usage["classes"]) & SLICER_5_8_0["classes"]
     assert found["modules"] == {m: names & {u.split(".")[1] for u in usage["modules"] if u.startswith(m + ".")}
                                 for m, names in SLICER_5_8_0["modules"].items()}
+
+
+#: Slicer tags whose parameterNodeWrapper was read for the GUI binding (issue 24, defect 2): in
+#: v5.8.x ``_connectGui`` ends without ``return`` (so ``connectGui`` gives None and
+#: ``disconnectGui(None)`` unbinds nothing; 5.10 fixed it); ``_connectParametersToGui`` returns its tag in all
+WRAPPER_TAGS = {"v5.8.0": False, "v5.8.1": False, "v5.10.0": True, "v5.12.0": True}
+
+
+def _returns_a_value(source: str, function: str) -> bool:
+    tree = ast.parse(source)
+    fn = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == function)
+    return any(isinstance(n, ast.Return) and n.value is not None for n in ast.walk(fn))
+
+
+def test_the_panel_binds_the_gui_through_the_call_that_returns_a_tag():
+    """The module binds with ``connectParametersToGui`` (through CARDSegmentLib.panel.connect_gui),
+    never ``connectGui``, whose tag is None on 5.8."""
+    text = MODULE_FILE.read_text(encoding="utf-8")
+    assert ".connectGui(" not in text and "lib.connect_gui(" in text
+    assert ".connectParametersToGui(" in (LIB_DIR / "panel.py").read_text(encoding="utf-8")
+
+
+@pytest.mark.skipif(not os.environ.get("SLICER_SOURCE"), reason="needs SLICER_SOURCE: a Slicer git checkout")
+@pytest.mark.parametrize("tag", sorted(WRAPPER_TAGS))
+def test_connect_parameters_to_gui_returns_its_tag_in_slicer_source(tag):
+    show = subprocess.run(["git", "-C", os.environ["SLICER_SOURCE"], "show",
+                           f"{tag}:Base/Python/slicer/parameterNodeWrapper/wrapper.py"],
+                          capture_output=True, text=True, check=True).stdout
+    assert _returns_a_value(show, "_connectParametersToGui")
+    assert _returns_a_value(show, "_connectGui") is WRAPPER_TAGS[tag]
+    assert 'checkedSetAttr(classtype, "connectParametersToGui", _connectParametersToGui)' in show
 
 
 if __name__ == "__main__":  # print the lookup for a Slicer checkout: python test_slicer_compat.py /path/to/Slicer

@@ -86,6 +86,7 @@ def _fake_qt():
     qt.QTimer = FakeTimer
     qt.Qt = types.SimpleNamespace(UserRole=32)
     qt.QTableWidgetItem = lambda text: FakeWidget(text=text)
+    qt.QApplication = types.SimpleNamespace(doubleClickInterval=lambda: 400)
     return qt
 
 
@@ -96,13 +97,27 @@ def _fake_parameter_node_wrapper():
         defaults = {name: getattr(cls, name, None) for name in cls.__annotations__}
 
         class Wrapped:
+            """As in Slicer 5.8: connectGui returns None, connectParametersToGui the tag."""
+
             def __init__(self, node=None):
                 self.__dict__.update(defaults)
+                self.guis, self._next = {}, 0
+
+            def connectParametersToGui(self, mapping):
+                self._next += 1
+                self.guis[self._next] = mapping
+                return self._next
 
             def connectGui(self, ui):
-                return object()
+                self.connectParametersToGui({})
 
             def disconnectGui(self, tag):
+                self.guis.pop(tag, None)
+
+            def AddObserver(self, event, callback, priority=0.0):
+                return id(callback)
+
+            def RemoveObserver(self, tag):
                 pass
 
         Wrapped.__name__ = cls.__name__
@@ -241,6 +256,7 @@ def make_widget(module, volume=None):
     widget.ui.applyButton.text = "Segment && Calibrate"
     widget._parameterNode = module.CARDSegmentParameterNode()
     widget._parameterNode.inputVolume = volume
+    widget._clickGuard = lib.ClickGuard(0.0)  # no double-click interval (test_slicer_panel_defects tests it)
     return widget
 
 
@@ -346,7 +362,7 @@ def test_a_successful_run_through_the_panel(module, rotated_nifti, finished_run,
     assert widget.ui.bundleFolderPathLineEdit.called("addCurrentPathToHistory") == [()]  # the folder box's history
     fire_until_idle(module, widget)
     assert_idle(widget)
-    assert widget.ui.statusLabel.text == "Done." and not module.dialogs.errors
+    assert widget.ui.statusLabel.text.startswith("Done in ") and not module.dialogs.errors
     outputs = lib.find_outputs(slicer.mrmlScene, volume)
     assert outputs.segmentation is not None and outputs.review is not None
     assert widget.ui.regionsTable.called("setRowCount")[-1] == (len(lib.review_rows(outputs.review)),)
