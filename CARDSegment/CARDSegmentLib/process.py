@@ -86,12 +86,19 @@ class SegmentCommand:
         return args
 
     def env(self, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-        """The child's environment: ``engine_dir`` first on PYTHONPATH, unbuffered output."""
+        """The child's environment: ``engine_dir`` first on PYTHONPATH, unbuffered UTF-8 output.
+
+        The panel reads the child's lines as UTF-8; without ``PYTHONUTF8``/``PYTHONIOENCODING`` a
+        child on Windows under Slicer 5.8 and 5.10 writes its (non-ASCII) errors in the console's
+        code page, which arrived as replacement characters (Slicer sets ``PYTHONUTF8`` from 5.12).
+        """
         env = dict(os.environ if base is None else base)
         if self.engine_dir:
             parts = [str(self.engine_dir)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
             env["PYTHONPATH"] = os.pathsep.join(parts)
         env["PYTHONUNBUFFERED"] = "1"
+        env["PYTHONUTF8"] = "1"
+        env["PYTHONIOENCODING"] = "utf-8"
         env.update(self.extra_env)
         return env
 

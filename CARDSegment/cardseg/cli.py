@@ -10,6 +10,7 @@ import time
 from typing import List, Optional
 
 from cardseg.base.errors import CardsegError
+from cardseg.base.filekind import kind_of
 from cardseg.base.options import check_int_range, check_new_file, check_run_options
 
 #: entry-point group through which installed packages add subcommands (the training tools do:
@@ -172,8 +173,11 @@ def build_parser(plugin_help: bool = False) -> argparse.ArgumentParser:
 def _check_segment_args(a) -> None:
     check_run_options(a.batch_size, a.threads, a.frame)
     _check_backend(a)
-    if not os.path.exists(a.input):
+    kind = kind_of(a.input)
+    if kind == "missing":
         raise CardsegError(f"{a.input}: no such file or folder")
+    if kind not in ("file", "folder"):  # a FIFO or device would block or never end when read
+        raise CardsegError(f"{a.input}: is a {kind}, not an image file or a folder")
 
 
 def _check_backend(a) -> None:

@@ -343,3 +343,21 @@ def test_popen_handle_kills_through_the_tree_killer(monkeypatch):
     handle = proc.PopenHandle([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ))
     handle.kill()
     assert seen == [handle.pid] and handle._proc.poll() is not None
+
+
+@pytest.mark.parametrize("console", [{"PYTHONIOENCODING": "cp1252", "PYTHONUTF8": "0"},
+                                     {"PYTHONIOENCODING": "ascii"}, {"PYTHONIOENCODING": "latin-1:strict"}])
+def test_non_ascii_errors_of_the_child_arrive_intact(console):
+    """Issue 24 defect 8: whatever encoding the inherited environment gives the child (a Windows
+    console code page under Slicer 5.8/5.10), its stderr reaches the panel as written."""
+    message = "cardseg: error: Datei fehlt: /Daten/Größe_ß/ε.nii.gz → 患者"
+    command = proc.SegmentCommand("in.nii.gz", "out")
+    env = command.env(dict(os.environ, **console))
+    assert env["PYTHONUTF8"] == "1" and env["PYTHONIOENCODING"] == "utf-8"
+    code = f"import sys; print({message!r}, file=sys.stderr); sys.exit(2)"
+    handle = proc.PopenHandle([sys.executable, "-c", code], env)
+    deadline = time.monotonic() + 30
+    while handle.returncode() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    lines = [line for _, line in handle.read_lines()]
+    assert proc.extract_error(lines, 2) == message[len("cardseg: error: "):]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import os
 import re
 import struct
 import zlib
@@ -26,6 +27,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 
 from cardseg.base.errors import CardsegError
+from cardseg.base.filekind import require_regular_file
 
 _CHUNK = 1 << 20
 
@@ -140,10 +142,9 @@ def inspect_nifti(path: Path) -> Tuple[Declared, Callable[[], None]]:
     low = path.name.lower()
     if low.endswith(".img") or low.endswith(".img.gz"):  # the data half of a pair: read its header
         stem = path.name[:-len(".img.gz")] if low.endswith(".img.gz") else path.name[:-len(".img")]
-        header = next((path.with_name(stem + e) for e in (".hdr", ".hdr.gz", ".HDR") if path.with_name(stem + e).is_file()),
-                      None)
-        if header is None:
-            raise CardsegError(f"{path}: the header file {stem}.hdr of this NIfTI/Analyze pair is missing")
+        header = next((path.with_name(stem + e) for e in (".hdr", ".hdr.gz", ".HDR")
+                       if os.path.lexists(path.with_name(stem + e))), path.with_name(stem + ".hdr"))
+        require_regular_file(header, f"{path}: the header file {header.name} of this NIfTI/Analyze pair")
         return inspect_nifti(header)
     gz = low.endswith(".gz")
     try:
@@ -186,9 +187,8 @@ def inspect_nifti(path: Path) -> Tuple[Declared, Callable[[], None]]:
     if lower.endswith(".hdr") or lower.endswith(".hdr.gz"):
         stem = path.name[:-len(".hdr.gz")] if lower.endswith(".hdr.gz") else path.name[:-len(".hdr")]
         cands = [path.with_name(stem + ext) for ext in (".img", ".img.gz", ".IMG")]
-        data_path = next((c for c in cands if c.is_file()), None)
-        if data_path is None:
-            raise CardsegError(f"{path}: the data file {stem}.img is missing")
+        data_path = next((c for c in cands if os.path.lexists(c)), cands[0])
+        require_regular_file(data_path, f"{path}: the data file {data_path.name}")
         skip = max(vox_offset, 0)
     return decl, lambda: check_data(data_path, lambda: _open_stream(
         data_path, "gzip" if data_path.name.lower().endswith(".gz") else "raw"), skip,
@@ -257,8 +257,7 @@ def inspect_nrrd(path: Path) -> Tuple[Declared, Callable[[], None]]:
         if datafile.startswith("LIST") or "%" in datafile:
             return decl, lambda: None  # several data files: left to the reader
         data_path = path.parent / datafile
-        if not data_path.is_file():
-            raise CardsegError(f"{path}: the data file {data_path.name} is missing")
+        require_regular_file(data_path, f"{path}: the data file {data_path.name}")
         skip = int(fields.get("byte skip", "0") or 0)
     else:
         if offset < 0:
@@ -357,8 +356,7 @@ def inspect_metaimage(path: Path) -> Tuple[Declared, Callable[[], None]]:
         return decl, lambda: None
     else:
         data_path, start = path.parent / datafile, 0
-        if not data_path.is_file():
-            raise CardsegError(f"{path}: the data file {datafile} is missing")
+        require_regular_file(data_path, f"{path}: the data file {datafile}")
         header_size = int(fields.get("HeaderSize", "0"))
         if header_size < 0:  # -1: the data are the last bytes of the file
             header_size = max(data_path.stat().st_size - decl.voxels * decl.bytes_per_voxel, 0)

@@ -107,9 +107,30 @@ def _native_stderr_muted():
         os.close(saved)
 
 
+#: header formats that cardseg reads itself, by file name ending (for a reason ITK does not give)
+_HEADER_SUFFIXES = {".nhdr": "NrrdImageIO", ".nrrd": "NrrdImageIO", ".mhd": "MetaImageIO", ".mha": "MetaImageIO",
+                    ".hdr": "NiftiImageIO", ".img": "NiftiImageIO"}
+
+
+def _inspect_before_itk(p: Path) -> None:
+    """For the formats whose header may name a separate data file, cardseg's own header reader
+    runs before ITK's: ITK blocks on a data file that is a FIFO and calls a missing one merely
+    unreadable; this names the data file and what it is. Anything else is left to ITK."""
+    io = _HEADER_SUFFIXES.get(p.suffix.lower())
+    if io is None:
+        return
+    try:
+        INSPECTORS[io](p)
+    except CardsegError:
+        raise
+    except Exception:  # noqa: BLE001 - no better reason than the generic one
+        return
+
+
 def _read_file(p: Path, frame: Optional[int], user_spacing: Optional[Sequence[float]] = None):
     reader = sitk.ImageFileReader()
     reader.SetFileName(str(p))
+    _inspect_before_itk(p)
     try:
         with _native_stderr_muted():
             reader.ReadImageInformation()

@@ -14,6 +14,8 @@ from typing import Optional, Sequence
 import numpy as np
 import SimpleITK as sitk
 
+from cardseg.base.errors import CardsegError
+
 
 @dataclass
 class Volume:
@@ -66,6 +68,24 @@ def read_volume(path: os.PathLike, frame: Optional[int] = None, spacing: Optiona
     """
     from cardseg.io.inputs import check_array, read_image
 
-    vol = Volume.from_image(read_image(path, frame, spacing))
+    img = read_image(path, frame, spacing)
+    _check_float32_range(img, Path(path))
+    vol = Volume.from_image(img)
     check_array(vol.array, Path(path))
     return vol
+
+
+def _check_float32_range(img: sitk.Image, p: Path) -> None:
+    """A float64 image whose finite values do not fit float32 (which cardseg computes in) is
+    refused naming the largest magnitude; checked slice by slice, so no second full copy is made."""
+    if img.GetPixelID() != sitk.sitkFloat64:
+        return
+    limit = float(np.finfo(np.float32).max)
+    worst = 0.0
+    for plane in sitk.GetArrayViewFromImage(img):
+        mag = np.abs(plane[np.isfinite(plane)])
+        if mag.size:
+            worst = max(worst, float(mag.max()))
+    if worst > limit:
+        raise CardsegError(f"{p}: image holds values beyond the float32 range (|value| up to {worst:.3g}, "
+                           f"float32 ends at {limit:.3g}); cardseg computes in float32, rescale the image")
