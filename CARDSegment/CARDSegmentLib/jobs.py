@@ -14,6 +14,7 @@ import contextlib
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,13 +167,39 @@ class SegmentationJob:
         return self.outputs
 
     def cleanup(self) -> None:
+        """Delete the temporary folder (unless ``keep_files``); a failure is logged, naming it."""
         if self.work_dir is not None and not self.options.keep_files:
-            shutil.rmtree(self.work_dir, ignore_errors=True)
+            remove_tree(self.work_dir)
 
     def _fail(self, message: str) -> None:
         self._state = proc.FAILED
         self._error = message
         self.cleanup()
+
+
+def remove_tree(path: os.PathLike) -> Optional[str]:
+    """Delete the folder ``path`` (this module's own temporary folder) as far as possible.
+
+    Returns None when it is gone, else a one-line message naming the folder and the first file
+    that could not be deleted, which is also logged as a warning (it used to be dropped silently).
+    """
+    failures = []
+
+    def note(_func, name, exc_info):
+        failures.append(f"{name}: {exc_info[1].strerror or exc_info[1]}" if isinstance(exc_info[1], OSError)
+                        else f"{name}: {exc_info[1]}")
+
+    if not os.path.lexists(path):
+        return None
+    if sys.version_info >= (3, 12):  # onerror is deprecated there
+        shutil.rmtree(path, onexc=lambda func, name, exc: note(func, name, (type(exc), exc, None)))
+    else:
+        shutil.rmtree(path, onerror=note)
+    if not failures and not os.path.lexists(path):
+        return None
+    message = f"CARDSegment could not delete its temporary folder {path} ({failures[0] if failures else 'still there'})"
+    logging.getLogger(__name__).warning(message)
+    return message
 
 
 def engine_dir_of(module_file: os.PathLike) -> str:

@@ -298,3 +298,75 @@ def test_the_panel_says_how_long_the_run_took(module, rotated_nifti, finished_ru
     run = widget.logic.job.run
     assert run.started_at is not None and run.finished_at >= run.started_at
     assert widget.ui.statusLabel.text == f"Done in {panel.elapsed_text(run.finished_at - run.started_at)}."
+
+
+# ---------------------------------------------------------------------------------------------
+# defects 10 and 11: the self-test cleans up, skips and fails as it should
+
+import os  # noqa: E402
+import unittest  # noqa: E402
+
+from CARDSegmentLib import dependencies, jobs, selftest  # noqa: E402
+
+
+class Case(unittest.TestCase):
+    def runTest(self):
+        pass
+
+    def delayDisplay(self, message, msec=1000):
+        pass
+
+
+def test_the_self_test_skips_when_the_packages_are_missing(monkeypatch):
+    monkeypatch.setattr(dependencies, "missing_requirements", lambda: [dependencies.requirement("torch")])
+    with pytest.raises(unittest.SkipTest, match="torch"):
+        selftest.require_packages(Case())
+    monkeypatch.setattr(dependencies, "missing_requirements", lambda: [])
+    selftest.require_packages(Case())  # nothing missing: the test goes on
+
+
+def test_the_module_test_methods_skip_rather_than_return(module, monkeypatch):
+    monkeypatch.setattr(dependencies, "missing_requirements", lambda: [dependencies.requirement("monai")])
+    test = module.CARDSegmentTest()
+    for method in (test.test_segment_synthetic_volume, test.test_shipped_bundle, test.runTest):
+        with pytest.raises(unittest.SkipTest):
+            method()
+
+
+def test_the_shipped_bundle_test_fails_without_the_shipped_bundle(tmp_path):
+    with pytest.raises(AssertionError, match="install rules"):
+        selftest.segment_with_shipped_bundle(Case(), make_logic=None, load_volume=None, module_dir=str(tmp_path))
+
+
+def test_the_self_tests_folders_are_deleted_when_the_test_ends():
+    case = Case()
+    folder = selftest.work_folder(case)
+    os.makedirs(os.path.join(folder, "bundle"))
+    with open(os.path.join(folder, "bundle", "weights.bin"), "wb") as f:
+        f.write(b"x" * 10)
+    assert os.path.isdir(folder) and os.path.basename(folder).startswith("CARDSegmentTest-")
+    case.doCleanups()
+    assert not os.path.exists(folder)
+
+
+def test_a_temporary_folder_that_cannot_be_deleted_is_reported(tmp_path, monkeypatch, caplog):
+    folder = tmp_path / "CARDSegment-x"
+    (folder / "output").mkdir(parents=True)
+    (folder / "output" / "report.json").write_text("{}")
+    real_rmdir = os.rmdir
+
+    def refuse(path, *args, **kwargs):
+        if str(path).endswith("output") or str(path) == str(folder):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_rmdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "rmdir", refuse)
+    with caplog.at_level("WARNING"):
+        message = jobs.remove_tree(folder)
+    assert message and str(folder) in message and "Permission denied" in message
+    assert any(str(folder) in r.getMessage() for r in caplog.records)
+    monkeypatch.setattr(os, "rmdir", real_rmdir)
+    job = jobs.SegmentationJob(None, None)
+    job.work_dir = folder
+    job.cleanup()  # now it can: gone, nothing logged
+    assert not folder.exists() and jobs.remove_tree(folder) is None
