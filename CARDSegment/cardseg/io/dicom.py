@@ -6,6 +6,14 @@ the slice stack is built from the files' own ``ImagePositionPatient`` and
 ``ImageOrientationPatient``, and is refused when a file is unreadable, belongs to no series,
 when slices are missing or unevenly spaced, or when files disagree on size or orientation. A
 cine series (several phases at each slice position) is read one phase at a time (``frame``).
+
+Nothing is assumed: a file without ``PixelSpacing`` is refused (ITK would read 1 mm) unless the
+user gives the spacing; an ``ImageOrientationPatient`` whose vectors are not unit length and
+orthogonal within :data:`~cardseg.io.limits.DIRECTION_TOLERANCE` is refused (within it, it is made
+exactly orthonormal, so its length never scales the slice spacing). The slice spacing comes from
+the slice positions; with one slice position it is the user's, else ``SpacingBetweenSlices``,
+else ``SliceThickness`` (the source is recorded in the image's metadata key
+:data:`SLICE_SPACING_KEY`), else the input is refused.
 """
 
 from __future__ import annotations
@@ -13,17 +21,19 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 import numpy as np
 import SimpleITK as sitk
 
 from cardseg.base.errors import CardsegError
-from cardseg.io.limits import MAX_VOLUME_VOXELS
+from cardseg.io.limits import DIRECTION_TOLERANCE, MAX_VOLUME_VOXELS, nearest_orthonormal, skew_degrees
 
 #: relative tolerance on the slice gap before a series counts as unevenly spaced
 GAP_TOLERANCE = 0.02
 _DICOM_SUFFIXES = (".dcm", ".dicom", ".ima")
+#: metadata key of the image read from a one-slice series: where its slice spacing came from
+SLICE_SPACING_KEY = "cardseg_slice_spacing_from"
 
 
 @dataclass
@@ -33,10 +43,11 @@ class _Slice:
     row: np.ndarray  # (3,) direction of increasing column index i
     col: np.ndarray  # (3,) direction of increasing row index j
     size: tuple
-    spacing: tuple  # in-plane (i, j) mm
+    spacing: Optional[tuple]  # in-plane (i, j) mm from PixelSpacing; None where the file has none
     instance: int
     trigger: float
-    thickness: float  # SliceThickness (mm), used as the slice spacing of a one-slice series
+    between: float  # SpacingBetweenSlices (mm), 0 where absent: the slice spacing of a one-slice series
+    thickness: float  # SliceThickness (mm), 0 where absent: the next choice for a one-slice series
 
 
 def looks_like_dicom(path: Path) -> bool:
@@ -73,16 +84,38 @@ def _read_slice_header(path: Path) -> _Slice:
     try:
         o = np.array([float(v) for v in ori.split("\\")])
         position = np.array([float(v) for v in pos.split("\\")])
-        if o.shape != (6,) or position.shape != (3,):
+        if o.shape != (6,) or position.shape != (3,) or not np.isfinite([*o, *position]).all():
             raise ValueError("shape")
-        return _Slice(path=path, position=position, row=o[:3], col=o[3:6],
-                      size=tuple(reader.GetSize()[:2]), spacing=tuple(reader.GetSpacing()[:2]),
-                      instance=int(float(_meta(reader, "0020|0013") or 0)),
-                      trigger=float(_meta(reader, "0018|1060") or 0.0),
-                      thickness=float(_meta(reader, "0018|0050") or 0.0))
+        header = _Slice(path=path, position=position, row=o[:3], col=o[3:6], size=tuple(reader.GetSize()[:2]),
+                        spacing=_pixel_spacing(path, _meta(reader, "0028|0030")),
+                        instance=int(float(_meta(reader, "0020|0013") or 0)),
+                        trigger=float(_meta(reader, "0018|1060") or 0.0),
+                        between=abs(float(_meta(reader, "0018|0088") or 0.0)),
+                        thickness=float(_meta(reader, "0018|0050") or 0.0))
     except ValueError:
         raise CardsegError(f"{path}: DICOM file has a malformed position, orientation, instance number, "
-                           "trigger time or slice thickness") from None
+                           "trigger time, slice spacing or slice thickness") from None
+    axes = nearest_orthonormal(np.column_stack([header.row, header.col]))
+    if axes is None:
+        raise CardsegError(f"{path}: DICOM ImageOrientationPatient (0020,0037) is not two orthogonal unit vectors "
+                           f"(lengths {np.linalg.norm(header.row):.6g} and {np.linalg.norm(header.col):.6g}, "
+                           f"{skew_degrees(np.column_stack([header.row, header.col])):.3g} degrees from orthogonal; "
+                           f"tolerance {DIRECTION_TOLERANCE:g})")
+    header.row, header.col = axes[:, 0], axes[:, 1]
+    return header
+
+
+def _pixel_spacing(path: Path, text: Optional[str]) -> Optional[tuple]:
+    """``PixelSpacing`` (0028,0030), row spacing then column spacing, as (i, j) = (column, row) mm."""
+    if text is None or not text.strip("\\ \0"):
+        return None
+    try:
+        values = [float(v) for v in text.split("\\")]
+    except ValueError:
+        values = []
+    if len(values) != 2 or not all(np.isfinite(v) and v > 0 for v in values):
+        raise CardsegError(f"{path}: DICOM PixelSpacing (0028,0030) is malformed: {text[:40]!r}")
+    return (values[1], values[0])
 
 
 def list_series_files(folder: Path) -> List[Path]:
@@ -103,47 +136,86 @@ def list_series_files(folder: Path) -> List[Path]:
     return files
 
 
-def read_dicom_series(folder: os.PathLike, frame: Optional[int] = None) -> sitk.Image:
-    """One 3D image from the folder's series (one phase of a cine series: ``frame``, 0-based)."""
+def read_dicom_series(folder: os.PathLike, frame: Optional[int] = None,
+                      spacing: Optional[Sequence[float]] = None) -> sitk.Image:
+    """One 3D image from the folder's series (one phase of a cine series: ``frame``, 0-based),
+    on the grid the files' own positions, orientation and pixel spacing define; ``spacing``
+    (the user's, mm, x y [z]) stands in for what the files do not say (see the module docstring)."""
     folder = Path(folder)
-    headers = []
-    for f in list_series_files(folder):
-        try:
-            headers.append(_read_slice_header(f))
-        except RuntimeError:
-            raise CardsegError(f"{folder}: unreadable DICOM file {f.name}") from None
+    return _stack(folder, [_header(folder, f) for f in list_series_files(folder)], frame, spacing)
+
+
+def read_dicom_file(path: os.PathLike, frame: Optional[int] = None,
+                    spacing: Optional[Sequence[float]] = None) -> sitk.Image:
+    """One single-frame DICOM file as a one-slice 3D image, with the same checks as a series."""
+    path = Path(path)
+    return _stack(path, [_header(path.parent, path)], frame, spacing)
+
+
+def _header(folder: Path, f: Path) -> _Slice:
+    try:
+        return _read_slice_header(f)
+    except RuntimeError:
+        raise CardsegError(f"{folder}: unreadable DICOM file {f.name}") from None
+
+
+def _stack(where: Path, headers: List[_Slice], frame: Optional[int], spacing: Optional[Sequence[float]]) -> sitk.Image:
     first = headers[0]
     normal = np.cross(first.row, first.col)
     odd = [h.path for h in headers if h.size != first.size or not np.allclose(h.row, first.row, atol=1e-4)
-           or not np.allclose(h.col, first.col, atol=1e-4) or not np.allclose(h.spacing, first.spacing, rtol=1e-4)]
+           or not np.allclose(h.col, first.col, atol=1e-4) or (h.spacing is None) != (first.spacing is None)
+           or (h.spacing is not None and not np.allclose(h.spacing, first.spacing, rtol=1e-4))]
     if odd:
-        raise CardsegError(f"{folder}: files differ in size, orientation or pixel spacing from {first.path.name}: "
+        raise CardsegError(f"{where}: files differ in size, orientation or pixel spacing from {first.path.name}: "
                            f"{_names(odd)}")
-    stack = _select_phase(folder, headers, normal, frame)
+    user = [float(v) for v in spacing] if spacing is not None else []
+    inplane = first.spacing if len(user) < 2 else tuple(user[:2])
+    if inplane is None:
+        raise CardsegError(f"{where}: DICOM file {first.path.name} has no PixelSpacing (0028,0030), so its pixel size "
+                           "is unknown (cardseg does not assume 1 mm); give it with --spacing SX,SY[,SZ] (mm)")
+    stack = _select_phase(where, headers, normal, frame)
     n = len(stack) * first.size[0] * first.size[1]
     if n > MAX_VOLUME_VOXELS:
-        raise CardsegError(f"{folder}: the volume to segment has {n:,d} voxels; the limit is {MAX_VOLUME_VOXELS:,d} "
+        raise CardsegError(f"{where}: the volume to segment has {n:,d} voxels; the limit is {MAX_VOLUME_VOXELS:,d} "
                            "(about 1 GB of working memory)")
     gaps = np.diff([float(h.position @ normal) for h in stack])
-    spacing_z = float(np.median(gaps)) if len(gaps) else first.thickness
+    source = None
+    if len(gaps):
+        spacing_z = float(np.median(gaps))
+    else:
+        spacing_z, source = _one_slice_spacing(where, first, user)
     if len(gaps) and (spacing_z <= 0 or np.abs(gaps - spacing_z).max() > GAP_TOLERANCE * spacing_z + 1e-3):
         k = int(np.argmax(np.abs(gaps - spacing_z)))
-        raise CardsegError(f"{folder}: uneven slice spacing: {gaps[k]:.3g} mm between {stack[k].path.name} and "
+        raise CardsegError(f"{where}: uneven slice spacing: {gaps[k]:.3g} mm between {stack[k].path.name} and "
                            f"{stack[k + 1].path.name} where the series has {spacing_z:.3g} mm (a missing or extra slice?)")
     planes = []
     for h in stack:
         try:
             img = sitk.ReadImage(str(h.path))
         except RuntimeError:
-            raise CardsegError(f"{folder}: unreadable DICOM file {h.path.name}") from None
+            raise CardsegError(f"{where}: unreadable DICOM file {h.path.name}") from None
         a = sitk.GetArrayFromImage(img).astype(np.float32)
         planes.append(a[0] if a.ndim == 3 else a)
     # stacked as arrays: each file's own 2D origin (a tilted series) must not stop the join
     vol = sitk.GetImageFromArray(np.stack(planes))
     vol.SetOrigin(tuple(float(v) for v in stack[0].position))
-    vol.SetSpacing((*first.spacing, spacing_z))
+    vol.SetSpacing((*inplane, spacing_z))
     vol.SetDirection(tuple(float(v) for v in np.column_stack([first.row, first.col, normal]).ravel()))
+    if source:
+        vol.SetMetaData(SLICE_SPACING_KEY, source)
     return vol
+
+
+def _one_slice_spacing(where: Path, first: _Slice, user: List[float]):
+    """The slice spacing of a one-slice series and where it came from (see the module docstring)."""
+    if len(user) >= 3:
+        return user[2], "--spacing"
+    if first.between > 0:
+        return first.between, "SpacingBetweenSlices (0018,0088)"
+    if first.thickness > 0:
+        return first.thickness, "SliceThickness (0018,0050)"
+    raise CardsegError(f"{where}: one DICOM slice with neither SpacingBetweenSlices (0018,0088) nor SliceThickness "
+                       "(0018,0050), so the slice spacing is unknown; give it with --spacing SX,SY,SZ (mm)")
 
 
 def _select_phase(folder: Path, headers: List[_Slice], normal: np.ndarray, frame: Optional[int]) -> List[_Slice]:

@@ -28,6 +28,8 @@ import numpy as np
 
 from cardseg.base.errors import CardsegError
 from cardseg.base.filekind import require_regular_file
+from cardseg.io.limits import (DIRECTION_TOLERANCE, INPLANE_SPACING_MM, SLICE_SPACING_MM, orthonormal_error,
+                               skew_degrees)
 
 _CHUNK = 1 << 20
 
@@ -165,6 +167,9 @@ def inspect_nifti(path: Path) -> Tuple[Declared, Callable[[], None]]:
         datatype, bitpix = struct.unpack(end + "2h", head[70:74])
         pixdim = struct.unpack(end + "8f", head[76:108])
         vox_offset = int(struct.unpack(end + "f", head[108:112])[0])
+        sform_code = struct.unpack(end + "h", head[254:256])[0]
+        srow = struct.unpack(end + "12f", head[280:328])
+        is_nifti = head[344:348] in (b"n+1\0", b"ni1\0")
     else:
         if len(head) < 540:
             raise CardsegError(f"{path}: file is truncated (it ends inside the NIfTI-2 header)")
@@ -172,6 +177,9 @@ def inspect_nifti(path: Path) -> Tuple[Declared, Callable[[], None]]:
         dim = struct.unpack(end + "8q", head[16:80])
         pixdim = struct.unpack(end + "8d", head[104:168])
         vox_offset = int(struct.unpack(end + "q", head[168:176])[0])
+        sform_code = struct.unpack(end + "i", head[348:352])[0]
+        srow = struct.unpack(end + "12d", head[400:496])
+        is_nifti = True
     ndim = int(dim[0])
     if not 1 <= ndim <= 7 or any(int(d) < 1 for d in dim[1:ndim + 1]):
         raise CardsegError(f"{path}: NIfTI header declares an invalid size {list(dim[1:max(ndim, 1) + 1])}")
@@ -182,8 +190,13 @@ def inspect_nifti(path: Path) -> Tuple[Declared, Callable[[], None]]:
     bpv = bitpix // 8
     spacing = tuple(float(p) for p in pixdim[1:min(ndim, 3) + 1])
     decl = Declared("NIfTI", size, bpv, spacing)
+    if is_nifti and sform_code > 0:
+        _check_sform(path, srow, pixdim, min(ndim, 3))
     data_path, skip = path, vox_offset
     lower = path.name.lower()
+    if not (lower.endswith(".hdr") or lower.endswith(".hdr.gz")) and vox_offset < n1 + 4:
+        raise CardsegError(f"{path}: NIfTI vox_offset is {vox_offset}, inside the {n1}-byte header (the image data "
+                           f"of a .nii file start at byte {n1 + 4} or later); the image would be read shifted")
     if lower.endswith(".hdr") or lower.endswith(".hdr.gz"):
         stem = path.name[:-len(".hdr.gz")] if lower.endswith(".hdr.gz") else path.name[:-len(".hdr")]
         cands = [path.with_name(stem + ext) for ext in (".img", ".img.gz", ".IMG")]
@@ -193,6 +206,25 @@ def inspect_nifti(path: Path) -> Tuple[Declared, Callable[[], None]]:
     return decl, lambda: check_data(data_path, lambda: _open_stream(
         data_path, "gzip" if data_path.name.lower().endswith(".gz") else "raw"), skip,
         decl.voxels * bpv, dtype, "NIfTI")
+
+
+def _check_sform(path: Path, srow: Tuple[float, ...], pixdim: Tuple[float, ...], axes: int) -> None:
+    """A NIfTI sform that ITK would not read as written is refused: ITK falls back to the qform
+    when the sform is skewed and takes the spacing from ``pixdim`` whatever the sform scales say."""
+    m = np.asarray(srow, dtype=float).reshape(3, 4)[:, :axes]
+    norms = np.linalg.norm(m, axis=0)
+    if not np.isfinite(m).all() or (norms == 0).any():
+        raise CardsegError(f"{path}: NIfTI sform (srow_x/y/z) has a zero or non-finite axis")
+    if orthonormal_error(m / norms) > DIRECTION_TOLERANCE:
+        raise CardsegError(f"{path}: NIfTI sform (srow_x/y/z) is skewed: its axes are {skew_degrees(m):.3g} degrees "
+                           "from orthogonal; cardseg writes its outputs on an orthogonal grid, so it cannot "
+                           "return them where this image lies")
+    own = np.abs(np.asarray(pixdim[1:axes + 1], dtype=float))
+    # an implausible pixdim is refused by the spacing check, naming it (or replaced by --spacing)
+    plausible = [lo <= v <= hi for v, (lo, hi) in zip(own, (INPLANE_SPACING_MM, INPLANE_SPACING_MM, SLICE_SPACING_MM))]
+    if any(ok and abs(n - v) > DIRECTION_TOLERANCE * v for ok, n, v in zip(plausible, norms, own)):
+        raise CardsegError(f"{path}: NIfTI sform (srow_x/y/z) scales the axes by {', '.join(f'{v:g}' for v in norms)} mm "
+                           f"but pixdim says {', '.join(f'{v:g}' for v in own)} mm; the file contradicts itself")
 
 
 # ----------------------------------------------------------------------------- NRRD

@@ -13,6 +13,11 @@ is used, each refusal one line:
 * a physical spacing that exists and is plausible for MRI (:data:`INPLANE_SPACING_MM`,
   :data:`SLICE_SPACING_MM`), naming the axis and value; ``spacing`` given by the user
   replaces the file's;
+* an orthonormal grid: a direction matrix (NRRD ``space directions``, MetaImage
+  ``TransformMatrix``, NIfTI sform/qform, DICOM ``ImageOrientationPatient``) skewed or scaled
+  by more than :data:`~cardseg.io.limits.DIRECTION_TOLERANCE` is refused, since the outputs are
+  written on an orthonormal grid; within it, the direction is made exactly orthonormal, so every
+  output lies on the input's grid;
 * a scalar grey-level pixel type, an in-plane size of at least :data:`MIN_INPLANE` pixels, a
   non-constant image, and a 4D image only with a valid ``frame``.
 
@@ -34,7 +39,8 @@ import SimpleITK as sitk
 
 from cardseg.base.errors import CardsegError
 from cardseg.io.headers import INSPECTORS
-from cardseg.io.limits import INPLANE_SPACING_MM, MAX_FILE_VOXELS, MAX_VOLUME_VOXELS, MIN_INPLANE, SLICE_SPACING_MM
+from cardseg.io.limits import (DIRECTION_TOLERANCE, INPLANE_SPACING_MM, MAX_FILE_VOXELS, MAX_VOLUME_VOXELS, MIN_INPLANE,
+                                SLICE_SPACING_MM, nearest_orthonormal, skew_degrees)
 
 #: ITK readers of 2D raster formats that store no physical pixel spacing
 RASTER_IO = {"PNGImageIO": "PNG", "JPEGImageIO": "JPEG", "BMPImageIO": "BMP", "TIFFImageIO": "TIFF"}
@@ -43,6 +49,9 @@ _SUPPORTED_PIXELS = {
     sitk.sitkUInt64, sitk.sitkInt64, sitk.sitkFloat32, sitk.sitkFloat64,
 }
 _AXES = ("i (x)", "j (y)", "k (slice)")
+#: the header field that holds the axis directions, per ITK reader
+_DIRECTION_FIELD = {"NrrdImageIO": "NRRD space directions", "MetaImageIO": "MetaImage TransformMatrix",
+                    "NiftiImageIO": "NIfTI sform/qform"}
 
 sitk.ProcessObject.SetGlobalWarningDisplay(False)
 
@@ -66,7 +75,7 @@ def read_image(path: os.PathLike, frame: Optional[int] = None, spacing: Optional
     if p.is_dir():
         from cardseg.io.dicom import read_dicom_series
 
-        img = read_dicom_series(p, frame)
+        img = read_dicom_series(p, frame, spacing)
         has_spacing = True
     else:
         img, has_spacing = _read_file(p, frame, spacing)
@@ -142,6 +151,12 @@ def _read_file(p: Path, frame: Optional[int], user_spacing: Optional[Sequence[fl
         raise CardsegError(f"{p}: unsupported pixel type {sitk.GetPixelIDValueAsString(reader.GetPixelID())} "
                            "(need a scalar grey-level image)")
     has_spacing = True
+    if io == "GDCMImageIO":  # one DICOM file: its own position, orientation and spacings, as in a series
+        from cardseg.io.dicom import read_dicom_file
+
+        _check_file_voxels(int(np.prod(size)), p)
+        return read_dicom_file(p, frame, user_spacing), True
+    direction = _orthonormal(reader.GetDirection(), p, io)
     if io in INSPECTORS:
         try:
             declared, check_data = INSPECTORS[io](p)
@@ -160,8 +175,6 @@ def _read_file(p: Path, frame: Optional[int], user_spacing: Optional[Sequence[fl
     elif io in RASTER_IO:
         _check_file_voxels(int(np.prod(size)), p)
         has_spacing = False
-    elif io == "GDCMImageIO":
-        _check_file_voxels(int(np.prod(size)), p)
     else:
         raise CardsegError(f"{p}: {io.replace('ImageIO', '')} files are not supported "
                            "(NIfTI, NRRD, MHA, DICOM; PNG/JPEG/BMP/TIFF with --spacing)")
@@ -170,7 +183,22 @@ def _read_file(p: Path, frame: Optional[int], user_spacing: Optional[Sequence[fl
             img = reader.Execute()
     except RuntimeError as exc:
         raise CardsegError(f"{p}: image data cannot be read ({_first_line(exc)})") from None
+    img.SetDirection(direction)
     return img, has_spacing
+
+
+def _orthonormal(direction: Sequence[float], p: Path, io: str) -> tuple:
+    """The image's direction made exactly orthonormal, or a one-line refusal naming the header
+    field when it is skewed or scaled beyond :data:`DIRECTION_TOLERANCE`."""
+    exact = nearest_orthonormal(direction)
+    if exact is None:
+        n = int(round(np.sqrt(len(direction))))
+        lengths = ", ".join(f"{v:.6g}" for v in np.linalg.norm(np.reshape(direction, (n, n)), axis=0))
+        raise CardsegError(f"{p}: {_DIRECTION_FIELD.get(io, 'direction matrix')} is not orthonormal (axis lengths "
+                           f"{lengths}, {skew_degrees(direction):.3g} degrees from orthogonal; tolerance "
+                           f"{DIRECTION_TOLERANCE:g}); cardseg writes its outputs on an orthogonal grid, so it cannot "
+                           "return them where this image lies")
+    return tuple(float(v) for v in exact.ravel())
 
 
 def _first_line(exc: Exception) -> str:

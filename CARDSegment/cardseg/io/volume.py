@@ -7,7 +7,7 @@ the image's third axis, taken as it is stored (no reorientation).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -19,12 +19,17 @@ from cardseg.base.errors import CardsegError
 
 @dataclass
 class Volume:
-    """A 3D scalar image: ``array (Z, Y, X)`` float32 plus its geometry (x, y, z order)."""
+    """A 3D scalar image: ``array (Z, Y, X)`` float32 plus its geometry (x, y, z order).
+
+    ``notes``: what the reader had to choose about the geometry, for the report (e.g.
+    ``{"slice_spacing_from": "SliceThickness (0018,0050)"}`` for one DICOM slice); empty otherwise.
+    """
 
     array: np.ndarray
     spacing: tuple
     origin: tuple
     direction: tuple
+    notes: dict = field(default_factory=dict)
 
     @property
     def shape(self):
@@ -51,11 +56,17 @@ class Volume:
 
     @classmethod
     def from_image(cls, img: sitk.Image) -> "Volume":
+        from cardseg.io.dicom import SLICE_SPACING_KEY
+
+        notes = {}
+        if img.HasMetaDataKey(SLICE_SPACING_KEY):
+            notes["slice_spacing_from"] = img.GetMetaData(SLICE_SPACING_KEY)
         return cls(
             array=sitk.GetArrayFromImage(img).astype(np.float32, copy=False),
             spacing=tuple(img.GetSpacing()),
             origin=tuple(img.GetOrigin()),
             direction=tuple(img.GetDirection()),
+            notes=notes,
         )
 
 
