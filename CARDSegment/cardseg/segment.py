@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Dict, Optional
 
 import numpy as np
-import SimpleITK as sitk
 import torch
 
 from cardseg import __version__
@@ -20,6 +19,7 @@ from cardseg.bundle.loading import Bundle
 from cardseg.io.outdir import OutputWriter, check_output
 from cardseg.io.preprocess import SliceGrid, network_to_slices, normalize_slice, slices_to_network
 from cardseg.io.volume import Volume
+from cardseg.io.written import IncompleteWrite, verify_seg_nrrd, write_image, write_text
 from cardseg.method.calibration import CARD, Uncalibrated, temperature_scale
 from cardseg.method.trajectory import run_trajectory
 from cardseg.metrics.segmentation import agreement_report
@@ -238,7 +238,12 @@ def write_outputs(result: SegmentationResult, volume: Volume, bundle: Bundle, ou
             return write_outputs(result, volume, bundle, out, overwrite, progress, writer=w)
     progress.stage("write", len(files))
     for name in files:
-        _write_one(name, writer.path(name), result, volume, bundle)
+        try:
+            _write_one(name, writer.path(name), result, volume, bundle)
+        except IncompleteWrite as exc:  # name the file where the user will look for it
+            raise IncompleteWrite(writer.out / name, exc.strerror) from None
+        except OSError as exc:  # e.g. EFBIG or ENOSPC raised by a Python writer
+            raise IncompleteWrite(writer.out / name, f"could not be written completely ({exc.strerror or exc})") from None
         progress.advance(1)
     return writer.commit()
 
@@ -265,7 +270,6 @@ def segment_file(input_path: os.PathLike, out: os.PathLike, bundle: Bundle, *, m
         result.report["slices"] = int(volume.shape[0])
         if spacing:
             result.report["spacing_given_mm"] = list(spacing)
-        result.report.update(volume.notes)  # e.g. where one DICOM slice's spacing came from
         result.report["timings_s"]["total"] = time.perf_counter() - t_start
         write_outputs(result, volume, bundle, out, overwrite, progress, writer=writer)
     return result.report
@@ -279,20 +283,20 @@ def output_files(result: SegmentationResult) -> list:
 
 
 def _write_one(name: str, path: Path, result: SegmentationResult, volume: Volume, bundle: Bundle) -> None:
-    if name == "segmentation.nii.gz":
-        sitk.WriteImage(volume.to_image(result.labels), str(path), useCompression=True)
-    elif name == "probabilities.nii.gz":
-        sitk.WriteImage(volume.to_image(result.probabilities, is_vector=True), str(path), useCompression=True)
-    elif name == "disagreement.nii.gz":
-        sitk.WriteImage(volume.to_image(result.disagreement), str(path), useCompression=True)
-    elif name == "temperature.nii.gz":
-        sitk.WriteImage(volume.to_image(result.temperature), str(path), useCompression=True)
-    elif name == "regions.nii.gz":
-        sitk.WriteImage(volume.to_image(result.region_ranks), str(path), useCompression=True)
+    """Write one output and prove it complete (:mod:`cardseg.io.written`): a short write raises
+    :class:`~cardseg.io.written.IncompleteWrite` instead of leaving a truncated file behind."""
+    images = {"segmentation.nii.gz": lambda: volume.to_image(result.labels),
+              "probabilities.nii.gz": lambda: volume.to_image(result.probabilities, is_vector=True),
+              "disagreement.nii.gz": lambda: volume.to_image(result.disagreement),
+              "temperature.nii.gz": lambda: volume.to_image(result.temperature),
+              "regions.nii.gz": lambda: volume.to_image(result.region_ranks)}
+    if name in images:
+        write_image(images[name](), path)
     elif name == "segmentation.seg.nrrd":
         write_seg_nrrd(path, result.labels, volume, bundle.config["classes"])
+        verify_seg_nrrd(path, result.labels.shape[::-1])
     elif name == "report.json":
-        path.write_text(json.dumps(result.report, indent=2) + "\n", encoding="utf-8")
+        write_text(path, json.dumps(result.report, indent=2) + "\n")
     else:  # pragma: no cover - output_files and this function list the same names
         raise AssertionError(name)
 

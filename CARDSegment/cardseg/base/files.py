@@ -1,8 +1,11 @@
-"""File helpers every layer may use: a file's checksum and an atomic write."""
+"""File helpers every layer may use: a file's checksum, an atomic write, an exclusive lock."""
 
+import errno
 import hashlib
 import os
+import sys
 from pathlib import Path
+from typing import Optional
 
 
 def sha256_file(path: os.PathLike) -> str:
@@ -15,10 +18,76 @@ def sha256_file(path: os.PathLike) -> str:
 
 
 def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``.<name>.tmp`` beside ``path``, sync it, then rename it over ``path``."""
+    """Write ``data`` to ``.<name>.tmp`` beside ``path``, sync it, check that the file holds every
+    byte, then rename it over ``path``. On any failure (a full disk, a file size limit) ``path``
+    is untouched and the temporary file is removed; the error (an :class:`OSError`) propagates."""
     tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            if os.fstat(f.fileno()).st_size != len(data):
+                raise OSError(errno.EIO, "could not be written completely (disk full or file size limit?)", str(path))
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class FileLock:
+    """An exclusive, non-blocking lock on a file (``flock`` on POSIX, ``msvcrt`` on Windows)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.fd: Optional[int] = None
+
+    def acquire(self) -> bool:
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            if not _try_lock(fd):
+                os.close(fd)
+                return False
+            try:  # the file we locked may have been unlinked by the run that just finished
+                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+            except FileNotFoundError:
+                same = False
+            if same:
+                self.fd = fd
+                os.write(fd, f"{os.getpid()}\n".encode())
+                return True
+            os.close(fd)
+
+    def release(self) -> None:
+        if self.fd is None:
+            return
+        if sys.platform == "win32":  # pragma: no cover - an open file cannot be removed there
+            os.close(self.fd)
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass
+        if sys.platform != "win32":
+            os.close(self.fd)  # closing drops the lock
+        self.fd = None
+
+
+def _try_lock(fd: int) -> bool:
+    if sys.platform == "win32":  # pragma: no cover - exercised on Windows only
+        import msvcrt
+
+        try:
+            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+            return True
+        except OSError:
+            return False
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError:
+        return False

@@ -7,12 +7,17 @@ Rules (the same for ``cardseg segment``, the batch path and the Slicer module's 
   stamp and holds nothing but the files the stamp lists. Any other non-empty folder is refused,
   with or without ``--overwrite``.
 * The output folder must not be, contain or lie inside the input (a file or a DICOM folder).
-* Results are written into a sibling temporary folder and moved into place by renames (a new
-  folder: one; an earlier result: two, the first undone if the second fails).
-  While a run writes, it holds a lock on ``.<name>.cardseg.lock`` beside the output folder; a
-  second run for the same folder fails at once with one line. Whatever a killed run left beside
-  the folder (temporary folder, replaced folder, lock file) carries cardseg's names and is
-  cleaned up by the next run that takes the lock.
+* Results are written into a temporary folder on the output folder's own file system (beside a
+  new output folder, inside an existing one: a mount point or a folder that cannot be renamed
+  works the same) and moved into place by renames that never cross devices. A new folder: one
+  rename. An existing folder: every new file is moved in first (the stamp meanwhile accepts the
+  old and the new version of each file), then the old files the new run does not write are
+  removed (only names the old stamp lists that lie directly inside the folder, never a path that
+  leaves it), then the new stamp. While a run writes, it holds a lock on ``.<name>.cardseg.lock``
+  beside the output folder; a second run for the same folder fails at once with one line.
+  Whatever a killed run left (temporary folder, lock file) carries cardseg's names and marker
+  (a stamp, or a lock file holding a process id) and is removed by the next run that writes
+  into the same parent folder, once the lock shows that no live run holds it.
 
 Nothing here reads or computes images: :func:`check_output` validates the location before any
 work (it writes nothing but a probe file that it removes at once), :class:`OutputWriter` does
@@ -24,18 +29,22 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Iterable, List, Optional
 
 from cardseg.base.errors import CardsegError
+from cardseg.base.files import FileLock  # noqa: F401 - part of this module's interface
 
 #: the file that marks a folder as written by cardseg (JSON: tool, version, time, files)
 STAMP = ".cardseg-output.json"
 _TMP, _OLD, _LOCK = ".cardseg-tmp", ".cardseg-old", ".cardseg.lock"
+#: the temporary folder inside an existing output folder
+INNER_TMP = ".cardseg-tmp"
+_LEFTOVER = re.compile(r"^\.(.+)(\.cardseg-tmp|\.cardseg-old|\.cardseg\.lock)$")
 
 
 def _sibling(out: Path, suffix: str) -> Path:
@@ -60,14 +69,41 @@ def file_digest(path: Path) -> dict:
     return {"size": path.stat().st_size, "sha256": sha256_file(path)}
 
 
+def _accepted(stamp: dict, name: str) -> list:
+    """The versions of ``name`` the stamp accepts as cardseg's: the recorded one and, in a folder
+    whose replacement was cut short, the versions in ``replacing``."""
+    versions = [stamp["files"][name]] if name in stamp["files"] else []
+    pending = stamp.get("replacing")
+    return versions + list(pending.get(name, [])) if isinstance(pending, dict) else versions
+
+
 def _changed(folder: Path, name: str, recorded) -> bool:
-    """Whether ``folder/name`` is no longer the file cardseg wrote (size, then sha256)."""
+    """Whether ``folder/name`` is none of the versions cardseg wrote (size, then sha256)."""
     p = folder / name
-    if not isinstance(recorded, dict) or not p.is_file():
+    versions = [r for r in (recorded if isinstance(recorded, list) else [recorded]) if isinstance(r, dict)]
+    if not versions or p.is_symlink() or not p.is_file():
         return True
-    if p.stat().st_size != recorded.get("size"):
+    size = p.stat().st_size
+    if all(size != r.get("size") for r in versions):
         return True
-    return file_digest(p)["sha256"] != recorded.get("sha256")
+    digest = file_digest(p)["sha256"]
+    return all(digest != r.get("sha256") for r in versions)
+
+
+def inside_entry(folder: Path, name) -> bool:
+    """Whether the stamp entry ``name`` is a plain file name directly inside ``folder``: no
+    separator, no ``..``, not absolute, not a symbolic link (to be removed, never followed)."""
+    if not isinstance(name, str) or name in ("", ".", "..", STAMP, INNER_TMP) or "/" in name or "\\" in name:
+        return False
+    if os.sep in name or (os.altsep and os.altsep in name) or os.path.isabs(name):
+        return False
+    p = folder / name
+    return not p.is_symlink() and os.path.dirname(os.path.realpath(p)) == os.path.realpath(folder)
+
+
+def own_leftover(p: Path) -> bool:
+    """Whether ``p`` is a temporary folder cardseg made: a real folder, empty or with a stamp."""
+    return p.is_dir() and not p.is_symlink() and (read_stamp(p) is not None or not any(p.iterdir()))
 
 
 def _is_within(path: Path, folder: Path) -> bool:
@@ -138,19 +174,20 @@ SYSTEM_FILES = (".DS_Store", "Thumbs.db", "desktop.ini")
 
 
 def _check_replaceable(out: Path, overwrite: bool) -> None:
-    present = sorted(p.name for p in out.iterdir() if p.name not in SYSTEM_FILES)
+    present = sorted(p.name for p in out.iterdir() if p.name not in SYSTEM_FILES
+                     and not (p.name == INNER_TMP and own_leftover(p)))
     if not present:
         return
     stamp = read_stamp(out)
     if stamp is None:
         raise CardsegError(f"{out}: folder is not empty and was not written by cardseg; it is never replaced, "
                            "choose a new or empty folder")
-    foreign = [n for n in present if n != STAMP and n not in stamp["files"]]
+    foreign = [n for n in present if n != STAMP and not _accepted(stamp, n)]
     if foreign:
         more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
         raise CardsegError(f"{out}: holds files cardseg did not write ({', '.join(foreign[:3])}{more}); "
                            "it is never replaced, move them or choose another folder")
-    edited = [n for n in present if n != STAMP and _changed(out, n, stamp["files"][n])]
+    edited = [n for n in present if n != STAMP and _changed(out, n, _accepted(stamp, n))]
     if edited:
         raise CardsegError(f"{out}: {', '.join(edited[:3])} changed after cardseg wrote it; the folder is never "
                            "replaced, move the file or choose another folder")
@@ -165,61 +202,6 @@ def _check_siblings(out: Path) -> None:
         if p.exists() or p.is_symlink():
             if p.is_symlink() or not p.is_dir() or (read_stamp(p) is None and any(p.iterdir())):
                 raise CardsegError(f"{out}: {p.name} beside it was not made by cardseg; move it away first")
-
-
-class FileLock:
-    """An exclusive, non-blocking lock on a file (``flock`` on POSIX, ``msvcrt`` on Windows)."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.fd: Optional[int] = None
-
-    def acquire(self) -> bool:
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-            if not _try_lock(fd):
-                os.close(fd)
-                return False
-            try:  # the file we locked may have been unlinked by the run that just finished
-                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
-            except FileNotFoundError:
-                same = False
-            if same:
-                self.fd = fd
-                os.write(fd, f"{os.getpid()}\n".encode())
-                return True
-            os.close(fd)
-
-    def release(self) -> None:
-        if self.fd is None:
-            return
-        if sys.platform == "win32":  # pragma: no cover - an open file cannot be removed there
-            os.close(self.fd)
-        try:
-            os.unlink(self.path)
-        except OSError:
-            pass
-        if sys.platform != "win32":
-            os.close(self.fd)  # closing drops the lock
-        self.fd = None
-
-
-def _try_lock(fd: int) -> bool:
-    if sys.platform == "win32":  # pragma: no cover - exercised on Windows only
-        import msvcrt
-
-        try:
-            msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
-            return True
-        except OSError:
-            return False
-    import fcntl
-
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        return True
-    except OSError:
-        return False
 
 
 def _remove_own(folder: Path) -> None:
@@ -238,12 +220,61 @@ def _remove_own(folder: Path) -> None:
 
 def _remove_leftover(folder: Path) -> None:
     """Remove a temporary or replaced folder a killed run left, if it is cardseg's own."""
-    if folder.is_dir() and not folder.is_symlink() and (read_stamp(folder) is not None or not any(folder.iterdir())):
+    if own_leftover(folder):
         _remove_own(folder)
 
 
+def _stale_lock(p: Path) -> bool:
+    """Whether ``p`` looks like a lock file cardseg wrote (a process id on one line)."""
+    try:
+        return p.is_file() and not p.is_symlink() and p.stat().st_size < 32 and \
+            re.fullmatch(r"\d*\n?", p.read_text(encoding="ascii", errors="replace")) is not None
+    except OSError:
+        return False
+
+
+def clean_leftovers(folder: os.PathLike, skip: str = "") -> List[str]:
+    """Remove what killed cardseg runs left in ``folder``: ``.X.cardseg-tmp`` and ``.X.cardseg-old``
+    folders that carry cardseg's stamp (or are empty) and ``.X.cardseg.lock`` files that hold a
+    process id, each only while its lock can be taken (no live run holds it); a replaced result
+    whose folder ``X`` is missing is put back instead. Best effort (an error leaves the entry);
+    returns the names removed. ``skip``: an output name whose leftovers the caller handles."""
+    removed: List[str] = []
+    try:
+        entries = sorted(os.listdir(folder))
+    except OSError:
+        return removed
+    names = {m.group(1) for m in map(_LEFTOVER.match, entries) if m and m.group(1) != skip}
+    for name in sorted(names):
+        out = Path(folder) / name
+        tmp, old, lock_path = _sibling(out, _TMP), _sibling(out, _OLD), _sibling(out, _LOCK)
+        if not any(own_leftover(p) for p in (tmp, old)) and not _stale_lock(lock_path):
+            continue
+        if lock_path.exists() and not _stale_lock(lock_path):
+            continue  # a file of someone else's under that name: never written to
+        lock = FileLock(lock_path)
+        try:
+            if not lock.acquire():
+                continue  # a live run
+        except OSError:
+            continue
+        try:
+            if own_leftover(old) and read_stamp(old) is not None and not out.exists() and not out.is_symlink():
+                os.replace(old, out)
+            for p in (tmp, old):
+                if own_leftover(p):
+                    _remove_own(p)
+                    removed.append(p.name)
+        except OSError:
+            pass
+        finally:
+            lock.release()
+    return removed
+
+
 class OutputWriter:
-    """Write one run's files into a temporary folder and move it to ``out`` in one step.
+    """Write one run's files into a temporary folder on the output's file system, then move them
+    into ``out`` (see the module's rules).
 
     Use as a context manager after :func:`check_output`::
 
@@ -252,9 +283,10 @@ class OutputWriter:
             w.commit()
 
     On entry the lock is taken (or one-line refusal), parents are created, leftovers of killed
-    runs are removed and the stamp is written into the temporary folder first. Without
-    ``commit()`` (an exception), the temporary folder goes and so do the parent folders this
-    writer created; the output folder is untouched.
+    runs in the parent folder are removed and the stamp is written into the temporary folder
+    first (the marker that makes it recognisable as cardseg's). Without ``commit()`` (an
+    exception), the temporary folder goes and so do the parent folders this writer created; the
+    output folder is untouched.
     """
 
     def __init__(self, out: os.PathLike, overwrite: bool = False, version: str = ""):
@@ -282,8 +314,11 @@ class OutputWriter:
                 os.replace(old, self.out)  # a run stopped between its two renames: put the result back
             _remove_leftover(self.tmp)
             _remove_leftover(old)
+            clean_leftovers(self.out.parent, skip=self.out.name)
             if self.out.exists():
+                _remove_leftover(self.out / INNER_TMP)
                 check_output(self.out, self.overwrite)  # again, now under the lock
+                self.tmp = self.out / INNER_TMP  # on the folder's own file system (a mount point too)
             os.mkdir(self.tmp)  # the user's umask applies, as for any other tool
             self._write_stamp(self.tmp)
         except BaseException:
@@ -293,48 +328,51 @@ class OutputWriter:
 
     def path(self, name: str) -> Path:
         """Where to write the file ``name`` (recorded in the stamp)."""
+        if not inside_entry(self.tmp, name):
+            raise ValueError(f"not a plain file name: {name!r}")
         if name not in self.files:
             self.files.append(name)
         return self.tmp / name
 
     def commit(self) -> Path:
-        """Move the finished folder into place, replacing an earlier cardseg result.
+        """Put the finished files into place.
 
-        A new output: one rename. An existing empty folder (perhaps a mount point or the shell's
-        current folder) is filled file by file, the stamp last. An earlier result: renamed aside,
-        the new folder renamed in (the first rename undone if the second fails), the old removed.
+        A new output: the temporary folder is renamed to it. An existing folder (empty, a mount
+        point, an earlier result): filled in place, see :meth:`_fill_in_place`.
         """
         self._write_stamp(self.tmp)
-        old = _sibling(self.out, _OLD)
-        if not self.out.exists():
+        if not self.out.exists() and self.tmp.parent == self.out.parent:
             os.replace(self.tmp, self.out)
         else:
             check_output(self.out, self.overwrite)  # something may have appeared there meanwhile
-            stamp = read_stamp(self.out)
-            try:
-                if stamp is None:
-                    raise OSError("empty folder: fill it in place")
-                os.replace(self.out, old)
-            except OSError:
-                self._fill_in_place(stamp)
-            else:
-                try:
-                    os.replace(self.tmp, self.out)
-                except BaseException:
-                    os.replace(old, self.out)
-                    raise
-                _remove_own(old)
+            self._fill_in_place(read_stamp(self.out))
         self._committed = True
         return self.out
 
     def _fill_in_place(self, stamp: Optional[dict]) -> None:
-        """Replace the contents of the existing folder ``out`` (its earlier cardseg files, listed in
-        ``stamp``, and nothing else) by the new files, the stamp last."""
-        for name in (stamp or {}).get("files", {}):
-            if name not in self.files:
-                (self.out / name).unlink(missing_ok=True)
+        """Move the new files into the existing folder ``out``, then remove the earlier files
+        ``stamp`` lists that the new run did not write, then write the new stamp.
+
+        Nothing is removed before every new file is in place. Meanwhile the folder's stamp lists
+        no finished result but accepts each file's old and new version, so a run killed half way
+        leaves a folder that the next run with ``--overwrite`` replaces. Only entries that are
+        plain names directly inside ``out``, unchanged since cardseg wrote them, are removed.
+        """
+        new = json.loads((self.tmp / STAMP).read_text(encoding="utf-8"))["files"]
+        listed = set(stamp["files"]) | set(stamp.get("replacing") or {}) if stamp else set()
+        old = {n: _accepted(stamp, n) for n in listed if inside_entry(self.out, n)}
+        replacing = {n: list(v) for n, v in old.items()}
+        for n, d in new.items():
+            replacing.setdefault(n, []).append(d)
+        interim = {"tool": "cardseg", "version": self.version, "files": {}, "replacing": replacing}
+        staged = self.tmp / ".cardseg-interim.json"
+        staged.write_text(json.dumps(interim, indent=1) + "\n", encoding="utf-8")
+        os.replace(staged, self.out / STAMP)
         for name in self.files:
             os.replace(self.tmp / name, self.out / name)
+        for name, versions in old.items():
+            if name not in new and not _changed(self.out, name, versions):
+                (self.out / name).unlink()
         os.replace(self.tmp / STAMP, self.out / STAMP)
         self.tmp.rmdir()
 

@@ -1,0 +1,178 @@
+"""Writing image files that are proven complete: nothing truncated is ever committed.
+
+SimpleITK's NIfTI writer, when the disk fills up or a file-size limit (``ulimit -f``) cuts a
+write, prints ``** ERROR: NWAD: wrote only 0 of N bytes`` on the process's stderr and returns as
+if all went well. :func:`write_image` therefore mutes that line and reads every file back
+before it returns: the whole gzip stream (its CRC and length), the header's size, number of
+components and pixel type, and the amount of voxel data. Any shortfall raises
+:class:`IncompleteWrite`, an :class:`OSError` (the command line's exit 1) that names the file.
+"""
+
+from __future__ import annotations
+
+import errno
+import gzip
+import os
+import struct
+import sys
+import zlib
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator, List
+
+#: what the file system did when a file came out short
+INCOMPLETE = "could not be written completely (disk full or file size limit?)"
+
+
+class IncompleteWrite(OSError):
+    """A file that was written short or cannot be read back as what was meant to be written."""
+
+    def __init__(self, path: os.PathLike, why: str = INCOMPLETE):
+        super().__init__(errno.EIO, why, os.fspath(path))
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+@contextmanager
+def muted_native_stderr() -> Iterator[List[str]]:
+    """Catch what native code prints on file descriptor 2 meanwhile; yields the list that receives
+    its lines once the block ends. The pipe's write end never blocks: past 64 KiB it drops."""
+    try:
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+    lines: List[str] = []
+    r, w = os.pipe()
+    saved = os.dup(2)
+    try:
+        os.set_blocking(w, False)
+        os.dup2(w, 2)
+        os.close(w)
+        yield lines
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.set_blocking(r, False)
+        data = b""
+        try:
+            while True:
+                chunk = os.read(r, 1 << 16)
+                if not chunk:
+                    break
+                data += chunk
+        except BlockingIOError:
+            pass
+        os.close(r)
+        lines.extend(data.decode("utf-8", "replace").splitlines())
+
+
+def _pass_on(lines: List[str]) -> None:
+    """Print the captured lines again, all but the NIfTI library's short-write complaints (the
+    one-line error that follows says it)."""
+    for line in lines:
+        if "NWAD" not in line and line.strip():
+            print(line, file=sys.stderr)
+
+
+def write_image(image, path: os.PathLike) -> None:
+    """Write ``image`` (SimpleITK) to ``path`` (``.nii.gz``, compressed) and prove the file holds
+    it all; raises :class:`IncompleteWrite` otherwise (the file is then left for the caller's
+    clean-up, never reported as written)."""
+    import SimpleITK as sitk
+
+    path = Path(path)
+    with muted_native_stderr() as lines:
+        try:
+            sitk.WriteImage(image, str(path), useCompression=True)
+        except RuntimeError:
+            failed = True
+        else:
+            failed = False
+    _pass_on(lines)
+    if failed or any("NWAD" in line for line in lines):
+        raise IncompleteWrite(path)
+    verify_image(image, path)
+
+
+def verify_image(image, path: Path) -> None:
+    """Raise :class:`IncompleteWrite` unless ``path`` (a gzip-compressed NIfTI) reads back as
+    ``image``: complete gzip stream with a valid CRC, same size, components and pixel type in the
+    header, and exactly the header's offset plus the voxel bytes once decompressed."""
+    import SimpleITK as sitk
+
+    per_voxel = image.GetNumberOfComponentsPerPixel() * sitk.GetArrayViewFromImage(image).itemsize
+    expected = image.GetNumberOfPixels() * per_voxel
+    try:
+        total, head = _gunzip_length(path)
+        offset = _vox_offset(head)
+        reader = sitk.ImageFileReader()
+        reader.SetFileName(str(path))
+        with muted_native_stderr() as lines:
+            reader.ReadImageInformation()
+        _pass_on(lines)
+    except (OSError, EOFError, ValueError, RuntimeError, zlib.error, struct.error):
+        raise IncompleteWrite(path) from None
+    # ITK reads a one-slice vector image back as 2D: trailing axes of size 1 do not count
+    same = (_trimmed(reader.GetSize()) == _trimmed(image.GetSize())
+            and reader.GetNumberOfComponents() == image.GetNumberOfComponentsPerPixel()
+            and reader.GetPixelID() in (image.GetPixelID(), sitk.sitkUnknown))
+    if not same or total != offset + expected:
+        raise IncompleteWrite(path)
+
+
+def _gunzip_length(path: Path) -> tuple:
+    """The decompressed length of a whole gzip file and its first 540 bytes (the CRC and length
+    in the trailer are checked by :mod:`gzip`; a cut stream raises ``EOFError``)."""
+    total, head = 0, b""
+    with gzip.open(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                break
+            if len(head) < 540:
+                head += chunk[:540 - len(head)]
+            total += len(chunk)
+    return total, head
+
+
+def _vox_offset(head: bytes) -> int:
+    """Where the voxel data of a NIfTI-1 or NIfTI-2 file starts (either byte order)."""
+    for order in ("<", ">"):
+        size = struct.unpack(order + "i", head[:4])[0]
+        if size == 348:
+            return int(struct.unpack(order + "f", head[108:112])[0])
+        if size == 540:
+            return int(struct.unpack(order + "q", head[168:176])[0])
+    raise ValueError("not a NIfTI header")
+
+
+def verify_seg_nrrd(path: os.PathLike, shape_ijk: tuple) -> None:
+    """Raise :class:`IncompleteWrite` unless ``path`` reads back whole (header and every voxel)
+    with the label grid ``shape_ijk`` in its last three axes."""
+    import nrrd
+
+    try:
+        data, _ = nrrd.read(os.fspath(path))
+    except Exception:  # noqa: BLE001 - pynrrd raises its own errors, zlib's and numpy's
+        raise IncompleteWrite(path) from None
+    if tuple(data.shape[-3:]) != tuple(shape_ijk) and tuple(data.shape[:3]) != tuple(shape_ijk):
+        raise IncompleteWrite(path)
+
+
+def write_text(path: os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) and check that the file holds every byte of it."""
+    data = text.encode("utf-8")
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+    if os.path.getsize(path) != len(data):
+        raise IncompleteWrite(path)
+
+
+def _trimmed(size) -> tuple:
+    """``size`` without its trailing axes of length 1."""
+    size = tuple(int(s) for s in size)
+    while len(size) > 1 and size[-1] == 1:
+        size = size[:-1]
+    return size

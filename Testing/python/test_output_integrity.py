@@ -1,0 +1,372 @@
+"""Nothing half written, nothing lost (issue 21, items 1, 2, 3 and 10's leftovers).
+
+* A write cut short (``ulimit -f``: the real limit, in a subprocess) is one error line, exit 1,
+  the earlier result untouched, no temporary left; a batch records such a case as failed.
+* An output folder that is a mount point (renames out of it or across it fail, simulated) is
+  filled in place without losing a file, and a stamp entry that leaves the folder is never
+  followed.
+* ``init-bundle --overwrite`` replaces only a bundle cardseg wrote.
+* What a killed run left beside its output folder is removed by the next run in that parent
+  folder, and only what carries cardseg's marker and no live lock.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import SimpleITK as sitk
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def snapshot(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def run(args, limit=None, timeout=300):
+    """``cardseg ARGS`` in a subprocess, its files cut at ``limit`` bytes (RLIMIT_FSIZE)."""
+    def cut():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    proc = subprocess.run([sys.executable, "-m", "cardseg", *map(str, args)], capture_output=True, text=True,
+                          env=ENV, timeout=timeout, preexec_fn=cut if limit else None)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def assert_write_failure(result):
+    code, _, err = result
+    lines = err.strip().splitlines()
+    assert code == 1, (code, err)
+    assert len(lines) == 1 and lines[0].startswith("cardseg: error:"), err
+    assert "could not be written completely" in lines[0] and "NWAD" not in err
+
+
+@pytest.fixture(scope="module")
+def scan(tmp_path_factory, synthetic_volume):
+    folder = tmp_path_factory.mktemp("study")
+    sitk.WriteImage(synthetic_volume[0].to_image(), str(folder / "scan.nii.gz"))
+    return folder / "scan.nii.gz"
+
+
+@pytest.fixture(scope="module")
+def sizes(tmp_path_factory, scan, tiny_bundle):
+    """The size of every file a normal run writes."""
+    out = tmp_path_factory.mktemp("normal") / "out"
+    assert run(["segment", scan, "-o", out, "--bundle", tiny_bundle, "--backend", "torch", "--quiet"])[0] == 0
+    return {p.name: p.stat().st_size for p in out.iterdir() if not p.name.startswith(".")}
+
+
+# ----------------------------------------------------------------------------- item 1
+
+@pytest.mark.parametrize("cut_in", ["segmentation.nii.gz", "segmentation.seg.nrrd", "probabilities.nii.gz"])
+def test_a_write_cut_by_a_file_size_limit_fails_and_keeps_the_earlier_result(tmp_path, scan, tiny_bundle, sizes,
+                                                                              cut_in):
+    """Any file cut short (at the limit just under that file's size, so that file or a larger
+    one written before it is cut): exit 1, one line, nothing committed, nothing left over."""
+    limit = sizes[cut_in] - 1
+    out = tmp_path / "out"
+    assert_write_failure(run(["segment", scan, "-o", out, "--bundle", tiny_bundle, "--backend", "torch",
+                              "--progress", "none"], limit))
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    assert run(["segment", scan, "-o", out, "--bundle", tiny_bundle, "--backend", "torch", "--quiet"])[0] == 0
+    before = snapshot(out)
+    assert_write_failure(run(["segment", scan, "-o", out, "--bundle", tiny_bundle, "--backend", "torch",
+                              "--overwrite", "--method", "uc", "--progress", "none"], limit))
+    assert snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_write_image_refuses_a_truncated_file_in_every_form(tmp_path, synthetic_volume):
+    """The read-back check itself: a NIfTI cut anywhere, or with a bit flipped, is refused."""
+    from cardseg.io.written import IncompleteWrite, verify_image, write_image
+
+    img = synthetic_volume[0].to_image()
+    path = tmp_path / "x.nii.gz"
+    write_image(img, path)
+    data = path.read_bytes()
+    for cut in (0, 10, len(data) // 3, len(data) - 9, len(data) - 1):
+        path.write_bytes(data[:cut])
+        with pytest.raises(IncompleteWrite):
+            verify_image(img, path)
+    path.write_bytes(data[:len(data) // 2] + bytes([data[len(data) // 2] ^ 1]) + data[len(data) // 2 + 1:])
+    with pytest.raises(IncompleteWrite):
+        verify_image(img, path)
+    path.write_bytes(data)
+    verify_image(img, path)
+    with pytest.raises(IncompleteWrite):  # a file that holds another image is not this one
+        verify_image(img[:, :, :2], path)
+
+
+def test_a_batch_records_a_cut_case_as_failed_and_runs_it_again(tmp_path, scan, tiny_bundle, sizes):
+    cases = tmp_path / "in"
+    cases.mkdir()
+    (cases / "c1.nii.gz").write_bytes(scan.read_bytes())
+    out = tmp_path / "b"
+    args = ["batch", cases, "-o", out, "--bundle", tiny_bundle, "--backend", "torch", "--quiet"]
+    assert run(args, limit=sizes["probabilities.nii.gz"] - 1)[0] == 1
+    import csv
+
+    from cardseg.cohort.layout import STATE_FILE
+
+    def row():
+        with open(out / "cohort.csv", newline="") as f:
+            return next(r for r in csv.DictReader(f) if r["case"] == "c1")
+
+    assert row()["status"] == "error" and "could not be written completely" in row()["error"]
+    state = out / STATE_FILE
+    assert not state.exists() or all(json.loads(ln).get("case") != "c1" for ln in state.read_text().splitlines())
+    assert not (out / "c1").exists()
+    code, _, err = run(args)  # the resume computes the case again, it does not reuse anything
+    assert code == 0, err
+    assert row()["status"] == "ok" and row()["reused"] == "false"
+    img = sitk.ReadImage(str(out / "c1" / "probabilities.nii.gz"))
+    assert img.GetSize() == sitk.ReadImage(str(scan)).GetSize()
+
+
+# ----------------------------------------------------------------------------- item 2
+
+@pytest.fixture()
+def mount(tmp_path, monkeypatch):
+    """``tmp_path/mnt`` behaves as a mount point: it cannot be renamed, and no rename crosses
+    its boundary (EBUSY, EXDEV), as on a real mount."""
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    real_replace, real_rename = os.replace, os.rename
+
+    def inside(p):
+        p = os.path.abspath(os.fspath(p))
+        return p == str(mnt) or p.startswith(str(mnt) + os.sep)
+
+    def guarded(real):
+        def move(src, dst, *a, **k):
+            if os.path.abspath(os.fspath(src)) == str(mnt) or os.path.abspath(os.fspath(dst)) == str(mnt):
+                raise OSError(errno.EBUSY, "Device or resource busy", os.fspath(src))
+            if inside(src) != inside(dst):
+                raise OSError(errno.EXDEV, "Invalid cross-device link", os.fspath(src))
+            return real(src, dst, *a, **k)
+        return move
+
+    monkeypatch.setattr(os, "replace", guarded(real_replace))
+    monkeypatch.setattr(os, "rename", guarded(real_rename))
+    return mnt
+
+
+def segment(*args):
+    from cardseg.cli import main
+
+    return main(["segment", *map(str, args), "--backend", "torch", "--quiet"])
+
+
+def test_a_mount_point_is_filled_and_replaced_in_place_without_losing_files(tmp_path, mount, scan, tiny_bundle,
+                                                                          monkeypatch, capsys):
+    from cardseg import segment as seg
+
+    inode = mount.stat().st_ino
+    assert segment(scan, "-o", mount, "--bundle", tiny_bundle) == 0
+    card = snapshot(mount)
+    assert "disagreement.nii.gz" in card and mount.stat().st_ino == inode
+    real = seg._write_one
+
+    def failing(name, path, *a):
+        if name == "probabilities.nii.gz":
+            raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return real(name, path, *a)
+
+    monkeypatch.setattr(seg, "_write_one", failing)  # a uc run that fails half way loses nothing
+    assert segment(scan, "-o", mount, "--bundle", tiny_bundle, "--overwrite", "--method", "uc") == 1
+    assert snapshot(mount) == card
+    monkeypatch.setattr(seg, "_write_one", real)
+    assert segment(scan, "-o", mount, "--bundle", tiny_bundle, "--overwrite", "--method", "uc") == 0
+    stamp = json.loads((mount / ".cardseg-output.json").read_text())
+    assert sorted(stamp["files"]) == sorted(p.name for p in mount.iterdir() if p.name != ".cardseg-output.json")
+    assert "disagreement.nii.gz" not in stamp["files"] and json.loads((mount / "report.json").read_text())["method"] == "uc"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mnt"]
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("entry", ["../precious.txt", "{abs}", "sub/../../precious.txt", "link.txt", "..", ""])
+def test_a_stamp_entry_that_leaves_the_folder_is_never_removed(tmp_path, mount, scan, tiny_bundle, entry):
+    """Whatever the stamp lists, a run removes only plain names directly inside OUTDIR."""
+    precious = tmp_path / "precious.txt"
+    precious.write_text("someone else's")
+    assert segment(scan, "-o", mount, "--bundle", tiny_bundle) == 0
+    stamp_path = mount / ".cardseg-output.json"
+    stamp = json.loads(stamp_path.read_text())
+    entry = entry.format(abs=precious)
+    digest = {"size": precious.stat().st_size, "sha256": hashlib.sha256(precious.read_bytes()).hexdigest()}
+    stamp["files"][entry] = digest
+    stamp_path.write_text(json.dumps(stamp))
+    code = segment(scan, "-o", mount, "--bundle", tiny_bundle, "--overwrite", "--method", "uc")
+    if entry == "link.txt":  # not there: nothing to remove; a symlink listed would be refused
+        assert code == 0
+        (mount / "link.txt").symlink_to(precious)
+        stamp = json.loads(stamp_path.read_text())
+        stamp["files"]["link.txt"] = digest
+        stamp_path.write_text(json.dumps(stamp))
+        assert segment(scan, "-o", mount, "--bundle", tiny_bundle, "--overwrite") == 2
+        assert (mount / "link.txt").is_symlink()
+    else:
+        assert code == 0
+    assert precious.read_text() == "someone else's"
+
+
+def test_a_replacement_cut_short_can_be_replaced_again_and_is_no_finished_result(tmp_path, mount):
+    """A run killed while moving files in leaves the interim stamp: it lists no finished result
+    (a batch does not reuse it) and the next run with --overwrite replaces it."""
+    from cardseg.base.errors import CardsegError
+    from cardseg.io.outdir import OutputWriter, check_output, read_stamp
+
+    out = check_output(mount)
+    with OutputWriter(out) as w:
+        w.path("a.txt").write_text("old a")
+        w.path("b.txt").write_text("old b")
+        w.commit()
+    real = os.replace
+    calls = []
+
+    def dies_on_second_file(src, dst):
+        if str(dst).endswith("b.txt"):
+            raise KeyboardInterrupt  # as if killed here
+        calls.append(dst)
+        return real(src, dst)
+
+    with pytest.raises(KeyboardInterrupt):
+        with OutputWriter(check_output(out, True), True) as w:
+            w.path("a.txt").write_text("new a")
+            w.path("b.txt").write_text("new b")
+            os.replace = dies_on_second_file
+            try:
+                w.commit()
+            finally:
+                os.replace = real
+    assert (out / "a.txt").read_text() == "new a" and (out / "b.txt").read_text() == "old b"
+    assert read_stamp(out)["files"] == {}
+    with pytest.raises(CardsegError, match="--overwrite"):
+        check_output(out)
+    with OutputWriter(check_output(out, True), True) as w:
+        w.path("c.txt").write_text("c")
+        w.commit()
+    assert sorted(p.name for p in out.iterdir()) == [".cardseg-output.json", "c.txt"]
+
+
+# ----------------------------------------------------------------------------- item 10 (leftovers)
+
+KILLED_RUN = textwrap.dedent("""
+    import os, signal, sys
+    from cardseg.io.outdir import OutputWriter, check_output
+    w = OutputWriter(check_output(sys.argv[1], True), True)
+    w.__enter__()
+    w.path("report.json").write_text("{}")
+    os.kill(os.getpid(), signal.SIGKILL)
+""")
+
+
+def killed_run(out: Path) -> None:
+    """What a run for ``out`` killed while writing leaves. It runs in a folder of its own (a run
+    cleans its parent folder: the leftovers made before would go) and its traces are moved over."""
+    stage = out.parent.with_name(out.parent.name + "-stage")
+    stage.mkdir()
+    if out.is_dir():
+        out.rename(stage / out.name)
+    subprocess.run([sys.executable, "-c", KILLED_RUN, str(stage / out.name)], env=ENV, timeout=120)
+    for p in stage.iterdir():
+        p.rename(out.parent / p.name)
+    stage.rmdir()
+
+
+def test_what_a_killed_run_left_is_cleaned_by_the_next_run_in_that_folder(tmp_path):
+    from cardseg.base.files import FileLock
+    from cardseg.io.outdir import OutputWriter, check_output
+
+    killed_run(tmp_path / "x")  # a new folder: its temporary folder and lock beside it
+    (tmp_path / "y").mkdir()
+    killed_run(tmp_path / "y")  # an existing folder: the temporary folder inside it
+    assert (tmp_path / ".x.cardseg-tmp").is_dir() and (tmp_path / ".x.cardseg.lock").is_file()
+    assert (tmp_path / "y" / ".cardseg-tmp").is_dir()
+    killed_run(tmp_path / "live")
+    live = FileLock(tmp_path / ".live.cardseg.lock")  # a run still writing: never touched
+    assert live.acquire()
+    (tmp_path / ".user.cardseg-tmp").mkdir()  # a user's folder under a cardseg-like name
+    (tmp_path / ".user.cardseg-tmp" / "notes.txt").write_text("mine")
+    (tmp_path / ".mine.cardseg.lock").write_text("a user's file\n")
+    before = snapshot(tmp_path)
+    try:
+        with OutputWriter(check_output(tmp_path / "z")) as w:  # another output, same parent
+            w.path("report.json").write_text("{}")
+            w.commit()
+        assert not (tmp_path / ".x.cardseg-tmp").exists() and not (tmp_path / ".x.cardseg.lock").exists()
+        assert (tmp_path / ".live.cardseg-tmp").is_dir()
+        assert (tmp_path / ".user.cardseg-tmp" / "notes.txt").read_text() == "mine"
+        assert (tmp_path / ".mine.cardseg.lock").read_text() == "a user's file\n"
+    finally:
+        live.release()
+    kept = {k: v for k, v in before.items() if not k.startswith((".x.", ".y.cardseg.lock", ".live.cardseg.lock"))}
+    assert {k: v for k, v in snapshot(tmp_path).items() if k in kept} == kept
+    with OutputWriter(check_output(tmp_path / "y")) as w:  # the folder's own leftover inside it
+        w.path("report.json").write_text("{}")
+        w.commit()
+    assert sorted(p.name for p in (tmp_path / "y").iterdir()) == [".cardseg-output.json", "report.json"]
+
+
+# ----------------------------------------------------------------------------- item 3
+
+def _foreign(kind: str, d: Path, bundle: Path) -> Path:
+    import shutil
+
+    if kind == "notes":
+        (d / "sub").mkdir(parents=True)
+        (d / "notes.txt").write_text("x")
+    elif kind in ("extra", "edited", "renamed"):
+        shutil.copytree(bundle, d)
+        if kind == "extra":
+            (d / "notes.txt").write_text("x")
+        elif kind == "edited":
+            with open(d / "primary.safetensors", "ab") as f:
+                f.write(b"\0")
+        else:
+            (d / "reference.safetensors").rename(d / "other.safetensors")
+    elif kind == "broken-json":
+        d.mkdir()
+        (d / "bundle.json").write_text("{")
+    elif kind == "file":
+        d.write_text("x")
+    elif kind == "symlink":
+        shutil.copytree(bundle, d.with_name("real"))
+        d.symlink_to(d.with_name("real"))
+    return d
+
+
+@pytest.mark.parametrize("kind", ["notes", "extra", "edited", "renamed", "broken-json", "file", "symlink"])
+def test_init_bundle_overwrite_replaces_only_a_bundle_cardseg_wrote(tmp_path, tiny_bundle, kind, capsys):
+    from cardseg.cli import main
+
+    d = _foreign(kind, tmp_path / "d", tiny_bundle)
+    before = snapshot(tmp_path)
+    assert main(["init-bundle", str(d), "--overwrite"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("cardseg: error:") and str(d) in err[0]
+    assert snapshot(tmp_path) == before
+
+
+def test_init_bundle_overwrite_replaces_its_own_bundle(tmp_path, capsys):
+    from cardseg.cli import main
+
+    d = tmp_path / "b"
+    assert main(["init-bundle", str(d)]) == 0
+    first = snapshot(d)
+    assert main(["init-bundle", str(d)]) == 2  # without --overwrite: kept
+    assert main(["init-bundle", str(d), "--overwrite", "--seed", "5"]) == 0
+    assert snapshot(d) != first and sorted(snapshot(d)) == sorted(first)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
+    capsys.readouterr()
