@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Optional, Tuple
 
 import numpy as np
@@ -46,8 +47,11 @@ def init_bundle(path: os.PathLike, primary: str = "time-unet:tiny", reference: s
     """Write a bundle with randomly initialised (untrained, seeded) networks and ACDC classes.
 
     Meant for tests and as the starting point of training on a new task: it exercises the
-    whole pipeline but segments nothing meaningful.
+    whole pipeline but segments nothing meaningful. ``path`` must be new or empty; with
+    ``overwrite`` it may also be a bundle folder cardseg wrote (:func:`check_bundle_destination`,
+    checked before any work: anything else is refused in one line and nothing is deleted).
     """
+    check_bundle_destination(path, overwrite)
     torch.manual_seed(seed)
     specs = {"primary": parse_network(primary), "reference": parse_network(reference)}
     nets = {role: build_network({**spec, "num_classes": len(ACDC_CLASSES)}) for role, spec in specs.items()}
@@ -57,6 +61,48 @@ def init_bundle(path: os.PathLike, primary: str = "time-unet:tiny", reference: s
                             sampled_steps=sampled_steps)
     config["provenance"] = {"training": "none (randomly initialised)", "seed": seed}
     return save_bundle(path, config, nets["primary"], nets["reference"], fp16=False, overwrite=overwrite)
+
+
+#: files an operating system drops into folders by itself
+_SYSTEM_FILES = (".DS_Store", "Thumbs.db", "desktop.ini")
+
+
+def check_bundle_destination(path: os.PathLike, overwrite: bool = False) -> None:
+    """Refuse (one-line :class:`CardsegError`) a bundle destination that writing would lose data in.
+
+    Accepted: a path that does not exist yet; an empty folder; with ``overwrite``, a folder that
+    holds exactly a bundle cardseg wrote: ``bundle.json`` naming its weight files, those files
+    with the sha256 it records, and nothing else. Refused: a file or symbolic link at ``path``;
+    any other non-empty folder (with or without ``overwrite``); a bundle without ``overwrite``.
+    """
+    import json
+
+    from cardseg.base.errors import CardsegError
+    from cardseg.base.files import sha256_file
+
+    dest = Path(os.path.abspath(os.fspath(path)))
+    if dest.is_symlink():
+        raise CardsegError(f"{dest}: is a symbolic link; give the folder itself")
+    if dest.exists() and not dest.is_dir():
+        raise CardsegError(f"{dest}: exists and is not a folder")
+    if not dest.exists():
+        return
+    present = sorted(p.name for p in dest.iterdir() if p.name not in _SYSTEM_FILES)
+    if not present:
+        return
+    try:
+        config = json.loads((dest / "bundle.json").read_text(encoding="utf-8"))
+        files = {spec["file"]: spec["sha256"] for spec in config["networks"].values()}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        files = None
+    own = (files is not None and sorted(present) == sorted({"bundle.json", *files})
+           and all(not (dest / n).is_symlink() and (dest / n).is_file() for n in present)
+           and all(isinstance(n, str) and sha256_file(dest / n) == h for n, h in files.items()))
+    if not own:
+        raise CardsegError(f"{dest}: folder is not empty and does not hold a bundle cardseg wrote; "
+                           "it is never replaced, choose a new or empty folder")
+    if not overwrite:
+        raise CardsegError(f"{dest}: holds a bundle already (use --overwrite to replace it)")
 
 
 def _randomize_zero_weights(net: torch.nn.Module, std: float = 0.05) -> None:
