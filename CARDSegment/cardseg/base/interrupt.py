@@ -18,22 +18,32 @@ class Terminated(KeyboardInterrupt):
     Ctrl-C runs for it too."""
 
 
-def _raise_terminated(signum, frame) -> None:
-    signal.signal(signum, signal.SIG_IGN)  # a second SIGTERM does not cut the cleanup short
-    raise Terminated(f"signal {signum}")
+class SigtermState:
+    """What :func:`sigterm_as_interrupt` yields: ``received`` turns True when SIGTERM arrived (a
+    library may turn the :class:`Terminated` it raised into a plain KeyboardInterrupt on its way)."""
+
+    def __init__(self) -> None:
+        self.received = False
 
 
 @contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
+def sigterm_as_interrupt() -> Iterator[SigtermState]:
     """Inside the block, SIGTERM raises :class:`Terminated` in the main thread (once; later ones
     are ignored while the cleanup runs); the previous handler is back afterwards. Outside the main
     thread (where Python cannot set handlers) it changes nothing."""
+    state = SigtermState()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield state
         return
-    old = signal.signal(signal.SIGTERM, _raise_terminated)
+
+    def on_sigterm(signum, frame) -> None:
+        state.received = True
+        signal.signal(signum, signal.SIG_IGN)  # a second SIGTERM does not cut the cleanup short
+        raise Terminated(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        yield
+        yield state
     finally:
         signal.signal(signal.SIGTERM, old if old is not None else signal.SIG_DFL)
 

@@ -270,12 +270,14 @@ def main_from_args(a) -> int:
     SIGTERM is handled like Ctrl-C (:func:`cardseg.base.interrupt.sigterm_as_interrupt`): the
     cohort table is written with the unfinished cases as ``pending``, worker processes and Ray
     actors are ended, and the exit status is 143 (Ctrl-C: 130, from the command line's handler)."""
-    from cardseg.base.interrupt import EXIT_TERMINATED, Terminated, sigterm_as_interrupt
+    from cardseg.base.interrupt import EXIT_TERMINATED, sigterm_as_interrupt
 
     try:
-        with sigterm_as_interrupt():
+        with sigterm_as_interrupt() as sigterm:
             r = run_batch(options_from_args(a))
-    except Terminated:
+    except KeyboardInterrupt:
+        if not sigterm.received:  # Ctrl-C: the command line's handler says 'interrupted', exit 130
+            raise
         print("cardseg: terminated (SIGTERM); unfinished cases are 'pending' in the table, run the same command "
               "again to resume", file=sys.stderr)
         return EXIT_TERMINATED
