@@ -86,7 +86,9 @@ def build_parser(plugin_help: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--progress", default="bar", choices=["bar", "json", "none"],
                    help="bar: a progress bar on stderr; json: one {stage, done, total} object per line on stderr; "
                         "the summary line goes to stdout either way")
-    p.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's choice)")
+    p.add_argument("--threads", type=int, metavar="N",
+                   help="CPU threads (default: the CPUs this process may use: its affinity mask, capped by the "
+                        "cgroup CPU quota)")
     p.add_argument("--backend", choices=["auto", "torch", "onnx"], help=BACKEND_HELP)
 
     p = sub.add_parser("batch", help="segment many cases: cohort table, resume, triage report, optional Ray",
@@ -124,7 +126,8 @@ def build_parser(plugin_help: bool = False) -> argparse.ArgumentParser:
                    help="bar: a progress bar over cases on stderr with ETA and cases/min; json: one "
                         "{stage, done, total} object per line on stderr")
     p.add_argument("--threads", type=int, metavar="N",
-                   help="CPU threads for torch per worker; without it: torch's choice (with --ray: the worker's CPUs)")
+                   help="CPU threads per worker; without it: the CPUs this process may use (affinity, cgroup "
+                        "quota) shared out among the workers (with --ray: the worker's CPUs)")
     p.add_argument("--workers", type=int, default=1, metavar="N",
                    help="worker processes on this machine, one model each, the CPUs shared out among them (with "
                         "--threads: that many each); more than one gets more cases through a multi-core CPU")
@@ -221,12 +224,12 @@ def cmd_segment(a) -> int:
 
     import torch
 
+    from cardseg.base.cpus import default_threads
     from cardseg.base.progress import make_progress
     from cardseg.bundle.loading import load_bundle
     from cardseg.segment import resolve_device, segment_file
 
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    torch.set_num_threads(a.threads or default_threads())
     device = resolve_device(a.device)
     progress = make_progress(a.progress, a.quiet)
     try:

@@ -24,13 +24,16 @@ from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence
 
+from cardseg.base import cpus
+
 #: the worker of this process (set by :func:`_start_worker` in each worker process)
 _WORKER = None
 
 
 def default_threads(workers: int) -> int:
-    """CPU threads per worker when ``--threads`` is not given: the machine's CPUs shared out."""
-    return max(1, (os.cpu_count() or 1) // max(1, workers))
+    """CPU threads per worker when ``--threads`` is not given: the CPUs this process may use
+    (affinity and cgroup quota, :func:`cardseg.base.cpus.usable_cpus`) shared out."""
+    return cpus.default_threads(workers)
 
 
 def _die_with_parent(parent: int) -> None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional, Tuple
 
+from cardseg.base.cpus import default_threads
 from cardseg.base.errors import CardsegError, one_line
 
 
@@ -46,8 +47,7 @@ class CaseWorker:
         from cardseg.bundle.loading import load_bundle
         from cardseg.segment import resolve_device
 
-        if self.threads:
-            torch.set_num_threads(int(self.threads))
+        torch.set_num_threads(int(self.threads or default_threads()))
         self.device = resolve_device(self.device_name)
         self.bundle = load_bundle(self.bundle_root, device=self.device, backend=self.backend,
                                   progress=progress)
