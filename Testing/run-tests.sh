@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The README's test command: create .venv, install cardsegment with the test extra under the
-# pinned constraints (CPU torch 2.13.0), run the pytest suite.
+# pinned constraints (CPU torch 2.13.0), run the pytest suite and list what it skipped and why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -9,4 +9,15 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[test,cluster,speed]"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
-.venv/bin/python -m pytest -q "$@"
+# the triage-page browser tests need a headless Chromium (Testing/install-browser.sh installs it;
+# .ci/run does); without one they skip, and this says so before the run
+browser=${CARDSEG_CHROMIUM:-}
+for c in /usr/bin/chromium-headless-shell /usr/lib/chromium/chromium-headless-shell /usr/lib/chromium/headless_shell \
+    /usr/bin/chromium; do
+  if [ -z "$browser" ] && [ -x "$c" ]; then browser=$c; fi
+done
+if [ -z "$browser" ]; then
+  echo "run-tests.sh: no headless Chromium: the triage-page browser tests will skip (bash Testing/install-browser.sh installs it)"
+fi
+# -rs: one line per skipped test (or group) with its reason at the end of the run
+.venv/bin/python -m pytest -q -rs "$@"

@@ -14,14 +14,53 @@ import torch
 
 torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "2")))
 
+
+def user_cache_roots() -> list:
+    """The model cache folders a user's cardseg runs write (``$CARDSEG_CACHE_DIR`` as set before
+    the suite started, and the default ``$XDG_CACHE_HOME/cardseg`` or ``~/.cache/cardseg``)."""
+    roots = [Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache").expanduser() / "cardseg"]
+    if os.environ.get("CARDSEG_CACHE_DIR"):
+        roots.append(Path(os.environ["CARDSEG_CACHE_DIR"]).expanduser())
+    return roots
+
+
+def cache_state(roots) -> dict:
+    """Every entry under ``roots`` with its size and modification time."""
+    state = {}
+    for root in roots:
+        if root.is_dir():
+            for p in root.rglob("*"):
+                try:
+                    st = p.lstat()
+                except OSError:
+                    continue
+                state[str(p)] = (st.st_size, st.st_mtime_ns)
+    return state
+
+
+_USER_CACHES = user_cache_roots()
+_USER_CACHE_BEFORE = cache_state(_USER_CACHES)
+
 # the suite never reads or writes the user's model cache (ONNX exports of the test bundles);
-# child processes inherit the variable
+# child processes inherit the variable. pytest_sessionfinish fails the run if it did anyway.
 _MODEL_CACHE = tempfile.TemporaryDirectory(prefix="cardseg-test-cache-")
 os.environ["CARDSEG_CACHE_DIR"] = _MODEL_CACHE.name
 os.environ.pop("CARDSEG_BACKEND", None)
 
 REPO = Path(__file__).resolve().parents[2]
 ACDC = REPO.parent / "shared" / "data" / "acdc"
+#: the tests that read the ACDC data skip on a clone without ../shared/data/acdc (a user's)
+needs_acdc = pytest.mark.skipif(not (ACDC / "volumes").is_dir(), reason="ACDC data not in ../shared/data/acdc")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A run that wrote into the user's model cache fails, naming what changed there."""
+    after = cache_state(_USER_CACHES)
+    changed = sorted(k for k in set(after) | set(_USER_CACHE_BEFORE) if after.get(k) != _USER_CACHE_BEFORE.get(k))
+    if changed:
+        more = f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+        print(f"\nFAILED: the tests changed the user's model cache: {', '.join(changed[:5])}{more}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session")

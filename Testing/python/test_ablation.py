@@ -14,7 +14,7 @@ from cardseg.cli import main
 from cardseg_train import calibration_eval as ce
 from cardseg_train.ablation import ROWS, ablation_table
 
-from conftest import ACDC, assert_figure
+from conftest import ACDC, assert_figure, needs_acdc
 
 NAMES = ["background", "RV", "MYO", "LV"]
 STEPS = [49, 37, 24, 12, 0]
@@ -77,6 +77,7 @@ def test_missing_inputs_leave_rows_out_not_invented():
     assert set(t["missing"]) == {"Logit Mix", "Dual U-Net", "w/o Ref. Contrast", "TAC-last", "TAC-mid"}
 
 
+@needs_acdc
 def test_ablate_command_reads_the_evaluation_cache(tiny_bundle, tmp_path, monkeypatch):
     bundle = tmp_path / "bundle"
     shutil.copytree(tiny_bundle, bundle)
