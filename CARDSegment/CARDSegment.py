@@ -391,6 +391,8 @@ class CARDSegmentLogic(ScriptedLoadableModuleLogic, ModuleLogic):
         ModuleLogic.__init__(self, moduleDir=os.path.dirname(os.path.abspath(__file__)),
                              scene=lambda: slicer.mrmlScene, makeTimer=lambda: qt.QTimer(),
                              busy=lambda: slicer.util.WaitCursor())
+        terminologies = getattr(getattr(slicer, "modules", None), "terminologies", None)  # the myocardium's code
+        lib.register_module_terminology(terminologies.logic() if terminologies else None, self.moduleDir)
 
     def getParameterNode(self):
         return CARDSegmentParameterNode(super().getParameterNode())

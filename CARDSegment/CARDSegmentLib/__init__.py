@@ -38,6 +38,7 @@ from .process import (CANCELLED, FAILED, IDLE, RUNNING, SUCCEEDED, CardsegRun, P
                       extract_error, parse_progress_line)
 from .review import STATUSES, export_review, has_decisions, review_counts, review_rows, set_region_status, show_region
 from .summary import Summary, agreement_summary
+from .terminology import register_module_terminology
 
 __all__ = [
     "BundleChoiceError", "bundle_classes", "bundle_config", "bundle_label", "folder_text", "resolve_bundle",
@@ -50,5 +51,5 @@ __all__ = [
     "extract_error", "parse_progress_line",
     "ClickGuard", "connect_gui", "default_input", "elapsed_text", "safe_file_name", "watched_nodes_gone",
     "STATUSES", "export_review", "has_decisions", "review_counts", "review_rows", "set_region_status",
-    "show_region",
+    "show_region", "register_module_terminology",
 ]

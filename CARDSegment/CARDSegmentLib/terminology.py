@@ -5,9 +5,15 @@ A Slicer terminology string: context~category~type~type modifier~anatomic contex
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Optional
 
 TERMINOLOGY_CONTEXT = "Segmentation category and type - DICOM master list"
+#: the module's own terminology (Resources/Terminology/CARDSegment.term.json): the myocardium
+#: (SCT 74281007) is in no terminology file Slicer ships (5.8.1, 5.10, main); LV and RV are
+MODULE_CONTEXT = "CARDSegment - cardiac structures"
+MODULE_TERMINOLOGY_FILE = ("Resources", "Terminology", "CARDSegment.term.json")
 ANATOMIC_CONTEXT = "Anatomic codes - DICOM master list"
 #: lower-case class name -> (SNOMED CT code, meaning)
 CARDIAC_TYPES = {
@@ -24,14 +30,45 @@ CARDIAC_TYPES = {
 }
 
 
+#: codes that Slicer's DICOM master list lacks: their entries name the module's own terminology
+MODULE_ONLY_CODES = {"74281007"}
+
+
 def segment_terminology(name: str) -> Optional[str]:
-    """Slicer terminology for a cardiac class name (LV, RV, MYO, ...), or None."""
+    """Slicer terminology for a cardiac class name (LV, RV, MYO, ...), or None.
+
+    LV and RV refer to Slicer's DICOM master list, the myocardium to the module's own terminology
+    (:data:`MODULE_CONTEXT`, loaded by :func:`register_module_terminology`).
+    """
     code = CARDIAC_TYPES.get(name.strip().lower())
     if code is None:
         return None
     value, meaning = code
-    return (f"{TERMINOLOGY_CONTEXT}~SCT^123037004^Anatomical Structure~SCT^{value}^{meaning}~^^~"
+    context = MODULE_CONTEXT if value in MODULE_ONLY_CODES else TERMINOLOGY_CONTEXT
+    return (f"{context}~SCT^123037004^Anatomical Structure~SCT^{value}^{meaning}~^^~"
             f"{ANATOMIC_CONTEXT}~^^~^^")
+
+
+def register_module_terminology(terminologies_logic, module_dir: str) -> bool:
+    """Load the module's terminology into Slicer's Terminologies logic once; True when it is loaded.
+
+    ``terminologies_logic`` is ``slicer.modules.terminologies.logic()`` (None outside Slicer: nothing
+    to do). A file that cannot be loaded is logged; segments keep their entries either way.
+    """
+    if terminologies_logic is None:
+        return False
+    import vtk
+
+    names = vtk.vtkStringArray()
+    terminologies_logic.GetLoadedTerminologyNames(names)
+    if MODULE_CONTEXT in {names.GetValue(i) for i in range(names.GetNumberOfValues())}:
+        return True
+    path = os.path.join(module_dir, *MODULE_TERMINOLOGY_FILE)
+    loaded = terminologies_logic.LoadTerminologyFromFile(path)
+    if loaded != MODULE_CONTEXT:
+        logging.getLogger(__name__).warning("CARDSegment: could not load the terminology %s", path)
+        return False
+    return True
 
 
 def set_segment_terminology(segment, entry: str) -> None:

@@ -102,6 +102,7 @@ SLICER_5_8_0 = {
         "GetIJKToRASMatrix": ["vtkMRMLVolumeNode", "vtkTeemNRRDWriter"],
         "GetImageData": ["vtkMRMLSliceLayerLogic", "vtkMRMLStreamingVolumeNode", "vtkMRMLVolumeNode"],
         "GetImageToWorldMatrix": ["vtkOrientedImageData"],
+        "GetLoadedTerminologyNames": ["vtkSlicerTerminologiesModuleLogic"],
         "GetMTime": ["vtkCapPolyData", "vtkCurveMeasurementsCalculator", "vtkDiffusionTensorGlyph"],
         "GetName": [
             "vtkBinaryLabelmapToClosedSurfaceConversionRule",
@@ -136,6 +137,7 @@ SLICER_5_8_0 = {
         "IsNodeClassRegistered": ["vtkMRMLScene"],
         "IsNodePresent": ["vtkMRMLScene"],
         "JumpSliceByCentering": ["vtkMRMLSliceNode"],
+        "LoadTerminologyFromFile": ["vtkSlicerTerminologiesModuleLogic"],
         "Modified": [
             "vtkMRMLAnnotationControlPointsNode", "vtkMRMLCommandLineModuleNode", "vtkMRMLFolderDisplayNode",
             "vtkMRMLNode"],

@@ -370,3 +370,50 @@ def test_a_temporary_folder_that_cannot_be_deleted_is_reported(tmp_path, monkeyp
     job.work_dir = folder
     job.cleanup()  # now it can: gone, nothing logged
     assert not folder.exists() and jobs.remove_tree(folder) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# defect 6: every segment's terminology entry names a terminology Slicer has loaded
+
+from pathlib import Path  # noqa: E402
+
+from CARDSegmentLib import terminology  # noqa: E402
+
+MODULE_DIR = Path(__file__).resolve().parents[2] / "CARDSegment"
+#: (category, type) codes of Slicer's DICOM master list used here, read in the
+#: SegmentationCategoryTypeModifier-DICOM-Master.json of Slicer v5.8.1, v5.10.0 and main
+DICOM_MASTER_TYPES = {("123037004", "87878005"), ("123037004", "53085002")}
+
+
+def _codes_in(logic, context):
+    codes = set()
+    category, kind = slicer.vtkSlicerTerminologyCategory(), slicer.vtkSlicerTerminologyType()
+    for c in range(logic.GetNumberOfCategoriesInTerminology(context)):
+        logic.GetNthCategoryInTerminology(context, c, category)
+        for t in range(logic.GetNumberOfTypesInTerminologyCategory(context, category)):
+            logic.GetNthTypeInTerminologyCategory(context, category, t, kind)
+            codes.add((category.GetCodeValue(), kind.GetCodeValue()))
+    return codes
+
+
+@pytest.mark.parametrize("name", sorted(terminology.CARDIAC_TYPES))
+def test_each_class_has_a_terminology_entry_that_slicer_can_resolve(name):
+    logic = slicer.vtkSlicerTerminologiesModuleLogic()
+    assert terminology.register_module_terminology(logic, str(MODULE_DIR))
+    assert terminology.register_module_terminology(logic, str(MODULE_DIR))  # a second call loads nothing twice
+    entry = slicer.vtkSlicerTerminologyEntry()
+    assert logic.DeserializeTerminologyEntry(terminology.segment_terminology(name), entry)
+    codes = (entry.GetCategoryObject().GetCodeValue(), entry.GetTypeObject().GetCodeValue())
+    context = entry.GetTerminologyContextName()
+    if context == terminology.MODULE_CONTEXT:
+        assert codes in _codes_in(logic, context)
+    else:
+        assert context == terminology.TERMINOLOGY_CONTEXT and codes in DICOM_MASTER_TYPES
+
+
+def test_a_terminology_file_that_does_not_load_is_reported(tmp_path, caplog):
+    logic = slicer.vtkSlicerTerminologiesModuleLogic()
+    with caplog.at_level("WARNING"):
+        assert not terminology.register_module_terminology(logic, str(tmp_path))
+    assert "CARDSegment.term.json" in caplog.text
+    assert terminology.register_module_terminology(None, str(MODULE_DIR)) is False  # outside Slicer
