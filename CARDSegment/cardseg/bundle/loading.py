@@ -131,11 +131,17 @@ def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device =
       the model is exported; ``progress`` shows the export of the first run);
     * ``auto``: ``onnx`` on the CPU when ONNX Runtime is installed (the ``[speed]`` extra) and the
       models are cached or can be exported, else ``torch``. An export that fails its check
-      against torch falls back to ``torch`` and says why in :attr:`Bundle.notes`.
+      against torch falls back to ``torch`` and says why in :attr:`Bundle.notes`; a network
+      that gives NaN or infinite logits is refused like any other broken bundle.
+
+    Weight files with a NaN or infinite value are refused before any network is built (so no
+    backend ever runs them). Every load also removes the ONNX cache's stale temporaries
+    (:func:`cardseg.bundle.onnx_cache.clean_stale_temporaries`).
 
     :attr:`Bundle.backend` is the one that was used.
     """
-    from cardseg.bundle.onnx_backend import CHOICES, ExporterMissing, available
+    from cardseg.bundle.onnx_backend import CHOICES, BrokenNetwork, ExporterMissing, available
+    from cardseg.bundle.onnx_cache import clean_stale_temporaries
 
     backend = backend or "torch"
     if backend not in CHOICES:
@@ -143,6 +149,7 @@ def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device =
     root = resolve_bundle_path(path)
     config = validate_config(read_config(root), root)
     weights = verify_weights(root, config)
+    clean_stale_temporaries()
     on_cpu = torch.device(device).type == "cpu"
     if backend == "onnx" and not on_cpu:
         raise CardsegError("--backend onnx runs on the CPU; use --device cpu or --backend torch")
@@ -162,6 +169,8 @@ def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device =
             backend = "onnx"
         except _BundleFault as fault:
             raise fault.error from None
+        except BrokenNetwork:
+            raise
         except ExporterMissing:
             if backend == "onnx":
                 raise
@@ -287,7 +296,11 @@ def _first_line(exc: BaseException) -> str:
 
 def save_bundle(path: os.PathLike, config: dict, primary: nn.Module, reference: nn.Module, fp16: bool = True,
                 overwrite: bool = False) -> Path:
-    """Write a bundle folder atomically (weights as safetensors, sha256 into ``bundle.json``)."""
+    """Write a bundle folder atomically (weights as safetensors, sha256 into ``bundle.json``).
+
+    A network with a NaN or infinite weight (also one that only overflows float16) is refused
+    in one line before anything is written: :func:`load_bundle` would refuse the bundle.
+    """
     from safetensors.torch import save_file
 
     dest = Path(path)
@@ -300,6 +313,7 @@ def save_bundle(path: os.PathLike, config: dict, primary: nn.Module, reference: 
         for role, net in zip(ROLES, (primary, reference)):
             dtype = torch.float16 if fp16 else torch.float32
             state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in net.state_dict().items()}
+            _refuse_non_finite(dest, role, state, dtype)
             fname = f"{role}.safetensors"
             save_file(state, str(tmp / fname), metadata={"role": role, "format": "pt"})
             spec = config["networks"][role]
@@ -315,6 +329,17 @@ def save_bundle(path: os.PathLike, config: dict, primary: nn.Module, reference: 
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def _refuse_non_finite(dest: Path, role: str, state: Dict[str, torch.Tensor], dtype: torch.dtype) -> None:
+    """One-line :class:`CardsegError` naming the first tensor of ``state`` with a NaN or infinity."""
+    for name, tensor in state.items():
+        if tensor.is_floating_point():
+            bad = int((~torch.isfinite(tensor)).sum())
+            if bad:
+                raise CardsegError(f"{dest}: the {role} network's tensor {name!r} holds {bad} NaN or infinite "
+                                   f"value{'s' if bad > 1 else ''} as {str(dtype).replace('torch.', '')} "
+                                   f"(of {tensor.numel()}); not saved")
 
 
 def update_config(path: os.PathLike, changes: dict) -> dict:

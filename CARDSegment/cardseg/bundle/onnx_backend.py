@@ -12,13 +12,21 @@ installed package:
 * ``$CARDSEG_CACHE_DIR``, else ``$XDG_CACHE_HOME/cardseg``, else ``~/.cache/cardseg``;
   models go to ``models/<role>-<key>.onnx`` with a ``.json`` record beside each.
 * The key is the sha256 of everything the exported graph depends on: the weight file's sha256
-  (checked by :func:`cardseg.bundle.schema.verify_weights` before anything is used), the network
+  (checked by :func:`cardseg.bundle.weights.verify_weights` before anything is used), the network
   spec and class count, the input size, the opset and the torch, MONAI and ONNX Runtime versions.
   A bundle whose weights change gets a new file; nothing is ever looked up by name alone.
 * What is stored is the export after ONNX Runtime's basic (hardware-independent) graph
   optimisations, which shortens every later session start by about a third.
 * The record holds the ONNX file's own sha256, checked at every load (a truncated or altered
-  file is made again), and the probe's max abs difference against torch.
+  file is made again), and the probe's max abs difference against torch. The model file itself
+  carries its key in its metadata (``cardseg_key``), checked against the key computed from the
+  verified bundle at every load: a record edited by hand (say, to bless another bundle's model
+  copied under this name) does not make a model be used for weights it was not made from.
+* Cache files are read only when they are regular files, without blocking (a FIFO there is a
+  miss, not a hang); temporaries are named ``cardseg-onnx-tmp-<pid>-...`` and removed by the
+  next run once stale (:mod:`cardseg.bundle.onnx_cache`).
+* A network that gives NaN or infinite logits on the probe is the bundle's fault
+  (:class:`BrokenNetwork`): ``auto`` refuses the bundle instead of running torch on it.
 
 On a cache hit neither MONAI nor the torch networks are built (importing MONAI alone is about a
 quarter of a fresh ``cardseg segment`` run with the torch backend); only ``onnxruntime`` is
@@ -35,8 +43,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
-import tempfile
 import warnings
 from pathlib import Path
 from typing import Callable, Dict, Optional
@@ -45,19 +53,28 @@ import numpy as np
 import torch
 
 from cardseg.base.errors import CardsegError
+from cardseg.bundle.onnx_cache import (MAX_MODEL_BYTES, MAX_RECORD_BYTES, cache_dir, read_entry,
+                                       temp_file, write_entry)
 
 BACKENDS = ("torch", "onnx")
 #: what ``--backend`` accepts: a backend, or ``auto`` (see :func:`cardseg.bundle.loading.load_bundle`)
 CHOICES = ("auto",) + BACKENDS
 #: sets the default of ``cardseg segment --backend`` and ``cardseg batch --backend`` (``auto`` when unset)
 BACKEND_ENV = "CARDSEG_BACKEND"
-CACHE_ENV = "CARDSEG_CACHE_DIR"
 OPSET = 17
 #: bump when the export recipe changes, so that older cached files are not used
-EXPORT_FORMAT = 1
+#: (2: the key is stored in the model's metadata)
+EXPORT_FORMAT = 2
+#: the model metadata entry that holds the cache key
+KEY_METADATA = "cardseg_key"
 #: |onnx - torch| allowed on the export probe, absolute plus relative to the largest |logit|
 TOLERANCE = (1e-3, 1e-4)
 INSTALL_HINT = "pip install 'cardsegment[speed]'"
+
+
+class BrokenNetwork(CardsegError):
+    """The bundle's own network gives NaN or infinite logits: no backend can run it, so ``auto``
+    refuses rather than falling back to torch."""
 
 
 class ExporterMissing(CardsegError):
@@ -88,21 +105,6 @@ def available() -> Optional[str]:
     if importlib.util.find_spec("onnxruntime") is None:
         return f"--backend onnx needs onnxruntime ({INSTALL_HINT})"
     return None
-
-
-def cache_dir() -> Path:
-    """The user's cardseg cache folder (see the module docstring); never inside the package."""
-    base = os.environ.get(CACHE_ENV)
-    if base:
-        root = Path(base).expanduser()
-    else:
-        xdg = os.environ.get("XDG_CACHE_HOME")
-        root = (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "cardseg"
-    package = Path(__file__).resolve().parent.parent  # the cardseg package folder
-    resolved = root.resolve()
-    if resolved == package or package in resolved.parents:
-        raise CardsegError(f"{root}: the model cache may not lie inside the installed cardseg package")
-    return root
 
 
 def _version(dist: str) -> str:
@@ -176,7 +178,8 @@ def probe_inputs(num_classes: int, image_channels: int, size: int, batch: int = 
 
 
 def export_onnx(net: torch.nn.Module, num_classes: int, image_channels: int, size: int) -> bytes:
-    """The network as ONNX bytes (opset 17, TorchScript exporter, dynamic batch axis)."""
+    """The network as ONNX bytes (opset 17, TorchScript exporter, dynamic batch axis); held in
+    memory, no temporary file."""
     import io
 
     _check_exporter()
@@ -190,18 +193,41 @@ def export_onnx(net: torch.nn.Module, num_classes: int, image_channels: int, siz
     return buf.getvalue()
 
 
-def optimize_offline(data: bytes) -> bytes:
+def optimize_offline(data: bytes, key: str = "") -> bytes:
     """The model after ONNX Runtime's basic graph optimisations (constant folding, redundant nodes
-    removed; standard ONNX ops only, the same on every CPU), so that a session starts faster."""
+    removed; standard ONNX ops only, the same on every CPU), so that a session starts faster,
+    with ``key`` stored in its metadata as ``cardseg_key``.
+
+    ONNX Runtime writes the optimised model to a file: a temporary of the cache
+    (:func:`cardseg.bundle.onnx_cache.temp_file`), removed here, or by the next run if this
+    process is killed first.
+    """
+    import onnx
     import onnxruntime as ort
 
-    with tempfile.TemporaryDirectory(prefix="cardseg-onnx-") as tmp:
+    tmp = temp_file(_models_folder(), ".onnx")
+    try:
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-        so.optimized_model_filepath = str(Path(tmp) / "basic.onnx")
+        so.optimized_model_filepath = str(tmp)
         so.log_severity_level = 3
         ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
-        return (Path(tmp) / "basic.onnx").read_bytes()
+        model = onnx.load_from_string(tmp.read_bytes())
+    finally:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+    entry = model.metadata_props.add()
+    entry.key, entry.value = KEY_METADATA, key
+    return model.SerializeToString()
+
+
+def _models_folder() -> Optional[Path]:
+    try:
+        return cache_dir() / "models"
+    except CardsegError:
+        return None
 
 
 def max_abs_difference(net: torch.nn.Module, onnx_net: OnnxNetwork, num_classes: int, image_channels: int,
@@ -218,40 +244,33 @@ def within_tolerance(diff: float, scale: float) -> bool:
     return diff <= TOLERANCE[0] + TOLERANCE[1] * scale
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+def _read_cached(model: Path, record: Path, key: str, num_classes: int, threads: Optional[int]
+                 ) -> Optional[OnnxNetwork]:
+    """The cached network when the record names this key and the model file's sha256, and the
+    model file itself carries this key in its metadata; else ``None`` (a miss: made again).
+    Only regular files are read (:func:`cardseg.bundle.onnx_cache.read_entry`)."""
+    raw, data = read_entry(record, MAX_RECORD_BYTES), read_entry(model, MAX_MODEL_BYTES)
+    if raw is None or data is None:
+        return None
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def _read_cached(model: Path, record: Path, key: str) -> Optional[bytes]:
-    """The cached ONNX bytes when the record names this key and the file's sha256, else ``None``."""
-    try:
-        rec = json.loads(record.read_text())
-        data = model.read_bytes()
-    except (OSError, ValueError):
+        rec = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
         return None
     if not isinstance(rec, dict) or rec.get("key") != key or rec.get("onnx_sha256") != hashlib.sha256(data).hexdigest():
         return None
-    return data
+    try:
+        net = OnnxNetwork(data, num_classes, threads, source=str(model))
+        held = net.session.get_modelmeta().custom_metadata_map.get(KEY_METADATA)
+    except Exception:  # noqa: BLE001 - a file ONNX Runtime cannot read is a miss like any other
+        return None
+    return net if held == key else None
 
 
 def load_networks(root: Path, config: dict, weights: Dict[str, object], build: Callable[[str], torch.nn.Module],
                   threads: Optional[int] = None, progress=None) -> Dict[str, OnnxNetwork]:
     """``{role: OnnxNetwork}`` for both networks, from the cache or exported now.
 
-    ``weights``: :func:`cardseg.bundle.schema.verify_weights`'s result (sha256 checked);
+    ``weights``: :func:`cardseg.bundle.weights.verify_weights`'s result (sha256 checked);
     ``build(role)``: the eager torch network (only called on a cache miss); ``progress``: a
     :class:`cardseg.base.progress.Progress`, given the stage ``export-onnx`` (one step per network)
     when anything has to be exported (the first run with a bundle, about 4 s more on 2 cores).
@@ -268,7 +287,7 @@ def load_networks(root: Path, config: dict, weights: Dict[str, object], build: C
     for role, wf in weights.items():
         key = cache_key(wf.sha256, config["networks"][role], num_classes, channels, size)
         model, record = folder / f"{role}-{key[:40]}.onnx", folder / f"{role}-{key[:40]}.json"
-        found[role] = (key, model, record, _read_cached(model, record, key))
+        found[role] = (key, model, record, _read_cached(model, record, key, num_classes, threads))
     missing = [role for role, hit in found.items() if hit[3] is None]
     if missing:
         _check_exporter()
@@ -277,25 +296,27 @@ def load_networks(root: Path, config: dict, weights: Dict[str, object], build: C
         progress.stage("export-onnx", len(missing))
     out = {}
     for role, wf in weights.items():
-        key, model, record, data = found[role]
-        if data is not None:
-            out[role] = OnnxNetwork(data, num_classes, threads, source=str(model))
+        key, model, record, hit = found[role]
+        if hit is not None:
+            out[role] = hit
             continue
         net = built[role]
-        data = optimize_offline(export_onnx(net, num_classes, channels, size))
+        data = optimize_offline(export_onnx(net, num_classes, channels, size), key)
         onnx_net = OnnxNetwork(data, num_classes, threads, source="memory")
         diff, scale = max_abs_difference(net, onnx_net, num_classes, channels, size)
+        if not math.isfinite(scale):
+            raise BrokenNetwork(f"{root}: the {role} network gives NaN or infinite logits on a probe input; "
+                                f"the weights are broken (train or export the bundle again)")
         if not within_tolerance(diff, scale):
             raise CardsegError(f"{root}: the ONNX export of the {role} network differs from torch by {diff:.3g} "
                                f"(logits up to {scale:.3g}); use --backend torch")
         try:
-            folder.mkdir(parents=True, exist_ok=True)
-            _write_atomic(model, data)
+            write_entry(model, data)
             rec = {"key": key, "role": role, "bundle": config["id"], "weights_sha256": wf.sha256,
                    "onnx_sha256": hashlib.sha256(data).hexdigest(), "opset": OPSET, "torch": torch.__version__,
                    "monai": _version("monai"), "onnxruntime": _version("onnxruntime"),
                    "probe_max_abs_diff": diff, "probe_max_abs_logit": scale}
-            _write_atomic(record, (json.dumps(rec, indent=2) + "\n").encode())
+            write_entry(record, (json.dumps(rec, indent=2) + "\n").encode())
             onnx_net.source = str(model)
         except OSError:
             pass  # an unwritable cache: this process keeps the model in memory
