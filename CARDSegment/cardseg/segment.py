@@ -113,14 +113,19 @@ def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle
     tac_steps = bundle.tac_steps if method == "card" else None
     nb = (x.shape[0] + batch_size - 1) // batch_size
     progress.stage("trajectory", nb * len(steps))
-    logits_out, tac_out, ref_out = [], [], []
+    logits_all: Optional[torch.Tensor] = None  # filled batch by batch: no list + concatenated copy
+    tac_out, ref_out = [], []
     js_out: Dict[int, list] = {t: [] for t in steps} if keep_step_js else {}
     for b in range(nb):
         xb = x[b * batch_size:(b + 1) * batch_size].to(device)
         res = run_trajectory(bundle.primary, xb, steps, bundle.num_classes, reference=bundle.reference,
                              mode=method if method in ("card", "logit-mix") else "uc", schedule=bundle.schedule,
                              tac_steps=tac_steps, keep_steps=keep_step_js, on_step=lambda t: progress.advance(1))
-        logits_out.append(network_to_slices(res.logits.float(), grid).cpu())
+        part = network_to_slices(res.logits.float(), grid).cpu()
+        if logits_all is None:
+            logits_all = torch.empty((x.shape[0],) + tuple(part.shape[1:]), dtype=part.dtype)
+        logits_all[b * batch_size:b * batch_size + part.shape[0]] = part
+        del part
         if res.tac is not None:
             tac_out.append(network_to_slices(res.tac[:, None].float(), grid)[:, 0].cpu())
         if with_reference:
@@ -131,7 +136,7 @@ def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle
         torch.cuda.synchronize()
     fov = grid.field_of_view()
     outside = torch.from_numpy(~fov)
-    out = SliceTrajectory(_outside_to_background(torch.cat(logits_out), outside), None, fov)
+    out = SliceTrajectory(_outside_to_background(logits_all, outside), None, fov)
     if tac_out:
         out.tac = torch.cat(tac_out)
         out.tac[:, outside] = 0.0
@@ -180,7 +185,9 @@ def segment_volume(volume: Volume, bundle: Bundle, method: str = "card", device:
         disagreement, temperature = tac.numpy().astype(np.float32), tau.numpy().astype(np.float32)
     else:
         logp = Uncalibrated().log_probs(logits)
-    probs = logp.exp().permute(0, 2, 3, 1).contiguous().numpy().astype(np.float32)
+    # in place and without a second copy: at the voxel limit each (Z, K, Y, X) float32 copy is 256 MB
+    probs = logp.float().exp_().permute(0, 2, 3, 1).contiguous().numpy()
+    del logp
     timings["postprocess"] = time.perf_counter() - t0
 
     result = SegmentationResult(labels=labels.numpy(), probabilities=probs, logits=logits.numpy(),
