@@ -126,3 +126,32 @@ def test_input_that_is_a_fifo_or_device_is_refused_at_once(tmp_path, kind):
         src = Path("/dev/zero")
     r = _run(["segment", str(src), "-o", str(tmp_path / "out"), "--progress", "none"], tmp_path)
     assert r.returncode == 2 and f"is a {kind}" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+
+
+def test_result_cut_short_while_replaced_is_named_so(tmp_path, capsys, tiny_bundle, synthetic_volume):
+    """A folder whose stamp is still the interim one of an interrupted replacement (the new
+    files listed under ``replacing``) is not called an ordinary earlier result."""
+    import json
+
+    from cardseg.io.outdir import STAMP
+
+    vol, _ = synthetic_volume
+    src = tmp_path / "in.nii.gz"
+    sitk.WriteImage(vol.to_image(), str(src))
+    out = tmp_path / "out"
+    argv = ["segment", str(src), "-o", str(out), "--bundle", str(tiny_bundle), "--backend", "torch",
+            "--progress", "none", "--quiet"]
+    assert main(argv) == 0
+    stamp = json.loads((out / STAMP).read_text(encoding="utf-8"))
+    names = sorted(stamp["files"])
+    interim = {"tool": "cardseg", "version": stamp.get("version", ""), "files": {},
+               "replacing": {n: [stamp["files"][n]] for n in names}}
+    (out / STAMP).write_text(json.dumps(interim), encoding="utf-8")
+    before = {n: (out / n).read_bytes() for n in names}
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "interrupted" in err and "--overwrite" in err, err
+    assert {n: (out / n).read_bytes() for n in names} == before
+    assert main(argv + ["--overwrite"]) == 0
+    assert "replacing" not in json.loads((out / STAMP).read_text(encoding="utf-8"))

@@ -192,6 +192,9 @@ def _check_replaceable(out: Path, overwrite: bool) -> None:
         raise CardsegError(f"{out}: {', '.join(edited[:3])} changed after cardseg wrote it; the folder is never "
                            "replaced, move the file or choose another folder")
     if not overwrite:
+        if stamp.get("replacing"):  # the stamp a replacement leaves until its last step
+            raise CardsegError(f"{out}: holds the partial results of a cardseg run that was interrupted while it "
+                               "replaced them (use --overwrite to write them again)")
         raise CardsegError(f"{out}: holds the results of an earlier cardseg run (use --overwrite to replace them)")
 
 
