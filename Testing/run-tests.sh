@@ -7,6 +7,12 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
+# torch's CPU build first (PyPI's default Linux wheel is the multi-GB CUDA build); TORCH_INDEX
+# chooses another index (e.g. https://download.pytorch.org/whl/cu128 for a GPU build)
+if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+  .venv/bin/python -m pip install --quiet -c constraints.txt torch \
+    --index-url "${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
+fi
 .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[test,cluster,speed]"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 # the triage-page browser tests need a headless Chromium (Testing/install-browser.sh installs it;

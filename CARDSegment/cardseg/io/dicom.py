@@ -177,7 +177,7 @@ def _stack(where: Path, headers: List[_Slice], frame: Optional[int], spacing: Op
     n = len(stack) * first.size[0] * first.size[1]
     if n > MAX_VOLUME_VOXELS:
         raise CardsegError(f"{where}: the volume to segment has {n:,d} voxels; the limit is {MAX_VOLUME_VOXELS:,d} "
-                           "(about 1 GB of working memory)")
+                           "(a run that size needs about 2.7 GB of memory)")
     gaps = np.diff([float(h.position @ normal) for h in stack])
     source = None
     if len(gaps):

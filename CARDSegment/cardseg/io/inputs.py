@@ -217,7 +217,7 @@ def _check_size(size: tuple, p: Path) -> None:
     n = int(np.prod(size))
     if n > MAX_VOLUME_VOXELS:
         raise CardsegError(f"{p}: the volume to segment has {n:,d} voxels; the limit is {MAX_VOLUME_VOXELS:,d} "
-                           "(about 1 GB of working memory)")
+                           "(a run that size needs about 2.7 GB of memory)")
     if min(size[:2]) < MIN_INPLANE:
         raise CardsegError(f"{p}: in-plane size {size[0]}x{size[1]} is too small (at least {MIN_INPLANE} pixels)")
 

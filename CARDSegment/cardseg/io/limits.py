@@ -6,7 +6,8 @@ import numpy as np
 
 #: most voxels a file may declare in all (every frame of a 4D cine), about 256 MB as float32
 MAX_FILE_VOXELS = 64 * 2 ** 20
-#: most voxels of the volume that is segmented (one frame), about 1 GB of working memory
+#: most voxels of the volume that is segmented (one frame): a whole run at this size peaks at about
+#: 2.7 GB of memory (measured, README "size limits")
 MAX_VOLUME_VOXELS = 16 * 2 ** 20
 #: smallest in-plane size (pixels) accepted as an image rather than a mistake
 MIN_INPLANE = 16
