@@ -313,18 +313,29 @@ def _check_synth_args(a) -> None:
 
 
 def _write_image_atomic(image, path: str) -> None:
-    """Write ``image`` to a temporary file beside ``path`` (same suffix), then rename it over
-    ``path``: a failed write leaves ``path`` as it was and no temporary file behind."""
+    """Write ``image`` to a temporary file beside ``path`` (same suffix), read it back whole and
+    compare, then rename it over ``path``. A failed or short write (a full disk, a file-size
+    limit: SimpleITK may only print ``NWAD`` and return) raises an :class:`OSError` naming
+    ``path``, which is then left as it was, and no temporary file stays behind."""
+    import numpy as np
     import SimpleITK as sitk
+
+    from cardseg.io.written import IncompleteWrite, muted_native_stderr
 
     folder, name = os.path.split(path)
     suffix = next(s for s in SYNTH_SUFFIXES if name.lower().endswith(s))
     tmp = os.path.join(folder, f".{name}.{os.getpid()}.cardseg-tmp{suffix}")
     try:
-        sitk.WriteImage(image, tmp)
+        with muted_native_stderr() as lines:
+            try:
+                sitk.WriteImage(image, tmp)
+                back = sitk.ReadImage(tmp)  # kept alive while its array view is compared
+                same = np.array_equal(sitk.GetArrayViewFromImage(back), sitk.GetArrayViewFromImage(image))
+            except RuntimeError:
+                same = False
+        if not same or any("NWAD" in line for line in lines):
+            raise IncompleteWrite(path)
         os.replace(tmp, path)
-    except RuntimeError as exc:  # SimpleITK's writer errors
-        raise OSError(f"cannot write {path}: {str(exc).strip().splitlines()[-1]}") from None
     finally:
         if os.path.lexists(tmp):
             os.unlink(tmp)

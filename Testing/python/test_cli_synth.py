@@ -88,3 +88,26 @@ def test_every_accepted_suffix_writes_a_readable_image(tmp_path, suffix):
     assert main(["synth", str(out), "--slices", "1"]) == 0
     assert sitk.ReadImage(str(out)).GetSize() == (176, 192, 1)
     assert os.listdir(tmp_path) == [out.name]
+
+
+def _limit_file_size():
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, 40_000))  # bytes: the volume is about 120 KB or more
+
+
+@pytest.mark.parametrize("suffix", [".nii.gz", ".nii", ".nrrd", ".mha"])
+def test_a_write_cut_short_fails_and_keeps_the_old_file(tmp_path, suffix):
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / f"v{suffix}"
+    out.write_bytes(b"old")
+    r = subprocess.run([sys.executable, "-m", "cardseg", "synth", str(out), "--overwrite"], capture_output=True,
+                       text=True, timeout=300, preexec_fn=_limit_file_size)
+    assert r.returncode == 1 and r.returncode != -signal.SIGXFSZ, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"cardseg: error: {out}"), r.stderr
+    assert out.read_bytes() == b"old"
+    assert os.listdir(tmp_path) == [out.name]
