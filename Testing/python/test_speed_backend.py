@@ -254,14 +254,16 @@ def test_environment_variable_sets_the_default(tmp_path, tiny_bundle, volume_fil
     assert not (tmp_path / "x").exists()
 
 
-def test_auto_without_onnxruntime_runs_torch_silently(tmp_path, tiny_bundle, volume_file, monkeypatch, capsys):
+def test_auto_without_onnxruntime_runs_torch_with_one_note(tmp_path, tiny_bundle, volume_file, monkeypatch, capsys):
+    """Without the [speed] extra auto runs torch and says once how to get the fast backend."""
     from cardseg.cli import main
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name, *a))
     assert _segment(main, volume_file, tmp_path / "o", tiny_bundle) == 0
     assert json.loads((tmp_path / "o" / "report.json").read_text())["backend"] == "torch"
-    assert "note" not in capsys.readouterr().err
+    notes = [ln for ln in capsys.readouterr().err.splitlines() if "cardseg: note:" in ln]
+    assert len(notes) == 1 and "cardsegment[speed]" in notes[0], notes
 
 
 @needs_onnx
