@@ -277,6 +277,7 @@ def segment_file(input_path: os.PathLike, out: os.PathLike, bundle: Bundle, *, m
         result.report["slices"] = int(volume.shape[0])
         if spacing:
             result.report["spacing_given_mm"] = list(spacing)
+        result.report.update(volume.notes)  # e.g. where one DICOM slice's spacing came from
         result.report["timings_s"]["total"] = time.perf_counter() - t_start
         write_outputs(result, volume, bundle, out, overwrite, progress, writer=writer)
     return result.report
