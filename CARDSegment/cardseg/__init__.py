@@ -8,7 +8,7 @@ Where each equation of the paper lives:
 
 * Eq. 1 forward process, Eq. 3 reverse step, the true posterior: :mod:`cardseg.method.diffusion`
 * Eq. 2 temperature scaling: :func:`cardseg.method.calibration.temperature_scale`
-* Eq. 4 agreement score: :func:`cardseg.metrics.segmentation.agreement_score`
+* Eq. 4 agreement score: :func:`cardseg.method.agreement.agreement_score`
 * Eq. 5 Jensen-Shannon divergence, Eq. 6 TAC: :mod:`cardseg.method.trajectory`
 * Eq. 7 temperature field: :func:`cardseg.method.calibration.temperature_field`
 """

@@ -12,7 +12,8 @@ from cardseg.bundle.loading import update_config
 from cardseg.method.calibration import CARD, TemperatureScaling, Uncalibrated
 from cardseg.metrics.calibration import calibration_metrics
 from cardseg.cli import main
-from cardseg.metrics.segmentation import agreement_score, roi_mask
+from cardseg.method.agreement import agreement_score
+from cardseg.metrics.segmentation import roi_mask
 from cardseg_train import calibration_eval as ce
 from cardseg_train.calibration_report import markdown_table, write_report
 

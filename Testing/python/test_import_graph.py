@@ -35,7 +35,7 @@ MAX_LINES = 450
 ENGINE_LAYERS: Dict[str, Set[str]] = {
     "base": set(),                       # errors, progress, file helpers, shared option checks
     "method": {"base"},                  # the paper: diffusion, trajectory, calibrators, networks
-    "metrics": {"base"},                 # agreement, segmentation and calibration metrics
+    "metrics": {"base", "method"},       # segmentation and calibration metrics of the method's outputs
     "io": {"base"},                      # formats, headers, DICOM, volume, slice grid, output folders
     "bundle": {"base", "method", "metrics", "io"},
     "review": {"base", "method", "metrics", "io", "bundle"},

@@ -5,7 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cardseg.metrics.segmentation import agreement_report, agreement_score, disk, lcc_ratio, roi_mask
+from cardseg.method.agreement import agreement_score
+from cardseg.metrics.segmentation import agreement_report, disk, lcc_ratio, roi_mask
 from cardseg.review.regions import flagged_regions
 
 LN2 = math.log(2)

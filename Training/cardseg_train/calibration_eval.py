@@ -46,7 +46,8 @@ import torch
 from cardseg.method.calibration import Calibrator, calibrator_from_dict, method_label
 from cardseg.metrics.calibration import CalibrationAccumulator, calibration_metrics
 from cardseg.base.errors import CardsegError
-from cardseg.metrics.segmentation import agreement_score, mean_slice_lcc_ratio, roi_mask, roi_mask_square
+from cardseg.method.agreement import agreement_score
+from cardseg.metrics.segmentation import mean_slice_lcc_ratio, roi_mask, roi_mask_square
 from cardseg.base.progress import Progress
 
 from .calibration_spatial import (SpatialItem, augmentation_stats, crop_roi_probs, engine_primary_logits,

@@ -162,7 +162,8 @@ def build_pool(bundle, cases, variants: Sequence[str] = POOL_VARIANTS, roi_radiu
     ``(seed, case, "calibnet-aug:" variant)``, apart from the pool's own draws, so the pixel
     vectors are the same with or without crops).
     """
-    from cardseg.metrics.segmentation import agreement_score, roi_mask
+    from cardseg.method.agreement import agreement_score
+    from cardseg.metrics.segmentation import roi_mask
     from cardseg.segment import normalized_slices
 
     from .calibration_spatial import augmentation_stats, engine_primary_logits, spatial_item

@@ -1,4 +1,5 @@
-"""Region-of-interest, agreement score (paper Eq. 4) and connectivity (numpy arrays).
+"""Region-of-interest, agreement reports (the score itself, paper Eq. 4, is
+:func:`cardseg.method.agreement.agreement_score`) and connectivity (numpy arrays).
 
 Volumes here are numpy arrays in SimpleITK order ``(Z, Y, X)`` = ``(k, j, i)``: slices are the
 first axis and every 2D operation works on the ``(j, i)`` planes.
@@ -11,6 +12,8 @@ from typing import Dict, List, Optional
 
 import numpy as np
 from scipy import ndimage
+
+from cardseg.method.agreement import agreement_score
 
 LN2 = math.log(2.0)
 
@@ -57,18 +60,6 @@ def _dilate_2d(fg: np.ndarray, radius: int) -> np.ndarray:
         return fg.copy()
     # exact: distances are square roots of integers, and sqrt(n) <= r exactly when n <= r * r
     return ndimage.distance_transform_edt(~fg) <= radius
-
-
-def agreement_score(tac: np.ndarray, roi: np.ndarray) -> Optional[float]:
-    """Paper Eq. 4: ``Agr = 1 - (1 / (|R| ln 2)) Σ_{v∈R} d̄(v)``, in ``[0, 1]``.
-
-    tac: TAC map ``d̄``; roi: bool mask ``R`` of the same shape. ``None`` when R is empty.
-    """
-    roi = np.asarray(roi, dtype=bool)
-    n = int(roi.sum())
-    if n == 0:
-        return None
-    return float(1.0 - np.asarray(tac, dtype=np.float64)[roi].sum() / (n * LN2))
 
 
 def agreement_report(tac: np.ndarray, labels: np.ndarray, radius: int, class_names: List[str]) -> Dict[str, object]:
