@@ -7,11 +7,11 @@ PY=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-# torch's CPU build first (PyPI's default Linux wheel is the multi-GB CUDA build); TORCH_INDEX
-# chooses another index (e.g. https://download.pytorch.org/whl/cu128 for a GPU build)
-if ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
-  .venv/bin/python -m pip install --quiet -c constraints.txt torch \
-    --index-url "${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}"
+# torch comes pinned by constraints.txt (torch==2.13.0, a CPU build on the project's machines);
+# on another machine set TORCH_INDEX to a PyTorch wheel index (the README's Set-up says which)
+# to take torch's CPU build from there instead of PyPI's default CUDA build
+if [ -n "${TORCH_INDEX:-}" ] && ! .venv/bin/python -c "import torch" >/dev/null 2>&1; then
+  .venv/bin/python -m pip install --quiet -c constraints.txt torch --index-url "$TORCH_INDEX"
 fi
 .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[test,cluster,speed]"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
