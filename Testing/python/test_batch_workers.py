@@ -120,7 +120,9 @@ def test_python_dash_m_cardseg_runs_workers(tmp_path, tiny_bundle, inputs):
 
 
 def test_threads_are_shared_out():
-    assert local_pool.default_threads(1) == (os.cpu_count() or 1)
-    assert local_pool.default_threads(10 * (os.cpu_count() or 1)) == 1
+    from cardseg.base.cpus import usable_cpus
+
+    assert local_pool.default_threads(1) == usable_cpus()  # affinity and cgroup quota, not os.cpu_count()
+    assert local_pool.default_threads(10 * usable_cpus()) == 1
     with pytest.raises(CardsegError):
         check_options(BatchOptions(inputs=["x"], workers=-1))
