@@ -13,7 +13,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from cardseg.base.errors import CardsegError, one_line
 from cardseg.cohort.layout import OWN_FILES
-from cardseg.cohort.walk import bounded_glob, inside, kind_of, require_file_or_folder
+from cardseg.base.filekind import kind_of
+from cardseg.cohort.walk import bounded_glob, inside, require_file_or_folder
 
 #: the manifest's columns; only the first two are required
 MANIFEST_COLUMNS = ("case", "path", "frame", "phase", "subject")

@@ -6,36 +6,16 @@ from __future__ import annotations
 
 import fnmatch
 import os
-import stat
 from pathlib import Path
 from typing import List, Optional, Sequence, Set, Tuple
 
 from cardseg.base.errors import CardsegError
+from cardseg.base.filekind import kind_of
 
 #: the most directory levels a pattern's walk descends below its fixed base folder
 MAX_DEPTH = 40
 #: the most directory entries one pattern's walk looks at before it is refused
 MAX_ENTRIES = 200_000
-
-
-def kind_of(path: os.PathLike) -> str:
-    """``"file"`` (regular), ``"folder"``, ``"missing"`` or what else it is (``"FIFO"``, ``"character
-    device"``, ...), following symbolic links; never opens ``path``."""
-    try:
-        mode = os.stat(path).st_mode
-    except FileNotFoundError:
-        return "missing"
-    except OSError as exc:  # a symbolic link loop, a name too long, no permission
-        return f"unreadable entry ({exc.strerror or exc})"
-    if stat.S_ISREG(mode):
-        return "file"
-    if stat.S_ISDIR(mode):
-        return "folder"
-    for test, name in ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
-                       (stat.S_ISSOCK, "socket")):
-        if test(mode):
-            return name
-    return "special file"
 
 
 def require_file_or_folder(path: os.PathLike) -> str:
