@@ -367,18 +367,27 @@ COMMANDS = {"segment": cmd_segment, "batch": cmd_batch, "sizes": cmd_sizes, "inf
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    """Run one command. SIGTERM is handled like Ctrl-C in every command (the same cleanup of
+    temporaries and locks), then reported as ``terminated`` with exit status 143."""
+    from cardseg.base.interrupt import EXIT_TERMINATED, SigtermState, sigterm_as_interrupt
+
     argv = list(sys.argv[1:] if argv is None else argv)
+    sigterm = SigtermState()
     try:
-        plugins = plugin_commands()
-        if argv and argv[0] in plugins and argv[0] not in COMMANDS:
-            return run_plugin(argv[0], plugins[argv[0]], argv[1:])
-        parser = build_parser(plugin_help=not argv or argv[0] in ("-h", "--help"))
-        a = parser.parse_args(argv)
-        return COMMANDS[a.command](a)
+        with sigterm_as_interrupt() as sigterm:
+            plugins = plugin_commands()
+            if argv and argv[0] in plugins and argv[0] not in COMMANDS:
+                return run_plugin(argv[0], plugins[argv[0]], argv[1:])
+            parser = build_parser(plugin_help=not argv or argv[0] in ("-h", "--help"))
+            a = parser.parse_args(argv)
+            return COMMANDS[a.command](a)
     except CardsegError as exc:
         print(f"cardseg: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        if sigterm.received:
+            print("cardseg: terminated (SIGTERM); nothing half-written was left", file=sys.stderr)
+            return EXIT_TERMINATED
         print("cardseg: interrupted", file=sys.stderr)
         return 130
     except OSError as exc:  # a disk that fills up or a folder that vanishes while writing
