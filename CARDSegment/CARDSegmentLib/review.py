@@ -247,8 +247,18 @@ CSV_FIELDS = ("region", "status", "p_error", "note", "voxels", "volume_mm3", "me
               "volume_agreement", "out_of_domain", "method", "bundle", "input")
 
 
+def spreadsheet_safe(value):
+    """A text cell that a spreadsheet would run as a formula (starting with = + - @, a tab or a
+    carriage return) gets a leading apostrophe, as does one that already starts with one, so
+    the text reads back exactly; numbers and empty cells are left alone."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r", "'"):
+        return "'" + value
+    return value
+
+
 def review_csv(table, report: Optional[dict]) -> str:
-    """One CSV row per region: the decision, the region's measures and the volume's report fields."""
+    """One CSV row per region: the decision, the region's measures and the volume's report fields
+    (every text cell made :func:`spreadsheet_safe`: notes and names are typed by people)."""
     doc = review_document(table, report)
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, lineterminator="\n")
@@ -256,7 +266,7 @@ def review_csv(table, report: Optional[dict]) -> str:
     for region in doc["regions"]:
         lps = region.get("centroid_lps") or ["", "", ""]
         bbox = region.get("bbox_ijk")
-        writer.writerow({
+        writer.writerow({key: spreadsheet_safe(value) for key, value in {
             "region": region.get("id"), "status": region.get("status"), "p_error": region.get("p_error"),
             "note": region.get("note", ""),
             "voxels": region.get("voxels"), "volume_mm3": region.get("volume_mm3"),
@@ -268,7 +278,7 @@ def review_csv(table, report: Optional[dict]) -> str:
             "volume_agreement": doc.get("agreement"), "out_of_domain": doc.get("out_of_domain"),
             "method": doc.get("method"), "bundle": (doc.get("bundle") or {}).get("id"),
             "input": doc.get("input_node") or doc.get("input"),
-        })
+        }.items()})
     return out.getvalue()
 
 

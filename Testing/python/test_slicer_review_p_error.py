@@ -55,3 +55,17 @@ def test_regions_without_p_error_and_old_tables_read_as_unknown():
     rows = review.review_rows(table)
     assert rows[0]["region"] == 1 and math.isnan(rows[0]["p_error"])
     assert review.review_document(table, None)["regions"][0]["p_error"] is None
+
+
+@pytest.mark.parametrize("note", ["=HYPERLINK(\"http://x\",\"y\")", "+1+1", "-2", "@SUM(A1)", "\tx", "'quoted", "plain"])
+def test_exported_csv_never_holds_a_formula_and_reads_back(note):
+    scene = slicer.vtkMRMLScene()
+    table = review.create_review_table(scene, REGIONS)
+    review.set_region_status(table, 1, "accepted", note)
+    rows = list(csv.DictReader(io.StringIO(review.review_csv(table, {"regions": REGIONS, "input": "=cmd|x"}))))
+    for row in rows:
+        for value in row.values():
+            assert not value or value[0] not in "=+-@\t\r", row
+    cell = rows[0]["note"]
+    assert (cell[1:] if cell.startswith("'") else cell) == note  # undone by dropping the apostrophe
+    assert float(rows[0]["p_error"]) == pytest.approx(0.81)  # numbers stay numbers
