@@ -370,3 +370,16 @@ def test_init_bundle_overwrite_replaces_its_own_bundle(tmp_path, capsys):
     assert snapshot(d) != first and sorted(snapshot(d)) == sorted(first)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
     capsys.readouterr()
+
+
+def test_a_batch_cleans_what_a_killed_run_left_beside_its_outdir(tmp_path, tiny_bundle, rotated_nifti):
+    killed_run(tmp_path / "x")
+    assert (tmp_path / ".x.cardseg-tmp").is_dir() and (tmp_path / ".x.cardseg.lock").is_file()
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    (inputs / "a.nii.gz").write_bytes(rotated_nifti.read_bytes())
+    proc = subprocess.run([sys.executable, "-m", "cardseg", "batch", str(inputs), "-o", str(tmp_path / "cohort"),
+                           "--bundle", str(tiny_bundle), "--progress", "none", "--backend", "torch", "--no-report"],
+                          env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    assert not (tmp_path / ".x.cardseg-tmp").exists() and not (tmp_path / ".x.cardseg.lock").exists()

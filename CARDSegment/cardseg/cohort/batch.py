@@ -150,7 +150,7 @@ def _plan(o: BatchOptions, out: Path, earlier: Optional[dict], settings: dict, c
 
 
 def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], cluster) -> BatchResult:
-    from cardseg.io.outdir import FileLock
+    from cardseg.io.outdir import FileLock, clean_leftovers
 
     o, out = plan.options, plan.out
     by_name = {c.name: c for c in plan.cases}
@@ -161,6 +161,7 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
         if created:
             _rmdir_quiet(out)
         raise CardsegError(f"{out}: another cardseg batch is running into this folder now")
+    clean_leftovers(out.parent, skip=out.name)  # what killed runs of any kind left beside OUTDIR
     result = BatchResult(outdir=out)
     rows = plan.rows
     try:
