@@ -165,6 +165,9 @@ def build_parser(plugin_help: bool = False) -> argparse.ArgumentParser:
     p.add_argument("--slices", type=int, default=10, help=f"1 to {SYNTH_MAX_SLICES}")
     p.add_argument("--overwrite", action="store_true", help="replace existing files (never a folder)")
 
+    from cardseg.serve import add_serve_parser
+
+    add_serve_parser(sub)
     for name, ep in sorted(plugin_commands().items()):
         if name in sub.choices:
             continue
@@ -207,7 +210,7 @@ def _check_backend(a) -> None:
 def cmd_segment(a) -> int:
     # Every check that needs no torch comes first, in this order: options, output location,
     # bundle (schema, files), input image. Only then torch, the networks and the work.
-    from cardseg.bundle.folder import check_bundle_folder
+    from cardseg.bundle.folder import check_bundle
     from cardseg.io.inputs import parse_spacing
     from cardseg.io.outdir import check_output
     from cardseg.io.volume import read_volume
@@ -216,7 +219,8 @@ def cmd_segment(a) -> int:
     _check_segment_args(a)
     spacing = parse_spacing(a.spacing) if a.spacing else None
     out = check_output(a.output, a.overwrite, inputs=[a.input])
-    bundle_root, config = check_bundle_folder(a.bundle)
+    checked = check_bundle(a.bundle)
+    bundle_root, config = checked.root, checked.config
     if a.method == "card" and config["calibration"]["method"] != "card":
         raise CardsegError(f"{bundle_root}: the bundle is calibrated by {config['calibration']['method']!r}, "
                            "not CARD; use --method uc or a CARD bundle")
@@ -233,7 +237,8 @@ def cmd_segment(a) -> int:
     device = resolve_device(a.device)
     progress = make_progress(a.progress, a.quiet)
     try:
-        bundle = load_bundle(bundle_root, device=device, backend=a.backend, progress=progress)
+        bundle = load_bundle(bundle_root, device=device, backend=a.backend, progress=progress, prepared=True,
+                             checked=checked)
     finally:
         progress.close()
     if not a.quiet:
@@ -353,6 +358,12 @@ def cmd_synth(a) -> int:
     return 0
 
 
+def cmd_serve(a) -> int:
+    from cardseg.serve import serve
+
+    return serve(a, build_parser, _check_segment_args, _check_backend)
+
+
 def run_plugin(name: str, ep, args: List[str]) -> int:
     """Run a subcommand another package registered (see :func:`plugin_commands`)."""
     try:
@@ -363,7 +374,7 @@ def run_plugin(name: str, ep, args: List[str]) -> int:
 
 
 COMMANDS = {"segment": cmd_segment, "batch": cmd_batch, "sizes": cmd_sizes, "info": cmd_info, "init-bundle": cmd_init_bundle,
-            "synth": cmd_synth}
+            "synth": cmd_synth, "serve": cmd_serve}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -398,7 +409,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 #: commands after which nothing is left to do but exit: every output is written, renamed into
 #: place and closed, no worker or temporary folder outlives them
-QUICK_EXIT = ("segment",)
+QUICK_EXIT = ("segment", "serve")
 
 
 def console_main() -> None:

@@ -1,0 +1,410 @@
+"""``cardseg serve``: a warm engine that segments one volume per request, the model loaded once.
+
+A GUI (the Slicer module, :mod:`CARDSegmentLib.engine`) keeps this process alive between clicks,
+so that a second "Segment & Calibrate" pays only the computation: python, torch, the bundle and
+its networks (ONNX Runtime sessions or torch modules) are loaded once. Every request runs the
+same code as ``cardseg segment`` (:func:`cardseg.segment.segment_file`, the CLI's own option
+checks), so it follows all of segment's rules: checks before any work, outputs staged in a
+temporary folder, read back, moved into place in one step, nothing half written.
+
+Protocol (version :data:`PROTOCOL`), JSON lines, UTF-8:
+
+* **stdin**: one request object per line, run one at a time in the order received.
+
+  - ``{"id": ANY, "input": PATH, "output": OUTDIR, ...}`` (``op`` ``"segment"``, the default):
+    segment ``input`` into ``output``. The other fields are ``cardseg segment``'s options, named
+    as its long options with ``_`` for ``-``: ``bundle``, ``device``, ``backend``, ``method``,
+    ``frame``, ``spacing`` (``"SX,SY[,SZ]"`` or a list of numbers), ``batch_size``, ``threads``,
+    ``overwrite`` (true/false). An absent field takes the value ``cardseg serve`` was started
+    with (``--bundle``, ``--device``, ``--backend``, ``--threads``), else segment's default. The
+    values are judged by segment's own parser and checks: the same one-line refusals.
+  - ``{"id": ANY, "op": "status"}``: answered with a ``status`` event (below).
+  - ``{"op": "exit"}``: end the engine (as end of input does).
+
+* **stdout** (protocol lines only; everything else the process prints goes to stderr):
+
+  - ``{"event": "ready", "protocol": 1, "pid": N, "bundle": PATH|null, "backend": ..., "device": ...,
+    "error": null|LINE}``: once, after start-up; the bundle given at start (or the default one) is
+    already loaded (``error`` says why not: the first request then loads its own or fails).
+  - ``{"stage": NAME, "done": n, "total": m}``: progress of the running request, exactly the
+    lines of ``cardseg segment --progress json`` (stages ``export-onnx``, ``trajectory``, ``write``).
+  - ``{"event": "result", "id": ANY, "ok": true, "output": OUTDIR, "files": [...], "slices": n,
+    "agreement": x|null, "out_of_domain": b|null, "regions": n, "timings_s": {...}, "backend": ...,
+    "device": ..., "loaded_bundle": b, "notes": [...], "seconds": s}``: the request succeeded
+    (``timings_s`` is report.json's; ``loaded_bundle`` whether this request (re)loaded the bundle;
+    ``seconds`` its wall time in the engine).
+  - ``{"event": "result", "id": ANY, "ok": false, "error": LINE, "code": c}``: it failed; ``LINE``
+    is the one line ``cardseg segment`` would print after ``cardseg: error:``; ``code`` segment's
+    exit status (2 bad input or options, 1 a failed write, 3 an unexpected error, whose traceback
+    goes to stderr). The engine stays alive and reads the next request. A line that is not a JSON
+    object is answered so too (``id`` null).
+  - ``{"event": "status", "id": ANY, "pid": N, "requests": n, "bundle": {...}|null,
+    "modules": {"monai": b, "torch": b, "onnxruntime": b}}``: ``modules`` says which of these are
+    imported in this process now (``sys.modules``).
+  - ``{"event": "exit", "reason": "eof"|"exit"|"terminated"|"interrupted"}``: last line.
+
+* **End**: end of input (the client closed the pipe or died) ends the engine. With ``--eof stop``
+  (the default) a request still running is stopped at once, like SIGTERM, with nothing half
+  written; ``--eof finish`` first runs the requests already received (``cardseg serve <
+  requests.jsonl``). SIGTERM stops the running request the same way (exit status 143); the
+  engine's exit status is 0 after end of input or an ``exit`` request.
+
+* **Bundle changes**: every request checks its bundle folder as ``cardseg segment`` does
+  (schema, each weight file's sha256); when the folder, its ``bundle.json`` or the weights'
+  checksums differ from what is loaded (or the device or backend asked for does), the bundle is
+  loaded again before the work, so a refitted or replaced bundle is noticed without a restart.
+  Only one bundle is kept loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import queue
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+from cardseg.base.errors import CardsegError, one_line
+
+PROTOCOL = 1
+#: request fields that map to a ``cardseg segment`` option taking a value
+VALUE_FIELDS = ("bundle", "device", "backend", "method", "frame", "spacing", "batch_size", "threads")
+FIELDS = ("id", "op", "input", "output", "overwrite") + VALUE_FIELDS
+OPS = ("segment", "status", "exit")
+#: modules whose presence ``status`` reports
+WATCHED_MODULES = ("monai", "torch", "onnxruntime")
+#: exit status of an unexpected error in one request (the engine goes on)
+UNEXPECTED = 3
+
+
+def add_serve_parser(sub) -> None:
+    """Register ``cardseg serve`` on the CLI's subparsers."""
+    p = sub.add_parser("serve", help="a warm engine: segment requests read as JSON lines on stdin (the Slicer module)",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       description="Load the bundle once, then segment one volume per JSON line read on stdin "
+                                   "exactly as 'segment' does, answering with JSON lines on stdout (progress, then "
+                                   "one result per request). The protocol is described in cardseg/serve.py.")
+    p.add_argument("--bundle", metavar="PATH",
+                   help="bundle loaded at start and used by requests that name none (default: $CARDSEG_BUNDLE or "
+                        "the shipped one)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="device of requests that name none")
+    p.add_argument("--backend", choices=["auto", "torch", "onnx"], help="backend of requests that name none")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads of requests that name none")
+    p.add_argument("--eof", default="stop", choices=["stop", "finish"],
+                   help="at the end of input: stop the running request at once (a client that went away), or "
+                        "finish the requests already read")
+    p.add_argument("--no-preload", action="store_true", help="load the bundle with the first request, not at start")
+
+
+class Protocol:
+    """Writes the protocol's JSON lines to one stream, flushed line by line."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def send(self, obj: dict) -> None:
+        self.stream.write(json.dumps(obj) + "\n")
+        self.stream.flush()
+
+
+@contextlib.contextmanager
+def protocol_stdout() -> Iterator[Protocol]:
+    """The real stdout becomes the protocol's alone: file descriptor 1 (Python's ``print`` and any
+    native library writing there) goes to stderr while the engine runs, and comes back after."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    stream = os.fdopen(os.dup(1), "w", encoding="utf-8", newline="\n")
+    os.dup2(2, 1)
+    try:
+        yield Protocol(stream)
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+        stream.close()
+
+
+class StdinReader:
+    """Reads request lines on a thread, so that the end of input is seen while a request runs.
+
+    ``on_eof`` is called (from the reader thread) when the input ends; lines go to :meth:`get`,
+    which returns None after the last one.
+    """
+
+    def __init__(self, stream, on_eof: Callable[[], None]):
+        self.lines: "queue.Queue[Optional[str]]" = queue.Queue()
+        self.on_eof = on_eof
+        self.thread = threading.Thread(target=self._pump, args=(stream,), daemon=True, name="cardseg-serve-stdin")
+        self.thread.start()
+
+    def _pump(self, stream) -> None:
+        try:
+            for raw in iter(stream.readline, b""):
+                self.lines.put(raw.decode("utf-8", errors="replace"))
+        except (OSError, ValueError):
+            pass
+        self.lines.put(None)
+        self.on_eof()
+
+    def get(self) -> Optional[str]:
+        return self.lines.get()
+
+
+class LoadedBundle:
+    """The one bundle kept loaded, and what it was loaded for (folder, configuration, device, backend)."""
+
+    def __init__(self):
+        self.key: Optional[tuple] = None
+        self.bundle = None
+
+    @staticmethod
+    def key_of(root: Path, config: dict, device, backend: str) -> tuple:
+        return (str(Path(root).resolve()), json.dumps(config, sort_keys=True), str(device), backend)
+
+    def get(self, root: Path, config: dict, device, backend: str, progress) -> tuple:
+        """``(bundle, loaded_now)``: the loaded bundle when it is the same, else a fresh load."""
+        from cardseg.bundle.loading import load_bundle
+
+        key = self.key_of(root, config, device, backend)
+        if self.bundle is not None and key == self.key:
+            return self.bundle, False
+        self.bundle = self.key = None  # a failed load leaves nothing stale behind
+        bundle = load_bundle(root, device=device, backend=backend, progress=progress)
+        for note in bundle.notes:
+            print(f"cardseg: note: {note}", file=sys.stderr)
+        self.bundle, self.key = bundle, key
+        return bundle, True
+
+    def describe(self) -> Optional[dict]:
+        if self.bundle is None:
+            return None
+        b = self.bundle
+        return {"id": b.ident, "path": str(b.path), "backend": b.backend, "device": self.key[2],
+                "checksums": dict(b.checksums)}
+
+
+class Engine:
+    """Runs requests one at a time against a :class:`LoadedBundle` (see the module docstring).
+
+    ``make_parser`` is the CLI's parser factory, ``check_segment`` the checks ``cardseg segment``
+    runs on its arguments and ``check_backend`` the one that settles ``--backend`` (all from
+    :mod:`cardseg.cli`, handed in so that this module does not import the CLI).
+    """
+
+    def __init__(self, defaults: argparse.Namespace, protocol: Protocol, make_parser: Callable,
+                 check_segment: Callable, check_backend: Callable):
+        self.defaults = defaults
+        self.protocol = protocol
+        self.parser = make_parser()
+        self.check_segment = check_segment
+        self.check_backend = check_backend
+        self.loaded = LoadedBundle()
+        self.requests = 0
+
+    # -- requests
+
+    def arguments(self, request: dict) -> argparse.Namespace:
+        """``request`` as ``cardseg segment``'s parsed arguments (its parser: same choices, types, defaults)."""
+        unknown = sorted(set(request) - set(FIELDS))
+        if unknown:
+            raise CardsegError(f"unknown request field {unknown[0]!r} (fields: {', '.join(FIELDS)})")
+        for name in ("input", "output"):
+            if not isinstance(request.get(name), str) or not request[name]:
+                raise CardsegError(f"the request needs {name!r}: a path")
+        d = self.defaults
+        values = {"bundle": d.bundle, "device": d.device, "backend": d.backend, "threads": d.threads}
+        values.update({k: request[k] for k in VALUE_FIELDS if request.get(k) is not None})
+        argv = ["segment", f"--output={request['output']}", "--progress=json"]
+        for name, value in values.items():
+            if value is not None:
+                argv.append(f"--{name.replace('_', '-')}={option_text(name, value)}")
+        overwrite = request.get("overwrite", False)
+        if not isinstance(overwrite, bool):
+            raise CardsegError(f"'overwrite' must be true or false, got {json.dumps(overwrite)}")
+        if overwrite:
+            argv.append("--overwrite")
+        return self.parse(argv + ["--", request["input"]])
+
+    def parse(self, argv: list) -> argparse.Namespace:
+        """Parse with the CLI's parser; its usage error becomes a one-line :class:`CardsegError`."""
+        import io
+
+        err = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(err):
+                return self.parser.parse_args(argv)
+        except SystemExit:
+            lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+            text = lines[-1] if lines else "invalid request"
+            raise CardsegError(text.split(" error: ", 1)[-1]) from None
+
+    def segment(self, request: dict, t0: float) -> dict:
+        """One ``segment`` request, checked in ``cardseg segment``'s order; the result event."""
+        from cardseg.bundle.folder import check_bundle_folder
+        from cardseg.io.inputs import parse_spacing
+        from cardseg.io.outdir import check_output
+
+        a = self.arguments(request)
+        self.check_segment(a)
+        spacing = parse_spacing(a.spacing) if a.spacing else None
+        check_output(a.output, a.overwrite, inputs=[a.input])
+        root, config = check_bundle_folder(a.bundle)
+        if a.method == "card" and config["calibration"]["method"] != "card":
+            raise CardsegError(f"{root}: the bundle is calibrated by {config['calibration']['method']!r}, "
+                               "not CARD; use --method uc or a CARD bundle")
+        import torch
+
+        from cardseg.base.cpus import default_threads
+        from cardseg.base.progress import JsonProgress
+        from cardseg.segment import resolve_device, segment_file
+
+        torch.set_num_threads(a.threads or default_threads())
+        device = resolve_device(a.device)
+        progress = JsonProgress(self.protocol.stream)
+        bundle, loaded_now = self.loaded.get(root, config, device, a.backend, progress)
+        report = segment_file(a.input, a.output, bundle, method=a.method, device=device, batch_size=a.batch_size,
+                              frame=a.frame, spacing=spacing, overwrite=a.overwrite, progress=progress, t_start=t0)
+        out = Path(os.path.realpath(os.path.abspath(a.output)))
+        files = sorted(p.name for p in out.iterdir() if p.is_file() and not p.name.startswith("."))
+        return {"event": "result", "id": request.get("id"), "ok": True, "output": str(out), "files": files,
+                "slices": report["slices"], "agreement": report["agreement"], "out_of_domain": report["out_of_domain"],
+                "regions": len(report["regions"]), "timings_s": report["timings_s"], "backend": report["backend"],
+                "device": report["device"], "loaded_bundle": loaded_now, "notes": list(bundle.notes),
+                "seconds": time.perf_counter() - t0}
+
+    def status(self, request: dict) -> dict:
+        return {"event": "status", "id": request.get("id"), "pid": os.getpid(), "requests": self.requests,
+                "bundle": self.loaded.describe(), "modules": {m: m in sys.modules for m in WATCHED_MODULES}}
+
+    def handle(self, line: str) -> bool:
+        """Answer one input line; False when it asks the engine to end."""
+        t0 = time.perf_counter()
+        try:
+            request = json.loads(line)
+        except ValueError as exc:
+            self.protocol.send(error_event(None, f"not a JSON request ({one_line(exc)})", 2))
+            return True
+        if not isinstance(request, dict):
+            self.protocol.send(error_event(None, "a request must be a JSON object", 2))
+            return True
+        op = request.get("op", "segment")
+        if op not in OPS:
+            self.protocol.send(error_event(request.get("id"), f"unknown op {json.dumps(op)} (ops: {', '.join(OPS)})", 2))
+            return True
+        if op == "exit":
+            return False
+        if op == "status":
+            self.protocol.send(self.status(request))
+            return True
+        self.requests += 1
+        self.protocol.send(self.run_request(request, t0))
+        return True
+
+    def run_request(self, request: dict, t0: float) -> dict:
+        """The result event of one segment request; errors become error events (a stop goes on up)."""
+        rid = request.get("id")
+        try:
+            return self.segment(request, t0)
+        except CardsegError as exc:
+            return error_event(rid, one_line(exc), 2)
+        except KeyboardInterrupt:
+            self.protocol.send(error_event(rid, "stopped; nothing half-written was left", 130))
+            raise
+        except OSError as exc:  # as cardseg segment: a full disk, a folder that vanished
+            where = f"{exc.filename}: " if exc.filename else ""
+            return error_event(rid, f"{where}{exc.strerror or one_line(exc)}", 1)
+        except Exception as exc:  # noqa: BLE001 - a bug in one request must not end the engine
+            traceback.print_exc(file=sys.stderr)
+            return error_event(rid, f"{type(exc).__name__}: {one_line(exc)}", UNEXPECTED)
+
+    def preload(self) -> Optional[str]:
+        """Load the start-up bundle (``--bundle`` or the default); None, or why it could not be."""
+        from types import SimpleNamespace
+
+        import torch
+
+        from cardseg.base.cpus import default_threads
+        from cardseg.base.options import check_run_options
+        from cardseg.bundle.folder import check_bundle_folder
+        from cardseg.segment import resolve_device
+
+        try:
+            d = self.defaults
+            check_run_options(1, d.threads, None)
+            a = SimpleNamespace(backend=d.backend, device=d.device)
+            self.check_backend(a)
+            torch.set_num_threads(d.threads or default_threads())
+            root, config = check_bundle_folder(d.bundle)
+            self.loaded.get(root, config, resolve_device(a.device), a.backend, None)
+        except (CardsegError, OSError) as exc:
+            return one_line(exc)
+        return None
+
+
+def option_text(name: str, value) -> str:
+    """A request value as the text of its command-line option (a list for ``spacing``)."""
+    if name == "spacing" and isinstance(value, list):
+        value = ",".join(str(v) for v in value)
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise CardsegError(f"{name!r} must be a {'number' if name in ('frame', 'batch_size', 'threads') else 'text'}, "
+                           f"got {json.dumps(value)}")
+    return str(value)
+
+
+def error_event(rid, message: str, code: int) -> dict:
+    return {"event": "result", "id": rid, "ok": False, "error": message, "code": code}
+
+
+def serve(a: argparse.Namespace, make_parser: Callable, check_segment: Callable, check_backend: Callable) -> int:
+    """Run the engine until the end of input, an ``exit`` request or SIGTERM; the exit status."""
+    import _thread
+
+    from cardseg.base.interrupt import EXIT_TERMINATED, sigterm_as_interrupt
+
+    busy = threading.Event()
+    eof = threading.Event()
+
+    def on_eof() -> None:
+        eof.set()
+        if a.eof == "stop" and busy.is_set():
+            _thread.interrupt_main()  # the client is gone: stop the work as Ctrl-C would
+
+    reason, code = "eof", 0
+    with protocol_stdout() as protocol:
+        try:
+            with sigterm_as_interrupt() as sigterm:
+                engine = Engine(a, protocol, make_parser, check_segment, check_backend)
+                error = None if a.no_preload else engine.preload()
+                b = engine.loaded.describe()
+                protocol.send({"event": "ready", "protocol": PROTOCOL, "pid": os.getpid(),
+                               "bundle": b and b["path"], "backend": b and b["backend"], "device": b and b["device"],
+                               "error": error})
+                reader = StdinReader(sys.stdin.buffer, on_eof)
+                while True:
+                    line = reader.get()
+                    if line is None:
+                        break
+                    if not line.strip():
+                        continue
+                    busy.set()
+                    try:
+                        if not engine.handle(line):
+                            reason = "exit"
+                            break
+                    finally:
+                        busy.clear()
+        except KeyboardInterrupt:
+            if sigterm.received:
+                reason, code = "terminated", EXIT_TERMINATED
+            elif eof.is_set():
+                reason, code = "eof", 0
+            else:
+                reason, code = "interrupted", 130
+        protocol.send({"event": "exit", "reason": reason})
+    return code
