@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Optional, Tuple
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
 
 from cardseg.base.errors import CardsegError, show
 from cardseg.bundle.schema import validate_config
-from cardseg.bundle.weights import verify_weights
+from cardseg.bundle.weights import WeightFile, verify_weights
 
 ENV_VAR = "CARDSEG_BUNDLE"
 DEFAULT_NAME = "acdc"
@@ -44,8 +45,19 @@ def read_config(path: os.PathLike) -> dict:
     return config
 
 
-def check_bundle_folder(path: Optional[os.PathLike] = None) -> Tuple[Path, dict]:
-    """Resolve, read and fully check a bundle without torch → ``(folder, config)``.
+@dataclass(frozen=True)
+class CheckedBundle:
+    """A bundle folder whose ``bundle.json`` and weight files passed every check that needs no
+    torch: the folder, the validated configuration and ``{role: WeightFile}`` (with the verified
+    bytes). :func:`cardseg.bundle.loading.load_bundle` accepts it, so a run checks once."""
+
+    root: Path
+    config: dict
+    weights: Dict[str, WeightFile]
+
+
+def check_bundle(path: Optional[os.PathLike] = None) -> CheckedBundle:
+    """Resolve, read and fully check a bundle without torch.
 
     ``path`` is chosen as in :func:`resolve_bundle_path`. Checks ``bundle.json`` against the
     schema (:func:`validate_config`) and each weight file's checksum and safetensors header
@@ -53,8 +65,13 @@ def check_bundle_folder(path: Optional[os.PathLike] = None) -> Tuple[Path, dict]
     """
     root = resolve_bundle_path(path)
     config = validate_config(read_config(root), root)
-    verify_weights(root, config)
-    return root, config
+    return CheckedBundle(root=root, config=config, weights=verify_weights(root, config))
+
+
+def check_bundle_folder(path: Optional[os.PathLike] = None) -> Tuple[Path, dict]:
+    """:func:`check_bundle` → ``(folder, config)``."""
+    checked = check_bundle(path)
+    return checked.root, checked.config
 
 
 def _one_line(exc: BaseException) -> str:

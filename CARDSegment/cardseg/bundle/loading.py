@@ -23,9 +23,9 @@ from torch import nn
 from cardseg.base.errors import CardsegError
 from cardseg.base.files import sha256_file
 from cardseg.bundle.calibration_schema import CALIBRATION_META
-from cardseg.bundle.folder import read_config, resolve_bundle_path
+from cardseg.bundle.folder import CheckedBundle, check_bundle, read_config
 from cardseg.bundle.schema import ROLES, SCHEMA_VERSION, validate_config
-from cardseg.bundle.weights import WeightFile, verify_weights
+from cardseg.bundle.weights import WeightFile
 from cardseg.method.calibration import Calibrator, calibrator_from_dict
 from cardseg.method.diffusion import CategoricalSchedule
 from cardseg.method.networks import build_network, count_parameters, size_multiple
@@ -114,8 +114,9 @@ class Bundle:
 
 
 def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device = "cpu",
-                backend: Optional[str] = None, progress=None) -> Bundle:
-    """Load and verify a bundle (see :func:`resolve_bundle_path` for how ``path`` is chosen).
+                backend: Optional[str] = None, progress=None, prepared: bool = False,
+                checked: Optional[CheckedBundle] = None) -> Bundle:
+    """Load and verify a bundle (see :func:`cardseg.bundle.folder.resolve_bundle_path` for how ``path`` is chosen).
 
     In order: ``bundle.json`` against the schema, each weight file's sha256 and safetensors
     header, the header's tensor shapes against the network ``bundle.json`` describes, then the
@@ -138,17 +139,27 @@ def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device =
     backend ever runs them). Every load also removes the ONNX cache's stale temporaries
     (:func:`cardseg.bundle.onnx_cache.clean_stale_temporaries`).
 
+    ``prepared`` (what ``cardseg segment``, ``batch`` and ``serve`` ask for): the torch backend
+    runs cached TorchScript programs instead of the eager networks, so that no run after the
+    first imports MONAI (:mod:`cardseg.bundle.script_backend`; ``$CARDSEG_PROGRAMS=0`` turns it
+    off). Code that trains or inspects the networks leaves it off and gets ``nn.Module`` s.
+
+    ``checked``: what :func:`cardseg.bundle.folder.check_bundle` returned for this bundle earlier
+    in the same run; its weights are then not read and verified a second time (the networks are
+    loaded from the verified bytes it holds, never from the files again).
+
     :attr:`Bundle.backend` is the one that was used.
     """
     from cardseg.bundle.onnx_backend import CHOICES, BrokenNetwork, ExporterMissing, available
     from cardseg.bundle.onnx_cache import clean_stale_temporaries
+    from cardseg.bundle.script_backend import load_programs, programs_enabled
 
     backend = backend or "torch"
     if backend not in CHOICES:
         raise CardsegError(f"unknown backend {backend!r} (choose from {', '.join(CHOICES)})")
-    root = resolve_bundle_path(path)
-    config = validate_config(read_config(root), root)
-    weights = verify_weights(root, config)
+    if checked is None:
+        checked = check_bundle(path)
+    root, config, weights = checked.root, checked.config, checked.weights
     clean_stale_temporaries()
     on_cpu = torch.device(device).type == "cpu"
     if backend == "onnx" and not on_cpu:
@@ -185,12 +196,20 @@ def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device =
         notes.append(SPEED_NOTE)
     if nets is None:
         backend = "torch"
-        nets = {role: load_network(root, config, role, weights[role]).to(device) for role in ROLES}
-        if on_cpu:  # same arithmetic, a faster CPU kernel
-            from cardseg.method.networks.fast import instance_to_group_norm
 
-            for net in nets.values():
+        def eager(role: str) -> nn.Module:
+            net = load_network(root, config, role, weights[role]).to(device)
+            if on_cpu:  # same arithmetic, a faster CPU kernel
+                from cardseg.method.networks.fast import instance_to_group_norm
+
                 instance_to_group_norm(net)
+            return net
+
+        if prepared and programs_enabled():
+            nets = load_programs(root, config, weights, eager, torch.device(device), cpu_group_norm=on_cpu,
+                                 progress=progress, notes=notes)
+        else:
+            nets = {role: eager(role) for role in ROLES}
     checksums = {w.path.name: w.sha256 for w in weights.values()}
     return Bundle(path=root, config=config, primary=nets["primary"], reference=nets["reference"], checksums=checksums,
                   backend=backend, notes=notes)
@@ -220,7 +239,7 @@ def _build(root: Path, config: dict, role: str, num_classes: int) -> nn.Module:
 
 def load_network(root: Path, config: dict, role: str, weights: WeightFile) -> nn.Module:
     """Build ``role``'s network, check the file's tensor shapes against it, load it (eval, float32)."""
-    from safetensors.torch import load_file
+    from safetensors.torch import load, load_file
 
     spec = config["networks"][role]
     multiple = size_multiple(spec)
@@ -231,7 +250,8 @@ def load_network(root: Path, config: dict, role: str, weights: WeightFile) -> nn
     net = _build(root, config, role, num_classes)
     _check_shapes(root, config, role, weights, net, num_classes)
     try:
-        net.load_state_dict(load_file(str(weights.path)), strict=True)
+        state = load(weights.data) if weights.data is not None else load_file(str(weights.path))
+        net.load_state_dict(state, strict=True)
     except Exception as exc:  # noqa: BLE001 - any failure of a checked file is reported in one line
         raise CardsegError(f"{weights.path}: weights do not load into the {_describe(spec)} network "
                            f"({_first_line(exc)})") from None

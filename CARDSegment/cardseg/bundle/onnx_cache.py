@@ -1,5 +1,6 @@
-"""The files of the ONNX model cache (:mod:`cardseg.bundle.onnx_backend`): where it lies, how an
-entry is read and written, and the temporaries an interrupted export leaves.
+"""The files of the model cache (ONNX models, :mod:`cardseg.bundle.onnx_backend`, and prepared
+torch programs, :mod:`cardseg.bundle.script_backend`): where it lies, how an entry is read and
+written, and the temporaries an interrupted export leaves.
 
 * :func:`cache_dir`: ``$CARDSEG_CACHE_DIR``, else ``$XDG_CACHE_HOME/cardseg``, else
   ``~/.cache/cardseg``; never inside the installed package. Models lie in its ``models`` folder.
@@ -30,7 +31,7 @@ from cardseg.base.errors import CardsegError
 CACHE_ENV = "CARDSEG_CACHE_DIR"
 #: name prefix of every temporary file the cache writes
 TEMP_PREFIX = "cardseg-onnx-tmp-"
-TEMP_RE = re.compile(re.escape(TEMP_PREFIX) + r"(\d+)-[A-Za-z0-9_]+(\.onnx|\.json)")
+TEMP_RE = re.compile(re.escape(TEMP_PREFIX) + r"(\d+)-[A-Za-z0-9_]+(\.onnx|\.json|\.pt)")
 #: a temporary is stale when older than this (seconds), whoever wrote it
 STALE_S = 3600.0
 #: ... or when its process has ended and it is older than this (another host sharing the folder

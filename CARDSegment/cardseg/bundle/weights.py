@@ -15,7 +15,7 @@ import hashlib
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional, Sequence, Tuple
 
@@ -36,11 +36,14 @@ FLOAT_BITS = {"F16": (2, 0x7C00), "BF16": (2, 0x7F80), "F32": (4, 0x7F800000), "
 
 @dataclass(frozen=True)
 class WeightFile:
-    """A verified weight file: its path, sha256 and safetensors header (tensor name → entry)."""
+    """A verified weight file: its path, sha256 and safetensors header (tensor name → entry),
+    and the bytes that were verified (loading uses these, so a file changed after the check is
+    never what runs)."""
 
     path: Path
     sha256: str
     tensors: Dict[str, dict]
+    data: Optional[bytes] = field(default=None, repr=False, compare=False)
 
     def shapes(self) -> Dict[str, Tuple[int, ...]]:
         return {name: tuple(entry["shape"]) for name, entry in self.tensors.items()}
@@ -66,7 +69,7 @@ def verify_weights(root: os.PathLike, config: dict) -> Dict[str, WeightFile]:
         problem = non_finite_problem(data, tensors)
         if problem:
             raise CardsegError(f"{path}: {problem}; the weights are broken (train or export the bundle again)")
-        out[role] = WeightFile(path=path, sha256=digest, tensors=tensors)
+        out[role] = WeightFile(path=path, sha256=digest, tensors=tensors, data=data)
     return out
 
 

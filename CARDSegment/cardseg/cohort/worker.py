@@ -50,7 +50,7 @@ class CaseWorker:
         torch.set_num_threads(int(self.threads or default_threads()))
         self.device = resolve_device(self.device_name)
         self.bundle = load_bundle(self.bundle_root, device=self.device, backend=self.backend,
-                                  progress=progress)
+                                  progress=progress, prepared=True)
         self.loads += 1
 
     def run(self, job: Job) -> dict:
