@@ -1,0 +1,383 @@
+"""A warm ``cardseg serve`` process for the Slicer module, without Qt.
+
+A one-shot run (:mod:`.process`) pays for starting Python, importing torch and loading the
+bundle at every click. :class:`Engine` keeps one ``cardseg serve`` process (PythonSlicer inside
+Slicer, any interpreter in tests) alive between runs and sends it one JSON request per run (the
+protocol is described in ``cardseg/serve.py``); :meth:`Engine.run` gives an :class:`EngineRun`,
+which the module drives exactly like a :class:`~.process.CardsegRun` (``start``, ``poll`` from a
+``QTimer``, ``cancel``, ``wait``; ``state``, ``progress``, ``error``).
+
+* The process starts with the first run, or earlier with :meth:`Engine.warm_up` (when the module
+  opens, if the user allows it), and again with the next run after it ended (a crash, a cancel).
+* Cancel ends the work at once: the process (and what it started) is killed, as a one-shot run's
+  is; the next run starts a new one.
+* It dies with Slicer: the engine exits when its stdin reaches end of file (this process is gone),
+  and :meth:`Engine.close` (also registered with :mod:`atexit`) kills it.
+* A run whose engine ended before it was ready (e.g. an engine without ``serve``) has
+  :attr:`EngineRun.engine_failed` set: the caller may run it again as a one-shot process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import queue
+import subprocess
+import threading
+import time
+import weakref
+from typing import Callable, Dict, List, Optional, Tuple
+
+from . import process as proc
+
+#: what the engine reports at start and at the end of each request (see ``cardseg/serve.py``)
+READY, RESULT, EXIT = "ready", "result", "exit"
+
+
+def engine_argv(command: proc.SegmentCommand) -> List[str]:
+    """The ``cardseg serve`` command line for the interpreter and package ``command`` names."""
+    python = command.python_executable or proc.default_python_executable()
+    return [python, "-m", "cardseg", "serve", "--eof", "stop"]
+
+
+def launch_key(command: proc.SegmentCommand) -> Tuple:
+    """What a running engine must share with a run to serve it (else it is started again)."""
+    return (command.python_executable or proc.default_python_executable(), command.engine_dir,
+            tuple(sorted(command.extra_env.items())))
+
+
+def request_of(command: proc.SegmentCommand, rid: int) -> Dict[str, object]:
+    """The JSON request for one run: the options :meth:`~.process.SegmentCommand.argv` passes."""
+    command.argv()  # the same refusal of a wrong device or method as a one-shot run
+    request: Dict[str, object] = {"id": rid, "input": str(command.input_path), "output": str(command.output_dir),
+                                  "device": command.device, "method": command.method, "overwrite": True}
+    if command.bundle_path:
+        request["bundle"] = str(command.bundle_path)
+    if command.threads:
+        request["threads"] = int(command.threads)
+    if command.batch_size:
+        request["batch_size"] = int(command.batch_size)
+    return request
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine process: a launcher gives a handle that also writes lines to the child's stdin
+
+
+class EngineHandle(proc.ProcessHandle):
+    """A :class:`~.process.ProcessHandle` that also sends lines: ``write_line(text)`` (raises
+    :class:`OSError` when the process is gone) and ``close_input()``."""
+
+    def write_line(self, text: str) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def close_input(self) -> None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+EngineLauncher = Callable[[List[str], Dict[str, str], Optional[str]], EngineHandle]
+
+
+class PipedProcess(EngineHandle):
+    """A real engine process with pipes on all three streams; reader threads queue its lines."""
+
+    def __init__(self, argv: List[str], env: Dict[str, str], cwd: Optional[str] = None):
+        kwargs = {}
+        if os.name == "nt":
+            kwargs["creationflags"] = getattr(subprocess, "CREATE_NO_WINDOW", 0)
+        else:
+            kwargs["start_new_session"] = True  # its own process group: a kill ends all of it
+        self._proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, encoding="utf-8", errors="replace",
+                                      bufsize=1, **kwargs)
+        self._lines: "queue.Queue[Tuple[str, str]]" = queue.Queue()
+        self._readers = [threading.Thread(target=self._pump, args=(name, stream), daemon=True)
+                         for name, stream in (("stdout", self._proc.stdout), ("stderr", self._proc.stderr))]
+        for t in self._readers:
+            t.start()
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def _pump(self, name: str, stream) -> None:
+        try:
+            for line in stream:
+                self._lines.put((name, line.rstrip("\r\n")))
+        except (OSError, ValueError):
+            pass
+
+    def read_lines(self) -> List[Tuple[str, str]]:
+        out = []
+        while True:
+            try:
+                out.append(self._lines.get_nowait())
+            except queue.Empty:
+                return out
+
+    def returncode(self) -> Optional[int]:
+        code = self._proc.poll()
+        if code is not None:
+            for t in self._readers:  # the last lines are still on their way
+                t.join(timeout=1.0)
+        return code
+
+    def write_line(self, text: str) -> None:
+        try:
+            self._proc.stdin.write(text + "\n")
+            self._proc.stdin.flush()
+        except ValueError as exc:  # the pipe was closed here
+            raise BrokenPipeError(str(exc)) from None
+
+    def close_input(self) -> None:
+        try:
+            self._proc.stdin.close()
+        except OSError:
+            pass
+
+    def kill(self) -> None:
+        self.close_input()
+        proc.kill_process_tree(self._proc)
+        try:
+            self._proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:  # pragma: no cover - a process that survives SIGKILL
+            pass
+
+
+def pipe_launcher(argv: List[str], env: Dict[str, str], cwd: Optional[str] = None) -> EngineHandle:
+    """The default launcher: a real child process."""
+    return PipedProcess(argv, env, cwd)
+
+
+# ---------------------------------------------------------------------------------------------
+# one run through the engine
+
+
+class EngineRun:
+    """One segmentation through the :class:`Engine`, with :class:`~.process.CardsegRun`'s interface."""
+
+    def __init__(self, engine: "Engine", command: proc.SegmentCommand,
+                 on_progress: Optional[Callable[[proc.Progress], None]] = None):
+        self.engine = engine
+        self.command = command
+        self.on_progress = on_progress
+        self.state = proc.IDLE
+        self.progress = proc.Progress()
+        self.error: Optional[str] = None
+        self.returncode: Optional[int] = None
+        self.log: List[str] = []
+        self.result: Optional[dict] = None  # the engine's result event of a succeeded run
+        self.engine_failed = False  # the engine ended before it was ready: try the one-shot process
+        self.started_at: Optional[float] = None
+        self.finished_at: Optional[float] = None
+        self.id: Optional[int] = None
+
+    @property
+    def running(self) -> bool:
+        return self.state == proc.RUNNING
+
+    @property
+    def finished(self) -> bool:
+        return self.state in proc.FINISHED_STATES
+
+    def start(self) -> None:
+        if self.state != proc.IDLE:
+            raise RuntimeError(f"this run was already started (state {self.state})")
+        self.started_at = time.monotonic()
+        self.engine.submit(self)
+
+    def poll(self) -> str:
+        """Read what the engine sent, update progress; returns the state (call it from a timer)."""
+        if self.state == proc.RUNNING:
+            self.engine.poll()
+        return self.state
+
+    def cancel(self) -> None:
+        """End the work at once (the engine process is killed); the state becomes ``cancelled``."""
+        if self.state == proc.IDLE:
+            self.finish(proc.CANCELLED, None)
+        elif self.state == proc.RUNNING:
+            self.engine.cancel(self)
+
+    def wait(self, timeout: Optional[float] = None, interval: float = 0.05) -> str:
+        """Poll until the run finishes (scripts and tests); cancels it on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() == proc.RUNNING:
+            if deadline is not None and time.monotonic() > deadline:
+                self.cancel()
+                self.error = f"timed out after {timeout:.0f} s"
+                break
+            time.sleep(interval)
+        return self.state
+
+    # -- called by the engine
+
+    def advance(self, stage: str, done: int, total: int) -> None:
+        fraction = proc.overall_fraction(stage, done, total, self.progress.fraction)
+        self.progress = proc.Progress(stage, done, total, fraction)
+        if self.on_progress is not None:
+            self.on_progress(self.progress)
+
+    def finish(self, state: str, error: Optional[str]) -> None:
+        if state == proc.SUCCEEDED:
+            self.progress.fraction = 1.0
+        self.state, self.error = state, error
+        self.finished_at = time.monotonic()
+        del self.log[:-proc.LOG_LINES]
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine
+
+
+_OPEN_ENGINES: "weakref.WeakSet[Engine]" = weakref.WeakSet()
+
+
+@atexit.register
+def close_all() -> None:
+    """Kill every engine process this interpreter started (Slicer exits)."""
+    for engine in list(_OPEN_ENGINES):
+        engine.close()
+
+
+class Engine:
+    """One warm ``cardseg serve`` process, serving one run at a time (see the module docstring)."""
+
+    def __init__(self, launcher: Optional[EngineLauncher] = None):
+        self.launcher = launcher or pipe_launcher
+        self.handle: Optional[EngineHandle] = None
+        self.key: Optional[Tuple] = None
+        self.ready: Optional[dict] = None  # the engine's ready event, once it came
+        self.current: Optional[EngineRun] = None
+        self.log: List[str] = []  # the process's other lines (stderr), the latest kept
+        self.starts = 0  # processes started so far
+        self._next_id = 0
+        _OPEN_ENGINES.add(self)
+
+    @property
+    def alive(self) -> bool:
+        return self.handle is not None and self.handle.returncode() is None
+
+    @property
+    def busy(self) -> bool:
+        return self.current is not None and self.current.running
+
+    def run(self, command: proc.SegmentCommand,
+            on_progress: Optional[Callable[[proc.Progress], None]] = None) -> EngineRun:
+        """A run of ``command`` through this engine (not started yet: call its ``start``)."""
+        return EngineRun(self, command, on_progress)
+
+    def warm_up(self, command: proc.SegmentCommand) -> None:
+        """Start the engine for runs like ``command`` now (it loads the default bundle), if not running."""
+        self.poll()
+        if not self.busy:
+            self._ensure(command)
+
+    def submit(self, run: EngineRun) -> None:
+        """Send ``run``'s request, starting the engine first when none runs for its command."""
+        self.poll()
+        if self.busy:
+            raise RuntimeError("the engine is busy with another run")
+        self._next_id += 1
+        run.id = self._next_id
+        try:
+            line = json.dumps(request_of(run.command, run.id))
+        except ValueError as exc:  # a wrong device or method, refused as a one-shot run would be
+            run.finish(proc.FAILED, str(exc))
+            return
+        try:
+            self._ensure(run.command)
+        except OSError as exc:
+            run.engine_failed = True
+            run.finish(proc.FAILED, f"cannot start {engine_argv(run.command)[0]}: {exc}")
+            return
+        self.current = run
+        run.state = proc.RUNNING
+        try:
+            self.handle.write_line(line)
+        except OSError:  # it ended before it read the request: poll() reports its exit as the run's error
+            pass
+
+    def poll(self) -> None:
+        """Read what the engine sent: progress and the result go to the current run; an ended process fails it."""
+        if self.handle is None:
+            return
+        self._consume(self.handle.read_lines())
+        code = self.handle.returncode()
+        if code is None:
+            return
+        self._consume(self.handle.read_lines())
+        run = self.current
+        failed_before_ready = self.ready is None
+        self.handle = None  # the next run starts a new process
+        if run is not None and run.running:
+            run.returncode = code
+            run.engine_failed = failed_before_ready
+            run.finish(proc.FAILED, proc.extract_error(run.log or self.log, code))
+
+    def cancel(self, run: EngineRun) -> None:
+        """End ``run`` at once: the engine process goes (the next run starts another)."""
+        try:
+            if self.current is run:
+                self._discard()
+        finally:
+            run.finish(proc.CANCELLED, None)
+
+    def close(self) -> None:
+        """End the engine (the running run, if any, is cancelled)."""
+        if self.current is not None and self.current.running:
+            self.current.finish(proc.CANCELLED, None)
+        self._discard()
+
+    # -- internals
+
+    def _ensure(self, command: proc.SegmentCommand) -> None:
+        key = launch_key(command)
+        if self.alive and key == self.key:
+            return
+        self._discard()
+        self.ready = None
+        self.handle = self.launcher(engine_argv(command), command.env(), None)
+        self.key = key
+        self.starts += 1
+
+    def _discard(self) -> None:
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            handle.kill()
+
+    def _consume(self, pairs: List[Tuple[str, str]]) -> None:
+        run = self.current if self.current is not None and self.current.running else None
+        for stream, line in pairs:
+            event = parse_event(line) if stream == "stdout" else None
+            if event is None:
+                parsed = proc.parse_progress_line(line) if stream == "stdout" else None
+                if parsed is not None and run is not None:
+                    run.advance(*parsed)
+                elif line.strip():
+                    (run.log if run is not None else self.log).append(line)
+            elif event.get("event") == READY:
+                self.ready = event
+            elif event.get("event") == RESULT and run is not None and event.get("id") == run.id:
+                run.result = event
+                if event.get("ok"):
+                    run.returncode = 0
+                    run.finish(proc.SUCCEEDED, None)
+                else:
+                    run.returncode = event.get("code")
+                    run.finish(proc.FAILED, str(event.get("error") or "the engine failed"))
+                run = None
+        del self.log[:-proc.LOG_LINES]
+
+
+def parse_event(line: str) -> Optional[dict]:
+    """The engine's event object on one stdout line (``{"event": ...}``), else None."""
+    text = line.strip()
+    if not (text.startswith("{") and '"event"' in text):
+        return None
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) and "event" in obj else None

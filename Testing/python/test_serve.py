@@ -1,0 +1,222 @@
+"""``cardseg serve``, the warm engine (issue 25): real engine processes on the ``cardseg synth``
+phantom with the tiny test bundle.
+
+One process answers several requests: the second gives the same outputs as a one-shot
+``cardseg segment``; a bad request is answered with a one-line error and the next one still
+works; a changed bundle is loaded again; ``monai`` is never imported when the ONNX backend runs
+from a warm cache; the end of input ends the engine, also in the middle of a request (nothing
+half written). Through the module's client (:mod:`CARDSegmentLib.engine`): cancel kills the
+process and the next run starts a new one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import SimpleITK as sitk
+
+REPO = Path(__file__).resolve().parents[2]
+MODULE_DIR = REPO / "CARDSegment"
+CARDSEG = [sys.executable, "-m", "cardseg"]
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+HAS_ONNX = importlib.util.find_spec("onnxruntime") is not None
+
+
+@pytest.fixture(scope="module")
+def phantom(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("phantom") / "phantom.nii.gz"
+    subprocess.run(CARDSEG + ["synth", str(path)], check=True, capture_output=True, timeout=120, env=ENV)
+    return path
+
+
+class Serve:
+    """A ``cardseg serve`` child: send requests, read its protocol lines from stdout."""
+
+    def __init__(self, *args: str):
+        self.proc = subprocess.Popen(CARDSEG + ["serve", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, bufsize=1, env=ENV)
+        self.progress: list = []
+
+    def send(self, obj) -> None:
+        self.proc.stdin.write((obj if isinstance(obj, str) else json.dumps(obj)) + "\n")
+        self.proc.stdin.flush()
+
+    def event(self, timeout: float = 300.0) -> dict:
+        """The next event line (progress lines on the way are kept in :attr:`progress`)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            line = self.proc.stdout.readline()
+            if not line:
+                raise AssertionError(f"the engine ended: {self.proc.wait(30)}, {self.proc.stderr.read()[-2000:]}")
+            obj = json.loads(line)  # stdout holds protocol lines only
+            if "event" in obj:
+                return obj
+            self.progress.append(obj)
+        raise AssertionError("no event in time")
+
+    def ask(self, obj) -> dict:
+        self.send(obj)
+        return self.event()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(30)
+
+
+def run_one_shot(phantom: Path, out: Path, bundle: Path, backend: str) -> dict:
+    subprocess.run(CARDSEG + ["segment", str(phantom), "-o", str(out), "--bundle", str(bundle), "--backend", backend,
+                              "--progress", "none", "--threads", "1"], check=True, capture_output=True, timeout=600,
+                   env=ENV)
+    return json.loads((out / "report.json").read_text())
+
+
+def image(path: Path) -> np.ndarray:
+    return sitk.GetArrayFromImage(sitk.ReadImage(str(path)))
+
+
+@pytest.mark.skipif(not HAS_ONNX, reason="needs onnxruntime (the [speed] extra)")
+def test_one_process_many_requests(tmp_path, phantom, tiny_bundle):
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle, bundle)
+    # the one-shot reference run also fills the ONNX cache: the engine then starts from a warm cache
+    ref = run_one_shot(phantom, tmp_path / "one-shot", bundle, "onnx")
+    engine = Serve("--bundle", str(bundle), "--backend", "onnx", "--threads", "1")
+    try:
+        ready = engine.event()
+        assert ready["event"] == "ready" and ready["error"] is None and ready["backend"] == "onnx"
+        first = engine.ask({"id": "a", "input": str(phantom), "output": str(tmp_path / "a")})
+        assert first["ok"] and first["id"] == "a" and first["loaded_bundle"] is False, first
+        # a bad request gets one line, and the engine goes on
+        bad = engine.ask({"id": "b", "input": str(tmp_path / "missing.nii.gz"), "output": str(tmp_path / "b")})
+        assert bad == {"event": "result", "id": "b", "ok": False, "code": 2,
+                       "error": f"{tmp_path / 'missing.nii.gz'}: no such file or folder"}
+        wrong = engine.ask({"id": "c", "input": str(phantom), "output": str(tmp_path / "c"), "method": "nope"})
+        assert not wrong["ok"] and "invalid choice: 'nope'" in wrong["error"] and not (tmp_path / "c").exists()
+        assert not engine.ask("not json")["ok"]
+        taken = engine.ask({"id": "d", "input": str(phantom), "output": str(tmp_path / "a")})  # no overwrite
+        assert not taken["ok"] and "--overwrite" in taken["error"]
+        second = engine.ask({"id": "e", "input": str(phantom), "output": str(tmp_path / "e")})
+        assert second["ok"] and second["loaded_bundle"] is False, second
+        status = engine.ask({"id": "s", "op": "status"})
+        assert status["pid"] == ready["pid"] == engine.proc.pid
+        assert status["requests"] == 5 and status["bundle"]["backend"] == "onnx"
+        if importlib.util.find_spec("monai") is not None:  # installed, and still never imported
+            assert status["modules"]["monai"] is False
+        assert status["modules"]["onnxruntime"] is True
+        # the progress lines are cardseg segment's --progress json lines
+        assert any(p["stage"] == "trajectory" for p in engine.progress)
+        assert all(set(p) == {"stage", "done", "total"} for p in engine.progress)
+
+        # the second request's outputs are the one-shot run's
+        out, one = tmp_path / "e", tmp_path / "one-shot"
+        assert sorted(second["files"]) == sorted(p.name for p in one.iterdir() if not p.name.startswith("."))
+        np.testing.assert_array_equal(image(out / "segmentation.nii.gz"), image(one / "segmentation.nii.gz"))
+        np.testing.assert_array_equal(image(out / "regions.nii.gz"), image(one / "regions.nii.gz"))
+        for name in ("probabilities.nii.gz", "disagreement.nii.gz", "temperature.nii.gz"):
+            np.testing.assert_allclose(image(out / name), image(one / name), atol=1e-6)
+        rep = json.loads((out / "report.json").read_text())
+        assert rep["agreement"] == pytest.approx(ref["agreement"], abs=1e-9) == second["agreement"]
+        assert rep["regions"] == ref["regions"] and rep["backend"] == ref["backend"] == "onnx"
+
+        # a bundle refitted on disk (bundle.json rewritten) is loaded again by the next request
+        from cardseg.bundle.loading import update_config
+
+        update_config(bundle, {"calibration": {"tau_max": 2.5}})
+        third = engine.ask({"id": "f", "input": str(phantom), "output": str(tmp_path / "f")})
+        assert third["ok"] and third["loaded_bundle"] is True
+        assert json.loads((tmp_path / "f" / "report.json").read_text())["calibration"]["tau_max"] == 2.5
+
+        engine.proc.stdin.close()  # end of input: the engine says so and exits 0
+        assert engine.event() == {"event": "exit", "reason": "eof"}
+        assert engine.proc.wait(60) == 0
+    finally:
+        engine.close()
+
+
+def test_end_of_input_stops_a_running_request(tmp_path, tiny_bundle):
+    """The client went away mid-request: the work stops at once, nothing half written, exit 0."""
+    big = tmp_path / "big.nii.gz"
+    subprocess.run(CARDSEG + ["synth", str(big), "--slices", "48"], check=True, capture_output=True, timeout=120)
+    engine = Serve("--bundle", str(tiny_bundle), "--backend", "torch", "--threads", "1", "--no-preload")
+    try:
+        assert engine.event()["event"] == "ready"
+        engine.send({"id": 1, "input": str(big), "output": str(tmp_path / "out"), "batch_size": 1})
+        while not engine.progress or engine.progress[-1]["stage"] != "trajectory":
+            line = engine.proc.stdout.readline()
+            assert line, engine.proc.stderr.read()[-2000:]
+            engine.progress.append(json.loads(line))
+        engine.proc.stdin.close()
+        result = engine.event()
+        assert result["id"] == 1 and not result["ok"] and "stopped" in result["error"]
+        assert engine.event() == {"event": "exit", "reason": "eof"}
+        assert engine.proc.wait(60) == 0
+    finally:
+        engine.close()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.nii.gz"]  # no output, temporary or lock
+
+
+def test_sigterm_ends_an_idle_engine(tmp_path, tiny_bundle):
+    engine = Serve("--bundle", str(tiny_bundle), "--backend", "torch", "--no-preload")
+    try:
+        assert engine.event()["event"] == "ready"
+        engine.proc.send_signal(signal.SIGTERM)
+        assert engine.event() == {"event": "exit", "reason": "terminated"}
+        assert engine.proc.wait(60) == 143
+    finally:
+        engine.close()
+
+
+def test_client_cancel_kills_the_engine_and_the_next_run_starts_another(tmp_path, phantom, tiny_bundle):
+    if str(MODULE_DIR) not in sys.path:
+        sys.path.insert(0, str(MODULE_DIR))
+    from CARDSegmentLib import process as proc
+    from CARDSegmentLib.engine import Engine
+
+    def command(out: str, src: Path = phantom) -> proc.SegmentCommand:
+        return proc.SegmentCommand(str(src), str(tmp_path / out), bundle_path=str(tiny_bundle), method="card",
+                                   python_executable=sys.executable, engine_dir=str(MODULE_DIR), threads=1,
+                                   batch_size=1, extra_env={"OMP_NUM_THREADS": "1", "CARDSEG_BACKEND": "torch"})
+
+    engine = Engine()
+    try:
+        run = engine.run(command("one"))
+        run.start()
+        assert run.wait(300) == proc.SUCCEEDED, (run.error, run.log[-5:])
+        pid = engine.handle.pid
+        assert run.result["slices"] == 10 and (tmp_path / "one" / "report.json").is_file()
+
+        run = engine.run(command("two"))
+        run.start()
+        deadline = time.monotonic() + 120
+        while run.poll() == proc.RUNNING and run.progress.stage != "trajectory" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert run.progress.stage == "trajectory"
+        run.cancel()
+        assert run.state == proc.CANCELLED and engine.handle is None
+        with pytest.raises(ProcessLookupError):  # killed and reaped at once
+            os.kill(pid, 0)
+
+        run = engine.run(command("three"))
+        run.start()
+        assert run.wait(300) == proc.SUCCEEDED, (run.error, run.log[-5:])
+        assert engine.starts == 2 and engine.handle.pid != pid
+
+        # a bad run is one line and the engine stays up for the next
+        bad = engine.run(command("four", tmp_path / "missing.nii.gz"))
+        bad.start()
+        assert bad.wait(60) == proc.FAILED and bad.error == f"{tmp_path / 'missing.nii.gz'}: no such file or folder"
+        assert engine.alive and engine.starts == 2
+    finally:
+        engine.close()
+    assert not engine.alive
