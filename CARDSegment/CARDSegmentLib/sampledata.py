@@ -10,9 +10,10 @@ downloaded: Sample Data "downloads" them from their ``file://`` address into Sli
 checking their SHA-256, and loads them from there.
 
 :func:`register_sample_data` needs no Qt (``register`` defaults to Slicer's
-``SampleData.SampleDataLogic.registerCustomSampleDataSource``; tests pass their own).
-:func:`write_sample_files` makes the files (maintainers: ``Resources/Screenshots/make_screenshots.py
---write-sample-data``); it needs the engine (numpy, SimpleITK, slicerio, torch).
+``SampleData.SampleDataLogic.registerCustomSampleDataSource``; tests pass their own). The files
+are made with the engine, outside the module, by ``Resources/Screenshots/phantom_sample.py``
+(``python Resources/Screenshots/make_screenshots.py --write-sample-data``), which prints the
+checksums :data:`SAMPLE_FILES` must hold.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class SampleFile:
     sha256: str
 
 
-#: the shipped files and their checksums (``write_sample_files`` prints new ones)
+#: the shipped files and their checksums
 SAMPLE_FILES = (
     SampleFile("CARDSegmentPhantom.nrrd", "CARDSegmentPhantom", "VolumeFile",
                "3f1c4f5febb97a15d211fb3457200df74b929f0afe42923d9bd66981d4abf893"),
@@ -102,53 +103,3 @@ def register_sample_data(module_dir: os.PathLike, register: Optional[Callable[..
         register = SampleData.SampleDataLogic.registerCustomSampleDataSource
     register(**registration_arguments(module_dir))
     return True
-
-
-# ---------------------------------------------------------------------------------------------
-# making the files (maintainers; needs the engine)
-
-def phantom():
-    """The phantom as the sample holds it: ``(Volume with int16 array (Z, Y, X), labels (Z, Y, X)
-    uint8: 0 background, 1 RV, 2 MYO, 3 LV)``."""
-    import numpy as np
-    from cardseg.bundle.scaffold import synthetic_cine_volume
-
-    volume, labels = synthetic_cine_volume(shape=(PHANTOM_SLICES,) + PHANTOM_SIZE, seed=PHANTOM_SEED)
-    volume.array = np.clip(np.rint(volume.array), -32768, 32767).astype(np.int16)
-    return volume, labels
-
-
-def thumbnail_rgb(image, labels, colors) -> "np.ndarray":
-    """The mid slice, windowed to its 1-99.5 percentiles, with the labels blended in their
-    colours: ``(Y, X, 3)`` uint8. image, labels: ``(Z, Y, X)``; colors: RGB in [0, 1] per label."""
-    import numpy as np
-
-    k = image.shape[0] // 2
-    sl = image[k].astype(np.float64)
-    lo, hi = np.percentile(sl, (1, 99.5))
-    grey = np.clip((sl - lo) / max(hi - lo, 1e-6), 0, 1)
-    rgb = np.repeat(grey[..., None], 3, axis=2)
-    for value, color in enumerate(colors):
-        if value == 0:
-            continue
-        mask = labels[k] == value
-        rgb[mask] = 0.55 * rgb[mask] + 0.45 * np.asarray(color, dtype=np.float64)
-    return np.rint(rgb * 255).astype(np.uint8)
-
-
-def write_sample_files(folder: os.PathLike, classes: List[dict]) -> Dict[str, str]:
-    """Write the image, its true labels (``.seg.nrrd``, segment names and colours from
-    ``classes``, the bundle's) and the thumbnail into ``folder``; returns each sample file's
-    SHA-256 (what :data:`SAMPLE_FILES` must hold)."""
-    import SimpleITK as sitk
-    from cardseg.segment import write_seg_nrrd
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    volume, labels = phantom()
-    image_file, labels_file = (folder / f.file_name for f in SAMPLE_FILES)
-    sitk.WriteImage(volume.to_image(), str(image_file), True)
-    write_seg_nrrd(labels_file, labels, volume, classes)
-    thumb = thumbnail_rgb(volume.array, labels, [c.get("color", (1, 0, 0)) for c in classes])
-    sitk.WriteImage(sitk.GetImageFromArray(thumb, isVector=True), str(folder / THUMBNAIL))
-    return {f.file_name: sha256_of(folder / f.file_name) for f in SAMPLE_FILES}

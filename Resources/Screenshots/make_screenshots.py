@@ -4,8 +4,8 @@ synthetic phantom in ``CARDSegment/Resources/SampleData``; ACDC images may not b
     python Resources/Screenshots/make_screenshots.py [--write-sample-data] [--python PY]
 
 1. ``--write-sample-data`` first (re)writes the sample data with the project's phantom code
-   (``CARDSegmentLib.sampledata.write_sample_files``) and prints the SHA-256 values that
-   ``sampledata.SAMPLE_FILES`` must then hold.
+   (``phantom_sample.write_sample_files``, beside this script) and prints the SHA-256 values
+   that ``CARDSegmentLib.sampledata.SAMPLE_FILES`` must then hold.
 2. ``cardseg segment`` runs on the sample image with the shipped default bundle (a separate
    process: ``PY -m cardseg segment``, PY the running Python unless ``--python``), into a
    temporary folder.
@@ -37,6 +37,9 @@ REPO = HERE.parents[1]
 MODULE_DIR = REPO / "CARDSegment"
 sys.path.insert(0, str(MODULE_DIR))
 
+sys.path.insert(0, str(HERE))
+
+import phantom_sample  # noqa: E402
 from CARDSegmentLib import sampledata  # noqa: E402
 
 OVERVIEW = "CARDSegment-phantom-overview.png"
@@ -221,7 +224,7 @@ def main(argv=None) -> int:
     classes = bundle_classes()
     folder = sampledata.sample_folder(MODULE_DIR)
     if a.write_sample_data:
-        for name, digest in sampledata.write_sample_files(folder, classes).items():
+        for name, digest in phantom_sample.write_sample_files(folder, classes).items():
             print(f"{name}: sha256 {digest}  (put it in CARDSegmentLib/sampledata.py SAMPLE_FILES)")
     sample = folder / sampledata.SAMPLE_FILES[0].file_name
     if not sample.is_file():

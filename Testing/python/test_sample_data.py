@@ -1,5 +1,6 @@
-"""The module's sample data (``CARDSegmentLib/sampledata.py``): the shipped phantom files are what
-the project's phantom code draws, Sample Data gets everything it needs to copy them from the module
+"""The module's sample data (``CARDSegmentLib/sampledata.py``, written by
+``Resources/Screenshots/phantom_sample.py``): the shipped phantom files are what the project's
+phantom code draws, Sample Data gets everything it needs to copy them from the module
 folder (no network) and check them, and they load into MRML as a volume and a three-segment
 segmentation."""
 
@@ -23,6 +24,9 @@ if str(MODULE_DIR) not in sys.path:
     sys.path.insert(0, str(MODULE_DIR))
 
 from CARDSegmentLib import sampledata  # noqa: E402
+
+sys.path.insert(0, str(REPO / "Resources" / "Screenshots"))
+import phantom_sample  # noqa: E402  (the maintainers' writer of the sample files)
 
 FOLDER = MODULE_DIR / "Resources" / "SampleData"
 CLASSES = json.loads((MODULE_DIR / "cardseg" / "bundles" / "acdc" / "bundle.json").read_text(encoding="utf-8"))["classes"]
@@ -93,7 +97,7 @@ def test_the_shipped_files_are_the_projects_phantom(tmp_path):
     """Drawn again by the phantom code, the image equals the shipped one (up to the int16 rounding
     of a float difference) and the labels are identical, with the bundle's segment names and colours."""
     pytest.importorskip("torch")  # the phantom lives beside the engine's networks
-    volume, labels = sampledata.phantom()
+    volume, labels = phantom_sample.phantom()
     shipped = sitk.ReadImage(str(FOLDER / "CARDSegmentPhantom.nrrd"))
     assert shipped.GetPixelID() == sitk.sitkInt16
     assert shipped.GetSpacing() == pytest.approx(volume.spacing) and shipped.GetOrigin() == pytest.approx(volume.origin)
@@ -112,7 +116,7 @@ def test_the_shipped_files_are_the_projects_phantom(tmp_path):
 
 def test_write_sample_files_writes_what_it_reports(tmp_path):
     pytest.importorskip("torch")
-    digests = sampledata.write_sample_files(tmp_path, CLASSES)
+    digests = phantom_sample.write_sample_files(tmp_path, CLASSES)
     assert set(digests) == {f.file_name for f in sampledata.SAMPLE_FILES}
     for name, digest in digests.items():
         assert hashlib.sha256((tmp_path / name).read_bytes()).hexdigest() == digest
@@ -129,7 +133,7 @@ def test_thumbnail_windows_and_blends():
     image[1, :, 2:] = 1000
     labels = np.zeros((3, 4, 4), np.uint8)
     labels[1, 0, 0] = 1
-    rgb = sampledata.thumbnail_rgb(image, labels, [(0, 0, 0), (0.0, 0.0, 1.0)])
+    rgb = phantom_sample.thumbnail_rgb(image, labels, [(0, 0, 0), (0.0, 0.0, 1.0)])
     assert rgb.shape == (4, 4, 3) and rgb.dtype == np.uint8
     assert (rgb[:, 2:] == 255).all() and (rgb[1:, :2] == 0).all()
     assert tuple(rgb[0, 0]) == (0, 0, round(0.45 * 255))
