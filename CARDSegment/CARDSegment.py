@@ -25,9 +25,9 @@ from slicer.util import VTKObservationMixin
 
 import CARDSegmentLib as lib
 from CARDSegmentLib import selftest
-from CARDSegmentLib.install import DependencyDeclined
+from CARDSegmentLib.install import DependencyDeclined, InstallFailed, use_application
 from CARDSegmentLib.module_logic import ModuleLogic
-from CARDSegmentLib.parameters import BundleSource, Device, Method, Overlay
+from CARDSegmentLib.parameters import BundleSource, Device, FrameMode, Method, Overlay
 
 
 # -- CARDSegment
@@ -71,14 +71,16 @@ class CARDSegmentParameterNode:
     loadProbabilities: bool = False
     overlay: Overlay = Overlay.DISAGREEMENT
     overlayOpacity: Annotated[float, WithinRange(0.0, 1.0)] = 0.5
+    # a cine sequence's input: which frames; ED and ES frames (-1: found from the LV volume curve)
+    frameMode: FrameMode = FrameMode.SHOWN
+    edFrame: int = -1
+    esFrame: int = -1
 
 
 # -- CARDSegmentWidget
 
 class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
     """The panel: binds the parameters, starts and cancels runs, shows results. No method code."""
-
-    REGION_COLUMNS = ("#", "Status", "Volume (ml)", "Mean disagr.", "Classes")
 
     def __init__(self, parent=None) -> None:
         ScriptedLoadableModuleWidget.__init__(self, parent)
@@ -90,6 +92,8 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self._preparing = False  # checking or installing the Python packages before a run
         self._clickGuard = lib.ClickGuard()  # a double click must not start and cancel at once
         self._watched = ()  # IDs of the output nodes the panel shows (their removal refreshes it)
+        self._rowKeys = []  # (frame, region) of each row of the review table
+        self._browser, self._shownFrame = None, None  # a cine input's sequence browser (followed) and frame
 
     def setup(self) -> None:
         ScriptedLoadableModuleWidget.setup(self)
@@ -102,8 +106,6 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self._clickGuard = lib.ClickGuard(qt.QApplication.doubleClickInterval() / 1000.0)
 
         self.ui.progressBar.hide()
-        self.ui.regionsTable.setColumnCount(len(self.REGION_COLUMNS))
-        self.ui.regionsTable.setHorizontalHeaderLabels(list(self.REGION_COLUMNS))
         self.ui.regionsTable.horizontalHeader().setStretchLastSection(True)
         self.ui.regionsTable.verticalHeader().hide()
 
@@ -125,6 +127,7 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
     def cleanup(self) -> None:
         if self.logic is not None:
             self.logic.cancel()
+        self._observeBrowser(None)
         self.removeObservers()
 
     def enter(self) -> None:
@@ -187,9 +190,29 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         if shown != self._shownOverlay:  # the slice views change only when the user changes the overlay
             previous, self._shownOverlay = self._shownOverlay, shown
             if previous is None or shown[0] != previous[0]:
+                self._observeBrowser(self.logic.sequenceInfo(p.inputVolume) if p.inputVolume else None)
                 self.refreshResults()
             elif p.inputVolume:
                 self.logic.showOverlay(p.inputVolume, p.overlay.value, p.overlayOpacity)
+        lib.show_cine_choices(self.ui, self._browser and self.logic.sequenceInfo(p.inputVolume), p.frameMode.value)
+
+    def _observeBrowser(self, cine) -> None:
+        """Follow the frame slider of the input's sequence browser (None: stop)."""
+        if self._browser is not None:
+            self.removeObserver(self._browser, vtk.vtkCommand.ModifiedEvent, self.onBrowserModified)
+        self._browser, self._shownFrame = (cine.browser, cine.shown) if cine is not None else (None, None)
+        if self._browser is not None:
+            self.addObserver(self._browser, vtk.vtkCommand.ModifiedEvent, self.onBrowserModified)
+
+    def onBrowserModified(self, caller=None, event=None) -> None:
+        """The user moved to another frame: show its results (segmentation, overlay, agreement)."""
+        p = self._parameterNode
+        cine = self.logic.sequenceInfo(p.inputVolume) if p and p.inputVolume else None
+        if cine is None or cine.shown == self._shownFrame:
+            return
+        self._shownFrame = cine.shown
+        self.logic.followFrame(p.inputVolume, p.overlay.value, p.overlayOpacity)
+        self.refreshResults()
 
     def onBundleFolderChanged(self, path: str) -> None:
         """The folder box changed: store it ("" when empty, never ".")."""
@@ -221,14 +244,14 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             self.ui.bundleFolderPathLineEdit.addCurrentPathToHistory()
         self._setPreparing(True)  # before anything can install: a second click must not start a second install
         try:
-            ready = self._prepareRun(p)
+            ready = self._prepareRun(p, options)
         finally:
             self._setPreparing(False)
         if ready:
             self._setRunning(True)
             self.logic.start(p.inputVolume, options, onProgress=self._onProgress, onFinished=self._onFinished)
 
-    def _prepareRun(self, p) -> bool:
+    def _prepareRun(self, p, options=None) -> bool:
         """Check (and, after asking, install) the packages; ask before replacing reviewed results."""
         try:
             self.logic.ensureDependencies(askConfirmation=True)
@@ -240,10 +263,10 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             logging.exception("CARDSegment: installing dependencies failed")
             message = f"Installing the Python packages failed: {lib.one_line(exc)}"
             self.ui.statusLabel.text = message
-            slicer.util.errorDisplay(message, windowTitle="CARDSegment")
+            if not (isinstance(exc, InstallFailed) and exc.shown):  # 5.12+: Slicer's own dialog said it
+                slicer.util.errorDisplay(message, windowTitle="CARDSegment")
             return False
-        previous = self.logic.outputs(p.inputVolume)
-        if previous.review is not None and lib.has_decisions(previous.review):
+        if options is not None and self.logic.decisionsAtRisk(p.inputVolume, options):
             return bool(slicer.util.confirmOkCancelDisplay(
                 "This volume's regions have review decisions. A new run replaces the results and the review "
                 "(use 'Keep these results' first to keep them). Continue?", windowTitle="CARDSegment"))
@@ -300,63 +323,52 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         p = self._parameterNode
         volume = p.inputVolume if p else None
         outputs = self.logic.outputs(volume) if volume else lib.OutputNodes()
-        self._watched = tuple(n.GetID() for n in outputs.nodes())
+        self._watched = self.logic.outputNodeIDs(volume) if volume else ()
         summary = lib.agreement_summary(outputs.report_dict() if outputs.report else None)
         self.ui.agreementLabel.text = summary.text
         self.ui.agreementLabel.setStyleSheet("color: #c0392b; font-weight: bold;" if summary.warning else "")
-        self.ui.keepResultsButton.enabled = outputs.segmentation is not None
-        self.ui.exportButton.enabled = outputs.review is not None
-        self._fillRegionsTable(lib.review_rows(outputs.review))
+        self.ui.indicesLabel.text = self.logic.indicesText(volume) if volume else ""
+        rows = self.logic.reviewRows(volume) if volume else []
+        self.ui.keepResultsButton.enabled = self.logic.hasSegmentation(volume)
+        self.ui.exportButton.enabled = bool(rows) or bool(self.ui.indicesLabel.text)
+        self._fillRegionsTable(rows)
 
     def _fillRegionsTable(self, rows) -> None:
-        table = self.ui.regionsTable
-        table.blockSignals(True)
-        table.clearContents()
-        table.setRowCount(len(rows))
-        for r, row in enumerate(rows):
-            values = (str(row["region"]), row["status"], f"{row['volume_mm3'] / 1000.0:.2f}",
-                      f"{row['mean_disagreement']:.3f}", row["classes"])
-            for c, text in enumerate(values):
-                item = qt.QTableWidgetItem(text)
-                if c == 0:
-                    item.setData(qt.Qt.UserRole, row["region"])
-                if row["note"]:
-                    item.setToolTip(row["note"])
-                table.setItem(r, c, item)
-        table.blockSignals(False)
+        self._statusColumn, self._rowKeys = lib.fill_region_table(self.ui.regionsTable, rows, qt.QTableWidgetItem)
         self._enableReviewButtons(False)
 
-    def _selectedRegion(self) -> Optional[int]:
+    def _selectedRegion(self) -> Optional[tuple]:
+        """``(frame, region)`` of the selected row (frame None for a plain volume), or None."""
         items = self.ui.regionsTable.selectedItems()
-        if not items:
-            return None
-        first = self.ui.regionsTable.item(items[0].row(), 0)
-        return int(first.text()) if first else None
+        row = items[0].row() if items else -1
+        return self._rowKeys[row] if 0 <= row < len(self._rowKeys) else None
 
     def _enableReviewButtons(self, enabled: bool) -> None:
         for w in (self.ui.acceptButton, self.ui.correctedButton, self.ui.rejectButton, self.ui.noteLineEdit):
             w.enabled = enabled
 
     def onRegionSelected(self) -> None:
-        region = self._selectedRegion()
-        self._enableReviewButtons(region is not None)
-        if region is None:
+        key = self._selectedRegion()
+        self._enableReviewButtons(key is not None)
+        if key is None:
             return
-        if self.logic.outputs(self._parameterNode.inputVolume).review is None:  # removed meanwhile
-            self.refreshResults()
+        volume = self._parameterNode.inputVolume
+        if not any(r["frame"] == key[0] and r["region"] == key[1] for r in self.logic.reviewRows(volume)):
+            self.refreshResults()  # removed meanwhile
             return
         with slicer.util.tryWithErrorDisplay("Cannot show the region.", waitCursor=True):
-            row = self.logic.showRegion(self._parameterNode.inputVolume, region)
+            row = self.logic.showRegion(volume, key[1], frame=key[0])
             self.ui.noteLineEdit.text = row.get("note", "")
 
     def onSetStatus(self, status: str) -> None:
-        region = self._selectedRegion()
-        if region is None:
+        key = self._selectedRegion()
+        if key is None:
             return
         rowIndex = self.ui.regionsTable.selectedItems()[0].row()
         with slicer.util.tryWithErrorDisplay("Cannot record the decision.", waitCursor=False):
-            self.logic.setRegionStatus(self._parameterNode.inputVolume, region, status, self.ui.noteLineEdit.text)
-            self.ui.regionsTable.item(rowIndex, 1).setText(status)
+            self.logic.setRegionStatus(self._parameterNode.inputVolume, key[1], status, self.ui.noteLineEdit.text,
+                                       frame=key[0])
+            self.ui.regionsTable.item(rowIndex, self._statusColumn).setText(status)
 
     def onExportButton(self) -> None:
         volume = self._parameterNode.inputVolume
@@ -393,6 +405,7 @@ class CARDSegmentLogic(ScriptedLoadableModuleLogic, ModuleLogic):
                              busy=lambda: slicer.util.WaitCursor())
         terminologies = getattr(getattr(slicer, "modules", None), "terminologies", None)  # the myocardium's code
         lib.register_module_terminology(terminologies.logic() if terminologies else None, self.moduleDir)
+        use_application(getattr(slicer, "app", None))  # from 5.12 pip_install shows its own dialogs
 
     def getParameterNode(self):
         return CARDSegmentParameterNode(super().getParameterNode())

@@ -9,6 +9,10 @@
   :mod:`.geometry`, :mod:`.volume_files`, :mod:`.terminology`.
 * :mod:`.overlays` — the disagreement and temperature maps in the slice views; :mod:`.views`.
 * :mod:`.review` — the flagged-region review table, ROI outline, export.
+* :mod:`.sequences` — a cine sequence behind the input (browser, frames), which frames to
+  segment, the ED/ES rule; :mod:`.cine` — one run over a sequence's frames (``cardseg batch``,
+  loaded a frame at a time); :mod:`.cine_results` — the cardiac indices the engine wrote, shown
+  and exported with every frame's review.
 * :mod:`.summary` — the agreement score in words.
 * :mod:`.panel` — the panel's decisions without Qt (GUI binding, default input, removed nodes,
   double clicks, export file names, elapsed time).
@@ -33,10 +37,14 @@ from .jobs import JobMonitor, JobOptions, SegmentationJob, engine_dir_of, one_li
 from .loading import load_outputs
 from .outputs import ROLE_ATTRIBUTE, OutputError, OutputNodes, find_outputs, release_outputs, remove_outputs
 from .overlays import OVERLAY_CHOICES, set_overlay_opacity, show_overlay
-from .panel import ClickGuard, connect_gui, default_input, elapsed_text, safe_file_name, watched_nodes_gone
+from .cine import CineJob
+from .cine_results import export_cine_review, indices_lines, read_indices
+from .panel import (ClickGuard, connect_gui, default_input, elapsed_text, fill_region_table, region_table,
+                    safe_file_name, show_cine_choices, watched_nodes_gone)
 from .process import (CANCELLED, FAILED, IDLE, RUNNING, SUCCEEDED, CardsegRun, Progress, SegmentCommand,
                       extract_error, parse_progress_line)
 from .review import STATUSES, export_review, has_decisions, review_counts, review_rows, set_region_status, show_region
+from .sequences import AUTO, Cine, FrameMode, FramePlan, cine_of, frame_plan, pick_ed_es
 from .summary import Summary, agreement_summary
 from .terminology import register_module_terminology
 
@@ -50,6 +58,9 @@ __all__ = [
     "CANCELLED", "FAILED", "IDLE", "RUNNING", "SUCCEEDED", "CardsegRun", "Progress", "SegmentCommand",
     "extract_error", "parse_progress_line",
     "ClickGuard", "connect_gui", "default_input", "elapsed_text", "safe_file_name", "watched_nodes_gone",
+    "fill_region_table", "region_table", "show_cine_choices",
+    "CineJob", "export_cine_review", "indices_lines", "read_indices",
+    "AUTO", "Cine", "FrameMode", "FramePlan", "cine_of", "frame_plan", "pick_ed_es",
     "STATUSES", "export_review", "has_decisions", "review_counts", "review_rows", "set_region_status",
     "show_region", "register_module_terminology",
 ]

@@ -2,17 +2,73 @@
 
 torch through the PyTorch extension (PyTorchUtils), the rest through ``slicer.util.pip_install``
 with the installed torch pinned. What is needed and what is missing: :mod:`.dependencies`.
+
+From Slicer 5.12 on, ``pip_install`` shows its own modal progress dialog while it installs and its
+own error dialog when the install fails; there the module neither puts a wait cursor over that
+dialog nor shows a second error (:class:`InstallFailed` with ``shown``). Before 5.12 pip runs
+without a dialog: the wait cursor is the only sign of work, and the module's dialog the only error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+from typing import Optional, Tuple
 
 from . import dependencies as deps
+
+#: the first Slicer whose pip_install shows its own progress and error dialogs
+OWN_DIALOGS_FROM = (5, 12)
 
 
 class DependencyDeclined(RuntimeError):
     """Nothing was installed: the user said no, or the installed PyTorch must be replaced by hand first."""
+
+
+class InstallFailed(RuntimeError):
+    """pip failed; ``shown``: Slicer has already shown the error in its own dialog (5.12 and later)."""
+
+    def __init__(self, message: str, shown: bool):
+        super().__init__(message)
+        self.shown = shown
+
+
+#: the running application (``slicer.app``), handed in by the module's Logic (:func:`use_application`)
+_APPLICATION = None
+
+
+def use_application(application) -> None:
+    """Remember the running Slicer application (its version decides who shows install dialogs)."""
+    global _APPLICATION
+    _APPLICATION = application
+
+
+def slicer_version(application=None) -> Optional[Tuple[int, int]]:
+    """``(major, minor)`` of the Slicer application (default: the one handed in), or None outside one."""
+    application = application if application is not None else _APPLICATION
+    try:
+        return int(application.majorVersion), int(application.minorVersion)
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
+def slicer_shows_install_dialogs(version: Optional[Tuple[int, int]]) -> bool:
+    """True when this Slicer's pip_install shows its own progress and error dialogs (5.12+)."""
+    return version is not None and tuple(version) >= OWN_DIALOGS_FROM
+
+
+def _pip_install(specs) -> None:
+    """``slicer.util.pip_install(specs)`` with the wait cursor only where Slicer shows no dialog of its own."""
+    import slicer
+
+    own_dialogs = slicer_shows_install_dialogs(slicer_version())
+    cursor = contextlib.nullcontext() if own_dialogs else slicer.util.WaitCursor()
+    try:
+        with cursor:
+            slicer.util.pip_install(specs)
+    except Exception as exc:  # noqa: BLE001 - pip's errors are many kinds; one line for the panel
+        lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+        raise InstallFailed(lines[0] if lines else type(exc).__name__, shown=own_dialogs) from exc
 
 
 def _install_torch() -> None:
@@ -25,7 +81,8 @@ def _install_torch() -> None:
                            "restart Slicer and try again.") from None
     torch_logic = PyTorchUtils.PyTorchUtilsLogic()
     if not torch_logic.torchInstalled():
-        with slicer.util.WaitCursor():
+        own_dialogs = slicer_shows_install_dialogs(slicer_version())
+        with (contextlib.nullcontext() if own_dialogs else slicer.util.WaitCursor()):
             torch = torch_logic.installTorch(askConfirmation=False,
                                              torchVersionRequirement=deps.torch_version_requirement())
         if torch is None:
@@ -55,8 +112,7 @@ def ensure_dependencies(ask_confirmation: bool = True) -> None:
         _install_torch()
     others = deps.pip_specs(missing)  # the installed torch pinned: pip must not replace it
     if others:
-        with slicer.util.WaitCursor():
-            slicer.util.pip_install(others)
+        _pip_install(others)
     importlib.invalidate_caches()
     still = deps.missing_requirements()
     if still:

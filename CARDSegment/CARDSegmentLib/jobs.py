@@ -43,6 +43,10 @@ class JobOptions:
     batch_size: Optional[int] = None
     work_root: Optional[str] = None  # where the temporary folder is made (default: the system's)
     keep_files: bool = False  # keep the temporary folder (debugging)
+    # a cine sequence's input (ignored for a plain volume): which frames, ED and ES (-1: found from the LV curve)
+    frame_mode: str = "shown"  # shown | ed_es | all
+    ed_frame: int = -1
+    es_frame: int = -1
 
 
 class SegmentationJob:
@@ -138,13 +142,19 @@ class SegmentationJob:
         finally:
             self._fail(message)
 
-    def cancel(self) -> None:
-        """End the process and delete the temporary files; the scene stays as it was."""
-        if self.run is not None:
-            self.run.cancel()
+    def cancel(self, background: Optional[Callable] = None) -> None:
+        """End the process and delete the temporary files; the scene stays as it was.
+
+        ``background(fn)``: ending the process and deleting the files run there (the job is
+        ``cancelled`` at once); without it they run here."""
         if self._state in (proc.IDLE, proc.RUNNING, proc.SUCCEEDED):
             self._state = proc.CANCELLED
-        self.cleanup()
+        cancel_runs([self.run], self.cleanup, background)
+
+    def load_step(self) -> bool:
+        """Load the results (a plain volume's in one step); True when done."""
+        self.finish()
+        return True
 
     def finish(self, classes: Optional[list] = None) -> OutputNodes:
         """Turn the outputs of a succeeded run into nodes (replacing this module's earlier ones)."""
@@ -175,6 +185,27 @@ class SegmentationJob:
         self._state = proc.FAILED
         self._error = message
         self.cleanup()
+
+
+def cancel_runs(runs, cleanup: Callable[[], None], background: Optional[Callable] = None) -> None:
+    """Cancel ``runs`` (any may be None), then ``cleanup``; with ``background(fn)`` the waiting for
+    the processes and the cleanup happen there, and this returns at once."""
+    endings: list = []
+    for run in runs:
+        if run is not None:
+            run.cancel(background=endings.append if background is not None else None)
+    if background is None:
+        cleanup()
+        return
+
+    def finish() -> None:
+        try:
+            for end in endings:
+                end()
+        finally:
+            cleanup()
+
+    background(finish)
 
 
 def remove_tree(path: os.PathLike) -> Optional[str]:
@@ -262,8 +293,10 @@ class JobMonitor:
             if state == proc.RUNNING:
                 return False
             if state == proc.SUCCEEDED:
-                with self.busy():
-                    self.job.finish()
+                with self.busy():  # a step at a time: between steps the GUI runs (a sequence: a frame a step)
+                    done = self.job.load_step()
+                if not done:
+                    return False
                 self.outcome = ("loaded", None)
             else:
                 self.outcome = (state, self.job.error)
@@ -271,12 +304,12 @@ class JobMonitor:
             return self._failed(exc)
         return True
 
-    def cancel(self) -> None:
-        """End the process; the scene stays as it was."""
+    def cancel(self, background: Optional[Callable] = None) -> None:
+        """End the process (in ``background`` when given); the scene stays as it was."""
         if self.finished:
             return
         try:
-            self.job.cancel()
+            self.job.cancel(background)
         except Exception:  # noqa: BLE001 - cancelling must always end the run for the panel
             logging.getLogger(__name__).exception("CARDSegment: cancelling the run failed")
         self.outcome = (proc.CANCELLED, None)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -107,7 +108,7 @@ def output_names(base: str) -> Dict[str, str]:
 
 
 def _make_nodes(scene, input_volume, out_dir: Path, report: dict, names: Dict[str, str], new: OutputNodes,
-                classes: Optional[List[dict]], load_probabilities: bool) -> None:
+                classes: Optional[List[dict]], load_probabilities: bool, frame: Optional[int] = None) -> None:
     """Fill ``new`` with the nodes of one output folder (on error, what was made stays in ``new``)."""
     new.segmentation = load_segmentation(scene, input_volume, out_dir / "segmentation.seg.nrrd",
                                          scene.GenerateUniqueName(names["segmentation"]), classes)
@@ -135,19 +136,33 @@ def _make_nodes(scene, input_volume, out_dir: Path, report: dict, names: Dict[st
     for role in ROLES:
         node = getattr(new, role)
         if node is not None:
-            tag_output(node, role, input_volume)
+            tag_output(node, role, input_volume, frame)
             node.SetAttribute(BUNDLE_ATTRIBUTE, str(bundle))
             node.SetAttribute(METHOD_ATTRIBUTE, str(report.get("method", "")))
 
 
-def load_outputs(scene, input_volume, output_dir: os.PathLike, classes: Optional[List[dict]] = None,
-                 load_probabilities: bool = False, overlay: str = "disagreement", opacity: float = 0.5,
-                 base_name: Optional[str] = None) -> OutputNodes:
-    """Make nodes from one ``cardseg segment`` output folder and replace the previous ones.
+@dataclass
+class PendingOutputs:
+    """Nodes made from one output folder, not yet in place of the earlier ones (:func:`commit_outputs`)."""
 
-    The new nodes are all made first; only when every one of them is in place are this module's
-    earlier outputs for ``input_volume`` removed. On any error the new nodes are removed again
-    and the scene is as it was. The input volume is only read.
+    new: OutputNodes
+    names: Dict[str, str]
+    frame: Optional[int] = None
+
+
+def frame_base_name(name: str, frame: Optional[int]) -> str:
+    """The node-name stem of a volume's outputs: its name, with the frame for a sequence's frame."""
+    base = name or "Volume"
+    return base if frame is None else f"{base} frame {int(frame)}"
+
+
+def prepare_outputs(scene, input_volume, output_dir: os.PathLike, classes: Optional[List[dict]] = None,
+                    load_probabilities: bool = False, base_name: Optional[str] = None,
+                    frame: Optional[int] = None) -> PendingOutputs:
+    """Make the nodes of one ``cardseg segment`` output folder beside the earlier ones.
+
+    On any error every node made on the way is removed again (the scene is as it was) and the
+    error is raised. ``frame``: the sequence frame the folder belongs to (None: a plain volume).
     """
     out_dir = Path(output_dir)
     if input_volume is None or not scene.IsNodePresent(input_volume):
@@ -158,25 +173,55 @@ def load_outputs(scene, input_volume, output_dir: os.PathLike, classes: Optional
             raise OutputError(f"the engine wrote no {p.name} in {out_dir}")
     report = read_report(report_path)
     report["input_node"] = input_volume.GetName()
-    base = base_name or input_volume.GetName() or "Volume"
-    names = output_names(base)
-    previous = output_nodes_of(scene, input_volume)
+    if frame is not None:
+        report["sequence_frame"] = int(frame)
+    names = output_names(base_name or frame_base_name(input_volume.GetName(), frame))
     existing = {n.GetID() for n in all_nodes(scene)}
     new = OutputNodes()
     try:
-        _make_nodes(scene, input_volume, out_dir, report, names, new, classes, load_probabilities)
+        _make_nodes(scene, input_volume, out_dir, report, names, new, classes, load_probabilities, frame)
     except Exception:
-        for node in new.nodes():
-            remove_node(scene, node)
+        discard_outputs(scene, PendingOutputs(new, names, frame), existing)
+        raise
+    return PendingOutputs(new, names, frame)
+
+
+def discard_outputs(scene, pending: PendingOutputs, existing: Optional[set] = None) -> None:
+    """Remove the nodes of ``pending`` (and, given the IDs that were there before, anything else made since)."""
+    for node in pending.new.nodes():
+        remove_node(scene, node)
+    if existing is not None:
         for node in all_nodes(scene):  # anything else made on the way (a half-read volume, its display)
             if node.GetID() not in existing and scene.IsNodePresent(node):
                 scene.RemoveNode(node)
-        raise
-    for node in previous:
-        remove_node(scene, node)
-    for role, name in names.items():  # the names the replaced nodes had, now free again
+
+
+def commit_outputs(scene, input_volume, pending: PendingOutputs, overlay: str = "disagreement",
+                   opacity: float = 0.5, show: bool = True) -> OutputNodes:
+    """Put ``pending``'s nodes in place of this module's earlier outputs for the same input and frame
+    (other frames' outputs stay), give them the freed names, and (``show``) show the overlay."""
+    new = pending.new
+    keep = {n.GetID() for n in new.nodes()}
+    for node in output_nodes_of(scene, input_volume, pending.frame):
+        if node.GetID() not in keep:
+            remove_node(scene, node)
+    for role, name in pending.names.items():  # the names the replaced nodes had, now free again
         node = getattr(new, role)
         if node is not None and node.GetName() != name and scene.GetFirstNodeByName(name) is None:
             node.SetName(name)
-    show_overlay(scene, input_volume, new, overlay, opacity)
+    if show:
+        show_overlay(scene, input_volume, new, overlay, opacity)
     return new
+
+
+def load_outputs(scene, input_volume, output_dir: os.PathLike, classes: Optional[List[dict]] = None,
+                 load_probabilities: bool = False, overlay: str = "disagreement", opacity: float = 0.5,
+                 base_name: Optional[str] = None, frame: Optional[int] = None) -> OutputNodes:
+    """Make nodes from one ``cardseg segment`` output folder and replace the previous ones.
+
+    The new nodes are all made first; only when every one of them is in place are this module's
+    earlier outputs for ``input_volume`` (and ``frame``) removed. On any error the new nodes are
+    removed again and the scene is as it was. The input volume is only read.
+    """
+    pending = prepare_outputs(scene, input_volume, output_dir, classes, load_probabilities, base_name, frame)
+    return commit_outputs(scene, input_volume, pending, overlay, opacity)

@@ -9,16 +9,20 @@ a ``qt.QTimer``) and a busy cursor. Method names follow Slicer's camelCase Logic
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from typing import Callable, ContextManager, Optional
+from typing import Callable, ContextManager, Dict, List, Optional
 
 from . import install
+from .cine import CineJob
+from .cine_results import export_cine_review, indices_lines, read_indices
 from .jobs import JobMonitor, JobOptions, SegmentationJob
-from .outputs import OutputNodes, find_outputs
+from .outputs import OutputNodes, find_outputs, output_nodes_of, segmented_frames
 from .overlays import show_overlay
 from .parameters import bundle_path, job_options
-from .process import SUCCEEDED
-from .review import export_review, review_rows, set_region_status, show_region
+from .process import FAILED, SUCCEEDED
+from .review import export_review, has_decisions, review_rows, set_region_status, show_region
+from .sequences import FrameMode, cine_of, follow_frame, frame_plan
 
 #: how often the timer polls a running segmentation process
 POLL_INTERVAL_MS = 200
@@ -37,6 +41,8 @@ class ModuleLogic:
         self._onProgress: Optional[Callable] = None
         self._onFinished: Optional[Callable] = None
         self.launcher = None  # tests may inject a fake process launcher
+        self.runFactory = None  # a sequence's process per step (None: one-shot CardsegRun; a warm engine's seam)
+        self._background: List[threading.Thread] = []
 
     @property
     def currentScene(self):
@@ -72,7 +78,14 @@ class ModuleLogic:
         if self.isRunning:
             raise RuntimeError("a segmentation is already running")
         self._onProgress, self._onFinished = onProgress, onFinished
-        self.job = SegmentationJob(self.currentScene, inputVolume, options, launcher=self.launcher, on_progress=onProgress)
+        try:
+            self.job = self.makeJob(inputVolume, options, onProgress)
+        except ValueError as exc:  # a frame choice the sequence cannot give: one line, nothing started
+            self._monitor = None
+            callback, self._onFinished = self._onFinished, None
+            if callback is not None:
+                callback(FAILED, str(exc))
+            return
         self._monitor = JobMonitor(self.job, busy=self._busy)
         if self._monitor.start():
             self._finished()
@@ -82,13 +95,24 @@ class ModuleLogic:
         self._timer.connect("timeout()", self._poll)
         self._timer.start()
 
+    def makeJob(self, inputVolume, options: JobOptions, onProgress: Optional[Callable] = None):
+        """A :class:`CineJob` for a sequence's proxy volume (the frames the options choose), else a
+        :class:`SegmentationJob` (a plain volume, as before). Raises ValueError for impossible frames."""
+        cine = cine_of(self.currentScene, inputVolume)
+        if cine is None:
+            return SegmentationJob(self.currentScene, inputVolume, options, launcher=self.launcher,
+                                   on_progress=onProgress)
+        plan = frame_plan(FrameMode(options.frame_mode), cine.count, cine.shown, options.ed_frame, options.es_frame)
+        return CineJob(self.currentScene, inputVolume, cine, plan, options, launcher=self.launcher,
+                       on_progress=onProgress, run_factory=self.runFactory)
+
     def elapsedSeconds(self) -> Optional[float]:
         """Seconds the current run has taken so far, or the last run took; None before any run."""
-        run = self.job.run if self.job is not None else None
-        if run is None or run.started_at is None:
+        runs = getattr(self.job, "runs", None) or [getattr(self.job, "run", None)]
+        if runs[0] is None or runs[0].started_at is None:
             return None
-        end = run.finished_at if run.finished_at is not None else time.monotonic()
-        return max(0.0, end - run.started_at)
+        end = runs[-1].finished_at if runs[-1].finished_at is not None else time.monotonic()
+        return max(0.0, end - runs[0].started_at)
 
     def _poll(self) -> None:
         """The timer's slot: one step of the run; nothing may escape it (Qt would swallow it)."""
@@ -115,16 +139,35 @@ class ModuleLogic:
             logging.exception("CARDSegment: updating the panel after the run failed")
 
     def cancel(self) -> None:
-        """End the running process; the scene stays as it was."""
+        """End the running process; the scene stays as it was. Returns at once: the process is
+        ended and its files deleted on a background thread (:meth:`waitForBackground`)."""
         if not self.isRunning:
             return
         self._stopTimer()
-        self._monitor.cancel()
+        self._monitor.cancel(background=self._inBackground)
         self._finished()
 
-    def runSync(self, inputVolume, options: JobOptions, timeout: float = 1800.0) -> OutputNodes:
-        """Run to the end and load the results (scripts and the self-test); raises on failure."""
-        job = SegmentationJob(self.currentScene, inputVolume, options, launcher=self.launcher)
+    def _inBackground(self, fn: Callable[[], None]) -> None:
+        def guarded():
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - a thread's error would go nowhere: log it
+                logging.exception("CARDSegment: ending a cancelled run failed")
+
+        thread = threading.Thread(target=guarded, name="CARDSegment-cancel", daemon=True)
+        self._background = [t for t in self._background if t.is_alive()] + [thread]
+        thread.start()
+
+    def waitForBackground(self, timeout: Optional[float] = 30.0) -> bool:
+        """Wait for cancelled runs to be ended and cleaned up (tests, scene close); True when all are."""
+        for thread in list(self._background):
+            thread.join(timeout)
+        return not any(t.is_alive() for t in self._background)
+
+    def runSync(self, inputVolume, options: JobOptions, timeout: float = 1800.0):
+        """Run to the end and load the results (scripts and the self-test); raises on failure.
+        A plain volume gives its OutputNodes, a sequence ``{frame: OutputNodes}``."""
+        job = self.makeJob(inputVolume, options)
         job.start()
         state = job.wait(timeout)
         if state != SUCCEEDED:
@@ -134,20 +177,106 @@ class ModuleLogic:
     # -- results
 
     def outputs(self, inputVolume) -> OutputNodes:
-        return find_outputs(self.currentScene, inputVolume)
+        """The input's outputs; for a sequence those of the frame it shows (with the shared region outline)."""
+        cine = cine_of(self.currentScene, inputVolume)
+        if cine is None:
+            return find_outputs(self.currentScene, inputVolume)
+        return self._frameOutputs(inputVolume, cine.shown)
+
+    def _frameOutputs(self, inputVolume, frame: Optional[int]) -> OutputNodes:
+        out = find_outputs(self.currentScene, inputVolume, frame)
+        shared = find_outputs(self.currentScene, inputVolume, None)
+        out.roi, out.indices = shared.roi, shared.indices
+        return out
+
+    def isSequence(self, inputVolume) -> bool:
+        return cine_of(self.currentScene, inputVolume) is not None
+
+    def sequenceInfo(self, inputVolume):
+        """The :class:`~CARDSegmentLib.sequences.Cine` behind the input, or None (a plain volume)."""
+        return cine_of(self.currentScene, inputVolume)
+
+    def frameOutputs(self, inputVolume) -> Dict[Optional[int], OutputNodes]:
+        """``{frame: outputs}`` of every segmented frame; ``{None: outputs}`` for a plain volume."""
+        if not self.isSequence(inputVolume):
+            return {None: find_outputs(self.currentScene, inputVolume)}
+        return {f: self._frameOutputs(inputVolume, f) for f in segmented_frames(self.currentScene, inputVolume)}
+
+    def indices(self, inputVolume) -> Optional[dict]:
+        """The sequence's cardiac indices (:func:`~CARDSegmentLib.cine_results.read_indices`), or None."""
+        return read_indices(find_outputs(self.currentScene, inputVolume, None).indices)
+
+    def hasSegmentation(self, inputVolume) -> bool:
+        """Whether the input (any frame of a sequence) has a segmentation of this module."""
+        return any(o.segmentation is not None for o in self.frameOutputs(inputVolume).values())
+
+    def indicesText(self, inputVolume) -> str:
+        """The panel's lines for the sequence's cardiac indices ("" for a plain volume or none yet)."""
+        cine = cine_of(self.currentScene, inputVolume)
+        return "\n".join(indices_lines(self.indices(inputVolume), cine.frame_label)) if cine is not None else ""
+
+    def outputNodeIDs(self, inputVolume) -> tuple:
+        """IDs of every output node of the input (all frames): the panel watches their removal."""
+        return tuple(n.GetID() for n in output_nodes_of(self.currentScene, inputVolume, "all"))
+
+    def reviewRows(self, inputVolume) -> List[dict]:
+        """The review rows of every segmented frame, each with its ``frame`` (None: a plain volume)."""
+        rows = []
+        for frame, outputs in self.frameOutputs(inputVolume).items():
+            rows += [dict(row, frame=frame) for row in review_rows(outputs.review)]
+        return rows
+
+    def decisionsAtRisk(self, inputVolume, options: JobOptions) -> bool:
+        """Whether a run with ``options`` would replace a review that has decisions."""
+        cine = cine_of(self.currentScene, inputVolume)
+        if cine is None:
+            review = find_outputs(self.currentScene, inputVolume).review
+            return review is not None and has_decisions(review)
+        try:
+            plan = frame_plan(FrameMode(options.frame_mode), cine.count, cine.shown, options.ed_frame,
+                              options.es_frame)
+        except ValueError:
+            return False
+        return any(o.review is not None and has_decisions(o.review)
+                   for f, o in self.frameOutputs(inputVolume).items() if f in plan.frames)
+
+    def followFrame(self, inputVolume, overlay: str, opacity: float) -> None:
+        """The browser moved: show that frame's segmentation and overlay (when it has results)."""
+        cine = cine_of(self.currentScene, inputVolume)
+        frames = self.frameOutputs(inputVolume) if cine is not None else {}
+        if not frames:
+            return
+        follow_frame(self.currentScene, {f: o.segmentation for f, o in frames.items()}, cine.shown)
+        shown = frames.get(cine.shown)
+        if shown is not None and shown.segmentation is not None:
+            show_overlay(self.currentScene, inputVolume, shown, overlay, opacity)
 
     def showOverlay(self, inputVolume, overlay: str, opacity: float) -> None:
         outputs = self.outputs(inputVolume)
         if outputs.segmentation is not None:
             show_overlay(self.currentScene, inputVolume, outputs, overlay, opacity)
 
-    def showRegion(self, inputVolume, regionId: int) -> dict:
-        outputs = self.outputs(inputVolume)
+    def _regionOutputs(self, inputVolume, frame: Optional[int]) -> OutputNodes:
+        cine = cine_of(self.currentScene, inputVolume)
+        if cine is None or frame is None:
+            return self.outputs(inputVolume)
+        cine.show(frame)
+        return self._frameOutputs(inputVolume, frame)
+
+    def showRegion(self, inputVolume, regionId: int, frame: Optional[int] = None) -> dict:
+        """Outline region ``regionId`` (of ``frame``, which a sequence's browser then shows)."""
+        outputs = self._regionOutputs(inputVolume, frame)
         show_region(self.currentScene, inputVolume, outputs, regionId)
         return next(r for r in review_rows(outputs.review) if r["region"] == regionId)
 
-    def setRegionStatus(self, inputVolume, regionId: int, status: str, note: Optional[str] = None) -> None:
-        set_region_status(self.outputs(inputVolume).review, regionId, status, note)
+    def setRegionStatus(self, inputVolume, regionId: int, status: str, note: Optional[str] = None,
+                        frame: Optional[int] = None) -> None:
+        outputs = self.outputs(inputVolume) if frame is None else self._frameOutputs(inputVolume, frame)
+        set_region_status(outputs.review, regionId, status, note)
 
     def exportReview(self, inputVolume, path: str) -> str:
+        """The review (and, for a sequence, every frame's review and the cardiac indices) to CSV or JSON."""
+        if self.isSequence(inputVolume):
+            frames = {f: o for f, o in self.frameOutputs(inputVolume).items()}
+            return str(export_cine_review(self.currentScene, inputVolume, frames, path))
         return str(export_review(self.outputs(inputVolume), path))

@@ -5,6 +5,11 @@ Every node CARDSegment creates for an input volume carries the attribute
 roi) and a node reference ``CARDSegment.Input`` to that input volume: that is how a re-run finds
 and replaces exactly its own outputs, and nothing else. The input volume itself is only read.
 
+A cine sequence's outputs are per frame: each node also carries ``CARDSegment.Frame`` (the
+frame's 0-based item number in the sequence), so that a run on one frame replaces only that
+frame's nodes; the sequence's own outputs (the cardiac-index table) and a plain volume's carry
+no frame. ``frame=None`` below means exactly those.
+
 The lowest layer of the library's MRML side (it imports no other module of the library).
 """
 
@@ -22,7 +27,8 @@ REPORT_REFERENCE = "CARDSegment.Report"
 REVIEW_REFERENCE = "CARDSegment.Review"
 BUNDLE_ATTRIBUTE = "CARDSegment.Bundle"
 METHOD_ATTRIBUTE = "CARDSegment.Method"
-ROLES = ("segmentation", "disagreement", "temperature", "probabilities", "report", "review", "roi")
+FRAME_ATTRIBUTE = "CARDSegment.Frame"
+ROLES = ("segmentation", "disagreement", "temperature", "probabilities", "report", "review", "roi", "indices")
 
 
 class OutputError(RuntimeError):
@@ -53,6 +59,7 @@ class OutputNodes:
     report: object = None
     review: object = None
     roi: object = None
+    indices: object = None
 
     def nodes(self) -> List[object]:
         return [getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None]
@@ -70,24 +77,47 @@ def all_nodes(scene) -> List[object]:
     return [collection.GetItemAsObject(i) for i in range(collection.GetNumberOfItems())]
 
 
-def tag_output(node, role: str, input_volume) -> None:
-    """Mark ``node`` as this module's output ``role`` for ``input_volume``."""
+def tag_output(node, role: str, input_volume, frame: Optional[int] = None) -> None:
+    """Mark ``node`` as this module's output ``role`` for ``input_volume`` (and its ``frame``)."""
     node.SetAttribute(ROLE_ATTRIBUTE, role)
     node.SetNodeReferenceID(INPUT_REFERENCE, input_volume.GetID())
+    if frame is not None:
+        node.SetAttribute(FRAME_ATTRIBUTE, str(int(frame)))
 
 
-def output_nodes_of(scene, input_volume) -> List[object]:
-    """Every node of ``scene`` that this module made for ``input_volume``."""
+def frame_of(node) -> Optional[int]:
+    """The frame an output node belongs to, or None (a plain volume's or the sequence's own)."""
+    text = node.GetAttribute(FRAME_ATTRIBUTE)
+    try:
+        return int(text) if text not in (None, "") else None
+    except ValueError:
+        return None
+
+
+#: ``frame`` argument meaning: the nodes of every frame and the frameless ones
+ALL_FRAMES = "all"
+
+
+def output_nodes_of(scene, input_volume, frame=None) -> List[object]:
+    """Every node of ``scene`` that this module made for ``input_volume`` and ``frame``
+    (None: the frameless ones; :data:`ALL_FRAMES`: all)."""
     if input_volume is None or input_volume.GetID() is None:
         return []
     return [n for n in all_nodes(scene)
-            if n.GetAttribute(ROLE_ATTRIBUTE) in ROLES and n.GetNodeReferenceID(INPUT_REFERENCE) == input_volume.GetID()]
+            if n.GetAttribute(ROLE_ATTRIBUTE) in ROLES and n.GetNodeReferenceID(INPUT_REFERENCE) == input_volume.GetID()
+            and (frame == ALL_FRAMES or frame_of(n) == frame)]
 
 
-def find_outputs(scene, input_volume) -> OutputNodes:
-    """This module's current outputs for ``input_volume`` (the first node of each role)."""
+def segmented_frames(scene, input_volume) -> List[int]:
+    """The frames of ``input_volume``'s sequence that have outputs, in order."""
+    return sorted({f for f in (frame_of(n) for n in output_nodes_of(scene, input_volume, ALL_FRAMES))
+                   if f is not None})
+
+
+def find_outputs(scene, input_volume, frame: Optional[int] = None) -> OutputNodes:
+    """This module's current outputs for ``input_volume`` and ``frame`` (the first node of each role)."""
     out = OutputNodes()
-    for node in output_nodes_of(scene, input_volume):
+    for node in output_nodes_of(scene, input_volume, frame):
         role = node.GetAttribute(ROLE_ATTRIBUTE)
         if getattr(out, role) is None:
             setattr(out, role, node)
@@ -109,19 +139,20 @@ def remove_node(scene, node) -> None:
             scene.RemoveNode(dep)
 
 
-def remove_outputs(scene, input_volume, keep: Iterable[object] = ()) -> int:
-    """Remove this module's outputs for ``input_volume`` (except ``keep``); returns how many."""
+def remove_outputs(scene, input_volume, keep: Iterable[object] = (), frame=None) -> int:
+    """Remove this module's outputs for ``input_volume`` and ``frame`` (except ``keep``); returns how many."""
     keep_ids = {n.GetID() for n in keep if n is not None}
-    doomed = [n for n in output_nodes_of(scene, input_volume) if n.GetID() not in keep_ids]
+    doomed = [n for n in output_nodes_of(scene, input_volume, frame) if n.GetID() not in keep_ids]
     for node in doomed:
         remove_node(scene, node)
     return len(doomed)
 
 
 def release_outputs(scene, input_volume) -> int:
-    """Keep the current outputs as ordinary nodes: the next run will not replace them."""
-    nodes = output_nodes_of(scene, input_volume)
+    """Keep the current outputs (of every frame) as ordinary nodes: the next run will not replace them."""
+    nodes = output_nodes_of(scene, input_volume, ALL_FRAMES)
     for node in nodes:
         node.RemoveAttribute(ROLE_ATTRIBUTE)
+        node.RemoveAttribute(FRAME_ATTRIBUTE)
         node.RemoveNodeReferenceIDs(INPUT_REFERENCE)
     return len(nodes)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import Callable, Dict, Iterable, Optional
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from .outputs import BUNDLE_ATTRIBUTE, ROLE_ATTRIBUTE, all_nodes
 
@@ -123,3 +123,50 @@ def elapsed_text(seconds: Optional[float]) -> str:
     if s < 3600:
         return f"{s // 60} min {s % 60:02d} s"
     return f"{s // 3600} h {(s % 3600) // 60:02d} min"
+
+
+#: the review table's columns in the panel; a sequence's rows get a "Frame" column first
+REGION_COLUMNS = ("#", "Status", "Volume (ml)", "Mean disagr.", "Classes")
+
+
+def region_table(rows) -> Tuple[Tuple[str, ...], List[Tuple[Tuple[Optional[int], int], Tuple[str, ...], str]]]:
+    """``(headers, [(key, cells, note)])`` of the panel's review table from review rows (each with
+    its ``frame``, None for a plain volume); ``key`` = ``(frame, region)`` identifies the row."""
+    framed = any(r.get("frame") is not None for r in rows)
+    headers = (("Frame",) if framed else ()) + REGION_COLUMNS
+    out = []
+    for row in rows:
+        cells = (str(row["region"]), row["status"], f"{row['volume_mm3'] / 1000.0:.2f}",
+                 f"{row['mean_disagreement']:.3f}", row["classes"])
+        out.append(((row.get("frame"), row["region"]), ((str(row.get("frame")),) if framed else ()) + cells,
+                    row["note"]))
+    return headers, out
+
+
+def fill_region_table(table, rows, make_item) -> Tuple[int, list]:
+    """Fill the panel's ``QTableWidget`` with :func:`region_table` of ``rows`` (``make_item``:
+    ``qt.QTableWidgetItem``); returns the Status column and the ``(frame, region)`` key of each row."""
+    headers, cells = region_table(rows)
+    table.blockSignals(True)
+    table.clearContents()
+    table.setColumnCount(len(headers))
+    table.setHorizontalHeaderLabels(list(headers))
+    table.setRowCount(len(cells))
+    for r, (_, values, note) in enumerate(cells):
+        for c, text in enumerate(values):
+            item = make_item(text)
+            if note:
+                item.setToolTip(note)
+            table.setItem(r, c, item)
+    table.blockSignals(False)
+    return headers.index("Status"), [key for key, _, _ in cells]
+
+
+def show_cine_choices(ui, cine, frame_mode: str) -> None:
+    """The frame choice only for a cine input (``cine``: its Cine, or None); the ED and ES boxes
+    enabled only when the indices are wanted (``frame_mode`` not "shown"), up to the last frame."""
+    ui.cineGroupBox.visible = cine is not None
+    for box in (ui.edFrameSpinBox, ui.esFrameSpinBox):
+        box.enabled = frame_mode != "shown"
+        if cine is not None:
+            box.maximum = cine.count - 1

@@ -1,4 +1,4 @@
-"""The panel's choices (bundle, device, method, overlay) and the run options they make.
+"""The panel's choices (bundle, device, method, overlay, a sequence's frames) and the run options they make.
 
 Plain enums, saved in the scene by the module's parameter node (``CARDSegmentParameterNode`` in
 ``CARDSegment.py``, which binds them to the GUI); :func:`job_options` reads such a node.
@@ -10,6 +10,7 @@ import enum
 
 from .bundles import resolve_bundle
 from .jobs import JobOptions
+from .sequences import FrameMode  # noqa: F401 - the panel's frame choice, with the other enums here
 
 
 class BundleSource(enum.Enum):
@@ -62,4 +63,7 @@ def job_options(parameter_node, module_dir: str) -> JobOptions:
         overlay=parameter_node.overlay.value,
         opacity=parameter_node.overlayOpacity,
         engine_dir=module_dir,
+        frame_mode=parameter_node.frameMode.value,
+        ed_frame=int(parameter_node.edFrame),
+        es_frame=int(parameter_node.esFrame),
     )

@@ -35,12 +35,19 @@ STAGE_SPANS: Dict[str, Tuple[float, float]] = {
     "read": (0.0, 0.05),
     "trajectory": (0.05, 0.92),
     "write": (0.92, 1.0),
+    # cardseg batch (a cine sequence's frames): progress counts frames
+    "hashing": (0.0, 0.02),
+    "cases": (0.02, 1.0),
 }
 STAGE_TEXT = {
     "export-onnx": "Preparing the fast CPU models (first run with this bundle only)",
     "read": "Reading the volume and the model bundle",
     "trajectory": "Reverse diffusion (primary and reference)",
     "write": "Writing results",
+    "hashing": "Reading the frames",
+    "cases": "Segmenting frames",
+    "indices": "Cardiac indices of the ED and ES frames",
+    "loading": "Loading the results",
 }
 ERROR_PREFIX = "cardseg: error:"
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
@@ -389,19 +396,24 @@ class CardsegRun:
             self._finish(FAILED, extract_error(self.log, code))
         return self.state
 
-    def cancel(self) -> None:
-        """End the process; the state becomes ``cancelled`` (nothing else is touched)."""
+    def cancel(self, background: Optional[Callable[[Callable[[], None]], None]] = None) -> None:
+        """End the process; the state becomes ``cancelled`` at once (nothing else is touched).
+
+        ``background(fn)``: runs the ending (it waits for the process: seconds) off the GUI's thread."""
         if self.state == IDLE:
             self._finish(CANCELLED, None)
             return
         if self.state != RUNNING:
             return
-        try:
-            if self._handle is not None:
-                self._handle.kill()
-                self._consume(self._handle.read_lines())
-        finally:
-            self._finish(CANCELLED, None)
+        handle = self._handle
+        self._finish(CANCELLED, None)
+        if handle is None:
+            return
+        if background is not None:
+            background(handle.kill)
+            return
+        handle.kill()
+        self._consume(handle.read_lines())
 
     def wait(self, timeout: Optional[float] = None, interval: float = 0.05) -> str:
         """Poll until the run finishes (for scripts and tests); cancels it on timeout."""

@@ -198,7 +198,8 @@ def test_ui_binds_exactly_the_parameter_node_fields():
     # each bound widget is of a kind Slicer's parameterNodeWrapper connects to that field's type
     kinds = {"inputVolume": "qMRMLNodeComboBox", "bundleSource": "QComboBox",
              "device": "QComboBox", "method": "QComboBox", "loadProbabilities": "QCheckBox",
-             "overlay": "QComboBox", "overlayOpacity": "ctkSliderWidget"}
+             "overlay": "QComboBox", "overlayOpacity": "ctkSliderWidget",
+             "frameMode": "QComboBox", "edFrame": "QSpinBox", "esFrame": "QSpinBox"}
     assert {field: widgets[name] for field, name in bound.items()} == kinds
     custom = {c.find("class").text for c in root.iter("customwidget")}
     assert {cls for cls in widgets.values() if not cls.startswith("Q")} <= custom

@@ -249,7 +249,8 @@ def make_widget(module, volume=None):
     widget.logic = module.CARDSegmentLogic()
     names = ("applyButton", "inputsCollapsibleButton", "statusLabel", "progressBar", "bundleFolderPathLineEdit",
              "agreementLabel", "keepResultsButton", "exportButton", "regionsTable", "acceptButton",
-             "correctedButton", "rejectButton", "noteLineEdit")
+             "correctedButton", "rejectButton", "noteLineEdit", "cineGroupBox", "edFrameSpinBox", "esFrameSpinBox",
+             "indicesLabel")
     widget.ui = types.SimpleNamespace(**{n: FakeWidget() for n in names})
     widget.ui.progressBar.maximum, widget.ui.progressBar.value = 100, 0
     widget.ui.bundleFolderPathLineEdit.currentPath = ""
@@ -429,8 +430,9 @@ def test_cancel_through_the_panel(module, rotated_nifti):
     FakeTimer.made[-1].slot()
     assert widget.logic.isRunning
     widget.onApplyButton()  # the button reads "Cancel"
-    assert_idle(widget)
-    assert fake.code == -9 and widget.ui.statusLabel.text == "Cancelled: the scene was not changed."
+    assert_idle(widget)  # at once: the process is ended on a background thread
+    assert widget.ui.statusLabel.text == "Cancelled: the scene was not changed."
+    assert widget.logic.waitForBackground(10) and fake.code == -9
 
 
 # ---------------------------------------------------------------------------------------------

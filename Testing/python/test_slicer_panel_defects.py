@@ -97,7 +97,7 @@ def test_removing_the_outputs_clears_the_review_table(module, rotated_nifti, fin
     if removed in ("segmentation", "all"):
         assert not widget.ui.keepResultsButton.enabled
     # a click on a row the table still showed: no error dialog, the table is refreshed
-    widget._selectedRegion = lambda: 1
+    widget._selectedRegion = lambda: (None, 1)  # (frame, region): a plain volume has no frame
     widget.onRegionSelected()
     assert not module.dialogs.errors
 
@@ -153,7 +153,7 @@ def test_a_double_click_starts_and_does_not_cancel(module, rotated_nifti, gap):
     assert widget.ui.applyButton.text == "Cancel"
     clock.now += 0.5
     widget.onApplyButton()  # a deliberate click later cancels
-    assert not widget.logic.isRunning and fake.code == -9
+    assert not widget.logic.isRunning and widget.logic.waitForBackground(10) and fake.code == -9
 
 
 def test_the_click_guard_uses_the_interval_it_is_given():

@@ -1,0 +1,265 @@
+"""One "Segment & Calibrate" on frames of a cine sequence, without Qt.
+
+:class:`CineJob` has :class:`~CARDSegmentLib.jobs.SegmentationJob`'s interface (start, poll,
+wait, cancel, load_step, finish), so the panel's timer and :class:`~CARDSegmentLib.jobs.JobMonitor`
+drive it unchanged. It writes the chosen frames to a temporary folder and runs the engine once for
+all of them: ``cardseg batch`` over a manifest (the model loaded once, progress per frame). When
+the plan asks for the cardiac indices, the manifest marks the ED and ES frames, and the engine
+writes ``subjects.csv`` with ``cardseg batch``'s own code (the same numbers as a batch's
+subjects.csv); when ED or ES is to be found, it is picked after the frames are segmented
+(:func:`~CARDSegmentLib.sequences.pick_ed_es`) and a second, short batch run on the same folder
+(every frame reused) writes the indices.
+
+The results load a frame at a time (:meth:`CineJob.load_step`, one call per timer tick: the GUI
+stays responsive); nothing replaces earlier nodes before every frame is loaded, and a failure
+removes what was made. Each frame's nodes replace only that frame's earlier ones.
+
+The seam for a warm engine (a process that keeps the model loaded between runs): a
+:data:`RunFactory` makes the process of one step from its command; the default is the one-shot
+``CardsegRun``. A warm client that reads the same manifest and writes the same folders (one
+``segment`` output folder per frame, ``subjects.csv``) can be passed as ``run_factory``.
+"""
+
+from __future__ import annotations
+
+import csv
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+from . import process as proc
+from .bundles import bundle_classes
+from .cine_results import SUBJECT, commit_indices, indices_from_subjects, make_indices_table
+from .jobs import JobOptions, cancel_runs, one_line, remove_tree
+from .loading import PendingOutputs, commit_outputs, discard_outputs, prepare_outputs
+from .outputs import OutputError, OutputNodes, all_nodes, read_report
+from .sequences import Cine, FramePlan, lv_curve, pick_ed_es
+from .volume_files import write_volume_file
+
+#: makes the process of one step: ``(command, launcher, on_progress) -> a CardsegRun-like object``
+RunFactory = Callable[[proc.SegmentCommand, Optional[proc.Launcher], Optional[Callable]], object]
+LOADED = "loaded"
+
+
+@dataclass
+class BatchCommand(proc.SegmentCommand):
+    """``cardseg batch`` over a manifest of frame files (``input_path`` is the manifest)."""
+
+    def argv(self) -> List[str]:
+        args = proc.SegmentCommand.argv(self)  # checks device and method
+        args = args[:args.index("segment")] + ["batch", "--manifest", str(self.input_path), "-o",
+                                               str(self.output_dir), "--progress", "json", "--device",
+                                               self.device, "--method", self.method, "--no-report"]
+        if self.bundle_path:
+            args += ["--bundle", str(self.bundle_path)]
+        if self.threads:
+            args += ["--threads", str(int(self.threads))]
+        if self.batch_size:
+            args += ["--batch-size", str(int(self.batch_size))]
+        return args
+
+
+def case_name(frame: int) -> str:
+    """The engine's case (and output folder) name of a frame."""
+    return f"frame-{int(frame):03d}"
+
+
+def write_manifest(path: Path, frames, ed: Optional[int] = None, es: Optional[int] = None) -> None:
+    """``case,path,phase,subject``: one row per frame file; ED and ES marked for the indices."""
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(["case", "path", "phase", "subject"])
+        for frame in frames:
+            phase = "ED" if frame == ed else "ES" if frame == es else ""
+            writer.writerow([case_name(frame), f"frames/{case_name(frame)}.nrrd", phase, SUBJECT if phase else ""])
+
+
+class CineJob:
+    """Segment and calibrate the frames of ``plan`` of a cine sequence; load them frame by frame."""
+
+    def __init__(self, scene, input_volume, cine: Cine, plan: FramePlan, options: Optional[JobOptions] = None,
+                 launcher: Optional[proc.Launcher] = None, on_progress: Optional[Callable] = None,
+                 run_factory: Optional[RunFactory] = None):
+        self.scene, self.input_volume, self.cine, self.plan = scene, input_volume, cine, plan
+        self.options = options or JobOptions()
+        self.launcher, self.on_progress = launcher, on_progress
+        self.run_factory = run_factory or proc.CardsegRun
+        self.work_dir: Optional[Path] = None
+        self.run = None  # the process of the current step
+        self.runs: list = []
+        self.ed, self.es = plan.ed, plan.es
+        self.outputs: Dict[int, OutputNodes] = {}
+        self._pending: List[PendingOutputs] = []
+        self._indices_table = None
+        self._existing: Optional[set] = None
+        self._error: Optional[str] = None
+        self._state = proc.IDLE
+        self._loading = 0
+
+    # -- state (as SegmentationJob)
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def error(self) -> Optional[str]:
+        return self._error or (self.run.error if self.run is not None else None)
+
+    @property
+    def progress(self) -> proc.Progress:
+        if self._state == proc.SUCCEEDED:
+            return proc.Progress("loading", self._loading, len(self.plan.frames), 1.0)
+        if len(self.runs) > 1:
+            return proc.Progress("indices", 0, 0, 1.0)
+        return self.run.progress if self.run is not None else proc.Progress()
+
+    @property
+    def output_dir(self) -> Optional[Path]:
+        return self.work_dir / "output" if self.work_dir else None
+
+    def frame_dir(self, frame: int) -> Path:
+        return self.output_dir / case_name(frame)
+
+    # -- steps
+
+    def start(self) -> None:
+        """Write the frames and the manifest, start the engine (the scene is not changed)."""
+        if self._state != proc.IDLE:
+            raise RuntimeError("this job was already started")
+        self.work_dir = Path(tempfile.mkdtemp(prefix="CARDSegment-", dir=self.options.work_root))
+        try:
+            (self.work_dir / "frames").mkdir()
+            for frame in self.plan.frames:
+                write_volume_file(self.cine.frame_volume(frame), self.work_dir / "frames" / f"{case_name(frame)}.nrrd")
+            known = self.plan.indices and not self.plan.find_ed_es
+            write_manifest(self.work_dir / "manifest.csv", self.plan.frames, *((self.ed, self.es) if known else ()))
+        except Exception as exc:  # noqa: BLE001 - the run's one-line error
+            self._fail(one_line(exc))
+            return
+        self._start_run(self.work_dir / "manifest.csv", self.on_progress)
+
+    def _start_run(self, manifest: Path, on_progress) -> None:
+        o = self.options
+        command = BatchCommand(input_path=str(manifest), output_dir=str(self.output_dir), bundle_path=o.bundle_path,
+                               device=o.device, method=o.method, python_executable=o.python_executable,
+                               engine_dir=o.engine_dir, threads=o.threads, batch_size=o.batch_size)
+        self.run = self.run_factory(command, self.launcher, on_progress)
+        self.runs.append(self.run)
+        self._state = proc.RUNNING
+        self.run.start()
+        if self.run.state == proc.FAILED:
+            self._state = proc.FAILED
+            self.cleanup()
+
+    def poll(self) -> str:
+        """Advance; ``succeeded`` means the frames (and indices) are ready to load."""
+        if self._state != proc.RUNNING or self.run is None:
+            return self._state
+        state = self.run.poll()
+        if state in (proc.FAILED, proc.CANCELLED):
+            self._state = state
+            self.cleanup()
+        elif state == proc.SUCCEEDED:
+            try:
+                self._after_segmentation()
+            except Exception as exc:  # noqa: BLE001
+                self._fail(one_line(exc))
+        return self._state
+
+    def _after_segmentation(self) -> None:
+        """The frames are segmented: pick ED/ES when asked (then a second run writes the indices)."""
+        if len(self.runs) > 1 or not self.plan.find_ed_es:
+            self._state = proc.SUCCEEDED
+            return
+        reports = {f: read_report(self.frame_dir(f) / "report.json") for f in self.plan.frames}
+        self.ed, self.es = pick_ed_es(lv_curve(reports), self.plan.ed, self.plan.es)
+        manifest = self.work_dir / "manifest-ed-es.csv"
+        write_manifest(manifest, self.plan.frames, self.ed, self.es)
+        self._start_run(manifest, None)
+
+    def wait(self, timeout: Optional[float] = None) -> str:
+        """Poll until the engine is done (scripts, tests)."""
+        while self._state == proc.RUNNING:
+            self.run.wait(timeout)
+            self.poll()
+        return self._state
+
+    def abort(self, message: str) -> None:
+        try:
+            if self.run is not None and self.run.running:
+                self.run.cancel()
+        finally:
+            self._discard()
+            self._fail(message)
+
+    def cancel(self, background: Optional[Callable] = None) -> None:
+        """End the process, remove what was loaded so far, delete the files; the scene is as it was."""
+        if self._state == LOADED:
+            return
+        if self._state in (proc.IDLE, proc.RUNNING, proc.SUCCEEDED):
+            self._state = proc.CANCELLED
+        self._discard()
+        cancel_runs([self.run], self.cleanup, background)
+
+    def load_step(self) -> bool:
+        """Load one frame (then the indices, then put everything in place); True when done."""
+        if self._state != proc.SUCCEEDED:
+            raise RuntimeError(f"nothing to load: the run is {self._state}")
+        try:
+            if self._existing is None:
+                self._existing = {n.GetID() for n in all_nodes(self.scene)}
+                self._classes = bundle_classes(self.options.bundle_path) if self.options.bundle_path else None
+            if self._loading < len(self.plan.frames):
+                frame = self.plan.frames[self._loading]
+                self._pending.append(prepare_outputs(
+                    self.scene, self.input_volume, self.frame_dir(frame), self._classes,
+                    self.options.load_probabilities, frame=frame))
+                self._loading += 1
+                return False
+            if self.plan.indices:
+                indices = indices_from_subjects(self.output_dir / "subjects.csv", self.ed, self.es)
+                self._indices_table = make_indices_table(self.scene, self.input_volume, indices)
+            self._commit()
+        except Exception as exc:  # noqa: BLE001 - the scene as before, one line says why
+            message = one_line(exc)
+            self._discard()
+            self._fail(message)
+            raise OutputError(message) from exc
+        self.cleanup()
+        self._state = LOADED
+        return True
+
+    def finish(self) -> Dict[int, OutputNodes]:
+        """Load everything at once (scripts, tests); ``{frame: outputs}``."""
+        while not self.load_step():
+            pass
+        return self.outputs
+
+    def _commit(self) -> None:
+        shown = self.cine.shown
+        for pending in self._pending:
+            o = self.options
+            self.outputs[pending.frame] = commit_outputs(self.scene, self.input_volume, pending, o.overlay, o.opacity,
+                                                         show=pending.frame == shown)
+        commit_indices(self.scene, self.input_volume, self._indices_table, replaced=list(self.outputs))
+        self._pending, self._indices_table, self._existing = [], None, None
+
+    def _discard(self) -> None:
+        for pending in self._pending:
+            discard_outputs(self.scene, pending)
+        if self._indices_table is not None:
+            discard_outputs(self.scene, PendingOutputs(OutputNodes(indices=self._indices_table), {}))
+        self._pending, self._indices_table = [], None
+        if self._existing is not None:
+            discard_outputs(self.scene, PendingOutputs(OutputNodes(), {}), self._existing)
+
+    def cleanup(self) -> None:
+        if self.work_dir is not None and not self.options.keep_files:
+            remove_tree(self.work_dir)
+
+    def _fail(self, message: str) -> None:
+        self._state = proc.FAILED
+        self._error = message
+        self.cleanup()

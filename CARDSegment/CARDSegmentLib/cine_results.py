@@ -1,0 +1,190 @@
+"""A cine sequence's own results: the cardiac indices of its ED and ES frames, and the export of
+every segmented frame's review with them. MRML classes only (no Qt, no engine import).
+
+The indices are not computed here: the engine writes them (``cardseg batch``'s ``subjects.csv``,
+from ``cardseg.cohort.indices`` on the ED and ES frames' outputs: EDV, ESV, SV, EF for LV and RV,
+LV mass, each with the bundle's fitted interval). This module reads that file into a table node
+(role ``indices``, no frame) and shows and exports what it holds.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import os
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from .outputs import OutputNodes, output_nodes_of, read_report, remove_node, tag_output
+from .review import CSV_FIELDS, review_csv, review_document
+
+#: the subject name the manifest gives the sequence's ED and ES frames
+SUBJECT = "cine"
+ED_ATTRIBUTE, ES_ATTRIBUTE = "CARDSegment.EDFrame", "CARDSegment.ESFrame"
+NOMINAL_ATTRIBUTE, ERROR_ATTRIBUTE = "CARDSegment.Nominal", "CARDSegment.IndicesError"
+
+
+def index_label(name: str) -> str:
+    """``LVEDV_ml`` -> ``LV EDV``, ``LVM_g`` -> ``LV mass``, ``RVEF`` -> ``RV EF``."""
+    stem = name.rsplit("_", 1)[0] if name.endswith(("_ml", "_g")) else name
+    if stem == "LVM":
+        return "LV mass"
+    return f"{stem[:2]} {stem[2:]}" if stem[:2] in ("LV", "RV") and len(stem) > 2 else stem
+
+
+def index_unit(name: str) -> str:
+    return "ml" if name.endswith("_ml") else "g" if name.endswith("_g") else "%" if name.endswith("EF") else ""
+
+
+def _number(text) -> float:
+    try:
+        return float(text)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def indices_from_subjects(path: os.PathLike, ed: int, es: int) -> dict:
+    """The sequence's row of the engine's ``subjects.csv``.
+
+    Returns ``{"ed", "es", "nominal", "error", "indices": [{"name", "value", "low", "high"}]}``;
+    the indices are the columns that come with ``_low`` and ``_high`` columns, in file order. A
+    row with an error (e.g. a bundle without fitted intervals) gives that error and no indices.
+    """
+    p = Path(path)
+    if not p.is_file():
+        return {"ed": ed, "es": es, "nominal": None, "error": "the engine wrote no cardiac indices", "indices": []}
+    with open(p, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f)
+        columns = reader.fieldnames or []
+        row = next((r for r in reader if r.get("subject") == SUBJECT), None)
+    if row is None:
+        return {"ed": ed, "es": es, "nominal": None, "error": "no cardiac indices for the ED and ES frames",
+                "indices": []}
+    names = [c for c in columns if f"{c}_low" in columns and f"{c}_high" in columns]
+    error = (row.get("error") or "").strip()
+    indices = [] if error else [{"name": n, "value": _number(row.get(n)), "low": _number(row.get(f"{n}_low")),
+                                 "high": _number(row.get(f"{n}_high"))} for n in names]
+    nominal = _number(row.get("nominal"))
+    return {"ed": int(ed), "es": int(es), "nominal": None if math.isnan(nominal) else nominal, "error": error,
+            "indices": indices}
+
+
+def make_indices_table(scene, input_volume, indices: dict):
+    """A table node of ``indices`` (one row per index), tagged as the sequence's ``indices`` output."""
+    import vtk
+
+    name = scene.GenerateUniqueName(f"{input_volume.GetName()} CARD indices")
+    table = scene.AddNewNodeByClass("vtkMRMLTableNode", name)
+    columns = {"index": vtk.vtkStringArray(), "label": vtk.vtkStringArray(), "value": vtk.vtkDoubleArray(),
+               "low": vtk.vtkDoubleArray(), "high": vtk.vtkDoubleArray(), "unit": vtk.vtkStringArray()}
+    for key, arr in columns.items():
+        arr.SetName(key)
+    for item in indices["indices"]:
+        columns["index"].InsertNextValue(item["name"])
+        columns["label"].InsertNextValue(index_label(item["name"]))
+        for key in ("value", "low", "high"):
+            columns[key].InsertNextValue(float(item[key]))
+        columns["unit"].InsertNextValue(index_unit(item["name"]))
+    for arr in columns.values():
+        table.AddColumn(arr)
+    table.SetAttribute(ED_ATTRIBUTE, str(indices["ed"]))
+    table.SetAttribute(ES_ATTRIBUTE, str(indices["es"]))
+    table.SetAttribute(NOMINAL_ATTRIBUTE, "" if indices.get("nominal") is None else repr(float(indices["nominal"])))
+    table.SetAttribute(ERROR_ATTRIBUTE, indices.get("error") or "")
+    tag_output(table, "indices", input_volume)
+    return table
+
+
+def read_indices(table) -> Optional[dict]:
+    """What :func:`make_indices_table` stored, as :func:`indices_from_subjects` returns it (None: no table)."""
+    if table is None:
+        return None
+    t = table.GetTable()
+    rows = []
+    for i in range(table.GetNumberOfRows()):
+        rows.append({"name": t.GetColumnByName("index").GetValue(i),
+                     **{k: float(t.GetColumnByName(k).GetValue(i)) for k in ("value", "low", "high")}})
+    nominal = table.GetAttribute(NOMINAL_ATTRIBUTE)
+    return {"ed": int(table.GetAttribute(ED_ATTRIBUTE)), "es": int(table.GetAttribute(ES_ATTRIBUTE)),
+            "nominal": float(nominal) if nominal else None, "error": table.GetAttribute(ERROR_ATTRIBUTE) or "",
+            "indices": rows}
+
+
+def commit_indices(scene, input_volume, table, replaced: List[int]) -> None:
+    """Put a new indices ``table`` in place of the earlier one; without a new table, drop the earlier
+    one when a frame it was computed from was just replaced (its numbers would be stale)."""
+    for old in output_nodes_of(scene, input_volume, None):
+        if old.GetAttribute("CARDSegment.Role") != "indices" or old is table:
+            continue
+        held = read_indices(old)
+        if table is not None or held["ed"] in replaced or held["es"] in replaced:
+            remove_node(scene, old)
+    if table is not None:
+        final = f"{input_volume.GetName()} CARD indices"
+        if table.GetName() != final and scene.GetFirstNodeByName(final) is None:
+            table.SetName(final)
+
+
+def _fmt(value: float) -> str:
+    return "-" if value != value else f"{value:.1f}"
+
+
+def indices_lines(indices: Optional[dict], frame_label=str) -> List[str]:
+    """The panel's lines: a heading, then ``LV EF   58.1 %   (52.3 to 63.0)`` per index."""
+    if indices is None:
+        return []
+    head = f"ED {frame_label(indices['ed'])}, ES {frame_label(indices['es'])}"
+    if indices["error"]:
+        return [head, f"No cardiac indices: {indices['error']}"]
+    level = f"{indices['nominal']:.0%} intervals" if indices.get("nominal") is not None else "intervals"
+    lines = [f"{head}; {level} from the bundle"]
+    for item in indices["indices"]:
+        unit = index_unit(item["name"])
+        lines.append(f"{index_label(item['name'])}: {_fmt(item['value'])} {unit} "
+                     f"({_fmt(item['low'])} to {_fmt(item['high'])})")
+    return lines
+
+
+#: the cine export's CSV columns: a record kind and frame, the review's columns, the indices'
+CINE_CSV_FIELDS = ("record", "frame") + CSV_FIELDS + ("index", "value", "low", "high", "unit", "nominal",
+                                                      "ed_frame", "es_frame")
+
+
+def cine_review_csv(frames: Dict[int, OutputNodes], indices: Optional[dict]) -> str:
+    """Every segmented frame's review rows (``record`` = region) and the indices (``record`` = index)."""
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=CINE_CSV_FIELDS, lineterminator="\n", restval="")
+    writer.writeheader()
+    for frame in sorted(frames):
+        outputs = frames[frame]
+        if outputs.review is None:
+            continue
+        for row in csv.DictReader(io.StringIO(review_csv(outputs.review, read_report(outputs.report)))):
+            writer.writerow({"record": "region", "frame": frame, **row})
+    for item in (indices or {}).get("indices", []):
+        writer.writerow({"record": "index", "index": item["name"], "value": item["value"], "low": item["low"],
+                         "high": item["high"], "unit": index_unit(item["name"]), "nominal": indices["nominal"],
+                         "ed_frame": indices["ed"], "es_frame": indices["es"]})
+    return out.getvalue()
+
+
+def export_cine_review(scene, input_volume, frames: Dict[int, OutputNodes], path: os.PathLike) -> Path:
+    """Write every frame's review and the indices: ``.csv`` (:func:`cine_review_csv`) or ``.json``."""
+    p = Path(path)
+    indices_nodes = [n for n in output_nodes_of(scene, input_volume, None)
+                     if n.GetAttribute("CARDSegment.Role") == "indices"]
+    indices = read_indices(indices_nodes[0]) if indices_nodes else None
+    if not any(o.review is not None for o in frames.values()) and indices is None:
+        raise KeyError("no review table for this sequence")
+    if p.suffix.lower() == ".json":
+        doc = {"frames": {str(f): review_document(o.review, read_report(o.report))
+                          for f, o in sorted(frames.items()) if o.review is not None},
+               "indices": indices}
+        p.write_text(json.dumps(doc, indent=2, allow_nan=True) + "\n")
+    elif p.suffix.lower() == ".csv":
+        p.write_text(cine_review_csv(frames, indices))
+    else:
+        raise ValueError(f"{p.name}: export to .csv or .json")
+    return p
