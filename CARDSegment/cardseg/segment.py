@@ -246,7 +246,7 @@ def write_outputs(result: SegmentationResult, volume: Volume, bundle: Bundle, ou
     progress.stage("write", len(files))
     for name in files:
         try:
-            _write_one(name, writer.path(name), result, volume, bundle)
+            write_one(name, writer.path(name), result, volume, bundle)
         except IncompleteWrite as exc:  # name the file where the user will look for it
             raise IncompleteWrite(writer.out / name, exc.strerror) from None
         except OSError as exc:  # e.g. EFBIG or ENOSPC raised by a Python writer
@@ -262,25 +262,48 @@ def segment_file(input_path: os.PathLike, out: os.PathLike, bundle: Bundle, *, m
     """One case, the one path every run takes (``cardseg segment``, ``cardseg batch``, Slicer):
     check the output folder, read and check the input (unless ``volume`` was read already), take
     the folder's lock, segment, write atomically. Returns the report; raises
-    :class:`CardsegError` (one line) with nothing written on bad input."""
+    :class:`CardsegError` (one line) with nothing written on bad input.
+
+    The same three steps, :func:`read_case`, :func:`compute_case` under an entered
+    :class:`~cardseg.io.outdir.OutputWriter`, and :func:`write_outputs`, are what ``cardseg
+    batch`` overlaps across cases (:mod:`cardseg.cohort.pipeline`)."""
+    t_start = time.perf_counter() if t_start is None else t_start
+    out, volume = read_case(input_path, out, frame=frame, spacing=spacing, overwrite=overwrite, volume=volume)
+    with OutputWriter(out, overwrite, version=__version__) as writer:
+        result = compute_case(volume, bundle, input_path, method=method, device=device, batch_size=batch_size,
+                              frame=frame, spacing=spacing, progress=progress, t_start=t_start)
+        write_outputs(result, volume, bundle, out, overwrite, progress, writer=writer)
+    return result.report
+
+
+def read_case(input_path: os.PathLike, out: os.PathLike, *, frame: Optional[int] = None,
+              spacing: Optional[tuple] = None, overwrite: bool = False, volume: Optional[Volume] = None):
+    """``(out, volume)``: the output folder checked (:func:`cardseg.io.outdir.check_output`) and the
+    input read and checked (unless ``volume`` is given); nothing is written."""
     from cardseg.io.volume import read_volume
 
-    t_start = time.perf_counter() if t_start is None else t_start
     out = check_output(out, overwrite, inputs=[input_path])
     if volume is None:
         volume = read_volume(input_path, frame, spacing)
-    with OutputWriter(out, overwrite, version=__version__) as writer:
-        result = segment_volume(volume, bundle, method=method, device=device, batch_size=batch_size,
-                                progress=progress)
-        result.report["input"] = os.path.abspath(input_path)
-        result.report["frame"] = frame
-        result.report["slices"] = int(volume.shape[0])
-        if spacing:
-            result.report["spacing_given_mm"] = list(spacing)
-        result.report.update(volume.notes)  # e.g. where one DICOM slice's spacing came from
-        result.report["timings_s"]["total"] = time.perf_counter() - t_start
-        write_outputs(result, volume, bundle, out, overwrite, progress, writer=writer)
-    return result.report
+    return out, volume
+
+
+def compute_case(volume: Volume, bundle: Bundle, input_path: os.PathLike, *, method: str = "card",
+                 device: torch.device | str = "cpu", batch_size: int = 8, frame: Optional[int] = None,
+                 spacing: Optional[tuple] = None, progress: Optional[Progress] = None,
+                 t_start: Optional[float] = None) -> SegmentationResult:
+    """:func:`segment_volume` plus the report's fields about the input (path, frame, slices,
+    given spacing, reader notes, total seconds since ``t_start``)."""
+    t_start = time.perf_counter() if t_start is None else t_start
+    result = segment_volume(volume, bundle, method=method, device=device, batch_size=batch_size, progress=progress)
+    result.report["input"] = os.path.abspath(input_path)
+    result.report["frame"] = frame
+    result.report["slices"] = int(volume.shape[0])
+    if spacing:
+        result.report["spacing_given_mm"] = list(spacing)
+    result.report.update(volume.notes)  # e.g. where one DICOM slice's spacing came from
+    result.report["timings_s"]["total"] = time.perf_counter() - t_start
+    return result
 
 
 def output_files(result: SegmentationResult) -> list:
@@ -290,7 +313,7 @@ def output_files(result: SegmentationResult) -> list:
     return files + ["report.json"]
 
 
-def _write_one(name: str, path: Path, result: SegmentationResult, volume: Volume, bundle: Bundle) -> None:
+def write_one(name: str, path: Path, result: SegmentationResult, volume: Volume, bundle: Bundle) -> None:
     """Write one output and prove it complete (:mod:`cardseg.io.written`): a short write raises
     :class:`~cardseg.io.written.IncompleteWrite` instead of leaving a truncated file behind."""
     images = {"segmentation.nii.gz": lambda: volume.to_image(result.labels),

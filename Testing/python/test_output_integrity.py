@@ -176,17 +176,17 @@ def test_a_mount_point_is_filled_and_replaced_in_place_without_losing_files(tmp_
     assert segment(scan, "-o", mount, "--bundle", tiny_bundle) == 0
     card = snapshot(mount)
     assert "disagreement.nii.gz" in card and mount.stat().st_ino == inode
-    real = seg._write_one
+    real = seg.write_one
 
     def failing(name, path, *a):
         if name == "probabilities.nii.gz":
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
         return real(name, path, *a)
 
-    monkeypatch.setattr(seg, "_write_one", failing)  # a uc run that fails half way loses nothing
+    monkeypatch.setattr(seg, "write_one", failing)  # a uc run that fails half way loses nothing
     assert segment(scan, "-o", mount, "--bundle", tiny_bundle, "--overwrite", "--method", "uc") == 1
     assert snapshot(mount) == card
-    monkeypatch.setattr(seg, "_write_one", real)
+    monkeypatch.setattr(seg, "write_one", real)
     assert segment(scan, "-o", mount, "--bundle", tiny_bundle, "--overwrite", "--method", "uc") == 0
     stamp = json.loads((mount / ".cardseg-output.json").read_text())
     assert sorted(stamp["files"]) == sorted(p.name for p in mount.iterdir() if p.name != ".cardseg-output.json")

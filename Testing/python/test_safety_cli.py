@@ -367,7 +367,7 @@ def test_an_error_while_writing_clears_the_bar_and_leaves_nothing(tmp_path, scan
     from cardseg.cli import main
     from cardseg.base.errors import CardsegError
 
-    real = segment._write_one
+    real = segment.write_one
     calls = []
 
     def failing(name, path, *a):
@@ -376,7 +376,7 @@ def test_an_error_while_writing_clears_the_bar_and_leaves_nothing(tmp_path, scan
             raise CardsegError("disk full (simulated)")
         return real(name, path, *a)
 
-    monkeypatch.setattr(segment, "_write_one", failing)
+    monkeypatch.setattr(segment, "write_one", failing)
     code = main(["segment", str(scan / "scan.nii.gz"), "-o", str(tmp_path / "out"), "--bundle", str(tiny_bundle)])
     err = capsys.readouterr().err
     assert code == 2 and len(calls) == 3

@@ -195,9 +195,10 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
                         plan.jobs, on_result, bundle_root=plan.bundle_root, method=o.method, device=o.device,
                         batch_size=o.batch_size, threads=o.threads, backend=worker.bundle.backend,
                         workers=o.workers)  # the backend the check load settled on: no second fallback
-                else:
-                    for j in plan.jobs:
-                        on_result(worker.run(j))
+                else:  # the next case read and the last one written while this one computes
+                    from cardseg.cohort.pipeline import run_overlapped
+
+                    run_overlapped(worker, plan.jobs, on_result)
                     result.worker_loads = worker.loads
         finally:  # the table also after Ctrl-C: unfinished cases are 'pending'
             progress.close()

@@ -67,11 +67,16 @@ class CaseWorker:
                                   overwrite=job.overwrite, progress=Progress())
             return {"case": job.case, "status": "ok", "error": "", "report": report,
                     "seconds": time.perf_counter() - t0}
-        except CardsegError as exc:
-            msg = one_line(exc)
-        except MemoryError:
-            msg = "out of memory"
         except Exception as exc:  # one bad case never stops the batch
-            msg = f"{type(exc).__name__}: {one_line(exc)}"
-        return {"case": job.case, "status": "error", "error": msg, "report": None,
-                "seconds": time.perf_counter() - t0}
+            return failed(job, exc, t0)
+
+
+def failed(job: Job, exc: BaseException, t0: float) -> dict:
+    """The result of a case that raised ``exc`` (a one-line message; the batch goes on)."""
+    if isinstance(exc, CardsegError):
+        msg = one_line(exc)
+    elif isinstance(exc, MemoryError):
+        msg = "out of memory"
+    else:
+        msg = f"{type(exc).__name__}: {one_line(exc)}"
+    return {"case": job.case, "status": "error", "error": msg, "report": None, "seconds": time.perf_counter() - t0}

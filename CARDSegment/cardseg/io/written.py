@@ -15,6 +15,7 @@ import gzip
 import os
 import struct
 import sys
+import threading
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
@@ -34,10 +35,24 @@ class IncompleteWrite(OSError):
         return f"{self.filename}: {self.strerror}"
 
 
+#: file descriptor 2 is the process's: one capture at a time (``cardseg batch`` reads and writes
+#: cases in threads, :mod:`cardseg.cohort.pipeline`; two interleaved captures would leave fd 2 on a
+#: closed pipe)
+_CAPTURE = threading.RLock()
+
+
 @contextmanager
 def muted_native_stderr() -> Iterator[List[str]]:
     """Catch what native code prints on file descriptor 2 meanwhile; yields the list that receives
-    its lines once the block ends. The pipe's write end never blocks: past 64 KiB it drops."""
+    its lines once the block ends. The pipe's write end never blocks: past 64 KiB it drops. One
+    capture at a time in the process (other threads wait)."""
+    with _CAPTURE:
+        with _muted() as lines:
+            yield lines
+
+
+@contextmanager
+def _muted() -> Iterator[List[str]]:
     try:
         sys.stderr.flush()
     except (OSError, ValueError):

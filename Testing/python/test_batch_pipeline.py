@@ -1,0 +1,137 @@
+"""The overlapped case pipeline of ``cardseg batch`` (``cardseg.cohort.pipeline``): the same outputs
+and order as case after case, a bad case in the middle, reading and writing really overlapping
+the computation, and an interrupt that leaves only complete outputs behind."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import SimpleITK as sitk
+
+from cardseg.cohort import pipeline
+from cardseg.cohort.worker import CaseWorker, Job
+
+OUTPUTS = ("segmentation.nii.gz", "probabilities.nii.gz", "disagreement.nii.gz", "temperature.nii.gz",
+           "regions.nii.gz")
+
+
+def _cases(tmp_path: Path, vol, n: int, bad: int = -1) -> list:
+    jobs = []
+    for i in range(n):
+        src = tmp_path / "in" / f"case{i}.nii.gz"
+        src.parent.mkdir(parents=True, exist_ok=True)
+        if i == bad:
+            src.write_bytes(b"not an image")
+        else:
+            arr = np.roll(vol.array, 3 * i, axis=2).astype(np.float32)
+            sitk.WriteImage(vol.to_image(arr), str(src))
+        jobs.append(Job(case=f"case{i}", path=str(src), out=str(tmp_path / "out" / f"case{i}")))
+    return jobs
+
+
+@pytest.fixture()
+def worker(tiny_bundle):
+    w = CaseWorker(tiny_bundle, device="cpu", backend="torch")
+    w.load()
+    return w
+
+
+def test_same_outputs_and_order_as_case_after_case_with_a_bad_case_in_the_middle(worker, synthetic_volume, tmp_path):
+    vol, _ = synthetic_volume
+    jobs = _cases(tmp_path / "a", vol, 4, bad=1)
+    seen = []
+    pipeline.run_overlapped(worker, jobs, seen.append)
+    assert [r["case"] for r in seen] == ["case0", "case1", "case2", "case3"]
+    assert [r["status"] for r in seen] == ["ok", "error", "ok", "ok"]
+    assert "case1.nii.gz" in seen[1]["error"] and "\n" not in seen[1]["error"]
+    assert not Path(jobs[1].out).exists()
+    for job in (j for k, j in enumerate(jobs) if k != 1):
+        one = worker.run(Job(case=job.case, path=job.path, out=job.out + "-alone"))
+        assert one["status"] == "ok"
+        for name in OUTPUTS:
+            a = sitk.GetArrayFromImage(sitk.ReadImage(str(Path(job.out) / name)))
+            b = sitk.GetArrayFromImage(sitk.ReadImage(str(Path(job.out + "-alone") / name)))
+            np.testing.assert_array_equal(a, b, err_msg=f"{job.case} {name}")
+    leftovers = [p.name for p in (tmp_path / "a" / "out").iterdir() if p.name.startswith(".")]
+    assert leftovers == []
+
+
+def test_the_next_case_is_read_and_the_last_written_while_one_computes(worker, synthetic_volume, tmp_path, monkeypatch):
+    """While case 1 computes, case 2 is being read and case 0 written (events, not timings)."""
+    from cardseg import segment
+
+    vol, _ = synthetic_volume
+    jobs = _cases(tmp_path, vol, 3)
+    read_started = {i: threading.Event() for i in range(3)}
+    write_started = {i: threading.Event() for i in range(3)}
+    during_compute = {}
+    real_read, real_compute, real_write = segment.read_case, segment.compute_case, segment.write_outputs
+
+    def read_case(path, out, **kw):
+        read_started[int(Path(path).name[4])].set()
+        return real_read(path, out, **kw)
+
+    def compute_case(volume, bundle, path, **kw):
+        i = int(Path(path).name[4])
+        if i == 1:  # wait (bounded) for the neighbours' work to start: it must not need this case to end
+            during_compute["read 2"] = read_started[2].wait(60)
+            during_compute["write 0"] = write_started[0].wait(60)
+        return real_compute(volume, bundle, path, **kw)
+
+    def write_outputs(result, volume, bundle, out, *a, **kw):
+        write_started[int(Path(out).name[4])].set()
+        return real_write(result, volume, bundle, out, *a, **kw)
+
+    monkeypatch.setattr(segment, "read_case", read_case)
+    monkeypatch.setattr(segment, "compute_case", compute_case)
+    monkeypatch.setattr(segment, "write_outputs", write_outputs)
+    seen = []
+    pipeline.run_overlapped(worker, jobs, seen.append)
+    assert during_compute == {"read 2": True, "write 0": True}
+    assert [r["status"] for r in seen] == ["ok"] * 3
+
+
+def test_an_interrupt_reports_the_finished_case_and_leaves_no_partial_output(worker, synthetic_volume, tmp_path,
+                                                                             monkeypatch):
+    from cardseg import segment
+
+    vol, _ = synthetic_volume
+    jobs = _cases(tmp_path, vol, 3)
+    real_compute = segment.compute_case
+
+    def compute_case(volume, bundle, path, **kw):
+        if Path(path).name.startswith("case1"):
+            raise KeyboardInterrupt
+        return real_compute(volume, bundle, path, **kw)
+
+    monkeypatch.setattr(segment, "compute_case", compute_case)
+    seen = []
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run_overlapped(worker, jobs, seen.append)
+    assert [(r["case"], r["status"]) for r in seen] == [("case0", "ok")]
+    assert (Path(jobs[0].out) / "report.json").is_file()
+    assert not Path(jobs[1].out).exists() and not Path(jobs[2].out).exists()
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["case0"]
+
+
+def test_a_failed_write_is_that_case_error_and_the_batch_goes_on(worker, synthetic_volume, tmp_path, monkeypatch):
+    from cardseg import segment
+
+    vol, _ = synthetic_volume
+    jobs = _cases(tmp_path, vol, 3)
+    real_write = segment.write_outputs
+
+    def write_outputs(result, volume, bundle, out, *a, **kw):
+        if Path(out).name == "case0":
+            raise OSError(28, "No space left on device")
+        return real_write(result, volume, bundle, out, *a, **kw)
+
+    monkeypatch.setattr(segment, "write_outputs", write_outputs)
+    seen = []
+    pipeline.run_overlapped(worker, jobs, seen.append)
+    assert [r["status"] for r in seen] == ["error", "ok", "ok"]
+    assert "No space left" in seen[0]["error"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["case1", "case2"]
