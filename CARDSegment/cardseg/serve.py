@@ -49,11 +49,14 @@ Protocol (version :data:`PROTOCOL`), JSON lines, UTF-8:
   requests.jsonl``). SIGTERM stops the running request the same way (exit status 143); the
   engine's exit status is 0 after end of input or an ``exit`` request.
 
-* **Bundle changes**: every request checks its bundle folder as ``cardseg segment`` does
-  (schema, each weight file's sha256); when the folder, its ``bundle.json`` or the weights'
-  checksums differ from what is loaded (or the device or backend asked for does), the bundle is
-  loaded again before the work, so a refitted or replaced bundle is noticed without a restart.
-  Only one bundle is kept loaded.
+* **Bundle changes are noticed per request** (no restart needed): each request compares the
+  bundle folder's ``bundle.json`` and weight files with those loaded by their stamps (inode,
+  size, modification and change time: :func:`fingerprint`, a few ``stat`` calls). When one
+  differs, the folder is checked whole as ``cardseg segment`` checks it (schema, each weight
+  file's sha256 and values) and the bundle is loaded again, unless its configuration and
+  checksums turn out unchanged. A request for another bundle, device or backend loads that
+  one; only one bundle is kept loaded. The networks that run are always the ones verified when
+  they were loaded (from the verified bytes, as in ``cardseg segment``).
 """
 
 from __future__ import annotations
@@ -157,28 +160,41 @@ class StdinReader:
 
 
 class LoadedBundle:
-    """The one bundle kept loaded, and what it was loaded for (folder, configuration, device, backend)."""
+    """The one bundle kept loaded, what it was loaded for (folder, configuration, device, backend)
+    and its files' fingerprint (:func:`fingerprint`), by which a change on disk is noticed."""
 
     def __init__(self):
         self.key: Optional[tuple] = None
+        self.files: Optional[tuple] = None
         self.bundle = None
 
-    @staticmethod
-    def key_of(root: Path, config: dict, device, backend: str) -> tuple:
-        return (str(Path(root).resolve()), json.dumps(config, sort_keys=True), str(device), backend)
-
-    def get(self, root: Path, config: dict, device, backend: str, progress) -> tuple:
-        """``(bundle, loaded_now)``: the loaded bundle when it is the same, else a fresh load."""
+    def get(self, bundle_arg, device, backend: str, method: str, progress) -> tuple:
+        """``(bundle, loaded_now)`` for a request. While the folder's files are those loaded (same
+        fingerprint) nothing is read; otherwise the folder is checked whole as ``cardseg segment``
+        checks it (schema, each weight file's sha256) and loaded again unless its configuration
+        and checksums are still those loaded. Refusals are segment's one-line errors."""
+        from cardseg.bundle.folder import check_bundle, resolve_bundle_path
         from cardseg.bundle.loading import load_bundle
 
-        key = self.key_of(root, config, device, backend)
-        if self.bundle is not None and key == self.key:
+        root = resolve_bundle_path(bundle_arg)
+        files = fingerprint(root, self.bundle.config) if self.bundle is not None else None
+        if self.bundle is not None and files == self.files and self.key[0] == str(root.resolve()) \
+                and self.key[2:] == (str(device), backend):
+            check_method(root, self.bundle.config, method)
             return self.bundle, False
-        self.bundle = self.key = None  # a failed load leaves nothing stale behind
-        bundle = load_bundle(root, device=device, backend=backend, progress=progress)
+        checked = check_bundle(bundle_arg)
+        check_method(checked.root, checked.config, method)
+        key = (str(checked.root.resolve()), json.dumps(checked.config, sort_keys=True), str(device), backend)
+        if self.bundle is not None and key == self.key:  # touched, not changed
+            self.files = fingerprint(checked.root, checked.config)
+            return self.bundle, False
+        self.bundle = self.key = self.files = None  # a failed load leaves nothing stale behind
+        files = fingerprint(checked.root, checked.config)
+        bundle = load_bundle(checked.root, device=device, backend=backend, progress=progress, prepared=True,
+                             checked=checked)
         for note in bundle.notes:
             print(f"cardseg: note: {note}", file=sys.stderr)
-        self.bundle, self.key = bundle, key
+        self.bundle, self.key, self.files = bundle, key, files
         return bundle, True
 
     def describe(self) -> Optional[dict]:
@@ -187,6 +203,29 @@ class LoadedBundle:
         b = self.bundle
         return {"id": b.ident, "path": str(b.path), "backend": b.backend, "device": self.key[2],
                 "checksums": dict(b.checksums)}
+
+
+def fingerprint(root: Path, config: dict) -> Optional[tuple]:
+    """Identity and change stamps (inode, size, modification and change times) of ``bundle.json``
+    and the weight files ``config`` names; None when one cannot be read. Writing or replacing a
+    file changes its change time (which no tool can set back), so an unchanged fingerprint means
+    the files that were checked and loaded are still there as they were."""
+    names = ["bundle.json"] + [spec.get("file", "") for spec in config.get("networks", {}).values()]
+    stamps = []
+    for name in names:
+        try:
+            st = os.stat(Path(root) / name)
+        except OSError:
+            return None
+        stamps.append((name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
+    return tuple(stamps)
+
+
+def check_method(root: Path, config: dict, method: str) -> None:
+    """``--method card`` needs a CARD-calibrated bundle (``cardseg segment``'s refusal)."""
+    if method == "card" and config["calibration"]["method"] != "card":
+        raise CardsegError(f"{root}: the bundle is calibrated by {config['calibration']['method']!r}, "
+                           "not CARD; use --method uc or a CARD bundle")
 
 
 class Engine:
@@ -245,29 +284,23 @@ class Engine:
             raise CardsegError(text.split(" error: ", 1)[-1]) from None
 
     def segment(self, request: dict, t0: float) -> dict:
-        """One ``segment`` request, checked in ``cardseg segment``'s order; the result event."""
-        from cardseg.bundle.folder import check_bundle_folder
+        """One ``segment`` request, checked as ``cardseg segment`` checks; the result event."""
+        import torch
+
+        from cardseg.base.cpus import default_threads
+        from cardseg.base.progress import JsonProgress
         from cardseg.io.inputs import parse_spacing
         from cardseg.io.outdir import check_output
+        from cardseg.segment import resolve_device, segment_file
 
         a = self.arguments(request)
         self.check_segment(a)
         spacing = parse_spacing(a.spacing) if a.spacing else None
         check_output(a.output, a.overwrite, inputs=[a.input])
-        root, config = check_bundle_folder(a.bundle)
-        if a.method == "card" and config["calibration"]["method"] != "card":
-            raise CardsegError(f"{root}: the bundle is calibrated by {config['calibration']['method']!r}, "
-                               "not CARD; use --method uc or a CARD bundle")
-        import torch
-
-        from cardseg.base.cpus import default_threads
-        from cardseg.base.progress import JsonProgress
-        from cardseg.segment import resolve_device, segment_file
-
-        torch.set_num_threads(a.threads or default_threads())
         device = resolve_device(a.device)
+        torch.set_num_threads(a.threads or default_threads())
         progress = JsonProgress(self.protocol.stream)
-        bundle, loaded_now = self.loaded.get(root, config, device, a.backend, progress)
+        bundle, loaded_now = self.loaded.get(a.bundle, device, a.backend, a.method, progress)
         report = segment_file(a.input, a.output, bundle, method=a.method, device=device, batch_size=a.batch_size,
                               frame=a.frame, spacing=spacing, overwrite=a.overwrite, progress=progress, t_start=t0)
         out = Path(os.path.realpath(os.path.abspath(a.output)))
@@ -331,7 +364,6 @@ class Engine:
 
         from cardseg.base.cpus import default_threads
         from cardseg.base.options import check_run_options
-        from cardseg.bundle.folder import check_bundle_folder
         from cardseg.segment import resolve_device
 
         try:
@@ -340,8 +372,7 @@ class Engine:
             a = SimpleNamespace(backend=d.backend, device=d.device)
             self.check_backend(a)
             torch.set_num_threads(d.threads or default_threads())
-            root, config = check_bundle_folder(d.bundle)
-            self.loaded.get(root, config, resolve_device(a.device), a.backend, None)
+            self.loaded.get(d.bundle, resolve_device(a.device), a.backend, "uc", None)
         except (CardsegError, OSError) as exc:
             return one_line(exc)
         return None

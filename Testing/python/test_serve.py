@@ -129,13 +129,23 @@ def test_one_process_many_requests(tmp_path, phantom, tiny_bundle):
         assert rep["agreement"] == pytest.approx(ref["agreement"], abs=1e-9) == second["agreement"]
         assert rep["regions"] == ref["regions"] and rep["backend"] == ref["backend"] == "onnx"
 
+        # a weight file rewritten with the same bytes is checked again but not reloaded;
         # a bundle refitted on disk (bundle.json rewritten) is loaded again by the next request
         from cardseg.bundle.loading import update_config
 
+        weights = bundle / "reference.safetensors"
+        weights.write_bytes(weights.read_bytes())
+        same = engine.ask({"id": "g", "input": str(phantom), "output": str(tmp_path / "g")})
+        assert same["ok"] and same["loaded_bundle"] is False
         update_config(bundle, {"calibration": {"tau_max": 2.5}})
         third = engine.ask({"id": "f", "input": str(phantom), "output": str(tmp_path / "f")})
         assert third["ok"] and third["loaded_bundle"] is True
         assert json.loads((tmp_path / "f" / "report.json").read_text())["calibration"]["tau_max"] == 2.5
+        # a weight file altered on disk is refused as cardseg segment refuses it, nothing written
+        weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)
+        broken = engine.ask({"id": "h", "input": str(phantom), "output": str(tmp_path / "h")})
+        assert not broken["ok"] and broken["code"] == 2 and "checksum mismatch" in broken["error"]
+        assert not (tmp_path / "h").exists()
 
         engine.proc.stdin.close()  # end of input: the engine says so and exits 0
         assert engine.event() == {"event": "exit", "reason": "eof"}
