@@ -7,7 +7,8 @@ import pytest
 
 from cardseg.review.regions import FEATURES, ErrorModel
 from cardseg_train.review_data import VolumeMaps
-from cardseg_train.review_fit import evaluate_review, fit_logistic, region_ece, select_settings
+from cardseg_train.review_fit import fit_logistic, region_ece, select_settings
+from cardseg_train.review_measure import study
 
 
 def _maps(seed: int, case: str) -> VolumeMaps:
@@ -26,25 +27,30 @@ def _maps(seed: int, case: str) -> VolumeMaps:
     return VolumeMaps(case, "clean", pred, truth, tac, (1.5, 1.5, 8.0))
 
 
-def test_selection_prefers_the_rule_that_catches_the_errors_and_p_error_ranks_them_first():
+def test_selection_prefers_the_rule_that_covers_the_errors_and_p_error_ranks_them_first():
     maps = [_maps(i, f"patient{i:03d}_frame01") for i in range(6)]
-    grid = {"connectivity": ("slice",), "flag_threshold": (0.05, 0.2), "merge_px": (0,), "min_voxels": (10,)}
+    grid = {"smooth_px": (0.0,), "connectivity": ("slice",), "flag_threshold": (0.05, 0.2), "max_ml": (None,),
+            "ranking": ("p_error",)}
     res = select_settings(maps, grid=grid, max_regions=6, max_burden=1.0)
     cands = {c["flag_threshold"]: c for c in res["candidates"]}
-    assert cands[0.05]["caught_all"] == pytest.approx(1.0) and cands[0.2]["caught_all"] == pytest.approx(1.0)
+    assert cands[0.05]["covered_all"] == pytest.approx(1.0) and cands[0.2]["covered_all"] == pytest.approx(1.0)
     v = res["validation"]["cross_validated"]
-    assert v["caught_top1"] == pytest.approx(0.5) and v["caught_top3"] == pytest.approx(1.0)
+    assert v["covered_top3"] == pytest.approx(1.0) and v["substantial_errors"] == 12
     model = res["model"]
     assert isinstance(model, ErrorModel) and model.coef.shape == (len(FEATURES),)
-    out = evaluate_review(maps, res["settings"], model)["clean"]
-    assert out["substantial_errors"] == 12 and out["caught_top1"] >= 0.5
+    out = study(maps, res["settings"], model)["clean"]
+    assert out["substantial_errors"] == 12 and out["covered_top3"] == pytest.approx(1.0)
+    assert out["by_regions"][0]["covered"] >= 0.5  # the first region of each volume holds an error
+    # the decoys hold nothing: each volume's first two regions are its two errors
+    assert out["same_burden"]["boundary"] < out["covered_top3"]
 
 
 def test_burden_cap_excludes_rules_that_cover_the_heart():
     maps = [_maps(i, f"patient{i:03d}_frame01") for i in range(4)]
     for m in maps:
         m.tac[:, 9:39, 9:39] = np.maximum(m.tac[:, 9:39, 9:39], 0.03)  # a weak band over the whole heart
-    grid = {"connectivity": ("3d",), "flag_threshold": (0.02, 0.1), "merge_px": (0,), "min_voxels": (10,)}
+    grid = {"smooth_px": (0.0,), "connectivity": ("3d",), "flag_threshold": (0.02, 0.1), "max_ml": (None,),
+            "ranking": ("p_error",)}
     res = select_settings(maps, grid=grid, max_burden=0.3)
     assert res["settings"]["flag_threshold"] == 0.1  # 0.02 would make one region of the whole heart
 

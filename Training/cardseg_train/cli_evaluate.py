@@ -51,7 +51,9 @@ def evaluate_parser() -> argparse.ArgumentParser:
                    help="whole-volume maps for the review study ('' for none)")
     p.add_argument("--no-review", action="store_true", help="skip the flagged-region review study")
     p.add_argument("--review-only", action="store_true",
-                   help="only the flagged-region review study (review.md/.json/.png), no calibration table")
+                   help="only the flagged-region review study (review.md/.json/.png: covered errors against burden "
+                        "for the bundle's rule, its previous rule and the baselines; detection AUROC/AUPRC), no "
+                        "calibration table")
     add_h5_spacing(p)
     add_compute(p)
     return p
@@ -159,9 +161,10 @@ def review_section(bundle, cases, conditions, a, device, out: Path, title: str) 
     key = cache_key(bundle, a.split, a.seed)
     progress = make_progress("bar", a.quiet)
     maps = collect_maps(bundle, cases, conditions, Path(a.review_cache) / key if a.review_cache else None, a.seed,
-                        device, a.batch_size, progress)
+                        device, a.batch_size, progress, calibrator=bundle.calibrator)
+    progress.stage("review study", len(maps) * (2 if bundle.config["regions"].get("previous") else 1))
+    t = review_tables(maps, bundle.config, a.seed, progress)
     progress.close()
-    t = review_tables(maps, bundle.config)
     write_review(t, out, f"Flagged-region review, {title}")
     if not a.quiet:
         print(summary_line(t, conditions))

@@ -18,10 +18,12 @@ from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing
 def review_fit_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="cardseg fit-review",
-        description="Choose how flagged regions are formed (connectivity, TAC threshold, merge radius, smallest "
-                    "region) and fit the region error model p_error on the clean validation volumes, maximising the "
-                    "substantial errors caught by the first 3 regions per volume (leave-one-patient-out); writes "
-                    "bundle.json's regions block. Test patients are never read.",
+        description="Choose how flagged regions are formed (TAC smoothing, connectivity, flag and grow thresholds, "
+                    "size cap, ranking) and fit the region error model p_error on the clean validation volumes, "
+                    "maximising the substantial errors covered (at least half their pixels) by the first 3 regions "
+                    "per volume (leave-one-patient-out) at a median burden of at most 10% of the predicted heart; "
+                    "writes bundle.json's regions block (the replaced rule kept as regions.previous). Test patients "
+                    "are never read.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_bundle_and_data(p, data_help="ACDC HDF5 folder (val split used)")
     p.add_argument("--cache", default="cache/review", metavar="DIR", help="whole-volume map cache ('' for none)")
@@ -39,14 +41,14 @@ def cmd_fit_review(argv: List[str]) -> int:
     from cardseg.base.progress import make_progress
     from cardseg.segment import resolve_device
 
-    from .review_report import fit_bundle_review
+    from .review_report import RULE_KEYS, fit_bundle_review
 
     if a.threads:
         torch.set_num_threads(a.threads)
     device = resolve_device(a.device)
     bundle = load_bundle(a.bundle, device=device)
     progress = make_progress("bar", a.quiet)
-    res = fit_bundle_review(bundle, a.data, Path(a.cache) if a.cache else None, write=False, device=device,
+    res = fit_bundle_review(bundle, a.data, Path(a.cache) if a.cache else None, device=device,
                             batch_size=a.batch_size, progress=progress)
     progress.close()
     if a.out:  # first, so that a refused bundle write loses nothing of the fit
@@ -57,9 +59,10 @@ def cmd_fit_review(argv: List[str]) -> int:
 
         update_config(bundle.path, {"regions": res["block"]})
     v = res["block"]["fit"]["validation"]["cross_validated"]
-    print(f"regions: {json.dumps({k: res['block'][k] for k in ('connectivity', 'flag_threshold', 'merge_px', 'min_voxels', 'max_regions')})}; "
-          f"validation (held out): top3 {v['caught_top3']:.2f}, all {v['caught_all']:.2f}, "
-          f"{v['regions_per_volume']:.1f} regions/volume" + (" (dry run)" if a.dry_run else f" -> {bundle.path}"))
+    rule = {k: res["block"][k] for k in RULE_KEYS if k in res["block"]}
+    print(f"regions: {json.dumps(rule)}; validation (held out): top3 cover {v['covered_top3']:.2f} at median burden "
+          f"{v['median_burden_top3']:.3f}, all {v['covered_all']:.2f}, {v['regions_per_volume']:.1f} regions/volume, "
+          f"p_error ECE {v['region_ece']:.3f}" + (" (dry run)" if a.dry_run else f" -> {bundle.path}"))
     return 0
 
 

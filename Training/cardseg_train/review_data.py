@@ -2,8 +2,11 @@
 
 The calibration harness keeps ROI pixels only; judging flagged regions needs every voxel of
 the volume (regions may lie anywhere). One compact ``.npz`` per (case, condition) under
-``cache/review/<key>/``: predicted labels and ground truth as uint8, TAC as float16, the slice
-spacing. Written atomically, read without pickles, so an interrupted collection resumes.
+``cache/review/<key>/``: predicted labels and ground truth as uint8, TAC and the primary's
+terminal logits as float16, the slice spacing. Written atomically, read without pickles, so an
+interrupted collection resumes. The two entropy maps the review study compares the TAC with
+(the primary's softmax and CARD's calibrated probabilities) are derived from the logits when the
+maps are read, with the bundle's current calibrator (:func:`entropy_maps`).
 """
 
 from __future__ import annotations
@@ -22,13 +25,15 @@ from .calibration_eval import condition_volume
 from .evaluation import LabelledVolume
 
 #: bump when what a cached map holds, or how it is computed, changes
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 
 
 @dataclass
 class VolumeMaps:
     """One volume under one condition: ``pred``, ``truth`` uint8 and ``tac`` float32, all
-    ``(Z, Y, X)`` on the volume's own grid; ``spacing`` (x, y, z) mm."""
+    ``(Z, Y, X)`` on the volume's own grid; ``spacing`` (x, y, z) mm; ``logits`` the primary's
+    terminal logits ``(Z, K, Y, X)`` (float16, may be ``None`` in tests); ``entropy_uc`` and
+    ``entropy_card`` ``(Z, Y, X)`` float32 (nats) once :func:`entropy_maps` filled them."""
 
     case: str
     condition: str
@@ -36,6 +41,25 @@ class VolumeMaps:
     truth: np.ndarray
     tac: np.ndarray
     spacing: tuple
+    logits: Optional[np.ndarray] = None
+    entropy_uc: Optional[np.ndarray] = None
+    entropy_card: Optional[np.ndarray] = None
+
+
+def entropy_maps(maps: VolumeMaps, calibrator) -> VolumeMaps:
+    """Fill ``entropy_uc`` (softmax of the primary) and ``entropy_card`` (the logits divided by
+    CARD's temperature of the TAC, paper Eq. 2) from ``maps.logits``; returns ``maps``."""
+    import torch
+
+    from cardseg.method.calibration import temperature_scale
+
+    logits = torch.from_numpy(np.asarray(maps.logits, dtype=np.float32))
+    tac = torch.from_numpy(np.asarray(maps.tac, dtype=np.float32))
+    out = []
+    for logp in (torch.log_softmax(logits, dim=1), temperature_scale(logits, calibrator.temperature(tac))):
+        out.append((-(logp.exp() * logp).sum(dim=1)).clamp_min(0.0).numpy().astype(np.float32))
+    maps.entropy_uc, maps.entropy_card = out
+    return maps
 
 
 def cache_key(bundle, split: str, seed: int = 0) -> str:
@@ -59,13 +83,14 @@ def compute_maps(bundle, item: LabelledVolume, condition: str, seed: int = 0, de
     traj = trajectory_on_slices(slices01, tuple(vol.volume.spacing[:2]), bundle, "card", device, batch_size)
     return VolumeMaps(item.case, condition, traj.logits.argmax(dim=1).numpy().astype(np.uint8),
                       item.labels.astype(np.uint8), traj.tac.numpy().astype(np.float32),
-                      tuple(float(s) for s in vol.volume.spacing))
+                      tuple(float(s) for s in vol.volume.spacing), traj.logits.numpy().astype(np.float16))
 
 
 def collect_maps(bundle, cases: Sequence[LabelledVolume], conditions: Sequence[str], cache_dir: Optional[Path],
                  seed: int = 0, device="cpu", batch_size: int = 8,
-                 progress: Optional[Progress] = None) -> List[VolumeMaps]:
-    """Every (case, condition), from ``cache_dir`` where already there (resumable per case)."""
+                 progress: Optional[Progress] = None, calibrator=None) -> List[VolumeMaps]:
+    """Every (case, condition), from ``cache_dir`` where already there (resumable per case). With a
+    ``calibrator`` (CARD's) the entropy maps are filled and the logits dropped (memory)."""
     progress = progress or Progress()
     progress.stage("review maps", len(cases) * len(conditions))
     out = []
@@ -78,6 +103,8 @@ def collect_maps(bundle, cases: Sequence[LabelledVolume], conditions: Sequence[s
             if maps is None:
                 maps = compute_maps(bundle, item, cond, seed, device, batch_size)
                 _save(path, maps)
+            if calibrator is not None:
+                entropy_maps(maps, calibrator).logits = None
             out.append(maps)
             progress.advance(1)
     return out
@@ -89,7 +116,7 @@ def _load(path: Optional[Path]) -> Optional[VolumeMaps]:
     with np.load(path, allow_pickle=False) as f:
         meta = json.loads(bytes(f["meta"]).decode())
         return VolumeMaps(meta["case"], meta["condition"], f["pred"], f["truth"], f["tac"].astype(np.float32),
-                          tuple(meta["spacing"]))
+                          tuple(meta["spacing"]), f["logits"])
 
 
 def _save(path: Optional[Path], m: VolumeMaps) -> None:
@@ -99,5 +126,6 @@ def _save(path: Optional[Path], m: VolumeMaps) -> None:
     tmp = path.with_name(path.stem + ".tmp.npz")
     meta = np.frombuffer(json.dumps({"case": m.case, "condition": m.condition, "spacing": list(m.spacing)}).encode(),
                          dtype=np.uint8)
-    np.savez_compressed(tmp, pred=m.pred, truth=m.truth, tac=m.tac.astype(np.float16), meta=meta)
+    np.savez_compressed(tmp, pred=m.pred, truth=m.truth, tac=m.tac.astype(np.float16),
+                        logits=np.asarray(m.logits, dtype=np.float16), meta=meta)
     tmp.replace(path)

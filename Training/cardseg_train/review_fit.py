@@ -1,15 +1,15 @@
 """Choosing how regions are formed and fitting ``p_error``, on the validation split only.
 
-For every candidate setting (connectivity, TAC threshold, merge radius, smallest region) the
-regions of each clean validation volume are formed with the engine's own
-:func:`cardseg.review.regions.region_labels`, described by :func:`cardseg.review.regions.region_features`,
-and labelled 1 when they catch a substantial error (:mod:`cardseg.review.evaluation`). A logistic
-model (L2, standardised features) predicts that label; it is fitted leave-one-patient-out so
-that the setting is chosen on out-of-sample rankings: the setting that catches the most
-substantial errors within the first :data:`BUDGET` regions per volume, with at most
-``max_regions`` regions per volume and a review burden (:mod:`cardseg.review.evaluation`) of at
-most :data:`MAX_BURDEN`, wins. The final model is then fitted on all validation
-regions of that setting. Test patients are never read here.
+For every candidate setting (review map smoothing, connectivity, flag and grow thresholds, size
+cap, ranking) the regions of each clean validation volume are formed with the engine's own
+:func:`cardseg.review.regions.form_regions`, described by
+:func:`cardseg.review.regions.region_features`, and labelled 1 when they hold at least half of a
+substantial error (:mod:`cardseg.review.coverage`). A logistic model (L2, standardised features)
+predicts that label; it is fitted leave-one-patient-out so that the setting is chosen on
+out-of-sample rankings: the setting whose first :data:`BUDGET` regions per volume cover the most
+substantial errors (at least half of each error's pixels) with a median burden (their voxels over
+the predicted heart's) of at most :data:`MAX_BURDEN` wins. The final model is then fitted on all
+validation regions of that setting. Test patients are never read here.
 """
 
 from __future__ import annotations
@@ -21,45 +21,65 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 from scipy import optimize
 
-from cardseg.review.regions import FEATURES, ErrorModel, rank_regions, region_features, region_labels
-from cardseg.review.evaluation import ReviewTally, catch_matrix, near_errors, substantial_errors
+from cardseg.review import coverage as cv
+from cardseg.review.regions import FEATURES, ErrorModel, form_regions, rank_regions, region_features
 
 from .review_data import VolumeMaps
 
-#: the review budget the selection maximises: errors caught within the first BUDGET regions
+#: the review budget the selection maximises: errors covered by the first BUDGET regions
 BUDGET = 3
 #: regions reported per volume at most
 MAX_REGIONS = 6
-#: the first BUDGET regions may cover at most this share of the predicted heart (review burden)
-MAX_BURDEN = 0.25
-GRID = {"connectivity": ("3d", "slice"), "flag_threshold": (0.035, 0.045, 0.06, 0.075, 0.1),
-        "merge_px": (0, 2, 4), "min_voxels": (10, 30)}
+#: the first BUDGET regions may hold at most this share of the predicted heart (median over volumes)
+MAX_BURDEN = 0.10
+#: fixed parts of every candidate: smallest region, no merging, the heart's neighbourhood only
+FIXED = {"min_voxels": 10, "merge_px": 0, "neighbourhood_px": cv.NEIGHBOURHOOD_PX}
+#: the hysteresis grow threshold as a share of the flag threshold
+GROW = 0.6
+GRID = {"smooth_px": (0.0, 2.0), "connectivity": ("3d", "slice"), "flag_threshold": (0.06, 0.08, 0.1),
+        "max_ml": (15.0, 30.0, 60.0), "ranking": ("p_error", "p_error_per_ml")}
 
 
 @dataclass
 class VolumeRegions:
-    """One volume's candidate regions under one setting: features ``(n, F)``, catches ``(n, E)``,
-    sizes ``(n,)`` voxels, and the volume's predicted foreground voxels."""
+    """One volume's candidate regions under one setting: features ``(n, F)``, overlap with its
+    errors ``(n, E)`` (pixels), error sizes ``(E,)``, region sizes ``(n,)`` voxels and ml, and the
+    volume's predicted heart voxels."""
 
     case: str
     patient: str
     features: np.ndarray
-    catches: np.ndarray
+    overlap: np.ndarray
+    error_sizes: np.ndarray
     sizes: np.ndarray
-    foreground: int
+    ml: np.ndarray
+    heart: int
+
+    @property
+    def holds(self) -> np.ndarray:
+        """``(n,)`` bool: the region holds at least half of a substantial error."""
+        return cv.holds_error(self.overlap, self.error_sizes)
 
 
 def patient_of(case: str) -> str:
     return case.split("_")[0]
 
 
-def volume_regions(maps: VolumeMaps, near: Sequence[np.ndarray], settings: dict) -> VolumeRegions:
-    lab, n = region_labels(maps.tac, settings["flag_threshold"], settings["min_voxels"], settings["connectivity"],
-                           settings["merge_px"])
+def candidate_settings(settings: dict) -> dict:
+    """A grid point as a full ``regions`` block (without model)."""
+    s = {**FIXED, **settings}
+    s["grow_threshold"] = round(GROW * float(s["flag_threshold"]), 6)
+    return s
+
+
+def volume_regions(maps: VolumeMaps, errors, settings: dict) -> VolumeRegions:
+    """``errors``: ``(labels, n, sizes)`` of the volume's substantial errors."""
+    lab, n = form_regions(maps.tac, maps.pred, settings, maps.spacing)
     feats = region_features(maps.tac, maps.pred, lab, n)
     sizes = np.bincount(lab.ravel(), minlength=n + 1)[1:]
-    return VolumeRegions(maps.case, patient_of(maps.case), feats, catch_matrix(lab, n, near), sizes,
-                         int((maps.pred > 0).sum()))
+    el, ne, esz = errors
+    return VolumeRegions(maps.case, patient_of(maps.case), feats, cv.overlap_matrix(el, ne, lab, n), esz, sizes,
+                         sizes * float(np.prod(maps.spacing)) / 1000.0, cv.heart_voxels(maps.pred))
 
 
 def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 0.05) -> ErrorModel:
@@ -86,15 +106,32 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 0.05) -> ErrorModel:
 
 
 def score(volumes: Sequence[VolumeRegions], models: Dict[str, Optional[ErrorModel]],
-          max_regions: Optional[int] = MAX_REGIONS) -> ReviewTally:
+          max_regions: Optional[int] = MAX_REGIONS, ranking: str = "p_error") -> dict:
     """Rank each volume's regions with its patient's model (``None``: summed disagreement), keep at
-    most ``max_regions``, and tally the errors caught."""
-    tally = ReviewTally()
+    most ``max_regions``; covered errors of the first :data:`BUDGET` and of all, burdens, and the
+    (p_error, holds) pairs of the kept regions."""
+    errors = covered_top = covered_all = 0
+    burdens, ps, ys, kept = [], [], [], 0
     for v in volumes:
-        order, _ = rank_regions(v.features, models.get(v.patient), max_regions)
-        tally.add(v.catches[order] if len(order) else np.zeros((0, v.catches.shape[1]), bool), v.sizes[order],
-                  v.foreground)
-    return tally
+        order, p = rank_regions(v.features, models.get(v.patient), max_regions, ranking, v.ml)
+        cov = cv.covered_top_k(v.overlap[order], v.error_sizes)
+        errors += len(v.error_sizes)
+        covered_top += int(cov[min(BUDGET, len(order))].sum())
+        covered_all += int(cov[-1].sum())
+        burdens.append(float(v.sizes[order][:BUDGET].sum()) / v.heart if v.heart else 0.0)
+        kept += len(order)
+        if p is not None and len(order):
+            ps.append(p[order])
+            ys.append(v.holds[order])
+    p_all = np.concatenate(ps) if ps else np.zeros(0)
+    y_all = np.concatenate(ys) if ys else np.zeros(0, bool)
+    return {"volumes": len(volumes), "substantial_errors": errors,
+            "covered_top3": covered_top / errors if errors else None,
+            "covered_all": covered_all / errors if errors else None,
+            "median_burden_top3": float(np.median(burdens)) if burdens else None,
+            "regions_per_volume": kept / len(volumes) if volumes else None,
+            "region_ece": region_ece(p_all, y_all), "regions": int(len(y_all)),
+            "regions_holding_an_error": int(np.sum(y_all))}
 
 
 def cross_validated(volumes: Sequence[VolumeRegions], l2: float = 0.05) -> Dict[str, ErrorModel]:
@@ -103,16 +140,9 @@ def cross_validated(volumes: Sequence[VolumeRegions], l2: float = 0.05) -> Dict[
     for p in sorted({v.patient for v in volumes}):
         rest = [v for v in volumes if v.patient != p]
         x = np.concatenate([v.features for v in rest]) if rest else np.zeros((0, len(FEATURES)))
-        y = np.concatenate([v.catches.any(axis=1) for v in rest]) if rest else np.zeros(0)
+        y = np.concatenate([v.holds for v in rest]) if rest else np.zeros(0)
         out[p] = fit_logistic(x, y, l2)
     return out
-
-
-def held_out_probabilities(volumes: Sequence[VolumeRegions], models: Dict[str, ErrorModel]):
-    """``(p_error, caught)`` of every region, each from its held-out patient's model."""
-    p = [models[v.patient].probability(v.features) for v in volumes if len(v.features)]
-    y = [v.catches.any(axis=1) for v in volumes if len(v.features)]
-    return (np.concatenate(p), np.concatenate(y)) if p else (np.zeros(0), np.zeros(0, bool))
 
 
 def region_ece(p: np.ndarray, y: np.ndarray, bins: int = 10) -> Optional[float]:
@@ -131,71 +161,40 @@ def region_ece(p: np.ndarray, y: np.ndarray, bins: int = 10) -> Optional[float]:
 def select_settings(maps: Sequence[VolumeMaps], grid: Optional[dict] = None, max_regions: int = MAX_REGIONS,
                     max_burden: float = MAX_BURDEN, progress=None) -> dict:
     """Grid search on (clean validation) ``maps``; returns the chosen settings, the fitted model and
-    every candidate's cross-validated figures."""
+    every candidate's cross-validated figures. The objective: errors covered by the first
+    :data:`BUDGET` regions (then by all reported), among candidates within ``max_burden``."""
     grid = grid or GRID
-    prepared = [(m, near_errors(substantial_errors(m.pred, m.truth))) for m in maps]
-    keys = list(grid)
-    combos = [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+    errors = []
+    for m in maps:
+        el, n = cv.error_labels(m.pred, m.truth)
+        errors.append((el, n, cv.error_sizes(el, n)))
+    formation = [k for k in grid if k != "ranking"]
+    combos = [dict(zip(formation, values)) for values in itertools.product(*(grid[k] for k in formation))]
+    rankings = grid.get("ranking", ("p_error",))
     if progress is not None:
         progress.stage("region settings", len(combos))
-    rows = []
-    best = None
-    for settings in combos:
-        vols = [volume_regions(m, near, settings) for m, near in prepared]
-        cv = score(vols, cross_validated(vols), max_regions)
-        summary = cv.summary()
-        row = {**settings, **summary}
-        rows.append(row)
-        objective = (summary[f"caught_top{BUDGET}"] or 0.0, summary["caught_all"] or 0.0)
-        burden = summary["top3_size_over_foreground"]  # (score() already keeps at most max_regions)
-        if burden is not None and burden <= max_burden and (best is None or objective > best[0]):
-            best = (objective, settings, vols)
+    rows, best = [], None
+    for combo in combos:
+        settings = candidate_settings(combo)
+        vols = [volume_regions(m, e, settings) for m, e in zip(maps, errors)]
+        held_out = cross_validated(vols)
+        for ranking in rankings:
+            summary = score(vols, held_out, max_regions, ranking)
+            rows.append({**settings, "ranking": ranking, **summary})
+            objective = (summary["covered_top3"] or 0.0, summary["covered_all"] or 0.0)
+            burden = summary["median_burden_top3"]
+            if burden is not None and burden <= max_burden and (best is None or objective > best[0]):
+                best = (objective, {**settings, "ranking": ranking}, vols, summary)
         if progress is not None:
             progress.advance(1)
     if best is None:
-        raise ValueError(f"no candidate setting produced regions within a review burden of {max_burden:.0%}")
-    _, settings, vols = best
+        raise ValueError(f"no candidate setting produced regions within a median burden of {max_burden:.0%}")
+    _, settings, vols, cv_summary = best
     x = np.concatenate([v.features for v in vols])
-    y = np.concatenate([v.catches.any(axis=1) for v in vols])
+    y = np.concatenate([v.holds for v in vols])
     model = fit_logistic(x, y)
-    held_out = cross_validated(vols)
-    p_cv, y_cv = held_out_probabilities(vols, held_out)
     return {"settings": {**settings, "max_regions": max_regions}, "model": model, "candidates": rows,
-            "validation": {**score(vols, {v.patient: model for v in vols}, max_regions).summary(),
-                           "cross_validated": score(vols, held_out, max_regions).summary(),
-                           "cross_validated_region_ece": region_ece(p_cv, y_cv),
-                           "regions_total": int(len(y)), "regions_with_error": int(y.sum())}}
-
-
-def evaluate_review(maps: Sequence[VolumeMaps], settings: dict, model: Optional[ErrorModel]) -> dict:
-    """Per condition: the tally of the bundle's regions and the reliability of ``p_error``."""
-    out = {}
-    for cond in dict.fromkeys(m.condition for m in maps):
-        tally = ReviewTally()
-        ps, ys = [], []
-        for m in (x for x in maps if x.condition == cond):
-            near = near_errors(substantial_errors(m.pred, m.truth))
-            v = volume_regions(m, near, settings)
-            order, p = rank_regions(v.features, model, settings.get("max_regions"))
-            caught = v.catches[order] if len(order) else np.zeros((0, len(near)), bool)
-            tally.add(caught, v.sizes[order], v.foreground)
-            if p is not None and len(order):
-                ps.append(p[order])
-                ys.append(caught.any(axis=1))
-        p_all = np.concatenate(ps) if ps else np.zeros(0)
-        y_all = np.concatenate(ys) if ys else np.zeros(0, bool)
-        out[cond] = {**tally.summary(), "region_ece": region_ece(p_all, y_all),
-                     "reliability": reliability_bins(p_all, y_all)}
-    return out
-
-
-def reliability_bins(p: np.ndarray, y: np.ndarray, bins: int = 10) -> dict:
-    """Per equal-width bin of ``p_error``: count, mean predicted, observed error frequency."""
-    idx = np.minimum((np.asarray(p) * bins).astype(int), bins - 1) if len(p) else np.zeros(0, int)
-    out = {"count": [], "mean_p": [], "observed": []}
-    for b in range(bins):
-        m = idx == b
-        out["count"].append(int(m.sum()))
-        out["mean_p"].append(float(np.mean(p[m])) if m.any() else None)
-        out["observed"].append(float(np.mean(y[m])) if m.any() else None)
-    return out
+            "validation": {"in_sample": score(vols, {v.patient: model for v in vols}, max_regions,
+                                              settings["ranking"]),
+                           "cross_validated": cv_summary, "regions_total": int(len(y)),
+                           "regions_holding_an_error": int(y.sum())}}

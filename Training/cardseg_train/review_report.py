@@ -1,11 +1,12 @@
 """``cardseg fit-review`` and the review section of ``cardseg evaluate``: files and figures.
 
 * :func:`fit_bundle_review` collects the clean validation volumes' maps, chooses how regions
-  are formed and fits ``p_error`` (:mod:`cardseg_train.review_fit`), and writes the ``regions``
-  block of ``bundle.json``.
-* :func:`write_review` writes ``review.md`` / ``review.json`` and ``review.png`` (caught fraction
-  against the number of regions reviewed, per condition, for the bundle's rule and today's
-  baseline rule; reliability of ``p_error`` over regions).
+  are formed and fits ``p_error`` (:mod:`cardseg_train.review_fit`), and builds the ``regions``
+  block of ``bundle.json`` (the rule it replaces kept as ``regions.previous``).
+* :func:`review_tables` measures the bundle's rule and the previous one per condition
+  (:mod:`cardseg_train.review_measure`); :func:`write_review` writes ``review.md`` /
+  ``review.json`` and ``review.png`` (covered errors against burden for the rule and every
+  baseline, per condition; reliability of ``p_error`` over regions).
 """
 
 from __future__ import annotations
@@ -17,32 +18,29 @@ from typing import Dict, Optional, Sequence
 
 import numpy as np
 
-from cardseg.review.regions import ErrorModel
+from cardseg.review.regions import DEFAULTS, ErrorModel
 
 from .report_files import atomic_write, format_value, pyplot, save_titled
-from .review_fit import evaluate_review, select_settings
+from .review_fit import BUDGET, MAX_BURDEN, select_settings
+from .review_measure import BURDENS, VOXEL_MAPS, study
 
-#: the rule before the review model (1.2.0): 3D components of TAC above the bundle's
-#: ``baseline_flag_threshold`` (1.2.0: the 0.99 quantile of clean validation TAC), by summed TAC
-BASELINE_RULE = {"connectivity": "3d", "merge_px": 0, "min_voxels": 10, "max_regions": None}
+#: every setting of a rule (the rest of a regions block is its model and notes)
+RULE_KEYS = ("smooth_px", "connectivity", "flag_threshold", "grow_threshold", "neighbourhood_px", "merge_px",
+             "max_ml", "min_voxels", "ranking", "max_regions")
+BASELINE_NAMES = {**VOXEL_MAPS, "boundary": "random boundary pixels", "random_regions": "random regions, same sizes"}
 
 
-def bundle_rule(config: dict) -> tuple:
-    """``(settings, model or None)`` of a bundle's ``regions`` block."""
-    reg = dict(config["regions"])
-    model = ErrorModel.from_dict(reg["model"]) if reg.get("model") else None
-    settings = {"connectivity": reg.get("connectivity", "3d"), "flag_threshold": float(reg["flag_threshold"]),
-                "merge_px": int(reg.get("merge_px", 0)), "min_voxels": int(reg["min_voxels"]),
-                "max_regions": reg.get("max_regions")}
+def rule_of(block: dict) -> tuple:
+    """``(settings, model or None)`` of a ``regions`` block."""
+    settings = {k: block.get(k, DEFAULTS.get(k)) for k in RULE_KEYS}
+    model = ErrorModel.from_dict(block["model"]) if block.get("model") else None
     return settings, model
 
 
-def fit_bundle_review(bundle, data: str, cache_dir: Optional[Path], write: bool = True, device="cpu",
-                      batch_size: int = 8, progress=None) -> dict:
-    """Choose the region rule and fit ``p_error`` on the clean validation volumes; write them into
-    the bundle (unless ``write`` is False). Returns the fit summary."""
-    from cardseg.bundle.loading import update_config
-
+def fit_bundle_review(bundle, data: str, cache_dir: Optional[Path], device="cpu", batch_size: int = 8,
+                      progress=None) -> dict:
+    """Choose the region rule and fit ``p_error`` on the clean validation volumes. Returns the new
+    ``regions`` block and every candidate's figures (the caller writes them)."""
     from .evaluation import acdc_h5_volumes
     from .review_data import cache_key, collect_maps
 
@@ -52,103 +50,137 @@ def fit_bundle_review(bundle, data: str, cache_dir: Optional[Path], write: bool 
     maps = collect_maps(bundle, cases, ["clean"], None if cache_dir is None else Path(cache_dir) / key, 0, device,
                         batch_size, progress)
     fit = select_settings(maps, progress=progress)
-    block = {**fit["settings"], "model": fit["model"].to_dict(),
-             "fit": {"split": "val", "condition": "clean", "volumes": len(maps),
-                     "objective": "substantial errors caught by the first 3 regions per volume, leave-one-patient-out",
-                     "validation": fit["validation"], "date": time.strftime("%Y-%m-%d"),
-                     "seconds": round(time.perf_counter() - t0, 1)}}
     old = bundle.config["regions"]
-    block["baseline_flag_threshold"] = float(old.get("baseline_flag_threshold", old["flag_threshold"]))
-    if write:
-        update_config(bundle.path, {"regions": block})
+    previous = {k: v for k, v in old.items() if k in RULE_KEYS or k == "model"}
+    block = {**fit["settings"], "model": fit["model"].to_dict(),
+             "flag_rule": "chosen on clean validation volumes by cardseg fit-review (see fit)",
+             "fit": {"split": "val", "condition": "clean", "volumes": len(maps),
+                     "objective": f"substantial errors covered (at least half their pixels) by the first {BUDGET} "
+                                  f"regions per volume, leave-one-patient-out, median burden at most "
+                                  f"{MAX_BURDEN:.0%} of the predicted heart",
+                     "p_error": "probability that the region holds at least half of a substantial error",
+                     "validation": fit["validation"], "date": time.strftime("%Y-%m-%d"),
+                     "seconds": round(time.perf_counter() - t0, 1)},
+             "previous": previous}
     return {"block": block, "candidates": fit["candidates"]}
 
 
-def review_tables(maps, config: dict) -> dict:
-    """The bundle's rule and the baseline rule, evaluated per condition on ``maps``."""
-    settings, model = bundle_rule(config)
-    baseline = {**BASELINE_RULE, "flag_threshold": settings["flag_threshold"] if not config["regions"].get("model")
-                else float(config["regions"].get("baseline_flag_threshold", settings["flag_threshold"]))}
-    per_condition = evaluate_review(maps, settings, model)
-    return {"rule": {**settings, "ranking": "p_error" if model else "summed_disagreement"},
-            "bundle": per_condition, "pooled_region_ece": pooled_ece(per_condition),
-            "baseline_rule": baseline, "baseline": evaluate_review(maps, baseline, None)}
+def review_tables(maps, config: dict, seed: int = 0, progress=None) -> dict:
+    """The bundle's rule and, when the bundle keeps it, the rule it replaced, per condition."""
+    block = config["regions"]
+    settings, model = rule_of(block)
+    out = {"rule": settings, "bundle": study(maps, settings, model, seed, True, progress)}
+    if block.get("previous"):
+        prev_settings, prev_model = rule_of(block["previous"])
+        out["previous_rule"] = prev_settings
+        out["previous"] = study(maps, prev_settings, prev_model, seed, False, progress)
+    return out
 
 
-def pooled_ece(per_condition: dict) -> Optional[float]:
-    """ECE of ``p_error`` over the regions of every condition together (from the per-bin counts)."""
-    n = err = 0.0
-    for s in per_condition.values():
-        rel = s["reliability"]
-        for count, mp, obs in zip(rel["count"], rel["mean_p"], rel["observed"]):
-            if count:
-                n += count
-                err += count * abs(obs - mp)
-    return err / n if n else None
+def _pct(v) -> str:
+    return f"{format_value(v, 100, 0)}%"
 
 
 def markdown(t: dict, title: str) -> str:
     lines = [f"# {title}", "",
              "Substantial error: per slice, a connected component of wrong voxels of at least 30 pixels after a "
-             "one-pixel opening. A region catches it when one of its voxels lies within 2 pixels of it on its slice. "
-             "Fractions are pooled over the volumes of a condition.", "",
-             f"Rule: `{json.dumps(t['rule'])}`; baseline: `{json.dumps(t['baseline_rule'])}` ranked by summed "
-             "disagreement.", "",
-             "Review burden: voxels of the first three regions over the predicted heart (foreground) voxels, "
-             "mean over volumes.", "",
-             "| condition | rule | errors | top 1 | top 3 | top 5 | all | regions / volume | regions catching nothing "
-             "| review burden | p_error ECE |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "one-pixel opening. **Covered**: at least half of its pixels lie inside the flagged voxels. **Burden**: "
+             "flagged voxels over the predicted heart's (RV+MYO+LV) voxels of the same volume. Fractions pooled over "
+             "the volumes of a condition; burdens are medians over volumes.", "",
+             f"Rule: `{json.dumps(t['rule'])}`."]
+    if "previous_rule" in t:
+        lines += ["", f"Previous rule (today's before this fit): `{json.dumps(t['previous_rule'])}`."]
+    lines += ["", f"Each baseline flags, in each volume, as many voxels as the rule's first {BUDGET} regions hold "
+                  "(the highest values of a map inside the predicted heart's 10-pixel neighbourhood, random pixels "
+                  "of the predicted boundary, or the first regions moved to random places; random ones averaged "
+                  "over 5 draws). 'touched' is the retired measure (a flagged voxel within 2 pixels of the error), "
+                  "shown beside the same for random boundary pixels.", "",
+              "| condition | rule | errors | covered, top 3 | covered, all | median burden top 3 | median ml top 3 "
+              "| touched top 3 | touched, boundary pixels | regions / volume | regions holding no error "
+              "| p_error ECE |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for cond in t["bundle"]:
-        for name, key in (("bundle", "bundle"), ("baseline", "baseline")):
-            s = t[key][cond]
-            lines.append(f"| {cond} | {name} | {s['substantial_errors']} | {format_value(s['caught_top1'], 100, 0)}% | "
-                         f"{format_value(s['caught_top3'], 100, 0)}% | {format_value(s['caught_top5'], 100, 0)}% | "
-                         f"{format_value(s['caught_all'], 100, 0)}% | {format_value(s['regions_per_volume'], 1, 1)} | "
-                         f"{format_value(s['empty_region_fraction'], 100, 0)}% | "
-                         f"{format_value(s['top3_size_over_foreground'], 100, 0)}% | {format_value(s.get('region_ece'), 1, 3)} |")
-    if t.get("pooled_region_ece") is not None:
-        lines += ["", f"p_error ECE over the regions of all conditions together: {t['pooled_region_ece']:.3f} "
-                      "(10 equal-width bins)."]
+        for name in ("bundle", "previous"):
+            if name not in t:
+                continue
+            s = t[name][cond]
+            lines.append(f"| {cond} | {'this fit' if name == 'bundle' else 'previous'} | {s['substantial_errors']} | "
+                         f"{_pct(s['covered_top3'])} | {_pct(s['covered_all'])} | {_pct(s['median_burden_top3'])} | "
+                         f"{format_value(s['median_ml_top3'], 1, 1)} | {_pct(s['touched_top3'])} | "
+                         f"{_pct(s['touched_boundary_same_burden'])} | {format_value(s['regions_per_volume'], 1, 1)} | "
+                         f"{_pct(s['regions_holding_nothing'])} | {format_value(s['p_error_ece'], 1, 3)} |")
+    keys = list(BASELINE_NAMES)
+    lines += ["", f"Covered errors at the same per-volume burden as the first {BUDGET} regions of this fit:", "",
+              "| condition | rule, top 3 | " + " | ".join(BASELINE_NAMES[k] for k in keys) + " |",
+              "|---|---|" + "---|" * len(keys)]
+    for cond, s in t["bundle"].items():
+        lines.append(f"| {cond} | {_pct(s['covered_top3'])} | "
+                     + " | ".join(_pct(s["same_burden"].get(k)) for k in keys) + " |")
+    det_keys = list(next(iter(t["bundle"].values()))["detection"])
+    lines += ["", "Voxel-level detection of wrong voxels inside the predicted heart's 10-pixel neighbourhood, "
+                  "AUROC / AUPRC (MONAI); 'regions' scores a voxel by its region's rank (first highest, 0 outside), "
+                  "'boundary' is 1 on the predicted boundary:", "",
+              "| condition | wrong voxels | " + " | ".join(det_keys) + " |", "|---|---|" + "---|" * len(det_keys)]
+    for cond, s in t["bundle"].items():
+        d = s["detection"]
+        first = next(iter(d.values()))
+        lines.append(f"| {cond} | {_pct(first['prevalence'])} | " + " | ".join(
+            f"{format_value(d[k]['auroc'], 1, 3)} / {format_value(d[k]['auprc'], 1, 3)}" for k in det_keys) + " |")
+    lines += ["", "Covered errors against burden (share of the predicted heart), per map:", "",
+              "| condition | map | " + " | ".join(f"{b:.0%}" for b in BURDENS) + " |",
+              "|---|---|" + "---|" * len(BURDENS)]
+    for cond, s in t["bundle"].items():
+        for k in s["curves"]:
+            if k != "burdens":
+                lines.append(f"| {cond} | {BASELINE_NAMES.get(k, k)} | " + " | ".join(_pct(v) for v in s["curves"][k])
+                             + " |")
     return "\n".join(lines) + "\n"
 
 
 def plot_review(t: dict, path: Path) -> Path:
-    """Left: caught fraction for the top 1/3/5/all regions per condition (bundle solid, baseline
-    dashed). Right: observed error frequency against ``p_error`` over regions, per condition."""
+    """One panel per condition: covered errors against median burden, the rule's first 1..k
+    regions (points joined), the previous rule (dashed) and the baseline maps' curves; last panel:
+    reliability of ``p_error`` over regions."""
     plt = pyplot()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
-    xs = ["1", "3", "5", "all"]
-    for i, cond in enumerate(t["bundle"]):
-        colour = f"C{i}"
-        for key, style in (("bundle", "-o"), ("baseline", "--x")):
-            s = t[key][cond]
-            ys = [s["caught_top1"], s["caught_top3"], s["caught_top5"], s["caught_all"]]
-            a.plot(xs, [np.nan if y is None else y for y in ys], style, color=colour,
-                   label=f"{cond} ({key})" if key == "bundle" else None, alpha=1.0 if key == "bundle" else 0.5)
-        rel = t["bundle"][cond]["reliability"]
+    conds = list(t["bundle"])
+    fig, axes = plt.subplots(1, len(conds) + 1, figsize=(3.2 * (len(conds) + 1), 3.4), squeeze=False)
+    for ax, cond in zip(axes[0], conds):
+        s = t["bundle"][cond]
+        for i, k in enumerate(kk for kk in s["curves"] if kk != "burdens"):
+            ax.plot(BURDENS, [np.nan if v is None else v for v in s["curves"][k]], ":", color=f"C{i + 2}",
+                    label=BASELINE_NAMES.get(k, k))
+        for key, style, label in (("bundle", "-o", "rule, first k regions"), ("previous", "--x", "previous rule")):
+            if key in t:
+                pts = t[key][cond]["by_regions"]
+                ax.plot([p["median_burden"] for p in pts], [p["covered"] for p in pts], style,
+                        color="C0" if key == "bundle" else "C1", label=label, ms=4)
+        ax.axvline(MAX_BURDEN, color="k", lw=0.6, alpha=0.4)
+        ax.set_xscale("log")
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{cond}: {s['substantial_errors']} errors", fontsize=9)
+        ax.set_xlabel("burden (share of predicted heart)", fontsize=8)
+    axes[0][0].set_ylabel("substantial errors covered (half their pixels)", fontsize=8)
+    axes[0][0].legend(fontsize=6)
+    b = axes[0][-1]
+    for i, cond in enumerate(conds):
+        rel = t["bundle"][cond]["reliability"] or {"mean_p": [], "observed": [], "count": []}
         pts = [(m, o, n) for m, o, n in zip(rel["mean_p"], rel["observed"], rel["count"]) if n]
         if pts:
-            b.scatter([p[0] for p in pts], [p[1] for p in pts], s=[8 + 4 * p[2] for p in pts], color=colour,
-                      alpha=0.6, label=cond)
-    a.set_xlabel("regions reviewed per volume")
-    a.set_ylabel("substantial errors caught")
-    a.set_ylim(0, 1)
-    a.legend(fontsize=7)
-    a.set_title("caught fraction (dashed: baseline rule)", fontsize=9)
+            b.scatter([p[0] for p in pts], [p[1] for p in pts], s=[8 + 2 * p[2] for p in pts], alpha=0.6,
+                      color=f"C{i}", label=cond)
     b.plot([0, 1], [0, 1], "k:", lw=1)
-    b.set_xlabel("p_error (bin mean)")
-    b.set_ylabel("regions holding an error")
     b.set_xlim(0, 1)
     b.set_ylim(0, 1)
+    b.set_xlabel("p_error (bin mean)", fontsize=8)
+    b.set_ylabel("regions holding half an error", fontsize=8)
+    b.set_title("reliability of p_error", fontsize=9)
     if b.get_legend_handles_labels()[0]:
-        b.legend(fontsize=7)
-    b.set_title("reliability of p_error over regions (dot size: count)", fontsize=9)
+        b.legend(fontsize=6)
     return save_titled(fig, path)
 
 
-def write_review(t: dict, out: Path, title: str) -> Dict[str, Path]:
+def write_review(t: dict, out: Path, title: str, stem: str = "review") -> Dict[str, Path]:
     out.mkdir(parents=True, exist_ok=True)
-    paths = {"md": out / "review.md", "json": out / "review.json", "png": out / "review.png"}
+    paths = {"md": out / f"{stem}.md", "json": out / f"{stem}.json", "png": out / f"{stem}.png"}
     atomic_write(paths["md"], markdown(t, title).encode("utf-8"))
     atomic_write(paths["json"], (json.dumps(t, indent=1) + "\n").encode("utf-8"))
     plot_review(t, paths["png"])
@@ -160,6 +192,6 @@ def summary_line(t: dict, conditions: Sequence[str]) -> str:
     for cond in conditions:
         s = t["bundle"].get(cond)
         if s:
-            parts.append(f"{cond} top3 {format_value(s['caught_top3'], 100, 0)}% all {format_value(s['caught_all'], 100, 0)}% "
-                         f"({format_value(s['regions_per_volume'], 1, 1)}/vol)")
+            parts.append(f"{cond} covered top3 {_pct(s['covered_top3'])} at median burden "
+                         f"{_pct(s['median_burden_top3'])}")
     return "review: " + "; ".join(parts)

@@ -1,6 +1,9 @@
-"""Does the review list find the mistakes? Substantial errors and the share the regions catch.
+"""The retired review measure ("caught": a region voxel within 2 pixels of an error), kept only as
+a control beside :mod:`cardseg.review.coverage`, which replaced it: almost every substantial error
+touches the predicted boundary, so a shell along that boundary "catches" nearly all of them while
+covering none. Nothing chooses or reports a rule by this measure any more.
 
-Definitions (used by fitting, evaluation and tests alike):
+Definitions:
 
 * A **substantial error** is, per slice, a connected component (8-connected) of wrong voxels
   (prediction != ground truth) of at least :data:`MIN_ERROR_PX` pixels, after a binary opening

@@ -1,20 +1,28 @@
 """Flagged regions: where the disagreement asks a reader to look, ranked so the first few matter.
 
-A region is a connected component of ``TAC > flag_threshold`` (paper Eq. 6's map), formed as
-the bundle's ``regions`` block says (all chosen on the validation split, see
-``cardseg fit-review``):
+A region is a connected component of the review map above ``flag_threshold``; the review map is
+the TAC (paper Eq. 6's map), smoothed in-plane by a Gaussian of ``smooth_px`` pixels when the
+bundle says so. The bundle's ``regions`` block (all chosen on the validation split, see
+``cardseg fit-review``) says how:
 
 * ``connectivity``: ``"slice"`` (2D components, each within one slice, 8-connected) or ``"3d"``
   (components that also join the same place on neighbouring slices);
+* ``grow_threshold`` (hysteresis): components of ``map > grow_threshold`` that hold a voxel above
+  ``flag_threshold``; ``null``: components of ``map > flag_threshold``;
+* ``neighbourhood_px``: only voxels within this many pixels of the predicted heart (on the slice
+  or a neighbouring one) are flagged; ``null``: anywhere;
 * ``merge_px``: components closer than this many in-plane pixels are merged (the mask is
   dilated by a disk of that radius before labelling; the region keeps only its flagged voxels);
+* ``max_ml``: a region larger than this keeps only its highest-map voxels up to this volume
+  (so no region becomes a heart-wide shell); ``null``: no cap;
 * ``min_voxels``: smaller components are dropped;
-* ``max_regions``: at most this many regions per volume are reported (the most likely errors).
+* ``ranking``: ``"p_error"`` or ``"p_error_per_ml"`` (expected covered errors per reviewed ml);
+* ``max_regions``: at most this many regions per volume are reported.
 
 Each region gets features (:data:`FEATURES`) and, from the bundle's fitted logistic model
-(:class:`ErrorModel`), ``p_error``: the probability that it holds a substantial segmentation
-error (:mod:`cardseg.review.evaluation` defines one). Regions are ranked by ``p_error`` (by summed
-disagreement where a bundle has no fitted model: ``regions.model`` is ``null``).
+(:class:`ErrorModel`), ``p_error``: the probability that it holds at least half of a
+substantial segmentation error (:mod:`cardseg.review.coverage` defines both). Without a fitted
+model (``regions.model`` is ``null``) regions are ranked by summed disagreement.
 """
 
 from __future__ import annotations
@@ -27,40 +35,119 @@ from scipy import ndimage
 
 from cardseg.base.errors import CardsegError
 from cardseg.metrics.segmentation import roi_mask
+from cardseg.review.coverage import heart_neighbourhood
 
 #: region features the error model reads, in this order
 FEATURES = ("log_sum_tac", "max_tac", "mean_tac", "log_voxels", "slices", "foreground_fraction", "classes",
             "end_position", "fov_fraction")
-DEFAULTS = {"connectivity": "3d", "merge_px": 0, "max_regions": None}
+DEFAULTS = {"connectivity": "3d", "merge_px": 0, "max_regions": None, "smooth_px": 0.0, "grow_threshold": None,
+            "neighbourhood_px": None, "max_ml": None, "ranking": "p_error"}
+RANKINGS = ("p_error", "p_error_per_ml")
+
+
+def review_map(tac: np.ndarray, smooth_px: float = 0.0) -> np.ndarray:
+    """The map regions are cut from: ``tac (Z, Y, X)`` smoothed in-plane by a Gaussian of
+    ``smooth_px`` pixels (none at 0), float32 ``(Z, Y, X)``."""
+    tac = np.asarray(tac, dtype=np.float32)
+    if smooth_px <= 0:
+        return tac
+    return ndimage.gaussian_filter(tac, (0.0, float(smooth_px), float(smooth_px)), mode="constant")
+
+
+def cap_regions(score: np.ndarray, lab: np.ndarray, n: int, cap_voxels: Optional[int]) -> np.ndarray:
+    """``lab`` with every region over ``cap_voxels`` cut to its ``cap_voxels`` highest-``score``
+    voxels (ties: scan order); ``lab`` and ``score`` ``(Z, Y, X)``. Labels are kept."""
+    if cap_voxels is None or n == 0:
+        return lab
+    cap = max(int(cap_voxels), 1)
+    sizes = np.bincount(lab.ravel(), minlength=n + 1)
+    big = np.flatnonzero(sizes[1:] > cap) + 1
+    if big.size == 0:
+        return lab
+    out = lab.copy()
+    flat, values = out.reshape(-1), np.asarray(score).reshape(-1)
+    for r in big.tolist():
+        idx = np.flatnonzero(flat == r)
+        flat[idx[np.argsort(-values[idx], kind="stable")[cap:]]] = 0
+    return out
 
 
 def region_labels(tac: np.ndarray, threshold: float, min_voxels: int, connectivity: str = "3d",
-                  merge_px: int = 0) -> Tuple[np.ndarray, int]:
-    """Label the flagged components of ``tac (Z, Y, X)``: int32 map (0 none, 1..n) and ``n``.
+                  merge_px: int = 0, *, grow_threshold: Optional[float] = None, allowed: Optional[np.ndarray] = None,
+                  cap_voxels: Optional[int] = None) -> Tuple[np.ndarray, int]:
+    """Label the flagged components of the map ``tac (Z, Y, X)``: int32 map (0 none, 1..n) and ``n``.
 
-    Labels are numbered in scan order; components under ``min_voxels`` are removed.
+    With ``grow_threshold`` (at most ``threshold``) a component is one of ``map > grow_threshold``
+    holding at least one voxel above ``threshold`` (hysteresis); ``allowed`` (bool ``(Z, Y, X)``)
+    limits the flagged voxels; regions over ``cap_voxels`` keep their highest voxels
+    (:func:`cap_regions`). Labels are numbered in scan order; components under ``min_voxels``
+    (after the cap) are removed.
     """
     if connectivity not in ("3d", "slice"):
         raise CardsegError(f"regions.connectivity must be '3d' or 'slice' (got {connectivity!r})")
-    mask = np.asarray(tac) > threshold
+    tac = np.asarray(tac)
+    seeds = tac > threshold
+    mask = seeds if grow_threshold is None else tac > min(float(grow_threshold), float(threshold))
+    if allowed is not None:
+        mask = mask & np.asarray(allowed, bool)
+        seeds = seeds & mask
     grown = roi_mask(mask, merge_px)  # per slice, no growth across slices
+    structure = np.zeros((3, 3, 3), bool)
+    structure[1] = True  # 8-connected in-plane ...
     if connectivity == "3d":
-        structure = np.zeros((3, 3, 3), bool)
-        structure[1] = True  # 8-connected in-plane ...
         structure[0, 1, 1] = structure[2, 1, 1] = True  # ... and the same pixel on the neighbouring slices
-    else:
-        structure = np.zeros((3, 3, 3), bool)
-        structure[1] = True
     lab, n = ndimage.label(grown, structure=structure)
     lab = np.where(mask, lab, 0).astype(np.int32)
     if n == 0:
         return lab, 0
+    if grow_threshold is not None:  # hysteresis: only components that reach the flag threshold
+        lab = np.where(np.isin(lab, np.unique(lab[seeds])), lab, 0).astype(np.int32)
+    lab = cap_regions(tac, lab, n, cap_voxels)
     sizes = np.bincount(lab.ravel(), minlength=n + 1)
     keep = np.flatnonzero(sizes >= max(int(min_voxels), 1))
     keep = keep[keep > 0]
     remap = np.zeros(n + 1, np.int32)
     remap[keep] = np.arange(1, keep.size + 1, dtype=np.int32)
     return remap[lab], int(keep.size)
+
+
+def region_settings(settings: dict) -> dict:
+    """The bundle's ``regions`` block with defaults filled in, checked: one-line
+    :class:`CardsegError` naming the bad key."""
+    s = {**DEFAULTS, **settings}
+    if s["ranking"] not in RANKINGS:
+        raise CardsegError(f"regions.ranking must be one of {', '.join(RANKINGS)} (got {s['ranking']!r})")
+    for key in ("smooth_px", "grow_threshold", "neighbourhood_px", "max_ml"):
+        value = s[key]
+        if value is None and key != "smooth_px":
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0 \
+                or (key == "max_ml" and value == 0):
+            raise CardsegError(f"regions.{key} must be a {'positive' if key == 'max_ml' else 'non-negative'} "
+                               f"number{'' if key == 'smooth_px' else ' or null'} (got {value!r})")
+    if s["grow_threshold"] is not None and s["grow_threshold"] > s["flag_threshold"]:
+        raise CardsegError(f"regions.grow_threshold ({s['grow_threshold']}) must not exceed regions.flag_threshold "
+                           f"({s['flag_threshold']})")
+    return s
+
+
+def cap_voxels_of(max_ml: Optional[float], spacing: tuple) -> Optional[int]:
+    """A volume cap in ml as a voxel count for voxels of ``spacing`` (x, y, z) mm (``None``: no cap)."""
+    if max_ml is None:
+        return None
+    return max(int(np.floor(float(max_ml) * 1000.0 / float(np.prod(spacing)))), 1)
+
+
+def form_regions(tac: np.ndarray, pred: np.ndarray, settings: dict, spacing: tuple) -> Tuple[np.ndarray, int]:
+    """Regions of one volume as the (checked) ``settings`` say: ``(labels (Z, Y, X) int32, n)``.
+
+    tac, pred ``(Z, Y, X)``; spacing (x, y, z) mm (for the ``max_ml`` cap).
+    """
+    s = region_settings(settings)
+    allowed = None if s["neighbourhood_px"] is None else heart_neighbourhood(pred, int(s["neighbourhood_px"]))
+    return region_labels(review_map(tac, float(s["smooth_px"])), float(s["flag_threshold"]), int(s["min_voxels"]),
+                         s["connectivity"], int(s["merge_px"]), grow_threshold=s["grow_threshold"], allowed=allowed,
+                         cap_voxels=cap_voxels_of(s["max_ml"], spacing))
 
 
 def region_features(tac: np.ndarray, pred: np.ndarray, lab: np.ndarray, n: int,
@@ -137,16 +224,22 @@ class ErrorModel:
         return cls(arrays[0], arrays[1], arrays[2], intercept)
 
 
-def rank_regions(features: np.ndarray, model: Optional[ErrorModel], max_regions: Optional[int] = None
+def rank_regions(features: np.ndarray, model: Optional[ErrorModel], max_regions: Optional[int] = None,
+                 ranking: str = "p_error", volumes_ml: Optional[np.ndarray] = None
                  ) -> Tuple[np.ndarray, Optional[np.ndarray]]:
     """Order of regions to review (indices into ``features``) and their ``p_error``.
 
-    By ``p_error`` (descending) when a model is given, else by summed disagreement; ties keep
-    scan order. At most ``max_regions`` are kept.
+    By ``p_error`` (descending) when a model is given, or by ``p_error`` over the region's volume
+    (``ranking="p_error_per_ml"``, ``volumes_ml`` ``(n,)``: expected covered errors per reviewed
+    ml), else by summed disagreement; ties keep scan order. At most ``max_regions`` are kept.
     """
     n = features.shape[0]
     p = model.probability(features) if model is not None and n else None
     key = p if p is not None else features[:, 0] if n else np.zeros(0)
+    if p is not None and ranking == "p_error_per_ml":
+        if volumes_ml is None:
+            raise ValueError("ranking by p_error per ml needs the regions' volumes")
+        key = p / np.maximum(np.asarray(volumes_ml, dtype=np.float64), 1e-9)
     order = np.lexsort((np.arange(n), -key)) if n else np.zeros(0, int)
     if max_regions is not None:
         order = order[:int(max_regions)]
@@ -163,12 +256,13 @@ def flagged_regions(tac: np.ndarray, labels: np.ndarray, settings: dict, ijk_to_
     ``[[i0, i1], [j0, j1], [k0, k1]]`` inclusive, mean/max/summed disagreement, the predicted
     classes inside, p_error or ``None``) and a uint16 map ``(Z, Y, X)`` of those ranks (0: none).
     """
-    s = {**DEFAULTS, **settings}
-    lab, n = region_labels(tac, float(s["flag_threshold"]), int(s["min_voxels"]), s["connectivity"],
-                           int(s["merge_px"]))
+    s = region_settings(settings)
+    lab, n = form_regions(tac, labels, s, spacing)
     feats = region_features(tac, labels, lab, n, fov)
     model = ErrorModel.from_dict(s["model"]) if s.get("model") else None
-    order, p = rank_regions(feats, model, s.get("max_regions"))
+    voxel_ml = float(np.prod(spacing)) / 1000.0
+    order, p = rank_regions(feats, model, s.get("max_regions"), s["ranking"],
+                            np.bincount(lab.ravel(), minlength=n + 1)[1:] * voxel_ml)
     dtype = np.uint16 if order.size < 65535 else np.uint32
     rank_of = np.zeros(n + 1, dtype)
     rank_of[order + 1] = np.arange(1, order.size + 1, dtype=dtype)
