@@ -19,8 +19,9 @@ from cardseg.base.errors import CardsegError
 from conftest import ACDC, assert_figure
 
 NAMES = ["background", "RV", "MYO", "LV"]
-SCALES = {"LV_volume": 2.0, "RV_volume": 2.2, "LV_stroke_volume": 2.5, "RV_stroke_volume": 2.4,
-          "LV_ejection_fraction": 3.0, "RV_ejection_fraction": 2.8, "LV_mass": 1.5}
+#: a fitted model per index: relative errors for volumes and mass, points for EF
+MODELS = {n: {"bias": 0.01 if n in ix.RELATIVE else 0.5, "sd": 0.05 if n in ix.RELATIVE else 3.0, "pivot": 2.0,
+              "half_width": 0.1 if n in ix.RELATIVE else 6.0, "n": 10} for n in ix.INDEX_NAMES}
 
 
 # --------------------------------------------------------------------------------------------
@@ -98,125 +99,114 @@ def test_volume_spread_by_hand():
         == pytest.approx([0.0, 0.0])
 
 
-def _subject_arrays(confidence, disagreement, seed=0):
-    """ED and ES arrays of a synthetic subject, ``confidence`` and ``disagreement`` at class edges."""
-    from cardseg.bundle.scaffold import synthetic_cine_volume
-
-    _, lab_ed = synthetic_cine_volume(shape=(4, 64, 64), spacing=(2.0, 2.0, 8.0), seed=seed)
-    lab_es = lab_ed.copy()
-    lab_es[lab_es == 3] = 2  # a smaller LV cavity at ES
-    out = []
-    for lab in (lab_ed, lab_es):
-        edge = lab != np.roll(lab, 1, axis=2)
-        conf = np.where(edge, confidence, 0.999)  # uncertain at the class edges only
-        p = np.zeros(lab.shape + (4,), np.float32)
-        for k in range(4):
-            p[..., k] = np.where(lab == k, conf, (1 - conf) / 3)
-        d = np.where(edge, disagreement, 0.0).astype(np.float32)
-        out.append({"labels": lab, "probs": p, "disagreement": d})
-    return out
+# --------------------------------------------------------------------------------------------
+# intervals from a fitted block
+# --------------------------------------------------------------------------------------------
+def _block(models=MODELS, volumes=None):
+    config = {"calibration": {"method": "card", "tau_min": 1.0, "tau_max": 3.0, "w_b": 0.1, "w_k": 0.05},
+              "networks": {}}
+    return ix.make_block(config, models, 0.9, 0.1, volumes=volumes)
 
 
-@pytest.mark.parametrize("what", ["probabilities", "disagreement"])
-def test_intervals_widen_with_uncertainty(what):
-    block = {"nominal": 0.9, "scales": SCALES, "spread": {"flag_threshold": 0.1}}
-    widths = []
-    levels = [0.95, 0.85, 0.7, 0.55] if what == "probabilities" else [0.0, 0.05, 0.2, 0.4, 0.69]
-    for level in levels:
-        ed, es = _subject_arrays(level, 0.0) if what == "probabilities" else _subject_arrays(0.8, level)
-        out = ix.subject_from_arrays(ed, es, (2.0, 2.0, 8.0), (2.0, 2.0, 8.0), NAMES, block)
-        for n in ix.INDEX_NAMES:
-            assert out[n]["low"] <= out[n]["value"] <= out[n]["high"]
-        widths.append([out[n]["high"] - out[n]["low"] for n in ix.INDEX_NAMES])
-    widths = np.array(widths)
-    assert np.all(np.diff(widths, axis=0) >= -1e-9)  # never narrower
-    assert np.all(widths[-1] > widths[0])  # and wider in the end
-    # the values do not depend on the uncertainty
-    assert out["LVEDV_ml"]["value"] == pytest.approx(ix.subject_from_arrays(
-        *_subject_arrays(0.99, 0.0), (2.0, 2.0, 8.0), (2.0, 2.0, 8.0), NAMES, block)["LVEDV_ml"]["value"])
+def test_subject_intervals_by_hand():
+    values = ix.cardiac_indices({"LV": 150.0, "RV": 160.0, "MYO": 100.0}, {"LV": 60.0, "RV": 80.0, "MYO": 110.0})
+    out = ix.subject_intervals(values, _block())
+    assert out["nominal"] == 0.9
+    # EF: value + bias -+ half width, in points
+    assert (out["LVEF"]["low"], out["LVEF"]["high"]) == pytest.approx((60 + 0.5 - 6, 60 + 0.5 + 6))
+    # volumes: relative, value * (1 + bias -+ half width)
+    assert (out["LVEDV_ml"]["low"], out["LVEDV_ml"]["high"]) == pytest.approx((150 * 0.91, 150 * 1.11))
+    assert out["LVM_g"]["value"] == pytest.approx(105.0)
+    assert out["LVM_g"]["high"] - out["LVM_g"]["low"] == pytest.approx(2 * 0.1 * 105.0)
+
+
+def test_index_error_matches_the_model_units():
+    assert ix.index_error("LVEF", 55.0, 50.0) == -5.0
+    assert ix.index_error("LVEDV_ml", 100.0, 110.0) == pytest.approx(0.1)
+    assert math.isnan(ix.index_error("RVESV_ml", 0.0, 10.0))
 
 
 def test_interval_cut_to_possible_values():
-    assert ix.interval("LVEDV_ml", 5.0, 10.0, 1.0) == (0.0, 15.0)
-    assert ix.interval("LVEF", 95.0, 10.0, 1.0) == (85.0, 100.0)
-    assert ix.interval("LVSV_ml", 5.0, 10.0, 1.0) == (0.0, 15.0)
-    assert ix.interval("RVEF", 5.0, 10.0, 1.0) == (0.0, 15.0)
-    assert ix.interval("LVM_g", 100.0, 10.0, 2.0) == (80.0, 120.0)
-    # a value outside the range (ESV > EDV in a poor segmentation) stays inside its own interval
-    assert ix.interval("LVSV_ml", -3.0, 10.0, 1.0) == (-3.0, 7.0)
-    assert ix.interval("LVEF", -3.0, 1.0, 1.0) == (-3.0, -2.0)
-    assert ix.interval("LVEF", 101.0, 5.0, 1.0) == (96.0, 101.0)
+    wide = {n: {**m, "half_width": 80.0 if n.endswith("EF") else 3.0} for n, m in MODELS.items()}
+    values = ix.cardiac_indices({"LV": 100.0, "RV": 100.0, "MYO": 50.0}, {"LV": 30.0, "RV": 40.0, "MYO": 50.0})
+    out = ix.subject_intervals(values, _block(wide))
+    assert out["LVEF"]["low"] == 0.0 and out["LVEF"]["high"] == 100.0
+    assert out["LVEDV_ml"]["low"] == 0.0 and out["LVEDV_ml"]["high"] == pytest.approx(100 * 4.01)
+    # an EF outside [0, 100] from a poor segmentation keeps its value inside its interval
+    assert ix.cut("LVEF", -30.0, 30.0, -10.0) == (-10.0, 30.0)
 
 
-# --------------------------------------------------------------------------------------------
-# coverage and the conformal fit
-# --------------------------------------------------------------------------------------------
 def test_coverage_by_hand():
-    truth = [1.0, 2.0, 3.0, 4.0, np.nan]
-    low = [0.0, 2.0, 3.5, 0.0, 0.0]
-    high = [2.0, 3.0, 4.0, 3.9, 9.0]
-    # inside: 1 in [0, 2], 2 in [2, 3] (closed); outside: 3 < 3.5, 4 > 3.9; NaN skipped
-    assert ix.coverage(truth, low, high) == 0.5
-    assert ix.coverage(2.0, 2.0, 2.0) == 1.0
-    assert math.isnan(ix.coverage([np.nan], [0.0], [1.0]))
+    assert ix.coverage([1, 2, 3, 4], [0, 2.5, 3, 0], [1, 3, 3, 3.9]) == 0.5
+    assert ix.coverage([1, float("nan")], [0, 0], [2, 2]) == 1.0
+    assert math.isnan(ix.coverage([float("nan")], [0], [1]))
 
 
-def test_conformal_quantile_by_hand():
-    scores = [5.0, 1.0, 3.0, 2.0, 4.0, 10.0, 7.0, 6.0, 9.0, 8.0]
-    assert ix.conformal_quantile(scores, 0.9) == 10.0  # ceil(11 * 0.9) = 10th smallest
-    assert ix.conformal_quantile(scores, 0.5) == 6.0  # ceil(5.5) = 6th
-    assert ix.conformal_quantile(scores[:5], 0.9) == math.inf  # 5 scores cannot give 90%
+def test_corrected_volumes_drop_islands_and_fill_gaps():
+    from cardseg.cohort import index_volumes as iv
 
-
-def _synthetic_subjects(n, rng, noise=1.0):
-    """Indices whose error is spread * N(0, noise): the true interval is +-1.645 noise spreads."""
-    values, truths, spreads = [], [], []
-    for _ in range(n):
-        v = {name: float(rng.uniform(40, 80)) for name in ix.INDEX_NAMES}  # no cut at 0 or 100 reached
-        s = {name: float(rng.uniform(0.5, 3.0)) for name in ix.INDEX_NAMES}
-        t = {name: v[name] + s[name] * noise * float(rng.normal()) for name in ix.INDEX_NAMES}
-        values.append(v), truths.append(t), spreads.append(s)
-    return values, truths, spreads
-
-
-def test_fit_reaches_nominal_coverage_on_a_synthetic_problem():
-    rng = np.random.default_rng(1)
-    fit = _synthetic_subjects(200, rng, noise=1.7)
-    scales, counts = ix.fit_scales(*fit, level=0.9)
-    assert counts == {"LV_volume": 400, "RV_volume": 400, "LV_stroke_volume": 200, "RV_stroke_volume": 200,
-                      "LV_ejection_fraction": 200, "RV_ejection_fraction": 200, "LV_mass": 200}
-    for fam, s in scales.items():
-        assert s == pytest.approx(1.645 * 1.7, rel=0.12)
-    block = {"nominal": 0.9, "scales": scales}
-    values, truths, spreads = _synthetic_subjects(3000, rng, noise=1.7)
-    for name in ix.INDEX_NAMES:
-        iv = [ix.subject_intervals(v, s, block)[name] for v, s in zip(values, spreads)]
-        cov = ix.coverage([t[name] for t in truths], [i["low"] for i in iv], [i["high"] for i in iv])
-        assert cov == pytest.approx(0.9, abs=0.03)
+    lab = np.zeros((6, 8, 8), np.uint8)
+    lab[0:5, 2:6, 2:6] = 3  # an LV of 5 slices x 16 voxels
+    lab[2] = 0  # ... with a gap at slice 2
+    lab[5, 0, 0] = 3  # and a stray voxel below the apex, not connected
+    spacing = (1.0, 1.0, 10.0)  # 0.01 ml per voxel
+    raw = iv.corrected_volumes(lab, spacing, NAMES, {})
+    assert raw["LV"] == pytest.approx(65 * 0.01)
+    fixed = iv.corrected_volumes(lab, spacing, NAMES)
+    # a one-slice gap does not split the LV (slices 1 and 3 overlap in-plane): only the stray voxel goes ...
+    assert iv.slice_areas(iv.drop_islands(lab, [3]), 3).tolist() == [16, 16, 0, 16, 16, 0]
+    # ... and the gap at slice 2 gets its neighbours' mean area
+    assert fixed["LV"] == pytest.approx(80 * 0.01)
+    # two empty slices do separate: the smaller part goes
+    lab2 = lab.copy()
+    lab2[3] = 0
+    assert iv.slice_areas(iv.drop_islands(lab2, [3]), 3).tolist() == [16, 16, 0, 0, 0, 0]
+    assert iv.fill_slice_gaps([10, 9, 1, 8, 0]).tolist() == [10, 9, 8.5, 8, 0]
+    assert iv.fill_slice_gaps([10, 9, 3, 8]).tolist() == [10, 9, 3, 8]  # 3 >= 0.25 * 8: not a gap
+    assert iv.fill_slice_gaps([0, 5, 0, 0]).tolist() == [0, 5, 0, 0]  # the apex ends: not a gap
 
 
 def test_fit_block_and_measure_on_a_synthetic_problem():
+    """Validation and test errors drawn from one location-scale family: the fitted intervals cover
+    about the nominal share of many test subjects, and the in-sample validation check agrees."""
     from cardseg_train.indices_fit import Subject, fit_block, measure
 
     rng = np.random.default_rng(2)
-    val = [Subject(f"v{i}", *x) for i, x in enumerate(zip(*_synthetic_subjects(100, rng)))]
-    test = [Subject(f"t{i}", *x) for i, x in enumerate(zip(*_synthetic_subjects(1000, rng)))]
+
+    def subjects(n, scale, group):
+        out = []
+        for i in range(n):
+            ed = {"LV": rng.uniform(100, 200), "RV": rng.uniform(100, 200), "MYO": rng.uniform(60, 120)}
+            es = {"LV": ed["LV"] * rng.uniform(0.3, 0.6), "RV": ed["RV"] * rng.uniform(0.3, 0.6), "MYO": ed["MYO"]}
+            values = ix.cardiac_indices(ed, es)
+            truth = {n_: (v * (1 + scale * 0.05 * rng.standard_normal()) if n_ in ix.RELATIVE
+                          else v + 1.0 + scale * 3.0 * rng.standard_normal()) for n_, v in values.items()}
+            out.append(Subject(f"{group}{i}", values, truth, {n_: 1.0 for n_ in ix.INDEX_NAMES}, group))
+        return out
+
+    val, pool, test = subjects(120, 1.0, "val"), subjects(60, 0.3, "train:clean"), subjects(2000, 1.0, "test")
     config = {"calibration": {"method": "card", "tau_min": 1.0, "tau_max": 3.0, "w_b": 0.1, "w_k": 0.05},
               "networks": {}}
-    block = fit_block(val, config, 0.8, 0.1, {"split": "val"})
-    assert block["fit"]["subjects"] == 100 and block["fit"]["residuals"]["LV_mass"] == 100
-    assert all(c >= 0.8 for c in block["fit"]["validation_coverage_in_sample"].values())
+    block = fit_block(val, pool, config, 0.8, 0.1, {"split": "val"})
+    assert block["fit"]["subjects"] == 120 and block["fit"]["pool_subjects"] == {"train:clean": 60}
+    assert block["models"]["LVEF"]["errors"] == "absolute" and block["models"]["LVEDV_ml"]["errors"] == "relative"
+    assert block["models"]["LVEF"]["sd"] == pytest.approx(3.0, rel=0.2)
     m = measure(test, block)
-    for fam in ix.FAMILIES:
-        assert m["families"][fam]["coverage"] == pytest.approx(0.8, abs=0.05)
-        lo, hi = m["families"][fam]["coverage_ci95"]
-        assert lo <= m["families"][fam]["coverage"] <= hi
+    for name in ("LVEF", "RVEF", "LVEDV_ml", "LVM_g"):
+        assert m["indices"][name]["coverage"] == pytest.approx(0.8, abs=0.07)
+        lo, hi = m["indices"][name]["coverage_ci95"]
+        assert lo <= m["indices"][name]["coverage"] <= hi
+    c = m["lvef_categories"]
+    assert c["n"] == 2000 and 0 < c["straddling"] < 2000 and c["implies_true_category"] <= 2000
 
 
-def test_too_few_residuals_refused():
-    rng = np.random.default_rng(3)
-    with pytest.raises(CardsegError, match="LV_stroke_volume family"):
-        ix.fit_scales(*_synthetic_subjects(5, rng), level=0.9)
+def test_too_few_subjects_refused_in_one_line():
+    from cardseg_train.indices_fit import Subject, fit_models
+
+    one = Subject("a", {n: 50.0 for n in ix.INDEX_NAMES}, {n: 51.0 for n in ix.INDEX_NAMES}, {})
+    with pytest.raises(CardsegError) as err:
+        fit_models([one], [], 0.9)
+    assert "cannot fit" in str(err.value) and "\n" not in str(err.value)
 
 
 # --------------------------------------------------------------------------------------------
@@ -241,9 +231,9 @@ def folders(tmp_path_factory, tiny_bundle):
     return root, bundle
 
 
-def _fit_block_into(bundle, scales=SCALES):
+def _fit_block_into(bundle, models=MODELS):
     cfg = read_config(bundle)
-    block = ix.make_block(cfg, scales, 0.9, cfg["regions"]["flag_threshold"],
+    block = ix.make_block(cfg, models, 0.9, cfg["regions"]["flag_threshold"],
                           fit={"split": "synthetic", "subjects": 0, "date": "2026-01-01"})
     return update_config(bundle, {"indices": block})
 
@@ -256,25 +246,31 @@ def test_indices_from_folders(folders, tmp_path):
     out = ix.indices_from_folders(root / "ed", root / "es", cfg)
     assert out["nominal"] == 0.9
     assert set(out) == set(ix.INDEX_NAMES) | {"nominal"}
-    # the values are the segmentation's volumes, computed by hand from the written files
+    # the values are the (corrected) segmentation's volumes, computed by hand from the written files
+    from cardseg.cohort import index_volumes as iv
+
     seg = sitk.ReadImage(str(root / "ed" / "segmentation.nii.gz"))
     ml = np.prod(seg.GetSpacing()) / 1000.0
     lab = sitk.GetArrayFromImage(seg)
-    assert out["LVEDV_ml"]["value"] == pytest.approx((lab == 3).sum() * ml)
+    fixed = iv.drop_islands(lab, [1, 3])
+    assert out["LVEDV_ml"]["value"] == pytest.approx(iv.fill_slice_gaps(iv.slice_areas(fixed, 3)).sum() * ml)
     assert out["LVM_g"]["value"] == pytest.approx(1.05 * (lab == 2).sum() * ml)
-    report = json.loads((root / "ed" / "report.json").read_text())
-    assert out["RVEDV_ml"]["value"] == pytest.approx(report["class_volumes_ml"]["RV"])
     for n in ix.INDEX_NAMES:
         r = out[n]
         if math.isnan(r["value"]):
             continue
-        assert r["low"] <= r["value"] <= r["high"]
+        assert r["low"] <= r["high"]
         assert all(isinstance(r[k], float) for k in ("value", "low", "high"))
-    # the same numbers as from the arrays in memory; twice the scales give (about) twice the width
-    cfg2 = _fit_block_into(refit, {f: 2 * s for f, s in SCALES.items()})
-    out2 = ix.indices_from_folders(root / "ed", root / "es", cfg2)
-    w = out["LVEDV_ml"]["high"] - out["LVEDV_ml"]["value"]
-    assert out2["LVEDV_ml"]["high"] - out2["LVEDV_ml"]["value"] == pytest.approx(2 * w)
+    # without the corrections the values are report.json's volumes
+    cfg_raw = update_config(refit, {"indices": {**cfg["indices"], "volumes": {}}})
+    raw = ix.indices_from_folders(root / "ed", root / "es", cfg_raw)
+    report = json.loads((root / "ed" / "report.json").read_text())
+    assert raw["RVEDV_ml"]["value"] == pytest.approx(report["class_volumes_ml"]["RV"])
+    # twice the half width gives twice the width (away from the cut at 0)
+    doubled = {n: {**m, "half_width": 2 * m["half_width"]} for n, m in MODELS.items()}
+    out2 = ix.indices_from_folders(root / "ed", root / "es", _fit_block_into(refit, doubled))
+    w = out["LVEDV_ml"]["high"] - out["LVEDV_ml"]["low"]
+    assert out2["LVEDV_ml"]["high"] - out2["LVEDV_ml"]["low"] == pytest.approx(2 * w)
 
 
 def test_missing_block_is_refused_in_one_line(folders):
@@ -284,9 +280,12 @@ def test_missing_block_is_refused_in_one_line(folders):
     with pytest.raises(CardsegError) as err:
         ix.indices_from_folders(root / "ed", root / "es", cfg)
     assert "has no fitted index intervals" in str(err.value) and "\n" not in str(err.value)
-    cfg["indices"] = {**ix.make_block(cfg, SCALES, 0.9, 0.1)}
-    cfg["indices"]["scales"] = {f: s for f, s in SCALES.items() if f != "RV_ejection_fraction"}
-    with pytest.raises(CardsegError, match="no scale for RV_ejection_fraction"):
+    cfg["indices"] = ix.make_block(cfg, MODELS, 0.9, 0.1)
+    cfg["indices"]["models"] = {n: m for n, m in cfg["indices"]["models"].items() if n != "RVEF"}
+    with pytest.raises(CardsegError, match="no model for RVEF"):
+        ix.indices_from_folders(root / "ed", root / "es", cfg)
+    cfg["indices"] = {**ix.make_block(cfg, MODELS, 0.9, 0.1), "method": "split-conformal"}
+    with pytest.raises(CardsegError, match="fitted with method 'split-conformal'"):
         ix.indices_from_folders(root / "ed", root / "es", cfg)
 
 
@@ -310,14 +309,15 @@ def test_schema_checks_the_block(tiny_bundle, tmp_path):
     bundle = tmp_path / "bundle"
     shutil.copytree(tiny_bundle, bundle)
     cfg = _fit_block_into(bundle)
-    assert cfg["indices"]["scales"] == SCALES
+    scales = cfg["indices"]["scales"]
+    assert scales == {n: m["half_width"] for n, m in MODELS.items()}
     for change, message in (({"nominal": 1.0}, "indices.nominal"),
-                            ({"scales": {**SCALES, "LV_mass": 0.0}}, "indices.scales.LV_mass"),
+                            ({"scales": {**scales, "LVM_g": 0.0}}, "indices.scales.LVM_g"),
                             ({"scales": {}}, "indices.scales must hold one scale per index family"),
                             ({"spread": {"model": "x", "flag_threshold": 0.9}}, "indices.spread.flag_threshold")):
         with pytest.raises(CardsegError, match=message):
             update_config(bundle, {"indices": {**cfg["indices"], **change}})
-    assert read_config(bundle)["indices"]["scales"] == SCALES  # a refused change leaves the file as it was
+    assert read_config(bundle)["indices"]["scales"] == scales  # a refused change leaves the file as it was
 
 
 # --------------------------------------------------------------------------------------------
@@ -330,22 +330,24 @@ def test_fit_indices_command(tiny_bundle, tmp_path, monkeypatch):
     bundle = tmp_path / "bundle"
     shutil.copytree(tiny_bundle, bundle)
     real = evaluation.acdc_h5_volumes
-    # two patients (both frames) per split keeps it quick; level 0.5 is reachable with 2 subjects
-    monkeypatch.setattr(evaluation, "acdc_h5_volumes", lambda data, split, spacing=1.5: real(data, split, spacing)[:4])
+    # three patients (both frames) per split, the training pool included, keeps it quick
+    monkeypatch.setattr(evaluation, "acdc_h5_volumes", lambda data, split, spacing=1.5: real(data, split, spacing)[:6])
     out = tmp_path / "measured"
     assert main(["fit-indices", "--bundle", str(bundle), "--data", str(ACDC), "--level", "0.5",
                  "--cache", str(tmp_path / "cache"), "--measure-test", str(out)]) == 0
     block = read_config(bundle)["indices"]
-    assert block["nominal"] == 0.5 and block["fit"]["split"] == "val" and block["fit"]["subjects"] == 2
-    assert set(block["scales"]) == set(ix.FAMILIES) and "date" in block["fit"]
+    assert block["nominal"] == 0.5 and block["fit"]["split"] == "val" and block["fit"]["subjects"] == 3
+    assert block["fit"]["pool_subjects"] == {"train:clean": 3} and block["method"] == ix.METHOD
+    assert set(block["models"]) == set(ix.INDEX_NAMES) and "date" in block["fit"]
     result = json.loads((out / "indices.json").read_text())
-    assert result["subjects"] == 2 and result["settings"]["split"] == "test"
+    assert result["subjects"] == 3 and result["settings"]["split"] == "test"
+    assert result["lvef_categories"]["n"] == 3 and all(r["LVEF"]["label"].startswith("LVEF ") for r in result["rows"])
     assert set(result["indices"]) == set(ix.INDEX_NAMES)
     assert (out / "indices.md").read_text().startswith("# Cardiac indices")
     assert_figure(out / "indices_coverage.png")
     # cached: a measurement with the stored fit runs without segmenting again
     n = len(list((tmp_path / "cache").rglob("*.npz")))
-    assert n == 8
+    assert n == 18  # 6 validation, 6 training (under cache/evidence), 6 test volumes
     assert main(["fit-indices", "--bundle", str(bundle), "--data", str(ACDC), "--cache", str(tmp_path / "cache"),
                  "--measure-test", str(out), "--no-fit"]) == 0
     assert len(list((tmp_path / "cache").rglob("*.npz"))) == n

@@ -18,8 +18,8 @@ import SimpleITK as sitk
 from cardseg.cohort.batch import run_batch
 from cardseg.cohort.layout import COHORT_CSV, SUBJECTS_CSV, TRIAGE_HTML
 from cardseg.cohort.options import BatchOptions
-from cardseg.cohort.subjects import subject_columns
-from cardseg.cohort.tables import table_columns, write_table
+from cardseg.cohort.subjects import lvef_category_cells, subject_columns
+from cardseg.cohort.tables import read_table, table_columns, write_table
 from cardseg.cohort import triage as T
 
 BROWSERS = ("/usr/bin/chromium-headless-shell", "/usr/lib/chromium/chromium-headless-shell",
@@ -91,8 +91,8 @@ def report_dir(tmp_path_factory, tiny_bundle, synthetic_volume):
     write_table(out / COHORT_CSV, list(rows.values()), columns)
     write_table(out / SUBJECTS_CSV,
                   [{"subject": "s1", "ed_case": "gamma", "es_case": "alpha", "nominal": 0.9, "LVEF": 57.25,
-                    "LVEF_low": 49.5, "LVEF_high": 64.75, "LVEDV_ml": 151.0, "LVEDV_ml_low": 140.0,
-                    "LVEDV_ml_high": 162.0, "error": ""}],
+                    "LVEF_low": 45.0, "LVEF_high": 64.75, "LVEDV_ml": 151.0, "LVEDV_ml_low": 140.0,
+                    "LVEDV_ml_high": 162.0, "error": "", **lvef_category_cells({"low": 45.0, "high": 64.75})}],
                   subject_columns(["LVEDV_ml", "LVEF"]))
     from cardseg.bundle.folder import check_bundle_folder
 
@@ -158,7 +158,8 @@ def test_page_shows_a_thumbnail_per_segmented_case(page):
 
 def test_page_shows_indices_with_intervals(page):
     text = page["page"].inner_text('tr.case[data-case="gamma"] td.indices')
-    assert "LVEF 57.2 % [49.5, 64.8]" in text and "LVEDV 151.0 ml [140.0, 162.0]" in text and "90 %" in text
+    assert "LVEF 57.2 % [45.0, 64.8]" in text and "LVEDV 151.0 ml [140.0, 162.0]" in text and "90 %" in text
+    assert "LVEF 45-65%: mildly reduced or preserved" in text and "straddles a threshold" in text
     assert page["page"].inner_text('tr.case[data-case="alpha"] td.indices') == ""  # no subject
 
 
@@ -182,6 +183,22 @@ def test_page_links_open_the_case_folders(page):
     pg.goto(report_href)
     assert '"agreement"' in pg.content()
     pg.goto(page["url"])
+
+
+def test_report_shows_the_lvef_category_and_flags_straddling(report_dir, tmp_path):
+    """Without a browser: the category the interval implies, the straddle mark and the count, from
+    subjects.csv; an interval inside one category is shown without the mark."""
+    html = (report_dir / TRIAGE_HTML).read_text()
+    assert html.count("LVEF 45-65%: mildly reduced or preserved &middot; straddles a threshold") == 1
+    assert '<b id="n-straddling">1</b>' in html
+    out = tmp_path / "one-category"
+    shutil.copytree(report_dir, out)
+    rows = read_table(out / SUBJECTS_CSV)
+    rows[0].update(LVEF_low=51.0, **lvef_category_cells({"low": 51.0, "high": 64.75}))
+    write_table(out / SUBJECTS_CSV, rows, list(rows[0]))
+    html = T.write_report(out).read_text()
+    assert "LVEF 51-65%: preserved</div>" in html and "straddles a threshold</div>" not in html
+    assert '<b id="n-straddling">0</b>' in html
 
 
 def test_report_without_matplotlib_still_lists_cases(report_dir, tmp_path, monkeypatch):

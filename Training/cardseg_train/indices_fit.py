@@ -1,10 +1,14 @@
 """``cardseg fit-indices``: fit the cardiac-index intervals on validation, measure them on test.
 
-The shipped engine runs (``segment_volume(..., method="card")``) on every ED (``frame01``) and ES
-(``frame02``) volume of a split; what the indices need (predicted labels, calibrated
-probabilities, TAC map, ground-truth labels) is cached per volume under ``cache/indices/<key>/``
-(key: the bundle's weights and calibration, the data and the assumed geometry), so a rerun
-only recomputes the statistics. :mod:`cardseg.cohort.indices` does the arithmetic; this module feeds it.
+Fitting (:func:`fit_indices`): the validation subjects' errors give each index's bias and sd; the
+shape pool (training patients in-sample, and validation volumes under the calibration
+perturbations, as far as ``--pool`` asks) gives the pivot, each pool group standardised on its
+own (:mod:`cardseg.cohort.index_intervals`). Those volumes come from
+:mod:`cardseg_train.indices_evidence` (cached under ``runs/indices-evidence``). Measuring: the
+shipped engine (``segment_volume(..., method="card")``, the path of ``cardseg segment`` and
+``cardseg batch``) runs on every ED (``frame01``) and ES (``frame02``) test volume, cached per
+volume under ``cache/indices/<key>/`` (key: weights, calibration, data, assumed geometry).
+Nothing is fitted or chosen on the test subjects. Tables and figure: :mod:`cardseg_train.indices_report`.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -104,48 +108,93 @@ def split_volumes(bundle, data: str, split: str, h5_spacing: float, cache_dir: O
 # --------------------------------------------------------------------------------------------
 @dataclass
 class Subject:
-    """One patient: index values from the segmentation, from the labels, and unscaled spreads."""
+    """One patient (one variant): index values from the corrected segmentation, from the labels,
+    and CARD's unscaled spreads (a diagnostic)."""
 
     patient: str
     values: Dict[str, float]
     truth: Dict[str, float]
     spreads: Dict[str, float]
+    group: str = "val"
 
 
-def subjects_of(volumes, class_names: Sequence[str], flag_threshold: float) -> List[Subject]:
-    """Pair each patient's ED and ES volumes (:class:`VolumeArrays`) into :class:`Subject` rows;
-    patients without both frames are left out. Holds only one volume's arrays at a time."""
+def subjects_of(volumes, class_names: Sequence[str], flag_threshold: float, correct: Optional[dict] = None,
+                group: Optional[str] = None) -> List[Subject]:
+    """Pair each patient's ED and ES volumes into :class:`Subject` rows (per variant when the
+    volumes carry one); patients without both frames are left out. One volume in memory at a time.
+
+    correct: the volume corrections (:func:`cardseg.cohort.index_volumes.corrected_volumes`;
+    ``None`` both, ``{}`` none); group: the rows' group (default: ``val``/``train`` + variant).
+    """
     from cardseg.cohort import indices as ix
 
-    frames: Dict[str, Dict[str, tuple]] = {}
+    frames: Dict[tuple, Dict[str, tuple]] = {}
     k = len(class_names)
     for v in volumes:
-        vols, sds = ix.frame_statistics(v.labels, v.probs, v.disagreement, v.spacing, class_names, flag_threshold)
+        vols = ix.frame_volumes(v.labels, v.spacing, class_names, correct)
+        _, sds = ix.frame_statistics(v.labels, v.probs, v.disagreement, v.spacing, class_names, flag_threshold)
         truth = ix.structure_volumes(ix.class_volumes(v.truth, v.spacing, k), class_names)
-        frames.setdefault(v.patient, {})[v.phase] = (vols, sds, truth)
+        variant = getattr(v, "variant", "clean")
+        frames.setdefault((v.patient, variant), {})[v.phase] = (vols, sds, truth)
     out = []
-    for patient, f in frames.items():
+    for (patient, variant), f in frames.items():
         if "ED" not in f or "ES" not in f:
             continue
         (ev, esd, et), (sv, ssd, st) = f["ED"], f["ES"]
         out.append(Subject(patient, ix.cardiac_indices(ev, sv), ix.cardiac_indices(et, st),
-                           ix.index_spreads(ev, sv, esd, ssd)))
+                           ix.index_spreads(ev, sv, esd, ssd), group or variant))
     return out
+
+
+def errors_of(subjects: Sequence[Subject], name: str) -> np.ndarray:
+    """The modelled errors of index ``name`` (:func:`cardseg.cohort.indices.index_error`): ``(n,)``."""
+    from cardseg.cohort import indices as ix
+
+    return np.array([ix.index_error(name, s.values[name], s.truth[name]) for s in subjects], dtype=float)
 
 
 # --------------------------------------------------------------------------------------------
 # fit and measure
 # --------------------------------------------------------------------------------------------
-def fit_block(subjects: Sequence[Subject], config: dict, level: float, flag_threshold: float, fit_info: dict) -> dict:
-    """The ``indices`` block from validation subjects (split-conformal scale per family)."""
+def fit_models(val: Sequence[Subject], pool: Sequence[Subject], level: float, seed: int = 0) -> Tuple[dict, dict]:
+    """Per index the model (:func:`~cardseg.cohort.index_intervals.fit_index_model`) and what the
+    fit saw: ``({index: model}, {index: {"pool": {group: n}, "pool_size", "leave_one_out"}})``.
+
+    The shape pool of an index is its standardised errors per group: every pool group, and the
+    validation errors themselves (their shape is evidence too; their scale alone sets the width).
+    """
+    from cardseg.cohort import index_intervals as ii
     from cardseg.cohort import indices as ix
 
-    scales, counts = ix.fit_scales([s.values for s in subjects], [s.truth for s in subjects],
-                                   [s.spreads for s in subjects], level)
-    block = ix.make_block(config, scales, level, flag_threshold)
-    measured = measure(subjects, block)
-    block["fit"] = {**fit_info, "subjects": len(subjects), "residuals": counts,
-                    "validation_coverage_in_sample": {f: measured["families"][f]["coverage"] for f in ix.FAMILIES}}
+    models, info = {}, {}
+    groups = sorted({s.group for s in pool})
+    for name in ix.INDEX_NAMES:
+        e_val = errors_of(val, name)
+        parts = {"validation": e_val, **{g: errors_of([s for s in pool if s.group == g], name) for g in groups}}
+        try:
+            shape = ii.standardised_pool(parts, min_size=3)
+            models[name] = ii.fit_index_model(e_val, shape, level, seed=seed)
+        except ValueError as exc:
+            raise CardsegError(f"cannot fit the {name} interval from {len(val)} validation and {len(pool)} pool "
+                               f"subjects: {exc}") from None
+        loo = ii.leave_one_out(e_val, shape, level, seed=seed) if np.isfinite(e_val).sum() >= 4 else None
+        info[name] = {"pool": {g: int(np.isfinite(e).sum()) for g, e in parts.items()}, "pool_size": int(shape.size),
+                      "leave_one_out": loo}
+    return models, info
+
+
+def fit_block(val: Sequence[Subject], pool: Sequence[Subject], config: dict, level: float, flag_threshold: float,
+              fit_info: dict, correct: Optional[dict] = None) -> dict:
+    """The ``indices`` block from validation subjects and a shape pool."""
+    from cardseg.cohort import indices as ix
+
+    models, info = fit_models(val, pool, level)
+    block = ix.make_block(config, models, level, flag_threshold, volumes=correct)
+    measured = measure(val, block)
+    block["fit"] = {**fit_info, "subjects": len(val), "pool_subjects": {g: sum(1 for s in pool if s.group == g)
+                                                                        for g in sorted({s.group for s in pool})},
+                    "validation_coverage_in_sample": {n: measured["indices"][n]["coverage"] for n in ix.INDEX_NAMES},
+                    "validation_leave_one_out": {n: info[n]["leave_one_out"] for n in ix.INDEX_NAMES}}
     return block
 
 
@@ -161,23 +210,22 @@ def clopper_pearson(k: int, n: int, alpha: float = 0.05) -> List[float]:
 
 
 def measure(subjects: Sequence[Subject], block: dict) -> dict:
-    """Coverage, mean width and errors of the intervals ``block`` gives on ``subjects``.
+    """Coverage, widths, errors and LVEF categories of the intervals ``block`` gives on ``subjects``.
 
-    Per index: coverage (fraction of subjects whose label-derived index lies in the interval),
-    mean width, MAE, mean signed error (segmentation minus labels), Spearman rho of spread
-    against absolute error; per family the same pooled, with an exact 95% binomial interval of
-    the coverage.
+    Per index: coverage with its exact 95% interval, mean and median width, MAE, mean signed
+    error (segmentation minus labels), Spearman rho of CARD's spread against the absolute error;
+    LVEF: how many intervals straddle a category threshold, and how many imply the true category.
     """
-    from scipy.stats import spearmanr
-
+    from cardseg.cohort import ef_categories as cat
+    from cardseg.cohort import index_intervals as ii
     from cardseg.cohort import indices as ix
 
     rows = []
     for s in subjects:
-        iv = ix.subject_intervals(s.values, s.spreads, block)
+        iv = ix.subject_intervals(s.values, block)
         rows.append({"patient": s.patient, **{n: {**iv[n], "truth": s.truth[n], "spread": s.spreads[n]}
                                               for n in ix.INDEX_NAMES}})
-    per_index, families = {}, {}
+    per_index = {}
     for name in ix.INDEX_NAMES:
         items = [r[name] for r in rows]
         t = np.array([i["truth"] for i in items])
@@ -185,75 +233,85 @@ def measure(subjects: Sequence[Subject], block: dict) -> dict:
         lo, hi = np.array([i["low"] for i in items]), np.array([i["high"] for i in items])
         inside = (lo <= t) & (t <= hi)
         err = v - t
-        spreads = [i["spread"] for i in items]
-        varies = len(items) > 2 and np.ptp(spreads) > 0 and np.ptp(np.abs(err)) > 0
-        rho = spearmanr(spreads, np.abs(err)).correlation if varies else float("nan")
-        per_index[name] = {"unit": ix.UNITS[name], "family": ix.FAMILY_OF[name], "n": len(items),
-                           "covered": int(inside.sum()), "coverage": ix.coverage(t, lo, hi),
-                           "coverage_ci95": clopper_pearson(int(inside.sum()), len(items)),
+        rho = ii.spearman([i["spread"] for i in items], np.abs(err))
+        per_index[name] = {"unit": ix.UNITS[name], "n": len(items), "covered": int(inside.sum()),
+                           "coverage": ix.coverage(t, lo, hi), "coverage_ci95": clopper_pearson(int(inside.sum()),
+                                                                                                len(items)),
                            "mean_width": float(np.mean(hi - lo)), "median_width": float(np.median(hi - lo)),
                            "mae": float(np.mean(np.abs(err))), "mean_error": float(np.mean(err)),
-                           "truth_mean": float(np.mean(t)), "spearman_spread_abs_error": _finite(rho)}
-    for fam, names in ix.FAMILIES.items():
-        n = sum(per_index[x]["n"] for x in names)
-        k = sum(per_index[x]["covered"] for x in names)
-        families[fam] = {"n": n, "covered": k, "coverage": k / n if n else float("nan"),
-                         "coverage_ci95": clopper_pearson(k, n), "scale": float(block["scales"][fam])}
-    return {"nominal": float(block["nominal"]), "subjects": len(rows), "indices": per_index, "families": families,
-            "rows": rows}
+                           "truth_mean": float(np.mean(t)), "spearman_spread_abs_error": rho}
+    ef = [r["LVEF"] for r in rows]
+    straddle = [cat.straddles(i["low"], i["high"]) for i in ef]
+    implied = [cat.lvef_category(i["truth"]) in cat.interval_categories(i["low"], i["high"]) for i in ef]
+    categories = {"straddling": int(sum(straddle)), "implies_true_category": int(sum(implied)),
+                  "value_in_true_category": int(sum(cat.lvef_category(i["value"]) == cat.lvef_category(i["truth"])
+                                                    for i in ef)), "n": len(ef)}
+    for r in rows:
+        r["LVEF"]["label"] = cat.category_label(r["LVEF"]["low"], r["LVEF"]["high"])
+        r["LVEF"]["true_category"] = cat.lvef_category(r["LVEF"]["truth"])
+    return {"nominal": float(block["nominal"]), "subjects": len(rows), "indices": per_index,
+            "lvef_categories": categories, "rows": rows}
 
 
-def _finite(x) -> Optional[float]:
-    return float(x) if x is not None and np.isfinite(x) else None
+def split_conformal_baseline(fit: Sequence[Subject], test: Sequence[Subject], level: float) -> dict:
+    """What split-conformal on the absolute errors of ``fit`` gives on ``test`` (same point values):
+    ``{index: {"coverage", "median_width", "half_width"}}``; ``inf`` widths when ``fit`` is too small."""
+    import math
 
-
-def constant_width_baseline(fit: Sequence[Subject], test: Sequence[Subject], level: float) -> dict:
-    """The same conformal fit with a constant spread (one width per family, no CARD): coverage and
-    width on ``test``, to show what CARD's spread adds. Fitted on ``fit`` only."""
     from cardseg.cohort import indices as ix
 
-    ones = {n: 1.0 for n in ix.INDEX_NAMES}
-    scales, _ = ix.fit_scales([s.values for s in fit], [s.truth for s in fit], [ones for _ in fit], level)
-    block = {"nominal": level, "scales": scales}
-    m = measure([Subject(s.patient, s.values, s.truth, ones) for s in test], block)
-    return {"scales": scales, "indices": {n: {k: m["indices"][n][k] for k in ("coverage", "mean_width")}
-                                          for n in ix.INDEX_NAMES},
-            "families": {f: {k: m["families"][f][k] for k in ("coverage", "n")} for f in ix.FAMILIES}}
+    out = {}
+    for name in ix.INDEX_NAMES:
+        a = np.sort(np.abs([s.truth[name] - s.values[name] for s in fit]))
+        rank = math.ceil((len(a) + 1) * level - 1e-12)
+        half = float(a[rank - 1]) if 1 <= rank <= len(a) else float("inf")
+        t = np.array([s.truth[name] for s in test])
+        v = np.array([s.values[name] for s in test])
+        out[name] = {"half_width": half, "coverage": ix.coverage(t, v - half, v + half), "median_width": 2 * half}
+    return out
 
 
-def leave_one_out(subjects: Sequence[Subject], level: float, constant: bool = False) -> Dict[str, dict]:
-    """Validation-only check of the method: each subject's intervals from scales fitted on the
-    others. ``{index: {"coverage", "mean_width"}}``; ``constant``: a spread of 1 for everyone."""
-    from cardseg.cohort import indices as ix
+def evidence_subjects(bundle, data: str, split: str, variants: Sequence[str], evidence_cache: Optional[str],
+                      h5_spacing: float, flag_threshold: float, correct: Optional[dict], device, batch_size: int,
+                      log: Callable[[str], None], patients: Optional[Sequence[str]] = None) -> List[Subject]:
+    """Subjects of ``split`` (val or train) under ``variants`` from :mod:`cardseg_train.indices_evidence`;
+    groups are ``<split>:<variant>``."""
+    from .indices_evidence import evidence_volumes
 
-    ones = {n: 1.0 for n in ix.INDEX_NAMES}
-    subs = [Subject(s.patient, s.values, s.truth, ones) for s in subjects] if constant else list(subjects)
-    inside: Dict[str, list] = {n: [] for n in ix.INDEX_NAMES}
-    width: Dict[str, list] = {n: [] for n in ix.INDEX_NAMES}
-    for i, held in enumerate(subs):
-        rest = subs[:i] + subs[i + 1:]
-        scales, _ = ix.fit_scales([s.values for s in rest], [s.truth for s in rest], [s.spreads for s in rest], level)
-        iv = ix.subject_intervals(held.values, held.spreads, {"nominal": level, "scales": scales})
-        for n in ix.INDEX_NAMES:
-            inside[n].append(iv[n]["low"] <= held.truth[n] <= iv[n]["high"])
-            width[n].append(iv[n]["high"] - iv[n]["low"])
-    return {n: {"coverage": float(np.mean(inside[n])), "mean_width": float(np.mean(width[n]))}
-            for n in ix.INDEX_NAMES}
+    vols = evidence_volumes(bundle, data, split, variants, Path(evidence_cache) if evidence_cache else None,
+                            h5_spacing, device=device, batch_size=batch_size, log=log, patients=patients)
+    subs = subjects_of(vols, bundle.class_names, flag_threshold, correct)
+    for s in subs:
+        s.group = f"{split}:{s.group}"
+    return subs
+
+
+def pool_patients(data: str, count: Optional[int]) -> Optional[List[str]]:
+    """The first ``count`` training patients of the split list (``None``: all)."""
+    from .datasets import split_lists
+
+    return None if count is None else split_lists(data)["train"][:count]
 
 
 def fit_indices(bundle_path: Optional[str], data: str, level: float = 0.9, h5_spacing: float = 1.5,
                 cache_dir: Optional[str] = "cache/indices", device="cpu", batch_size: int = 8, write: bool = True,
-                measure_out: Optional[str] = None, fit: bool = True, log: Callable[[str], None] = print) -> dict:
+                measure_out: Optional[str] = None, fit: bool = True, log: Callable[[str], None] = print,
+                evidence_cache: Optional[str] = None, pool: Sequence[str] = ("train:clean",),
+                pool_count: Optional[int] = None, correct: Optional[dict] = None) -> dict:
     """Fit the index intervals on the validation subjects (writes ``bundle.json``'s ``indices``
     block unless ``write`` is false) and, with ``measure_out``, measure them on the test subjects.
 
-    Test subjects are only measured: nothing is fitted or chosen on them. Returns a summary.
+    pool: the shape pool's groups, ``train:clean`` (training patients in-sample, the first
+    ``pool_count`` of the list) and/or ``val:contrast``, ``val:gamma``, ``val:noise``; correct:
+    the volume corrections (``None``: both); evidence_cache: where the validation and pool volumes
+    are cached (default ``<cache_dir>/evidence``). Test subjects are only measured. Returns a summary.
     """
     from cardseg import __version__
-    from cardseg.cohort import indices as ix
     from cardseg.bundle.loading import load_bundle, update_config
+    from cardseg.cohort import indices as ix
 
     from .evaluation import ACDC_H5_THICKNESS_MM
+    from .indices_report import write_measurement
     from .train_config import data_name
 
     if not 0.0 < level < 1.0:
@@ -265,21 +323,29 @@ def fit_indices(bundle_path: Optional[str], data: str, level: float = 0.9, h5_sp
     summary: dict = {"bundle": bundle.ident, "timings_s": {}}
     geometry = (f"ACDC HDF5 volumes carry no spacing: pixels taken as {h5_spacing:g} mm (as in training) and "
                 f"slices {ACDC_H5_THICKNESS_MM:g} mm apart (as cardseg evaluate)")
-    val_subjects = None
+    thr = float(bundle.config["regions"]["flag_threshold"])
+    if evidence_cache is None and cache_dir:
+        evidence_cache = str(Path(cache_dir) / "evidence")
+    args = (h5_spacing, thr, correct, device, batch_size, log)
+    val = None
     if fit:
         t0 = time.perf_counter()
-        thr = float(bundle.config["regions"]["flag_threshold"])
-        val_subjects = subjects_of(split_volumes(bundle, data, "val", h5_spacing, cache_dir, device, batch_size, log),
-                                   names, thr)
-        info = {"split": "val", "data": data_name(data, "acdc-h5"), "geometry": geometry,
+        val = evidence_subjects(bundle, data, "val", ["clean"], evidence_cache, *args)
+        pool_subjects: List[Subject] = []
+        for split in ("train", "val"):
+            variants = [g.split(":", 1)[1] for g in pool if g.startswith(split + ":")]
+            if variants:
+                pool_subjects += evidence_subjects(bundle, data, split, variants, evidence_cache, *args,
+                                                   patients=pool_patients(data, pool_count) if split == "train"
+                                                   else None)
+        info = {"split": "val", "pool": list(pool), "data": data_name(data, "acdc-h5"), "geometry": geometry,
                 "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"), "engine": "segment_volume card",
                 "cardseg": __version__}
-        block = fit_block(val_subjects, bundle.config, level, thr, info)
+        block = fit_block(val, pool_subjects, bundle.config, level, thr, info, correct)
         summary["timings_s"]["fit"] = time.perf_counter() - t0
         summary["block"] = block
-        log(f"fitted on {len(val_subjects)} validation subjects at {level:.0%}: "
-            + ", ".join(f"{f} {s:.3g}" for f, s in block["scales"].items())
-            + f"  ({summary['timings_s']['fit']:.0f} s)")
+        log(f"fitted on {len(val)} validation subjects, shape pool {block['fit']['pool_subjects']}, at {level:.0%}: "
+            + ", ".join(f"{n} +-{m['half_width']:.3g}" for n, m in block["models"].items()))
         if write:
             update_config(bundle.path, {"indices": block})
             bundle.config["indices"] = block
@@ -287,147 +353,59 @@ def fit_indices(bundle_path: Optional[str], data: str, level: float = 0.9, h5_sp
     if measure_out:
         t0 = time.perf_counter()
         block = ix.fitted_block(bundle.config) if (write or not fit) else summary["block"]
-        test_subjects = subjects_of(split_volumes(bundle, data, "test", h5_spacing, cache_dir, device, batch_size,
-                                                  log), names, float(block["spread"]["flag_threshold"]))
-        result = measure(test_subjects, block)
-        if val_subjects is None:
-            val_subjects = subjects_of(split_volumes(bundle, data, "val", h5_spacing, cache_dir, device, batch_size,
-                                                     log), names, float(block["spread"]["flag_threshold"]))
-        result["constant_width_baseline"] = constant_width_baseline(val_subjects, test_subjects, block["nominal"])
-        result["validation_in_sample"] = {k: v for k, v in measure(val_subjects, block).items() if k != "rows"}
-        try:
-            result["validation_leave_one_out"] = {
-                "card": leave_one_out(val_subjects, block["nominal"]),
-                "constant_width": leave_one_out(val_subjects, block["nominal"], constant=True)}
-        except CardsegError:  # too few validation subjects for the level without one of them
-            result["validation_leave_one_out"] = None
+        test = subjects_of(split_volumes(bundle, data, "test", h5_spacing, cache_dir, device, batch_size, log), names,
+                           thr, block.get("volumes"), group="test")
+        result = measure(test, block)
+        if val is None:
+            val = evidence_subjects(bundle, data, "val", ["clean"], evidence_cache, h5_spacing, thr,
+                                    block.get("volumes"), device, batch_size, log)
+        uncorrected = subjects_of(split_volumes(bundle, data, "test", h5_spacing, cache_dir, device, batch_size, log),
+                                  names, thr, {}, group="test")
+        result["uncorrected_volumes"] = {n: measure(uncorrected, block)["indices"][n]["mae"] for n in ix.INDEX_NAMES}
+        result["split_conformal_baseline"] = split_conformal_baseline(val, test, block["nominal"])
+        result["validation_in_sample"] = {k: v for k, v in measure(val, block).items() if k != "rows"}
         result["settings"] = {"bundle": bundle.ident, "split": "test", "data": data_name(data, "acdc-h5"),
-                              "geometry": geometry, "block": {k: block[k] for k in ("nominal", "method", "spread",
-                                                                                     "scales")},
+                              "geometry": geometry, "block": {k: block[k] for k in ("nominal", "method", "volumes",
+                                                                                     "models", "assumptions")},
                               "fit": block.get("fit", {})}
         summary["timings_s"]["measure"] = time.perf_counter() - t0
         result["timings_s"] = summary["timings_s"]
         write_measurement(result, Path(measure_out), f"{bundle.ident} on the ACDC test subjects")
         summary["measurement"] = result
-        log(f"measured on {result['subjects']} test subjects ({summary['timings_s']['measure']:.0f} s): "
-            + ", ".join(f"{f} {m['coverage']:.2f}" for f, m in result["families"].items()) + f" -> {measure_out}")
+        idx = result["indices"]
+        log(f"measured on {result['subjects']} test subjects ({summary['timings_s']['measure']:.0f} s): LVEF MAE "
+            f"{idx['LVEF']['mae']:.2f}, coverage {idx['LVEF']['coverage']:.2f}, median width "
+            f"{idx['LVEF']['median_width']:.1f}; RVEF MAE {idx['RVEF']['mae']:.2f} -> {measure_out}")
     return summary
 
 
-# --------------------------------------------------------------------------------------------
-# tables and figure
-# --------------------------------------------------------------------------------------------
-def markdown(result: dict, title: str = "") -> str:
-    from cardseg.cohort import indices as ix
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``python -m cardseg_train.indices_fit``: ``cardseg fit-indices`` with the shape pool's options."""
+    import argparse
+    import sys
 
-    nom = result["nominal"]
-    base = result["constant_width_baseline"]
-    val = result["validation_in_sample"]
-    s = result["settings"]
-    fit = s.get("fit", {})
-    lines = [f"# Cardiac indices: {title}" if title else "# Cardiac indices", "",
-             f"Nominal level **{nom:.0%}**; {s['block']['method']} scales fitted on {fit.get('subjects', '?')} "
-             f"{fit.get('split', 'val')} subjects ({fit.get('date', '?')}); measured on {result['subjects']} test "
-             f"subjects (ED = frame01, ES = frame02), nothing fitted or chosen on them. Truth: the indices computed "
-             f"from the ground-truth labels on the same grid. {s['geometry']}.", "",
-             "| Index | unit | coverage | 95% CI of coverage | mean width | MAE | mean error (seg - labels) | "
-             "mean truth | Spearman(spread, abs error) | constant-width coverage | constant-width mean width |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    for n in ix.INDEX_NAMES:
-        m, b = result["indices"][n], base["indices"][n]
-        rho = "n/a" if m["spearman_spread_abs_error"] is None else f"{m['spearman_spread_abs_error']:.2f}"
-        lines.append(f"| {n} | {m['unit']} | {m['covered']}/{m['n']} = {m['coverage']:.2f} | "
-                     f"{m['coverage_ci95'][0]:.2f}-{m['coverage_ci95'][1]:.2f} | {m['mean_width']:.1f} | "
-                     f"{m['mae']:.1f} | {m['mean_error']:+.1f} | {m['truth_mean']:.1f} | {rho} | "
-                     f"{b['coverage']:.2f} | {b['mean_width']:.1f} |")
-    lines += ["", "Per family (coverage pooled over its indices and subjects; the scale multiplies the spread):", "",
-              "| Family | scale | test coverage | 95% CI | validation coverage (in-sample) | constant-width test "
-              "coverage |", "|---|---|---|---|---|---|"]
-    for f, m in result["families"].items():
-        lines.append(f"| {f} | {m['scale']:.3g} | {m['covered']}/{m['n']} = {m['coverage']:.2f} | "
-                     f"{m['coverage_ci95'][0]:.2f}-{m['coverage_ci95'][1]:.2f} | "
-                     f"{val['families'][f]['coverage']:.2f} | {base['families'][f]['coverage']:.2f} |")
-    idx = result["indices"]
-    vols = list(ix.VOLUME_NAMES)
-    lines += ["", f"Mean absolute error: LVEF {idx['LVEF']['mae']:.1f} points, RVEF {idx['RVEF']['mae']:.1f} points; "
-              + ", ".join(f"{n} {idx[n]['mae']:.1f} ml" for n in vols)
-              + f" (volumes together {np.mean([idx[n]['mae'] for n in vols]):.1f} ml); "
-              f"LVM {idx['LVM_g']['mae']:.1f} g.",
-              ""]
-    loo = result.get("validation_leave_one_out")
-    if loo:
-        lines += ["Validation, leave one subject out (each subject's intervals from scales fitted on the other "
-                  "validation subjects; the check made on validation before the test split was measured):", "",
-                  "| Index | CARD spread coverage | CARD spread mean width | constant-width coverage | "
-                  "constant-width mean width |", "|---|---|---|---|---|"]
-        for n in ix.INDEX_NAMES:
-            c, k = loo["card"][n], loo["constant_width"][n]
-            lines.append(f"| {n} | {c['coverage']:.2f} | {c['mean_width']:.1f} | {k['coverage']:.2f} | "
-                         f"{k['mean_width']:.1f} |")
-        lines.append("")
-    lines += [f"Constant-width baseline: the same split-conformal fit on validation with a spread of 1 for every "
-              f"subject (no CARD), to show what the calibrated spread adds. With {result['subjects']} test subjects a "
-              f"single index's coverage moves in steps of {1 / max(result['subjects'], 1):.2f}; read the 95% "
-              f"intervals of coverage, not the point values."]
-    return "\n".join(lines) + "\n"
+    p = argparse.ArgumentParser(prog="python -m cardseg_train.indices_fit", description=__doc__.split("\n")[0])
+    p.add_argument("--bundle", default=None)
+    p.add_argument("--data", default="../shared/data/acdc")
+    p.add_argument("--level", type=float, default=0.9)
+    p.add_argument("--pool", default="train:clean", help="shape pool groups, comma separated")
+    p.add_argument("--pool-patients", type=int, default=None, help="the first N training patients (default all)")
+    p.add_argument("--evidence-cache", default=None, help="default: CACHE/evidence")
+    p.add_argument("--cache", default="cache/indices")
+    p.add_argument("--measure-test", metavar="OUT")
+    p.add_argument("--no-fit", action="store_true")
+    p.add_argument("--dry-run", action="store_true")
+    a = p.parse_args(argv)
+    try:
+        fit_indices(a.bundle, a.data, a.level, cache_dir=a.cache or None, write=not a.dry_run,
+                    measure_out=a.measure_test, fit=not a.no_fit, evidence_cache=a.evidence_cache or None,
+                    pool=[g for g in a.pool.split(",") if g], pool_count=a.pool_patients,
+                    log=lambda s: print(s, flush=True))
+    except CardsegError as exc:
+        print(f"cardseg: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
 
 
-def write_measurement(result: dict, out: Path, title: str = "") -> Dict[str, Path]:
-    """``indices.md``, ``indices.json`` and ``indices_coverage.png`` into ``out``."""
-    from .report_files import atomic_write
-
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"md": out / "indices.md", "json": out / "indices.json", "png": out / "indices_coverage.png"}
-    atomic_write(paths["md"], markdown(result, title).encode("utf-8"))
-    atomic_write(paths["json"], json.dumps({"title": title, **result}, indent=1).encode("utf-8"))
-    plot_intervals(result, paths["png"], title)
-    return paths
-
-
-def plot_intervals(result: dict, path: Path, title: str = "") -> Path:
-    """Predicted index with its interval against the label-derived one, one panel per index, and
-    the empirical coverage per family against the nominal level."""
-    from cardseg.cohort import indices as ix
-
-    from .report_files import pyplot, save_titled
-
-    plt = pyplot()
-    fig, axes = plt.subplots(2, 5, figsize=(16, 6.6))
-    for ax, name in zip(axes.ravel(), ix.INDEX_NAMES):
-        items = [r[name] for r in result["rows"]]
-        t = np.array([i["truth"] for i in items])
-        v = np.array([i["value"] for i in items])
-        lo, hi = np.array([i["low"] for i in items]), np.array([i["high"] for i in items])
-        inside = (lo <= t) & (t <= hi)
-        for ok, colour in ((True, "C0"), (False, "C3")):
-            sel = inside == ok
-            ax.errorbar(t[sel], v[sel], yerr=[v[sel] - lo[sel], hi[sel] - v[sel]], fmt="o", ms=4, color=colour,
-                        capsize=2, lw=1, label="truth inside the interval" if ok else "truth outside")
-        both = np.concatenate([t, lo, hi])
-        a, b = float(np.nanmin(both)), float(np.nanmax(both))
-        ax.plot([a, b], [a, b], color="0.5", lw=0.8, ls="--")
-        m = result["indices"][name]
-        ax.set_title(f"{name}: {m['covered']}/{m['n']} inside, width {m['mean_width']:.1f}", fontsize=9)
-        ax.set_xlabel(f"from labels ({m['unit']})", fontsize=8)
-        ax.set_ylabel(f"from segmentation ({m['unit']})", fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
-    axes[0, 0].legend(fontsize=7, loc="upper left")
-    ax = axes.ravel()[-1]
-    fams = list(result["families"])
-    cov = [result["families"][f]["coverage"] for f in fams]
-    ci = np.array([result["families"][f]["coverage_ci95"] for f in fams])
-    base = [result["constant_width_baseline"]["families"][f]["coverage"] for f in fams]
-    x = np.arange(len(fams))
-    ax.bar(x - 0.18, cov, 0.36, color="C0", label="CARD spread")
-    ax.errorbar(x - 0.18, cov, yerr=[np.array(cov) - ci[:, 0], ci[:, 1] - np.array(cov)], fmt="none", color="k",
-                capsize=3, lw=1)
-    ax.bar(x + 0.18, base, 0.36, color="0.7", label="constant width")
-    ax.axhline(result["nominal"], color="C3", ls="--", lw=1, label=f"nominal {result['nominal']:.0%}")
-    short = {"LV_volume": "LV vol", "RV_volume": "RV vol", "LV_stroke_volume": "LVSV", "RV_stroke_volume": "RVSV",
-             "LV_ejection_fraction": "LVEF", "RV_ejection_fraction": "RVEF", "LV_mass": "LVM"}
-    ax.set_xticks(x, [short.get(f, f) for f in fams], fontsize=7)
-    ax.set(ylim=(0, 1.05), ylabel="test coverage", title="coverage per family (95% CI)")
-    ax.title.set_fontsize(9)
-    ax.legend(fontsize=7, loc="lower left")
-    return save_titled(fig, Path(path), title)
+if __name__ == "__main__":
+    raise SystemExit(main())

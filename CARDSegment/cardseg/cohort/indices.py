@@ -1,35 +1,26 @@
-"""Cardiac indices from an ED and an ES segmentation, with intervals that CARD's calibration makes honest.
+"""Cardiac indices from an ED and an ES segmentation, with prediction intervals fitted on validation.
 
 Pure arithmetic on arrays (numpy, scipy; no torch), plus :func:`indices_from_folders`, the one
 helper that reads two ``cardseg segment`` output folders.
 
 Indices (per subject): ``LVEDV_ml, LVESV_ml, LVSV_ml, LVEF, RVEDV_ml, RVESV_ml, RVSV_ml, RVEF, LVM_g``
 -- end-diastolic and end-systolic volumes, stroke volume ``EDV - ESV`` (ml), ejection fraction
-``100 * SV / EDV`` (%), LV myocardial mass ``1.05 g/ml * MYO volume at ED`` (g). The values come
-from the segmentation (argmax labels), the same volumes ``report.json`` lists.
+``100 * SV / EDV`` (%), LV myocardial mass ``1.05 g/ml * MYO volume at ED`` (g). The volumes come
+from the segmentation (argmax labels) after two anatomical corrections
+(:mod:`cardseg.cohort.index_volumes`: stray LV/RV islands dropped, slices where a ventricle
+vanishes between two that hold it filled), as the bundle's block says (``volumes``).
 
-Intervals ``value +- scale_f * spread``:
-
-1. **Spread of a class volume** (ml, one frame), from the calibrated probabilities ``p`` and the
-   TAC map ``d`` (:func:`volume_spread`). Under calibration, ``q_ik`` (the probability that voxel
-   i's class-k membership differs from the segmentation's) summed over a slice is the expected
-   volume the slice gets wrong for class k. A segmentation's errors are not independent per
-   voxel (a contour moves as a whole; a poorly seen basal slice is wrong as a whole), so each
-   slice's expected error is taken to err as a whole (slices independent), and, as a second
-   term, so is each 3D component of flagged disagreement (``d > flag_threshold``, as
-   ``report.json``'s regions), which may span slices. Where the reference disagrees, CARD's
-   temperature has already softened ``p`` (a larger ``q``); the region term adds that such
-   errors reach across slices. The spread never shrinks as probability leaves the segmented
-   class or as the disagreement grows.
-2. **Propagation** to SV, EF and mass by the delta method, ED and ES taken independent
-   (:func:`index_spreads`).
-3. **Scale**: one factor per index family (:data:`FAMILIES`: LV volumes, RV volumes, and each of
-   LVSV, RVSV, LVEF, RVEF, LV mass),
-   fitted on validation subjects only by split conformal calibration (:func:`fit_scales`): the
-   ``ceil((n + 1) * level) / n`` empirical quantile of ``|truth - value| / spread`` over the
-   family's ``n`` validation residuals. For subjects exchangeable with the validation ones the
-   interval then covers the truth with probability at least ``level`` on average over subjects
-   and over the family's indices (a marginal guarantee: not per subject, not per index).
+Intervals (:mod:`cardseg.cohort.index_intervals`, method ``location-scale-pivot``): per index,
+the error ``truth - value`` is modelled as ``mu + sigma * eps`` with ``eps`` of a fixed shape --
+in the index's own unit for LVEF and RVEF (points), relative to the value for volumes, stroke
+volumes and mass. ``mu`` and ``sigma`` are the mean and sd of the validation subjects' errors;
+the multiplier ``c`` is the ``nominal`` quantile of the pivot ``|e_new - mean| / sd`` over draws
+from a standardised shape pool (training patients in-sample, and validation volumes under the
+calibration perturbations, each group standardised by its own mean and sd). The interval is
+``value + u (mu -+ c sigma)`` (``u`` 1 or the value), cut to the possible range. It assumes that
+the subjects it is used on are exchangeable with the validation subjects, and that the pool's
+errors share their shape up to location and scale; under those it covers the truth with the
+nominal probability on average over subjects (not per subject).
 
 Array shapes are SimpleITK order: ``(Z, Y, X)`` for label maps and TAC, ``(Z, Y, X, K)`` for
 probabilities; spacing is ``(x, y, z)`` in mm.
@@ -46,31 +37,24 @@ import numpy as np
 from scipy import ndimage
 
 from cardseg.base.errors import CardsegError
+from cardseg.cohort import index_intervals as ii
+from cardseg.cohort import index_volumes as iv
 
 #: the indices, in table order
 INDEX_NAMES = ("LVEDV_ml", "LVESV_ml", "LVSV_ml", "LVEF", "RVEDV_ml", "RVESV_ml", "RVSV_ml", "RVEF", "LVM_g")
-#: index family -> its members; one fitted scale per family
-FAMILIES: Dict[str, Tuple[str, ...]] = {
-    "LV_volume": ("LVEDV_ml", "LVESV_ml"),
-    "RV_volume": ("RVEDV_ml", "RVESV_ml"),
-    "LV_stroke_volume": ("LVSV_ml",),
-    "RV_stroke_volume": ("RVSV_ml",),
-    "LV_ejection_fraction": ("LVEF",),
-    "RV_ejection_fraction": ("RVEF",),
-    "LV_mass": ("LVM_g",),
-}
 #: the ventricular volumes (ml) among the indices
 VOLUME_NAMES = ("LVEDV_ml", "LVESV_ml", "RVEDV_ml", "RVESV_ml")
-FAMILY_OF = {name: fam for fam, names in FAMILIES.items() for name in names}
+#: indices whose errors are modelled relative to the value (the others in their own unit)
+RELATIVE = ("LVEDV_ml", "LVESV_ml", "LVSV_ml", "RVEDV_ml", "RVESV_ml", "RVSV_ml", "LVM_g")
 UNITS = {"LVEDV_ml": "ml", "LVESV_ml": "ml", "LVSV_ml": "ml", "LVEF": "%", "RVEDV_ml": "ml", "RVESV_ml": "ml",
          "RVSV_ml": "ml", "RVEF": "%", "LVM_g": "g"}
 #: the classes the indices need, by their bundle names
 STRUCTURES = ("LV", "RV", "MYO")
 #: myocardial density (g/ml) for LV mass
 MYO_DENSITY_G_PER_ML = 1.05
-#: the spread model :func:`volume_spread` implements (recorded in bundle.json)
+#: the spread model :func:`volume_spread` implements (a per-subject diagnostic, not in the interval)
 SPREAD_MODEL = "slice-and-region-coherent-expected-error"
-METHOD = "split-conformal"
+METHOD = "location-scale-pivot"
 #: what a refusal says when a bundle carries no fitted intervals
 NO_BLOCK = "has no fitted index intervals (indices); run: cardseg fit-indices --bundle PATH"
 
@@ -179,79 +163,62 @@ def index_spreads(ed: Mapping[str, float], es: Mapping[str, float], ed_sd: Mappi
 # --------------------------------------------------------------------------------------------
 # intervals, coverage, fitting
 # --------------------------------------------------------------------------------------------
-def interval(name: str, value: float, spread: float, scale: float) -> Tuple[float, float]:
-    """``value +- scale * spread``, cut to the range the index has in a heart: volumes, stroke
-    volumes and mass >= 0, EF in [0, 100] (never past the value itself, which a poor segmentation
-    may put outside). The cut drops no possible truth, so coverage is unchanged."""
-    half = float(scale) * float(spread)
-    low = max(value - half, min(0.0, value))
-    high = value + half
+def cut(name: str, low: float, high: float, value: float) -> Tuple[float, float]:
+    """An interval cut to the range the index has in a heart: volumes, stroke volumes and mass
+    >= 0, EF in [0, 100] (never past the value itself, which a poor segmentation may put
+    outside). The cut drops no possible truth, so coverage is unchanged."""
+    low = max(float(low), min(0.0, value))
+    high = float(high)
     if name.endswith("EF"):
         high = min(high, max(100.0, value))
-    return low, high
+    return low, max(high, low)
 
 
 def coverage(truth, low, high) -> float:
     """Fraction of ``truth`` inside ``[low, high]`` (arrays of one shape, or scalars); NaNs are
     skipped, NaN if nothing is left."""
-    t, lo, hi = (np.asarray(a, dtype=float).ravel() for a in (truth, low, high))
-    ok = np.isfinite(t) & np.isfinite(lo) & np.isfinite(hi)
-    if not ok.any():
-        return float("nan")
-    return float(np.mean((lo[ok] <= t[ok]) & (t[ok] <= hi[ok])))
+    return ii.interval_coverage(truth, low, high)
 
 
-def conformal_quantile(scores: Sequence[float], level: float) -> float:
-    """Split-conformal quantile: the ``ceil((n + 1) * level)``-th smallest of ``n`` scores.
-
-    ``inf`` when ``n`` is too small for the level (``ceil((n + 1) level) > n``). NaNs are dropped.
-    """
-    if not 0.0 < level < 1.0:
-        raise ValueError(f"level must be in (0, 1), got {level}")
-    s = np.sort(np.asarray([x for x in scores if np.isfinite(x)], dtype=float))
-    rank = math.ceil((len(s) + 1) * level - 1e-12)
-    return float("inf") if rank > len(s) or rank < 1 else float(s[rank - 1])
+def index_error(name: str, value: float, truth: float) -> float:
+    """The modelled error of one index: ``truth - value`` (EF, points) or ``truth / value - 1``
+    (volumes, stroke volumes and mass; NaN for a value of 0)."""
+    if name in RELATIVE:
+        return truth / value - 1.0 if value != 0 else float("nan")
+    return truth - value
 
 
-def fit_scales(values: Sequence[Mapping[str, float]], truths: Sequence[Mapping[str, float]],
-               spreads: Sequence[Mapping[str, float]], level: float) -> Tuple[Dict[str, float], Dict[str, int]]:
-    """One scale per family from validation subjects: ``({family: scale}, {family: n residuals})``.
-
-    values, truths, spreads: one ``{index: number}`` per subject. Score of a residual:
-    ``|truth - value| / spread`` (a zero spread with a nonzero error scores ``inf``).
-    """
-    scales, counts = {}, {}
-    for fam, names in FAMILIES.items():
-        scores = []
-        for v, t, s in zip(values, truths, spreads):
-            for n in names:
-                err = abs(float(t[n]) - float(v[n]))
-                if not (np.isfinite(err) and np.isfinite(s[n])):
-                    continue
-                scores.append(err / s[n] if s[n] > 0 else (0.0 if err == 0 else float("inf")))
-        q = conformal_quantile(scores, level)
-        if not np.isfinite(q):
-            raise CardsegError(f"{len(scores)} validation residuals for the {fam} family cannot give a finite "
-                               f"{level:.0%} interval (need at least {math.ceil(level / (1 - level))})")
-        scales[fam], counts[fam] = q, len(scores)
-    return scales, counts
-
-
-def subject_intervals(values: Mapping[str, float], spreads: Mapping[str, float], block: Mapping) -> dict:
-    """``{name: {"value", "low", "high"}, "nominal": level}`` from values, unscaled spreads and the
-    bundle's ``indices`` block."""
+def subject_intervals(values: Mapping[str, float], block: Mapping) -> dict:
+    """``{name: {"value", "low", "high"}, "nominal": level}`` from a subject's index values and
+    the bundle's ``indices`` block (``models``: per index ``bias`` and ``half_width``)."""
     out: dict = {}
     for name in INDEX_NAMES:
         v = float(values[name])
-        lo, hi = interval(name, v, spreads[name], block["scales"][FAMILY_OF[name]])
+        model = block["models"][name]
+        if not np.isfinite(v):
+            out[name] = {"value": v, "low": float("nan"), "high": float("nan")}
+            continue
+        lo, hi = ii.model_interval(v, model, unit_scale=v if name in RELATIVE else 1.0)
+        lo, hi = cut(name, lo, hi, v)
         out[name] = {"value": v, "low": lo, "high": hi}
     out["nominal"] = float(block["nominal"])
     return out
 
 
+def frame_volumes(labels: np.ndarray, spacing: Sequence[float], class_names: Sequence[str],
+                  correct: Optional[Mapping] = None) -> Dict[str, float]:
+    """``{"LV", "RV", "MYO"}`` volumes (ml) of one frame ``(Z, Y, X)`` after the block's
+    corrections (``correct``: the block's ``volumes`` entry; ``{}`` for none)."""
+    for s in STRUCTURES:
+        class_index(class_names, s)
+    vols = iv.corrected_volumes(labels, spacing, class_names, correct)
+    return {s: vols[s] for s in STRUCTURES}
+
+
 def frame_statistics(labels: np.ndarray, probs: np.ndarray, disagreement: np.ndarray, spacing: Sequence[float],
                      class_names: Sequence[str], flag_threshold: float) -> Tuple[Dict[str, float], Dict[str, float]]:
-    """Structure volumes (ml, from ``labels`` ``(Z, Y, X)``) and their unscaled sds (ml) for one frame."""
+    """Structure volumes (ml, from ``labels`` ``(Z, Y, X)``, uncorrected) and their CARD spreads (ml)
+    for one frame; the spread is a diagnostic of the fit, not part of the interval."""
     k = len(class_names)
     vols = structure_volumes(class_volumes(labels, spacing, k), class_names)
     sds = structure_volumes(volume_spread(labels, probs, disagreement, spacing, flag_threshold), class_names)
@@ -260,15 +227,15 @@ def frame_statistics(labels: np.ndarray, probs: np.ndarray, disagreement: np.nda
 
 def subject_from_arrays(ed: Mapping[str, np.ndarray], es: Mapping[str, np.ndarray], ed_spacing, es_spacing,
                         class_names: Sequence[str], block: Mapping) -> dict:
-    """Indices with intervals from the arrays of two frames.
+    """Indices with intervals from the label maps of two frames.
 
-    ed, es: ``{"labels": (Z, Y, X), "probs": (Z, Y, X, K), "disagreement": (Z, Y, X)}``;
-    block: the bundle's fitted ``indices`` block.
+    ed, es: ``{"labels": (Z, Y, X), ...}`` (other arrays are not needed); block: the bundle's
+    fitted ``indices`` block.
     """
-    thr = float(block["spread"]["flag_threshold"])
-    ev, esd = frame_statistics(ed["labels"], ed["probs"], ed["disagreement"], ed_spacing, class_names, thr)
-    sv, ssd = frame_statistics(es["labels"], es["probs"], es["disagreement"], es_spacing, class_names, thr)
-    return subject_intervals(cardiac_indices(ev, sv), index_spreads(ev, sv, esd, ssd), block)
+    correct = block.get("volumes", {})
+    ev = frame_volumes(ed["labels"], ed_spacing, class_names, correct)
+    sv = frame_volumes(es["labels"], es_spacing, class_names, correct)
+    return subject_intervals(cardiac_indices(ev, sv), block)
 
 
 # --------------------------------------------------------------------------------------------
@@ -283,19 +250,38 @@ def calibration_fingerprint(config: Mapping) -> dict:
             "weights": {spec.get("file"): spec.get("sha256") for spec in nets.values() if isinstance(spec, dict)}}
 
 
-def make_block(config: Mapping, scales: Mapping[str, float], level: float, flag_threshold: float,
-               fit: Optional[dict] = None) -> dict:
-    """The ``indices`` block for ``bundle.json`` (see :func:`cardseg.bundle.loading.update_config`)."""
+ASSUMPTIONS = ("the subjects the intervals are used on are exchangeable with the validation subjects (same "
+               "population, acquisition and engine); the standardised errors of the shape pool (training patients "
+               "in-sample, perturbed validation volumes) have the validation errors' shape up to location and "
+               "scale; coverage is marginal over subjects, not per subject")
+
+
+def make_block(config: Mapping, models: Mapping[str, Mapping], level: float, flag_threshold: float,
+               volumes: Optional[Mapping] = None, fit: Optional[dict] = None) -> dict:
+    """The ``indices`` block for ``bundle.json`` (see :func:`cardseg.bundle.loading.update_config`).
+
+    models: per index ``{"bias", "sd", "pivot", "half_width", "n"}``
+    (:func:`cardseg.cohort.index_intervals.fit_index_model`); volumes: the corrections
+    (:func:`cardseg.cohort.index_volumes.corrected_volumes`; default both).
+    """
+    vol = {"islands": list(iv.CORRECTED), "gaps": list(iv.CORRECTED), "gap_fraction": iv.GAP_FRACTION} \
+        if volumes is None else dict(volumes)
     return {
         "nominal": float(level),
         "method": METHOD,
-        "description": ("value +- scale[family] * spread; spread: per class volume, the calibrated expected "
-                        "misassigned volume of each slice and of each flagged-disagreement region, added in "
-                        "quadrature; delta method to SV/EF/mass; scale: split-conformal quantile of "
-                        "|truth - value| / spread on the validation subjects"),
-        "spread": {"model": SPREAD_MODEL, "flag_threshold": float(flag_threshold)},
-        "scales": {f: float(scales[f]) for f in FAMILIES},
-        "families": {f: list(n) for f, n in FAMILIES.items()},
+        "description": ("value + u * (bias -+ pivot * sd) per index; u = 1 for LVEF and RVEF (points), u = value for "
+                        "volumes, stroke volumes and LV mass (relative errors); bias and sd: mean and sd of the "
+                        "validation subjects' errors; pivot: the nominal quantile of |e_new - mean| / sd over draws "
+                        "from the standardised shape pool; volumes after dropping stray LV/RV islands and filling "
+                        "slice gaps"),
+        "assumptions": ASSUMPTIONS,
+        "volumes": vol,
+        "spread": {"model": "none (constant per index; CARD's spread is reported as a diagnostic only)",
+                   "flag_threshold": float(flag_threshold)},
+        "scales": {n: float(models[n]["half_width"]) for n in INDEX_NAMES},
+        "models": {n: {k: (int(models[n][k]) if k == "n" else float(models[n][k]))
+                       for k in ("bias", "sd", "pivot", "half_width", "n")}
+                   | {"errors": "relative" if n in RELATIVE else "absolute"} for n in INDEX_NAMES},
         "calibration": calibration_fingerprint(config),
         "fit": dict(fit or {}),
     }
@@ -310,9 +296,15 @@ def fitted_block(config: Mapping) -> dict:
     if fitted_for is not None and not _same(fitted_for, calibration_fingerprint(config)):
         raise CardsegError(f"bundle {_bundle_name(config)}: the index intervals were fitted for another calibration "
                            "or other weights; rerun: cardseg fit-indices --bundle PATH")
-    missing = [f for f in FAMILIES if f not in (block.get("scales") or {})]
+    if block.get("method") != METHOD:
+        raise CardsegError(f"bundle {_bundle_name(config)}: the index intervals were fitted with method "
+                           f"{block.get('method')!r}, this cardseg applies {METHOD!r}; rerun: cardseg fit-indices "
+                           "--bundle PATH")
+    models = block.get("models") if isinstance(block.get("models"), Mapping) else {}
+    missing = [n for n in INDEX_NAMES if not isinstance(models.get(n), Mapping)
+               or not all(np.isfinite(float(models[n].get(k, float("nan")))) for k in ("bias", "half_width"))]
     if missing:
-        raise CardsegError(f"bundle {_bundle_name(config)}: the index intervals have no scale for "
+        raise CardsegError(f"bundle {_bundle_name(config)}: the index intervals have no model for "
                            f"{', '.join(missing)}; rerun: cardseg fit-indices --bundle PATH")
     return dict(block)
 
@@ -336,11 +328,11 @@ def _same(a, b) -> bool:
 # --------------------------------------------------------------------------------------------
 # from two `cardseg segment` folders
 # --------------------------------------------------------------------------------------------
-def read_segment_folder(folder: Path) -> Tuple[dict, tuple, dict]:
+def read_segment_folder(folder: Path, maps: bool = False) -> Tuple[dict, tuple, dict]:
     """``(arrays, spacing (x, y, z), report)`` of a ``cardseg segment --method card`` output folder.
 
-    arrays: ``labels`` uint8 ``(Z, Y, X)``, ``probs`` float32 ``(Z, Y, X, K)``, ``disagreement``
-    float32 ``(Z, Y, X)``.
+    arrays: ``labels`` uint8 ``(Z, Y, X)``; with ``maps`` also ``probs`` float32 ``(Z, Y, X, K)``
+    and ``disagreement`` float32 ``(Z, Y, X)`` (the intervals need the labels only).
     """
     import SimpleITK as sitk
 
@@ -354,15 +346,15 @@ def read_segment_folder(folder: Path) -> Tuple[dict, tuple, dict]:
     try:
         report = json.loads((folder / "report.json").read_text(encoding="utf-8"))
         seg = sitk.ReadImage(str(folder / "segmentation.nii.gz"))
-        prob = sitk.ReadImage(str(folder / "probabilities.nii.gz"))
-        dis = sitk.ReadImage(str(folder / "disagreement.nii.gz"))
+        arrays = {"labels": sitk.GetArrayFromImage(seg)}
+        if maps:
+            arrays["probs"] = sitk.GetArrayFromImage(sitk.ReadImage(str(folder / "probabilities.nii.gz")))
+            arrays["disagreement"] = sitk.GetArrayFromImage(sitk.ReadImage(str(folder / "disagreement.nii.gz")))
     except (OSError, RuntimeError, ValueError) as exc:
         lines = str(exc).strip().splitlines()
         raise CardsegError(f"{folder}: cannot read the segment outputs ({lines[0][:200] if lines else exc})") from None
-    arrays = {"labels": sitk.GetArrayFromImage(seg), "probs": sitk.GetArrayFromImage(prob),
-              "disagreement": sitk.GetArrayFromImage(dis)}
-    if arrays["probs"].ndim != 4 or arrays["probs"].shape[:3] != arrays["labels"].shape \
-            or arrays["disagreement"].shape != arrays["labels"].shape:
+    if maps and (arrays["probs"].ndim != 4 or arrays["probs"].shape[:3] != arrays["labels"].shape
+                 or arrays["disagreement"].shape != arrays["labels"].shape):
         raise CardsegError(f"{folder}: segmentation, probabilities and disagreement are not on one grid")
     return arrays, tuple(float(s) for s in seg.GetSpacing()), report
 
@@ -386,7 +378,7 @@ def indices_from_folders(ed_dir: Path, es_dir: Path, config: dict) -> dict:
     """Indices with intervals of one subject from its ED and ES ``cardseg segment`` folders.
 
     config: the bundle's ``bundle.json`` dictionary; its ``indices`` block holds the fitted
-    scales. Returns ``{name: {"value", "low", "high"}, "nominal": level}`` for every name of
+    models. Returns ``{name: {"value", "low", "high"}, "nominal": level}`` for every name of
     :data:`INDEX_NAMES` (ml, %, g). Raises :class:`CardsegError` (one line) when the bundle has no
     fitted block, or a folder is missing a file, was made with ``uc`` or with another bundle.
     """
@@ -396,9 +388,9 @@ def indices_from_folders(ed_dir: Path, es_dir: Path, config: dict) -> dict:
     for folder in (Path(ed_dir), Path(es_dir)):
         arrays, spacing, report = read_segment_folder(folder)
         _check_report(folder, report, config)
-        if arrays["probs"].shape[-1] != len(names):
-            raise CardsegError(f"{folder}: probabilities have {arrays['probs'].shape[-1]} classes, the bundle "
-                               f"{len(names)}")
+        if arrays["labels"].size and int(arrays["labels"].max()) >= len(names):
+            raise CardsegError(f"{folder}: the segmentation holds label {int(arrays['labels'].max())}, the bundle "
+                               f"has {len(names)} classes")
         frames.append((arrays, spacing))
     (ed, ed_sp), (es, es_sp) = frames
     return subject_from_arrays(ed, es, ed_sp, es_sp, names, block)

@@ -1,4 +1,9 @@
-"""The subject table: cardiac indices with intervals, one row per subject with an ED and an ES case."""
+"""The subject table: cardiac indices with intervals, one row per subject with an ED and an ES case.
+
+Besides each index with its interval, a row carries what the LVEF interval implies
+(:mod:`cardseg.cohort.ef_categories`): ``LVEF_category`` (e.g. ``LVEF 38-46%: reduced or mildly
+reduced``) and ``LVEF_straddles`` (``true`` when the interval spans a category threshold).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from cardseg.base.errors import CardsegError, one_line
 from cardseg.cohort.cases import PHASES, Case, subject_pairs
+from cardseg.cohort.ef_categories import category_label, straddles
+
+#: the columns that follow the indices: what the LVEF interval implies
+CATEGORY_COLUMNS = ("LVEF_category", "LVEF_straddles")
 
 
 def indices_function() -> Optional[Callable]:
@@ -21,11 +30,13 @@ def indices_function() -> Optional[Callable]:
 def subject_rows(out: Path, cases: Sequence[Case], status: Dict[str, str], config: dict,
                  compute: Callable) -> Tuple[List[dict], List[str]]:
     """One row per subject: ``subject, ed_case, es_case, nominal, <index>, <index>_low,
-    <index>_high, ..., error``; the columns follow the order the indices come in."""
+    <index>_high, ..., LVEF_category, LVEF_straddles, error``; the columns follow the order the
+    indices come in (the category columns are empty without an LVEF interval)."""
     rows, names = [], []
     for subject, phases in subject_pairs(cases).items():
         row = {"subject": subject, "ed_case": phases["ED"].name if "ED" in phases else "",
-               "es_case": phases["ES"].name if "ES" in phases else "", "nominal": None, "error": ""}
+               "es_case": phases["ES"].name if "ES" in phases else "", "nominal": None, "error": "",
+               **{c: "" for c in CATEGORY_COLUMNS}}
         missing = [p for p in PHASES if p not in phases]
         failed = [phases[p].name for p in PHASES if p in phases and status.get(phases[p].name) != "ok"]
         if missing:
@@ -47,12 +58,22 @@ def subject_rows(out: Path, cases: Sequence[Case], status: Dict[str, str], confi
                     if name not in names:
                         names.append(name)
                     row[name], row[f"{name}_low"], row[f"{name}_high"] = iv.get("value"), iv.get("low"), iv.get("high")
+                row.update(lvef_category_cells(res.get("LVEF")))
         rows.append(row)
     return rows, names
+
+
+def lvef_category_cells(interval) -> Dict[str, object]:
+    """``{"LVEF_category": label, "LVEF_straddles": bool}`` from an LVEF ``{"low", "high"}``
+    interval; empty cells without finite bounds."""
+    low = interval.get("low") if isinstance(interval, dict) else None
+    high = interval.get("high") if isinstance(interval, dict) else None
+    label = category_label(low, high)
+    return {"LVEF_category": label, "LVEF_straddles": straddles(low, high) if label else ""}
 
 
 def subject_columns(names: Sequence[str]) -> List[str]:
     cols = ["subject", "ed_case", "es_case", "nominal"]
     for n in names:
         cols += [n, f"{n}_low", f"{n}_high"]
-    return cols + ["error"]
+    return cols + list(CATEGORY_COLUMNS) + ["error"]

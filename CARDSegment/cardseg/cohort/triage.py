@@ -245,14 +245,17 @@ def _read_csv(path: Path) -> List[dict]:
 
 
 def subject_indices(subjects: Sequence[dict]) -> Dict[str, dict]:
-    """``{subject: {"nominal": level, "error": text, "indices": [(name, value, low, high)]}}``
-    from ``subjects.csv`` rows (columns ``<name>``, ``<name>_low``, ``<name>_high``)."""
+    """``{subject: {"nominal": level, "error": text, "indices": [(name, value, low, high)],
+    "category": label, "straddles": bool}}`` from ``subjects.csv`` rows (columns ``<name>``,
+    ``<name>_low``, ``<name>_high``, ``LVEF_category``, ``LVEF_straddles``)."""
     out = {}
     for row in subjects:
         names = [c for c in row if f"{c}_low" in row and f"{c}_high" in row]
         items = [(n, _float(row[n]), _float(row[f"{n}_low"]), _float(row[f"{n}_high"])) for n in names]
         out[row.get("subject", "")] = {"nominal": _float(row.get("nominal")), "error": row.get("error", ""),
-                                       "indices": [i for i in items if i[1] is not None]}
+                                       "indices": [i for i in items if i[1] is not None],
+                                       "category": str(row.get("LVEF_category") or "").lstrip("'"),
+                                       "straddles": bool(_bool(row.get("LVEF_straddles")))}
     return out
 
 
@@ -265,7 +268,11 @@ def _indices_html(blocks, info: Optional[dict]) -> str:
                           unit=_unit(n), low=_fmt(lo, 1), high=_fmt(hi, 1)) for n, v, lo, hi in info["indices"])
     nominal = info.get("nominal")
     level = f"{100 * nominal:g} %" if nominal is not None and nominal <= 1 else (f"{nominal:g} %" if nominal else "")
-    return _fill(blocks["indices"], items_html=items, nominal=level or "stated")
+    category = ""
+    if info.get("category"):
+        category = _fill(blocks["category_straddles" if info.get("straddles") else "category"],
+                         label=info["category"])
+    return _fill(blocks["indices"], items_html=items, nominal=level or "stated", category_html=category)
 
 
 def write_report(outdir: os.PathLike, config: Optional[dict] = None, max_thumbnails: int = 200,
@@ -350,8 +357,12 @@ def write_report(outdir: os.PathLike, config: Optional[dict] = None, max_thumbna
                                                                    and (_float(r.get("flagged_regions")) or 0) > 0),
         median_agreement=f"{statistics.median(agreements):.3f}" if agreements else "-",
         n_thumbnails=n_thumbs, rows_html="\n".join(html_rows),
+        n_straddling=sum(1 for i in subjects.values() if i.get("straddles")),
         indices_note_html=(" Cardiac indices come with their intervals at the stated nominal level "
-                           "(the subject's ED and ES cases)." if subjects else ""))
+                           "(the subject's ED and ES cases), and the LVEF categories the interval implies "
+                           "(reduced &le; 40 %, mildly reduced 41-49 %, preserved &ge; 50 %, on whole percent); "
+                           "an interval that spans a threshold is marked <b>straddles a threshold</b>: the "
+                           "category is not settled by the measurement." if subjects else ""))
     path = out / TRIAGE_HTML
     write_atomic(path, page.encode("utf-8"))
     return path
