@@ -224,21 +224,28 @@ def cmd_segment(a) -> int:
     if a.method == "card" and config["calibration"]["method"] != "card":
         raise CardsegError(f"{bundle_root}: the bundle is calibrated by {config['calibration']['method']!r}, "
                            "not CARD; use --method uc or a CARD bundle")
+    from cardseg.base.cpus import default_threads
+
+    threads = a.threads or default_threads()
+    lookup = None
+    if a.backend in ("auto", "onnx") and a.device != "cuda":  # ONNX sessions open while torch is imported
+        from cardseg.bundle.onnx_backend import start_lookup
+
+        lookup = start_lookup(config, checked.weights, threads)
     volume = read_volume(a.input, a.frame, spacing)
 
     import torch
 
-    from cardseg.base.cpus import default_threads
     from cardseg.base.progress import make_progress
     from cardseg.bundle.loading import load_bundle
     from cardseg.segment import resolve_device, segment_file
 
-    torch.set_num_threads(a.threads or default_threads())
+    torch.set_num_threads(threads)
     device = resolve_device(a.device)
     progress = make_progress(a.progress, a.quiet)
     try:
         bundle = load_bundle(bundle_root, device=device, backend=a.backend, progress=progress, prepared=True,
-                             checked=checked)
+                             checked=checked, onnx_lookup=lookup)
     finally:
         progress.close()
     if not a.quiet:

@@ -352,3 +352,38 @@ def test_auto_survives_any_export_failure(tmp_path, tiny_bundle, monkeypatch):
     assert b.notes == ["ONNX Runtime not used (RuntimeError: exporter exploded); the torch networks run instead"]
     with pytest.raises(CardsegError, match=r"^ONNX Runtime failed \(RuntimeError: exporter exploded\); use --backend torch$"):
         load_bundle(tiny_bundle, backend="onnx")
+
+
+@needs_onnx
+def test_sessions_opened_ahead_on_a_thread_are_the_ones_used(swin_bundle, cache, monkeypatch):
+    """``cardseg segment`` opens the cached ONNX sessions on a thread while it imports torch; the
+    load then uses them instead of opening them again, and a lookup that failed is made again."""
+    from cardseg.bundle import onnx_backend
+    from cardseg.bundle.folder import check_bundle
+    from cardseg.bundle.loading import load_bundle
+
+    load_bundle(swin_bundle, backend="onnx")  # warm the cache
+    checked = check_bundle(swin_bundle)
+    opened = []
+    real_init = onnx_backend.OnnxNetwork.__init__
+
+    def counting(self, *args, **kwargs):
+        opened.append(1)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(onnx_backend.OnnxNetwork, "__init__", counting)
+    future = onnx_backend.start_lookup(checked.config, checked.weights, 1)
+    found = future.result(timeout=120)
+    assert sorted(found) == ["primary", "reference"] and len(opened) == 2
+    b = load_bundle(swin_bundle, backend="onnx", checked=checked, onnx_lookup=future)
+    assert len(opened) == 2 and b.primary is found["primary"][3]
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("no cache today")
+
+    monkeypatch.setattr(onnx_backend, "lookup_cached", broken)
+    failed = onnx_backend.start_lookup(checked.config, checked.weights, 1)
+    assert failed.result(timeout=60) is None
+    monkeypatch.undo()
+    again = load_bundle(swin_bundle, backend="onnx", checked=checked, onnx_lookup=failed)
+    assert again.backend == "onnx"

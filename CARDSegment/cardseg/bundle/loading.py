@@ -115,7 +115,7 @@ class Bundle:
 
 def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device = "cpu",
                 backend: Optional[str] = None, progress=None, prepared: bool = False,
-                checked: Optional[CheckedBundle] = None) -> Bundle:
+                checked: Optional[CheckedBundle] = None, onnx_lookup=None) -> Bundle:
     """Load and verify a bundle (see :func:`cardseg.bundle.folder.resolve_bundle_path` for how ``path`` is chosen).
 
     In order: ``bundle.json`` against the schema, each weight file's sha256 and safetensors
@@ -148,6 +148,10 @@ def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device =
     in the same run; its weights are then not read and verified a second time (the networks are
     loaded from the verified bytes it holds, never from the files again).
 
+    ``onnx_lookup``: a future of :func:`cardseg.bundle.onnx_backend.lookup_cached` started
+    earlier (:func:`cardseg.bundle.onnx_backend.start_lookup`), so that the ONNX sessions were
+    opened while the caller imported torch; its result is used when there is one.
+
     :attr:`Bundle.backend` is the one that was used.
     """
     from cardseg.bundle.onnx_backend import CHOICES, BrokenNetwork, ExporterMissing, available
@@ -176,7 +180,8 @@ def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device =
                 raise _BundleFault(exc) from None
 
         try:
-            nets = load_networks(root, config, weights, build, progress=progress)
+            found = onnx_lookup.result() if onnx_lookup is not None else None
+            nets = load_networks(root, config, weights, build, progress=progress, found=found)
             backend = "onnx"
         except _BundleFault as fault:
             raise fault.error from None

@@ -50,7 +50,6 @@ from pathlib import Path
 from typing import Callable, Dict, Optional
 
 import numpy as np
-import torch
 
 from cardseg.base.errors import CardsegError
 from cardseg.bundle.onnx_cache import (MAX_MODEL_BYTES, MAX_RECORD_BYTES, cache_dir, read_entry,
@@ -116,12 +115,22 @@ def _version(dist: str) -> str:
         return "absent"
 
 
+def _torch_version() -> str:
+    """torch's version without importing torch (its distribution's metadata), else from torch."""
+    held = _version("torch")
+    if held != "absent":
+        return held
+    import torch
+
+    return torch.__version__
+
+
 def cache_key(weights_sha256: str, spec: dict, num_classes: int, image_channels: int, input_size: int) -> str:
     """sha256 of what the exported graph depends on (see the module docstring)."""
     what = {"format": EXPORT_FORMAT, "weights_sha256": weights_sha256,
             "network": {k: spec[k] for k in sorted(spec) if k not in ("file", "sha256", "parameters", "dtype")},
             "num_classes": int(num_classes), "image_channels": int(image_channels), "input_size": int(input_size),
-            "opset": OPSET, "torch": torch.__version__.split("+")[0], "monai": _version("monai"),
+            "opset": OPSET, "torch": _torch_version().split("+")[0], "monai": _version("monai"),
             "onnxruntime": _version("onnxruntime")}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
@@ -135,8 +144,12 @@ class OnnxNetwork:
     def __init__(self, model, num_classes: int, threads: Optional[int] = None, source: str = ""):
         import onnxruntime as ort
 
+        if not threads:
+            import torch
+
+            threads = torch.get_num_threads()
         so = ort.SessionOptions()
-        so.intra_op_num_threads = int(threads or torch.get_num_threads())
+        so.intra_op_num_threads = int(threads)
         so.inter_op_num_threads = 1
         so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         # threads that spin between calls would compete with the torch work done between them
@@ -147,7 +160,9 @@ class OnnxNetwork:
         self.num_classes = num_classes
         self.source = source
 
-    def __call__(self, image: torch.Tensor, state: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    def __call__(self, image: "torch.Tensor", state: "torch.Tensor", t: "torch.Tensor") -> "torch.Tensor":
+        import torch
+
         feed = {"image": _np(image, np.float32), "state": _np(state, np.float32), "t": _np(t, np.int64)}
         return torch.from_numpy(self.session.run(None, feed)[0])
 
@@ -156,6 +171,8 @@ class OnnxNetwork:
         return self
 
     def to(self, device) -> "OnnxNetwork":
+        import torch
+
         if torch.device(device).type != "cpu":
             raise CardsegError("--backend onnx runs on the CPU; use --backend torch for a GPU")
         return self
@@ -170,6 +187,8 @@ def _np(x: torch.Tensor, dtype) -> np.ndarray:
 
 def probe_inputs(num_classes: int, image_channels: int, size: int, batch: int = 2, seed: int = 0):
     """A fixed, seeded input (image in [0, 1], a soft label state, two different steps)."""
+    import torch
+
     g = torch.Generator().manual_seed(seed)
     image = torch.rand(batch, image_channels, size, size, generator=g)
     state = torch.softmax(3.0 * torch.randn(batch, num_classes, size, size, generator=g), dim=1)
@@ -181,6 +200,8 @@ def export_onnx(net: torch.nn.Module, num_classes: int, image_channels: int, siz
     """The network as ONNX bytes (opset 17, TorchScript exporter, dynamic batch axis); held in
     memory, no temporary file."""
     import io
+
+    import torch
 
     _check_exporter()
     buf = io.BytesIO()
@@ -233,6 +254,8 @@ def _models_folder() -> Optional[Path]:
 def max_abs_difference(net: torch.nn.Module, onnx_net: OnnxNetwork, num_classes: int, image_channels: int,
                        size: int, seed: int = 1) -> tuple:
     """``(max |onnx - torch|, max |torch|)`` of the logits on a seeded probe (batch 3)."""
+    import torch
+
     x = probe_inputs(num_classes, image_channels, size, batch=3, seed=seed)
     with torch.no_grad():
         ref = net(*x)
@@ -266,20 +289,11 @@ def _read_cached(model: Path, record: Path, key: str, num_classes: int, threads:
     return net if held == key else None
 
 
-def load_networks(root: Path, config: dict, weights: Dict[str, object], build: Callable[[str], torch.nn.Module],
-                  threads: Optional[int] = None, progress=None) -> Dict[str, OnnxNetwork]:
-    """``{role: OnnxNetwork}`` for both networks, from the cache or exported now.
-
-    ``weights``: :func:`cardseg.bundle.weights.verify_weights`'s result (sha256 checked);
-    ``build(role)``: the eager torch network (only called on a cache miss); ``progress``: a
-    :class:`cardseg.base.progress.Progress`, given the stage ``export-onnx`` (one step per network)
-    when anything has to be exported (the first run with a bundle, about 4 s more on 2 cores).
-    :class:`ExporterMissing` when a network is not cached and the ``onnx`` package is absent,
-    before anything is built.
-    """
-    reason = available()
-    if reason:
-        raise CardsegError(reason)
+def lookup_cached(config: dict, weights: Dict[str, object], threads: Optional[int] = None) -> Dict[str, tuple]:
+    """``{role: (key, model path, record path, OnnxNetwork or None)}``: each network's cache entry,
+    opened as an ONNX Runtime session when it is there and valid. Needs no torch, and ONNX Runtime
+    builds its sessions without holding Python's lock, so ``cardseg segment`` runs this on a thread
+    while it imports torch (:func:`start_lookup`)."""
     num_classes, size = len(config["classes"]), int(config["input_size"])
     channels = int(config.get("image_channels", 1))
     folder = cache_dir() / "models"
@@ -288,6 +302,47 @@ def load_networks(root: Path, config: dict, weights: Dict[str, object], build: C
         key = cache_key(wf.sha256, config["networks"][role], num_classes, channels, size)
         model, record = folder / f"{role}-{key[:40]}.onnx", folder / f"{role}-{key[:40]}.json"
         found[role] = (key, model, record, _read_cached(model, record, key, num_classes, threads))
+    return found
+
+
+def start_lookup(config: dict, weights: Dict[str, object], threads: int):
+    """:func:`lookup_cached` on a daemon thread; returns a ``concurrent.futures.Future`` (its
+    result, or ``None`` when the lookup failed: the load then looks again and says why)."""
+    import threading
+    from concurrent.futures import Future
+
+    future: Future = Future()
+
+    def work() -> None:
+        try:
+            future.set_result(lookup_cached(config, weights, threads) if available() is None else None)
+        except Exception:  # noqa: BLE001 - the real load repeats the lookup and reports
+            future.set_result(None)
+
+    threading.Thread(target=work, name="cardseg-onnx-lookup", daemon=True).start()
+    return future
+
+
+def load_networks(root: Path, config: dict, weights: Dict[str, object], build: Callable[[str], "torch.nn.Module"],
+                  threads: Optional[int] = None, progress=None, found: Optional[Dict[str, tuple]] = None
+                  ) -> Dict[str, OnnxNetwork]:
+    """``{role: OnnxNetwork}`` for both networks, from the cache or exported now.
+
+    ``weights``: :func:`cardseg.bundle.weights.verify_weights`'s result (sha256 checked);
+    ``build(role)``: the eager torch network (only called on a cache miss); ``progress``: a
+    :class:`cardseg.base.progress.Progress`, given the stage ``export-onnx`` (one step per network)
+    when anything has to be exported (the first run with a bundle, about 4 s more on 2 cores).
+    ``found``: :func:`lookup_cached`'s result when it was made ahead (else it is made here).
+    :class:`ExporterMissing` when a network is not cached and the ``onnx`` package is absent,
+    before anything is built.
+    """
+    reason = available()
+    if reason:
+        raise CardsegError(reason)
+    num_classes, size = len(config["classes"]), int(config["input_size"])
+    channels = int(config.get("image_channels", 1))
+    if found is None:
+        found = lookup_cached(config, weights, threads)
     missing = [role for role, hit in found.items() if hit[3] is None]
     if missing:
         _check_exporter()
@@ -313,7 +368,7 @@ def load_networks(root: Path, config: dict, weights: Dict[str, object], build: C
         try:
             write_entry(model, data)
             rec = {"key": key, "role": role, "bundle": config["id"], "weights_sha256": wf.sha256,
-                   "onnx_sha256": hashlib.sha256(data).hexdigest(), "opset": OPSET, "torch": torch.__version__,
+                   "onnx_sha256": hashlib.sha256(data).hexdigest(), "opset": OPSET, "torch": _torch_version(),
                    "monai": _version("monai"), "onnxruntime": _version("onnxruntime"),
                    "probe_max_abs_diff": diff, "probe_max_abs_logit": scale}
             write_entry(record, (json.dumps(rec, indent=2) + "\n").encode())
