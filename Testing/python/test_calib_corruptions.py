@@ -1,6 +1,7 @@
 """ACDC-C corruptions: deterministic, intensity-only, and motion is in-plane ringing, not a shift."""
 
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -139,3 +140,59 @@ def test_evaluation_normalises_after_corrupting(clean, tiny_bundle, monkeypatch)
     np.testing.assert_array_equal(seen[0], vol.array)
     np.testing.assert_array_equal(seen[1], ce.condition_volume(item, "spike", 3).volume.array)
     assert not np.array_equal(seen[1], vol.array)
+
+
+@pytest.mark.parametrize("kind", CORRUPTIONS)
+def test_tio3d_protocol_is_torchio_default_seeded_per_case(clean, kind):
+    """The ``tio3d`` protocol: TorchIO's random transform with default arguments on the 3D volume,
+    deterministic per case, leaving the global random state alone, unlike the in-plane one."""
+    vol, _ = clean
+    a = vol.array
+    state = torch.get_rng_state()
+    c1 = corrupt_volume(a, kind, "patient001_frame01", vol.spacing, protocol="tio3d")
+    assert torch.equal(torch.get_rng_state(), state)
+    c2 = corrupt_volume(a, kind, "patient001_frame01", vol.spacing, protocol="tio3d")
+    c3 = corrupt_volume(a, kind, "patient002_frame01", vol.spacing, protocol="tio3d")
+    inplane = corrupt_volume(a, kind, "patient001_frame01", vol.spacing)
+    assert c1.shape == a.shape and c1.dtype == a.dtype and np.isfinite(c1).all()
+    assert np.array_equal(c1, c2) and not np.array_equal(c1, c3) and not np.allclose(c1, inplane)
+    assert np.abs(c1 - a).mean() / np.abs(a).mean() > 1e-3
+    # the same draw by hand: TorchIO's default transform on the (1, X, Y, Z) image, torch seeded
+    import torchio as tio
+
+    from cardseg_train.corruptions import corruption_rng
+
+    cls = {"bias_field": tio.RandomBiasField, "motion": tio.RandomMotion, "ghosting": tio.RandomGhosting,
+           "spike": tio.RandomSpike}[kind]
+    seed = int(corruption_rng("patient001_frame01", f"tio3d:{kind}", 0).integers(0, 2 ** 63 - 1))
+    image = tio.ScalarImage(tensor=torch.from_numpy(a.transpose(2, 1, 0).copy())[None],
+                            affine=np.diag([*map(float, vol.spacing), 1.0]))
+    torch.manual_seed(seed)
+    by_hand = cls()(tio.Subject(image=image))["image"].data[0].numpy().transpose(2, 1, 0)
+    torch.set_rng_state(state)
+    np.testing.assert_allclose(c1, by_hand, rtol=1e-5, atol=1e-5 * np.abs(a).max())
+
+
+def test_tio3d_motion_mixes_slices(clean):
+    """Unlike the in-plane protocol, 3D motion is not slice by slice."""
+    vol, _ = clean
+    full = corrupt_volume(vol.array, "motion", "case-x", vol.spacing, protocol="tio3d")
+    one = corrupt_volume(vol.array[1:2], "motion", "case-x", vol.spacing, protocol="tio3d")
+    assert np.abs(full[1] - one[0]).max() > 1e-2 * np.abs(vol.array).max()
+
+
+def test_tio3d_conditions_are_named_and_cached_apart(clean):
+    from cardseg_train.calibration_eval import ALL_CONDITIONS, CONDITIONS, CaseCache, condition_volume
+    from cardseg_train.evaluation import LabelledVolume
+
+    vol, lab = clean
+    assert set(CONDITIONS) < set(ALL_CONDITIONS) and "tio3d:spike" in ALL_CONDITIONS and "tio3d:clean" not in ALL_CONDITIONS
+    item = LabelledVolume("p1_f1", "p1", vol, lab)
+    a, b = condition_volume(item, "spike"), condition_volume(item, "tio3d:spike")
+    assert a.case == "p1_f1:spike" and b.case == "p1_f1:tio3d:spike"
+    assert not np.allclose(a.volume.array, b.volume.array)
+    cache = CaseCache(Path("/tmp/somewhere"), "k")
+    assert cache.path("p1_f1", "spike") != cache.path("p1_f1", "tio3d:spike")
+    assert ":" not in cache.path("p1_f1", "tio3d:spike").name
+    with pytest.raises(ValueError, match="protocol"):
+        corrupt_volume(vol.array, "spike", "c", protocol="3d")

@@ -60,6 +60,10 @@ from .evaluation import LabelledVolume, dice_score
 #: condition name -> corruption kind (None: the volume as it is)
 CONDITIONS: Dict[str, Optional[str]] = {"clean": None, "bias": "bias_field", "motion": "motion",
                                         "ghost": "ghosting", "spike": "spike"}
+#: every condition ``--conditions`` may name: the defaults above (the ``inplane`` corruption
+#: protocol) and the same four corruptions under the ``tio3d`` protocol (TorchIO's default 3D
+#: transforms, the paper's literal reading: :mod:`cardseg_train.corruptions`), as ``tio3d:<name>``
+ALL_CONDITIONS: Dict[str, Optional[str]] = {**CONDITIONS, **{f"tio3d:{k}": v for k, v in CONDITIONS.items() if v}}
 #: the calibrators compared by default, in table order
 METHODS = ("uc", "ts", "ets", "hts", "card")
 #: every calibrator ``--methods`` can name (the network ones once fit-calibration fitted them)
@@ -137,10 +141,11 @@ class CaseResult:
 
 def condition_volume(item: LabelledVolume, condition: str, seed: int = 0) -> LabelledVolume:
     """The volume under ``condition`` (corruptions seeded per case, labels untouched)."""
-    if condition not in CONDITIONS:
-        raise CardsegError(f"unknown condition {condition!r} (choose from {', '.join(CONDITIONS)})")
-    kind = CONDITIONS[condition]
-    return item if kind is None else corrupt_labelled_volume(item, kind, seed)
+    if condition not in ALL_CONDITIONS:
+        raise CardsegError(f"unknown condition {condition!r} (choose from {', '.join(ALL_CONDITIONS)})")
+    kind = ALL_CONDITIONS[condition]
+    protocol = "tio3d" if condition.startswith("tio3d:") else "inplane"
+    return item if kind is None else corrupt_labelled_volume(item, kind, seed, protocol)
 
 
 def slice_dice(pred: np.ndarray, truth: np.ndarray, num_classes: int) -> float:
@@ -239,7 +244,7 @@ class CaseCache:
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def path(self, case: str, condition: str) -> Optional[Path]:
-        return None if self.dir is None else self.dir / f"{case}__{condition}.npz"
+        return None if self.dir is None else self.dir / f"{case}__{condition.replace(':', '-')}.npz"
 
     def load(self, case: str, condition: str) -> Optional[CaseResult]:
         p = self.path(case, condition)

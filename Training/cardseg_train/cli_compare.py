@@ -39,9 +39,9 @@ def ablate_parser() -> argparse.ArgumentParser:
 
 def cmd_ablate(argv: List[str]) -> int:
     a = ablate_parser().parse_args(argv)
-    from .calibration_eval import CONDITIONS
+    from .calibration_eval import ALL_CONDITIONS
 
-    comma_names(a.condition, list(CONDITIONS), "condition")
+    comma_names(a.condition, list(ALL_CONDITIONS), "condition")
     dual = None
     if a.dual:
         from .comparison import load_table

@@ -36,7 +36,9 @@ def evaluate_parser() -> argparse.ArgumentParser:
                         f"image around the ROI, so each case is run again once to cache its crops, and calibnet "
                         f"also runs the primary on its augmentations")
     p.add_argument("--conditions", default=",".join(CONDITIONS),
-                   help=f"comma-separated (default {','.join(CONDITIONS)})")
+                   help=f"comma-separated (default {','.join(CONDITIONS)}: the in-plane corruption protocol); "
+                        "tio3d:bias, tio3d:motion, tio3d:ghost, tio3d:spike are the same corruptions as TorchIO's "
+                        "default 3D transforms (the paper's literal reading)")
     p.add_argument("--roi", default="disk10",
                    help="comma-separated ROIs of the tables, the first one the main report: disk10 (default: the "
                         "ground truth dilated by a disk of radius 10 px) and/or square10 (by a 10 x 10 kernel, the "
@@ -61,18 +63,18 @@ def evaluate_parser() -> argparse.ArgumentParser:
 
 def cmd_evaluate(argv: List[str]) -> int:
     a = evaluate_parser().parse_args(argv)
-    from .calibration_eval import ALL_METHODS, CONDITIONS
+    from .calibration_eval import ALL_CONDITIONS, ALL_METHODS
 
     from .calibration_eval import ROIS
 
     methods = comma_names(a.methods, ALL_METHODS, "method")
     rois = comma_names(a.roi, list(ROIS), "ROI")
-    conditions = comma_names(a.conditions, list(CONDITIONS), "condition")
+    conditions = comma_names(a.conditions, list(ALL_CONDITIONS), "condition")
     if a.max_cases is not None and a.max_cases < 1:
         raise CardsegError("--max-cases must be at least 1")
     panel_case, _, panel_cond = (a.panel or "").partition(":")
     if panel_cond:
-        comma_names(panel_cond, list(CONDITIONS), "--panel condition")
+        comma_names(panel_cond, list(ALL_CONDITIONS), "--panel condition")
 
     import numpy as np
     import torch

@@ -25,6 +25,16 @@ with an affine ``diag(dz, dP', dP)``. Then
   frequency at zero, so every slice shows the same stripe pattern.
 * ``BiasField`` multiplies by ``exp`` of a random 3D polynomial of order 3.
 
+Protocols. The above is the ``inplane`` protocol (the default: what every table of the project
+used until now). The ``tio3d`` protocol is the literal reading of the paper's "TorchIO
+transforms": TorchIO's random transforms with their default arguments (``RandomBiasField``,
+``RandomMotion``, ``RandomGhosting``, ``RandomSpike``) applied to the volume as TorchIO sees a 3D
+image, ``(1, X, Y, Z)`` with the voxel spacing as its affine: motion then moves and turns the
+volume in 3D and every k-space artefact is built from the 3D FFT across slices. Its random draw
+is seeded the same way (per case, corruption and seed) through torch's generator, on a forked
+random state. Both are named in the evaluation's conditions (``spike`` and ``tio3d:spike``,
+:data:`cardseg_train.calibration_eval.ALL_CONDITIONS`), so a table can show them side by side.
+
 All four are positively homogeneous in the intensities (``f(s·a) = s·f(a)`` for ``s > 0``),
 so they are applied in the volume's own units and the result keeps the original intensity
 scale. As in TorchIO, the k-space corruptions return the real part of the inverse FFT (small
@@ -40,6 +50,8 @@ import numpy as np
 import torch
 
 CORRUPTIONS = ("bias_field", "motion", "ghosting", "spike")
+#: how a corruption is applied (see the module docstring); ``inplane`` is the default
+PROTOCOLS = ("inplane", "tio3d")
 #: in-plane phase-encoding axes a volume may be given (one drawn per volume)
 PHASE_AXES = ("y", "x")
 
@@ -149,18 +161,47 @@ def apply_corruption(array: np.ndarray, kind: str, params: Dict[str, object],
 
 
 def corrupt_volume(array: np.ndarray, kind: str, case: str, spacing: Tuple[float, float, float] = (1.0, 1.0, 1.0),
-                   seed: int = 0) -> np.ndarray:
-    """``array (Z, Y, X)`` corrupted by ``kind`` with this case's seeded parameters.
+                   seed: int = 0, protocol: str = "inplane") -> np.ndarray:
+    """``array (Z, Y, X)`` corrupted by ``kind`` with this case's seeded parameters, under
+    ``protocol`` (``inplane`` or ``tio3d``, see the module docstring).
 
-    Deterministic for ``(case, kind, seed)``; labels are not touched (intensity-only).
+    Deterministic for ``(case, kind, seed, protocol)``; labels are not touched (intensity-only).
     """
-    return apply_corruption(array, kind, corruption_params(kind, case, seed), spacing)
+    if protocol == "inplane":
+        return apply_corruption(array, kind, corruption_params(kind, case, seed), spacing)
+    if protocol == "tio3d":
+        return apply_torchio_default(array, kind, corruption_rng(case, f"tio3d:{kind}", seed), spacing)
+    raise ValueError(f"unknown corruption protocol {protocol!r} (choose from {', '.join(PROTOCOLS)})")
 
 
-def corrupt_labelled_volume(item, kind: str, seed: int = 0):
-    """A :class:`~cardseg_train.evaluation.LabelledVolume` with its image corrupted (labels shared)."""
+def apply_torchio_default(array: np.ndarray, kind: str, rng: np.random.Generator,
+                          spacing: Tuple[float, float, float] = (1.0, 1.0, 1.0)) -> np.ndarray:
+    """TorchIO's random ``kind`` transform with its default arguments on ``array (Z, Y, X)`` seen
+    as the 3D image ``(1, X, Y, Z)`` with ``spacing (x, y, z)`` mm; its draw comes from torch's
+    generator seeded from ``rng`` (the global random state is left as it was)."""
+    import torchio as tio
+
+    a = np.asarray(array)
+    if a.ndim != 3:
+        raise ValueError(f"expected a volume (Z, Y, X), got shape {a.shape}")
+    transforms = {"bias_field": tio.RandomBiasField, "motion": tio.RandomMotion, "ghosting": tio.RandomGhosting,
+                  "spike": tio.RandomSpike}
+    if kind not in transforms:
+        raise ValueError(f"unknown corruption {kind!r} (choose from {', '.join(CORRUPTIONS)})")
+    out_dtype = a.dtype if np.issubdtype(a.dtype, np.floating) else np.float32
+    xyz = a.astype(np.float32).transpose(2, 1, 0)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(rng.integers(0, 2 ** 63 - 1)))
+        y = _run(transforms[kind](), xyz, spacing)
+    return np.ascontiguousarray(y.transpose(2, 1, 0)).astype(out_dtype, copy=False)
+
+
+def corrupt_labelled_volume(item, kind: str, seed: int = 0, protocol: str = "inplane"):
+    """A :class:`~cardseg_train.evaluation.LabelledVolume` with its image corrupted (labels shared);
+    its case name gains ``:kind`` (``:tio3d:kind`` under the ``tio3d`` protocol)."""
     from dataclasses import replace
 
     vol = item.volume
-    new_vol = replace(vol, array=corrupt_volume(vol.array, kind, item.case, tuple(vol.spacing), seed))
-    return replace(item, case=f"{item.case}:{kind}", volume=new_vol)
+    new_vol = replace(vol, array=corrupt_volume(vol.array, kind, item.case, tuple(vol.spacing), seed, protocol))
+    suffix = kind if protocol == "inplane" else f"{protocol}:{kind}"
+    return replace(item, case=f"{item.case}:{suffix}", volume=new_vol)
