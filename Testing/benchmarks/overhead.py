@@ -33,6 +33,7 @@ def main() -> None:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int)
     ap.add_argument("--backend", default="torch", choices=["torch", "onnx"], help="onnx: needs the [speed] extra")
+    ap.add_argument("--json", help="also write the figures to this JSON file")
     ap.add_argument("--paper-scale", action="store_true",
                     help="the paper's timing instead: time-SwinUNETR base (40.5M) primary alone vs with a Mini "
                          "reference, 5 steps on a batch of 32 slices of 256 x 256, random weights (the GPU run's "
@@ -73,17 +74,20 @@ def main() -> None:
     volume = read_volume(a.input) if a.input else synthetic_cine_volume((10, 216, 256))[0]
     z = volume.shape[0]
 
-    def timed(method: str) -> float:
+    def timed(method: str) -> tuple:
+        """``(wall of segment_volume, its trajectory time)``"""
         t0 = time.perf_counter()
-        segment_volume(volume, bundle, method=method, device=device, batch_size=a.batch_size)
+        result = segment_volume(volume, bundle, method=method, device=device, batch_size=a.batch_size)
         if device.type == "cuda":
             torch.cuda.synchronize()
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, result.report["timings_s"]["trajectory"]
 
-    times = {}
+    times, trajectory = {}, {}
     for method in ("uc", "card"):
         timed(method)  # warm-up
-        times[method] = statistics.median(timed(method) for _ in range(a.repeats))
+        runs = [timed(method) for _ in range(a.repeats)]
+        times[method] = statistics.median(r[0] for r in runs)
+        trajectory[method] = statistics.median(r[1] for r in runs)
 
     x, _ = network_inputs(volume, bundle)
     xb = x[: a.batch_size].to(device)
@@ -118,6 +122,25 @@ def main() -> None:
     print(f"card {times['card']:.3f} s  ({z / times['card']:.2f} slices/s)")
     print(f"overhead card/uc: {times['card'] / times['uc']:.3f}x  "
           f"(reference compute floor 1 + t_ref/t_primary = {1 + tr / tp:.3f}x; paper: 1.16x on a GPU)")
+    print(f"trajectory card/uc: {trajectory['card'] / trajectory['uc']:.3f}x "
+          f"(uc {trajectory['uc']:.3f} s, card {trajectory['card']:.3f} s)")
+    if a.json:
+        import json
+        import os
+        import platform
+
+        figures = {"bundle": bundle.ident, "device": str(device), "backend": bundle.backend,
+                   "threads": torch.get_num_threads(), "slices": z, "batch_size": a.batch_size, "repeats": a.repeats,
+                   "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                               "load_average_at_end": os.getloadavg()},
+                   "segment_volume_s": times, "trajectory_s": trajectory,
+                   "forward_s": {"primary": tp, "reference": tr},
+                   "card_over_uc_segment_volume": times["card"] / times["uc"],
+                   "card_over_uc_trajectory": trajectory["card"] / trajectory["uc"],
+                   "floor": 1 + tr / tp,
+                   "goal": "card/uc trajectory within 0.05 of the floor measured in the same run"}
+        with open(a.json, "w") as f:
+            f.write(json.dumps(figures, indent=2) + "\n")
     tmp.cleanup()
 
 
