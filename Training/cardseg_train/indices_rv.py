@@ -151,7 +151,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--bundle", default=None)
     ap.add_argument("--data", default="../shared/data/acdc")
     ap.add_argument("--cache", default="runs/indices-evidence")
-    ap.add_argument("--out", default="Training/results/acdc-2.1.0/indices")
+    ap.add_argument("--out", default="Training/results/acdc-2.1.0/indices-pivot")
     a = ap.parse_args(argv)
     try:
         bundle = load_bundle(a.bundle, device="cpu")
