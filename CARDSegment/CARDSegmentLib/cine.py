@@ -33,8 +33,8 @@ from .bundles import bundle_classes
 from .cine_results import SUBJECT, commit_indices, indices_from_subjects, make_indices_table
 from .jobs import JobOptions, cancel_runs, one_line, remove_tree
 from .loading import PendingOutputs, commit_outputs, discard_outputs, prepare_outputs
-from .outputs import OutputError, OutputNodes, all_nodes, read_report
-from .sequences import Cine, FramePlan, lv_curve, pick_ed_es
+from .outputs import OutputError, OutputNodes, all_nodes, find_outputs, read_report, segmented_frames
+from .sequences import Cine, FramePlan, follow_frame, lv_curve, pick_ed_es
 from .volume_files import write_volume_file
 
 #: makes the process of one step: ``(command, launcher, on_progress) -> a CardsegRun-like object``
@@ -73,6 +73,21 @@ def write_manifest(path: Path, frames, ed: Optional[int] = None, es: Optional[in
         for frame in frames:
             phase = "ED" if frame == ed else "ES" if frame == es else ""
             writer.writerow([case_name(frame), f"frames/{case_name(frame)}.nrrd", phase, SUBJECT if phase else ""])
+
+
+def failed_frames(cohort_csv: Path) -> Optional[str]:
+    """``frame 2: <the engine's one line>`` for the first frame the batch's table marks failed (None: none)."""
+    try:
+        with open(cohort_csv, newline="", encoding="utf-8") as f:
+            rows = [r for r in csv.DictReader(f) if r.get("status") in ("error", "failed")]
+    except OSError:
+        return None
+    if not rows:
+        return None
+    more = f" (and {len(rows) - 1} more frames)" if len(rows) > 1 else ""
+    name = rows[0].get("case", "")
+    frame = int(name.split("-")[-1]) if name.startswith("frame-") and name.split("-")[-1].isdigit() else name
+    return f"frame {frame}: {rows[0].get('error') or rows[0].get('status')}{more}"
 
 
 class CineJob:
@@ -158,6 +173,8 @@ class CineJob:
         if self._state != proc.RUNNING or self.run is None:
             return self._state
         state = self.run.poll()
+        if state == proc.FAILED:
+            self._error = failed_frames(self.output_dir / "cohort.csv") or self.run.error
         if state in (proc.FAILED, proc.CANCELLED):
             self._state = state
             self.cleanup()
@@ -244,6 +261,9 @@ class CineJob:
             self.outputs[pending.frame] = commit_outputs(self.scene, self.input_volume, pending, o.overlay, o.opacity,
                                                          show=pending.frame == shown)
         commit_indices(self.scene, self.input_volume, self._indices_table, replaced=list(self.outputs))
+        segmentations = {f: find_outputs(self.scene, self.input_volume, f).segmentation
+                          for f in segmented_frames(self.scene, self.input_volume)}
+        follow_frame(self.scene, segmentations, shown)  # the shown frame's segmentation only
         self._pending, self._indices_table, self._existing = [], None, None
 
     def _discard(self) -> None:

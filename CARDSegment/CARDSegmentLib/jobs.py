@@ -22,6 +22,7 @@ from typing import Callable, ContextManager, Optional, Tuple
 
 from . import process as proc
 from .bundles import bundle_classes
+from .install import InstallFailed
 from .loading import load_outputs
 from .outputs import OutputError, OutputNodes
 from .volume_files import write_volume_file
@@ -239,7 +240,7 @@ def engine_dir_of(module_file: os.PathLike) -> str:
 
 
 #: errors whose message is already written for the user; others get their type name in front
-_PLAIN_ERRORS = (OutputError, OSError, ValueError)
+_PLAIN_ERRORS = (OutputError, OSError, ValueError, InstallFailed)
 
 
 def one_line(exc: BaseException) -> str:

@@ -9,9 +9,9 @@ Frames are the sequence's 0-based item numbers (as ``cardseg segment --frame``).
 
 The end-diastolic and end-systolic frames (:func:`pick_ed_es`), when the user does not set them:
 **ED is the segmented frame with the largest LV blood-pool volume, ES the one with the smallest**
-(the LV volume of each frame is the segmentation's LV class volume, ``class_volumes_ml["LV"]`` of
-the frame's ``report.json``: the same volume ``cardseg batch``'s indices use); ties go to the
-earlier frame. To find them, every frame is segmented. Either frame can be set by the user instead.
+(the LV volume of each frame is its segmentation's LV class volume, ``class_volumes_ml["LV"]`` of
+the frame's ``report.json``, before any correction the bundle's index block applies); ties go to
+the earlier frame. To find them, every frame is segmented. Either frame can be set by the user instead.
 MRML classes only (no Qt).
 """
 

@@ -1,0 +1,500 @@
+"""Issue 24, "Cine is a sequence": a volume sequence (as Slicer's DICOM plugin loads a cine series)
+through CARDSegmentLib and the module panel, on real MRML (PyPI slicer-core).
+
+A module fixture runs the real engine once on a 3-frame phantom sequence (``cardseg batch`` in a
+subprocess, untrained tiny networks with a fitted-looking ``indices`` block, ED and ES found from
+the LV volume curve); the other tests replay that run's output folders through a fake process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import json
+import shutil
+import sys
+import threading
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+slicer = pytest.importorskip("slicer")
+if not hasattr(slicer, "vtkMRMLScene"):
+    pytest.skip("the importable 'slicer' is not slicer-core", allow_module_level=True)
+
+from test_slicer_module_panel import (FakeTimer, fire_until_idle, make_scene, make_widget,  # noqa: E402,F401
+                                      module)
+
+REPO = Path(__file__).resolve().parents[2]
+MODULE_DIR = REPO / "CARDSegment"
+if str(MODULE_DIR) not in sys.path:
+    sys.path.insert(0, str(MODULE_DIR))
+
+import CARDSegmentLib as lib  # noqa: E402
+from CARDSegmentLib import install, outputs as outputs_lib, volume_files  # noqa: E402
+from CARDSegmentLib.cine import CineJob, case_name  # noqa: E402
+from CARDSegmentLib.module_logic import ModuleLogic  # noqa: E402
+from CARDSegmentLib.sequences import AUTO, FrameMode, FramePlan, cine_of, frame_plan, pick_ed_es  # noqa: E402
+
+FRAMES = 3
+
+
+# ---------------------------------------------------------------------------------------------
+# a cine sequence in a scene
+
+
+def write_phantom_frames(folder: Path):
+    """Three phantom frames on one grid (different seeds: different LV sizes)."""
+    import SimpleITK as sitk
+    from cardseg.bundle.scaffold import synthetic_cine_volume
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for i in range(FRAMES):
+        vol, _ = synthetic_cine_volume(shape=(4, 64, 56), spacing=(2.4, 2.4, 8.0), seed=20 + i)
+        paths.append(folder / f"phase{i}.nrrd")
+        sitk.WriteImage(vol.to_image(), str(paths[-1]))
+    return paths
+
+
+def add_sequence(scene, frame_paths, name="7: SAX cine"):
+    """A volume sequence with its browser and proxy volume, as the DICOM image-sequence plugin makes them."""
+    scene.RegisterNodeClass(slicer.vtkMRMLSequenceNode())
+    scene.RegisterNodeClass(slicer.vtkMRMLSequenceBrowserNode())
+    sequence = scene.AddNewNodeByClass("vtkMRMLSequenceNode", name)
+    sequence.SetIndexName("time")
+    sequence.SetIndexUnit("ms")
+    for i, path in enumerate(frame_paths):
+        frame = slicer.vtkMRMLScalarVolumeNode()
+        volume_files.read_volume_file(frame, path)
+        sequence.SetDataNodeAtValue(frame, str(40 * i))
+    browser = scene.AddNewNodeByClass("vtkMRMLSequenceBrowserNode", f"{name} browser")
+    browser.SetAndObserveMasterSequenceNodeID(sequence.GetID())
+    logic = slicer.vtkSlicerSequencesLogic()
+    logic.SetMRMLScene(scene)
+    logic.UpdateProxyNodesFromSequences(browser)
+    proxy = browser.GetProxyNode(sequence)
+    proxy.SetName(name)
+    return SimpleNamespace(sequence=sequence, browser=browser, proxy=proxy, logic=logic)
+
+
+def show_frame(cine, frame):
+    cine.browser.SetSelectedItemNumber(frame)
+    cine.logic.UpdateProxyNodesFromSequences(cine.browser)
+
+
+def node_ids(scene):
+    c = scene.GetNodes()
+    return {c.GetItemAsObject(i).GetID() for i in range(c.GetNumberOfItems())}
+
+
+def frame_nodes(scene, volume):
+    """{frame: {role: node ID}} of every segmented frame."""
+    out = {}
+    for f in outputs_lib.segmented_frames(scene, volume):
+        o = outputs_lib.find_outputs(scene, volume, f)
+        out[f] = {r: getattr(o, r).GetID() for r in ("segmentation", "report", "review") if getattr(o, r)}
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the real engine, once
+
+
+@pytest.fixture(scope="module")
+def cine_bundle(tmp_path_factory, tiny_bundle):
+    """The tiny bundle with an ``indices`` block (made as cardseg fit-indices makes it; scales invented)."""
+    from cardseg.bundle.loading import update_config
+
+    path = tmp_path_factory.mktemp("cine-bundle") / "bundle"
+    shutil.copytree(tiny_bundle, path)
+    config = json.loads((path / "bundle.json").read_text(encoding="utf-8"))
+    update_config(path, {"indices": invented_block(config)})
+    return path
+
+
+def invented_block(config: dict) -> dict:
+    """An ``indices`` block made by cardseg's own make_block with invented numbers (per-index models,
+    or per-family scales in the earlier form of the block)."""
+    import inspect
+
+    from cardseg.cohort import indices as ix
+
+    if "models" in inspect.signature(ix.make_block).parameters:
+        models = {n: {"bias": 0.01 * i, "sd": 0.1, "pivot": 1.7, "half_width": 0.17, "n": 20}
+                  for i, n in enumerate(ix.INDEX_NAMES)}
+        return ix.make_block(config, models, 0.9, 0.06)
+    return ix.make_block(config, {f: 1.5 + 0.1 * i for i, f in enumerate(ix.FAMILIES)}, 0.9, 0.06)
+
+
+@pytest.fixture(scope="module")
+def frame_paths(tmp_path_factory):
+    return write_phantom_frames(tmp_path_factory.mktemp("cine-frames"))
+
+
+def options_for(bundle, work_root, **kw):
+    return lib.JobOptions(bundle_path=str(bundle), device="cpu", method="card", engine_dir=str(MODULE_DIR),
+                          python_executable=sys.executable, threads=1, work_root=str(work_root), **kw)
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory, cine_bundle, frame_paths):
+    """ED and ES of the 3-frame sequence, both found from the LV curve, by the real engine in a
+    subprocess; the job's folder is kept (the per-frame outputs and subjects.csv)."""
+    scene = make_scene()
+    cine = add_sequence(scene, frame_paths)
+    show_frame(cine, 1)
+    before = node_ids(scene)
+    seen = []
+    options = options_for(cine_bundle, tmp_path_factory.mktemp("cine-work"), frame_mode="ed_es", keep_files=True)
+    logic = ModuleLogic(str(MODULE_DIR), lambda: scene, FakeTimer, contextlib.nullcontext)
+    job = logic.makeJob(cine.proxy, options, seen.append)
+    assert isinstance(job, CineJob) and job.plan.frames == (0, 1, 2) and job.plan.find_ed_es
+    job.start()
+    assert node_ids(scene) == before  # nothing changes while the engine runs
+    assert job.wait(timeout=1800) == lib.SUCCEEDED, job.error
+    assert len(job.runs) == 2  # the frames, then the indices on the same folder (every frame reused)
+    outputs = job.finish()
+    return SimpleNamespace(scene=scene, cine=cine, job=job, outputs=outputs, progress=seen, bundle=cine_bundle,
+                           outdir=job.output_dir, logic=logic,
+                           config=json.loads((cine_bundle / "bundle.json").read_text(encoding="utf-8")))
+
+
+def test_the_real_engine_segments_every_frame_and_picks_ed_and_es_from_the_lv_curve(real_run):
+    r = real_run
+    assert sorted(r.outputs) == [0, 1, 2]
+    lv = {f: json.loads((r.outdir / case_name(f) / "report.json").read_text())["class_volumes_ml"]["LV"]
+          for f in range(FRAMES)}
+    assert (r.job.ed, r.job.es) == (max(lv, key=lv.get), min(lv, key=lv.get))
+    assert r.job.ed != r.job.es
+    # progress counted frames
+    cases = [p for p in r.progress if p.stage == "cases"]
+    assert cases and cases[-1].total == FRAMES and cases[-1].done == FRAMES
+    assert "Segmenting frames (3/3)" in [p.text for p in cases]
+    # per-frame nodes, named by frame, each frame's segmentation on the sequence's grid
+    for f, o in r.outputs.items():
+        assert o.segmentation.GetName() == f"7: SAX cine frame {f} CARD segmentation"
+        assert o.segmentation.GetAttribute(outputs_lib.FRAME_ATTRIBUTE) == str(f)
+        assert json.loads(o.report.GetText())["sequence_frame"] == f
+    # only the shown frame's segmentation is visible
+    visible = {f: bool(o.segmentation.GetDisplayNode().GetVisibility()) for f, o in r.outputs.items()}
+    assert visible == {0: False, 1: True, 2: False}
+
+
+def test_the_indices_shown_are_cardseg_batchs_on_the_same_frames(real_run):
+    """The panel's numbers are those of cardseg.cohort.indices on the ED and ES frames' folders."""
+    from cardseg.cohort.indices import indices_from_folders
+
+    r = real_run
+    expected = indices_from_folders(r.outdir / case_name(r.job.ed), r.outdir / case_name(r.job.es), r.config)
+    shown = r.logic.indices(r.cine.proxy)
+    assert (shown["ed"], shown["es"], shown["error"]) == (r.job.ed, r.job.es, "")
+    assert shown["nominal"] == pytest.approx(expected["nominal"])
+    names = [i["name"] for i in shown["indices"]]
+    assert names == [n for n in expected if n != "nominal"]
+    for item in shown["indices"]:
+        for key in ("value", "low", "high"):
+            assert item[key] == pytest.approx(expected[item["name"]][key], rel=1e-9, abs=1e-9)
+    text = r.logic.indicesText(r.cine.proxy).splitlines()
+    assert text[0] == (f"ED frame {r.job.ed} ({40 * r.job.ed} ms), ES frame {r.job.es} ({40 * r.job.es} ms); "
+                       "90% intervals from the bundle")
+    ef = expected["LVEF"]
+    assert f"LV EF: {ef['value']:.1f} % ({ef['low']:.1f} to {ef['high']:.1f})" in text
+    mass = expected["LVM_g"]
+    assert f"LV mass: {mass['value']:.1f} g ({mass['low']:.1f} to {mass['high']:.1f})" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# replays of the real run (fake process)
+
+
+class CopyingBatch:
+    """A fake ``cardseg batch``: copies the real run's frame folders named in the manifest (and
+    subjects.csv when the manifest has ED and ES), reports one progress line per frame, exits 0."""
+
+    def __init__(self, source: Path, kill_gate: threading.Event = None):
+        self.source, self.argvs, self.lines, self.code = source, [], [], None
+        self.kill_gate, self.kill_started, self.kill_done = kill_gate, threading.Event(), threading.Event()
+
+    def __call__(self, argv, env, cwd):
+        self.argvs.append(argv)
+        out = Path(argv[argv.index("-o") + 1])
+        with open(argv[argv.index("--manifest") + 1], newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        out.mkdir(exist_ok=True)
+        for row in rows:
+            if not (out / row["case"]).exists():
+                shutil.copytree(self.source / row["case"], out / row["case"])
+        if any(row["phase"] for row in rows):
+            shutil.copy(self.source / "subjects.csv", out / "subjects.csv")
+        self.lines = [json.dumps({"stage": "cases", "done": i + 1, "total": len(rows)}) for i in range(len(rows))]
+        self.code = 0
+        return self
+
+    def read_lines(self):
+        out, self.lines = [("stderr", ln) for ln in self.lines], []
+        return out
+
+    def returncode(self):
+        return None if self.lines else self.code
+
+    def kill(self):
+        self.kill_started.set()
+        if self.kill_gate is not None:
+            self.kill_gate.wait(10)
+        self.code = -9
+        self.kill_done.set()
+
+
+@pytest.fixture
+def replay(real_run, frame_paths, tmp_path):
+    """A fresh scene with the sequence and a Logic whose engine replays the real run."""
+    scene = make_scene()
+    cine = add_sequence(scene, frame_paths)
+    logic = ModuleLogic(str(MODULE_DIR), lambda: scene, FakeTimer, contextlib.nullcontext)
+    logic.launcher = CopyingBatch(real_run.outdir)
+    return SimpleNamespace(scene=scene, cine=cine, logic=logic, real=real_run,
+                           options=lambda **kw: options_for(real_run.bundle, tmp_path, **kw))
+
+
+def test_results_of_one_frame_survive_a_run_on_another(replay):
+    r, ed, es = replay, replay.real.job.ed, replay.real.job.es
+    other = ({0, 1, 2} - {ed, es}).pop()
+    r.logic.runSync(r.cine.proxy, r.options(frame_mode="ed_es", ed_frame=ed, es_frame=es))
+    first = frame_nodes(r.scene, r.cine.proxy)
+    assert sorted(first) == sorted((ed, es))
+    assert len(r.logic.launcher.argvs) == 1  # ED and ES set: one engine run, the indices in it
+    indices = r.logic.indices(r.cine.proxy)
+    assert (indices["ed"], indices["es"]) == (ed, es) and indices["indices"]
+
+    show_frame(r.cine, other)  # the shown frame alone: ED's and ES's results stay, untouched
+    r.logic.runSync(r.cine.proxy, r.options(frame_mode="shown"))
+    second = frame_nodes(r.scene, r.cine.proxy)
+    assert sorted(second) == [0, 1, 2]
+    assert {f: second[f] for f in (ed, es)} == first
+    assert r.logic.indices(r.cine.proxy) == indices
+
+    show_frame(r.cine, ed)  # the ED frame again: only its nodes are replaced; the indices were its, so they go
+    r.logic.runSync(r.cine.proxy, r.options(frame_mode="shown"))
+    third = frame_nodes(r.scene, r.cine.proxy)
+    assert third[es] == first[es] and third[other] == second[other]
+    assert not set(third[ed].values()) & set(first[ed].values())
+    assert r.logic.indices(r.cine.proxy) is None
+    names = [r.scene.GetNodeByID(i).GetName() for i in third[ed].values()]
+    assert f"7: SAX cine frame {ed} CARD segmentation" in names  # the replaced node's name, free again
+
+
+def test_the_review_covers_every_segmented_frame_and_exports_with_the_indices(replay, tmp_path):
+    r = replay
+    r.logic.runSync(r.cine.proxy, r.options(frame_mode="all"))
+    rows = r.logic.reviewRows(r.cine.proxy)
+    per_frame = {f: len(lib.review_rows(o.review)) for f, o in r.logic.frameOutputs(r.cine.proxy).items()}
+    assert sorted(per_frame) == [0, 1, 2] and len(rows) == sum(per_frame.values())
+    headers, cells = lib.region_table(rows)
+    assert headers[0] == "Frame" and {key[0] for key, _, _ in cells} == {f for f, n in per_frame.items() if n}
+    # a decision in one frame's review is that frame's only
+    f, region = cells[-1][0]
+    r.logic.setRegionStatus(r.cine.proxy, region, "rejected", "=cmd()", frame=f)
+    statuses = {(row["frame"], row["region"]): row["status"] for row in r.logic.reviewRows(r.cine.proxy)}
+    assert statuses[(f, region)] == "rejected" and list(statuses.values()).count("rejected") == 1
+    assert r.logic.decisionsAtRisk(r.cine.proxy, r.options(frame_mode="all"))
+    # CSV: region rows of every frame, then the indices
+    path = Path(r.logic.exportReview(r.cine.proxy, str(tmp_path / "cine-review.csv")))
+    written = list(csv.DictReader(io.StringIO(path.read_text())))
+    regions = [w for w in written if w["record"] == "region"]
+    assert len(regions) == len(rows)
+    assert {(int(w["frame"]), int(w["region"])) for w in regions} == {key for key, _, _ in cells}
+    assert next(w for w in regions if (int(w["frame"]), int(w["region"])) == (f, region))["note"] == "'=cmd()"
+    exported = {w["index"]: w for w in written if w["record"] == "index"}
+    shown = r.logic.indices(r.cine.proxy)
+    assert list(exported) == [i["name"] for i in shown["indices"]]
+    for item in shown["indices"]:
+        assert float(exported[item["name"]]["value"]) == pytest.approx(item["value"])
+        assert int(exported[item["name"]]["ed_frame"]) == shown["ed"]
+    doc = json.loads(Path(r.logic.exportReview(r.cine.proxy, str(tmp_path / "cine-review.json"))).read_text())
+    assert sorted(doc["frames"]) == ["0", "1", "2"] and doc["indices"]["ed"] == shown["ed"]
+
+
+def test_results_load_a_frame_per_step_and_cancel_while_loading_leaves_the_scene(replay):
+    """Defect 12: the timer's slot loads one frame per tick; a cancel in between removes what was made."""
+    r = replay
+    ids = node_ids(r.scene)
+    job = r.logic.makeJob(r.cine.proxy, r.options(frame_mode="all"))
+    monitor = lib.JobMonitor(job)
+    assert not monitor.start()
+    steps = 0
+    while not monitor.step():
+        steps += 1
+        if job.state == lib.SUCCEEDED and job.progress.done == 2:
+            break
+    assert job.progress.stage == "loading" and job.progress.text == "Loading the results (2/3)"
+    monitor.cancel()
+    assert monitor.outcome == (lib.CANCELLED, None)
+    assert node_ids(r.scene) == ids and not job.work_dir.exists()
+    # and driven to the end, it takes one step per frame after the process, then one to put them in place
+    job = r.logic.makeJob(r.cine.proxy, r.options(frame_mode="all"))
+    monitor = lib.JobMonitor(job)
+    monitor.start()
+    loading = 0
+    while not monitor.step():
+        loading += job.state == lib.SUCCEEDED  # a tick that loaded a frame and handed back to the GUI
+    assert loading == FRAMES and monitor.outcome == ("loaded", None)
+
+
+def test_cancel_returns_before_the_process_is_ended(replay):
+    """Defect 12: cancel hands the process's end (which may take seconds) to a background thread."""
+    r = replay
+    gate = threading.Event()
+    r.logic.launcher = fake = CopyingBatch(r.real.outdir, kill_gate=gate)
+    fake.returncode = lambda: None  # never ends by itself
+    finished = []
+    r.logic.start(r.cine.proxy, r.options(frame_mode="all"), onFinished=lambda s, e: finished.append(s))
+    FakeTimer.made[-1].slot()
+    job = r.logic.job
+    r.logic.cancel()
+    assert finished == [lib.CANCELLED] and not r.logic.isRunning
+    assert fake.kill_started.wait(10) and not fake.kill_done.is_set()  # still ending when cancel returned
+    gate.set()
+    assert r.logic.waitForBackground(10) and fake.kill_done.is_set()
+    assert not job.work_dir.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# frame choice and the ED/ES rule
+
+
+def test_frame_plans():
+    assert frame_plan(FrameMode.SHOWN, 5, 3) == FramePlan((3,))
+    assert frame_plan(FrameMode.ED_ES, 5, 3, 0, 2) == FramePlan((0, 2), 0, 2, indices=True)
+    assert frame_plan(FrameMode.ED_ES, 5, 3, 4, 1).frames == (1, 4)
+    assert frame_plan(FrameMode.ED_ES, 5, 3, 4, AUTO) == FramePlan((0, 1, 2, 3, 4), 4, None, indices=True)
+    assert frame_plan(FrameMode.ALL, 5, 3).find_ed_es and not frame_plan(FrameMode.ALL, 5, 3, 0, 1).find_ed_es
+    with pytest.raises(ValueError, match="same frame"):
+        frame_plan(FrameMode.ED_ES, 5, 0, 2, 2)
+    with pytest.raises(ValueError, match="ES frame 9 is not in the sequence"):
+        frame_plan(FrameMode.ALL, 5, 0, AUTO, 9)
+    with pytest.raises(ValueError, match="at least two frames"):
+        frame_plan(FrameMode.ED_ES, 1, 0)
+
+
+def test_ed_is_the_largest_lv_volume_and_es_the_smallest_unless_set():
+    lv = {0: 120.0, 1: 150.0, 2: 60.0, 3: 60.0, 4: 90.0}
+    assert pick_ed_es(lv) == (1, 2)  # ties: the earlier frame
+    assert pick_ed_es(lv, ed=0) == (0, 2)
+    assert pick_ed_es(lv, es=4) == (1, 4)
+    assert pick_ed_es({0: 5.0, 1: 5.0}) == (0, 1)  # a flat curve still gives two frames
+    with pytest.raises(ValueError):
+        pick_ed_es({0: 1.0})
+
+
+# ---------------------------------------------------------------------------------------------
+# the panel with a sequence, and a plain volume unchanged
+
+
+def test_the_panel_with_a_sequence(module, replay, monkeypatch):
+    r = replay
+    monkeypatch.setattr(slicer, "mrmlScene", r.scene)  # the module's Logic works on the application's scene
+    widget = make_widget(module, r.cine.proxy)
+    widget.logic.ensureDependencies = lambda askConfirmation=True: None
+    widget.logic.launcher = r.logic.launcher
+    p = widget._parameterNode
+    p.bundleSource, p.bundleFolder = module.BundleSource.FOLDER, str(r.real.bundle)
+    p.frameMode = FrameMode.ED_ES
+    widget._onParameterNodeModified()
+    assert widget.ui.cineGroupBox.visible and widget.ui.edFrameSpinBox.enabled
+    assert widget.ui.esFrameSpinBox.maximum == FRAMES - 1
+    widget.onApplyButton()
+    fire_until_idle(module, widget)
+    assert widget.ui.statusLabel.text.startswith("Done"), widget.ui.statusLabel.text
+    lines = widget.ui.indicesLabel.text.splitlines()
+    assert lines == widget.logic.indicesText(r.cine.proxy).splitlines() and len(lines) == 10
+    table = widget.ui.regionsTable
+    assert table.called("setHorizontalHeaderLabels")[-1][0][0] == "Frame"
+    assert table.called("setRowCount")[-1] == (len(widget.logic.reviewRows(r.cine.proxy)),)
+    # the frame slider: the shown frame's segmentation only
+    widget._observeBrowser(widget.logic.sequenceInfo(r.cine.proxy))
+    show_frame(r.cine, 2)
+    widget.onBrowserModified()
+    segs = {f: o.segmentation for f, o in widget.logic.frameOutputs(r.cine.proxy).items()}
+    assert {f: bool(s.GetDisplayNode().GetVisibility()) for f, s in segs.items()} == {0: False, 1: False, 2: True}
+    # an impossible choice is one line, nothing started
+    p.frameMode, p.edFrame, p.esFrame = FrameMode.ED_ES, 1, 1
+    widget.onApplyButton()
+    assert widget.ui.statusLabel.text == "Failed: ED and ES are the same frame (1); choose two frames"
+    assert not widget.logic.isRunning and widget.ui.applyButton.text == "Segment && Calibrate"
+
+
+def test_a_plain_volume_works_as_before(module, real_run, tmp_path, rotated_nifti):
+    """No sequence: the one-shot segment job, frameless outputs with the old names, no Frame column."""
+    scene = slicer.mrmlScene
+    volume = scene.AddNewNodeByClass("vtkMRMLScalarVolumeNode", "cine")
+    volume_files.read_volume_file(volume, rotated_nifti)
+    widget = make_widget(module, volume)
+    assert cine_of(scene, volume) is None
+    job = widget.logic.makeJob(volume, options_for(real_run.bundle, tmp_path))
+    assert isinstance(job, lib.SegmentationJob)
+    widget._onParameterNodeModified()
+    assert not widget.ui.cineGroupBox.visible
+    assert widget.ui.indicesLabel.text == ""
+    headers, _ = lib.region_table([{"frame": None, "region": 1, "status": "pending", "volume_mm3": 1000.0,
+                                    "mean_disagreement": 0.1, "classes": "LV", "note": ""}])
+    assert headers == ("#", "Status", "Volume (ml)", "Mean disagr.", "Classes")
+
+
+# ---------------------------------------------------------------------------------------------
+# defect 5: Slicer 5.12+ shows its own install dialogs
+
+
+class App:
+    def __init__(self, major, minor):
+        self.majorVersion, self.minorVersion = major, minor
+
+
+@pytest.mark.parametrize("version, own", [((5, 8), False), ((5, 10), False), ((5, 12), True), ((6, 0), True)])
+def test_pip_install_leaves_slicers_own_dialogs_alone(monkeypatch, version, own):
+    cursors = []
+
+    class Cursor:
+        def __enter__(self):
+            cursors.append("on")
+
+        def __exit__(self, *exc):
+            cursors.append("off")
+
+    def failing_pip(specs):
+        assert cursors == ([] if own else ["on"])  # no wait cursor over 5.12's modal progress dialog
+        raise RuntimeError("pip install failed: no matching distribution for monai>=1.5\ntraceback ...")
+
+    monkeypatch.setattr(slicer.util, "WaitCursor", Cursor)
+    monkeypatch.setattr(slicer.util, "pip_install", failing_pip)
+    monkeypatch.setattr(install, "_APPLICATION", App(*version))
+    with pytest.raises(install.InstallFailed) as failed:
+        install._pip_install(["monai>=1.5"])
+    assert failed.value.shown is own
+    assert str(failed.value) == "pip install failed: no matching distribution for monai>=1.5"
+    assert install.slicer_shows_install_dialogs(install.slicer_version()) is own
+    assert install.slicer_version() == version and install.slicer_version(object()) is None
+
+
+@pytest.mark.parametrize("shown", [True, False])
+def test_the_panel_adds_no_second_error_dialog_to_slicers(module, rotated_nifti, shown):
+    volume = slicer.mrmlScene.AddNewNodeByClass("vtkMRMLScalarVolumeNode", "cine")
+    volume_files.read_volume_file(volume, rotated_nifti)
+    widget = make_widget(module, volume)
+
+    def failing(askConfirmation=True):
+        raise install.InstallFailed("pip install failed: network unreachable", shown=shown)
+
+    widget.logic.ensureDependencies = failing
+    widget.onApplyButton()
+    message = "Installing the Python packages failed: pip install failed: network unreachable"
+    assert widget.ui.statusLabel.text == message
+    assert module.dialogs.errors == ([] if shown else [message])
+    assert widget.ui.applyButton.enabled and not widget.logic.isRunning
+
+
+def test_the_module_hands_the_application_to_the_installer():
+    source = (MODULE_DIR / "CARDSegment.py").read_text(encoding="utf-8")
+    assert 'use_application(getattr(slicer, "app", None))' in source
