@@ -17,7 +17,7 @@ from cardseg.base.errors import show
 #: for an integer, ``(low, high, max_len)`` for a list of integers.
 NET_CALIBRATOR_ARCH: Dict[str, Dict[str, Tuple[int, ...]]] = {
     "pts": {"num_classes": (2, 255), "top_k": (1, 255), "hidden": (1, 64), "layers": (1, 4)},
-    "lts": {"num_classes": (2, 255), "hidden": (1, 64), "kernel": (1, 9), "dilations": (1, 16, 6)},
+    "lts": {"num_classes": (2, 255), "kernel": (1, 9), "dilation": (1, 16)},
     "calibnet": {"num_classes": (2, 255), "branch": (1, 32), "hidden": (1, 64), "reduction": (1, 160),
                  "dae_hidden": (1, 64), "dae_dilations": (1, 16, 6), "augmentations": (1, 64)},
 }
@@ -70,11 +70,14 @@ def net_weight_shapes(method: str, arch: dict) -> Dict[str, List[int]]:
         for i in range(arch["layers"]):
             shapes[f"hidden.{i}.weight"], shapes[f"hidden.{i}.bias"] = [h, arch["top_k"] if i == 0 else h], [h]
         shapes["out.weight"], shapes["out.bias"] = [1, h], [1]
-    elif method == "lts":
-        c, size = arch["hidden"], arch["kernel"]
-        for i in range(len(arch["dilations"])):
-            conv(f"convs.{i}", c, k + 1 if i == 0 else c, size)
-        conv("out", 1, c, size)
+    elif method == "lts":  # the authors' tree: 4 leaves and 3 gates on the logits, a leaf and a gate for the image
+        size = arch["kernel"]
+        for i in range(4):
+            conv(f"leaves.{i}", 1, k, size)
+        for i in range(3):
+            conv(f"gates.{i}", 1, k, size)
+        conv("image_leaf", 1, 1, size)
+        conv("image_gate", 1, k, size)
     elif method == "calibnet":
         b, c, d = arch["branch"], arch["hidden"], arch["dae_hidden"]
         squeeze = max(1, 5 * b // arch["reduction"])

@@ -104,7 +104,8 @@ class NetworkCalibrator(Calibrator):
 
     # -- to be provided by each method ------------------------------------------------------
     def build(self, arch: dict) -> nn.Module:
-        """The method's module; its last layer is ``out`` (weight and bias)."""
+        """The method's module; its last layer is ``out`` (weight and bias), unless the method
+        overrides :meth:`set_constant_temperature` (LTS, whose tree has no single last layer)."""
         raise NotImplementedError
 
     def raw_output(self, logits: torch.Tensor, **inputs: torch.Tensor) -> torch.Tensor:
