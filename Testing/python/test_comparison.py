@@ -107,3 +107,48 @@ def test_rows_get_paired_patient_intervals_across_segmentors(tmp_path):
     from cardseg_train.comparison import plot_block_nll
 
     assert_figure(plot_block_nll(cmp, tmp_path / "b.png"))
+
+
+def _write(folder, table, roi=None):
+    folder.mkdir(parents=True)
+    if roi is not None:
+        table = {**table, "roi": roi, "settings": {**table["settings"], "roi": roi}}
+    (folder / "calibration.json").write_text(json.dumps(table))
+
+
+def test_sources_in_different_rois_are_refused():
+    src = _sources()
+    src["card"]["roi"] = "square10"  # conventional has none recorded: an old disk10 evaluation
+    with pytest.raises(CardsegError, match="different ROIs .'disk10' vs 'square10'|different ROIs .'square10' vs 'disk10'"):
+        comparison_table(src)
+    src["conventional"]["roi"] = "square10"
+    assert comparison_table(src)["roi"] == "square10"
+
+
+def test_cli_compares_in_each_roi_from_the_roi_subfolders(tmp_path, capsys):
+    src = _sources()
+    # each evaluation holds disk10 in its folder and square10 in roi-square10/, with other numbers
+    for name, t in src.items():
+        _write(tmp_path / name, t, "disk10")
+        sq = json.loads(json.dumps(t))
+        for c in CONDS:
+            for m in sq["methods"]:
+                sq["pooled"][c][m]["nll"] *= 2
+        _write(tmp_path / name / "roi-square10", sq, "square10")
+    _write(tmp_path / "alea", _table(["uc"], {"uc": [0.5, 0.9]}), None)  # an old disk10-only evaluation
+    out = tmp_path / "cmp"
+    assert main(["compare", "--card", str(tmp_path / "card"), "--conventional", str(tmp_path / "conventional"),
+                 "--aleatoric", str(tmp_path / "alea"), "--roi", "disk10,square10", "--out", str(out)]) == 0
+    disk = json.loads((out / "comparison.json").read_text())
+    square = json.loads((out / "roi-square10" / "comparison.json").read_text())
+    assert disk["roi"] == "disk10" and square["roi"] == "square10"
+    ts = {r["label"]: r["block_nll"] for r in disk["rows"]}
+    ts_sq = {r["label"]: r["block_nll"] for r in square["rows"]}
+    assert ts_sq["TS"] == pytest.approx(2 * ts["TS"]) and ts_sq["CARD"] == pytest.approx(2 * ts["CARD"])
+    assert square["sources"]["card"].endswith("roi-square10")
+    # the aleatoric evaluation has disk10 tables only: its row is in the disk10 table, named missing in square10
+    assert "Alea." in ts and "Alea." not in ts_sq and square["sources_without_roi"] == ["aleatoric"]
+    assert "ROI square10" in (out / "roi-square10" / "comparison.md").read_text()
+    assert_figure(out / "roi-square10" / "comparison_block_nll.png")
+    assert main(["compare", "--card", str(tmp_path / "card"), "--roi", "disk7", "--out", str(out)]) == 2
+    assert "disk7" in capsys.readouterr().err

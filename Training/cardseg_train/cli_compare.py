@@ -94,6 +94,11 @@ def compare_parser() -> argparse.ArgumentParser:
                    help="evaluate --out of the deterministic segmentor's plain bundle (methods uc,ts,ets,hts,pts,lts,"
                         "calibnet)")
     p.add_argument("--aleatoric", metavar="DIR", help="evaluate --out of the aleatoric segmentor's plain bundle (uc)")
+    p.add_argument("--roi", metavar="ROI",
+                   help="comma-separated ROIs to compare in, the first written into OUT, each further one into "
+                        "OUT/roi-<name>/ (as cardseg evaluate --roi writes them); each source's tables in that ROI "
+                        "are its folder or its roi-<name>/ subfolder, and a source without them is left out and "
+                        "named. Default: the ROI the given folders hold")
     p.add_argument("--out", required=True, metavar="DIR")
     return p
 
@@ -105,7 +110,18 @@ def cmd_compare(argv: List[str]) -> int:
     sources = parse_sources(a.card, a.conventional, a.aleatoric)
     if not sources:
         raise CardsegError("give at least one of --card, --conventional, --aleatoric")
-    print(markdown(write_comparison(sources, Path(a.out))))
+    if not a.roi:
+        print(markdown(write_comparison(sources, Path(a.out))))
+        return 0
+    from .calibration_eval import ROIS
+
+    rois = comma_names(a.roi, list(ROIS), "ROI")
+    for source, folder in sources.items():
+        if not (folder / "calibration.json").is_file():
+            raise CardsegError(f"{folder}: no calibration.json (run cardseg evaluate --out {folder} first)")
+    for i, roi in enumerate(rois):
+        out = Path(a.out) if i == 0 else Path(a.out) / f"roi-{roi}"
+        print(markdown(write_comparison(sources, out, roi=roi), f"The paper's Table I on our data, ROI {roi}"))
     return 0
 
 

@@ -8,8 +8,10 @@ one bundle at a time (a deterministic or aleatoric run is wrapped as a *plain* b
 and puts the rows side by side, with the paper's values beside ours. It computes nothing new
 from pixels: every number comes from the evaluate outputs it names.
 
-All sources must cover the same volumes and conditions (same split, seed and corruptions):
-:func:`comparison_table` refuses otherwise.
+All sources must cover the same volumes, conditions and ROI (same split, seed, corruptions and
+dilation of the ground truth): :func:`comparison_table` refuses otherwise. An evaluation run with
+several ROIs (``cardseg evaluate --roi disk10,square10``) holds the first in its folder and each
+further one in ``roi-<name>/``; :func:`sources_for_roi` picks the right folder of each source.
 """
 
 from __future__ import annotations
@@ -47,11 +49,37 @@ def load_table(folder: Path) -> dict:
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+#: the ROI of an evaluation written before ``calibration.json`` recorded one (the only one then)
+DEFAULT_ROI = "disk10"
+
+
+def table_roi(table: dict) -> str:
+    """The ROI an evaluation's tables were measured in."""
+    return table.get("roi") or (table.get("settings") or {}).get("roi") or DEFAULT_ROI
+
+
+def sources_for_roi(sources: Dict[str, Path], roi: str) -> Tuple[Dict[str, Path], List[str]]:
+    """``({source: folder holding its tables in roi}, [sources without that ROI])``: a source's own
+    folder when its ``calibration.json`` is in ``roi``, else its ``roi-<roi>/`` subfolder."""
+    found, lacking = {}, []
+    for name, folder in sources.items():
+        for cand in (Path(folder), Path(folder) / f"roi-{roi}"):
+            if (cand / "calibration.json").is_file() and table_roi(load_table(cand)) == roi:
+                found[name] = cand
+                break
+        else:
+            lacking.append(name)
+    return found, lacking
+
+
 def _check_same_protocol(tables: Dict[str, dict]) -> List[str]:
     names = list(tables)
     first = tables[names[0]]
     for name in names[1:]:
         t = tables[name]
+        if table_roi(t) != table_roi(first):
+            raise CardsegError(f"{name} and {names[0]} were measured in different ROIs "
+                               f"({table_roi(t)!r} vs {table_roi(first)!r})")
         for key in ("conditions", "volumes"):
             if t.get(key) != first.get(key):
                 raise CardsegError(f"{name} and {names[0]} were evaluated on different {key} "
@@ -101,7 +129,8 @@ def comparison_table(tables: Dict[str, dict]) -> dict:
                                                 if runner["label"] in PAPER else None)}
     dice = {name: (t.get("segmentation", {}).get("clean", {}).get("dice", {}) or {}).get("mean")
             for name, t in tables.items()}
-    return {"conditions": conditions, "volumes": next(iter(tables.values()))["volumes"], "rows": rows,
+    return {"conditions": conditions, "roi": table_roi(next(iter(tables.values()))),
+            "volumes": next(iter(tables.values()))["volumes"], "rows": rows,
             "missing": missing, "lowest_block_nll": best["label"], "card_vs_best_other": ratio,
             "clean_dice_by_source": dice, "bootstrap": rows_bootstrap(tables, rows, conditions)}
 
@@ -134,7 +163,8 @@ def _f(v: Optional[float], scale: float = 1.0, digits: int = 3) -> str:
 def markdown(cmp: dict, title: str = "The paper's Table I on our data") -> str:
     conds = cmp["conditions"]
     lines = [f"# {title}", "",
-             f"{cmp['volumes']} volumes x {len(conds)} conditions; ECE / SCE / ACE in %, pooled over the ROI pixels. "
+             f"{cmp['volumes']} volumes x {len(conds)} conditions, ROI {cmp.get('roi', DEFAULT_ROI)}; ECE / SCE / "
+             "ACE in %, pooled over the ROI pixels. "
              "Block NLL: mean of the per-condition NLLs over all conditions, clean included (the paper's ACDC-C "
              "column). The paper's values (its Table I(a)) stand beside ours; its data, corruption severities and "
              "networks differ, so compare orderings and ratios, not raw numbers.", ""]
@@ -224,14 +254,27 @@ def plot_block_nll(cmp: dict, path: Path) -> Path:
     return path
 
 
-def write_comparison(sources: Dict[str, Path], out: Path) -> dict:
-    """Read each source folder's ``calibration.json``, write ``comparison.md/.json`` and the figure into ``out``."""
-    tables = {name: load_table(folder) for name, folder in sources.items() if folder is not None}
+def write_comparison(sources: Dict[str, Path], out: Path, roi: Optional[str] = None) -> dict:
+    """Read each source folder's ``calibration.json``, write ``comparison.md/.json`` and the figure into ``out``.
+
+    With ``roi``, each source's tables in that ROI (:func:`sources_for_roi`); sources without it
+    are left out and named under ``sources_without_roi``."""
+    sources = {name: Path(folder) for name, folder in sources.items() if folder is not None}
+    lacking: List[str] = []
+    if roi is not None:
+        sources, lacking = sources_for_roi(sources, roi)
+        if not sources:
+            raise CardsegError(f"none of the evaluations holds tables in the ROI {roi!r}")
+    tables = {name: load_table(folder) for name, folder in sources.items()}
     cmp = comparison_table(tables)
-    cmp["sources"] = {name: str(folder) for name, folder in sources.items() if folder is not None}
+    cmp["sources"] = {name: str(folder) for name, folder in sources.items()}
+    if lacking:
+        cmp["sources_without_roi"] = lacking
+        cmp["missing"] = cmp["missing"] + [f"every {name} row (its evaluation has no {roi} tables)" for name in lacking]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    for name, text in (("comparison.md", markdown(cmp)), ("comparison.json", json.dumps(cmp, indent=1) + "\n")):
+    title = "The paper's Table I on our data" + (f", ROI {roi}" if roi else "")
+    for name, text in (("comparison.md", markdown(cmp, title)), ("comparison.json", json.dumps(cmp, indent=1) + "\n")):
         tmp = out / (name + ".tmp")
         tmp.write_text(text, encoding="utf-8")
         tmp.replace(out / name)
@@ -244,4 +287,5 @@ def parse_sources(card: Optional[str], conventional: Optional[str], aleatoric: O
     return {k: Path(v) for k, v in sources.items() if v}
 
 
-__all__: Sequence[str] = ("ROWS", "PAPER", "comparison_table", "markdown", "write_comparison", "load_table")
+__all__: Sequence[str] = ("ROWS", "PAPER", "comparison_table", "markdown", "write_comparison", "load_table",
+                          "sources_for_roi", "table_roi")
