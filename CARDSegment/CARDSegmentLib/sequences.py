@@ -21,8 +21,6 @@ import enum
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from .outputs import all_nodes
-
 #: ``ed_frame`` / ``es_frame`` value meaning "find it from the LV volume curve"
 AUTO = -1
 
@@ -86,9 +84,8 @@ def cine_of(scene, volume) -> Optional[Cine]:
     """The sequence browser and volume sequence whose proxy node is ``volume``, or None (a plain volume)."""
     if volume is None or scene is None or volume.GetID() is None:
         return None
-    for browser in all_nodes(scene):
-        if not browser.IsA("vtkMRMLSequenceBrowserNode"):
-            continue
+    browsers = scene.GetNodesByClass("vtkMRMLSequenceBrowserNode")
+    for browser in (browsers.GetItemAsObject(i) for i in range(browsers.GetNumberOfItems())):
         for sequence in _synchronized(browser):
             proxy = browser.GetProxyNode(sequence)
             if proxy is not None and proxy.GetID() == volume.GetID() and sequence.GetNumberOfDataNodes() > 0:

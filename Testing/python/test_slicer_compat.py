@@ -58,6 +58,7 @@ SLICER_5_8_0 = {
         "vtkMRMLScalarVolumeNode", "vtkMRMLSegmentationNode", "vtkMRMLSegmentationStorageNode",
         "vtkMRMLSliceCompositeNode", "vtkMRMLSliceNode", "vtkMRMLTableNode", "vtkMRMLTextNode",
         "vtkMRMLVectorVolumeNode", "vtkMRMLVolumeArchetypeStorageNode", "vtkSlicerColorLogic",
+        "vtkMRMLSequenceBrowserNode",
     },
     "util": {
         "VTKObservationMixin", "WaitCursor", "childWidgetVariables", "confirmOkCancelDisplay", "errorDisplay",
@@ -194,6 +195,15 @@ SLICER_5_8_0 = {
         "StartCloseEvent": ["vtkMRMLScene"],
         "StartModify": ["vtkMRMLNode"],
         "WriteData": ["vtkMRMLStorageNode"],
+        # a cine sequence's browser and volumes (CARDSegmentLib/sequences.py)
+        "GetIndexUnit": ["vtkMRMLSequenceNode"],
+        "GetNthDataNode": ["vtkMRMLSequenceNode"],
+        "GetNthIndexValue": ["vtkMRMLSequenceNode"],
+        "GetNumberOfDataNodes": ["vtkMRMLSequenceNode"],
+        "GetProxyNode": ["vtkMRMLSequenceBrowserNode"],
+        "GetSelectedItemNumber": ["vtkMRMLSequenceBrowserNode"],
+        "GetSynchronizedSequenceNodes": ["vtkMRMLSequenceBrowserNode"],
+        "SetSelectedItemNumber": ["vtkMRMLSequenceBrowserNode"],
     },
 }
 
