@@ -89,3 +89,18 @@ def test_maps_are_cached_and_reused(tiny_bundle, synthetic_volume, tmp_path, mon
     again = review_data.collect_maps(bundle, [item], ["clean", "spike"], tmp_path)
     assert np.array_equal(again[0].pred, first[0].pred)
     assert np.allclose(again[1].tac, first[1].tac, atol=1e-3)  # stored as float16
+
+
+def test_the_second_pass_searches_around_the_winner_and_never_does_worse():
+    from cardseg_train.review_fit import refine_grid, two_pass
+
+    maps = [_maps(i, f"patient{i:03d}_frame01") for i in range(4)]
+    grid = refine_grid({"smooth_px": 0.0, "connectivity": "slice", "flag_threshold": 0.08, "max_ml": 2.0,
+                        "ranking": "p_error"})
+    assert grid["flag_threshold"] == (0.07, 0.08, 0.09) and grid["max_ml"] == (2.0, 3.0, 4.0)
+    first = select_settings(maps, grid={"smooth_px": (0.0,), "connectivity": ("slice",), "flag_threshold": (0.2,),
+                                        "max_ml": (0.1,), "ranking": ("p_error",)}, max_burden=1.0)
+    res = two_pass(maps, first=first)
+    assert {c["pass"] for c in res["candidates"]} == {1, 2}
+    assert res["validation"]["cross_validated"]["covered_top3"] >= first["validation"]["cross_validated"]["covered_top3"]
+    assert res["settings"]["max_ml"] in (0.1, 0.15, 0.2)

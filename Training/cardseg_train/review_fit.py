@@ -9,7 +9,8 @@ predicts that label; it is fitted leave-one-patient-out so that the setting is c
 out-of-sample rankings: the setting whose first :data:`BUDGET` regions per volume cover the most
 substantial errors (at least half of each error's pixels) with a median burden (their voxels over
 the predicted heart's) of at most :data:`MAX_BURDEN` wins. The final model is then fitted on all
-validation regions of that setting. Test patients are never read here.
+validation regions of that setting. The search runs in two passes (:func:`two_pass`): the grid
+:data:`GRID`, then a finer one around its winner. Test patients are never read here.
 """
 
 from __future__ import annotations
@@ -86,6 +87,8 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 0.05) -> ErrorModel:
     """Logistic regression on standardised features by L-BFGS (mean log-loss + ``l2 |w|^2``)."""
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
+    if len(y) == 0:  # no regions at all: a model that says nothing (p = 0.5), never NaN
+        return ErrorModel(np.zeros(x.shape[1]), np.ones(x.shape[1]), np.zeros(x.shape[1]), 0.0)
     mean = x.mean(axis=0) if len(x) else np.zeros(x.shape[1])
     scale = x.std(axis=0) if len(x) else np.ones(x.shape[1])
     scale = np.where(scale > 1e-9, scale, 1.0)
@@ -198,3 +201,24 @@ def select_settings(maps: Sequence[VolumeMaps], grid: Optional[dict] = None, max
                                               settings["ranking"]),
                            "cross_validated": cv_summary, "regions_total": int(len(y)),
                            "regions_holding_an_error": int(y.sum())}}
+
+
+def refine_grid(settings: dict) -> dict:
+    """The second pass around the first pass's winner: its smoothing, connectivity and ranking, the
+    flag threshold x 0.875 / 1 / 1.125 and the size cap x 1 / 1.5 / 2."""
+    t, cap = float(settings["flag_threshold"]), settings.get("max_ml")
+    return {"smooth_px": (settings["smooth_px"],), "connectivity": (settings["connectivity"],),
+            "flag_threshold": tuple(round(t * f, 4) for f in (0.875, 1.0, 1.125)),
+            "max_ml": (None,) if cap is None else tuple(float(cap) * f for f in (1.0, 1.5, 2.0)),
+            "ranking": (settings["ranking"],)}
+
+
+def two_pass(maps: Sequence[VolumeMaps], first: Optional[dict] = None, progress=None) -> dict:
+    """:func:`select_settings` over :data:`GRID`, then over :func:`refine_grid` of its winner (which
+    holds that winner, so the second pass never does worse); candidates of both, tagged by pass.
+    ``first``: the first pass's result when already computed."""
+    first = first or select_settings(maps, progress=progress)
+    second = select_settings(maps, grid=refine_grid(first["settings"]), progress=progress)
+    second["candidates"] = ([{**c, "pass": 1} for c in first["candidates"]]
+                            + [{**c, "pass": 2} for c in second["candidates"]])
+    return second

@@ -21,7 +21,7 @@ import numpy as np
 from cardseg.review.regions import DEFAULTS, ErrorModel
 
 from .report_files import atomic_write, format_value, pyplot, save_titled
-from .review_fit import BUDGET, MAX_BURDEN, select_settings
+from .review_fit import BUDGET, MAX_BURDEN, two_pass
 from .review_measure import BURDENS, VOXEL_MAPS, study
 
 #: every setting of a rule (the rest of a regions block is its model and notes)
@@ -49,20 +49,26 @@ def fit_bundle_review(bundle, data: str, cache_dir: Optional[Path], device="cpu"
     key = cache_key(bundle, "val", 0)
     maps = collect_maps(bundle, cases, ["clean"], None if cache_dir is None else Path(cache_dir) / key, 0, device,
                         batch_size, progress)
-    fit = select_settings(maps, progress=progress)
-    old = bundle.config["regions"]
+    fit = two_pass(maps, progress=progress)
+    block = regions_block(fit, bundle.config["regions"], len(maps), time.perf_counter() - t0)
+    return {"block": block, "candidates": fit["candidates"]}
+
+
+def regions_block(fit: dict, old: dict, volumes: int, seconds: float) -> dict:
+    """The ``regions`` block of a fit (:func:`cardseg_train.review_fit.two_pass`), keeping the rule
+    it replaces (``old``'s settings and model) as ``previous``."""
     previous = {k: v for k, v in old.items() if k in RULE_KEYS or k == "model"}
     block = {**fit["settings"], "model": fit["model"].to_dict(),
              "flag_rule": "chosen on clean validation volumes by cardseg fit-review (see fit)",
-             "fit": {"split": "val", "condition": "clean", "volumes": len(maps),
+             "fit": {"split": "val", "condition": "clean", "volumes": volumes,
                      "objective": f"substantial errors covered (at least half their pixels) by the first {BUDGET} "
                                   f"regions per volume, leave-one-patient-out, median burden at most "
                                   f"{MAX_BURDEN:.0%} of the predicted heart",
                      "p_error": "probability that the region holds at least half of a substantial error",
                      "validation": fit["validation"], "date": time.strftime("%Y-%m-%d"),
-                     "seconds": round(time.perf_counter() - t0, 1)},
+                     "seconds": round(seconds, 1)},
              "previous": previous}
-    return {"block": block, "candidates": fit["candidates"]}
+    return block
 
 
 def review_tables(maps, config: dict, seed: int = 0, progress=None) -> dict:
