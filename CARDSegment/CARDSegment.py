@@ -212,12 +212,11 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             return
         self._shownFrame = cine.shown
         self.logic.followFrame(p.inputVolume, p.overlay.value, p.overlayOpacity)
-        self.refreshResults()
+        self.refreshResults(table=False)
 
     def onBundleFolderChanged(self, path: str) -> None:
         """The folder box changed: store it ("" when empty, never ".")."""
-        p = self._parameterNode
-        text = lib.folder_text(path)
+        p, text = self._parameterNode, lib.folder_text(path)
         if p is not None and p.bundleFolder != text:
             p.bundleFolder = text
 
@@ -318,8 +317,8 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
 
     # -- results and review
 
-    def refreshResults(self) -> None:
-        """Show the input's agreement and review table (the slice views are left as they are)."""
+    def refreshResults(self, table: bool = True) -> None:
+        """Show the input's agreement, indices and (``table``) review table (the slice views are left alone)."""
         p = self._parameterNode
         volume = p.inputVolume if p else None
         outputs = self.logic.outputs(volume) if volume else lib.OutputNodes()
@@ -328,10 +327,11 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.ui.agreementLabel.text = summary.text
         self.ui.agreementLabel.setStyleSheet("color: #c0392b; font-weight: bold;" if summary.warning else "")
         self.ui.indicesLabel.text = self.logic.indicesText(volume) if volume else ""
-        rows = self.logic.reviewRows(volume) if volume else []
         self.ui.keepResultsButton.enabled = self.logic.hasSegmentation(volume)
-        self.ui.exportButton.enabled = bool(rows) or bool(self.ui.indicesLabel.text)
-        self._fillRegionsTable(rows)
+        if table:  # not on each frame of a playing cine: the table holds every frame's regions already
+            rows = self.logic.reviewRows(volume) if volume else []
+            self.ui.exportButton.enabled = bool(rows) or bool(self.ui.indicesLabel.text)
+            self._fillRegionsTable(rows)
 
     def _fillRegionsTable(self, rows) -> None:
         self._statusColumn, self._rowKeys = lib.fill_region_table(self.ui.regionsTable, rows, qt.QTableWidgetItem)

@@ -195,6 +195,11 @@ class CineJob:
         manifest = self.work_dir / "manifest-ed-es.csv"
         write_manifest(manifest, self.plan.frames, self.ed, self.es)
         self._start_run(manifest, None)
+        self._report_progress()
+
+    def _report_progress(self) -> None:
+        if self.on_progress is not None:
+            self.on_progress(self.progress)
 
     def wait(self, timeout: Optional[float] = None) -> str:
         """Poll until the engine is done (scripts, tests)."""
@@ -234,6 +239,7 @@ class CineJob:
                     self.scene, self.input_volume, self.frame_dir(frame), self._classes,
                     self.options.load_probabilities, frame=frame))
                 self._loading += 1
+                self._report_progress()
                 return False
             if self.plan.indices:
                 indices = indices_from_subjects(self.output_dir / "subjects.csv", self.ed, self.es)

@@ -173,6 +173,9 @@ def test_the_real_engine_segments_every_frame_and_picks_ed_and_es_from_the_lv_cu
     cases = [p for p in r.progress if p.stage == "cases"]
     assert cases and cases[-1].total == FRAMES and cases[-1].done == FRAMES
     assert "Segmenting frames (3/3)" in [p.text for p in cases]
+    stages = [p.stage for p in r.progress]
+    assert stages.index("indices") > stages.index("cases") and stages[-1] == "loading"
+    assert r.progress[-1].text == "Loading the results (3/3)"
     # per-frame nodes, named by frame, each frame's segmentation on the sequence's grid
     for f, o in r.outputs.items():
         assert o.segmentation.GetName() == f"7: SAX cine frame {f} CARD segmentation"
