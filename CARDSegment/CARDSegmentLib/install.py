@@ -7,6 +7,9 @@ From Slicer 5.12 on, ``pip_install`` shows its own modal progress dialog while i
 own error dialog when the install fails; there the module neither puts a wait cursor over that
 dialog nor shows a second error (:class:`InstallFailed` with ``shown``). Before 5.12 pip runs
 without a dialog: the wait cursor is the only sign of work, and the module's dialog the only error.
+(Slicer v5.12.0, ``Base/Python/slicer/packaging.py``: ``pip_install(..., blocking=True,
+show_progress=True)``, "When show_progress=True, an error dialog with the full log is shown before
+raising"; v5.10.0's ``slicer.util.pip_install(requirements)`` has neither.)
 """
 
 from __future__ import annotations

@@ -12,6 +12,8 @@ import contextlib
 import csv
 import io
 import json
+import os
+import subprocess
 import shutil
 import sys
 import threading
@@ -501,3 +503,45 @@ def test_the_panel_adds_no_second_error_dialog_to_slicers(module, rotated_nifti,
 def test_the_module_hands_the_application_to_the_installer():
     source = (MODULE_DIR / "CARDSegment.py").read_text(encoding="utf-8")
     assert 'use_application(getattr(slicer, "app", None))' in source
+
+
+@pytest.mark.parametrize("version, own", [((5, 10), False), ((5, 12), True)])
+def test_torch_is_installed_without_a_wait_cursor_over_slicers_dialog(monkeypatch, version, own):
+    cursors = []
+
+    class Cursor:
+        def __enter__(self):
+            cursors.append("on")
+
+        def __exit__(self, *exc):
+            return False
+
+    class TorchLogic:
+        def torchInstalled(self):
+            return False
+
+        def installTorch(self, askConfirmation, torchVersionRequirement):
+            assert cursors == ([] if own else ["on"])
+            return object()
+
+    monkeypatch.setattr(slicer.util, "WaitCursor", Cursor)
+    monkeypatch.setitem(sys.modules, "PyTorchUtils", SimpleNamespace(PyTorchUtilsLogic=TorchLogic))
+    monkeypatch.setattr(install, "_APPLICATION", App(*version))
+    install._install_torch()
+    assert cursors == ([] if own else ["on"])
+
+
+@pytest.mark.skipif(not os.environ.get("SLICER_SOURCE"), reason="needs SLICER_SOURCE: a Slicer git checkout")
+def test_slicer_5_12_is_the_first_whose_pip_install_shows_its_own_dialogs():
+    """The version rule of defect 5, checked against Slicer's source (tags v5.10.0 and v5.12.0)."""
+    def show(tag, path):
+        return subprocess.run(["git", "-C", os.environ["SLICER_SOURCE"], "show", f"{tag}:{path}"],
+                              capture_output=True, text=True, check=True).stdout
+
+    old = show("v5.10.0", "Base/Python/slicer/util.py")
+    assert "def pip_install(requirements):" in old and "show_progress" not in old
+    new = show("v5.12.0", "Base/Python/slicer/packaging.py")
+    assert "show_progress: bool = True" in new and "blocking: bool = True" in new
+    assert "When show_progress=True, an error dialog with the full log is shown before raising." in new
+    assert install.OWN_DIALOGS_FROM == (5, 12)
+
