@@ -107,6 +107,7 @@ class CineJob:
         self.outputs: Dict[int, OutputNodes] = {}
         self._pending: List[PendingOutputs] = []
         self._indices_table = None
+        self._classes: Optional[list] = None
         self._existing: Optional[set] = None
         self._error: Optional[str] = None
         self._state = proc.IDLE
