@@ -13,8 +13,11 @@ which the module drives exactly like a :class:`~.process.CardsegRun` (``start``,
   is; the next run starts a new one.
 * It dies with Slicer: the engine exits when its stdin reaches end of file (this process is gone),
   and :meth:`Engine.close` (also registered with :mod:`atexit`) kills it.
-* A run whose engine ended before it was ready (e.g. an engine without ``serve``) has
-  :attr:`EngineRun.engine_failed` set: the caller may run it again as a one-shot process.
+* The one-shot process stays the fallback: a run whose engine could not start or ended before it
+  was ready (e.g. an engine without ``serve``) goes on as a one-shot ``cardseg segment``
+  (:attr:`EngineRun.engine_failed` says so), and so do the later runs of that engine.
+  :meth:`Engine.run_factory` has the signature of ``cine.RunFactory``: an engine run for a plain
+  segment command, the one-shot run for anything else (``cardseg batch``).
 """
 
 from __future__ import annotations
@@ -36,9 +39,11 @@ READY, RESULT, EXIT = "ready", "result", "exit"
 
 
 def engine_argv(command: proc.SegmentCommand) -> List[str]:
-    """The ``cardseg serve`` command line for the interpreter and package ``command`` names."""
+    """The ``cardseg serve`` command line for the interpreter ``command`` names; it loads the
+    bundle and device of ``command`` at start (later runs may name others: the engine reloads)."""
     python = command.python_executable or proc.default_python_executable()
-    return [python, "-m", "cardseg", "serve", "--eof", "stop"]
+    argv = [python, "-m", "cardseg", "serve", "--eof", "stop", "--device", command.device]
+    return argv + (["--bundle", str(command.bundle_path)] if command.bundle_path else [])
 
 
 def launch_key(command: proc.SegmentCommand) -> Tuple:
@@ -158,17 +163,20 @@ class EngineRun:
     """One segmentation through the :class:`Engine`, with :class:`~.process.CardsegRun`'s interface."""
 
     def __init__(self, engine: "Engine", command: proc.SegmentCommand,
-                 on_progress: Optional[Callable[[proc.Progress], None]] = None):
+                 on_progress: Optional[Callable[[proc.Progress], None]] = None,
+                 one_shot_launcher: Optional[proc.Launcher] = None):
         self.engine = engine
         self.command = command
         self.on_progress = on_progress
+        self.one_shot_launcher = one_shot_launcher  # for the fallback (None: a real process)
+        self.one_shot: Optional[proc.CardsegRun] = None
         self.state = proc.IDLE
         self.progress = proc.Progress()
         self.error: Optional[str] = None
         self.returncode: Optional[int] = None
         self.log: List[str] = []
         self.result: Optional[dict] = None  # the engine's result event of a succeeded run
-        self.engine_failed = False  # the engine ended before it was ready: try the one-shot process
+        self.engine_failed = False  # the engine could not serve it: it runs as the one-shot process
         self.started_at: Optional[float] = None
         self.finished_at: Optional[float] = None
         self.id: Optional[int] = None
@@ -190,13 +198,20 @@ class EngineRun:
     def poll(self) -> str:
         """Read what the engine sent, update progress; returns the state (call it from a timer)."""
         if self.state == proc.RUNNING:
-            self.engine.poll()
+            if self.one_shot is not None:
+                self.one_shot.poll()
+                self._follow()
+            else:
+                self.engine.poll()
         return self.state
 
     def cancel(self) -> None:
         """End the work at once (the engine process is killed); the state becomes ``cancelled``."""
         if self.state == proc.IDLE:
             self.finish(proc.CANCELLED, None)
+        elif self.one_shot is not None:
+            self.one_shot.cancel()
+            self._follow()
         elif self.state == proc.RUNNING:
             self.engine.cancel(self)
 
@@ -218,6 +233,23 @@ class EngineRun:
         self.progress = proc.Progress(stage, done, total, fraction)
         if self.on_progress is not None:
             self.on_progress(self.progress)
+
+    def fall_back(self, reason: str) -> None:
+        """The engine cannot serve this run (it never got ready): run it as the one-shot process."""
+        self.engine_failed = True
+        self.log.append(f"the warm engine did not start ({reason}); running a one-shot process instead")
+        self.one_shot = proc.CardsegRun(self.command, self.one_shot_launcher, self.on_progress)
+        self.state = proc.RUNNING
+        self.one_shot.start()
+        self._follow()
+
+    def _follow(self) -> None:
+        """Take over the one-shot run's progress and, once it ended, its outcome."""
+        run = self.one_shot
+        self.progress, self.returncode = run.progress, run.returncode
+        if run.finished:
+            self.log += run.log
+            self.finish(run.state, run.error)
 
     def finish(self, state: str, error: Optional[str]) -> None:
         if state == proc.SUCCEEDED:
@@ -252,6 +284,7 @@ class Engine:
         self.current: Optional[EngineRun] = None
         self.log: List[str] = []  # the process's other lines (stderr), the latest kept
         self.starts = 0  # processes started so far
+        self.broken: Optional[Tuple] = None  # the launch key of an engine that never got ready
         self._next_id = 0
         _OPEN_ENGINES.add(self)
 
@@ -263,10 +296,20 @@ class Engine:
     def busy(self) -> bool:
         return self.current is not None and self.current.running
 
-    def run(self, command: proc.SegmentCommand,
-            on_progress: Optional[Callable[[proc.Progress], None]] = None) -> EngineRun:
-        """A run of ``command`` through this engine (not started yet: call its ``start``)."""
-        return EngineRun(self, command, on_progress)
+    def run(self, command: proc.SegmentCommand, on_progress: Optional[Callable[[proc.Progress], None]] = None,
+            one_shot_launcher: Optional[proc.Launcher] = None) -> EngineRun:
+        """A run of ``command`` through this engine (not started yet: call its ``start``);
+        ``one_shot_launcher`` starts its fallback process (None: a real one)."""
+        return EngineRun(self, command, on_progress, one_shot_launcher)
+
+    def run_factory(self, command: proc.SegmentCommand, launcher: Optional[proc.Launcher] = None,
+                    on_progress: Optional[Callable[[proc.Progress], None]] = None):
+        """``cine.RunFactory``'s signature: an :class:`EngineRun` for a plain ``cardseg segment``
+        command, else (a subclass such as ``cardseg batch``'s, or an engine for this interpreter
+        that never got ready) the one-shot :class:`~.process.CardsegRun` with ``launcher``."""
+        if type(command) is not proc.SegmentCommand or self.broken == launch_key(command):
+            return proc.CardsegRun(command, launcher, on_progress)
+        return self.run(command, on_progress, launcher)
 
     def warm_up(self, command: proc.SegmentCommand) -> None:
         """Start the engine for runs like ``command`` now (it loads the default bundle), if not running."""
@@ -289,8 +332,8 @@ class Engine:
         try:
             self._ensure(run.command)
         except OSError as exc:
-            run.engine_failed = True
-            run.finish(proc.FAILED, f"cannot start {engine_argv(run.command)[0]}: {exc}")
+            self.broken = launch_key(run.command)
+            run.fall_back(f"cannot start {engine_argv(run.command)[0]}: {exc}")
             return
         self.current = run
         run.state = proc.RUNNING
@@ -311,10 +354,16 @@ class Engine:
         run = self.current
         failed_before_ready = self.ready is None
         self.handle = None  # the next run starts a new process
+        if failed_before_ready:
+            self.broken = self.key
         if run is not None and run.running:
-            run.returncode = code
-            run.engine_failed = failed_before_ready
-            run.finish(proc.FAILED, proc.extract_error(run.log or self.log, code))
+            self.current = None
+            error = proc.extract_error(run.log or self.log, code)
+            if failed_before_ready:
+                run.fall_back(error)
+            else:
+                run.returncode = code
+                run.finish(proc.FAILED, error)
 
     def cancel(self, run: EngineRun) -> None:
         """End ``run`` at once: the engine process goes (the next run starts another)."""
@@ -325,10 +374,11 @@ class Engine:
             run.finish(proc.CANCELLED, None)
 
     def close(self) -> None:
-        """End the engine (the running run, if any, is cancelled)."""
+        """End the engine (the running run, if any, is cancelled); a later run starts a new one."""
         if self.current is not None and self.current.running:
             self.current.finish(proc.CANCELLED, None)
         self._discard()
+        self.broken = None
 
     # -- internals
 

@@ -101,7 +101,9 @@ def test_the_request_carries_the_run_options():
     r = request_of(command(bundle_path="/b", device="cpu", method="uc", threads=3, batch_size=4), 7)
     assert r == {"id": 7, "input": "in.nrrd", "output": "out", "device": "cpu", "method": "uc", "overwrite": True,
                  "bundle": "/b", "threads": 3, "batch_size": 4}
-    assert engine_argv(command()) == ["/opt/Slicer/bin/PythonSlicer", "-m", "cardseg", "serve", "--eof", "stop"]
+    assert engine_argv(command()) == ["/opt/Slicer/bin/PythonSlicer", "-m", "cardseg", "serve", "--eof", "stop",
+                                      "--device", "auto"]
+    assert engine_argv(command(bundle_path="/b", device="cpu"))[-4:] == ["--device", "cpu", "--bundle", "/b"]
 
 
 def test_runs_share_one_process_and_report_progress():
@@ -149,22 +151,72 @@ def test_a_crash_fails_the_run_and_the_next_run_starts_a_new_engine():
     assert engine.starts == 2 and len(launcher.engines) == 2
 
 
-def test_an_engine_that_never_got_ready_asks_for_the_one_shot_fallback():
+class OneShot(proc.ProcessHandle):
+    """A one-shot ``cardseg segment`` that reports two progress lines and exits with ``code``."""
+
+    def __init__(self, argv, code=0):
+        self.argv, self.code, self.polls, self.killed = argv, code, 0, False
+
+    def read_lines(self):
+        self.polls += 1
+        return [progress("trajectory", self.polls, 2)] if self.polls <= 2 else []
+
+    def returncode(self):
+        return -9 if self.killed else (self.code if self.polls > 2 else None)
+
+    def kill(self):
+        self.killed = True
+
+
+def test_an_engine_that_never_got_ready_falls_back_to_the_one_shot_process():
     def old_engine(request):
         return [[("stderr", "cardseg: error: argument COMMAND: invalid choice: 'serve'")], 2]
 
+    one_shots = []
     engine = Engine(Launcher(old_engine, ready=False))
-    run = engine.run(command())
+    run = engine.run_factory(command(), lambda argv, env, cwd: one_shots.append(OneShot(argv)) or one_shots[-1])
     run.start()
-    assert run.wait(5, interval=0) == proc.FAILED
-    assert run.engine_failed and run.error == "argument COMMAND: invalid choice: 'serve'"
+    assert run.wait(5, interval=0) == proc.SUCCEEDED and run.engine_failed and run.returncode == 0
+    assert one_shots[0].argv[3:6] == ["segment", "in.nrrd", "-o"] and run.progress.fraction == 1.0
+    assert any("invalid choice: 'serve'" in line for line in run.log)
+    # later runs of that interpreter go straight to the one-shot process; close() forgets it
+    later = engine.run_factory(command(), lambda argv, env, cwd: OneShot(argv))
+    assert isinstance(later, proc.CardsegRun) and engine.starts == 1
+    engine.close()
+    assert not isinstance(engine.run_factory(command()), proc.CardsegRun)
 
 
-def test_a_launcher_that_cannot_start_fails_the_run():
+def test_a_fallback_run_is_cancelled_like_a_one_shot_run():
+    engine = Engine(Launcher(lambda r: [[("stderr", "ImportError: no cardseg")], 1], ready=False))
+    fallback = []
+    run = engine.run(command(), one_shot_launcher=lambda argv, env, cwd: fallback.append(OneShot(argv)) or fallback[-1])
+    run.start()
+    for _ in range(5):
+        if not fallback:
+            run.poll()
+    run.poll()
+    assert fallback and run.running and run.progress.stage == "trajectory"
+    run.cancel()
+    assert run.state == proc.CANCELLED and fallback[0].killed and run.engine_failed
+
+
+def test_a_batch_command_never_goes_to_the_engine():
+    class BatchLike(proc.SegmentCommand):
+        pass
+
+    engine = Engine(Launcher(succeed))
+    run = engine.run_factory(BatchLike("in.csv", "out", python_executable="/p"), lambda argv, env, cwd: OneShot(argv))
+    assert isinstance(run, proc.CardsegRun) and engine.starts == 0
+
+
+def test_an_interpreter_that_cannot_start_falls_back_and_fails_with_its_error():
     def launcher(argv, env, cwd):
         raise FileNotFoundError(2, "No such file or directory", argv[0])
 
-    run = Engine(launcher).run(command())
+    def one_shot(argv, env, cwd):
+        raise FileNotFoundError(2, "No such file or directory", argv[0])
+
+    run = Engine(launcher).run(command(), one_shot_launcher=one_shot)
     run.start()
     assert run.state == proc.FAILED and run.engine_failed and run.error.startswith("cannot start /opt/Slicer")
 
