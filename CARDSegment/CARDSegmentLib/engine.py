@@ -366,12 +366,15 @@ class Engine:
                 run.finish(proc.FAILED, error)
 
     def cancel(self, run: EngineRun) -> None:
-        """End ``run`` at once: the engine process goes (the next run starts another)."""
-        try:
-            if self.current is run:
-                self._discard()
-        finally:
-            run.finish(proc.CANCELLED, None)
+        """End ``run`` at once: the engine process goes (the next run starts another). The engine
+        lets go of the process before killing it, so that a cancel on a background thread never
+        holds up the next run."""
+        handle = None
+        if self.current is run:
+            handle, self.handle, self.current = self.handle, None, None
+        run.finish(proc.CANCELLED, None)
+        if handle is not None:
+            handle.kill()
 
     def close(self) -> None:
         """End the engine (the running run, if any, is cancelled); a later run starts a new one."""
