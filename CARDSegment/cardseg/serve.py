@@ -106,14 +106,18 @@ def add_serve_parser(sub) -> None:
 
 
 class Protocol:
-    """Writes the protocol's JSON lines to one stream, flushed line by line."""
+    """Writes the protocol's JSON lines to one stream, flushed line by line. A client that is gone
+    (a broken pipe) is not an error here: the end of its input ends the engine."""
 
     def __init__(self, stream):
         self.stream = stream
 
     def send(self, obj: dict) -> None:
-        self.stream.write(json.dumps(obj) + "\n")
-        self.stream.flush()
+        try:
+            self.stream.write(json.dumps(obj) + "\n")
+            self.stream.flush()
+        except (BrokenPipeError, ValueError):
+            pass
 
 
 @contextlib.contextmanager
@@ -130,7 +134,8 @@ def protocol_stdout() -> Iterator[Protocol]:
         sys.stdout.flush()
         os.dup2(saved, 1)
         os.close(saved)
-        stream.close()
+        with contextlib.suppress(OSError):
+            stream.close()
 
 
 class StdinReader:
@@ -375,6 +380,9 @@ class Engine:
             self.loaded.get(d.bundle, resolve_device(a.device), a.backend, "uc", None)
         except (CardsegError, OSError) as exc:
             return one_line(exc)
+        except Exception as exc:  # noqa: BLE001 - reported in the ready line; requests load again
+            traceback.print_exc(file=sys.stderr)
+            return f"{type(exc).__name__}: {one_line(exc)}"
         return None
 
 
@@ -396,7 +404,7 @@ def serve(a: argparse.Namespace, make_parser: Callable, check_segment: Callable,
     """Run the engine until the end of input, an ``exit`` request or SIGTERM; the exit status."""
     import _thread
 
-    from cardseg.base.interrupt import EXIT_TERMINATED, sigterm_as_interrupt
+    from cardseg.base.interrupt import EXIT_TERMINATED, SigtermState, sigterm_as_interrupt
 
     busy = threading.Event()
     eof = threading.Event()
@@ -406,7 +414,7 @@ def serve(a: argparse.Namespace, make_parser: Callable, check_segment: Callable,
         if a.eof == "stop" and busy.is_set():
             _thread.interrupt_main()  # the client is gone: stop the work as Ctrl-C would
 
-    reason, code = "eof", 0
+    reason, code, sigterm = "eof", 0, SigtermState()
     with protocol_stdout() as protocol:
         try:
             with sigterm_as_interrupt() as sigterm:
