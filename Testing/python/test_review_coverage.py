@@ -45,9 +45,9 @@ def test_a_boundary_shell_touches_every_error_and_covers_none():
     lab, n = cv.error_labels(pred, truth)
     shell = cv.predicted_boundary(pred)
     assert cv.covered(lab, n, shell).sum() == 0
-    from cardseg_train.review_measure import _touched
+    from cardseg_train.review_measure import touched_errors
 
-    assert _touched(lab, n, shell) == n  # the retired measure counts both as caught
+    assert touched_errors(lab, n, shell) == n  # the retired measure counts both as caught
     share, ml = cv.burden(int(shell.sum()), pred, (1.5, 1.5, 8.0))
     assert share == pytest.approx(shell.sum() / (pred > 0).sum())
     assert ml == pytest.approx(shell.sum() * 1.5 * 1.5 * 8.0 / 1000.0)

@@ -30,7 +30,7 @@ VOXEL_MAPS = {"tac": "TAC voxels", "entropy_card": "CARD calibrated entropy", "e
 DRAWS = 5
 
 
-def _touched(errors: np.ndarray, n: int, flagged: np.ndarray) -> int:
+def touched_errors(errors: np.ndarray, n: int, flagged: np.ndarray) -> int:
     """Errors with a flagged voxel within 2 in-plane pixels (the retired measure, for the control)."""
     masks = [errors == i for i in range(1, n + 1)]
     return int(sum(bool(flagged[g].any()) for g in near_errors(masks)))
@@ -70,7 +70,7 @@ def volume_study(m: VolumeMaps, settings: dict, model: Optional[ErrorModel], rng
            "covered_k": cv.covered_top_k(overlap, sizes).sum(axis=1).tolist(),
            "burden_k": (np.cumsum(np.concatenate([[0], vox])) / max(heart, 1)).tolist(),
            "top_voxels": budget, "top_burden": budget / heart if heart else float("nan"),
-           "top_ml": budget * voxel_ml, "touched_top": _touched(errors, n, top),
+           "top_ml": budget * voxel_ml, "touched_top": touched_errors(errors, n, top),
            "p_error": [] if p is None else p[order].tolist(),
            "holds_error": cv.holds_error(overlap, sizes).tolist(), "same_burden": {}, "curves": {}}
     for key in VOXEL_MAPS:
@@ -82,7 +82,7 @@ def volume_study(m: VolumeMaps, settings: dict, model: Optional[ErrorModel], rng
                               for b in BURDENS]
     draws = [cv.random_voxels(boundary, budget, rng) for _ in range(DRAWS)]
     out["same_burden"]["boundary"] = float(np.mean([cv.covered(errors, n, d).sum() for d in draws]))
-    out["touched_boundary"] = float(np.mean([_touched(errors, n, d) for d in draws]))
+    out["touched_boundary"] = float(np.mean([touched_errors(errors, n, d) for d in draws]))
     out["curves"]["boundary"] = [float(np.mean([cv.covered(errors, n, cv.random_voxels(
         boundary, int(round(b * heart)), rng)).sum() for _ in range(2)])) for b in BURDENS]
     top_map = np.where(top, rank_map, 0)
