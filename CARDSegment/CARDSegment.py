@@ -4,9 +4,8 @@ The module is thin on purpose: the method is the ``cardseg`` engine (shipped in 
 folder), run in a separate PythonSlicer process so that the GUI never freezes; everything that is
 not a Slicer class lives in ``CARDSegmentLib``, which has no Qt and is tested outside Slicer (the
 MRML work: outputs to nodes, overlays, the region review; the Logic's run handling in
-``CARDSegmentLib.module_logic``; the self-test's body in ``CARDSegmentLib.selftest``). This file
-holds the Slicer classes: Module, parameter node, Widget, Logic (a Slicer wrapper of the
-library's), Test.
+``CARDSegmentLib.module_logic``; the self-test's body in ``CARDSegmentLib.selftest``). Here: the
+Slicer classes (Module, parameter node, Widget, a Logic wrapping the library's, Test).
 """
 
 import logging
@@ -24,14 +23,17 @@ from slicer.ScriptedLoadableModule import (ScriptedLoadableModule, ScriptedLoada
 from slicer.util import VTKObservationMixin
 
 import CARDSegmentLib as lib
-from CARDSegmentLib import selftest
+from CARDSegmentLib import about, selftest
+from CARDSegmentLib.acknowledgement import ensure_acknowledged_for_bundle as ensure_acknowledged
 from CARDSegmentLib.install import DependencyDeclined, InstallFailed, use_application
 from CARDSegmentLib.module_logic import ModuleLogic
 from CARDSegmentLib.parameters import BundleSource, Device, FrameMode, Method, Overlay
+from CARDSegmentLib.sampledata import register_sample_data
+
+MODULE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 # -- CARDSegment
-
 class CARDSegment(ScriptedLoadableModule):
     """Module description shown by Slicer."""
 
@@ -40,19 +42,15 @@ class CARDSegment(ScriptedLoadableModule):
         self.parent.title = "CARDSegment"
         self.parent.categories = ["Segmentation"]
         self.parent.dependencies = []  # the PyTorch extension is needed on first use only
-        self.parent.contributors = ["CARDSegment authors"]
-        self.parent.helpText = (
-            "Segments the ventricles and myocardium in a short-axis cine MRI volume with a categorical "
-            "diffusion model, and shows where not to trust it: a small reference network runs along the "
-            "model's own reverse trajectory, and where the two disagree the confidence is lowered (CARD). "
-            "Results: a segmentation, the disagreement and temperature maps as overlays with colour "
-            "legends, the volume's agreement score, and a ranked list of flagged regions to review. "
-            "Research software, not a medical device."
-        )
-        self.parent.acknowledgementText = (
-            "CARD: Calibration via Agreement in Reverse Diffusion. The segmentation runs in a separate "
-            "process; nothing leaves this computer."
-        )
+        self.parent.contributors = list(about.CONTRIBUTORS)
+        self.parent.helpText = about.HELP_TEXT
+        self.parent.acknowledgementText = about.ACKNOWLEDGEMENT_TEXT
+        slicer.app.connect("startupCompleted()", registerSampleData)
+
+
+def registerSampleData() -> None:
+    """The synthetic phantom in Slicer's Sample Data module (local files; nothing is downloaded)."""
+    register_sample_data(MODULE_DIR)
 
 
 # -- Parameters (the choices themselves: CARDSegmentLib.parameters)
@@ -127,6 +125,7 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
     def cleanup(self) -> None:
         if self.logic is not None:
             self.logic.cancel()
+            self.logic.closeEngine()  # the warm engine (it also ends when Slicer exits: its input closes)
         self._observeBrowser(None)
         self.removeObservers()
 
@@ -236,8 +235,14 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             return
         try:
             options = self.logic.jobOptions(p)
+            accepted = ensure_acknowledged(  # once, before the first run with research-only weights
+                options.bundle_path, MODULE_DIR, qt.QSettings(),
+                lambda title, text: slicer.util.confirmOkCancelDisplay(text, windowTitle=title))
         except lib.BundleChoiceError as exc:
             slicer.util.errorDisplay(f"Cannot use this bundle: {exc}")
+            return
+        if not accepted:
+            self.ui.statusLabel.text = about.DECLINED_TEXT
             return
         if p.bundleSource == BundleSource.FOLDER:
             self.ui.bundleFolderPathLineEdit.addCurrentPathToHistory()
@@ -400,7 +405,7 @@ class CARDSegmentLogic(ScriptedLoadableModuleLogic, ModuleLogic):
 
     def __init__(self) -> None:
         ScriptedLoadableModuleLogic.__init__(self)
-        ModuleLogic.__init__(self, moduleDir=os.path.dirname(os.path.abspath(__file__)),
+        ModuleLogic.__init__(self, moduleDir=MODULE_DIR,
                              scene=lambda: slicer.mrmlScene, makeTimer=lambda: qt.QTimer(),
                              busy=lambda: slicer.util.WaitCursor())
         terminologies = getattr(getattr(slicer, "modules", None), "terminologies", None)  # the myocardium's code
@@ -430,20 +435,16 @@ class CARDSegmentTest(ScriptedLoadableModuleTest):
         self.setUp()
         self.test_shipped_bundle()
 
-    @staticmethod
-    def _moduleDir() -> str:
-        return os.path.dirname(os.path.abspath(__file__))
-
     def _shippedNetworks(self):
         """"arch:size" of the shipped bundle's primary and reference networks."""
-        return selftest.shipped_networks(self._moduleDir())
+        return selftest.shipped_networks(MODULE_DIR)
 
     def test_segment_synthetic_volume(self):
         selftest.require_packages(self)  # skipTest when missing: ctest reports a skip, not a pass
         selftest.segment_synthetic_volume(self, slicer.mrmlScene, CARDSegmentLogic, slicer.util.loadVolume,
-                                          self._moduleDir())
+                                          MODULE_DIR)
 
     def test_shipped_bundle(self):
         """The shipped default bundle itself (trained weights) segments the synthetic volume."""
         selftest.require_packages(self)  # skipTest when missing: ctest reports a skip, not a pass
-        selftest.segment_with_shipped_bundle(self, CARDSegmentLogic, slicer.util.loadVolume, self._moduleDir())
+        selftest.segment_with_shipped_bundle(self, CARDSegmentLogic, slicer.util.loadVolume, MODULE_DIR)

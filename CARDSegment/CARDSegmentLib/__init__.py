@@ -1,7 +1,9 @@
 """CARDSegmentLib: the MRML side of the CARDSegment module (no Qt, no ScriptedLoadableModule).
 
 * :mod:`.process` — build and run ``cardseg segment`` in a separate process, read its progress
-  lines and its one-line error (any launcher: a real subprocess or a test's fake).
+  lines and its one-line error (any launcher: a real subprocess or a test's fake);
+  :mod:`.engine` — the same runs through one warm ``cardseg serve`` process kept between clicks
+  (restarted after a crash, killed on cancel; the one-shot process is its fallback).
 * :mod:`.jobs` — one "Segment & Calibrate": input to temporary file, process, outputs to nodes;
   :class:`~.jobs.JobMonitor` drives it from the panel's timer and turns any error into one line.
 * :mod:`.loading` — one output folder to nodes on the input's exact geometry, replacing earlier
@@ -17,7 +19,8 @@
 * :mod:`.panel` — the panel's decisions without Qt (GUI binding, default input, removed nodes,
   double clicks, export file names, elapsed time).
 * :mod:`.colormaps`, :mod:`.bundles`, :mod:`.dependencies` — colour maps, bundle choice, packages.
-* For the module file (``CARDSegment.py``): :mod:`.parameters` (the panel's choices, job options),
+* For the module file (``CARDSegment.py``): :mod:`.about` (help and acknowledgement texts),
+  :mod:`.parameters` (the panel's choices, job options),
   :mod:`.install` (installing the packages in Slicer, after asking), :mod:`.module_logic` (the
   Logic without Qt: runs polled by a timer it is given, results shown, reviewed, exported),
   :mod:`.selftest` (the self-test's steps).

@@ -44,6 +44,7 @@ class JobOptions:
     batch_size: Optional[int] = None
     work_root: Optional[str] = None  # where the temporary folder is made (default: the system's)
     keep_files: bool = False  # keep the temporary folder (debugging)
+    keep_engine_warm: bool = True  # runs go through one warm ``cardseg serve`` (CARDSegmentLib.engine)
     # a cine sequence's input (ignored for a plain volume): which frames, ED and ES (-1: found from the LV curve)
     frame_mode: str = "shown"  # shown | ed_es | all
     ed_frame: int = -1
@@ -55,12 +56,13 @@ class SegmentationJob:
 
     def __init__(self, scene, input_volume, options: Optional[JobOptions] = None,
                  launcher: Optional[proc.Launcher] = None,
-                 on_progress: Optional[Callable[[proc.Progress], None]] = None):
+                 on_progress: Optional[Callable[[proc.Progress], None]] = None, run_factory=None):
         self.scene = scene
         self.input_volume = input_volume
         self.options = options or JobOptions()
         self.launcher = launcher
         self.on_progress = on_progress
+        self.run_factory = run_factory or proc.CardsegRun  # the warm engine's Engine.run_factory, or one-shot
         self.work_dir: Optional[Path] = None
         self.run: Optional[proc.CardsegRun] = None
         self.outputs: Optional[OutputNodes] = None
@@ -110,7 +112,7 @@ class SegmentationJob:
             input_path=str(self.input_path), output_dir=str(self.output_dir), bundle_path=o.bundle_path,
             device=o.device, method=o.method, python_executable=o.python_executable, engine_dir=o.engine_dir,
             threads=o.threads, batch_size=o.batch_size)
-        self.run = proc.CardsegRun(command, self.launcher, self.on_progress)
+        self.run = self.run_factory(command, self.launcher, self.on_progress)
         self._state = proc.RUNNING
         self.run.start()
         if self.run.state == proc.FAILED:

@@ -14,6 +14,7 @@ import time
 from typing import Callable, ContextManager, Dict, List, Optional
 
 from . import install
+from .engine import Engine
 from .cine import CineJob
 from .cine_results import export_cine_review, indices_lines, read_indices
 from .jobs import JobMonitor, JobOptions, SegmentationJob
@@ -42,6 +43,7 @@ class ModuleLogic:
         self._onFinished: Optional[Callable] = None
         self.launcher = None  # tests may inject a fake process launcher
         self.runFactory = None  # a sequence's process per step (None: one-shot CardsegRun; a warm engine's seam)
+        self.engine: Optional[Engine] = None  # the warm cardseg serve process, made on first use
         self._background: List[threading.Thread] = []
 
     @property
@@ -101,10 +103,37 @@ class ModuleLogic:
         cine = cine_of(self.currentScene, inputVolume)
         if cine is None:
             return SegmentationJob(self.currentScene, inputVolume, options, launcher=self.launcher,
-                                   on_progress=onProgress)
+                                   on_progress=onProgress, run_factory=self.segmentRunFactory(options))
         plan = frame_plan(FrameMode(options.frame_mode), cine.count, cine.shown, options.ed_frame, options.es_frame)
         return CineJob(self.currentScene, inputVolume, cine, plan, options, launcher=self.launcher,
                        on_progress=onProgress, run_factory=self.runFactory)
+
+    def segmentRunFactory(self, options: JobOptions):
+        """The warm engine's run factory when the user keeps it warm (and no test launcher is
+        injected), else None: the one-shot process."""
+        if not options.keep_engine_warm or self.launcher is not None:
+            if self.engine is not None and not options.keep_engine_warm:
+                self.closeEngine()  # the user turned it off: free its memory now
+            return None
+        if self.engine is None:
+            self.engine = Engine()
+        return self.engine.run_factory
+
+    def warmUpEngine(self, options: JobOptions) -> None:
+        """Start the engine before the first click (the module opened, the user keeps it warm)."""
+        factory = self.segmentRunFactory(options)
+        if factory is not None and not self.isRunning:
+            from .process import SegmentCommand
+
+            self.engine.warm_up(SegmentCommand("", "", bundle_path=options.bundle_path, device=options.device,
+                                               python_executable=options.python_executable,
+                                               engine_dir=options.engine_dir))
+
+    def closeEngine(self) -> None:
+        """End the warm engine (module cleanup, application exit; atexit does it too)."""
+        if self.engine is not None:
+            self.engine.close()
+            self.engine = None
 
     def elapsedSeconds(self) -> Optional[float]:
         """Seconds the current run has taken so far, or the last run took; None before any run."""

@@ -32,6 +32,7 @@ FINISHED_STATES = (SUCCEEDED, FAILED, CANCELLED)
 #: how much of the progress bar each engine stage fills (the rest is unknown stages)
 STAGE_SPANS: Dict[str, Tuple[float, float]] = {
     "export-onnx": (0.0, 0.03),
+    "prepare-torch": (0.0, 0.03),
     "read": (0.0, 0.05),
     "trajectory": (0.05, 0.92),
     "write": (0.92, 1.0),
@@ -41,6 +42,7 @@ STAGE_SPANS: Dict[str, Tuple[float, float]] = {
 }
 STAGE_TEXT = {
     "export-onnx": "Preparing the fast CPU models (first run with this bundle only)",
+    "prepare-torch": "Preparing the networks (first run with this bundle and device only)",
     "read": "Reading the volume and the model bundle",
     "trajectory": "Reverse diffusion (primary and reference)",
     "write": "Writing results",

@@ -42,13 +42,15 @@ LIB_DIR = MODULE_DIR / "CARDSegmentLib"
 SLICER_5_8 = "v5.8.0"
 
 #: names only the Slicer application has (no slicer-core counterpart), checked in v5.8.0's source:
-#: Base/Python/slicer/__init__.py (mrmlScene), parameterNodeWrapper/, ScriptedLoadableModule.py
-APPLICATION_ONLY = {"mrmlScene", "parameterNodeWrapper", "ScriptedLoadableModule"}
+#: Base/Python/slicer/__init__.py (mrmlScene), parameterNodeWrapper/, ScriptedLoadableModule.py;
+#: ``app`` (the qSlicerApplication, its ``startupCompleted()`` signal used by the extension template's
+#: sample-data registration) is set by the application's Python start-up in every 5.x
+APPLICATION_ONLY = {"mrmlScene", "parameterNodeWrapper", "ScriptedLoadableModule", "app"}
 
 #: Qt names the module uses: Qt 5 API that Slicer 5.8 (Qt 5.15) and later have; a new one is
 #: added here after checking it there
 QT_NAMES = {"QTimer", "Qt.UserRole", "QTableWidgetItem", "QDir.homePath", "QFileDialog.getSaveFileName",
-            "QApplication.doubleClickInterval"}
+            "QApplication.doubleClickInterval", "QSettings"}
 
 #: what Slicer v5.8.0 declares, for every Slicer name the module uses (generated from the v5.8.0
 #: tag by :func:`lookup_in_slicer_source`; see the module docstring)

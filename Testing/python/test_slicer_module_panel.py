@@ -81,9 +81,22 @@ class FakeWidget:
         return [args for n, args in self.calls if n == name]
 
 
+class FakeSettings:
+    """qt.QSettings: one store for every instance (the application's settings), cleared per test."""
+
+    store: dict = {}
+
+    def value(self, key, default=None):
+        return self.store.get(key, default)
+
+    def setValue(self, key, value):
+        self.store[key] = value
+
+
 def _fake_qt():
     qt = types.ModuleType("qt")
     qt.QTimer = FakeTimer
+    qt.QSettings = FakeSettings
     qt.Qt = types.SimpleNamespace(UserRole=32)
     qt.QTableWidgetItem = lambda text: FakeWidget(text=text)
     qt.QApplication = types.SimpleNamespace(doubleClickInterval=lambda: 400)
@@ -206,6 +219,7 @@ def module(monkeypatch):
     spec.loader.exec_module(mod)
     mod.dialogs = dialogs
     FakeTimer.made.clear()
+    FakeSettings.store = {}
     return mod
 
 
@@ -433,6 +447,31 @@ def test_cancel_through_the_panel(module, rotated_nifti):
     assert_idle(widget)  # at once: the process is ended on a background thread
     assert widget.ui.statusLabel.text == "Cancelled: the scene was not changed."
     assert widget.logic.waitForBackground(10) and fake.code == -9
+
+
+def test_the_research_use_terms_are_asked_once_before_the_shipped_weights_run(module, rotated_nifti, monkeypatch):
+    """The shipped (ACDC-trained) bundle: declining stops the run with a status line and is not
+    remembered; agreeing starts it and is remembered, so the next run does not ask again."""
+    volume = load_volume(slicer.mrmlScene, rotated_nifti)
+    widget = make_widget(module, volume)
+    widget.logic.ensureDependencies = lambda askConfirmation=True: None
+    asked = []
+    answers = iter([False, True])
+
+    def ok_cancel(text, **kw):
+        asked.append(kw.get("windowTitle"))
+        return next(answers)
+
+    monkeypatch.setattr(slicer.util, "confirmOkCancelDisplay", ok_cancel)
+    started = []
+    widget.logic.start = lambda *a, **k: started.append(a)
+    widget.onApplyButton()
+    assert len(asked) == 1 and not started and widget.ui.statusLabel.text == module.about.DECLINED_TEXT
+    widget._clickGuard = lib.ClickGuard(interval_s=0)
+    widget.onApplyButton()
+    assert len(asked) == 2 and len(started) == 1
+    widget.onApplyButton()
+    assert len(asked) == 2 and len(started) == 2  # agreed once: not asked again
 
 
 # ---------------------------------------------------------------------------------------------
