@@ -251,7 +251,8 @@ def test_subjects_table(cohort):
     with open(cohort["out"] / "subjects.csv", newline="") as f:
         header = next(csv.reader(f))
     assert header == ["subject", "ed_case", "es_case", "nominal", "LVEDV_ml", "LVEDV_ml_low", "LVEDV_ml_high",
-                      "LVESV_ml", "LVESV_ml_low", "LVESV_ml_high", "LVEF", "LVEF_low", "LVEF_high", "error"]
+                      "LVESV_ml", "LVESV_ml_low", "LVESV_ml_high", "LVEF", "LVEF_low", "LVEF_high", "LVEF_category",
+                      "LVEF_straddles", "error"]
     assert list(rows) == ["p1", "p2", "p3"]
     ed = json.loads((cohort["out"] / "p1_ed" / "report.json").read_text())["class_volumes_ml"]["LV"]
     es = json.loads((cohort["out"] / "p1_es" / "report.json").read_text())["class_volumes_ml"]["LV"]

@@ -119,8 +119,9 @@ def fit_indices_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="cardseg fit-indices",
         description="Fit the intervals of the cardiac indices (LV/RV EDV, ESV, SV, EF, LV mass) on the validation "
-                    "subjects (ED frame01, ES frame02): a spread from CARD's calibrated probabilities and "
-                    "disagreement, one split-conformal scale per index family; writes them into bundle.json "
+                    "subjects (ED frame01, ES frame02): per index a location-scale pivot, bias and sd from the "
+                    "validation errors, the multiplier from a standardised error-shape pool (training patients "
+                    "in-sample); writes them into bundle.json "
                     "('indices'). --measure-test OUT then measures coverage, width and errors on the test subjects "
                     "(nothing is fitted on them) into OUT/indices.md, indices.json, indices_coverage.png.")
     add_bundle_and_data(p)
