@@ -31,8 +31,7 @@ FINISHED_STATES = (SUCCEEDED, FAILED, CANCELLED)
 
 #: how much of the progress bar each engine stage fills (the rest is unknown stages)
 STAGE_SPANS: Dict[str, Tuple[float, float]] = {
-    "export-onnx": (0.0, 0.03),
-    "prepare-torch": (0.0, 0.03),
+    "export-onnx": (0.0, 0.03), "prepare-torch": (0.0, 0.03),
     "read": (0.0, 0.05),
     "trajectory": (0.05, 0.92),
     "write": (0.92, 1.0),

@@ -135,3 +135,39 @@ def test_a_failed_write_is_that_case_error_and_the_batch_goes_on(worker, synthet
     assert [r["status"] for r in seen] == ["error", "ok", "ok"]
     assert "No space left" in seen[0]["error"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["case1", "case2"]
+
+
+def test_stderr_redirections_of_the_reader_and_the_writer_never_interleave(monkeypatch):
+    """The reader mutes fd 2 (damaged image files) while the writer catches it (short writes): two
+    overlapping redirections would restore each other's saved descriptor in the wrong order and
+    leave the process's stderr on /dev/null (a batch stopped by SIGTERM then printed nothing)."""
+    import os
+
+    from cardseg.io.inputs import _native_stderr_muted
+    from cardseg.io.written import muted_native_stderr
+
+    before = os.readlink("/proc/self/fd/2") if os.path.exists("/proc/self/fd/2") else None
+    if before is None:
+        pytest.skip("needs /proc")
+    import sys
+
+    monkeypatch.setattr(sys, "stderr", sys.__stderr__)  # a real fd 2 behind sys.stderr, as in a cardseg process
+    reader_in, reader_out = threading.Event(), threading.Event()
+
+    def reader():
+        with _native_stderr_muted():
+            reader_in.set()
+            threading.Event().wait(0.3)  # the writer tries to redirect meanwhile
+        reader_out.set()
+
+    def writer():
+        reader_in.wait(10)
+        with muted_native_stderr():
+            reader_out.wait(10)  # without one lock: still inside when the reader restores fd 2
+
+    threads = [threading.Thread(target=reader), threading.Thread(target=writer)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert os.readlink("/proc/self/fd/2") == before

@@ -68,16 +68,18 @@ def run_overlapped(worker: CaseWorker, jobs: Sequence[Job], on_result: Callable[
                 outcome = _compute(job, t0, current, bundle, method, device, batch_size, OutputWriter,
                                    __version__, compute_case)
                 if behind is not None:  # the previous case is written before this one starts writing
-                    on_result(behind.result())
-                    behind = None
+                    done = behind.result()
+                    behind = None  # reported once, even if an interrupt lands inside on_result
+                    on_result(done)
                 if isinstance(outcome, dict):  # failed before its write
                     on_result(outcome)
                     continue
                 result, volume, out, writer = outcome
                 behind = writer_pool.submit(write, job, t0, result, volume, out, writer)
             if behind is not None:
-                on_result(behind.result())
+                done = behind.result()
                 behind = None
+                on_result(done)
         except BaseException:
             if behind is not None:  # a finished case is still reported (its files are complete)
                 try:

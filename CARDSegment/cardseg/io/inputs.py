@@ -38,6 +38,7 @@ import numpy as np
 import SimpleITK as sitk
 
 from cardseg.base.errors import CardsegError
+from cardseg.base.fd2 import FD2_LOCK
 from cardseg.io.headers import INSPECTORS
 from cardseg.io.limits import (DIRECTION_TOLERANCE, INPLANE_SPACING_MM, MAX_FILE_VOXELS, MAX_VOLUME_VOXELS, MIN_INPLANE,
                                 SLICE_SPACING_MM, nearest_orthonormal, skew_degrees)
@@ -105,15 +106,16 @@ def _native_stderr_muted():
     except (AttributeError, OSError, ValueError):  # no real stderr (embedded, captured): nothing to mute
         yield
         return
-    sys.stderr.flush()
-    saved = os.dup(fd)
-    try:
-        with open(os.devnull, "wb") as null:
-            os.dup2(null.fileno(), fd)
-            yield
-    finally:
-        os.dup2(saved, fd)
-        os.close(saved)
+    with FD2_LOCK:  # fd 2 is the process's: one redirection at a time (cardseg.base.fd2)
+        sys.stderr.flush()
+        saved = os.dup(fd)
+        try:
+            with open(os.devnull, "wb") as null:
+                os.dup2(null.fileno(), fd)
+                yield
+        finally:
+            os.dup2(saved, fd)
+            os.close(saved)
 
 
 #: header formats that cardseg reads itself, by file name ending (for a reason ITK does not give)

@@ -15,11 +15,12 @@ import gzip
 import os
 import struct
 import sys
-import threading
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator, List
+
+from cardseg.base.fd2 import FD2_LOCK
 
 #: what the file system did when a file came out short
 INCOMPLETE = "could not be written completely (disk full or file size limit?)"
@@ -35,18 +36,12 @@ class IncompleteWrite(OSError):
         return f"{self.filename}: {self.strerror}"
 
 
-#: file descriptor 2 is the process's: one capture at a time (``cardseg batch`` reads and writes
-#: cases in threads, :mod:`cardseg.cohort.pipeline`; two interleaved captures would leave fd 2 on a
-#: closed pipe)
-_CAPTURE = threading.RLock()
-
-
 @contextmanager
 def muted_native_stderr() -> Iterator[List[str]]:
     """Catch what native code prints on file descriptor 2 meanwhile; yields the list that receives
     its lines once the block ends. The pipe's write end never blocks: past 64 KiB it drops. One
     capture at a time in the process (other threads wait)."""
-    with _CAPTURE:
+    with FD2_LOCK:  # fd 2 is the process's: one redirection at a time (cardseg.base.fd2)
         with _muted() as lines:
             yield lines
 
