@@ -20,6 +20,7 @@ from .geometry import GEOMETRY_TOLERANCE_MM, adopt_geometry, ijk_to_ras
 from .outputs import (BUNDLE_ATTRIBUTE, METHOD_ATTRIBUTE, REPORT_REFERENCE, REVIEW_REFERENCE, ROLES, OutputError,
                       OutputNodes, all_nodes, output_nodes_of, read_report, remove_node, tag_output)
 from .overlays import show_overlay, style_overlay
+from .region_outlines import load_region_outlines
 from .review import create_review_table
 from .volume_files import read_volume_file
 
@@ -104,7 +105,7 @@ def output_names(base: str) -> Dict[str, str]:
     """The node name of each output role for an input volume named ``base``."""
     return {"segmentation": f"{base} CARD segmentation", "disagreement": f"{base} disagreement",
             "temperature": f"{base} temperature", "probabilities": f"{base} probabilities",
-            "report": f"{base} CARD report", "review": f"{base} CARD review"}
+            "report": f"{base} CARD report", "review": f"{base} CARD review", "regions": f"{base} CARD regions"}
 
 
 def _make_nodes(scene, input_volume, out_dir: Path, report: dict, names: Dict[str, str], new: OutputNodes,
@@ -132,6 +133,10 @@ def _make_nodes(scene, input_volume, out_dir: Path, report: dict, names: Dict[st
         new.review = create_review_table(scene, report.get("regions") or [],
                                          scene.GenerateUniqueName(names["review"]))
         new.segmentation.SetNodeReferenceID(REVIEW_REFERENCE, new.review.GetID())
+        path = out_dir / "regions.nii.gz"
+        if path.is_file():  # the regions' own voxels, outlined (not their bounding boxes)
+            new.regions = load_region_outlines(scene, input_volume, path, scene.GenerateUniqueName(names["regions"]),
+                                               report.get("regions") or [])
     bundle = (report.get("bundle") or {}).get("id", "")
     for role in ROLES:
         node = getattr(new, role)

@@ -28,7 +28,8 @@ REVIEW_REFERENCE = "CARDSegment.Review"
 BUNDLE_ATTRIBUTE = "CARDSegment.Bundle"
 METHOD_ATTRIBUTE = "CARDSegment.Method"
 FRAME_ATTRIBUTE = "CARDSegment.Frame"
-ROLES = ("segmentation", "disagreement", "temperature", "probabilities", "report", "review", "roi", "indices")
+ROLES = ("segmentation", "disagreement", "temperature", "probabilities", "report", "review", "roi", "indices",
+         "regions")
 
 
 class OutputError(RuntimeError):
@@ -60,6 +61,7 @@ class OutputNodes:
     review: object = None
     roi: object = None
     indices: object = None
+    regions: object = None  # the flagged regions as outlines (CARDSegmentLib.region_outlines)
 
     def nodes(self) -> List[object]:
         return [getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None]

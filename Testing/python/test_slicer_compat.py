@@ -60,7 +60,7 @@ SLICER_5_8_0 = {
         "vtkMRMLScalarVolumeNode", "vtkMRMLSegmentationNode", "vtkMRMLSegmentationStorageNode",
         "vtkMRMLSliceCompositeNode", "vtkMRMLSliceNode", "vtkMRMLTableNode", "vtkMRMLTextNode",
         "vtkMRMLVectorVolumeNode", "vtkMRMLVolumeArchetypeStorageNode", "vtkSlicerColorLogic",
-        "vtkMRMLSequenceBrowserNode",
+        "vtkMRMLSequenceBrowserNode", "vtkMRMLLabelMapVolumeNode", "vtkSlicerSegmentationsModuleLogic",
     },
     "util": {
         "VTKObservationMixin", "WaitCursor", "childWidgetVariables", "confirmOkCancelDisplay", "errorDisplay",
@@ -76,6 +76,15 @@ SLICER_5_8_0 = {
         },
     },
     "methods": {  # name: the classes that declare it in v5.8.0
+        # the region outlines (CARDSegmentLib.region_outlines), looked up in the v5.8.0 tag
+        "GetLabelValue": ["vtkSegment"],
+        "GetNthSegmentID": ["vtkSegmentation"],
+        "GetTag": ["vtkSegment"],
+        "ImportLabelmapToSegmentationNode": ["vtkSlicerSegmentationsModuleLogic"],
+        "SetSliceIntersectionThickness": ["vtkMRMLDisplayNode"],
+        "SetVisibility2DFill": ["vtkMRMLSegmentationDisplayNode"],
+        "SetVisibility2DOutline": ["vtkMRMLSegmentationDisplayNode"],
+        "SetVisibility3D": ["vtkMRMLDisplayNode"],
         "AddColumn": ["vtkMRMLTableNode"],
         "AddNewNodeByClass": ["vtkMRMLScene"],
         "AddNode": ["vtkMRMLScene"],

@@ -218,6 +218,39 @@ def test_outputs_have_exactly_the_input_geometry(run):
     assert len(np.unique(labels)) > 1
 
 
+def test_flagged_regions_are_outlined_voxel_for_voxel(run):
+    """regions.nii.gz becomes one outlined segment per region (no fill): its voxels exactly, on the
+    input's grid, named with the region's rank, p_error and size (issue 22: outlines, not boxes)."""
+    from CARDSegmentLib.region_outlines import region_segment_ids
+
+    regions = sitk.GetArrayFromImage(sitk.ReadImage(str(run.outdir / "regions.nii.gz")))
+    ids = sorted(int(v) for v in np.unique(regions) if v)
+    assert ids and ids == sorted(int(r["id"]) for r in run.report["regions"])
+    node = run.outputs.regions
+    assert node.GetClassName() == "vtkMRMLSegmentationNode"
+    assert node.GetAttribute(lib.ROLE_ATTRIBUTE) == "regions"
+    by_id = region_segment_ids(node)
+    assert sorted(by_id) == ids
+    ref = matrix(run.volume)
+    for k, segment_id in by_id.items():
+        segment = node.GetSegmentation().GetSegment(segment_id)
+        lm = segment.GetRepresentation("Binary labelmap")
+        m = vtk.vtkMatrix4x4()
+        lm.GetImageToWorldMatrix(m)
+        world = np.array([[m.GetElement(r, c) for c in range(4)] for r in range(4)])
+        assert np.allclose(world[:3, :3], ref[:3, :3], atol=1e-9)
+        e = lm.GetExtent()
+        assert np.allclose(world @ np.array([e[0], e[2], e[4], 1.0]), ref @ np.array([e[0], e[2], e[4], 1.0]), atol=1e-6)
+        mask = np.zeros(regions.shape, bool)
+        mask[e[4]:e[5] + 1, e[2]:e[3] + 1, e[0]:e[1] + 1] = segment_mask(segment)
+        assert np.array_equal(mask, regions == k), k
+        region = next(r for r in run.report["regions"] if int(r["id"]) == k)
+        shown = f"p_error {float(region['p_error']):.2f}, " if region.get("p_error") is not None else ""
+        assert segment.GetName() == f"Region {k}: {shown}{float(region['volume_mm3']) / 1000:.1f} ml"
+    display = node.GetDisplayNode()
+    assert display.GetVisibility2DOutline() and not display.GetVisibility2DFill()
+
+
 def test_segment_names_colours_and_terminology_come_from_the_bundle(run):
     segs = segments(run.outputs.segmentation)
     assert [s.GetName() for s in segs] == [c["name"] for c in run.classes[1:]]
