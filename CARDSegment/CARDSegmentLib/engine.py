@@ -25,9 +25,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
-import queue
 import subprocess
-import threading
 import time
 import weakref
 from typing import Callable, Dict, List, Optional, Tuple
@@ -84,49 +82,12 @@ class EngineHandle(proc.ProcessHandle):
 EngineLauncher = Callable[[List[str], Dict[str, str], Optional[str]], EngineHandle]
 
 
-class PipedProcess(EngineHandle):
-    """A real engine process with pipes on all three streams; reader threads queue its lines."""
+class PipedProcess(proc.PopenHandle, EngineHandle):
+    """A real engine process: :class:`~.process.PopenHandle` (reader threads queue its output
+    lines) with a pipe on its standard input too."""
 
     def __init__(self, argv: List[str], env: Dict[str, str], cwd: Optional[str] = None):
-        kwargs = {}
-        if os.name == "nt":
-            kwargs["creationflags"] = getattr(subprocess, "CREATE_NO_WINDOW", 0)
-        else:
-            kwargs["start_new_session"] = True  # its own process group: a kill ends all of it
-        self._proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, encoding="utf-8", errors="replace",
-                                      bufsize=1, **kwargs)
-        self._lines: "queue.Queue[Tuple[str, str]]" = queue.Queue()
-        self._readers = [threading.Thread(target=self._pump, args=(name, stream), daemon=True)
-                         for name, stream in (("stdout", self._proc.stdout), ("stderr", self._proc.stderr))]
-        for t in self._readers:
-            t.start()
-
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
-
-    def _pump(self, name: str, stream) -> None:
-        try:
-            for line in stream:
-                self._lines.put((name, line.rstrip("\r\n")))
-        except (OSError, ValueError):
-            pass
-
-    def read_lines(self) -> List[Tuple[str, str]]:
-        out = []
-        while True:
-            try:
-                out.append(self._lines.get_nowait())
-            except queue.Empty:
-                return out
-
-    def returncode(self) -> Optional[int]:
-        code = self._proc.poll()
-        if code is not None:
-            for t in self._readers:  # the last lines are still on their way
-                t.join(timeout=1.0)
-        return code
+        super().__init__(argv, env, cwd, stdin=subprocess.PIPE)
 
     def write_line(self, text: str) -> None:
         try:
@@ -143,11 +104,7 @@ class PipedProcess(EngineHandle):
 
     def kill(self) -> None:
         self.close_input()
-        proc.kill_process_tree(self._proc)
-        try:
-            self._proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:  # pragma: no cover - a process that survives SIGKILL
-            pass
+        super().kill()
 
 
 def pipe_launcher(argv: List[str], env: Dict[str, str], cwd: Optional[str] = None) -> EngineHandle:

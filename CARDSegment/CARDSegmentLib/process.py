@@ -223,13 +223,13 @@ Launcher = Callable[[List[str], Dict[str, str], Optional[str]], ProcessHandle]
 class PopenHandle(ProcessHandle):
     """A real child process; two reader threads move its output lines into a queue."""
 
-    def __init__(self, argv: List[str], env: Dict[str, str], cwd: Optional[str] = None):
+    def __init__(self, argv: List[str], env: Dict[str, str], cwd: Optional[str] = None, stdin=subprocess.DEVNULL):
         kwargs = {}
         if os.name == "nt":
             kwargs["creationflags"] = getattr(subprocess, "CREATE_NO_WINDOW", 0)
         else:
             kwargs["start_new_session"] = True  # its own process group: cancel ends all of it
-        self._proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+        self._proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=stdin, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, encoding="utf-8", errors="replace",
                                       bufsize=1, **kwargs)
         self._queue: "queue.Queue[Tuple[str, str]]" = queue.Queue()

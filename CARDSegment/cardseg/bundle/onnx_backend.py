@@ -52,8 +52,7 @@ from typing import Callable, Dict, Optional
 import numpy as np
 
 from cardseg.base.errors import CardsegError
-from cardseg.bundle.onnx_cache import (MAX_MODEL_BYTES, MAX_RECORD_BYTES, cache_dir, read_entry,
-                                       temp_file, write_entry)
+from cardseg.bundle.onnx_cache import cache_dir, read_recorded, temp_file, write_entry
 
 BACKENDS = ("torch", "onnx")
 #: what ``--backend`` accepts: a backend, or ``auto`` (see :func:`cardseg.bundle.loading.load_bundle`)
@@ -106,7 +105,8 @@ def available() -> Optional[str]:
     return None
 
 
-def _version(dist: str) -> str:
+def dist_version(dist: str) -> str:
+    """An installed distribution's version (``absent`` when it is not installed)."""
     from importlib import metadata
 
     try:
@@ -117,7 +117,7 @@ def _version(dist: str) -> str:
 
 def _torch_version() -> str:
     """torch's version without importing torch (its distribution's metadata), else from torch."""
-    held = _version("torch")
+    held = dist_version("torch")
     if held != "absent":
         return held
     import torch
@@ -130,8 +130,8 @@ def cache_key(weights_sha256: str, spec: dict, num_classes: int, image_channels:
     what = {"format": EXPORT_FORMAT, "weights_sha256": weights_sha256,
             "network": {k: spec[k] for k in sorted(spec) if k not in ("file", "sha256", "parameters", "dtype")},
             "num_classes": int(num_classes), "image_channels": int(image_channels), "input_size": int(input_size),
-            "opset": OPSET, "torch": _torch_version().split("+")[0], "monai": _version("monai"),
-            "onnxruntime": _version("onnxruntime")}
+            "opset": OPSET, "torch": _torch_version().split("+")[0], "monai": dist_version("monai"),
+            "onnxruntime": dist_version("onnxruntime")}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
@@ -272,14 +272,8 @@ def _read_cached(model: Path, record: Path, key: str, num_classes: int, threads:
     """The cached network when the record names this key and the model file's sha256, and the
     model file itself carries this key in its metadata; else ``None`` (a miss: made again).
     Only regular files are read (:func:`cardseg.bundle.onnx_cache.read_entry`)."""
-    raw, data = read_entry(record, MAX_RECORD_BYTES), read_entry(model, MAX_MODEL_BYTES)
-    if raw is None or data is None:
-        return None
-    try:
-        rec = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    if not isinstance(rec, dict) or rec.get("key") != key or rec.get("onnx_sha256") != hashlib.sha256(data).hexdigest():
+    data = read_recorded(model, record, key, "onnx_sha256")
+    if data is None:
         return None
     try:
         net = OnnxNetwork(data, num_classes, threads, source=str(model))
@@ -369,7 +363,7 @@ def load_networks(root: Path, config: dict, weights: Dict[str, object], build: C
             write_entry(model, data)
             rec = {"key": key, "role": role, "bundle": config["id"], "weights_sha256": wf.sha256,
                    "onnx_sha256": hashlib.sha256(data).hexdigest(), "opset": OPSET, "torch": _torch_version(),
-                   "monai": _version("monai"), "onnxruntime": _version("onnxruntime"),
+                   "monai": dist_version("monai"), "onnxruntime": dist_version("onnxruntime"),
                    "probe_max_abs_diff": diff, "probe_max_abs_logit": scale}
             write_entry(record, (json.dumps(rec, indent=2) + "\n").encode())
             onnx_net.source = str(model)

@@ -18,6 +18,8 @@ written, and the temporaries an interrupted export leaves.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import stat
@@ -89,6 +91,22 @@ def read_entry(path: Path, limit: int) -> Optional[bytes]:
         os.close(fd)
     data = b"".join(chunks)
     return data if len(data) <= limit else None
+
+
+def read_recorded(model: Path, record: Path, key: str, digest_field: str) -> Optional[bytes]:
+    """The bytes of the cache entry ``model`` when its ``record`` (JSON) names ``key`` and, under
+    ``digest_field``, the sha256 of exactly these bytes; else ``None`` (a miss). Only regular
+    files are read (:func:`read_entry`). The caller still checks the key held inside the model."""
+    raw, data = read_entry(record, MAX_RECORD_BYTES), read_entry(model, MAX_MODEL_BYTES)
+    if raw is None or data is None:
+        return None
+    try:
+        rec = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(rec, dict) or rec.get("key") != key or rec.get(digest_field) != hashlib.sha256(data).hexdigest():
+        return None
+    return data
 
 
 def temp_file(folder: Optional[Path], suffix: str) -> Path:

@@ -43,8 +43,8 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 from cardseg.base.errors import CardsegError
-from cardseg.bundle.onnx_backend import BrokenNetwork, max_abs_difference, probe_inputs, within_tolerance
-from cardseg.bundle.onnx_cache import MAX_MODEL_BYTES, MAX_RECORD_BYTES, models_dir, read_entry, write_entry
+from cardseg.bundle.onnx_backend import BrokenNetwork, dist_version, max_abs_difference, probe_inputs, within_tolerance
+from cardseg.bundle.onnx_cache import models_dir, read_recorded, write_entry
 
 #: bump when the tracing recipe changes, so that older cached programs are not used
 PROGRAM_FORMAT = 1
@@ -61,15 +61,6 @@ def programs_enabled() -> bool:
     return os.environ.get(PROGRAMS_ENV, "1").strip() != "0"
 
 
-def _version(dist: str) -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version(dist)
-    except metadata.PackageNotFoundError:
-        return "absent"
-
-
 def program_key(weights_sha256: str, spec: dict, num_classes: int, image_channels: int, input_size: int,
                 device: torch.device, cpu_group_norm: bool) -> str:
     """sha256 of everything a traced program depends on (see the module docstring)."""
@@ -77,7 +68,7 @@ def program_key(weights_sha256: str, spec: dict, num_classes: int, image_channel
             "network": {k: spec[k] for k in sorted(spec) if k not in ("file", "sha256", "parameters", "dtype")},
             "num_classes": int(num_classes), "image_channels": int(image_channels), "input_size": int(input_size),
             "device": str(device), "cpu_group_norm": bool(cpu_group_norm),
-            "torch": torch.__version__, "monai": _version("monai")}
+            "torch": torch.__version__, "monai": dist_version("monai")}
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
@@ -140,14 +131,8 @@ def read_program(data: bytes, device: torch.device) -> tuple:
 
 
 def _cached(model: Path, record: Path, key: str, device: torch.device) -> Optional[ProgramNetwork]:
-    raw, data = read_entry(record, MAX_RECORD_BYTES), read_entry(model, MAX_MODEL_BYTES)
-    if raw is None or data is None:
-        return None
-    try:
-        rec = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        return None
-    if not isinstance(rec, dict) or rec.get("key") != key or rec.get("program_sha256") != hashlib.sha256(data).hexdigest():
+    data = read_recorded(model, record, key, "program_sha256")
+    if data is None:
         return None
     program, held = read_program(data, device)
     return ProgramNetwork(program, device, source=str(model)) if program is not None and held == key else None
@@ -223,7 +208,7 @@ def _prepare(root: Path, config: dict, role: str, net: torch.nn.Module, key: str
             write_entry(model, data)
             rec = {"key": key, "role": role, "bundle": config["id"], "device": str(device),
                    "program_sha256": hashlib.sha256(data).hexdigest(), "torch": torch.__version__,
-                   "monai": _version("monai"), "probe_max_abs_diff": diff, "probe_max_abs_logit": scale}
+                   "monai": dist_version("monai"), "probe_max_abs_diff": diff, "probe_max_abs_logit": scale}
             write_entry(record, (json.dumps(rec, indent=2) + "\n").encode())
             prog.source = str(model)
         except OSError:
