@@ -47,17 +47,7 @@ class BatchCommand(proc.SegmentCommand):
     """``cardseg batch`` over a manifest of frame files (``input_path`` is the manifest)."""
 
     def argv(self) -> List[str]:
-        args = proc.SegmentCommand.argv(self)  # checks device and method
-        args = args[:args.index("segment")] + ["batch", "--manifest", str(self.input_path), "-o",
-                                               str(self.output_dir), "--progress", "json", "--device",
-                                               self.device, "--method", self.method, "--no-report"]
-        if self.bundle_path:
-            args += ["--bundle", str(self.bundle_path)]
-        if self.threads:
-            args += ["--threads", str(int(self.threads))]
-        if self.batch_size:
-            args += ["--batch-size", str(int(self.batch_size))]
-        return args
+        return self.engine_call("batch", "--manifest", str(self.input_path)) + ["--no-report"]
 
 
 def case_name(frame: int) -> str:
@@ -157,10 +147,7 @@ class CineJob:
         self._start_run(self.work_dir / "manifest.csv", self.on_progress)
 
     def _start_run(self, manifest: Path, on_progress) -> None:
-        o = self.options
-        command = BatchCommand(input_path=str(manifest), output_dir=str(self.output_dir), bundle_path=o.bundle_path,
-                               device=o.device, method=o.method, python_executable=o.python_executable,
-                               engine_dir=o.engine_dir, threads=o.threads, batch_size=o.batch_size)
+        command = self.options.command(manifest, self.output_dir, kind=BatchCommand)
         self.run = self.run_factory(command, self.launcher, on_progress)
         self.runs.append(self.run)
         self._state = proc.RUNNING

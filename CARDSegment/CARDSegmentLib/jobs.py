@@ -50,6 +50,13 @@ class JobOptions:
     ed_frame: int = -1
     es_frame: int = -1
 
+    def command(self, input_path, output_dir, kind=None) -> "proc.SegmentCommand":
+        """The engine run these options ask for: ``kind`` (default ``SegmentCommand``) on ``input_path``."""
+        return (kind or proc.SegmentCommand)(
+            input_path=str(input_path), output_dir=str(output_dir), bundle_path=self.bundle_path, device=self.device,
+            method=self.method, python_executable=self.python_executable, engine_dir=self.engine_dir,
+            threads=self.threads, batch_size=self.batch_size)
+
 
 class SegmentationJob:
     """Segment and calibrate one input volume in a separate process, then load the results."""
@@ -107,11 +114,7 @@ class SegmentationJob:
         except Exception as exc:  # noqa: BLE001 - any failure here is the run's one-line error
             self._fail(one_line(exc))
             return
-        o = self.options
-        command = proc.SegmentCommand(
-            input_path=str(self.input_path), output_dir=str(self.output_dir), bundle_path=o.bundle_path,
-            device=o.device, method=o.method, python_executable=o.python_executable, engine_dir=o.engine_dir,
-            threads=o.threads, batch_size=o.batch_size)
+        command = self.options.command(self.input_path, self.output_dir)
         self.run = self.run_factory(command, self.launcher, self.on_progress)
         self._state = proc.RUNNING
         self.run.start()

@@ -123,11 +123,7 @@ class ModuleLogic:
         """Start the engine before the first click (the module opened, the user keeps it warm)."""
         factory = self.segmentRunFactory(options)
         if factory is not None and not self.isRunning:
-            from .process import SegmentCommand
-
-            self.engine.warm_up(SegmentCommand("", "", bundle_path=options.bundle_path, device=options.device,
-                                               python_executable=options.python_executable,
-                                               engine_dir=options.engine_dir))
+            self.engine.warm_up(options.command("", ""))
 
     def closeEngine(self) -> None:
         """End the warm engine (module cleanup, application exit; atexit does it too)."""

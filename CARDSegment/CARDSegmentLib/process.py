@@ -78,19 +78,21 @@ class SegmentCommand:
 
     def argv(self) -> List[str]:
         """The full command line, interpreter first."""
+        return self.engine_call("segment", str(self.input_path)) + ["--overwrite"]
+
+    def engine_call(self, *subcommand: str) -> List[str]:
+        """``python -m cardseg <subcommand...> -o OUT`` + the options every run passes (``cardseg batch`` too).
+
+        Checks ``device`` and ``method`` (ValueError naming the wrong choice)."""
         if self.device not in DEVICE_CHOICES:
             raise ValueError(f"device must be one of {DEVICE_CHOICES}, not {self.device!r}")
         if self.method not in METHOD_CHOICES:
             raise ValueError(f"method must be one of {METHOD_CHOICES}, not {self.method!r}")
-        args = [self.python_executable or default_python_executable(), "-m", "cardseg", "segment",
-                str(self.input_path), "-o", str(self.output_dir), "--progress", "json",
-                "--device", self.device, "--method", self.method, "--overwrite"]
-        if self.bundle_path:
-            args += ["--bundle", str(self.bundle_path)]
-        if self.threads:
-            args += ["--threads", str(int(self.threads))]
-        if self.batch_size:
-            args += ["--batch-size", str(int(self.batch_size))]
+        args = [self.python_executable or default_python_executable(), "-m", "cardseg", *subcommand,
+                "-o", str(self.output_dir), "--progress", "json", "--device", self.device, "--method", self.method]
+        for flag, value, kind in (("--bundle", self.bundle_path, str), ("--threads", self.threads, int),
+                                  ("--batch-size", self.batch_size, int)):
+            args += [flag, str(kind(value))] if value else []
         return args
 
     def env(self, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
@@ -152,11 +154,9 @@ def parse_progress_line(line: str) -> Optional[Tuple[str, int, int]]:
         obj = json.loads(text)
     except ValueError:
         return None
-    if not isinstance(obj, dict) or "stage" not in obj:
-        return None
     try:
         return str(obj["stage"]), int(obj.get("done", 0)), int(obj.get("total", 0))
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, KeyError, AttributeError):  # not an object, no stage, not numbers
         return None
 
 
@@ -190,9 +190,7 @@ def extract_error(lines: Sequence[str], returncode: Optional[int]) -> str:
         status = f"the segmentation process was stopped by {name} (out of memory?)"
     else:
         status = f"the segmentation process exited with code {returncode}"
-    if others:
-        return f"{others[-1]} ({status})"
-    return status
+    return f"{others[-1]} ({status})" if others else status
 
 
 # ---------------------------------------------------------------------------------------------
