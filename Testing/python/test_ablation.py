@@ -55,6 +55,8 @@ def _by_hand(results, temperature):
 def test_rows_apply_each_variant_to_its_own_tac():
     card = [_case(0), _case(1)]
     mix = [_case(5), _case(6)]
+    for r, patient in zip(mix, ("p0", "p1")):  # the same patients' volumes, other trajectories
+        r.patient = patient
     dual = {"methods": ["uc", "card"], "pooled": {"spike": {"card": {"ece": 0.1, "sce": 0.2, "ace": 0.3, "nll": 0.4}}}}
     t = ablation_table(card, mix, CONFIG, dual, "spike")
     got = {r["label"]: r for r in t["rows"]}
@@ -69,6 +71,11 @@ def test_rows_apply_each_variant_to_its_own_tac():
         assert got[label]["nll"] == pytest.approx(ref["nll"], rel=1e-4), label
     assert got["Logit Mix"]["nll"] == pytest.approx(_by_hand(mix, lambda r: np.ones(r.labels.size))["nll"], rel=1e-4)
     assert got["Dual U-Net"]["ece"] == 0.1
+    bs = t["bootstrap"]
+    assert bs["patients"] == 2 and bs["without_pixels"] == ["Dual U-Net"]
+    assert set(bs["interval"]) == set(ROWS) - {"Dual U-Net"}
+    assert set(bs["difference"]) == set(ROWS) - {"Dual U-Net", "Proposed"}
+    assert "bootstrap" not in ablation_table(card, mix, CONFIG, dual, "spike", resamples=0)
 
 
 def test_missing_inputs_leave_rows_out_not_invented():
@@ -98,4 +105,5 @@ def test_ablate_command_reads_the_evaluation_cache(tiny_bundle, tmp_path, monkey
     labels = [r["label"] for r in t["rows"]]
     assert labels == ["Primary only", "Logit Mix", "w/o Ref. Contrast", "Proposed"]
     assert all(0 <= r["ece"] <= 1 and r["nll"] > 0 for r in t["rows"])
+    assert set(t["bootstrap"]["interval"]) == set(labels) and t["bootstrap"]["patients"] == 1
     assert_figure(tmp_path / "ab" / "ablation_ece.png")

@@ -18,6 +18,10 @@ condition, NLL beside them):
 
 Every row reads the evaluation cache of ``cardseg evaluate`` (same key, so an evaluated split
 is not run again); only Logit Mix needs its own trajectories, cached beside them.
+
+Intervals: a paired bootstrap over patients (:mod:`cardseg_train.ablation_bootstrap`), every row
+computed from pixels resampled with the same draws as ``cardseg compare``'s, and ``Proposed -
+variant`` for each; the Dual U-Net row, read from its evaluation's pooled table, has none.
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ from cardseg.method.calibration import CARD, TemperatureScaling, Uncalibrated
 from cardseg.metrics.calibration import CalibrationAccumulator
 from cardseg.base.errors import CardsegError
 
+from .ablation_bootstrap import VariantPixels, bootstrap_markdown, bootstrap_variants
 from .calibration_eval import CaseResult, calibrated_probs as _probs
+from .eval_stats import BOOTSTRAP_RESAMPLES
 
 ROWS = ("Primary only", "Logit Mix", "Dual U-Net", "w/o Ref. Contrast", "TAC-last", "TAC-mid", "Proposed")
 #: the paper's Table III (spike): ECE, SCE, ACE in %
@@ -46,22 +52,29 @@ def step_set_calibrators(config: dict) -> Dict[str, tuple]:
     return {name: (CARD(**{k: v for k, v in p.items() if k != "steps"}), p.get("steps")) for name, p in sets.items()}
 
 
-def _metrics(pairs) -> dict:
-    """Pooled ECE / SCE / ACE / NLL over ``[(probs (n, K), labels (n,))]``."""
+def _metrics(pairs, pixels: Optional[VariantPixels] = None) -> dict:
+    """Pooled ECE / SCE / ACE / NLL over ``[(probs (n, K), labels (n,), patient)]``; with ``pixels``,
+    each volume is also kept there by patient for the bootstrap."""
     pairs = list(pairs)
     acc = CalibrationAccumulator(pairs[0][0].shape[1])
-    for p, y in pairs:
+    for p, y, patient in pairs:
         acc.add(p, y)
+        if pixels is not None:
+            pixels.add(patient, p, y)
     return acc.result()
 
 
 def ablation_table(card_results: Sequence[CaseResult], mix_results: Sequence[CaseResult], config: dict,
-                   dual_table: Optional[dict] = None, condition: str = "spike") -> dict:
+                   dual_table: Optional[dict] = None, condition: str = "spike",
+                   resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> dict:
     """Every row of :data:`ROWS` that the inputs allow, JSON-able.
 
     card_results / mix_results: the condition's cases from the card and logit-mix trajectories;
     config: the CARD bundle's ``bundle.json`` (fitted CARD, TS and the step-set fits); dual_table:
     the Dual U-Net bundle's ``calibration.json`` (its ``card`` method under ``condition``).
+    The result's ``bootstrap``: the paired patient bootstrap of every row computed from pixels
+    (:func:`cardseg_train.ablation_bootstrap.bootstrap_variants`, ``resamples`` draws, ``seed``;
+    none with ``resamples=0``).
     """
     card_results = [r for r in card_results if r.condition == condition and r.labels.size]
     mix_results = [r for r in mix_results if r.condition == condition and r.labels.size]
@@ -70,25 +83,37 @@ def ablation_table(card_results: Sequence[CaseResult], mix_results: Sequence[Cas
     cal = config.get("calibration") or {}
     card = CARD(**{k: cal[k] for k in ("tau_min", "tau_max", "w_b", "w_k")})
     ts = (config.get("baselines") or {}).get("ts")
+    k = card_results[0].logits.shape[0]
     rows: Dict[str, dict] = {}
-    rows["Primary only"] = _metrics((_probs(Uncalibrated(), r), r.labels) for r in card_results)
+    pixels: Dict[str, VariantPixels] = {}
+
+    def measure(label: str, results: Sequence[CaseResult], cal_probs) -> None:
+        if resamples:
+            pixels[label] = VariantPixels(k)
+        rows[label] = _metrics(((cal_probs(r), r.labels, r.patient) for r in results), pixels.get(label))
+
+    measure("Primary only", card_results, lambda r: _probs(Uncalibrated(), r))
     if mix_results:
-        rows["Logit Mix"] = _metrics((_probs(Uncalibrated(), r), r.labels) for r in mix_results)
+        measure("Logit Mix", mix_results, lambda r: _probs(Uncalibrated(), r))
     if dual_table is not None and "card" in dual_table.get("methods", ()):
-        rows["Dual U-Net"] = {k: dual_table["pooled"][condition]["card"][k] for k in ("ece", "sce", "ace", "nll")}
+        rows["Dual U-Net"] = {m: dual_table["pooled"][condition]["card"][m] for m in ("ece", "sce", "ace", "nll")}
     if ts is not None:
-        rows["w/o Ref. Contrast"] = _metrics((_probs(TemperatureScaling(ts["temperature"]), r), r.labels)
-                                             for r in card_results)
+        measure("w/o Ref. Contrast", card_results, lambda r: _probs(TemperatureScaling(ts["temperature"]), r))
     fits = step_set_calibrators(config)
     for name, label in (("last", "TAC-last"), ("mid", "TAC-mid")):
         fitted, steps = fits.get(name, (None, None))
         if fitted is not None and steps:
-            rows[label] = _metrics((_probs(fitted, r, r.tac_over(steps)), r.labels) for r in card_results)
-    rows["Proposed"] = _metrics((_probs(card, r), r.labels) for r in card_results)
-    ordered = [{"label": lab, **{k: float(rows[lab][k]) for k in ("ece", "sce", "ace", "nll")},
+            measure(label, card_results, lambda r, f=fitted, s=steps: _probs(f, r, r.tac_over(s)))
+    measure("Proposed", card_results, lambda r: _probs(card, r))
+    ordered = [{"label": lab, **{m: float(rows[lab][m]) for m in ("ece", "sce", "ace", "nll")},
                 "paper_ece_sce_ace": PAPER[lab]} for lab in ROWS if lab in rows]
-    return {"condition": condition, "volumes": len({r.case for r in card_results}), "rows": ordered,
-            "missing": [lab for lab in ROWS if lab not in rows]}
+    out = {"condition": condition, "volumes": len({r.case for r in card_results}), "rows": ordered,
+           "missing": [lab for lab in ROWS if lab not in rows]}
+    if resamples:
+        out["bootstrap"] = bootstrap_variants({lab: pixels[lab] for lab in ROWS if lab in pixels}, "Proposed",
+                                              resamples, seed, without=[lab for lab in ROWS
+                                                                        if lab in rows and lab not in pixels])
+    return out
 
 
 def markdown(t: dict, title: str = "") -> str:
@@ -101,11 +126,12 @@ def markdown(t: dict, title: str = "") -> str:
                      f"{r['nll']:.3f} | {' / '.join(f'{v:.2f}' for v in r['paper_ece_sce_ace'])} |")
     if t["missing"]:
         lines += ["", "Not computed: " + ", ".join(t["missing"]) + "."]
+    lines += bootstrap_markdown(t.get("bootstrap"))
     return "\n".join(lines) + "\n"
 
 
 def plot(t: dict, path) -> None:
-    """ECE per variant, ours beside the paper's."""
+    """ECE per variant, ours (with its bootstrap interval where there is one) beside the paper's."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -115,6 +141,12 @@ def plot(t: dict, path) -> None:
     x = np.arange(len(rows))
     fig, ax = plt.subplots(figsize=(7.5, 3.4))
     ax.bar(x - 0.2, [100 * r["ece"] for r in rows], 0.4, label="ours")
+    intervals = (t.get("bootstrap") or {}).get("interval", {})
+    for i, r in enumerate(rows):
+        if r["label"] in intervals:  # the paired patient bootstrap's 95 % interval
+            lo, hi = intervals[r["label"]]["ece"]
+            err = [[100 * max(r["ece"] - lo, 0.0)], [100 * max(hi - r["ece"], 0.0)]]
+            ax.errorbar(i - 0.2, 100 * r["ece"], yerr=err, color="k", capsize=3, linewidth=1)
     ax.bar(x + 0.2, [r["paper_ece_sce_ace"][0] for r in rows], 0.4, label="paper", alpha=0.6)
     ax.set_xticks(x, [r["label"] for r in rows], rotation=25, ha="right")
     ax.set_ylabel(f"ECE (%) under {t['condition']}")

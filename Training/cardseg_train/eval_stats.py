@@ -52,6 +52,18 @@ def volume_nll_sums(per_volume: Dict[str, Dict[str, List[dict]]], conditions: Se
     return patients, sums, counts
 
 
+def resample_weights(patients: int, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> np.ndarray:
+    """The patient draws of the bootstrap as multiplicities ``(resamples, patients)``: row ``r``
+    counts how often each patient (in sorted-name order) was drawn in resample ``r`` (each row
+    sums to ``patients``). Every bootstrap here uses these draws, so equal ``seed`` and patient
+    count give the same resampled patients."""
+    rng = np.random.default_rng(seed)
+    draws = rng.integers(0, patients, size=(resamples, patients))
+    weights = np.zeros((resamples, patients))
+    np.add.at(weights, (np.repeat(np.arange(resamples), patients), draws.ravel()), 1.0)
+    return weights
+
+
 def paired_bootstrap(sums: np.ndarray, counts: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES,
                      seed: int = 0) -> np.ndarray:
     """Block NLL of every method under ``resamples`` patient resamples.
@@ -60,11 +72,7 @@ def paired_bootstrap(sums: np.ndarray, counts: np.ndarray, resamples: int = BOOT
     → ``(resamples, M)``: for each resample, the mean over conditions of the pooled NLL
     (``sum of sums / sum of counts`` over the drawn patients, with multiplicity).
     """
-    c, m, p = sums.shape
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, p, size=(resamples, p))
-    weights = np.zeros((resamples, p))
-    np.add.at(weights, (np.repeat(np.arange(resamples), p), draws.ravel()), 1.0)
+    weights = resample_weights(sums.shape[2], resamples, seed)
     num = np.einsum("cmp,rp->rcm", sums, weights)
     den = np.einsum("cp,rp->rc", counts, weights)[:, :, None]
     with np.errstate(invalid="ignore", divide="ignore"):
