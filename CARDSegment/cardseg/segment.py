@@ -112,6 +112,8 @@ def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle
     steps = bundle.sampled_steps
     tac_steps = bundle.tac_steps if method == "card" else None
     nb = (x.shape[0] + batch_size - 1) // batch_size
+    # ONNX Runtime sessions run beside each other (own threads, Python's lock free): the same outputs, sooner
+    overlap = bool(getattr(bundle.reference, "overlap_safe", False)) and device.type == "cpu"
     progress.stage("trajectory", nb * len(steps))
     logits_all: Optional[torch.Tensor] = None  # filled batch by batch: no list + concatenated copy
     tac_out, ref_out = [], []
@@ -120,7 +122,8 @@ def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle
         xb = x[b * batch_size:(b + 1) * batch_size].to(device)
         res = run_trajectory(bundle.primary, xb, steps, bundle.num_classes, reference=bundle.reference,
                              mode=method if method in ("card", "logit-mix") else "uc", schedule=bundle.schedule,
-                             tac_steps=tac_steps, keep_steps=keep_step_js, on_step=lambda t: progress.advance(1))
+                             tac_steps=tac_steps, keep_steps=keep_step_js, on_step=lambda t: progress.advance(1),
+                             overlap=overlap)
         part = network_to_slices(res.logits.float(), grid).cpu()
         if logits_all is None:
             logits_all = torch.empty((x.shape[0],) + tuple(part.shape[1:]), dtype=part.dtype)
@@ -225,7 +228,8 @@ def build_report(result: SegmentationResult, volume: Volume, bundle: Bundle, met
         report["regions"], result.region_ranks = flagged_regions(
             result.disagreement, result.labels, cfg["regions"], volume.ijk_to_lps(), volume.spacing, names,
             result.field_of_view)
-        report["region_ranking"] = "p_error" if cfg["regions"].get("model") else "summed_disagreement"
+        report["region_ranking"] = (cfg["regions"].get("ranking", "p_error") if cfg["regions"].get("model")
+                                    else "summed_disagreement")
         report["calibration"] = bundle.calibrator.to_dict()
     return report
 

@@ -121,6 +121,35 @@ def test_logit_mix_averages_and_drives_the_state(nets):
     assert torch.equal(p.seen[1][1], sched.reverse_step(first_mix.softmax(1), 49))
 
 
+class GradProbe(Recorder):
+    """A Recorder that also notes whether autograd was on for each call, and from which thread."""
+
+    def forward(self, image, state, t):
+        import threading
+
+        self.grad = getattr(self, "grad", []) + [(torch.is_grad_enabled(), threading.current_thread().name)]
+        return super().forward(image, state, t)
+
+
+def test_overlapped_reference_gives_the_same_trajectory(nets):
+    img = torch.randn(2, 1, 32, 32)
+    steps = [49, 37, 24, 12, 0]
+    plain = run_trajectory(nets[0], img, steps, 4, reference=nets[1], keep_steps=True)
+    r = GradProbe(nets[1])
+    over = run_trajectory(nets[0], img, steps, 4, reference=r, keep_steps=True, overlap=True)
+    assert torch.equal(over.logits, plain.logits) and torch.equal(over.tac, plain.tac)
+    assert torch.equal(over.reference_logits, plain.reference_logits)
+    for t in steps:
+        assert torch.equal(over.per_step_js[t], plain.per_step_js[t])
+        assert torch.equal(over.per_step_states[t], plain.per_step_states[t])
+    assert [t for t, _ in r.seen] == steps
+    # on a worker thread, with autograd off there as well
+    assert all(not grad and name.startswith("cardseg-reference") for grad, name in r.grad)
+    # modes without a reference path of their own ignore it
+    uc = run_trajectory(nets[0], img, steps, 4, mode="uc", overlap=True)
+    assert torch.equal(uc.logits, plain.logits)
+
+
 def test_bad_steps_are_refused(nets):
     with pytest.raises(ValueError):
         run_trajectory(nets[0], torch.randn(1, 1, 32, 32), [0, 49], 4, reference=nets[1])

@@ -140,6 +140,9 @@ class OnnxNetwork:
     ``net(image (B, C, H, W), state (B, K, H, W), t (B,)) -> logits (B, K, H, W)`` (torch tensors)."""
 
     backend = "onnx"
+    #: a call leaves Python's lock free and runs on the session's own threads, so the trajectory may
+    #: evaluate the reference on a worker thread beside the primary (``run_trajectory(overlap=True)``)
+    overlap_safe = True
 
     def __init__(self, model, num_classes: int, threads: Optional[int] = None, source: str = ""):
         import onnxruntime as ort
