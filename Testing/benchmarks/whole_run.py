@@ -14,7 +14,9 @@ Every run is a fresh process, as a user's would be. For ``--method uc`` and ``--
   statement's own time, nested imports counted once), the checks (options, OUTDIR, bundle), the
   read, the bundle load, normalisation, resampling to the network grid and back, the networks
   (``run_trajectory``), post-processing (calibration, softmax), agreement and flagged regions,
-  and writing; "python start/exit" is the subprocess's wall clock less what the process timed.
+  and writing; "python start/exit" is the subprocess's wall clock less what the process timed
+  (it ends with ``os._exit`` as the plain run does). Imports made on other threads (the ONNX
+  sessions opened while torch is imported) are not counted: they run beside the main thread.
 
 then ``cardseg batch`` over ``--cases`` copies of the volume (one process; as it is, with triage.html,
 and again with ``--no-report``) against a loop of as many ``cardseg segment`` processes
@@ -56,6 +58,9 @@ OTHER_IMPORTS = "import engine + numpy/SciPy/SimpleITK/..."
 def _child(out_json: str, argv: list) -> int:
     t_child = time.perf_counter()
     import builtins
+    import threading
+
+    main_thread = threading.get_ident()
 
     imports: dict = {}
     phases: dict = {}
@@ -68,6 +73,8 @@ def _child(out_json: str, argv: list) -> int:
         return IMPORT_GROUPS.get(top.split(".")[0])
 
     def timed_import(name, globals=None, locals=None, fromlist=(), level=0):
+        if threading.get_ident() != main_thread:  # e.g. the ONNX lookup's imports: beside the main thread's work
+            return original(name, globals, locals, fromlist, level)
         g = group_of(name, globals, level) or (stack[-1][0] if stack else OTHER_IMPORTS)
         t0 = time.perf_counter()
         stack.append([g, 0.0])
@@ -118,7 +125,11 @@ def _child(out_json: str, argv: list) -> int:
     builtins.__import__ = original
     Path(out_json).write_text(json.dumps({"rc": rc, "imports": imports, "phases": phases,
                                           "child_s": time.perf_counter() - t_child}))
-    return rc
+    # the plain run ends with os._exit (cardseg.cli.console_main): so does this one, or the row
+    # "python start/exit" would hold the interpreter's teardown of torch that no plain run pays
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(rc)
 
 
 # --------------------------------------------------------------------------------------------
@@ -285,6 +296,11 @@ def main() -> None:
     print(f"| `timings_s.trajectory` of the plain runs (least) | {traj['uc']:.3f} | {traj['card']:.3f} |")
     print(f"| plain whole run, median of {a.repeats} | {statistics.median(res['uc']['plain_wall']):.3f} | "
           f"{statistics.median(res['card']['plain_wall']):.3f} |")
+    # issue 25's goal: a whole run at most its trajectory + 1.5 s (each run against its own trajectory)
+    over = {m: [w - t["trajectory"] for w, t in zip(res[m]["plain_wall"], res[m]["plain_timings"])] for m in res}
+    for m in ("uc", "card"):
+        print(f"whole run - its trajectory, {m}: least {min(over[m]):.2f} s, median {statistics.median(over[m]):.2f} s "
+              f"(goal <= 1.5 s); of which importing torch {med[m]['import torch']:.2f} s")
     r1 = wall["card"] / wall["uc"]
     print(f"\nwhole-run card / uc: {r1:.2f}x (goal <= 1.10)")
     for m in ("uc", "card"):
@@ -302,6 +318,9 @@ def main() -> None:
         Path(a.json).write_text(json.dumps({"backend": a.backend, "load_before": load_before, "load_after": load_after,
                                             "cpus": os.cpu_count(), "results": res, "median_rows": med,
                                             "plain_wall": wall, "trajectory": traj, "batch": batch,
+                                            "whole_minus_trajectory_s": {m: {"runs": over[m], "least": min(over[m]),
+                                                                             "median": statistics.median(over[m])}
+                                                                         for m in over},
                                             "ratios": {"card_over_uc": r1,
                                                        "whole_over_trajectory": {m: wall[m] / traj[m] for m in wall},
                                                        "batch_over_loop": r3}}, indent=2))
