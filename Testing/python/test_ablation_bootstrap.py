@@ -66,6 +66,7 @@ def test_identical_variants_give_a_zero_width_difference():
     bs = ab.bootstrap_variants({"Proposed": _variant(volumes), "Copy": _variant(volumes)}, resamples=200)
     for m in ab.METRICS:
         assert bs["difference"]["Copy"][m] == [0.0, 0.0]
+        assert bs["pairwise"]["Copy"]["Proposed"][m] == bs["pairwise"]["Proposed"]["Copy"][m] == [0.0, 0.0]
         lo, hi = bs["interval"]["Copy"][m]
         assert lo < hi  # the rows themselves do vary across resamples
 
@@ -81,6 +82,8 @@ def test_a_constant_nll_shift_is_the_difference_in_every_resample():
         shifted.append((name, q, y))
     bs = ab.bootstrap_variants({"Proposed": _variant(volumes), "Shifted": _variant(shifted)}, resamples=300)
     assert bs["difference"]["Shifted"]["nll"] == pytest.approx([-c, -c], abs=1e-6)
+    assert bs["pairwise"]["Shifted"]["Proposed"]["nll"] == pytest.approx([c, c], abs=1e-6)
+    assert "| Shifted | Proposed |" in "\n".join(ab.bootstrap_markdown(bs))
 
 
 def test_draws_are_the_evaluation_bootstrap_draws_and_intervals_bracket_the_samples():

@@ -150,6 +150,9 @@ def bootstrap_variants(variants: Dict[str, VariantPixels], reference: str = "Pro
             if label != reference:
                 d = boot[reference] - b
                 out["difference"][label] = {m: interval(d[:, j]) for j, m in enumerate(METRICS)}
+    # every ordered pair, for claims about the variants' order: pairwise[a][b] is a - b
+    out["pairwise"] = {a: {b: {m: interval(boot[a][:, j] - boot[b][:, j]) for j, m in enumerate(METRICS)}
+                           for b in boot if b != a} for a in boot}
     return out
 
 
@@ -160,8 +163,9 @@ def bootstrap_markdown(bs: Optional[dict]) -> List[str]:
     ref = bs.get("reference")
     lines = ["", f"{100 * bs['level']:.0f}% intervals from a paired bootstrap over the {bs['patients']} patients "
                  f"({bs['resamples']} resamples, the same draws for every variant; pooled metrics recomputed from "
-                 "each resample's pixels)" + (f", and {ref} - variant (negative: {ref} lower):" if ref else ":"), "",
-             "| Variant | ECE | SCE | ACE | NLL |" + (f" {ref} - variant ECE | SCE | ACE | NLL |" if ref else ""),
+                 "each resample's pixels)" + (f", and ({ref} - variant) in the columns marked - (negative: {ref} "
+                                              "lower):" if ref else ":"), "",
+             "| Variant | ECE | SCE | ACE | NLL |" + (" - ECE | - SCE | - ACE | - NLL |" if ref else ""),
              "|---|---|---|---|---|" + ("---|---|---|---|" if ref else "")]
     pct = {"ece": 100.0, "sce": 100.0, "ace": 100.0, "nll": 1.0}
     dig = {"ece": 2, "sce": 2, "ace": 2, "nll": 3}
@@ -175,7 +179,16 @@ def bootstrap_markdown(bs: Optional[dict]) -> List[str]:
         lines.append(f"| {label} | " + " | ".join(cell(iv[m], m) for m in METRICS) + " |"
                      + ((" " + " | ".join(cell(d[m], m, True) for m in METRICS) + " |") if d else
                         (" | | | |" if ref else "")))
+    labels = list(bs["interval"])
+    if len(labels) > 1 and bs.get("pairwise"):
+        lines += ["", "Each variant against the one above it (row - row above; the paper's Table III orders them "
+                      "from worst to best):", "", "| Variant | minus | ECE | SCE | ACE | NLL |",
+                  "|---|---|---|---|---|---|"]
+        for above, label in zip(labels, labels[1:]):
+            d = bs["pairwise"][label][above]
+            lines.append(f"| {label} | {above} | " + " | ".join(cell(d[m], m, True) for m in METRICS) + " |")
     if bs.get("without_pixels"):
+        lines.append("")
         lines.append(f"No interval for {', '.join(bs['without_pixels'])}: its value is read from another "
                      "evaluation's pooled table, which kept no pixels.")
     return lines
