@@ -66,6 +66,7 @@ def _child(out_json: str, argv: list) -> int:
     phases: dict = {}
     stack: list = []  # [group, time spent in nested imports]
     outer = [0.0]  # time in outermost import statements (subtracted from the phase they ran in)
+    late: dict = {}  # {module: [(function, phase)]} to wrap once the run has imported the module
     original = builtins.__import__
 
     def group_of(name, globals_, level):
@@ -88,6 +89,9 @@ def _child(out_json: str, argv: list) -> int:
                 stack[-1][1] += dt
             else:
                 outer[0] += dt
+                for module in [m for m in late if m in sys.modules]:  # wrapped before the caller sees it
+                    for fname, phase in late.pop(module):
+                        wrap(sys.modules[module], fname, phase)
 
     builtins.__import__ = timed_import
 
@@ -106,21 +110,21 @@ def _child(out_json: str, argv: list) -> int:
         setattr(module, name, timed)
 
     import cardseg.bundle.folder
-    import cardseg.bundle.loading
     import cardseg.cli
     import cardseg.io.outdir
     import cardseg.io.volume
-    import cardseg.segment
 
     wrap(cardseg.io.outdir, "check_output", "checks (options, OUTDIR, bundle)")
-    wrap(cardseg.bundle.folder, "check_bundle_folder", "checks (options, OUTDIR, bundle)")
+    wrap(cardseg.bundle.folder, "check_bundle", "checks (options, OUTDIR, bundle)")
     wrap(cardseg.io.volume, "read_volume", "read + input checks")
-    wrap(cardseg.bundle.loading, "load_bundle", "bundle load")
-    wrap(cardseg.segment, "run_trajectory", "networks (run_trajectory)")
-    wrap(cardseg.segment, "slices_to_network", "resampling to/from the network grid")
-    wrap(cardseg.segment, "network_to_slices", "resampling to/from the network grid")
-    wrap(cardseg.segment, "build_report", "agreement + flagged regions (report)")
-    wrap(cardseg.segment, "write_outputs", "writing")
+    # these two import torch: wrapped when the run itself imports them, so that torch is imported
+    # when and where the plain run imports it (the ONNX sessions open on a thread meanwhile)
+    late.update({"cardseg.bundle.loading": [("load_bundle", "bundle load")],
+                 "cardseg.segment": [("run_trajectory", "networks (run_trajectory)"),
+                                     ("slices_to_network", "resampling to/from the network grid"),
+                                     ("network_to_slices", "resampling to/from the network grid"),
+                                     ("build_report", "agreement + flagged regions (report)"),
+                                     ("write_outputs", "writing")]})
     rc = cardseg.cli.main(argv)
     builtins.__import__ = original
     Path(out_json).write_text(json.dumps({"rc": rc, "imports": imports, "phases": phases,
