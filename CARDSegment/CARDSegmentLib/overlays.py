@@ -27,10 +27,35 @@ OVERLAY_STYLE = {
 }
 
 
+def disagreement_display_max(report: Optional[dict]) -> Optional[float]:
+    """The disagreement the bundle's validation volumes reach (``report["disagreement_display_max"]``,
+    the 99th percentile of their TAC near the heart), or None when the report has none usable."""
+    try:
+        value = float((report or {}).get("disagreement_display_max"))
+    except (TypeError, ValueError):
+        return None
+    return value if 0.0 < value <= LN2 else None
+
+
+def overlay_title(role: str, report: Optional[dict]) -> str:
+    """The legend's title: for disagreement, the scale it is drawn on (validation's 99th percentile
+    when the report carries it, else the whole [0, ln 2])."""
+    title = OVERLAY_STYLE[role]["title"]
+    if role != "disagreement":
+        return title
+    top = disagreement_display_max(report)
+    if top is None:
+        return f"{title}, 0-ln 2 nats"
+    return f"{title}, 0-{top:.3f} nats (99th pct. on validation; brighter above)"
+
+
 def overlay_range(role: str, report: Optional[dict], node=None) -> tuple:
-    """The colour window of an overlay: [0, ln 2] for disagreement, [tau_min, tau_max] for temperature."""
+    """The colour window of an overlay: for disagreement [0, the validation volumes' 99th
+    percentile] (:func:`disagreement_display_max`; [0, ln 2] without it), [tau_min, tau_max] for
+    temperature."""
     if role == "disagreement":
-        return 0.0, LN2
+        top = disagreement_display_max(report)
+        return 0.0, LN2 if top is None else top
     cal = (report or {}).get("calibration") or {}
     if "tau_min" in cal and "tau_max" in cal and float(cal["tau_max"]) > float(cal["tau_min"]):
         return float(cal["tau_min"]), float(cal["tau_max"])
@@ -115,7 +140,7 @@ def style_overlay(scene, node, role: str, report: Optional[dict]) -> None:
     display.SetApplyThreshold(1)
     legend = color_legend(node)
     if legend is not None:
-        legend.SetTitleText(style["title"])
+        legend.SetTitleText(overlay_title(role, report))
         legend.SetVisibility(False)
 
 

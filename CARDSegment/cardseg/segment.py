@@ -230,6 +230,8 @@ def build_report(result: SegmentationResult, volume: Volume, bundle: Bundle, met
             result.field_of_view)
         report["region_ranking"] = (cfg["regions"].get("ranking", "p_error") if cfg["regions"].get("model")
                                     else "summed_disagreement")
+        # the disagreement the overlays show brightest: what the bundle's validation volumes reach
+        report["disagreement_display_max"] = cfg["regions"].get("display_max_disagreement")
         report["calibration"] = bundle.calibrator.to_dict()
     return report
 

@@ -16,8 +16,10 @@ import numpy as np
 from cardseg.metrics.detection import detection_scores
 from cardseg.review import coverage as cv
 from cardseg.review.evaluation import near_errors
-from cardseg.review.regions import ErrorModel, form_regions, rank_regions, region_features, region_settings
+from cardseg.review.regions import (ErrorModel, feature_map, form_regions, rank_regions, region_features,
+                                    region_settings)
 
+from .eval_stats import BOOTSTRAP_RESAMPLES, interval, resample_weights
 from .review_data import VolumeMaps
 
 #: the review budget: the first TOP regions per volume
@@ -40,8 +42,9 @@ def regions_in_order(m: VolumeMaps, settings: dict, model: Optional[ErrorModel])
     """``(labels, order, p)``: the rule's regions of ``m`` (labels ``(Z, Y, X)``), the review order
     (indices, at most ``max_regions``) and every region's ``p_error`` (``None`` without a model)."""
     s = region_settings(settings)
-    lab, n = form_regions(m.tac, m.pred, s, m.spacing)
-    feats = region_features(m.tac, m.pred, lab, n)
+    score = feature_map(m.tac, m.pred, s)
+    lab, n = form_regions(m.tac, m.pred, s, m.spacing, score)
+    feats = region_features(score, m.pred, lab, n)
     ml = np.bincount(lab.ravel(), minlength=n + 1)[1:] * float(np.prod(m.spacing)) / 1000.0
     order, p = rank_regions(feats, model, s.get("max_regions"), s["ranking"], ml)
     return lab, order, p
@@ -142,9 +145,35 @@ def condition_summary(vols: Sequence[dict], max_regions: Optional[int]) -> dict:
            "regions_per_volume": float(np.mean([len(v["covered_k"]) - 1 for v in vols])) if vols else None,
            "regions_holding_nothing": float(1 - np.mean(y)) if len(y) else None,
            "same_burden": same, "top_regions": top_k, "max_regions": max_regions}
+    row["intervals"] = covered_intervals(vols)
     rel = reliability(p, y) if len(p) else None
     return {**row, "p_error_ece": None if rel is None else rel["ece"], "reliability": rel, "by_regions": by_k,
             "curves": {"burdens": list(BURDENS), **curves}, "detection": detection_table(vols)}
+
+
+def covered_intervals(vols: Sequence[dict], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> dict:
+    """95% patient-bootstrap intervals (patients drawn with replacement, a patient's volumes
+    together; :func:`cardseg_train.eval_stats.resample_weights`) of the covered fraction of the
+    rule's first :data:`TOP` regions and of each baseline at the same burden: ``{"level",
+    "resamples", "patients", "covered_top3": [lo, hi], "same_burden": {key: [lo, hi]}}``."""
+    if not vols:
+        return {}
+    patients = sorted({v["case"].split("_")[0] for v in vols})
+    index = {q: i for i, q in enumerate(patients)}
+    keys = list(vols[0]["same_burden"])
+    counts = np.zeros((2 + len(keys), len(patients)))  # errors, rule top 3, baselines
+    for v in vols:
+        i = index[v["case"].split("_")[0]]
+        counts[0, i] += v["errors"]
+        counts[1, i] += v["covered_k"][min(TOP, len(v["covered_k"]) - 1)]
+        for j, k in enumerate(keys):
+            counts[2 + j, i] += v["same_burden"].get(k, 0)
+    w = resample_weights(len(patients), resamples, seed)
+    drawn = w @ counts.T  # (resamples, rows)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        frac = drawn[:, 1:] / drawn[:, :1]
+    return {"level": 0.95, "resamples": resamples, "patients": len(patients), "covered_top3": interval(frac[:, 0]),
+            "same_burden": {k: interval(frac[:, 1 + j]) for j, k in enumerate(keys)}}
 
 
 def detection_table(vols: Sequence[dict]) -> Dict[str, dict]:

@@ -1,7 +1,7 @@
 """``cardseg fit-review`` and the review section of ``cardseg evaluate``: files and figures.
 
 * :func:`fit_bundle_review` collects the clean validation volumes' maps, chooses how regions
-  are formed and fits ``p_error`` (:mod:`cardseg_train.review_fit`), and builds the ``regions``
+  are formed and fits ``p_error`` (:mod:`cardseg_train.review_errmap`), and builds the ``regions``
   block of ``bundle.json`` (the rule it replaces kept as ``regions.previous``).
 * :func:`review_tables` measures the bundle's rule and the previous one per condition
   (:mod:`cardseg_train.review_measure`); :func:`write_review` writes ``review.md`` /
@@ -21,12 +21,13 @@ import numpy as np
 from cardseg.review.regions import DEFAULTS, ErrorModel
 
 from .report_files import atomic_write, format_value, pyplot, save_titled
-from .review_fit import BUDGET, MAX_BURDEN, two_pass
+from .review_errmap import fit_error_map_rule
+from .review_fit import BUDGET, MAX_BURDEN
 from .review_measure import BURDENS, VOXEL_MAPS, study
 
 #: every setting of a rule (the rest of a regions block is its model and notes)
-RULE_KEYS = ("smooth_px", "connectivity", "flag_threshold", "grow_threshold", "neighbourhood_px", "merge_px",
-             "max_ml", "min_voxels", "ranking", "max_regions")
+RULE_KEYS = ("map", "smooth_px", "connectivity", "flag_threshold", "grow_threshold", "neighbourhood_px", "merge_px",
+             "fill_holes", "max_ml", "min_voxels", "ranking", "max_regions", "voxel_model")
 BASELINE_NAMES = {**VOXEL_MAPS, "boundary": "random boundary pixels", "random_regions": "random regions, same sizes"}
 
 
@@ -49,7 +50,7 @@ def fit_bundle_review(bundle, data: str, cache_dir: Optional[Path], device="cpu"
     key = cache_key(bundle, "val", 0)
     maps = collect_maps(bundle, cases, ["clean"], None if cache_dir is None else Path(cache_dir) / key, 0, device,
                         batch_size, progress)
-    fit = two_pass(maps, progress=progress)
+    fit = fit_error_map_rule(maps, progress=progress)
     block = regions_block(fit, bundle.config["regions"], len(maps), time.perf_counter() - t0)
     return {"block": block, "candidates": fit["candidates"]}
 
@@ -58,14 +59,21 @@ def regions_block(fit: dict, old: dict, volumes: int, seconds: float) -> dict:
     """The ``regions`` block of a fit (:func:`cardseg_train.review_fit.two_pass`), keeping the rule
     it replaces (``old``'s settings and model) as ``previous``."""
     previous = {k: v for k, v in old.items() if k in RULE_KEYS or k == "model"}
-    block = {**fit["settings"], "model": fit["model"].to_dict(),
+    voxel = {"voxel_model": fit["voxel_model"].to_dict()} if fit.get("voxel_model") is not None else {}
+    if fit.get("display_max_disagreement") is not None:
+        voxel["display_max_disagreement"] = fit["display_max_disagreement"]
+    block = {**fit["settings"], **voxel, "model": fit["model"].to_dict(),
              "flag_rule": "chosen on clean validation volumes by cardseg fit-review (see fit)",
              "fit": {"split": "val", "condition": "clean", "volumes": volumes,
                      "objective": f"substantial errors covered (at least half their pixels) by the first {BUDGET} "
-                                  f"regions per volume, leave-one-patient-out, median burden at most "
+                                  f"regions per volume, cross-fitted by patient, median burden at most "
                                   f"{MAX_BURDEN:.0%} of the predicted heart",
-                     "p_error": "probability that the region holds at least half of a substantial error",
+                     "p_error": "probability that the region holds at least half of a substantial error "
+                                "(logistic region model, Platt step fitted on held-out logits)",
                      "validation": fit["validation"], "date": time.strftime("%Y-%m-%d"),
+                     **({"display_max_disagreement": "99th percentile of the TAC within 10 px of the predicted "
+                                                     "heart, clean validation volumes (the overlays' brightest)"}
+                        if "display_max_disagreement" in voxel else {}),
                      "seconds": round(seconds, 1)},
              "previous": previous}
     return block
@@ -87,13 +95,19 @@ def _pct(v) -> str:
     return f"{format_value(v, 100, 0)}%"
 
 
+def _ci(iv) -> str:
+    """`` [lo-hi%]`` of an interval of fractions, empty without one."""
+    return "" if not iv else f" [{format_value(iv[0], 100, 0)}-{format_value(iv[1], 100, 0)}%]"
+
+
 def markdown(t: dict, title: str) -> str:
     lines = [f"# {title}", "",
              "Substantial error: per slice, a connected component of wrong voxels of at least 30 pixels after a "
              "one-pixel opening. **Covered**: at least half of its pixels lie inside the flagged voxels. **Burden**: "
              "flagged voxels over the predicted heart's (RV+MYO+LV) voxels of the same volume. Fractions pooled over "
              "the volumes of a condition; burdens are medians over volumes.", "",
-             f"Rule: `{json.dumps(t['rule'])}`."]
+             f"Rule: `{json.dumps({k: v for k, v in t['rule'].items() if k != 'voxel_model'})}`"
+             + (" (voxel error model: bundle.json regions.voxel_model)." if t["rule"].get("voxel_model") else ".")]
     if "previous_rule" in t:
         lines += ["", f"Previous rule (today's before this fit): `{json.dumps(t['previous_rule'])}`."]
     lines += ["", f"Each baseline flags, in each volume, as many voxels as the rule's first {BUDGET} regions hold "
@@ -119,8 +133,12 @@ def markdown(t: dict, title: str) -> str:
               "| condition | rule, top 3 | " + " | ".join(BASELINE_NAMES[k] for k in keys) + " |",
               "|---|---|" + "---|" * len(keys)]
     for cond, s in t["bundle"].items():
-        lines.append(f"| {cond} | {_pct(s['covered_top3'])} | "
-                     + " | ".join(_pct(s["same_burden"].get(k)) for k in keys) + " |")
+        ci = s.get("intervals") or {}
+        lines.append(f"| {cond} | {_pct(s['covered_top3'])}{_ci(ci.get('covered_top3'))} | "
+                     + " | ".join(_pct(s["same_burden"].get(k)) + _ci((ci.get("same_burden") or {}).get(k))
+                                  for k in keys) + " |")
+    lines += ["", "In brackets: 95% patient-bootstrap intervals (2000 resamples of the patients, a patient's "
+                  "volumes together)."]
     det_keys = list(next(iter(t["bundle"].values()))["detection"])
     lines += ["", "Voxel-level detection of wrong voxels inside the predicted heart's 10-pixel neighbourhood, "
                   "AUROC / AUPRC (MONAI); 'regions' scores a voxel by its region's rank (first highest, 0 outside), "

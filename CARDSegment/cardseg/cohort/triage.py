@@ -19,7 +19,10 @@ then more flagged regions, then a larger flagged volume, then the case name:
 
 **Thumbnail**: the case's worst slice, the one with the lowest ``agreement_per_slice`` (for
 ``uc``: the slice with the most foreground), as two panels: the image with the segmentation's
-contours in the bundle's class colours, and the disagreement map over the image. Thumbnails
+contours in the bundle's class colours, and the disagreement map over the image with the
+flagged regions (``regions.nii.gz``) outlined in cyan. The disagreement is drawn on the scale
+the bundle's validation volumes reach (``regions.display_max_disagreement``, the 99th
+percentile of their TAC near the heart; [0, ln 2] without it), written on the panel. Thumbnails
 are made for the first ``max_thumbnails`` cases of the ranking (the ones a reader looks at).
 
 ``python -m cardseg.cohort.triage OUTDIR`` rewrites the report of an existing batch.
@@ -163,12 +166,13 @@ def worst_slice(report: dict, labels) -> int:
 
 
 def thumbnail_png(image, labels, disagreement, spacing_xy: Sequence[float], colors: Sequence, vmax: float,
-                  flag_threshold: Optional[float] = None) -> bytes:
+                  regions=None, scale_note: str = "") -> bytes:
     """Two panels of one slice as a PNG: image + segmentation contours | disagreement over the image.
 
     image, labels, disagreement: ``(Y, X)`` arrays (image or disagreement may be ``None``);
     colors: one RGB per class (index 0 background, unused); vmax: the disagreement shown
-    brightest; flag_threshold: flagged disagreement gets a cyan outline."""
+    brightest; regions: ``(Y, X)`` region ranks (0 none, may be ``None``), outlined in cyan;
+    scale_note: the colour scale, written on the disagreement panel."""
     import numpy as np
     from matplotlib.figure import Figure  # no pyplot: the Agg canvas, whatever backend is set
 
@@ -189,15 +193,18 @@ def thumbnail_png(image, labels, disagreement, spacing_xy: Sequence[float], colo
     if disagreement is not None:
         d = np.ma.masked_less_equal(np.asarray(disagreement, dtype=float), 1e-3)
         axes[1].imshow(d, cmap="inferno", vmin=0.0, vmax=vmax, alpha=0.85, aspect=aspect, interpolation="nearest")
-        flagged = np.asarray(disagreement) > flag_threshold if flag_threshold is not None else None
-        if flagged is not None and flagged.any() and min(flagged.shape) > 1:
-            axes[1].contour(flagged.astype(float), levels=[0.5], colors=["cyan"], linewidths=0.6)
+        if scale_note:
+            axes[1].text(0.02, 0.02, scale_note, color="white", fontsize=6, transform=axes[1].transAxes,
+                         va="bottom", ha="left")
+    flagged = None if regions is None else np.asarray(regions) > 0
+    if flagged is not None and flagged.any() and min(flagged.shape) > 1:
+        axes[1].contour(flagged.astype(float), levels=[0.5], colors=["cyan"], linewidths=0.6)
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=dpi)
     return buf.getvalue()
 
 
-def case_thumbnail(folder: Path, report: dict, colors: Sequence, flag_threshold: Optional[float] = None
+def case_thumbnail(folder: Path, report: dict, colors: Sequence, display_max: Optional[float] = None
                    ) -> Tuple[bytes, int]:
     """``(png bytes, slice index)`` of a case folder's worst slice; raises on anything missing."""
     import SimpleITK as sitk
@@ -206,6 +213,9 @@ def case_thumbnail(folder: Path, report: dict, colors: Sequence, flag_threshold:
     dis = None
     if (folder / "disagreement.nii.gz").is_file():
         dis = sitk.GetArrayFromImage(sitk.ReadImage(str(folder / "disagreement.nii.gz")))
+    ranks = None
+    if (folder / "regions.nii.gz").is_file():
+        ranks = sitk.GetArrayFromImage(sitk.ReadImage(str(folder / "regions.nii.gz")))
     z = worst_slice(report, labels)
     image = None
     try:  # the input itself, read as segment read it (the case folder holds no copy of it)
@@ -217,9 +227,13 @@ def case_thumbnail(folder: Path, report: dict, colors: Sequence, flag_threshold:
     except Exception:
         image = None
     spacing = report.get("spacing_xyz") or [1.0, 1.0, 1.0]
-    # one colour scale for every case: three times the flag threshold (flagged = clearly visible)
-    vmax = min(math.log(2.0), 3.0 * flag_threshold) if flag_threshold else math.log(2.0) / 2.0
-    png = thumbnail_png(image, labels[z], None if dis is None else dis[z], spacing[:2], colors, vmax, flag_threshold)
+    # one colour scale for every case: what the bundle's validation volumes reach (else the whole range)
+    top = _float(display_max if display_max is not None else report.get("disagreement_display_max"))
+    scaled = top is not None and 0.0 < top <= math.log(2.0)
+    vmax = top if scaled else math.log(2.0)
+    note = (f"TAC 0-{vmax:.3f} nats (99th pct. on validation)" if scaled else "TAC 0-ln 2 nats")
+    png = thumbnail_png(image, labels[z], None if dis is None else dis[z], spacing[:2], colors, vmax,
+                        None if ranks is None or ranks.shape != labels.shape else ranks[z], note)
     return png, z
 
 
@@ -292,7 +306,7 @@ def write_report(outdir: os.PathLike, config: Optional[dict] = None, max_thumbna
     rows = [{k: ("" if v is None else v) for k, v in r.items()} for r in rows]
     subjects = subject_indices(_read_csv(out / SUBJECTS_CSV)) if (out / SUBJECTS_CSV).is_file() else {}
     classes = (config or {}).get("classes") or []
-    flag_threshold = _float(((config or {}).get("regions") or {}).get("flag_threshold"))
+    display_max = _float(((config or {}).get("regions") or {}).get("display_max_disagreement"))
     colors = [c.get("color", [1, 0, 0]) for c in classes] or [(0, 0, 0), (0.3, 0.55, 0.9), (0.95, 0.75, 0.25),
                                                               (0.9, 0.3, 0.3)]
     try:
@@ -317,7 +331,7 @@ def write_report(outdir: os.PathLike, config: Optional[dict] = None, max_thumbna
             else:
                 try:
                     report = json.loads((folder / "report.json").read_text(encoding="utf-8"))
-                    png, z = case_thumbnail(folder, report, colors, flag_threshold)
+                    png, z = case_thumbnail(folder, report, colors, display_max)
                     per_slice = report.get("agreement_per_slice") or []
                     sa = _float(per_slice[z]) if z < len(per_slice) else None
                     thumb = _fill(blocks["thumbnail"], case=case, png=base64.b64encode(png).decode("ascii"),

@@ -16,13 +16,20 @@ bundle says so. The bundle's ``regions`` block (all chosen on the validation spl
 * ``max_ml``: a region larger than this keeps only its highest-map voxels up to this volume
   (so no region becomes a heart-wide shell); ``null``: no cap;
 * ``min_voxels``: smaller components are dropped;
-* ``ranking``: ``"p_error"`` or ``"p_error_per_ml"`` (expected covered errors per reviewed ml);
+* ``map``: ``"tac"`` (the review map above) or ``"error_probability"``: the voxel error
+  probability of :mod:`cardseg.review.error_map` under the fitted ``voxel_model`` (thresholds
+  are then probabilities); region features are measured on the map the regions are cut from;
+* ``fill_holes``: fill the holes of the flagged mask slice by slice (a ring around an error
+  becomes a region holding it);
+* ``ranking``: ``"p_error"``, ``"p_error_per_ml"`` (expected covered errors per reviewed ml) or
+  ``"summed_map"`` (summed map inside the region: expected wrong voxels for the error map);
 * ``max_regions``: at most this many regions per volume are reported.
 
 Each region gets features (:data:`FEATURES`) and, from the bundle's fitted logistic model
 (:class:`ErrorModel`), ``p_error``: the probability that it holds at least half of a
-substantial segmentation error (:mod:`cardseg.review.coverage` defines both). Without a fitted
-model (``regions.model`` is ``null``) regions are ranked by summed disagreement.
+substantial segmentation error (:mod:`cardseg.review.coverage` defines both), recalibrated by a
+fitted Platt step when the model holds one. Without a fitted model (``regions.model`` is
+``null``) regions are ranked by summed disagreement.
 """
 
 from __future__ import annotations
@@ -36,13 +43,16 @@ from scipy import ndimage
 from cardseg.base.errors import CardsegError
 from cardseg.metrics.segmentation import roi_mask
 from cardseg.review.coverage import heart_neighbourhood
+from cardseg.review.error_map import VOXEL_FEATURES, error_probability
 
 #: region features the error model reads, in this order
 FEATURES = ("log_sum_tac", "max_tac", "mean_tac", "log_voxels", "slices", "foreground_fraction", "classes",
             "end_position", "fov_fraction")
 DEFAULTS = {"connectivity": "3d", "merge_px": 0, "max_regions": None, "smooth_px": 0.0, "grow_threshold": None,
-            "neighbourhood_px": None, "max_ml": None, "ranking": "p_error"}
-RANKINGS = ("p_error", "p_error_per_ml")
+            "neighbourhood_px": None, "max_ml": None, "ranking": "p_error", "map": "tac", "fill_holes": False,
+            "voxel_model": None}
+RANKINGS = ("p_error", "p_error_per_ml", "summed_map")
+MAPS = ("tac", "error_probability")
 
 
 def review_map(tac: np.ndarray, smooth_px: float = 0.0) -> np.ndarray:
@@ -74,14 +84,15 @@ def cap_regions(score: np.ndarray, lab: np.ndarray, n: int, cap_voxels: Optional
 
 def region_labels(tac: np.ndarray, threshold: float, min_voxels: int, connectivity: str = "3d",
                   merge_px: int = 0, *, grow_threshold: Optional[float] = None, allowed: Optional[np.ndarray] = None,
-                  cap_voxels: Optional[int] = None) -> Tuple[np.ndarray, int]:
+                  cap_voxels: Optional[int] = None, fill_holes: bool = False) -> Tuple[np.ndarray, int]:
     """Label the flagged components of the map ``tac (Z, Y, X)``: int32 map (0 none, 1..n) and ``n``.
 
     With ``grow_threshold`` (at most ``threshold``) a component is one of ``map > grow_threshold``
     holding at least one voxel above ``threshold`` (hysteresis); ``allowed`` (bool ``(Z, Y, X)``)
     limits the flagged voxels; regions over ``cap_voxels`` keep their highest voxels
-    (:func:`cap_regions`). Labels are numbered in scan order; components under ``min_voxels``
-    (after the cap) are removed.
+    (:func:`cap_regions`); ``fill_holes`` fills the mask's holes slice by slice (inside ``allowed``)
+    before labelling. Labels are numbered in scan order; components under ``min_voxels`` (after
+    the cap) are removed.
     """
     if connectivity not in ("3d", "slice"):
         raise CardsegError(f"regions.connectivity must be '3d' or 'slice' (got {connectivity!r})")
@@ -91,6 +102,10 @@ def region_labels(tac: np.ndarray, threshold: float, min_voxels: int, connectivi
     if allowed is not None:
         mask = mask & np.asarray(allowed, bool)
         seeds = seeds & mask
+    if fill_holes:
+        mask = np.stack([ndimage.binary_fill_holes(m) for m in mask]) if mask.size else mask
+        if allowed is not None:
+            mask &= np.asarray(allowed, bool)
     grown = roi_mask(mask, merge_px)  # per slice, no growth across slices
     structure = np.zeros((3, 3, 3), bool)
     structure[1] = True  # 8-connected in-plane ...
@@ -115,6 +130,10 @@ def region_settings(settings: dict) -> dict:
     """The bundle's ``regions`` block with defaults filled in, checked: one-line
     :class:`CardsegError` naming the bad key."""
     s = {**DEFAULTS, **settings}
+    if s["map"] not in MAPS:
+        raise CardsegError(f"regions.map must be one of {', '.join(MAPS)} (got {s['map']!r})")
+    if s["map"] == "error_probability" and not s["voxel_model"]:
+        raise CardsegError("regions.map 'error_probability' needs a fitted regions.voxel_model (cardseg fit-review)")
     if s["ranking"] not in RANKINGS:
         raise CardsegError(f"regions.ranking must be one of {', '.join(RANKINGS)} (got {s['ranking']!r})")
     for key in ("smooth_px", "grow_threshold", "neighbourhood_px", "max_ml"):
@@ -138,16 +157,37 @@ def cap_voxels_of(max_ml: Optional[float], spacing: tuple) -> Optional[int]:
     return max(int(np.floor(float(max_ml) * 1000.0 / float(np.prod(spacing)))), 1)
 
 
-def form_regions(tac: np.ndarray, pred: np.ndarray, settings: dict, spacing: tuple) -> Tuple[np.ndarray, int]:
+def allowed_of(pred: np.ndarray, s: dict) -> Optional[np.ndarray]:
+    """Where regions may lie under the checked settings ``s`` (``None``: anywhere)."""
+    return None if s["neighbourhood_px"] is None else heart_neighbourhood(pred, int(s["neighbourhood_px"]))
+
+
+def feature_map(tac: np.ndarray, pred: np.ndarray, settings: dict) -> np.ndarray:
+    """The map region features are measured on: the raw TAC for ``map = "tac"``, the voxel error
+    probability (:func:`cardseg.review.error_map.error_probability`) otherwise; ``(Z, Y, X)``."""
+    s = region_settings(settings)
+    if s["map"] == "tac":
+        return np.asarray(tac, dtype=np.float32)
+    model = ErrorModel.from_dict(s["voxel_model"], VOXEL_FEATURES, "regions.voxel_model")
+    return error_probability(tac, pred, model, allowed_of(pred, s))
+
+
+def form_regions(tac: np.ndarray, pred: np.ndarray, settings: dict, spacing: tuple,
+                 score: Optional[np.ndarray] = None) -> Tuple[np.ndarray, int]:
     """Regions of one volume as the (checked) ``settings`` say: ``(labels (Z, Y, X) int32, n)``.
 
-    tac, pred ``(Z, Y, X)``; spacing (x, y, z) mm (for the ``max_ml`` cap).
+    tac, pred ``(Z, Y, X)``; spacing (x, y, z) mm (for the ``max_ml`` cap); ``score`` the
+    :func:`feature_map` when already computed (the error map is not computed twice).
     """
     s = region_settings(settings)
-    allowed = None if s["neighbourhood_px"] is None else heart_neighbourhood(pred, int(s["neighbourhood_px"]))
-    return region_labels(review_map(tac, float(s["smooth_px"])), float(s["flag_threshold"]), int(s["min_voxels"]),
-                         s["connectivity"], int(s["merge_px"]), grow_threshold=s["grow_threshold"], allowed=allowed,
-                         cap_voxels=cap_voxels_of(s["max_ml"], spacing))
+    allowed = allowed_of(pred, s)
+    if s["map"] == "tac":
+        cut = review_map(tac, float(s["smooth_px"]))
+    else:
+        cut = feature_map(tac, pred, s) if score is None else np.asarray(score)
+    return region_labels(cut, float(s["flag_threshold"]), int(s["min_voxels"]), s["connectivity"], int(s["merge_px"]),
+                         grow_threshold=s["grow_threshold"], allowed=allowed,
+                         cap_voxels=cap_voxels_of(s["max_ml"], spacing), fill_holes=bool(s["fill_holes"]))
 
 
 def region_features(tac: np.ndarray, pred: np.ndarray, lab: np.ndarray, n: int,
@@ -190,38 +230,55 @@ def region_features(tac: np.ndarray, pred: np.ndarray, lab: np.ndarray, n: int,
 class ErrorModel:
     """Logistic model of ``P(region holds a substantial error | features)``.
 
-    ``p = sigmoid(((f - mean) / scale) @ coef + intercept)`` over :data:`FEATURES`; fitted on the
-    validation split (``cardseg fit-review``) and stored in ``bundle.json`` ``regions.model``.
+    ``p = sigmoid(a (((f - mean) / scale) @ coef + intercept) + b)`` over ``features`` (the
+    region :data:`FEATURES`, or :data:`cardseg.review.error_map.VOXEL_FEATURES` for the voxel
+    model), with the Platt step ``platt = (a, b)`` (``None``: a = 1, b = 0) fitted on held-out
+    predictions; fitted on the validation split (``cardseg fit-review``) and stored in
+    ``bundle.json`` ``regions.model`` / ``regions.voxel_model``.
     """
 
     mean: np.ndarray
     scale: np.ndarray
     coef: np.ndarray
     intercept: float
+    features: Tuple[str, ...] = FEATURES
+    platt: Optional[Tuple[float, float]] = None
+
+    def logit(self, features: np.ndarray) -> np.ndarray:
+        """``(n, F)`` features → ``(n,)`` logits before the Platt step."""
+        return ((np.asarray(features, dtype=np.float64) - self.mean) / self.scale) @ self.coef + self.intercept
 
     def probability(self, features: np.ndarray) -> np.ndarray:
         """``(n, F)`` features → ``(n,)`` probabilities."""
-        z = ((np.asarray(features, dtype=np.float64) - self.mean) / self.scale) @ self.coef + self.intercept
+        z = self.logit(features)
+        if self.platt is not None:
+            z = self.platt[0] * z + self.platt[1]
         return 1.0 / (1.0 + np.exp(-np.clip(z, -50, 50)))
 
     def to_dict(self) -> dict:
-        return {"kind": "logistic", "features": list(FEATURES), "mean": self.mean.tolist(),
-                "scale": self.scale.tolist(), "coef": self.coef.tolist(), "intercept": float(self.intercept)}
+        d = {"kind": "logistic", "features": list(self.features), "mean": self.mean.tolist(),
+             "scale": self.scale.tolist(), "coef": self.coef.tolist(), "intercept": float(self.intercept)}
+        if self.platt is not None:
+            d["platt"] = [float(v) for v in self.platt]
+        return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ErrorModel":
-        """Refuses (one line) a model that is incomplete or was fitted on other features."""
+    def from_dict(cls, d: dict, features: Sequence[str] = FEATURES, key: str = "regions.model") -> "ErrorModel":
+        """Refuses (one line naming ``key``) a model that is incomplete or was fitted on other features."""
         try:
-            if d.get("kind") != "logistic" or list(d["features"]) != list(FEATURES):
+            if d.get("kind") != "logistic" or list(d["features"]) != list(features):
                 raise ValueError("features")
             arrays = [np.asarray(d[k], dtype=np.float64) for k in ("mean", "scale", "coef")]
             intercept = float(d["intercept"])
+            platt = None if d.get("platt") is None else tuple(float(v) for v in d["platt"])
+            if platt is not None and (len(platt) != 2 or not np.isfinite(platt).all()):
+                raise ValueError("platt")
         except (KeyError, TypeError, ValueError, AttributeError):
-            raise CardsegError("bundle.json regions.model is not a fitted region error model for these features "
+            raise CardsegError(f"bundle.json {key} is not a fitted error model for these features "
                                "(refit it: cardseg fit-review)") from None
-        if any(a.shape != (len(FEATURES),) or not np.isfinite(a).all() for a in arrays) or (arrays[1] <= 0).any():
-            raise CardsegError("bundle.json regions.model has malformed mean/scale/coef (refit it: cardseg fit-review)")
-        return cls(arrays[0], arrays[1], arrays[2], intercept)
+        if any(a.shape != (len(features),) or not np.isfinite(a).all() for a in arrays) or (arrays[1] <= 0).any():
+            raise CardsegError(f"bundle.json {key} has malformed mean/scale/coef (refit it: cardseg fit-review)")
+        return cls(arrays[0], arrays[1], arrays[2], intercept, tuple(features), platt)
 
 
 def rank_regions(features: np.ndarray, model: Optional[ErrorModel], max_regions: Optional[int] = None,
@@ -231,11 +288,12 @@ def rank_regions(features: np.ndarray, model: Optional[ErrorModel], max_regions:
 
     By ``p_error`` (descending) when a model is given, or by ``p_error`` over the region's volume
     (``ranking="p_error_per_ml"``, ``volumes_ml`` ``(n,)``: expected covered errors per reviewed
-    ml), else by summed disagreement; ties keep scan order. At most ``max_regions`` are kept.
+    ml), or by the summed map (``ranking="summed_map"``, or without a model); ties keep scan
+    order. At most ``max_regions`` are kept.
     """
     n = features.shape[0]
     p = model.probability(features) if model is not None and n else None
-    key = p if p is not None else features[:, 0] if n else np.zeros(0)
+    key = p if p is not None and ranking != "summed_map" else features[:, 0] if n else np.zeros(0)
     if p is not None and ranking == "p_error_per_ml":
         if volumes_ml is None:
             raise ValueError("ranking by p_error per ml needs the regions' volumes")
@@ -257,8 +315,9 @@ def flagged_regions(tac: np.ndarray, labels: np.ndarray, settings: dict, ijk_to_
     classes inside, p_error or ``None``) and a uint16 map ``(Z, Y, X)`` of those ranks (0: none).
     """
     s = region_settings(settings)
-    lab, n = form_regions(tac, labels, s, spacing)
-    feats = region_features(tac, labels, lab, n, fov)
+    score = feature_map(tac, labels, s)
+    lab, n = form_regions(tac, labels, s, spacing, score)
+    feats = region_features(score, labels, lab, n, fov)
     model = ErrorModel.from_dict(s["model"]) if s.get("model") else None
     voxel_ml = float(np.prod(spacing)) / 1000.0
     order, p = rank_regions(feats, model, s.get("max_regions"), s["ranking"],
