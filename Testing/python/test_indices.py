@@ -200,6 +200,41 @@ def test_fit_block_and_measure_on_a_synthetic_problem():
     assert c["n"] == 2000 and 0 < c["straddling"] < 2000 and c["implies_true_category"] <= 2000
 
 
+def _rows(errors, widths=None):
+    """Measurement rows with LVEF errors ``value - truth`` and interval widths (centred on the value)."""
+    widths = widths if widths is not None else [4.0] * len(errors)
+    return [{"patient": f"p{i:02d}", "LVEF": {"value": 50.0 + d, "truth": 50.0, "low": 50.0 + d - w / 2,
+                                               "high": 50.0 + d + w / 2}} for i, (d, w) in enumerate(zip(errors, widths))]
+
+
+def test_mae_bootstrap_interval_and_paired_difference_by_hand():
+    from cardseg_train.indices_stats import mae_intervals, paired_difference
+
+    errors = [1.0, -2.0, 3.0, 0.5, -0.5, 4.0, -1.0, 2.0, 0.0, 1.5]
+    ci = mae_intervals(_rows(errors), ["LVEF"])["LVEF"]
+    mae = np.mean(np.abs(errors))
+    assert ci[0] < mae < ci[1] and ci[0] >= 0.0 and ci[1] <= max(np.abs(errors))
+    # every patient's error one point larger in size, every interval 2 points narrower: the paired
+    # difference is exactly +1 MAE and -2 width in every resample
+    worse = [d + (1.0 if d >= 0 else -1.0) for d in errors]
+    diff = paired_difference(_rows(worse, [2.0] * 10), _rows(errors), ["LVEF"])["LVEF"]
+    assert diff["patients"] == 10
+    assert diff["mae"]["difference"] == pytest.approx(1.0) and diff["mae"]["ci95"] == pytest.approx([1.0, 1.0])
+    assert diff["mean_width"]["difference"] == pytest.approx(-2.0)
+    # coverage: the +-1 interval no longer holds errors of 1 or more
+    assert diff["coverage"]["difference"] < 0 and diff["coverage"]["ci95"][0] <= diff["coverage"]["difference"]
+    with pytest.raises(ValueError, match="share 0 patients"):
+        paired_difference(_rows(errors), [{**r, "patient": "x" + r["patient"]} for r in _rows(errors)], ["LVEF"])
+
+
+def test_conformal_half_width_is_the_rank_of_the_absolute_errors():
+    from cardseg_train.indices_design import conformal_half
+
+    a = np.arange(1.0, 11.0)  # 10 errors: ceil(11 * 0.9) = 10 -> the largest
+    assert conformal_half(a, 0.9) == 10.0 and conformal_half(a, 0.8) == 9.0
+    assert conformal_half(a[:8], 0.9) == float("inf")  # ceil(9 * 0.9) = 9 > 8
+
+
 def test_too_few_subjects_refused_in_one_line():
     from cardseg_train.indices_fit import Subject, fit_models
 
@@ -351,3 +386,17 @@ def test_fit_indices_command(tiny_bundle, tmp_path, monkeypatch):
     assert main(["fit-indices", "--bundle", str(bundle), "--data", str(ACDC), "--cache", str(tmp_path / "cache"),
                  "--measure-test", str(out), "--no-fit"]) == 0
     assert len(list((tmp_path / "cache").rglob("*.npz"))) == n
+    # measured again beside the first measurement: the same block on the same patients differs by nothing
+    from cardseg_train.indices_fit import main as fit_main
+
+    again = tmp_path / "again"
+    assert fit_main(["--bundle", str(bundle), "--data", str(ACDC), "--cache", str(tmp_path / "cache"), "--no-fit",
+                     "--measure-test", str(again), "--previous", str(out)]) == 0
+    second = json.loads((again / "indices.json").read_text())
+    lo, hi = second["indices"]["LVEF"]["mae_ci95"]
+    assert lo <= second["indices"]["LVEF"]["mae"] <= hi
+    diff = second["versus_previous"]["differences"]["LVEF"]
+    assert diff["patients"] == 3 and diff["mae"]["difference"] == 0.0 and diff["mae"]["ci95"] == [0.0, 0.0]
+    assert "Against the previous measurement" in (again / "indices.md").read_text()
+    assert fit_main(["--bundle", str(bundle), "--data", str(ACDC), "--no-fit", "--measure-test", str(again),
+                     "--previous", str(tmp_path / "nowhere")]) == 2

@@ -178,8 +178,11 @@ def fit_models(val: Sequence[Subject], pool: Sequence[Subject], level: float, se
             raise CardsegError(f"cannot fit the {name} interval from {len(val)} validation and {len(pool)} pool "
                                f"subjects: {exc}") from None
         loo = ii.leave_one_out(e_val, shape, level, seed=seed) if np.isfinite(e_val).sum() >= 4 else None
+        n_val, train = int(np.isfinite(e_val).sum()), parts.get("train:clean", np.array([]))
+        split = ii.split_check(train, shape, n_val, level, seed=seed) if np.isfinite(train).sum() >= n_val + 10 \
+            else None
         info[name] = {"pool": {g: int(np.isfinite(e).sum()) for g, e in parts.items()}, "pool_size": int(shape.size),
-                      "leave_one_out": loo}
+                      "leave_one_out": loo, "training_split_check": split}
     return models, info
 
 
@@ -194,7 +197,8 @@ def fit_block(val: Sequence[Subject], pool: Sequence[Subject], config: dict, lev
     block["fit"] = {**fit_info, "subjects": len(val), "pool_subjects": {g: sum(1 for s in pool if s.group == g)
                                                                         for g in sorted({s.group for s in pool})},
                     "validation_coverage_in_sample": {n: measured["indices"][n]["coverage"] for n in ix.INDEX_NAMES},
-                    "validation_leave_one_out": {n: info[n]["leave_one_out"] for n in ix.INDEX_NAMES}}
+                    "validation_leave_one_out": {n: info[n]["leave_one_out"] for n in ix.INDEX_NAMES},
+                    "training_split_check": {n: info[n]["training_split_check"] for n in ix.INDEX_NAMES}}
     return block
 
 
@@ -220,6 +224,8 @@ def measure(subjects: Sequence[Subject], block: dict) -> dict:
     from cardseg.cohort import index_intervals as ii
     from cardseg.cohort import indices as ix
 
+    from .indices_stats import mae_intervals
+
     rows = []
     for s in subjects:
         iv = ix.subject_intervals(s.values, block)
@@ -240,6 +246,8 @@ def measure(subjects: Sequence[Subject], block: dict) -> dict:
                            "mean_width": float(np.mean(hi - lo)), "median_width": float(np.median(hi - lo)),
                            "mae": float(np.mean(np.abs(err))), "mean_error": float(np.mean(err)),
                            "truth_mean": float(np.mean(t)), "spearman_spread_abs_error": rho}
+    for name, ci in (mae_intervals(rows, ix.INDEX_NAMES) if len(rows) >= 2 else {}).items():
+        per_index[name]["mae_ci95"] = ci
     ef = [r["LVEF"] for r in rows]
     straddle = [cat.straddles(i["low"], i["high"]) for i in ef]
     implied = [cat.lvef_category(i["truth"]) in cat.interval_categories(i["low"], i["high"]) for i in ef]
@@ -297,14 +305,16 @@ def fit_indices(bundle_path: Optional[str], data: str, level: float = 0.9, h5_sp
                 cache_dir: Optional[str] = "cache/indices", device="cpu", batch_size: int = 8, write: bool = True,
                 measure_out: Optional[str] = None, fit: bool = True, log: Callable[[str], None] = print,
                 evidence_cache: Optional[str] = None, pool: Sequence[str] = ("train:clean",),
-                pool_count: Optional[int] = None, correct: Optional[dict] = None) -> dict:
+                pool_count: Optional[int] = None, correct: Optional[dict] = None,
+                previous: Optional[str] = None) -> dict:
     """Fit the index intervals on the validation subjects (writes ``bundle.json``'s ``indices``
     block unless ``write`` is false) and, with ``measure_out``, measure them on the test subjects.
 
     pool: the shape pool's groups, ``train:clean`` (training patients in-sample, the first
     ``pool_count`` of the list) and/or ``val:contrast``, ``val:gamma``, ``val:noise``; correct:
     the volume corrections (``None``: both); evidence_cache: where the validation and pool volumes
-    are cached (default ``<cache_dir>/evidence``). Test subjects are only measured. Returns a summary.
+    are cached (default ``<cache_dir>/evidence``); previous: an earlier measurement folder
+    (``indices.json``) to compare with, paired by patient. Test subjects are only measured.
     """
     from cardseg import __version__
     from cardseg.bundle.loading import load_bundle, update_config
@@ -316,6 +326,8 @@ def fit_indices(bundle_path: Optional[str], data: str, level: float = 0.9, h5_sp
 
     if not 0.0 < level < 1.0:
         raise CardsegError(f"--level must be in (0, 1), got {level}")
+    if previous and not (Path(previous) / "indices.json").is_file():
+        raise CardsegError(f"--previous {previous}: no indices.json there")
     bundle = load_bundle(bundle_path, device=device)
     names = bundle.class_names
     for s in ix.STRUCTURES:
@@ -368,6 +380,12 @@ def fit_indices(bundle_path: Optional[str], data: str, level: float = 0.9, h5_sp
                               "geometry": geometry, "block": {k: block[k] for k in ("nominal", "method", "volumes",
                                                                                      "models", "assumptions")},
                               "fit": block.get("fit", {})}
+        if previous:
+            from .indices_stats import paired_difference
+
+            old = json.loads((Path(previous) / "indices.json").read_text())
+            result["versus_previous"] = {"folder": str(previous), "method": old["settings"]["block"]["method"],
+                                         "differences": paired_difference(result["rows"], old["rows"], ix.INDEX_NAMES)}
         summary["timings_s"]["measure"] = time.perf_counter() - t0
         result["timings_s"] = summary["timings_s"]
         write_measurement(result, Path(measure_out), f"{bundle.ident} on the ACDC test subjects")
@@ -394,13 +412,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--cache", default="cache/indices")
     p.add_argument("--measure-test", metavar="OUT")
     p.add_argument("--no-fit", action="store_true")
+    p.add_argument("--previous", metavar="DIR", help="an earlier measurement folder to compare with (paired)")
     p.add_argument("--dry-run", action="store_true")
     a = p.parse_args(argv)
     try:
         fit_indices(a.bundle, a.data, a.level, cache_dir=a.cache or None, write=not a.dry_run,
                     measure_out=a.measure_test, fit=not a.no_fit, evidence_cache=a.evidence_cache or None,
                     pool=[g for g in a.pool.split(",") if g], pool_count=a.pool_patients,
-                    log=lambda s: print(s, flush=True))
+                    previous=a.previous, log=lambda s: print(s, flush=True))
     except CardsegError as exc:
         print(f"cardseg: error: {exc}", file=sys.stderr)
         return 2

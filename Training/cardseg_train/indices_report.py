@@ -32,15 +32,16 @@ def markdown(result: dict, title: str = "") -> str:
              f"Truth: the indices from the ground-truth labels on the same grid. Volumes: {_volumes(s['block'])}. "
              f"{s['geometry']}.", "",
              f"Assumptions: {s['block']['assumptions']}.", "",
-             "| Index | unit | coverage | 95% CI of coverage | median width | mean width | MAE | MAE without the "
-             "volume corrections | mean error (seg - labels) | mean truth | Spearman(CARD spread, abs error) | "
-             "split-conformal (abs. errors) coverage | its width |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| Index | unit | coverage | 95% CI of coverage | median width | mean width | MAE | 95% CI of MAE "
+             "(patient bootstrap) | MAE without the volume corrections | mean error (seg - labels) | mean truth | Spearman(CARD spread, abs error) | "
+             "split-conformal (abs. errors) coverage | its width |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for n in ix.INDEX_NAMES:
         m, b = result["indices"][n], base[n]
         rho = "n/a" if m["spearman_spread_abs_error"] is None else f"{m['spearman_spread_abs_error']:.2f}"
         lines.append(f"| {n} | {m['unit']} | {m['covered']}/{m['n']} = {m['coverage']:.2f} | "
                      f"{m['coverage_ci95'][0]:.2f}-{m['coverage_ci95'][1]:.2f} | {m['median_width']:.1f} | "
-                     f"{m['mean_width']:.1f} | {m['mae']:.2f} | {result['uncorrected_volumes'][n]:.2f} | "
+                     f"{m['mean_width']:.1f} | {m['mae']:.2f} | {_ci(m.get('mae_ci95'))} | "
+                     f"{result['uncorrected_volumes'][n]:.2f} | "
                      f"{m['mean_error']:+.2f} | {m['truth_mean']:.1f} | {rho} | {b['coverage']:.2f} | "
                      f"{_fmt_width(b['median_width'])} |")
     c = result["lvef_categories"]
@@ -64,6 +65,7 @@ def markdown(result: dict, title: str = "") -> str:
         lines.append(f"| {n} | {m['errors']} | {m['bias']:+.4g} | {m['sd']:.4g} | {m['pivot']:.3f} | "
                      f"{m['half_width']:.4g} | {val['indices'][n]['coverage']:.2f} | "
                      f"{lo.get('coverage', float('nan')):.2f} | {lo.get('median_width', float('nan')):.4g} |")
+    lines += _split_check_lines(fit.get("training_split_check") or {}) + _previous_lines(result.get("versus_previous"))
     idx = result["indices"]
     lines += ["", f"Mean absolute error: LVEF {idx['LVEF']['mae']:.2f} points, RVEF {idx['RVEF']['mae']:.2f} points; "
               + ", ".join(f"{n} {idx[n]['mae']:.1f} ml" for n in ix.VOLUME_NAMES) + f"; LVM {idx['LVM_g']['mae']:.1f} g.",
@@ -72,6 +74,41 @@ def markdown(result: dict, title: str = "") -> str:
               f"{result['subjects']} test subjects one index's coverage moves in steps of "
               f"{1 / max(result['subjects'], 1):.2f}; read the 95% intervals of coverage, not the point values."]
     return "\n".join(lines) + "\n"
+
+
+def _ci(ci) -> str:
+    return "n/a" if not ci else f"{ci[0]:.2f}-{ci[1]:.2f}"
+
+
+def _split_check_lines(checks: dict) -> list:
+    """The procedure fitted on ``n`` training patients (in-sample errors) and measured on the rest."""
+    items = [(n, c) for n, c in checks.items() if c]
+    if not items:
+        return []
+    c0 = items[0][1]
+    lines = ["", f"Cross-fitting check on the training patients' in-sample errors (exchangeable among themselves): "
+             f"{c0['repeats']} times, bias and sd from {c0['n_fit']} of them, the other {c0['n_held']} predicted "
+             "(widths are in-sample ones, smaller than on new subjects; the coverage is the procedure's):", "",
+             "| Index | mean held-out coverage | 10th-90th percentile over repeats | mean median width (model units) |",
+             "|---|---|---|---|"]
+    for n, c in items:
+        lines.append(f"| {n} | {c['coverage']:.3f} | {c['coverage_p10']:.2f}-{c['coverage_p90']:.2f} | "
+                     f"{c['median_width']:.4g} |")
+    return lines
+
+
+def _previous_lines(prev) -> list:
+    """New minus previous measurement, paired by patient, with patient-bootstrap 95 % intervals."""
+    if not prev:
+        return []
+    lines = ["", f"Against the previous measurement (`{prev['folder']}`, method `{prev['method']}`), new minus "
+             "previous on the same patients, 95% paired patient-bootstrap intervals:", "",
+             "| Index | patients | MAE difference | its 95% CI | coverage difference | its 95% CI | mean width difference "
+             "| its 95% CI |", "|---|---|---|---|---|---|---|---|"]
+    for n, d in prev["differences"].items():
+        lines.append(f"| {n} | {d['patients']} | " + " | ".join(
+            f"{d[k]['difference']:+.3g} | {_ci(d[k]['ci95'])}" for k in ("mae", "coverage", "mean_width")) + " |")
+    return lines
 
 
 def _volumes(block: dict) -> str:
