@@ -107,7 +107,8 @@ def _previous_lines(prev) -> list:
              "| its 95% CI |", "|---|---|---|---|---|---|---|---|"]
     for n, d in prev["differences"].items():
         lines.append(f"| {n} | {d['patients']} | " + " | ".join(
-            f"{d[k]['difference']:+.3g} | {_ci(d[k]['ci95'])}" for k in ("mae", "coverage", "mean_width")) + " |")
+            f"{d[k]['difference']:+.2f} | [{d[k]['ci95'][0]:+.2f}, {d[k]['ci95'][1]:+.2f}]"
+            for k in ("mae", "coverage", "mean_width")) + " |")
     return lines
 
 
