@@ -7,7 +7,7 @@ on ``n`` of them, measured on the rest, repeated). Designs:
 
 * ``pivot`` -- the shipped one: constant width ``2 c s``, bias and sd from the fitting subjects,
   ``c`` from the standardised shape pool (validation + training groups);
-* ``pivot/spread`` -- the same on errors divided by CARD's per-subject spread of the index
+* ``pivot, spread-normalised`` -- the same on errors divided by CARD's per-subject spread of the index
   (a heteroscedastic width ``2 c s u_i``);
 * ``gaussian`` -- the constant-width pivot with Student's ``c`` (a Gaussian shape);
 * ``split-conformal`` -- the ``ceil((n + 1) level)``-th smallest absolute error of the fitting
@@ -76,7 +76,7 @@ def design_checks(val, train, level: float = 0.9, seed: int = 0) -> dict:
         uv = np.array([s.spreads[name] for s in val])
         ut = np.array([s.spreads[name] for s in train])
         res: dict = {}
-        for design, (nv, nt) in (("pivot", (None, None)), ("pivot/spread", (uv, ut))):
+        for design, (nv, nt) in (("pivot", (None, None)), ("pivot, spread-normalised", (uv, ut))):
             zv, zt = (ev, et) if nv is None else (ev / nv, et / nt)
             shape = ii.standardised_pool({"validation": zv, "train:clean": zt}, min_size=3)
             res[design] = {"leave_one_out": ii.leave_one_out(ev, shape, level, seed=seed, unit_scale=nv),
