@@ -251,8 +251,8 @@ def calibration_fingerprint(config: Mapping) -> dict:
 
 
 ASSUMPTIONS = ("the subjects the intervals are used on are exchangeable with the validation subjects (same "
-               "population, acquisition and engine); the standardised errors of the shape pool (training patients "
-               "in-sample, perturbed validation volumes) have the validation errors' shape up to location and "
+               "population, acquisition and engine); the standardised errors of the shape pool (the validation "
+               "errors and the training patients' in-sample errors) have the validation errors' shape up to location and "
                "scale; coverage is marginal over subjects, not per subject")
 
 
