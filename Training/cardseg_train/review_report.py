@@ -56,8 +56,8 @@ def fit_bundle_review(bundle, data: str, cache_dir: Optional[Path], device="cpu"
 
 
 def regions_block(fit: dict, old: dict, volumes: int, seconds: float) -> dict:
-    """The ``regions`` block of a fit (:func:`cardseg_train.review_fit.two_pass`), keeping the rule
-    it replaces (``old``'s settings and model) as ``previous``."""
+    """The ``regions`` block of a fit (:func:`cardseg_train.review_errmap.fit_error_map_rule`),
+    keeping the rule it replaces (``old``'s settings and model) as ``previous``."""
     previous = {k: v for k, v in old.items() if k in RULE_KEYS or k == "model"}
     voxel = {"voxel_model": fit["voxel_model"].to_dict()} if fit.get("voxel_model") is not None else {}
     if fit.get("display_max_disagreement") is not None:
