@@ -182,6 +182,12 @@ BREAKAGES = [
     (("regions", "flag_threshold"), 0.8, "regions.flag_threshold must be in [0, ln 2"),
     (("regions", "flag_threshold"), -0.1, "regions.flag_threshold must be in [0, ln 2"),
     (("regions", "min_voxels"), 0, "regions.min_voxels must be >= 1 (got 0)"),
+    (("regions", "map"), "entropy", "regions.map must be one of tac, error_probability"),
+    (("regions", "map"), "error_probability", "regions.voxel_model must be a fitted voxel model for the error_probability map"),
+    (("regions", "ranking"), "size", "regions.ranking must be one of p_error, p_error_per_ml, summed_map"),
+    (("regions", "fill_holes"), "yes", "regions.fill_holes must be true or false"),
+    (("regions", "grow_threshold"), 0.9, "regions.grow_threshold must be in"),
+    (("regions", "display_max_disagreement"), 0.0, "regions.display_max_disagreement must be in (0"),
     (("agreement", "roi_dilation_px"), -1, "agreement.roi_dilation_px must be >= 0 (got -1)"),
     (("agreement", "roi_dilation_px"), DROP, "agreement.roi_dilation_px is missing"),
     (("agreement", "out_of_domain_threshold"), 1.5, "agreement.out_of_domain_threshold must be in [0, 1] (got 1.5)"),
@@ -224,6 +230,20 @@ def test_every_fitted_calibrator_round_trips_through_the_schema(tiny_bundle):
         validate_config({**cfg, "calibration": {**cal, "fitted": True}, "baselines": {method: cal}}, tiny_bundle)
 
 
+def test_error_probability_regions_are_checked_as_probabilities(tiny_bundle):
+    """The shipped bundle's error-map rule: thresholds on [0, 1], a voxel model checked like the region model."""
+    shipped = read_config(BUNDLES_DIR / DEFAULT_NAME)["regions"]
+    assert shipped["map"] == "error_probability"
+    cfg = _edit(read_config(tiny_bundle), ("regions",), {**shipped, "flag_threshold": 0.9, "grow_threshold": 0.8})
+    validate_config(cfg, tiny_bundle)  # above ln 2: fine for a probability
+    for path, value, message in ((("regions", "flag_threshold"), 1.2, "regions.flag_threshold must be in [0, 1]"),
+                                 (("regions", "voxel_model", "coef"), [0.1], "regions.voxel_model.coef must be a list"),
+                                 (("regions", "voxel_model", "kind"), "tree", "regions.voxel_model must be null or a")):
+        with pytest.raises(CardsegError) as info:
+            validate_config(_edit(cfg, path, value), tiny_bundle)
+        assert message in str(info.value), str(info.value)
+
+
 def test_name_lists_are_in_sync_with_the_engine():
     from cardseg.method.calibration import REGISTRY
     from cardseg.method.networks import ARCHES, SWIN_SIZES, UNET_SIZES
@@ -232,6 +252,10 @@ def test_name_lists_are_in_sync_with_the_engine():
     assert bundle_schema.NETWORK_SIZES["time-swinunetr"] == tuple(SWIN_SIZES)
     assert bundle_schema.NETWORK_SIZES["time-unet"] == tuple(UNET_SIZES)
     assert set(calibration_schema.CALIBRATION_PARAMS) == set(REGISTRY)
+    from cardseg.review import error_map, regions
+
+    assert bundle_schema.REGION_FEATURES == regions.FEATURES and bundle_schema.VOXEL_FEATURES == error_map.VOXEL_FEATURES
+    assert bundle_schema.REGION_MAPS == regions.MAPS and bundle_schema.REGION_RANKINGS == regions.RANKINGS
     for method, cls in REGISTRY.items():
         assert tuple(cls().params()) == calibration_schema.CALIBRATION_PARAMS[method], method
 

@@ -18,8 +18,9 @@ from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing
 def review_fit_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="cardseg fit-review",
-        description="Choose how flagged regions are formed (TAC smoothing, connectivity, flag and grow thresholds, "
-                    "size cap, ranking) and fit the region error model p_error on the clean validation volumes, "
+        description="Fit a voxel error-probability map (logistic over the smoothed TAC and the prediction's geometry), "
+                    "choose how flagged regions are cut from it (flag and grow thresholds, size cap) and fit the "
+                    "region error model p_error on the clean validation volumes, cross-fitted by patient, "
                     "maximising the substantial errors covered (at least half their pixels) by the first 3 regions "
                     "per volume (leave-one-patient-out) at a median burden of at most 10% of the predicted heart; "
                     "writes bundle.json's regions block (the replaced rule kept as regions.previous). Test patients "

@@ -16,7 +16,7 @@ import math
 import os
 import re
 from pathlib import Path, PureWindowsPath
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from cardseg.base.errors import CardsegError, show
 from cardseg.bundle.calibration_schema import check_baselines, check_calibration
@@ -208,17 +208,29 @@ def _is_plain_name(name: str) -> bool:
             and not PureWindowsPath(name).drive and not os.path.isabs(name))
 
 
-#: features of the region error model (kept in step with cardseg.review.regions.FEATURES by a test)
+#: features of the region error model and of the voxel error map, the maps regions are cut from and
+#: their rankings (kept in step with cardseg.review.regions and cardseg.review.error_map by a test:
+#: the bundle layer may not import the review layer)
 REGION_FEATURES = ("log_sum_tac", "max_tac", "mean_tac", "log_voxels", "slices", "foreground_fraction", "classes",
                    "end_position", "fov_fraction")
+VOXEL_FEATURES = ("log_tac_s2", "log_tac_s4", "tac_s2", "log_boundary_distance", "end_position",
+                  "end_position_sq", "pred_rv", "pred_myo", "pred_lv", "foreground_share")
+REGION_MAPS = ("tac", "error_probability")
+REGION_RANKINGS = ("p_error", "p_error_per_ml", "summed_map")
 
 
 def _check_regions(where: Where, regions: dict) -> None:
-    """How flagged regions are formed (threshold on the TAC map in ``[0, ln 2]``, smallest region,
-    connectivity, merge radius, cap) and the fitted error model (``null``: not fitted)."""
+    """How flagged regions are formed (the map: TAC or a fitted voxel error probability; flag and
+    grow thresholds on it, in ``[0, ln 2]`` for the TAC and ``[0, 1]`` for a probability; smallest
+    region, connectivity, merge radius, cap, ranking), the fitted region error model (``null``: not
+    fitted) and the disagreement overlay's display maximum."""
+    kind = choice_value(where, "regions.map", regions.get("map", "tac"), REGION_MAPS)
+    top, top_text = (LN2, f"ln 2 = {LN2:.4f}") if kind == "tac" else (1.0, "1")
     value = number_value(where, "regions.flag_threshold", required_value(where, regions, "flag_threshold", "regions."))
-    if not 0.0 <= value <= LN2 + TAC_TOL:
-        where.fail("regions.flag_threshold", f"must be in [0, ln 2 = {LN2:.4f}] (got {show(value)})")
+    if not 0.0 <= value <= top + TAC_TOL:
+        where.fail("regions.flag_threshold", f"must be in [0, {top_text}] for the {kind} map (got {show(value)})")
+    if regions.get("grow_threshold") is not None:
+        number_value(where, "regions.grow_threshold", regions["grow_threshold"], low=0.0, high=value)
     integer_value(where, "regions.min_voxels", required_value(where, regions, "min_voxels", "regions."), low=1)
     if "connectivity" in regions:
         choice_value(where, "regions.connectivity", regions["connectivity"], ("3d", "slice"))
@@ -226,20 +238,38 @@ def _check_regions(where: Where, regions: dict) -> None:
         integer_value(where, "regions.merge_px", regions["merge_px"], low=0, high=50)
     if regions.get("max_regions") is not None:
         integer_value(where, "regions.max_regions", regions["max_regions"], low=1)
+    if "ranking" in regions:
+        choice_value(where, "regions.ranking", regions["ranking"], REGION_RANKINGS)
+    if "fill_holes" in regions and not isinstance(regions["fill_holes"], bool):
+        where.fail("regions.fill_holes", f"must be true or false (got {show(regions['fill_holes'])})")
+    if regions.get("display_max_disagreement") is not None:
+        number_value(where, "regions.display_max_disagreement", regions["display_max_disagreement"], low=0.0,
+                     high=LN2 + TAC_TOL, low_open=True)
+    if kind == "error_probability":
+        voxel_model = regions.get("voxel_model")
+        if voxel_model is None:
+            where.fail("regions.voxel_model", "must be a fitted voxel model for the error_probability map "
+                                              "(refit it: cardseg fit-review)")
+        _check_logistic(where, "regions.voxel_model", voxel_model, VOXEL_FEATURES)
     model = required_value(where, regions, "model", "regions.")
-    if model is None:
-        return
+    if model is not None:
+        _check_logistic(where, "regions.model", model, REGION_FEATURES)
+
+
+def _check_logistic(where: Where, key: str, model: Any, features: Sequence[str]) -> None:
+    """A fitted logistic model: ``kind``, its ``features`` in this order, ``mean``/``scale``/``coef``
+    one finite number per feature (``scale`` > 0) and a finite ``intercept``."""
     if not isinstance(model, dict) or model.get("kind") != "logistic":
-        where.fail("regions.model", "must be null or a logistic model (refit it: cardseg fit-review)")
-    if list(model.get("features") or []) != list(REGION_FEATURES):
-        where.fail("regions.model.features", f"must be {list(REGION_FEATURES)} (refit it: cardseg fit-review)")
-    for key in ("mean", "scale", "coef"):
-        values = required_value(where, model, key, "regions.model.")
-        if not isinstance(values, list) or len(values) != len(REGION_FEATURES):
-            where.fail(f"regions.model.{key}", f"must be a list of {len(REGION_FEATURES)} numbers")
+        where.fail(key, "must be null or a logistic model (refit it: cardseg fit-review)")
+    if list(model.get("features") or []) != list(features):
+        where.fail(f"{key}.features", f"must be {list(features)} (refit it: cardseg fit-review)")
+    for part in ("mean", "scale", "coef"):
+        values = required_value(where, model, part, f"{key}.")
+        if not isinstance(values, list) or len(values) != len(features):
+            where.fail(f"{key}.{part}", f"must be a list of {len(features)} numbers")
         for i, v in enumerate(values):
-            number_value(where, f"regions.model.{key}[{i}]", v, low=0.0 if key == "scale" else None, low_open=True)
-    number_value(where, "regions.model.intercept", required_value(where, model, "intercept", "regions.model."))
+            number_value(where, f"{key}.{part}[{i}]", v, low=0.0 if part == "scale" else None, low_open=True)
+    number_value(where, f"{key}.intercept", required_value(where, model, "intercept", f"{key}."))
 
 
 def _check_agreement(where: Where, agreement: dict) -> None:
