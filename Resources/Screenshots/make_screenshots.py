@@ -10,7 +10,8 @@ synthetic phantom in ``CARDSegment/Resources/SampleData``; ACDC images may not b
    process: ``PY -m cardseg segment``, PY the running Python unless ``--python``), into a
    temporary folder.
 3. Two composites of its outputs are drawn with matplotlib into this folder, the module's
-   colours and windows (disagreement: Inferno over 0..ln 2, hidden below 0.01), and the run's
+   colours and windows (disagreement: Inferno from 0 to the bundle's validation maximum, as the module
+   draws it, hidden below 0.01), and the run's
    report, reduced to what the images show, is written beside them as ``phantom-report.json``:
 
    * ``CARDSegment-phantom-overview.png``: the slice holding most of the first flagged region:
@@ -41,6 +42,7 @@ sys.path.insert(0, str(HERE))
 
 import phantom_sample  # noqa: E402
 from CARDSegmentLib import sampledata  # noqa: E402
+from CARDSegmentLib.overlays import overlay_range, overlay_title  # noqa: E402
 
 OVERVIEW = "CARDSegment-phantom-overview.png"
 REVIEW = "CARDSegment-phantom-review.png"
@@ -71,7 +73,8 @@ def read(path: Path):
 
 def reduced_report(report: dict) -> dict:
     """What the screenshots show, from the run's report.json (no local paths)."""
-    keep = ("method", "agreement", "agreement_per_slice", "out_of_domain", "class_volumes_ml", "backend", "device")
+    keep = ("method", "agreement", "agreement_per_slice", "out_of_domain", "class_volumes_ml", "backend", "device",
+            "disagreement_display_max")
     out = {k: report[k] for k in keep if k in report}
     out["bundle"] = {k: report["bundle"][k] for k in ("id", "checksums")}
     out["regions"] = [{k: r[k] for k in ("id", "p_error", "voxels", "volume_mm3", "bbox_ijk", "classes",
@@ -96,7 +99,8 @@ def grey_window(image):
     return float(lo), float(hi)
 
 
-def draw_slice(ax, img, window, seg=None, dis=None, regions=None, classes=(), fill_seg=False, labels=None):
+def draw_slice(ax, img, window, seg=None, dis=None, regions=None, classes=(), fill_seg=False, labels=None,
+               dis_window=(0.0, LN2)):
     """One slice (already cropped): image, then segmentation (filled or outlined), disagreement,
     region outlines with ``labels`` {rank: text}."""
     import numpy as np
@@ -113,7 +117,7 @@ def draw_slice(ax, img, window, seg=None, dis=None, regions=None, classes=(), fi
             else:
                 ax.contour(seg == value, levels=[0.5], colors=[cls["color"]], linewidths=1.4)
     if dis is not None:
-        shown = ax.imshow(np.ma.masked_less(dis, SHOW_ABOVE), cmap="inferno", vmin=0.0, vmax=LN2, alpha=0.85,
+        shown = ax.imshow(np.ma.masked_less(dis, SHOW_ABOVE), cmap="inferno", vmin=dis_window[0], vmax=dis_window[1], alpha=0.85,
                           interpolation="nearest")
     else:
         shown = None
@@ -167,6 +171,7 @@ def render(sample: Path, out_dir: Path, report: dict, classes: list) -> None:
                 f"{report['agreement']:.3f}, {len(report['regions'])} flagged regions, "
                 f"out of domain: {'yes' if report['out_of_domain'] else 'no'}")
     legend = [Patch(color=c["color"], label=c["name"]) for c in classes[1:]]
+    dis_window = overlay_range("disagreement", report)  # the module's own window and legend
 
     # overview: one slice, four panels
     k = int(np.argmax((regions == 1).sum(axis=(1, 2)))) if (regions == 1).any() else img.shape[0] // 2
@@ -176,8 +181,8 @@ def render(sample: Path, out_dir: Path, report: dict, classes: list) -> None:
     draw_slice(axes[1], img[k], window, seg=seg[k], classes=classes, fill_seg=True)
     axes[1].legend(handles=legend, loc="lower left", fontsize=8, framealpha=0.8)
     axes[1].set_title("segmentation")
-    shown = draw_slice(axes[2], img[k], window, dis=dis[k])
-    fig.colorbar(shown, ax=axes[2], fraction=0.046, pad=0.02).set_label("disagreement (TAC), 0 .. ln 2")
+    shown = draw_slice(axes[2], img[k], window, dis=dis[k], dis_window=dis_window)
+    fig.colorbar(shown, ax=axes[2], fraction=0.046, pad=0.02).set_label(overlay_title("disagreement", report).replace(" (", "\n("), fontsize=8)
     axes[2].set_title("disagreement (hidden below 0.01)")
     draw_slice(axes[3], img[k], window, seg=seg[k], regions=regions[k], classes=classes, labels=labels)
     axes[3].set_title("flagged regions, most likely error first")
@@ -195,7 +200,8 @@ def render(sample: Path, out_dir: Path, report: dict, classes: list) -> None:
     grid = fig.add_gridspec(rows, cols + 2)
     for z in range(n):
         ax = fig.add_subplot(grid[z // cols, z % cols])
-        draw_slice(ax, img[z], window, seg=seg[z], dis=dis[z], regions=regions[z], classes=classes)
+        draw_slice(ax, img[z], window, seg=seg[z], dis=dis[z], regions=regions[z], classes=classes,
+                   dis_window=dis_window)
         ax.set_title(f"slice {z + 1}" + (" (base)" if z == 0 else " (apex)" if z == n - 1 else ""), fontsize=9)
     table = fig.add_subplot(grid[:, cols:])
     table.axis("off")
