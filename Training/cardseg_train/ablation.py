@@ -131,26 +131,31 @@ def markdown(t: dict, title: str = "") -> str:
 
 
 def plot(t: dict, path) -> None:
-    """ECE per variant, ours (with its bootstrap interval where there is one) beside the paper's."""
+    """ECE per variant: ours with its paired patient bootstrap interval (left) and, on its own axis,
+    the paper's Table III (right): other data, networks and corruptions, so the panels share the
+    variants' order, not a scale."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     rows: List[dict] = t["rows"]
-    x = np.arange(len(rows))
-    fig, ax = plt.subplots(figsize=(7.5, 3.4))
-    ax.bar(x - 0.2, [100 * r["ece"] for r in rows], 0.4, label="ours")
+    y = np.arange(len(rows))[::-1]
+    labels = [r["label"] for r in rows]
+    fig, (ours, paper) = plt.subplots(1, 2, figsize=(9.0, 3.6), sharey=True)
+    ours.barh(y, [100 * r["ece"] for r in rows], 0.6, color="tab:blue")
     intervals = (t.get("bootstrap") or {}).get("interval", {})
-    for i, r in enumerate(rows):
+    for i, r in zip(y, rows):
         if r["label"] in intervals:  # the paired patient bootstrap's 95 % interval
             lo, hi = intervals[r["label"]]["ece"]
             err = [[100 * max(r["ece"] - lo, 0.0)], [100 * max(hi - r["ece"], 0.0)]]
-            ax.errorbar(i - 0.2, 100 * r["ece"], yerr=err, color="k", capsize=3, linewidth=1)
-    ax.bar(x + 0.2, [r["paper_ece_sce_ace"][0] for r in rows], 0.4, label="paper", alpha=0.6)
-    ax.set_xticks(x, [r["label"] for r in rows], rotation=25, ha="right")
-    ax.set_ylabel(f"ECE (%) under {t['condition']}")
-    ax.legend()
+            ours.errorbar(100 * r["ece"], i, xerr=err, color="k", capsize=3, linewidth=1)
+    ours.set_yticks(y, labels)
+    ours.set_xlabel(f"ECE (%) under {t['condition']}, 95% patient interval")
+    ours.set_title("ours (ACDC test)", fontsize=10)
+    paper.barh(y, [r["paper_ece_sce_ace"][0] for r in rows], 0.6, color="tab:grey")
+    paper.set_xlabel("ECE (%)")
+    paper.set_title("the paper's Table III (its own data and setup)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
