@@ -78,6 +78,24 @@ def test_rows_apply_each_variant_to_its_own_tac():
     assert "bootstrap" not in ablation_table(card, mix, CONFIG, dual, "spike", resamples=0)
 
 
+def test_dual_bundle_trajectories_give_the_dual_row_from_pixels_with_its_interval():
+    card = [_case(0), _case(1)]
+    dual_cases = [_case(7), _case(8)]
+    for r, patient in zip(dual_cases, ("p0", "p1")):  # the control's own trajectories on the same patients
+        r.patient = patient
+    dual_config = {"calibration": {"tau_min": 1.0, "tau_max": 2.5, "w_b": 0.02, "w_k": 0.03}}
+    pooled = {"methods": ["card"], "pooled": {"spike": {"card": {"ece": 0.9, "sce": 0.9, "ace": 0.9, "nll": 9.0}}}}
+    t = ablation_table(card, [], CONFIG, pooled, "spike", dual_run=(dual_cases, dual_config))
+    got = {r["label"]: r for r in t["rows"]}
+    ref = _by_hand(dual_cases, lambda r: 1.0 + 1.5 / (1 + np.exp(-(r.tac.astype(np.float64) - 0.02) / 0.03)))
+    assert got["Dual U-Net"]["nll"] == pytest.approx(ref["nll"], rel=1e-4)  # its own CARD, not the pooled table
+    assert got["Dual U-Net"]["ece"] == pytest.approx(ref["ece"], rel=1e-3, abs=1e-5)
+    bs = t["bootstrap"]
+    assert "Dual U-Net" in bs["interval"] and "Dual U-Net" in bs["difference"] and not bs.get("without_pixels")
+    lo, hi = bs["interval"]["Dual U-Net"]["nll"]
+    assert lo <= got["Dual U-Net"]["nll"] <= hi
+
+
 def test_missing_inputs_leave_rows_out_not_invented():
     t = ablation_table([_case(0)], [], {"calibration": CONFIG["calibration"] | {"fit": {}}}, None, "spike")
     assert {r["label"] for r in t["rows"]} == {"Primary only", "Proposed"}

@@ -26,7 +26,7 @@ variant`` for each; the Dual U-Net row, read from its evaluation's pooled table,
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -66,12 +66,15 @@ def _metrics(pairs, pixels: Optional[VariantPixels] = None) -> dict:
 
 def ablation_table(card_results: Sequence[CaseResult], mix_results: Sequence[CaseResult], config: dict,
                    dual_table: Optional[dict] = None, condition: str = "spike",
-                   resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> dict:
+                   resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0,
+                   dual_run: Optional[Tuple[Sequence[CaseResult], dict]] = None) -> dict:
     """Every row of :data:`ROWS` that the inputs allow, JSON-able.
 
     card_results / mix_results: the condition's cases from the card and logit-mix trajectories;
     config: the CARD bundle's ``bundle.json`` (fitted CARD, TS and the step-set fits); dual_table:
-    the Dual U-Net bundle's ``calibration.json`` (its ``card`` method under ``condition``).
+    the Dual U-Net bundle's ``calibration.json`` (its ``card`` method under ``condition``; pooled
+    numbers only); dual_run: instead, ``(cases, bundle.json)`` of the Dual U-Net bundle's own card
+    trajectories, calibrated by its fitted CARD, so that row is measured from pixels too.
     The result's ``bootstrap``: the paired patient bootstrap of every row computed from pixels
     (:func:`cardseg_train.ablation_bootstrap.bootstrap_variants`, ``resamples`` draws, ``seed``;
     none with ``resamples=0``).
@@ -95,7 +98,12 @@ def ablation_table(card_results: Sequence[CaseResult], mix_results: Sequence[Cas
     measure("Primary only", card_results, lambda r: _probs(Uncalibrated(), r))
     if mix_results:
         measure("Logit Mix", mix_results, lambda r: _probs(Uncalibrated(), r))
-    if dual_table is not None and "card" in dual_table.get("methods", ()):
+    if dual_run is not None:
+        dual_cal = dual_run[1].get("calibration") or {}
+        dual_card = CARD(**{key: dual_cal[key] for key in ("tau_min", "tau_max", "w_b", "w_k")})
+        measure("Dual U-Net", [r for r in dual_run[0] if r.condition == condition and r.labels.size],
+                lambda r: _probs(dual_card, r))
+    elif dual_table is not None and "card" in dual_table.get("methods", ()):
         rows["Dual U-Net"] = {m: dual_table["pooled"][condition]["card"][m] for m in ("ece", "sce", "ace", "nll")}
     if ts is not None:
         measure("w/o Ref. Contrast", card_results, lambda r: _probs(TemperatureScaling(ts["temperature"]), r))

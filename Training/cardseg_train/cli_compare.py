@@ -25,7 +25,11 @@ def ablate_parser() -> argparse.ArgumentParser:
                     "cache (run evaluate first, same --split/--seed); only Logit Mix runs trajectories of its own. "
                     "TAC-last/mid need the bundle fitted with fit-calibration --tac-steps auto.")
     add_bundle_and_data(p, bundle_help="the CARD bundle (default: $CARDSEG_BUNDLE or the shipped one)")
-    p.add_argument("--dual", metavar="DIR", help="evaluate --out of the Dual U-Net bundle (its card method)")
+    p.add_argument("--dual", metavar="DIR", help="evaluate --out of the Dual U-Net bundle (its card method): "
+                   "pooled numbers only, no interval")
+    p.add_argument("--dual-bundle", metavar="PATH",
+                   help="the Dual U-Net bundle itself: its card trajectories are run (or read from the cache) on the "
+                        "condition's cases, so its row gets the paired patient interval (instead of --dual)")
     p.add_argument("--split", default="val", choices=["val", "test"])
     p.add_argument("--condition", default="spike", help="one of clean, bias, motion, ghost, spike (default spike)")
     p.add_argument("--out", required=True, metavar="DIR")
@@ -39,6 +43,8 @@ def ablate_parser() -> argparse.ArgumentParser:
 
 def cmd_ablate(argv: List[str]) -> int:
     a = ablate_parser().parse_args(argv)
+    if a.dual and a.dual_bundle:
+        raise CardsegError("give --dual or --dual-bundle, not both")
     from .calibration_eval import ALL_CONDITIONS
 
     comma_names(a.condition, list(ALL_CONDITIONS), "condition")
@@ -70,9 +76,17 @@ def cmd_ablate(argv: List[str]) -> int:
     mix_key = CaseCache.make_key(bundle.checksums, {**settings, "mode": "logit-mix"})
     mix = run_cases(bundle, cases, [a.condition], CaseCache(root, mix_key), a.seed, device, a.batch_size, progress,
                     mode="logit-mix")
+    dual_run = None
+    if a.dual_bundle:  # the control's own trajectories, cached like evaluate's
+        dual_bundle = load_bundle(a.dual_bundle, device=device)
+        dual_settings = evaluation_settings(a.data, a.split, a.seed, a.h5_spacing, dual_bundle)
+        dual_cache = CaseCache(root, CaseCache.make_key(dual_bundle.checksums, dual_settings))
+        dual_run = (run_cases(dual_bundle, cases, [a.condition], dual_cache, a.seed, device, a.batch_size, progress),
+                    dual_bundle.config)
     progress.close()
-    table = ablation_table(card, mix, bundle.config, dual, a.condition)
-    table["settings"] = {"split": a.split, "seed": a.seed, "bundle": bundle.ident, "dual": a.dual}
+    table = ablation_table(card, mix, bundle.config, dual, a.condition, dual_run=dual_run)
+    table["settings"] = {"split": a.split, "seed": a.seed, "bundle": bundle.ident, "dual": a.dual,
+                         "dual_bundle": dual_run[1].get("id") if dual_run else None}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     text = markdown(table, f"{bundle.ident}: component ablation on ACDC {a.split}")
