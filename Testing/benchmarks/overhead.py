@@ -91,7 +91,7 @@ def main() -> None:
     def timed(method: str, overlap: bool = True) -> float:
         """``segment_volume``'s trajectory time (includes the resampling to the network grid and back)."""
         if overlaps:
-            bundle.reference.overlap_safe = overlap  # the instance's switch; the class says True
+            bundle.reference.overlap_safe = overlap  # the session's switch (set again below)
         result = segment_volume(volume, bundle, method=method, device=device, batch_size=a.batch_size)
         if device.type == "cuda":
             torch.cuda.synchronize()
@@ -130,7 +130,7 @@ def main() -> None:
               + f"; card/uc {row['card_over_uc']:.3f}, floor {row['floor']:.3f} (load {row['load_average']:.2f})",
               flush=True)
     if overlaps:
-        bundle.reference.overlap_safe = True
+        bundle.reference.overlap_safe = True  # as the session was made (overlaps is True only then)
     load_after = os.getloadavg()
     med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0] if not k.endswith("forwards")}
 

@@ -387,3 +387,28 @@ def test_sessions_opened_ahead_on_a_thread_are_the_ones_used(swin_bundle, cache,
     monkeypatch.undo()
     again = load_bundle(swin_bundle, backend="onnx", checked=checked, onnx_lookup=failed)
     assert again.backend == "onnx"
+
+
+@needs_onnx
+def test_reference_beside_the_primary_gives_the_same_outputs(swin_bundle, cache, synthetic_volume):
+    """With two or more threads the ONNX reference runs on a worker thread beside the primary
+    (``run_trajectory(overlap=True)``): bit for bit what running it after the primary gives."""
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.bundle.onnx_backend import OnnxNetwork
+    from cardseg.segment import segment_volume
+
+    vol, _ = synthetic_volume
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        b = load_bundle(swin_bundle, backend="onnx")
+        assert b.reference.overlap_safe
+        beside = segment_volume(vol, b, method="card", batch_size=3)
+        b.reference.overlap_safe = False
+        after = segment_volume(vol, b, method="card", batch_size=3)
+    finally:
+        torch.set_num_threads(threads)
+    for name in ("logits", "disagreement", "probabilities", "labels"):
+        assert np.array_equal(getattr(beside, name), getattr(after, name)), name
+    # one thread: the user asked for one core, the reference runs after the primary
+    assert not OnnxNetwork(b.reference.source, b.num_classes, threads=1).overlap_safe

@@ -140,9 +140,6 @@ class OnnxNetwork:
     ``net(image (B, C, H, W), state (B, K, H, W), t (B,)) -> logits (B, K, H, W)`` (torch tensors)."""
 
     backend = "onnx"
-    #: a call leaves Python's lock free and runs on the session's own threads, so the trajectory may
-    #: evaluate the reference on a worker thread beside the primary (``run_trajectory(overlap=True)``)
-    overlap_safe = True
 
     def __init__(self, model, num_classes: int, threads: Optional[int] = None, source: str = ""):
         import onnxruntime as ort
@@ -162,6 +159,10 @@ class OnnxNetwork:
                                             providers=["CPUExecutionProvider"])
         self.num_classes = num_classes
         self.source = source
+        #: a call leaves Python's lock free and runs on the session's own threads, so the trajectory
+        #: may evaluate the reference on a worker thread beside the primary (``run_trajectory(overlap=
+        #: True)``); not with one thread, where the user asked for one core
+        self.overlap_safe = int(threads) >= 2
 
     def __call__(self, image: "torch.Tensor", state: "torch.Tensor", t: "torch.Tensor") -> "torch.Tensor":
         import torch
