@@ -53,7 +53,8 @@ SYNTH_MAX_SLICES = 400  # 400 x 192 x 176 voxels stays under cardseg.io.limits.M
 SYNTH_MAX_SEED = 2 ** 32 - 1
 
 
-def build_parser(plugin_help: bool = False) -> argparse.ArgumentParser:
+def build_parser(plugin_help: bool = False, plugins: Optional[dict] = None) -> argparse.ArgumentParser:
+    """The whole command line; ``plugins``: the plugin subcommands to list (None: look them up)."""
     from cardseg import __version__
 
     parser = argparse.ArgumentParser(prog="cardseg", description="Calibrated categorical-diffusion segmentation (CARD).")
@@ -168,7 +169,7 @@ def build_parser(plugin_help: bool = False) -> argparse.ArgumentParser:
     from cardseg.serve import add_serve_parser
 
     add_serve_parser(sub)
-    for name, ep in sorted(plugin_commands().items()):
+    for name, ep in sorted((plugin_commands() if plugins is None else plugins).items()):
         if name in sub.choices:
             continue
         p = sub.add_parser(name, help=_plugin_help(ep) if plugin_help else None, add_help=False)
@@ -393,10 +394,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     sigterm = SigtermState()
     try:
         with sigterm_as_interrupt() as sigterm:
-            plugins = plugin_commands()
-            if argv and argv[0] in plugins and argv[0] not in COMMANDS:
+            # a built-in command needs no scan of the installed packages' entry points (30-55 ms)
+            plugins = {} if argv and argv[0] in COMMANDS else plugin_commands()
+            if argv and argv[0] in plugins:
                 return run_plugin(argv[0], plugins[argv[0]], argv[1:])
-            parser = build_parser(plugin_help=not argv or argv[0] in ("-h", "--help"))
+            parser = build_parser(plugin_help=not argv or argv[0] in ("-h", "--help"), plugins=plugins)
             a = parser.parse_args(argv)
             return COMMANDS[a.command](a)
     except CardsegError as exc:
