@@ -117,3 +117,22 @@ def read_csv(path):
 def without_timings(rows):
     """Cohort rows without their ``time_*`` columns (which differ between runs)."""
     return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
+
+
+def blob_error_maps(seed: int, case: str, decoy_tac=(0.06, 0.09)):
+    """Labelled review maps whose answer is known: the prediction is wrong in two 8x8 blobs (64 px
+    each, a substantial error) under strong disagreement; two 6x6 decoys of weaker disagreement
+    (``decoy_tac``) sit where it is right. A ``cardseg_train.review_data.VolumeMaps``."""
+    from cardseg_train.review_data import VolumeMaps
+
+    rng = np.random.default_rng(seed)
+    truth = np.zeros((4, 48, 48), np.uint8)
+    truth[:, 10:38, 10:38] = 3
+    pred = truth.copy()
+    tac = rng.uniform(0, 0.01, truth.shape).astype(np.float32)
+    for z, (y, x) in ((0, (12, 12)), (2, (26, 24))):
+        pred[z, y:y + 8, x:x + 8] = 2
+        tac[z, y - 1:y + 9, x - 1:x + 9] = rng.uniform(0.3, 0.5)
+    for z, (y, x) in ((1, (30, 12)), (3, (14, 30))):
+        tac[z, y:y + 6, x:x + 6] = rng.uniform(*decoy_tac)
+    return VolumeMaps(case, "clean", pred, truth, tac, (1.5, 1.5, 8.0))

@@ -12,6 +12,8 @@ from cardseg.review.error_map import VOXEL_FEATURES, boundary_distance, error_pr
 from cardseg.review.regions import (FEATURES, ErrorModel, feature_map, flagged_regions, form_regions, rank_regions,
                                     region_labels)
 
+from conftest import blob_error_maps
+
 
 def voxel_model(coef_of: dict, intercept: float = -2.0) -> ErrorModel:
     coef = np.array([coef_of.get(f, 0.0) for f in VOXEL_FEATURES])
@@ -138,28 +140,11 @@ def test_bootstrap_intervals_of_the_covered_fraction():
     assert 0.0 <= lo < 10 / 16 < hi <= 1.0  # the pooled fraction (10 of 16) inside, the interval not degenerate
 
 
-def _volume(seed: int, case: str):
-    """Wrong in two 8x8 blobs with strong disagreement on them; weak decoys where it is right."""
-    from cardseg_train.review_data import VolumeMaps
-
-    rng = np.random.default_rng(seed)
-    truth = np.zeros((4, 48, 48), np.uint8)
-    truth[:, 10:38, 10:38] = 3
-    pred = truth.copy()
-    tac = rng.uniform(0, 0.01, truth.shape).astype(np.float32)
-    for z, (y, x) in ((0, (12, 12)), (2, (26, 24))):
-        pred[z, y:y + 8, x:x + 8] = 2
-        tac[z, y - 1:y + 9, x - 1:x + 9] = rng.uniform(0.3, 0.5)
-    for z, (y, x) in ((1, (30, 12)), (3, (14, 30))):
-        tac[z, y:y + 6, x:x + 6] = rng.uniform(0.04, 0.06)
-    return VolumeMaps(case, "clean", pred, truth, tac, (1.5, 1.5, 8.0))
-
-
 def test_fit_chooses_held_out_and_the_engine_reproduces_the_rule():
     from cardseg_train.review_errmap import fit_error_map_rule
     from cardseg_train.review_measure import study
 
-    maps = [_volume(i, f"patient{i:03d}_frame0{1 + i % 2}") for i in range(6)]
+    maps = [blob_error_maps(i, f"patient{i:03d}_frame0{1 + i % 2}", decoy_tac=(0.04, 0.06)) for i in range(6)]
     res = fit_error_map_rule(maps, grid={"flag_threshold": (0.2, 0.3), "max_ml": (5.0,)})
     v = res["validation"]["cross_validated"]
     assert v["substantial_errors"] == 12 and v["covered_top3"] == pytest.approx(1.0)

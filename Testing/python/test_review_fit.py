@@ -6,29 +6,14 @@ import numpy as np
 import pytest
 
 from cardseg.review.regions import FEATURES, ErrorModel
-from cardseg_train.review_data import VolumeMaps
 from cardseg_train.review_fit import fit_logistic, region_ece, select_settings
 from cardseg_train.review_measure import study
 
-
-def _maps(seed: int, case: str) -> VolumeMaps:
-    """A volume whose prediction is wrong in two 8x8 blobs; strong disagreement sits on the errors,
-    weak disagreement on two decoys that are right."""
-    rng = np.random.default_rng(seed)
-    truth = np.zeros((4, 48, 48), np.uint8)
-    truth[:, 10:38, 10:38] = 3
-    pred = truth.copy()
-    tac = rng.uniform(0, 0.01, truth.shape).astype(np.float32)
-    for z, (y, x) in ((0, (12, 12)), (2, (26, 24))):
-        pred[z, y:y + 8, x:x + 8] = 2  # a substantial error (64 px)
-        tac[z, y - 1:y + 9, x - 1:x + 9] = rng.uniform(0.3, 0.5)
-    for z, (y, x) in ((1, (30, 12)), (3, (14, 30))):
-        tac[z, y:y + 6, x:x + 6] = rng.uniform(0.06, 0.09)  # decoys: no error there
-    return VolumeMaps(case, "clean", pred, truth, tac, (1.5, 1.5, 8.0))
+from conftest import blob_error_maps
 
 
 def test_selection_prefers_the_rule_that_covers_the_errors_and_p_error_ranks_them_first():
-    maps = [_maps(i, f"patient{i:03d}_frame01") for i in range(6)]
+    maps = [blob_error_maps(i, f"patient{i:03d}_frame01") for i in range(6)]
     grid = {"smooth_px": (0.0,), "connectivity": ("slice",), "flag_threshold": (0.05, 0.2), "max_ml": (None,),
             "ranking": ("p_error",)}
     res = select_settings(maps, grid=grid, max_regions=6, max_burden=1.0)
@@ -46,7 +31,7 @@ def test_selection_prefers_the_rule_that_covers_the_errors_and_p_error_ranks_the
 
 
 def test_burden_cap_excludes_rules_that_cover_the_heart():
-    maps = [_maps(i, f"patient{i:03d}_frame01") for i in range(4)]
+    maps = [blob_error_maps(i, f"patient{i:03d}_frame01") for i in range(4)]
     for m in maps:
         m.tac[:, 9:39, 9:39] = np.maximum(m.tac[:, 9:39, 9:39], 0.03)  # a weak band over the whole heart
     grid = {"smooth_px": (0.0,), "connectivity": ("3d",), "flag_threshold": (0.02, 0.1), "max_ml": (None,),
@@ -94,7 +79,7 @@ def test_maps_are_cached_and_reused(tiny_bundle, synthetic_volume, tmp_path, mon
 def test_the_second_pass_searches_around_the_winner_and_never_does_worse():
     from cardseg_train.review_fit import refine_grid, two_pass
 
-    maps = [_maps(i, f"patient{i:03d}_frame01") for i in range(4)]
+    maps = [blob_error_maps(i, f"patient{i:03d}_frame01") for i in range(4)]
     grid = refine_grid({"smooth_px": 0.0, "connectivity": "slice", "flag_threshold": 0.08, "max_ml": 2.0,
                         "ranking": "p_error"})
     assert grid["flag_threshold"] == (0.07, 0.08, 0.09) and grid["max_ml"] == (2.0, 3.0, 4.0)
