@@ -88,8 +88,9 @@ def build_parser(plugin_help: bool = False, plugins: Optional[dict] = None) -> a
                    help="bar: a progress bar on stderr; json: one {stage, done, total} object per line on stderr; "
                         "the summary line goes to stdout either way")
     p.add_argument("--threads", type=int, metavar="N",
-                   help="CPU threads (default: the CPUs this process may use: its affinity mask, capped by the "
-                        "cgroup CPU quota)")
+                   help="CPU threads of each network (default: the CPUs this process may use: its affinity mask, "
+                        "capped by the cgroup CPU quota); with ONNX Runtime and N >= 2 the reference runs beside "
+                        "the primary, each with N threads")
     p.add_argument("--backend", choices=["auto", "torch", "onnx"], help=BACKEND_HELP)
 
     p = sub.add_parser("batch", help="segment many cases: cohort table, resume, triage report, optional Ray",

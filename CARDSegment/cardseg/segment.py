@@ -228,8 +228,9 @@ def build_report(result: SegmentationResult, volume: Volume, bundle: Bundle, met
         report["regions"], result.region_ranks = flagged_regions(
             result.disagreement, result.labels, cfg["regions"], volume.ijk_to_lps(), volume.spacing, names,
             result.field_of_view)
-        report["region_ranking"] = (cfg["regions"].get("ranking", "p_error") if cfg["regions"].get("model")
-                                    else "summed_disagreement")
+        # without a region model regions are ranked by their summed map: the TAC or the error probability
+        summed = "summed_disagreement" if cfg["regions"].get("map", "tac") == "tac" else "summed_error_probability"
+        report["region_ranking"] = cfg["regions"].get("ranking", "p_error") if cfg["regions"].get("model") else summed
         # the disagreement the overlays show brightest: what the bundle's validation volumes reach
         report["disagreement_display_max"] = cfg["regions"].get("display_max_disagreement")
         report["calibration"] = bundle.calibrator.to_dict()

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from cardseg.base.errors import CardsegError
 from cardseg.metrics.calibration import ace, ece, nll, sce
 from cardseg_train import ablation_bootstrap as ab
 from cardseg_train.eval_stats import interval, resample_weights
@@ -107,5 +108,5 @@ def test_markdown_names_rows_without_pixels():
 
 def test_variants_on_different_patients_are_refused():
     a, b = _variant(_patients(5, 3)), _variant(_patients(6, 2))
-    with pytest.raises(ValueError, match="different patients"):
+    with pytest.raises(CardsegError, match="different patients"):
         ab.bootstrap_variants({"Proposed": a, "Other": b}, resamples=10)

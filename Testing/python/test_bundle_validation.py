@@ -238,7 +238,9 @@ def test_error_probability_regions_are_checked_as_probabilities(tiny_bundle):
     validate_config(cfg, tiny_bundle)  # above ln 2: fine for a probability
     for path, value, message in ((("regions", "flag_threshold"), 1.2, "regions.flag_threshold must be in [0, 1]"),
                                  (("regions", "voxel_model", "coef"), [0.1], "regions.voxel_model.coef must be a list"),
-                                 (("regions", "voxel_model", "kind"), "tree", "regions.voxel_model must be null or a")):
+                                 (("regions", "voxel_model", "kind"), "tree", "regions.voxel_model must be null or a"),
+                                 (("regions", "model", "platt"), [1.0], "regions.model.platt must be null or [a, b]"),
+                                 (("regions", "model", "platt"), [-1.0, 0.0], "regions.model.platt[0] must be > 0")):
         with pytest.raises(CardsegError) as info:
             validate_config(_edit(cfg, path, value), tiny_bundle)
         assert message in str(info.value), str(info.value)

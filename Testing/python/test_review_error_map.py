@@ -10,7 +10,7 @@ from cardseg.base.errors import CardsegError
 from cardseg.review import coverage as cv
 from cardseg.review.error_map import VOXEL_FEATURES, boundary_distance, error_probability, voxel_features
 from cardseg.review.regions import (FEATURES, ErrorModel, feature_map, flagged_regions, form_regions, rank_regions,
-                                    region_labels)
+                                    region_features, region_labels)
 
 from conftest import blob_error_maps
 
@@ -158,3 +158,18 @@ def test_fit_chooses_held_out_and_the_engine_reproduces_the_rule():
     out = study(maps, settings, res["model"], with_detection=False)["clean"]
     assert out["covered_top3"] == pytest.approx(1.0)
     assert out["intervals"]["covered_top3"] == pytest.approx([1.0, 1.0])
+
+
+def test_end_position_is_shared_and_a_single_slice_is_neither_end():
+    from cardseg.review.error_map import end_position
+
+    assert end_position(np.arange(5), 5).tolist() == [1.0, 0.5, 0.0, 0.5, 1.0]
+    assert end_position(np.arange(1), 1).tolist() == [0.0]
+    pred = np.zeros((1, 20, 20), np.uint8)
+    pred[0, 5:15, 5:15] = 3
+    feats = voxel_features(np.full(pred.shape, 0.1, np.float32), pred, pred > 0)
+    column = VOXEL_FEATURES.index("end_position")
+    assert np.all(feats[:, column] == 0.0)  # as the region feature of a one-slice volume
+    lab = (pred > 0).astype(np.int32)
+    region = region_features(np.full(pred.shape, 0.1, np.float32), pred, lab, 1)
+    assert region[0, FEATURES.index("end_position")] == 0.0

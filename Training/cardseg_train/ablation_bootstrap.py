@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from cardseg.base.errors import CardsegError
 from cardseg.metrics.calibration import N_BINS, CalibrationAccumulator
 
 from .eval_stats import BOOTSTRAP_LEVEL, BOOTSTRAP_RESAMPLES, interval, resample_weights
@@ -135,8 +136,8 @@ def bootstrap_variants(variants: Dict[str, VariantPixels], reference: str = "Pro
     without: variants that have a value but no pixels (named, no interval)."""
     covered = {label: sorted(v.sums) for label, v in variants.items()}
     if len({tuple(c) for c in covered.values()}) > 1:
-        raise ValueError("the ablation's variants cover different patients: no paired bootstrap ("
-                         + "; ".join(f"{label}: {', '.join(c)}" for label, c in covered.items()) + ")")
+        raise CardsegError("the ablation's variants cover different patients: no paired bootstrap ("
+                           + "; ".join(f"{label}: {', '.join(c)}" for label, c in covered.items()) + ")")
     patients = next(iter(covered.values()), [])
     weights = resample_weights(len(patients), resamples, seed)
     boot = {label: v.samples(patients, weights) for label, v in variants.items()}

@@ -19,8 +19,9 @@ from cardseg.review.evaluation import near_errors
 from cardseg.review.regions import (ErrorModel, feature_map, form_regions, rank_regions, region_features,
                                     region_settings)
 
-from .eval_stats import BOOTSTRAP_RESAMPLES, interval, resample_weights
+from .eval_stats import BOOTSTRAP_LEVEL, BOOTSTRAP_RESAMPLES, interval, resample_weights
 from .review_data import VolumeMaps
+from .review_fit import patient_of
 
 #: the review budget: the first TOP regions per volume
 TOP = 3
@@ -158,12 +159,12 @@ def covered_intervals(vols: Sequence[dict], resamples: int = BOOTSTRAP_RESAMPLES
     "resamples", "patients", "covered_top3": [lo, hi], "same_burden": {key: [lo, hi]}}``."""
     if not vols:
         return {}
-    patients = sorted({v["case"].split("_")[0] for v in vols})
+    patients = sorted({patient_of(v["case"]) for v in vols})
     index = {q: i for i, q in enumerate(patients)}
     keys = list(vols[0]["same_burden"])
     counts = np.zeros((2 + len(keys), len(patients)))  # errors, rule top 3, baselines
     for v in vols:
-        i = index[v["case"].split("_")[0]]
+        i = index[patient_of(v["case"])]
         counts[0, i] += v["errors"]
         counts[1, i] += v["covered_k"][min(TOP, len(v["covered_k"]) - 1)]
         for j, k in enumerate(keys):
@@ -172,7 +173,7 @@ def covered_intervals(vols: Sequence[dict], resamples: int = BOOTSTRAP_RESAMPLES
     drawn = w @ counts.T  # (resamples, rows)
     with np.errstate(invalid="ignore", divide="ignore"):
         frac = drawn[:, 1:] / drawn[:, :1]
-    return {"level": 0.95, "resamples": resamples, "patients": len(patients), "covered_top3": interval(frac[:, 0]),
+    return {"level": BOOTSTRAP_LEVEL, "resamples": resamples, "patients": len(patients), "covered_top3": interval(frac[:, 0]),
             "same_burden": {k: interval(frac[:, 1 + j]) for j, k in enumerate(keys)}}
 
 

@@ -258,7 +258,8 @@ def _check_regions(where: Where, regions: dict) -> None:
 
 def _check_logistic(where: Where, key: str, model: Any, features: Sequence[str]) -> None:
     """A fitted logistic model: ``kind``, its ``features`` in this order, ``mean``/``scale``/``coef``
-    one finite number per feature (``scale`` > 0) and a finite ``intercept``."""
+    one finite number per feature (``scale`` > 0), a finite ``intercept`` and an optional Platt
+    step ``platt = [a, b]`` with a > 0."""
     if not isinstance(model, dict) or model.get("kind") != "logistic":
         where.fail(key, "must be null or a logistic model (refit it: cardseg fit-review)")
     if list(model.get("features") or []) != list(features):
@@ -270,6 +271,12 @@ def _check_logistic(where: Where, key: str, model: Any, features: Sequence[str])
         for i, v in enumerate(values):
             number_value(where, f"{key}.{part}[{i}]", v, low=0.0 if part == "scale" else None, low_open=True)
     number_value(where, f"{key}.intercept", required_value(where, model, "intercept", f"{key}."))
+    platt = model.get("platt")
+    if platt is not None:  # the Platt step on the logit, z -> a z + b: a > 0 keeps the ranking
+        if not isinstance(platt, list) or len(platt) != 2:
+            where.fail(f"{key}.platt", f"must be null or [a, b] (got {show(platt)})")
+        number_value(where, f"{key}.platt[0]", platt[0], low=0.0, low_open=True)
+        number_value(where, f"{key}.platt[1]", platt[1])
 
 
 def _check_agreement(where: Where, agreement: dict) -> None:

@@ -19,6 +19,8 @@ from typing import Optional
 import numpy as np
 from scipy import ndimage
 
+from cardseg.review.coverage import predicted_boundary
+
 #: voxel features of the error-probability model, in this order
 VOXEL_FEATURES = ("log_tac_s2", "log_tac_s4", "tac_s2", "log_boundary_distance", "end_position",
                   "end_position_sq", "pred_rv", "pred_myo", "pred_lv", "foreground_share")
@@ -35,12 +37,21 @@ def smoothed(a: np.ndarray, sigma_px: float) -> np.ndarray:
     return ndimage.gaussian_filter(np.asarray(a, dtype=np.float32), (0.0, sigma_px, sigma_px), mode="constant")
 
 
+def end_position(z_index, slices: int) -> np.ndarray:
+    """Where slice position(s) ``z_index`` lie between the middle slice (0) and the first or last
+    slice (1) of a volume of ``slices`` slices; 0 in a one-slice volume (neither end). The voxel
+    feature and the region feature ``end_position`` both come from here."""
+    z = np.asarray(z_index, dtype=np.float64)
+    if slices <= 1:
+        return np.zeros_like(z)
+    return np.abs(z / (slices - 1) - 0.5) * 2.0
+
+
 def boundary_distance(pred: np.ndarray) -> np.ndarray:
-    """In-plane distance (pixels) of each voxel to the nearest predicted boundary pixel (a pixel
-    whose 3 x 3 neighbourhood holds more than one label), per slice; ``(Z, Y, X)`` float32."""
+    """In-plane distance (pixels) of each voxel to the nearest predicted boundary pixel
+    (:func:`cardseg.review.coverage.predicted_boundary`), per slice; ``(Z, Y, X)`` float32."""
     p = np.asarray(pred)
-    size = (1, 3, 3)
-    edge = ndimage.maximum_filter(p, size=size, mode="nearest") != ndimage.minimum_filter(p, size=size, mode="nearest")
+    edge = predicted_boundary(p)
     out = np.full(p.shape, FAR_PX, np.float32)
     for z in range(p.shape[0]):
         if edge[z].any():
@@ -57,8 +68,7 @@ def voxel_features(tac: np.ndarray, pred: np.ndarray, where: np.ndarray) -> np.n
     """
     pred = np.asarray(pred)
     where = np.asarray(where, bool)
-    z = pred.shape[0]
-    pos = np.abs(np.arange(z) / max(z - 1, 1) - 0.5) * 2.0
+    pos = end_position(np.arange(pred.shape[0]), pred.shape[0])
     pos3 = np.broadcast_to(pos[:, None, None].astype(np.float32), pred.shape)
     s2, s4 = smoothed(tac, 2.0), smoothed(tac, 4.0)
     share = ndimage.uniform_filter((pred > 0).astype(np.float32), size=(1, SHARE_BOX, SHARE_BOX))

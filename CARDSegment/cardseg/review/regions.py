@@ -43,7 +43,7 @@ from scipy import ndimage
 from cardseg.base.errors import CardsegError
 from cardseg.metrics.segmentation import roi_mask
 from cardseg.review.coverage import heart_neighbourhood
-from cardseg.review.error_map import VOXEL_FEATURES, error_probability
+from cardseg.review.error_map import VOXEL_FEATURES, end_position, error_probability, smoothed
 
 #: region features the error model reads, in this order
 FEATURES = ("log_sum_tac", "max_tac", "mean_tac", "log_voxels", "slices", "foreground_fraction", "classes",
@@ -59,9 +59,7 @@ def review_map(tac: np.ndarray, smooth_px: float = 0.0) -> np.ndarray:
     """The map regions are cut from: ``tac (Z, Y, X)`` smoothed in-plane by a Gaussian of
     ``smooth_px`` pixels (none at 0), float32 ``(Z, Y, X)``."""
     tac = np.asarray(tac, dtype=np.float32)
-    if smooth_px <= 0:
-        return tac
-    return ndimage.gaussian_filter(tac, (0.0, float(smooth_px), float(smooth_px)), mode="constant")
+    return tac if smooth_px <= 0 else smoothed(tac, float(smooth_px))
 
 
 def cap_regions(score: np.ndarray, lab: np.ndarray, n: int, cap_voxels: Optional[int]) -> np.ndarray:
@@ -220,7 +218,7 @@ def region_features(tac: np.ndarray, pred: np.ndarray, lab: np.ndarray, n: int,
         sub = lab[sl] == i + 1
         slices = int(sub.any(axis=(1, 2)).sum())
         classes = np.unique(np.asarray(pred)[sl][sub]).size
-        pos = abs(zc[i][0] / (z - 1) - 0.5) * 2.0 if z > 1 else 0.0  # one slice: neither end
+        pos = float(end_position(zc[i][0], z))
         out[i] = (np.log1p(s[i]), mx[i], s[i] / vox[i], np.log(vox[i]), slices, fg[i] / vox[i], classes, pos,
                   infov[i] / vox[i])
     return out
