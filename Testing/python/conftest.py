@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -48,6 +49,8 @@ os.environ["CARDSEG_CACHE_DIR"] = _MODEL_CACHE.name
 os.environ.pop("CARDSEG_BACKEND", None)
 
 REPO = Path(__file__).resolve().parents[2]
+#: the Slicer module's folder (CARDSegment.py and CARDSegmentLib)
+MODULE_DIR = REPO / "CARDSegment"
 ACDC = REPO.parent / "shared" / "data" / "acdc"
 #: the tests that read the ACDC data skip on a clone without ../shared/data/acdc (a user's)
 needs_acdc = pytest.mark.skipif(not (ACDC / "volumes").is_dir(), reason="ACDC data not in ../shared/data/acdc")
@@ -136,3 +139,15 @@ def blob_error_maps(seed: int, case: str, decoy_tac=(0.06, 0.09)):
     for z, (y, x) in ((1, (30, 12)), (3, (14, 30))):
         tac[z, y:y + 6, x:x + 6] = rng.uniform(*decoy_tac)
     return VolumeMaps(case, "clean", pred, truth, tac, (1.5, 1.5, 8.0))
+
+
+def slicer_core():
+    """The slicer-core package (MRML without the application), with the module's folder on
+    ``sys.path`` so that ``CARDSegmentLib`` imports; called at a test module's top, it skips that
+    whole module where no slicer-core is installed."""
+    slicer = pytest.importorskip("slicer")
+    if not hasattr(slicer, "vtkMRMLScene"):
+        pytest.skip("the importable 'slicer' is not slicer-core", allow_module_level=True)
+    if str(MODULE_DIR) not in sys.path:
+        sys.path.insert(0, str(MODULE_DIR))
+    return slicer

@@ -22,17 +22,13 @@ from types import SimpleNamespace
 
 import pytest
 
-slicer = pytest.importorskip("slicer")
-if not hasattr(slicer, "vtkMRMLScene"):
-    pytest.skip("the importable 'slicer' is not slicer-core", allow_module_level=True)
+from conftest import MODULE_DIR, slicer_core
+
+slicer = slicer_core()
 
 from test_slicer_module_panel import (FakeTimer, fire_until_idle, make_scene, make_widget,  # noqa: E402,F401
                                       module)
 
-REPO = Path(__file__).resolve().parents[2]
-MODULE_DIR = REPO / "CARDSegment"
-if str(MODULE_DIR) not in sys.path:
-    sys.path.insert(0, str(MODULE_DIR))
 
 import CARDSegmentLib as lib  # noqa: E402
 from CARDSegmentLib import install, outputs as outputs_lib, volume_files  # noqa: E402

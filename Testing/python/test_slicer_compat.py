@@ -30,13 +30,11 @@ from typing import Dict, Iterable, List, Set
 
 import pytest
 
-slicer = pytest.importorskip("slicer")
-if not hasattr(slicer, "vtkMRMLScene"):
-    pytest.skip("the importable 'slicer' is not slicer-core", allow_module_level=True)
+from conftest import MODULE_DIR, slicer_core
+
+slicer = slicer_core()
 import vtk  # noqa: E402  (comes with slicer-core)
 
-REPO = Path(__file__).resolve().parents[2]
-MODULE_DIR = REPO / "CARDSegment"
 MODULE_FILE = MODULE_DIR / "CARDSegment.py"
 LIB_DIR = MODULE_DIR / "CARDSegmentLib"
 SLICER_5_8 = "v5.8.0"

@@ -9,19 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from pathlib import Path
 
 import numpy as np
-import pytest
 
-slicer = pytest.importorskip("slicer")
-if not hasattr(slicer, "vtkMRMLScene"):
-    pytest.skip("the importable 'slicer' is not slicer-core", allow_module_level=True)
+from conftest import MODULE_DIR, slicer_core
 
-REPO = Path(__file__).resolve().parents[2]
-MODULE_DIR = REPO / "CARDSegment"
-if str(MODULE_DIR) not in sys.path:
-    sys.path.insert(0, str(MODULE_DIR))
+slicer = slicer_core()
+
 
 import CARDSegmentLib as lib  # noqa: E402
 from CARDSegmentLib import volume_files  # noqa: E402

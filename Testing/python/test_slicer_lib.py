@@ -13,23 +13,18 @@ import json
 import math
 import shutil
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import SimpleITK as sitk
 
-slicer = pytest.importorskip("slicer")
-if not hasattr(slicer, "vtkMRMLScene"):
-    pytest.skip("the importable 'slicer' is not slicer-core", allow_module_level=True)
+from conftest import MODULE_DIR, slicer_core
+
+slicer = slicer_core()
 import vtk  # noqa: E402  (comes with slicer-core)
 from vtk.util.numpy_support import vtk_to_numpy  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
-MODULE_DIR = REPO / "CARDSegment"
-if str(MODULE_DIR) not in sys.path:
-    sys.path.insert(0, str(MODULE_DIR))
 
 import CARDSegmentLib as lib  # noqa: E402
 from CARDSegmentLib import colormaps, geometry, overlays, volume_files  # noqa: E402

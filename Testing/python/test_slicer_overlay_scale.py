@@ -8,20 +8,14 @@ there and the legend names that scale. Without it the window is the whole [0, ln
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-slicer = pytest.importorskip("slicer")
-if not hasattr(slicer, "vtkMRMLScene"):
-    pytest.skip("the importable 'slicer' is not slicer-core", allow_module_level=True)
-import vtk  # noqa: E402
+from conftest import slicer_core
 
-MODULE_DIR = Path(__file__).resolve().parents[2] / "CARDSegment"
-if str(MODULE_DIR) not in sys.path:
-    sys.path.insert(0, str(MODULE_DIR))
+slicer = slicer_core()
+import vtk  # noqa: E402
 
 from CARDSegmentLib import overlays  # noqa: E402
 

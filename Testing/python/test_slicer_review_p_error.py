@@ -6,18 +6,13 @@ from __future__ import annotations
 import csv
 import io
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-slicer = pytest.importorskip("slicer")
-if not hasattr(slicer, "vtkMRMLScene"):
-    pytest.skip("the importable 'slicer' is not slicer-core", allow_module_level=True)
+from conftest import slicer_core
 
-MODULE_DIR = Path(__file__).resolve().parents[2] / "CARDSegment"
-if str(MODULE_DIR) not in sys.path:
-    sys.path.insert(0, str(MODULE_DIR))
+slicer = slicer_core()
+
 
 from CARDSegmentLib import review  # noqa: E402
 
