@@ -157,7 +157,9 @@ def test_one_process_many_requests(tmp_path, phantom, tiny_bundle):
 def test_end_of_input_stops_a_running_request(tmp_path, tiny_bundle):
     """The client went away mid-request: the work stops at once, nothing half written, exit 0."""
     big = tmp_path / "big.nii.gz"
-    subprocess.run(CARDSEG + ["synth", str(big), "--slices", "48"], check=True, capture_output=True, timeout=120)
+    # 200 slices at batch size 1: a thousand network calls, so even on a loaded machine the request is
+    # still running when the engine reads the end of its input (48 slices could finish first)
+    subprocess.run(CARDSEG + ["synth", str(big), "--slices", "200"], check=True, capture_output=True, timeout=120)
     engine = Serve("--bundle", str(tiny_bundle), "--backend", "torch", "--threads", "1", "--no-preload")
     try:
         assert engine.event()["event"] == "ready"
