@@ -230,24 +230,29 @@ def cmd_segment(a) -> int:
 
     threads = a.threads or default_threads()
     lookup = None
-    if a.backend in ("auto", "onnx") and a.device != "cuda":  # ONNX sessions open while torch is imported
+    if a.backend in ("auto", "onnx") and a.device != "cuda":  # ONNX sessions open while the input is read
         from cardseg.bundle.onnx_backend import start_lookup
 
         lookup = start_lookup(config, checked.weights, threads)
     volume = read_volume(a.input, a.frame, spacing)
 
-    import torch
-
     from cardseg.base.progress import make_progress
     from cardseg.bundle.loading import load_bundle
-    from cardseg.segment import resolve_device, segment_file
+    from cardseg.bundle.onnx_backend import all_found
+    from cardseg.segment import resolve_device, segment_file, surely_cpu
 
-    torch.set_num_threads(threads)
-    device = resolve_device(a.device)
+    # both ONNX models cached and opened, on the CPU: numpy throughout, torch is never imported
+    if lookup is not None and surely_cpu(a.device) and all_found(lookup):
+        device = "cpu"
+    else:
+        import torch
+
+        torch.set_num_threads(threads)
+        device = resolve_device(a.device)
     progress = make_progress(a.progress, a.quiet)
     try:
         bundle = load_bundle(bundle_root, device=device, backend=a.backend, progress=progress, prepared=True,
-                             checked=checked, onnx_lookup=lookup)
+                             checked=checked, onnx_lookup=lookup, threads=threads)
     finally:
         progress.close()
     if not a.quiet:

@@ -1,4 +1,10 @@
-"""The segmentation pipeline: volume → slices → dual trajectory → calibrated outputs → files."""
+"""The segmentation pipeline: volume → slices → dual trajectory → calibrated outputs → files.
+
+With ONNX Runtime networks (:attr:`~cardseg.bundle.loading.Bundle.takes_numpy`) every step runs on
+numpy arrays and torch is never imported; with torch networks (CPU or GPU) the trajectory and the
+calibration run on torch tensors. The equations are the same functions either way
+(:mod:`cardseg.method.arrays`), and so is the resampling (:mod:`cardseg.io.preprocess`, numpy).
+"""
 
 from __future__ import annotations
 
@@ -7,23 +13,27 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, Optional
 
 import numpy as np
-import torch
 
 from cardseg import __version__
 from cardseg.base.errors import CardsegError
 from cardseg.base.progress import Progress
 from cardseg.bundle.loading import Bundle
 from cardseg.io.outdir import OutputWriter, check_output
-from cardseg.io.preprocess import SliceGrid, network_to_slices, normalize_slice, slices_to_network
+from cardseg.io.preprocess import (SliceGrid, network_to_slices, normalize_slice, resample_to_network,
+                                  slices_to_network)
 from cardseg.io.volume import Volume
 from cardseg.io.written import IncompleteWrite, verify_seg_nrrd, write_image, write_text
+from cardseg.method import arrays
 from cardseg.method.calibration import CARD, Uncalibrated, temperature_scale
 from cardseg.method.trajectory import run_trajectory
 from cardseg.metrics.segmentation import agreement_report
 from cardseg.review.regions import flagged_regions
+
+if TYPE_CHECKING:
+    import torch
 
 METHODS = ("card", "uc")
 #: logit margin that makes pixels outside the network's field of view background
@@ -44,8 +54,10 @@ class SegmentationResult:
     report: Dict[str, object] = field(default_factory=dict)
 
 
-def resolve_device(device: str = "auto") -> torch.device:
-    """``auto`` (CUDA when torch sees a GPU, else CPU), ``cpu``, ``cuda`` or ``cuda:N``."""
+def resolve_device(device: str = "auto") -> "torch.device":
+    """``auto`` (CUDA when torch sees a GPU, else CPU), ``cpu``, ``cuda`` or ``cuda:N`` (imports torch)."""
+    import torch
+
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device != "cpu" and not (device == "cuda" or device.startswith("cuda:")):
@@ -53,6 +65,32 @@ def resolve_device(device: str = "auto") -> torch.device:
     if device != "cpu" and not torch.cuda.is_available():
         raise CardsegError(f"--device {device} asked for, but torch sees no CUDA GPU")
     return torch.device(device)
+
+
+#: libraries that only a GPU build of torch holds (CUDA, ROCm)
+GPU_LIBRARIES = ("libtorch_cuda*", "libtorch_hip*", "torch_cuda*.dll")
+
+
+def surely_cpu(device: str) -> bool:
+    """Whether ``--device`` ``device`` means the CPU without asking torch (which would import it):
+    ``cpu``, or ``auto`` where the installed torch is a CPU-only build (no CUDA or ROCm library
+    beside it, so :func:`resolve_device` could only answer ``cpu``). Else ``False``: ask torch."""
+    if device == "cpu":
+        return True
+    if device != "auto":
+        return False
+    import importlib.util
+
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return False
+    lib = Path(next(iter(spec.submodule_search_locations))) / "lib"
+    return lib.is_dir() and not any(next(lib.glob(pattern), None) for pattern in GPU_LIBRARIES)
+
+
+def _device_type(device) -> str:
+    """``cpu`` or ``cuda`` for a torch device or its name."""
+    return str(device).split(":")[0]
 
 
 def normalized_slices(volume: Volume, bundle: Bundle) -> np.ndarray:
@@ -68,30 +106,31 @@ def slice_grid(shape_yx: tuple, spacing_xy: tuple, bundle: Bundle) -> SliceGrid:
 
 
 def network_inputs(volume: Volume, bundle: Bundle) -> tuple:
-    """Normalised slices on the network grid ``(Z, 1, N, N)`` and the :class:`SliceGrid` used."""
+    """Normalised slices on the network grid ``(Z, 1, N, N)`` (a torch tensor) and the :class:`SliceGrid` used."""
     grid = slice_grid(volume.shape[1:], volume.spacing[:2], bundle)
     return slices_to_network(normalized_slices(volume, bundle), grid), grid
 
 
 @dataclass
 class SliceTrajectory:
-    """The dual trajectory's outputs brought back to the slices' own grid.
+    """The dual trajectory's outputs brought back to the slices' own grid: numpy arrays when the
+    bundle's networks take numpy (ONNX Runtime, :attr:`Bundle.takes_numpy`), else CPU torch tensors.
 
     logits: ``(Z, K, Y, X)`` terminal primary logits; tac: ``(Z, Y, X)`` TAC map (``None`` for
-    ``uc``); fov: ``(Y, X)`` bool, the network's field of view (outside: background, zero
+    ``uc``); fov: ``(Y, X)`` bool numpy, the network's field of view (outside: background, zero
     disagreement); reference_logits: ``(Z, K, Y, X)`` the reference's terminal logits, when asked
     (figures only); step_js: ``{t: (Z, Y, X)}`` each sampled step's JS map, when asked.
     """
 
-    logits: torch.Tensor
-    tac: Optional[torch.Tensor]
+    logits: Any
+    tac: Any
     fov: np.ndarray
-    reference_logits: Optional[torch.Tensor] = None
-    step_js: Dict[int, torch.Tensor] = field(default_factory=dict)
+    reference_logits: Any = None
+    step_js: Dict[int, Any] = field(default_factory=dict)
 
 
 def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle, method: str = "card",
-                         device: torch.device | str = "cpu", batch_size: int = 8,
+                         device: "torch.device | str" = "cpu", batch_size: int = 8,
                          progress: Optional[Progress] = None, with_reference: bool = False,
                          keep_step_js: bool = False) -> SliceTrajectory:
     """Run the trajectory on normalised slices and bring the results back to their grid.
@@ -101,66 +140,82 @@ def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle
     bundle's ``tac_steps`` (default: every sampled step); ``method`` ``logit-mix`` (the paper's
     ablation: both networks' logits averaged at every step, no TAC) is for evaluation. ``with_reference`` and
     ``keep_step_js`` (``card`` only) also return the reference's terminal logits and the
-    per-step JS maps (see :class:`SliceTrajectory`).
+    per-step JS maps (see :class:`SliceTrajectory`). With ONNX Runtime networks everything runs
+    on numpy arrays (torch is not imported); with torch networks on tensors on ``device``.
     """
     if (with_reference or keep_step_js) and method != "card":
         raise ValueError("with_reference and keep_step_js need method 'card'")
     progress = progress or Progress()
-    device = torch.device(device)
     grid = slice_grid(slices01.shape[1:], spacing_xy, bundle)
-    x = slices_to_network(slices01, grid)
+    x = resample_to_network(slices01, grid)
+    to_device = None
+    if not bundle.takes_numpy:
+        import torch
+
+        def to_device(a: np.ndarray):
+            return torch.from_numpy(a).to(device)
+
     steps = bundle.sampled_steps
     tac_steps = bundle.tac_steps if method == "card" else None
     nb = (x.shape[0] + batch_size - 1) // batch_size
     # ONNX Runtime sessions run beside each other (own threads, Python's lock free): the same outputs, sooner
-    overlap = bool(getattr(bundle.reference, "overlap_safe", False)) and device.type == "cpu"
+    overlap = bool(getattr(bundle.reference, "overlap_safe", False)) and _device_type(device) == "cpu"
     progress.stage("trajectory", nb * len(steps))
-    logits_all: Optional[torch.Tensor] = None  # filled batch by batch: no list + concatenated copy
+    logits_all: Optional[np.ndarray] = None  # filled batch by batch: no list + concatenated copy
     tac_out, ref_out = [], []
     js_out: Dict[int, list] = {t: [] for t in steps} if keep_step_js else {}
+
+    def back(maps) -> np.ndarray:  # (B, C, N, N) on the network grid -> (B, C, Y, X) numpy
+        return network_to_slices(arrays.to_numpy(maps), grid)
+
     for b in range(nb):
-        xb = x[b * batch_size:(b + 1) * batch_size].to(device)
-        res = run_trajectory(bundle.primary, xb, steps, bundle.num_classes, reference=bundle.reference,
-                             mode=method if method in ("card", "logit-mix") else "uc", schedule=bundle.schedule,
-                             tac_steps=tac_steps, keep_steps=keep_step_js, on_step=lambda t: progress.advance(1),
-                             overlap=overlap)
-        part = network_to_slices(res.logits.float(), grid).cpu()
+        xb = x[b * batch_size:(b + 1) * batch_size]
+        res = run_trajectory(bundle.primary, to_device(xb) if to_device else xb, steps, bundle.num_classes,
+                             reference=bundle.reference, mode=method if method in ("card", "logit-mix") else "uc",
+                             schedule=bundle.schedule, tac_steps=tac_steps, keep_steps=keep_step_js,
+                             on_step=lambda t: progress.advance(1), overlap=overlap)
+        part = back(res.logits)
         if logits_all is None:
-            logits_all = torch.empty((x.shape[0],) + tuple(part.shape[1:]), dtype=part.dtype)
+            logits_all = np.empty((x.shape[0],) + part.shape[1:], dtype=np.float32)
         logits_all[b * batch_size:b * batch_size + part.shape[0]] = part
         del part
         if res.tac is not None:
-            tac_out.append(network_to_slices(res.tac[:, None].float(), grid)[:, 0].cpu())
+            tac_out.append(back(res.tac[:, None])[:, 0])
         if with_reference:
-            ref_out.append(network_to_slices(res.reference_logits.float(), grid).cpu())
+            ref_out.append(back(res.reference_logits))
         for t in js_out:
-            js_out[t].append(network_to_slices(res.per_step_js[t][:, None].float(), grid)[:, 0].cpu())
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+            js_out[t].append(back(res.per_step_js[t][:, None])[:, 0])
     fov = grid.field_of_view()
-    outside = torch.from_numpy(~fov)
+    outside = ~fov
     out = SliceTrajectory(_outside_to_background(logits_all, outside), None, fov)
     if tac_out:
-        out.tac = torch.cat(tac_out)
+        out.tac = np.concatenate(tac_out)
         out.tac[:, outside] = 0.0
     if with_reference:
-        out.reference_logits = _outside_to_background(torch.cat(ref_out), outside)
+        out.reference_logits = _outside_to_background(np.concatenate(ref_out), outside)
     for t, parts in js_out.items():
-        out.step_js[t] = torch.cat(parts)
+        out.step_js[t] = np.concatenate(parts)
         out.step_js[t][:, outside] = 0.0
+    if not bundle.takes_numpy:  # CPU tensors, sharing the arrays' memory
+        import torch
+
+        out.logits, out.tac, out.reference_logits = (None if v is None else torch.from_numpy(v)
+                                                     for v in (out.logits, out.tac, out.reference_logits))
+        out.step_js = {t: torch.from_numpy(v) for t, v in out.step_js.items()}
     return out
 
 
-def _outside_to_background(logits: torch.Tensor, outside: torch.Tensor) -> torch.Tensor:
+def _outside_to_background(logits: np.ndarray, outside: np.ndarray) -> np.ndarray:
     """Pixels outside the field of view become confident background (in place)."""
     logits[:, :, outside] = -OUTSIDE_MARGIN
     logits[:, 0][:, outside] = 0.0
     return logits
 
 
-def segment_volume(volume: Volume, bundle: Bundle, method: str = "card", device: torch.device | str = "cpu",
+def segment_volume(volume: Volume, bundle: Bundle, method: str = "card", device: "torch.device | str" = "cpu",
                    batch_size: int = 8, progress: Optional[Progress] = None) -> SegmentationResult:
-    """Run the method on every slice of ``volume`` and bring the results back to its grid."""
+    """Run the method on every slice of ``volume`` and bring the results back to its grid (numpy
+    throughout with ONNX Runtime networks, torch tensors with torch networks)."""
     if method not in METHODS:
         raise CardsegError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
     if batch_size < 1:
@@ -176,24 +231,26 @@ def segment_volume(volume: Volume, bundle: Bundle, method: str = "card", device:
     timings["trajectory"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    labels = logits.argmax(dim=1).to(torch.uint8)
+    labels = arrays.to_numpy(arrays.argmax(logits, axis=1)).astype(np.uint8)
     disagreement = temperature = None
     if method == "card":
         cal = bundle.calibrator
         if not isinstance(cal, CARD):
             raise CardsegError(f"bundle calibration method is {cal.name!r}; --method card needs 'card'")
         tau = cal.temperature(tac)
-        tau[:, torch.from_numpy(~fov)] = cal.tau_min
+        tau[:, arrays.like(~fov, tau)] = cal.tau_min
         logp = temperature_scale(logits, tau)
-        disagreement, temperature = tac.numpy().astype(np.float32), tau.numpy().astype(np.float32)
+        disagreement = arrays.to_numpy(tac).astype(np.float32)
+        temperature = arrays.to_numpy(tau).astype(np.float32)
     else:
         logp = Uncalibrated().log_probs(logits)
     # in place and without a second copy: at the voxel limit each (Z, K, Y, X) float32 copy is 256 MB
-    probs = logp.float().exp_().permute(0, 2, 3, 1).contiguous().numpy()
+    probs = arrays.to_numpy(logp).astype(np.float32, copy=False)
     del logp
+    probs = np.ascontiguousarray(np.exp(probs, out=probs).transpose(0, 2, 3, 1))
     timings["postprocess"] = time.perf_counter() - t0
 
-    result = SegmentationResult(labels=labels.numpy(), probabilities=probs, logits=logits.numpy(),
+    result = SegmentationResult(labels=labels, probabilities=probs, logits=arrays.to_numpy(logits),
                                 disagreement=disagreement, temperature=temperature, field_of_view=fov)
     result.report = build_report(result, volume, bundle, method, device, timings)
     return result
@@ -263,7 +320,7 @@ def write_outputs(result: SegmentationResult, volume: Volume, bundle: Bundle, ou
 
 
 def segment_file(input_path: os.PathLike, out: os.PathLike, bundle: Bundle, *, method: str = "card",
-                 device: torch.device | str = "cpu", batch_size: int = 8, frame: Optional[int] = None,
+                 device: "torch.device | str" = "cpu", batch_size: int = 8, frame: Optional[int] = None,
                  spacing: Optional[tuple] = None, overwrite: bool = False, progress: Optional[Progress] = None,
                  volume: Optional[Volume] = None, t_start: Optional[float] = None) -> dict:
     """One case, the one path every run takes (``cardseg segment``, ``cardseg batch``, Slicer):
@@ -296,7 +353,7 @@ def read_case(input_path: os.PathLike, out: os.PathLike, *, frame: Optional[int]
 
 
 def compute_case(volume: Volume, bundle: Bundle, input_path: os.PathLike, *, method: str = "card",
-                 device: torch.device | str = "cpu", batch_size: int = 8, frame: Optional[int] = None,
+                 device: "torch.device | str" = "cpu", batch_size: int = 8, frame: Optional[int] = None,
                  spacing: Optional[tuple] = None, progress: Optional[Progress] = None,
                  t_start: Optional[float] = None) -> SegmentationResult:
     """:func:`segment_volume` plus the report's fields about the input (path, frame, slices,

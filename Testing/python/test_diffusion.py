@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,8 +11,8 @@ from cardseg.method.diffusion import (CategoricalSchedule, cosine_alpha_bar, def
 
 def test_cosine_schedule_decreases_from_near_one_to_zero():
     abar = cosine_alpha_bar(50)
-    assert abar.shape == (50,)
-    assert torch.all(abar[1:] < abar[:-1])
+    assert abar.shape == (50,) and abar.dtype == np.float64
+    assert np.all(abar[1:] < abar[:-1])
     assert 0.99 < abar[0] < 1.0
     assert abar[-1] == 0.0
     # the cosine form, normalised at time 0
@@ -91,6 +92,14 @@ def test_reverse_step_is_one_hot_argmax_of_prediction(t, seed):
     nxt = sched.reverse_step(p, t)
     assert torch.equal(nxt.argmax(dim=1), p.argmax(dim=1))
     assert torch.equal(nxt.sum(dim=1), torch.ones(1, 5, 5))
+
+
+def test_schedule_tables_agree():
+    """The tensor table of training, the scalar of the reverse step and the function are one schedule."""
+    sched = CategoricalSchedule(50)
+    assert torch.equal(sched.alpha_bar, torch.from_numpy(cosine_alpha_bar(50)))
+    prev = sched.abar_prev(torch.arange(50))
+    assert [sched.abar_prev_value(t) for t in range(50)] == prev.tolist()
 
 
 def test_uniform_state():

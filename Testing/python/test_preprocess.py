@@ -1,7 +1,11 @@
 import numpy as np
 import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from cardseg.io.preprocess import SliceGrid, network_to_slices, normalize_slice, slices_to_network
+from cardseg.io.preprocess import (SliceGrid, network_to_slices, normalize_slice, resample_to_network,
+                                   slices_to_network)
 
 
 def test_normalize_slice_range_and_constant():
@@ -17,7 +21,7 @@ def test_grid_maps_physical_positions_consistently():
     img = np.zeros((1, ny, nx), np.float32)
     img[0, 30 + 10, 40 - 20] = 1.0  # +9 mm in y, -24 mm in x from centre (29.5, 39.5) → (+0.5px)
     grid = SliceGrid((ny, nx), (sx, sy), s, n)
-    out = slices_to_network(img, grid, mode="bilinear")[0, 0].numpy()
+    out = resample_to_network(img, grid, mode="bilinear")[0, 0]
     yy, xx = np.unravel_index(out.argmax(), out.shape)
     cy = (n - 1) / 2 + (40 - (ny - 1) / 2) * sy / s
     cx = (n - 1) / 2 + (20 - (nx - 1) / 2) * sx / s
@@ -29,8 +33,9 @@ def test_round_trip_restores_a_smooth_map_inside_the_field_of_view():
     yy, xx = np.mgrid[0:ny, 0:nx]
     smooth = np.sin(xx / 9.0) + np.cos(yy / 7.0)
     grid = SliceGrid((ny, nx), (1.0, 1.0), 0.8, 96)
-    net = slices_to_network(smooth[None].astype(np.float32), grid)
-    back = network_to_slices(net, grid)[0, 0].numpy()
+    net = resample_to_network(smooth[None].astype(np.float32), grid)
+    back = network_to_slices(net, grid)[0, 0]
+    assert back.dtype == np.float32
     fov = grid.field_of_view()
     assert fov.all()  # 96 * 0.8 mm covers 70 mm
     assert np.abs(back - smooth)[2:-2, 2:-2].max() < 0.05
@@ -45,3 +50,47 @@ def test_field_of_view_when_the_slice_is_larger_than_the_grid():
     labels[0, 40:60, 40:60] = 3
     net = slices_to_network(labels, grid, mode="nearest")
     assert set(torch.unique(net).tolist()) == {0.0, 3.0}
+
+
+def _grid_sample_grids(grid: SliceGrid):
+    """torch ``grid_sample`` grids (normalised x, y; align_corners=True) for both directions."""
+    ny, nx = grid.slice_shape
+    sx, sy = grid.spacing
+    s, n = grid.target_spacing, grid.size
+    a = torch.arange(n, dtype=torch.float64) - (n - 1) / 2
+    yy, xx = torch.meshgrid(a * s / sy * 2 / max(ny - 1, 1), a * s / sx * 2 / max(nx - 1, 1), indexing="ij")
+    to_net = torch.stack([xx, yy], dim=-1)[None]
+    ax = (n - 1) / 2 + (torch.arange(nx, dtype=torch.float64) - (nx - 1) / 2) * sx / s
+    ay = (n - 1) / 2 + (torch.arange(ny, dtype=torch.float64) - (ny - 1) / 2) * sy / s
+    yy, xx = torch.meshgrid(ay * 2 / (n - 1) - 1, ax * 2 / (n - 1) - 1, indexing="ij")
+    return to_net, torch.stack([xx, yy], dim=-1)[None]
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(16, 90), st.integers(16, 90), st.floats(0.5, 2.5), st.floats(0.5, 2.5), st.floats(0.8, 2.0),
+       st.integers(16, 64), st.integers(0, 1000))
+def test_resampling_is_grid_samples_bilinear_with_zeros_in_and_border_out(ny, nx, sx, sy, s, n, seed):
+    """The numpy resampling computes what torch's grid_sample (align_corners=True) does: zeros
+    padding onto the network grid (after the same anti-aliasing), border padding back."""
+    grid = SliceGrid((ny, nx), (sx, sy), s, n)
+    rng = np.random.default_rng(seed)
+    slices = rng.random((2, ny, nx)).astype(np.float32)
+    to_net, to_slice = _grid_sample_grids(grid)
+    sigma = grid.antialias_sigma()
+    blurred = resample_to_network(slices, SliceGrid((ny, nx), (sx, sy), s, n))
+    from scipy import ndimage
+
+    smooth = np.stack([ndimage.gaussian_filter(a, sigma=sigma, mode="nearest") for a in slices]) if max(sigma) else slices
+    expect = F.grid_sample(torch.from_numpy(smooth).double()[:, None], to_net.expand(2, -1, -1, -1), mode="bilinear",
+                           padding_mode="zeros", align_corners=True).numpy()
+    assert np.abs(blurred - expect).max() < 1e-5
+    maps = rng.normal(0, 10, (2, 3, n, n)).astype(np.float32)
+    expect = F.grid_sample(torch.from_numpy(maps).double(), to_slice.expand(2, -1, -1, -1), mode="bilinear",
+                           padding_mode="border", align_corners=True).numpy()
+    assert np.abs(network_to_slices(maps, grid) - expect).max() < 1e-4
+
+
+def test_slices_to_network_is_the_numpy_resampling_as_a_tensor():
+    grid = SliceGrid((40, 30), (1.1, 0.9), 1.3, 32)
+    slices = np.random.default_rng(3).random((2, 40, 30)).astype(np.float32)
+    assert torch.equal(slices_to_network(slices, grid), torch.from_numpy(resample_to_network(slices, grid)))

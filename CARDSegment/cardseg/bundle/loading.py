@@ -4,6 +4,10 @@ Weights are safetensors only (never pickle). :func:`load_bundle` checks ``bundle
 the schema once (:mod:`cardseg.bundle.schema`), verifies each weight file's sha256 and header,
 and compares the tensor shapes with the networks ``bundle.json`` describes before loading
 anything. Calibration fitting rewrites ``bundle.json`` only.
+
+Loading a bundle whose ONNX models are cached (:mod:`cardseg.bundle.onnx_backend`) imports no
+torch: torch, MONAI and the networks are imported only where a network is built, exported or run
+by torch.
 """
 
 from __future__ import annotations
@@ -15,10 +19,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
-
-import torch
-from torch import nn
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from cardseg.base.errors import CardsegError
 from cardseg.base.files import sha256_file
@@ -28,7 +29,10 @@ from cardseg.bundle.schema import ROLES, SCHEMA_VERSION, validate_config
 from cardseg.bundle.weights import WeightFile
 from cardseg.method.calibration import Calibrator, calibrator_from_dict
 from cardseg.method.diffusion import CategoricalSchedule
-from cardseg.method.networks import build_network, count_parameters, size_multiple
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 def default_config(name: str, classes: List[dict], primary: dict, reference: dict, pixel_spacing_mm: float,
@@ -59,18 +63,25 @@ def default_config(name: str, classes: List[dict], primary: dict, reference: dic
 
 @dataclass
 class Bundle:
-    """A loaded bundle: its folder, its configuration and both networks (eval mode)."""
+    """A loaded bundle: its folder, its configuration and both networks (eval mode): torch
+    modules or programs, or ONNX Runtime sessions (:class:`cardseg.bundle.onnx_backend.OnnxNetwork`)."""
 
     path: Path
     config: dict
-    primary: nn.Module
-    reference: nn.Module
+    primary: Any
+    reference: Any
     checksums: Dict[str, str] = field(default_factory=dict)
     #: what runs the networks: ``torch`` (eager modules) or ``onnx`` (ONNX Runtime sessions,
     #: :mod:`cardseg.bundle.onnx_backend`); the pipeline calls both the same way
     backend: str = "torch"
     #: one-line remarks from loading (e.g. why ``auto`` fell back to torch), for the user
     notes: List[str] = field(default_factory=list)
+
+    @property
+    def takes_numpy(self) -> bool:
+        """Whether the networks take and give numpy arrays (ONNX Runtime): the whole pipeline then
+        runs on numpy and never imports torch; else on torch tensors."""
+        return self.backend == "onnx"
 
     @property
     def class_names(self) -> List[str]:
@@ -113,9 +124,9 @@ class Bundle:
         return self
 
 
-def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device = "cpu",
+def load_bundle(path: Optional[os.PathLike] = None, device: "str | torch.device" = "cpu",
                 backend: Optional[str] = None, progress=None, prepared: bool = False,
-                checked: Optional[CheckedBundle] = None, onnx_lookup=None) -> Bundle:
+                checked: Optional[CheckedBundle] = None, onnx_lookup=None, threads: Optional[int] = None) -> Bundle:
     """Load and verify a bundle (see :func:`cardseg.bundle.folder.resolve_bundle_path` for how ``path`` is chosen).
 
     In order: ``bundle.json`` against the schema, each weight file's sha256 and safetensors
@@ -150,13 +161,14 @@ def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device =
 
     ``onnx_lookup``: a future of :func:`cardseg.bundle.onnx_backend.lookup_cached` started
     earlier (:func:`cardseg.bundle.onnx_backend.start_lookup`), so that the ONNX sessions were
-    opened while the caller imported torch; its result is used when there is one.
+    opened while the caller read the input; its result is used when there is one. ``threads``:
+    the ONNX sessions' threads (default: torch's setting, or the CPUs usable).
 
-    :attr:`Bundle.backend` is the one that was used.
+    :attr:`Bundle.backend` is the one that was used. When it is ``onnx`` and both models came from
+    the cache, torch has not been imported.
     """
     from cardseg.bundle.onnx_backend import CHOICES, BrokenNetwork, ExporterMissing, available
     from cardseg.bundle.onnx_cache import clean_stale_temporaries
-    from cardseg.bundle.script_backend import load_programs, programs_enabled
 
     backend = backend or "torch"
     if backend not in CHOICES:
@@ -165,7 +177,7 @@ def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device =
         checked = check_bundle(path)
     root, config, weights = checked.root, checked.config, checked.weights
     clean_stale_temporaries()
-    on_cpu = torch.device(device).type == "cpu"
+    on_cpu = str(device).split(":")[0] == "cpu"
     if backend == "onnx" and not on_cpu:
         raise CardsegError("--backend onnx runs on the CPU; use --device cpu or --backend torch")
     notes: List[str] = []
@@ -181,7 +193,7 @@ def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device =
 
         try:
             found = onnx_lookup.result() if onnx_lookup is not None else None
-            nets = load_networks(root, config, weights, build, progress=progress, found=found)
+            nets = load_networks(root, config, weights, build, threads=threads, progress=progress, found=found)
             backend = "onnx"
         except _BundleFault as fault:
             raise fault.error from None
@@ -200,6 +212,10 @@ def load_bundle(path: Optional[os.PathLike] = None, device: str | torch.device =
     elif backend == "auto" and on_cpu:  # the [speed] extra is not installed
         notes.append(SPEED_NOTE)
     if nets is None:
+        import torch
+
+        from cardseg.bundle.script_backend import load_programs, programs_enabled
+
         backend = "torch"
 
         def eager(role: str) -> nn.Module:
@@ -235,6 +251,8 @@ class _BundleFault(Exception):
 
 def _build(root: Path, config: dict, role: str, num_classes: int) -> nn.Module:
     """The untrained network ``bundle.json`` describes for ``role``, for ``num_classes`` classes."""
+    from cardseg.method.networks import build_network
+
     spec = config["networks"][role]
     try:
         return build_network({**spec, "num_classes": num_classes})
@@ -245,6 +263,8 @@ def _build(root: Path, config: dict, role: str, num_classes: int) -> nn.Module:
 def load_network(root: Path, config: dict, role: str, weights: WeightFile) -> nn.Module:
     """Build ``role``'s network, check the file's tensor shapes against it, load it (eval, float32)."""
     from safetensors.torch import load, load_file
+
+    from cardseg.method.networks import size_multiple
 
     spec = config["networks"][role]
     multiple = size_multiple(spec)
@@ -326,7 +346,10 @@ def save_bundle(path: os.PathLike, config: dict, primary: nn.Module, reference: 
     A network with a NaN or infinite weight (also one that only overflows float16) is refused
     in one line before anything is written: :func:`load_bundle` would refuse the bundle.
     """
+    import torch
     from safetensors.torch import save_file
+
+    from cardseg.method.networks import count_parameters
 
     dest = Path(path)
     if dest.exists() and any(dest.iterdir()) and not overwrite:
@@ -358,6 +381,8 @@ def save_bundle(path: os.PathLike, config: dict, primary: nn.Module, reference: 
 
 def _refuse_non_finite(dest: Path, role: str, state: Dict[str, torch.Tensor], dtype: torch.dtype) -> None:
     """One-line :class:`CardsegError` naming the first tensor of ``state`` with a NaN or infinity."""
+    import torch
+
     for name, tensor in state.items():
         if tensor.is_floating_point():
             bad = int((~torch.isfinite(tensor)).sum())

@@ -30,7 +30,11 @@ installed package:
 
 On a cache hit neither MONAI nor the torch networks are built (importing MONAI alone is about a
 quarter of a fresh ``cardseg segment`` run with the torch backend); only ``onnxruntime`` is
-loaded. A cache folder that cannot be written is not an error: the model is then kept in memory
+loaded, and torch is not imported at all: the sessions take and give numpy arrays, and the whole
+pipeline then runs on numpy (:attr:`cardseg.bundle.loading.Bundle.takes_numpy`). ``cardseg
+segment`` opens the cached sessions on a thread while it reads the input (:func:`start_lookup`)
+and imports torch only when they are not all there (:func:`all_found`): the first run, or a
+damaged or foreign cache entry, which is then exported again as before. A cache folder that cannot be written is not an error: the model is then kept in memory
 for this process only.
 
 ONNX Runtime runs on the CPU here (``CPUExecutionProvider``) with as many intra-op threads as
@@ -45,12 +49,14 @@ import hashlib
 import json
 import math
 import os
+import sys
 import warnings
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
 import numpy as np
 
+from cardseg.base.cpus import default_threads
 from cardseg.base.errors import CardsegError
 from cardseg.bundle.onnx_cache import cache_dir, read_recorded, temp_file, write_entry
 
@@ -137,17 +143,17 @@ def cache_key(weights_sha256: str, spec: dict, num_classes: int, image_channels:
 
 class OnnxNetwork:
     """An ONNX Runtime session that is called like the torch denoisers:
-    ``net(image (B, C, H, W), state (B, K, H, W), t (B,)) -> logits (B, K, H, W)`` (torch tensors)."""
+    ``net(image (B, C, H, W), state (B, K, H, W), t (B,)) -> logits (B, K, H, W)``, numpy arrays
+    or torch tensors (the logits are of the image's kind; with numpy nothing imports torch)."""
 
     backend = "onnx"
 
     def __init__(self, model, num_classes: int, threads: Optional[int] = None, source: str = ""):
         import onnxruntime as ort
 
-        if not threads:
-            import torch
-
-            threads = torch.get_num_threads()
+        if not threads:  # torch's setting when torch is loaded (cardseg segment sets it), else the CPUs usable
+            torch = sys.modules.get("torch")
+            threads = torch.get_num_threads() if torch is not None else default_threads()
         so = ort.SessionOptions()
         so.intra_op_num_threads = int(threads)
         so.inter_op_num_threads = 1
@@ -164,20 +170,21 @@ class OnnxNetwork:
         #: True)``); not with one thread, where the user asked for one core
         self.overlap_safe = int(threads) >= 2
 
-    def __call__(self, image: "torch.Tensor", state: "torch.Tensor", t: "torch.Tensor") -> "torch.Tensor":
+    def __call__(self, image, state, t):
+        feed = {"image": _np(image, np.float32), "state": _np(state, np.float32), "t": _np(t, np.int64)}
+        logits = self.session.run(None, feed)[0]
+        if isinstance(image, np.ndarray):
+            return logits
         import torch
 
-        feed = {"image": _np(image, np.float32), "state": _np(state, np.float32), "t": _np(t, np.int64)}
-        return torch.from_numpy(self.session.run(None, feed)[0])
+        return torch.from_numpy(logits)
 
     # the bits of the nn.Module interface that inference code touches
     def eval(self) -> "OnnxNetwork":
         return self
 
     def to(self, device) -> "OnnxNetwork":
-        import torch
-
-        if torch.device(device).type != "cpu":
+        if str(device).split(":")[0] != "cpu":
             raise CardsegError("--backend onnx runs on the CPU; use --backend torch for a GPU")
         return self
 
@@ -185,8 +192,11 @@ class OnnxNetwork:
         return self
 
 
-def _np(x: torch.Tensor, dtype) -> np.ndarray:
-    return np.ascontiguousarray(x.detach().cpu().numpy(), dtype=dtype)
+def _np(x, dtype) -> np.ndarray:
+    """A C-ordered numpy array of ``dtype`` (no copy when ``x`` already is one)."""
+    if not isinstance(x, np.ndarray):
+        x = x.detach().cpu().numpy()
+    return np.ascontiguousarray(x, dtype=dtype)
 
 
 def probe_inputs(num_classes: int, image_channels: int, size: int, batch: int = 2, seed: int = 0):
@@ -301,6 +311,13 @@ def lookup_cached(config: dict, weights: Dict[str, object], threads: Optional[in
         model, record = folder / f"{role}-{key[:40]}.onnx", folder / f"{role}-{key[:40]}.json"
         found[role] = (key, model, record, _read_cached(model, record, key, num_classes, threads))
     return found
+
+
+def all_found(lookup) -> bool:
+    """Whether the lookup :func:`start_lookup` started (a future, waited for here) opened a cached
+    session for every network: ``cardseg segment`` then runs on numpy and never imports torch."""
+    found = lookup.result() if lookup is not None else None
+    return found is not None and all(hit[3] is not None for hit in found.values())
 
 
 def start_lookup(config: dict, weights: Dict[str, object], threads: int):

@@ -3,16 +3,25 @@
 Training and inference share these functions, so the network always sees slices the same
 way: intensities scaled per slice, then resampled to the bundle's pixel spacing on an
 ``N x N`` grid centred on the slice (which crops or pads as needed).
+
+The grid is axis-aligned, so each resampling is one :func:`scipy.ndimage.affine_transform` per
+map with a diagonal matrix, linear (``order=1``; nearest, ``order=0``, for label maps): onto the
+network grid with zeros outside the slice (``mode="grid-constant"``), back onto the slice with the
+network grid's border values repeated (``mode="nearest"``). That is what torch's ``grid_sample``
+with ``align_corners=True`` and zeros or border padding computes; here it needs no torch, so the
+ONNX Runtime path of ``cardseg segment`` never imports it, and every backend resamples alike.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
-import torch.nn.functional as F
 from scipy import ndimage
+
+if TYPE_CHECKING:
+    import torch
 
 
 def normalize_slice(img: np.ndarray, low: float = 0.5, high: float = 99.5) -> np.ndarray:
@@ -52,22 +61,17 @@ class SliceGrid:
         sx, sy = self.spacing
         return ny, nx, sx, sy, float(self.target_spacing), int(self.size)
 
-    def to_network_grid(self) -> torch.Tensor:
-        """``grid_sample`` grid ``(1, N, N, 2)`` (x, y normalised, align_corners=True) into the slice."""
+    def to_network_grid(self) -> tuple:
+        """Where network pixel ``(r, c)`` lies in the slice, in slice pixels: ``(scale, offset)``,
+        each ``(y, x)``, so that its row is ``offset[0] + r * scale[0]`` (the centres coincide)."""
         ny, nx, sx, sy, s, n = self._scale()
-        a = torch.arange(n, dtype=torch.float64) - (n - 1) / 2
-        gx = a * s / sx * 2 / max(nx - 1, 1)
-        gy = a * s / sy * 2 / max(ny - 1, 1)
-        yy, xx = torch.meshgrid(gy, gx, indexing="ij")
-        return torch.stack([xx, yy], dim=-1)[None].float()
+        return (s / sy, s / sx), ((ny - 1) / 2 - (n - 1) / 2 * s / sy, (nx - 1) / 2 - (n - 1) / 2 * s / sx)
 
-    def from_network_grid(self) -> torch.Tensor:
-        """``grid_sample`` grid ``(1, ny, nx, 2)`` into the network grid, for each slice pixel."""
+    def from_network_grid(self) -> tuple:
+        """Where slice pixel ``(y, x)`` lies in the network grid, in network pixels:
+        ``(scale, offset)``, each ``(y, x)``, the inverse of :meth:`to_network_grid`."""
         ny, nx, sx, sy, s, n = self._scale()
-        ax = (n - 1) / 2 + (torch.arange(nx, dtype=torch.float64) - (nx - 1) / 2) * sx / s
-        ay = (n - 1) / 2 + (torch.arange(ny, dtype=torch.float64) - (ny - 1) / 2) * sy / s
-        yy, xx = torch.meshgrid(ay * 2 / (n - 1) - 1, ax * 2 / (n - 1) - 1, indexing="ij")
-        return torch.stack([xx, yy], dim=-1)[None].float()
+        return (sy / s, sx / s), ((n - 1) / 2 - (ny - 1) / 2 * sy / s, (n - 1) / 2 - (nx - 1) / 2 * sx / s)
 
     def field_of_view(self) -> np.ndarray:
         """Bool ``(ny, nx)``: slice pixels whose centre falls inside the network grid."""
@@ -84,24 +88,47 @@ class SliceGrid:
         return (max(0.0, s / sy - 1.0) * 0.5, max(0.0, s / sx - 1.0) * 0.5)
 
 
-def slices_to_network(slices: np.ndarray, grid: SliceGrid, mode: str = "bilinear") -> torch.Tensor:
-    """Resample slices ``(B, Y, X)`` onto the network grid → ``(B, 1, N, N)`` float32 (zero outside).
+def _resample(maps: np.ndarray, placement: tuple, shape: tuple, order: int, mode: str) -> np.ndarray:
+    """Each ``(H, W)`` map of ``maps`` ``(..., H, W)`` sampled at ``offset + index * scale``
+    (``placement`` = ``(scale, offset)``, each ``(y, x)``) → float32 ``(..., *shape)``."""
+    scale, offset = placement
+    flat = maps.reshape((-1,) + maps.shape[-2:])
+    out = np.empty((flat.shape[0],) + tuple(shape), np.float32)
+    for src, dst in zip(flat, out):
+        ndimage.affine_transform(src, np.asarray(scale), offset=offset, output_shape=tuple(shape), output=dst,
+                                 order=order, mode=mode, cval=0.0, prefilter=False)
+    return out.reshape(maps.shape[:-2] + tuple(shape))
 
+
+def resample_to_network(slices: np.ndarray, grid: SliceGrid, mode: str = "bilinear") -> np.ndarray:
+    """Resample slices ``(B, Y, X)`` onto the network grid → numpy ``(B, 1, N, N)`` float32 (zero outside).
+
+    Anti-aliased (a Gaussian of :meth:`SliceGrid.antialias_sigma`) when the grid is coarser;
     ``mode="nearest"`` is for label maps (no anti-aliasing then).
     """
+    if mode not in ("bilinear", "nearest"):
+        raise ValueError(f"unknown resampling mode {mode!r} (bilinear or nearest)")
     arr = np.asarray(slices, dtype=np.float32)
     sigma = grid.antialias_sigma()
     if mode != "nearest" and max(sigma) > 0:
         arr = np.stack([ndimage.gaussian_filter(s, sigma=sigma, mode="nearest") for s in arr])
-    x = torch.from_numpy(np.ascontiguousarray(arr))[:, None]
-    g = grid.to_network_grid().expand(x.shape[0], -1, -1, -1)
-    return F.grid_sample(x, g, mode=mode, padding_mode="zeros", align_corners=True)
+    n = int(grid.size)
+    out = _resample(arr, grid.to_network_grid(), (n, n), 0 if mode == "nearest" else 1, "grid-constant")
+    return out[:, None]
 
 
-def network_to_slices(maps: torch.Tensor, grid: SliceGrid) -> torch.Tensor:
-    """Resample network-grid maps ``(B, C, N, N)`` back to the slice grid → ``(B, C, ny, nx)``.
+def slices_to_network(slices: np.ndarray, grid: SliceGrid, mode: str = "bilinear") -> "torch.Tensor":
+    """:func:`resample_to_network` as a torch tensor ``(B, 1, N, N)`` (for training)."""
+    import torch
+
+    return torch.from_numpy(resample_to_network(slices, grid, mode))
+
+
+def network_to_slices(maps: np.ndarray, grid: SliceGrid) -> np.ndarray:
+    """Resample network-grid maps ``(B, C, N, N)`` (numpy, or a CPU tensor) back to the slice grid
+    → numpy ``(B, C, ny, nx)`` float32.
 
     Bilinear, clamped at the border; callers overwrite pixels outside :meth:`SliceGrid.field_of_view`.
     """
-    g = grid.from_network_grid().to(maps.device, maps.dtype).expand(maps.shape[0], -1, -1, -1)
-    return F.grid_sample(maps, g, mode="bilinear", padding_mode="border", align_corners=True)
+    return _resample(np.asarray(maps, dtype=np.float32), grid.from_network_grid(), tuple(grid.slice_shape), 1,
+                     "nearest")

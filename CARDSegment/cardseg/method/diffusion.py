@@ -2,8 +2,11 @@
 
 Conventions used everywhere in CARDSegment
 ------------------------------------------
-* ``K`` classes; a *state* is a tensor of shape ``(B, K, H, W)`` whose class axis sums to one
-  (one-hot for sampled states, the uniform vector ``u = 1/K`` for ``x_T``).
+* ``K`` classes; a *state* is an array of shape ``(B, K, H, W)`` whose class axis sums to one
+  (one-hot for sampled states, the uniform vector ``u = 1/K`` for ``x_T``): a torch tensor in
+  training and with the torch backend, a numpy array with ONNX Runtime (the reverse step, Eq. 3,
+  takes either: :mod:`cardseg.method.arrays`; the forward process and the posterior, used in
+  training only, take tensors).
 * Step indices are ``t = 0 .. T-1`` (the paper's sampled steps for ``T = 50`` are
   ``[49, 37, 24, 12, 0]``). The noise level of step ``t`` is ``abar[t]``, the cosine schedule
   evaluated at diffusion time ``(t + 1) / T`` and normalised by its value at time 0, so that
@@ -15,25 +18,30 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
-import torch
+import numpy as np
+
+from cardseg.method import arrays
+
+if TYPE_CHECKING:
+    import torch
 
 EPS = 1e-12
 
 
-def cosine_alpha_bar(num_steps: int, s: float = 0.008) -> torch.Tensor:
-    """Cosine noise schedule ``abar[t]`` for ``t = 0 .. T-1`` (float64, shape ``(T,)``).
+def cosine_alpha_bar(num_steps: int, s: float = 0.008) -> np.ndarray:
+    """Cosine noise schedule ``abar[t]`` for ``t = 0 .. T-1`` (numpy float64, shape ``(T,)``).
 
     ``abar(τ) = f(τ) / f(0)`` with ``f(τ) = cos²(((τ + s) / (1 + s)) · π/2)`` evaluated at
     ``τ = (t + 1) / T``. The sequence is strictly decreasing from just below 1 to 0.
     """
     if num_steps < 2:
         raise ValueError(f"the schedule needs at least 2 steps, got {num_steps}")
-    tau = torch.arange(1, num_steps + 1, dtype=torch.float64) / num_steps
-    f = torch.cos((tau + s) / (1 + s) * math.pi / 2) ** 2
+    tau = np.arange(1, num_steps + 1, dtype=np.float64) / num_steps
+    f = np.cos((tau + s) / (1 + s) * math.pi / 2) ** 2
     f0 = math.cos(s / (1 + s) * math.pi / 2) ** 2
-    abar = (f / f0).clamp(0.0, 1.0)
+    abar = np.clip(f / f0, 0.0, 1.0)
     abar[-1] = 0.0  # cos(pi/2) is 0 up to rounding: make x_{T-1} exactly uniform
     return abar
 
@@ -47,15 +55,22 @@ def default_sampling_steps(num_steps: int = 50, num_sampled: int = 5) -> List[in
     return [int(round((num_steps - 1) * (1 - i / (num_sampled - 1)))) for i in range(num_sampled)]
 
 
-def uniform_state(shape: Sequence[int], num_classes: int, dtype=torch.float32, device=None) -> torch.Tensor:
-    """The uniform categorical state ``u`` of shape ``(B, K, H, W)`` given ``shape = (B, H, W)``."""
+def uniform_state(shape: Sequence[int], num_classes: int, dtype=None, device=None, like: Any = None) -> Any:
+    """The uniform categorical state ``u`` of shape ``(B, K, H, W)`` given ``shape = (B, H, W)``:
+    of ``like``'s kind, dtype and device when given (a tensor or a numpy array), else a torch
+    tensor (``dtype`` default float32)."""
     b, h, w = shape
-    return torch.full((b, num_classes, h, w), 1.0 / num_classes, dtype=dtype, device=device)
+    if like is not None:
+        return arrays.full((b, num_classes, h, w), 1.0 / num_classes, like)
+    import torch
+
+    return torch.full((b, num_classes, h, w), 1.0 / num_classes, dtype=dtype or torch.float32, device=device)
 
 
-def one_hot(labels: torch.Tensor, num_classes: int, dtype=torch.float32) -> torch.Tensor:
-    """Integer labels ``(B, H, W)`` to a one-hot state ``(B, K, H, W)``."""
-    return torch.nn.functional.one_hot(labels.long(), num_classes).permute(0, 3, 1, 2).to(dtype)
+def one_hot(labels: Any, num_classes: int, dtype=None) -> Any:
+    """Integer labels ``(B, H, W)`` to a one-hot state ``(B, K, H, W)`` (float32 unless ``dtype``;
+    tensor or numpy array, as given)."""
+    return arrays.one_hot(labels, num_classes, dtype)
 
 
 @dataclass(frozen=True)
@@ -66,9 +81,15 @@ class CategoricalSchedule:
     s: float = 0.008
 
     @property
-    def alpha_bar(self) -> torch.Tensor:
-        """``abar[t]``, shape ``(T,)``, float64."""
-        return cosine_alpha_bar(self.num_steps, self.s)
+    def alpha_bar(self) -> "torch.Tensor":
+        """``abar[t]``, shape ``(T,)``, float64 tensor."""
+        import torch
+
+        return torch.from_numpy(cosine_alpha_bar(self.num_steps, self.s))
+
+    def abar_prev_value(self, t: int) -> float:
+        """``abar[t-1]`` of one step index (``abar[-1] = 1``, the clean label), as a float."""
+        return 1.0 if int(t) == 0 else float(cosine_alpha_bar(self.num_steps, self.s)[int(t) - 1])
 
     def abar(self, t: torch.Tensor) -> torch.Tensor:
         """``abar[t]`` gathered for a batch of step indices ``t`` of shape ``(B,)`` → ``(B,)``."""
@@ -76,6 +97,8 @@ class CategoricalSchedule:
 
     def abar_prev(self, t: torch.Tensor) -> torch.Tensor:
         """``abar[t-1]`` with ``abar[-1] = 1`` (the clean label), shape ``(B,)``."""
+        import torch
+
         table = torch.cat([torch.ones(1, dtype=torch.float64), self.alpha_bar]).to(t.device)
         return table[t.long()]
 
@@ -93,8 +116,10 @@ class CategoricalSchedule:
         a = self.abar(t).to(x0.dtype).view(-1, 1, 1, 1)
         return a * x0 + (1 - a) / k
 
-    def q_sample(self, x0: torch.Tensor, t: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    def q_sample(self, x0: torch.Tensor, t: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
         """Draw a one-hot ``x_t ~ q(x_t | x_0)``: ``(B, K, H, W)`` → ``(B, K, H, W)``."""
+        import torch
+
         probs = self.forward_probs(x0, t)
         b, k, h, w = probs.shape
         flat = probs.permute(0, 2, 3, 1).reshape(-1, k)
@@ -125,15 +150,16 @@ class CategoricalSchedule:
         return (q * (q.clamp_min(EPS).log() - p.clamp_min(EPS).log())).sum(dim=1)
 
     # --- Eq. 3: reverse step ----------------------------------------------------------------
-    def reverse_step(self, p_hat: torch.Tensor, t: int) -> torch.Tensor:
+    def reverse_step(self, p_hat: Any, t: int) -> Any:
         """Paper Eq. 3 with the noise term replaced by ``u`` (Implementation Details).
 
         ``x_{t-1} = onehot(argmax_k [abar_{t-1} p̂_t + (1 - abar_{t-1}) u])``.
-        p_hat: ``(B, K, H, W)`` predicted clean distribution at step ``t`` → one-hot ``(B, K, H, W)``.
+        p_hat: ``(B, K, H, W)`` predicted clean distribution at step ``t`` (tensor or numpy array)
+        → one-hot ``(B, K, H, W)`` of the same kind and dtype.
         Because the uniform term is the same for every class, the argmax equals ``argmax p̂_t``:
         the schedule shapes training, and the network sees ``t`` through its time embedding.
         """
         k = p_hat.shape[1]
-        a = float(self.abar_prev(torch.tensor([t]))[0])
+        a = self.abar_prev_value(t)
         mixed = a * p_hat + (1 - a) / k
-        return one_hot(mixed.argmax(dim=1), k, p_hat.dtype)
+        return one_hot(arrays.argmax(mixed, axis=1), k, p_hat.dtype)

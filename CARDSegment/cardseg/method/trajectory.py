@@ -3,6 +3,10 @@
 The primary denoiser advances the categorical state along the deterministic reverse sampler;
 the reference is evaluated on the very same states and never advances them. Their pixel-wise
 Jensen-Shannon divergence (Eq. 5) is averaged over the sampled steps (Eq. 6, TAC).
+
+Everything here takes torch tensors or numpy arrays alike (:mod:`cardseg.method.arrays`): the
+networks are called with what the image is, and their logits must be of the same kind (torch
+modules with tensors, ONNX Runtime sessions with either).
 """
 
 from __future__ import annotations
@@ -10,10 +14,9 @@ from __future__ import annotations
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence
 
-import torch
-
+from cardseg.method import arrays
 from cardseg.method.diffusion import CategoricalSchedule, uniform_state
 
 JS_EPS = 1e-12
@@ -23,26 +26,27 @@ LN2 = math.log(2.0)
 MODES = ("card", "uc", "no-contrast", "logit-mix")
 
 
-def js_divergence(p: torch.Tensor, q: torch.Tensor, dim: int = 1, eps: float = JS_EPS) -> torch.Tensor:
+def js_divergence(p: Any, q: Any, dim: int = 1, eps: float = JS_EPS) -> Any:
     """Paper Eq. 5: pixel-wise Jensen-Shannon divergence (natural log), in ``[0, ln 2]``.
 
     ``JS(p, q) = ½ KL(p || m) + ½ KL(q || m)`` with ``m = (p + q) / 2``; both inputs are clamped
-    at ``eps`` and renormalised first. p, q: ``(B, K, H, W)`` probabilities → ``(B, H, W)``.
+    at ``eps`` and renormalised first. p, q: ``(B, K, H, W)`` probabilities (tensors or numpy
+    arrays) → ``(B, H, W)`` of the same kind.
     """
-    p = p.clamp_min(eps)
-    p = p / p.sum(dim=dim, keepdim=True)
-    q = q.clamp_min(eps)
-    q = q / q.sum(dim=dim, keepdim=True)
+    p = arrays.clamp_min(p, eps)
+    p = p / arrays.total(p, dim, keepdims=True)
+    q = arrays.clamp_min(q, eps)
+    q = q / arrays.total(q, dim, keepdims=True)
     m = 0.5 * (p + q)
-    log_m = m.log()
-    js = 0.5 * (p * (p.log() - log_m)).sum(dim=dim) + 0.5 * (q * (q.log() - log_m)).sum(dim=dim)
-    return js.clamp(0.0, LN2)
+    log_m = arrays.log(m)
+    js = 0.5 * arrays.total(p * (arrays.log(p) - log_m), dim) + 0.5 * arrays.total(q * (arrays.log(q) - log_m), dim)
+    return arrays.clip(js, 0.0, LN2)
 
 
 class TACAccumulator:
     """Paper Eq. 6, computed as it goes: ``d̄(v) = (1/|T|) Σ_{t∈T} d_t(v)``.
 
-    ``add(t, d_t)`` takes each step's ``(B, H, W)`` divergence; steps outside ``steps`` (when
+    ``add(t, d_t)`` takes each step's ``(B, H, W)`` divergence (tensor or numpy array); steps outside ``steps`` (when
     given, e.g. TAC-mid ``{24, 12, 0}`` or TAC-last ``{0}``) are ignored. Only the running sum
     is kept unless ``keep=True``.
     """
@@ -50,19 +54,19 @@ class TACAccumulator:
     def __init__(self, steps: Optional[Iterable[int]] = None, keep: bool = False):
         self.steps = None if steps is None else set(int(s) for s in steps)
         self.keep = keep
-        self.total: Optional[torch.Tensor] = None
+        self.total: Any = None
         self.count = 0
-        self.per_step: Dict[int, torch.Tensor] = {}
+        self.per_step: Dict[int, Any] = {}
 
-    def add(self, t: int, d_t: torch.Tensor) -> None:
+    def add(self, t: int, d_t: Any) -> None:
         if self.keep:
-            self.per_step[int(t)] = d_t.detach().clone()
+            self.per_step[int(t)] = arrays.copy(d_t)
         if self.steps is not None and int(t) not in self.steps:
             return
-        self.total = d_t.clone() if self.total is None else self.total + d_t
+        self.total = arrays.copy(d_t) if self.total is None else self.total + d_t
         self.count += 1
 
-    def mean(self) -> torch.Tensor:
+    def mean(self) -> Any:
         if self.total is None:
             raise ValueError("no step of the trajectory fell into the TAC step set")
         return self.total / self.count
@@ -70,7 +74,7 @@ class TACAccumulator:
 
 @dataclass
 class TrajectoryResult:
-    """What one batch's reverse trajectory yields.
+    """What one batch's reverse trajectory yields (tensors or numpy arrays, as the image was).
 
     logits: ``(B, K, H, W)`` terminal primary logits (for ``logit-mix`` the mixed logits).
     tac: ``(B, H, W)`` TAC map ``d̄`` in ``[0, ln 2]``; ``None`` for ``uc`` and ``logit-mix``.
@@ -78,26 +82,25 @@ class TrajectoryResult:
     per_step_js / per_step_states: ``{t: (B, H, W)}`` / ``{t: (B, K, H, W)}`` when asked for.
     """
 
-    logits: torch.Tensor
-    tac: Optional[torch.Tensor] = None
-    reference_logits: Optional[torch.Tensor] = None
-    per_step_js: Dict[int, torch.Tensor] = field(default_factory=dict)
-    per_step_states: Dict[int, torch.Tensor] = field(default_factory=dict)
+    logits: Any
+    tac: Any = None
+    reference_logits: Any = None
+    per_step_js: Dict[int, Any] = field(default_factory=dict)
+    per_step_states: Dict[int, Any] = field(default_factory=dict)
 
 
-def _without_grad(net: Callable, *inputs: torch.Tensor) -> torch.Tensor:
-    """``net(*inputs)`` with autograd off (grad mode is per thread: a worker does not inherit it)."""
-    with torch.no_grad():
-        return net(*inputs)
+def _without_grad(net: Callable, image: Any, *inputs: Any) -> Any:
+    """``net(image, *inputs)`` with autograd off (grad mode is per thread: a worker does not inherit it)."""
+    with arrays.no_grad(image):
+        return net(image, *inputs)
 
 
-@torch.no_grad()
 def run_trajectory(
-    primary: torch.nn.Module,
-    image: torch.Tensor,
+    primary: Callable,
+    image: Any,
     steps: Sequence[int],
     num_classes: int,
-    reference: Optional[torch.nn.Module] = None,
+    reference: Optional[Callable] = None,
     mode: str = "card",
     schedule: Optional[CategoricalSchedule] = None,
     tac_steps: Optional[Iterable[int]] = None,
@@ -107,8 +110,10 @@ def run_trajectory(
 ) -> TrajectoryResult:
     """Run the deterministic reverse sampler on one batch, with the reference alongside.
 
-    image: ``(B, C_img, H, W)``; steps: descending step indices, e.g. ``[49, 37, 24, 12, 0]``;
-    ``x_T = u`` is the state fed at the first of them. Modes:
+    image: ``(B, C_img, H, W)``, a torch tensor or a numpy array (the states, step indices and
+    outputs are then of the same kind; the networks are called as ``net(image, state, t)`` with
+    ``t`` ``(B,)`` int64); steps: descending step indices, e.g. ``[49, 37, 24, 12, 0]``;
+    ``x_T = u`` is the state fed at the first of them. Autograd is off throughout. Modes:
 
     * ``card``: primary advances the state, reference evaluated on it, JS → TAC.
     * ``uc``: primary only (no reference, no TAC).
@@ -136,32 +141,40 @@ def run_trajectory(
         reference = primary
     if mode in ("card", "logit-mix") and reference is None:
         raise ValueError(f"mode {mode!r} needs a reference denoiser")
+    with arrays.no_grad(image):
+        return _run(primary, image, steps, num_classes, reference, mode, schedule, tac_steps, keep_steps, on_step,
+                    overlap)
 
+
+def _run(primary: Callable, image: Any, steps: Sequence[int], num_classes: int, reference: Optional[Callable],
+         mode: str, schedule: CategoricalSchedule, tac_steps: Optional[Iterable[int]], keep_steps: bool,
+         on_step: Optional[Callable[[int], None]], overlap: bool) -> TrajectoryResult:
+    """:func:`run_trajectory`'s loop, its arguments checked."""
     b, _, h, w = image.shape
-    state = uniform_state((b, h, w), num_classes, dtype=image.dtype, device=image.device)
+    state = uniform_state((b, h, w), num_classes, like=image)
     tac = TACAccumulator(tac_steps, keep=keep_steps)
-    result = TrajectoryResult(logits=torch.empty(0))
-    ref_logits = None
+    result = TrajectoryResult(logits=None)
+    logits = ref_logits = None
     beside = ThreadPoolExecutor(1, thread_name_prefix="cardseg-reference") if overlap and mode == "card" else None
     try:
         for t in steps:
-            t_batch = torch.full((b,), t, dtype=torch.long, device=image.device)
+            t_batch = arrays.full((b,), t, image, dtype="int64")
             if keep_steps:
-                result.per_step_states[t] = state.clone()
+                result.per_step_states[t] = arrays.copy(state)
             pending = beside.submit(_without_grad, reference, image, state, t_batch) if beside is not None else None
             logits = primary(image, state, t_batch)
             if mode != "uc" and pending is None:
                 ref_logits = logits if reference is primary else reference(image, state, t_batch)
             if mode == "logit-mix":
                 logits = 0.5 * (logits + ref_logits)
-            p_hat = logits.softmax(dim=1)
+            p_hat = arrays.softmax(logits, axis=1)
             if t != steps[-1]:
                 # contiguous: both networks read it, and an ONNX session then takes it without a copy
-                state = schedule.reverse_step(p_hat, t).contiguous()
+                state = arrays.contiguous(schedule.reverse_step(p_hat, t))
             if pending is not None:
                 ref_logits = pending.result()
             if mode in ("card", "no-contrast"):
-                tac.add(t, js_divergence(p_hat, ref_logits.softmax(dim=1)))
+                tac.add(t, js_divergence(p_hat, arrays.softmax(ref_logits, axis=1)))
             if on_step is not None:
                 on_step(t)
     finally:

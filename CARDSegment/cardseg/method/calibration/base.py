@@ -13,24 +13,38 @@ logits' grid: ``image`` ``(B, *S)`` (the normalised network input, after any per
 photometric augmentations of the input, CalibNet). A ``spatial`` calibrator (a convolutional
 network) needs ``S = (H, W)``, whole slices or crops of them, not a list of pixels. Every
 calibrator accepts (and ignores) inputs it does not need.
+
+CARD, UC and TS (and :func:`temperature_scale`) take torch tensors or numpy arrays alike
+(:mod:`cardseg.method.arrays`), so the ONNX Runtime path calibrates without importing torch; the
+other calibrators are torch modules. Each lives in its own module, imported when a bundle or a
+caller first names its method (:func:`calibrator_class`), so that naming CARD imports no torch.
 """
 
 from __future__ import annotations
 
-from typing import ClassVar, Dict, Optional, Tuple, Type
+import importlib
+from typing import TYPE_CHECKING, Any, ClassVar, Dict, Optional, Tuple, Type
 
-import torch
+from cardseg.method import arrays
+
+if TYPE_CHECKING:
+    import torch
+
+#: the module of :mod:`cardseg.method.calibration` that defines each method
+MODULES = {"card": "card", "uc": "simple", "ts": "simple", "ets": "ets", "hts": "hts", "lts": "lts", "pts": "pts",
+           "calibnet": "calibnet"}
 
 
-def temperature_scale(logits: torch.Tensor, temperature: torch.Tensor | float) -> torch.Tensor:
+def temperature_scale(logits: Any, temperature: Any) -> Any:
     """Paper Eq. 2: ``q(v) = Softmax(z(v) / τ(v))``, returned as log-probabilities.
 
     logits: ``(B, K, *S)``; temperature: a positive scalar or a ``(B, *S)`` field (one τ per
-    pixel shared by all K logits, so the argmax never changes) → ``(B, K, *S)``.
+    pixel shared by all K logits, so the argmax never changes) → ``(B, K, *S)``; tensors or
+    numpy arrays, the result of the logits' kind.
     """
-    if torch.is_tensor(temperature) and temperature.dim() > 0:
-        temperature = temperature.unsqueeze(1)
-    return torch.log_softmax(logits / temperature, dim=1)
+    if arrays.ndim(temperature) > 0:
+        temperature = arrays.expand_dims(temperature, 1)
+    return arrays.log_softmax(logits / temperature, axis=1)
 
 
 class Calibrator:
@@ -52,7 +66,7 @@ class Calibrator:
 
     def probabilities(self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None,
                       **inputs: torch.Tensor) -> torch.Tensor:
-        return self.log_probs(logits, tac, **inputs).exp()
+        return arrays.exp(self.log_probs(logits, tac, **inputs))
 
     def require_inputs(self, inputs: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         """The inputs this calibrator needs, or a ``ValueError`` naming the missing ones."""
@@ -94,17 +108,31 @@ def method_label(name: str, on_primary: bool = True) -> str:
     """How a report names method ``name``: its :attr:`Calibrator.label`, prefixed ``Primary+``
     when it calibrates the diffusion primary (the paper's backbone-matched controls; UC becomes
     ``Primary (UC)``), bare when it calibrates a plain segmentor. CARD is always ``CARD``."""
-    cls = REGISTRY.get(name)
+    cls = load_all().get(name)
     label = cls.label if cls is not None and cls.label else name
     if name == "card" or not on_primary:
         return label
     return "Primary (UC)" if name == "uc" else f"Primary+{label}"
 
 
+def load_all() -> Dict[str, Type[Calibrator]]:
+    """:data:`REGISTRY` with every method's module imported (torch among them)."""
+    for module in sorted(set(MODULES.values())):
+        importlib.import_module(f"{__package__}.{module}")
+    return REGISTRY
+
+
+def calibrator_class(name: str) -> Type[Calibrator]:
+    """The class of method ``name``, its module imported now if need be; ``ValueError`` if unknown."""
+    if name not in REGISTRY and name in MODULES:
+        importlib.import_module(f"{__package__}.{MODULES[name]}")
+    if name not in REGISTRY:
+        raise ValueError(f"unknown calibration method {name!r} (choose from {', '.join(sorted(MODULES))})")
+    return REGISTRY[name]
+
+
 def calibrator_from_dict(d: dict) -> Calibrator:
     """Rebuild a calibrator from ``{"method": name, **params}``."""
     d = dict(d)
     name = d.pop("method")
-    if name not in REGISTRY:
-        raise ValueError(f"unknown calibration method {name!r} (choose from {', '.join(sorted(REGISTRY))})")
-    return REGISTRY[name].from_params(d)
+    return calibrator_class(name).from_params(d)

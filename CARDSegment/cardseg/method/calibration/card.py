@@ -2,26 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
-import torch
-
+from cardseg.method import arrays
 from cardseg.method.calibration.base import Calibrator, register, temperature_scale
 
 
-def temperature_field(tac: torch.Tensor, tau_min: float, tau_max: float, w_b: float, w_k: float) -> torch.Tensor:
+def temperature_field(tac: Any, tau_min: float, tau_max: float, w_b: float, w_k: float) -> Any:
     """Paper Eq. 7: ``τ(v) = τ_min + σ((d̄(v) - w_b) / w_k) · (τ_max - τ_min)``.
 
-    tac: TAC map ``d̄`` of any shape, e.g. ``(B, H, W)`` → ``τ`` of the same shape, within
+    tac: TAC map ``d̄`` of any shape, e.g. ``(B, H, W)``, a tensor or a numpy array → ``τ`` of the same shape and kind, within
     ``[τ_min, τ_max]`` and monotonically increasing in ``d̄``. Requires ``1 ≤ τ_min ≤ τ_max``
     and ``w_k > 0``.
     """
-    return tau_min + torch.sigmoid((tac - w_b) / w_k) * (tau_max - tau_min)
+    return tau_min + arrays.sigmoid((tac - w_b) / w_k) * (tau_max - tau_min)
 
 
 @register
 class CARD(Calibrator):
-    """Trajectory-aware pixel-wise temperature scaling (paper Sec. IV-B)."""
+    """Trajectory-aware pixel-wise temperature scaling (paper Sec. IV-B); tensors or numpy arrays."""
 
     name = "card"
     label = "CARD"
@@ -34,14 +33,14 @@ class CARD(Calibrator):
             raise ValueError(f"CARD needs w_b >= 0 and w_k > 0, got w_b={w_b}, w_k={w_k}")
         self.tau_min, self.tau_max, self.w_b, self.w_k = float(tau_min), float(tau_max), float(w_b), float(w_k)
 
-    def temperature(self, tac: torch.Tensor) -> torch.Tensor:
+    def temperature(self, tac: Any) -> Any:
         return temperature_field(tac, self.tau_min, self.tau_max, self.w_b, self.w_k)
 
-    def log_probs(self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None,
-                  **inputs: torch.Tensor) -> torch.Tensor:
+    def log_probs(self, logits: Any, tac: Optional[Any] = None, **inputs: Any) -> Any:
         if tac is None:
             raise ValueError("CARD needs the TAC map of the dual trajectory")
-        return temperature_scale(logits, self.temperature(tac.to(logits.dtype)))
+        return temperature_scale(logits, self.temperature(tac.to(logits.dtype) if arrays.is_tensor(tac)
+                                                          else tac.astype(logits.dtype, copy=False)))
 
     def params(self):
         return {"tau_min": self.tau_min, "tau_max": self.tau_max, "w_b": self.w_b, "w_k": self.w_k}

@@ -2,28 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
-import torch
-
+from cardseg.method import arrays
 from cardseg.method.calibration.base import Calibrator, register, temperature_scale
 
 
 @register
 class Uncalibrated(Calibrator):
-    """UC: the plain softmax of the primary's terminal logits."""
+    """UC: the plain softmax of the primary's terminal logits (tensors or numpy arrays)."""
 
     name = "uc"
     label = "UC"
 
-    def log_probs(self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None,
-                  **inputs: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(logits, dim=1)
+    def log_probs(self, logits: Any, tac: Optional[Any] = None, **inputs: Any) -> Any:
+        return arrays.log_softmax(logits, axis=1)
 
 
 @register
 class TemperatureScaling(Calibrator):
-    """TS: one scalar temperature ``T > 0`` for every pixel, ``Softmax(z / T)``."""
+    """TS: one scalar temperature ``T > 0`` for every pixel, ``Softmax(z / T)`` (tensors or numpy arrays)."""
 
     name = "ts"
     label = "TS"
@@ -33,8 +31,7 @@ class TemperatureScaling(Calibrator):
             raise ValueError(f"temperature must be positive, got {temperature}")
         self.temperature = float(temperature)
 
-    def log_probs(self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None,
-                  **inputs: torch.Tensor) -> torch.Tensor:
+    def log_probs(self, logits: Any, tac: Optional[Any] = None, **inputs: Any) -> Any:
         return temperature_scale(logits, self.temperature)
 
     def params(self):
