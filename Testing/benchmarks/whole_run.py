@@ -16,7 +16,9 @@ Every run is a fresh process, as a user's would be. For ``--method uc`` and ``--
   (``run_trajectory``), post-processing (calibration, softmax), agreement and flagged regions,
   and writing; "python start/exit" is the subprocess's wall clock less what the process timed
   (it ends with ``os._exit`` as the plain run does). Imports made on other threads (the ONNX
-  sessions opened while torch is imported) are not counted: they run beside the main thread.
+  sessions opened while the input is read) are not counted: they run beside the main thread;
+  "waiting for the ONNX sessions" is the main thread's wait for them. A run whose ONNX models are
+  cached imports no torch (its "import torch" row is 0); "rest" is what no row names.
 
 then ``cardseg batch`` over ``--cases`` copies of the volume (one process; as it is, with triage.html,
 and again with ``--no-report``) against a loop of as many ``cardseg segment`` processes
@@ -117,11 +119,12 @@ def _child(out_json: str, argv: list) -> int:
     wrap(cardseg.io.outdir, "check_output", "checks (options, OUTDIR, bundle)")
     wrap(cardseg.bundle.folder, "check_bundle", "checks (options, OUTDIR, bundle)")
     wrap(cardseg.io.volume, "read_volume", "read + input checks")
-    # these two import torch: wrapped when the run itself imports them, so that torch is imported
-    # when and where the plain run imports it (the ONNX sessions open on a thread meanwhile)
+    # wrapped when the run itself imports them, so that every module (torch, when a run imports
+    # it) is imported when and where the plain run imports it (the ONNX sessions open on a thread meanwhile)
     late.update({"cardseg.bundle.loading": [("load_bundle", "bundle load")],
+                 "cardseg.bundle.onnx_backend": [("all_found", "waiting for the ONNX sessions")],
                  "cardseg.segment": [("run_trajectory", "networks (run_trajectory)"),
-                                     ("slices_to_network", "resampling to/from the network grid"),
+                                     ("resample_to_network", "resampling to/from the network grid"),
                                      ("network_to_slices", "resampling to/from the network grid"),
                                      ("build_report", "agreement + flagged regions (report)"),
                                      ("write_outputs", "writing")]})
@@ -168,7 +171,8 @@ def _best(xs):
 
 STAGES_FROM_REPORT = ("preprocess", "postprocess")
 ROW_ORDER = ["python start/exit", "import torch", "import MONAI", "import onnxruntime", OTHER_IMPORTS,
-             "checks (options, OUTDIR, bundle)", "read + input checks", "bundle load", "normalise (preprocess)",
+             "checks (options, OUTDIR, bundle)", "read + input checks", "waiting for the ONNX sessions", "bundle load",
+             "normalise (preprocess)",
              "resampling to/from the network grid", "networks (run_trajectory)", "trajectory: rest",
              "postprocess (calibration, softmax)", "agreement + flagged regions (report)", "writing", "rest"]
 
@@ -180,7 +184,7 @@ def breakdown(wall: float, child: dict, report: dict) -> dict:
     rows = {"python start/exit": wall - child["child_s"]}
     for g in ("import torch", "import MONAI", "import onnxruntime", OTHER_IMPORTS):
         rows[g] = child["imports"].get(g, 0.0)
-    for k in ("checks (options, OUTDIR, bundle)", "read + input checks", "bundle load",
+    for k in ("checks (options, OUTDIR, bundle)", "read + input checks", "waiting for the ONNX sessions", "bundle load",
               "resampling to/from the network grid", "networks (run_trajectory)",
               "agreement + flagged regions (report)", "writing"):
         rows[k] = ph.get(k, 0.0)

@@ -1,0 +1,216 @@
+"""A ``cardseg segment`` run whose ONNX models are cached never imports torch (issue 25): the
+method's equations take numpy arrays and torch tensors alike (:mod:`cardseg.method.arrays`) and
+give the same results for both, and the torch-free run gives what the torch-tensor path gives."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import SimpleITK as sitk
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cardseg.method import arrays
+from cardseg.method.calibration import CARD, TemperatureScaling, Uncalibrated, temperature_field, temperature_scale
+from cardseg.method.diffusion import CategoricalSchedule, one_hot
+from cardseg.method.trajectory import TACAccumulator, js_divergence, run_trajectory
+
+HAVE_ONNX = importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
+needs_onnx = pytest.mark.skipif(not HAVE_ONNX, reason="needs onnxruntime and onnx (the [speed] extra)")
+
+#: runs ``cardseg`` in a child process and reports which heavy packages it imported
+CHILD = ("import sys, json; from cardseg.cli import main; rc = main(sys.argv[1:]); "
+         "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules, 'monai': 'monai' in sys.modules}))")
+OUTPUTS = ("segmentation.nii.gz", "probabilities.nii.gz", "disagreement.nii.gz", "temperature.nii.gz")
+
+
+def _pair(seed: int, shape=(2, 4, 6, 5), scale: float = 5.0, dtype=np.float32):
+    """The same random logits as a numpy array and as a tensor."""
+    a = (scale * np.random.default_rng(seed).standard_normal(shape)).astype(dtype)
+    return a, torch.from_numpy(a.copy())
+
+
+def _close(numpy_result, tensor_result, atol: float = 1e-6) -> None:
+    assert isinstance(numpy_result, np.ndarray) and torch.is_tensor(tensor_result)
+    assert numpy_result.dtype == tensor_result.numpy().dtype
+    np.testing.assert_allclose(numpy_result, tensor_result.numpy(), rtol=1e-5, atol=atol)
+
+
+# --- the array-generic functions: numpy in, numpy out, same values as torch -----------------------
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 100_000), st.integers(0, 100_000), st.floats(0.1, 40.0))
+def test_softmax_and_js_give_torchs_values_on_numpy(s1, s2, scale):
+    p_np, p_t = _pair(s1, scale=scale)
+    q_np, q_t = _pair(s2, scale=scale)
+    _close(arrays.softmax(p_np, 1), arrays.softmax(p_t, 1))
+    _close(arrays.log_softmax(p_np, 1), arrays.log_softmax(p_t, 1), atol=1e-5)
+    p_np, p_t, q_np, q_t = (arrays.softmax(x, 1) for x in (p_np, p_t, q_np, q_t))
+    _close(js_divergence(p_np, q_np), js_divergence(p_t, q_t))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 100_000), st.integers(0, 49))
+def test_reverse_step_gives_the_same_state_on_numpy(seed, t):
+    p_np, p_t = _pair(seed, shape=(2, 4, 7, 3))
+    sched = CategoricalSchedule(50)
+    a, b = sched.reverse_step(arrays.softmax(p_np, 1), t), sched.reverse_step(arrays.softmax(p_t, 1), t)
+    assert isinstance(a, np.ndarray) and a.dtype == np.float32
+    assert np.array_equal(a, b.numpy())
+    labels = np.random.default_rng(seed).integers(0, 4, (2, 3, 5))
+    assert np.array_equal(one_hot(labels, 4), one_hot(torch.from_numpy(labels), 4).numpy())
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(0, 100_000), st.floats(1.0, 2.0), st.floats(0.0, 2.0), st.floats(0.0, 0.3), st.floats(0.01, 0.2))
+def test_card_and_uc_give_torchs_values_on_numpy(seed, tau_min, extra, w_b, w_k):
+    z_np, z_t = _pair(seed, shape=(2, 4, 5, 6), scale=10.0)
+    tac_np = np.random.default_rng(seed + 1).uniform(0, np.log(2), (2, 5, 6)).astype(np.float32)
+    tac_t = torch.from_numpy(tac_np.copy())
+    cal = CARD(tau_min, tau_min + extra, w_b, w_k)
+    _close(cal.temperature(tac_np), cal.temperature(tac_t))
+    _close(temperature_field(tac_np, tau_min, tau_min + extra, w_b, w_k), cal.temperature(tac_t))
+    _close(cal.log_probs(z_np, tac_np), cal.log_probs(z_t, tac_t), atol=1e-5)
+    _close(temperature_scale(z_np, cal.temperature(tac_np)), temperature_scale(z_t, cal.temperature(tac_t)), atol=1e-5)
+    _close(Uncalibrated().log_probs(z_np), Uncalibrated().log_probs(z_t), atol=1e-5)
+    _close(TemperatureScaling(1.7).probabilities(z_np), TemperatureScaling(1.7).probabilities(z_t))
+
+
+def test_tac_accumulator_keeps_numpy_and_copies():
+    acc, ref = TACAccumulator(steps=[24, 0], keep=True), TACAccumulator(steps=[24, 0], keep=True)
+    for t, v in zip([49, 37, 24, 12, 0], [0.5, 0.4, 0.3, 0.2, 0.1]):
+        d = np.full((1, 2, 2), v, np.float32)
+        acc.add(t, d)
+        ref.add(t, torch.from_numpy(d.copy()))
+        d += 1.0  # the accumulator holds copies
+    _close(acc.mean(), ref.mean())
+    assert np.allclose(acc.mean(), 0.2) and sorted(acc.per_step) == [0, 12, 24, 37, 49]
+
+
+class NumpyDenoiser:
+    """A fixed function of (image, state, t) written once in numpy, called with either kind."""
+
+    def __init__(self, seed: int, k: int = 4):
+        self.w = np.random.default_rng(seed).normal(0, 3, (k, k + 1)).astype(np.float32)
+
+    def __call__(self, image, state, t):
+        x = np.concatenate([arrays.to_numpy(state), arrays.to_numpy(image)], axis=1)
+        out = np.einsum("kc,bchw->bkhw", self.w, x) + arrays.to_numpy(t).astype(np.float32)[:, None, None, None] / 49
+        return arrays.like(out.astype(np.float32), image)
+
+
+@pytest.mark.parametrize("mode", ["card", "uc", "logit-mix", "no-contrast"])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_run_trajectory_on_numpy_equals_torch(mode, overlap):
+    image = np.random.default_rng(0).random((3, 1, 9, 8)).astype(np.float32)
+    primary, reference = NumpyDenoiser(1), NumpyDenoiser(2)
+    kw = dict(reference=reference, mode=mode, keep_steps=mode == "card", overlap=overlap)
+    a = run_trajectory(primary, image, [49, 37, 24, 12, 0], 4, **kw)
+    b = run_trajectory(primary, torch.from_numpy(image), [49, 37, 24, 12, 0], 4, **kw)
+    _close(a.logits, b.logits)
+    if mode in ("card", "no-contrast"):
+        _close(a.tac, b.tac)
+    else:
+        assert a.tac is None and b.tac is None
+    for t in a.per_step_states:
+        assert np.array_equal(a.per_step_states[t], b.per_step_states[t].numpy())
+
+
+# --- the whole run -----------------------------------------------------------------------------
+@pytest.fixture()
+def cache(tmp_path, monkeypatch) -> Path:
+    path = tmp_path / "cache"
+    monkeypatch.setenv("CARDSEG_CACHE_DIR", str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def volume_file(tmp_path_factory, synthetic_volume) -> Path:
+    vol, _ = synthetic_volume
+    path = tmp_path_factory.mktemp("vol") / "phantom.nii.gz"
+    sitk.WriteImage(vol.to_image(), str(path))
+    return path
+
+
+def _child(args) -> dict:
+    p = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ))
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _array(folder: Path, name: str) -> np.ndarray:
+    return sitk.GetArrayFromImage(sitk.ReadImage(str(folder / name)))
+
+
+@needs_onnx
+def test_cached_onnx_run_imports_no_torch_and_equals_the_tensor_path(tiny_bundle, volume_file, cache, tmp_path):
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.io.volume import read_volume
+    from cardseg.segment import segment_volume
+
+    common = [str(volume_file), "--bundle", str(tiny_bundle), "--device", "cpu", "--threads", "2", "--quiet"]
+    first = _child(["segment", *common, "-o", str(tmp_path / "first")])
+    assert first == {"rc": 0, "torch": True, "monai": True}  # the first run exports the models
+    for method in ("card", "uc"):
+        for backend in ("auto", "onnx"):
+            out = tmp_path / f"{method}-{backend}"
+            got = _child(["segment", *common, "--method", method, "--backend", backend, "-o", str(out)])
+            assert got == {"rc": 0, "torch": False, "monai": False}, (method, backend)
+            assert json.loads((out / "report.json").read_text())["backend"] == "onnx"
+    torch_backend = _child(["segment", *common, "--backend", "torch", "-o", str(tmp_path / "torch")])
+    assert torch_backend["torch"] is True
+
+    # the same ONNX sessions fed torch tensors: the path every run took before (torch imported)
+    bundle = load_bundle(tiny_bundle, backend="onnx", threads=2)
+    assert bundle.takes_numpy
+    tensors = dataclasses.replace(bundle, backend="torch")
+    volume = read_volume(volume_file)
+    for method in ("card", "uc"):
+        result = segment_volume(volume, tensors, method=method)
+        folder = tmp_path / f"{method}-auto"
+        assert np.array_equal(_array(folder, "segmentation.nii.gz"), result.labels)
+        np.testing.assert_allclose(_array(folder, "probabilities.nii.gz"), result.probabilities, atol=1e-5)
+        if method == "card":
+            np.testing.assert_allclose(_array(folder, "disagreement.nii.gz"), result.disagreement, atol=1e-5)
+            np.testing.assert_allclose(_array(folder, "temperature.nii.gz"), result.temperature, atol=1e-5)
+        numpy_result = segment_volume(volume, bundle, method=method)
+        assert np.array_equal(numpy_result.labels, result.labels)
+        np.testing.assert_allclose(numpy_result.probabilities, result.probabilities, atol=1e-5)
+        np.testing.assert_allclose(numpy_result.logits, result.logits, atol=1e-5)
+
+
+@needs_onnx
+def test_a_cache_miss_takes_the_torch_path_as_before(tiny_bundle, volume_file, cache, tmp_path):
+    common = [str(volume_file), "--bundle", str(tiny_bundle), "--device", "cpu", "--quiet"]
+    assert _child(["segment", *common, "-o", str(tmp_path / "a")])["torch"] is True
+    for model in (cache / "models").glob("reference-*.onnx"):
+        model.write_bytes(model.read_bytes()[:-10])  # damaged: made again, with torch
+    again = _child(["segment", *common, "-o", str(tmp_path / "b")])
+    assert again == {"rc": 0, "torch": True, "monai": True}
+    assert _child(["segment", *common, "-o", str(tmp_path / "c")]) == {"rc": 0, "torch": False, "monai": False}
+    for name in OUTPUTS:
+        np.testing.assert_allclose(_array(tmp_path / "b", name), _array(tmp_path / "c", name), atol=1e-5, err_msg=name)
+
+
+def test_surely_cpu_asks_the_installed_torch_build(tmp_path, monkeypatch):
+    from cardseg import segment
+
+    assert segment.surely_cpu("cpu") and not segment.surely_cpu("cuda") and not segment.surely_cpu("cuda:1")
+    lib = tmp_path / "torch" / "lib"
+    lib.mkdir(parents=True)
+    (lib / "libtorch_cpu.so").write_bytes(b"")
+    spec = importlib.util.spec_from_loader("torch", loader=None, is_package=True)
+    spec.submodule_search_locations = [str(tmp_path / "torch")]
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec if name == "torch" else None)
+    assert segment.surely_cpu("auto")
+    (lib / "libtorch_cuda.so").write_bytes(b"")
+    assert not segment.surely_cpu("auto")
