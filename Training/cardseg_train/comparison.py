@@ -243,7 +243,10 @@ def plot_block_nll(cmp: dict, path: Path) -> Path:
                         capsize=3, linewidth=1)
     ax.set_xticks(x, [r["label"] for r in rows], rotation=30, ha="right")
     ax.set_ylabel("block NLL (clean + artifacts)")
-    ax.legend(title="segmentor", fontsize=8)
+    # above the bars (headroom added), so that the legend never hides a bar or its interval
+    top = max(max(intervals[r["label"]][1] if r["label"] in intervals else r["block_nll"] for r in rows), 1e-6)
+    ax.set_ylim(0.0, top * 1.35)
+    ax.legend(title="segmentor", fontsize=8, loc="upper center", ncol=3)
     ax.set_title("Calibration under ACDC-C artifacts: block NLL per method")
     fig.tight_layout()
     path = Path(path)
