@@ -245,8 +245,11 @@ def cmd_segment(a) -> int:
     if lookup is not None and surely_cpu(a.device) and all_found(lookup):
         device = "cpu"
     else:
-        import torch
-
+        try:
+            import torch
+        except ImportError:
+            raise CardsegError("torch is not installed; it is needed to prepare a bundle's networks (the first run "
+                               "with a bundle), for --backend torch and for a GPU: install torch") from None
         torch.set_num_threads(threads)
         device = resolve_device(a.device)
     progress = make_progress(a.progress, a.quiet)

@@ -3,7 +3,7 @@
 With ONNX Runtime networks (:attr:`~cardseg.bundle.loading.Bundle.takes_numpy`) every step runs on
 numpy arrays and torch is never imported; with torch networks (CPU or GPU) the trajectory and the
 calibration run on torch tensors. The equations are the same functions either way
-(:mod:`cardseg.method.arrays`), and so is the resampling (:mod:`cardseg.io.preprocess`, numpy).
+(:mod:`cardseg.base.arrays`), and so is the resampling (:mod:`cardseg.io.preprocess`, numpy).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional
 import numpy as np
 
 from cardseg import __version__
+from cardseg.base import arrays
 from cardseg.base.errors import CardsegError
 from cardseg.base.progress import Progress
 from cardseg.bundle.loading import Bundle
@@ -26,7 +27,6 @@ from cardseg.io.preprocess import (SliceGrid, network_to_slices, normalize_slice
                                   slices_to_network)
 from cardseg.io.volume import Volume
 from cardseg.io.written import IncompleteWrite, verify_seg_nrrd, write_image, write_text
-from cardseg.method import arrays
 from cardseg.method.calibration import CARD, Uncalibrated, temperature_scale
 from cardseg.method.trajectory import run_trajectory
 from cardseg.metrics.segmentation import agreement_report
@@ -82,7 +82,9 @@ def surely_cpu(device: str) -> bool:
     import importlib.util
 
     spec = importlib.util.find_spec("torch")
-    if spec is None or not spec.submodule_search_locations:
+    if spec is None:
+        return True  # no torch at all: "auto" can only mean the CPU
+    if not spec.submodule_search_locations:
         return False
     lib = Path(next(iter(spec.submodule_search_locations))) / "lib"
     return lib.is_dir() and not any(next(lib.glob(pattern), None) for pattern in GPU_LIBRARIES)
@@ -166,7 +168,7 @@ def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle
     js_out: Dict[int, list] = {t: [] for t in steps} if keep_step_js else {}
 
     def back(maps) -> np.ndarray:  # (B, C, N, N) on the network grid -> (B, C, Y, X) numpy
-        return network_to_slices(arrays.to_numpy(maps), grid)
+        return arrays.to_numpy(network_to_slices(maps, grid))  # a GPU tensor is resampled on the GPU
 
     for b in range(nb):
         xb = x[b * batch_size:(b + 1) * batch_size]

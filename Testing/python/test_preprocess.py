@@ -3,9 +3,10 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import ndimage
 
-from cardseg.io.preprocess import (SliceGrid, network_to_slices, normalize_slice, resample_to_network,
-                                   slices_to_network)
+from cardseg.io.preprocess import (SliceGrid, interpolation_matrix, network_to_slices, normalize_slice,
+                                   resample_to_network, slices_to_network)
 
 
 def test_normalize_slice_range_and_constant():
@@ -77,20 +78,52 @@ def test_resampling_is_grid_samples_bilinear_with_zeros_in_and_border_out(ny, nx
     slices = rng.random((2, ny, nx)).astype(np.float32)
     to_net, to_slice = _grid_sample_grids(grid)
     sigma = grid.antialias_sigma()
-    blurred = resample_to_network(slices, SliceGrid((ny, nx), (sx, sy), s, n))
-    from scipy import ndimage
-
+    blurred = resample_to_network(slices, grid)
     smooth = np.stack([ndimage.gaussian_filter(a, sigma=sigma, mode="nearest") for a in slices]) if max(sigma) else slices
-    expect = F.grid_sample(torch.from_numpy(smooth).double()[:, None], to_net.expand(2, -1, -1, -1), mode="bilinear",
-                           padding_mode="zeros", align_corners=True).numpy()
-    assert np.abs(blurred - expect).max() < 1e-5
+    # the float32 grids of the torch implementation this module replaced: equal to float32 rounding
+    expect = F.grid_sample(torch.from_numpy(smooth.astype(np.float32))[:, None], to_net.float().expand(2, -1, -1, -1),
+                           mode="bilinear", padding_mode="zeros", align_corners=True).numpy()
+    assert np.abs(blurred - expect).max() < 1e-6
     maps = rng.normal(0, 10, (2, 3, n, n)).astype(np.float32)
-    expect = F.grid_sample(torch.from_numpy(maps).double(), to_slice.expand(2, -1, -1, -1), mode="bilinear",
+    expect = F.grid_sample(torch.from_numpy(maps), to_slice.float().expand(2, -1, -1, -1), mode="bilinear",
                            padding_mode="border", align_corners=True).numpy()
-    assert np.abs(network_to_slices(maps, grid) - expect).max() < 1e-4
+    assert np.abs(network_to_slices(maps, grid) - expect).max() < 2e-5
 
 
 def test_slices_to_network_is_the_numpy_resampling_as_a_tensor():
     grid = SliceGrid((40, 30), (1.1, 0.9), 1.3, 32)
     slices = np.random.default_rng(3).random((2, 40, 30)).astype(np.float32)
     assert torch.equal(slices_to_network(slices, grid), torch.from_numpy(resample_to_network(slices, grid)))
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(8, 90), st.integers(8, 90), st.floats(0.5, 2.5), st.floats(0.5, 2.5), st.floats(0.8, 2.0),
+       st.integers(8, 64), st.integers(0, 1000))
+def test_label_resampling_is_grid_samples_nearest_to_the_voxel(ny, nx, sx, sy, s, n, seed):
+    """Labels go onto the network grid exactly as torch's nearest grid_sample put them (float32
+    positions, ties rounded half to even): the labels the shipped models were trained on."""
+    grid = SliceGrid((ny, nx), (sx, sy), s, n)
+    labels = np.random.default_rng(seed).integers(0, 4, (2, ny, nx)).astype(np.float32)
+    to_net, _ = _grid_sample_grids(grid)
+    expect = F.grid_sample(torch.from_numpy(labels)[:, None], to_net.float().expand(2, -1, -1, -1), mode="nearest",
+                           padding_mode="zeros", align_corners=True).numpy()
+    assert np.array_equal(resample_to_network(labels, grid, mode="nearest"), expect)
+
+
+def test_a_whole_number_grid_rounds_ties_half_to_even():
+    """Eight pixels read at 0.5, 1.5, ...: nearest takes the even neighbour, as grid_sample does."""
+    grid = SliceGrid((1, 8), (1.0, 1.0), 1.0, 8)
+    line = np.arange(8, dtype=np.float32)[None, None]
+    w = interpolation_matrix(np.arange(8, dtype=np.float32) + 0.5, 8, nearest=True)
+    assert (w @ line[0, 0]).tolist() == [0.0, 2.0, 2.0, 4.0, 4.0, 6.0, 6.0, 0.0]
+    assert resample_to_network(line, grid, mode="nearest")[0, 0, 0].tolist() == list(range(8))
+
+
+def test_back_resampling_keeps_a_tensor_a_tensor_of_float32():
+    grid = SliceGrid((40, 30), (1.1, 0.9), 1.3, 32)
+    maps = np.random.default_rng(4).normal(0, 5, (2, 3, 32, 32)).astype(np.float32)
+    as_numpy = network_to_slices(maps, grid)
+    as_tensor = network_to_slices(torch.from_numpy(maps).double(), grid)
+    assert isinstance(as_tensor, torch.Tensor) and as_tensor.dtype == torch.float32
+    assert isinstance(as_numpy, np.ndarray) and as_numpy.dtype == np.float32
+    assert np.array_equal(as_tensor.numpy(), as_numpy)

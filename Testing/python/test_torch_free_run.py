@@ -1,5 +1,5 @@
 """A ``cardseg segment`` run whose ONNX models are cached never imports torch (issue 25): the
-method's equations take numpy arrays and torch tensors alike (:mod:`cardseg.method.arrays`) and
+method's equations take numpy arrays and torch tensors alike (:mod:`cardseg.base.arrays`) and
 give the same results for both, and the torch-free run gives what the torch-tensor path gives."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cardseg.method import arrays
+from cardseg.base import arrays
 from cardseg.method.calibration import CARD, TemperatureScaling, Uncalibrated, temperature_field, temperature_scale
 from cardseg.method.diffusion import CategoricalSchedule, one_hot
 from cardseg.method.trajectory import TACAccumulator, js_divergence, run_trajectory
@@ -122,6 +122,12 @@ def test_run_trajectory_on_numpy_equals_torch(mode, overlap):
         assert a.tac is None and b.tac is None
     for t in a.per_step_states:
         assert np.array_equal(a.per_step_states[t], b.per_step_states[t].numpy())
+    if mode == "card":
+        assert sorted(a.per_step_js) == [0, 12, 24, 37, 49]
+        for t in a.per_step_js:
+            _close(a.per_step_js[t], b.per_step_js[t])
+    if mode != "uc":
+        _close(a.reference_logits, b.reference_logits)
 
 
 # --- the whole run -----------------------------------------------------------------------------
@@ -214,3 +220,25 @@ def test_surely_cpu_asks_the_installed_torch_build(tmp_path, monkeypatch):
     assert segment.surely_cpu("auto")
     (lib / "libtorch_cuda.so").write_bytes(b"")
     assert not segment.surely_cpu("auto")
+
+
+@needs_onnx
+def test_without_torch_a_cached_run_works_and_a_first_run_says_what_is_missing(tiny_bundle, volume_file, cache,
+                                                                               tmp_path):
+    """torch not installed (blocked in the child): ``--device auto`` with the models cached runs on
+    the CPU; a first run, which must prepare the models, is one error line, exit 2, nothing written."""
+    blocked = "import sys; sys.modules['torch'] = None; " + CHILD.replace("'torch' in sys.modules",
+                                                                          "sys.modules.get('torch') is not None")
+    args = [str(volume_file), "--bundle", str(tiny_bundle), "--quiet"]
+    p = subprocess.run([sys.executable, "-c", blocked, "segment", *args, "-o", str(tmp_path / "first")],
+                       capture_output=True, text=True, timeout=600)
+    assert json.loads(p.stdout.strip().splitlines()[-1])["rc"] == 2
+    assert p.stderr.strip().startswith("cardseg: error: torch is not installed") and len(p.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "first").exists()
+    assert _child(["segment", *args, "--device", "cpu", "-o", str(tmp_path / "prepare")])["rc"] == 0
+    p = subprocess.run([sys.executable, "-c", blocked, "segment", *args, "-o", str(tmp_path / "cached")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == {"rc": 0, "torch": False, "monai": False}
+    assert np.array_equal(_array(tmp_path / "prepare", "segmentation.nii.gz"),
+                          _array(tmp_path / "cached", "segmentation.nii.gz"))

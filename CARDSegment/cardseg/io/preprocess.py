@@ -4,21 +4,26 @@ Training and inference share these functions, so the network always sees slices 
 way: intensities scaled per slice, then resampled to the bundle's pixel spacing on an
 ``N x N`` grid centred on the slice (which crops or pads as needed).
 
-The grid is axis-aligned, so each resampling is one :func:`scipy.ndimage.affine_transform` per
-map with a diagonal matrix, linear (``order=1``; nearest, ``order=0``, for label maps): onto the
-network grid with zeros outside the slice (``mode="grid-constant"``), back onto the slice with the
-network grid's border values repeated (``mode="nearest"``). That is what torch's ``grid_sample``
-with ``align_corners=True`` and zeros or border padding computes; here it needs no torch, so the
-ONNX Runtime path of ``cardseg segment`` never imports it, and every backend resamples alike.
+The grid is axis-aligned, so a resampling is separable: one interpolation matrix per axis,
+``out = W_y @ map @ W_x.T`` (:func:`interpolation_matrix`), linear (nearest for label maps), onto
+the network grid with zeros outside the slice, back onto the slice with the network grid's border
+values repeated. The sample positions and the rounding are those of torch's ``grid_sample`` with
+``align_corners=True`` and zeros or border padding (float32 positions, nearest rounds half to
+even), which this module replaced: the same labels, and the same linear maps to float32 rounding.
+The matrices are numpy arrays; applied to a torch tensor they move to its device, so a GPU run
+resamples on the GPU and the ONNX Runtime path of ``cardseg segment`` never imports torch.
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy import ndimage
+
+from cardseg.base import arrays
 
 if TYPE_CHECKING:
     import torch
@@ -62,16 +67,19 @@ class SliceGrid:
         return ny, nx, sx, sy, float(self.target_spacing), int(self.size)
 
     def to_network_grid(self) -> tuple:
-        """Where network pixel ``(r, c)`` lies in the slice, in slice pixels: ``(scale, offset)``,
-        each ``(y, x)``, so that its row is ``offset[0] + r * scale[0]`` (the centres coincide)."""
+        """Where each network pixel lies in the slice, in slice pixels: ``(rows (N,), cols (N,))``
+        float32 (the centres coincide), as ``grid_sample`` computed them from its normalised grid."""
         ny, nx, sx, sy, s, n = self._scale()
-        return (s / sy, s / sx), ((ny - 1) / 2 - (n - 1) / 2 * s / sy, (nx - 1) / 2 - (n - 1) / 2 * s / sx)
+        a = np.arange(n, dtype=np.float64) - (n - 1) / 2
+        return (_unnormalise(a * s / sy * 2 / max(ny - 1, 1), ny), _unnormalise(a * s / sx * 2 / max(nx - 1, 1), nx))
 
     def from_network_grid(self) -> tuple:
-        """Where slice pixel ``(y, x)`` lies in the network grid, in network pixels:
-        ``(scale, offset)``, each ``(y, x)``, the inverse of :meth:`to_network_grid`."""
+        """Where each slice pixel lies in the network grid, in network pixels:
+        ``(rows (ny,), cols (nx,))`` float32, the inverse of :meth:`to_network_grid`."""
         ny, nx, sx, sy, s, n = self._scale()
-        return (sy / s, sx / s), ((n - 1) / 2 - (ny - 1) / 2 * sy / s, (n - 1) / 2 - (nx - 1) / 2 * sx / s)
+        ax = (n - 1) / 2 + (np.arange(nx, dtype=np.float64) - (nx - 1) / 2) * sx / s
+        ay = (n - 1) / 2 + (np.arange(ny, dtype=np.float64) - (ny - 1) / 2) * sy / s
+        return _unnormalise(ay * 2 / (n - 1) - 1, n), _unnormalise(ax * 2 / (n - 1) - 1, n)
 
     def field_of_view(self) -> np.ndarray:
         """Bool ``(ny, nx)``: slice pixels whose centre falls inside the network grid."""
@@ -88,16 +96,40 @@ class SliceGrid:
         return (max(0.0, s / sy - 1.0) * 0.5, max(0.0, s / sx - 1.0) * 0.5)
 
 
-def _resample(maps: np.ndarray, placement: tuple, shape: tuple, order: int, mode: str) -> np.ndarray:
-    """Each ``(H, W)`` map of ``maps`` ``(..., H, W)`` sampled at ``offset + index * scale``
-    (``placement`` = ``(scale, offset)``, each ``(y, x)``) → float32 ``(..., *shape)``."""
-    scale, offset = placement
-    flat = maps.reshape((-1,) + maps.shape[-2:])
-    out = np.empty((flat.shape[0],) + tuple(shape), np.float32)
-    for src, dst in zip(flat, out):
-        ndimage.affine_transform(src, np.asarray(scale), offset=offset, output_shape=tuple(shape), output=dst,
-                                 order=order, mode=mode, cval=0.0, prefilter=False)
-    return out.reshape(maps.shape[:-2] + tuple(shape))
+def _unnormalise(normalised: np.ndarray, size: int) -> np.ndarray:
+    """``grid_sample``'s pixel position of a normalised coordinate in ``[-1, 1]`` (align_corners):
+    ``(g + 1) * (size - 1) / 2``, in float32 as it computes it."""
+    return (normalised.astype(np.float32) + np.float32(1.0)) * np.float32((size - 1) / 2)
+
+
+def interpolation_matrix(positions: np.ndarray, size: int, nearest: bool = False, border: bool = False) -> np.ndarray:
+    """The ``(len(positions), size)`` float32 matrix that samples a line of ``size`` pixels at
+    ``positions`` (in pixels): linear (two taps, weights summing to 1) or nearest (one tap,
+    rounding half to even). Taps outside ``0 .. size - 1`` count as zeros, unless ``border``, which
+    first clamps the positions into the line (its end values repeated)."""
+    pos = np.asarray(positions, dtype=np.float32)
+    if border:
+        pos = np.clip(pos, np.float32(0.0), np.float32(size - 1))
+    rows = np.arange(pos.size)
+    w = np.zeros((pos.size, size), np.float32)
+    if nearest:
+        taps = [(np.rint(pos).astype(np.int64), np.ones_like(pos))]
+    else:
+        lo = np.floor(pos)
+        frac = pos - lo
+        taps = [(lo.astype(np.int64), np.float32(1.0) - frac), (lo.astype(np.int64) + 1, frac)]
+    for idx, weight in taps:
+        ok = (idx >= 0) & (idx < size)
+        w[rows[ok], idx[ok]] += weight[ok]
+    return w
+
+
+def _resample(maps, positions: tuple, sizes: tuple, nearest: bool, border: bool):
+    """``maps`` ``(..., H, W)`` (numpy, or a torch tensor on any device) sampled at ``positions``
+    ``(rows, cols)`` → ``(..., len(rows), len(cols))`` float32 of the same kind and device."""
+    wy = arrays.like(interpolation_matrix(positions[0], sizes[0], nearest, border), maps)
+    wx = arrays.like(interpolation_matrix(positions[1], sizes[1], nearest, border).T.copy(), maps)
+    return wy @ maps @ wx
 
 
 def resample_to_network(slices: np.ndarray, grid: SliceGrid, mode: str = "bilinear") -> np.ndarray:
@@ -112,8 +144,8 @@ def resample_to_network(slices: np.ndarray, grid: SliceGrid, mode: str = "biline
     sigma = grid.antialias_sigma()
     if mode != "nearest" and max(sigma) > 0:
         arr = np.stack([ndimage.gaussian_filter(s, sigma=sigma, mode="nearest") for s in arr])
-    n = int(grid.size)
-    out = _resample(arr, grid.to_network_grid(), (n, n), 0 if mode == "nearest" else 1, "grid-constant")
+    out = _resample(np.ascontiguousarray(arr), grid.to_network_grid(), tuple(grid.slice_shape), mode == "nearest",
+                    border=False)
     return out[:, None]
 
 
@@ -124,11 +156,15 @@ def slices_to_network(slices: np.ndarray, grid: SliceGrid, mode: str = "bilinear
     return torch.from_numpy(resample_to_network(slices, grid, mode))
 
 
-def network_to_slices(maps: np.ndarray, grid: SliceGrid) -> np.ndarray:
-    """Resample network-grid maps ``(B, C, N, N)`` (numpy, or a CPU tensor) back to the slice grid
-    → numpy ``(B, C, ny, nx)`` float32.
+def network_to_slices(maps, grid: SliceGrid):
+    """Resample network-grid maps ``(B, C, N, N)`` back to the slice grid → ``(B, C, ny, nx)``
+    float32, of the maps' kind: numpy in, numpy out; a tensor stays on its device.
 
     Bilinear, clamped at the border; callers overwrite pixels outside :meth:`SliceGrid.field_of_view`.
     """
-    return _resample(np.asarray(maps, dtype=np.float32), grid.from_network_grid(), tuple(grid.slice_shape), 1,
-                     "nearest")
+    n = int(grid.size)
+    if not arrays.is_tensor(maps):
+        maps = np.asarray(maps, dtype=np.float32)
+    elif maps.dtype != sys.modules["torch"].float32:
+        maps = maps.float()
+    return _resample(maps, grid.from_network_grid(), (n, n), nearest=False, border=True)

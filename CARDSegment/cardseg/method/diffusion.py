@@ -5,7 +5,7 @@ Conventions used everywhere in CARDSegment
 * ``K`` classes; a *state* is an array of shape ``(B, K, H, W)`` whose class axis sums to one
   (one-hot for sampled states, the uniform vector ``u = 1/K`` for ``x_T``): a torch tensor in
   training and with the torch backend, a numpy array with ONNX Runtime (the reverse step, Eq. 3,
-  takes either: :mod:`cardseg.method.arrays`; the forward process and the posterior, used in
+  takes either: :mod:`cardseg.base.arrays`; the forward process and the posterior, used in
   training only, take tensors).
 * Step indices are ``t = 0 .. T-1`` (the paper's sampled steps for ``T = 50`` are
   ``[49, 37, 24, 12, 0]``). The noise level of step ``t`` is ``abar[t]``, the cosine schedule
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Sequence
 
 import numpy as np
 
-from cardseg.method import arrays
+from cardseg.base import arrays
 
 if TYPE_CHECKING:
     import torch
@@ -87,20 +87,21 @@ class CategoricalSchedule:
 
         return torch.from_numpy(cosine_alpha_bar(self.num_steps, self.s))
 
+    def abar_prev_table(self) -> np.ndarray:
+        """``abar[t-1]`` for ``t = 0 .. T-1`` with ``abar[-1] = 1`` (the clean label): numpy float64 ``(T,)``."""
+        return np.concatenate([[1.0], cosine_alpha_bar(self.num_steps, self.s)[:-1]])
+
     def abar_prev_value(self, t: int) -> float:
-        """``abar[t-1]`` of one step index (``abar[-1] = 1``, the clean label), as a float."""
-        return 1.0 if int(t) == 0 else float(cosine_alpha_bar(self.num_steps, self.s)[int(t) - 1])
+        """``abar[t-1]`` of one step index, as a float (:meth:`abar_prev_table`)."""
+        return float(self.abar_prev_table()[int(t)])
 
     def abar(self, t: torch.Tensor) -> torch.Tensor:
         """``abar[t]`` gathered for a batch of step indices ``t`` of shape ``(B,)`` → ``(B,)``."""
         return self.alpha_bar.to(t.device)[t.long()]
 
     def abar_prev(self, t: torch.Tensor) -> torch.Tensor:
-        """``abar[t-1]`` with ``abar[-1] = 1`` (the clean label), shape ``(B,)``."""
-        import torch
-
-        table = torch.cat([torch.ones(1, dtype=torch.float64), self.alpha_bar]).to(t.device)
-        return table[t.long()]
+        """``abar[t-1]`` (:meth:`abar_prev_table`) gathered for step indices ``t`` ``(B,)`` → ``(B,)``."""
+        return arrays.like(self.abar_prev_table(), t)[t.long()]
 
     def alpha(self, t: torch.Tensor) -> torch.Tensor:
         """One-step retention ``alpha_t = abar[t] / abar[t-1]``, shape ``(B,)``."""

@@ -4,7 +4,7 @@ The primary denoiser advances the categorical state along the deterministic reve
 the reference is evaluated on the very same states and never advances them. Their pixel-wise
 Jensen-Shannon divergence (Eq. 5) is averaged over the sampled steps (Eq. 6, TAC).
 
-Everything here takes torch tensors or numpy arrays alike (:mod:`cardseg.method.arrays`): the
+Everything here takes torch tensors or numpy arrays alike (:mod:`cardseg.base.arrays`): the
 networks are called with what the image is, and their logits must be of the same kind (torch
 modules with tensors, ONNX Runtime sessions with either).
 """
@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Optional, Sequence
 
-from cardseg.method import arrays
+from cardseg.base import arrays
 from cardseg.method.diffusion import CategoricalSchedule, uniform_state
 
 JS_EPS = 1e-12

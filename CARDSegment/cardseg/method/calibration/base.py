@@ -15,7 +15,7 @@ network) needs ``S = (H, W)``, whole slices or crops of them, not a list of pixe
 calibrator accepts (and ignores) inputs it does not need.
 
 CARD, UC and TS (and :func:`temperature_scale`) take torch tensors or numpy arrays alike
-(:mod:`cardseg.method.arrays`), so the ONNX Runtime path calibrates without importing torch; the
+(:mod:`cardseg.base.arrays`), so the ONNX Runtime path calibrates without importing torch; the
 other calibrators are torch modules. Each lives in its own module, imported when a bundle or a
 caller first names its method (:func:`calibrator_class`), so that naming CARD imports no torch.
 """
@@ -25,7 +25,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any, ClassVar, Dict, Optional, Tuple, Type
 
-from cardseg.method import arrays
+from cardseg.base import arrays
 
 if TYPE_CHECKING:
     import torch

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from cardseg.method import arrays
+from cardseg.base import arrays
 from cardseg.method.calibration.base import Calibrator, register, temperature_scale
 
 

@@ -37,7 +37,8 @@ def no_grad(like: Any):
 def to_numpy(x: Any) -> np.ndarray:
     """A numpy array on the CPU (a tensor leaves its device and autograd; float32 stays float32)."""
     if is_tensor(x):
-        return x.detach().cpu().numpy()
+        x = x.detach().cpu()
+        return (x.float() if x.dtype == sys.modules["torch"].bfloat16 else x).numpy()  # numpy has no bfloat16
     return np.asarray(x)
 
 
