@@ -84,6 +84,23 @@ def synthetic_volume():
 
 
 @pytest.fixture(scope="session")
+def phantom_file(tmp_path_factory, synthetic_volume) -> Path:
+    """The synthetic volume as a plain NIfTI file (an input of ``cardseg segment``)."""
+    vol, _ = synthetic_volume
+    path = tmp_path_factory.mktemp("vol") / "phantom.nii.gz"
+    sitk.WriteImage(vol.to_image(), str(path))
+    return path
+
+
+@pytest.fixture()
+def model_cache(tmp_path, monkeypatch) -> Path:
+    """A fresh ``$CARDSEG_CACHE_DIR`` for this test (prepared ONNX models and programs land there)."""
+    path = tmp_path / "cache"
+    monkeypatch.setenv("CARDSEG_CACHE_DIR", str(path))
+    return path
+
+
+@pytest.fixture(scope="session")
 def rotated_nifti(tmp_path_factory, synthetic_volume) -> Path:
     """The synthetic volume as a NIfTI with an oblique direction and anisotropic spacing."""
     vol, _ = synthetic_volume

@@ -36,21 +36,6 @@ def swin_bundle(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.fixture()
-def cache(tmp_path, monkeypatch) -> Path:
-    path = tmp_path / "cache"
-    monkeypatch.setenv("CARDSEG_CACHE_DIR", str(path))
-    return path
-
-
-@pytest.fixture(scope="module")
-def volume_file(tmp_path_factory, synthetic_volume) -> Path:
-    vol, _ = synthetic_volume
-    path = tmp_path_factory.mktemp("vol") / "cine.nii.gz"
-    sitk.WriteImage(vol.to_image(), str(path))
-    return path
-
-
 def _child(args, env_extra=None) -> dict:
     env = dict(os.environ, **(env_extra or {}))
     p = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True, timeout=600, env=env)
@@ -62,11 +47,11 @@ def _array(folder: Path, name: str) -> np.ndarray:
     return sitk.GetArrayFromImage(sitk.ReadImage(str(folder / name)))
 
 
-def test_second_torch_run_imports_no_monai_and_matches_the_eager_networks(swin_bundle, volume_file, cache, tmp_path):
-    common = [str(volume_file), "--bundle", str(swin_bundle), "--backend", "torch", "--quiet"]
+def test_second_torch_run_imports_no_monai_and_matches_the_eager_networks(swin_bundle, phantom_file, model_cache, tmp_path):
+    common = [str(phantom_file), "--bundle", str(swin_bundle), "--backend", "torch", "--quiet"]
     first = _child(["segment", *common, "-o", str(tmp_path / "first")])
     assert first == {"rc": 0, "monai": True}  # the first run builds the networks and prepares them
-    programs = sorted(p.name for p in (cache / "models").glob("*.pt"))
+    programs = sorted(p.name for p in (model_cache / "models").glob("*.pt"))
     assert [n.split("-")[0] for n in programs] == ["primary", "reference"]
     second = _child(["segment", *common, "-o", str(tmp_path / "second")])
     assert second == {"rc": 0, "monai": False}
@@ -80,8 +65,8 @@ def test_second_torch_run_imports_no_monai_and_matches_the_eager_networks(swin_b
 
 
 @pytest.mark.skipif(not HAVE_ONNX, reason="onnxruntime and onnx not installed (the [speed] extra)")
-def test_second_onnx_run_imports_no_monai(swin_bundle, volume_file, cache, tmp_path):
-    common = [str(volume_file), "--bundle", str(swin_bundle), "--backend", "onnx", "--quiet"]
+def test_second_onnx_run_imports_no_monai(swin_bundle, phantom_file, model_cache, tmp_path):
+    common = [str(phantom_file), "--bundle", str(swin_bundle), "--backend", "onnx", "--quiet"]
     assert _child(["segment", *common, "-o", str(tmp_path / "a")]) == {"rc": 0, "monai": True}
     assert _child(["segment", *common, "-o", str(tmp_path / "b")]) == {"rc": 0, "monai": False}
 
@@ -92,12 +77,12 @@ def _load(bundle):
     return load_bundle(bundle, backend="torch", prepared=True)
 
 
-def test_programs_are_reused_and_a_damaged_or_foreign_file_is_made_again(swin_bundle, cache):
+def test_programs_are_reused_and_a_damaged_or_foreign_file_is_made_again(swin_bundle, model_cache):
     from cardseg.bundle.script_backend import ProgramNetwork
 
     b = _load(swin_bundle)
-    assert isinstance(b.primary, ProgramNetwork) and b.primary.source.startswith(str(cache))
-    files = {p.name.split("-")[0]: p for p in (cache / "models").glob("*.pt")}
+    assert isinstance(b.primary, ProgramNetwork) and b.primary.source.startswith(str(model_cache))
+    files = {p.name.split("-")[0]: p for p in (model_cache / "models").glob("*.pt")}
     stamp = {role: p.stat().st_mtime_ns for role, p in files.items()}
     again = _load(swin_bundle)  # a hit: nothing rewritten
     assert {role: p.stat().st_mtime_ns for role, p in files.items()} == stamp
@@ -132,7 +117,7 @@ def _eager(bundle):
     return load_bundle(bundle, backend="torch")
 
 
-def test_a_network_that_cannot_be_traced_runs_eagerly_with_a_note(swin_bundle, cache, monkeypatch):
+def test_a_network_that_cannot_be_traced_runs_eagerly_with_a_note(swin_bundle, model_cache, monkeypatch):
     from cardseg.bundle import script_backend
 
     def refuse(*args, **kwargs):
@@ -142,10 +127,10 @@ def test_a_network_that_cannot_be_traced_runs_eagerly_with_a_note(swin_bundle, c
     b = _load(swin_bundle)
     assert isinstance(b.primary, torch.nn.Module) and isinstance(b.reference, torch.nn.Module)
     assert any("could not be prepared" in n and "RuntimeError" in n for n in b.notes)
-    assert not list((cache / "models").glob("*.pt"))
+    assert not list((model_cache / "models").glob("*.pt"))
 
 
-def test_a_program_that_differs_from_its_network_is_not_used(swin_bundle, cache, monkeypatch):
+def test_a_program_that_differs_from_its_network_is_not_used(swin_bundle, model_cache, monkeypatch):
     from cardseg.bundle import script_backend
 
     monkeypatch.setattr(script_backend, "within_tolerance", lambda diff, scale: False)
@@ -162,7 +147,7 @@ def test_an_unwritable_cache_keeps_the_programs_in_memory(swin_bundle, tmp_path,
     assert b.primary.source == "memory" and b.reference.source == "memory"
 
 
-def test_a_program_stays_on_its_device(swin_bundle, cache):
+def test_a_program_stays_on_its_device(swin_bundle, model_cache):
     b = _load(swin_bundle)
     assert b.primary.to("cpu") is b.primary
     with pytest.raises(CardsegError, match="runs on cpu"):
@@ -183,13 +168,13 @@ def test_the_key_depends_on_weights_device_and_norm_rewrite():
     assert base not in others and len(others) == 5
 
 
-def test_weights_are_verified_once_per_segment_run(swin_bundle, volume_file, cache, tmp_path, monkeypatch):
+def test_weights_are_verified_once_per_segment_run(swin_bundle, phantom_file, model_cache, tmp_path, monkeypatch):
     from cardseg.bundle import folder
     from cardseg.cli import main
 
     calls = []
     real = folder.verify_weights
     monkeypatch.setattr(folder, "verify_weights", lambda *a: calls.append(a) or real(*a))
-    assert main(["segment", str(volume_file), "--bundle", str(swin_bundle), "--backend", "torch", "--quiet",
+    assert main(["segment", str(phantom_file), "--bundle", str(swin_bundle), "--backend", "torch", "--quiet",
                  "-o", str(tmp_path / "out")]) == 0
     assert len(calls) == 1

@@ -131,21 +131,6 @@ def test_run_trajectory_on_numpy_equals_torch(mode, overlap):
 
 
 # --- the whole run -----------------------------------------------------------------------------
-@pytest.fixture()
-def cache(tmp_path, monkeypatch) -> Path:
-    path = tmp_path / "cache"
-    monkeypatch.setenv("CARDSEG_CACHE_DIR", str(path))
-    return path
-
-
-@pytest.fixture(scope="module")
-def volume_file(tmp_path_factory, synthetic_volume) -> Path:
-    vol, _ = synthetic_volume
-    path = tmp_path_factory.mktemp("vol") / "phantom.nii.gz"
-    sitk.WriteImage(vol.to_image(), str(path))
-    return path
-
-
 def _child(args) -> dict:
     p = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True, timeout=600,
                        env=dict(os.environ))
@@ -158,12 +143,12 @@ def _array(folder: Path, name: str) -> np.ndarray:
 
 
 @needs_onnx
-def test_cached_onnx_run_imports_no_torch_and_equals_the_tensor_path(tiny_bundle, volume_file, cache, tmp_path):
+def test_cached_onnx_run_imports_no_torch_and_equals_the_tensor_path(tiny_bundle, phantom_file, model_cache, tmp_path):
     from cardseg.bundle.loading import load_bundle
     from cardseg.io.volume import read_volume
     from cardseg.segment import segment_volume
 
-    common = [str(volume_file), "--bundle", str(tiny_bundle), "--device", "cpu", "--threads", "2", "--quiet"]
+    common = [str(phantom_file), "--bundle", str(tiny_bundle), "--device", "cpu", "--threads", "2", "--quiet"]
     first = _child(["segment", *common, "-o", str(tmp_path / "first")])
     assert first == {"rc": 0, "torch": True, "monai": True}  # the first run exports the models
     for method in ("card", "uc"):
@@ -179,7 +164,7 @@ def test_cached_onnx_run_imports_no_torch_and_equals_the_tensor_path(tiny_bundle
     bundle = load_bundle(tiny_bundle, backend="onnx", threads=2)
     assert bundle.takes_numpy
     tensors = dataclasses.replace(bundle, backend="torch")
-    volume = read_volume(volume_file)
+    volume = read_volume(phantom_file)
     for method in ("card", "uc"):
         result = segment_volume(volume, tensors, method=method)
         folder = tmp_path / f"{method}-auto"
@@ -195,10 +180,10 @@ def test_cached_onnx_run_imports_no_torch_and_equals_the_tensor_path(tiny_bundle
 
 
 @needs_onnx
-def test_a_cache_miss_takes_the_torch_path_as_before(tiny_bundle, volume_file, cache, tmp_path):
-    common = [str(volume_file), "--bundle", str(tiny_bundle), "--device", "cpu", "--quiet"]
+def test_a_cache_miss_takes_the_torch_path_as_before(tiny_bundle, phantom_file, model_cache, tmp_path):
+    common = [str(phantom_file), "--bundle", str(tiny_bundle), "--device", "cpu", "--quiet"]
     assert _child(["segment", *common, "-o", str(tmp_path / "a")])["torch"] is True
-    for model in (cache / "models").glob("reference-*.onnx"):
+    for model in (model_cache / "models").glob("reference-*.onnx"):
         model.write_bytes(model.read_bytes()[:-10])  # damaged: made again, with torch
     again = _child(["segment", *common, "-o", str(tmp_path / "b")])
     assert again == {"rc": 0, "torch": True, "monai": True}
@@ -223,13 +208,13 @@ def test_surely_cpu_asks_the_installed_torch_build(tmp_path, monkeypatch):
 
 
 @needs_onnx
-def test_without_torch_a_cached_run_works_and_a_first_run_says_what_is_missing(tiny_bundle, volume_file, cache,
+def test_without_torch_a_cached_run_works_and_a_first_run_says_what_is_missing(tiny_bundle, phantom_file, model_cache,
                                                                                tmp_path):
     """torch not installed (blocked in the child): ``--device auto`` with the models cached runs on
     the CPU; a first run, which must prepare the models, is one error line, exit 2, nothing written."""
     blocked = "import sys; sys.modules['torch'] = None; " + CHILD.replace("'torch' in sys.modules",
                                                                           "sys.modules.get('torch') is not None")
-    args = [str(volume_file), "--bundle", str(tiny_bundle), "--quiet"]
+    args = [str(phantom_file), "--bundle", str(tiny_bundle), "--quiet"]
     p = subprocess.run([sys.executable, "-c", blocked, "segment", *args, "-o", str(tmp_path / "first")],
                        capture_output=True, text=True, timeout=600)
     assert json.loads(p.stdout.strip().splitlines()[-1])["rc"] == 2
