@@ -71,10 +71,30 @@ def resolve_device(device: str = "auto") -> "torch.device":
 GPU_LIBRARIES = ("libtorch_cuda*", "libtorch_hip*", "torch_cuda*.dll")
 
 
+#: the GPU drivers a GPU build of torch needs: NVIDIA's driver library, or ROCm's kernel device
+GPU_DRIVERS = ("libcuda.so.1", "nvcuda.dll")
+ROCM_DEVICE = "/dev/kfd"
+
+
+def gpu_driver_present() -> bool:
+    """Whether this machine has a GPU driver a GPU build of torch could use (without importing
+    torch): NVIDIA's driver library loads, or ROCm's ``/dev/kfd`` exists."""
+    import ctypes
+
+    for name in GPU_DRIVERS:
+        try:
+            ctypes.CDLL(name)
+            return True
+        except OSError:
+            continue
+    return os.path.exists(ROCM_DEVICE)
+
+
 def surely_cpu(device: str) -> bool:
     """Whether ``--device`` ``device`` means the CPU without asking torch (which would import it):
     ``cpu``, or ``auto`` where the installed torch is a CPU-only build (no CUDA or ROCm library
-    beside it, so :func:`resolve_device` could only answer ``cpu``). Else ``False``: ask torch."""
+    beside it) or the machine has no GPU driver for it, so that :func:`resolve_device` could only
+    answer ``cpu``. Else ``False``: ask torch."""
     if device == "cpu":
         return True
     if device != "auto":
@@ -87,7 +107,8 @@ def surely_cpu(device: str) -> bool:
     if not spec.submodule_search_locations:
         return False
     lib = Path(next(iter(spec.submodule_search_locations))) / "lib"
-    return lib.is_dir() and not any(next(lib.glob(pattern), None) for pattern in GPU_LIBRARIES)
+    gpu_build = not lib.is_dir() or any(next(lib.glob(pattern), None) for pattern in GPU_LIBRARIES)
+    return not gpu_build or not gpu_driver_present()
 
 
 def _device_type(device) -> str:

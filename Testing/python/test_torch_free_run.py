@@ -202,9 +202,33 @@ def test_surely_cpu_asks_the_installed_torch_build(tmp_path, monkeypatch):
     spec = importlib.util.spec_from_loader("torch", loader=None, is_package=True)
     spec.submodule_search_locations = [str(tmp_path / "torch")]
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec if name == "torch" else None)
+    monkeypatch.setattr(segment, "gpu_driver_present", lambda: True)
     assert segment.surely_cpu("auto")
     (lib / "libtorch_cuda.so").write_bytes(b"")
-    assert not segment.surely_cpu("auto")
+    assert not segment.surely_cpu("auto")  # a GPU build on a machine with a driver: ask torch
+    monkeypatch.setattr(segment, "gpu_driver_present", lambda: False)
+    assert segment.surely_cpu("auto")  # the default (CUDA) pip build on a machine without a GPU driver
+
+
+def test_the_gpu_driver_probe_follows_the_driver_library_and_rocm_device(monkeypatch):
+    import ctypes
+
+    from cardseg import segment
+
+    loaded = []
+
+    def fake_cdll(name):
+        loaded.append(name)
+        if name != "libcuda.so.1":
+            raise OSError(name)
+
+    monkeypatch.setattr(ctypes, "CDLL", fake_cdll)
+    assert segment.gpu_driver_present() and loaded == ["libcuda.so.1"]
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: (_ for _ in ()).throw(OSError(name)))
+    monkeypatch.setattr(segment, "ROCM_DEVICE", "/nonexistent/kfd")
+    assert not segment.gpu_driver_present()
+    monkeypatch.setattr(segment, "ROCM_DEVICE", __file__)
+    assert segment.gpu_driver_present()
 
 
 @needs_onnx
