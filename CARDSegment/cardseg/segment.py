@@ -3,7 +3,8 @@
 With ONNX Runtime networks (:attr:`~cardseg.bundle.loading.Bundle.takes_numpy`) every step runs on
 numpy arrays and torch is never imported; with torch networks (CPU or GPU) the trajectory and the
 calibration run on torch tensors. The equations are the same functions either way
-(:mod:`cardseg.base.arrays`), and so is the resampling (:mod:`cardseg.io.preprocess`, numpy).
+(:mod:`cardseg.base.arrays`), and so is the resampling (:mod:`cardseg.io.preprocess`: interpolation
+matrices, applied on the GPU to a GPU tensor).
 """
 
 from __future__ import annotations
@@ -69,8 +70,6 @@ def resolve_device(device: str = "auto") -> "torch.device":
 
 #: libraries that only a GPU build of torch holds (CUDA, ROCm)
 GPU_LIBRARIES = ("libtorch_cuda*", "libtorch_hip*", "torch_cuda*.dll")
-
-
 #: the GPU drivers a GPU build of torch needs: NVIDIA's driver library, or ROCm's kernel device
 GPU_DRIVERS = ("libcuda.so.1", "nvcuda.dll")
 ROCM_DEVICE = "/dev/kfd"

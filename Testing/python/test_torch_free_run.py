@@ -251,3 +251,15 @@ def test_without_torch_a_cached_run_works_and_a_first_run_says_what_is_missing(t
     assert json.loads(p.stdout.strip().splitlines()[-1]) == {"rc": 0, "torch": False, "monai": False}
     assert np.array_equal(_array(tmp_path / "prepare", "segmentation.nii.gz"),
                           _array(tmp_path / "cached", "segmentation.nii.gz"))
+
+
+def test_every_calibration_method_is_found_by_its_module():
+    """MODULES names the module of every registered method, so a bundle naming any of them loads
+    it on demand (and only it): a method missing from MODULES would be 'unknown' until imported."""
+    from cardseg.method.calibration import MODULES, calibrator_class, load_all
+
+    assert set(load_all()) == set(MODULES)
+    for name in MODULES:
+        assert calibrator_class(name).name == name
+    with pytest.raises(ValueError, match="unknown calibration method"):
+        calibrator_class("nope")
