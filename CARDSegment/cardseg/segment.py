@@ -190,12 +190,27 @@ def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle
     def back(maps) -> np.ndarray:  # (B, C, N, N) on the network grid -> (B, C, Y, X) numpy
         return arrays.to_numpy(network_to_slices(maps, grid))  # a GPU tensor is resampled on the GPU
 
+    # torch networks on a GPU: the whole trajectory of a batch as one replayed CUDA graph (the same
+    # outputs without a kernel launch per layer; cardseg.method.gpu_exec.run_graphed)
+    mode = method if method in ("card", "logit-mix") else "uc"
+    graphed = (to_device is not None and _device_type(device) == "cuda" and mode in ("card", "uc")
+               and not (with_reference or keep_step_js))
     for b in range(nb):
         xb = x[b * batch_size:(b + 1) * batch_size]
-        res = run_trajectory(bundle.primary, to_device(xb) if to_device else xb, steps, bundle.num_classes,
-                             reference=bundle.reference, mode=method if method in ("card", "logit-mix") else "uc",
-                             schedule=bundle.schedule, tac_steps=tac_steps, keep_steps=keep_step_js,
-                             on_step=lambda t: progress.advance(1), overlap=overlap)
+        xb = to_device(xb) if to_device else xb
+        res = None
+        if graphed:
+            from cardseg.method.gpu_exec import run_graphed
+
+            res = run_graphed(bundle.primary, bundle.reference, xb, steps, bundle.num_classes, mode=mode,
+                              schedule=bundle.schedule, tac_steps=tac_steps, batch_size=batch_size)
+            if res is not None:
+                progress.advance(len(steps))
+        if res is None:
+            res = run_trajectory(bundle.primary, xb, steps, bundle.num_classes,
+                                 reference=bundle.reference, mode=mode,
+                                 schedule=bundle.schedule, tac_steps=tac_steps, keep_steps=keep_step_js,
+                                 on_step=lambda t: progress.advance(1), overlap=overlap)
         part = back(res.logits)
         if logits_all is None:
             logits_all = np.empty((x.shape[0],) + part.shape[1:], dtype=np.float32)

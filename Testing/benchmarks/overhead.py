@@ -14,7 +14,11 @@ the load average before and after.
 The *floor* is ``1 + t_reference / t_primary``: one forward pass of each network on every batch
 the trajectory runs (the volume's slices in ``--batch-size`` batches, uniform state, ``t = 49``),
 timed alone in the same round; ``floor_batch8`` is the earlier definition (the first batch only).
-The goal: card/uc trajectory time within 0.05 of the floor. Without --bundle it uses the shipped
+The goal: card/uc trajectory time within 0.05 of the floor. On a CUDA device the engine replays each
+batch's trajectory as a CUDA graph, so the floor is taken from each network's forward pass replayed
+as a graph too (the eager floor is kept as ``floor_eager_forwards``), and the graphed outputs are
+compared with eager ones (``graphed_vs_eager``); ``CARDSEG_CUDA_GRAPHS=0`` measures eager execution.
+Without --bundle it uses the shipped
 bundle, or builds an untrained one of the given sizes (speed does not depend on training).
 """
 
@@ -112,17 +116,77 @@ def main() -> None:
                 out.append(time.perf_counter() - t0)
         return out
 
+    # on a GPU the engine replays each batch's trajectory as a CUDA graph (cardseg.method.gpu_exec.run_graphed,
+    # batches padded to --batch-size): its floor is each network's forward pass replayed as a graph too
+    from cardseg.method.gpu_exec import cuda_graphs_enabled
+
+    graph_floor = device.type == "cuda" and cuda_graphs_enabled()
+    captured = {}
+
+    def forwards_graphed(role: str, net) -> list:
+        """One graph replay of ``net``'s forward pass per batch (padded as the engine pads), each timed alone."""
+        out = []
+        for i, xb in enumerate(batches):
+            if (role, i) not in captured:
+                xin = xb.new_zeros((a.batch_size,) + tuple(xb.shape[1:]))
+                xin[:xb.shape[0]] = xb
+                state = torch.full((a.batch_size, bundle.num_classes, *xb.shape[2:]), 1.0 / bundle.num_classes,
+                                   device=device)
+                t = torch.full((a.batch_size,), 49, dtype=torch.long, device=device)
+                side = torch.cuda.Stream(device=device)
+                side.wait_stream(torch.cuda.current_stream(device))
+                with torch.cuda.stream(side), torch.no_grad():
+                    for _ in range(3):
+                        net(xin, state, t)
+                torch.cuda.current_stream(device).wait_stream(side)
+                g = torch.cuda.CUDAGraph()
+                with torch.no_grad(), torch.cuda.graph(g):
+                    net(xin, state, t)
+                captured[(role, i)] = (g, xin, state, t)
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            captured[(role, i)][0].replay()
+            torch.cuda.synchronize()
+            out.append(time.perf_counter() - t0)
+        return out
+
+    def agreement_with_eager() -> dict:
+        """The engine's graphed outputs against its eager ones on this volume (labels, probabilities, TAC)."""
+        import numpy as np
+
+        res = {}
+        for method in ("card", "uc"):
+            graphed = segment_volume(volume, bundle, method=method, device=device, batch_size=a.batch_size)
+            os.environ["CARDSEG_CUDA_GRAPHS"] = "0"
+            try:
+                eager = segment_volume(volume, bundle, method=method, device=device, batch_size=a.batch_size)
+            finally:
+                os.environ["CARDSEG_CUDA_GRAPHS"] = "1"
+            row = {"labels_equal_fraction": float(np.mean(np.asarray(graphed.labels) == np.asarray(eager.labels))),
+                   "max_abs_probability_diff": float(np.abs(np.asarray(graphed.probabilities)
+                                                            - np.asarray(eager.probabilities)).max())}
+            if method == "card":
+                row["max_abs_tac_diff"] = float(np.abs(np.asarray(graphed.disagreement) - np.asarray(eager.disagreement)).max())
+            res[method] = row
+        return res
+
     kinds = ["uc", "card"] + (["card_sequential"] if overlaps else [])
     load_before = os.getloadavg()
     for k in kinds:  # warm-up
         timed("card" if k != "uc" else "uc", overlap=k != "card_sequential")
     forwards(bundle.primary), forwards(bundle.reference)
+    if graph_floor:
+        forwards_graphed("primary", bundle.primary), forwards_graphed("reference", bundle.reference)
     rounds = []
     for r in range(a.repeats):
         row = {k: timed("card" if k != "uc" else "uc", overlap=k != "card_sequential") for k in kinds}
         fp, fr = forwards(bundle.primary), forwards(bundle.reference)
         row.update({"primary_forwards": fp, "reference_forwards": fr, "floor": 1 + sum(fr) / sum(fp),
                     "floor_batch8": 1 + fr[0] / fp[0], "load_average": os.getloadavg()[0]})
+        if graph_floor:  # the engine runs graphs here: so is its floor (the eager one stays beside it)
+            gp, gr = forwards_graphed("primary", bundle.primary), forwards_graphed("reference", bundle.reference)
+            row.update({"primary_forwards_graphed": gp, "reference_forwards_graphed": gr,
+                        "floor_eager_forwards": row["floor"], "floor": 1 + sum(gr) / sum(gp)})
         for k in kinds[1:]:
             row[f"{k}_over_uc"] = row[k] / row["uc"]
         rounds.append(row)
@@ -151,13 +215,19 @@ def main() -> None:
           f"(goal: within 0.05; medians of the per-round figures)")
     if overlaps:
         print(f"card with the reference after the primary (not overlapped): {med['card_sequential_over_uc']:.3f}x")
+    agreement = agreement_with_eager() if graph_floor else None
+    if agreement:
+        print(f"CUDA graphs against eager execution: {agreement}")
     if a.json:
         import json
         import platform
 
         figures = {"bundle": bundle.ident, "device": str(device), "backend": bundle.backend,
                    "threads": torch.get_num_threads(), "slices": z, "batch_size": a.batch_size, "rounds": a.repeats,
-                   "overlapped_reference": overlaps,
+                   "overlapped_reference": overlaps, "cuda_graphs": graph_floor,
+                   "torch": torch.__version__,
+                   "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+                   "graphed_vs_eager": agreement,
                    "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                                "load_average_before": load_before, "load_average_after": load_after},
                    "rounds_measured": rounds, "medians": med,

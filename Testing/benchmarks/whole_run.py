@@ -2,7 +2,7 @@
 
     python Testing/benchmarks/whole_run.py [--input VOLUME] [--bundle PATH] [--backend auto|torch|onnx]
                                            [--repeats 5] [--cases 8] [--batch-repeats 2] [--threads N]
-                                           [--batch-workers N]
+                                           [--batch-workers N] [--device cpu|cuda]
                                            [--json OUT.json]
 
 Every run is a fresh process, as a user's would be. For ``--method uc`` and ``--method card`` it runs
@@ -209,6 +209,7 @@ def main() -> None:
     ap.add_argument("--cases", type=int, default=8, help="copies of the volume for batch against loop (0: skip)")
     ap.add_argument("--batch-repeats", type=int, default=2, help="rounds of loop + batch (least of them)")
     ap.add_argument("--threads", type=int, help="--threads for every run (default: torch's choice)")
+    ap.add_argument("--device", help="--device for every run (default: cardseg's, auto)")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--batch-workers", type=int, default=1,
                     help="cardseg batch --workers N (with --threads T: T // N threads each)")
@@ -229,6 +230,7 @@ def main() -> None:
         common = ["--quiet", "--overwrite", "--batch-size", str(a.batch_size), "--backend", a.backend]
         common += ["--bundle", a.bundle] if a.bundle else []
         common += ["--threads", str(a.threads)] if a.threads else []
+        common += ["--device", a.device] if a.device else []
         batch_common = [x for x in common]
         if a.batch_workers > 1:
             batch_common += ["--workers", str(a.batch_workers)]
@@ -323,7 +325,8 @@ def main() -> None:
               f"({batch['batch_no_report_cases_per_min']:.1f} cases/min), "
               f"{batch['batch_no_report_cases_per_min'] / batch['loop_cases_per_min']:.2f}x the loop")
     if a.json:
-        Path(a.json).write_text(json.dumps({"backend": a.backend, "load_before": load_before, "load_after": load_after,
+        Path(a.json).write_text(json.dumps({"backend": a.backend, "device": a.device or "auto",
+                                            "load_before": load_before, "load_after": load_after,
                                             "cpus": os.cpu_count(), "results": res,
                                             # the least of the repeats per row (the key's name is historical)
                                             "median_rows": med,

@@ -18,7 +18,9 @@ On the CPU every entry point falls back to :func:`run_trajectory` unchanged.
 from __future__ import annotations
 
 import contextlib
-from typing import Iterable, Optional, Sequence
+import os
+import warnings
+from typing import Callable, Dict, Iterable, Optional, Sequence
 
 import torch
 
@@ -88,13 +90,15 @@ class GraphedTrajectory:
 
     def __init__(self, primary, reference, example: torch.Tensor, steps: Sequence[int], num_classes: int,
                  mode: str = "card", schedule: Optional[CategoricalSchedule] = None, streams: bool = False,
-                 dtype: Optional[torch.dtype] = None, warmup: int = 2):
+                 dtype: Optional[torch.dtype] = None, warmup: int = 3,
+                 tac_steps: Optional[Iterable[int]] = None):
         if example.device.type != "cuda":
             raise ValueError("a CUDA graph needs a CUDA device")
         if mode not in ("card", "uc"):
             raise ValueError(f"graph capture supports the modes card and uc, not {mode!r}")
         self.mode = mode
         self.input = example.detach().clone()
+        tac_steps = None if tac_steps is None else [int(t) for t in tac_steps]
         schedule = schedule or CategoricalSchedule()
         side = torch.cuda.Stream(device=example.device) if streams else None
 
@@ -102,10 +106,10 @@ class GraphedTrajectory:
             with _autocast(example.device, dtype):
                 if mode == "card" and streams:
                     return run_card_two_streams(primary, reference, self.input, steps, num_classes, schedule,
-                                                side_stream=side)
+                                                tac_steps=tac_steps, side_stream=side)
                 return run_trajectory(primary, self.input, steps, num_classes,
                                       reference=reference if mode == "card" else None, mode=mode,
-                                      schedule=schedule)
+                                      schedule=schedule, tac_steps=tac_steps if mode == "card" else None)
 
         warm = torch.cuda.Stream(device=example.device)
         warm.wait_stream(torch.cuda.current_stream(example.device))
@@ -144,3 +148,65 @@ def run_trajectory_fast(primary, reference, image: torch.Tensor, steps: Sequence
                                  reference=reference if mode == "card" else None, mode=mode, schedule=schedule)
     return TrajectoryResult(logits=res.logits.float(), tac=None if res.tac is None else res.tac.float(),
                             reference_logits=res.reference_logits)
+
+
+#: ``CARDSEG_CUDA_GRAPHS=0`` turns the engine's CUDA graphs off (eager execution, same outputs)
+GRAPHS_ENV = "CARDSEG_CUDA_GRAPHS"
+#: the attribute of a primary network that holds its captured graphs (they go with it):
+#: ``{key: GraphedTrajectory, or None once capture failed}``
+GRAPHS_ATTR = "_cardseg_cuda_graphs"
+
+
+def cuda_graphs_enabled() -> bool:
+    """Whether the engine may run its trajectories as CUDA graphs (default yes; see :data:`GRAPHS_ENV`)."""
+    return os.environ.get(GRAPHS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+@torch.no_grad()
+def run_graphed(primary, reference, image: torch.Tensor, steps: Sequence[int], num_classes: int, *,
+                mode: str = "card", schedule: Optional[CategoricalSchedule] = None,
+                tac_steps: Optional[Iterable[int]] = None, batch_size: int = 8, streams: bool = True,
+                factory: Callable[..., Callable] = GraphedTrajectory) -> Optional[TrajectoryResult]:
+    """The engine's trajectory on a CUDA device as a replayed CUDA graph, or ``None`` to run it eagerly.
+
+    image: ``(B, C_img, H, W)`` with ``B <= batch_size`` on the networks' device. The batch is
+    padded with zero images to ``batch_size`` (every slice is computed on its own, so the padding
+    changes no real slice's result), so one graph per network pair, mode and grid serves every
+    batch of every volume of a process; it is captured on first use (a few eager passes, then the
+    capture) with CARD's reference on a second stream (``streams``; the same outputs, sooner).
+    Returns logits ``(B, K, H, W)`` and tac ``(B, H, W)`` (``None`` for ``uc``), float32.
+    ``None`` when graphs are switched off (:data:`GRAPHS_ENV`), the batch is larger than
+    ``batch_size``, or capture failed (warned once; that pair then runs eagerly for the rest of the
+    process). ``factory`` builds the graph (:class:`GraphedTrajectory`; tests pass another).
+    """
+    if mode not in ("card", "uc") or not cuda_graphs_enabled() or image.shape[0] > batch_size:
+        return None
+    steps = tuple(int(t) for t in steps)
+    tac_key = None if tac_steps is None or mode != "card" else tuple(int(t) for t in tac_steps)
+    key = (id(reference) if mode == "card" else None, mode, tuple(image.shape[1:]), batch_size, steps, tac_key,
+           bool(streams), str(image.device), str(image.dtype))
+    per_net: Optional[Dict[tuple, Optional[Callable]]] = getattr(primary, GRAPHS_ATTR, None)
+    if per_net is None:
+        per_net = {}
+        try:
+            setattr(primary, GRAPHS_ATTR, per_net)
+        except AttributeError:  # an object that takes no attribute: no cache, so no graph
+            return None
+    b = image.shape[0]
+    padded = image
+    if b < batch_size:
+        padded = image.new_zeros((batch_size,) + tuple(image.shape[1:]))
+        padded[:b] = image
+    if key not in per_net:
+        try:
+            per_net[key] = factory(primary, reference if mode == "card" else None, padded, steps, num_classes,
+                                   mode=mode, schedule=schedule, streams=streams and mode == "card",
+                                   tac_steps=tac_key)
+        except Exception as e:  # a network that cannot be captured still runs, eagerly
+            per_net[key] = None
+            warnings.warn(f"CUDA graph capture failed ({type(e).__name__}: {e}); running eagerly", RuntimeWarning)
+    graph = per_net[key]
+    if graph is None:
+        return None
+    res = graph(padded)
+    return TrajectoryResult(logits=res.logits[:b], tac=None if res.tac is None else res.tac[:b])
