@@ -239,7 +239,8 @@ def cmd_segment(a) -> int:
     from cardseg.base.progress import make_progress
     from cardseg.bundle.loading import load_bundle
     from cardseg.bundle.onnx_backend import all_found
-    from cardseg.segment import resolve_device, segment_file, surely_cpu
+    from cardseg.base.devices import resolve_device, surely_cpu
+    from cardseg.segment import segment_file
 
     # both ONNX models cached and opened, on the CPU: numpy throughout, torch is never imported
     if lookup is not None and surely_cpu(a.device) and all_found(lookup):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional
@@ -20,6 +21,7 @@ import numpy as np
 
 from cardseg import __version__
 from cardseg.base import arrays
+from cardseg.base.devices import device_type as _device_type
 from cardseg.base.errors import CardsegError
 from cardseg.base.progress import Progress
 from cardseg.bundle.loading import Bundle
@@ -27,7 +29,7 @@ from cardseg.io.outdir import OutputWriter, check_output
 from cardseg.io.preprocess import (SliceGrid, network_to_slices, normalize_slice, resample_to_network,
                                   slices_to_network)
 from cardseg.io.volume import Volume
-from cardseg.io.written import IncompleteWrite, verify_seg_nrrd, write_image, write_text
+from cardseg.io.written import IncompleteWrite, verify_seg_nrrd, write_image, write_seg_nrrd, write_text
 from cardseg.method.calibration import CARD, Uncalibrated, temperature_scale
 from cardseg.method.trajectory import run_trajectory
 from cardseg.metrics.segmentation import agreement_report
@@ -55,64 +57,8 @@ class SegmentationResult:
     report: Dict[str, object] = field(default_factory=dict)
 
 
-def resolve_device(device: str = "auto") -> "torch.device":
-    """``auto`` (CUDA when torch sees a GPU, else CPU), ``cpu``, ``cuda`` or ``cuda:N`` (imports torch)."""
-    import torch
-
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device != "cpu" and not (device == "cuda" or device.startswith("cuda:")):
-        raise CardsegError(f"unknown device {device!r} (auto, cpu or cuda)")
-    if device != "cpu" and not torch.cuda.is_available():
-        raise CardsegError(f"--device {device} asked for, but torch sees no CUDA GPU")
-    return torch.device(device)
-
-
-#: libraries that only a GPU build of torch holds (CUDA, ROCm)
-GPU_LIBRARIES = ("libtorch_cuda*", "libtorch_hip*", "torch_cuda*.dll")
-#: the GPU drivers a GPU build of torch needs: NVIDIA's driver library, or ROCm's kernel device
-GPU_DRIVERS = ("libcuda.so.1", "nvcuda.dll")
-ROCM_DEVICE = "/dev/kfd"
-
-
-def gpu_driver_present() -> bool:
-    """Whether this machine has a GPU driver a GPU build of torch could use (without importing
-    torch): NVIDIA's driver library loads, or ROCm's ``/dev/kfd`` exists."""
-    import ctypes
-
-    for name in GPU_DRIVERS:
-        try:
-            ctypes.CDLL(name)
-            return True
-        except OSError:
-            continue
-    return os.path.exists(ROCM_DEVICE)
-
-
-def surely_cpu(device: str) -> bool:
-    """Whether ``--device`` ``device`` means the CPU without asking torch (which would import it):
-    ``cpu``, or ``auto`` where the installed torch is a CPU-only build (no CUDA or ROCm library
-    beside it) or the machine has no GPU driver for it, so that :func:`resolve_device` could only
-    answer ``cpu``. Else ``False``: ask torch."""
-    if device == "cpu":
-        return True
-    if device != "auto":
-        return False
-    import importlib.util
-
-    spec = importlib.util.find_spec("torch")
-    if spec is None:
-        return True  # no torch at all: "auto" can only mean the CPU
-    if not spec.submodule_search_locations:
-        return False
-    lib = Path(next(iter(spec.submodule_search_locations))) / "lib"
-    gpu_build = not lib.is_dir() or any(next(lib.glob(pattern), None) for pattern in GPU_LIBRARIES)
-    return not gpu_build or not gpu_driver_present()
-
-
-def _device_type(device) -> str:
-    """``cpu`` or ``cuda`` for a torch device or its name."""
-    return str(device).split(":")[0]
+#: output files of one case written at once (cardseg.io.written.write_image compresses without Python's lock)
+WRITE_THREADS = 4
 
 
 def normalized_slices(volume: Volume, bundle: Bundle) -> np.ndarray:
@@ -249,10 +195,12 @@ def _outside_to_background(logits: np.ndarray, outside: np.ndarray) -> np.ndarra
     return logits
 
 
-def segment_volume(volume: Volume, bundle: Bundle, method: str = "card", device: "torch.device | str" = "cpu",
-                   batch_size: int = 8, progress: Optional[Progress] = None) -> SegmentationResult:
-    """Run the method on every slice of ``volume`` and bring the results back to its grid (numpy
-    throughout with ONNX Runtime networks, torch tensors with torch networks)."""
+def run_networks(volume: Volume, bundle: Bundle, method: str = "card", device: "torch.device | str" = "cpu",
+                 batch_size: int = 8, progress: Optional[Progress] = None) -> tuple:
+    """The part of :func:`segment_volume` that runs the networks (on ``device``):
+    ``(SliceTrajectory, timings)``, timings holding the seconds of ``preprocess`` and
+    ``trajectory``. :func:`finish_volume` does the rest on the CPU (a batch does it on other
+    threads while the networks run the next case)."""
     if method not in METHODS:
         raise CardsegError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
     if batch_size < 1:
@@ -264,9 +212,15 @@ def segment_volume(volume: Volume, bundle: Bundle, method: str = "card", device:
 
     t0 = time.perf_counter()
     traj = trajectory_on_slices(slices01, volume.spacing[:2], bundle, method, device, batch_size, progress)
-    logits, tac, fov = traj.logits, traj.tac, traj.fov
     timings["trajectory"] = time.perf_counter() - t0
+    return traj, timings
 
+
+def finish_volume(traj: SliceTrajectory, volume: Volume, bundle: Bundle, method: str, device,
+                  timings: Dict[str, float]) -> SegmentationResult:
+    """Labels, calibrated probabilities (``card``: temperature Eq. 7, then Eq. 2) and the report,
+    from :func:`run_networks`' output on ``volume``'s grid."""
+    logits, tac, fov = traj.logits, traj.tac, traj.fov
     t0 = time.perf_counter()
     labels = arrays.to_numpy(arrays.argmax(logits, axis=1)).astype(np.uint8)
     disagreement = temperature = None
@@ -291,6 +245,15 @@ def segment_volume(volume: Volume, bundle: Bundle, method: str = "card", device:
                                 disagreement=disagreement, temperature=temperature, field_of_view=fov)
     result.report = build_report(result, volume, bundle, method, device, timings)
     return result
+
+
+def segment_volume(volume: Volume, bundle: Bundle, method: str = "card", device: "torch.device | str" = "cpu",
+                   batch_size: int = 8, progress: Optional[Progress] = None) -> SegmentationResult:
+    """Run the method on every slice of ``volume`` and bring the results back to its grid (numpy
+    throughout with ONNX Runtime networks, torch tensors with torch networks):
+    :func:`run_networks`, then :func:`finish_volume`."""
+    traj, timings = run_networks(volume, bundle, method, device, batch_size, progress)
+    return finish_volume(traj, volume, bundle, method, device, timings)
 
 
 def build_report(result: SegmentationResult, volume: Volume, bundle: Bundle, method: str, device, timings) -> dict:
@@ -345,14 +308,23 @@ def write_outputs(result: SegmentationResult, volume: Volume, bundle: Bundle, ou
         with OutputWriter(out, overwrite, version=__version__) as w:
             return write_outputs(result, volume, bundle, out, overwrite, progress, writer=w)
     progress.stage("write", len(files))
-    for name in files:
-        try:
-            write_one(name, writer.path(name), result, volume, bundle)
-        except IncompleteWrite as exc:  # name the file where the user will look for it
+    # the files are written beside each other: compressing the float maps (most of the time)
+    # releases Python's lock (cardseg.io.written.write_image)
+    pool = ThreadPoolExecutor(max(1, min(WRITE_THREADS, len(files))), thread_name_prefix="cardseg-write-file")
+    try:
+        futures = [pool.submit(write_one, name, writer.path(name), result, volume, bundle) for name in files]
+        for _ in as_completed(futures):
+            progress.advance(1)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    for name, fut in zip(files, futures):  # the first failed file in the usual order is the one reported
+        exc = fut.exception()
+        if isinstance(exc, IncompleteWrite):  # name the file where the user will look for it
             raise IncompleteWrite(writer.out / name, exc.strerror) from None
-        except OSError as exc:  # e.g. EFBIG or ENOSPC raised by a Python writer
+        if isinstance(exc, OSError):  # e.g. EFBIG or ENOSPC raised by a Python writer
             raise IncompleteWrite(writer.out / name, f"could not be written completely ({exc.strerror or exc})") from None
-        progress.advance(1)
+        if exc is not None:
+            raise exc
     return writer.commit()
 
 
@@ -394,9 +366,19 @@ def compute_case(volume: Volume, bundle: Bundle, input_path: os.PathLike, *, met
                  spacing: Optional[tuple] = None, progress: Optional[Progress] = None,
                  t_start: Optional[float] = None) -> SegmentationResult:
     """:func:`segment_volume` plus the report's fields about the input (path, frame, slices,
-    given spacing, reader notes, total seconds since ``t_start``)."""
+    given spacing, reader notes, total seconds since ``t_start``): :func:`run_networks`, then
+    :func:`finish_case`."""
     t_start = time.perf_counter() if t_start is None else t_start
-    result = segment_volume(volume, bundle, method=method, device=device, batch_size=batch_size, progress=progress)
+    traj, timings = run_networks(volume, bundle, method, device, batch_size, progress)
+    return finish_case(traj, timings, volume, bundle, input_path, method=method, device=device, frame=frame,
+                       spacing=spacing, t_start=t_start)
+
+
+def finish_case(traj: SliceTrajectory, timings: Dict[str, float], volume: Volume, bundle: Bundle,
+                input_path: os.PathLike, *, method: str, device, frame: Optional[int], spacing: Optional[tuple],
+                t_start: float) -> SegmentationResult:
+    """The second half of :func:`compute_case` (:func:`finish_volume` and the input's fields)."""
+    result = finish_volume(traj, volume, bundle, method, device, timings)
     result.report["input"] = os.path.abspath(input_path)
     result.report["frame"] = frame
     result.report["slices"] = int(volume.shape[0])
@@ -432,18 +414,3 @@ def write_one(name: str, path: Path, result: SegmentationResult, volume: Volume,
     else:  # pragma: no cover - output_files and this function list the same names
         raise AssertionError(name)
 
-
-def write_seg_nrrd(path: Path, labels: np.ndarray, volume: Volume, classes: list) -> None:
-    """A Slicer ``.seg.nrrd`` with one segment per foreground class (names and colours)."""
-    import slicerio
-
-    ijk = np.ascontiguousarray(labels.transpose(2, 1, 0))  # (Z, Y, X) → (i, j, k)
-    seg = slicerio.create_segmentation(ijk.shape, volume.ijk_to_lps())
-    for value, cls in enumerate(classes):
-        if value == 0:
-            continue
-        segment = {"id": f"Segment_{value}", "name": cls["name"], "color": [float(c) for c in cls.get("color", [1, 0, 0])]}
-        if cls.get("terminology"):
-            segment["terminology"] = cls["terminology"]
-        slicerio.add_segment(seg, ijk == value, segment)
-    slicerio.write_segmentation(str(path), seg)

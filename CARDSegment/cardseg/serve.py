@@ -296,7 +296,8 @@ class Engine:
         from cardseg.base.progress import JsonProgress
         from cardseg.io.inputs import parse_spacing
         from cardseg.io.outdir import check_output
-        from cardseg.segment import resolve_device, segment_file
+        from cardseg.base.devices import resolve_device
+        from cardseg.segment import segment_file
 
         a = self.arguments(request)
         self.check_segment(a)
@@ -369,7 +370,7 @@ class Engine:
 
         from cardseg.base.cpus import default_threads
         from cardseg.base.options import check_run_options
-        from cardseg.segment import resolve_device
+        from cardseg.base.devices import resolve_device
 
         try:
             d = self.defaults

@@ -51,7 +51,7 @@ def write_sample_files(folder: os.PathLike, classes: List[dict]) -> Dict[str, st
     ``classes``, the bundle's) and the thumbnail into ``folder``; returns each sample file's
     SHA-256 (what ``sampledata.SAMPLE_FILES`` must hold)."""
     import SimpleITK as sitk
-    from cardseg.segment import write_seg_nrrd
+    from cardseg.io.written import write_seg_nrrd
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)

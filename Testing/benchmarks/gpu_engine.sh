@@ -16,12 +16,15 @@
 #   batch_gpu_eager.json    the same, eager
 #   whole_run_gpu.json      fresh `cardseg segment --device cuda` processes: where the time goes,
 #                           and whether MONAI is imported after the preparation run
+#   whole_run_gpu_eager.json the same with CARDSEG_CUDA_GRAPHS=0 (only when PARTS names whole_eager)
+# PARTS (a list of the step names below) picks steps: e.g. PARTS="batch batch_eager" for a rerun.
 #   log.txt                 everything printed
 # Rehearsal on a CPU machine (same steps, small counts, nothing installed):
 #   DEVICE=cpu PY=.venv/bin/python SITE= CASES=3 ROUNDS=2 REPEATS=1 bash Testing/benchmarks/gpu_engine.sh /tmp/rehearsal
 set -uo pipefail
 OUT=${1:?usage: gpu_engine.sh OUT [CARRY]}
 CARRY=${2:-.gpucarry}
+PARTS=${PARTS:-tests overhead overhead_eager batch batch_eager whole}
 DEVICE=${DEVICE:-cuda} PY=${PY:-python3} SITE=${SITE-/tmp/site} CASES=${CASES:-20} ROUNDS=${ROUNDS:-9} REPEATS=${REPEATS:-3}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
@@ -36,13 +39,19 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader ||
 $PY -c "import os, torch, SimpleITK, cardseg; print('torch', torch.__version__, torch.cuda.is_available() and torch.cuda.get_device_name(0), 'cardseg', cardseg.__version__, 'cpus', os.cpu_count())" || exit 1
 B=Testing/benchmarks
 step() { local limit=$1; shift; echo "=== $(date -u +%T) $*"; timeout "$limit" "$@" || echo "=== step failed or timed out ($?): $*"; }
-step 120 $PY -m pytest -q -p no:cacheprovider Testing/python/test_gpu_exec.py 2>&1 | tee "$OUT/gpu_exec_tests.txt"
-step 150 $PY $B/overhead.py --device $DEVICE --rounds $ROUNDS --json "$OUT/overhead_gpu.json"
-step 120 env CARDSEG_CUDA_GRAPHS=0 $PY $B/overhead.py --device $DEVICE --rounds $ROUNDS \
+want() { [[ " $PARTS " == *" $1 "* ]]; }
+if want tests; then
+    step 120 $PY -m pytest -q -p no:cacheprovider Testing/python/test_gpu_exec.py 2>&1 | tee "$OUT/gpu_exec_tests.txt"
+fi
+want overhead && step 150 $PY $B/overhead.py --device $DEVICE --rounds $ROUNDS --json "$OUT/overhead_gpu.json"
+want overhead_eager && step 120 env CARDSEG_CUDA_GRAPHS=0 $PY $B/overhead.py --device $DEVICE --rounds $ROUNDS \
     --json "$OUT/overhead_gpu_eager.json"
-step 150 $PY $B/batch_overlap.py --device $DEVICE --backend torch --cases $CASES --repeats 2 --out "$OUT/batch_gpu.json"
-step 150 env CARDSEG_CUDA_GRAPHS=0 $PY $B/batch_overlap.py --device $DEVICE --backend torch --cases $CASES --repeats 2 \
-    --out "$OUT/batch_gpu_eager.json"
-step 200 $PY $B/whole_run.py --device $DEVICE --backend torch --repeats $REPEATS --cases 0 \
+want batch && step 150 $PY $B/batch_overlap.py --device $DEVICE --backend torch --cases $CASES --repeats 2 \
+    --out "$OUT/batch_gpu.json"
+want batch_eager && step 150 env CARDSEG_CUDA_GRAPHS=0 $PY $B/batch_overlap.py --device $DEVICE --backend torch \
+    --cases $CASES --repeats 2 --out "$OUT/batch_gpu_eager.json"
+want whole && step 200 $PY $B/whole_run.py --device $DEVICE --backend torch --repeats $REPEATS --cases 0 \
     --json "$OUT/whole_run_gpu.json"
+want whole_eager && step 200 env CARDSEG_CUDA_GRAPHS=0 $PY $B/whole_run.py --device $DEVICE --backend torch \
+    --repeats $REPEATS --cases 0 --json "$OUT/whole_run_gpu_eager.json"
 echo "=== $(date -u +%T) done"

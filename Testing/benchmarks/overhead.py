@@ -73,7 +73,8 @@ def main() -> None:
     from cardseg.bundle.scaffold import init_bundle, synthetic_cine_volume
     from cardseg.io.volume import read_volume
     from cardseg.method.networks import count_parameters
-    from cardseg.segment import network_inputs, resolve_device, segment_volume
+    from cardseg.base.devices import resolve_device
+    from cardseg.segment import network_inputs, segment_volume
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -150,6 +151,19 @@ def main() -> None:
             out.append(time.perf_counter() - t0)
         return out
 
+    def replays(method: str) -> float:
+        """Seconds of the engine's graphed trajectory on every batch (``run_graphed``), synchronised."""
+        from cardseg.method.gpu_exec import run_graphed
+
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for xb in batches:
+            run_graphed(bundle.primary, bundle.reference, xb, bundle.sampled_steps, bundle.num_classes, mode=method,
+                        schedule=bundle.schedule, tac_steps=bundle.tac_steps if method == "card" else None,
+                        batch_size=a.batch_size)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
     def agreement_with_eager() -> dict:
         """The engine's graphed outputs against its eager ones on this volume (labels, probabilities, TAC)."""
         import numpy as np
@@ -187,6 +201,13 @@ def main() -> None:
             gp, gr = forwards_graphed("primary", bundle.primary), forwards_graphed("reference", bundle.reference)
             row.update({"primary_forwards_graphed": gp, "reference_forwards_graphed": gr,
                         "floor_eager_forwards": row["floor"], "floor": 1 + sum(gr) / sum(gp)})
+            # the graphs' replays alone (every batch of the volume), without the resampling and copies around them
+            try:
+                for m in ("uc", "card"):
+                    row[f"replay_{m}"] = replays(m)
+                row["replay_card_over_uc"] = row["replay_card"] / row["replay_uc"]
+            except Exception as e:  # noqa: BLE001 - a diagnostic: the round's other figures stand
+                row["replay_error"] = f"{type(e).__name__}: {e}"
         for k in kinds[1:]:
             row[f"{k}_over_uc"] = row[k] / row["uc"]
         rounds.append(row)
@@ -196,7 +217,7 @@ def main() -> None:
     if overlaps:
         bundle.reference.overlap_safe = True  # as the session was made (overlaps is True only then)
     load_after = os.getloadavg()
-    med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0] if not k.endswith("forwards")}
+    med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0] if isinstance(rounds[0][k], (int, float))}
 
     def params(role: str) -> int:
         net = getattr(bundle, role)

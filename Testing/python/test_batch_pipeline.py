@@ -59,6 +59,19 @@ def test_same_outputs_and_order_as_case_after_case_with_a_bad_case_in_the_middle
     assert leftovers == []
 
 
+def _counting(real, on_call):
+    """``real`` (:func:`cardseg.segment.run_networks`) called after ``on_call(i)``, i the case's
+    index: the main thread runs the networks case after case, in the order of the jobs."""
+    calls = []
+
+    def run_networks(*args, **kw):
+        calls.append(None)
+        on_call(len(calls) - 1)
+        return real(*args, **kw)
+
+    return run_networks
+
+
 def test_the_next_case_is_read_and_the_last_written_while_one_computes(worker, synthetic_volume, tmp_path, monkeypatch):
     """While case 1 computes, case 2 is being read and case 0 written (events, not timings)."""
     from cardseg import segment
@@ -68,49 +81,83 @@ def test_the_next_case_is_read_and_the_last_written_while_one_computes(worker, s
     read_started = {i: threading.Event() for i in range(3)}
     write_started = {i: threading.Event() for i in range(3)}
     during_compute = {}
-    real_read, real_compute, real_write = segment.read_case, segment.compute_case, segment.write_outputs
+    real_read, real_write = segment.read_case, segment.write_outputs
 
     def read_case(path, out, **kw):
         read_started[int(Path(path).name[4])].set()
         return real_read(path, out, **kw)
 
-    def compute_case(volume, bundle, path, **kw):
-        i = int(Path(path).name[4])
+    def waits(i):
         if i == 1:  # wait (bounded) for the neighbours' work to start: it must not need this case to end
             during_compute["read 2"] = read_started[2].wait(60)
             during_compute["write 0"] = write_started[0].wait(60)
-        return real_compute(volume, bundle, path, **kw)
 
     def write_outputs(result, volume, bundle, out, *a, **kw):
         write_started[int(Path(out).name[4])].set()
         return real_write(result, volume, bundle, out, *a, **kw)
 
     monkeypatch.setattr(segment, "read_case", read_case)
-    monkeypatch.setattr(segment, "compute_case", compute_case)
+    monkeypatch.setattr(segment, "run_networks", _counting(segment.run_networks, waits))
     monkeypatch.setattr(segment, "write_outputs", write_outputs)
     seen = []
-    pipeline.run_overlapped(worker, jobs, seen.append)
+    pipeline.run_overlapped(worker, jobs, seen.append, finishers=1)
     assert during_compute == {"read 2": True, "write 0": True}
     assert [r["status"] for r in seen] == ["ok"] * 3
 
 
+def test_several_finishers_finish_cases_at_once_and_report_them_in_order(worker, synthetic_volume, tmp_path,
+                                                                        monkeypatch):
+    """With 3 finishing threads, cases 0, 1 and 2 are finished at the same time (each waits for
+    the others to start), the networks go on meanwhile, and the results still come in order; the
+    outputs equal a lone run's."""
+    from cardseg import segment
+
+    vol, _ = synthetic_volume
+    jobs = _cases(tmp_path, vol, 5)
+    started = {i: threading.Event() for i in range(5)}
+    met = {}
+    real_finish = segment.finish_case
+
+    def finish_case(traj, timings, volume, bundle, path, **kw):
+        i = int(Path(path).name[4])
+        started[i].set()
+        if i < 3:
+            met[i] = all(started[j].wait(60) for j in range(3))
+        return real_finish(traj, timings, volume, bundle, path, **kw)
+
+    monkeypatch.setattr(segment, "finish_case", finish_case)
+    seen = []
+    pipeline.run_overlapped(worker, jobs, seen.append, finishers=3)
+    assert met == {0: True, 1: True, 2: True}
+    assert [(r["case"], r["status"]) for r in seen] == [(f"case{i}", "ok") for i in range(5)]
+    one = worker.run(Job(case="alone", path=jobs[2].path, out=jobs[2].out + "-alone"))
+    assert one["status"] == "ok"
+    for name in OUTPUTS:
+        a = sitk.GetArrayFromImage(sitk.ReadImage(str(Path(jobs[2].out) / name)))
+        b = sitk.GetArrayFromImage(sitk.ReadImage(str(Path(jobs[2].out + "-alone") / name)))
+        np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+def test_default_finishers_grow_with_the_cpus():
+    assert [pipeline.default_finishers(c) for c in (1, 2, 4, 8, 16, 64)] == [1, 1, 1, 2, 4, 4]
+
+
+@pytest.mark.parametrize("finishers", [1, 3])
 def test_an_interrupt_reports_the_finished_case_and_leaves_no_partial_output(worker, synthetic_volume, tmp_path,
-                                                                             monkeypatch):
+                                                                             monkeypatch, finishers):
     from cardseg import segment
 
     vol, _ = synthetic_volume
     jobs = _cases(tmp_path, vol, 3)
-    real_compute = segment.compute_case
 
-    def compute_case(volume, bundle, path, **kw):
-        if Path(path).name.startswith("case1"):
+    def interrupt(i):
+        if i == 1:
             raise KeyboardInterrupt
-        return real_compute(volume, bundle, path, **kw)
 
-    monkeypatch.setattr(segment, "compute_case", compute_case)
+    monkeypatch.setattr(segment, "run_networks", _counting(segment.run_networks, interrupt))
     seen = []
     with pytest.raises(KeyboardInterrupt):
-        pipeline.run_overlapped(worker, jobs, seen.append)
+        pipeline.run_overlapped(worker, jobs, seen.append, finishers=finishers)
     assert [(r["case"], r["status"]) for r in seen] == [("case0", "ok")]
     assert (Path(jobs[0].out) / "report.json").is_file()
     assert not Path(jobs[1].out).exists() and not Path(jobs[2].out).exists()
@@ -130,9 +177,12 @@ def test_a_failed_write_is_that_case_error_and_the_batch_goes_on(worker, synthet
         return real_write(result, volume, bundle, out, *a, **kw)
 
     monkeypatch.setattr(segment, "write_outputs", write_outputs)
-    seen = []
-    pipeline.run_overlapped(worker, jobs, seen.append)
-    assert [r["status"] for r in seen] == ["error", "ok", "ok"]
+    for finishers in (1, 2):
+        seen = []
+        pipeline.run_overlapped(worker, jobs, seen.append, finishers=finishers)
+        assert [r["status"] for r in seen] == ["error", "ok", "ok"]
+        for job in jobs[1:]:
+            job.overwrite = True  # the second round replaces the first's results
     assert "No space left" in seen[0]["error"]
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["case1", "case2"]
 

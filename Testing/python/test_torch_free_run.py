@@ -193,27 +193,27 @@ def test_a_cache_miss_takes_the_torch_path_as_before(tiny_bundle, phantom_file, 
 
 
 def test_surely_cpu_asks_the_installed_torch_build(tmp_path, monkeypatch):
-    from cardseg import segment
+    from cardseg.base import devices
 
-    assert segment.surely_cpu("cpu") and not segment.surely_cpu("cuda") and not segment.surely_cpu("cuda:1")
+    assert devices.surely_cpu("cpu") and not devices.surely_cpu("cuda") and not devices.surely_cpu("cuda:1")
     lib = tmp_path / "torch" / "lib"
     lib.mkdir(parents=True)
     (lib / "libtorch_cpu.so").write_bytes(b"")
     spec = importlib.util.spec_from_loader("torch", loader=None, is_package=True)
     spec.submodule_search_locations = [str(tmp_path / "torch")]
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: spec if name == "torch" else None)
-    monkeypatch.setattr(segment, "gpu_driver_present", lambda: True)
-    assert segment.surely_cpu("auto")
+    monkeypatch.setattr(devices, "gpu_driver_present", lambda: True)
+    assert devices.surely_cpu("auto")
     (lib / "libtorch_cuda.so").write_bytes(b"")
-    assert not segment.surely_cpu("auto")  # a GPU build on a machine with a driver: ask torch
-    monkeypatch.setattr(segment, "gpu_driver_present", lambda: False)
-    assert segment.surely_cpu("auto")  # the default (CUDA) pip build on a machine without a GPU driver
+    assert not devices.surely_cpu("auto")  # a GPU build on a machine with a driver: ask torch
+    monkeypatch.setattr(devices, "gpu_driver_present", lambda: False)
+    assert devices.surely_cpu("auto")  # the default (CUDA) pip build on a machine without a GPU driver
 
 
 def test_the_gpu_driver_probe_follows_the_driver_library_and_rocm_device(monkeypatch):
     import ctypes
 
-    from cardseg import segment
+    from cardseg.base import devices
 
     loaded = []
 
@@ -223,12 +223,12 @@ def test_the_gpu_driver_probe_follows_the_driver_library_and_rocm_device(monkeyp
             raise OSError(name)
 
     monkeypatch.setattr(ctypes, "CDLL", fake_cdll)
-    assert segment.gpu_driver_present() and loaded == ["libcuda.so.1"]
+    assert devices.gpu_driver_present() and loaded == ["libcuda.so.1"]
     monkeypatch.setattr(ctypes, "CDLL", lambda name: (_ for _ in ()).throw(OSError(name)))
-    monkeypatch.setattr(segment, "ROCM_DEVICE", "/nonexistent/kfd")
-    assert not segment.gpu_driver_present()
-    monkeypatch.setattr(segment, "ROCM_DEVICE", __file__)
-    assert segment.gpu_driver_present()
+    monkeypatch.setattr(devices, "ROCM_DEVICE", "/nonexistent/kfd")
+    assert not devices.gpu_driver_present()
+    monkeypatch.setattr(devices, "ROCM_DEVICE", __file__)
+    assert devices.gpu_driver_present()
 
 
 @needs_onnx

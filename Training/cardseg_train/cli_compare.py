@@ -57,7 +57,7 @@ def cmd_ablate(argv: List[str]) -> int:
 
     from cardseg.bundle.loading import load_bundle
     from cardseg.base.progress import make_progress
-    from cardseg.segment import resolve_device
+    from cardseg.base.devices import resolve_device
 
     from .ablation import ablation_table, markdown, plot
     from .calibration_eval import CaseCache, evaluation_settings, run_cases

@@ -81,7 +81,7 @@ def cmd_evaluate(argv: List[str]) -> int:
 
     from cardseg.bundle.loading import load_bundle
     from cardseg.base.progress import make_progress
-    from cardseg.segment import resolve_device
+    from cardseg.base.devices import resolve_device
 
     from .calibration_eval import (CaseCache, bundle_calibrators, calibration_table, crop_needs,
                                    evaluation_settings, run_cases)

@@ -40,7 +40,7 @@ def cmd_fit_review(argv: List[str]) -> int:
 
     from cardseg.bundle.loading import load_bundle
     from cardseg.base.progress import make_progress
-    from cardseg.segment import resolve_device
+    from cardseg.base.devices import resolve_device
 
     from .review_report import RULE_KEYS, fit_bundle_review
 
@@ -97,7 +97,7 @@ def cmd_fit(argv: List[str]) -> int:
     import torch
 
     from cardseg.bundle.folder import resolve_bundle_path
-    from cardseg.segment import resolve_device
+    from cardseg.base.devices import resolve_device
 
     from cardseg.base.progress import make_progress
 
@@ -142,7 +142,7 @@ def cmd_fit_indices(argv: List[str]) -> int:
         raise CardsegError("--no-fit needs --measure-test OUT (there is nothing else to do)")
     import torch
 
-    from cardseg.segment import resolve_device
+    from cardseg.base.devices import resolve_device
 
     from .indices_fit import fit_indices
 

@@ -44,7 +44,7 @@ import torch
 from cardseg.method.diffusion import CategoricalSchedule
 from cardseg.base.errors import CardsegError
 from cardseg.method.networks import build_network, count_parameters
-from cardseg.segment import resolve_device
+from cardseg.base.devices import resolve_device
 
 from .augment import BatchAugment
 from .datasets import detect_format, load_split, resolve_split

@@ -1,51 +1,70 @@
 """Cases one after another with their input and output work overlapped with the computation.
 
 ``cardseg batch`` with one worker used to run :func:`cardseg.segment.segment_file` case after
-case: read, compute, write, then the next read. Here the same three steps
-(:func:`~cardseg.segment.read_case`, :func:`~cardseg.segment.compute_case`,
-:func:`~cardseg.segment.write_outputs`) form a three-stage pipeline:
+case: read, compute, write, then the next read. Here the same steps
+(:func:`~cardseg.segment.read_case`, :func:`~cardseg.segment.run_networks`,
+:func:`~cardseg.segment.finish_case` and :func:`~cardseg.segment.write_outputs`) form a pipeline:
 
 * a reader thread reads and checks case *i + 1* while the networks compute case *i*;
-* a writer thread writes case *i - 1* (compressed volumes, the Slicer segmentation, read-back
-  checks) meanwhile;
-* the main thread computes, and hands each finished case to ``on_result`` in the order of
-  ``jobs``, once its files are committed (so the resume state only ever names complete outputs).
+* the main thread runs only the networks (the GPU's or ONNX Runtime's share of a case);
+* ``finishers`` threads finish the cases computed before: labels, calibrated probabilities,
+  agreement, flagged regions and the report, then the compressed volumes, the Slicer
+  segmentation and their read-back checks (each case's files written beside each other);
+* ``on_result`` is called for each case in the order of ``jobs``, always from the main thread,
+  once its files are committed (so the resume state only ever names complete outputs).
 
-At most one case is read ahead and one written behind, so memory stays at three cases. A case
-that fails at any stage is reported as an error and the others go on, exactly as with
-:meth:`cardseg.cohort.worker.CaseWorker.run`. On Ctrl-C or SIGTERM (raised in the main thread),
-the case being computed is abandoned (its writer removes its temporary folder), the write in
-flight is finished and reported, and the interrupt goes on up.
+At most one case is read ahead and ``finishers`` finished behind, so memory stays at
+``finishers + 2`` cases. A case that fails at any stage is reported as an error and the others
+go on, exactly as with :meth:`cardseg.cohort.worker.CaseWorker.run`. On Ctrl-C or SIGTERM
+(raised in the main thread), the case being computed is abandoned (its writer removes its
+temporary folder), the cases being finished are finished and reported, and the interrupt goes on up.
 
-The threads overlap where the work releases the GIL: SimpleITK's readers and writers, zlib,
-ONNX Runtime and torch kernels. ``Testing/benchmarks/batch_overlap.py`` measures the effect.
+The threads overlap where the work releases Python's lock: torch and ONNX Runtime kernels, numpy
+and SciPy on whole arrays, SimpleITK's readers, zlib. On a GPU the networks take a small share of
+a case, so the finishing runs on several threads (``default_finishers``); on 2 CPU cores one.
+``Testing/benchmarks/batch_overlap.py`` measures the effect.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Optional, Sequence
+from typing import Callable, Deque, Optional, Sequence
 
 from cardseg.cohort.worker import CaseWorker, Job, failed
 
 
-def run_overlapped(worker: CaseWorker, jobs: Sequence[Job], on_result: Callable[[dict], None]) -> None:
+def default_finishers(cpus: Optional[int] = None) -> int:
+    """Threads that finish cases beside the computation: one per 4 CPUs, 1 to 4."""
+    cpus = cpus if cpus is not None else (os.cpu_count() or 1)
+    return max(1, min(4, cpus // 4))
+
+
+def run_overlapped(worker: CaseWorker, jobs: Sequence[Job], on_result: Callable[[dict], None],
+                   finishers: Optional[int] = None) -> None:
     """Run ``jobs`` with ``worker``'s bundle (loaded here if it is not yet) and settings, calling
-    ``on_result`` once per job, in order, always from this thread (see the module docstring)."""
+    ``on_result`` once per job, in order, always from this thread (see the module docstring).
+    ``finishers``: threads finishing and writing cases (default :func:`default_finishers`)."""
     worker.load()
     bundle, method, device, batch_size = worker.bundle, worker.method, worker.device, worker.batch_size
+    from cardseg import segment
     from cardseg import __version__
     from cardseg.base.progress import Progress
     from cardseg.io.outdir import OutputWriter
-    from cardseg.segment import compute_case, read_case, write_outputs
+
+    n_finish = max(1, int(finishers or default_finishers()))
 
     def read(job: Job):
-        return read_case(job.path, job.out, frame=job.frame, spacing=job.spacing, overwrite=job.overwrite)
+        return segment.read_case(job.path, job.out, frame=job.frame, spacing=job.spacing, overwrite=job.overwrite)
 
-    def write(job: Job, t0: float, result, volume, out, writer) -> dict:
+    def finish(job: Job, t0: float, computed, volume, out, writer) -> dict:
         try:
-            write_outputs(result, volume, bundle, out, job.overwrite, Progress(), writer=writer)
+            traj, timings = computed
+            result = segment.finish_case(traj, timings, volume, bundle, job.path, method=method, device=device,
+                                         frame=job.frame, spacing=job.spacing, t_start=t0)
+            segment.write_outputs(result, volume, bundle, out, job.overwrite, Progress(), writer=writer)
         except BaseException as exc:
             writer.__exit__(type(exc), exc, exc.__traceback__)
             if isinstance(exc, Exception):
@@ -57,33 +76,31 @@ def run_overlapped(worker: CaseWorker, jobs: Sequence[Job], on_result: Callable[
 
     if not jobs:
         return
+    behind: Deque[Future] = deque()
     with ThreadPoolExecutor(1, thread_name_prefix="cardseg-read") as reader, \
-            ThreadPoolExecutor(1, thread_name_prefix="cardseg-write") as writer_pool:
-        ahead: Future = reader.submit(read, jobs[0])
-        behind: Optional[Future] = None
+            ThreadPoolExecutor(n_finish, thread_name_prefix="cardseg-finish") as finish_pool:
+        ahead: Optional[Future] = reader.submit(read, jobs[0])
         try:
             for i, job in enumerate(jobs):
                 t0 = time.perf_counter()
                 current, ahead = ahead, (reader.submit(read, jobs[i + 1]) if i + 1 < len(jobs) else None)
                 outcome = _compute(job, t0, current, bundle, method, device, batch_size, OutputWriter,
-                                   __version__, compute_case)
-                if behind is not None:  # the previous case is written before this one starts writing
-                    done = behind.result()
-                    behind = None  # reported once, even if an interrupt lands inside on_result
-                    on_result(done)
-                if isinstance(outcome, dict):  # failed before its write
+                                   __version__, segment.run_networks)
+                while len(behind) >= n_finish or (behind and behind[0].done()):  # in order, never more behind
+                    on_result(behind.popleft().result())
+                if isinstance(outcome, dict):  # failed before its finishing
+                    while behind:  # the cases before it are reported first
+                        on_result(behind.popleft().result())
                     on_result(outcome)
                     continue
-                result, volume, out, writer = outcome
-                behind = writer_pool.submit(write, job, t0, result, volume, out, writer)
-            if behind is not None:
-                done = behind.result()
-                behind = None
-                on_result(done)
+                computed, volume, out, writer = outcome
+                behind.append(finish_pool.submit(finish, job, t0, computed, volume, out, writer))
+            while behind:
+                on_result(behind.popleft().result())
         except BaseException:
-            if behind is not None:  # a finished case is still reported (its files are complete)
+            while behind:  # finished cases are still reported (their files are complete)
                 try:
-                    on_result(behind.result())
+                    on_result(behind.popleft().result())
                 except BaseException:  # noqa: BLE001 - the first interruption is the one that counts
                     pass
             if ahead is not None:
@@ -91,9 +108,9 @@ def run_overlapped(worker: CaseWorker, jobs: Sequence[Job], on_result: Callable[
             raise
 
 
-def _compute(job, t0, current, bundle, method, device, batch_size, writer_class, version, compute_case):
-    """``(result, volume, out, entered writer)``, or the error result of a case that failed while
-    being read, locked or computed (its writer has cleaned up)."""
+def _compute(job, t0, current, bundle, method, device, batch_size, writer_class, version, run_networks):
+    """``((trajectory, timings), volume, out, entered writer)``, or the error result of a case
+    that failed while being read, locked or computed (its writer has cleaned up)."""
     try:
         out, volume = current.result()
     except Exception as exc:  # noqa: BLE001 - one bad case never stops the batch
@@ -105,11 +122,10 @@ def _compute(job, t0, current, bundle, method, device, batch_size, writer_class,
     try:
         from cardseg.base.progress import Progress
 
-        result = compute_case(volume, bundle, job.path, method=method, device=device, batch_size=batch_size,
-                              frame=job.frame, spacing=job.spacing, progress=Progress(), t_start=t0)
+        computed = run_networks(volume, bundle, method, device, batch_size, Progress())
     except BaseException as exc:
         writer.__exit__(type(exc), exc, exc.__traceback__)
         if isinstance(exc, Exception):
             return failed(job, exc, t0)
         raise
-    return result, volume, out, writer
+    return computed, volume, out, writer

@@ -45,7 +45,7 @@ class CaseWorker:
         import torch
 
         from cardseg.bundle.loading import load_bundle
-        from cardseg.segment import resolve_device
+        from cardseg.base.devices import resolve_device
 
         torch.set_num_threads(int(self.threads or default_threads()))
         self.device = resolve_device(self.device_name)
