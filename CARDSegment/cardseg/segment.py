@@ -149,7 +149,7 @@ def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle
             from cardseg.method.gpu_exec import run_graphed
 
             res = run_graphed(bundle.primary, bundle.reference, xb, steps, bundle.num_classes, mode=mode,
-                              schedule=bundle.schedule, tac_steps=tac_steps, batch_size=batch_size)
+                              schedule=bundle.schedule, tac_steps=tac_steps, batch_size=min(batch_size, x.shape[0]))
             if res is not None:
                 progress.advance(len(steps))
         if res is None:
@@ -313,11 +313,15 @@ def write_outputs(result: SegmentationResult, volume: Volume, bundle: Bundle, ou
     pool = ThreadPoolExecutor(max(1, min(WRITE_THREADS, len(files))), thread_name_prefix="cardseg-write-file")
     try:
         futures = [pool.submit(write_one, name, writer.path(name), result, volume, bundle) for name in files]
-        for _ in as_completed(futures):
+        for fut in as_completed(futures):
+            if fut.exception() is not None:
+                break  # the files not started yet are not written (cancelled below)
             progress.advance(1)
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
     for name, fut in zip(files, futures):  # the first failed file in the usual order is the one reported
+        if fut.cancelled():
+            continue
         exc = fut.exception()
         if isinstance(exc, IncompleteWrite):  # name the file where the user will look for it
             raise IncompleteWrite(writer.out / name, exc.strerror) from None

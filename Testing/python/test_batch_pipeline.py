@@ -5,6 +5,7 @@ the computation, and an interrupt that leaves only complete outputs behind."""
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -162,6 +163,47 @@ def test_an_interrupt_reports_the_finished_case_and_leaves_no_partial_output(wor
     assert (Path(jobs[0].out) / "report.json").is_file()
     assert not Path(jobs[1].out).exists() and not Path(jobs[2].out).exists()
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["case0"]
+
+
+def test_an_interrupt_while_waiting_for_a_finisher_loses_no_case_and_leaves_no_writer_open(
+        worker, synthetic_volume, tmp_path, monkeypatch):
+    """Ctrl-C lands while the main thread waits for case 0's finishing (case 1 computed and handed
+    over): both are finished and reported, in order, nothing of case 2 is made, and no temporary
+    folder or lock is left in the output folder."""
+    import os
+    import signal
+
+    from cardseg import segment
+
+    vol, _ = synthetic_volume
+    jobs = _cases(tmp_path, vol, 3)
+    computed_1 = threading.Event()
+    real_networks, real_finish = segment.run_networks, segment.finish_case
+    calls = []
+
+    def run_networks(*args, **kw):
+        out = real_networks(*args, **kw)
+        calls.append(None)
+        if len(calls) == 2:
+            computed_1.set()
+        return out
+
+    def finish_case(traj, timings, volume, bundle, path, **kw):
+        if Path(path).name.startswith("case0"):
+            assert computed_1.wait(60)
+            time.sleep(0.3)  # the main thread has handed case 1 over and waits for this one
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_finish(traj, timings, volume, bundle, path, **kw)
+
+    monkeypatch.setattr(segment, "run_networks", run_networks)
+    monkeypatch.setattr(segment, "finish_case", finish_case)
+    seen = []
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run_overlapped(worker, jobs, seen.append, finishers=1)
+    assert [(r["case"], r["status"]) for r in seen] == [("case0", "ok"), ("case1", "ok")]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["case0", "case1"]
+    for job in jobs[:2]:
+        assert (Path(job.out) / "report.json").is_file()
 
 
 def test_a_failed_write_is_that_case_error_and_the_batch_goes_on(worker, synthetic_volume, tmp_path, monkeypatch):

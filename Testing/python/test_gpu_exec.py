@@ -157,6 +157,10 @@ def test_trajectory_on_slices_takes_the_graph_path_on_a_gpu_device(tiny_bundle, 
             np.testing.assert_allclose(np.asarray(got.tac), np.asarray(eager[m].tac), atol=1e-5)
     assert [s[0] for s in seen] == [4, 4, 3] * 2
     assert len(StandInGraph.built) == 2  # one capture for card, one for uc, across the three batches
+    assert {g.shape[0] for g in StandInGraph.built} == {4}
+    # a volume of fewer slices than the batch size is padded to its own size, not to the batch size
+    segment.trajectory_on_slices(slices[:3], (1.5, 1.5), bundle, "uc", batch_size=4 * 16)
+    assert StandInGraph.built[-1].shape[0] == 3
     seen.clear()
     segment.trajectory_on_slices(slices, (1.5, 1.5), bundle, "card", batch_size=4, keep_step_js=True)
     assert seen == []

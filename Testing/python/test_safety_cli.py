@@ -379,7 +379,7 @@ def test_an_error_while_writing_clears_the_bar_and_leaves_nothing(tmp_path, scan
     monkeypatch.setattr(segment, "write_one", failing)
     code = main(["segment", str(scan / "scan.nii.gz"), "-o", str(tmp_path / "out"), "--bundle", str(tiny_bundle)])
     err = capsys.readouterr().err
-    assert code == 2 and len(calls) == 3
+    assert code == 2 and len(calls) >= 3  # the files are written on several threads: others may have started
     last = err.rstrip("\n").split("\n")[-1]
     screen = []  # what a terminal shows of that line: each carriage return writes over from column 0
     for part in last.split("\r"):

@@ -13,8 +13,8 @@ case: read, compute, write, then the next read. Here the same steps
 * ``on_result`` is called for each case in the order of ``jobs``, always from the main thread,
   once its files are committed (so the resume state only ever names complete outputs).
 
-At most one case is read ahead and ``finishers`` finished behind, so memory stays at
-``finishers + 2`` cases. A case that fails at any stage is reported as an error and the others
+At most one case is read ahead and ``finishers + 1`` are finished behind, so memory stays at
+``finishers + 3`` cases. A case that fails at any stage is reported as an error and the others
 go on, exactly as with :meth:`cardseg.cohort.worker.CaseWorker.run`. On Ctrl-C or SIGTERM
 (raised in the main thread), the case being computed is abandoned (its writer removes its
 temporary folder), the cases being finished are finished and reported, and the interrupt goes on up.
@@ -27,18 +27,18 @@ a case, so the finishing runs on several threads (``default_finishers``); on 2 C
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, Deque, Optional, Sequence
 
+from cardseg.base.cpus import usable_cpus
 from cardseg.cohort.worker import CaseWorker, Job, failed
 
 
 def default_finishers(cpus: Optional[int] = None) -> int:
-    """Threads that finish cases beside the computation: one per 4 CPUs, 1 to 4."""
-    cpus = cpus if cpus is not None else (os.cpu_count() or 1)
+    """Threads that finish cases beside the computation: one per 4 usable CPUs, 1 to 4."""
+    cpus = cpus if cpus is not None else usable_cpus()
     return max(1, min(4, cpus // 4))
 
 
@@ -77,6 +77,15 @@ def run_overlapped(worker: CaseWorker, jobs: Sequence[Job], on_result: Callable[
     if not jobs:
         return
     behind: Deque[Future] = deque()
+
+    def report_ready(keep: int) -> None:
+        """Report finished cases in order, waiting while more than ``keep`` are behind. A case
+        leaves ``behind`` only once its result is in hand (an interrupt while waiting loses none)."""
+        while behind and (len(behind) > keep or behind[0].done()):
+            done = behind[0].result()
+            behind.popleft()
+            on_result(done)
+
     with ThreadPoolExecutor(1, thread_name_prefix="cardseg-read") as reader, \
             ThreadPoolExecutor(n_finish, thread_name_prefix="cardseg-finish") as finish_pool:
         ahead: Optional[Future] = reader.submit(read, jobs[0])
@@ -86,23 +95,24 @@ def run_overlapped(worker: CaseWorker, jobs: Sequence[Job], on_result: Callable[
                 current, ahead = ahead, (reader.submit(read, jobs[i + 1]) if i + 1 < len(jobs) else None)
                 outcome = _compute(job, t0, current, bundle, method, device, batch_size, OutputWriter,
                                    __version__, segment.run_networks)
-                while len(behind) >= n_finish or (behind and behind[0].done()):  # in order, never more behind
-                    on_result(behind.popleft().result())
-                if isinstance(outcome, dict):  # failed before its finishing
-                    while behind:  # the cases before it are reported first
-                        on_result(behind.popleft().result())
-                    on_result(outcome)
-                    continue
-                computed, volume, out, writer = outcome
-                behind.append(finish_pool.submit(finish, job, t0, computed, volume, out, writer))
-            while behind:
-                on_result(behind.popleft().result())
+                if isinstance(outcome, dict):  # failed before its finishing: reported in its turn
+                    fut: Future = Future()
+                    fut.set_result(outcome)
+                else:  # handed over before any wait, so its entered writer is always someone's to close
+                    computed, volume, out, writer = outcome
+                    fut = finish_pool.submit(finish, job, t0, computed, volume, out, writer)
+                behind.append(fut)
+                report_ready(n_finish)
+            report_ready(0)
         except BaseException:
             while behind:  # finished cases are still reported (their files are complete)
                 try:
-                    on_result(behind.popleft().result())
+                    done = behind[0].result()
+                    behind.popleft()
+                    on_result(done)
                 except BaseException:  # noqa: BLE001 - the first interruption is the one that counts
-                    pass
+                    if behind and behind[0].done():
+                        behind.popleft()
             if ahead is not None:
                 ahead.cancel()
             raise

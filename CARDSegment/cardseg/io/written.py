@@ -99,29 +99,46 @@ def write_image(image, path: os.PathLike) -> None:
     SimpleITK writes the NIfTI uncompressed beside ``path`` (quick; fd 2 muted meanwhile, which
     holds the process-wide lock), then Python's zlib compresses it into ``path`` (outside that
     lock, without Python's lock: several volumes compress at once on several threads) and the
-    uncompressed file is removed. The file is an ordinary gzip-compressed NIfTI."""
-    import SimpleITK as sitk
-
+    uncompressed file is removed. Where the uncompressed file does not fit (disk, quota, ``ulimit
+    -f``), SimpleITK writes the compressed file itself, as before. The file is an ordinary
+    gzip-compressed NIfTI."""
     path = Path(path)
     raw = path.with_name(path.name + RAW_SUFFIX)
     try:
-        with muted_native_stderr() as lines:
-            try:
-                sitk.WriteImage(image, str(raw), useCompression=False)
-            except RuntimeError:
-                failed = True
-            else:
-                failed = False
-        _pass_on(lines)
-        if failed or any("NWAD" in line for line in lines):
-            raise IncompleteWrite(path)
+        _sitk_write(image, raw, path, compressed=False)
         _gzip_file(raw, path)
+    except IncompleteWrite:
+        # no room for the uncompressed file (disk, quota, ``ulimit -f``): SimpleITK compresses as
+        # it writes, needing room for the compressed file only
+        _remove(raw)
+        _sitk_write(image, path, path, compressed=True)
     finally:
-        try:
-            raw.unlink()
-        except FileNotFoundError:
-            pass
+        _remove(raw)
     verify_image(image, path)
+
+
+def _sitk_write(image, target: Path, name: Path, compressed: bool) -> None:
+    """SimpleITK writes ``image`` to ``target`` (fd 2 muted meanwhile); a short write raises
+    :class:`IncompleteWrite` naming ``name``."""
+    import SimpleITK as sitk
+
+    with muted_native_stderr() as lines:
+        try:
+            sitk.WriteImage(image, str(target), useCompression=compressed)
+        except RuntimeError:
+            failed = True
+        else:
+            failed = False
+    _pass_on(lines)
+    if failed or any("NWAD" in line for line in lines):
+        raise IncompleteWrite(name)
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink()
+    except FileNotFoundError:
+        pass
 
 
 def _gzip_file(src: Path, dst: Path, level: int = GZIP_LEVEL) -> None:

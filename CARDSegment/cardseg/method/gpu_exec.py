@@ -97,6 +97,7 @@ class GraphedTrajectory:
         if mode not in ("card", "uc"):
             raise ValueError(f"graph capture supports the modes card and uc, not {mode!r}")
         self.mode = mode
+        self.networks = (primary, reference)  # the graph reads their weights: they live as long as it
         self.input = example.detach().clone()
         tac_steps = None if tac_steps is None else [int(t) for t in tac_steps]
         schedule = schedule or CategoricalSchedule()
