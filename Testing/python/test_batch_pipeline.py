@@ -263,3 +263,50 @@ def test_stderr_redirections_of_the_reader_and_the_writer_never_interleave(monke
     for t in threads:
         t.join(30)
     assert os.readlink("/proc/self/fd/2") == before
+
+
+def test_progress_lines_stay_whole_and_in_order_while_other_threads_catch_fd2():
+    """Write threads catch fd 2 around SimpleITK (and print what they caught again) while the main
+    thread reports JSON progress, which the Slicer module reads one object per line: every line on
+    the process's stderr stays one whole JSON object or one caught line, and the progress counts
+    come in order (a progress line written during a capture would come out later, or cut into)."""
+    import json
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import os, threading, time
+        from cardseg.base.progress import JsonProgress
+        from cardseg.io.written import _pass_on, muted_native_stderr
+
+        stop = threading.Event()
+
+        def catcher():
+            while not stop.is_set():
+                with muted_native_stderr() as lines:
+                    os.write(2, b"native noise\\n")
+                    time.sleep(0.002)
+                _pass_on(lines)
+
+        threads = [threading.Thread(target=catcher) for _ in range(3)]
+        for t in threads:
+            t.start()
+        p = JsonProgress()
+        p.stage("write", 300)
+        for _ in range(300):
+            p.advance(1)
+            time.sleep(0.0005)
+        stop.set()
+        for t in threads:
+            t.join()
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    done, noise = [], 0
+    for line in proc.stderr.splitlines():
+        if line == "native noise":
+            noise += 1
+            continue
+        done.append(json.loads(line)["done"])  # anything else must be one whole progress object
+    assert done == list(range(301)) and noise > 10

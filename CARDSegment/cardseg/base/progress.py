@@ -1,10 +1,18 @@
-"""Progress reporting: a tqdm bar, JSON lines for the Slicer module, or nothing."""
+"""Progress reporting: a tqdm bar, JSON lines for the Slicer module, or nothing.
+
+Every write holds :data:`cardseg.base.fd2.FD2_LOCK`: while another thread points file descriptor
+2 elsewhere (to catch what SimpleITK prints while it writes a volume), a progress line waits for
+it to come back instead of landing in that capture (which would print it later, out of order,
+where the Slicer module reads one JSON object per line).
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 from typing import Optional
+
+from cardseg.base.fd2 import FD2_LOCK
 
 
 class Progress:
@@ -28,8 +36,10 @@ class JsonProgress(Progress):
         self.name, self.done, self.total = "", 0, 0
 
     def _emit(self) -> None:
-        self.stream.write(json.dumps({"stage": self.name, "done": self.done, "total": self.total}) + "\n")
-        self.stream.flush()
+        line = json.dumps({"stage": self.name, "done": self.done, "total": self.total}) + "\n"
+        with FD2_LOCK:
+            self.stream.write(line)
+            self.stream.flush()
 
     def stage(self, name: str, total: int) -> None:
         self.name, self.done, self.total = name, 0, int(total)
@@ -50,15 +60,18 @@ class TqdmProgress(Progress):
         from tqdm.auto import tqdm
 
         self.close()
-        self.bar = tqdm(total=total, desc=name, unit="step", file=sys.stderr, leave=False, dynamic_ncols=True)
+        with FD2_LOCK:
+            self.bar = tqdm(total=total, desc=name, unit="step", file=sys.stderr, leave=False, dynamic_ncols=True)
 
     def advance(self, n: int = 1) -> None:
         if self.bar is not None:
-            self.bar.update(n)
+            with FD2_LOCK:
+                self.bar.update(n)
 
     def close(self) -> None:
         if self.bar is not None:
-            self.bar.close()
+            with FD2_LOCK:
+                self.bar.close()
             self.bar = None
 
 

@@ -79,13 +79,16 @@ def _muted() -> Iterator[List[str]]:
 
 def _pass_on(lines: List[str]) -> None:
     """Print the captured lines again, all but the NIfTI library's short-write complaints (the
-    one-line error that follows says it)."""
-    for line in lines:
-        if "NWAD" not in line and line.strip():
-            print(line, file=sys.stderr)
+    one-line error that follows says it): in one write, under the fd-2 lock, so that no other
+    thread's progress line is cut into them."""
+    text = "".join(line + "\n" for line in lines if "NWAD" not in line and line.strip())
+    if text:
+        with FD2_LOCK:
+            sys.stderr.write(text)
+            sys.stderr.flush()
 
 
-#: gzip level of the written volumes: 1 gives within 1 % of the size of 6 on float maps, sooner
+#: gzip level of the written volumes: 1 gives about the size of 6 on float maps (1 % more), sooner
 GZIP_LEVEL = 1
 #: suffix of the uncompressed NIfTI written beside the target before it is compressed
 RAW_SUFFIX = ".raw.nii"
