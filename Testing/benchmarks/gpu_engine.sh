@@ -3,7 +3,7 @@
 #
 #   bash Testing/benchmarks/gpu_engine.sh OUT [CARRY]
 #
-# CARRY (default .gpucarry, git-ignored) holds what that machine lacks: the wheels of MONAI (only
+# CARRY (default .gpucarry, git-ignored; built by gpu_carry.sh) holds what that machine lacks: the wheels of MONAI (only
 # the first run imports it, to prepare the TorchScript programs), slicerio and pynrrd, and
 # SimpleITK's unpacked wheel as sitk.tar.xz (the wheel itself is too large for the transfer).
 # Every step is guarded by its own time limit, so one failure never costs the others; each
