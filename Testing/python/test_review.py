@@ -10,6 +10,8 @@ import sys
 import numpy as np
 import pytest
 import SimpleITK as sitk
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cardseg.base.errors import CardsegError
 from cardseg.review.regions import FEATURES, ErrorModel, flagged_regions, rank_regions, region_features, region_labels
@@ -149,3 +151,30 @@ def test_regions_map_agrees_with_the_report(tiny_bundle, rotated_nifti, tmp_path
         assert [xx.mean(), yy.mean(), zz.mean()] == pytest.approx(r["centroid_ijk"], abs=1e-6)
         lps = img.TransformContinuousIndexToPhysicalPoint(r["centroid_ijk"])
         assert np.allclose(lps, r["centroid_lps"], atol=1e-4)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(0, 10_000), st.booleans())
+def test_region_features_are_each_regions_own_statistics(seed, with_fov):
+    """Every feature of every region equals what its own voxels give, computed one region at a
+    time with plain masks (the function computes them all at once over the regions' voxels)."""
+    from scipy import ndimage
+
+    from cardseg.review.regions import end_position
+
+    rng = np.random.default_rng(seed)
+    shape = (int(rng.integers(1, 7)), int(rng.integers(6, 30)), int(rng.integers(6, 30)))
+    tac = rng.random(shape) * 0.7
+    pred = rng.integers(0, 4, shape)
+    lab, n = ndimage.label(ndimage.gaussian_filter(rng.random(shape), 1) > 0.55)
+    fov = rng.random(shape[1:]) > 0.2 if with_fov else None
+    got = region_features(tac, pred, lab, n, fov)
+    assert got.shape == (n, len(FEATURES))
+    inside_fov = np.broadcast_to(np.ones(shape[1:], bool) if fov is None else fov, shape)
+    for i in range(n):
+        m = lab == i + 1
+        v = tac[m]
+        want = (np.log1p(v.sum()), v.max(), v.mean(), np.log(m.sum()), m.any(axis=(1, 2)).sum(),
+                (pred[m] > 0).mean(), np.unique(pred[m]).size, end_position(np.nonzero(m)[0].mean(), shape[0]),
+                inside_fov[m].mean())
+        np.testing.assert_allclose(got[i], want, rtol=1e-12, atol=1e-12)

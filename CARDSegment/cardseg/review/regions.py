@@ -203,14 +203,18 @@ def region_features(tac: np.ndarray, pred: np.ndarray, lab: np.ndarray, n: int,
         return np.zeros((0, len(FEATURES)))
     tac = np.asarray(tac, dtype=np.float64)
     idx = np.arange(1, n + 1)
-    vox = ndimage.sum_labels(np.ones_like(tac), lab, idx)
-    s = ndimage.sum_labels(tac, lab, idx)
-    mx = ndimage.maximum(tac, lab, idx)
-    fg = ndimage.sum_labels((np.asarray(pred) > 0).astype(np.float64), lab, idx)
+    # every statistic over the regions' own voxels only (a small share of the volume: SciPy's
+    # per-label maximum sorts all the values it is given)
+    inside = lab > 0
+    lab_in, tac_in = lab[inside], tac[inside]
+    vox = ndimage.sum_labels(np.ones_like(tac_in), lab_in, idx)
+    s = ndimage.sum_labels(tac_in, lab_in, idx)
+    mx = ndimage.maximum(tac_in, lab_in, idx)
+    fg = ndimage.sum_labels((np.asarray(pred)[inside] > 0).astype(np.float64), lab_in, idx)
     z = lab.shape[0]
-    zc = ndimage.center_of_mass(np.ones_like(tac), lab, idx)
+    zc = ndimage.sum_labels(np.nonzero(inside)[0].astype(np.float64), lab_in, idx) / vox  # centroid slice
     fov3 = np.ones(lab.shape[1:], bool) if fov is None else np.asarray(fov, bool)
-    infov = ndimage.sum_labels(np.broadcast_to(fov3, lab.shape).astype(np.float64), lab, idx)
+    infov = ndimage.sum_labels(np.broadcast_to(fov3, lab.shape)[inside].astype(np.float64), lab_in, idx)
     out = np.zeros((n, len(FEATURES)))
     objects = ndimage.find_objects(lab)
     for i in range(n):
@@ -218,7 +222,7 @@ def region_features(tac: np.ndarray, pred: np.ndarray, lab: np.ndarray, n: int,
         sub = lab[sl] == i + 1
         slices = int(sub.any(axis=(1, 2)).sum())
         classes = np.unique(np.asarray(pred)[sl][sub]).size
-        pos = float(end_position(zc[i][0], z))
+        pos = float(end_position(zc[i], z))
         out[i] = (np.log1p(s[i]), mx[i], s[i] / vox[i], np.log(vox[i]), slices, fg[i] / vox[i], classes, pos,
                   infov[i] / vox[i])
     return out
