@@ -141,13 +141,13 @@ def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle
     mode = method if method in ("card", "logit-mix") else "uc"
     graphed = (to_device is not None and _device_type(device) == "cuda" and mode in ("card", "uc")
                and not (with_reference or keep_step_js))
+    if graphed:
+        from cardseg.method.gpu_exec import run_graphed
     for b in range(nb):
         xb = x[b * batch_size:(b + 1) * batch_size]
         xb = to_device(xb) if to_device else xb
         res = None
         if graphed:
-            from cardseg.method.gpu_exec import run_graphed
-
             res = run_graphed(bundle.primary, bundle.reference, xb, steps, bundle.num_classes, mode=mode,
                               schedule=bundle.schedule, tac_steps=tac_steps, batch_size=min(batch_size, x.shape[0]))
             if res is not None:
@@ -417,4 +417,3 @@ def write_one(name: str, path: Path, result: SegmentationResult, volume: Volume,
         write_text(path, json.dumps(result.report, indent=2) + "\n")
     else:  # pragma: no cover - output_files and this function list the same names
         raise AssertionError(name)
-

@@ -206,6 +206,45 @@ def test_an_interrupt_while_waiting_for_a_finisher_loses_no_case_and_leaves_no_w
         assert (Path(job.out) / "report.json").is_file()
 
 
+def test_interrupts_inside_on_result_still_report_the_cases_finished_behind(worker, synthetic_volume, tmp_path,
+                                                                              monkeypatch):
+    """Ctrl-C lands while case 0 is being reported, and again while case 1 is, with cases 1 and 2
+    finished behind: every case is still reported (none is dropped from the queue unreported),
+    then the interrupt goes on."""
+    from cardseg import segment
+
+    vol, _ = synthetic_volume
+    jobs = _cases(tmp_path, vol, 3)
+    all_computed = threading.Event()
+    real_networks, real_finish = segment.run_networks, segment.finish_case
+    calls = []
+
+    def run_networks(*args, **kw):
+        out = real_networks(*args, **kw)
+        calls.append(None)
+        if len(calls) == 3:
+            all_computed.set()
+        return out
+
+    def finish_case(traj, timings, volume, bundle, path, **kw):
+        if Path(path).name.startswith("case0"):
+            assert all_computed.wait(60)  # so that cases 1 and 2 are behind it when it is reported
+        return real_finish(traj, timings, volume, bundle, path, **kw)
+
+    seen = []
+
+    def on_result(r):
+        seen.append(r["case"])
+        if len(seen) <= 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(segment, "run_networks", run_networks)
+    monkeypatch.setattr(segment, "finish_case", finish_case)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run_overlapped(worker, jobs, on_result, finishers=3)
+    assert seen == ["case0", "case1", "case2"]
+
+
 def test_a_failed_write_is_that_case_error_and_the_batch_goes_on(worker, synthetic_volume, tmp_path, monkeypatch):
     from cardseg import segment
 

@@ -107,12 +107,10 @@ def run_overlapped(worker: CaseWorker, jobs: Sequence[Job], on_result: Callable[
         except BaseException:
             while behind:  # finished cases are still reported (their files are complete)
                 try:
-                    done = behind[0].result()
-                    behind.popleft()
-                    on_result(done)
+                    report_ready(0)
                 except BaseException:  # noqa: BLE001 - the first interruption is the one that counts
-                    if behind and behind[0].done():
-                        behind.popleft()
+                    if behind and behind[0].done() and behind[0].exception() is not None:
+                        behind.popleft()  # a case whose finishing itself raised has nothing to report
             if ahead is not None:
                 ahead.cancel()
             raise

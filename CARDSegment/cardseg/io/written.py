@@ -148,8 +148,8 @@ def _gzip_file(src: Path, dst: Path, level: int = GZIP_LEVEL) -> None:
     """``src`` gzip-compressed into ``dst`` (no file name or time in the gzip header); an
     ``OSError`` of the file system (full disk, size limit) goes up as :class:`IncompleteWrite`."""
     try:
-        with open(src, "rb") as fin, open(dst, "wb") as raw_out, \
-                gzip.GzipFile(filename="", mode="wb", fileobj=raw_out, compresslevel=level, mtime=0) as out:
+        with open(src, "rb") as fin, open(dst, "wb") as fout, \
+                gzip.GzipFile(filename="", mode="wb", fileobj=fout, compresslevel=level, mtime=0) as out:
             while True:
                 chunk = fin.read(1 << 22)
                 if not chunk:
