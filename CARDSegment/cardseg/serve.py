@@ -403,22 +403,21 @@ def error_event(rid, message: str, code: int) -> dict:
 
 def serve(a: argparse.Namespace, make_parser: Callable, check_segment: Callable, check_backend: Callable) -> int:
     """Run the engine until the end of input, an ``exit`` request or SIGTERM; the exit status."""
-    import _thread
-
-    from cardseg.base.interrupt import EXIT_TERMINATED, SigtermState, sigterm_as_interrupt
+    from cardseg.base.interrupt import EXIT_TERMINATED, SigtermState, sigterm_as_interrupt, stop_from_thread
 
     busy = threading.Event()
     eof = threading.Event()
+    stop: Optional[Callable[[], None]] = None  # set below, once its handler is in place
 
     def on_eof() -> None:
         eof.set()
-        if a.eof == "stop" and busy.is_set():
-            _thread.interrupt_main()  # the client is gone: stop the work as Ctrl-C would
+        if a.eof == "stop" and busy.is_set() and stop is not None:
+            stop()  # the client is gone: stop the work as Ctrl-C would
 
     reason, code, sigterm = "eof", 0, SigtermState()
     with protocol_stdout() as protocol:
         try:
-            with sigterm_as_interrupt() as sigterm:
+            with sigterm_as_interrupt() as sigterm, stop_from_thread() as stop:
                 engine = Engine(a, protocol, make_parser, check_segment, check_backend)
                 error = None if a.no_preload else engine.preload()
                 b = engine.loaded.describe()

@@ -166,12 +166,13 @@ def test_an_interrupt_reports_the_finished_case_and_leaves_no_partial_output(wor
 
 
 def test_an_interrupt_while_waiting_for_a_finisher_loses_no_case_and_leaves_no_writer_open(
-        worker, synthetic_volume, tmp_path, monkeypatch):
+        worker, synthetic_volume, tmp_path, monkeypatch, request):
     """Ctrl-C lands while the main thread waits for case 0's finishing (case 1 computed and handed
     over): both are finished and reported, in order, nothing of case 2 is made, and no temporary
     folder or lock is left in the output folder."""
     import os
     import signal
+    import sys
 
     from cardseg import segment
 
@@ -188,13 +189,24 @@ def test_an_interrupt_while_waiting_for_a_finisher_loses_no_case_and_leaves_no_w
             computed_1.set()
         return out
 
+    def main_thread_waits() -> bool:
+        """Whether the main thread sits in a wait for a result (a future's condition)."""
+        frame = sys._current_frames().get(threading.main_thread().ident)
+        return frame is not None and frame.f_code.co_name == "wait"
+
     def finish_case(traj, timings, volume, bundle, path, **kw):
         if Path(path).name.startswith("case0"):
             assert computed_1.wait(60)
-            time.sleep(0.3)  # the main thread has handed case 1 over and waits for this one
+            deadline = time.monotonic() + 60  # the main thread has handed case 1 over and waits for this one
+            while not main_thread_waits() and time.monotonic() < deadline:
+                time.sleep(0.01)
             os.kill(os.getpid(), signal.SIGINT)
         return real_finish(traj, timings, volume, bundle, path, **kw)
 
+    # Ctrl-C as a terminal delivers it, also where the test runner itself was started with SIGINT
+    # ignored (a background job of a script)
+    old_handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, old_handler))
     monkeypatch.setattr(segment, "run_networks", run_networks)
     monkeypatch.setattr(segment, "finish_case", finish_case)
     seen = []

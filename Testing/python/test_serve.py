@@ -42,9 +42,9 @@ def phantom(tmp_path_factory) -> Path:
 class Serve:
     """A ``cardseg serve`` child: send requests, read its protocol lines from stdout."""
 
-    def __init__(self, *args: str):
+    def __init__(self, *args: str, preexec_fn=None):
         self.proc = subprocess.Popen(CARDSEG + ["serve", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, bufsize=1, env=ENV)
+                                     stderr=subprocess.PIPE, text=True, bufsize=1, env=ENV, preexec_fn=preexec_fn)
         self.progress: list = []
 
     def send(self, obj) -> None:
@@ -154,13 +154,21 @@ def test_one_process_many_requests(tmp_path, phantom, tiny_bundle):
         engine.close()
 
 
-def test_end_of_input_stops_a_running_request(tmp_path, tiny_bundle):
-    """The client went away mid-request: the work stops at once, nothing half written, exit 0."""
+def _ignore_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("sigint", ["handled", "ignored"])
+def test_end_of_input_stops_a_running_request(tmp_path, tiny_bundle, sigint):
+    """The client went away mid-request: the work stops at once, nothing half written, exit 0;
+    also in an engine that a script started in the background, where SIGINT is ignored (Python's
+    own way to interrupt the main thread then does nothing)."""
     big = tmp_path / "big.nii.gz"
     # 200 slices at batch size 1: a thousand network calls, so even on a loaded machine the request is
     # still running when the engine reads the end of its input (48 slices could finish first)
     subprocess.run(CARDSEG + ["synth", str(big), "--slices", "200"], check=True, capture_output=True, timeout=120)
-    engine = Serve("--bundle", str(tiny_bundle), "--backend", "torch", "--threads", "1", "--no-preload")
+    engine = Serve("--bundle", str(tiny_bundle), "--backend", "torch", "--threads", "1", "--no-preload",
+                   preexec_fn=_ignore_sigint if sigint == "ignored" else None)
     try:
         assert engine.event()["event"] == "ready"
         engine.send({"id": 1, "input": str(big), "output": str(tmp_path / "out"), "batch_size": 1})

@@ -4,9 +4,10 @@ that is stopped) cleans up exactly as after Ctrl-C, instead of dying where it st
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
-from typing import Iterator
+from typing import Callable, Iterator
 
 #: the exit status of a run ended by SIGTERM (128 + 15, as a shell reports it)
 EXIT_TERMINATED = 128 + int(signal.SIGTERM)
@@ -59,3 +60,32 @@ def keep_sigterm_handler() -> Iterator[None]:
     finally:
         if main and old is not None:
             signal.signal(signal.SIGTERM, old)
+
+
+class ClientGone(KeyboardInterrupt):
+    """Raised in the main thread by :func:`stop_from_thread`'s ``stop()`` (``cardseg serve``: the end
+    of input stops a running request): a :class:`KeyboardInterrupt`, so the work cleans up as
+    after Ctrl-C."""
+
+
+@contextlib.contextmanager
+def stop_from_thread() -> Iterator[Callable[[], None]]:
+    """Yields ``stop()``, which any thread may call to raise :class:`ClientGone` in the main
+    thread. Through a signal of the engine's own (SIGUSR1) where the system has one: Python's
+    ``_thread.interrupt_main`` does nothing where SIGINT is ignored, as it is in a process that a
+    script started in the background. Elsewhere (Windows) ``interrupt_main``."""
+    import _thread
+
+    sig = getattr(signal, "SIGUSR1", None)
+    if sig is None or threading.current_thread() is not threading.main_thread():
+        yield _thread.interrupt_main
+        return
+
+    def on_stop(signum, frame) -> None:
+        raise ClientGone("end of input")
+
+    old = signal.signal(sig, on_stop)
+    try:
+        yield lambda: os.kill(os.getpid(), sig)
+    finally:
+        signal.signal(sig, old if old is not None else signal.SIG_DFL)
