@@ -247,6 +247,23 @@ def test_too_few_subjects_refused_in_one_line():
 # --------------------------------------------------------------------------------------------
 # from real `cardseg segment` folders
 # --------------------------------------------------------------------------------------------
+def test_spread_threshold_is_a_tac_value():
+    """The spread's region term thresholds the TAC: a TAC review rule lends its own threshold, an
+    error-probability rule (whose threshold is a probability) does not."""
+    assert ix.spread_tac_threshold({"regions": {"flag_threshold": 0.05}}) == 0.05
+    assert ix.spread_tac_threshold({"regions": {"map": "tac", "flag_threshold": 0.12}}) == 0.12
+    assert ix.spread_tac_threshold({"regions": {"map": "error_probability", "flag_threshold": 0.2}}) \
+        == ix.SPREAD_TAC_THRESHOLD
+    assert ix.spread_tac_threshold({}) == ix.SPREAD_TAC_THRESHOLD
+    assert 0.0 < ix.SPREAD_TAC_THRESHOLD < math.log(2)
+    # the shipped bundle cuts its regions from the error probability: its spread uses the TAC default
+    from cardseg.bundle.folder import check_bundle
+
+    cfg = check_bundle(None).config
+    assert cfg["regions"]["map"] == "error_probability"
+    assert ix.spread_tac_threshold(cfg) == ix.SPREAD_TAC_THRESHOLD != cfg["regions"]["flag_threshold"]
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory, tiny_bundle):
     """ED and ES runs (card) of two synthetic volumes, and a uc run, with the tiny bundle."""

@@ -127,6 +127,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from cardseg.base.errors import CardsegError
     from cardseg.bundle.loading import load_bundle
+    from cardseg.cohort.indices import spread_tac_threshold
 
     from .indices_fit import evidence_subjects, pool_patients
     from .report_files import atomic_write
@@ -141,7 +142,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     a = p.parse_args(argv)
     try:
         bundle = load_bundle(a.bundle, device="cpu")
-        thr = float(bundle.config["regions"]["flag_threshold"])
+        thr = spread_tac_threshold(bundle.config)
         args = (a.evidence_cache, 1.5, thr, None, "cpu", 8, lambda s: print(s, flush=True))
         val = evidence_subjects(bundle, a.data, "val", ["clean"], *args)
         train = evidence_subjects(bundle, a.data, "train", ["clean"], *args,

@@ -335,7 +335,7 @@ def fit_indices(bundle_path: Optional[str], data: str, level: float = 0.9, h5_sp
     summary: dict = {"bundle": bundle.ident, "timings_s": {}}
     geometry = (f"ACDC HDF5 volumes carry no spacing: pixels taken as {h5_spacing:g} mm (as in training) and "
                 f"slices {ACDC_H5_THICKNESS_MM:g} mm apart (as cardseg evaluate)")
-    thr = float(bundle.config["regions"]["flag_threshold"])
+    thr = ix.spread_tac_threshold(bundle.config)  # the spread diagnostic's TAC threshold
     if evidence_cache is None and cache_dir:
         evidence_cache = str(Path(cache_dir) / "evidence")
     args = (h5_spacing, thr, correct, device, batch_size, log)

@@ -54,6 +54,10 @@ STRUCTURES = ("LV", "RV", "MYO")
 MYO_DENSITY_G_PER_ML = 1.05
 #: the spread model :func:`volume_spread` implements (a per-subject diagnostic, not in the interval)
 SPREAD_MODEL = "slice-and-region-coherent-expected-error"
+#: TAC above which a voxel counts as flagged in the spread's region term when the bundle's review
+#: regions are cut from another map (nats, in [0, ln 2]): the seed threshold of the TAC review rule
+#: fitted on validation for issue 22 (``Training/results/acdc-2.1.0/review/covered/review_fit.json``)
+SPREAD_TAC_THRESHOLD = 0.08
 METHOD = "location-scale-pivot"
 #: what a refusal says when a bundle carries no fitted intervals
 NO_BLOCK = "has no fitted index intervals (indices); run: cardseg fit-indices --bundle PATH"
@@ -140,6 +144,17 @@ def volume_spread(labels: np.ndarray, probs: np.ndarray, disagreement: np.ndarra
             per_region = np.bincount(flat, weights=q[..., c].ravel(), minlength=n + 1)[1:]
             var[c] += float(np.sum(per_region ** 2))
     return np.sqrt(var) * voxel_volume_ml(spacing)
+
+
+def spread_tac_threshold(config: Mapping) -> float:
+    """The TAC threshold of :func:`volume_spread`'s region term for a bundle's ``config``: the review
+    rule's ``regions.flag_threshold`` when its regions are cut from the TAC itself (``regions.map``
+    ``"tac"``, the default), else :data:`SPREAD_TAC_THRESHOLD`: an ``error_probability`` rule's
+    threshold is a probability, not a TAC value."""
+    regions = config.get("regions", {}) if isinstance(config, Mapping) else {}
+    if regions.get("map", "tac") == "tac" and "flag_threshold" in regions:
+        return float(regions["flag_threshold"])
+    return SPREAD_TAC_THRESHOLD
 
 
 def index_spreads(ed: Mapping[str, float], es: Mapping[str, float], ed_sd: Mapping[str, float],
