@@ -9,6 +9,7 @@ matrices, applied on the GPU to a GPU tensor).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -97,6 +98,10 @@ class SliceTrajectory:
     step_js: Dict[int, Any] = field(default_factory=dict)
 
 
+#: numbers the volumes whose trajectories run on a CUDA device (:func:`cardseg.method.gpu_exec.run_graphed`)
+_VOLUME_NUMBERS = itertools.count()
+
+
 def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle, method: str = "card",
                          device: "torch.device | str" = "cpu", batch_size: int = 8,
                          progress: Optional[Progress] = None, with_reference: bool = False,
@@ -143,13 +148,16 @@ def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle
                and not (with_reference or keep_step_js))
     if graphed:
         from cardseg.method.gpu_exec import run_graphed
+
+        volume = next(_VOLUME_NUMBERS)  # a grid's graph is captured once it serves a second volume
     for b in range(nb):
         xb = x[b * batch_size:(b + 1) * batch_size]
         xb = to_device(xb) if to_device else xb
         res = None
         if graphed:
             res = run_graphed(bundle.primary, bundle.reference, xb, steps, bundle.num_classes, mode=mode,
-                              schedule=bundle.schedule, tac_steps=tac_steps, batch_size=min(batch_size, x.shape[0]))
+                              schedule=bundle.schedule, tac_steps=tac_steps, batch_size=min(batch_size, x.shape[0]),
+                              volume=volume)
             if res is not None:
                 progress.advance(len(steps))
         if res is None:

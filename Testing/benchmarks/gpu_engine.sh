@@ -17,6 +17,8 @@
 #   whole_run_gpu.json      fresh `cardseg segment --device cuda` processes: where the time goes,
 #                           and whether MONAI is imported after the preparation run
 #   whole_run_gpu_eager.json the same with CARDSEG_CUDA_GRAPHS=0 (only when PARTS names whole_eager)
+#   whole_run_gpu_always.json the same with CARDSEG_CUDA_GRAPHS=always: a one-shot run captures its
+#                           graph at once (by default it runs eagerly: its grid serves one volume)
 # PARTS (a list of the step names below) picks steps: e.g. PARTS="batch batch_eager" for a rerun.
 #   log.txt                 everything printed
 # Rehearsal on a CPU machine (same steps, small counts, nothing installed):
@@ -24,7 +26,7 @@
 set -uo pipefail
 OUT=${1:?usage: gpu_engine.sh OUT [CARRY]}
 CARRY=${2:-.gpucarry}
-PARTS=${PARTS:-tests overhead overhead_eager batch batch_eager whole}
+PARTS=${PARTS:-tests overhead overhead_eager batch batch_eager whole whole_always}
 DEVICE=${DEVICE:-cuda} PY=${PY:-python3} SITE=${SITE-/tmp/site} CASES=${CASES:-20} ROUNDS=${ROUNDS:-9} REPEATS=${REPEATS:-3}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
@@ -54,4 +56,6 @@ want whole && step 200 $PY $B/whole_run.py --device $DEVICE --backend torch --re
     --json "$OUT/whole_run_gpu.json"
 want whole_eager && step 200 env CARDSEG_CUDA_GRAPHS=0 $PY $B/whole_run.py --device $DEVICE --backend torch \
     --repeats $REPEATS --cases 0 --json "$OUT/whole_run_gpu_eager.json"
+want whole_always && step 200 env CARDSEG_CUDA_GRAPHS=always $PY $B/whole_run.py --device $DEVICE --backend torch \
+    --repeats $REPEATS --cases 0 --json "$OUT/whole_run_gpu_always.json"
 echo "=== $(date -u +%T) done"

@@ -108,6 +108,40 @@ def test_eager_when_switched_off_too_large_or_other_modes(monkeypatch):
     assert StandInGraph.built == []
 
 
+def test_a_graph_is_captured_once_its_grid_serves_a_second_volume(monkeypatch):
+    """By default a key's first volume runs eagerly (capture would cost more than its few batches
+    save); its second volume captures, later ones replay. ``always`` or no volume: capture at once."""
+    monkeypatch.delenv(gpu_exec.GRAPHS_ENV, raising=False)
+    p, r = _nets()
+    x = torch.rand(3, 1, 32, 32)
+
+    def call(volume, mode="card", grid=32):
+        return gpu_exec.run_graphed(p, r, torch.rand(3, 1, grid, grid), STEPS, K, mode=mode, batch_size=4,
+                                    volume=volume, factory=StandInGraph)
+
+    assert gpu_exec.cuda_graphs_mode() == "reuse"
+    assert call(10) is None and call(10) is None  # two batches of the first volume: eager
+    assert StandInGraph.built == []
+    got = call(11)  # the same grid in another volume: captured and replayed
+    assert got is not None and len(StandInGraph.built) == 1
+    want = run_trajectory(p, x, STEPS, K, reference=r, mode="card")
+    torch.testing.assert_close(gpu_exec.run_graphed(p, r, x, STEPS, K, mode="card", batch_size=4, volume=10,
+                                                    factory=StandInGraph).logits, want.logits, rtol=1e-5, atol=1e-5)
+    assert len(StandInGraph.built) == 1  # once captured, every volume replays it, the first one too
+    # another key (mode, grid) keeps its own count
+    assert call(11, mode="uc") is None and call(12, grid=16) is None
+    assert call(12, mode="uc") is not None and len(StandInGraph.built) == 2
+    # no volume named (benchmarks, direct calls): capture at first use
+    assert gpu_exec.run_graphed(p, r, x, STEPS, K, mode="card", batch_size=3, factory=StandInGraph) is not None
+    assert len(StandInGraph.built) == 3
+    monkeypatch.setenv(gpu_exec.GRAPHS_ENV, "always")
+    assert gpu_exec.cuda_graphs_mode() == "always"
+    p2, _ = _nets(seed=2)
+    assert gpu_exec.run_graphed(p2, r, x, STEPS, K, mode="card", batch_size=4, volume=20,
+                                factory=StandInGraph) is not None
+    assert len(StandInGraph.built) == 4
+
+
 def test_a_failed_capture_warns_once_and_runs_eagerly_after():
     p, r = _nets()
     calls = []
@@ -150,17 +184,21 @@ def test_trajectory_on_slices_takes_the_graph_path_on_a_gpu_device(tiny_bundle, 
 
     monkeypatch.setattr(gpu_exec, "run_graphed", spy)
     monkeypatch.setattr(segment, "_device_type", lambda device: "cuda")
-    for m in ("card", "uc"):
-        got = segment.trajectory_on_slices(slices, (1.5, 1.5), bundle, m, batch_size=4)
-        np.testing.assert_allclose(np.asarray(got.logits), np.asarray(eager[m].logits), rtol=1e-4, atol=1e-4)
-        if m == "card":
-            np.testing.assert_allclose(np.asarray(got.tac), np.asarray(eager[m].tac), atol=1e-5)
-    assert [s[0] for s in seen] == [4, 4, 3] * 2
-    assert len(StandInGraph.built) == 2  # one capture for card, one for uc, across the three batches
+    monkeypatch.delenv(gpu_exec.GRAPHS_ENV, raising=False)
+    for volume in ("first", "second"):  # the first volume runs eagerly, the second captures and replays
+        for m in ("card", "uc"):
+            got = segment.trajectory_on_slices(slices, (1.5, 1.5), bundle, m, batch_size=4)
+            np.testing.assert_allclose(np.asarray(got.logits), np.asarray(eager[m].logits), rtol=1e-4, atol=1e-4)
+            if m == "card":
+                np.testing.assert_allclose(np.asarray(got.tac), np.asarray(eager[m].tac), atol=1e-5)
+        assert len(StandInGraph.built) == (0 if volume == "first" else 2)
+    assert [s[0] for s in seen] == [4, 4, 3] * 4
+    # one capture for card, one for uc, across the three batches
     assert {g.shape[0] for g in StandInGraph.built} == {4}
     # a volume of fewer slices than the batch size is padded to its own size, not to the batch size
-    segment.trajectory_on_slices(slices[:3], (1.5, 1.5), bundle, "uc", batch_size=4 * 16)
-    assert StandInGraph.built[-1].shape[0] == 3
+    for _ in range(2):
+        segment.trajectory_on_slices(slices[:3], (1.5, 1.5), bundle, "uc", batch_size=4 * 16)
+    assert len(StandInGraph.built) == 3 and StandInGraph.built[-1].shape[0] == 3
     seen.clear()
     segment.trajectory_on_slices(slices, (1.5, 1.5), bundle, "card", batch_size=4, keep_step_js=True)
     assert seen == []

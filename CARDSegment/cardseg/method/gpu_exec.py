@@ -151,48 +151,82 @@ def run_trajectory_fast(primary, reference, image: torch.Tensor, steps: Sequence
                             reference_logits=res.reference_logits)
 
 
-#: ``CARDSEG_CUDA_GRAPHS=0`` turns the engine's CUDA graphs off (eager execution, same outputs)
+#: ``CARDSEG_CUDA_GRAPHS``: ``0`` (or off/false/no) runs the engine eagerly; ``always`` captures a
+#: grid's graph at its first batch; anything else (the default) once the grid serves a second
+#: volume of the process (:func:`run_graphed`). The outputs are the same in every case.
 GRAPHS_ENV = "CARDSEG_CUDA_GRAPHS"
 #: the attribute of a primary network that holds its captured graphs (they go with it):
 #: ``{key: GraphedTrajectory, or None once capture failed}``
 GRAPHS_ATTR = "_cardseg_cuda_graphs"
+#: the attribute of a primary network that holds, per graph key not yet captured, the first volume it served
+FIRST_VOLUME_ATTR = "_cardseg_graph_first_volume"
+
+
+def cuda_graphs_mode() -> str:
+    """``"off"``, ``"always"`` or ``"reuse"`` (the default), from :data:`GRAPHS_ENV`."""
+    value = os.environ.get(GRAPHS_ENV, "1").strip().lower()
+    if value in ("0", "false", "no", "off"):
+        return "off"
+    return "always" if value == "always" else "reuse"
 
 
 def cuda_graphs_enabled() -> bool:
     """Whether the engine may run its trajectories as CUDA graphs (default yes; see :data:`GRAPHS_ENV`)."""
-    return os.environ.get(GRAPHS_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+    return cuda_graphs_mode() != "off"
+
+
+def _attribute(net, name: str) -> Optional[dict]:
+    """The dict a network holds under ``name`` (made on first use); ``None`` if it takes no attribute."""
+    held = getattr(net, name, None)
+    if held is None:
+        held = {}
+        try:
+            setattr(net, name, held)
+        except AttributeError:
+            return None
+    return held
 
 
 @torch.no_grad()
 def run_graphed(primary, reference, image: torch.Tensor, steps: Sequence[int], num_classes: int, *,
                 mode: str = "card", schedule: Optional[CategoricalSchedule] = None,
                 tac_steps: Optional[Iterable[int]] = None, batch_size: int = 8, streams: bool = True,
+                volume: Optional[int] = None,
                 factory: Callable[..., Callable] = GraphedTrajectory) -> Optional[TrajectoryResult]:
     """The engine's trajectory on a CUDA device as a replayed CUDA graph, or ``None`` to run it eagerly.
 
     image: ``(B, C_img, H, W)`` with ``B <= batch_size`` on the networks' device. The batch is
     padded with zero images to ``batch_size`` (every slice is computed on its own, so the padding
     changes no real slice's result), so one graph per network pair, mode and grid serves every
-    batch of every volume of a process; it is captured on first use (a few eager passes, then the
-    capture) with CARD's reference on a second stream (``streams``; the same outputs, sooner).
+    batch of every volume of a process; it is captured when first wanted (``volume`` below: a few
+    eager passes, then the capture) with CARD's reference on a second stream (``streams``; the same outputs, sooner).
     Returns logits ``(B, K, H, W)`` and tac ``(B, H, W)`` (``None`` for ``uc``), float32.
     ``None`` when graphs are switched off (:data:`GRAPHS_ENV`), the batch is larger than
-    ``batch_size``, or capture failed (warned once; that pair then runs eagerly for the rest of the
-    process). ``factory`` builds the graph (:class:`GraphedTrajectory`; tests pass another).
+    ``batch_size``, capture failed (warned once; that pair then runs eagerly for the rest of the
+    process), or the graph is not captured yet and should not be now (below). ``factory`` builds
+    the graph (:class:`GraphedTrajectory`; tests pass another).
+
+    volume: a number naming the volume the batch belongs to (one per ``trajectory_on_slices``
+    call). Capture costs a few eager passes (its warm-up) plus the capture, more than it saves
+    over the few batches of one volume, so by default a graph is captured only once its key
+    serves a second volume: a one-shot ``cardseg segment`` runs eagerly, a batch or the warm
+    engine replays from its second case on. ``None``, or :data:`GRAPHS_ENV` ``always``: capture at
+    first use.
     """
-    if mode not in ("card", "uc") or not cuda_graphs_enabled() or image.shape[0] > batch_size:
+    graphs = cuda_graphs_mode()
+    if mode not in ("card", "uc") or graphs == "off" or image.shape[0] > batch_size:
         return None
     steps = tuple(int(t) for t in steps)
     tac_key = None if tac_steps is None or mode != "card" else tuple(int(t) for t in tac_steps)
     key = (id(reference) if mode == "card" else None, mode, tuple(image.shape[1:]), batch_size, steps, tac_key,
            bool(streams), str(image.device), str(image.dtype))
-    per_net: Optional[Dict[tuple, Optional[Callable]]] = getattr(primary, GRAPHS_ATTR, None)
-    if per_net is None:
-        per_net = {}
-        try:
-            setattr(primary, GRAPHS_ATTR, per_net)
-        except AttributeError:  # an object that takes no attribute: no cache, so no graph
-            return None
+    per_net: Optional[Dict[tuple, Optional[Callable]]] = _attribute(primary, GRAPHS_ATTR)
+    if per_net is None:  # an object that takes no attribute: no cache, so no graph
+        return None
+    if key not in per_net and volume is not None and graphs == "reuse":
+        first = _attribute(primary, FIRST_VOLUME_ATTR)
+        if first is None or first.setdefault(key, volume) == volume:
+            return None  # the key's first volume runs eagerly
     b = image.shape[0]
     padded = image
     if b < batch_size:
