@@ -229,30 +229,18 @@ def cmd_segment(a) -> int:
     from cardseg.base.cpus import default_threads
 
     threads = a.threads or default_threads()
-    lookup = None
-    if a.backend in ("auto", "onnx") and a.device != "cuda":  # ONNX sessions open while the input is read
-        from cardseg.bundle.onnx_backend import start_lookup
+    from cardseg.bundle.onnx_backend import settle_device, start_cpu_lookup
 
-        lookup = start_lookup(config, checked.weights, threads)
+    # the ONNX sessions open while the input is read
+    lookup = start_cpu_lookup(config, checked.weights, a.backend, a.device, threads)
     volume = read_volume(a.input, a.frame, spacing)
 
     from cardseg.base.progress import make_progress
     from cardseg.bundle.loading import load_bundle
-    from cardseg.bundle.onnx_backend import all_found
-    from cardseg.base.devices import resolve_device, surely_cpu
     from cardseg.segment import segment_file
 
     # both ONNX models cached and opened, on the CPU: numpy throughout, torch is never imported
-    if lookup is not None and surely_cpu(a.device) and all_found(lookup):
-        device = "cpu"
-    else:
-        try:
-            import torch
-        except ImportError:
-            raise CardsegError("torch is not installed; it is needed to prepare a bundle's networks (the first run "
-                               "with a bundle), for --backend torch and for a GPU: install torch") from None
-        torch.set_num_threads(threads)
-        device = resolve_device(a.device)
+    device = settle_device(a.device, lookup, threads)
     progress = make_progress(a.progress, a.quiet)
     try:
         bundle = load_bundle(bundle_root, device=device, backend=a.backend, progress=progress, prepared=True,

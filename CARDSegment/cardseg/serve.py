@@ -1,8 +1,8 @@
 """``cardseg serve``: a warm engine that segments one volume per request, the model loaded once.
 
 A GUI (the Slicer module, :mod:`CARDSegmentLib.engine`) keeps this process alive between clicks,
-so that a second "Segment & Calibrate" pays only the computation: python, torch, the bundle and
-its networks (ONNX Runtime sessions or torch modules) are loaded once. Every request runs the
+so that a second "Segment & Calibrate" pays only the computation: python, the bundle and its
+networks (ONNX Runtime sessions, or torch modules and torch) are loaded once. Every request runs the
 same code as ``cardseg segment`` (:func:`cardseg.segment.segment_file`, the CLI's own option
 checks), so it follows all of segment's rules: checks before any work, outputs staged in a
 temporary folder, read back, moved into place in one step, nothing half written.
@@ -169,38 +169,47 @@ class LoadedBundle:
     and its files' fingerprint (:func:`fingerprint`), by which a change on disk is noticed."""
 
     def __init__(self):
-        self.key: Optional[tuple] = None
+        self.key: Optional[tuple] = None  # (folder, configuration, device, backend)
         self.files: Optional[tuple] = None
-        self.bundle = None
+        self.bundle = self.device = None  # the device it was loaded onto: "cpu" or a torch.device
 
-    def get(self, bundle_arg, device, backend: str, method: str, progress) -> tuple:
-        """``(bundle, loaded_now)`` for a request. While the folder's files are those loaded (same
-        fingerprint) nothing is read; otherwise the folder is checked whole as ``cardseg segment``
-        checks it (schema, each weight file's sha256) and loaded again unless its configuration
-        and checksums are still those loaded. Refusals are segment's one-line errors."""
+    def get(self, bundle_arg, device_name: str, backend: str, method: str, progress, threads: int) -> tuple:
+        """``(bundle, loaded_now, device)`` for a request. While the folder's files are those loaded
+        (same fingerprint) nothing is read; otherwise the folder is checked whole as ``cardseg
+        segment`` checks it (schema, each weight file's sha256) and loaded again unless its
+        configuration and checksums are still those loaded. Refusals are segment's one-line errors.
+        torch is imported as ``cardseg segment`` imports it (:func:`cardseg.bundle.onnx_backend.settle_device`:
+        not on the CPU with both ONNX models cached); once imported, with each request's ``threads``."""
+        from cardseg.base.devices import surely_cpu
         from cardseg.bundle.folder import check_bundle, resolve_bundle_path
         from cardseg.bundle.loading import load_bundle
+        from cardseg.bundle.onnx_backend import settle_device, start_cpu_lookup
 
         root = resolve_bundle_path(bundle_arg)
+        device = "cpu" if surely_cpu(device_name) else settle_device(device_name, None, threads)
+        if sys.modules.get("torch") is not None:  # imported for this request or an earlier one
+            sys.modules["torch"].set_num_threads(int(threads))
         files = fingerprint(root, self.bundle.config) if self.bundle is not None else None
         if self.bundle is not None and files == self.files and self.key[0] == str(root.resolve()) \
                 and self.key[2:] == (str(device), backend):
             check_method(root, self.bundle.config, method)
-            return self.bundle, False
+            return self.bundle, False, self.device
         checked = check_bundle(bundle_arg)
         check_method(checked.root, checked.config, method)
         key = (str(checked.root.resolve()), json.dumps(checked.config, sort_keys=True), str(device), backend)
         if self.bundle is not None and key == self.key:  # touched, not changed
             self.files = fingerprint(checked.root, checked.config)
-            return self.bundle, False
+            return self.bundle, False, self.device
         self.bundle = self.key = self.files = None  # a failed load leaves nothing stale behind
         files = fingerprint(checked.root, checked.config)
+        lookup = start_cpu_lookup(checked.config, checked.weights, backend, str(device), threads)
+        device = settle_device(str(device), lookup, threads)  # torch only when the sessions are not all cached
         bundle = load_bundle(checked.root, device=device, backend=backend, progress=progress, prepared=True,
-                             checked=checked)
+                             checked=checked, onnx_lookup=lookup, threads=threads)
         for note in bundle.notes:
             print(f"cardseg: note: {note}", file=sys.stderr)
-        self.bundle, self.key, self.files = bundle, key, files
-        return bundle, True
+        self.bundle, self.key, self.files, self.device = bundle, key, files, device
+        return bundle, True, device
 
     def describe(self) -> Optional[dict]:
         if self.bundle is None:
@@ -290,23 +299,19 @@ class Engine:
 
     def segment(self, request: dict, t0: float) -> dict:
         """One ``segment`` request, checked as ``cardseg segment`` checks; the result event."""
-        import torch
-
         from cardseg.base.cpus import default_threads
         from cardseg.base.progress import JsonProgress
         from cardseg.io.inputs import parse_spacing
         from cardseg.io.outdir import check_output
-        from cardseg.base.devices import resolve_device
         from cardseg.segment import segment_file
 
         a = self.arguments(request)
         self.check_segment(a)
         spacing = parse_spacing(a.spacing) if a.spacing else None
         check_output(a.output, a.overwrite, inputs=[a.input])
-        device = resolve_device(a.device)
-        torch.set_num_threads(a.threads or default_threads())
         progress = JsonProgress(self.protocol.stream)
-        bundle, loaded_now = self.loaded.get(a.bundle, device, a.backend, a.method, progress)
+        bundle, loaded_now, device = self.loaded.get(a.bundle, a.device, a.backend, a.method, progress,
+                                                     a.threads or default_threads())
         report = segment_file(a.input, a.output, bundle, method=a.method, device=device, batch_size=a.batch_size,
                               frame=a.frame, spacing=spacing, overwrite=a.overwrite, progress=progress, t_start=t0)
         out = Path(os.path.realpath(os.path.abspath(a.output)))
@@ -366,19 +371,15 @@ class Engine:
         """Load the start-up bundle (``--bundle`` or the default); None, or why it could not be."""
         from types import SimpleNamespace
 
-        import torch
-
         from cardseg.base.cpus import default_threads
         from cardseg.base.options import check_run_options
-        from cardseg.base.devices import resolve_device
 
         try:
             d = self.defaults
             check_run_options(1, d.threads, None)
             a = SimpleNamespace(backend=d.backend, device=d.device)
             self.check_backend(a)
-            torch.set_num_threads(d.threads or default_threads())
-            self.loaded.get(d.bundle, resolve_device(a.device), a.backend, "uc", None)
+            self.loaded.get(d.bundle, a.device, a.backend, "uc", None, d.threads or default_threads())
         except (CardsegError, OSError) as exc:
             return one_line(exc)
         except Exception as exc:  # noqa: BLE001 - reported in the ready line; requests load again

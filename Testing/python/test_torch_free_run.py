@@ -263,3 +263,118 @@ def test_every_calibration_method_is_found_by_its_module():
         assert calibrator_class(name).name == name
     with pytest.raises(ValueError, match="unknown calibration method"):
         calibrator_class("nope")
+
+
+# --- cardseg batch and cardseg serve follow segment's rule ---------------------------------------
+def _cases(folder: Path, synthetic_volume) -> Path:
+    """Two small phantom cases (the session's synthetic volume and a shifted copy of it)."""
+    vol, _ = synthetic_volume
+    folder.mkdir()
+    for i, name in enumerate(("a", "b")):
+        image = vol.to_image()
+        arr = sitk.GetArrayFromImage(image)
+        shifted = sitk.GetImageFromArray(np.roll(arr, 7 * i, axis=-1))
+        shifted.CopyInformation(image)
+        sitk.WriteImage(shifted, str(folder / f"{name}.nii.gz"))
+    return folder
+
+
+def _same_outputs(a: Path, b: Path, atol: float = 1e-5) -> None:
+    """Two runs' outputs of one case: the same labels and regions, the float volumes within ``atol``."""
+    for name in ("segmentation.nii.gz", "regions.nii.gz"):
+        assert np.array_equal(_array(a, name), _array(b, name)), (a, b, name)
+    for name in OUTPUTS[1:]:
+        np.testing.assert_allclose(_array(a, name), _array(b, name), atol=atol, err_msg=f"{a} {b} {name}")
+
+
+def _serve(args, requests) -> list:
+    """A ``cardseg serve`` child fed ``requests`` (``--eof finish``); its event lines."""
+    lines = "".join(json.dumps(r) + "\n" for r in requests)
+    p = subprocess.run([sys.executable, "-m", "cardseg", "serve", "--eof", "finish", *args], input=lines,
+                       capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    assert p.returncode == 0, p.stderr[-2000:]
+    return [e for e in map(json.loads, p.stdout.splitlines()) if "event" in e]
+
+
+@needs_onnx
+def test_cached_onnx_batch_and_serve_import_no_torch_and_equal_the_torch_backend(tiny_bundle, synthetic_volume,
+                                                                                 model_cache, tmp_path):
+    cases = _cases(tmp_path / "cases", synthetic_volume)
+    common = ["--bundle", str(tiny_bundle), "--threads", "2", "--quiet"]
+    # a cold cache: the first batch exports the models (torch and MONAI imported) and works
+    cold = _child(["batch", str(cases), "-o", str(tmp_path / "cold"), "--device", "cpu", *common])
+    assert cold == {"rc": 0, "torch": True, "monai": True}
+    for device in ("cpu", "auto"):  # auto: this CPU build of torch can only mean the CPU
+        warm = _child(["batch", str(cases), "-o", str(tmp_path / f"warm-{device}"), "--device", device, *common])
+        assert warm == {"rc": 0, "torch": False, "monai": False}, device
+    assert _child(["batch", str(cases), "-o", str(tmp_path / "onnx"), "--backend", "onnx", *common])["torch"] is False
+    ref = _child(["batch", str(cases), "-o", str(tmp_path / "torch"), "--backend", "torch", *common])
+    assert ref["rc"] == 0 and ref["torch"] is True
+    # the same ONNX sessions fed torch tensors (the path every batch took before, torch imported)
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.io.volume import read_volume
+    from cardseg.segment import segment_volume
+
+    tensors = dataclasses.replace(load_bundle(tiny_bundle, backend="onnx", threads=2), backend="torch")
+    for case in ("a", "b"):
+        assert json.loads((tmp_path / "warm-cpu" / case / "report.json").read_text())["backend"] == "onnx"
+        assert json.loads((tmp_path / "torch" / case / "report.json").read_text())["backend"] == "torch"
+        _same_outputs(tmp_path / "cold" / case, tmp_path / "warm-cpu" / case)
+        _same_outputs(tmp_path / "warm-auto" / case, tmp_path / "warm-cpu" / case)
+        _same_outputs(tmp_path / "onnx" / case, tmp_path / "warm-cpu" / case)
+        result = segment_volume(read_volume(cases / f"{case}.nii.gz"), tensors, method="card")
+        folder = tmp_path / "warm-cpu" / case
+        assert np.array_equal(_array(folder, "segmentation.nii.gz"), result.labels)
+        for name, value in zip(OUTPUTS[1:], (result.probabilities, result.disagreement, result.temperature)):
+            np.testing.assert_allclose(_array(folder, name), value, atol=1e-5, err_msg=name)
+
+    # serve on the warm cache: the engine and its requests never import torch; a torch request then does
+    events = _serve(["--bundle", str(tiny_bundle), "--device", "cpu", "--threads", "2"], [
+        {"op": "status", "id": "s0"},
+        {"id": "a", "input": str(cases / "a.nii.gz"), "output": str(tmp_path / "serve-a")},
+        {"id": "b", "input": str(cases / "b.nii.gz"), "output": str(tmp_path / "serve-b"), "threads": 1},
+        {"op": "status", "id": "s1"},
+        {"id": "t", "input": str(cases / "a.nii.gz"), "output": str(tmp_path / "serve-t"), "backend": "torch"},
+        {"op": "status", "id": "s2"}])
+    ready, s0, a, b, s1, t, s2 = events[:7]
+    assert ready["event"] == "ready" and ready["error"] is None and ready["backend"] == "onnx"
+    free = {"monai": False, "torch": False, "onnxruntime": True}
+    assert s0["modules"] == free and s1["modules"] == free
+    assert a["ok"] and b["ok"] and a["backend"] == b["backend"] == "onnx" and not a["loaded_bundle"], (a, b)
+    assert t["ok"] and t["backend"] == "torch" and t["loaded_bundle"] and s2["modules"]["torch"] is True
+    for case in ("a", "b"):
+        _same_outputs(tmp_path / f"serve-{case}", tmp_path / "warm-cpu" / case)
+    _same_outputs(tmp_path / "serve-t", tmp_path / "torch" / "a")
+
+
+@needs_onnx
+def test_a_cold_cache_engine_imports_torch_and_works(tiny_bundle, phantom_file, model_cache, tmp_path):
+    events = _serve(["--bundle", str(tiny_bundle), "--device", "cpu", "--threads", "2"], [
+        {"op": "status"}, {"input": str(phantom_file), "output": str(tmp_path / "cold")}])
+    ready, status, result = events[:3]
+    assert ready["error"] is None and ready["backend"] == "onnx"
+    assert status["modules"]["torch"] is True and result["ok"] and result["loaded_bundle"] is False
+    assert _child(["segment", str(phantom_file), "-o", str(tmp_path / "warm"), "--bundle", str(tiny_bundle),
+                   "--device", "cpu", "--threads", "2", "--quiet"]) == {"rc": 0, "torch": False, "monai": False}
+    _same_outputs(tmp_path / "cold", tmp_path / "warm")
+
+
+@needs_onnx
+def test_without_torch_a_cached_batch_works_and_a_first_one_says_what_is_missing(tiny_bundle, synthetic_volume,
+                                                                                 model_cache, tmp_path):
+    cases = _cases(tmp_path / "cases", synthetic_volume)
+    blocked = "import sys; sys.modules['torch'] = None; " + CHILD.replace("'torch' in sys.modules",
+                                                                          "sys.modules.get('torch') is not None")
+    args = ["batch", str(cases), "--bundle", str(tiny_bundle), "--quiet"]
+    p = subprocess.run([sys.executable, "-c", blocked, *args, "-o", str(tmp_path / "first")],
+                       capture_output=True, text=True, timeout=600)
+    assert json.loads(p.stdout.strip().splitlines()[-1])["rc"] == 2
+    assert p.stderr.strip().startswith("cardseg: error: torch is not installed") and len(p.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "first").exists()
+    assert _child([*args, "--device", "cpu", "-o", str(tmp_path / "prepare")])["rc"] == 0
+    p = subprocess.run([sys.executable, "-c", blocked, *args, "-o", str(tmp_path / "cached")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == {"rc": 0, "torch": False, "monai": False}
+    for case in ("a", "b"):
+        _same_outputs(tmp_path / "prepare" / case, tmp_path / "cached" / case)

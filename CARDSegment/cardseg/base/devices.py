@@ -16,6 +16,22 @@ if TYPE_CHECKING:
     import torch
 
 
+#: the one line a run gives where it needs torch and torch is not installed
+TORCH_MISSING = ("torch is not installed; it is needed to prepare a bundle's networks (the first run with a bundle), "
+                 "for --backend torch and for a GPU: install torch")
+
+
+def import_torch(threads: int):
+    """torch, imported now (when not already) with its CPU threads set to ``threads``; a one-line
+    :class:`CardsegError` (:data:`TORCH_MISSING`) when it is not installed."""
+    try:
+        import torch
+    except ImportError:
+        raise CardsegError(TORCH_MISSING) from None
+    torch.set_num_threads(int(threads))
+    return torch
+
+
 def resolve_device(device: str = "auto") -> "torch.device":
     """``auto`` (CUDA when torch sees a GPU, else CPU), ``cpu``, ``cuda`` or ``cuda:N`` (imports torch)."""
     import torch

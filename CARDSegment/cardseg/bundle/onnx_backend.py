@@ -32,9 +32,10 @@ On a cache hit neither MONAI nor the torch networks are built (importing MONAI a
 quarter of a fresh ``cardseg segment`` run with the torch backend); only ``onnxruntime`` is
 loaded, and torch is not imported at all: the sessions take and give numpy arrays, and the whole
 pipeline then runs on numpy (:attr:`cardseg.bundle.loading.Bundle.takes_numpy`). ``cardseg
-segment`` opens the cached sessions on a thread while it reads the input (:func:`start_lookup`)
-and imports torch only when they are not all there (:func:`all_found`): the first run, or a
-damaged or foreign cache entry, which is then exported again as before. A cache folder that cannot be written is not an error: the model is then kept in memory
+segment``, ``batch`` and ``serve`` open the cached sessions on a thread (:func:`start_cpu_lookup`;
+``segment`` meanwhile reads the input) and import torch only when they are not all there
+(:func:`settle_device`): the first run, or a damaged or foreign cache entry, which is then
+exported again as before. A cache folder that cannot be written is not an error: the model is then kept in memory
 for this process only.
 
 ONNX Runtime runs on the CPU here (``CPUExecutionProvider``) with as many intra-op threads as
@@ -336,6 +337,31 @@ def start_lookup(config: dict, weights: Dict[str, object], threads: int):
 
     threading.Thread(target=work, name="cardseg-onnx-lookup", daemon=True).start()
     return future
+
+
+def start_cpu_lookup(config: dict, weights: Dict[str, object], backend: str, device: str, threads: int):
+    """:func:`start_lookup` when a run with ``--backend`` ``backend`` on ``--device`` ``device`` may
+    open the cached ONNX sessions (``auto`` or ``onnx``, a device other than CUDA), else ``None``."""
+    if backend in ("auto", "onnx") and not str(device).startswith("cuda"):
+        return start_lookup(config, weights, threads)
+    return None
+
+
+def settle_device(device: str, lookup, threads: int):
+    """The device of a run (``cardseg segment``, ``batch``, ``serve``), and torch only when it is needed.
+
+    ``cpu`` (a string) without importing torch when ``device`` surely means the CPU
+    (:func:`cardseg.base.devices.surely_cpu`) and ``lookup`` (:func:`start_cpu_lookup`'s future,
+    waited for here) opened both cached ONNX sessions: the run then goes on numpy throughout.
+    Otherwise (the first run with a bundle, a damaged cache entry, ``--backend torch``, a device
+    that may be CUDA) torch is imported with ``threads`` CPU threads (a one-line error when it is
+    not installed) and ``device`` is resolved through it (a ``torch.device``)."""
+    from cardseg.base.devices import import_torch, resolve_device, surely_cpu
+
+    if lookup is not None and surely_cpu(device) and all_found(lookup):
+        return "cpu"
+    import_torch(threads)
+    return resolve_device(device)
 
 
 def load_networks(root: Path, config: dict, weights: Dict[str, object], build: Callable[[str], "torch.nn.Module"],

@@ -80,7 +80,7 @@ def run_batch(o: BatchOptions) -> BatchResult:
     a refusal up to here is a one-line :class:`CardsegError` and nothing is written. Only then is
     OUTDIR created or taken (its lock), stamped, and filled.
     """
-    from cardseg.bundle.folder import check_bundle_folder
+    from cardseg.bundle.folder import check_bundle
     from cardseg.io.inputs import parse_spacing
 
     t_start = time.perf_counter()
@@ -89,7 +89,8 @@ def run_batch(o: BatchOptions) -> BatchResult:
     target = os.path.realpath(os.path.abspath(os.fspath(o.output)))  # nothing is ever taken from inside it
     cases = (read_manifest(o.manifest, o.frame, outdir=target) if o.manifest
              else cases_from_inputs(o.inputs, o.frame, outdir=target))
-    bundle_root, config = check_bundle_folder(o.bundle)
+    checked = check_bundle(o.bundle)
+    bundle_root, config = checked.root, checked.config
     settings = bundle_settings(config, o.method)
     out, earlier = check_batch_outdir(o.output, settings, o.overwrite)
     progress = CaseProgress(o.progress, o.quiet)
@@ -107,7 +108,7 @@ def run_batch(o: BatchOptions) -> BatchResult:
 
         load_progress = make_progress(o.progress, o.quiet)
         try:
-            worker.load(load_progress)
+            worker.load(load_progress, checked)  # torch only when the cached ONNX sessions are not all there
         finally:
             load_progress.close()
         if not o.quiet:

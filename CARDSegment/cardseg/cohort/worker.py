@@ -37,20 +37,25 @@ class CaseWorker:
         self.device = None
         self.loads = 0  # how often the bundle was loaded (once)
 
-    def load(self, progress=None) -> None:
+    def load(self, progress=None, checked=None) -> None:
         """Load the bundle onto the device (once); one-line :class:`CardsegError` if it cannot.
-        ``progress`` (a :class:`cardseg.base.progress.Progress`) shows a first run's ONNX export."""
+        ``progress`` (a :class:`cardseg.base.progress.Progress`) shows a first run's ONNX export.
+        As in ``cardseg segment``: on the CPU with both ONNX models cached, torch is never
+        imported (:func:`cardseg.bundle.onnx_backend.settle_device`); otherwise it is, with
+        ``threads`` CPU threads. ``checked``: :func:`cardseg.bundle.folder.check_bundle`'s result
+        for this bundle earlier in the same run (not checked a second time)."""
         if self.bundle is not None:
             return
-        import torch
-
+        from cardseg.bundle.folder import check_bundle
         from cardseg.bundle.loading import load_bundle
-        from cardseg.base.devices import resolve_device
+        from cardseg.bundle.onnx_backend import settle_device, start_cpu_lookup
 
-        torch.set_num_threads(int(self.threads or default_threads()))
-        self.device = resolve_device(self.device_name)
-        self.bundle = load_bundle(self.bundle_root, device=self.device, backend=self.backend,
-                                  progress=progress, prepared=True)
+        threads = int(self.threads or default_threads())
+        checked = checked if checked is not None else check_bundle(self.bundle_root)
+        lookup = start_cpu_lookup(checked.config, checked.weights, self.backend, self.device_name, threads)
+        self.device = settle_device(self.device_name, lookup, threads)
+        self.bundle = load_bundle(checked.root, device=self.device, backend=self.backend, progress=progress,
+                                  prepared=True, checked=checked, onnx_lookup=lookup, threads=threads)
         self.loads += 1
 
     def run(self, job: Job) -> dict:
