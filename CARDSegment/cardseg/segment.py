@@ -13,7 +13,7 @@ import itertools
 import json
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import ThreadPoolExecutor, as_completed, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional
@@ -326,7 +326,10 @@ def write_outputs(result: SegmentationResult, volume: Volume, bundle: Bundle, ou
                 break  # the files not started yet are not written (cancelled below)
             progress.advance(1)
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)
+        # the files being written are finished before the writer may remove its temporary folder,
+        # even when a second Ctrl-C arrives meanwhile (it is raised once they are: within a second)
+        pool.shutdown(wait=False, cancel_futures=True)
+        _wait_through_interrupts(futures)
     for name, fut in zip(files, futures):  # the first failed file in the usual order is the one reported
         if fut.cancelled():
             continue
@@ -338,6 +341,19 @@ def write_outputs(result: SegmentationResult, volume: Volume, bundle: Bundle, ou
         if exc is not None:
             raise exc
     return writer.commit()
+
+
+def _wait_through_interrupts(futures) -> None:
+    """Wait until none of ``futures`` runs; a KeyboardInterrupt meanwhile is raised afterwards."""
+    interrupted = None
+    while True:
+        try:
+            wait(futures)
+            break
+        except KeyboardInterrupt as exc:
+            interrupted = exc
+    if interrupted is not None:
+        raise interrupted
 
 
 def segment_file(input_path: os.PathLike, out: os.PathLike, bundle: Bundle, *, method: str = "card",

@@ -426,3 +426,51 @@ def test_a_batch_cleans_what_a_killed_run_left_beside_its_outdir(tmp_path, tiny_
                           env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-1500:]
     assert not (tmp_path / ".x.cardseg-tmp").exists() and not (tmp_path / ".x.cardseg.lock").exists()
+
+
+def test_a_second_interrupt_while_files_are_written_waits_for_them_and_leaves_nothing(tmp_path, scan, tiny_bundle,
+                                                                                    monkeypatch):
+    """Ctrl-C while a case's files are written, then Ctrl-C again while the writer waits for the
+    files already started: the interrupt still ends the run, but only once no write thread is
+    left, so the temporary folder is removed whole (before, the second interrupt let the clean-up
+    race the threads still writing into it)."""
+    import threading
+    import time
+
+    from cardseg import segment as seg
+    from cardseg.bundle.loading import load_bundle
+
+    bundle = load_bundle(tiny_bundle, backend="torch")
+    real_write, real_wait = seg.write_one, seg.wait
+    running, started = [], threading.Event()
+
+    def slow_write(name, path, *a):
+        running.append(name)
+        started.set()
+        time.sleep(0.3)
+        try:
+            return real_write(name, path, *a)
+        finally:
+            running.remove(name)
+
+    def first_interrupt(futures):  # Ctrl-C while the main thread waits for the first file
+        started.wait(5)
+        raise KeyboardInterrupt
+
+    waits = []
+
+    def second_interrupt(futures, *a, **k):  # and again while the writes already started finish
+        waits.append(len(running))
+        if len(waits) == 1:
+            raise KeyboardInterrupt
+        return real_wait(futures, *a, **k)
+
+    monkeypatch.setattr(seg, "write_one", slow_write)
+    monkeypatch.setattr(seg, "as_completed", first_interrupt)
+    monkeypatch.setattr(seg, "wait", second_interrupt)
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        seg.segment_file(scan, out, bundle, method="uc")
+    assert waits[0] >= 1 and len(waits) == 2  # the second interrupt came while files were being written
+    assert running == []  # and the run ended only after they were
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # no output, no temporary folder, no lock
