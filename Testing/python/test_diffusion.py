@@ -1,6 +1,7 @@
 import math
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -92,6 +93,22 @@ def test_reverse_step_is_one_hot_argmax_of_prediction(t, seed):
     nxt = sched.reverse_step(p, t)
     assert torch.equal(nxt.argmax(dim=1), p.argmax(dim=1))
     assert torch.equal(nxt.sum(dim=1), torch.ones(1, 5, 5))
+
+
+@pytest.mark.parametrize("t", [49, 37, 0])
+def test_reverse_step_keeps_a_near_tie_in_order_at_every_step(t):
+    """Two classes a hair apart (1e-6, the difference between two backends' networks) keep their
+    order at every step, the noisiest included, where abar_{t-1} * 1e-6 is below float32's
+    resolution next to the uniform term: the step does not depend on that rounding."""
+    sched = CategoricalSchedule(50)
+    p = np.full((1, 4, 1, 3), 0.25, dtype=np.float32)
+    p[0, :, 0, 0] = [0.25 - 1e-6, 0.25 + 1e-6, 0.25, 0.25]  # class 1 ahead of class 0 (which argmax takes on ties)
+    p[0, :, 0, 1] = [0.1, 0.3, 0.3 + 1e-6, 0.3 - 1e-6]  # class 2 ahead
+    p[0, :, 0, 2] = [0.7, 0.1, 0.1, 0.1]
+    for arr in (p, torch.from_numpy(p)):
+        nxt = np.asarray(sched.reverse_step(arr, t))
+        assert nxt[0, :, 0].argmax(axis=0).tolist() == [1, 2, 0]
+        assert nxt.dtype == np.float32 and nxt.sum(axis=1).tolist() == [[[1.0, 1.0, 1.0]]]
 
 
 def test_schedule_tables_agree():
