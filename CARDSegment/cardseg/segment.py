@@ -319,8 +319,10 @@ def write_outputs(result: SegmentationResult, volume: Volume, bundle: Bundle, ou
     # the files are written beside each other: compressing the float maps (most of the time)
     # releases Python's lock (cardseg.io.written.write_image)
     pool = ThreadPoolExecutor(max(1, min(WRITE_THREADS, len(files))), thread_name_prefix="cardseg-write-file")
+    futures = []  # filled one by one: an interrupt between two submissions still waits for the first
     try:
-        futures = [pool.submit(write_one, name, writer.path(name), result, volume, bundle) for name in files]
+        for name in files:
+            futures.append(pool.submit(write_one, name, writer.path(name), result, volume, bundle))
         for fut in as_completed(futures):
             if fut.exception() is not None:
                 break  # the files not started yet are not written (cancelled below)

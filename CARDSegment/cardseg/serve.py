@@ -200,10 +200,10 @@ class LoadedBundle:
         if self.bundle is not None and key == self.key:  # touched, not changed
             self.files = fingerprint(checked.root, checked.config)
             return self.bundle, False, self.device
-        self.bundle = self.key = self.files = None  # a failed load leaves nothing stale behind
         files = fingerprint(checked.root, checked.config)
         lookup = start_cpu_lookup(checked.config, checked.weights, backend, str(device), threads)
         device = settle_device(str(device), lookup, threads)  # torch only when the sessions are not all cached
+        self.bundle = self.key = self.files = None  # a failed load leaves nothing stale behind
         bundle = load_bundle(checked.root, device=device, backend=backend, progress=progress, prepared=True,
                              checked=checked, onnx_lookup=lookup, threads=threads)
         for note in bundle.notes:

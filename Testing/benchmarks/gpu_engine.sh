@@ -15,8 +15,10 @@
 #   batch_gpu.json          cardseg batch's per-case stages and marginal per-case wall, graphs
 #   batch_gpu_eager.json    the same, eager
 #   whole_run_gpu.json      fresh `cardseg segment --device cuda` processes: where the time goes,
-#                           and whether MONAI is imported after the preparation run
-#   whole_run_gpu_eager.json the same with CARDSEG_CUDA_GRAPHS=0 (only when PARTS names whole_eager)
+#                           and whether MONAI is imported after the preparation run (a one-shot run
+#                           is eager by default since its grid serves one volume)
+#   whole_run_gpu_eager.json the same with CARDSEG_CUDA_GRAPHS=0 (only when PARTS names whole_eager;
+#                           now the same path as whole_run_gpu.json)
 #   whole_run_gpu_always.json the same with CARDSEG_CUDA_GRAPHS=always: a one-shot run captures its
 #                           graph at once (by default it runs eagerly: its grid serves one volume)
 # PARTS (a list of the step names below) picks steps: e.g. PARTS="batch batch_eager" for a rerun.
@@ -26,7 +28,7 @@
 set -uo pipefail
 OUT=${1:?usage: gpu_engine.sh OUT [CARRY]}
 CARRY=${2:-.gpucarry}
-PARTS=${PARTS:-tests overhead overhead_eager batch batch_eager whole whole_always}
+PARTS=${PARTS:-tests overhead batch batch_eager whole whole_always}
 DEVICE=${DEVICE:-cuda} PY=${PY:-python3} SITE=${SITE-/tmp/site} CASES=${CASES:-20} ROUNDS=${ROUNDS:-9} REPEATS=${REPEATS:-3}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1

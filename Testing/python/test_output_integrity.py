@@ -474,3 +474,39 @@ def test_a_second_interrupt_while_files_are_written_waits_for_them_and_leaves_no
     assert waits[0] >= 1 and len(waits) == 2  # the second interrupt came while files were being written
     assert running == []  # and the run ended only after they were
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no output, no temporary folder, no lock
+
+
+def test_an_interrupt_between_two_file_submissions_waits_for_the_first(tmp_path, scan, tiny_bundle, monkeypatch):
+    """Ctrl-C after the first file was handed to a write thread and before the second was: the
+    run ends with the interrupt (not another error) once that first write is over, and leaves no
+    temporary folder."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cardseg import segment as seg
+    from cardseg.bundle.loading import load_bundle
+
+    bundle = load_bundle(tiny_bundle, backend="torch")
+    real_write, running, submitted = seg.write_one, [], []
+
+    def slow_write(name, path, *a):
+        running.append(name)
+        time.sleep(0.3)
+        try:
+            return real_write(name, path, *a)
+        finally:
+            running.remove(name)
+
+    class InterruptedPool(ThreadPoolExecutor):
+        def submit(self, *a, **k):
+            if submitted:
+                raise KeyboardInterrupt
+            submitted.append(a[1])
+            return super().submit(*a, **k)
+
+    monkeypatch.setattr(seg, "write_one", slow_write)
+    monkeypatch.setattr(seg, "ThreadPoolExecutor", InterruptedPool)
+    with pytest.raises(KeyboardInterrupt):
+        seg.segment_file(scan, tmp_path / "out", bundle, method="uc")
+    assert len(submitted) == 1 and running == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -19,7 +19,12 @@ from gpu.engine_env import no_simpleitk
 
 
 def cuda_consistency(smoke: bool) -> dict:
-    """The shipped bundle's CARD trajectory on a phantom: CPU vs CUDA labels, CUDA twice."""
+    """The shipped bundle's CARD trajectory on a phantom: CPU vs CUDA labels, CUDA twice.
+
+    Three CUDA runs of the same volume: the first runs eagerly (a grid's CUDA graph is captured
+    once it serves a second volume, :func:`cardseg.method.gpu_exec.run_graphed`), the second
+    captures and replays, the third replays; CPU vs CUDA compares the first (a one-shot run's
+    path), "CUDA twice" the two graphed runs, and eager vs graphed is reported beside them."""
     no_simpleitk()
     from cardseg.bundle.loading import load_bundle
     from cardseg.bundle.scaffold import synthetic_cine_volume
@@ -34,14 +39,17 @@ def cuda_consistency(smoke: bool) -> dict:
         res["cuda"] = "not available"
         return res
     gpu_b = load_bundle(device="cuda")
-    runs = [trajectory_on_slices(slices, vol.spacing[:2], gpu_b, "card", "cuda", batch_size=10) for _ in range(2)]
+    eager, *runs = [trajectory_on_slices(slices, vol.spacing[:2], gpu_b, "card", "cuda", batch_size=10)
+                    for _ in range(3)]
     lab_cpu = ref.logits.argmax(1)
-    lab_gpu = [r.logits.argmax(1) for r in runs]
+    lab_gpu = [eager.logits.argmax(1)]
     res.update({
         "labels_cpu_vs_cuda_equal_fraction": float((lab_cpu == lab_gpu[0]).float().mean()),
         "labels_cpu_vs_cuda_differ_pixels": int((lab_cpu != lab_gpu[0]).sum()),
-        "max_abs_logit_diff_cpu_vs_cuda": float((ref.logits - runs[0].logits).abs().max()),
-        "max_abs_tac_diff_cpu_vs_cuda": float((ref.tac - runs[0].tac).abs().max()),
+        "max_abs_logit_diff_cpu_vs_cuda": float((ref.logits - eager.logits).abs().max()),
+        "max_abs_tac_diff_cpu_vs_cuda": float((ref.tac - eager.tac).abs().max()),
+        "labels_eager_vs_graphed_differ_pixels": int((eager.logits.argmax(1) != runs[0].logits.argmax(1)).sum()),
+        "max_abs_tac_diff_eager_vs_graphed": float((eager.tac - runs[0].tac).abs().max()),
         "cuda_runs_bit_identical_logits": bool(torch.equal(runs[0].logits, runs[1].logits)),
         "cuda_runs_bit_identical_tac": bool(torch.equal(runs[0].tac, runs[1].tac)),
         "cuda_runs_max_abs_logit_diff": float((runs[0].logits - runs[1].logits).abs().max()),

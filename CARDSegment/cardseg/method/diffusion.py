@@ -162,6 +162,7 @@ class CategoricalSchedule:
         So ``argmax p̂_t`` is what is computed. The mixture itself, in float32, would lose the
         difference between two classes' probabilities where ``abar_{t-1}`` is small (0.00097
         before the first of the shipped steps: differences under about 3e-5 rounded to ties or
-        swapped), so two backends whose networks agree to 1e-6 could take different states.
+        swapped), so two backends whose networks agree to 1e-6 could take different states. ``t``
+        (the step) is kept for the equation's form; the result does not depend on it.
         """
         return one_hot(arrays.argmax(p_hat, axis=1), p_hat.shape[1], p_hat.dtype)
