@@ -13,7 +13,7 @@ import itertools
 import json
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed, wait
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional
@@ -330,8 +330,7 @@ def write_outputs(result: SegmentationResult, volume: Volume, bundle: Bundle, ou
     finally:
         # the files being written are finished before the writer may remove its temporary folder,
         # even when a second Ctrl-C arrives meanwhile (it is raised once they are: within a second)
-        pool.shutdown(wait=False, cancel_futures=True)
-        _wait_through_interrupts(futures)
+        _shut_down_through_interrupts(pool)
     for name, fut in zip(files, futures):  # the first failed file in the usual order is the one reported
         if fut.cancelled():
             continue
@@ -345,12 +344,14 @@ def write_outputs(result: SegmentationResult, volume: Volume, bundle: Bundle, ou
     return writer.commit()
 
 
-def _wait_through_interrupts(futures) -> None:
-    """Wait until none of ``futures`` runs; a KeyboardInterrupt meanwhile is raised afterwards."""
+def _shut_down_through_interrupts(pool: ThreadPoolExecutor) -> None:
+    """Cancel ``pool``'s work not started and wait for its threads; a KeyboardInterrupt meanwhile
+    is raised once they have ended (a cancelled future never counts as done for ``wait``, so the
+    threads, not the futures, are what is waited for)."""
     interrupted = None
     while True:
         try:
-            wait(futures)
+            pool.shutdown(wait=True, cancel_futures=True)
             break
         except KeyboardInterrupt as exc:
             interrupted = exc

@@ -430,19 +430,21 @@ def test_a_batch_cleans_what_a_killed_run_left_beside_its_outdir(tmp_path, tiny_
 
 def test_a_second_interrupt_while_files_are_written_waits_for_them_and_leaves_nothing(tmp_path, scan, tiny_bundle,
                                                                                     monkeypatch):
-    """Ctrl-C while a case's files are written, then Ctrl-C again while the writer waits for the
-    files already started: the interrupt still ends the run, but only once no write thread is
-    left, so the temporary folder is removed whole (before, the second interrupt let the clean-up
-    race the threads still writing into it)."""
+    """Ctrl-C while a case's files are written (more files than write threads, so some are
+    cancelled unstarted), then Ctrl-C again while the writer waits for the files already started:
+    the interrupt still ends the run, but only once no write thread is left, so the temporary
+    folder is removed whole (before, the second interrupt let the clean-up race the threads still
+    writing into it)."""
     import threading
     import time
+    from concurrent.futures import ThreadPoolExecutor
 
     from cardseg import segment as seg
     from cardseg.bundle.loading import load_bundle
 
     bundle = load_bundle(tiny_bundle, backend="torch")
-    real_write, real_wait = seg.write_one, seg.wait
-    running, started = [], threading.Event()
+    real_write = seg.write_one
+    running, started, shutdowns = [], threading.Event(), []
 
     def slow_write(name, path, *a):
         running.append(name)
@@ -457,21 +459,22 @@ def test_a_second_interrupt_while_files_are_written_waits_for_them_and_leaves_no
         started.wait(5)
         raise KeyboardInterrupt
 
-    waits = []
-
-    def second_interrupt(futures, *a, **k):  # and again while the writes already started finish
-        waits.append(len(running))
-        if len(waits) == 1:
-            raise KeyboardInterrupt
-        return real_wait(futures, *a, **k)
+    class Pool(ThreadPoolExecutor):
+        def shutdown(self, wait=True, *, cancel_futures=False):
+            shutdowns.append(len(running))
+            if len(shutdowns) == 1:  # again while the writes already started finish
+                super().shutdown(wait=False, cancel_futures=cancel_futures)
+                raise KeyboardInterrupt
+            return super().shutdown(wait=wait, cancel_futures=cancel_futures)
 
     monkeypatch.setattr(seg, "write_one", slow_write)
     monkeypatch.setattr(seg, "as_completed", first_interrupt)
-    monkeypatch.setattr(seg, "wait", second_interrupt)
-    out = tmp_path / "out"
+    monkeypatch.setattr(seg, "ThreadPoolExecutor", Pool)
+    assert len(seg.output_files(seg.segment_volume(seg.read_case(scan, tmp_path / "x")[1], bundle))) \
+        > seg.WRITE_THREADS
     with pytest.raises(KeyboardInterrupt):
-        seg.segment_file(scan, out, bundle, method="uc")
-    assert waits[0] >= 1 and len(waits) == 2  # the second interrupt came while files were being written
+        seg.segment_file(scan, tmp_path / "out", bundle, method="card")
+    assert shutdowns[0] >= 1 and len(shutdowns) == 2  # the second interrupt came while files were being written
     assert running == []  # and the run ended only after they were
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no output, no temporary folder, no lock
 
@@ -507,6 +510,6 @@ def test_an_interrupt_between_two_file_submissions_waits_for_the_first(tmp_path,
     monkeypatch.setattr(seg, "write_one", slow_write)
     monkeypatch.setattr(seg, "ThreadPoolExecutor", InterruptedPool)
     with pytest.raises(KeyboardInterrupt):
-        seg.segment_file(scan, tmp_path / "out", bundle, method="uc")
+        seg.segment_file(scan, tmp_path / "out", bundle, method="card")
     assert len(submitted) == 1 and running == []
     assert sorted(p.name for p in tmp_path.iterdir()) == []
