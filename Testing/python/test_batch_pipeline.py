@@ -73,6 +73,20 @@ def _counting(real, on_call):
     return run_networks
 
 
+def _signalling(real, n: int, done: threading.Event):
+    """``real`` (:func:`cardseg.segment.run_networks`), setting ``done`` once ``n`` cases have been computed."""
+    calls = []
+
+    def run_networks(*args, **kw):
+        out = real(*args, **kw)
+        calls.append(None)
+        if len(calls) == n:
+            done.set()
+        return out
+
+    return run_networks
+
+
 def test_the_next_case_is_read_and_the_last_written_while_one_computes(worker, synthetic_volume, tmp_path, monkeypatch):
     """While case 1 computes, case 2 is being read and case 0 written (events, not timings)."""
     from cardseg import segment
@@ -179,15 +193,8 @@ def test_an_interrupt_while_waiting_for_a_finisher_loses_no_case_and_leaves_no_w
     vol, _ = synthetic_volume
     jobs = _cases(tmp_path, vol, 3)
     computed_1 = threading.Event()
-    real_networks, real_finish = segment.run_networks, segment.finish_case
-    calls = []
-
-    def run_networks(*args, **kw):
-        out = real_networks(*args, **kw)
-        calls.append(None)
-        if len(calls) == 2:
-            computed_1.set()
-        return out
+    run_networks = _signalling(segment.run_networks, 2, computed_1)
+    real_finish = segment.finish_case
 
     def main_thread_waits() -> bool:
         """Whether the main thread sits in a wait for a result (a future's condition)."""
@@ -228,15 +235,8 @@ def test_interrupts_inside_on_result_still_report_the_cases_finished_behind(work
     vol, _ = synthetic_volume
     jobs = _cases(tmp_path, vol, 3)
     all_computed = threading.Event()
-    real_networks, real_finish = segment.run_networks, segment.finish_case
-    calls = []
-
-    def run_networks(*args, **kw):
-        out = real_networks(*args, **kw)
-        calls.append(None)
-        if len(calls) == 3:
-            all_computed.set()
-        return out
+    run_networks = _signalling(segment.run_networks, 3, all_computed)
+    real_finish = segment.finish_case
 
     def finish_case(traj, timings, volume, bundle, path, **kw):
         if Path(path).name.startswith("case0"):

@@ -341,8 +341,11 @@ def start_lookup(config: dict, weights: Dict[str, object], threads: int):
 
 def start_cpu_lookup(config: dict, weights: Dict[str, object], backend: str, device: str, threads: int):
     """:func:`start_lookup` when a run with ``--backend`` ``backend`` on ``--device`` ``device`` may
-    open the cached ONNX sessions (``auto`` or ``onnx``, a device other than CUDA), else ``None``."""
-    if backend in ("auto", "onnx") and not str(device).startswith("cuda"):
+    use the cached ONNX sessions (``auto`` or ``onnx``, on a device that surely means the CPU:
+    :func:`cardseg.base.devices.surely_cpu`), else ``None`` (nothing is opened to be dropped)."""
+    from cardseg.base.devices import surely_cpu
+
+    if backend in ("auto", "onnx") and surely_cpu(str(device)):
         return start_lookup(config, weights, threads)
     return None
 
