@@ -138,8 +138,9 @@ def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle
     tac_out, ref_out = [], []
     js_out: Dict[int, list] = {t: [] for t in steps} if keep_step_js else {}
 
+    weights: dict = {}  # the grid's interpolation matrices, made (and moved to the device) once
     def back(maps) -> np.ndarray:  # (B, C, N, N) on the network grid -> (B, C, Y, X) numpy
-        return arrays.to_numpy(network_to_slices(maps, grid))  # a GPU tensor is resampled on the GPU
+        return arrays.to_numpy(network_to_slices(maps, grid, weights))  # a GPU tensor is resampled on the GPU
 
     # torch networks on a GPU: the whole trajectory of a batch as one replayed CUDA graph (the same
     # outputs without a kernel launch per layer; cardseg.method.gpu_exec.run_graphed)
@@ -165,13 +166,16 @@ def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle
                                  reference=bundle.reference, mode=mode,
                                  schedule=bundle.schedule, tac_steps=tac_steps, keep_steps=keep_step_js,
                                  on_step=lambda t: progress.advance(1), overlap=overlap)
-        part = back(res.logits)
+        if res.tac is None:
+            part = back(res.logits)
+        else:  # logits and TAC resampled and brought to the host together: one matmul pair, one copy
+            part = back(arrays.concatenate([arrays.float32(res.logits), arrays.float32(res.tac)[:, None]], axis=1))
+            tac_out.append(part[:, -1].copy())  # a copy: the batch's logits are not kept twice
+            part = part[:, :-1]
         if logits_all is None:
             logits_all = np.empty((x.shape[0],) + part.shape[1:], dtype=np.float32)
         logits_all[b * batch_size:b * batch_size + part.shape[0]] = part
         del part
-        if res.tac is not None:
-            tac_out.append(back(res.tac[:, None])[:, 0])
         if with_reference:
             ref_out.append(back(res.reference_logits))
         for t in js_out:

@@ -220,3 +220,28 @@ def test_a_real_cuda_graph_gives_the_eager_outputs(mode):
     assert torch.equal(got.logits.argmax(1), want.logits.argmax(1))
     if mode == "card":
         torch.testing.assert_close(got.tac, want.tac, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_logits_and_tac_come_back_as_if_resampled_one_by_one(tiny_bundle, backend):
+    """``trajectory_on_slices`` resamples a batch's logits and TAC in one call: each equals the
+    batch's own trajectory resampled on its own (11 slices at batch 4: a short last batch)."""
+    from cardseg import segment
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.io.preprocess import network_to_slices, resample_to_network
+
+    bundle = load_bundle(tiny_bundle, backend=backend)
+    slices = np.random.default_rng(3).random((11, 70, 60)).astype(np.float32)
+    got = segment.trajectory_on_slices(slices, (1.5, 1.5), bundle, "card", batch_size=4)
+    grid = segment.slice_grid(slices.shape[1:], (1.5, 1.5), bundle)
+    x = resample_to_network(slices, grid)
+    fov = grid.field_of_view()
+    for start in range(0, 11, 4):
+        xb = x[start:start + 4] if bundle.takes_numpy else torch.from_numpy(x[start:start + 4])
+        res = run_trajectory(bundle.primary, xb, bundle.sampled_steps, bundle.num_classes, reference=bundle.reference,
+                             mode="card", schedule=bundle.schedule, tac_steps=bundle.tac_steps)
+        logits = np.asarray(network_to_slices(res.logits, grid))
+        tac = np.asarray(network_to_slices(res.tac[:, None], grid))[:, 0]
+        np.testing.assert_allclose(np.asarray(got.logits)[start:start + 4][:, :, fov], logits[:, :, fov], atol=1e-6)
+        np.testing.assert_allclose(np.asarray(got.tac)[start:start + 4][:, fov], tac[:, fov], atol=1e-7)
+        assert not np.asarray(got.tac)[start:start + 4][:, ~fov].any()

@@ -127,3 +127,32 @@ def test_back_resampling_keeps_a_tensor_a_tensor_of_float32():
     assert isinstance(as_tensor, torch.Tensor) and as_tensor.dtype == torch.float32
     assert isinstance(as_numpy, np.ndarray) and as_numpy.dtype == np.float32
     assert np.array_equal(as_tensor.numpy(), as_numpy)
+
+
+def test_a_kept_cache_makes_the_interpolation_matrices_once_per_grid_and_device(monkeypatch):
+    """A batch loop passes one dict: the matrices are built (and moved to a device) on the first
+    call only; a second grid gets its own; the results equal the uncached ones exactly."""
+    from cardseg.io import preprocess
+
+    grid = SliceGrid((40, 30), (1.1, 0.9), 1.3, 32)
+    other = SliceGrid((40, 30), (0.9, 1.1), 1.3, 32)  # same shapes, other positions
+    maps = np.random.default_rng(5).normal(0, 5, (3, 2, 32, 32)).astype(np.float32)
+    expect = {id(g): network_to_slices(maps, g) for g in (grid, other)}
+    built = []
+    real = preprocess.interpolation_matrix
+    monkeypatch.setattr(preprocess, "interpolation_matrix", lambda *a, **k: built.append(1) or real(*a, **k))
+    cache = {}
+    for _ in range(3):
+        for part in (maps[:2], maps[2:]):
+            assert np.array_equal(network_to_slices(part, grid, cache), expect[id(grid)][:part.shape[0]]
+                                  if part.shape[0] == 2 else expect[id(grid)][2:])
+    assert len(built) == 2  # rows and columns, once
+    assert np.array_equal(network_to_slices(maps, other, cache), expect[id(other)])
+    assert len(built) == 4
+    as_tensor = network_to_slices(torch.from_numpy(maps), grid, cache)
+    assert isinstance(as_tensor, torch.Tensor) and np.array_equal(as_tensor.numpy(), expect[id(grid)])
+    assert len(built) == 6  # the tensors' own copies, once
+    network_to_slices(torch.from_numpy(maps), grid, cache)
+    assert len(built) == 6
+    network_to_slices(maps, grid)  # no cache: built again
+    assert len(built) == 8

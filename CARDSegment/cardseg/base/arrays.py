@@ -58,6 +58,20 @@ def full(shape: Sequence[int], value: float, ref: Any, dtype: Optional[str] = No
     return np.full(tuple(shape), value, dtype=np.dtype(dtype) if dtype else ref.dtype)
 
 
+def concatenate(parts: Sequence[Any], axis: int) -> Any:
+    """Arrays of one kind (and device) joined along ``axis``."""
+    if is_tensor(parts[0]):
+        return sys.modules["torch"].cat(list(parts), dim=axis)
+    return np.concatenate(parts, axis=axis)
+
+
+def float32(x: Any) -> Any:
+    """``x`` as float32 (no copy when it already is)."""
+    if is_tensor(x):
+        return x.float()
+    return np.asarray(x, dtype=np.float32)
+
+
 def copy(x: Any) -> Any:
     """A copy that shares nothing with ``x`` (a tensor is detached)."""
     return x.detach().clone() if is_tensor(x) else np.array(x, copy=True)

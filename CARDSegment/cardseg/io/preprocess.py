@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 from scipy import ndimage
@@ -156,15 +156,26 @@ def slices_to_network(slices: np.ndarray, grid: SliceGrid, mode: str = "bilinear
     return torch.from_numpy(resample_to_network(slices, grid, mode))
 
 
-def network_to_slices(maps, grid: SliceGrid):
+def network_to_slices(maps, grid: SliceGrid, cache: Optional[dict] = None):
     """Resample network-grid maps ``(B, C, N, N)`` back to the slice grid → ``(B, C, ny, nx)``
     float32, of the maps' kind: numpy in, numpy out; a tensor stays on its device.
 
     Bilinear, clamped at the border; callers overwrite pixels outside :meth:`SliceGrid.field_of_view`.
+    ``cache``: a dict the caller keeps over many calls (a batch loop): the two interpolation
+    matrices are then made, and moved to a device, once per grid and device instead of every call
+    (on a GPU each move is a copy that waits for the host).
     """
     n = int(grid.size)
     if not arrays.is_tensor(maps):
         maps = np.asarray(maps, dtype=np.float32)
     elif maps.dtype != sys.modules["torch"].float32:
         maps = maps.float()
-    return _resample(maps, grid.from_network_grid(), (n, n), nearest=False, border=True)
+    key = (id(grid), str(maps.device) if arrays.is_tensor(maps) else "numpy")
+    held = None if cache is None else cache.get(key)
+    if held is None or held[0] is not grid:
+        rows, cols = grid.from_network_grid()
+        held = (grid, arrays.like(interpolation_matrix(rows, n, nearest=False, border=True), maps),
+                arrays.like(np.ascontiguousarray(interpolation_matrix(cols, n, nearest=False, border=True).T), maps))
+        if cache is not None:
+            cache[key] = held
+    return held[1] @ maps @ held[2]
