@@ -22,6 +22,7 @@ from typing import Dict, Optional, Sequence
 import numpy as np
 from scipy import optimize
 
+from cardseg.metrics.calibration import binary_ece
 from cardseg.review import coverage as cv
 from cardseg.review.regions import FEATURES, ErrorModel, form_regions, rank_regions, region_features
 
@@ -149,16 +150,8 @@ def cross_validated(volumes: Sequence[VolumeRegions], l2: float = 0.05) -> Dict[
 
 
 def region_ece(p: np.ndarray, y: np.ndarray, bins: int = 10) -> Optional[float]:
-    """Expected calibration error of ``p_error`` over regions (equal-width bins)."""
-    if len(p) == 0:
-        return None
-    idx = np.minimum((np.asarray(p) * bins).astype(int), bins - 1)
-    err = 0.0
-    for b in range(bins):
-        m = idx == b
-        if m.any():
-            err += m.sum() / len(p) * abs(float(np.mean(y[m])) - float(np.mean(p[m])))
-    return float(err)
+    """Expected calibration error of ``p_error`` over regions (equal-width bins); None without regions."""
+    return binary_ece(p, y, bins) if len(p) else None
 
 
 def select_settings(maps: Sequence[VolumeMaps], grid: Optional[dict] = None, max_regions: int = MAX_REGIONS,

@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from cardseg.metrics.calibration import binary_ece_consistency, equal_width_bins
 from cardseg.metrics.detection import detection_scores
 from cardseg.review import coverage as cv
 from cardseg.review.evaluation import near_errors
@@ -103,21 +104,51 @@ def volume_study(m: VolumeMaps, settings: dict, model: Optional[ErrorModel], rng
 
 
 def reliability(p: np.ndarray, y: np.ndarray, bins: int = 10) -> dict:
-    """Equal-width bins of ``p_error``: count, mean predicted, observed frequency, and the ECE."""
+    """Equal-width bins of ``p_error``: count, mean predicted, observed frequency; the ECE beside
+    what a perfectly calibrated ``p_error`` shows on as many regions
+    (:func:`cardseg.metrics.calibration.binary_ece_consistency`); the regions' ``p_error`` and
+    outcomes themselves (``p``, ``holds``: conditions can be pooled, :func:`pooled_reliability`)."""
     p = np.asarray(p, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
-    idx = np.minimum((p * bins).astype(int), bins - 1) if len(p) else np.zeros(0, int)
+    idx = equal_width_bins(p, bins)
     out = {"count": [], "mean_p": [], "observed": []}
-    ece = 0.0
     for b in range(bins):
         sel = idx == b
         out["count"].append(int(sel.sum()))
         out["mean_p"].append(float(p[sel].mean()) if sel.any() else None)
         out["observed"].append(float(y[sel].mean()) if sel.any() else None)
-        if sel.any():
-            ece += sel.sum() / len(p) * abs(float(y[sel].mean()) - float(p[sel].mean()))
-    out["ece"] = float(ece) if len(p) else None
+    check = binary_ece_consistency(p, y, bins)
+    out["ece"] = check["ece"] if len(p) else None
+    out.update({k: check[k] for k in ("calibrated_median", "calibrated_q90", "consistency_p")} if len(p) else {})
+    out["p"] = [round(float(v), 6) for v in p]
+    out["holds"] = [int(v) for v in y]
     return out
+
+
+def regions_of(rel: dict) -> tuple:
+    """``(p_error, holds)`` of a :func:`reliability` result. Results written before the regions'
+    own values were kept give them back from the bins: each bin's regions at the bin's mean
+    ``p_error``, ``round(observed * count)`` of them holding an error. The ECE is then the same; the
+    calibrated figures are a close, slightly high estimate (at the bin's mean the binomial spread
+    is at least the regions' own, larger by the spread of ``p_error`` within a 0.1-wide bin)."""
+    if "p" in rel:
+        return np.asarray(rel["p"], dtype=np.float64), np.asarray(rel["holds"], dtype=np.float64)
+    p, y = [], []
+    for n, m, o in zip(rel["count"], rel["mean_p"], rel["observed"]):
+        if n:
+            k = int(round(o * n))
+            p += [m] * n
+            y += [1.0] * k + [0.0] * (n - k)
+    return np.asarray(p, dtype=np.float64), np.asarray(y, dtype=np.float64)
+
+
+def pooled_reliability(summaries: Dict[str, dict]) -> Optional[dict]:
+    """:func:`reliability` over the regions of every condition of ``{condition: summary}`` together."""
+    rels = [s.get("reliability") for s in summaries.values()]
+    if not rels or any(r is None for r in rels):
+        return None
+    parts = [regions_of(r) for r in rels]
+    return reliability(np.concatenate([q[0] for q in parts]), np.concatenate([q[1] for q in parts]))
 
 
 def condition_summary(vols: Sequence[dict], max_regions: Optional[int]) -> dict:

@@ -23,7 +23,7 @@ from cardseg.review.regions import DEFAULTS, ErrorModel
 from .report_files import atomic_write, format_value, pyplot, save_titled
 from .review_errmap import fit_error_map_rule
 from .review_fit import BUDGET, MAX_BURDEN
-from .review_measure import BURDENS, VOXEL_MAPS, study
+from .review_measure import BURDENS, VOXEL_MAPS, pooled_reliability, regions_of, reliability, study
 
 #: every setting of a rule (the rest of a regions block is its model and notes)
 RULE_KEYS = ("map", "smooth_px", "connectivity", "flag_threshold", "grow_threshold", "neighbourhood_px", "merge_px",
@@ -149,6 +149,7 @@ def markdown(t: dict, title: str) -> str:
         first = next(iter(d.values()))
         lines.append(f"| {cond} | {_pct(first['prevalence'])} | " + " | ".join(
             f"{format_value(d[k]['auroc'], 1, 3)} / {format_value(d[k]['auprc'], 1, 3)}" for k in det_keys) + " |")
+    lines += p_error_lines(t)
     lines += ["", "Covered errors against burden (share of the predicted heart), per map:", "",
               "| condition | map | " + " | ".join(f"{b:.0%}" for b in BURDENS) + " |",
               "|---|---|" + "---|" * len(BURDENS)]
@@ -158,6 +159,54 @@ def markdown(t: dict, title: str) -> str:
                 lines.append(f"| {cond} | {BASELINE_NAMES.get(k, k)} | " + " | ".join(_pct(v) for v in s["curves"][k])
                              + " |")
     return "\n".join(lines) + "\n"
+
+
+def p_error_consistency(t: dict) -> Dict[str, Optional[dict]]:
+    """``{condition or "all conditions": reliability with its calibrated figures}`` of the rule in
+    ``t`` (a review result; one written before these figures is read from its bins,
+    :func:`cardseg_train.review_measure.regions_of`)."""
+    rows = {}
+    for cond, s in t["bundle"].items():
+        rel = s.get("reliability")
+        rows[cond] = None if rel is None else reliability(*regions_of(rel))
+    rows["all conditions"] = pooled_reliability(t["bundle"])
+    return rows
+
+
+def write_p_error_consistency(review_json: str, out_json: str) -> Path:
+    """:func:`p_error_consistency` of a written ``review.json`` (of this rule and, when there, the
+    previous one) into ``out_json``; nothing is evaluated again."""
+    t = json.loads(Path(review_json).read_text())
+    keep = ("ece", "calibrated_median", "calibrated_q90", "consistency_p")
+    out = {"source": str(review_json), "from_bins": not any("p" in (s.get("reliability") or {})
+                                                             for s in t["bundle"].values())}
+    for key in ("bundle", "previous"):
+        if key in t:
+            rows = p_error_consistency({"bundle": t[key]})
+            out[key] = {c: None if r is None else {**{k: r[k] for k in keep}, "regions": sum(r["count"])}
+                        for c, r in rows.items()}
+    path = Path(out_json)
+    atomic_write(path, (json.dumps(out, indent=1) + "\n").encode())
+    return path
+
+
+def p_error_lines(t: dict) -> list:
+    """The ``p_error`` calibration table: per condition and pooled, the ECE beside what a perfectly
+    calibrated ``p_error`` shows on as many regions (results written before these figures: ECE only)."""
+    rows = p_error_consistency(t)
+    lines = ["", "Calibration of `p_error` over regions. With a few dozen regions a perfectly calibrated `p_error` "
+                 "shows an ECE far from 0: 'calibrated' is the median (90th percentile) ECE of outcomes drawn as "
+                 "Bernoulli(p_error) on the same regions, 'consistency p' the share of those draws whose ECE is at "
+                 "least the observed one (small: miscalibrated beyond chance).", "",
+             "| condition | regions | p_error ECE | calibrated: median (90%) | consistency p |", "|---|---|---|---|---|"]
+    for cond, rel in rows.items():
+        if rel is None:
+            continue
+        n = sum(rel["count"])
+        cal = f"{format_value(rel['calibrated_median'], 1, 3)} ({format_value(rel['calibrated_q90'], 1, 3)})"
+        lines.append(f"| {cond} | {n} | {format_value(rel['ece'], 1, 3)} | {cal} | "
+                     f"{format_value(rel.get('consistency_p'), 1, 3)} |")
+    return lines
 
 
 def plot_review(t: dict, path: Path) -> Path:
