@@ -253,6 +253,23 @@ def test_without_torch_a_cached_run_works_and_a_first_run_says_what_is_missing(t
                           _array(tmp_path / "cached", "segmentation.nii.gz"))
 
 
+def test_without_torch_and_onnxruntime_the_one_line_names_both(tiny_bundle, phantom_file, tmp_path):
+    """Neither way to run installed (both blocked in the child): one error line that names torch and
+    onnxruntime, exit 2, nothing written; on a device other than the CPU only torch is named."""
+    blocked = ("import sys; sys.modules['torch'] = None; sys.modules['onnxruntime'] = None; "
+               + CHILD.replace("'torch' in sys.modules", "sys.modules.get('torch') is not None"))
+    args = [str(phantom_file), "--bundle", str(tiny_bundle), "--quiet"]
+    for device, both in (("cpu", True), ("auto", True), ("cuda", False)):
+        out = tmp_path / f"run-{device}"
+        p = subprocess.run([sys.executable, "-c", blocked, "segment", *args, "--device", device, "-o", str(out)],
+                           capture_output=True, text=True, timeout=600)
+        line = p.stderr.strip()
+        assert json.loads(p.stdout.strip().splitlines()[-1])["rc"] == 2 and len(line.splitlines()) == 1, line
+        assert line.startswith("cardseg: error: torch is not installed")
+        assert ("onnxruntime is missing too" in line) == both, line
+        assert not out.exists()
+
+
 def test_every_calibration_method_is_found_by_its_module():
     """MODULES names the module of every registered method, so a bundle naming any of them loads
     it on demand (and only it): a method missing from MODULES would be 'unknown' until imported."""

@@ -363,7 +363,13 @@ def settle_device(device: str, lookup, threads: int):
 
     if lookup is not None and surely_cpu(device) and all_found(lookup):
         return "cpu"
-    import_torch(threads)
+    try:
+        import_torch(threads)
+    except CardsegError as exc:
+        missing = available() if surely_cpu(device) else None
+        if missing is not None:  # neither way to run is installed: say both in the one line
+            raise CardsegError(f"{exc}; onnxruntime is missing too, the CPU's other way ({missing})") from None
+        raise
     return resolve_device(device)
 
 
