@@ -10,11 +10,13 @@ components and pixel type, and the amount of voxel data. Any shortfall raises
 
 from __future__ import annotations
 
+import collections
 import errno
 import gzip
 import os
 import struct
 import sys
+import threading
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
@@ -101,8 +103,8 @@ def write_image(image, path: os.PathLike) -> None:
 
     SimpleITK writes the NIfTI uncompressed beside ``path`` (quick; fd 2 muted meanwhile, which
     holds the process-wide lock), then Python's zlib compresses it into ``path`` (outside that
-    lock, without Python's lock: several volumes compress at once on several threads) and the
-    uncompressed file is removed. Where the uncompressed file does not fit (disk, quota, ``ulimit
+    lock, without Python's lock: several volumes, and several pieces of one volume, compress at
+    once on several threads, :func:`_gzip_file`) and the uncompressed file is removed. Where the uncompressed file does not fit (disk, quota, ``ulimit
     -f``), SimpleITK writes the compressed file itself, as before. The file is an ordinary
     gzip-compressed NIfTI."""
     path = Path(path)
@@ -145,18 +147,77 @@ def _remove(path: Path) -> None:
 
 
 def _gzip_file(src: Path, dst: Path, level: int = GZIP_LEVEL) -> None:
-    """``src`` gzip-compressed into ``dst`` (no file name or time in the gzip header); an
-    ``OSError`` of the file system (full disk, size limit) goes up as :class:`IncompleteWrite`."""
+    """``src`` gzip-compressed into ``dst``: one ordinary gzip member (no file name, time 0), its
+    deflate stream made of :data:`PIECE_BYTES` pieces compressed on several threads at once
+    (:func:`_deflate_pieces`); an ``OSError`` of the file system (full disk, size limit) goes up as
+    :class:`IncompleteWrite`."""
     try:
-        with open(src, "rb") as fin, open(dst, "wb") as fout, \
-                gzip.GzipFile(filename="", mode="wb", fileobj=fout, compresslevel=level, mtime=0) as out:
-            while True:
-                chunk = fin.read(1 << 22)
-                if not chunk:
-                    break
-                out.write(chunk)
+        with open(src, "rb") as fin, open(dst, "wb") as fout:
+            # magic, deflate, no flags, time 0, "fastest" (level 1) or no extra flag, OS unknown
+            fout.write(b"\x1f\x8b\x08\x00\x00\x00\x00\x00" + (b"\x04" if level == 1 else b"\x00") + b"\xff")
+            crc, size = 0, 0
+            for raw, packed in _deflate_pieces(fin, level):
+                crc = zlib.crc32(raw, crc)
+                size += len(raw)
+                fout.write(packed)
+            fout.write(struct.pack("<II", crc & 0xFFFFFFFF, size & 0xFFFFFFFF))
     except OSError:
         raise IncompleteWrite(dst) from None
+
+
+#: a file is compressed in pieces of this many bytes, several at once (pigz's way: each piece
+#: primed with the 32 KiB before it, so the file is as small as compressed in one go, nearly)
+PIECE_BYTES = 1 << 21
+_WINDOW = 1 << 15
+_pieces_pool = None
+_pieces_workers = 1
+_pieces_pid = 0
+_pieces_lock = threading.Lock()
+
+
+def _pool():
+    """The threads that compress pieces, one per usable CPU, shared by every file being written
+    (zlib runs without Python's lock, so they compress in parallel); made again in a forked child."""
+    global _pieces_pool, _pieces_workers, _pieces_pid
+    with _pieces_lock:
+        if _pieces_pool is None or _pieces_pid != os.getpid():  # a forked child has none of the threads
+            _pieces_pid = os.getpid()
+            from concurrent.futures import ThreadPoolExecutor
+
+            from cardseg.base.cpus import usable_cpus
+
+            _pieces_workers = max(1, usable_cpus())
+            _pieces_pool = ThreadPoolExecutor(max_workers=_pieces_workers, thread_name_prefix="cardseg-gzip")
+        return _pieces_pool
+
+
+def _deflate(data: bytes, primer: bytes, level: int, last: bool) -> bytes:
+    """``data`` as raw deflate blocks that continue a stream whose last 32 KiB were ``primer``; a
+    non-final piece ends on a byte boundary (sync flush) so the next piece's blocks can follow."""
+    c = zlib.compressobj(level, zlib.DEFLATED, -15, zdict=primer) if primer else \
+        zlib.compressobj(level, zlib.DEFLATED, -15)
+    return c.compress(data) + c.flush(zlib.Z_FINISH if last else zlib.Z_SYNC_FLUSH)
+
+
+def _deflate_pieces(fin, level: int) -> Iterator[tuple]:
+    """``(raw piece, its deflate blocks)`` in file order; at most twice the pool's threads of
+    pieces are read ahead, so memory stays bounded for any file size."""
+    pool = _pool()
+    ahead = 2 * _pieces_workers
+    pending: "collections.deque" = collections.deque()
+    primer = b""
+    piece = fin.read(PIECE_BYTES)
+    while True:
+        following = fin.read(PIECE_BYTES) if piece else b""
+        last = not following
+        pending.append((piece, pool.submit(_deflate, piece, primer, level, last)))
+        primer = piece[-_WINDOW:]
+        piece = following
+        while pending and (last or len(pending) >= ahead):
+            raw, future = pending.popleft()
+            yield raw, future.result()
+        if last:
+            return
 
 
 def verify_image(image, path: Path) -> None:
