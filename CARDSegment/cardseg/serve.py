@@ -49,14 +49,12 @@ Protocol (version :data:`PROTOCOL`), JSON lines, UTF-8:
   requests.jsonl``). SIGTERM stops the running request the same way (exit status 143); the
   engine's exit status is 0 after end of input or an ``exit`` request.
 
-* **Bundle changes are noticed per request** (no restart needed): each request compares the
-  bundle folder's ``bundle.json`` and weight files with those loaded by their stamps (inode,
-  size, modification and change time: :func:`fingerprint`, a few ``stat`` calls). When one
-  differs, the folder is checked whole as ``cardseg segment`` checks it (schema, each weight
-  file's sha256 and values) and the bundle is loaded again, unless its configuration and
-  checksums turn out unchanged. A request for another bundle, device or backend loads that
-  one; only one bundle is kept loaded. The networks that run are always the ones verified when
-  they were loaded (from the verified bytes, as in ``cardseg segment``).
+* **Bundle changes are noticed per request**: each request compares the bundle folder's
+  ``bundle.json`` and weight files with those loaded by their stamps (:func:`fingerprint`); when
+  one differs, the folder is checked whole as ``cardseg segment`` checks it and loaded again,
+  unless its configuration and checksums turn out unchanged. Another bundle, device, backend
+  (or, for ONNX sessions, thread count) is loaded; only one bundle is kept loaded, its networks
+  those verified when it was loaded (from the verified bytes, as in ``cardseg segment``).
 """
 
 from __future__ import annotations
@@ -93,9 +91,8 @@ def add_serve_parser(sub) -> None:
                        description="Load the bundle once, then segment one volume per JSON line read on stdin "
                                    "exactly as 'segment' does, answering with JSON lines on stdout (progress, then "
                                    "one result per request). The protocol is described in cardseg/serve.py.")
-    p.add_argument("--bundle", metavar="PATH",
-                   help="bundle loaded at start and used by requests that name none (default: $CARDSEG_BUNDLE or "
-                        "the shipped one)")
+    p.add_argument("--bundle", metavar="PATH", help="bundle loaded at start and used by requests that name none "
+                                                    "(default: $CARDSEG_BUNDLE or the shipped one)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="device of requests that name none")
     p.add_argument("--backend", choices=["auto", "torch", "onnx"], help="backend of requests that name none")
     p.add_argument("--threads", type=int, metavar="N", help="CPU threads of requests that name none")
@@ -172,6 +169,7 @@ class LoadedBundle:
         self.key: Optional[tuple] = None  # (folder, configuration, device, backend)
         self.files: Optional[tuple] = None
         self.bundle = self.device = None  # the device it was loaded onto: "cpu" or a torch.device
+        self.threads: Optional[int] = None  # the threads the bundle's ONNX sessions were opened with
 
     def get(self, bundle_arg, device_name: str, backend: str, method: str, progress, threads: int) -> tuple:
         """``(bundle, loaded_now, device)`` for a request. While the folder's files are those loaded
@@ -179,7 +177,8 @@ class LoadedBundle:
         segment`` checks it (schema, each weight file's sha256) and loaded again unless its
         configuration and checksums are still those loaded. Refusals are segment's one-line errors.
         torch is imported as ``cardseg segment`` imports it (:func:`cardseg.bundle.onnx_backend.settle_device`:
-        not on the CPU with both ONNX models cached); once imported, with each request's ``threads``."""
+        not on the CPU with both ONNX models cached); once imported, with each request's ``threads``.
+        ONNX sessions keep the threads they were opened with: another count opens them again."""
         from cardseg.base.devices import surely_cpu
         from cardseg.bundle.folder import check_bundle, resolve_bundle_path
         from cardseg.bundle.loading import load_bundle
@@ -190,14 +189,15 @@ class LoadedBundle:
         if sys.modules.get("torch") is not None:  # imported for this request or an earlier one
             sys.modules["torch"].set_num_threads(int(threads))
         files = fingerprint(root, self.bundle.config) if self.bundle is not None else None
-        if self.bundle is not None and files == self.files and self.key[0] == str(root.resolve()) \
+        same_threads = self.bundle is not None and (not self.bundle.takes_numpy or self.threads == int(threads))
+        if same_threads and files == self.files and self.key[0] == str(root.resolve()) \
                 and self.key[2:] == (str(device), backend):
             check_method(root, self.bundle.config, method)
             return self.bundle, False, self.device
         checked = check_bundle(bundle_arg)
         check_method(checked.root, checked.config, method)
         key = (str(checked.root.resolve()), json.dumps(checked.config, sort_keys=True), str(device), backend)
-        if self.bundle is not None and key == self.key:  # touched, not changed
+        if same_threads and key == self.key:  # touched, not changed
             self.files = fingerprint(checked.root, checked.config)
             return self.bundle, False, self.device
         files = fingerprint(checked.root, checked.config)
@@ -208,7 +208,7 @@ class LoadedBundle:
                              checked=checked, onnx_lookup=lookup, threads=threads)
         for note in bundle.notes:
             print(f"cardseg: note: {note}", file=sys.stderr)
-        self.bundle, self.key, self.files, self.device = bundle, key, files, device
+        self.bundle, self.key, self.files, self.device, self.threads = bundle, key, files, device, int(threads)
         return bundle, True, device
 
     def describe(self) -> Optional[dict]:

@@ -108,9 +108,15 @@ def test_one_process_many_requests(tmp_path, phantom, tiny_bundle):
         assert not taken["ok"] and "--overwrite" in taken["error"]
         second = engine.ask({"id": "e", "input": str(phantom), "output": str(tmp_path / "e")})
         assert second["ok"] and second["loaded_bundle"] is False, second
+        # ONNX sessions keep their threads: a request with another count opens them again, once
+        for rid, loaded in (("t1", True), ("t2", False)):
+            more = engine.ask({"id": rid, "input": str(phantom), "output": str(tmp_path / rid), "threads": 2})
+            assert more["ok"] and more["loaded_bundle"] is loaded, more
+        back = engine.ask({"id": "t3", "input": str(phantom), "output": str(tmp_path / "t3")})  # --threads 1 again
+        assert back["ok"] and back["loaded_bundle"] is True, back
         status = engine.ask({"id": "s", "op": "status"})
         assert status["pid"] == ready["pid"] == engine.proc.pid
-        assert status["requests"] == 5 and status["bundle"]["backend"] == "onnx"
+        assert status["requests"] == 8 and status["bundle"]["backend"] == "onnx"
         if importlib.util.find_spec("monai") is not None:  # installed, and still never imported
             assert status["modules"]["monai"] is False
         assert status["modules"]["onnxruntime"] is True
