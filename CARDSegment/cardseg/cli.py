@@ -230,6 +230,9 @@ def cmd_segment(a) -> int:
 
     threads = a.threads or default_threads()
     from cardseg.bundle.onnx_backend import settle_device, start_cpu_lookup
+    from cardseg.io.written import set_threads
+
+    set_threads(threads)  # the outputs' compression threads
 
     # the ONNX sessions open while the input is read
     lookup = start_cpu_lookup(config, checked.weights, a.backend, a.device, threads)

@@ -173,17 +173,17 @@ class LoadedBundle:
 
     def get(self, bundle_arg, device_name: str, backend: str, method: str, progress, threads: int) -> tuple:
         """``(bundle, loaded_now, device)`` for a request. While the folder's files are those loaded
-        (same fingerprint) nothing is read; otherwise the folder is checked whole as ``cardseg
-        segment`` checks it (schema, each weight file's sha256) and loaded again unless its
-        configuration and checksums are still those loaded. Refusals are segment's one-line errors.
-        torch is imported as ``cardseg segment`` imports it (:func:`cardseg.bundle.onnx_backend.settle_device`:
-        not on the CPU with both ONNX models cached); once imported, with each request's ``threads``.
-        ONNX sessions keep the threads they were opened with: another count opens them again."""
+        (same fingerprint) nothing is read; otherwise the folder is checked whole as ``cardseg segment``
+        checks it and loaded again unless its configuration and checksums are still those loaded.
+        torch is imported as ``cardseg segment`` imports it (:func:`cardseg.bundle.onnx_backend.settle_device`);
+        torch and the file compression run on each request's ``threads``; ONNX sessions keep theirs (reopened)."""
         from cardseg.base.devices import surely_cpu
         from cardseg.bundle.folder import check_bundle, resolve_bundle_path
         from cardseg.bundle.loading import load_bundle
         from cardseg.bundle.onnx_backend import settle_device, start_cpu_lookup
+        from cardseg.io.written import set_threads
 
+        set_threads(threads)
         root = resolve_bundle_path(bundle_arg)
         device = "cpu" if surely_cpu(device_name) else settle_device(device_name, None, threads)
         if sys.modules.get("torch") is not None:  # imported for this request or an earlier one

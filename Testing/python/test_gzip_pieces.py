@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import SimpleITK as sitk
 
+from cardseg.base.cpus import usable_cpus
 from cardseg.io import written
 
 
@@ -38,13 +39,70 @@ def test_any_size_comes_back_exactly_as_one_gzip_member(tmp_path, monkeypatch, p
 
 
 def test_pieces_cost_little_size_against_one_stream(tmp_path, monkeypatch):
-    """Each piece is primed with the 32 KiB before it: 24 pieces end within 1 % of one stream."""
-    monkeypatch.setattr(written, "PIECE_BYTES", 128 * 1024)
-    data = _float_map(3 * 1024 * 1024, seed=3)
+    """Each piece is primed with the 32 KiB before it: on data whose repeats cross the pieces'
+    borders (a 20 KiB block over and over) the pieces end within 3 % of one stream, where
+    unprimed pieces would be far larger."""
+    monkeypatch.setattr(written, "PIECE_BYTES", 64 * 1024)
+    block = np.random.default_rng(3).integers(0, 256, 20 * 1024, dtype=np.uint8).tobytes()
+    data = block * 60
     (tmp_path / "x.raw").write_bytes(data)
     written._gzip_file(tmp_path / "x.raw", tmp_path / "x.gz")
+    primed = (tmp_path / "x.gz").stat().st_size
     one = len(gzip.compress(data, compresslevel=written.GZIP_LEVEL, mtime=0))
-    assert (tmp_path / "x.gz").stat().st_size <= 1.01 * one
+    pieces = [data[i:i + written.PIECE_BYTES] for i in range(0, len(data), written.PIECE_BYTES)]
+    unprimed = sum(len(written._deflate(p, b"", written.GZIP_LEVEL, i == len(pieces) - 1)) for i, p in enumerate(pieces))
+    assert primed <= 1.03 * one and primed < 0.7 * unprimed  # 19 pieces: their block ends cost 1 %
+
+
+def test_reading_ahead_stays_bounded_and_an_early_stop_cancels_what_is_queued(monkeypatch):
+    """At most min(2 threads, MAX_AHEAD) pieces are read ahead of the one handed out; a caller
+    that stops (a failed write) leaves no queued piece to be compressed. A stand-in pool runs the
+    first piece at once and holds the others, so the order is fixed."""
+    import io
+    from concurrent.futures import Future
+
+    monkeypatch.setattr(written, "PIECE_BYTES", 1024)
+    held = []
+
+    class Pool:
+        def submit(self, fn, *args):
+            f = Future()
+            if not held and not getattr(self, "ran", False):
+                self.ran = True
+                f.set_result(fn(*args))
+            else:
+                held.append(f)
+            return f
+
+    for threads in (1, 3, 20):
+        held.clear()
+        monkeypatch.setattr(written, "_pool", lambda: (Pool(), threads))
+        reads = []
+
+        class Counting(io.BytesIO):
+            def read(self, n=-1):
+                reads.append(n)
+                return super().read(n)
+
+        pieces = written._deflate_pieces(Counting(bytes(100 * 1024)), 1)
+        first = next(pieces)
+        ahead = min(2 * threads, written.MAX_AHEAD)
+        assert len(first[0]) == 1024 and len(reads) == ahead + 1 and len(held) == ahead - 1
+        pieces.close()  # the caller stopped: what was queued is cancelled
+        assert held and all(f.cancelled() for f in held)
+
+
+def test_the_pool_follows_the_runs_threads():
+    try:
+        for n in (3, 1):
+            written.set_threads(n)
+            pool, workers = written._pool()
+            assert workers == n and pool._max_workers == n
+            assert pool is written._pool()[0]  # kept while the count stays
+        written.set_threads(None)
+        assert written._pool()[1] == usable_cpus()
+    finally:
+        written.set_threads(None)
 
 
 def test_a_volume_written_in_pieces_reads_back_in_simpleitk(tmp_path, monkeypatch):

@@ -62,6 +62,7 @@ def test_bins_alone_give_back_the_ece_and_conditions_pool():
     pooled = pooled_reliability({"a": {"reliability": full}, "b": {"reliability": old}})
     assert sum(pooled["count"]) == 120 and pooled["ece"] == pytest.approx(full["ece"])
     assert pooled_reliability({"a": {"reliability": None}}) is None
+    assert sum(pooled_reliability({"a": {"reliability": None}, "b": {"reliability": old}})["count"]) == 60
 
 
 def test_the_consistency_file_and_table_from_a_written_review(tmp_path):

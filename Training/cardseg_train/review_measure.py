@@ -143,9 +143,10 @@ def regions_of(rel: dict) -> tuple:
 
 
 def pooled_reliability(summaries: Dict[str, dict]) -> Optional[dict]:
-    """:func:`reliability` over the regions of every condition of ``{condition: summary}`` together."""
-    rels = [s.get("reliability") for s in summaries.values()]
-    if not rels or any(r is None for r in rels):
+    """:func:`reliability` over the regions of every condition of ``{condition: summary}`` together
+    (a condition without regions adds none; None when no condition has any)."""
+    rels = [s.get("reliability") for s in summaries.values() if s.get("reliability") is not None]
+    if not rels:
         return None
     parts = [regions_of(r) for r in rels]
     return reliability(np.concatenate([q[0] for q in parts]), np.concatenate([q[1] for q in parts]))

@@ -177,7 +177,7 @@ def write_p_error_consistency(review_json: str, out_json: str) -> Path:
     """:func:`p_error_consistency` of a written ``review.json`` (of this rule and, when there, the
     previous one) into ``out_json``; nothing is evaluated again."""
     t = json.loads(Path(review_json).read_text())
-    keep = ("ece", "calibrated_median", "calibrated_q90", "consistency_p")
+    keep = ("ece", "calibrated_median", "calibrated_q90", "consistency_p", "count", "mean_p", "observed")
     out = {"source": str(review_json), "from_bins": not any("p" in (s.get("reliability") or {})
                                                              for s in t["bundle"].values())}
     for key in ("bundle", "previous"):

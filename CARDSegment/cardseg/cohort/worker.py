@@ -11,6 +11,7 @@ from typing import Optional, Tuple
 
 from cardseg.base.cpus import default_threads
 from cardseg.base.errors import CardsegError, one_line
+from cardseg.io.written import set_threads
 
 
 @dataclass
@@ -51,6 +52,7 @@ class CaseWorker:
         from cardseg.bundle.onnx_backend import settle_device, start_cpu_lookup
 
         threads = int(self.threads or default_threads())
+        set_threads(threads)  # the outputs' compression threads follow the worker's share of the CPUs
         checked = checked if checked is not None else check_bundle(self.bundle_root)
         lookup = start_cpu_lookup(checked.config, checked.weights, self.backend, self.device_name, threads)
         self.device = settle_device(self.device_name, lookup, threads)

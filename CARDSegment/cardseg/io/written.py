@@ -20,7 +20,7 @@ import threading
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, List
+from typing import Iterator, List, Optional
 
 from cardseg.base.fd2 import FD2_LOCK
 
@@ -168,27 +168,49 @@ def _gzip_file(src: Path, dst: Path, level: int = GZIP_LEVEL) -> None:
 #: a file is compressed in pieces of this many bytes, several at once (pigz's way: each piece
 #: primed with the 32 KiB before it, so the file is as small as compressed in one go, nearly)
 PIECE_BYTES = 1 << 21
+#: at most this many pieces of one file are read ahead of the one being written (memory: 16 MiB)
+MAX_AHEAD = 8
 _WINDOW = 1 << 15
-_pieces_pool = None
-_pieces_workers = 1
-_pieces_pid = 0
+_pieces = {"pool": None, "workers": 0, "wanted": 0}
 _pieces_lock = threading.Lock()
 
 
-def _pool():
-    """The threads that compress pieces, one per usable CPU, shared by every file being written
-    (zlib runs without Python's lock, so they compress in parallel); made again in a forked child."""
-    global _pieces_pool, _pieces_workers, _pieces_pid
-    with _pieces_lock:
-        if _pieces_pool is None or _pieces_pid != os.getpid():  # a forked child has none of the threads
-            _pieces_pid = os.getpid()
-            from concurrent.futures import ThreadPoolExecutor
+def set_threads(n: Optional[int]) -> None:
+    """The threads that compress pieces in this process: a run's ``--threads`` (or its share of
+    the CPUs among a batch's workers); the pool is made again, at the next file, when it changes.
+    ``None`` (and unset): one per usable CPU."""
+    _pieces["wanted"] = 0 if n is None else max(1, int(n))
 
+
+def _pool():
+    """The pool that compresses pieces, shared by every file being written (zlib runs without
+    Python's lock, so pieces compress in parallel): ``(executor, its threads)``."""
+    with _pieces_lock:
+        wanted = _pieces["wanted"]
+        if not wanted:
             from cardseg.base.cpus import usable_cpus
 
-            _pieces_workers = max(1, usable_cpus())
-            _pieces_pool = ThreadPoolExecutor(max_workers=_pieces_workers, thread_name_prefix="cardseg-gzip")
-        return _pieces_pool
+            wanted = max(1, usable_cpus())
+        if _pieces["pool"] is None or _pieces["workers"] != wanted:
+            from concurrent.futures import ThreadPoolExecutor
+
+            if _pieces["pool"] is not None:
+                _pieces["pool"].shutdown(wait=False)  # its queued pieces still run; new ones go to the new pool
+            _pieces["pool"] = ThreadPoolExecutor(max_workers=wanted, thread_name_prefix="cardseg-gzip")
+            _pieces["workers"] = wanted
+        return _pieces["pool"], wanted
+
+
+def _after_fork_in_child() -> None:
+    """A forked child has none of its parent's pool threads (the pool would wait for ever) and may
+    have been forked while another thread held the lock: both start afresh."""
+    global _pieces_lock
+    _pieces_lock = threading.Lock()
+    _pieces["pool"], _pieces["workers"] = None, 0
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _deflate(data: bytes, primer: bytes, level: int, last: bool) -> bytes:
@@ -200,24 +222,29 @@ def _deflate(data: bytes, primer: bytes, level: int, last: bool) -> bytes:
 
 
 def _deflate_pieces(fin, level: int) -> Iterator[tuple]:
-    """``(raw piece, its deflate blocks)`` in file order; at most twice the pool's threads of
-    pieces are read ahead, so memory stays bounded for any file size."""
-    pool = _pool()
-    ahead = 2 * _pieces_workers
+    """``(raw piece, its deflate blocks)`` in file order; at most twice the pool's threads (and
+    :data:`MAX_AHEAD`) pieces are read ahead, so memory stays bounded for any file size. Pieces
+    still queued when the caller stops early (a failed write, an interrupt) are cancelled."""
+    pool, workers = _pool()
+    ahead = max(1, min(2 * workers, MAX_AHEAD))
     pending: "collections.deque" = collections.deque()
     primer = b""
     piece = fin.read(PIECE_BYTES)
-    while True:
-        following = fin.read(PIECE_BYTES) if piece else b""
-        last = not following
-        pending.append((piece, pool.submit(_deflate, piece, primer, level, last)))
-        primer = piece[-_WINDOW:]
-        piece = following
-        while pending and (last or len(pending) >= ahead):
-            raw, future = pending.popleft()
-            yield raw, future.result()
-        if last:
-            return
+    try:
+        while True:
+            following = fin.read(PIECE_BYTES) if piece else b""
+            last = not following
+            pending.append((piece, pool.submit(_deflate, piece, primer, level, last)))
+            primer = piece[-_WINDOW:]
+            piece = following
+            while pending and (last or len(pending) >= ahead):
+                raw, future = pending.popleft()
+                yield raw, future.result()
+            if last:
+                return
+    finally:
+        for _, future in pending:
+            future.cancel()
 
 
 def verify_image(image, path: Path) -> None:
