@@ -1,0 +1,71 @@
+"""The reference candidates' error maps (``cardseg_train.reference_maps``): the map scores
+against hand-made errors, and a bundle whose reference is swapped for another run's keeps its
+primary, configuration and calibration."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import cardseg.cli
+from cardseg.bundle.folder import check_bundle
+from cardseg.bundle.loading import load_bundle
+from cardseg_train.reference_maps import map_quality, with_reference
+from cardseg_train.runs import load_checkpoint
+
+SMOKE = ["--smoke", "--data", "synthetic", "--quiet"]
+
+
+def _volume(seed: int):
+    """A predicted heart (three discs on 3 slices) and a truth missing two 8 x 8 pieces of it."""
+    yy, xx = np.mgrid[:64, :64]
+    pred = np.zeros((3, 64, 64), np.uint8)
+    pred[:, (yy - 32) ** 2 + (xx - 24) ** 2 < 12 ** 2] = 2
+    pred[:, (yy - 32) ** 2 + (xx - 24) ** 2 < 7 ** 2] = 3
+    pred[:, (yy - 32) ** 2 + (xx - 44) ** 2 < 8 ** 2] = 1
+    truth = pred.copy()
+    truth[1, 28:36, 40:48] = 0
+    truth[2, 28:36, 20:28] = 0
+    return pred, truth
+
+
+def test_a_map_on_the_errors_beats_a_random_one():
+    vols = [_volume(s) for s in range(3)]
+    perfect = [(p != t).astype(np.float32) for p, t in vols]
+    rng = np.random.default_rng(0)
+    noise = [rng.random(p.shape).astype(np.float32) for p, _ in vols]
+    good = map_quality([p for p, _ in vols], [t for _, t in vols], perfect)
+    bad = map_quality([p for p, _ in vols], [t for _, t in vols], noise)
+    assert good["errors"] == bad["errors"] == 6 and good["volumes"] == 3
+    assert good["auroc"] == pytest.approx(1.0) and good["covered"]["0.1"] == 1.0
+    assert bad["auroc"] < 0.7 and bad["covered"]["0.05"] < 0.5 and good["auprc"] > 0.9 > bad["auprc"]
+    # a map that marks only the rim of each error (touching, not covering) covers none at 5 %
+    rims = []
+    for p, t in vols:
+        wrong = p != t
+        from scipy import ndimage
+        rims.append((ndimage.binary_dilation(wrong, structure=np.ones((1, 3, 3), bool)) & ~wrong).astype(np.float32))
+    assert map_quality([p for p, _ in vols], [t for _, t in vols], rims)["covered"]["0.05"] == 0.0
+
+
+def test_a_swapped_reference_keeps_the_primary_and_the_calibration(tmp_path):
+    runs = {}
+    for name, role, seed in (("primary", "primary", 0), ("ref-a", "reference", 1), ("ref-b", "reference", 2)):
+        runs[name] = tmp_path / name
+        assert cardseg.cli.main(["train", *SMOKE, "--role", role, "--steps", "2", "--seed", str(seed),
+                                 "--out", str(runs[name])]) == 0
+    bundle = tmp_path / "bundle"
+    assert cardseg.cli.main(["train", "export", "--primary", str(runs["primary"]), "--reference", str(runs["ref-a"]),
+                             "-o", str(bundle)]) == 0
+    swapped = with_reference(bundle, runs["ref-b"], tmp_path / "swapped")
+    a, b = check_bundle(bundle), check_bundle(swapped)
+    assert a.config["calibration"] == b.config["calibration"] and a.config["input_size"] == b.config["input_size"]
+    assert b.config["provenance"]["reference_swapped_from"] == "ref-b (last)"
+    la, lb = load_bundle(bundle), load_bundle(swapped)
+    for k, v in la.primary.state_dict().items():
+        assert torch.equal(v, lb.primary.state_dict()[k]), k
+    want = load_checkpoint(runs["ref-b"] / "last.pt")["model"]
+    got = lb.reference.state_dict()
+    assert all(torch.equal(want[k].to(torch.float16).float(), got[k]) for k in want)
+    assert not all(torch.equal(v, got[k]) for k, v in la.reference.state_dict().items())

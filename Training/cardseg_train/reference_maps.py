@@ -1,0 +1,146 @@
+"""How well each candidate reference's disagreement marks the primary's errors, on validation.
+
+``Training/gpu/choose_reference.py`` chooses the reference by CARD's pool NLL (calibration).
+The reviewer's flagged regions are cut from the same disagreement (TAC, paper Eq. 6), so a
+reference is also judged here by its map: with the bundle's primary and each candidate
+reference, every clean validation volume is segmented as the engine does
+(:func:`cardseg_train.review_data.collect_maps`, cached per weights), and the TAC smoothed
+in-plane by 2 px (the review rules' map, :func:`cardseg.review.error_map.smoothed`) is scored
+against the primary's substantial errors (:func:`cardseg.review.coverage.error_labels`):
+
+* voxel AUROC and AUPRC inside the predicted heart's neighbourhood (:func:`map_quality`);
+* the share of substantial errors covered (half their pixels) by the map's highest voxels at
+  :data:`BURDENS` of the predicted heart, per volume (the review measure's baseline curve).
+
+The primary, its segmentation and the errors are the same for every candidate; only the map
+changes. Test patients are never read. ::
+
+    python -m cardseg_train.reference_maps --bundle B --candidates runs/gpu4/reference-* \\
+        --data ../shared/data/acdc --out Training/results/acdc-2.1.0/gpu/reference_maps
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from cardseg.metrics.detection import detection_scores
+from cardseg.review import coverage as cv
+from cardseg.review.error_map import smoothed
+
+#: shares of the predicted heart flagged by a map's highest voxels
+BURDENS = (0.05, 0.10, 0.20)
+#: in-plane smoothing of the TAC (pixels), as the review rules smooth it
+SMOOTH_PX = 2.0
+
+
+def map_quality(pred: Sequence[np.ndarray], truth: Sequence[np.ndarray], score: Sequence[np.ndarray],
+                burdens: Sequence[float] = BURDENS) -> dict:
+    """Scores of per-volume maps ``score`` (each ``(Z, Y, X)``, higher = more doubtful) against the
+    substantial errors of ``pred`` against ``truth`` (uint8 label maps of the same shapes):
+    ``{"volumes", "errors", "auroc", "auprc", "prevalence", "covered": {burden: share}}``."""
+    errors = 0
+    covered = {b: 0 for b in burdens}
+    scores, wrong = [], []
+    for p, t, s in zip(pred, truth, score):
+        labels, n = cv.error_labels(p, t)
+        near = cv.heart_neighbourhood(p)
+        heart = cv.heart_voxels(p)
+        errors += n
+        for b in burdens:
+            covered[b] += int(cv.covered(labels, n, cv.top_voxels(s, near, int(round(b * heart)))).sum())
+        scores.append(np.asarray(s, dtype=np.float32)[near])
+        wrong.append((labels > 0)[near])
+    det = detection_scores(np.concatenate(scores), np.concatenate(wrong)) if scores else {}
+    return {"volumes": len(scores), "errors": errors, "auroc": det.get("auroc"), "auprc": det.get("auprc"),
+            "prevalence": det.get("prevalence"),
+            "covered": {f"{b:g}": (covered[b] / errors if errors else None) for b in burdens}}
+
+
+def with_reference(bundle_dir: Path, run: Path, out: Path, checkpoint: str = "last") -> Path:
+    """A copy of the bundle at ``bundle_dir`` whose reference is the network of the training run
+    ``run`` (its ``checkpoint``), written to ``out``: same primary weights, configuration and
+    calibration (only the reference's entry in ``networks`` changes)."""
+    from cardseg.bundle.folder import check_bundle
+    from cardseg.bundle.loading import load_network, save_bundle
+
+    from .runs import load_run_network
+
+    checked = check_bundle(bundle_dir)
+    primary = load_network(checked.root, checked.config, "primary", checked.weights["primary"])
+    reference, cfg, _ = load_run_network(run, checkpoint)
+    config = json.loads(json.dumps(checked.config))
+    spec = {k: v for k, v in cfg.network_spec().items() if k != "num_classes"}
+    config["networks"]["reference"] = spec
+    config.setdefault("provenance", {})["reference_swapped_from"] = f"{Path(run).name} ({checkpoint})"
+    return save_bundle(out, config, primary, reference, fp16=True, overwrite=True)
+
+
+def candidate_quality(bundle_dir: Path, data: str, cache: Optional[Path], label: str = "") -> dict:
+    """:func:`map_quality` of one bundle's smoothed TAC on the clean validation volumes."""
+    from cardseg.bundle.loading import load_bundle
+
+    from .evaluation import acdc_h5_volumes
+    from .review_data import cache_key, collect_maps
+
+    bundle = load_bundle(bundle_dir, device="cpu")
+    cases = acdc_h5_volumes(data, "val")
+    key_dir = None if cache is None else Path(cache) / cache_key(bundle, "val", 0)
+    maps = collect_maps(bundle, cases, ["clean"], key_dir)
+    row = map_quality([m.pred for m in maps], [m.truth for m in maps],
+                      [smoothed(m.tac, SMOOTH_PX) for m in maps])
+    row["reference"] = dict(bundle.config["networks"]["reference"])
+    row["label"] = label
+    return row
+
+
+def markdown(rows: Dict[str, dict]) -> str:
+    lines = ["# The reference's disagreement as a map of the primary's errors (clean validation volumes)", "",
+             f"TAC smoothed in-plane by {SMOOTH_PX:g} px; substantial errors of the bundle's primary (the same for "
+             "every row); AUROC / AUPRC of wrong voxels inside the predicted heart's 10-pixel neighbourhood; covered: "
+             "errors with half their pixels among the map's highest voxels, at a share of the predicted heart.", "",
+             "| reference | errors | AUROC | AUPRC | " + " | ".join(f"covered at {b:.0%}" for b in BURDENS) + " |",
+             "|---|---|---|---|" + "---|" * len(BURDENS)]
+    for name, r in rows.items():
+        cov = " | ".join("n/a" if r["covered"][f"{b:g}"] is None else f"{r['covered'][f'{b:g}']:.3f}"
+                         for b in BURDENS)
+        lines.append(f"| {name} | {r['errors']} | {r['auroc']:.3f} | {r['auprc']:.3f} | {cov} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m cardseg_train.reference_maps", description=__doc__.split("\n")[0])
+    p.add_argument("--bundle", required=True, help="the bundle whose primary (and reference, the first row) is used")
+    p.add_argument("--candidates", nargs="+", default=[], help="reference training runs (run folders)")
+    p.add_argument("--checkpoint", default="last", choices=["best", "last"])
+    p.add_argument("--data", default="../shared/data/acdc")
+    p.add_argument("--cache", default="cache/review", help="map cache (per weights); '' for none")
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = Path(a.cache) if a.cache else None
+    rows = {"bundle's own": candidate_quality(Path(a.bundle), a.data, cache, "bundle")}
+    print(f"bundle's own: AUPRC {rows[next(iter(rows))]['auprc']:.3f}", file=sys.stderr, flush=True)
+    with tempfile.TemporaryDirectory(prefix="refmaps-") as tmp:
+        for run in sorted(a.candidates):
+            name = Path(run).name
+            swapped = with_reference(Path(a.bundle), Path(run), Path(tmp) / name, a.checkpoint)
+            rows[name] = candidate_quality(swapped, a.data, cache, name)
+            print(f"{name}: AUROC {rows[name]['auroc']:.3f} AUPRC {rows[name]['auprc']:.3f} "
+                  f"covered {rows[name]['covered']}", file=sys.stderr, flush=True)
+    (out / "reference_maps.json").write_text(json.dumps({"smooth_px": SMOOTH_PX, "burdens": list(BURDENS),
+                                                         "split": "val", "condition": "clean", "rows": rows},
+                                                        indent=1) + "\n")
+    (out / "reference_maps.md").write_text(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
