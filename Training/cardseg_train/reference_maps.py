@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -114,6 +115,54 @@ def markdown(rows: Dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _order(name: str) -> tuple:
+    """Candidates ``reference-<capacity>-s<steps>`` by capacity, then training length; others first."""
+    m = re.fullmatch(r"(?:reference-)?(.+)-s(\d+)", name)
+    return (1, m.group(1), int(m.group(2))) if m else (0, name, 0)
+
+
+def plot(rows: Dict[str, dict], path: Path) -> Path:
+    """AUPRC and errors covered at 10 % of the heart against the reference's training length, one
+    line per capacity; the bundle's own reference as a horizontal line."""
+    from .report_files import pyplot, save_titled
+
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(8.4, 3.4))
+    lines: Dict[str, list] = {}
+    for name, r in rows.items():
+        m = re.fullmatch(r"(?:reference-)?(.+)-s(\d+)", name)
+        if m:
+            lines.setdefault(m.group(1), []).append((int(m.group(2)), r))
+    for ax, key, label in ((axes[0], lambda r: r["auprc"], "AUPRC of wrong voxels (smoothed TAC)"),
+                           (axes[1], lambda r: r["covered"]["0.1"], "errors covered at 10 % of the heart")):
+        for i, (cap, pts) in enumerate(sorted(lines.items())):
+            pts.sort(key=lambda t: t[0])
+            ax.plot([s for s, _ in pts], [key(r) for _, r in pts], "-o", ms=4, color=f"C{i}", label=cap)
+        for name, r in rows.items():
+            if not re.fullmatch(r"(?:reference-)?(.+)-s(\d+)", name):
+                ax.axhline(key(r), color="k", ls=":", lw=1, label=f"{name} reference")
+        ax.set_xscale("log")
+        steps = []
+        for st in sorted({st for pts in lines.values() for st, _ in pts}):
+            if not steps or st > 1.25 * steps[-1]:  # no two labels on top of each other
+                steps.append(st)
+        ax.set_xticks(steps, [str(st) for st in steps], fontsize=7)
+        ax.minorticks_off()
+        ax.set_xlabel("reference training steps", fontsize=8)
+        ax.set_ylabel(label, fontsize=8)
+    axes[0].legend(fontsize=7)
+    return save_titled(fig, path, "The reference's disagreement as a map of the primary's errors (validation, clean)")
+
+
+def write_outputs(rows: Dict[str, dict], out: Path) -> None:
+    rows = dict(sorted(rows.items(), key=lambda kv: _order(kv[0])))
+    (out / "reference_maps.json").write_text(json.dumps({"smooth_px": SMOOTH_PX, "burdens": list(BURDENS),
+                                                         "split": "val", "condition": "clean", "rows": rows},
+                                                        indent=1) + "\n")
+    (out / "reference_maps.md").write_text(markdown(rows))
+    plot(rows, out / "reference_maps.png")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m cardseg_train.reference_maps", description=__doc__.split("\n")[0])
     p.add_argument("--bundle", required=True, help="the bundle whose primary (and reference, the first row) is used")
@@ -122,9 +171,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--data", default="../shared/data/acdc")
     p.add_argument("--cache", default="cache/review", help="map cache (per weights); '' for none")
     p.add_argument("--out", required=True)
+    p.add_argument("--replot", metavar="JSON", help="write the table and figure again from a reference_maps.json")
     a = p.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
+    if a.replot:
+        write_outputs(json.loads(Path(a.replot).read_text())["rows"], out)
+        return 0
     cache = Path(a.cache) if a.cache else None
     rows = {"bundle's own": candidate_quality(Path(a.bundle), a.data, cache, "bundle")}
     print(f"bundle's own: AUPRC {rows[next(iter(rows))]['auprc']:.3f}", file=sys.stderr, flush=True)
@@ -135,10 +188,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             rows[name] = candidate_quality(swapped, a.data, cache, name)
             print(f"{name}: AUROC {rows[name]['auroc']:.3f} AUPRC {rows[name]['auprc']:.3f} "
                   f"covered {rows[name]['covered']}", file=sys.stderr, flush=True)
-    (out / "reference_maps.json").write_text(json.dumps({"smooth_px": SMOOTH_PX, "burdens": list(BURDENS),
-                                                         "split": "val", "condition": "clean", "rows": rows},
-                                                        indent=1) + "\n")
-    (out / "reference_maps.md").write_text(markdown(rows))
+    write_outputs(rows, out)
     return 0
 
 
