@@ -18,9 +18,10 @@ from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing
 def review_fit_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="cardseg fit-review",
-        description="Fit a voxel error-probability map (logistic over the smoothed TAC and the prediction's geometry), "
-                    "choose how flagged regions are cut from it (flag and grow thresholds, size cap) and fit the "
-                    "region error model p_error on the clean validation volumes, cross-fitted by patient, "
+        description="Choose how flagged regions are cut (from a fitted voxel error-probability map, logistic over "
+                    "the smoothed TAC and the prediction's geometry, or from the TAC itself: --rule; flag and grow "
+                    "thresholds, size cap) and fit the region error model p_error on the clean validation volumes, "
+                    "cross-fitted by patient, "
                     "maximising the substantial errors covered (at least half their pixels) by the first 3 regions "
                     "per volume (leave-one-patient-out) at a median burden of at most 10% of the predicted heart; "
                     "writes bundle.json's regions block (the replaced rule kept as regions.previous). Test patients "
@@ -30,6 +31,9 @@ def review_fit_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", default="cache/review", metavar="DIR", help="whole-volume map cache ('' for none)")
     p.add_argument("--out", metavar="DIR", help="also write the candidates' table (review_fit.json) here")
     p.add_argument("--dry-run", action="store_true", help="fit and print, do not write bundle.json")
+    p.add_argument("--rule", default="auto", choices=["auto", "error-map", "tac"],
+                   help="region rule family: regions cut from a fitted voxel error map, from the TAC itself, or "
+                        "both fitted and the one covering more errors held out kept")
     add_compute(p)
     return p
 
@@ -50,7 +54,7 @@ def cmd_fit_review(argv: List[str]) -> int:
     bundle = load_bundle(a.bundle, device=device)
     progress = make_progress("bar", a.quiet)
     res = fit_bundle_review(bundle, a.data, Path(a.cache) if a.cache else None, device=device,
-                            batch_size=a.batch_size, progress=progress)
+                            batch_size=a.batch_size, progress=progress, rule=a.rule)
     progress.close()
     if a.out:  # first, so that a refused bundle write loses nothing of the fit
         Path(a.out).mkdir(parents=True, exist_ok=True)
@@ -61,6 +65,10 @@ def cmd_fit_review(argv: List[str]) -> int:
         update_config(bundle.path, {"regions": res["block"]})
     v = res["block"]["fit"]["validation"]["cross_validated"]
     rule = {k: res["block"][k] for k in RULE_KEYS if k in res["block"]}
+    fam = res["block"]["fit"].get("families_held_out", {})
+    if len(fam) > 1:
+        print("rule families (held out): " + "; ".join(f"{k} top3 {f['covered_top3']:.2f} at {f['median_burden_top3']:.3f}"
+                                                         for k, f in fam.items()))
     print(f"regions: {json.dumps(rule)}; validation (held out): top3 cover {v['covered_top3']:.2f} at median burden "
           f"{v['median_burden_top3']:.3f}, all {v['covered_all']:.2f}, {v['regions_per_volume']:.1f} regions/volume, "
           f"p_error ECE {v['region_ece']:.3f}" + (" (dry run)" if a.dry_run else f" -> {bundle.path}"))

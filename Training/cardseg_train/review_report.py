@@ -21,8 +21,8 @@ import numpy as np
 from cardseg.review.regions import DEFAULTS, ErrorModel
 
 from .report_files import atomic_write, format_value, pyplot, save_titled
-from .review_errmap import fit_error_map_rule
-from .review_fit import BUDGET, MAX_BURDEN
+from .review_errmap import display_max, fit_error_map_rule
+from .review_fit import BUDGET, MAX_BURDEN, refine_grid, select_settings
 from .review_measure import BURDENS, VOXEL_MAPS, pooled_reliability, regions_of, reliability, study
 
 #: every setting of a rule (the rest of a regions block is its model and notes)
@@ -38,10 +38,48 @@ def rule_of(block: dict) -> tuple:
     return settings, model
 
 
+#: the rule families ``cardseg fit-review --rule`` chooses from (``auto``: the better held out)
+RULES = ("auto", "error-map", "tac")
+
+
+def fit_tac_rule(maps, progress=None) -> dict:
+    """The TAC rule (regions cut from the disagreement itself, :func:`cardseg_train.review_fit.select_settings`
+    in two passes, the second around the first's winner), as :func:`fit_error_map_rule` returns a fit."""
+    first = select_settings(maps, progress=progress)
+    fit = select_settings(maps, refine_grid(first["settings"]), progress=progress)
+    fit["settings"] = {**fit["settings"], "map": "tac"}
+    fit["display_max_disagreement"] = display_max(maps)
+    fit["candidates"] = first["candidates"] + fit["candidates"]
+    return fit
+
+
+def held_out_objective(fit: dict) -> tuple:
+    """What the rules are chosen by: errors covered by the first regions, then by all (held out)."""
+    v = fit["validation"]["cross_validated"]
+    return (v.get("covered_top3") or 0.0, v.get("covered_all") or 0.0)
+
+
+def choose_rule(maps, rule: str = "auto", progress=None, fitters=None) -> dict:
+    """Fit the asked rule family, or both (``auto``) and keep the one whose first regions cover more
+    substantial errors held out (both keep the median burden within the budget); the fit gains
+    ``rule`` and ``families`` (each family's held-out figures)."""
+    if rule not in RULES:
+        raise ValueError(f"unknown rule {rule!r} (choose from {', '.join(RULES)})")
+    fitters = fitters or {"error-map": fit_error_map_rule, "tac": fit_tac_rule}
+    names = [r for r in RULES[1:] if rule in ("auto", r)]
+    fits = {name: fitters[name](maps, progress=progress) for name in names}
+    best = max(names, key=lambda name: held_out_objective(fits[name]))
+    fit = fits[best]
+    fit["rule"] = best
+    fit["families"] = {name: f["validation"]["cross_validated"] for name, f in fits.items()}
+    fit["candidates"] = [{"rule": name, **row} for name, f in fits.items() for row in f["candidates"]]
+    return fit
+
+
 def fit_bundle_review(bundle, data: str, cache_dir: Optional[Path], device="cpu", batch_size: int = 8,
-                      progress=None) -> dict:
-    """Choose the region rule and fit ``p_error`` on the clean validation volumes. Returns the new
-    ``regions`` block and every candidate's figures (the caller writes them)."""
+                      progress=None, rule: str = "auto") -> dict:
+    """Choose the region rule (:func:`choose_rule`) and fit ``p_error`` on the clean validation
+    volumes. Returns the new ``regions`` block and every candidate's figures (the caller writes them)."""
     from .evaluation import acdc_h5_volumes
     from .review_data import cache_key, collect_maps
 
@@ -50,7 +88,7 @@ def fit_bundle_review(bundle, data: str, cache_dir: Optional[Path], device="cpu"
     key = cache_key(bundle, "val", 0)
     maps = collect_maps(bundle, cases, ["clean"], None if cache_dir is None else Path(cache_dir) / key, 0, device,
                         batch_size, progress)
-    fit = fit_error_map_rule(maps, progress=progress)
+    fit = choose_rule(maps, rule, progress)
     block = regions_block(fit, bundle.config["regions"], len(maps), time.perf_counter() - t0)
     return {"block": block, "candidates": fit["candidates"]}
 
@@ -62,6 +100,7 @@ def regions_block(fit: dict, old: dict, volumes: int, seconds: float) -> dict:
     voxel = {"voxel_model": fit["voxel_model"].to_dict()} if fit.get("voxel_model") is not None else {}
     if fit.get("display_max_disagreement") is not None:
         voxel["display_max_disagreement"] = fit["display_max_disagreement"]
+    platt = fit["model"].platt if getattr(fit["model"], "platt", None) is not None else None
     block = {**fit["settings"], **voxel, "model": fit["model"].to_dict(),
              "flag_rule": "chosen on clean validation volumes by cardseg fit-review (see fit)",
              "fit": {"split": "val", "condition": "clean", "volumes": volumes,
@@ -69,7 +108,8 @@ def regions_block(fit: dict, old: dict, volumes: int, seconds: float) -> dict:
                                   f"regions per volume, cross-fitted by patient, median burden at most "
                                   f"{MAX_BURDEN:.0%} of the predicted heart",
                      "p_error": "probability that the region holds at least half of a substantial error "
-                                "(logistic region model, Platt step fitted on held-out logits)",
+                                "(logistic region model" + (", Platt step fitted on held-out logits)" if platt else ")"),
+                     **({"rule_family": fit["rule"], "families_held_out": fit["families"]} if "rule" in fit else {}),
                      "validation": fit["validation"], "date": time.strftime("%Y-%m-%d"),
                      **({"display_max_disagreement": "99th percentile of the TAC within 10 px of the predicted "
                                                      "heart, clean validation volumes (the overlays' brightest)"}

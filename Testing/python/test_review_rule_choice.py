@@ -1,0 +1,68 @@
+"""``cardseg fit-review --rule``: the TAC rule and the error-map rule fitted on the same validation
+maps, the one covering more errors held out kept (``review_report.choose_rule``), and the regions
+block a TAC-rule fit writes (no voxel model, no Platt step), which the engine reproduces."""
+
+from __future__ import annotations
+
+import pytest
+
+from cardseg.review.regions import ErrorModel
+from cardseg_train import review_report as rr
+from conftest import blob_error_maps
+
+
+def _fit(top3: float, every: float, name: str) -> dict:
+    return {"settings": {"map": name}, "model": None, "candidates": [{"flag_threshold": top3}],
+            "validation": {"cross_validated": {"covered_top3": top3, "covered_all": every, "median_burden_top3": 0.08}}}
+
+
+@pytest.mark.parametrize("tac, errmap, want", [((0.41, 0.47), (0.32, 0.36), "tac"),
+                                               ((0.35, 0.40), (0.39, 0.40), "error-map"),
+                                               ((0.39, 0.45), (0.39, 0.40), "tac")])  # a tie: covered_all decides
+def test_auto_keeps_the_family_that_covers_more_held_out(tac, errmap, want):
+    calls = []
+
+    def fitter(name, figures):
+        def fit(maps, progress=None):
+            calls.append(name)
+            return _fit(*figures, name)
+        return fit
+
+    fitters = {"tac": fitter("tac", tac), "error-map": fitter("error-map", errmap)}
+    fit = rr.choose_rule([], "auto", fitters=fitters)
+    assert fit["rule"] == want and fit["settings"]["map"] == want and sorted(calls) == ["error-map", "tac"]
+    assert fit["families"]["tac"]["covered_top3"] == tac[0] and fit["families"]["error-map"]["covered_top3"] == errmap[0]
+    assert sorted(c["rule"] for c in fit["candidates"]) == ["error-map", "tac"]
+    calls.clear()
+    only = rr.choose_rule([], "error-map", fitters=fitters)
+    assert calls == ["error-map"] and only["rule"] == "error-map" and list(only["families"]) == ["error-map"]
+    with pytest.raises(ValueError, match="unknown rule 'nope'"):
+        rr.choose_rule([], "nope", fitters=fitters)
+
+
+def test_a_tac_rule_fit_makes_a_block_the_engine_reproduces():
+    from cardseg_train.review_measure import study
+
+    maps = [blob_error_maps(i, f"patient{i:03d}_frame0{1 + i % 2}", decoy_tac=(0.04, 0.06)) for i in range(6)]
+    fit = rr.choose_rule(maps, "tac")
+    assert fit["rule"] == "tac" and fit["settings"]["map"] == "tac"
+    v = fit["validation"]["cross_validated"]
+    assert v["substantial_errors"] == 12 and v["covered_top3"] == pytest.approx(1.0)
+    block = rr.regions_block(fit, {"flag_threshold": 0.1, "map": "tac"}, len(maps), 1.0)
+    assert block["map"] == "tac" and "voxel_model" not in block and block["fit"]["rule_family"] == "tac"
+    assert "Platt" not in block["fit"]["p_error"] and block["previous"]["flag_threshold"] == 0.1
+    assert 0 < block["display_max_disagreement"] <= 0.5
+    settings, model = rr.rule_of(block)
+    assert isinstance(model, ErrorModel)
+    out = study(maps, settings, model, with_detection=False)["clean"]
+    assert out["covered_top3"] == pytest.approx(1.0)
+
+
+def test_the_command_line_takes_the_rule_family(capsys):
+    from cardseg_train.cli_fit import review_fit_parser
+
+    assert review_fit_parser().parse_args([]).rule == "auto"
+    assert review_fit_parser().parse_args(["--rule", "tac"]).rule == "tac"
+    with pytest.raises(SystemExit) as exc:
+        review_fit_parser().parse_args(["--rule", "both"])
+    assert exc.value.code == 2 and "invalid choice: 'both'" in capsys.readouterr().err
