@@ -8,6 +8,7 @@ fallback to eager execution when capture fails or graphs are switched off, and
 ``trajectory_on_slices`` giving the eager outputs through that path.
 """
 
+import importlib.util
 import warnings
 
 import numpy as np
@@ -222,7 +223,11 @@ def test_a_real_cuda_graph_gives_the_eager_outputs(mode):
         torch.testing.assert_close(got.tac, want.tac, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("backend", ["torch", "onnx"])
+_HAVE_ONNX = importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
+
+
+@pytest.mark.parametrize("backend", ["torch", pytest.param("onnx", marks=pytest.mark.skipif(
+    not _HAVE_ONNX, reason="needs onnxruntime and onnx (the [speed] extra)"))])
 def test_logits_and_tac_come_back_as_if_resampled_one_by_one(tiny_bundle, backend):
     """``trajectory_on_slices`` resamples a batch's logits and TAC in one call: each equals the
     batch's own trajectory resampled on its own (11 slices at batch 4: a short last batch)."""
