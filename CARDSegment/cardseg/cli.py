@@ -304,6 +304,9 @@ def cmd_info(a) -> int:
         print(f"  {role}: {s['arch']}:{s.get('size', '')} ({s.get('parameters', 0):,d} parameters)")
     print(f"  calibration: {b.calibrator!r} (fitted: {c['calibration'].get('fitted', False)})")
     print(f"  out-of-domain agreement threshold: {c.get('agreement', {}).get('out_of_domain_threshold')}")
+    from cardseg.review.regions import describe_rule
+
+    print(f"  flagged regions: {describe_rule(c.get('regions') or {})}")
     return 0
 
 

@@ -66,3 +66,20 @@ def test_the_command_line_takes_the_rule_family(capsys):
     with pytest.raises(SystemExit) as exc:
         review_fit_parser().parse_args(["--rule", "both"])
     assert exc.value.code == 2 and "invalid choice: 'both'" in capsys.readouterr().err
+
+
+def test_info_says_how_the_bundle_cuts_its_regions(tiny_bundle, capsys):
+    from cardseg.cli import main
+    from cardseg.review.regions import describe_rule
+
+    errmap = {"map": "error_probability", "flag_threshold": 0.2, "grow_threshold": 0.1, "max_ml": 50.0,
+              "max_regions": 6, "ranking": "summed_map", "model": {"platt": [1.0, 0.0]}}
+    line = describe_rule(errmap)
+    assert line.startswith("cut from the error-probability map: seeds above 0.2, grown above 0.1, 3d, up to 50 ml")
+    assert "ranked by summed map" in line and line.endswith("with a Platt step")
+    tac = describe_rule({"map": "tac", "smooth_px": 2.0, "flag_threshold": 0.05, "ranking": "p_error",
+                         "model": {"coef": [1.0]}})
+    assert tac.startswith("cut from the TAC, smoothed 2 px: seeds above 0.05, 3d") and "Platt" not in tac
+    assert describe_rule({"flag_threshold": 0.1, "model": None}).endswith("no p_error model (ranked by the summed map)")
+    assert main(["info", "--bundle", str(tiny_bundle)]) == 0
+    assert "  flagged regions: cut from the TAC: seeds above 0.1" in capsys.readouterr().out

@@ -55,6 +55,28 @@ RANKINGS = ("p_error", "p_error_per_ml", "summed_map")
 MAPS = ("tac", "error_probability")
 
 
+def describe_rule(block: dict) -> str:
+    """One line for a reader (``cardseg info``): what a bundle's ``regions`` block cuts regions from
+    and how, and what ``p_error`` is."""
+    s = {**DEFAULTS, **block}
+    smooth = f", smoothed {float(s['smooth_px']):g} px" if float(s.get("smooth_px") or 0) > 0 else ""
+    what = "the error-probability map" if s["map"] == "error_probability" else f"the TAC{smooth}"
+    grow = f", grown above {float(s['grow_threshold']):g}" if s.get("grow_threshold") is not None else ""
+    cap = f", up to {float(s['max_ml']):g} ml each" if s.get("max_ml") is not None else ""
+    most = f", at most {int(s['max_regions'])}" if s.get("max_regions") is not None else ""
+    model = block.get("model")
+    if not model:
+        p_error = "no p_error model (ranked by the summed map)"
+    else:
+        p_error = "p_error from a fitted region model" + (" with a Platt step" if model.get("platt") else "")
+    seeds = f"seeds above {float(s['flag_threshold']):g}" if s.get("flag_threshold") is not None else "seeds"
+    return (f"cut from {what}: {seeds}{grow}, {s['connectivity']}{cap}{most}, "
+            f"ranked by {_RANKING_WORDS.get(s['ranking'], s['ranking'])}; {p_error}")
+
+
+_RANKING_WORDS = {"p_error": "p_error", "p_error_per_ml": "p_error per ml", "summed_map": "summed map"}
+
+
 def review_map(tac: np.ndarray, smooth_px: float = 0.0) -> np.ndarray:
     """The map regions are cut from: ``tac (Z, Y, X)`` smoothed in-plane by a Gaussian of
     ``smooth_px`` pixels (none at 0), float32 ``(Z, Y, X)``."""
