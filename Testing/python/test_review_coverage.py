@@ -157,3 +157,19 @@ def test_bad_region_settings_are_refused_in_one_line():
         with pytest.raises(CardsegError, match=word) as e:
             form_regions(tac, pred, {**base, **bad}, (1, 1, 1))
         assert "\n" not in str(e.value)
+
+
+def test_a_maps_coverage_curve_counts_the_errors_its_top_voxels_cover():
+    """Two 6x6 errors on a 20x20 'heart'; the map is highest on the first, then on the second:
+    flagging 9 % of the heart (36 voxels) covers the first, 18 % both, 1 % neither."""
+    pred = np.zeros((1, 32, 32), np.uint8)
+    pred[0, 6:26, 6:26] = 3
+    truth = pred.copy()
+    truth[0, 7:13, 7:13] = 2
+    truth[0, 18:24, 18:24] = 2
+    errors, n = cv.error_labels(pred, truth, min_px=30)
+    score = np.zeros(pred.shape, np.float32)
+    score[0, 7:13, 7:13] = 2.0
+    score[0, 18:24, 18:24] = 1.0
+    support = np.ones(pred.shape, bool)
+    assert cv.covered_at_burdens(errors, n, score, support, 400, (0.01, 0.09, 0.18)) == [0, 1, 2]

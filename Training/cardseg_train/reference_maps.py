@@ -54,8 +54,8 @@ def map_quality(pred: Sequence[np.ndarray], truth: Sequence[np.ndarray], score: 
         near = cv.heart_neighbourhood(p)
         heart = cv.heart_voxels(p)
         errors += n
-        for b in burdens:
-            covered[b] += int(cv.covered(labels, n, cv.top_voxels(s, near, int(round(b * heart)))).sum())
+        for b, k in zip(burdens, cv.covered_at_burdens(labels, n, s, near, heart, burdens)):
+            covered[b] += k
         scores.append(np.asarray(s, dtype=np.float32)[near])
         wrong.append((labels > 0)[near])
     det = detection_scores(np.concatenate(scores), np.concatenate(wrong)) if scores else {}
@@ -104,7 +104,8 @@ def candidate_quality(bundle_dir: Path, data: str, cache: Optional[Path], label:
 def markdown(rows: Dict[str, dict]) -> str:
     lines = ["# The reference's disagreement as a map of the primary's errors (clean validation volumes)", "",
              f"TAC smoothed in-plane by {SMOOTH_PX:g} px; substantial errors of the bundle's primary (the same for "
-             "every row); AUROC / AUPRC of wrong voxels inside the predicted heart's 10-pixel neighbourhood; covered: "
+             "every row); AUROC / AUPRC of the voxels of those errors inside the predicted heart's 10-pixel "
+             "neighbourhood; covered: "
              "errors with half their pixels among the map's highest voxels, at a share of the predicted heart.", "",
              "| reference | errors | AUROC | AUPRC | " + " | ".join(f"covered at {b:.0%}" for b in BURDENS) + " |",
              "|---|---|---|---|" + "---|" * len(BURDENS)]
@@ -133,7 +134,7 @@ def plot(rows: Dict[str, dict], path: Path) -> Path:
         m = re.fullmatch(r"(?:reference-)?(.+)-s(\d+)", name)
         if m:
             lines.setdefault(m.group(1), []).append((int(m.group(2)), r))
-    for ax, key, label in ((axes[0], lambda r: r["auprc"], "AUPRC of wrong voxels (smoothed TAC)"),
+    for ax, key, label in ((axes[0], lambda r: r["auprc"], "AUPRC of substantial-error voxels"),
                            (axes[1], lambda r: r["covered"]["0.1"], "errors covered at 10 % of the heart")):
         for i, (cap, pts) in enumerate(sorted(lines.items())):
             pts.sort(key=lambda t: t[0])

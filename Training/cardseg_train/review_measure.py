@@ -83,8 +83,7 @@ def volume_study(m: VolumeMaps, settings: dict, model: Optional[ErrorModel], rng
         if score is None:
             continue
         out["same_burden"][key] = int(cv.covered(errors, n, cv.top_voxels(score, near, budget)).sum())
-        out["curves"][key] = [int(cv.covered(errors, n, cv.top_voxels(score, near, int(round(b * heart)))).sum())
-                              for b in BURDENS]
+        out["curves"][key] = cv.covered_at_burdens(errors, n, score, near, heart, BURDENS)
     draws = [cv.random_voxels(boundary, budget, rng) for _ in range(DRAWS)]
     out["same_burden"]["boundary"] = float(np.mean([cv.covered(errors, n, d).sum() for d in draws]))
     out["touched_boundary"] = float(np.mean([touched_errors(errors, n, d) for d in draws]))

@@ -22,7 +22,7 @@ from cardseg.review.regions import DEFAULTS, ErrorModel
 
 from .report_files import atomic_write, format_value, pyplot, save_titled
 from .review_errmap import display_max, fit_error_map_rule
-from .review_fit import BUDGET, MAX_BURDEN, refine_grid, select_settings
+from .review_fit import BUDGET, MAX_BURDEN, two_pass
 from .review_measure import BURDENS, VOXEL_MAPS, pooled_reliability, regions_of, reliability, study
 
 #: every setting of a rule (the rest of a regions block is its model and notes)
@@ -43,13 +43,11 @@ RULES = ("auto", "error-map", "tac")
 
 
 def fit_tac_rule(maps, progress=None) -> dict:
-    """The TAC rule (regions cut from the disagreement itself, :func:`cardseg_train.review_fit.select_settings`
-    in two passes, the second around the first's winner), as :func:`fit_error_map_rule` returns a fit."""
-    first = select_settings(maps, progress=progress)
-    fit = select_settings(maps, refine_grid(first["settings"]), progress=progress)
+    """The TAC rule (regions cut from the disagreement itself, :func:`cardseg_train.review_fit.two_pass`),
+    as :func:`fit_error_map_rule` returns a fit."""
+    fit = two_pass(maps, progress=progress)
     fit["settings"] = {**fit["settings"], "map": "tac"}
     fit["display_max_disagreement"] = display_max(maps)
-    fit["candidates"] = first["candidates"] + fit["candidates"]
     return fit
 
 
@@ -207,8 +205,8 @@ def p_error_consistency(t: dict) -> Dict[str, Optional[dict]]:
     :func:`cardseg_train.review_measure.regions_of`)."""
     rows = {}
     for cond, s in t["bundle"].items():
-        rel = s.get("reliability")
-        rows[cond] = None if rel is None else reliability(*regions_of(rel))
+        rel = s.get("reliability")  # its calibrated figures, or (written before them) made from its bins
+        rows[cond] = rel if rel is None or "calibrated_median" in rel else reliability(*regions_of(rel))
     rows["all conditions"] = pooled_reliability(t["bundle"])
     return rows
 

@@ -133,6 +133,13 @@ def top_voxels(score: np.ndarray, support: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
+def covered_at_burdens(errors: np.ndarray, n_errors: int, score: np.ndarray, support: np.ndarray, heart: int,
+                       burdens) -> list:
+    """Errors covered by the highest voxels of ``score`` inside ``support``, flagging each share of
+    ``burdens`` of the ``heart`` voxels in turn: one count per burden (a map's coverage curve)."""
+    return [int(covered(errors, n_errors, top_voxels(score, support, int(round(b * heart)))).sum()) for b in burdens]
+
+
 def random_voxels(support: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
     """bool ``(Z, Y, X)``: ``n`` voxels of ``support`` drawn uniformly without replacement."""
     idx = np.flatnonzero(np.asarray(support, bool))
