@@ -231,10 +231,12 @@ def test_every_fitted_calibrator_round_trips_through_the_schema(tiny_bundle):
 
 
 def test_error_probability_regions_are_checked_as_probabilities(tiny_bundle):
-    """The shipped bundle's error-map rule: thresholds on [0, 1], a voxel model checked like the region model."""
+    """An error-map rule (the shipped bundle's, or the one its TAC rule replaced, kept as
+    ``regions.previous``): thresholds on [0, 1], a voxel model checked like the region model."""
     shipped = read_config(BUNDLES_DIR / DEFAULT_NAME)["regions"]
-    assert shipped["map"] == "error_probability"
-    cfg = _edit(read_config(tiny_bundle), ("regions",), {**shipped, "flag_threshold": 0.9, "grow_threshold": 0.8})
+    rule = shipped if shipped["map"] == "error_probability" else shipped["previous"]
+    assert rule["map"] == "error_probability" and rule["voxel_model"]["coef"]
+    cfg = _edit(read_config(tiny_bundle), ("regions",), {**rule, "flag_threshold": 0.9, "grow_threshold": 0.8})
     validate_config(cfg, tiny_bundle)  # above ln 2: fine for a probability
     for path, value, message in ((("regions", "flag_threshold"), 1.2, "regions.flag_threshold must be in [0, 1]"),
                                  (("regions", "voxel_model", "coef"), [0.1], "regions.voxel_model.coef must be a list"),

@@ -10,8 +10,10 @@ import torch
 
 import cardseg.cli
 from cardseg.bundle.folder import check_bundle
+from cardseg.base.errors import CardsegError
 from cardseg.bundle.loading import load_bundle
-from cardseg_train.reference_maps import map_quality, with_reference
+from cardseg_train.export import swap_reference
+from cardseg_train.reference_maps import map_quality
 from cardseg_train.runs import load_checkpoint
 
 SMOKE = ["--smoke", "--data", "synthetic", "--quiet"]
@@ -51,17 +53,29 @@ def test_a_map_on_the_errors_beats_a_random_one():
 
 def test_a_swapped_reference_keeps_the_primary_and_the_calibration(tmp_path):
     runs = {}
-    for name, role, seed in (("primary", "primary", 0), ("ref-a", "reference", 1), ("ref-b", "reference", 2)):
+    for name, role, seed in (("primary", "primary", 0), ("ref-a", "reference", 1), ("ref-b", "reference", 2),
+                             ("plain", "deterministic", 3)):
         runs[name] = tmp_path / name
         assert cardseg.cli.main(["train", *SMOKE, "--role", role, "--steps", "2", "--seed", str(seed),
                                  "--out", str(runs[name])]) == 0
     bundle = tmp_path / "bundle"
     assert cardseg.cli.main(["train", "export", "--primary", str(runs["primary"]), "--reference", str(runs["ref-a"]),
                              "-o", str(bundle)]) == 0
-    swapped = with_reference(bundle, runs["ref-b"], tmp_path / "swapped")
+    swapped = swap_reference(bundle, runs["ref-b"], tmp_path / "swapped", version="9.9.9")
     a, b = check_bundle(bundle), check_bundle(swapped)
     assert a.config["calibration"] == b.config["calibration"] and a.config["input_size"] == b.config["input_size"]
     assert b.config["provenance"]["reference_swapped_from"] == "ref-b (last)"
+    assert b.config["provenance"]["training"]["reference"]["run"] == "ref-b"
+    assert b.config["provenance"]["training"]["reference"]["recipe"]["seed"] == 2
+    assert b.config["provenance"]["training"]["primary"] == a.config["provenance"]["training"]["primary"]
+    assert b.config["id"]["version"] == "9.9.9" and a.config["id"]["version"] != "9.9.9"
+    # the primary's file is kept byte for byte (a swap never commits the same large file again)
+    assert (swapped / "primary.safetensors").read_bytes() == (bundle / "primary.safetensors").read_bytes()
+    assert b.config["networks"]["primary"]["sha256"] == a.config["networks"]["primary"]["sha256"]
+    assert b.config["networks"]["reference"]["sha256"] != a.config["networks"]["reference"]["sha256"]
+    with pytest.raises(CardsegError, match="deterministic run cannot be"):
+        swap_reference(bundle, runs["plain"], tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
     la, lb = load_bundle(bundle), load_bundle(swapped)
     for k, v in la.primary.state_dict().items():
         assert torch.equal(v, lb.primary.state_dict()[k]), k

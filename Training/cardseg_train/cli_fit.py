@@ -12,7 +12,7 @@ from typing import List
 
 from cardseg.base.errors import CardsegError
 
-from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing
+from .cli_options import DEFAULT_DATA, add_bundle_and_data, add_compute, add_h5_spacing
 
 
 def review_fit_parser() -> argparse.ArgumentParser:
@@ -25,15 +25,15 @@ def review_fit_parser() -> argparse.ArgumentParser:
                     "maximising the substantial errors covered (at least half their pixels) by the first 3 regions "
                     "per volume (leave-one-patient-out) at a median burden of at most 10% of the predicted heart; "
                     "writes bundle.json's regions block (the replaced rule kept as regions.previous). Test patients "
-                    "are never read.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_bundle_and_data(p, data_help="ACDC HDF5 folder (val split used)")
-    p.add_argument("--cache", default="cache/review", metavar="DIR", help="whole-volume map cache ('' for none)")
+                    "are never read.")
+    add_bundle_and_data(p, data_help=f"ACDC HDF5 folder, val split used (default {DEFAULT_DATA})")
+    p.add_argument("--cache", default="cache/review", metavar="DIR",
+                   help="whole-volume map cache ('' for none; default cache/review)")
     p.add_argument("--out", metavar="DIR", help="also write the candidates' table (review_fit.json) here")
     p.add_argument("--dry-run", action="store_true", help="fit and print, do not write bundle.json")
     p.add_argument("--rule", default="auto", choices=["auto", "error-map", "tac"],
                    help="region rule family: regions cut from a fitted voxel error map, from the TAC itself, or "
-                        "both fitted and the one covering more errors held out kept")
+                        "both fitted and the one covering more errors held out kept (default auto)")
     add_compute(p)
     return p
 

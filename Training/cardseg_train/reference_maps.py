@@ -35,6 +35,8 @@ from cardseg.metrics.detection import detection_scores
 from cardseg.review import coverage as cv
 from cardseg.review.error_map import smoothed
 
+from .export import swap_reference
+
 #: shares of the predicted heart flagged by a map's highest voxels
 BURDENS = (0.05, 0.10, 0.20)
 #: in-plane smoothing of the TAC (pixels), as the review rules smooth it
@@ -62,25 +64,6 @@ def map_quality(pred: Sequence[np.ndarray], truth: Sequence[np.ndarray], score: 
     return {"volumes": len(scores), "errors": errors, "auroc": det.get("auroc"), "auprc": det.get("auprc"),
             "prevalence": det.get("prevalence"),
             "covered": {f"{b:g}": (covered[b] / errors if errors else None) for b in burdens}}
-
-
-def with_reference(bundle_dir: Path, run: Path, out: Path, checkpoint: str = "last") -> Path:
-    """A copy of the bundle at ``bundle_dir`` whose reference is the network of the training run
-    ``run`` (its ``checkpoint``), written to ``out``: same primary weights, configuration and
-    calibration (only the reference's entry in ``networks`` changes)."""
-    from cardseg.bundle.folder import check_bundle
-    from cardseg.bundle.loading import load_network, save_bundle
-
-    from .runs import load_run_network
-
-    checked = check_bundle(bundle_dir)
-    primary = load_network(checked.root, checked.config, "primary", checked.weights["primary"])
-    reference, cfg, _ = load_run_network(run, checkpoint)
-    config = json.loads(json.dumps(checked.config))
-    spec = {k: v for k, v in cfg.network_spec().items() if k != "num_classes"}
-    config["networks"]["reference"] = spec
-    config.setdefault("provenance", {})["reference_swapped_from"] = f"{Path(run).name} ({checkpoint})"
-    return save_bundle(out, config, primary, reference, fp16=True, overwrite=True)
 
 
 def candidate_quality(bundle_dir: Path, data: str, cache: Optional[Path], label: str = "") -> dict:
@@ -185,7 +168,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     with tempfile.TemporaryDirectory(prefix="refmaps-") as tmp:
         for run in sorted(a.candidates):
             name = Path(run).name
-            swapped = with_reference(Path(a.bundle), Path(run), Path(tmp) / name, a.checkpoint)
+            swapped = swap_reference(Path(a.bundle), Path(run), Path(tmp) / name, a.checkpoint)
             rows[name] = candidate_quality(swapped, a.data, cache, name)
             print(f"{name}: AUROC {rows[name]['auroc']:.3f} AUPRC {rows[name]['auprc']:.3f} "
                   f"covered {rows[name]['covered']}", file=sys.stderr, flush=True)

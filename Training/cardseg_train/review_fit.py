@@ -38,8 +38,9 @@ MAX_BURDEN = 0.10
 FIXED = {"min_voxels": 10, "merge_px": 0, "neighbourhood_px": cv.NEIGHBOURHOOD_PX}
 #: the hysteresis grow threshold as a share of the flag threshold
 GROW = 0.6
-GRID = {"smooth_px": (0.0, 2.0), "connectivity": ("3d", "slice"), "flag_threshold": (0.06, 0.08, 0.1),
-        "max_ml": (15.0, 30.0, 60.0), "ranking": ("p_error", "p_error_per_ml")}
+#: (flag 0.04 and cap 120 ml since 2.2.0: the 2.1.0-era fits landed on the grid's lowest flag and largest cap)
+GRID = {"smooth_px": (0.0, 2.0), "connectivity": ("3d", "slice"), "flag_threshold": (0.04, 0.06, 0.08, 0.1),
+        "max_ml": (15.0, 30.0, 60.0, 120.0), "ranking": ("p_error", "p_error_per_ml")}
 
 
 @dataclass

@@ -340,11 +340,13 @@ def _first_line(exc: BaseException) -> str:
 
 
 def save_bundle(path: os.PathLike, config: dict, primary: nn.Module, reference: nn.Module, fp16: bool = True,
-                overwrite: bool = False) -> Path:
+                overwrite: bool = False, keep_files: Optional[Dict[str, os.PathLike]] = None) -> Path:
     """Write a bundle folder atomically (weights as safetensors, sha256 into ``bundle.json``).
 
     A network with a NaN or infinite weight (also one that only overflows float16) is refused
     in one line before anything is written: :func:`load_bundle` would refuse the bundle.
+    ``keep_files``: role -> an existing weight file of that network, copied byte for byte instead
+    of written again (a bundle that swaps only its reference keeps the primary's file and hash).
     """
     import torch
     from safetensors.torch import save_file
@@ -363,7 +365,10 @@ def save_bundle(path: os.PathLike, config: dict, primary: nn.Module, reference: 
             state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in net.state_dict().items()}
             _refuse_non_finite(dest, role, state, dtype)
             fname = f"{role}.safetensors"
-            save_file(state, str(tmp / fname), metadata={"role": role, "format": "pt"})
+            if role in (keep_files or {}):
+                shutil.copyfile(keep_files[role], tmp / fname)
+            else:
+                save_file(state, str(tmp / fname), metadata={"role": role, "format": "pt"})
             spec = config["networks"][role]
             spec.update({"file": fname, "sha256": sha256_file(tmp / fname), "parameters": count_parameters(net),
                          "dtype": "float16" if fp16 else "float32"})
