@@ -357,6 +357,16 @@ def test_uc_folder_and_stale_fit_are_refused(folders, tmp_path):
         ix.indices_from_folders(root / "ed", root / "es", cfg)
 
 
+def test_the_shipped_bundles_intervals_belong_to_its_calibration_and_weights():
+    """A release that refits the calibration or swaps a network must refit the intervals too:
+    otherwise every cardseg batch with a manifest refuses the shipped bundle."""
+    from cardseg.bundle.folder import BUNDLES_DIR, DEFAULT_NAME
+
+    cfg = read_config(BUNDLES_DIR / DEFAULT_NAME)
+    block = ix.fitted_block(cfg)
+    assert block["calibration"]["weights"] == {s["file"]: s["sha256"] for s in cfg["networks"].values()}
+
+
 def test_schema_checks_the_block(tiny_bundle, tmp_path):
     bundle = tmp_path / "bundle"
     shutil.copytree(tiny_bundle, bundle)
