@@ -256,12 +256,14 @@ def test_spread_threshold_is_a_tac_value():
         == ix.SPREAD_TAC_THRESHOLD
     assert ix.spread_tac_threshold({}) == ix.SPREAD_TAC_THRESHOLD
     assert 0.0 < ix.SPREAD_TAC_THRESHOLD < math.log(2)
-    # the shipped bundle cuts its regions from the error probability: its spread uses the TAC default
+    # the shipped bundle (2.2.0) cuts its regions from the TAC: its spread, and the intervals
+    # fitted with it, use the rule's own threshold
     from cardseg.bundle.folder import check_bundle
 
     cfg = check_bundle(None).config
-    assert cfg["regions"]["map"] == "error_probability"
-    assert ix.spread_tac_threshold(cfg) == ix.SPREAD_TAC_THRESHOLD != cfg["regions"]["flag_threshold"]
+    assert cfg["regions"]["map"] == "tac"
+    assert ix.spread_tac_threshold(cfg) == cfg["regions"]["flag_threshold"] != ix.SPREAD_TAC_THRESHOLD
+    assert cfg["indices"]["spread"]["flag_threshold"] == cfg["regions"]["flag_threshold"]
 
 
 @pytest.fixture(scope="module")
