@@ -48,8 +48,15 @@ def test_a_tac_rule_fit_makes_a_block_the_engine_reproduces():
     assert fit["rule"] == "tac" and fit["settings"]["map"] == "tac"
     v = fit["validation"]["cross_validated"]
     assert v["substantial_errors"] == 12 and v["covered_top3"] == pytest.approx(1.0)
-    block = rr.regions_block(fit, {"flag_threshold": 0.1, "map": "tac"}, len(maps), 1.0)
-    assert block["map"] == "tac" and "voxel_model" not in block and block["fit"]["rule_family"] == "tac"
+    old = {"map": "error_probability", "flag_threshold": 0.1, "grow_threshold": 0.05, "fill_holes": True,
+           "max_ml": 50.0, "voxel_model": {"kind": "logistic"}, "model": None}
+    block = rr.regions_block(fit, old, len(maps), 1.0)
+    assert block["map"] == "tac" and block["voxel_model"] is None and block["fit"]["rule_family"] == "tac"
+    # fit-review merges the block into the old one (update_config): nothing of the old rule may remain
+    merged = {**old, **block}
+    assert merged["fill_holes"] is False and merged["voxel_model"] is None
+    assert {k: merged.get(k) for k in rr.RULE_KEYS} == {k: block.get(k) for k in rr.RULE_KEYS}
+    assert block["previous"]["fill_holes"] is True and block["previous"]["map"] == "error_probability"
     assert "Platt" not in block["fit"]["p_error"] and block["previous"]["flag_threshold"] == 0.1
     assert 0 < block["display_max_disagreement"] <= 0.5
     settings, model = rr.rule_of(block)

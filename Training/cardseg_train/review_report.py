@@ -93,13 +93,17 @@ def fit_bundle_review(bundle, data: str, cache_dir: Optional[Path], device="cpu"
 
 def regions_block(fit: dict, old: dict, volumes: int, seconds: float) -> dict:
     """The ``regions`` block of a fit (:func:`cardseg_train.review_errmap.fit_error_map_rule`),
-    keeping the rule it replaces (``old``'s settings and model) as ``previous``."""
+    keeping the rule it replaces (``old``'s settings and model) as ``previous``. It holds every
+    rule key, so merged into ``old`` (as ``update_config`` does) it leaves nothing of the old rule."""
     previous = {k: v for k, v in old.items() if k in RULE_KEYS or k == "model"}
     voxel = {"voxel_model": fit["voxel_model"].to_dict()} if fit.get("voxel_model") is not None else {}
     if fit.get("display_max_disagreement") is not None:
         voxel["display_max_disagreement"] = fit["display_max_disagreement"]
     platt = fit["model"].platt if getattr(fit["model"], "platt", None) is not None else None
-    block = {**fit["settings"], **voxel, "model": fit["model"].to_dict(),
+    # every rule key written (defaults where the fit is silent): the block is merged into the old one,
+    # and a key of the replaced rule (fill_holes, voxel_model) must not carry over into the new rule
+    block = {**{k: v for k, v in DEFAULTS.items() if k in RULE_KEYS}, **fit["settings"], **voxel,
+             "model": fit["model"].to_dict(),
              "flag_rule": "chosen on clean validation volumes by cardseg fit-review (see fit)",
              "fit": {"split": "val", "condition": "clean", "volumes": volumes,
                      "objective": f"substantial errors covered (at least half their pixels) by the first {BUDGET} "
