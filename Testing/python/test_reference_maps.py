@@ -53,10 +53,11 @@ def test_a_map_on_the_errors_beats_a_random_one():
 
 def test_a_swapped_reference_keeps_the_primary_and_the_calibration(tmp_path):
     runs = {}
-    for name, role, seed in (("primary", "primary", 0), ("ref-a", "reference", 1), ("ref-b", "reference", 2),
-                             ("plain", "deterministic", 3)):
+    for name, role, seed, extra in (("primary", "primary", 0, []), ("ref-a", "reference", 1, []),
+                                    ("ref-b", "reference", 2, []), ("plain", "deterministic", 3, []),
+                                    ("ref-t", "reference", 4, ["--num-steps", "20"])):
         runs[name] = tmp_path / name
-        assert cardseg.cli.main(["train", *SMOKE, "--role", role, "--steps", "2", "--seed", str(seed),
+        assert cardseg.cli.main(["train", *SMOKE, "--role", role, "--steps", "2", "--seed", str(seed), *extra,
                                  "--out", str(runs[name])]) == 0
     bundle = tmp_path / "bundle"
     assert cardseg.cli.main(["train", "export", "--primary", str(runs["primary"]), "--reference", str(runs["ref-a"]),
@@ -75,7 +76,15 @@ def test_a_swapped_reference_keeps_the_primary_and_the_calibration(tmp_path):
     assert b.config["networks"]["reference"]["sha256"] != a.config["networks"]["reference"]["sha256"]
     with pytest.raises(CardsegError, match="deterministic run cannot be"):
         swap_reference(bundle, runs["plain"], tmp_path / "refused")
+    with pytest.raises(CardsegError, match="num_steps 20 differs from the bundle's 50"):
+        swap_reference(bundle, runs["ref-t"], tmp_path / "refused")
     assert not (tmp_path / "refused").exists()
+    # never in place: the original folder (its model card included) is not replaced
+    (bundle / "MODEL_CARD.md").write_text("card")
+    with pytest.raises(CardsegError, match="is the bundle itself"):
+        swap_reference(bundle, runs["ref-b"], bundle, overwrite=True)
+    assert (bundle / "MODEL_CARD.md").read_text() == "card"
+    assert check_bundle(bundle).config["networks"] == a.config["networks"]
     la, lb = load_bundle(bundle), load_bundle(swapped)
     for k, v in la.primary.state_dict().items():
         assert torch.equal(v, lb.primary.state_dict()[k]), k
@@ -83,3 +92,24 @@ def test_a_swapped_reference_keeps_the_primary_and_the_calibration(tmp_path):
     got = lb.reference.state_dict()
     assert all(torch.equal(want[k].to(torch.float16).float(), got[k]) for k in want)
     assert not all(torch.equal(v, got[k]) for k, v in la.reference.state_dict().items())
+
+
+def test_a_kept_weight_file_must_match_the_network(tmp_path):
+    """save_bundle(keep_files=) copies a file only if it holds the network's tensors in the
+    written dtype; a role that is not one of the bundle's is refused."""
+    from cardseg.bundle.loading import save_bundle
+    from cardseg.bundle.scaffold import init_bundle
+
+    src = init_bundle(tmp_path / "src")
+    b = load_bundle(src)
+    kept = src / "primary.safetensors"
+    fp16 = b.config["networks"]["primary"]["dtype"] == "float16"
+    out = save_bundle(tmp_path / "same", b.config, b.primary, b.reference, fp16=fp16, keep_files={"primary": kept})
+    assert (out / "primary.safetensors").read_bytes() == kept.read_bytes()
+    with pytest.raises(CardsegError, match="cannot be kept as the reference's weights: tensor .* the network's"):
+        save_bundle(tmp_path / "wrong", b.config, b.primary, b.reference, fp16=fp16, keep_files={"reference": kept})
+    with pytest.raises(CardsegError, match="tensor .* is F(16|32)"):
+        save_bundle(tmp_path / "dtype", b.config, b.primary, b.reference, fp16=not fp16, keep_files={"primary": kept})
+    with pytest.raises(CardsegError, match="names no role"):
+        save_bundle(tmp_path / "typo", b.config, b.primary, b.reference, keep_files={"primay": kept})
+    assert not any((tmp_path / n).exists() for n in ("wrong", "dtype", "typo"))

@@ -4,8 +4,11 @@ block a TAC-rule fit writes (no voxel model, no Platt step), which the engine re
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
+from cardseg.bundle.loading import update_config
 from cardseg.review.regions import ErrorModel
 from cardseg_train import review_report as rr
 from conftest import blob_error_maps
@@ -40,7 +43,7 @@ def test_auto_keeps_the_family_that_covers_more_held_out(tac, errmap, want):
         rr.choose_rule([], "nope", fitters=fitters)
 
 
-def test_a_tac_rule_fit_makes_a_block_the_engine_reproduces():
+def test_a_tac_rule_fit_makes_a_block_the_engine_reproduces(tiny_bundle, tmp_path):
     from cardseg_train.review_measure import study
 
     maps = [blob_error_maps(i, f"patient{i:03d}_frame0{1 + i % 2}", decoy_tac=(0.04, 0.06)) for i in range(6)]
@@ -53,7 +56,11 @@ def test_a_tac_rule_fit_makes_a_block_the_engine_reproduces():
     block = rr.regions_block(fit, old, len(maps), 1.0)
     assert block["map"] == "tac" and block["voxel_model"] is None and block["fit"]["rule_family"] == "tac"
     # fit-review merges the block into the old one (update_config): nothing of the old rule may remain
-    merged = {**old, **block}
+    bundle = shutil.copytree(tiny_bundle, tmp_path / "b")
+    config = update_config(bundle, {"regions": {"map": "tac", "flag_threshold": 0.1, "grow_threshold": 0.05,
+                                                "fill_holes": True, "max_ml": 50.0}})  # an old rule that fills holes
+    assert config["regions"]["fill_holes"] is True
+    merged = update_config(bundle, {"regions": block})["regions"]
     assert merged["fill_holes"] is False and merged["voxel_model"] is None
     assert {k: merged.get(k) for k in rr.RULE_KEYS} == {k: block.get(k) for k in rr.RULE_KEYS}
     assert block["previous"]["fill_holes"] is True and block["previous"]["map"] == "error_probability"

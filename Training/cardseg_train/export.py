@@ -118,31 +118,44 @@ def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.
 
 def swap_reference(bundle_dir: os.PathLike, reference_run: os.PathLike, out: os.PathLike,
                    reference_checkpoint: str = "last", version: str = None, overwrite: bool = False) -> Path:
-    """A copy of the bundle at ``bundle_dir`` whose reference is the network of ``reference_run``
-    (its ``reference_checkpoint``), written to ``out``. The primary's weight file is copied byte for
-    byte (same hash); configuration, calibration and regions are kept (fit them again: the TAC
-    changed); the reference's ``networks`` entry and provenance are the new run's, the swap is
-    recorded (``provenance.reference_swapped_from``) and ``version`` (if given) replaces the
-    bundle's."""
+    """A copy of the diffusion bundle at ``bundle_dir`` whose reference is the network of
+    ``reference_run`` (its ``reference_checkpoint``), written to ``out`` (another folder: the
+    original, model card included, is never replaced). The primary's weight file is copied byte for
+    byte (same hash, same dtype); configuration, calibration and regions are kept (fit them again:
+    the TAC changed); the reference's ``networks`` entry and provenance are the new run's, the swap
+    is recorded (``provenance.reference_swapped_from``) and ``version`` (if given) replaces the
+    bundle's. A run on another grid, horizon, step set, class list or normalisation is refused."""
     from cardseg.bundle.folder import check_bundle
     from cardseg.bundle.loading import load_network, save_bundle
 
     checked = check_bundle(bundle_dir)
-    primary = load_network(checked.root, checked.config, "primary", checked.weights["primary"])
+    if Path(out).resolve() == Path(checked.root).resolve():
+        raise CardsegError(f"{out}: is the bundle itself; write the swapped bundle to another folder")
+    config = json.loads(json.dumps(checked.config))
+    if config.get("segmentor"):
+        raise CardsegError(f"{bundle_dir}: a {config['segmentor'].get('kind')} bundle has no diffusion reference to swap")
     run = Path(reference_run)
     reference, cfg, meta = load_run_network(run, reference_checkpoint)
     if cfg.kind != "diffusion":
         raise CardsegError(f"{run}: a {cfg.role} run cannot be a diffusion bundle's reference")
-    config = json.loads(json.dumps(checked.config))
-    for key, want in (("input_size", cfg.input_size), ("pixel_spacing_mm", cfg.spacing)):
-        if config[key] != want:
-            raise CardsegError(f"{run}: {key} {want!r} differs from the bundle's {config[key]!r}")
+    pre = config["preprocessing"]
+    for key, want, have in (("input_size", cfg.input_size, config["input_size"]),
+                            ("pixel_spacing_mm", cfg.spacing, config["pixel_spacing_mm"]),
+                            ("num_steps", cfg.num_steps, config["diffusion"]["num_steps"]),
+                            ("sampled_steps", list(cfg.sampled_steps), list(config["diffusion"]["sampled_steps"])),
+                            ("classes", [c["name"] for c in cfg.classes], [c["name"] for c in config["classes"]]),
+                            ("low_percentile", cfg.low_percentile, pre.get("low_percentile")),
+                            ("high_percentile", cfg.high_percentile, pre.get("high_percentile"))):
+        if want != have:
+            raise CardsegError(f"{run}: {key} {want!r} differs from the bundle's {have!r}")
+    primary = load_network(checked.root, config, "primary", checked.weights["primary"])
     config["networks"]["reference"] = {k: v for k, v in cfg.network_spec().items() if k != "num_classes"}
     provenance = config.setdefault("provenance", {})
     provenance.setdefault("training", {})["reference"] = _run_provenance(run, cfg, meta, reference_checkpoint)
     provenance["reference_swapped_from"] = f"{run.resolve().name} ({reference_checkpoint})"
     if version:
         config["id"]["version"] = version
+    fp16 = {e["dtype"] for e in checked.weights["primary"].tensors.values()} == {"F16"}
     primary_file = Path(checked.root) / config["networks"]["primary"]["file"]
-    return save_bundle(out, config, primary, reference, fp16=config["networks"]["primary"].get("dtype") == "float16",
-                       overwrite=overwrite, keep_files={"primary": primary_file})
+    return save_bundle(out, config, primary, reference, fp16=fp16, overwrite=overwrite,
+                       keep_files={"primary": primary_file})

@@ -26,7 +26,7 @@ from cardseg.base.files import sha256_file
 from cardseg.bundle.calibration_schema import CALIBRATION_META
 from cardseg.bundle.folder import CheckedBundle, check_bundle, read_config
 from cardseg.bundle.schema import ROLES, SCHEMA_VERSION, validate_config
-from cardseg.bundle.weights import WeightFile
+from cardseg.bundle.weights import WeightFile, kept_file_problem
 from cardseg.method.calibration import Calibrator, calibrator_from_dict
 from cardseg.method.diffusion import CategoricalSchedule
 
@@ -354,6 +354,8 @@ def save_bundle(path: os.PathLike, config: dict, primary: nn.Module, reference: 
     from cardseg.method.networks import count_parameters
 
     dest = Path(path)
+    if set(keep_files or {}) - set(ROLES):
+        raise CardsegError(f"keep_files names no role of a bundle: {sorted(set(keep_files) - set(ROLES))}")
     if dest.exists() and any(dest.iterdir()) and not overwrite:
         raise CardsegError(f"{dest}: exists and is not empty (use overwrite)")
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -366,6 +368,10 @@ def save_bundle(path: os.PathLike, config: dict, primary: nn.Module, reference: 
             _refuse_non_finite(dest, role, state, dtype)
             fname = f"{role}.safetensors"
             if role in (keep_files or {}):
+                problem = kept_file_problem(keep_files[role], {k: tuple(v.shape) for k, v in state.items()},
+                                            "F16" if fp16 else "F32")
+                if problem:
+                    raise CardsegError(f"{keep_files[role]}: cannot be kept as the {role}'s weights: {problem}")
                 shutil.copyfile(keep_files[role], tmp / fname)
             else:
                 save_file(state, str(tmp / fname), metadata={"role": role, "format": "pt"})

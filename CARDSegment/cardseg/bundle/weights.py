@@ -185,3 +185,15 @@ def _tensor_entry_problem(entry: Any, data_size: int) -> Optional[str]:
 
 def _not_safetensors(path: Path, why: str) -> CardsegError:
     return CardsegError(f"{path}: not a safetensors file ({why}); bundles hold safetensors weights only")
+
+
+def kept_file_problem(path: os.PathLike, shapes: Dict[str, Tuple[int, ...]], dtype: str) -> Optional[str]:
+    """Why the safetensors file ``path`` cannot stand for a network whose state has these tensor
+    ``shapes`` (name -> shape) in ``dtype`` (``"F16"``/``"F32"``), or None: same names, shapes and dtype."""
+    header = read_safetensors_header(path)
+    if set(header) != set(shapes):
+        return f"its tensors differ from the network's ({len(set(header) ^ set(shapes))} names)"
+    for name, shape in shapes.items():
+        if tuple(header[name]["shape"]) != tuple(shape) or header[name]["dtype"] != dtype:
+            return f"tensor {name} is {header[name]['dtype']} {header[name]['shape']}, the network's {dtype} {list(shape)}"
+    return None
