@@ -113,3 +113,16 @@ def test_a_kept_weight_file_must_match_the_network(tmp_path):
     with pytest.raises(CardsegError, match="names no role"):
         save_bundle(tmp_path / "typo", b.config, b.primary, b.reference, keep_files={"primay": kept})
     assert not any((tmp_path / n).exists() for n in ("wrong", "dtype", "typo"))
+
+
+def test_the_command_refuses_a_non_diffusion_candidate_before_any_work(tmp_path, capsys):
+    from cardseg_train.reference_maps import main
+
+    plain, ref = tmp_path / "plain", tmp_path / "ref"
+    assert cardseg.cli.main(["train", *SMOKE, "--role", "deterministic", "--steps", "1", "--out", str(plain)]) == 0
+    assert cardseg.cli.main(["train", *SMOKE, "--role", "reference", "--steps", "1", "--out", str(ref)]) == 0
+    rc = main(["--bundle", str(tmp_path / "no-bundle"), "--candidates", str(ref), str(plain),
+               "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.count("\n") == 0 and "not a diffusion reference run" in err and "plain" in err
+    assert not (tmp_path / "out").exists()

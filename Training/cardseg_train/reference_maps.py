@@ -31,11 +31,13 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from cardseg.base.errors import CardsegError
 from cardseg.metrics.detection import detection_scores
 from cardseg.review import coverage as cv
 from cardseg.review.error_map import smoothed
 
 from .export import swap_reference
+from .train_config import read_run_config
 
 #: shares of the predicted heart flagged by a map's highest voxels
 BURDENS = (0.05, 0.10, 0.20)
@@ -158,10 +160,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--replot", metavar="JSON", help="write the table and figure again from a reference_maps.json")
     a = p.parse_args(argv)
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     if a.replot:
+        out.mkdir(parents=True, exist_ok=True)
         write_outputs(json.loads(Path(a.replot).read_text())["rows"], out)
         return 0
+    try:  # every candidate checked before the first one's long pass (and before --out is made)
+        not_diffusion = [run for run in a.candidates if read_run_config(run).kind != "diffusion"]
+    except CardsegError as exc:
+        print(f"reference_maps: error: {exc}", file=sys.stderr)
+        return 2
+    if not_diffusion:
+        print(f"reference_maps: error: not a diffusion reference run: {', '.join(map(str, not_diffusion))}",
+              file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
     cache = Path(a.cache) if a.cache else None
     rows = {"bundle's own": candidate_quality(Path(a.bundle), a.data, cache, "bundle")}
     print(f"bundle's own: AUPRC {rows[next(iter(rows))]['auprc']:.3f}", file=sys.stderr, flush=True)
