@@ -126,3 +126,17 @@ def test_the_command_refuses_a_non_diffusion_candidate_before_any_work(tmp_path,
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.count("\n") == 0 and "not a diffusion reference run" in err and "plain" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_export_refuses_runs_that_do_not_share_the_grid_or_horizon(tmp_path, capsys):
+    """``cardseg train export`` and ``swap_reference`` compare the same list (export.SHARED)."""
+    from cardseg_train.export import SHARED
+
+    prim, ref = tmp_path / "p", tmp_path / "r"
+    assert cardseg.cli.main(["train", *SMOKE, "--role", "primary", "--steps", "1", "--out", str(prim)]) == 0
+    assert cardseg.cli.main(["train", *SMOKE, "--role", "reference", "--steps", "1", "--num-steps", "20",
+                             "--out", str(ref)]) == 0
+    rc = cardseg.cli.main(["train", "export", "--primary", str(prim), "--reference", str(ref), "-o", str(tmp_path / "b")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "differ in num_steps (50 vs 20)" in err and not (tmp_path / "b").exists()
+    assert {"num_steps", "sampled_steps", "classes", "spacing", "input_size"} <= set(SHARED)

@@ -60,9 +60,12 @@ def test_a_tac_rule_fit_makes_a_block_the_engine_reproduces(tiny_bundle, tmp_pat
     config = update_config(bundle, {"regions": {"map": "tac", "flag_threshold": 0.1, "grow_threshold": 0.05,
                                                 "fill_holes": True, "max_ml": 50.0}})  # an old rule that fills holes
     assert config["regions"]["fill_holes"] is True
-    merged = update_config(bundle, {"regions": block})["regions"]
+    merged = update_config(bundle, {"regions": block})["regions"]  # a plain merge: the block's keys win
     assert merged["fill_holes"] is False and merged["voxel_model"] is None
     assert {k: merged.get(k) for k in rr.RULE_KEYS} == {k: block.get(k) for k in rr.RULE_KEYS}
+    update_config(bundle, {"regions": {**block, "fill_holes": True}})
+    replaced = update_config(bundle, {"regions": block}, replace=("regions",))["regions"]  # as fit-review writes it
+    assert replaced == block
     assert block["previous"]["fill_holes"] is True and block["previous"]["map"] == "error_probability"
     assert "Platt" not in block["fit"]["p_error"] and block["previous"]["flag_threshold"] == 0.1
     assert 0 < block["display_max_disagreement"] <= 0.5

@@ -62,7 +62,7 @@ def cmd_fit_review(argv: List[str]) -> int:
     if not a.dry_run:
         from cardseg.bundle.loading import update_config
 
-        update_config(bundle.path, {"regions": res["block"]})
+        update_config(bundle.path, {"regions": res["block"]}, replace=("regions",))  # nothing of the old rule stays
     v = res["block"]["fit"]["validation"]["cross_validated"]
     rule = {k: res["block"][k] for k in RULE_KEYS if k in res["block"]}
     fam = res["block"]["fit"].get("families_held_out", {})

@@ -51,6 +51,23 @@ def _run_provenance(run: Path, cfg: TrainConfig, meta: dict, which: str) -> dict
     }
 
 
+#: what a primary and its reference must share (TrainConfig attribute names)
+SHARED = ("spacing", "input_size", "num_steps", "classes", "low_percentile", "high_percentile", "sampled_steps")
+
+
+def _shared(cfg: TrainConfig) -> dict:
+    """A run's :data:`SHARED` values (classes by name, steps as a list)."""
+    values = {key: getattr(cfg, key) for key in SHARED}
+    values["classes"] = [c["name"] for c in values["classes"]]
+    values["sampled_steps"] = list(values["sampled_steps"])
+    return values
+
+
+def _pairs(a: dict, b: dict):
+    """``(key, (a[key], b[key]))`` for each key of :data:`SHARED`."""
+    return [(key, (a[key], b[key])) for key in SHARED]
+
+
 def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.PathLike, name: str = "acdc",
                   version: str = "0.1.0", primary_checkpoint: str = "best", reference_checkpoint: str = "last",
                   overwrite: bool = False, fp16: bool = True) -> Path:
@@ -88,8 +105,7 @@ def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.
             raise CardsegError("a dual-segmentor bundle takes two deterministic runs of one network "
                                f"(got {p_cfg.role} {p_cfg.network} and {r_cfg.role} {r_cfg.network})")
         segmentor = {"kind": "dual", "seeds": [p_cfg.seed, r_cfg.seed]}
-    for key in ("spacing", "input_size", "num_steps", "classes", "low_percentile", "high_percentile", "sampled_steps"):
-        a, b = getattr(p_cfg, key), getattr(r_cfg, key)
+    for key, (a, b) in _pairs(_shared(p_cfg), _shared(r_cfg)):
         if a != b:
             raise CardsegError(f"primary and reference runs differ in {key} ({a!r} vs {b!r})")
     warnings = []
@@ -139,13 +155,11 @@ def swap_reference(bundle_dir: os.PathLike, reference_run: os.PathLike, out: os.
     if cfg.kind != "diffusion":
         raise CardsegError(f"{run}: a {cfg.role} run cannot be a diffusion bundle's reference")
     pre = config["preprocessing"]
-    for key, want, have in (("input_size", cfg.input_size, config["input_size"]),
-                            ("pixel_spacing_mm", cfg.spacing, config["pixel_spacing_mm"]),
-                            ("num_steps", cfg.num_steps, config["diffusion"]["num_steps"]),
-                            ("sampled_steps", list(cfg.sampled_steps), list(config["diffusion"]["sampled_steps"])),
-                            ("classes", [c["name"] for c in cfg.classes], [c["name"] for c in config["classes"]]),
-                            ("low_percentile", cfg.low_percentile, pre.get("low_percentile")),
-                            ("high_percentile", cfg.high_percentile, pre.get("high_percentile"))):
+    bundle_values = {"spacing": config["pixel_spacing_mm"], "input_size": config["input_size"],
+                     "num_steps": config["diffusion"]["num_steps"], "classes": [c["name"] for c in config["classes"]],
+                     "low_percentile": pre.get("low_percentile"), "high_percentile": pre.get("high_percentile"),
+                     "sampled_steps": list(config["diffusion"]["sampled_steps"])}
+    for key, (want, have) in _pairs(_shared(cfg), bundle_values):
         if want != have:
             raise CardsegError(f"{run}: {key} {want!r} differs from the bundle's {have!r}")
     primary = load_network(checked.root, config, "primary", checked.weights["primary"])

@@ -19,7 +19,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from cardseg.base.errors import CardsegError
 from cardseg.base.files import sha256_file
@@ -403,8 +403,9 @@ def _refuse_non_finite(dest: Path, role: str, state: Dict[str, torch.Tensor], dt
                                    f"(of {tensor.numel()}); not saved")
 
 
-def update_config(path: os.PathLike, changes: dict) -> dict:
-    """Merge ``changes`` (top-level keys, dicts merged one level deep) into ``bundle.json``.
+def update_config(path: os.PathLike, changes: dict, replace: Sequence[str] = ()) -> dict:
+    """Merge ``changes`` (top-level keys, dicts merged one level deep; those named in ``replace``
+    replaced whole, so nothing of the old value remains) into ``bundle.json``.
 
     The merged configuration is checked against the schema before anything is written (a
     refused change leaves the file as it was); written atomically; the weights are never touched.
@@ -412,7 +413,7 @@ def update_config(path: os.PathLike, changes: dict) -> dict:
     root = Path(path)
     config = read_config(root)
     for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(config.get(key), dict):
+        if isinstance(value, dict) and isinstance(config.get(key), dict) and key not in replace:
             config[key].update(value)
         else:
             config[key] = value
