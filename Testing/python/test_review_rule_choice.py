@@ -80,6 +80,8 @@ def test_the_command_line_takes_the_rule_family(capsys):
 
     assert review_fit_parser().parse_args([]).rule == "auto"
     assert review_fit_parser().parse_args(["--rule", "tac"]).rule == "tac"
+    for rule in rr.RULES:  # one list of rule families for the fit and its command line
+        assert review_fit_parser().parse_args(["--rule", rule]).rule == rule
     with pytest.raises(SystemExit) as exc:
         review_fit_parser().parse_args(["--rule", "both"])
     assert exc.value.code == 2 and "invalid choice: 'both'" in capsys.readouterr().err

@@ -16,6 +16,8 @@ from .cli_options import DEFAULT_DATA, add_bundle_and_data, add_compute, add_h5_
 
 
 def review_fit_parser() -> argparse.ArgumentParser:
+    from .review_report import RULES
+
     p = argparse.ArgumentParser(
         prog="cardseg fit-review",
         description="Choose how flagged regions are cut (from a fitted voxel error-probability map, logistic over "
@@ -31,7 +33,7 @@ def review_fit_parser() -> argparse.ArgumentParser:
                    help="whole-volume map cache ('' for none; default cache/review)")
     p.add_argument("--out", metavar="DIR", help="also write the candidates' table (review_fit.json) here")
     p.add_argument("--dry-run", action="store_true", help="fit and print, do not write bundle.json")
-    p.add_argument("--rule", default="auto", choices=["auto", "error-map", "tac"],
+    p.add_argument("--rule", default="auto", choices=RULES,
                    help="region rule family: regions cut from a fitted voxel error map, from the TAC itself, or "
                         "both fitted and the one covering more errors held out kept (default auto)")
     add_compute(p)
