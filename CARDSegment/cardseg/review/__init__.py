@@ -1,2 +1,2 @@
-"""Review of one result: flagged regions of high trajectory disagreement, and how well they catch
-the real errors."""
+"""Review of one result: flagged regions of high trajectory disagreement, and how much of the real
+errors they cover."""
