@@ -212,7 +212,8 @@ def test_cohort_table_columns(cohort):
         header = next(csv.reader(f))
     assert header == ["case", "subject", "phase", "frame", "input", "input_sha256", "status", "error", "reused",
                       "output", "method", "slices", "agreement", "out_of_domain", "no_foreground",
-                      "flagged_regions", "flagged_volume_ml", "volume_RV_ml", "volume_MYO_ml", "volume_LV_ml", "time_total_s",
+                      "flagged_regions", "flagged_volume_ml", "region1_ml", "region1_p_error", "region2_ml",
+                      "region2_p_error", "region3_ml", "region3_p_error", "volume_RV_ml", "volume_MYO_ml", "volume_LV_ml", "time_total_s",
                       "time_preprocess_s", "time_trajectory_s", "time_postprocess_s"]
     rows = {r["case"]: r for r in read_csv(cohort["out"] / "cohort.csv")}
     r = rows["p1_es"]
@@ -220,6 +221,10 @@ def test_cohort_table_columns(cohort):
     assert float(r["agreement"]) == report["agreement"]
     assert int(r["flagged_regions"]) == len(report["regions"])
     assert float(r["flagged_volume_ml"]) == pytest.approx(sum(x["volume_mm3"] for x in report["regions"]) / 1000)
+    for k in (1, 2, 3):  # the first regions in review order, one by one ('' where there are fewer)
+        reg = report["regions"][k - 1] if k <= len(report["regions"]) else None
+        assert r[f"region{k}_ml"] == ("" if reg is None else repr(reg["volume_mm3"] / 1000.0))
+        assert r[f"region{k}_p_error"] == ("" if reg is None or reg["p_error"] is None else repr(reg["p_error"]))
     assert float(r["volume_LV_ml"]) == report["class_volumes_ml"]["LV"]
     assert float(r["time_total_s"]) == report["timings_s"]["total"]
     assert r["subject"] == "p1" and r["phase"] == "ES" and r["reused"] == "false" and r["method"] == "card"

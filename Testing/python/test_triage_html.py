@@ -216,3 +216,46 @@ def test_report_without_matplotlib_still_lists_cases(report_dir, tmp_path, monke
     monkeypatch.setattr(builtins, "__import__", no_mpl)
     html = T.write_report(out).read_text()
     assert html.count('class="case tier-') == 4 and "matplotlib is not installed" in html
+
+
+def test_report_lists_the_first_regions_with_ml_and_p_error(report_dir, tmp_path):
+    """Without a browser: each case's first regions in review order, volume and p_error, from
+    cohort.csv's region<k> columns; a missing p_error is left out, a table without the columns
+    (written before them) shows none."""
+    import re
+
+    out = tmp_path / "regions"
+    shutil.copytree(report_dir, out)
+    rows = read_table(out / COHORT_CSV)
+    for r in rows:
+        r.update({f"region{k}_{w}": "" for k in (1, 2, 3) for w in ("ml", "p_error")})
+    gamma = next(r for r in rows if r["case"] == "gamma")
+    gamma.update(region1_ml=12.34, region1_p_error=0.853, region2_ml=3.0, region2_p_error="")
+    write_table(out / COHORT_CSV, rows, list(rows[0]))
+    html = T.write_report(out).read_text()
+    cells = dict(re.findall(r'data-case="(\w+)".*?<td class="num regions">(.*?)</td>', html, re.S))
+    assert re.search(r"<ol class=\"top-regions\"[^>]*><li>12\.3 ml, p_error 0\.85</li><li>3\.0 ml</li></ol>",
+                     cells["gamma"])
+    assert "top-regions" not in cells["alpha"] and "top-regions" not in cells["beta"]
+    old = [{k: v for k, v in r.items() if not k.startswith("region")} for r in rows]
+    write_table(out / COHORT_CSV, old, list(old[0]))
+    assert 'class="top-regions"' not in T.write_report(out).read_text()
+
+
+def test_top_regions_reads_the_cells_in_order():
+    row = {"region1_ml": "4.5", "region1_p_error": "0.7", "region2_ml": "2", "region2_p_error": "nan",
+           "region3_ml": "", "region3_p_error": "0.1"}
+    assert T.top_regions(row) == [(4.5, 0.7), (2.0, None)]
+    assert T.top_regions({}) == []
+
+
+def test_cohort_row_describes_the_first_three_regions():
+    from cardseg.cohort.tables import top_region_cells
+
+    regions = [{"volume_mm3": 2500.0, "p_error": 0.9}, {"volume_mm3": 1000.0, "p_error": None},
+               {"volume_mm3": 500.0, "p_error": 0.2}, {"volume_mm3": 9999.0, "p_error": 0.99}]
+    cells = top_region_cells(regions)
+    assert cells == {"region1_ml": 2.5, "region1_p_error": 0.9, "region2_ml": 1.0, "region2_p_error": None,
+                     "region3_ml": 0.5, "region3_p_error": 0.2}  # the fourth region is not described
+    assert all(v is None for v in top_region_cells(regions[:0]).values())
+    assert top_region_cells(regions[:1])["region2_ml"] is None

@@ -12,11 +12,15 @@ from cardseg.base.csvcells import read_cell, safe_cell
 from cardseg.base.files import write_atomic
 from cardseg.cohort.cases import Case
 
+#: how many of a case's flagged regions, in review order, the cohort table describes one by one
+TOP_REGIONS = 3
+#: ``region<k>_ml`` and ``region<k>_p_error`` of the first :data:`TOP_REGIONS` regions
+REGION_COLUMNS = tuple(f"region{k}_{what}" for k in range(1, TOP_REGIONS + 1) for what in ("ml", "p_error"))
 #: the cohort table's fixed columns; then ``volume_<class>_ml`` per foreground class, then
 #: ``time_<stage>_s`` per timing in the reports (``total`` first)
 COHORT_COLUMNS = ("case", "subject", "phase", "frame", "input", "input_sha256", "status", "error", "reused",
                   "output", "method", "slices", "agreement", "out_of_domain", "no_foreground",
-                  "flagged_regions", "flagged_volume_ml")
+                  "flagged_regions", "flagged_volume_ml") + REGION_COLUMNS
 
 
 def cohort_row(case: Case, status: str, error: str = "", report: Optional[dict] = None, reused: bool = False,
@@ -31,7 +35,7 @@ def cohort_row(case: Case, status: str, error: str = "", report: Optional[dict] 
            "frame": "" if case.frame is None else case.frame, "input": case.path, "input_sha256": input_sha256,
            "status": status, "error": error, "reused": reused, "output": f"{case.name}/" if report else "",
            "method": "", "slices": "", "agreement": None, "out_of_domain": None, "no_foreground": None,
-           "flagged_regions": None, "flagged_volume_ml": None}
+           "flagged_regions": None, "flagged_volume_ml": None, **dict.fromkeys(REGION_COLUMNS)}
     if report:
         regions = report.get("regions") or []
         measured = report.get("method") == "card"
@@ -40,6 +44,8 @@ def cohort_row(case: Case, status: str, error: str = "", report: Optional[dict] 
                     "flagged_regions": len(regions) if measured else None,
                     "flagged_volume_ml": (sum(float(r.get("volume_mm3", 0.0)) for r in regions) / 1000.0
                                           if measured else None)})
+        if measured:
+            row.update(top_region_cells(regions))
         volumes = report.get("class_volumes_ml") or {}
         for name, ml in volumes.items():
             row[f"volume_{name}_ml"] = ml
@@ -50,6 +56,19 @@ def cohort_row(case: Case, status: str, error: str = "", report: Optional[dict] 
         for stage, sec in (report.get("timings_s") or {}).items():
             row[f"time_{stage}_s"] = sec
     return row
+
+
+def top_region_cells(regions: Sequence[dict]) -> dict:
+    """``region<k>_ml`` and ``region<k>_p_error`` of the first :data:`TOP_REGIONS` regions of a
+    report (already in review order: most likely error first); ``None`` where a case has fewer
+    regions or its bundle has no ``p_error`` model."""
+    cells = {}
+    for k in range(1, TOP_REGIONS + 1):
+        r = regions[k - 1] if k <= len(regions) else None
+        p = None if r is None else r.get("p_error")
+        cells[f"region{k}_ml"] = None if r is None else float(r.get("volume_mm3", 0.0)) / 1000.0
+        cells[f"region{k}_p_error"] = None if p is None else float(p)
+    return cells
 
 
 def _is_zero(v) -> bool:
@@ -104,7 +123,8 @@ def write_parquet(path: Path, rows: Sequence[dict], columns: Sequence[str]) -> b
     except ImportError:
         return False
     types = {"frame": pa.int64(), "reused": pa.bool_(), "slices": pa.int64(), "agreement": pa.float64(),
-             "out_of_domain": pa.bool_(), "no_foreground": pa.bool_(), "flagged_regions": pa.int64(), "flagged_volume_ml": pa.float64()}
+             "out_of_domain": pa.bool_(), "no_foreground": pa.bool_(), "flagged_regions": pa.int64(), "flagged_volume_ml": pa.float64(),
+             **dict.fromkeys(REGION_COLUMNS, pa.float64())}
     arrays, fields = [], []
     for c in columns:
         t = types.get(c) or (pa.float64() if c.startswith(("volume_", "time_")) else pa.string())

@@ -46,6 +46,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from urllib.parse import quote
 
 from cardseg.base.errors import CardsegError
+from cardseg.cohort.tables import TOP_REGIONS
 
 TEMPLATE = Path(__file__).resolve().parent.parent / "templates" / "triage.html"
 TIERS = ("failed", "out of domain", "flagged regions", "no flagged region", "not measured")
@@ -110,6 +111,18 @@ def rank_key(row: dict) -> Tuple:
     return (tier(row), agreement if agreement is not None else math.inf,
             -(_float(row.get("flagged_regions")) or 0.0), -(_float(row.get("flagged_volume_ml")) or 0.0),
             str(row.get("case", "")))
+
+
+def top_regions(row: dict) -> List[Tuple[float, Optional[float]]]:
+    """``[(ml, p_error or None)]`` of the first regions a cohort row describes (``region<k>_ml``,
+    ``region<k>_p_error``; none for a table written before those columns)."""
+    out = []
+    for k in range(1, TOP_REGIONS + 1):
+        ml = _float(row.get(f"region{k}_ml"))
+        if ml is None:
+            break
+        out.append((ml, _float(row.get(f"region{k}_p_error"))))
+    return out
 
 
 def rank_cases(rows: Sequence[dict]) -> List[dict]:
@@ -346,6 +359,10 @@ def write_report(outdir: os.PathLike, config: Optional[dict] = None, max_thumbna
         regions = ""
         if _float(row.get("flagged_regions")) is not None:
             regions = f"{int(_float(row['flagged_regions']))} ({_fmt(row.get('flagged_volume_ml'), 1)} ml)"
+        top = top_regions(row)
+        top_html = _fill(blocks["top_regions"], items_html="".join(
+            _fill(blocks["top_region_item"], ml=_fmt(ml, 1), p_error="" if p is None else f", p_error {p:.2f}")
+            for ml, p in top)) if top else ""
         vols = [(k[len("volume_"):-len("_ml")], _fmt(v, 1)) for k, v in row.items()
                 if k.startswith("volume_") and k.endswith("_ml") and _float(v) is not None]
         html_rows.append(_fill(
@@ -355,7 +372,7 @@ def write_report(outdir: os.PathLike, config: Optional[dict] = None, max_thumbna
                               if row.get("status") == "ok" else ""),
             subject_html=(_fill(blocks["subject"], subject=subject, phase=row.get("phase", "")) if subject else ""),
             reason=reason(row), error_html=_fill(blocks["error"], error=row["error"]) if row.get("error") else "",
-            agreement=_fmt(row.get("agreement")), regions=regions, thumbnail_html=thumb,
+            agreement=_fmt(row.get("agreement")), regions=regions, top_regions_html=top_html, thumbnail_html=thumb,
             indices_html=_indices_html(blocks, subjects.get(subject)) if subject else "",
             volumes_html=(_fill(blocks["volumes"], items_html="".join(_fill(blocks["volume_item"], name=n, value=v)
                                                                       for n, v in vols)) if vols else "")))
