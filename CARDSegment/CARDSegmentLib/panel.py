@@ -7,6 +7,7 @@
 * :class:`ClickGuard`: the second click of a double click is not a new command.
 * :func:`safe_file_name`: a file name made from a node name that every system accepts.
 * :func:`elapsed_text`: a duration in words.
+* :func:`region_table` / :func:`fill_region_table`: the review table's cells (with each region's ``p_error``).
 """
 
 from __future__ import annotations
@@ -126,17 +127,29 @@ def elapsed_text(seconds: Optional[float]) -> str:
 
 
 #: the review table's columns in the panel; a sequence's rows get a "Frame" column first
-REGION_COLUMNS = ("#", "Status", "Volume (ml)", "Mean disagr.", "Classes")
+REGION_COLUMNS = ("#", "Status", "P(error)", "Volume (ml)", "Mean disagr.", "Classes")
+
+
+def p_error_text(value) -> str:
+    """A region's ``p_error`` as ``0.42``; ``-`` when it has none (no region model in the bundle,
+    or a review table saved before the column existed: None or NaN)."""
+    try:
+        p = float(value)
+    except (TypeError, ValueError):
+        return "-"
+    return "-" if p != p else f"{p:.2f}"
 
 
 def region_table(rows) -> Tuple[Tuple[str, ...], List[Tuple[Tuple[Optional[int], int], Tuple[str, ...], str]]]:
     """``(headers, [(key, cells, note)])`` of the panel's review table from review rows (each with
-    its ``frame``, None for a plain volume); ``key`` = ``(frame, region)`` identifies the row."""
+    its ``frame``, None for a plain volume; ``p_error`` may be missing); ``key`` = ``(frame, region)``
+    identifies the row."""
     framed = any(r.get("frame") is not None for r in rows)
     headers = (("Frame",) if framed else ()) + REGION_COLUMNS
     out = []
     for row in rows:
-        cells = (str(row["region"]), row["status"], f"{row['volume_mm3'] / 1000.0:.2f}",
+        cells = (str(row["region"]), row["status"], p_error_text(row.get("p_error")),
+                 f"{row['volume_mm3'] / 1000.0:.2f}",
                  f"{row['mean_disagreement']:.3f}", row["classes"])
         out.append(((row.get("frame"), row["region"]), ((str(row.get("frame")),) if framed else ()) + cells,
                     row["note"]))

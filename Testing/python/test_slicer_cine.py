@@ -26,14 +26,15 @@ from conftest import MODULE_DIR, slicer_core
 
 slicer = slicer_core()
 
-from test_slicer_module_panel import (FakeTimer, fire_until_idle, make_scene, make_widget,  # noqa: E402,F401
-                                      module)
+from test_slicer_module_panel import (FakeTimer, FakeWidget, fire_until_idle, make_scene,  # noqa: E402,F401
+                                      make_widget, module)
 
 
 import CARDSegmentLib as lib  # noqa: E402
 from CARDSegmentLib import install, outputs as outputs_lib, volume_files  # noqa: E402
 from CARDSegmentLib.cine import CineJob, case_name  # noqa: E402
 from CARDSegmentLib.module_logic import ModuleLogic  # noqa: E402
+from CARDSegmentLib.review import COLUMN_NAMES, create_review_table  # noqa: E402
 from CARDSegmentLib.sequences import AUTO, FrameMode, FramePlan, cine_of, frame_plan, pick_ed_es  # noqa: E402
 
 FRAMES = 3
@@ -295,6 +296,13 @@ def test_the_review_covers_every_segmented_frame_and_exports_with_the_indices(re
     assert sorted(per_frame) == [0, 1, 2] and len(rows) == sum(per_frame.values())
     headers, cells = lib.region_table(rows)
     assert headers[0] == "Frame" and {key[0] for key, _, _ in cells} == {f for f, n in per_frame.items() if n}
+    # each row's P(error) is its region's p_error in that frame's report.json ("-": the tiny bundle has no model)
+    reports = {f: {reg["id"]: reg for reg in json.loads(o.report.GetText())["regions"]}
+               for f, o in r.logic.frameOutputs(r.cine.proxy).items()}
+    column = headers.index("P(error)")
+    for (f, region), values, _ in cells:
+        p = reports[f][region].get("p_error")
+        assert values[column] == ("-" if p is None else f"{p:.2f}")
     # a decision in one frame's review is that frame's only
     f, region = cells[-1][0]
     r.logic.setRegionStatus(r.cine.proxy, region, "rejected", "=cmd()", frame=f)
@@ -439,9 +447,35 @@ def test_a_plain_volume_works_as_before(module, real_run, tmp_path, rotated_nift
     widget._onParameterNodeModified()
     assert not widget.ui.cineGroupBox.visible
     assert widget.ui.indicesLabel.text == ""
-    headers, _ = lib.region_table([{"frame": None, "region": 1, "status": "pending", "volume_mm3": 1000.0,
-                                    "mean_disagreement": 0.1, "classes": "LV", "note": ""}])
-    assert headers == ("#", "Status", "Volume (ml)", "Mean disagr.", "Classes")
+    headers, cells = lib.region_table([{"frame": None, "region": 1, "status": "pending", "volume_mm3": 1000.0,
+                                        "mean_disagreement": 0.1, "classes": "LV", "note": ""}])
+    assert headers == ("#", "Status", "P(error)", "Volume (ml)", "Mean disagr.", "Classes")
+    assert cells[0][1] == ("1", "pending", "-", "1.00", "0.100", "LV")  # a row without p_error
+
+
+def test_the_region_table_shows_each_regions_p_error():
+    """Issue 22: the panel's table has ``p_error`` (two decimals; "-" for a region without one and
+    for a review table saved before the column existed), from the review table node."""
+    scene = make_scene()
+    regions = [{"id": 1, "p_error": 0.4249, "volume_mm3": 10800.0, "mean_disagreement": 0.2, "classes": ["LV"]},
+               {"id": 2, "p_error": None, "volume_mm3": 900.0, "mean_disagreement": 0.1, "classes": ["RV", "MYO"]},
+               {"id": 3, "p_error": 0.996, "volume_mm3": 50.0, "mean_disagreement": 0.3, "classes": ["MYO"]}]
+    current = create_review_table(scene, regions, "current")
+    older = create_review_table(scene, regions[:1], "older")
+    older.RemoveColumn(list(COLUMN_NAMES).index("p_error"))
+    assert older.GetTable().GetColumnByName("p_error") is None
+    rows = ([dict(row, frame=4) for row in lib.review_rows(current)]
+            + [dict(row, frame=5) for row in lib.review_rows(older)])
+    headers, cells = lib.region_table(rows)
+    assert headers == ("Frame", "#", "Status", "P(error)", "Volume (ml)", "Mean disagr.", "Classes")
+    assert [values[:4] for _, values, _ in cells] == [("4", "1", "pending", "0.42"), ("4", "2", "pending", "-"),
+                                                      ("4", "3", "pending", "1.00"), ("5", "1", "pending", "-")]
+    # the panel's QTableWidget gets the same cells, and the Status column is still found by name
+    table = FakeWidget()
+    status_column, keys = lib.fill_region_table(table, rows, lambda text: text)
+    assert table.called("setHorizontalHeaderLabels")[-1] == (list(headers),)
+    assert (0, 3, "0.42") in table.called("setItem") and (3, 3, "-") in table.called("setItem")
+    assert status_column == 2 and keys == [(4, 1), (4, 2), (4, 3), (5, 1)]
 
 
 # ---------------------------------------------------------------------------------------------
