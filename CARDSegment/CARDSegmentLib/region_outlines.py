@@ -2,7 +2,9 @@
 elsewhere, on the input's grid) becomes a segmentation node with one segment per region, shown
 in the slice views as outlines only (no fill), so that the reader sees exactly the voxels a
 region holds, not a bounding box. Segment names carry the region's rank, ``p_error`` and size
-from ``report.json``. MRML classes only (no Qt)."""
+from ``report.json``. Selecting a region in the review table highlights its outline
+(:func:`highlight_region`: another colour, full opacity, the other regions dimmed). MRML
+classes only (no Qt)."""
 
 from __future__ import annotations
 
@@ -17,6 +19,12 @@ from .volume_files import read_volume_file
 OUTLINE_COLOR = (1.0, 0.85, 0.1)
 #: the segment attribute that holds the region's id
 REGION_ID_TAG = "CARDSegment.RegionId"
+#: the selected region's outline colour (a cyan apart from the others' yellow and the class colours)
+SELECTED_COLOR = (0.1, 0.9, 1.0)
+#: the other regions' outline opacity while one is selected
+DIMMED_OPACITY = 0.35
+#: the node attribute that names the highlighted region (absent: none)
+SELECTED_ATTRIBUTE = "CARDSegment.SelectedRegion"
 
 
 def segment_name(region: Dict[str, object]) -> str:
@@ -44,6 +52,7 @@ def load_region_outlines(scene, input_volume, path: Path, name: str, regions: Li
             return None
         node = scene.AddNewNodeByClass("vtkMRMLSegmentationNode", name)
         node.SetReferenceImageGeometryParameterFromVolumeNode(input_volume)
+        node.SetAndObserveTransformNodeID(input_volume.GetTransformNodeID())  # as the input's other outputs
         if not logic.ImportLabelmapToSegmentationNode(labels, node, ""):
             scene.RemoveNode(node)
             raise OutputError(f"cannot turn {path.name} into region outlines")
@@ -81,3 +90,26 @@ def region_segment_ids(node) -> Dict[int, str]:
         if value is not None:
             out[int(value)] = segmentation.GetNthSegmentID(i)
     return out
+
+
+def highlight_region(node, region_id: Optional[int]) -> Optional[str]:
+    """Highlight region ``region_id`` of a node made by :func:`load_region_outlines`: its outline
+    shown in :data:`SELECTED_COLOR` at full opacity, every other region's in its own colour at
+    :data:`DIMMED_OPACITY`. ``None``, or a region the node does not hold, shows every region as
+    loaded. Returns the highlighted segment's id (None: none)."""
+    display = node.GetDisplayNode()
+    ids = region_segment_ids(node)
+    selected = ids.get(int(region_id)) if region_id is not None else None
+    for segment_id in ids.values():
+        if segment_id == selected:
+            display.SetSegmentOverrideColor(segment_id, *SELECTED_COLOR)
+            display.SetSegmentVisibility(segment_id, True)
+        else:
+            display.UnsetSegmentOverrideColor(segment_id)
+        display.SetSegmentOpacity2DOutline(segment_id, DIMMED_OPACITY if selected not in (None, segment_id) else 1.0)
+    if selected is None:
+        node.RemoveAttribute(SELECTED_ATTRIBUTE)
+    else:
+        node.SetAttribute(SELECTED_ATTRIBUTE, str(int(region_id)))
+    return selected
+

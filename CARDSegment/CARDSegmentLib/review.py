@@ -3,8 +3,8 @@
 One row per region of ``report.json`` (already ranked by the engine, most concerning first),
 with the reviewer's decision (pending / accepted / corrected / rejected) and a note. The table
 is a ``vtkMRMLTableNode`` referenced by the segmentation node, so it is saved and loaded with
-the scene. Selecting a region centres the slice views on it and outlines it with a markups ROI
-aligned with the input's voxel grid. MRML classes only (no Qt).
+the scene. Selecting a region centres the slice views on it and highlights its outline (the
+region's own voxels, from ``regions.nii.gz``: :mod:`.region_outlines`). MRML classes only (no Qt).
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ import os
 from pathlib import Path
 from typing import Dict, List, Optional
 
-import numpy as np
-
-from .geometry import ijk_to_ras, local_to_world, lps_to_ras, vtk_matrix
-from .outputs import INPUT_REFERENCE, ROLE_ATTRIBUTE, OutputNodes, read_report
+from .geometry import local_to_world, lps_to_ras
+from .outputs import OutputNodes, read_report
+from .region_outlines import highlight_region
 from .views import jump_slices_to
 
 STATUSES = ("pending", "accepted", "corrected", "rejected")
@@ -156,61 +155,26 @@ def has_decisions(table) -> bool:
 # showing a region
 
 
-def region_box(row: Dict[str, object], input_volume) -> Dict[str, object]:
-    """A region's box in the input's RAS space: centre, axes (columns) and size in mm.
+def show_region(scene, input_volume, outputs: OutputNodes, region_id: int) -> Optional[str]:
+    """Highlight region ``region_id``'s outline (:func:`~.region_outlines.highlight_region`: its
+    own voxels, not a box) and centre the slice views on its centroid.
 
-    The box follows the input's voxel axes: it covers the voxels from the bounding box's first
-    to last index inclusive (half a voxel beyond each centre).
-    """
-    m = ijk_to_ras(input_volume)
-    i0, i1, j0, j1, k0, k1 = [int(v) for v in str(row["bbox_ijk"]).split()]
-    centre_ijk = np.array([(i0 + i1) / 2.0, (j0 + j1) / 2.0, (k0 + k1) / 2.0, 1.0])
-    centre = (m @ centre_ijk)[:3]
-    spacing = np.linalg.norm(m[:3, :3], axis=0)
-    axes = m[:3, :3] / spacing[None, :]
-    if np.linalg.det(axes) < 0:  # keep a right-handed frame; the box is symmetric
-        axes[:, 2] = -axes[:, 2]
-    size = np.array([i1 - i0 + 1, j1 - j0 + 1, k1 - k0 + 1], dtype=float) * spacing
-    return {"centre": centre.tolist(), "axes": axes, "size": size.tolist()}
-
-
-def show_region(scene, input_volume, outputs: OutputNodes, region_id: int):
-    """Outline region ``region_id`` with this module's ROI and centre the slice views on it.
-
-    Returns the ROI node (made on first use, then moved from region to region).
+    Returns the highlighted segment's id in ``outputs.regions`` (None when the outputs have no
+    outlines, e.g. results loaded by an older version). No node is made: a markups ROI box that
+    an older version of the module made for this input is hidden (the next run removes it).
+    Raises KeyError when the review table has no such region.
     """
     table = outputs.review
     if table is None:
         raise KeyError("no review table for this volume")
     row = review_rows(table)[_row_index(table, region_id)]
-    box = region_box(row, input_volume)
-    roi = outputs.roi
-    if roi is None or not scene.IsNodePresent(roi):
-        roi = scene.AddNewNodeByClass("vtkMRMLMarkupsROINode", scene.GenerateUniqueName(
-            f"{input_volume.GetName()} CARD region"))
-        roi.CreateDefaultDisplayNodes()
-        roi.SetAttribute(ROLE_ATTRIBUTE, "roi")
-        roi.SetNodeReferenceID(INPUT_REFERENCE, input_volume.GetID())
-        display = roi.GetDisplayNode()
-        if display is not None:
-            display.SetFillOpacity(0.0)
-            display.SetHandlesInteractive(False)
-            display.SetSelectedColor(1.0, 0.85, 0.1)
-            display.SetColor(1.0, 0.85, 0.1)
-        outputs.roi = roi
-    roi.SetAndObserveTransformNodeID(input_volume.GetTransformNodeID())
-    frame = np.eye(4)
-    frame[:3, :3] = box["axes"]
-    was_modifying = roi.StartModify()
-    roi.SetAndObserveObjectToNodeMatrix(vtk_matrix(frame))
-    roi.SetCenter(*box["centre"])
-    roi.SetSize(*box["size"])
-    roi.SetLocked(True)
-    roi.SetAttribute("CARDSegment.Region", str(region_id))
-    roi.EndModify(was_modifying)
+    old_box = outputs.roi.GetDisplayNode() if outputs.roi is not None and scene.IsNodePresent(outputs.roi) else None
+    if old_box is not None:
+        old_box.SetVisibility(False)
+    segment_id = highlight_region(outputs.regions, region_id) if outputs.regions is not None else None
     centroid = [row["centroid_r"], row["centroid_a"], row["centroid_s"]]
     jump_slices_to(scene, local_to_world(input_volume, centroid))
-    return roi
+    return segment_id
 
 
 # ---------------------------------------------------------------------------------------------

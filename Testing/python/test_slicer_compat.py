@@ -83,6 +83,11 @@ SLICER_5_8_0 = {
         "SetVisibility2DFill": ["vtkMRMLSegmentationDisplayNode"],
         "SetVisibility2DOutline": ["vtkMRMLSegmentationDisplayNode"],
         "SetVisibility3D": ["vtkMRMLDisplayNode"],
+        # the selected region's outline highlighted (region_outlines.highlight_region), looked up in v5.8.0
+        "SetSegmentOpacity2DOutline": ["vtkMRMLSegmentationDisplayNode"],
+        "SetSegmentOverrideColor": ["vtkMRMLSegmentationDisplayNode"],
+        "SetSegmentVisibility": ["vtkMRMLSegmentationDisplayNode"],
+        "UnsetSegmentOverrideColor": ["vtkMRMLSegmentationDisplayNode"],
         "AddColumn": ["vtkMRMLTableNode"],
         "AddNewNodeByClass": ["vtkMRMLScene"],
         "AddNode": ["vtkMRMLScene"],

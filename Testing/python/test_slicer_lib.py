@@ -486,19 +486,19 @@ def test_rerun_replaces_only_this_modules_outputs_for_that_input(run):
     first = lib.load_outputs(scene, volume, run.outdir, classes=run.classes)
     of_second = lib.load_outputs(scene, second, run.outdir, classes=run.classes)
     lib.show_region(scene, volume, first, lib.review_rows(first.review)[0]["region"])
-    assert first.roi is not None
+    assert first.roi is None  # the region is highlighted in its outline node: no box is made
     count_after_first = scene.GetNumberOfNodes()
     old_ids = {n.GetID() for n in first.nodes()}
     old_display_ids = {first.segmentation.GetDisplayNodeID(), first.disagreement.GetDisplayNodeID(),
-                       first.roi.GetDisplayNodeID()}
+                       first.regions.GetDisplayNodeID()}
 
     again = lib.load_outputs(scene, volume, run.outdir, classes=run.classes)
     assert all(scene.GetNodeByID(i) is None for i in old_ids | old_display_ids)
     assert lib.find_outputs(scene, volume) == again
-    assert again.roi is None  # the old run's region outline went with it
+    assert again.roi is None and again.regions is not None
     assert again.segmentation.GetName() == "first CARD segmentation"  # same names as before, no "_1"
     assert again.disagreement.GetName() == "first disagreement"
-    assert scene.GetNumberOfNodes() == count_after_first - 2  # the ROI and its display node
+    assert scene.GetNumberOfNodes() == count_after_first  # every node replaced by one new one
     # untouched: the other input's outputs, the user's nodes, the input itself
     for node in of_second.nodes() + [second, user_seg, user_table]:
         assert scene.IsNodePresent(node)
@@ -550,9 +550,15 @@ def test_outputs_follow_the_inputs_parent_transform(run):
     o = lib.load_outputs(scene, volume, run.outdir)
     for node in (o.segmentation, o.disagreement, o.temperature):
         assert node.GetTransformNodeID() == tnode.GetID()
+    assert o.regions.GetTransformNodeID() == tnode.GetID()  # the outlines move with the input too,
+    segmentation = o.regions.GetSegmentation()  # and lie on its grid in its frame (the shift not baked in)
+    lm = segmentation.GetNthSegment(0).GetRepresentation("Binary labelmap")
+    m = vtk.vtkMatrix4x4()
+    lm.GetImageToWorldMatrix(m)
+    world, e = np.array([[m.GetElement(r, c) for c in range(4)] for r in range(4)]), lm.GetExtent()
+    assert np.allclose(world @ [e[0], e[2], e[4], 1.0], matrix(volume) @ [e[0], e[2], e[4], 1.0], atol=1e-6)
     row = lib.review_rows(o.review)[0]
-    roi = lib.show_region(scene, volume, o, row["region"])
-    assert roi.GetTransformNodeID() == tnode.GetID()
+    lib.show_region(scene, volume, o, row["region"])
     red = scene.GetNodesByClass("vtkMRMLSliceNode").GetItemAsObject(0)
     centre = [red.GetSliceToRAS().GetElement(r, 3) for r in range(3)]
     assert centre == pytest.approx([row["centroid_r"] + 25.0, row["centroid_a"], row["centroid_s"] - 10.0])
@@ -769,30 +775,90 @@ def test_review_table_lists_the_reports_regions_in_rank_order(fresh, run):
     assert table.GetColumnTitle("mean_disagreement") == "Mean disagreement"
 
 
-def test_selecting_a_region_centres_the_views_and_outlines_it(fresh, run):
+def outline_masks(node, shape):
+    """``{region id: boolean mask on the input's grid}`` of a region outline node's segments."""
+    from CARDSegmentLib.region_outlines import region_segment_ids
+
+    masks = {}
+    for k, segment_id in region_segment_ids(node).items():
+        segment = node.GetSegmentation().GetSegment(segment_id)
+        e = segment.GetRepresentation("Binary labelmap").GetExtent()
+        masks[k] = np.zeros(shape, bool)
+        masks[k][e[4]:e[5] + 1, e[2]:e[3] + 1, e[0]:e[1] + 1] = segment_mask(segment)
+    return masks
+
+
+def rgb(vector):
+    return [vector.GetX(), vector.GetY(), vector.GetZ()]
+
+
+def test_selecting_a_region_highlights_its_outline_and_centres_the_views(fresh, run):
+    """Issue 22: selecting region k shows region k's own voxels (its outline segment in another
+    colour, the other regions dimmed), not a bounding box: no ROI node is made."""
+    from CARDSegmentLib import region_outlines as ro
+
     o = fresh.outputs
-    reg = run.report["regions"][1]
-    roi = lib.show_region(fresh.scene, fresh.volume, o, reg["id"])
-    ras = [-reg["centroid_lps"][0], -reg["centroid_lps"][1], reg["centroid_lps"][2]]
-    for sl in (fresh.scene.GetNodesByClass("vtkMRMLSliceNode").GetItemAsObject(i) for i in range(3)):
-        assert [sl.GetSliceToRAS().GetElement(r, 3) for r in range(3)] == pytest.approx(ras)
-    # the box covers the region's voxel bounding box on the input's (oblique) grid
-    m = matrix(fresh.volume)
-    (i0, i1), (j0, j1), (k0, k1) = reg["bbox_ijk"]
-    centre = m @ np.array([(i0 + i1) / 2, (j0 + j1) / 2, (k0 + k1) / 2, 1.0])
-    got = [0.0, 0.0, 0.0]
-    roi.GetCenter(got)
-    assert got == pytest.approx(centre[:3].tolist(), abs=1e-4)
-    spacing = np.linalg.norm(m[:3, :3], axis=0)
-    assert list(roi.GetSize()) == pytest.approx(((np.array([i1 - i0, j1 - j0, k1 - k0]) + 1) * spacing).tolist())
-    axes = roi.GetObjectToNodeMatrix()
-    first_axis = [axes.GetElement(r, 0) for r in range(3)]
-    assert first_axis == pytest.approx((m[:3, 0] / spacing[0]).tolist(), abs=1e-9)
-    assert roi.GetAttribute(lib.ROLE_ATTRIBUTE) == "roi" and roi.GetLocked()
-    # the same ROI moves to the next region
-    assert lib.show_region(fresh.scene, fresh.volume, o, run.report["regions"][0]["id"]) is roi
+    regions = sitk.GetArrayFromImage(sitk.ReadImage(str(run.outdir / "regions.nii.gz")))
+    masks = outline_masks(o.regions, regions.shape)
+    by_id = ro.region_segment_ids(o.regions)
+    display = o.regions.GetDisplayNode()
+    assert len(by_id) >= 2
+    for reg in run.report["regions"][:3]:
+        k = int(reg["id"])
+        segment_id = lib.show_region(fresh.scene, fresh.volume, o, k)
+        assert segment_id == by_id[k] and np.array_equal(masks[k], regions == k)  # exactly region k's voxels
+        assert o.regions.GetAttribute(ro.SELECTED_ATTRIBUTE) == str(k)
+        for other, sid in by_id.items():
+            if other == k:
+                assert rgb(display.GetSegmentOverrideColor(sid)) == pytest.approx(ro.SELECTED_COLOR)
+                assert display.GetSegmentOpacity2DOutline(sid) == 1.0 and display.GetSegmentVisibility(sid)
+            else:  # its own (yellow) colour, dimmed
+                assert rgb(display.GetSegmentOverrideColor(sid)) == [-1.0, -1.0, -1.0]
+                assert display.GetSegmentOpacity2DOutline(sid) == pytest.approx(ro.DIMMED_OPACITY)
+        ras = [-reg["centroid_lps"][0], -reg["centroid_lps"][1], reg["centroid_lps"][2]]
+        for sl in (fresh.scene.GetNodesByClass("vtkMRMLSliceNode").GetItemAsObject(i) for i in range(3)):
+            assert [sl.GetSliceToRAS().GetElement(r, 3) for r in range(3)] == pytest.approx(ras)
+    assert fresh.scene.GetNodesByClass("vtkMRMLMarkupsROINode").GetNumberOfItems() == 0
+    assert lib.find_outputs(fresh.scene, fresh.volume).roi is None
     with pytest.raises(KeyError):
         lib.show_region(fresh.scene, fresh.volume, o, 10_000)
+    # no selection (or a region without voxels): every outline as loaded
+    assert ro.highlight_region(o.regions, None) is None
+    assert o.regions.GetAttribute(ro.SELECTED_ATTRIBUTE) is None
+    assert all(display.GetSegmentOpacity2DOutline(sid) == 1.0 and rgb(display.GetSegmentOverrideColor(sid))
+               == [-1.0, -1.0, -1.0] for sid in by_id.values())
+
+
+def test_outputs_without_outlines_still_centre_the_views(fresh, run):
+    """Results loaded before the outlines existed (no regions node): the views still jump."""
+    o = fresh.outputs
+    outputs_lib.remove_node(fresh.scene, o.regions)
+    o.regions = None
+    reg = run.report["regions"][0]
+    assert lib.show_region(fresh.scene, fresh.volume, o, reg["id"]) is None
+    red = fresh.scene.GetNodesByClass("vtkMRMLSliceNode").GetItemAsObject(0)
+    ras = [-reg["centroid_lps"][0], -reg["centroid_lps"][1], reg["centroid_lps"][2]]
+    assert [red.GetSliceToRAS().GetElement(r, 3) for r in range(3)] == pytest.approx(ras)
+
+
+def test_a_box_left_by_an_older_version_is_hidden_and_goes_with_the_next_run(fresh, run, tmp_path):
+    """A scene saved by a version that drew a markups ROI box: selecting a region hides that box
+    (no new one), the review and export work, and the next run removes it with the old outputs."""
+    scene, volume = fresh.scene, fresh.volume
+    box = scene.AddNewNodeByClass("vtkMRMLMarkupsROINode", "cine CARD region")
+    box.CreateDefaultDisplayNodes()
+    outputs_lib.tag_output(box, "roi", volume)
+    o = lib.find_outputs(scene, volume)
+    assert o.roi is box and o.regions is not None
+    ids = [r["region"] for r in lib.review_rows(o.review)]
+    assert lib.show_region(scene, volume, o, ids[0]) is not None
+    assert not box.GetDisplayNode().GetVisibility() and scene.IsNodePresent(box)
+    assert scene.GetNodesByClass("vtkMRMLMarkupsROINode").GetNumberOfItems() == 1
+    lib.set_region_status(o.review, ids[0], "accepted")
+    doc = json.loads(lib.export_review(o, tmp_path / "review.json").read_text(encoding="utf-8"))
+    assert doc["regions"][0]["status"] == "accepted"
+    lib.load_outputs(scene, volume, run.outdir, classes=run.classes)
+    assert not scene.IsNodePresent(box) and lib.find_outputs(scene, volume).roi is None
 
 
 def test_region_decisions_are_recorded(fresh, run):
@@ -834,7 +900,13 @@ def test_review_survives_a_scene_save_and_reload(fresh, run, tmp_path):
     volume = scene.GetFirstNodeByName(fresh.volume.GetName())
     back = lib.find_outputs(scene, volume)
     assert back.segmentation is not None and back.review is not None and back.report is not None
-    assert back.roi is not None and back.disagreement is not None and back.probabilities is not None
+    assert back.regions is not None and back.disagreement is not None and back.probabilities is not None
+    assert back.roi is None  # no box: the selected region's outline is highlighted, and stays so
+    from CARDSegmentLib import region_outlines as ro
+
+    assert back.regions.GetAttribute(ro.SELECTED_ATTRIBUTE) == str(ids[0])
+    shown = ro.region_segment_ids(back.regions)[ids[0]]
+    assert rgb(back.regions.GetDisplayNode().GetSegmentOverrideColor(shown)) == pytest.approx(ro.SELECTED_COLOR)
     assert back.segmentation.GetNodeReference(outputs_lib.REVIEW_REFERENCE) is back.review
     rows = {r["region"]: r for r in lib.review_rows(back.review)}
     assert rows[ids[0]]["status"] == "corrected" and rows[ids[0]]["note"] == "RV wall redrawn"
@@ -848,7 +920,7 @@ def test_review_survives_a_scene_save_and_reload(fresh, run, tmp_path):
     d = back.disagreement.GetDisplayNode()
     assert (d.GetWindowLevelMin(), d.GetWindowLevelMax()) == pytest.approx((0.0, LN2), abs=1e-5)  # saved as text
     # the reloaded scene still works: show a region, export, and a re-run replaces it all
-    lib.show_region(scene, volume, back, ids[1])
+    assert lib.show_region(scene, volume, back, ids[1]) == ro.region_segment_ids(back.regions)[ids[1]]
     doc = json.loads(lib.export_review(back, tmp_path / "after.json").read_text(encoding="utf-8"))
     assert doc["regions"][0]["status"] == "corrected"
     old = {n.GetID() for n in back.nodes()}
