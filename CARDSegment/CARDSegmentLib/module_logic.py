@@ -266,7 +266,8 @@ class ModuleLogic:
                    for f, o in self.frameOutputs(inputVolume).items() if f in plan.frames)
 
     def followFrame(self, inputVolume, overlay: str, opacity: float) -> None:
-        """The browser moved: show that frame's segmentation and overlay (when it has results)."""
+        """The browser moved: show that frame's segmentation, region outlines and overlay (when it
+        has results) and nothing of the other frames' (:func:`~CARDSegmentLib.sequences.follow_frame`)."""
         cine = cine_of(self.currentScene, inputVolume)
         frames = self.frameOutputs(inputVolume) if cine is not None else {}
         if not frames:

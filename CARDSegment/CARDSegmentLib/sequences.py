@@ -12,7 +12,7 @@ The end-diastolic and end-systolic frames (:func:`pick_ed_es`), when the user do
 (the LV volume of each frame is its segmentation's LV class volume, ``class_volumes_ml["LV"]`` of
 the frame's ``report.json``, before any correction the bundle's index block applies); ties go to
 the earlier frame. To find them, every frame is segmented. Either frame can be set by the user instead.
-MRML classes only (no Qt).
+:func:`follow_frame` shows the shown frame's results and hides the other frames'. MRML classes only (no Qt).
 """
 
 from __future__ import annotations
@@ -20,6 +20,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
+
+from .outputs import INPUT_REFERENCE, OutputNodes, find_outputs
+from .overlays import color_legend
+from .views import slice_composite_nodes
 
 #: ``ed_frame`` / ``es_frame`` value meaning "find it from the LV volume curve"
 AUTO = -1
@@ -170,8 +174,43 @@ def lv_curve(reports: Mapping[int, Mapping]) -> Dict[int, float]:
 
 
 def follow_frame(scene, segmentations: Mapping[int, object], frame: int) -> None:
-    """Show the segmentation of ``frame`` in the views and hide the other frames' ones."""
+    """Show ``frame``'s results in the views and nothing of the other frames'.
+
+    ``segmentations``: ``{frame: segmentation node}`` of the segmented frames (this module's
+    outputs, tagged with their input and frame). Each frame's segmentation and region outlines
+    (its ``regions`` output, one segmentation node per frame) are visible for ``frame`` only.
+    Another frame's disagreement or temperature map leaves the slice views' foreground and its
+    colour legend is hidden; which of the shown frame's maps is in front is
+    :func:`~CARDSegmentLib.overlays.show_overlay`'s choice.
+    """
+    others = []
     for f, node in segmentations.items():
-        display = node.GetDisplayNode() if node is not None and scene.IsNodePresent(node) else None
-        if display is not None:
-            display.SetVisibility(f == frame)
+        if node is None or not scene.IsNodePresent(node):
+            continue
+        outputs = _frame_outputs(scene, node, f)
+        for shown in (node, outputs.regions):
+            display = shown.GetDisplayNode() if shown is not None else None
+            if display is not None:
+                display.SetVisibility(f == frame)
+        if f != frame:
+            others += [m for m in (outputs.disagreement, outputs.temperature) if m is not None]
+    _hide_maps(scene, others)
+
+
+def _frame_outputs(scene, segmentation, frame: int) -> OutputNodes:
+    """The outputs of the segmentation's input volume and ``frame`` (the segmentation alone when
+    it names no input)."""
+    volume = scene.GetNodeByID(segmentation.GetNodeReferenceID(INPUT_REFERENCE) or "")
+    return find_outputs(scene, volume, frame) if volume is not None else OutputNodes(segmentation=segmentation)
+
+
+def _hide_maps(scene, maps: List[object]) -> None:
+    """Take ``maps`` out of every slice view's foreground and hide their legends."""
+    ids = {m.GetID() for m in maps}
+    for comp in slice_composite_nodes(scene):
+        if comp.GetForegroundVolumeID() in ids:
+            comp.SetForegroundVolumeID(None)
+    for node in maps:
+        legend = color_legend(node, create=False)
+        if legend is not None:
+            legend.SetVisibility(False)

@@ -326,6 +326,66 @@ def test_the_review_covers_every_segmented_frame_and_exports_with_the_indices(re
     assert sorted(doc["frames"]) == ["0", "1", "2"] and doc["indices"]["ed"] == shown["ed"]
 
 
+def what_is_shown(scene, frames):
+    """``(segmentations, region outlines, overlay legends)``: the frames whose node is visible, and
+    the frames whose map every slice view shows in front."""
+    from CARDSegmentLib.overlays import color_legend
+    from CARDSegmentLib.views import slice_composite_nodes
+
+    def visible(node):
+        return node is not None and bool(node.GetDisplayNode().GetVisibility())
+
+    legends = {f: [color_legend(n, create=False) for n in (o.disagreement, o.temperature) if n is not None]
+               for f, o in frames.items()}
+    maps = {n.GetID(): f for f, o in frames.items() for n in (o.disagreement, o.temperature) if n is not None}
+    fronts = {maps.get(c.GetForegroundVolumeID()) for c in slice_composite_nodes(scene)}
+    return ({f for f, o in frames.items() if visible(o.segmentation)},
+            {f for f, o in frames.items() if visible(o.regions)},
+            {f for f, ls in legends.items() if any(legend is not None and legend.GetVisibility() for legend in ls)},
+            fronts)
+
+
+def test_moving_the_frame_shows_that_frames_outlines_and_overlay_only(replay):
+    """Issue 22: each frame's region outlines (``regions``) are its own segmentation node; moving the
+    slider shows the shown frame's outlines, segmentation, overlay and legend, and nothing of the
+    other frames (all three frames' outlines used to stay visible at once)."""
+    r = replay
+    r.logic.runSync(r.cine.proxy, r.options(frame_mode="all"))
+    frames = r.logic.frameOutputs(r.cine.proxy)
+    assert sorted(frames) == [0, 1, 2] and all(o.regions is not None for o in frames.values())
+    assert all(o.disagreement is not None and o.temperature is not None for o in frames.values())
+    first = int(r.cine.browser.GetSelectedItemNumber())  # right after the run: the shown frame's alone
+    assert what_is_shown(r.scene, frames) == ({first}, {first}, {first}, {first})
+    for overlay in ("disagreement", "temperature"):
+        for shown in (0, 2, 1, 0):
+            show_frame(r.cine, shown)
+            r.logic.followFrame(r.cine.proxy, overlay, 0.5)
+            assert what_is_shown(r.scene, frames) == ({shown}, {shown}, {shown}, {shown})
+            front = {c.GetForegroundVolumeID() for c in lib.views.slice_composite_nodes(r.scene)}
+            assert front == {frames[shown].overlay(overlay).GetID()}
+    r.logic.followFrame(r.cine.proxy, "none", 0.5)
+    assert what_is_shown(r.scene, frames) == ({0}, {0}, set(), {None})
+
+
+def test_a_frame_without_results_shows_nothing_of_another_frame(replay):
+    """The shown frame alone segmented (frame 1); on frame 0 or 2 none of frame 1's nodes stays in
+    the views (not its outlines, not its map over another frame's image)."""
+    r = replay
+    show_frame(r.cine, 1)
+    r.logic.runSync(r.cine.proxy, r.options(frame_mode="shown"))
+    frames = r.logic.frameOutputs(r.cine.proxy)
+    assert sorted(frames) == [1] and frames[1].regions is not None
+    r.logic.followFrame(r.cine.proxy, "disagreement", 0.5)
+    assert what_is_shown(r.scene, frames) == ({1}, {1}, {1}, {1})
+    for other in (0, 2):
+        show_frame(r.cine, other)
+        r.logic.followFrame(r.cine.proxy, "disagreement", 0.5)
+        assert what_is_shown(r.scene, frames) == (set(), set(), set(), {None})
+    show_frame(r.cine, 1)
+    r.logic.followFrame(r.cine.proxy, "disagreement", 0.5)
+    assert what_is_shown(r.scene, frames) == ({1}, {1}, {1}, {1})
+
+
 def test_results_load_a_frame_per_step_and_cancel_while_loading_leaves_the_scene(replay):
     """Defect 12: the timer's slot loads one frame per tick; a cancel in between removes what was made."""
     r = replay
