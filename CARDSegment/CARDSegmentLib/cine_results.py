@@ -3,8 +3,12 @@ every segmented frame's review with them. MRML classes only (no Qt, no engine im
 
 The indices are not computed here: the engine writes them (``cardseg batch``'s ``subjects.csv``,
 from ``cardseg.cohort.indices`` on the ED and ES frames' outputs: EDV, ESV, SV, EF for LV and RV,
-LV mass, each with the bundle's fitted interval). This module reads that file into a table node
-(role ``indices``, no frame) and shows and exports what it holds.
+LV mass, each with the bundle's fitted interval, and what the LVEF interval implies: the columns
+``LVEF_category``, e.g. ``LVEF 38-46%: reduced or mildly reduced``, and ``LVEF_straddles``, written
+by ``cardseg.cohort.ef_categories``). This module reads that file into a table node (role
+``indices``, no frame) and shows and exports what it holds; the category is the engine's label as
+written (no threshold is restated here). A ``subjects.csv`` from before those columns has no
+category, and the panel then shows none.
 """
 
 from __future__ import annotations
@@ -24,6 +28,11 @@ from .review import CSV_FIELDS, review_csv, review_document
 SUBJECT = "cine"
 ED_ATTRIBUTE, ES_ATTRIBUTE = "CARDSegment.EDFrame", "CARDSegment.ESFrame"
 NOMINAL_ATTRIBUTE, ERROR_ATTRIBUTE = "CARDSegment.Nominal", "CARDSegment.IndicesError"
+CATEGORY_ATTRIBUTE, STRADDLES_ATTRIBUTE = "CARDSegment.LVEFCategory", "CARDSegment.LVEFStraddles"
+#: the engine's ``subjects.csv`` columns of what the LVEF interval implies (``cardseg.cohort.subjects``)
+CATEGORY_COLUMNS = ("LVEF_category", "LVEF_straddles")
+#: what the panel adds to the category of an interval that spans a category threshold
+STRADDLES_TEXT = "interval straddles a threshold"
 
 
 def index_label(name: str) -> str:
@@ -45,30 +54,43 @@ def _number(text) -> float:
         return float("nan")
 
 
+def _flag(text) -> Optional[bool]:
+    """``LVEF_straddles`` as written (``true`` / ``false``); None when empty or absent."""
+    word = str(text or "").strip().lower()
+    return True if word in ("true", "1") else False if word in ("false", "0") else None
+
+
 def indices_from_subjects(path: os.PathLike, ed: int, es: int) -> dict:
     """The sequence's row of the engine's ``subjects.csv``.
 
-    Returns ``{"ed", "es", "nominal", "error", "indices": [{"name", "value", "low", "high"}]}``;
-    the indices are the columns that come with ``_low`` and ``_high`` columns, in file order. A
-    row with an error (e.g. a bundle without fitted intervals) gives that error and no indices.
+    Returns ``{"ed", "es", "nominal", "error", "indices": [{"name", "value", "low", "high"}],
+    "category", "straddles"}``; the indices are the columns that come with ``_low`` and ``_high``
+    columns, in file order; ``category`` is the ``LVEF_category`` label ("" when the file has none:
+    an older run, or no LVEF interval) and ``straddles`` ``LVEF_straddles`` (None without a
+    category). A row with an error (e.g. a bundle without fitted intervals) gives that error and
+    no indices.
     """
     p = Path(path)
+    none = {"category": "", "straddles": None}
     if not p.is_file():
-        return {"ed": ed, "es": es, "nominal": None, "error": "the engine wrote no cardiac indices", "indices": []}
+        return {"ed": ed, "es": es, "nominal": None, "error": "the engine wrote no cardiac indices", "indices": [],
+                **none}
     with open(p, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         columns = reader.fieldnames or []
         row = next((r for r in reader if r.get("subject") == SUBJECT), None)
     if row is None:
         return {"ed": ed, "es": es, "nominal": None, "error": "no cardiac indices for the ED and ES frames",
-                "indices": []}
+                "indices": [], **none}
     names = [c for c in columns if f"{c}_low" in columns and f"{c}_high" in columns]
     error = (row.get("error") or "").strip()
     indices = [] if error else [{"name": n, "value": _number(row.get(n)), "low": _number(row.get(f"{n}_low")),
                                  "high": _number(row.get(f"{n}_high"))} for n in names]
     nominal = _number(row.get("nominal"))
+    category = "" if error else str(row.get("LVEF_category") or "").strip()
     return {"ed": int(ed), "es": int(es), "nominal": None if math.isnan(nominal) else nominal, "error": error,
-            "indices": indices}
+            "indices": indices, "category": category,
+            "straddles": _flag(row.get("LVEF_straddles")) if category else None}
 
 
 def make_indices_table(scene, input_volume, indices: dict):
@@ -93,12 +115,16 @@ def make_indices_table(scene, input_volume, indices: dict):
     table.SetAttribute(ES_ATTRIBUTE, str(indices["es"]))
     table.SetAttribute(NOMINAL_ATTRIBUTE, "" if indices.get("nominal") is None else repr(float(indices["nominal"])))
     table.SetAttribute(ERROR_ATTRIBUTE, indices.get("error") or "")
+    table.SetAttribute(CATEGORY_ATTRIBUTE, indices.get("category") or "")
+    straddles = indices.get("straddles")
+    table.SetAttribute(STRADDLES_ATTRIBUTE, "" if straddles is None else str(bool(straddles)).lower())
     tag_output(table, "indices", input_volume)
     return table
 
 
 def read_indices(table) -> Optional[dict]:
-    """What :func:`make_indices_table` stored, as :func:`indices_from_subjects` returns it (None: no table)."""
+    """What :func:`make_indices_table` stored, as :func:`indices_from_subjects` returns it (None: no
+    table; a table saved before the category was kept has none)."""
     if table is None:
         return None
     t = table.GetTable()
@@ -109,7 +135,8 @@ def read_indices(table) -> Optional[dict]:
     nominal = table.GetAttribute(NOMINAL_ATTRIBUTE)
     return {"ed": int(table.GetAttribute(ED_ATTRIBUTE)), "es": int(table.GetAttribute(ES_ATTRIBUTE)),
             "nominal": float(nominal) if nominal else None, "error": table.GetAttribute(ERROR_ATTRIBUTE) or "",
-            "indices": rows}
+            "indices": rows, "category": table.GetAttribute(CATEGORY_ATTRIBUTE) or "",
+            "straddles": _flag(table.GetAttribute(STRADDLES_ATTRIBUTE))}
 
 
 def commit_indices(scene, input_volume, table, replaced: List[int]) -> None:
@@ -131,8 +158,18 @@ def _fmt(value: float) -> str:
     return "-" if value != value else f"{value:.1f}"
 
 
+def category_line(indices: dict) -> str:
+    """``LVEF 38-46%: reduced or mildly reduced (interval straddles a threshold)``: the engine's
+    category label, flagged when the interval spans a threshold; "" without a category."""
+    category = (indices.get("category") or "").strip()
+    if not category:
+        return ""
+    return f"{category} ({STRADDLES_TEXT})" if indices.get("straddles") else category
+
+
 def indices_lines(indices: Optional[dict], frame_label=str) -> List[str]:
-    """The panel's lines: a heading, then ``LV EF   58.1 %   (52.3 to 63.0)`` per index."""
+    """The panel's lines: a heading, then ``LV EF: 58.1 % (52.3 to 63.0)`` per index, the LVEF
+    category (:func:`category_line`) right after the LV EF line (last without one) when there is one."""
     if indices is None:
         return []
     head = f"ED {frame_label(indices['ed'])}, ES {frame_label(indices['es'])}"
@@ -144,12 +181,17 @@ def indices_lines(indices: Optional[dict], frame_label=str) -> List[str]:
         unit = index_unit(item["name"])
         lines.append(f"{index_label(item['name'])}: {_fmt(item['value'])} {unit} "
                      f"({_fmt(item['low'])} to {_fmt(item['high'])})")
+    category = category_line(indices)
+    if category:
+        names = [item["name"] for item in indices["indices"]]
+        lines.insert(2 + names.index("LVEF") if "LVEF" in names else len(lines), category)
     return lines
 
 
-#: the cine export's CSV columns: a record kind and frame, the review's columns, the indices'
+#: the cine export's CSV columns: a record kind and frame, the review's columns, the indices' (the
+#: LVEF category and straddle flag on the LVEF row, as ``subjects.csv`` has them)
 CINE_CSV_FIELDS = ("record", "frame") + CSV_FIELDS + ("index", "value", "low", "high", "unit", "nominal",
-                                                      "ed_frame", "es_frame")
+                                                      "ed_frame", "es_frame") + CATEGORY_COLUMNS
 
 
 def cine_review_csv(frames: Dict[int, OutputNodes], indices: Optional[dict]) -> str:
@@ -164,9 +206,12 @@ def cine_review_csv(frames: Dict[int, OutputNodes], indices: Optional[dict]) -> 
         for row in csv.DictReader(io.StringIO(review_csv(outputs.review, read_report(outputs.report)))):
             writer.writerow({"record": "region", "frame": frame, **row})
     for item in (indices or {}).get("indices", []):
+        category = (indices.get("category") or "") if item["name"] == "LVEF" else ""
+        straddles = indices.get("straddles") if category else None
         writer.writerow({"record": "index", "index": item["name"], "value": item["value"], "low": item["low"],
                          "high": item["high"], "unit": index_unit(item["name"]), "nominal": indices["nominal"],
-                         "ed_frame": indices["ed"], "es_frame": indices["es"]})
+                         "ed_frame": indices["ed"], "es_frame": indices["es"], "LVEF_category": category,
+                         "LVEF_straddles": "" if straddles is None else str(bool(straddles)).lower()})
     return out.getvalue()
 
 

@@ -31,7 +31,7 @@ from test_slicer_module_panel import (FakeTimer, FakeWidget, fire_until_idle, ma
 
 
 import CARDSegmentLib as lib  # noqa: E402
-from CARDSegmentLib import install, outputs as outputs_lib, volume_files  # noqa: E402
+from CARDSegmentLib import cine_results, install, outputs as outputs_lib, volume_files  # noqa: E402
 from CARDSegmentLib.cine import CineJob, case_name  # noqa: E402
 from CARDSegmentLib.module_logic import ModuleLogic  # noqa: E402
 from CARDSegmentLib.review import COLUMN_NAMES, create_review_table  # noqa: E402
@@ -187,6 +187,7 @@ def test_the_real_engine_segments_every_frame_and_picks_ed_and_es_from_the_lv_cu
 
 def test_the_indices_shown_are_cardseg_batchs_on_the_same_frames(real_run):
     """The panel's numbers are those of cardseg.cohort.indices on the ED and ES frames' folders."""
+    from cardseg.cohort.ef_categories import category_label, straddles
     from cardseg.cohort.indices import indices_from_folders
 
     r = real_run
@@ -206,6 +207,12 @@ def test_the_indices_shown_are_cardseg_batchs_on_the_same_frames(real_run):
     assert f"LV EF: {ef['value']:.1f} % ({ef['low']:.1f} to {ef['high']:.1f})" in text
     mass = expected["LVM_g"]
     assert f"LV mass: {mass['value']:.1f} g ({mass['low']:.1f} to {mass['high']:.1f})" in text
+    # issue 26: the category the LVEF interval implies, in cardseg's own words, under the LV EF line
+    label = category_label(ef["low"], ef["high"])
+    assert label.startswith("LVEF ") and (shown["category"], shown["straddles"]) == (label, straddles(ef["low"],
+                                                                                                    ef["high"]))
+    flag = " (interval straddles a threshold)" if shown["straddles"] else ""
+    assert text[text.index(f"LV EF: {ef['value']:.1f} % ({ef['low']:.1f} to {ef['high']:.1f})") + 1] == label + flag
 
 
 # ---------------------------------------------------------------------------------------------
@@ -322,8 +329,73 @@ def test_the_review_covers_every_segmented_frame_and_exports_with_the_indices(re
     for item in shown["indices"]:
         assert float(exported[item["name"]]["value"]) == pytest.approx(item["value"])
         assert int(exported[item["name"]]["ed_frame"]) == shown["ed"]
+    assert shown["category"] and exported["LVEF"]["LVEF_category"] == shown["category"]
+    assert exported["LVEF"]["LVEF_straddles"] == str(shown["straddles"]).lower()
+    assert {w["LVEF_category"] for n, w in exported.items() if n != "LVEF"} == {""}
     doc = json.loads(Path(r.logic.exportReview(r.cine.proxy, str(tmp_path / "cine-review.json"))).read_text())
     assert sorted(doc["frames"]) == ["0", "1", "2"] and doc["indices"]["ed"] == shown["ed"]
+    assert (doc["indices"]["category"], doc["indices"]["straddles"]) == (shown["category"], shown["straddles"])
+
+
+def write_subjects(path: Path, lvef, categories: bool = True) -> Path:
+    """A ``subjects.csv`` as ``cardseg batch`` writes it (cardseg's own columns, cells and category
+    words) for the sequence's subject, with the LVEF interval ``lvef`` = (value, low, high); without
+    the category columns (``categories`` False) as runs before issue 26 wrote it."""
+    from cardseg.cohort import subjects, tables
+
+    value, low, high = lvef
+    row = {"subject": cine_results.SUBJECT, "ed_case": "frame000", "es_case": "frame002", "nominal": 0.9,
+           "LVEF": value, "LVEF_low": low, "LVEF_high": high, "LVEDV_ml": 150.0, "LVEDV_ml_low": 140.0,
+           "LVEDV_ml_high": 160.0, "error": "", **subjects.lvef_category_cells({"low": low, "high": high})}
+    columns = subjects.subject_columns(["LVEDV_ml", "LVEF"])
+    if not categories:
+        columns = [c for c in columns if c not in subjects.CATEGORY_COLUMNS]
+    tables.write_table(path, [row], columns)
+    return path
+
+
+@pytest.mark.parametrize("lvef, categories, line", [
+    ((42.3, 38.2, 46.4), True, "LVEF 38-46%: reduced or mildly reduced (interval straddles a threshold)"),
+    ((58.0, 52.6, 63.4), True, "LVEF 53-63%: preserved"),
+    ((30.0, 20.0, 40.49), True, "LVEF 20-40%: reduced"),  # 40.49 is 40 in whole percent: one category
+    ((45.0, 40.5, 49.5), True, "LVEF 41-50%: mildly reduced or preserved (interval straddles a threshold)"),
+    ((42.3, 38.2, 46.4), False, None),  # a subjects.csv from before the category columns
+])
+def test_the_panel_shows_the_lvef_category_of_subjects_csv(tmp_path, lvef, categories, line):
+    """Issue 26: the panel shows the category that cardseg batch's ``subjects.csv`` gives the LVEF
+    interval and flags a straddling one; the table node keeps both and the export writes them."""
+    scene = make_scene()
+    volume = scene.AddNewNodeByClass("vtkMRMLScalarVolumeNode", "7: SAX cine")
+    read = cine_results.indices_from_subjects(write_subjects(tmp_path / "subjects.csv", lvef, categories), 0, 2)
+    table = cine_results.make_indices_table(scene, volume, read)
+    held = cine_results.read_indices(table)
+    assert held == read and [i["name"] for i in held["indices"]] == ["LVEDV_ml", "LVEF"]
+    lines = cine_results.indices_lines(held)
+    assert lines[2] == f"LV EF: {lvef[0]:.1f} % ({lvef[1]:.1f} to {lvef[2]:.1f})"
+    exported = {w["index"]: w for w in csv.DictReader(io.StringIO(cine_results.cine_review_csv({}, held)))}
+    if line is None:
+        assert (held["category"], held["straddles"]) == ("", None) and len(lines) == 3
+        assert exported["LVEF"]["LVEF_category"] == exported["LVEF"]["LVEF_straddles"] == ""
+        return
+    assert lines[3] == line and len(lines) == 4
+    assert held["straddles"] is line.endswith("(interval straddles a threshold)")
+    assert exported["LVEF"]["LVEF_category"] == line.split(" (")[0]
+    assert exported["LVEF"]["LVEF_straddles"] == str(held["straddles"]).lower()
+    assert exported["LVEDV_ml"]["LVEF_category"] == ""
+
+
+def test_an_indices_table_saved_before_the_category_shows_none(tmp_path):
+    """A scene saved by an earlier version: its indices table has no category attributes."""
+    scene = make_scene()
+    volume = scene.AddNewNodeByClass("vtkMRMLScalarVolumeNode", "7: SAX cine")
+    read = cine_results.indices_from_subjects(write_subjects(tmp_path / "subjects.csv", (42.3, 38.2, 46.4)), 0, 2)
+    table = cine_results.make_indices_table(scene, volume, read)
+    for name in (cine_results.CATEGORY_ATTRIBUTE, cine_results.STRADDLES_ATTRIBUTE):
+        table.RemoveAttribute(name)
+    held = cine_results.read_indices(table)
+    assert (held["category"], held["straddles"]) == ("", None)
+    assert not any(ln.startswith("LVEF ") for ln in cine_results.indices_lines(held))
+    assert len(cine_results.indices_lines(held)) == 3
 
 
 def what_is_shown(scene, frames):
@@ -478,7 +550,8 @@ def test_the_panel_with_a_sequence(module, replay, monkeypatch):
     fire_until_idle(module, widget)
     assert widget.ui.statusLabel.text.startswith("Done"), widget.ui.statusLabel.text
     lines = widget.ui.indicesLabel.text.splitlines()
-    assert lines == widget.logic.indicesText(r.cine.proxy).splitlines() and len(lines) == 10
+    assert lines == widget.logic.indicesText(r.cine.proxy).splitlines() and len(lines) == 11  # 9 indices, category
+    assert lines[lines.index(next(ln for ln in lines if ln.startswith("LV EF: "))) + 1].startswith("LVEF ")
     table = widget.ui.regionsTable
     assert table.called("setHorizontalHeaderLabels")[-1][0][0] == "Frame"
     assert table.called("setRowCount")[-1] == (len(widget.logic.reviewRows(r.cine.proxy)),)
