@@ -1,12 +1,9 @@
 """CARDSegment: cardiac cine MRI segmentation with calibrated confidence (CARD) in 3D Slicer.
 
-The module is thin on purpose: the method is the ``cardseg`` engine (shipped in the module
-folder), run in a separate PythonSlicer process so that the GUI never freezes; everything that is
-not a Slicer class lives in ``CARDSegmentLib``, which has no Qt and is tested outside Slicer (the
-MRML work: outputs to nodes, overlays, the region review; the Logic's run handling in
-``CARDSegmentLib.module_logic``; the self-test's body in ``CARDSegmentLib.selftest``). Here: the
-Slicer classes (Module, parameter node, Widget, a Logic wrapping the library's, Test).
-"""
+Thin on purpose: the method is the ``cardseg`` engine (in the module folder), run in a separate
+PythonSlicer process so that the GUI never freezes; all that is not a Slicer class is in ``CARDSegmentLib``
+(no Qt, tested outside Slicer: MRML work, run handling in ``module_logic``, the self-test's body in
+``selftest``). Here: Module, parameter node, Widget, a Logic wrapping the library's, Test."""
 
 import logging
 import os
@@ -26,6 +23,7 @@ import CARDSegmentLib as lib
 from CARDSegmentLib import about, selftest
 from CARDSegmentLib.acknowledgement import ensure_acknowledged_for_bundle as ensure_acknowledged
 from CARDSegmentLib.install import DependencyDeclined, InstallFailed, use_application
+from CARDSegmentLib.jobs import EngineChoice
 from CARDSegmentLib.module_logic import ModuleLogic
 from CARDSegmentLib.parameters import BundleSource, Device, FrameMode, Method, Overlay
 from CARDSegmentLib.sampledata import register_sample_data
@@ -84,14 +82,14 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         ScriptedLoadableModuleWidget.__init__(self, parent)
         VTKObservationMixin.__init__(self)
         self.logic = None
-        self._parameterNode = None
-        self._parameterNodeGuiTag = None
+        self._parameterNode, self._parameterNodeGuiTag = None, None
         self._shownOverlay = None
         self._preparing = False  # checking or installing the Python packages before a run
         self._clickGuard = lib.ClickGuard()  # a double click must not start and cancel at once
         self._watched = ()  # IDs of the output nodes the panel shows (their removal refreshes it)
         self._rowKeys = []  # (frame, region) of each row of the review table
         self._browser, self._shownFrame = None, None  # a cine input's sequence browser (followed) and frame
+        self._engineChoice = EngineChoice(qt.QSettings(), MODULE_DIR)  # "Keep engine warm" (application settings)
 
     def setup(self) -> None:
         ScriptedLoadableModuleWidget.setup(self)
@@ -102,10 +100,7 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
 
         self.logic = CARDSegmentLogic()
         self._clickGuard = lib.ClickGuard(qt.QApplication.doubleClickInterval() / 1000.0)
-
         self.ui.progressBar.hide()
-        self.ui.regionsTable.horizontalHeader().setStretchLastSection(True)
-        self.ui.regionsTable.verticalHeader().hide()
 
         self.addObserver(slicer.mrmlScene, slicer.mrmlScene.StartCloseEvent, self.onSceneStartClose)
         self.addObserver(slicer.mrmlScene, slicer.mrmlScene.EndCloseEvent, self.onSceneEndClose)
@@ -119,6 +114,8 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.ui.rejectButton.connect("clicked(bool)", lambda _: self.onSetStatus("rejected"))
         self.ui.exportButton.connect("clicked(bool)", self.onExportButton)
         self.ui.keepResultsButton.connect("clicked(bool)", self.onKeepResults)
+        self.ui.keepEngineWarmCheckBox.checked = self._engineChoice.keep_warm
+        self.ui.keepEngineWarmCheckBox.connect("toggled(bool)", self.onKeepEngineWarm)
 
         self.initializeParameterNode()
 
@@ -131,6 +128,12 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
 
     def enter(self) -> None:
         self.initializeParameterNode()
+        self._engineChoice.apply(self.logic, lambda: self.logic.jobOptions(self._parameterNode))  # warm it up
+
+    def onKeepEngineWarm(self, checked: bool) -> None:
+        """The "Keep engine warm" box: start the engine now (ticked) or close it and run one-shot (unticked)."""
+        self._engineChoice.keep_warm = checked
+        self._engineChoice.apply(self.logic, lambda: self.logic.jobOptions(self._parameterNode))
 
     def exit(self) -> None:
         if self._parameterNode:
@@ -234,7 +237,7 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         if not p or not p.inputVolume:
             return
         try:
-            options = self.logic.jobOptions(p)
+            options = self._engineChoice.options(self.logic.jobOptions(p))
             accepted = ensure_acknowledged(  # once, before the first run with research-only weights
                 options.bundle_path, MODULE_DIR, qt.QSettings(),
                 lambda title, text: slicer.util.confirmOkCancelDisplay(text, windowTitle=title))
@@ -422,9 +425,6 @@ class CARDSegmentTest(ScriptedLoadableModuleTest):
     """Runs in Slicer: a small synthetic oblique volume through the whole path, with networks of the
     shipped bundle's architecture (SwinUNETR primary, so a missing MONAI piece fails here), then
     once with the shipped bundle itself. The steps: CARDSegmentLib.selftest."""
-
-    #: the shipped bundle's networks, used when the module folder has no shipped bundle
-    SHIPPED_NETWORKS = selftest.SHIPPED_NETWORKS
 
     def setUp(self):
         slicer.mrmlScene.Clear()

@@ -6,6 +6,8 @@ succeeded turns its outputs into nodes (:func:`~CARDSegmentLib.loading.load_outp
 is not touched before :meth:`SegmentationJob.finish`: a cancelled or failed run leaves it as it
 was. The module's Logic drives a :class:`JobMonitor` from a ``QTimer`` (it turns every error,
 expected or not, into the panel's one-line message); scripts and tests call :meth:`wait`.
+:class:`EngineChoice` is the user's "Keep engine warm" setting: whether runs go through the warm
+engine, and starting or closing it when the module is entered or the box is toggled.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from pathlib import Path
 from typing import Callable, ContextManager, Optional, Tuple
 
 from . import process as proc
+from .acknowledgement import ensure_acknowledged_for_bundle
 from .bundles import bundle_classes
+from .dependencies import missing_requirements
 from .install import InstallFailed
 from .loading import load_outputs
 from .outputs import OutputError, OutputNodes
@@ -44,7 +48,8 @@ class JobOptions:
     batch_size: Optional[int] = None
     work_root: Optional[str] = None  # where the temporary folder is made (default: the system's)
     keep_files: bool = False  # keep the temporary folder (debugging)
-    keep_engine_warm: bool = True  # runs go through one warm ``cardseg serve`` (CARDSegmentLib.engine)
+    keep_engine_warm: bool = True  # runs go through one warm ``cardseg serve`` (CARDSegmentLib.engine); the
+    # panel sets it from the user's "Keep engine warm" box (EngineChoice.options)
     # a cine sequence's input (ignored for a plain volume): which frames, ED and ES (-1: found from the LV curve)
     frame_mode: str = "shown"  # shown | ed_es | all
     ed_frame: int = -1
@@ -330,3 +335,99 @@ class JobMonitor:
             logging.getLogger(__name__).exception("CARDSegment: cleaning up after a failed run failed")
         self.outcome = (proc.FAILED, message)
         return True
+
+
+# ---------------------------------------------------------------------------------------------
+# "Keep engine warm": the user's setting and what it asks of the Logic
+
+#: where the choice is kept: the application's settings (the engine holds this computer's memory;
+#: the choice belongs to no scene)
+KEEP_ENGINE_WARM_KEY = "CARDSegment/KeepEngineWarm"
+#: what :func:`engine_action` asks for
+START_ENGINE, STOP_ENGINE, LEAVE_ENGINE = "start", "stop", "leave"
+
+
+def settings_flag(value, default: bool) -> bool:
+    """A yes/no setting as ``QSettings.value`` gives it back: a bool, or the text ("true",
+    "false") read from the settings file in a later session; ``default`` when unset."""
+    if value is None or value == "":
+        return default
+    if isinstance(value, str):
+        return value.strip().lower() in ("true", "1", "yes", "on")
+    return bool(value)
+
+
+def engine_action(keep_warm: bool, engine_open: bool, engine_alive: bool, running: bool) -> str:
+    """What to do with the warm engine when the module is entered or the box is toggled.
+
+    A running Segment & Calibrate is never disturbed (leave it: the next click applies the
+    choice). Kept warm: start the engine when none is alive (never started, or it crashed).
+    Not kept warm: stop an open engine, so that its memory is freed now.
+    """
+    if running:
+        return LEAVE_ENGINE
+    if not keep_warm:
+        return STOP_ENGINE if engine_open else LEAVE_ENGINE
+    return LEAVE_ENGINE if engine_alive else START_ENGINE
+
+
+def ready_to_warm_up(options: JobOptions, module_dir: os.PathLike, settings,
+                     missing: Optional[Callable[[], list]] = None) -> bool:
+    """Whether the engine may start before any click: the packages it needs are installed
+    (``missing()``, default :func:`~.dependencies.missing_requirements`, is empty) and the
+    research-use terms of ``options``' bundle need no agreement or were agreed (a click asks for
+    both first; nothing is asked here)."""
+    return not (missing or missing_requirements)() and ensure_acknowledged_for_bundle(
+        options.bundle_path, module_dir, settings, lambda title, text: False)
+
+
+class EngineChoice:
+    """The user's "Keep engine warm" setting (default on) and its effect on the module's Logic.
+
+    ``settings``: anything with ``value(key, default)`` and ``setValue(key, value)`` (Slicer's
+    ``qt.QSettings()``, a test's dictionary stub). ``ready(options) -> bool``: whether the engine
+    may start before a click (default :func:`ready_to_warm_up`).
+    """
+
+    def __init__(self, settings, module_dir: os.PathLike, ready: Optional[Callable[[JobOptions], bool]] = None):
+        self.settings = settings
+        self.ready = ready or (lambda options: ready_to_warm_up(options, module_dir, settings))
+
+    @property
+    def keep_warm(self) -> bool:
+        return settings_flag(self.settings.value(KEEP_ENGINE_WARM_KEY, True), True)
+
+    @keep_warm.setter
+    def keep_warm(self, on: bool) -> None:
+        self.settings.setValue(KEEP_ENGINE_WARM_KEY, bool(on))
+
+    def options(self, options: JobOptions) -> JobOptions:
+        """``options`` with the choice applied (off: the run is a one-shot process)."""
+        options.keep_engine_warm = self.keep_warm
+        return options
+
+    def apply(self, logic, options: Callable[[], JobOptions]) -> str:
+        """Start or close ``logic``'s engine as the choice asks (``logic``: a
+        :class:`~.module_logic.ModuleLogic`; ``options()``: the panel's current run options).
+
+        Returns the action taken: ``leave`` also when the engine cannot start yet (packages missing,
+        terms not agreed, an unusable bundle folder: the first click deals with them and starts it).
+        Never raises: it runs when the module is entered. Starting only launches the process.
+        """
+        engine = logic.engine
+        action = engine_action(self.keep_warm, engine is not None, engine is not None and engine.alive,
+                               logic.isRunning)
+        try:
+            if action == STOP_ENGINE:
+                logic.closeEngine()
+            elif action == START_ENGINE:
+                chosen = self.options(options())
+                if not self.ready(chosen):
+                    return LEAVE_ENGINE
+                logic.warmUpEngine(chosen)
+                if logic.engine is None or not logic.engine.alive:  # e.g. a test launcher: one-shot runs only
+                    return LEAVE_ENGINE
+        except Exception as exc:  # noqa: BLE001 - the module must open whatever the engine does; the click says why
+            logging.getLogger(__name__).info("CARDSegment: could not %s the warm engine: %s", action, one_line(exc))
+            return LEAVE_ENGINE
+        return action
