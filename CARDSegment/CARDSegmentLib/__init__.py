@@ -10,8 +10,8 @@
   outputs; below it :mod:`.outputs` (roles, finding, releasing, removing this module's nodes),
   :mod:`.geometry`, :mod:`.volume_files`, :mod:`.terminology`.
 * :mod:`.overlays` — the disagreement and temperature maps in the slice views; :mod:`.views`.
-* :mod:`.review` — the flagged-region review table, ROI outline, export; :mod:`.region_outlines` — the
-  regions' own voxels as an outlined segmentation.
+* :mod:`.review` — the flagged-region review table, the selected region's highlight, export;
+  :mod:`.region_outlines` — the regions' own voxels as an outlined segmentation.
 * :mod:`.sequences` — a cine sequence behind the input (browser, frames), which frames to
   segment, the ED/ES rule; :mod:`.cine` — one run over a sequence's frames (``cardseg batch``,
   loaded a frame at a time); :mod:`.cine_results` — the cardiac indices the engine wrote, shown
