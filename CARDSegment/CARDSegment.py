@@ -358,8 +358,8 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
     def onRegionSelected(self) -> None:
         key = self._selectedRegion()
         self._enableReviewButtons(key is not None)
-        if key is None:
-            return
+        if key is None:  # selection cleared: no region highlighted
+            return self.logic.clearRegionHighlight(self._parameterNode.inputVolume)
         volume = self._parameterNode.inputVolume
         if not any(r["frame"] == key[0] and r["region"] == key[1] for r in self.logic.reviewRows(volume)):
             self.refreshResults()  # removed meanwhile

@@ -22,6 +22,7 @@ from .outputs import OutputNodes, find_outputs, output_nodes_of, segmented_frame
 from .overlays import show_overlay
 from .parameters import bundle_path, job_options
 from .process import FAILED, SUCCEEDED
+from .region_outlines import highlight_region
 from .review import export_review, has_decisions, review_rows, set_region_status, show_region
 from .sequences import FrameMode, cine_of, follow_frame, frame_plan
 
@@ -290,10 +291,18 @@ class ModuleLogic:
         return self._frameOutputs(inputVolume, frame)
 
     def showRegion(self, inputVolume, regionId: int, frame: Optional[int] = None) -> dict:
-        """Outline region ``regionId`` (of ``frame``, which a sequence's browser then shows)."""
+        """Highlight region ``regionId``'s outline (of ``frame``, which a sequence's browser then
+        shows); no other frame keeps a highlight."""
         outputs = self._regionOutputs(inputVolume, frame)
+        self.clearRegionHighlight(inputVolume)
         show_region(self.currentScene, inputVolume, outputs, regionId)
         return next(r for r in review_rows(outputs.review) if r["region"] == regionId)
+
+    def clearRegionHighlight(self, inputVolume) -> None:
+        """Every region outline of the input's results (all frames) as loaded: nothing selected."""
+        for outputs in (self.frameOutputs(inputVolume) if inputVolume is not None else {}).values():
+            if outputs.regions is not None:
+                highlight_region(outputs.regions, None)
 
     def setRegionStatus(self, inputVolume, regionId: int, status: str, note: Optional[str] = None,
                         frame: Optional[int] = None) -> None:

@@ -708,3 +708,29 @@ def test_slicer_5_12_is_the_first_whose_pip_install_shows_its_own_dialogs():
     assert "When show_progress=True, an error dialog with the full log is shown before raising." in new
     assert install.OWN_DIALOGS_FROM == (5, 12)
 
+
+
+def test_one_highlighted_region_across_frames_and_none_once_the_selection_is_cleared(replay):
+    """Selecting a region of another frame leaves no highlight on the first frame's outlines; a
+    cleared selection (the panel's table) leaves none anywhere."""
+    from CARDSegmentLib.region_outlines import SELECTED_ATTRIBUTE
+
+    r = replay
+    r.logic.runSync(r.cine.proxy, r.options(frame_mode="all"))
+    frames = r.logic.frameOutputs(r.cine.proxy)
+    with_regions = [f for f, o in frames.items() if lib.review_rows(o.review)]
+    assert len(with_regions) >= 2, "the test bundle should flag regions in two frames"
+
+    def highlighted():
+        return {f: o.regions.GetAttribute(SELECTED_ATTRIBUTE) for f, o in frames.items() if o.regions is not None}
+
+    first, second = with_regions[:2]
+    region = lib.review_rows(frames[first].review)[0]["region"]
+    r.logic.showRegion(r.cine.proxy, region, frame=first)
+    assert highlighted()[first] == str(region)
+    other = lib.review_rows(frames[second].review)[-1]["region"]
+    r.logic.showRegion(r.cine.proxy, other, frame=second)
+    assert {f: v for f, v in highlighted().items() if v is not None} == {second: str(other)}
+    r.logic.clearRegionHighlight(r.cine.proxy)
+    assert set(highlighted().values()) == {None}
+    r.logic.clearRegionHighlight(None)  # no input volume selected: nothing to do

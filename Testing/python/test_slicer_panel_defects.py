@@ -417,3 +417,24 @@ def test_a_terminology_file_that_does_not_load_is_reported(tmp_path, caplog):
         assert not terminology.register_module_terminology(logic, str(tmp_path))
     assert "CARDSegment.term.json" in caplog.text
     assert terminology.register_module_terminology(None, str(MODULE_DIR)) is False  # outside Slicer
+
+
+def test_clearing_the_table_selection_clears_the_regions_highlight(module, rotated_nifti, finished_run, observed):
+    """A selected row highlights its region's outline; a cleared selection (no row) leaves every
+    region as loaded, with the decision buttons off."""
+    from CARDSegmentLib.region_outlines import SELECTED_ATTRIBUTE
+
+    scene = slicer.mrmlScene
+    volume = load_volume(scene, rotated_nifti)
+    widget, _ = entered_widget(module, volume, finished_run)
+    observed(widget)
+    run_through_panel(module, widget)
+    outputs = lib.find_outputs(scene, volume)
+    region = lib.review_rows(outputs.review)[0]["region"]
+    widget._selectedRegion = lambda: (None, region)
+    widget.onRegionSelected()
+    assert outputs.regions.GetAttribute(SELECTED_ATTRIBUTE) == str(region) and widget.ui.acceptButton.enabled
+    widget._selectedRegion = lambda: None
+    widget.onRegionSelected()
+    assert outputs.regions.GetAttribute(SELECTED_ATTRIBUTE) is None and not widget.ui.acceptButton.enabled
+    assert not module.dialogs.errors
