@@ -6,12 +6,17 @@ from typing import Optional, Tuple
 from cardseg.base.errors import CardsegError
 
 
+#: the most CPU threads a run may ask for: far above any CPU's, below what exhausts a machine
+#: (100,000 threads took 17 GB and never finished)
+MAX_THREADS = 1024
+
+
 def check_run_options(batch_size: int, threads: Optional[int], frame: Optional[int]) -> None:
     """Option values of ``segment`` and ``batch`` that can be judged alone, before anything is read."""
     if batch_size < 1:
         raise CardsegError(f"--batch-size must be at least 1, got {batch_size}")
-    if threads is not None and threads < 1:
-        raise CardsegError(f"--threads must be at least 1, got {threads}")
+    if threads is not None and not 1 <= threads <= MAX_THREADS:
+        raise CardsegError(f"--threads must be 1 to {MAX_THREADS}, got {threads}")
     if frame is not None and frame < 0:
         raise CardsegError(f"--frame must be 0 or more, got {frame}")
 

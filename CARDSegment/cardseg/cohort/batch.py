@@ -102,6 +102,11 @@ def run_batch(o: BatchOptions) -> BatchResult:
         from cardseg.cohort import cluster
 
         ray_started = cluster.connect(o.ray)
+        try:
+            cluster.check_capacity(o.ray_cpus_per_worker, o.ray)
+        except CardsegError:
+            cluster.disconnect(ray_started)
+            raise
     elif plan.jobs:  # the networks load here, once: a bundle that does not load is a refusal
         worker = CaseWorker(bundle_root, o.method, o.device, o.batch_size, o.threads, o.backend)
         from cardseg.base.progress import make_progress

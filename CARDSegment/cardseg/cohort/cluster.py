@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import tempfile
 from collections import deque
 from pathlib import Path
@@ -67,6 +68,21 @@ def connect(address: str) -> bool:
     except Exception as exc:
         raise CardsegError(f"--ray {address}: cannot connect to a Ray cluster ({one_line(exc)})") from None
     return True
+
+
+def check_capacity(cpus_per_worker: float, address: str) -> None:
+    """An actor of ``cpus_per_worker`` CPUs must fit on a node of the connected cluster: on the
+    cluster this batch starts here (``--ray local``) a bigger one would wait forever, so that is a
+    one-line :class:`CardsegError`; on another cluster (an autoscaler may add nodes) a warning."""
+    sizes = [float((n.get("Resources") or {}).get("CPU", 0.0)) for n in ray.nodes() if n.get("Alive")]
+    largest = max(sizes, default=0.0)
+    if cpus_per_worker <= largest:
+        return
+    msg = (f"--ray-cpus-per-worker {cpus_per_worker:g}: no node of the Ray cluster has that many CPUs "
+           f"(the largest has {largest:g})")
+    if address == "local":
+        raise CardsegError(msg)
+    print(f"cardseg: warning: {msg}; the workers wait until the cluster has such a node", file=sys.stderr)
 
 
 def _bundle_blob(bundle_root: Path, config: dict) -> Dict[str, bytes]:

@@ -3,6 +3,7 @@ checks those options get before anything is read, and what a batch returns."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional, Sequence
@@ -66,8 +67,8 @@ def check_options(o: BatchOptions) -> None:
         raise CardsegError(f"--workers must be at least 1, got {o.workers}")
     if o.workers > 1 and o.ray:
         raise CardsegError("--workers is for this machine; with --ray use --ray-workers")
-    if o.ray_cpus_per_worker <= 0:
-        raise CardsegError(f"--ray-cpus-per-worker must be above 0, got {o.ray_cpus_per_worker}")
+    if not (math.isfinite(o.ray_cpus_per_worker) and o.ray_cpus_per_worker > 0):
+        raise CardsegError(f"--ray-cpus-per-worker must be a number above 0, got {o.ray_cpus_per_worker}")
     if o.report_thumbnails < 0:
         raise CardsegError(f"--report-thumbnails must be 0 or more, got {o.report_thumbnails}")
 

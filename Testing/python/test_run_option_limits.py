@@ -1,0 +1,70 @@
+"""Option values that are numbers but no sensible request: refused in one line (exit 2) before
+anything is read or written, and a Ray actor size that no node of the cluster can hold."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from cardseg.base.errors import CardsegError
+from cardseg.base.options import MAX_THREADS
+from cardseg.cohort import cluster
+from cardseg.cohort.batch import run_batch
+from cardseg.cohort.options import BatchOptions
+
+
+def cardseg(*args):
+    p = subprocess.run([sys.executable, "-m", "cardseg", *[str(a) for a in args]], capture_output=True, text=True,
+                       timeout=300)
+    return p.returncode, p.stderr.strip()
+
+
+@pytest.mark.parametrize("command, extra, message", [
+    ("segment", ["--threads", str(MAX_THREADS + 1)], f"--threads must be 1 to {MAX_THREADS}, got {MAX_THREADS + 1}"),
+    ("batch", ["--threads", "100000"], f"--threads must be 1 to {MAX_THREADS}, got 100000"),
+    ("batch", ["--ray", "local", "--ray-cpus-per-worker", "nan"], "--ray-cpus-per-worker must be a number above 0, got nan"),
+    ("batch", ["--ray", "local", "--ray-cpus-per-worker", "inf"], "--ray-cpus-per-worker must be a number above 0, got inf"),
+    ("batch", ["--ray", "local", "--ray-cpus-per-worker", "0"], "--ray-cpus-per-worker must be a number above 0, got 0.0"),
+])
+def test_unreasonable_numbers_are_refused_before_any_work(tmp_path, tiny_bundle, rotated_nifti, command, extra,
+                                                           message):
+    out = tmp_path / "out"
+    code, err = cardseg(command, rotated_nifti, "-o", out, "--bundle", tiny_bundle, *extra)
+    assert code == 2 and err == f"cardseg: error: {message}"
+    assert not out.exists()
+
+
+def fake_ray(*cpus, dead=()):
+    nodes = [{"Alive": True, "Resources": {"CPU": float(c)}} for c in cpus]
+    nodes += [{"Alive": False, "Resources": {"CPU": float(c)}} for c in dead]
+    return SimpleNamespace(nodes=lambda: nodes)
+
+
+def test_an_actor_bigger_than_every_node_is_refused_here_and_warned_elsewhere(monkeypatch, capsys):
+    monkeypatch.setattr(cluster, "ray", fake_ray(2, 4, dead=[64]))
+    cluster.check_capacity(4, "local")  # fits the largest live node
+    cluster.check_capacity(0.5, "auto")
+    with pytest.raises(CardsegError, match=r"^--ray-cpus-per-worker 8: no node of the Ray cluster has that many "
+                                           r"CPUs \(the largest has 4\)$"):
+        cluster.check_capacity(8, "local")  # a dead node's CPUs do not count
+    assert capsys.readouterr().err == ""
+    cluster.check_capacity(8, "ray://head:10001")  # an autoscaler may add such a node: a warning only
+    err = capsys.readouterr().err
+    assert err.startswith("cardseg: warning: --ray-cpus-per-worker 8: no node") and err.count("\n") == 1
+
+
+def test_a_local_cluster_too_small_for_one_actor_writes_nothing(monkeypatch, tmp_path, tiny_bundle, rotated_nifti):
+    """The batch stops before OUTDIR is made (it would wait for ever) and lets go of the cluster."""
+    events = []
+    monkeypatch.setattr(cluster, "ray", fake_ray(2))
+    monkeypatch.setattr(cluster, "connect", lambda address: events.append(("connect", address)) or True)
+    monkeypatch.setattr(cluster, "disconnect", lambda started: events.append(("disconnect", started)))
+    out = tmp_path / "out"
+    with pytest.raises(CardsegError, match="no node of the Ray cluster has that many CPUs"):
+        run_batch(BatchOptions(inputs=[str(rotated_nifti)], output=str(out), bundle=str(tiny_bundle), ray="local",
+                               ray_cpus_per_worker=3, progress="none"))
+    assert events == [("connect", "local"), ("disconnect", True)]
+    assert not out.exists()
