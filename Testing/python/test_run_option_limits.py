@@ -3,6 +3,7 @@ anything is read or written, and a Ray actor size that no node of the cluster ca
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -68,3 +69,36 @@ def test_a_local_cluster_too_small_for_one_actor_writes_nothing(monkeypatch, tmp
                                ray_cpus_per_worker=3, progress="none"))
     assert events == [("connect", "local"), ("disconnect", True)]
     assert not out.exists()
+
+
+def test_synth_into_a_folder_that_cannot_be_written_is_refused_in_one_line(tmp_path):
+    """/proc stands for a read-only folder also when the tests run as root (who may write into a
+    folder without write permission)."""
+    code, err = cardseg("synth", "/proc/cardseg-synth.nii.gz")
+    assert code == 2 and err.startswith("cardseg: error: /proc/cardseg-synth.nii.gz: cannot write there (/proc is "
+                                        "not writable") and "\n" not in err
+    code, err = cardseg("synth", tmp_path / "ok.nii.gz", "--labels", "/proc/cardseg-labels.nii.gz")
+    assert code == 2 and "cannot write there" in err and not (tmp_path / "ok.nii.gz").exists()
+
+
+def test_an_existing_output_folder_that_cannot_be_written_is_refused(monkeypatch, tmp_path):
+    """``segment -o`` into an existing (empty) folder: the results are made inside it, so that
+    folder itself must be writable, not only its parent (before: 'Permission denied', exit 1)."""
+    import tempfile
+
+    from cardseg.io import outdir
+
+    out = tmp_path / "readonly"
+    out.mkdir()
+    real = tempfile.mkstemp
+
+    def mkstemp(*args, dir=None, **kwargs):  # what a read-only folder answers (also to root on a read-only mount)
+        if dir is not None and os.path.samefile(dir, out):
+            raise PermissionError(13, "Permission denied")
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(outdir.tempfile, "mkstemp", mkstemp)
+    with pytest.raises(CardsegError, match=rf"^{out}: cannot write there \({out} is not writable\)$"):
+        outdir.check_output(out)
+    assert outdir.check_output(tmp_path / "new") == tmp_path / "new"  # its parent is writable
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["readonly"]

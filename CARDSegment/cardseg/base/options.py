@@ -1,6 +1,7 @@
 """Checks of option values (``segment``, ``batch``, ``synth``), judged before anything is read or written."""
 
 import os
+import tempfile
 from typing import Optional, Tuple
 
 from cardseg.base.errors import CardsegError
@@ -24,8 +25,9 @@ def check_run_options(batch_size: int, threads: Optional[int], frame: Optional[i
 def check_new_file(path: str, overwrite: bool, what: str, suffixes: Tuple[str, ...]) -> None:
     """A file the program is about to create at ``path``: its name ends in one of ``suffixes``
     (case-insensitive), its folder exists, and nothing is there unless ``overwrite`` is given, in
-    which case only a regular file (never a folder, link target or device) may be replaced.
-    Refusals are one-line :class:`CardsegError`; nothing is read or written here."""
+    which case only a regular file (never a folder, link target or device) may be replaced, and
+    files can be made in its folder (a probe file, removed at once: permissions, read-only file
+    systems). Refusals are one-line :class:`CardsegError`; nothing else is read or written here."""
     if not any(path.lower().endswith(s) for s in suffixes):
         raise CardsegError(f"{path}: {what} must end in {', '.join(suffixes)}")
     parent = os.path.dirname(path) or "."
@@ -36,6 +38,12 @@ def check_new_file(path: str, overwrite: bool, what: str, suffixes: Tuple[str, .
             raise CardsegError(f"{path}: exists and is not a regular file; {what} must be a file name")
         if not overwrite:
             raise CardsegError(f"{path}: exists; use --overwrite to replace it")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".cardseg-probe-", dir=parent)
+    except OSError as exc:
+        raise CardsegError(f"{path}: cannot write there ({parent} is not writable: {exc.strerror})") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def check_int_range(option: str, value: int, low: int, high: int) -> None:

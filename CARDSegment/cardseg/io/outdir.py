@@ -143,6 +143,8 @@ def check_output(output: os.PathLike, overwrite: bool = False, inputs: Iterable[
     if not base.is_dir():
         raise CardsegError(f"{out}: cannot create it, {base} is a file")
     check_writable(out.parent if out.exists() else base, out)
+    if out.is_dir():  # the results are made inside an existing folder (.cardseg-tmp), then moved
+        check_writable(out, out)
     try:
         if out.is_dir():
             if not os.access(out, os.R_OK | os.X_OK):
