@@ -363,3 +363,21 @@ def test_resume_after_kill(tmp_path, tiny_bundle, synthetic_volume):
     assert third.computed == 1 and [r["reused"] for r in third.rows] == [True, True, False, True]
     assert {c: (out / c / "report.json").stat().st_mtime_ns for c in mtimes} == mtimes
     assert third.rows[2]["input_sha256"] == content_hash(inputs[2])
+
+
+def test_a_parquet_table_that_cannot_be_written_names_its_file(tmp_path, monkeypatch):
+    """pyarrow's own error names no file ('Error writing bytes to file ...'): the error says which,
+    and no temporary file stays behind."""
+    pq = pytest.importorskip("pyarrow.parquet", reason="pyarrow not installed: no Parquet table")
+    from cardseg.cohort.tables import write_parquet
+
+    def full_disk(table, where, **kwargs):
+        open(where, "wb").write(b"PAR1")  # a part written, then the limit
+        raise OSError("Error writing bytes to file. Detail: [errno 27] File too large")
+
+    monkeypatch.setattr(pq, "write_table", full_disk)
+    path = tmp_path / "cohort.parquet"
+    with pytest.raises(OSError) as exc:
+        write_parquet(path, [{"case": "a"}], ["case"])
+    assert exc.value.filename == str(path) and "File too large" in exc.value.strerror
+    assert list(tmp_path.iterdir()) == []

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence
 
 from cardseg.base.csvcells import read_cell, safe_cell
+from cardseg.base.errors import one_line
 from cardseg.base.files import write_atomic
 from cardseg.cohort.cases import Case
 
@@ -135,8 +136,13 @@ def write_parquet(path: Path, rows: Sequence[dict], columns: Sequence[str]) -> b
         arrays.append(pa.array(vals, type=t))
         fields.append(pa.field(c, t))
     tmp = path.with_name(f".{path.name}.tmp")
-    pq.write_table(pa.Table.from_arrays(arrays, schema=pa.schema(fields)), str(tmp))
-    os.replace(tmp, path)
+    try:
+        pq.write_table(pa.Table.from_arrays(arrays, schema=pa.schema(fields)), str(tmp))
+        os.replace(tmp, path)
+    except OSError as exc:  # pyarrow's own message names no file (a full disk, a file-size limit)
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        raise OSError(exc.errno, one_line(exc), str(path)) from None
     return True
 
 
