@@ -153,11 +153,11 @@ def build_parser(plugin_help: bool = False, plugins: Optional[dict] = None) -> a
 
     p = sub.add_parser("init-bundle", help="write an untrained (random, seeded) bundle, e.g. for tests")
     p.add_argument("output", metavar="OUTDIR")
-    p.add_argument("--primary", default="time-unet:tiny", help="ARCH:SIZE, e.g. time-swinunetr:base")
-    p.add_argument("--reference", default="time-unet:micro")
-    p.add_argument("--input-size", type=int, default=64)
+    p.add_argument("--primary", default="time-unet:tiny", help="ARCH:SIZE, e.g. time-swinunetr:base, discriminative:unet")
+    p.add_argument("--reference", default="time-unet:micro", help="ARCH:SIZE, as --primary")
+    p.add_argument("--input-size", type=int, default=64, help="network grid side in pixels (SwinUNETR: a multiple of 32)")
     p.add_argument("--spacing", type=float, default=3.0, help="network pixel spacing in mm")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed, 0 to 2^32-1")
     p.add_argument("--overwrite", action="store_true")
 
     p = sub.add_parser("synth", help="write a synthetic short-axis cine-like volume (and its labels)")
