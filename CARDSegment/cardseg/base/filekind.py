@@ -13,14 +13,14 @@ _SPECIAL = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S
 
 def kind_of(path: os.PathLike) -> str:
     """``"file"`` (regular), ``"folder"``, ``"missing"``, or what else ``path`` is (``"FIFO"``,
-    ``"character device"``, ``"block device"``, ``"socket"``, ``"special file"``, ``"unreadable
-    entry (...)"``), following symbolic links; never opens ``path``."""
+    ``"character device"``, ``"block device"``, ``"socket"``, ``"special file"``, ``"path that
+    cannot be read (...)"``), following symbolic links; never opens ``path``."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
         return "missing"
     except OSError as exc:  # a symbolic link loop, a name too long, no permission
-        return f"unreadable entry ({exc.strerror or exc})"
+        return f"path that cannot be read ({exc.strerror or exc})"
     if stat.S_ISREG(mode):
         return "file"
     if stat.S_ISDIR(mode):

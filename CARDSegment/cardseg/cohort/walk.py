@@ -24,8 +24,8 @@ def require_file_or_folder(path: os.PathLike) -> str:
     kind = kind_of(path)
     if kind == "missing":
         raise CardsegError(f"{path}: no such file or folder")
-    if kind.startswith("unreadable"):
-        raise CardsegError(f"{path}: cannot be read: {kind}")
+    if kind.startswith("path that cannot be read"):
+        raise CardsegError(f"{path}: cannot be read ({kind.split('(', 1)[1]}")
     if kind not in ("file", "folder"):
         raise CardsegError(f"{path}: is a {kind}, not a regular file or a folder; an input must be an image file "
                            "or a folder")

@@ -241,7 +241,7 @@ def _select_phase(folder: Path, headers: List[_Slice], normal: np.ndarray, frame
         return [g[0] for g in groups]
     if frame is None:
         raise CardsegError(f"{folder}: cine DICOM series with {phases} phases per slice position; "
-                           f"choose one with --frame N (0..{phases - 1})")
+                           f"choose one with --frame N or a batch manifest's frame column (0..{phases - 1})")
     if not 0 <= frame < phases:
         raise CardsegError(f"{folder}: --frame {frame} is out of range (0..{phases - 1})")
     return [sorted(g, key=lambda h: (h.trigger, h.instance, h.path.name))[frame] for g in groups]

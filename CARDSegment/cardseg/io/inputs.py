@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import struct
 import sys
 from pathlib import Path
@@ -88,7 +89,7 @@ def read_image(path: os.PathLike, frame: Optional[int] = None, spacing: Optional
     elif not has_spacing:
         raise CardsegError(f"{p}: a {_raster_name(p)} image carries no physical pixel spacing; "
                            "give it with --spacing SX,SY (mm)")
-    check_spacing(img.GetSpacing(), p)
+    check_spacing(img.GetSpacing(), p, given=len(spacing) if spacing is not None else 0)
     _check_size(img.GetSize(), p)
     return img
 
@@ -145,8 +146,12 @@ def _read_file(p: Path, frame: Optional[int], user_spacing: Optional[Sequence[fl
     try:
         with _native_stderr_muted():
             reader.ReadImageInformation()
-    except RuntimeError:
-        raise CardsegError(f"{p}: not a readable image (NIfTI, NRRD, MHA, DICOM; PNG/JPEG/BMP/TIFF with --spacing)") from None
+    except RuntimeError as exc:
+        if not os.access(p, os.R_OK):
+            raise CardsegError(f"{p}: cannot be read (permission denied)") from None
+        reason = re.search(r"ITK ERROR: (.+)", str(exc))  # e.g. a NIfTI whose axes are not orthonormal
+        raise CardsegError(f"{p}: not a readable image (NIfTI, NRRD, MHA, DICOM; PNG/JPEG/BMP/TIFF with --spacing)"
+                           + (f": {reason.group(1).strip()}" if reason else "")) from None
     io = reader.GetImageIO() or sitk.ImageFileReader.GetImageIOFromFileName(str(p))
     size = tuple(reader.GetSize())
     if reader.GetNumberOfComponents() != 1 or reader.GetPixelID() not in _SUPPORTED_PIXELS:
@@ -169,7 +174,7 @@ def _read_file(p: Path, frame: Optional[int], user_spacing: Optional[Sequence[fl
             # the header's own values (before a reader turns 0 into 1 mm), where the user gave none
             own = list(declared.spacing)[:3]
             given = list(user_spacing or [])
-            check_spacing(given + own[len(given):], p, header=io == "NiftiImageIO" and not given)
+            check_spacing(given + own[len(given):], p, header=io == "NiftiImageIO" and not given, given=len(given))
         else:
             has_spacing = False
         _check_frame_before_reading(size, p, frame)
@@ -227,18 +232,23 @@ def _check_size(size: tuple, p: Path) -> None:
 def _check_frame_before_reading(size: tuple, p: Path, frame: Optional[int]) -> None:
     if len(size) == 4:
         if frame is None:
-            raise CardsegError(f"{p}: 4D image with {size[3]} frames; choose one with --frame N (0..{size[3] - 1})")
+            raise CardsegError(f"{p}: 4D image with {size[3]} frames; choose one with --frame N or a batch "
+                               f"manifest's frame column (0..{size[3] - 1})")
         if not 0 <= frame < size[3]:
             raise CardsegError(f"{p}: --frame {frame} is out of range (0..{size[3] - 1})")
     elif frame is not None:
         raise CardsegError(f"{p}: --frame given but the image is {len(size)}D, not 4D")
 
 
-def check_spacing(spacing: Sequence[float], p: Path, header: bool = False) -> None:
-    """Each spatial axis' spacing within the plausible MRI range; the message names axis and value."""
+def check_spacing(spacing: Sequence[float], p: Path, header: bool = False, given: int = 0) -> None:
+    """Each spatial axis' spacing within the plausible MRI range; the message names axis and value.
+    ``given``: how many leading axes the user's ``--spacing`` set (their message says so)."""
     for axis, value in enumerate(list(spacing)[:3]):
         lo, hi = INPLANE_SPACING_MM if axis < 2 else SLICE_SPACING_MM
         if not (np.isfinite(value) and lo <= value <= hi):
+            if axis < given:
+                raise CardsegError(f"{p}: --spacing gives axis {_AXES[axis]} {value:g} mm, outside the plausible "
+                                   f"range {lo:g}-{hi:g} mm for MRI")
             where = f"pixdim[{axis + 1}]" if header else "spacing"
             raise CardsegError(f"{p}: {where} of axis {_AXES[axis]} is {value:g} mm, outside the plausible range "
                                f"{lo:g}-{hi:g} mm for MRI (give the right one with --spacing)")
