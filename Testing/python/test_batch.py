@@ -75,6 +75,8 @@ MANIFEST_ERRORS = {
     "case not a folder name": ("case,path\n../a,x.nii.gz\n", "cannot be a folder name"),
     "reserved case name": ("case,path\ncohort.csv,x.nii.gz\n", "is reserved"),
     "empty path": ("case,path\na,\n", "line 2: case a: empty path"),
+    "phase without subject": ("case,path,phase,subject\na,x.nii.gz,ED,\n",
+                              "line 2: phase ED without a subject; the cardiac indices pair"),
     "two ED for one subject": ("case,path,phase,subject\na,x.nii.gz,ED,s1\nb,y.nii.gz,ed,s1\n",
                                "subject 's1' has two ED cases"),
     "duplicate column": ("case,path,path\na,x,y\n", "appear more than once"),

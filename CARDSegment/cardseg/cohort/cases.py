@@ -112,6 +112,9 @@ def read_manifest(manifest: os.PathLike, default_frame: Optional[int] = None,
             if phase.upper() not in PHASES:
                 raise CardsegError(f"{where}: phase {phase!r} must be ED or ES (or empty)")
             phase = phase.upper()
+            if not get.get("subject"):
+                raise CardsegError(f"{where}: phase {phase} without a subject; the cardiac indices pair a subject's "
+                                   "ED and ES cases: fill the subject column or leave phase empty")
         path = Path(os.path.expanduser(get["path"]))
         path = path if path.is_absolute() else base / path
         if inside(path, outdir):
