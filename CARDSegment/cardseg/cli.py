@@ -325,7 +325,7 @@ def _check_synth_args(a) -> None:
     check_new_file(a.output, a.overwrite, "the output", SYNTH_SUFFIXES)
     if a.labels:
         check_new_file(a.labels, a.overwrite, "--labels", SYNTH_SUFFIXES)
-        if os.path.abspath(a.labels) == os.path.abspath(a.output):
+        if os.path.realpath(a.labels) == os.path.realpath(a.output):  # also through a linked folder
             raise CardsegError(f"{a.labels}: --labels must differ from the output")
 
 
@@ -414,6 +414,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             return EXIT_TERMINATED
         print("cardseg: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # stdout's reader went away (``cardseg sizes | head -1``): quiet, as other tools
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        return 141
     except OSError as exc:  # a disk that fills up or a folder that vanishes while writing
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"cardseg: error: {where}{exc.strerror or exc}", file=sys.stderr)

@@ -80,6 +80,9 @@ def test_labels_equal_to_output_is_refused(tmp_path, capsys):
     out = tmp_path / "a.nii.gz"
     _refused(capsys, ["synth", str(out), "--labels", str(tmp_path / "." / "a.nii.gz"), "--slices", "1"])
     assert not out.exists()
+    (tmp_path / "here").symlink_to(tmp_path)  # the same file through a linked folder
+    _refused(capsys, ["synth", str(out), "--labels", str(tmp_path / "here" / "a.nii.gz"), "--slices", "1"])
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("suffix", [".nii.gz", ".nii", ".nrrd", ".mha"])
