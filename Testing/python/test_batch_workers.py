@@ -10,13 +10,14 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
 import SimpleITK as sitk
 
 from cardseg.cohort.batch import run_batch
-from cardseg.cohort.layout import COHORT_CSV
+from cardseg.cohort.layout import COHORT_CSV, LOCK_FILE, SEGMENT_LEFTOVER
 from cardseg.cohort.options import BatchOptions, check_options
 from cardseg.cohort.worker import Job
 from cardseg.cohort import local_pool
@@ -94,6 +95,34 @@ def test_a_dying_worker_fails_only_its_cases(tmp_path, tiny_bundle, inputs):
     assert all(r["error"].startswith("worker process died") and "\n" not in r["error"] for r in died)
     assert all((tmp_path / r["case"] / "report.json").is_file() for r in results if r["status"] == "ok")
     assert sum(r["status"] == "ok" for r in results) >= 2
+
+
+@pytest.mark.parametrize("sig, group, code", [(signal.SIGINT, True, 130), (signal.SIGTERM, False, 143)])
+def test_an_interrupt_while_cases_are_written_leaves_nothing_half_written(tmp_path, tiny_bundle, inputs, sig, group,
+                                                                          code):
+    """Ctrl-C to the process group, or SIGTERM to the batch process alone, while the workers write
+    cases: each worker's case cleans up (no temporary folder, no lock) and the exit status is 130 or 143."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "cardseg", "batch", str(inputs), "-o", str(out), "--bundle",
+                             str(tiny_bundle), "--workers", "2", "--threads", "1", "--progress", "none"],
+                            env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # even under `nohup`
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and proc.poll() is None and not (
+                out.is_dir() and any(n.endswith(".cardseg-tmp") for n in os.listdir(out))):
+            time.sleep(0.01)
+        assert proc.poll() is None, "the batch ended before the test could stop it: " + proc.stderr.read()
+        (os.killpg if group else os.kill)(proc.pid, sig)
+        _, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == code and "Traceback" not in stderr, stderr
+    assert [p.name for p in out.iterdir() if SEGMENT_LEFTOVER.match(p.name) or p.name == LOCK_FILE] == []
+    assert "pending" in {r["status"] for r in read_csv(out / COHORT_CSV)}
 
 
 @pytest.mark.parametrize("extra, message", [

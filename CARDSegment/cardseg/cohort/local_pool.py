@@ -10,9 +10,12 @@ table and the resume state, in completion order, exactly as for one worker or fo
 
 A worker process that dies (killed, out of memory) breaks the whole pool: the cases in flight at
 that moment (at most one per worker) fail, one line each; the cases not yet started go to a fresh set of workers (at most ``2 N`` restarts). Ctrl-C
-and SIGTERM stop the workers at once: they ignore SIGINT themselves, so that only this process
-decides, and it ends and reaps them (:func:`_stop`); on Linux a worker also ends when the batch
-process dies by SIGKILL.
+and SIGTERM stop the workers without finishing their cases, and without leaving anything half
+written: the workers ignore SIGINT, so that only this process decides; it sends them SIGTERM
+(:func:`_stop`), which a worker takes like Ctrl-C in its case (the case's temporary folder and
+lock are removed, as with one worker) and then ends; SIGTERM to the whole process group does the
+same. A worker still there after :data:`STOP_GRACE_S` (stuck in a native call) is killed; on
+Linux a worker also ends when the batch process dies by SIGKILL.
 """
 
 from __future__ import annotations
@@ -28,6 +31,10 @@ from cardseg.base import cpus
 
 #: the worker of this process (set by :func:`_start_worker` in each worker process)
 _WORKER = None
+#: whether this worker process is running a case (SIGTERM then stops the case, see :func:`_on_sigterm`)
+_BUSY = False
+#: seconds a stopped worker is given to clean up its case before it is killed (:func:`_stop`)
+STOP_GRACE_S = 30.0
 
 
 def default_threads(workers: int) -> int:
@@ -54,6 +61,7 @@ def _start_worker(bundle_root: str, method: str, device: str, batch_size: int, t
                   parent: int = 0) -> None:
     global _WORKER
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the batch process's to handle
+    signal.signal(signal.SIGTERM, _on_sigterm)
     if parent:
         _die_with_parent(parent)
     from cardseg.cohort.worker import CaseWorker
@@ -61,8 +69,29 @@ def _start_worker(bundle_root: str, method: str, device: str, batch_size: int, t
     _WORKER = CaseWorker(Path(bundle_root), method, device, batch_size, threads, backend)
 
 
+def _on_sigterm(signum, frame) -> None:
+    """A worker told to stop: in a case, the case ends as after Ctrl-C (its output writer removes
+    the temporary folder and the lock) and then the process (:func:`_run_case`); between cases
+    it ends at once (nothing of its own is open). Later SIGTERMs do not cut the cleanup short."""
+    from cardseg.base.interrupt import EXIT_TERMINATED, Terminated
+
+    signal.signal(signum, signal.SIG_IGN)
+    if not _BUSY:
+        os._exit(EXIT_TERMINATED)
+    raise Terminated(f"signal {signum}")
+
+
 def _run_case(job) -> dict:
-    res = _WORKER.run(job)
+    global _BUSY
+    from cardseg.base.interrupt import EXIT_TERMINATED
+
+    _BUSY = True
+    try:
+        res = _WORKER.run(job)
+    except KeyboardInterrupt:  # stopped (SIGTERM): the case cleaned up on its way out
+        os._exit(EXIT_TERMINATED)  # the batch process sees a dead worker, never an exception to raise
+    finally:
+        _BUSY = False
     res["worker"] = os.getpid()
     return res
 
@@ -111,10 +140,10 @@ def run_jobs(jobs: Sequence, on_result: Callable[[dict], None], *, bundle_root: 
                     except Exception as exc:  # noqa: BLE001 - e.g. a result that cannot be sent back
                         res = _failed(job, f"{type(exc).__name__}: {_first(exc)}")
                     on_result(res)
+            pool.shutdown(wait=True)
         except BaseException:
             _stop(pool)
             raise
-        pool.shutdown(wait=True)
         if broken and pending:
             restarts += 1
             if restarts > 2 * workers:
@@ -124,11 +153,14 @@ def run_jobs(jobs: Sequence, on_result: Callable[[dict], None], *, bundle_root: 
     return len(loaded)
 
 
-def _stop(pool: ProcessPoolExecutor, grace_s: float = 5.0) -> None:
+def _stop(pool: ProcessPoolExecutor, grace_s: Optional[float] = None) -> None:
     """End the workers now (Ctrl-C, SIGTERM, or an error in this process), without waiting for their
-    cases: SIGTERM, then SIGKILL for any still there after ``grace_s``; every worker is reaped
-    before this returns, so none outlives the batch (and with them goes multiprocessing's
-    resource tracker, which lives as long as a process holds its pipe)."""
+    cases to finish: SIGTERM, on which a worker cleans up its case and ends (:func:`_on_sigterm`),
+    then SIGKILL for any still there after ``grace_s`` (:data:`STOP_GRACE_S`), or at once on a
+    second Ctrl-C. Every worker is reaped before this returns, so none outlives the batch (and
+    with them goes multiprocessing's resource tracker, which lives as long as a process holds its
+    pipe)."""
+    import sys
     import time
 
     procs = list((getattr(pool, "_processes", None) or {}).values())
@@ -137,16 +169,38 @@ def _stop(pool: ProcessPoolExecutor, grace_s: float = 5.0) -> None:
             proc.terminate()
         except Exception:  # noqa: BLE001 - already gone
             pass
-    deadline = time.monotonic() + grace_s
+    deadline = time.monotonic() + (STOP_GRACE_S if grace_s is None else grace_s)
+    try:
+        for proc in procs:
+            try:
+                proc.join(max(0.0, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001 - already reaped
+                pass
+    except BaseException:  # a second Ctrl-C: no more waiting
+        _kill(procs)
+        raise
+    if any(_alive(proc) for proc in procs):
+        print("cardseg: a worker process did not stop in time and was killed; the next run into this folder "
+              "removes what its case left", file=sys.stderr)
+    _kill(procs)
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _alive(proc) -> bool:
+    try:
+        return proc.is_alive()
+    except Exception:  # noqa: BLE001 - already reaped
+        return False
+
+
+def _kill(procs) -> None:
     for proc in procs:
         try:
-            proc.join(max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
                 proc.kill()
                 proc.join(5.0)
         except Exception:  # noqa: BLE001 - already reaped
             pass
-    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _first(exc: BaseException) -> str:
