@@ -412,3 +412,22 @@ def test_reference_beside_the_primary_gives_the_same_outputs(swin_bundle, cache,
         assert np.array_equal(getattr(beside, name), getattr(after, name)), name
     # one thread: the user asked for one core, the reference runs after the primary
     assert not OnnxNetwork(b.reference.source, b.num_classes, threads=1).overlap_safe
+
+
+@needs_onnx
+def test_a_network_that_ignores_the_step_runs_on_onnx_too(tmp_path, volume_file, monkeypatch, capsys):
+    """A discriminative primary takes no ``t``: its exported graph has no such input, and the run
+    stays on ONNX Runtime (it used to fall back to torch with a note, every run)."""
+    from cardseg.bundle.scaffold import init_bundle
+    from cardseg.cli import main
+
+    bundle = tmp_path / "disc"
+    init_bundle(bundle, primary="discriminative:unet", reference="time-unet:micro", input_size=64,
+                pixel_spacing_mm=3.0, seed=1)
+    monkeypatch.setenv("CARDSEG_CACHE_DIR", str(tmp_path / "cache"))
+    assert _segment(main, volume_file, tmp_path / "onnx", bundle, "--device", "cpu", "--backend", "onnx") == 0
+    assert "ONNX Runtime not used" not in capsys.readouterr().err
+    assert json.loads((tmp_path / "onnx" / "report.json").read_text())["backend"] == "onnx"
+    assert _segment(main, volume_file, tmp_path / "torch", bundle, "--device", "cpu", "--backend", "torch") == 0
+    a, b = (sitk.GetArrayFromImage(sitk.ReadImage(str(tmp_path / d / "segmentation.nii.gz"))) for d in ("onnx", "torch"))
+    assert (a != b).mean() < 1e-3  # the same segmentation up to near ties

@@ -166,13 +166,16 @@ class OnnxNetwork:
                                             providers=["CPUExecutionProvider"])
         self.num_classes = num_classes
         self.source = source
+        #: the inputs the exported graph kept: one that ignores ``t`` (a discriminative network) has none
+        self.inputs = frozenset(i.name for i in self.session.get_inputs())
         #: a call leaves Python's lock free and runs on the session's own threads, so the trajectory
         #: may evaluate the reference on a worker thread beside the primary (``run_trajectory(overlap=
         #: True)``); not with one thread, where the user asked for one core
         self.overlap_safe = int(threads) >= 2
 
     def __call__(self, image, state, t):
-        feed = {"image": _np(image, np.float32), "state": _np(state, np.float32), "t": _np(t, np.int64)}
+        feed = {name: _np(value, dtype) for name, value, dtype in
+                (("image", image, np.float32), ("state", state, np.float32), ("t", t, np.int64)) if name in self.inputs}
         logits = self.session.run(None, feed)[0]
         if isinstance(image, np.ndarray):
             return logits
