@@ -10,7 +10,7 @@ import time
 from typing import List, Optional
 
 from cardseg.base.errors import CardsegError
-from cardseg.base.filekind import kind_of
+from cardseg.base.filekind import check_file_or_folder, kind_of
 from cardseg.base.options import check_int_range, check_new_file, check_run_options
 
 #: entry-point group through which installed packages add subcommands (the training tools do:
@@ -181,11 +181,7 @@ def build_parser(plugin_help: bool = False, plugins: Optional[dict] = None) -> a
 def _check_segment_args(a) -> None:
     check_run_options(a.batch_size, a.threads, a.frame)
     _check_backend(a)
-    kind = kind_of(a.input)
-    if kind == "missing":
-        raise CardsegError(f"{a.input}: no such file or folder")
-    if kind not in ("file", "folder"):  # a FIFO or device would block or never end when read
-        raise CardsegError(f"{a.input}: is a {kind}, not an image file or a folder")
+    check_file_or_folder(a.input, kind_of(a.input), "not an image file or a folder")
 
 
 def _check_backend(a) -> None:
@@ -415,7 +411,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         print("cardseg: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # stdout's reader went away (``cardseg sizes | head -1``): quiet, as other tools
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+        try:  # no second error when the interpreter flushes stdout at exit
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (AttributeError, ValueError, OSError):  # a stdout without a descriptor (a library caller's)
+            pass
         return 141
     except OSError as exc:  # a disk that fills up or a folder that vanishes while writing
         where = f"{exc.filename}: " if exc.filename else ""

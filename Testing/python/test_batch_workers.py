@@ -97,7 +97,8 @@ def test_a_dying_worker_fails_only_its_cases(tmp_path, tiny_bundle, inputs):
     assert sum(r["status"] == "ok" for r in results) >= 2
 
 
-@pytest.mark.parametrize("sig, group, code", [(signal.SIGINT, True, 130), (signal.SIGTERM, False, 143)])
+@pytest.mark.parametrize("sig, group, code", [(signal.SIGINT, True, 130), (signal.SIGTERM, False, 143),
+                                             (signal.SIGTERM, True, 143)])
 def test_an_interrupt_while_cases_are_written_leaves_nothing_half_written(tmp_path, tiny_bundle, inputs, sig, group,
                                                                           code):
     """Ctrl-C to the process group, or SIGTERM to the batch process alone, while the workers write

@@ -32,3 +32,18 @@ def test_a_closed_stdout_ends_the_command_quietly(tmp_path, monkeypatch, capsys)
     finally:
         spare.close()
     assert capsys.readouterr().err == ""  # no "cardseg: error: Broken pipe"
+
+
+def test_a_closed_stdout_without_a_descriptor_still_ends_quietly(monkeypatch, capsys):
+    """A library caller's stdout (no file descriptor): 141 all the same, no traceback."""
+    from cardseg.cli import main
+
+    class NoDescriptor(ClosedPipe):
+        def fileno(self):
+            import io
+
+            raise io.UnsupportedOperation("fileno")
+
+    monkeypatch.setattr(sys, "stdout", NoDescriptor(-1))
+    assert main(["sizes"]) == 141
+    assert capsys.readouterr().err == ""

@@ -97,8 +97,30 @@ def test_an_existing_output_folder_that_cannot_be_written_is_refused(monkeypatch
             raise PermissionError(13, "Permission denied")
         return real(*args, dir=dir, **kwargs)
 
-    monkeypatch.setattr(outdir.tempfile, "mkstemp", mkstemp)
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
     with pytest.raises(CardsegError, match=rf"^{out}: cannot write there \({out} is not writable\)$"):
         outdir.check_output(out)
     assert outdir.check_output(tmp_path / "new") == tmp_path / "new"  # its parent is writable
     assert sorted(p.name for p in tmp_path.iterdir()) == ["readonly"]
+
+
+
+def test_a_probe_file_left_behind_never_bars_a_result_folder(tmp_path):
+    """A probe file is cardseg's own (a run killed between making and removing it): an earlier
+    result folder holding one is still replaced with --overwrite, and a foreign folder is refused
+    before anything is made in it."""
+    from cardseg.base.files import PROBE_PREFIX
+    from cardseg.io import outdir
+
+    out = tmp_path / "result"
+    with outdir.OutputWriter(out) as w:
+        w.path("report.json").write_text("{}")
+        w.commit()
+    (out / f"{PROBE_PREFIX}abc123").write_bytes(b"")
+    assert outdir.check_output(out, overwrite=True) == out
+    foreign = tmp_path / "photos"
+    foreign.mkdir()
+    (foreign / "holiday.jpg").write_bytes(b"x")
+    with pytest.raises(CardsegError, match="not written by cardseg"):
+        outdir.check_output(foreign, overwrite=True)
+    assert sorted(p.name for p in foreign.iterdir()) == ["holiday.jpg"]

@@ -11,6 +11,10 @@ _SPECIAL = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S
             (stat.S_ISSOCK, "socket"))
 
 
+#: how :func:`kind_of` starts a path that ``stat`` cannot answer for (then the reason in brackets)
+UNREADABLE = "path that cannot be read"
+
+
 def kind_of(path: os.PathLike) -> str:
     """``"file"`` (regular), ``"folder"``, ``"missing"``, or what else ``path`` is (``"FIFO"``,
     ``"character device"``, ``"block device"``, ``"socket"``, ``"special file"``, ``"path that
@@ -20,7 +24,7 @@ def kind_of(path: os.PathLike) -> str:
     except FileNotFoundError:
         return "missing"
     except OSError as exc:  # a symbolic link loop, a name too long, no permission
-        return f"path that cannot be read ({exc.strerror or exc})"
+        return f"{UNREADABLE} ({exc.strerror or exc})"
     if stat.S_ISREG(mode):
         return "file"
     if stat.S_ISDIR(mode):
@@ -36,3 +40,15 @@ def require_regular_file(path: os.PathLike, what: str) -> None:
         raise CardsegError(f"{what} is missing")
     if kind != "file":
         raise CardsegError(f"{what} is a {kind}, not a regular file")
+
+
+def check_file_or_folder(path: os.PathLike, kind: str, not_what: str) -> None:
+    """``kind`` (:func:`kind_of`'s answer for ``path``) is a regular file or a folder, else a
+    one-line :class:`CardsegError`: missing, cannot be read (the reason), or what else it is (a
+    FIFO or a device would block or never end when read), then ``not_what``."""
+    if kind == "missing":
+        raise CardsegError(f"{path}: no such file or folder")
+    if kind.startswith(UNREADABLE):
+        raise CardsegError(f"{path}: cannot be read {kind[len(UNREADABLE):].strip()}")
+    if kind not in ("file", "folder"):
+        raise CardsegError(f"{path}: is a {kind}, {not_what}")

@@ -17,6 +17,25 @@ def sha256_file(path: os.PathLike) -> str:
     return h.hexdigest()
 
 
+#: the name prefix of :func:`can_create_files`'s probe files (removed at once; never a user's file)
+PROBE_PREFIX = ".cardseg-probe-"
+
+
+def can_create_files(folder: os.PathLike) -> bool:
+    """Whether a file can be made in ``folder``: a probe file, created and removed at once
+    (permissions, read-only file systems and special folders such as /proc all answer the same way,
+    also for root, who may write where the permission bits say no)."""
+    import tempfile
+
+    try:
+        fd, probe = tempfile.mkstemp(prefix=PROBE_PREFIX, dir=folder)
+    except OSError:
+        return False
+    os.close(fd)
+    os.unlink(probe)
+    return True
+
+
 def write_atomic(path: Path, data: bytes) -> None:
     """Write ``data`` to ``.<name>.tmp`` beside ``path``, sync it, check that the file holds every
     byte, then rename it over ``path``. On any failure (a full disk, a file size limit) ``path``

@@ -1,10 +1,10 @@
 """Checks of option values (``segment``, ``batch``, ``synth``), judged before anything is read or written."""
 
 import os
-import tempfile
 from typing import Optional, Tuple
 
 from cardseg.base.errors import CardsegError
+from cardseg.base.files import can_create_files
 
 
 #: the most CPU threads a run may ask for: far above any CPU's, below what exhausts a machine
@@ -38,12 +38,8 @@ def check_new_file(path: str, overwrite: bool, what: str, suffixes: Tuple[str, .
             raise CardsegError(f"{path}: exists and is not a regular file; {what} must be a file name")
         if not overwrite:
             raise CardsegError(f"{path}: exists; use --overwrite to replace it")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".cardseg-probe-", dir=parent)
-    except OSError as exc:
-        raise CardsegError(f"{path}: cannot write there ({parent} is not writable: {exc.strerror})") from None
-    os.close(fd)
-    os.unlink(probe)
+    if not can_create_files(parent):
+        raise CardsegError(f"{path}: cannot write there ({parent} is not writable)")
 
 
 def check_int_range(option: str, value: int, low: int, high: int) -> None:

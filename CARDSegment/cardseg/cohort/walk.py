@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import List, Optional, Sequence, Set, Tuple
 
 from cardseg.base.errors import CardsegError
-from cardseg.base.filekind import kind_of
+from cardseg.base.filekind import check_file_or_folder, kind_of
 
 #: the most directory levels a pattern's walk descends below its fixed base folder
 MAX_DEPTH = 40
@@ -22,13 +22,7 @@ def require_file_or_folder(path: os.PathLike) -> str:
     """``"file"`` or ``"folder"``; a one-line :class:`CardsegError` for anything else (a FIFO, a
     device, a socket, a missing path), decided from ``stat`` alone: nothing is opened."""
     kind = kind_of(path)
-    if kind == "missing":
-        raise CardsegError(f"{path}: no such file or folder")
-    if kind.startswith("path that cannot be read"):
-        raise CardsegError(f"{path}: cannot be read ({kind.split('(', 1)[1]}")
-    if kind not in ("file", "folder"):
-        raise CardsegError(f"{path}: is a {kind}, not a regular file or a folder; an input must be an image file "
-                           "or a folder")
+    check_file_or_folder(path, kind, "not a regular file or a folder; an input must be an image file or a folder")
     return kind
 
 

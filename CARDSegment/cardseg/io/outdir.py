@@ -31,13 +31,13 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Iterable, List, Optional
 
 from cardseg.base.errors import CardsegError
 from cardseg.base.files import FileLock  # noqa: F401 - part of this module's interface
+from cardseg.base.files import PROBE_PREFIX, can_create_files
 
 #: the file that marks a folder as written by cardseg (JSON: tool, version, time, files)
 STAMP = ".cardseg-output.json"
@@ -143,13 +143,13 @@ def check_output(output: os.PathLike, overwrite: bool = False, inputs: Iterable[
     if not base.is_dir():
         raise CardsegError(f"{out}: cannot create it, {base} is a file")
     check_writable(out.parent if out.exists() else base, out)
-    if out.is_dir():  # the results are made inside an existing folder (.cardseg-tmp), then moved
-        check_writable(out, out)
     try:
         if out.is_dir():
             if not os.access(out, os.R_OK | os.X_OK):
                 raise CardsegError(f"{out}: folder cannot be read")
             _check_replaceable(out, overwrite)
+            check_writable(out, out)  # the results are made inside it (.cardseg-tmp), then moved: never probed
+            # before the folder is known to be cardseg's or empty
         _check_siblings(out)
     except FileNotFoundError:  # another run, holding the lock, moved the folder while it was read
         raise CardsegError(f"{out}: another cardseg run is writing this folder now; "
@@ -160,15 +160,8 @@ def check_output(output: os.PathLike, overwrite: bool = False, inputs: Iterable[
 def check_writable(folder: Path, out: Path) -> None:
     """Whether files can be created in ``folder`` (a probe file, removed at once: permissions,
     read-only file systems and special folders such as /proc all answer the same way)."""
-    if os.access(folder, os.W_OK | os.X_OK):
-        try:
-            fd, probe = tempfile.mkstemp(prefix=".cardseg-probe-", dir=folder)
-            os.close(fd)
-            os.unlink(probe)
-            return
-        except OSError:
-            pass
-    raise CardsegError(f"{out}: cannot write there ({folder} is not writable)")
+    if not (os.access(folder, os.W_OK | os.X_OK) and can_create_files(folder)):
+        raise CardsegError(f"{out}: cannot write there ({folder} is not writable)")
 
 
 #: files an operating system drops into folders by itself: never a reason to refuse
@@ -177,7 +170,7 @@ SYSTEM_FILES = (".DS_Store", "Thumbs.db", "desktop.ini")
 
 def _check_replaceable(out: Path, overwrite: bool) -> None:
     present = sorted(p.name for p in out.iterdir() if p.name not in SYSTEM_FILES
-                     and not (p.name == INNER_TMP and own_leftover(p)))
+                     and not (p.name == INNER_TMP and own_leftover(p)) and not p.name.startswith(PROBE_PREFIX))
     if not present:
         return
     stamp = read_stamp(out)
