@@ -273,7 +273,7 @@ class ModuleLogic:
         frames = self.frameOutputs(inputVolume) if cine is not None else {}
         if not frames:
             return
-        follow_frame(self.currentScene, {f: o.segmentation for f, o in frames.items()}, cine.shown)
+        follow_frame(self.currentScene, frames, cine.shown)  # the outputs found once, not again per frame
         shown = frames.get(cine.shown)
         if shown is not None and shown.segmentation is not None:
             show_overlay(self.currentScene, inputVolume, shown, overlay, opacity)

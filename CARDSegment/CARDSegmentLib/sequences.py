@@ -177,17 +177,19 @@ def follow_frame(scene, segmentations: Mapping[int, object], frame: int) -> None
     """Show ``frame``'s results in the views and nothing of the other frames'.
 
     ``segmentations``: ``{frame: segmentation node}`` of the segmented frames (this module's
-    outputs, tagged with their input and frame). Each frame's segmentation and region outlines
+    outputs, tagged with their input and frame; the frame's other outputs are looked up), or
+    ``{frame: OutputNodes}`` when the caller holds them already. Each frame's segmentation and region outlines
     (its ``regions`` output, one segmentation node per frame) are visible for ``frame`` only.
     Another frame's disagreement or temperature map leaves the slice views' foreground and its
     colour legend is hidden; which of the shown frame's maps is in front is
     :func:`~CARDSegmentLib.overlays.show_overlay`'s choice.
     """
     others = []
-    for f, node in segmentations.items():
+    for f, given in segmentations.items():
+        node = given.segmentation if isinstance(given, OutputNodes) else given
         if node is None or not scene.IsNodePresent(node):
             continue
-        outputs = _frame_outputs(scene, node, f)
+        outputs = given if isinstance(given, OutputNodes) else _frame_outputs(scene, node, f)
         for shown in (node, outputs.regions):
             display = shown.GetDisplayNode() if shown is not None else None
             if display is not None:
