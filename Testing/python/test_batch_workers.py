@@ -156,3 +156,49 @@ def test_threads_are_shared_out():
     assert local_pool.default_threads(10 * usable_cpus()) == 1
     with pytest.raises(CardsegError):
         check_options(BatchOptions(inputs=["x"], workers=-1))
+
+
+class SlowToStop:
+    """A worker process that stops ``after`` seconds after it is told to (its case cleaning up)."""
+
+    def __init__(self, after: float):
+        import time
+
+        self.after, self.stop_at, self.killed, self.clock = after, None, False, time.monotonic
+
+    def terminate(self):
+        self.stop_at = self.clock() + self.after
+
+    def is_alive(self):
+        return not self.killed and (self.stop_at is None or self.clock() < self.stop_at)
+
+    def join(self, timeout=None):
+        import time
+
+        if self.is_alive():
+            time.sleep(max(0.0, min(timeout if timeout is not None else 1e9, self.stop_at - self.clock())))
+
+    def kill(self):
+        self.killed = True
+
+
+class FakePool:
+    def __init__(self, procs):
+        self._processes = dict(enumerate(procs))
+
+    def shutdown(self, wait=True, cancel_futures=False):
+        pass
+
+
+@pytest.mark.parametrize("after, said_waiting, killed", [(0.05, False, False), (0.6, True, False), (5.0, True, True)])
+def test_a_stop_says_when_it_waits_for_the_workers_and_kills_them_after_the_grace(monkeypatch, capsys, after,
+                                                                                said_waiting, killed):
+    from cardseg.cohort import local_pool
+
+    monkeypatch.setattr(local_pool, "STOP_NOTICE_S", 0.3)
+    procs = [SlowToStop(after), SlowToStop(0.0)]
+    local_pool._stop(FakePool(procs), grace_s=1.0)
+    err = capsys.readouterr().err
+    assert ("waiting up to 1 s for the workers to clean up their cases" in err) == said_waiting
+    assert ("did not stop in time and was killed" in err) == killed
+    assert procs[0].killed == killed and not any(p.is_alive() for p in procs)

@@ -35,6 +35,8 @@ _WORKER = None
 _BUSY = False
 #: seconds a stopped worker is given to clean up its case before it is killed (:func:`_stop`)
 STOP_GRACE_S = 30.0
+#: seconds after which a stop still waiting for its workers says so (:func:`_stop`)
+STOP_NOTICE_S = 3.0
 
 
 def default_threads(workers: int) -> int:
@@ -170,12 +172,17 @@ def _stop(pool: ProcessPoolExecutor, grace_s: Optional[float] = None) -> None:
         except Exception:  # noqa: BLE001 - already gone
             pass
     deadline = time.monotonic() + (STOP_GRACE_S if grace_s is None else grace_s)
+    notice = min(deadline, time.monotonic() + STOP_NOTICE_S)
     try:
-        for proc in procs:
-            try:
-                proc.join(max(0.0, deadline - time.monotonic()))
-            except Exception:  # noqa: BLE001 - already reaped
-                pass
+        for until in (notice, deadline):
+            if until == deadline and notice < deadline and any(_alive(proc) for proc in procs):
+                print(f"cardseg: waiting up to {deadline - time.monotonic():.0f} s for the workers to clean up "
+                      "their cases (Ctrl-C again stops them now)", file=sys.stderr)
+            for proc in procs:
+                try:
+                    proc.join(max(0.0, until - time.monotonic()))
+                except Exception:  # noqa: BLE001 - already reaped
+                    pass
     except BaseException:  # a second Ctrl-C: no more waiting
         _kill(procs)
         raise
