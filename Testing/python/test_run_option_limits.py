@@ -124,3 +124,23 @@ def test_a_probe_file_left_behind_never_bars_a_result_folder(tmp_path):
     with pytest.raises(CardsegError, match="not written by cardseg"):
         outdir.check_output(foreign, overwrite=True)
     assert sorted(p.name for p in foreign.iterdir()) == ["holiday.jpg"]
+
+
+def test_a_batch_folder_with_a_killed_runs_probe_is_resumed_and_the_probe_removed(tmp_path, tiny_bundle,
+                                                                                   rotated_nifti):
+    """A run killed between making and removing its probe file leaves it in OUTDIR: the next run
+    neither calls it a foreign file nor leaves it there once it is stale (a fresh one may be a live
+    run's, it is only ignored)."""
+    from cardseg.base.files import PROBE_PREFIX, PROBE_STALE_S
+
+    out = tmp_path / "out"
+    options = dict(inputs=[str(rotated_nifti)], output=str(out), bundle=str(tiny_bundle), progress="none",
+                   report=False)
+    run_batch(BatchOptions(**options))
+    stale, fresh = out / f"{PROBE_PREFIX}old", out / f"{PROBE_PREFIX}new"
+    stale.write_bytes(b"")
+    fresh.write_bytes(b"")
+    os.utime(stale, (os.path.getmtime(stale) - 2 * PROBE_STALE_S,) * 2)
+    result = run_batch(BatchOptions(**options, overwrite=True))  # writes a case again: its writer tidies OUTDIR
+    assert result.computed == 1
+    assert not stale.exists() and fresh.exists()

@@ -19,6 +19,29 @@ def sha256_file(path: os.PathLike) -> str:
 
 #: the name prefix of :func:`can_create_files`'s probe files (removed at once; never a user's file)
 PROBE_PREFIX = ".cardseg-probe-"
+#: a probe file older than this was left by a run killed between making and removing it
+PROBE_STALE_S = 60.0
+
+
+def remove_stale_probes(folder: os.PathLike) -> int:
+    """Remove the probe files (:data:`PROBE_PREFIX`) in ``folder`` older than :data:`PROBE_STALE_S`
+    (a live probe lives microseconds); best effort. Returns how many were removed."""
+    import time
+
+    removed = 0
+    try:
+        names = [n for n in os.listdir(folder) if n.startswith(PROBE_PREFIX)]
+    except OSError:
+        return 0
+    for name in names:
+        path = os.path.join(folder, name)
+        try:
+            if time.time() - os.lstat(path).st_mtime > PROBE_STALE_S and os.path.isfile(path):
+                os.unlink(path)
+                removed += 1
+        except OSError:
+            pass
+    return removed
 
 
 def can_create_files(folder: os.PathLike) -> bool:

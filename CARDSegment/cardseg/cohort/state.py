@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Dict, Optional, Tuple
 
 from cardseg.base.errors import CardsegError
-from cardseg.base.files import write_atomic
+from cardseg.base.files import PROBE_PREFIX, write_atomic
 from cardseg.cohort.layout import BATCH_STAMP, OWN_FILES, SEGMENT_LEFTOVER, STATE_FILE
 
 
@@ -38,7 +38,7 @@ def check_batch_outdir(output: os.PathLike, settings: dict, overwrite: bool) -> 
     check_writable(base if not out.exists() else out, out)
     if not out.exists():
         return out, None
-    present = sorted(e.name for e in out.iterdir())
+    present = sorted(e.name for e in out.iterdir() if not e.name.startswith(PROBE_PREFIX))  # a killed run's probe
     if not present:
         return out, None
     stamp = read_batch_stamp(out)

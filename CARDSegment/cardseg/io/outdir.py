@@ -37,7 +37,7 @@ from typing import Iterable, List, Optional
 
 from cardseg.base.errors import CardsegError
 from cardseg.base.files import FileLock  # noqa: F401 - part of this module's interface
-from cardseg.base.files import PROBE_PREFIX, can_create_files
+from cardseg.base.files import PROBE_PREFIX, can_create_files, remove_stale_probes
 
 #: the file that marks a folder as written by cardseg (JSON: tool, version, time, files)
 STAMP = ".cardseg-output.json"
@@ -238,6 +238,7 @@ def clean_leftovers(folder: os.PathLike, skip: str = "") -> List[str]:
     whose folder ``X`` is missing is put back instead. Best effort (an error leaves the entry);
     returns the names removed. ``skip``: an output name whose leftovers the caller handles."""
     removed: List[str] = []
+    remove_stale_probes(folder)
     try:
         entries = sorted(os.listdir(folder))
     except OSError:
