@@ -5,39 +5,16 @@ ticking starts it again; the .ui has the box, on by default and bound to no scen
 
 from __future__ import annotations
 
-import json
 import xml.etree.ElementTree as ET
 
 from test_slicer_module_panel import FakeSettings, load_volume, make_widget, module  # noqa: F401
 
 import slicer  # noqa: E402  (slicer-core, checked by test_slicer_module_panel)
 from CARDSegmentLib import jobs  # noqa: E402
-from CARDSegmentLib.engine import Engine, EngineHandle  # noqa: E402
+from CARDSegmentLib.engine import Engine  # noqa: E402
 
 from conftest import MODULE_DIR  # noqa: E402
-
-
-class FakeServe(EngineHandle):
-    """A ``cardseg serve`` process that says it is ready and then waits."""
-
-    def __init__(self, argv):
-        self.argv, self.code, self.lines = argv, None, [("stdout", json.dumps({"event": "ready", "protocol": 1}))]
-
-    def read_lines(self):
-        out, self.lines = self.lines, []
-        return out
-
-    def returncode(self):
-        return self.code
-
-    def write_line(self, text):
-        pass
-
-    def close_input(self):
-        pass
-
-    def kill(self):
-        self.code = -9
+from test_slicer_engine_choice import FakeServe  # noqa: E402  (a serve process that is ready, then waits)
 
 
 def test_entering_warms_the_engine_and_the_box_switches_it(module, rotated_nifti, tiny_bundle, monkeypatch):
