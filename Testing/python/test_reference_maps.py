@@ -140,3 +140,24 @@ def test_export_refuses_runs_that_do_not_share_the_grid_or_horizon(tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "differ in num_steps (50 vs 20)" in err and not (tmp_path / "b").exists()
     assert {"num_steps", "sampled_steps", "classes", "spacing", "input_size"} <= set(SHARED)
+
+
+def test_export_overwrites_a_bundle_but_never_a_folder_of_other_files(tmp_path, capsys):
+    """``train export --overwrite`` replaced any folder whole (a user's files were lost): now only a
+    bundle cardseg wrote (scaffold.check_bundle_destination, the rule of init-bundle)."""
+    prim, ref = tmp_path / "p", tmp_path / "r"
+    for run, role in ((prim, "primary"), (ref, "reference")):
+        assert cardseg.cli.main(["train", *SMOKE, "--role", role, "--steps", "1", "--out", str(run)]) == 0
+    export = ["train", "export", "--primary", str(prim), "--reference", str(ref), "--overwrite", "-o"]
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "thesis.txt").write_text("three years")
+    capsys.readouterr()
+    assert cardseg.cli.main([*export, str(docs)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("cardseg: error:") and "\n" not in err
+    assert sorted(p.name for p in docs.iterdir()) == ["thesis.txt"] and (docs / "thesis.txt").read_text() == "three years"
+    bundle = tmp_path / "bundle"
+    assert cardseg.cli.main([*export, str(bundle)]) == 0
+    assert cardseg.cli.main([*export, str(bundle)]) == 0  # its own bundle: replaced
+    assert check_bundle(bundle).config["networks"]["primary"]["file"] == "primary.safetensors"

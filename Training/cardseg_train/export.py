@@ -86,7 +86,9 @@ def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.
     preprocessing. Provenance (data, split, steps, time, hardware, validation Dice) is recorded.
     """
     from cardseg.bundle.loading import default_config, save_bundle
+    from cardseg.bundle.scaffold import check_bundle_destination
 
+    check_bundle_destination(out, overwrite)  # an --overwrite replaces a bundle, never a folder of other files
     p_run, r_run = Path(primary_run), Path(reference_run)
     p_net, p_cfg, p_meta = load_run_network(p_run, primary_checkpoint)
     r_net, r_cfg, r_meta = load_run_network(r_run, reference_checkpoint)
@@ -143,10 +145,12 @@ def swap_reference(bundle_dir: os.PathLike, reference_run: os.PathLike, out: os.
     bundle's. A run on another grid, horizon, step set, class list or normalisation is refused."""
     from cardseg.bundle.folder import check_bundle
     from cardseg.bundle.loading import load_network, save_bundle
+    from cardseg.bundle.scaffold import check_bundle_destination
 
     checked = check_bundle(bundle_dir)
     if Path(out).resolve() == Path(checked.root).resolve():
         raise CardsegError(f"{out}: is the bundle itself; write the swapped bundle to another folder")
+    check_bundle_destination(out, overwrite)
     config = json.loads(json.dumps(checked.config))
     if config.get("segmentor"):
         raise CardsegError(f"{bundle_dir}: a {config['segmentor'].get('kind')} bundle has no diffusion reference to swap")

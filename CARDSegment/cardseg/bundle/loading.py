@@ -357,7 +357,7 @@ def save_bundle(path: os.PathLike, config: dict, primary: nn.Module, reference: 
     if set(keep_files or {}) - set(ROLES):
         raise CardsegError(f"keep_files names no role of a bundle: {sorted(set(keep_files) - set(ROLES))}")
     if dest.exists() and any(dest.iterdir()) and not overwrite:
-        raise CardsegError(f"{dest}: exists and is not empty (use overwrite)")
+        raise CardsegError(f"{dest}: exists and is not empty (use --overwrite to replace a bundle)")
     dest.parent.mkdir(parents=True, exist_ok=True)
     config = copy.deepcopy(config)
     tmp = Path(tempfile.mkdtemp(prefix=".bundle-", dir=dest.parent))
