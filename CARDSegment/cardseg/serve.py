@@ -331,7 +331,7 @@ class Engine:
         t0 = time.perf_counter()
         try:
             request = json.loads(line)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # nested deeper than Python's parser goes: refused too
             self.protocol.send(error_event(None, f"not a JSON request ({one_line(exc)})", 2))
             return True
         if not isinstance(request, dict):

@@ -246,3 +246,16 @@ def test_client_cancel_kills_the_engine_and_the_next_run_starts_another(tmp_path
     finally:
         engine.close()
     assert not engine.alive
+
+
+def test_a_line_nested_too_deep_is_one_refusal_and_the_engine_goes_on(tmp_path, tiny_bundle):
+    """json.loads raises RecursionError (not ValueError) on deep nesting: it killed the engine."""
+    engine = Serve("--bundle", str(tiny_bundle), "--backend", "torch", "--no-preload")
+    try:
+        assert engine.event()["event"] == "ready"
+        for depth in (995, 100_000):
+            answer = engine.ask("[" * depth)
+            assert answer["ok"] is False and answer["code"] == 2 and answer["error"].startswith("not a JSON request")
+        assert engine.ask({"op": "status", "id": 7})["event"] == "status"  # still serving
+    finally:
+        engine.close()
