@@ -12,33 +12,8 @@ from typing import List, Optional
 from cardseg.base.errors import CardsegError
 from cardseg.base.filekind import check_file_or_folder, kind_of
 from cardseg.base.options import check_int_range, check_new_file, check_run_options
-
-#: entry-point group through which installed packages add subcommands (the training tools do:
-#: train, evaluate, fit-calibration, fit-review, fit-indices, compare); the engine never imports them
-PLUGIN_GROUP = "cardseg.commands"
-#: what to install when a registered subcommand's package cannot be imported
-PLUGIN_HINT = "pip install 'cardsegment[train]'"
-
-
-def plugin_commands() -> dict:
-    """``{name: entry point}`` of the subcommands registered under :data:`PLUGIN_GROUP`; each loads
-    to a function taking the argument list after the name (its docstring's first line is its help)."""
-    from importlib.metadata import entry_points
-
-    try:
-        found = entry_points(group=PLUGIN_GROUP)
-    except Exception:  # noqa: BLE001 - broken metadata must not break the engine's own commands
-        return {}
-    return {ep.name: ep for ep in found}
-
-
-def _plugin_help(ep) -> str:
-    try:
-        doc = (ep.load().__doc__ or "").strip()
-    except Exception:  # noqa: BLE001
-        return f"(not available here: {PLUGIN_HINT})"
-    return doc.splitlines()[0] if doc else ""
-
+from cardseg.plugins import plugin_commands, run_plugin
+from cardseg.plugins import plugin_help as describe_plugin
 
 BACKEND_HELP = ("what runs the networks: torch (eager), onnx (ONNX Runtime on the CPU, about 1.5x faster "
                 "end to end, same segmentation up to float rounding; needs the [speed] extra; the model is exported "
@@ -173,7 +148,7 @@ def build_parser(plugin_help: bool = False, plugins: Optional[dict] = None) -> a
     for name, ep in sorted((plugin_commands() if plugins is None else plugins).items()):
         if name in sub.choices:
             continue
-        p = sub.add_parser(name, help=_plugin_help(ep) if plugin_help else None, add_help=False)
+        p = sub.add_parser(name, help=describe_plugin(ep) if plugin_help else None, add_help=False)
         p.add_argument("args", nargs=argparse.REMAINDER)
     return parser
 
@@ -370,15 +345,6 @@ def cmd_serve(a) -> int:
     from cardseg.serve import serve
 
     return serve(a, build_parser, _check_segment_args, _check_backend)
-
-
-def run_plugin(name: str, ep, args: List[str]) -> int:
-    """Run a subcommand another package registered (see :func:`plugin_commands`)."""
-    try:
-        fn = ep.load()
-    except ImportError as exc:
-        raise CardsegError(f"'cardseg {name}' needs the training tools: {PLUGIN_HINT} ({exc})") from None
-    return int(fn(args) or 0)
 
 
 COMMANDS = {"segment": cmd_segment, "batch": cmd_batch, "sizes": cmd_sizes, "info": cmd_info, "init-bundle": cmd_init_bundle,

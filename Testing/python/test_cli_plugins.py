@@ -43,3 +43,30 @@ def test_a_plugin_that_cannot_import_is_one_line_exit_2(monkeypatch, capsys):
     assert cli.main(["train", "--steps", "1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "needs the training tools" in err and "h5py" in err
+
+
+class _NeedsLater:
+    """A subcommand that imports an optional package only when it gets there (as evaluate imports
+    h5py, compare matplotlib, a tio3d condition torchio)."""
+
+    name = "evaluate"
+
+    def __init__(self, missing: str):
+        self.missing = missing
+
+    def load(self):
+        def command(args):
+            raise ModuleNotFoundError(f"No module named '{self.missing}'", name=self.missing)
+        return command
+
+
+def test_a_missing_optional_package_met_on_the_way_is_one_line_exit_2(monkeypatch, capsys):
+    for missing in ("h5py", "torchio", "matplotlib"):
+        monkeypatch.setattr(cli, "plugin_commands", lambda: {"evaluate": _NeedsLater(missing)})
+        assert cli.main(["evaluate", "--split", "val"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == f"cardseg: error: 'cardseg evaluate' needs {missing} here: pip install 'cardsegment[train]'"
+    # a module of the project itself that is missing is a bug, not a package to install: not hidden
+    monkeypatch.setattr(cli, "plugin_commands", lambda: {"evaluate": _NeedsLater("cardseg_train.nowhere")})
+    with pytest.raises(ModuleNotFoundError):
+        cli.main(["evaluate"])

@@ -54,7 +54,7 @@ def engine_layer(module: str) -> Optional[str]:
         return None
     if len(parts) == 1 or parts[1] == "base":
         return "base"
-    if parts[1] in ("cli", "__main__", "serve"):
+    if parts[1] in ("cli", "__main__", "serve", "plugins"):
         return "cli"
     if parts[1] in ENGINE_LAYERS:
         return parts[1]
