@@ -14,7 +14,7 @@ from typing import List
 
 from cardseg.base.errors import CardsegError
 
-from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing, comma_names
+from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing, check_out_folder, comma_names
 
 
 def ablate_parser() -> argparse.ArgumentParser:
@@ -43,6 +43,7 @@ def ablate_parser() -> argparse.ArgumentParser:
 
 def cmd_ablate(argv: List[str]) -> int:
     a = ablate_parser().parse_args(argv)
+    check_out_folder(a.out)
     if a.dual and a.dual_bundle:
         raise CardsegError("give --dual or --dual-bundle, not both")
     from .calibration_eval import ALL_CONDITIONS
@@ -121,6 +122,7 @@ def cmd_compare(argv: List[str]) -> int:
     from .comparison import markdown, parse_sources, write_comparison
 
     a = compare_parser().parse_args(argv)
+    check_out_folder(a.out)
     sources = parse_sources(a.card, a.conventional, a.aleatoric)
     if not sources:
         raise CardsegError("give at least one of --card, --conventional, --aleatoric")

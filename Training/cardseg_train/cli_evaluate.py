@@ -12,7 +12,7 @@ from typing import List
 
 from cardseg.base.errors import CardsegError
 
-from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing, comma_names
+from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing, check_out_folder, comma_names
 
 
 def evaluate_parser() -> argparse.ArgumentParser:
@@ -63,6 +63,7 @@ def evaluate_parser() -> argparse.ArgumentParser:
 
 def cmd_evaluate(argv: List[str]) -> int:
     a = evaluate_parser().parse_args(argv)
+    check_out_folder(a.out)
     from .calibration_eval import ALL_CONDITIONS, ALL_METHODS
 
     from .calibration_eval import ROIS

@@ -12,7 +12,7 @@ from typing import List
 
 from cardseg.base.errors import CardsegError
 
-from .cli_options import DEFAULT_DATA, add_bundle_and_data, add_compute, add_h5_spacing
+from .cli_options import DEFAULT_DATA, add_bundle_and_data, add_compute, add_h5_spacing, check_out_folder
 
 
 def review_fit_parser() -> argparse.ArgumentParser:
@@ -42,6 +42,7 @@ def review_fit_parser() -> argparse.ArgumentParser:
 
 def cmd_fit_review(argv: List[str]) -> int:
     a = review_fit_parser().parse_args(argv)
+    check_out_folder(a.out)
     import torch
 
     from cardseg.bundle.loading import load_bundle
