@@ -4,15 +4,18 @@ calibrator networks' weights go into ``bundle.json`` as plain lists)."""
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
+from cardseg.bundle.folder import read_config
 from cardseg.bundle.loading import load_bundle, update_config
+from cardseg.bundle.schema import validate_config
 from cardseg.base.errors import CardsegError
 from cardseg.base.progress import Progress
 
@@ -37,6 +40,52 @@ NET_FIT_OPTIONS: Dict[str, dict] = {}
 #: TAC step sets ``--tac-steps auto`` chooses from (paper Sec. V ablation): every sampled step,
 #: the last three (TAC-mid, [24, 12, 0] for the default sampler) and the last one (TAC-last)
 TAC_STEP_SETS = ("all", "mid", "last")
+#: how fit-calibration's own flag threshold is chosen (written only where fit-review fitted no rule)
+FLAG_RULE = "0.99 quantile of clean source-validation TAC in the ground-truth ROI"
+
+
+def regions_fitted(config: dict) -> bool:
+    """Whether ``bundle.json``'s regions block holds a rule ``cardseg fit-review`` fitted (its
+    ``fit`` record): fit-calibration then leaves the whole block as it is."""
+    regions = config.get("regions")
+    return isinstance(regions, dict) and regions.get("fit") is not None
+
+
+def merged_config(config: dict, changes: dict) -> dict:
+    """``config`` with ``changes`` merged as :func:`update_config` merges them (top-level dicts one
+    level deep); ``config`` itself is left unchanged."""
+    out = copy.deepcopy(config)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key].update(value)
+        else:
+            out[key] = value
+    return out
+
+
+def writable_changes(config: dict, changes: dict, root: Path) -> Tuple[dict, Dict[str, str]]:
+    """The changes ``bundle.json`` accepts, checked against the schema without writing.
+
+    A baseline the schema refuses is left out (its old entry, if any, stays as it was) so that
+    it never costs the CARD fit; returns the changes kept and ``{baseline: the schema's one-line
+    message}``. A refusal outside the baselines (CARD, thresholds) raises the schema's
+    :class:`CardsegError`: nothing can be written then."""
+    def problem(ch: dict) -> Optional[str]:
+        try:
+            validate_config(merged_config(config, ch), root)
+        except CardsegError as e:
+            return str(e)
+        return None
+
+    if problem(changes) is None:
+        return changes, {}
+    base = changes.get("baselines", {})
+    refused = {m: msg for m, block in base.items() if (msg := problem({"baselines": {m: block}}))}
+    kept = {**changes, "baselines": {m: b for m, b in base.items() if m not in refused}}
+    msg = problem(kept)
+    if msg:
+        raise CardsegError(msg)
+    return kept, refused
 
 
 def tac_step_set(name: str, sampled_steps: Sequence[int]) -> Optional[List[int]]:
@@ -125,8 +174,13 @@ def fit_bundle_calibration(bundle_path: str, data: str, variants: Sequence[str] 
 
     Only ``val`` patients are used (never test, never corruptions). The pool is cached under
     ``cache_dir`` keyed by the bundle's checksums and the pool settings. Returns a summary; with
-    ``write`` the bundle's ``bundle.json`` gets the CARD parameters, the region flag threshold,
-    the out-of-domain agreement threshold and the fitted baselines.
+    ``write`` the bundle's ``bundle.json`` gets the CARD parameters, the out-of-domain agreement
+    threshold, the fitted baselines and, only where ``cardseg fit-review`` fitted no regions rule
+    (:func:`regions_fitted`), the region flag threshold; a fitted regions block stays exactly as
+    it is. What would be written is checked against the schema with or without ``write``: a
+    baseline it refuses is left out, the rest written, and then a one-line :class:`CardsegError`
+    names that baseline (with ``write`` false: the same error, nothing written); a refused CARD
+    block or threshold raises before anything is written.
 
     ``tac_steps``: ``all`` (the paper's TAC over every sampled step), ``mid``, ``last``, or ``auto``:
     CARD is fitted for each of the three and the set with the lowest pool NLL is kept (a choice made
@@ -220,19 +274,28 @@ def fit_bundle_calibration(bundle_path: str, data: str, variants: Sequence[str] 
                       "params": {name: {**fit[0].params(), "steps": fit[2]} for name, fit in card_fits.items()}},
         "timings_s": {"pool": pool_time, "fit": fit_time},
     }
+    changes = {
+        "calibration": {"method": "card", **fitted["card"].params(), "fitted": True, "tac_steps": chosen_steps,
+                        "fit": {"objective": "mean NLL over ROI pixels of the source-validation pool",
+                                "pool": summary["pool"], "pool_nll": nll_pixels,
+                                "tac_step_sets": summary["tac_steps"],
+                                **({"pool_nll_crops": nll_crops} if nll_crops is not None else {}),
+                                **({"baseline_fits": net_info} if net_info else {})}},
+        "agreement": {"out_of_domain_threshold": thresholds["out_of_domain_threshold"],
+                      "out_of_domain_rule": "lowest clean source-validation volume agreement minus 0.01"},
+        "baselines": summary["baselines"],
+    }
+    config = read_config(bundle.path)
+    if regions_fitted(config):
+        log(f"regions: kept the rule fit-review fitted (flag_threshold {config['regions'].get('flag_threshold')}); "
+            f"this pool's TAC threshold {thresholds['flag_threshold']:.4g} not written")
+    else:
+        changes["regions"] = {"flag_threshold": thresholds["flag_threshold"], "flag_rule": FLAG_RULE}
+    changes, refused = writable_changes(config, changes, bundle.path)
     if write:
-        update_config(bundle.path, {
-            "calibration": {"method": "card", **fitted["card"].params(), "fitted": True, "tac_steps": chosen_steps,
-                            "fit": {"objective": "mean NLL over ROI pixels of the source-validation pool",
-                                    "pool": summary["pool"], "pool_nll": nll_pixels,
-                                    "tac_step_sets": summary["tac_steps"],
-                                    **({"pool_nll_crops": nll_crops} if nll_crops is not None else {}),
-                                    **({"baseline_fits": net_info} if net_info else {})}},
-            "regions": {"flag_threshold": thresholds["flag_threshold"],
-                        "flag_rule": "0.99 quantile of clean source-validation TAC in the ground-truth ROI"},
-            "agreement": {"out_of_domain_threshold": thresholds["out_of_domain_threshold"],
-                          "out_of_domain_rule": "lowest clean source-validation volume agreement minus 0.01"},
-            "baselines": summary["baselines"],
-        })
+        update_config(bundle.path, changes)
         log(f"wrote the fitted calibration into {bundle.path / 'bundle.json'}")
+    if refused:
+        done = "CARD and the other blocks were written" if write else "dry run: nothing written"
+        raise CardsegError("; ".join(f"baseline {m} not written: {msg}" for m, msg in refused.items()) + f" ({done})")
     return summary

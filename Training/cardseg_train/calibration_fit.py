@@ -10,7 +10,8 @@ gradients, in float64 numpy:
 * ``ets``: ``t`` and mixture weights ``(w0, w1, w2)``: ``t`` first fitted as TS, then SLSQP over
   ``(t, w0, w1, w2)`` jointly with ``w_i ∈ [0, 1]``, ``Σ w_i = 1``, started at ``(t_TS, 1, 0, 0)``
   (the TS solution, so ETS never ends worse than TS on the pool).
-* ``hts``: ``(w, b)`` by L-BFGS-B from the authors' initialisation ``w = 0.1, b = 0.8``.
+* ``hts``: ``(w, b)`` by L-BFGS-B from the authors' initialisation ``w = 0.1, b = 0.8``, both
+  bounded to the range ``bundle.json`` accepts (:data:`cardseg.bundle.calibration_schema.HTS_RANGE`).
 * ``card``: ``{τ_min, τ_max, w_b, w_k}`` of Eq. 7: the best point of a coarse grid (evaluated on
   a seeded subsample of at most ``CARD_GRID_PIXELS`` pixels) initialises SLSQP on the whole
   pool under ``1 ≤ τ_min ≤ τ_max ≤ 100``, ``0 ≤ w_b ≤ ln 2``, ``W_K_MIN ≤ w_k ≤ ln 2``.
@@ -32,6 +33,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from scipy import optimize
 
+from cardseg.bundle.calibration_schema import HTS_RANGE
 from cardseg.method.calibration import (CARD, Calibrator, EnsembleTemperatureScaling, EntropyTemperatureScaling,
                                         TemperatureScaling, Uncalibrated)
 
@@ -84,12 +86,15 @@ def fit_ets(pool: Sequence[PoolItem]) -> EnsembleTemperatureScaling:
 
 
 def fit_hts(pool: Sequence[PoolItem], init: Tuple[float, float] = (0.1, 0.8)) -> EntropyTemperatureScaling:
-    """HTS: ``(w, b)`` by L-BFGS from the authors' initialisation."""
+    """HTS: ``(w, b)`` by L-BFGS-B from the authors' initialisation, each kept in the schema's
+    :data:`HTS_RANGE` (a fit outside it could not be written into ``bundle.json``)."""
     z, y, _ = concat_pool(pool)
     ell = log_entropy(z)
-    res = optimize.minimize(hts_objective, np.asarray(init, float), args=(z, y, ell), jac=True, method="L-BFGS-B",
-                            options={"maxiter": 500})
-    return EntropyTemperatureScaling(float(res.x[0]), float(res.x[1]))
+    x0 = np.clip(np.asarray(init, float), *HTS_RANGE)
+    res = optimize.minimize(hts_objective, x0, args=(z, y, ell), jac=True, method="L-BFGS-B",
+                            bounds=[HTS_RANGE, HTS_RANGE], options={"maxiter": 500})
+    w, b = np.clip(res.x, *HTS_RANGE)  # L-BFGS-B keeps to its bounds; the clip only guards float rounding
+    return EntropyTemperatureScaling(float(w), float(b))
 
 
 def _card_grid(d: np.ndarray, scale: float) -> List[Tuple[float, float, float, float]]:
