@@ -428,7 +428,7 @@ def serve(a: argparse.Namespace, make_parser: Callable, check_segment: Callable,
                 reader = StdinReader(sys.stdin.buffer, on_eof)
                 while True:
                     line = reader.get()
-                    if line is None:
+                    if line is None or (eof.is_set() and a.eof == "stop"):  # stop: no queued request runs
                         break
                     if not line.strip():
                         continue

@@ -259,3 +259,20 @@ def test_a_line_nested_too_deep_is_one_refusal_and_the_engine_goes_on(tmp_path, 
         assert engine.ask({"op": "status", "id": 7})["event"] == "status"  # still serving
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("mode", ["stop", "finish"])
+def test_requests_queued_when_the_input_ends_run_only_with_eof_finish(tmp_path, phantom, tiny_bundle, mode):
+    """``--eof stop`` (the default): the requests still queued when the input ends never run (all
+    three of them used to); ``--eof finish`` runs them all."""
+    lines = "".join(json.dumps({"id": i, "input": str(phantom), "output": str(tmp_path / f"o{i}")}) + "\n"
+                    for i in (1, 2, 3))
+    p = subprocess.run(CARDSEG + ["serve", "--bundle", str(tiny_bundle), "--backend", "torch", "--threads", "1",
+                                  "--eof", mode], input=lines, capture_output=True, text=True, env=ENV, timeout=600)
+    events = [json.loads(x) for x in p.stdout.splitlines() if '"event"' in x]
+    done = [e["id"] for e in events if e["event"] == "result" and e["ok"]]
+    assert p.returncode == 0 and events[-1] == {"event": "exit", "reason": "eof"}
+    if mode == "finish":
+        assert done == [1, 2, 3]
+    else:  # the first request may have started before the end was read: then it was stopped
+        assert done == [] and not any((tmp_path / f"o{i}").exists() for i in (2, 3))
