@@ -83,7 +83,11 @@ def fit_parser() -> argparse.ArgumentParser:
         prog="cardseg fit-calibration",
         description="Fit CARD's temperature mapping {tau_min, tau_max, w_b, w_k} (and the TS/ETS/HTS baselines) by "
                     "mean NLL on the source-validation pool (validation volumes plus contrast, gamma and noise "
-                    "perturbations), and the region/out-of-domain thresholds; writes them into bundle.json.")
+                    "perturbations), and the region/out-of-domain thresholds; writes them into bundle.json. A "
+                    "regions rule fitted by fit-review (regions.fit) is kept as it is; only a bundle without one gets "
+                    "this command's flag threshold. What would be written is checked against bundle.json's schema "
+                    "first (--dry-run too): a baseline it refuses is left out, the rest written, and the command "
+                    "exits 2 naming it.")
     add_bundle_and_data(p, data_help="ACDC HDF5 folder (val split used)",
                         bundle_help="bundle folder to calibrate (default: $CARDSEG_BUNDLE or shipped)")
     p.add_argument("--draws", type=int, default=1, help="seeded draws of each perturbation per volume (default 1)")
