@@ -92,13 +92,13 @@ def add_serve_parser(sub) -> None:
                                    "exactly as 'segment' does, answering with JSON lines on stdout (progress, then "
                                    "one result per request). The protocol is described in cardseg/serve.py.")
     p.add_argument("--bundle", metavar="PATH", help="bundle loaded at start and used by requests that name none "
-                                                    "(default: $CARDSEG_BUNDLE or the shipped one)")
+                   "(default: $CARDSEG_BUNDLE or the shipped one)%(default).0s")  # .0s: no '(default: None)' after it
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="device of requests that name none")
-    p.add_argument("--backend", choices=["auto", "torch", "onnx"], help="backend of requests that name none")
-    p.add_argument("--threads", type=int, metavar="N", help="CPU threads of requests that name none")
+    p.add_argument("--backend", choices=["auto", "torch", "onnx"],
+                   help="backend of requests that name none ($CARDSEG_BACKEND, else auto)%(default).0s")
+    p.add_argument("--threads", type=int, metavar="N", help="CPU threads of requests naming none (the CPUs usable)%(default).0s")
     p.add_argument("--eof", default="stop", choices=["stop", "finish"],
-                   help="at the end of input: stop the running request at once (a client that went away), or "
-                        "finish the requests already read")
+                   help="at the end of input: stop at once (a client that went away), or finish the requests read")
     p.add_argument("--no-preload", action="store_true", help="load the bundle with the first request, not at start")
 
 

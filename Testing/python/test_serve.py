@@ -276,3 +276,10 @@ def test_requests_queued_when_the_input_ends_run_only_with_eof_finish(tmp_path, 
         assert done == [1, 2, 3]
     else:  # the first request may have started before the end was read: then it was stopped
         assert done == [] and not any((tmp_path / f"o{i}").exists() for i in (2, 3))
+
+
+def test_help_says_each_default_once_and_never_none():
+    p = subprocess.run(CARDSEG + ["serve", "--help"], capture_output=True, text=True, env={**ENV, "COLUMNS": "200"},
+                       timeout=120)
+    assert p.returncode == 0 and "(default: None)" not in p.stdout
+    assert "(default: $CARDSEG_BUNDLE or the shipped one)" in p.stdout and "(default: stop)" in p.stdout
