@@ -54,6 +54,25 @@ from .slice_dataset import SliceDataset
 from .train_config import TrainConfig, data_name, merge_resume_config, read_run_config
 from .train_steps import lr_factor, make_training_inputs, validate
 
+def check_new_run_folder(out: Path) -> None:
+    """A new run goes into a new or empty folder: anything already there (a run, a run killed
+    before its first checkpoint, the user's own files) is refused, so nothing is overwritten,
+    deleted or appended to."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise CardsegError(f"{out}: is a file, not a run folder; choose a new folder for --out")
+    if (out / "last.pt").exists():
+        raise CardsegError(f"{out}: already holds a run; choose a new (or empty) folder for --out, or use --resume "
+                           "to continue that run")
+    if any(out.iterdir()):
+        killed = (out / "config.json").is_file() and (out / "log.csv").is_file()
+        why = (" (it looks like a run stopped before its first checkpoint, which cannot be resumed: empty the "
+               "folder yourself to start again)" if killed else "")
+        raise CardsegError(f"{out}: is not empty; a new run needs a new or empty folder: choose another --out, "
+                           f"or use --resume for a run's folder{why}")
+
+
 def load_run_data(c: TrainConfig, train_data: Optional[SliceDataset] = None,
                   val_data: Optional[SliceDataset] = None) -> Tuple[SliceDataset, Optional[SliceDataset], List]:
     """The run's training slices and validation volumes on its grid (given datasets are used as
@@ -79,6 +98,8 @@ def load_run_data(c: TrainConfig, train_data: Optional[SliceDataset] = None,
     val_volumes = val_data.volumes() if val_data is not None else []
     if c.val_max_volumes is not None:
         val_volumes = val_volumes[:c.val_max_volumes]
+    if len(train_data) == 0:
+        raise CardsegError(f"{c.data}: no training slices (check --data, --max-train-patients and --val-fraction)")
     if train_data.num_classes > c.num_classes:
         raise CardsegError(f"labels have {train_data.num_classes} classes, the run declares {c.num_classes}")
     return train_data, val_data, val_volumes
@@ -95,12 +116,15 @@ class Trainer:
         if resume:
             ckpt_path = self.out / "last.pt"
             if not ckpt_path.is_file():
-                raise CardsegError(f"{self.out}: nothing to resume (no last.pt)")
+                hint = (" (the run stopped before its first checkpoint: start it again in a new folder)"
+                        if (self.out / "config.json").is_file() else "")
+                raise CardsegError(f"{self.out}: nothing to resume (no last.pt){hint}")
             config = merge_resume_config(read_run_config(self.out), config, self.out)
             self.resume_from = load_checkpoint(ckpt_path)
-        elif (self.out / "last.pt").exists():
-            raise CardsegError(f"{self.out}: already holds a run (use --resume, or another --out)")
-        self.config = config.resolve()
+            self.config = config.resolve()
+        else:
+            self.config = config.resolve()
+            check_new_run_folder(self.out)
         c = self.config
         if c.threads:
             torch.set_num_threads(int(c.threads))

@@ -13,7 +13,10 @@ from typing import List, Optional, Sequence
 
 from cardseg.method.diffusion import default_sampling_steps
 from cardseg.base.errors import CardsegError
+from cardseg.base.options import MAX_THREADS
 from cardseg.method.networks import build_network, size_multiple
+from cardseg.bundle.fields import Where, integer_value, number_value
+from cardseg.bundle.schema import INPUT_SIZE, NUM_STEPS, PIXEL_SPACING_MM
 from cardseg.bundle.scaffold import ACDC_CLASSES, parse_network
 
 from .augment import AugmentConfig
@@ -77,6 +80,7 @@ class TrainConfig:
 
     def resolve(self) -> "TrainConfig":
         """Fill the derived defaults in place (warm-up, sampled steps) and check the values."""
+        check_options(self)
         if self.role not in ROLES:
             raise CardsegError(f"--role must be one of {', '.join(ROLES)}, not {self.role!r}")
         if self.network is None:
@@ -87,18 +91,12 @@ class TrainConfig:
                                + ("use a time-conditioned network (time-swinunetr:SIZE or time-unet:SIZE)"
                                   if self.kind == "diffusion" else "use discriminative:swinunetr-SIZE or "
                                                                    "discriminative:unet"))
-        if self.steps < 1 or self.batch_size < 1:
-            raise CardsegError("--steps and --batch-size must be at least 1")
         if self.warmup is None:
             self.warmup = int(min(1000, max(1, self.steps // 10)))
         if self.sampled_steps is None:
             self.sampled_steps = default_sampling_steps(self.num_steps, 5)
         if self.lr_schedule not in ("constant", "cosine"):
             raise CardsegError(f"--lr-schedule must be constant or cosine, not {self.lr_schedule!r}")
-        if self.log_interval < 1 or self.val_interval < 1:
-            raise CardsegError("--log-interval and --val-interval must be at least 1")
-        if not 0 <= self.p_uniform <= 1 or not 0 <= self.p_uncond <= 1:
-            raise CardsegError("--p-uniform and --p-uncond are probabilities")
         spec = self.network_spec()
         mult = size_multiple(spec)
         if self.input_size % mult:
@@ -138,6 +136,68 @@ class TrainConfig:
         aug = AugmentConfig.from_dict(d.pop("augment", {}))
         known = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known}, loss=loss, augment=aug)
+
+
+class _Option(Where):
+    """Like :class:`Where`, but the refusal names a ``cardseg train`` option, not a file."""
+
+    def __init__(self):
+        super().__init__("")
+
+    def fail(self, key: str, problem: str):
+        raise CardsegError(f"{key} {problem}")
+
+
+def _at_least(opt: Where, key: str, value, low: int) -> None:
+    if value is not None:
+        integer_value(opt, key, value, low=low)
+
+
+def check_options(c: TrainConfig) -> None:
+    """Refuse, in one :class:`CardsegError` line naming the option, any value a run cannot use,
+    before anything is read or written. The grid (``--spacing``, ``--input-size``,
+    ``--num-steps``) must lie in the bundle schema's ranges (:mod:`cardseg.bundle.schema`), so
+    that ``cardseg train export`` can ship what trains; the optimisation values must be finite
+    and in their meaningful ranges (a negative learning rate or loss weight trains silently
+    wrong, a zero batch or interval never ends). Unset (``None``) values are skipped."""
+    opt = _Option()
+    if c.spacing is not None:
+        number_value(opt, "--spacing", c.spacing, low=PIXEL_SPACING_MM[0], high=PIXEL_SPACING_MM[1])
+    if c.input_size is not None:
+        integer_value(opt, "--input-size", c.input_size, low=INPUT_SIZE[0], high=INPUT_SIZE[1])
+    if c.num_steps is not None:
+        integer_value(opt, "--num-steps", c.num_steps, low=NUM_STEPS[0], high=NUM_STEPS[1])
+    if c.acdc_h5_spacing is not None:
+        number_value(opt, "--acdc-h5-spacing", c.acdc_h5_spacing, low=PIXEL_SPACING_MM[0], high=PIXEL_SPACING_MM[1])
+    if c.lr is not None:
+        number_value(opt, "--lr", c.lr, low=0.0, low_open=True)
+    for key, value in (("--steps", c.steps), ("--batch-size", c.batch_size), ("--val-batch-size", c.val_batch_size),
+                       ("--log-interval", c.log_interval), ("--val-interval", c.val_interval),
+                       ("--val-volumes", c.val_max_volumes), ("--max-train-patients", c.max_train_patients),
+                       ("--max-train-slices", c.max_train_slices)):
+        _at_least(opt, key, value, 1)
+    _at_least(opt, "--warmup", c.warmup, 0)
+    if c.threads is not None:
+        integer_value(opt, "--threads", c.threads, low=1, high=MAX_THREADS)
+    if c.val_fraction is not None:
+        number_value(opt, "--val-fraction", c.val_fraction, low=0.0)
+        if c.val_fraction >= 1:
+            opt.fail("--val-fraction", f"must be below 1 (some patients must train) (got {c.val_fraction})")
+    if c.time_budget_min is not None:
+        number_value(opt, "--time-budget", c.time_budget_min, low=0.0, low_open=True)
+    for key, value in (("--p-uniform", c.p_uniform), ("--p-uncond", c.p_uncond)):
+        if value is not None:
+            number_value(opt, key, value, low=0.0, high=1.0)
+    for key, value in (("weight_decay", c.weight_decay), ("grad_clip", c.grad_clip)):
+        if value is not None:
+            number_value(opt, key, value, low=0.0)
+    if c.loss is not None:
+        w = c.loss
+        for key, value in (("--w-kl", w.kl), ("--w-ce", w.ce), ("--w-dice", w.dice), ("--w-boundary", w.boundary)):
+            number_value(opt, key, value, low=0.0)
+        if not any(v > 0 for v in (w.kl, w.ce, w.dice, w.boundary)):
+            opt.fail("--w-kl/--w-ce/--w-dice/--w-boundary", "are all 0: at least one loss weight must be positive")
+        integer_value(opt, "--boundary-radius", w.boundary_radius, low=1)
 
 
 #: how provenance describes each data layout
@@ -201,4 +261,10 @@ def read_run_config(run: os.PathLike) -> TrainConfig:
     p = Path(run) / "config.json"
     if not p.is_file():
         raise CardsegError(f"{run}: not a training run folder (no config.json)")
-    return TrainConfig.from_dict(json.loads(p.read_text(encoding="utf-8")))
+    try:
+        d = json.loads(p.read_text(encoding="utf-8"))
+        if not isinstance(d, dict):
+            raise ValueError(f"a JSON {type(d).__name__}, not an object")
+        return TrainConfig.from_dict(d)
+    except (ValueError, TypeError, AttributeError) as exc:  # not JSON, or not a run's settings
+        raise CardsegError(f"{p}: not a readable run configuration ({str(exc).splitlines()[0][:160]})") from None
