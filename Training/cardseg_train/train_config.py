@@ -15,7 +15,7 @@ from cardseg.method.diffusion import default_sampling_steps
 from cardseg.base.errors import CardsegError
 from cardseg.base.options import MAX_THREADS
 from cardseg.method.networks import build_network, size_multiple
-from cardseg.bundle.fields import Where, integer_value, number_value
+from cardseg.bundle.fields import OptionWhere, Where, integer_value, number_value
 from cardseg.bundle.schema import INPUT_SIZE, NUM_STEPS, PIXEL_SPACING_MM
 from cardseg.bundle.scaffold import ACDC_CLASSES, parse_network
 
@@ -138,16 +138,6 @@ class TrainConfig:
         return cls(**{k: v for k, v in d.items() if k in known}, loss=loss, augment=aug)
 
 
-class _Option(Where):
-    """Like :class:`Where`, but the refusal names a ``cardseg train`` option, not a file."""
-
-    def __init__(self):
-        super().__init__("")
-
-    def fail(self, key: str, problem: str):
-        raise CardsegError(f"{key} {problem}")
-
-
 def _at_least(opt: Where, key: str, value, low: int) -> None:
     if value is not None:
         integer_value(opt, key, value, low=low)
@@ -160,7 +150,7 @@ def check_options(c: TrainConfig) -> None:
     that ``cardseg train export`` can ship what trains; the optimisation values must be finite
     and in their meaningful ranges (a negative learning rate or loss weight trains silently
     wrong, a zero batch or interval never ends). Unset (``None``) values are skipped."""
-    opt = _Option()
+    opt = OptionWhere()
     if c.spacing is not None:
         number_value(opt, "--spacing", c.spacing, low=PIXEL_SPACING_MM[0], high=PIXEL_SPACING_MM[1])
     if c.input_size is not None:

@@ -22,6 +22,17 @@ class Where:
         raise CardsegError(f"{self.label}: {key} {problem}")
 
 
+class OptionWhere(Where):
+    """Like :class:`Where`, but the refusal names a command-line option (the ``key``), not a file:
+    the same checks serve the bundle's fields and the options that become them."""
+
+    def __init__(self):
+        super().__init__("")
+
+    def fail(self, key: str, problem: str) -> NoReturn:
+        raise CardsegError(f"{key} {problem}")
+
+
 def required_value(where: Where, block: dict, key: str, prefix: str = "") -> Any:
     if key not in block:
         where.fail(f"{prefix}{key}", "is missing")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
-from typing import Dict, NoReturn, Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -13,7 +13,7 @@ from scipy import ndimage
 
 from cardseg.base.errors import CardsegError
 from cardseg.base.options import check_int_range
-from cardseg.bundle.fields import Where, integer_value, number_value
+from cardseg.bundle.fields import OptionWhere, integer_value, number_value
 from cardseg.bundle.loading import default_config, save_bundle
 from cardseg.bundle.schema import DISCRIMINATIVE_BACKBONES, INPUT_SIZE, NETWORK_SIZES, PIXEL_SPACING_MM
 from cardseg.io.volume import Volume
@@ -67,16 +67,6 @@ def _discriminative_spec(backbone_size: str) -> dict:
 MAX_SEED = 2 ** 32 - 1
 
 
-class _Options(Where):
-    """Like :class:`Where`, but the refusal names a command-line option, not a file."""
-
-    def __init__(self):
-        super().__init__("")
-
-    def fail(self, key: str, problem: str) -> NoReturn:
-        raise CardsegError(f"{key} {problem}")
-
-
 def check_init_options(primary: str, reference: str, input_size: int, pixel_spacing_mm: float,
                        seed: int) -> Dict[str, dict]:
     """Refuse, in one :class:`CardsegError` line naming the ``cardseg init-bundle`` option, what the
@@ -88,7 +78,7 @@ def check_init_options(primary: str, reference: str, input_size: int, pixel_spac
     """
     from cardseg.method.networks import size_multiple
 
-    opts = _Options()
+    opts = OptionWhere()
     specs = {}
     for role, text in (("primary", primary), ("reference", reference)):
         try:
