@@ -42,6 +42,16 @@ def observed(monkeypatch):
         widget.removeObservers()
 
 
+def ran_widget(module, nifti, finished_run, observed):
+    """``(widget, volume, outputs)`` after a run through an entered, observed panel."""
+    scene = slicer.mrmlScene
+    volume = load_volume(scene, nifti)
+    widget, _ = entered_widget(module, volume, finished_run)
+    observed(widget)
+    run_through_panel(module, widget)
+    return widget, volume, lib.find_outputs(scene, volume)
+
+
 def run_through_panel(module, widget):
     widget.logic.ensureDependencies = lambda askConfirmation=True: None
     widget.onApplyButton()
@@ -81,11 +91,7 @@ def entered_widget(module, volume, finished_run):
 @pytest.mark.parametrize("removed", ["review", "segmentation", "report", "all"])
 def test_removing_the_outputs_clears_the_review_table(module, rotated_nifti, finished_run, removed, observed):
     scene = slicer.mrmlScene
-    volume = load_volume(scene, rotated_nifti)
-    widget, _ = entered_widget(module, volume, finished_run)
-    observed(widget)
-    run_through_panel(module, widget)
-    outputs = lib.find_outputs(scene, volume)
+    widget, volume, outputs = ran_widget(module, rotated_nifti, finished_run, observed)
     rows = len(lib.review_rows(outputs.review))
     assert rows and widget.ui.regionsTable.called("setRowCount")[-1] == (rows,)
     doomed = outputs.nodes() if removed == "all" else [getattr(outputs, removed)]
@@ -424,12 +430,7 @@ def test_clearing_the_table_selection_clears_the_regions_highlight(module, rotat
     region as loaded, with the decision buttons off."""
     from CARDSegmentLib.region_outlines import SELECTED_ATTRIBUTE
 
-    scene = slicer.mrmlScene
-    volume = load_volume(scene, rotated_nifti)
-    widget, _ = entered_widget(module, volume, finished_run)
-    observed(widget)
-    run_through_panel(module, widget)
-    outputs = lib.find_outputs(scene, volume)
+    widget, volume, outputs = ran_widget(module, rotated_nifti, finished_run, observed)
     region = lib.review_rows(outputs.review)[0]["region"]
     widget._selectedRegion = lambda: (None, region)
     widget.onRegionSelected()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 from typing import List, Optional, Sequence
 
 from cardseg.base.errors import CardsegError
@@ -46,16 +47,15 @@ def check_out_folder(path: Optional[str], option: str = "--out") -> None:
     """An output folder a command will make or write into: refused in one line (before any work)
     when it is a file, lies below a file, or cannot be written; ``None`` (not given) passes."""
     from cardseg.base.files import can_create_files
+    from cardseg.io.outdir import nearest_existing
 
     if not path:
         return
     here = os.path.abspath(path)
     if os.path.lexists(here) and not os.path.isdir(here):
         raise CardsegError(f"{option} {path}: exists and is not a folder")
-    above = here
-    while not os.path.lexists(above):
-        above = os.path.dirname(above)
-    if not os.path.isdir(above):
+    above = nearest_existing(Path(here))
+    if not above.is_dir():
         raise CardsegError(f"{option} {path}: cannot be made, {above} is not a folder")
     if not can_create_files(above):
         raise CardsegError(f"{option} {path}: cannot write there ({above} is not writable)")
