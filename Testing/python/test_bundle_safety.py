@@ -188,6 +188,53 @@ def test_save_bundle_refuses_weights_that_are_or_become_non_finite(tmp_path):
     load_bundle(tmp_path / "fp32")
 
 
+def test_a_refused_bundle_leaves_no_folder_the_call_made(tmp_path):
+    """save_bundle into a missing nested folder: refused (here a NaN weight) -> none of the
+    folders it had to make stays; the folders that were there before stay."""
+    from cardseg.bundle.loading import load_bundle, save_bundle
+
+    src = load_bundle(_rewrite_nothing(tmp_path))
+    (tmp_path / "keep").mkdir()
+    with torch.no_grad():
+        next(src.primary.parameters()).view(-1)[0] = float("nan")
+    with pytest.raises(CardsegError, match="NaN"):
+        save_bundle(tmp_path / "keep" / "a" / "b" / "bundle", src.config, src.primary, src.reference)
+    assert (tmp_path / "keep").is_dir() and not list((tmp_path / "keep").iterdir())
+    with torch.no_grad():
+        next(src.primary.parameters()).view(-1)[0] = 0.0
+    out = save_bundle(tmp_path / "keep" / "a" / "b" / "bundle", src.config, src.primary, src.reference)
+    assert load_bundle(out).config["networks"]["primary"]["sha256"]
+
+
+def test_merge_config_is_the_one_merge_the_writer_and_its_checks_use(tmp_path):
+    """One level deep, a named key replaced whole, the input never changed; update_config writes
+    exactly what merge_config returns, and fit-calibration's check previews the same merge."""
+    from cardseg.bundle.folder import read_config
+    from cardseg.bundle.loading import merge_config, update_config
+    from cardseg_train.calibrate import writable_changes
+
+    base = {"a": {"x": 1, "y": {"deep": 1}}, "b": 2, "r": {"old": 1, "kept": 2}}
+    snapshot = json.loads(json.dumps(base))
+    changes = {"a": {"y": {"new": 2}}, "b": {"now": "dict"}, "r": {"old": 3}}
+    merged = merge_config(base, changes, replace=("r",))
+    assert merged == {"a": {"x": 1, "y": {"new": 2}}, "b": {"now": "dict"}, "r": {"old": 3}}
+    assert base == snapshot
+    changes["a"]["y"]["new"] = 99  # the result shares nothing with the changes either
+    assert merged["a"]["y"] == {"new": 2}
+
+    bundle = _rewrite_nothing(tmp_path)
+    before = read_config(bundle)
+    change = {"regions": {"flag_threshold": 0.2}}
+    assert update_config(bundle, change) == merge_config(before, change) == read_config(bundle)
+    assert not [f.name for f in bundle.iterdir() if f.name.startswith(".")]  # no temporary left
+    bad = {"calibration": {"method": "ts", "temperature": -1.0}}
+    with pytest.raises(CardsegError):
+        writable_changes(read_config(bundle), bad, bundle)
+    with pytest.raises(CardsegError):
+        update_config(bundle, bad)
+    assert read_config(bundle) == merge_config(before, change)
+
+
 def _rewrite_nothing(tmp_path: Path) -> Path:
     from cardseg.bundle.scaffold import init_bundle
 

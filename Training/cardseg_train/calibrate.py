@@ -4,7 +4,6 @@ calibrator networks' weights go into ``bundle.json`` as plain lists)."""
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import time
@@ -14,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from cardseg.bundle.folder import read_config
-from cardseg.bundle.loading import load_bundle, update_config
+from cardseg.bundle.loading import load_bundle, merge_config, update_config
 from cardseg.bundle.schema import validate_config
 from cardseg.base.errors import CardsegError
 from cardseg.base.progress import Progress
@@ -51,18 +50,6 @@ def regions_fitted(config: dict) -> bool:
     return isinstance(regions, dict) and regions.get("fit") is not None
 
 
-def merged_config(config: dict, changes: dict) -> dict:
-    """``config`` with ``changes`` merged as :func:`update_config` merges them (top-level dicts one
-    level deep); ``config`` itself is left unchanged."""
-    out = copy.deepcopy(config)
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key].update(value)
-        else:
-            out[key] = value
-    return out
-
-
 def writable_changes(config: dict, changes: dict, root: Path) -> Tuple[dict, Dict[str, str]]:
     """The changes ``bundle.json`` accepts, checked against the schema without writing.
 
@@ -72,7 +59,7 @@ def writable_changes(config: dict, changes: dict, root: Path) -> Tuple[dict, Dic
     :class:`CardsegError`: nothing can be written then."""
     def problem(ch: dict) -> Optional[str]:
         try:
-            validate_config(merged_config(config, ch), root)
+            validate_config(merge_config(config, ch), root)
         except CardsegError as e:
             return str(e)
         return None

@@ -1,8 +1,10 @@
-"""File helpers every layer may use: a file's checksum, an atomic write, an exclusive lock."""
+"""File helpers every layer may use: a file's checksum, an atomic write, a folder swapped in whole,
+an exclusive lock."""
 
 import errno
 import hashlib
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Optional
@@ -78,6 +80,46 @@ def write_atomic(path: Path, data: bytes) -> None:
         except OSError:
             pass
         raise
+
+
+def make_readable(path: Path, directory: bool = False) -> None:
+    """Give a file or folder made by ``tempfile`` (mode 0600/0700) the usual mode under the umask,
+    so that what one user writes (e.g. an installer's bundle) the others can read."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, (0o777 if directory else 0o666) & ~umask)
+
+
+def replace_dir(src: Path, dest: Path) -> None:
+    """Move the finished folder ``src`` to ``dest``; what was at ``dest`` is replaced only at the end."""
+    if dest.exists():
+        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+        os.replace(dest, old)
+        os.replace(src, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(src, dest)
+
+
+def make_parents(path: Path) -> list:
+    """Create the missing folders above ``path``; returns those created, deepest first, so a
+    caller that fails afterwards can remove them (:func:`remove_folders`) and leave no trace."""
+    missing = []
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        missing.append(parent)
+        parent = parent.parent
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def remove_folders(folders: list) -> None:
+    """Remove each of ``folders`` (deepest first) that is still empty; others are left alone."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 class FileLock:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence
 
 from cardseg.base.errors import CardsegError
-from cardseg.base.files import sha256_file
+from cardseg.base.files import make_parents, make_readable, remove_folders, replace_dir, sha256_file, write_atomic
 from cardseg.bundle.calibration_schema import CALIBRATION_META
 from cardseg.bundle.folder import CheckedBundle, check_bundle, read_config
 from cardseg.bundle.schema import ROLES, SCHEMA_VERSION, validate_config
@@ -358,9 +358,10 @@ def save_bundle(path: os.PathLike, config: dict, primary: nn.Module, reference: 
         raise CardsegError(f"keep_files names no role of a bundle: {sorted(set(keep_files) - set(ROLES))}")
     if dest.exists() and any(dest.iterdir()) and not overwrite:
         raise CardsegError(f"{dest}: exists and is not empty (use --overwrite to replace a bundle)")
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    made = make_parents(dest)
     config = copy.deepcopy(config)
     tmp = Path(tempfile.mkdtemp(prefix=".bundle-", dir=dest.parent))
+    done = False
     try:
         for role, net in zip(ROLES, (primary, reference)):
             dtype = torch.float16 if fp16 else torch.float32
@@ -381,12 +382,15 @@ def save_bundle(path: os.PathLike, config: dict, primary: nn.Module, reference: 
         validate_config(config, tmp, label=str(dest / "bundle.json"))
         (tmp / "bundle.json").write_text(json.dumps(config, indent=2) + "\n")
         for f in tmp.iterdir():
-            _readable(f)
-        _readable(tmp, directory=True)
-        _replace_dir(tmp, dest)
+            make_readable(f)
+        make_readable(tmp, directory=True)
+        replace_dir(tmp, dest)
+        done = True
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+        if not done:  # a refused bundle leaves no folder the call created
+            remove_folders(made)
     return dest
 
 
@@ -403,43 +407,27 @@ def _refuse_non_finite(dest: Path, role: str, state: Dict[str, torch.Tensor], dt
                                    f"(of {tensor.numel()}); not saved")
 
 
+def merge_config(config: dict, changes: dict, replace: Sequence[str] = ()) -> dict:
+    """``config`` with ``changes`` merged in: top-level keys; a dict merged into a dict one level
+    deep, except keys named in ``replace``, replaced whole (nothing of the old value remains).
+    Pure: ``config`` is left unchanged."""
+    out = copy.deepcopy(config)
+    for key, value in changes.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key not in replace:
+            out[key].update(copy.deepcopy(value))
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
 def update_config(path: os.PathLike, changes: dict, replace: Sequence[str] = ()) -> dict:
-    """Merge ``changes`` (top-level keys, dicts merged one level deep; those named in ``replace``
-    replaced whole, so nothing of the old value remains) into ``bundle.json``.
+    """Merge ``changes`` into ``bundle.json`` as :func:`merge_config` does.
 
     The merged configuration is checked against the schema before anything is written (a
     refused change leaves the file as it was); written atomically; the weights are never touched.
     """
     root = Path(path)
-    config = read_config(root)
-    for key, value in changes.items():
-        if isinstance(value, dict) and isinstance(config.get(key), dict) and key not in replace:
-            config[key].update(value)
-        else:
-            config[key] = value
+    config = merge_config(read_config(root), changes, replace)
     validate_config(config, root)
-    fd, tmp = tempfile.mkstemp(prefix=".bundle-", suffix=".json", dir=root)
-    with os.fdopen(fd, "w") as f:
-        f.write(json.dumps(config, indent=2) + "\n")
-    _readable(Path(tmp))
-    os.replace(tmp, root / "bundle.json")
+    write_atomic(root / "bundle.json", (json.dumps(config, indent=2) + "\n").encode())
     return config
-
-
-def _readable(path: Path, directory: bool = False) -> None:
-    """Give a file made by ``tempfile`` (mode 0600/0700) the usual mode under the umask, so a
-    bundle written by one user (e.g. an installer) can be read by the others."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, (0o777 if directory else 0o666) & ~umask)
-
-
-def _replace_dir(src: Path, dest: Path) -> None:
-    """Move the finished folder ``src`` to ``dest``, replacing what was there only at the end."""
-    if dest.exists():
-        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-        os.replace(dest, old)
-        os.replace(src, dest)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(src, dest)
