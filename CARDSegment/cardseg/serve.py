@@ -71,6 +71,7 @@ import traceback
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
+from cardseg.base import strictjson
 from cardseg.base.errors import CardsegError, one_line
 
 PROTOCOL = 1
@@ -330,7 +331,7 @@ class Engine:
         """Answer one input line; False when it asks the engine to end."""
         t0 = time.perf_counter()
         try:
-            request = json.loads(line)
+            request = strictjson.loads(line)
         except (ValueError, RecursionError) as exc:  # nested deeper than Python's parser goes: refused too
             self.protocol.send(error_event(None, f"not a JSON request ({one_line(exc)})", 2))
             return True
@@ -442,9 +443,7 @@ def serve(a: argparse.Namespace, make_parser: Callable, check_segment: Callable,
         except KeyboardInterrupt:
             if sigterm.received:
                 reason, code = "terminated", EXIT_TERMINATED
-            elif eof.is_set():
-                reason, code = "eof", 0
-            else:
+            elif not eof.is_set():  # at the end of input, the initial "eof", 0 stands
                 reason, code = "interrupted", 130
         protocol.send({"event": "exit", "reason": reason})
     return code

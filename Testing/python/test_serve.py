@@ -261,6 +261,25 @@ def test_a_line_nested_too_deep_is_one_refusal_and_the_engine_goes_on(tmp_path, 
         engine.close()
 
 
+def test_nan_or_infinity_in_a_request_is_refused_and_every_answer_is_strict_json(tmp_path, tiny_bundle):
+    """Python's json reads NaN/Infinity; the engine echoed such an id back as invalid JSON."""
+    def strict(line: str) -> dict:
+        return json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in an answer: {line}"))
+
+    engine = Serve("--bundle", str(tiny_bundle), "--backend", "torch", "--no-preload")
+    try:
+        assert strict(engine.proc.stdout.readline())["event"] == "ready"
+        for bad in ('{"id": NaN, "op": "status"}', '{"id": [1, -Infinity]}', '{"op": "status", "x": Infinity}'):
+            engine.send(bad)
+            answer = strict(engine.proc.stdout.readline())
+            assert answer["ok"] is False and answer["code"] == 2 and answer["id"] is None, answer
+            assert answer["error"].startswith("not a JSON request") and "is not a JSON value" in answer["error"]
+        engine.send({"op": "status", "id": 1.5})
+        assert strict(engine.proc.stdout.readline())["id"] == 1.5  # finite numbers are still ids
+    finally:
+        engine.close()
+
+
 @pytest.mark.parametrize("mode", ["stop", "finish"])
 def test_requests_queued_when_the_input_ends_run_only_with_eof_finish(tmp_path, phantom, tiny_bundle, mode):
     """``--eof stop`` (the default): the requests still queued when the input ends never run (all
