@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from .outputs import OutputNodes, output_nodes_of, read_report, remove_node, tag_output
-from .review import CSV_FIELDS, review_csv, review_document
+from .review import CSV_FIELDS, review_csv, review_document, write_text_atomic
 
 #: the subject name the manifest gives the sequence's ED and ES frames
 SUBJECT = "cine"
@@ -216,7 +216,9 @@ def cine_review_csv(frames: Dict[int, OutputNodes], indices: Optional[dict]) -> 
 
 
 def export_cine_review(scene, input_volume, frames: Dict[int, OutputNodes], path: os.PathLike) -> Path:
-    """Write every frame's review and the indices: ``.csv`` (:func:`cine_review_csv`) or ``.json``."""
+    """Write every frame's review and the indices: ``.csv`` (:func:`cine_review_csv`) or ``.json``,
+    both UTF-8 (the CSV without a byte-order mark) and written whole or not at all
+    (:func:`~.review.write_text_atomic`)."""
     p = Path(path)
     indices_nodes = [n for n in output_nodes_of(scene, input_volume, None)
                      if n.GetAttribute("CARDSegment.Role") == "indices"]
@@ -227,9 +229,9 @@ def export_cine_review(scene, input_volume, frames: Dict[int, OutputNodes], path
         doc = {"frames": {str(f): review_document(o.review, read_report(o.report))
                           for f, o in sorted(frames.items()) if o.review is not None},
                "indices": indices}
-        p.write_text(json.dumps(doc, indent=2, allow_nan=True) + "\n")
+        write_text_atomic(p, json.dumps(doc, indent=2, allow_nan=True) + "\n")
     elif p.suffix.lower() == ".csv":
-        p.write_text(cine_review_csv(frames, indices))
+        write_text_atomic(p, cine_review_csv(frames, indices))
     else:
         raise ValueError(f"{p.name}: export to .csv or .json")
     return p

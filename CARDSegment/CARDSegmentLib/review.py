@@ -13,6 +13,7 @@ import csv
 import io
 import json
 import os
+import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -246,16 +247,43 @@ def review_csv(table, report: Optional[dict]) -> str:
     return out.getvalue()
 
 
+def write_text_atomic(path: os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` as UTF-8 (whatever the machine's encoding: Windows' is cp1252), to
+    a temporary file beside it renamed over ``path`` at the end: on any failure (a full disk, no
+    permission) an earlier file at ``path`` is left as it was and the temporary file is removed.
+    The file gets the usual mode under the umask, as a plain ``open`` would give it."""
+    p = Path(path)
+    data = text.encode("utf-8")
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
 def export_review(outputs: OutputNodes, path: os.PathLike) -> Path:
-    """Write the review with the report: ``.json`` (the full report plus decisions) or ``.csv``."""
+    """Write the review with the report: ``.json`` (the full report plus decisions) or ``.csv``,
+    both UTF-8 (the CSV without a byte-order mark) and written whole or not at all
+    (:func:`write_text_atomic`)."""
     if outputs.review is None:
         raise KeyError("no review table for this volume")
     p = Path(path)
     report = read_report(outputs.report)
     if p.suffix.lower() == ".json":
-        p.write_text(json.dumps(review_document(outputs.review, report), indent=2) + "\n")
+        write_text_atomic(p, json.dumps(review_document(outputs.review, report), indent=2) + "\n")
     elif p.suffix.lower() == ".csv":
-        p.write_text(review_csv(outputs.review, report))
+        write_text_atomic(p, review_csv(outputs.review, report))
     else:
         raise ValueError(f"{p.name}: export to .csv or .json")
     return p
