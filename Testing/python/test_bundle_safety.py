@@ -107,6 +107,36 @@ def test_non_finite_weights_are_refused_by_every_loader(small_bundle, tmp_path, 
     load_bundle(_rewrite(small_bundle, tmp_path / "good", role, dtype, lambda state: None), backend="torch")
 
 
+@pytest.mark.parametrize("stored,declared,refused", [
+    (torch.int32, "float16", True), (torch.float32, "float16", True), (torch.float16, "float32", True),
+    (torch.int64, None, True), (torch.uint8, None, True), (torch.float32, None, False), (torch.float16, "float16", False)])
+def test_weights_stored_in_another_dtype_than_declared_are_refused(small_bundle, tmp_path, stored, declared, refused):
+    """An int32 copy of the weights with a matching checksum was loaded (cast) and ran: garbage, exit 0."""
+    from safetensors.torch import load_file, save_file
+
+    from cardseg.bundle.folder import check_bundle_folder
+
+    bad = tmp_path / "bad"
+    shutil.copytree(small_bundle, bad)
+    path = bad / "primary.safetensors"
+    save_file({k: (v * 100).to(stored) for k, v in load_file(str(path)).items()}, str(path))
+    config = json.loads((bad / "bundle.json").read_text())
+    config["networks"]["primary"]["sha256"] = hashlib.sha256(path.read_bytes()).hexdigest()
+    config["networks"]["primary"].pop("dtype", None)
+    if declared:
+        config["networks"]["primary"]["dtype"] = declared
+    (bad / "bundle.json").write_text(json.dumps(config, indent=2))
+    if not refused:
+        check_bundle_folder(bad)
+        return
+    want = f"bundle.json's dtype {declared}" if declared else "a floating-point dtype"
+    with pytest.raises(CardsegError, match=rf"^{path}: tensor \".+\" is stored as [A-Z0-9]+, not as {want}; "):
+        check_bundle_folder(bad)
+    r = subprocess.run([sys.executable, "-m", "cardseg", "info", "--bundle", str(bad)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "stored as" in r.stderr, r.stderr
+
+
 FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.float8_e5m2, torch.float8_e4m3fn]
 
 

@@ -4,6 +4,7 @@
 :func:`verify_weights` checks each role's file against the sha256 in ``bundle.json``, reads the
 8-byte header length and the JSON header (:func:`read_safetensors_header` checks that every
 tensor's byte range lies inside the file and matches its dtype and shape), and refuses a file
+whose tensors are not stored in the dtype ``bundle.json`` declares (:func:`dtype_problem`) or
 whose floating-point tensors hold a NaN or an infinity (:func:`non_finite_problem`, bit patterns
 read with the standard library alone: no numpy, no torch). A network with such a weight computes
 NaN logits, which would give an all-background segmentation with exit status 0.
@@ -66,11 +67,27 @@ def verify_weights(root: os.PathLike, config: dict) -> Dict[str, WeightFile]:
         if digest != spec["sha256"]:
             raise CardsegError(f"{path}: checksum mismatch (file is truncated, altered or not this bundle's)")
         tensors = read_safetensors_header(path)
-        problem = non_finite_problem(data, tensors)
+        problem = dtype_problem(tensors, spec.get("dtype")) or non_finite_problem(data, tensors)
         if problem:
             raise CardsegError(f"{path}: {problem}; the weights are broken (train or export the bundle again)")
         out[role] = WeightFile(path=path, sha256=digest, tensors=tensors, data=data)
     return out
+
+
+#: bundle.json's ``dtype`` -> the safetensors dtype of every tensor of such a file
+DECLARED_DTYPES = {"float16": "F16", "float32": "F32", "bfloat16": "BF16"}
+
+
+def dtype_problem(tensors: Dict[str, dict], declared: Optional[str]) -> Optional[str]:
+    """``None`` when every tensor is stored in the ``dtype`` bundle.json declares (any floating
+    dtype when it declares none), else one phrase naming the first tensor that is not. A weight
+    stored as integers would be cast silently on loading and compute garbage."""
+    allowed = {DECLARED_DTYPES[declared]} if declared in DECLARED_DTYPES else set(DECLARED_DTYPES.values()) | {"F64"}
+    for name, entry in tensors.items():
+        if entry["dtype"] not in allowed:
+            want = f"bundle.json's dtype {declared}" if declared else "a floating-point dtype"
+            return f"tensor {show(name)} is stored as {entry['dtype']}, not as {want}"
+    return None
 
 
 def _read_regular(path: Path) -> bytes:
