@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import atexit
 import json
-import os
 import subprocess
 import time
 import weakref
@@ -162,15 +161,18 @@ class EngineRun:
                 self.engine.poll()
         return self.state
 
-    def cancel(self) -> None:
-        """End the work at once (the engine process is killed); the state becomes ``cancelled``."""
+    def cancel(self, background: Optional[Callable[[Callable[[], None]], None]] = None) -> None:
+        """End the work at once (the engine process is killed); the state becomes ``cancelled``.
+
+        ``background(fn)``: the killing (it waits for the process: seconds) runs there, as
+        :meth:`~.process.CardsegRun.cancel` hands it; the engine is free for the next run at once."""
         if self.state == proc.IDLE:
             self.finish(proc.CANCELLED, None)
         elif self.one_shot is not None:
-            self.one_shot.cancel()
+            self.one_shot.cancel(background=background)
             self._follow()
         elif self.state == proc.RUNNING:
-            self.engine.cancel(self)
+            self.engine.cancel(self, background)
 
     def wait(self, timeout: Optional[float] = None, interval: float = 0.05) -> str:
         """Poll until the run finishes (scripts and tests); cancels it on timeout."""
@@ -322,16 +324,16 @@ class Engine:
                 run.returncode = code
                 run.finish(proc.FAILED, error)
 
-    def cancel(self, run: EngineRun) -> None:
+    def cancel(self, run: EngineRun, background: Optional[Callable[[Callable[[], None]], None]] = None) -> None:
         """End ``run`` at once: the engine process goes (the next run starts another). The engine
-        lets go of the process before killing it, so that a cancel on a background thread never
-        holds up the next run."""
+        lets go of the process before killing it, so that the kill, handed to ``background(fn)``
+        when given (else done here), never holds up the next run."""
         handle = None
         if self.current is run:
             handle, self.handle, self.current = self.handle, None, None
         run.finish(proc.CANCELLED, None)
         if handle is not None:
-            handle.kill()
+            (background or (lambda kill: kill()))(handle.kill)
 
     def close(self) -> None:
         """End the engine (the running run, if any, is cancelled); a later run starts a new one."""

@@ -200,14 +200,9 @@ class SegmentationJob:
 
 def cancel_runs(runs, cleanup: Callable[[], None], background: Optional[Callable] = None) -> None:
     """Cancel ``runs`` (any may be None), then ``cleanup``; with ``background(fn)`` the waiting for
-    the processes and the cleanup happen there, and this returns at once."""
+    the processes and the cleanup happen there, and this returns at once. The cleanup happens even
+    when a run's cancel raises (the error is raised after it is handed over)."""
     endings: list = []
-    for run in runs:
-        if run is not None:
-            run.cancel(background=endings.append if background is not None else None)
-    if background is None:
-        cleanup()
-        return
 
     def finish() -> None:
         try:
@@ -216,7 +211,12 @@ def cancel_runs(runs, cleanup: Callable[[], None], background: Optional[Callable
         finally:
             cleanup()
 
-    background(finish)
+    try:
+        for run in runs:
+            if run is not None:
+                run.cancel(background=endings.append if background is not None else None)
+    finally:
+        (background or (lambda fn: fn()))(finish)
 
 
 def remove_tree(path: os.PathLike) -> Optional[str]:

@@ -1,0 +1,176 @@
+"""Cancel with "Keep engine warm" (issue 22) and runs refused before they start, on real MRML.
+
+The panel cancels on a background thread: ``jobs.cancel_runs`` hands each run's ending to it.
+A warm-engine run must take that hand-over as a one-shot run does: the engine lets go of the
+process at once (the next click starts a new one), the kill and the deletion of the temporary
+folder happen in the background. Before the fix ``EngineRun.cancel`` refused the ``background``
+argument: the panel said "Cancelled" while ``cardseg serve`` went on computing, the temporary
+folder (a copy of the patient's image) stayed, and the next click failed with "busy".
+
+Fake engine processes (``test_slicer_engine``'s), no real engine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+
+import pytest
+
+from conftest import MODULE_DIR, slicer_core
+
+slicer = slicer_core()
+
+import CARDSegmentLib as lib  # noqa: E402
+from CARDSegmentLib import process as proc, volume_files  # noqa: E402
+from CARDSegmentLib.engine import Engine, EngineRun  # noqa: E402
+from CARDSegmentLib.jobs import cancel_runs  # noqa: E402
+from CARDSegmentLib.module_logic import ModuleLogic  # noqa: E402
+from test_slicer_engine import FakeEngine, Launcher, OneShot, command, progress, succeed  # noqa: E402
+
+
+def never_ends(request):
+    """A request the engine is still computing when the user cancels."""
+    return [[progress("trajectory", 0, 20)], [progress("trajectory", 1, 20)]]
+
+
+class Timer:
+    """qt.QTimer's part the Logic uses; the test fires the slot."""
+
+    def __init__(self):
+        self.slot, self.active = None, False
+
+    def setInterval(self, ms):
+        pass
+
+    def connect(self, signal, slot):
+        self.slot = slot
+
+    def start(self):
+        self.active = True
+
+    def stop(self):
+        self.active = False
+
+
+class GatedEngine(FakeEngine):
+    """A fake engine whose kill waits for ``gate`` (killing a real process takes a while)."""
+
+    gate = threading.Event()
+
+    def kill(self):
+        self.gate.wait(10)
+        super().kill()
+
+
+# ---------------------------------------------------------------------------------------------
+# the engine alone
+
+
+def test_a_warm_run_hands_its_kill_to_the_background_and_frees_the_engine_at_once():
+    launcher = Launcher(never_ends, succeed)
+    engine = Engine(launcher)
+    run = engine.run(command())
+    run.start()
+    run.poll()
+    assert run.running and engine.busy
+    later = []
+    run.cancel(background=later.append)
+    first = launcher.engines[0]
+    assert run.state == proc.CANCELLED and not engine.busy and engine.handle is None
+    assert not first.killed and len(later) == 1  # the kill waits for the background thread
+    later[0]()
+    assert first.killed
+    again = engine.run(command())
+    again.start()  # no "the engine is busy with another run"
+    assert again.wait(5, interval=0) == proc.SUCCEEDED and engine.starts == 2
+
+
+def test_a_fallback_run_hands_its_one_shot_kill_to_the_background():
+    engine = Engine(Launcher(lambda r: [[("stderr", "ImportError: no cardseg")], 1], ready=False))
+    one_shots = []
+    run = engine.run(command(), one_shot_launcher=lambda argv, env, cwd: one_shots.append(OneShot(argv)) or one_shots[-1])
+    run.start()
+    while not one_shots:
+        run.poll()
+    later = []
+    run.cancel(background=later.append)
+    assert run.state == proc.CANCELLED and not one_shots[0].killed and len(later) == 1
+    later[0]()
+    assert one_shots[0].killed
+
+
+def test_cancel_runs_still_cleans_up_when_a_run_refuses_the_cancel():
+    class Stubborn:
+        def cancel(self, background=None):
+            raise RuntimeError("cannot cancel")
+
+    cleaned, later = [], []
+    with pytest.raises(RuntimeError, match="cannot cancel"):
+        cancel_runs([Stubborn()], lambda: cleaned.append(1), later.append)
+    assert len(later) == 1
+    later[0]()
+    assert cleaned == [1]
+    with pytest.raises(RuntimeError):
+        cancel_runs([Stubborn()], lambda: cleaned.append(2))
+    assert cleaned == [1, 2]
+
+
+# ---------------------------------------------------------------------------------------------
+# the module's Logic, as the panel drives it
+
+
+@pytest.fixture
+def scene_and_volume(tmp_path, synthetic_volume):
+    import SimpleITK as sitk
+
+    vol, _ = synthetic_volume
+    src = tmp_path / "in.nrrd"
+    sitk.WriteImage(vol.to_image(), str(src))
+    scene = slicer.vtkMRMLScene()
+    volume = scene.AddNewNodeByClass("vtkMRMLScalarVolumeNode", "cine")
+    volume_files.read_volume_file(volume, src)
+    return scene, volume
+
+
+def options_in(work, **kw):
+    kw.setdefault("device", "cpu")
+    return lib.JobOptions(engine_dir=str(MODULE_DIR), python_executable="/opt/Slicer/bin/PythonSlicer",
+                          work_root=str(work), **kw)
+
+
+def test_cancel_with_the_engine_kept_warm_kills_it_deletes_the_files_and_the_next_click_works(
+        tmp_path, scene_and_volume):
+    scene, volume = scene_and_volume
+    work = tmp_path / "work"
+    work.mkdir()
+    launcher_made = []
+
+    def gated(argv, env, cwd):
+        engine = GatedEngine(argv, env, never_ends)
+        launcher_made.append(engine)
+        return engine
+
+    timers = []
+    logic = ModuleLogic(str(MODULE_DIR), lambda: scene, lambda: timers.append(Timer()) or timers[-1],
+                        contextlib.nullcontext)
+    logic.engine = Engine(gated)
+    outcomes = []
+    GatedEngine.gate.clear()
+    logic.start(volume, options_in(work), onFinished=lambda s, e: outcomes.append((s, e)))
+    timers[-1].slot()
+    job = logic.job
+    assert isinstance(job.run, EngineRun) and job.run.running and list(work.iterdir())
+    logic.cancel()  # returns while the kill waits in the background
+    assert outcomes == [(lib.CANCELLED, None)] and not logic.engine.busy and job.run.state == lib.CANCELLED
+    GatedEngine.gate.set()
+    assert logic.waitForBackground(10)
+    assert launcher_made[0].killed and list(work.iterdir()) == []  # no copy of the image left behind
+    # the next click starts a new engine process and sends it the request
+    logic.start(volume, options_in(work), onFinished=lambda s, e: outcomes.append((s, e)))
+    timers[-1].slot()
+    assert logic.isRunning and len(outcomes) == 1, outcomes
+    assert logic.engine.starts == 2 and len(launcher_made[1].requests) == 1
+    logic.cancel()
+    assert logic.waitForBackground(10) and launcher_made[1].killed and list(work.iterdir()) == []
+    logic.closeEngine()
