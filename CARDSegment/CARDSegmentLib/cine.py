@@ -31,7 +31,7 @@ from typing import Callable, Dict, List, Optional
 from . import process as proc
 from .bundles import bundle_classes
 from .cine_results import SUBJECT, commit_indices, indices_from_subjects, make_indices_table
-from .jobs import JobOptions, cancel_runs, one_line, remove_tree
+from .jobs import JobOptions, cancel_runs, one_line, remove_tree, start_or_clean_up
 from .loading import PendingOutputs, commit_outputs, discard_outputs, prepare_outputs
 from .outputs import OutputError, OutputNodes, all_nodes, find_outputs, read_report, segmented_frames
 from .sequences import Cine, FramePlan, follow_frame, lv_curve, pick_ed_es
@@ -134,8 +134,9 @@ class CineJob:
         """Write the frames and the manifest, start the engine (the scene is not changed)."""
         if self._state != proc.IDLE:
             raise RuntimeError("this job was already started")
-        self.work_dir = Path(tempfile.mkdtemp(prefix="CARDSegment-", dir=self.options.work_root))
         try:
+            self.options.check()
+            self.work_dir = Path(tempfile.mkdtemp(prefix="CARDSegment-", dir=self.options.work_root))
             (self.work_dir / "frames").mkdir()
             for frame in self.plan.frames:
                 write_volume_file(self.cine.frame_volume(frame), self.work_dir / "frames" / f"{case_name(frame)}.nrrd")
@@ -151,7 +152,7 @@ class CineJob:
         self.run = self.run_factory(command, self.launcher, on_progress)
         self.runs.append(self.run)
         self._state = proc.RUNNING
-        self.run.start()
+        start_or_clean_up(self.run, self._fail)
         if self.run.state == proc.FAILED:
             self._state = proc.FAILED
             self.cleanup()

@@ -62,6 +62,10 @@ class JobOptions:
             method=self.method, python_executable=self.python_executable, engine_dir=self.engine_dir,
             threads=self.threads, batch_size=self.batch_size)
 
+    def check(self) -> None:
+        """Refuse a wrong device or method (ValueError naming it) before any file is written."""
+        self.command("", "").engine_call()
+
 
 class SegmentationJob:
     """Segment and calibrate one input volume in a separate process, then load the results."""
@@ -113,8 +117,9 @@ class SegmentationJob:
         if self.input_volume is None or self.input_volume.GetImageData() is None:
             self._fail("choose an input volume that has image data")
             return
-        self.work_dir = Path(tempfile.mkdtemp(prefix="CARDSegment-", dir=self.options.work_root))
         try:
+            self.options.check()
+            self.work_dir = Path(tempfile.mkdtemp(prefix="CARDSegment-", dir=self.options.work_root))
             write_volume_file(self.input_volume, self.input_path)
         except Exception as exc:  # noqa: BLE001 - any failure here is the run's one-line error
             self._fail(one_line(exc))
@@ -122,7 +127,7 @@ class SegmentationJob:
         command = self.options.command(self.input_path, self.output_dir)
         self.run = self.run_factory(command, self.launcher, self.on_progress)
         self._state = proc.RUNNING
-        self.run.start()
+        start_or_clean_up(self.run, self._fail)
         if self.run.state == proc.FAILED:
             self._state = proc.FAILED
             self.cleanup()
@@ -196,6 +201,15 @@ class SegmentationJob:
         self._state = proc.FAILED
         self._error = message
         self.cleanup()
+
+
+def start_or_clean_up(run, fail: Callable[[str], None]) -> None:
+    """``run.start()``; if it raises, ``fail`` (which deletes the temporary folder) before the error goes on."""
+    try:
+        run.start()
+    except Exception as exc:
+        fail(one_line(exc))
+        raise
 
 
 def cancel_runs(runs, cleanup: Callable[[], None], background: Optional[Callable] = None) -> None:

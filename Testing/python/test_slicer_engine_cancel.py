@@ -174,3 +174,22 @@ def test_cancel_with_the_engine_kept_warm_kills_it_deletes_the_files_and_the_nex
     logic.cancel()
     assert logic.waitForBackground(10) and launcher_made[1].killed and list(work.iterdir()) == []
     logic.closeEngine()
+
+
+@pytest.mark.parametrize("warm", [False, True])
+@pytest.mark.parametrize("wrong", [{"device": "gpu"}, {"method": "CARD"}])
+def test_run_sync_with_a_wrong_option_fails_in_one_line_and_leaves_no_folder(tmp_path, scene_and_volume, warm, wrong):
+    scene, volume = scene_and_volume
+    work = tmp_path / "work"
+    work.mkdir()
+    logic = ModuleLogic(str(MODULE_DIR), lambda: scene, Timer, contextlib.nullcontext)
+    logic.engine = Engine(Launcher(succeed))
+    name = next(iter(wrong))
+    with pytest.raises(RuntimeError, match=f"segmentation failed: {name} must be one of"):
+        logic.runSync(volume, options_in(work, keep_engine_warm=warm, **wrong), timeout=10)
+    assert list(work.iterdir()) == []
+    assert logic.engine is None or logic.engine.starts == 0  # nothing was started either
+    outcomes = []
+    logic.start(volume, options_in(work, keep_engine_warm=warm, **wrong), onFinished=lambda s, e: outcomes.append((s, e)))
+    assert outcomes and outcomes[0][0] == lib.FAILED and outcomes[0][1].startswith(f"{name} must be one of")
+    assert list(work.iterdir()) == []
