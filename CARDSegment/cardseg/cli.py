@@ -250,13 +250,16 @@ def cmd_batch(a) -> int:
 def cmd_sizes(a) -> int:
     from cardseg.method.networks import SWIN_SIZES, UNET_SIZES, build_network, count_parameters
 
-    print(f"{'network':32s} {'parameters':>12s}")
-    for size, fs in SWIN_SIZES.items():
-        n = count_parameters(build_network({"arch": "time-swinunetr", "size": size, "num_classes": 4}))
-        print(f"{'time-swinunetr:' + size + f' (feature_size {fs})':32s} {n:>12,d}")
-    for size in UNET_SIZES:
-        n = count_parameters(build_network({"arch": "time-unet", "size": size, "num_classes": 4}))
-        print(f"{'time-unet:' + size:32s} {n:>12,d}")
+    def count(arch: str, size: str) -> int:
+        return count_parameters(build_network({"arch": arch, "size": size, "num_classes": 4}))
+
+    rows = [(f"time-swinunetr:{size} (feature_size {fs})", count("time-swinunetr", size))
+            for size, fs in SWIN_SIZES.items()]
+    rows += [(f"time-unet:{size}", count("time-unet", size)) for size in UNET_SIZES]
+    width = max(len(name) for name, _ in rows)
+    print(f"{'network':{width}s} {'parameters':>12s}")
+    for name, n in rows:
+        print(f"{name:{width}s} {n:>12,d}")
     print("(4 classes, 1 image channel)")
     return 0
 

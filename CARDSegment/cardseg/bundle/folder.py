@@ -23,7 +23,10 @@ BUNDLES_DIR = Path(__file__).resolve().parent.parent / "bundles"
 
 
 def resolve_bundle_path(path: Optional[os.PathLike] = None) -> Path:
-    """``--bundle`` if given, else ``$CARDSEG_BUNDLE``, else the shipped default bundle."""
+    """``--bundle`` if given, else ``$CARDSEG_BUNDLE`` (an empty one counts as unset), else the
+    shipped default bundle. An empty ``--bundle ""`` is refused, not taken for the default."""
+    if path is not None and not str(path).strip():
+        raise CardsegError("the bundle path is empty (leave --bundle out for the default bundle)")
     chosen = path or os.environ.get(ENV_VAR) or (BUNDLES_DIR / DEFAULT_NAME)
     p = Path(chosen)
     if not (p / "bundle.json").is_file():
