@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -247,6 +248,24 @@ def review_csv(table, report: Optional[dict]) -> str:
     return out.getvalue()
 
 
+def strict_json(value):
+    """``value`` (dictionaries, lists, numbers, text) with every non-finite float (a missing
+    measure: NaN, or an infinity) made None, so that ``json.dumps`` writes ``null``: what strict
+    JSON readers (browsers, R's jsonlite by default, Go, Java) accept where a bare ``NaN`` is an error."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [strict_json(item) for item in value]
+    return value
+
+
+def json_text(document) -> str:
+    """``document`` as the exports' JSON: indented, non-finite numbers as ``null`` (:func:`strict_json`)."""
+    return json.dumps(strict_json(document), indent=2, allow_nan=False) + "\n"
+
+
 def write_text_atomic(path: os.PathLike, text: str) -> None:
     """Write ``text`` to ``path`` as UTF-8 (whatever the machine's encoding: Windows' is cp1252), to
     a temporary file beside it renamed over ``path`` at the end: on any failure (a full disk, no
@@ -273,15 +292,16 @@ def write_text_atomic(path: os.PathLike, text: str) -> None:
 
 
 def export_review(outputs: OutputNodes, path: os.PathLike) -> Path:
-    """Write the review with the report: ``.json`` (the full report plus decisions) or ``.csv``,
-    both UTF-8 (the CSV without a byte-order mark) and written whole or not at all
+    """Write the review with the report: ``.json`` (the full report plus decisions; a missing or
+    non-finite number as ``null``: :func:`json_text`) or ``.csv`` (a missing ``p_error`` an empty
+    cell), both UTF-8 (the CSV without a byte-order mark) and written whole or not at all
     (:func:`write_text_atomic`)."""
     if outputs.review is None:
         raise KeyError("no review table for this volume")
     p = Path(path)
     report = read_report(outputs.report)
     if p.suffix.lower() == ".json":
-        write_text_atomic(p, json.dumps(review_document(outputs.review, report), indent=2) + "\n")
+        write_text_atomic(p, json_text(review_document(outputs.review, report)))
     elif p.suffix.lower() == ".csv":
         write_text_atomic(p, review_csv(outputs.review, report))
     else:

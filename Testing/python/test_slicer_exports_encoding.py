@@ -145,3 +145,37 @@ def test_an_export_replaces_the_earlier_file_and_leaves_nothing_else(tmp_path, k
     umask = os.umask(0)
     os.umask(umask)
     assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # as a plain open() would have made it
+
+
+# -- strict JSON
+
+
+def strict_loads(text: str):
+    """json.loads that refuses NaN and Infinity, as strict JSON readers do."""
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_the_cine_json_writes_a_missing_index_as_null_and_the_csv_as_nan(tmp_path):
+    doc = strict_loads(export("cine", tmp_path / "cine.json").read_text(encoding="utf-8"))
+    by_name = {item["name"]: item for item in doc["indices"]["indices"]}
+    assert by_name["RVEF"] == {"name": "RVEF", "value": None, "low": None, "high": None}
+    assert by_name["LVEF"] == {"name": "LVEF", "value": 56.0, "low": 52.0, "high": 60.0}
+    assert doc["indices"]["nominal"] == 0.9
+    assert [r["p_error"] for r in doc["frames"]["0"]["regions"]] == [0.81, None]
+    rows = list(csv.DictReader(io.StringIO(export("cine", tmp_path / "cine.csv").read_text(encoding="utf-8"))))
+    rvef = next(row for row in rows if row["index"] == "RVEF")
+    assert (rvef["value"], rvef["low"], rvef["high"]) == ("nan", "nan", "inf")  # as subjects.csv writes them
+
+
+def test_the_volume_json_writes_a_non_finite_report_number_as_null(tmp_path):
+    outputs = volume_outputs(slicer.vtkMRMLScene())
+    report = json.loads(outputs.report.GetText())
+    report["regions"][1]["volume_mm3"] = float("nan")
+    report["agreement"] = float("-inf")
+    outputs.report.SetText(json.dumps(report))  # a report.json holding NaN (Python's json writes it)
+    doc = strict_loads(review.export_review(outputs, tmp_path / "review.json").read_text(encoding="utf-8"))
+    assert doc["agreement"] is None and doc["regions"][1]["volume_mm3"] is None
+    assert doc["regions"][0]["volume_mm3"] == 720.0 and doc["regions"][0]["note"] == NOTE
