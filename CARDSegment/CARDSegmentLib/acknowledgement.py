@@ -33,10 +33,12 @@ def research_only_sources(config: Mapping, shipped: bool = False) -> List[str]:
     """The research-only data sets a bundle's networks were trained on, as references to cite.
 
     config: the bundle's ``bundle.json`` as a dictionary. The shipped default bundle counts as
-    ACDC-trained whatever its provenance says (its model card says so).
+    ACDC-trained whatever its provenance says (its model card says so). A provenance that is not an
+    object (or names no training data) names no data set.
     """
     found: List[str] = []
-    training = (config.get("provenance") or {}).get("training") or {}
+    provenance = config.get("provenance")
+    training = provenance.get("training") if isinstance(provenance, Mapping) else None
     for role in sorted(training) if isinstance(training, Mapping) else ():
         entry = training[role]
         data = str(entry.get("data", "")) if isinstance(entry, Mapping) else ""

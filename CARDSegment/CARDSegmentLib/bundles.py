@@ -43,11 +43,17 @@ def folder_text(value: Optional[object]) -> str:
 
 
 def bundle_config(path: os.PathLike) -> dict:
+    """The folder's ``bundle.json`` as a dictionary; a :class:`BundleChoiceError` (one line naming
+    the file) when it cannot be read, is not JSON, or holds something other than a JSON object."""
     p = Path(path) / "bundle.json"
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
+        config = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise BundleChoiceError(f"{p}: unreadable ({exc})") from None
+    if not isinstance(config, dict):
+        raise BundleChoiceError(f"{p}: not a bundle description (a JSON {type(config).__name__}, "
+                                "where a JSON object was expected)")
+    return config
 
 
 def bundle_classes(path: os.PathLike) -> List[dict]:
@@ -60,5 +66,6 @@ def bundle_classes(path: os.PathLike) -> List[dict]:
 
 def bundle_label(path: os.PathLike) -> str:
     """"name version" of a bundle, for the panel."""
-    ident = bundle_config(path).get("id") or {}
+    ident = bundle_config(path).get("id")
+    ident = ident if isinstance(ident, dict) else {}
     return f"{ident.get('name', '?')} {ident.get('version', '')}".strip()

@@ -1037,3 +1037,35 @@ def test_bundle_choice(tmp_path, run):
         lib.resolve_bundle(False, tmp_path, tmp_path)
     assert [c["name"] for c in lib.bundle_classes(run.bundle)] == ["background", "RV", "MYO", "LV"]
     assert lib.bundle_label(run.bundle) == "untrained 0.0.0"
+
+
+@pytest.mark.parametrize("content, kind", [("[1, 2]", "list"), ('"acdc"', "str"), ("3", "int"), ("null", "NoneType")])
+def test_a_bundle_json_that_is_not_an_object_is_a_bundle_choice_error(tmp_path, content, kind):
+    """What the panel's Apply catches (BundleChoiceError), in one line naming the file, for every
+    reader of bundle.json: the acknowledgement check, the classes and the label."""
+    from CARDSegmentLib.acknowledgement import ensure_acknowledged_for_bundle
+
+    (tmp_path / "bundle.json").write_text(content, encoding="utf-8")
+    never = SimpleNamespace(value=lambda key: None, setValue=lambda key, value: None)
+    for read in (lib.bundle_config, lib.bundle_classes, lib.bundle_label,
+                 lambda p: ensure_acknowledged_for_bundle(p, tmp_path / "module", never, lambda *a: True)):
+        with pytest.raises(lib.BundleChoiceError) as caught:
+            read(tmp_path)
+        message = str(caught.value)
+        assert "\n" not in message and str(tmp_path / "bundle.json") in message and f"JSON {kind}" in message
+
+
+@pytest.mark.parametrize("provenance", ["trained on ACDC", ["acdc"], 7, {"training": "acdc"},
+                                        {"training": {"primary": "acdc"}}])
+def test_a_bundle_with_a_provenance_that_is_not_an_object_is_asked_nothing_and_does_not_crash(tmp_path, provenance):
+    from CARDSegmentLib.acknowledgement import ensure_acknowledged_for_bundle, research_only_sources
+
+    config = {"id": "not an object", "classes": [{"name": "background"}], "provenance": provenance}
+    (tmp_path / "bundle.json").write_text(json.dumps(config), encoding="utf-8")
+    asked = []
+    settings = SimpleNamespace(value=lambda key: None, setValue=lambda key, value: None)
+    assert ensure_acknowledged_for_bundle(tmp_path, tmp_path / "module", settings,
+                                          lambda *a: asked.append(a) or False) is True
+    assert asked == []  # names no research-only data set
+    assert research_only_sources(config, shipped=True) == [research_only_sources({}, shipped=True)[0]]
+    assert lib.bundle_label(tmp_path) == "?"
