@@ -50,6 +50,11 @@ class BatchCommand(proc.SegmentCommand):
         return self.engine_call("batch", "--manifest", str(self.input_path)) + ["--no-report"]
 
 
+def node_ids(scene) -> set:
+    """The IDs of every node in ``scene``."""
+    return {n.GetID() for n in all_nodes(scene)}
+
+
 def case_name(frame: int) -> str:
     """The engine's case (and output folder) name of a frame."""
     return f"frame-{int(frame):03d}"
@@ -98,7 +103,7 @@ class CineJob:
         self._pending: List[PendingOutputs] = []
         self._indices_table = None
         self._classes: Optional[list] = None
-        self._existing: Optional[set] = None
+        self._made: set = set()  # IDs of every node the load steps made (pending outputs, their displays, ...)
         self._error: Optional[str] = None
         self._state = proc.IDLE
         self._loading = 0
@@ -218,16 +223,17 @@ class CineJob:
         """Load one frame (then the indices, then put everything in place); True when done."""
         if self._state != proc.SUCCEEDED:
             raise RuntimeError(f"nothing to load: the run is {self._state}")
+        before = node_ids(self.scene)  # between two steps the user may add nodes: those are not ours
         try:
-            if self._existing is None:
-                self._existing = {n.GetID() for n in all_nodes(self.scene)}
-                self._classes = bundle_classes(self.options.bundle_path) if self.options.bundle_path else None
+            if self._loading == 0 and self.options.bundle_path:
+                self._classes = bundle_classes(self.options.bundle_path)
             if self._loading < len(self.plan.frames):
                 frame = self.plan.frames[self._loading]
                 self._pending.append(prepare_outputs(
                     self.scene, self.input_volume, self.frame_dir(frame), self._classes,
                     self.options.load_probabilities, frame=frame))
                 self._loading += 1
+                self._made |= node_ids(self.scene) - before
                 self._report_progress()
                 return False
             if self.plan.indices:
@@ -236,6 +242,7 @@ class CineJob:
             self._commit()
         except Exception as exc:  # noqa: BLE001 - the scene as before, one line says why
             message = one_line(exc)
+            self._made |= node_ids(self.scene) - before
             self._discard()
             self._fail(message)
             raise OutputError(message) from exc
@@ -259,7 +266,7 @@ class CineJob:
         segmentations = {f: find_outputs(self.scene, self.input_volume, f).segmentation
                           for f in segmented_frames(self.scene, self.input_volume)}
         follow_frame(self.scene, segmentations, shown)  # the shown frame's segmentation only
-        self._pending, self._indices_table, self._existing = [], None, None
+        self._pending, self._indices_table, self._made = [], None, set()
 
     def _discard(self) -> None:
         for pending in self._pending:
@@ -267,8 +274,11 @@ class CineJob:
         if self._indices_table is not None:
             discard_outputs(self.scene, PendingOutputs(OutputNodes(indices=self._indices_table), {}))
         self._pending, self._indices_table = [], None
-        if self._existing is not None:
-            discard_outputs(self.scene, PendingOutputs(OutputNodes(), {}), self._existing)
+        for node_id in sorted(self._made):  # what else the steps made (a volume's display, a colour legend)
+            node = self.scene.GetNodeByID(node_id)
+            if node is not None:
+                self.scene.RemoveNode(node)
+        self._made = set()
 
     def cleanup(self) -> None:
         if self.work_dir is not None and not self.options.keep_files:
