@@ -25,7 +25,8 @@ OWN_DIALOGS_FROM = (5, 12)
 
 
 class DependencyDeclined(RuntimeError):
-    """Nothing was installed: the user said no, or the installed PyTorch must be replaced by hand first."""
+    """Nothing was installed: the user said no, the installed PyTorch must be replaced by hand first,
+    or the PyTorch extension must be installed first. The message is the sentence the panel shows."""
 
 
 class InstallFailed(RuntimeError):
@@ -80,8 +81,8 @@ def _install_torch() -> None:
     try:
         import PyTorchUtils
     except ModuleNotFoundError:
-        raise RuntimeError("CARDSegment needs the PyTorch extension: install it with the Extensions Manager, "
-                           "restart Slicer and try again.") from None
+        raise DependencyDeclined("CARDSegment needs the PyTorch extension: install it with the Extensions Manager, "
+                                 "restart Slicer and try again.") from None
     torch_logic = PyTorchUtils.PyTorchUtilsLogic()
     if not torch_logic.torchInstalled():
         own_dialogs = slicer_shows_install_dialogs(slicer_version())
@@ -95,8 +96,9 @@ def _install_torch() -> None:
 def ensure_dependencies(ask_confirmation: bool = True) -> None:
     """Install what the engine needs, after asking: torch via PyTorchUtils, the rest via pip.
 
-    Raises :class:`DependencyDeclined` when nothing was installed, ``RuntimeError`` when
-    something is still missing afterwards.
+    Raises :class:`DependencyDeclined` when nothing was installed (the user said no, an old torch,
+    no PyTorch extension), :class:`InstallFailed` when pip failed or something is still missing
+    afterwards; either message is a plain sentence for the panel.
     """
     import slicer
 
@@ -119,4 +121,4 @@ def ensure_dependencies(ask_confirmation: bool = True) -> None:
     importlib.invalidate_caches()
     still = deps.missing_requirements()
     if still:
-        raise RuntimeError("still missing after installation: " + ", ".join(r.pip_spec for r in still))
+        raise InstallFailed("still missing after installation: " + ", ".join(r.pip_spec for r in still), shown=False)

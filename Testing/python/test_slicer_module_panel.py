@@ -357,6 +357,35 @@ def test_ensure_dependencies_pins_the_installed_torch_for_pip(module, monkeypatc
     assert installed == [["monai>=1.5", "einops", "torch==2.5.1+cu124"]]
 
 
+def test_a_missing_pytorch_extension_is_said_in_a_plain_sentence(module, rotated_nifti, monkeypatch):
+    """No PyTorch extension to install torch with: the panel says what to do in its own words (a
+    warning, nothing installed), not as a ``RuntimeError: ...`` failure."""
+    deps = dependencies
+    monkeypatch.setattr(deps, "missing_requirements", lambda: [deps.requirement("torch")])
+    monkeypatch.setattr(deps, "torch_too_old", lambda: None)
+    monkeypatch.setitem(sys.modules, "PyTorchUtils", None)  # import PyTorchUtils fails
+    installed = []
+    monkeypatch.setattr(slicer.util, "pip_install", installed.append)
+    widget = make_widget(module, load_volume(slicer.mrmlScene, rotated_nifti))
+    widget.onApplyButton()
+    sentence = ("CARDSegment needs the PyTorch extension: install it with the Extensions Manager, "
+                "restart Slicer and try again.")
+    assert widget.ui.statusLabel.text == sentence and module.dialogs.warnings == [sentence]
+    assert module.dialogs.errors == [] and installed == [] and not widget.logic.isRunning
+    assert widget.ui.applyButton.enabled and widget.ui.inputsCollapsibleButton.enabled
+
+
+def test_packages_still_missing_after_the_install_are_one_plain_line(module, rotated_nifti, monkeypatch):
+    deps = dependencies
+    monkeypatch.setattr(deps, "missing_requirements", lambda: [deps.requirement("einops")])
+    monkeypatch.setattr(slicer.util, "pip_install", lambda specs: None)  # "installs" nothing
+    widget = make_widget(module, load_volume(slicer.mrmlScene, rotated_nifti))
+    widget.onApplyButton()
+    line = "Installing the Python packages failed: still missing after installation: einops"
+    assert module.dialogs.errors == [line] and widget.ui.statusLabel.text == line
+    assert not widget.logic.isRunning and widget.ui.applyButton.enabled
+
+
 # ---------------------------------------------------------------------------------------------
 # the panel always returns to idle
 
