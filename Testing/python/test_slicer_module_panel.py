@@ -499,6 +499,26 @@ def test_the_research_use_terms_are_asked_once_before_the_shipped_weights_run(mo
     assert len(asked) == 2 and len(started) == 2  # agreed once: not asked again
 
 
+@pytest.mark.parametrize("config", ["[1, 2]", '{"id": {"name": "x"}, "provenance": "trained on ACDC"}'])
+def test_apply_with_a_malformed_bundle_json_says_so_or_runs(module, rotated_nifti, tmp_path, config):
+    """A bundle.json that is a JSON list: one line naming the file, nothing started; a provenance
+    that is a string: no crash, the run starts (no research-only data set named)."""
+    (tmp_path / "bundle.json").write_text(config, encoding="utf-8")
+    widget = make_widget(module, load_volume(slicer.mrmlScene, rotated_nifti))
+    widget.logic.ensureDependencies = lambda askConfirmation=True: None
+    started = []
+    widget.logic.start = lambda *a, **k: started.append(a)
+    p = widget._parameterNode
+    p.bundleSource, p.bundleFolder = module.BundleSource.FOLDER, str(tmp_path)
+    widget.onApplyButton()
+    if config.startswith("["):
+        assert module.dialogs.errors == [f"Cannot use this bundle: {tmp_path / 'bundle.json'}: not a bundle "
+                                         "description (a JSON list, where a JSON object was expected)"]
+        assert not started and widget.ui.applyButton.enabled and not widget._preparing
+    else:
+        assert module.dialogs.errors == [] and len(started) == 1
+
+
 # ---------------------------------------------------------------------------------------------
 # the bundle folder box
 
