@@ -28,9 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
+import numpy as np
+
 from . import process as proc
 from .bundles import bundle_classes
 from .cine_results import SUBJECT, commit_indices, indices_from_subjects, make_indices_table
+from .geometry import GEOMETRY_TOLERANCE_MM, ijk_to_ras, image_dimensions
 from .jobs import JobOptions, cancel_runs, one_line, remove_tree, start_or_clean_up
 from .loading import PendingOutputs, commit_outputs, discard_outputs, prepare_outputs
 from .outputs import OutputError, OutputNodes, all_nodes, find_outputs, read_report, segmented_frames
@@ -53,6 +56,26 @@ class BatchCommand(proc.SegmentCommand):
 def node_ids(scene) -> set:
     """The IDs of every node in ``scene``."""
     return {n.GetID() for n in all_nodes(scene)}
+
+
+def grid_text(volume) -> str:
+    """``56 x 64 x 3 voxels of 2.4 x 2.4 x 8 mm``: a volume's grid in words."""
+    size = " x ".join(str(n) for n in (image_dimensions(volume) or (0, 0, 0)))
+    return f"{size} voxels of {' x '.join(f'{s:.3g}' for s in volume.GetSpacing())} mm"
+
+
+def odd_frame(cine: Cine, frames, shown_volume) -> Optional[str]:
+    """The one line naming the first of ``frames`` whose grid is not ``shown_volume``'s (the input:
+    every frame's results are drawn on it), else None."""
+    for frame in frames:
+        volume = cine.frame_volume(frame)
+        if (image_dimensions(volume) != image_dimensions(shown_volume)
+                or np.abs(ijk_to_ras(volume) - ijk_to_ras(shown_volume)).max() > GEOMETRY_TOLERANCE_MM):
+            mine, shown = grid_text(volume), grid_text(shown_volume)
+            where = f"{mine} against {shown}" if mine != shown else f"{mine}, placed or turned differently"
+            return (f"{cine.frame_label(frame)} of '{shown_volume.GetName()}' is on another grid than the shown "
+                    f"{cine.frame_label(cine.shown)} ({where}); the frames of a sequence must share one grid")
+    return None
 
 
 def case_name(frame: int) -> str:
@@ -139,6 +162,10 @@ class CineJob:
         """Write the frames and the manifest, start the engine (the scene is not changed)."""
         if self._state != proc.IDLE:
             raise RuntimeError("this job was already started")
+        odd = odd_frame(self.cine, self.plan.frames, self.input_volume)
+        if odd:
+            self._fail(odd)
+            return
         try:
             self.options.check()
             self.work_dir = Path(tempfile.mkdtemp(prefix="CARDSegment-", dir=self.options.work_root))

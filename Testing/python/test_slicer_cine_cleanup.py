@@ -12,15 +12,20 @@ fake ``cardseg batch``) is reused here.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 
-from conftest import slicer_core
+import pytest
+
+from conftest import MODULE_DIR, slicer_core
 
 slicer = slicer_core()
 
 import CARDSegmentLib as lib  # noqa: E402
 import test_slicer_cine as cine_tests  # noqa: E402
-from test_slicer_cine import node_ids  # noqa: E402
+from CARDSegmentLib.module_logic import ModuleLogic  # noqa: E402
+from test_slicer_cine import add_sequence, node_ids, options_for, show_frame  # noqa: E402
+from test_slicer_module_panel import FakeTimer, make_scene  # noqa: E402
 
 # the fixtures of test_slicer_cine: the real run (once per module) and its replay
 cine_bundle, frame_paths, real_run, replay = (cine_tests.cine_bundle, cine_tests.frame_paths, cine_tests.real_run,
@@ -72,3 +77,62 @@ def test_a_failure_while_loading_removes_the_jobs_nodes_and_none_of_the_users(re
     assert monitor.outcome[0] == lib.FAILED and "report.json" in monitor.outcome[1]
     assert all(r.scene.IsNodePresent(n) for n in mine)
     assert node_ids(r.scene) == before | {n.GetID() for n in mine}
+
+
+# ---------------------------------------------------------------------------------------------
+# frames on different grids: refused before anything runs
+
+
+def write_frames(folder, shapes, spacings):
+    import SimpleITK as sitk
+    from cardseg.bundle.scaffold import synthetic_cine_volume
+
+    folder.mkdir()
+    paths = []
+    for i, (shape, spacing) in enumerate(zip(shapes, spacings)):
+        vol, _ = synthetic_cine_volume(shape=shape, spacing=spacing, seed=20 + i)
+        paths.append(folder / f"phase{i}.nrrd")
+        sitk.WriteImage(vol.to_image(), str(paths[-1]))
+    return paths
+
+
+class NoProcess:
+    """A launcher that must not be called."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, argv, env, cwd):
+        self.calls.append(argv)
+        raise AssertionError("no engine should start")
+
+
+ODD = {
+    "size": ([(3, 64, 56), (3, 72, 56), (3, 64, 56)], [(2.4, 2.4, 8.0)] * 3, "(56 x 72 x 3 voxels of 2.4 x 2.4 x 8 mm against 56 x 64 x 3 voxels"),
+    "spacing": ([(3, 64, 56)] * 3, [(2.4, 2.4, 8.0), (2.0, 2.0, 8.0), (2.4, 2.4, 8.0)], "(56 x 64 x 3 voxels of 2 x 2 x 8 mm against 56 x 64 x 3 voxels of 2.4"),
+}
+
+
+@pytest.mark.parametrize("odd", sorted(ODD))
+def test_frames_on_different_grids_are_refused_before_the_engine_runs_naming_the_frame(tmp_path, odd):
+    shapes, spacings, odd_grid = ODD[odd]
+    scene = make_scene()
+    cine = add_sequence(scene, write_frames(tmp_path / "frames", shapes, spacings))
+    show_frame(cine, 0)
+    before = node_ids(scene)
+    logic = ModuleLogic(str(MODULE_DIR), lambda: scene, FakeTimer, contextlib.nullcontext)
+    logic.launcher = NoProcess()
+    work = tmp_path / "work"
+    work.mkdir()
+    outcomes = []
+    logic.start(cine.proxy, options_for(tmp_path / "no-bundle", work, frame_mode="all"),
+                onFinished=lambda s, e: outcomes.append((s, e)))
+    assert len(outcomes) == 1 and outcomes[0][0] == lib.FAILED and not logic.isRunning
+    error = outcomes[0][1]
+    assert error.startswith("frame 1 (40 ms) of '7: SAX cine' is on another grid than the shown frame 0 (0 ms)")
+    assert odd_grid in error and "\n" not in error
+    assert logic.launcher.calls == [] and list(work.iterdir()) == [] and node_ids(scene) == before
+    # the shown frame alone is on its own grid: that run is not refused
+    job = logic.makeJob(cine.proxy, options_for(tmp_path / "no-bundle", work, frame_mode="shown"))
+    with pytest.raises(AssertionError, match="no engine should start"):
+        job.start()
