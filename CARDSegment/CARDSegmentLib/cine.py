@@ -93,8 +93,10 @@ def write_manifest(path: Path, frames, ed: Optional[int] = None, es: Optional[in
             writer.writerow([case_name(frame), f"frames/{case_name(frame)}.nrrd", phase, SUBJECT if phase else ""])
 
 
-def failed_frames(cohort_csv: Path) -> Optional[str]:
-    """``frame 2: <the engine's one line>`` for the first frame the batch's table marks failed (None: none)."""
+def failed_frames(cohort_csv: Path, describe: Callable[[object, str], str] = lambda f, error: f"frame {f}: {error}"
+                  ) -> Optional[str]:
+    """``frame 2: <the engine's one line>`` (``describe(frame, line)``) for the first frame the batch's
+    table marks failed (None: none)."""
     try:
         with open(cohort_csv, newline="", encoding="utf-8") as f:
             rows = [r for r in csv.DictReader(f) if r.get("status") in ("error", "failed")]
@@ -105,7 +107,7 @@ def failed_frames(cohort_csv: Path) -> Optional[str]:
     more = f" (and {len(rows) - 1} more frames)" if len(rows) > 1 else ""
     name = rows[0].get("case", "")
     frame = int(name.split("-")[-1]) if name.startswith("frame-") and name.split("-")[-1].isdigit() else name
-    return f"frame {frame}: {rows[0].get('error') or rows[0].get('status')}{more}"
+    return f"{describe(frame, rows[0].get('error') or rows[0].get('status'))}{more}"
 
 
 class CineJob:
@@ -139,7 +141,28 @@ class CineJob:
 
     @property
     def error(self) -> Optional[str]:
-        return self._error or (self.run.error if self.run is not None else None)
+        """The one-line error; a temporary path in it reads as what it held (the files are gone)."""
+        return proc.name_paths(self._error or (self.run.error if self.run is not None else None), self._path_names())
+
+    def _label(self, frame) -> str:
+        """``frame 3 (120 ms) of 'SAX cine'``."""
+        return f"{self.cine.frame_label(frame)} of '{self.input_volume.GetName()}'"
+
+    def _path_names(self) -> Dict[str, str]:
+        """This job's temporary files and folders and what they held."""
+        if self.work_dir is None:
+            return {}
+        names = {str(self.output_dir): f"the results of '{self.input_volume.GetName()}'"}
+        for frame in self.plan.frames:
+            names[str(self.work_dir / "frames" / f"{case_name(frame)}.nrrd")] = self._label(frame)
+            names[str(self.frame_dir(frame))] = f"the results of {self._label(frame)}"
+        return names
+
+    def _frame_error(self, frame, error: str) -> str:
+        """``frame 1 (40 ms) of 'cine': <error>``, the frame's file (named in the error) not named twice."""
+        label = self._label(frame) if isinstance(frame, int) else f"frame {frame}"
+        named = proc.name_paths(error, self._path_names())
+        return named if named.startswith(label) else f"{label}: {named}"
 
     @property
     def progress(self) -> proc.Progress:
@@ -195,7 +218,7 @@ class CineJob:
             return self._state
         state = self.run.poll()
         if state == proc.FAILED:
-            self._error = failed_frames(self.output_dir / "cohort.csv") or self.run.error
+            self._error = failed_frames(self.output_dir / "cohort.csv", self._frame_error) or self.run.error
         if state in (proc.FAILED, proc.CANCELLED):
             self._state = state
             self.cleanup()

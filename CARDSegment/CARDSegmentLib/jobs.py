@@ -94,7 +94,11 @@ class SegmentationJob:
 
     @property
     def error(self) -> Optional[str]:
-        return self._error or (self.run.error if self.run is not None else None)
+        """The one-line error; a temporary path in it reads as what it held (the files are gone)."""
+        volume = f"volume '{self.input_volume.GetName()}'" if self.input_volume is not None else "the input volume"
+        names = {str(self.input_path): volume, str(self.output_dir): f"the results of {volume}"}
+        return proc.name_paths(self._error or (self.run.error if self.run is not None else None),
+                               names if self.work_dir else {})
 
     @property
     def progress(self) -> proc.Progress:
@@ -198,8 +202,7 @@ class SegmentationJob:
             remove_tree(self.work_dir)
 
     def _fail(self, message: str) -> None:
-        self._state = proc.FAILED
-        self._error = message
+        self._state, self._error = proc.FAILED, message
         self.cleanup()
 
 
@@ -242,8 +245,7 @@ def remove_tree(path: os.PathLike) -> Optional[str]:
     failures = []
 
     def note(_func, name, exc_info):
-        failures.append(f"{name}: {exc_info[1].strerror or exc_info[1]}" if isinstance(exc_info[1], OSError)
-                        else f"{name}: {exc_info[1]}")
+        failures.append(f"{name}: {getattr(exc_info[1], 'strerror', None) or exc_info[1]}")
 
     if not os.path.lexists(path):
         return None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -115,13 +116,8 @@ class SegmentCommand:
 
 def default_python_executable() -> str:
     """PythonSlicer when it is on PATH or beside this interpreter (inside Slicer), else this interpreter."""
-    found = shutil.which("PythonSlicer")
-    if found:
-        return found
     beside = Path(sys.executable).with_name("PythonSlicer" + (".exe" if os.name == "nt" else ""))
-    if beside.is_file():
-        return str(beside)
-    return sys.executable
+    return shutil.which("PythonSlicer") or (str(beside) if beside.is_file() else sys.executable)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -191,6 +187,16 @@ def extract_error(lines: Sequence[str], returncode: Optional[int]) -> str:
     else:
         status = f"the segmentation process exited with code {returncode}"
     return f"{others[-1]} ({status})" if others else status
+
+
+def name_paths(message: Optional[str], names: Dict[str, str]) -> Optional[str]:
+    """``message`` with each path of ``names`` (a temporary file or folder, gone by now) put as its
+    label, longest first: ``PATH`` reads ``LABEL``, ``PATH/a/b.json`` reads ``a/b.json of LABEL``."""
+    for path in sorted(names, key=len, reverse=True):
+        for text in {path, os.path.realpath(path)}:
+            message = message and re.sub(re.escape(text) + r"(?:[/\\]([^\s:;,'\"]*[^\s:;,'\".]))?(?![\w-])", lambda m: (
+                f"{m.group(1)} of {names[path]}" if m.group(1) else names[path]), message)
+    return message
 
 
 # ---------------------------------------------------------------------------------------------
@@ -399,20 +405,15 @@ class CardsegRun:
         """End the process; the state becomes ``cancelled`` at once (nothing else is touched).
 
         ``background(fn)``: runs the ending (it waits for the process: seconds) off the GUI's thread."""
-        if self.state == IDLE:
-            self._finish(CANCELLED, None)
+        if self.state not in (IDLE, RUNNING):
             return
-        if self.state != RUNNING:
-            return
-        handle = self._handle
+        handle = self._handle if self.state == RUNNING else None
         self._finish(CANCELLED, None)
-        if handle is None:
-            return
-        if background is not None:
+        if handle is not None and background is not None:
             background(handle.kill)
-            return
-        handle.kill()
-        self._consume(handle.read_lines())
+        elif handle is not None:
+            handle.kill()
+            self._consume(handle.read_lines())
 
     def wait(self, timeout: Optional[float] = None, interval: float = 0.05) -> str:
         """Poll until the run finishes (for scripts and tests); cancels it on timeout."""

@@ -74,7 +74,8 @@ def test_a_failure_while_loading_removes_the_jobs_nodes_and_none_of_the_users(re
     shutil.rmtree(job.frame_dir(job.plan.frames[1]))  # the next frame's results cannot be read
     while not monitor.step():
         pass
-    assert monitor.outcome[0] == lib.FAILED and "report.json" in monitor.outcome[1]
+    assert monitor.outcome == (lib.FAILED, "the engine wrote no report.json in the results of frame 1 (40 ms) "
+                                            "of '7: SAX cine'")  # not the deleted temporary folder
     assert all(r.scene.IsNodePresent(n) for n in mine)
     assert node_ids(r.scene) == before | {n.GetID() for n in mine}
 
@@ -136,3 +137,51 @@ def test_frames_on_different_grids_are_refused_before_the_engine_runs_naming_the
     job = logic.makeJob(cine.proxy, options_for(tmp_path / "no-bundle", work, frame_mode="shown"))
     with pytest.raises(AssertionError, match="no engine should start"):
         job.start()
+
+
+# ---------------------------------------------------------------------------------------------
+# a frame the engine refused: the error names the frame, not its deleted temporary file
+
+
+class RefusingBatch:
+    """A fake ``cardseg batch`` that refuses frame 1's file as the engine does (its cohort.csv row
+    names the file's absolute path) and exits 1."""
+
+    def __call__(self, argv, env, cwd):
+        from pathlib import Path
+
+        manifest = Path(argv[argv.index("--manifest") + 1])
+        out = Path(argv[argv.index("-o") + 1])
+        out.mkdir(exist_ok=True)
+        frame_file = manifest.parent / "frames" / "frame-001.nrrd"
+        assert frame_file.is_file()
+        (out / "cohort.csv").write_text("case,status,error\nframe-000,ok,\n"
+                                        f"frame-001,error,{frame_file}: image is constant (0 everywhere)\n")
+        self.lines = [("stderr", "cardseg: error: 1 of 2 cases failed")]
+        return self
+
+    def read_lines(self):
+        out, self.lines = self.lines, []
+        return out
+
+    def returncode(self):
+        return 1
+
+    def kill(self):
+        pass
+
+
+def test_a_refused_frame_is_named_by_frame_and_volume(tmp_path, frame_paths):
+    scene = make_scene()
+    cine = add_sequence(scene, frame_paths[:2])
+    logic = ModuleLogic(str(MODULE_DIR), lambda: scene, FakeTimer, contextlib.nullcontext)
+    logic.launcher = RefusingBatch()
+    work = tmp_path / "work"
+    work.mkdir()
+    outcomes = []
+    logic.start(cine.proxy, options_for(tmp_path / "no-bundle", work, frame_mode="all"),
+                onFinished=lambda s, e: outcomes.append((s, e)))
+    while not outcomes:
+        FakeTimer.made[-1].slot()
+    assert outcomes == [(lib.FAILED, "frame 1 (40 ms) of '7: SAX cine': image is constant (0 everywhere)")]
+    assert list(work.iterdir()) == []

@@ -13,6 +13,7 @@ Fake engine processes (``test_slicer_engine``'s), no real engine.
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 
 import pytest
@@ -193,3 +194,63 @@ def test_run_sync_with_a_wrong_option_fails_in_one_line_and_leaves_no_folder(tmp
     logic.start(volume, options_in(work, keep_engine_warm=warm, **wrong), onFinished=lambda s, e: outcomes.append((s, e)))
     assert outcomes and outcomes[0][0] == lib.FAILED and outcomes[0][1].startswith(f"{name} must be one of")
     assert list(work.iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------
+# an error that names the temporary input file names the volume instead (the file is gone)
+
+
+class RefusingProcess(proc.ProcessHandle):
+    """A one-shot ``cardseg segment`` that refuses its input (``argv[4]``) as the engine does."""
+
+    def __init__(self, argv, env, cwd):
+        self.lines = [("stderr", f"cardseg: error: {argv[4]}: image is constant (0 everywhere)")]
+
+    def read_lines(self):
+        out, self.lines = self.lines, []
+        return out
+
+    def returncode(self):
+        return 2
+
+    def kill(self):
+        pass
+
+
+def refuse_input(request):
+    return [[("stdout", json.dumps({"event": "result", "id": request["id"], "ok": False, "code": 2,
+                                    "error": f"{request['input']}: image is constant (0 everywhere)"}))]]
+
+
+class WritesNothing(RefusingProcess):
+    """A process that says it succeeded but wrote nothing."""
+
+    def __init__(self, argv, env, cwd):
+        self.lines = []
+
+    def returncode(self):
+        return 0
+
+
+@pytest.mark.parametrize("how, expected", [
+    ("one-shot", "volume 'cine': image is constant (0 everywhere)"),
+    ("warm", "volume 'cine': image is constant (0 everywhere)"),
+    ("no outputs", "the engine wrote no report.json in the results of volume 'cine'"),
+])
+def test_an_error_names_the_volume_not_the_deleted_temporary_file(tmp_path, scene_and_volume, how, expected):
+    scene, volume = scene_and_volume
+    work = tmp_path / "work"
+    work.mkdir()
+    timers = []
+    logic = ModuleLogic(str(MODULE_DIR), lambda: scene, lambda: timers.append(Timer()) or timers[-1],
+                        contextlib.nullcontext)
+    if how == "warm":
+        logic.engine = Engine(Launcher(refuse_input))
+    else:
+        logic.launcher = RefusingProcess if how == "one-shot" else WritesNothing
+    outcomes = []
+    logic.start(volume, options_in(work), onFinished=lambda s, e: outcomes.append((s, e)))
+    while not outcomes:
+        timers[-1].slot()
+    assert outcomes == [(lib.FAILED, expected)] and list(work.iterdir()) == []
+    logic.closeEngine()
