@@ -14,7 +14,10 @@ from typing import List
 
 from cardseg.base.errors import CardsegError
 
-from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing, check_out_folder, comma_names
+from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing, add_overwrite, comma_names, out_record
+
+ABLATION_FILES = ("ablation.md", "ablation.json", "ablation_ece.png")
+COMPARISON_FILES = ("comparison.md", "comparison.json", "comparison_block_nll.png")
 
 
 def ablate_parser() -> argparse.ArgumentParser:
@@ -32,7 +35,8 @@ def ablate_parser() -> argparse.ArgumentParser:
                         "condition's cases, so its row gets the paired patient interval (instead of --dual)")
     p.add_argument("--split", default="val", choices=["val", "test"])
     p.add_argument("--condition", default="spike", help="one of clean, bias, motion, ghost, spike (default spike)")
-    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--out", required=True, metavar="DIR", help=f"writes {', '.join(ABLATION_FILES)} there")
+    add_overwrite(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-cases", type=int, metavar="N", help="only the first N volumes (quick runs)")
     p.add_argument("--cache", default="cache/evaluate", metavar="DIR")
@@ -43,12 +47,12 @@ def ablate_parser() -> argparse.ArgumentParser:
 
 def cmd_ablate(argv: List[str]) -> int:
     a = ablate_parser().parse_args(argv)
-    check_out_folder(a.out)
     if a.dual and a.dual_bundle:
         raise CardsegError("give --dual or --dual-bundle, not both")
     from .calibration_eval import ALL_CONDITIONS
 
     comma_names(a.condition, list(ALL_CONDITIONS), "condition")
+    record = out_record(a.out, "cardseg ablate", ABLATION_FILES, a.overwrite)
     dual = None
     if a.dual:
         from .comparison import load_table
@@ -61,6 +65,7 @@ def cmd_ablate(argv: List[str]) -> int:
     from cardseg.base.devices import resolve_device
 
     from .ablation import ablation_table, markdown, plot
+    from .report_files import atomic_write
     from .calibration_eval import CaseCache, evaluation_settings, run_cases
     from .evaluation import acdc_h5_volumes
 
@@ -89,11 +94,11 @@ def cmd_ablate(argv: List[str]) -> int:
     table["settings"] = {"split": a.split, "seed": a.seed, "bundle": bundle.ident, "dual": a.dual,
                          "dual_bundle": dual_run[1].get("id") if dual_run else None}
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     text = markdown(table, f"{bundle.ident}: component ablation on ACDC {a.split}")
-    (out / "ablation.md").write_text(text, encoding="utf-8")
-    (out / "ablation.json").write_text(json.dumps(table, indent=1) + "\n", encoding="utf-8")
-    plot(table, out / "ablation_ece.png")
+    with record.writing():
+        atomic_write(out / "ablation.md", text.encode("utf-8"))
+        atomic_write(out / "ablation.json", (json.dumps(table, indent=1) + "\n").encode("utf-8"))
+        plot(table, out / "ablation_ece.png")
     print(text)
     return 0
 
@@ -114,30 +119,34 @@ def compare_parser() -> argparse.ArgumentParser:
                         "OUT/roi-<name>/ (as cardseg evaluate --roi writes them); each source's tables in that ROI "
                         "are its folder or its roi-<name>/ subfolder, and a source without them is left out and "
                         "named. Default: the ROI the given folders hold")
-    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help=f"writes {', '.join(COMPARISON_FILES)} there (and into roi-<name>/ for further ROIs)")
+    add_overwrite(p)
     return p
 
 
 def cmd_compare(argv: List[str]) -> int:
-    from .comparison import markdown, parse_sources, write_comparison
+    from .comparison import build_comparison, markdown, parse_sources, write_comparison_files
 
     a = compare_parser().parse_args(argv)
-    check_out_folder(a.out)
     sources = parse_sources(a.card, a.conventional, a.aleatoric)
     if not sources:
         raise CardsegError("give at least one of --card, --conventional, --aleatoric")
-    if not a.roi:
-        print(markdown(write_comparison(sources, Path(a.out))))
-        return 0
-    from .calibration_eval import ROIS
+    rois = [None]
+    if a.roi:
+        from .calibration_eval import ROIS
 
-    rois = comma_names(a.roi, list(ROIS), "ROI")
-    for source, folder in sources.items():
-        if not (folder / "calibration.json").is_file():
-            raise CardsegError(f"{folder}: no calibration.json (run cardseg evaluate --out {folder} first)")
-    for i, roi in enumerate(rois):
-        out = Path(a.out) if i == 0 else Path(a.out) / f"roi-{roi}"
-        print(markdown(write_comparison(sources, out, roi=roi), f"The paper's Table I on our data, ROI {roi}"))
+        rois = comma_names(a.roi, list(ROIS), "ROI")
+        for source, folder in sources.items():
+            if not (folder / "calibration.json").is_file():
+                raise CardsegError(f"{folder}: no calibration.json (run cardseg evaluate --out {folder} first)")
+    names = list(COMPARISON_FILES) + [f"roi-{roi}/{n}" for roi in rois[1:] for n in COMPARISON_FILES]
+    record = out_record(a.out, "cardseg compare", names, a.overwrite)
+    tables = [build_comparison(sources, roi) for roi in rois]  # every ROI checked before anything is written
+    with record.writing():
+        for i, (roi, cmp) in enumerate(zip(rois, tables)):
+            write_comparison_files(cmp, Path(a.out) if i == 0 else Path(a.out) / f"roi-{roi}", roi)
+            print(markdown(cmp, f"The paper's Table I on our data, ROI {roi}") if roi else markdown(cmp))
     return 0
 
 

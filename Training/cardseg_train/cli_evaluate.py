@@ -12,7 +12,13 @@ from typing import List
 
 from cardseg.base.errors import CardsegError
 
-from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing, check_out_folder, comma_names
+from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing, add_overwrite, comma_names, out_record
+
+#: the files of one ROI's calibration report (cardseg_train.calibration_report.write_report)
+CALIBRATION_FILES = ("calibration.md", "calibration.csv", "calibration.json", "nll_by_condition.png",
+                     "reliability.png", "confidence_histograms.png", "agreement_vs_dice.png")
+DICE_FILES = ("dice.csv", "dice.json", "dice.md")
+REVIEW_FILES = ("review.md", "review.json", "review.png")
 
 
 def evaluate_parser() -> argparse.ArgumentParser:
@@ -28,7 +34,10 @@ def evaluate_parser() -> argparse.ArgumentParser:
     add_bundle_and_data(p)
     p.add_argument("--split", default="val", choices=["val", "test"],
                    help="val for development; test only to report, never to select")
-    p.add_argument("--out", required=True, metavar="DIR")
+    p.add_argument("--out", required=True, metavar="DIR",
+                   help="results folder; files of other names there are left alone, and one of the names this "
+                        "command writes that cardseg did not write there is refused (see --overwrite)")
+    add_overwrite(p)
     p.add_argument("--dice-only", action="store_true", help="only Dice per class per volume (dice.csv/json/md)")
     p.add_argument("--methods", default=",".join(METHODS),
                    help=f"comma-separated, from {','.join(ALL_METHODS)} (default {','.join(METHODS)}); pts, lts and "
@@ -63,10 +72,7 @@ def evaluate_parser() -> argparse.ArgumentParser:
 
 def cmd_evaluate(argv: List[str]) -> int:
     a = evaluate_parser().parse_args(argv)
-    check_out_folder(a.out)
-    from .calibration_eval import ALL_CONDITIONS, ALL_METHODS
-
-    from .calibration_eval import ROIS
+    from .calibration_eval import ALL_CONDITIONS, ALL_METHODS, ROIS
 
     methods = comma_names(a.methods, ALL_METHODS, "method")
     rois = comma_names(a.roi, list(ROIS), "ROI")
@@ -76,20 +82,16 @@ def cmd_evaluate(argv: List[str]) -> int:
     panel_case, _, panel_cond = (a.panel or "").partition(":")
     if panel_cond:
         comma_names(panel_cond, list(ALL_CONDITIONS), "--panel condition")
+    record = out_record(a.out, "cardseg evaluate", evaluate_outputs(a, rois, conditions), a.overwrite)
 
-    import numpy as np
     import torch
 
     from cardseg.bundle.loading import load_bundle
     from cardseg.base.progress import make_progress
     from cardseg.base.devices import resolve_device
 
-    from .calibration_eval import (CaseCache, bundle_calibrators, calibration_table, crop_needs,
-                                   evaluation_settings, run_cases)
-    from .eval_figures import case_panel, choose_panel, conditions_figure
-    from .calibration_report import write_report
+    from .calibration_eval import CaseCache, bundle_calibrators, crop_needs, evaluation_settings, run_cases
     from .evaluation import acdc_h5_volumes, evaluate_dice, write_dice_table
-    from .train_config import data_name
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -104,12 +106,13 @@ def cmd_evaluate(argv: List[str]) -> int:
     if a.dice_only:
         rows = evaluate_dice(bundle, cases, device=device, batch_size=a.batch_size,
                              progress=make_progress("bar", a.quiet))
-        summary = write_dice_table(rows, bundle.class_names, out, title)
+        with record.writing():
+            summary = write_dice_table(rows, bundle.class_names, out, title)
         if not a.quiet:
             print(" ".join(f"{k} {v:.3f}" for k, v in summary.items()), f"-> {out}")
         return 0
     if a.review_only:
-        review_section(bundle, cases, conditions, a, device, out, title)
+        review_section(bundle, cases, conditions, a, device, out, title, record)
         return 0
     settings = evaluation_settings(a.data, a.split, a.seed, a.h5_spacing, bundle)
     cache = CaseCache(Path(a.cache) if a.cache else None, CaseCache.make_key(bundle.checksums, settings))
@@ -118,6 +121,29 @@ def cmd_evaluate(argv: List[str]) -> int:
     results = run_cases(bundle, cases, conditions, cache, a.seed, device, a.batch_size, progress, spatial=spatial,
                         augmentations=augmentations)
     progress.close()
+    with record.writing():  # from the first file on, the folder's record says what this run wrote
+        table = write_results(results, bundle, calibrators, cases, conditions, rois, settings, a, device, out, title)
+    if not a.quiet:
+        for m in methods:
+            print(f"{m:5s} mean NLL {table['mean_nll'][m]:.4f}  " + "  ".join(
+                f"{c} {table['pooled'][c][m]['nll']:.3f}" for c in conditions))
+        print(f"lowest mean NLL: {table['lowest_mean_nll']} -> {out / 'calibration.md'}")
+    return 0
+
+
+def write_results(results, bundle, calibrators, cases, conditions, rois, settings, a, device, out: Path,
+                  title: str) -> dict:
+    """The tables, the review study and the figures of a full evaluation into ``out``; returns
+    the first ROI's table."""
+    import numpy as np
+
+    from .calibration_eval import calibration_table
+    from .calibration_report import write_report
+    from .eval_figures import case_panel, choose_panel, conditions_figure
+    from .evaluation import write_dice_table
+    from .train_config import data_name
+
+    panel_case, _, panel_cond = (a.panel or "").partition(":")
     segmentor = (bundle.config.get("segmentor") or {}).get("kind", "diffusion")
     for i, roi in enumerate(rois):
         table_roi = calibration_table(results, calibrators, bundle.class_names, conditions, segmentor=segmentor,
@@ -146,15 +172,27 @@ def cmd_evaluate(argv: List[str]) -> int:
             item, cond = next(c for c in cases if c.case == pick.case), pick.condition
         case_panel(bundle, item, cond, out / f"panel_{item.case}_{cond}.png", a.seed, device, a.batch_size)
         conditions_figure(bundle, item, conditions, out / f"conditions_{item.case}.png", a.seed)
-    if not a.quiet:
-        for m in methods:
-            print(f"{m:5s} mean NLL {table['mean_nll'][m]:.4f}  " + "  ".join(
-                f"{c} {table['pooled'][c][m]['nll']:.3f}" for c in conditions))
-        print(f"lowest mean NLL: {table['lowest_mean_nll']} -> {out / 'calibration.md'}")
-    return 0
+    return table
 
 
-def review_section(bundle, cases, conditions, a, device, out: Path, title: str) -> None:
+def evaluate_outputs(a: argparse.Namespace, rois: List[str], conditions: List[str]) -> List[str]:
+    """What ``cardseg evaluate`` with these options writes into ``--out`` (globs where the name
+    is chosen from the results: the panel's case)."""
+    if a.dice_only:
+        return list(DICE_FILES)
+    if a.review_only:
+        return list(REVIEW_FILES)
+    names = list(CALIBRATION_FILES) + [f"roi-{roi}/{n}" for roi in rois[1:] for n in CALIBRATION_FILES]
+    names += list(DICE_FILES) if "clean" in conditions else []
+    names += [] if a.no_review else list(REVIEW_FILES)
+    panel_case, _, panel_cond = (a.panel or "").partition(":")
+    if panel_case.lower() != "none":
+        names += [f"panel_{panel_case}_{panel_cond or 'clean'}.png", f"conditions_{panel_case}.png"] if panel_case \
+            else ["panel_*.png", "conditions_*.png"]
+    return names
+
+
+def review_section(bundle, cases, conditions, a, device, out: Path, title: str, record=None) -> None:
     """The flagged-region study of ``cardseg evaluate``: review.md/.json/.png in ``out``."""
     from cardseg.base.progress import make_progress
 
@@ -168,7 +206,11 @@ def review_section(bundle, cases, conditions, a, device, out: Path, title: str) 
     progress.stage("review study", len(maps) * (2 if bundle.config["regions"].get("previous") else 1))
     t = review_tables(maps, bundle.config, a.seed, progress)
     progress.close()
-    write_review(t, out, f"Flagged-region review, {title}")
+    if record is None:  # within a full evaluation's writing
+        write_review(t, out, f"Flagged-region review, {title}")
+    else:
+        with record.writing():
+            write_review(t, out, f"Flagged-region review, {title}")
     if not a.quiet:
         print(summary_line(t, conditions))
 

@@ -12,7 +12,10 @@ from typing import List
 
 from cardseg.base.errors import CardsegError
 
-from .cli_options import DEFAULT_DATA, add_bundle_and_data, add_compute, add_h5_spacing, check_out_folder
+from .cli_options import DEFAULT_DATA, add_bundle_and_data, add_compute, add_h5_spacing, add_overwrite, out_record
+
+#: what fit-indices --measure-test writes (cardseg_train.indices_report.write_measurement)
+INDICES_FILES = ("indices.md", "indices.json", "indices_coverage.png")
 
 
 def review_fit_parser() -> argparse.ArgumentParser:
@@ -32,6 +35,7 @@ def review_fit_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", default="cache/review", metavar="DIR",
                    help="whole-volume map cache ('' for none; default cache/review)")
     p.add_argument("--out", metavar="DIR", help="also write the candidates' table (review_fit.json) here")
+    add_overwrite(p)
     p.add_argument("--dry-run", action="store_true", help="fit and print, do not write bundle.json")
     p.add_argument("--rule", default="auto", choices=RULES,
                    help="region rule family: regions cut from a fitted voxel error map, from the TAC itself, or "
@@ -42,7 +46,7 @@ def review_fit_parser() -> argparse.ArgumentParser:
 
 def cmd_fit_review(argv: List[str]) -> int:
     a = review_fit_parser().parse_args(argv)
-    check_out_folder(a.out)
+    record = out_record(a.out, "cardseg fit-review", ["review_fit.json"], a.overwrite)
     import torch
 
     from cardseg.bundle.loading import load_bundle
@@ -59,9 +63,11 @@ def cmd_fit_review(argv: List[str]) -> int:
     res = fit_bundle_review(bundle, a.data, Path(a.cache) if a.cache else None, device=device,
                             batch_size=a.batch_size, progress=progress, rule=a.rule)
     progress.close()
-    if a.out:  # first, so that a refused bundle write loses nothing of the fit
-        Path(a.out).mkdir(parents=True, exist_ok=True)
-        (Path(a.out) / "review_fit.json").write_text(json.dumps(res, indent=1) + "\n", encoding="utf-8")
+    if record:  # first, so that a refused bundle write loses nothing of the fit
+        from .report_files import atomic_write
+
+        with record.writing():
+            atomic_write(Path(a.out) / "review_fit.json", (json.dumps(res, indent=1) + "\n").encode("utf-8"))
     if not a.dry_run:
         from cardseg.bundle.loading import update_config
 
@@ -143,6 +149,7 @@ def fit_indices_parser() -> argparse.ArgumentParser:
     add_bundle_and_data(p)
     p.add_argument("--level", type=float, default=0.9, help="nominal coverage of the intervals (default 0.9)")
     p.add_argument("--measure-test", metavar="OUT", help="measure the fitted intervals on the test subjects into OUT")
+    add_overwrite(p, "--measure-test")
     p.add_argument("--no-fit", action="store_true", help="with --measure-test: measure the bundle's stored fit")
     p.add_argument("--dry-run", action="store_true", help="fit and print, do not write bundle.json")
     p.add_argument("--cache", default="cache/indices", metavar="DIR", help="per-volume cache folder ('' for none)")
@@ -155,6 +162,9 @@ def cmd_fit_indices(argv: List[str]) -> int:
     a = fit_indices_parser().parse_args(argv)
     if a.no_fit and not a.measure_test:
         raise CardsegError("--no-fit needs --measure-test OUT (there is nothing else to do)")
+    record = out_record(a.measure_test, "cardseg fit-indices", INDICES_FILES, a.overwrite, option="--measure-test")
+    import contextlib
+
     import torch
 
     from cardseg.base.devices import resolve_device
@@ -163,9 +173,11 @@ def cmd_fit_indices(argv: List[str]) -> int:
 
     if a.threads:
         torch.set_num_threads(a.threads)
-    fit_indices(a.bundle, a.data, level=a.level, h5_spacing=a.h5_spacing, cache_dir=a.cache or None,
-                device=resolve_device(a.device), batch_size=a.batch_size, write=not a.dry_run,
-                measure_out=a.measure_test, fit=not a.no_fit)
+    # the measurement is written last, after the fit (and its bundle.json write)
+    with record.writing() if record else contextlib.nullcontext():
+        fit_indices(a.bundle, a.data, level=a.level, h5_spacing=a.h5_spacing, cache_dir=a.cache or None,
+                    device=resolve_device(a.device), batch_size=a.batch_size, write=not a.dry_run,
+                    measure_out=a.measure_test, fit=not a.no_fit)
     return 0
 
 

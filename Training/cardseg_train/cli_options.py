@@ -59,3 +59,28 @@ def check_out_folder(path: Optional[str], option: str = "--out") -> None:
         raise CardsegError(f"{option} {path}: cannot be made, {above} is not a folder")
     if not can_create_files(above):
         raise CardsegError(f"{option} {path}: cannot write there ({above} is not writable)")
+
+
+def add_overwrite(p: argparse.ArgumentParser, option: str = "--out") -> None:
+    """``--overwrite``: replace files the command writes that its record in ``option`` does not list."""
+    p.add_argument("--overwrite", action="store_true",
+                   help=f"replace files of the names this command writes in {option} even where the folder's record "
+                        "of what cardseg wrote there (.cardseg-output.json) does not list them or they changed "
+                        "since: needed once for a result folder written before the record existed. Without it such "
+                        "a file is refused before any work (exit 2); other files there are never touched")
+
+
+def out_record(path: Optional[str], command: str, patterns: Sequence[str], overwrite: bool = False,
+               option: str = "--out"):
+    """:func:`check_out_folder`, then the folder's :class:`~cardseg_train.report_files.OutRecord`
+    for ``patterns`` (what ``command`` writes there), checked: refused in one line, before any
+    work and writing nothing, when the folder holds such a file that cardseg did not write.
+    ``None`` when ``path`` is not given."""
+    from .report_files import OutRecord
+
+    check_out_folder(path, option)
+    if not path:
+        return None
+    record = OutRecord(path, command, patterns, option=option, overwrite=overwrite)
+    record.check()
+    return record

@@ -262,6 +262,13 @@ def write_comparison(sources: Dict[str, Path], out: Path, roi: Optional[str] = N
 
     With ``roi``, each source's tables in that ROI (:func:`sources_for_roi`); sources without it
     are left out and named under ``sources_without_roi``."""
+    cmp = build_comparison(sources, roi)
+    write_comparison_files(cmp, out, roi)
+    return cmp
+
+
+def build_comparison(sources: Dict[str, Path], roi: Optional[str] = None) -> dict:
+    """The comparison :func:`write_comparison` writes, computed (and checked) without writing."""
     sources = {name: Path(folder) for name, folder in sources.items() if folder is not None}
     lacking: List[str] = []
     if roi is not None:
@@ -274,15 +281,19 @@ def write_comparison(sources: Dict[str, Path], out: Path, roi: Optional[str] = N
     if lacking:
         cmp["sources_without_roi"] = lacking
         cmp["missing"] = cmp["missing"] + [f"every {name} row (its evaluation has no {roi} tables)" for name in lacking]
+    return cmp
+
+
+def write_comparison_files(cmp: dict, out: Path, roi: Optional[str] = None) -> None:
+    """``comparison.md``, ``comparison.json`` and ``comparison_block_nll.png`` of ``cmp`` into ``out``."""
+    from .report_files import atomic_write
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     title = "The paper's Table I on our data" + (f", ROI {roi}" if roi else "")
     for name, text in (("comparison.md", markdown(cmp, title)), ("comparison.json", json.dumps(cmp, indent=1) + "\n")):
-        tmp = out / (name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(out / name)
+        atomic_write(out / name, text.encode("utf-8"))
     plot_block_nll(cmp, out / "comparison_block_nll.png")
-    return cmp
 
 
 def parse_sources(card: Optional[str], conventional: Optional[str], aleatoric: Optional[str]) -> Dict[str, Path]:
@@ -290,5 +301,6 @@ def parse_sources(card: Optional[str], conventional: Optional[str], aleatoric: O
     return {k: Path(v) for k, v in sources.items() if v}
 
 
+
 __all__: Sequence[str] = ("ROWS", "PAPER", "comparison_table", "markdown", "write_comparison", "load_table",
-                          "sources_for_roi", "table_roi")
+                          "sources_for_roi", "table_roi", "build_comparison", "write_comparison_files")

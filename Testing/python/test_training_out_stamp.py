@@ -1,0 +1,183 @@
+"""The training tools' --out folders keep a record of the files cardseg wrote there (the engine's
+stamp, .cardseg-output.json): a file of a name the command writes that the record does not list,
+or that changed since, is refused in one line (exit 2) before any work and nothing is written;
+a rerun over the command's own output replaces it; --overwrite replaces such files once (a result
+folder written before the record existed); files of other names are never touched."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+import cardseg.cli
+from cardseg.base.errors import CardsegError
+from cardseg.io.outdir import STAMP
+from cardseg_train.report_files import OutRecord
+
+from conftest import ACDC
+
+
+def _table(methods, segmentor):
+    """A calibration.json as cardseg evaluate writes it (two conditions, four volumes)."""
+    conds = ["clean", "spike"]
+    pooled = {c: {m: {"ece": 0.01 * (i + 1), "sce": 0.02, "ace": 0.03, "nll": 0.3 + 0.1 * i + j, "n": 100}
+                  for i, m in enumerate(methods)} for j, c in enumerate(conds)}
+    return {"conditions": conds, "methods": list(methods), "volumes": 4, "pooled": pooled, "segmentor": segmentor,
+            "settings": {"split": "test", "seed": 0, "cases": [f"c{i}" for i in range(4)]}}
+
+
+def _sources():
+    return {"conventional": _table(["uc", "ts", "ets", "hts"], "deterministic"),
+            "card": _table(["uc", "ets", "hts", "card"], "diffusion")}
+
+
+def _snapshot(folder):
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _refused(capsys, argv, *words):
+    assert cardseg.cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    for w in words:
+        assert w in err[0], err[0]
+
+
+@pytest.mark.parametrize("command, name", [
+    (["evaluate", "--split", "val"], "calibration.md"), (["evaluate", "--dice-only"], "dice.csv"),
+    (["evaluate", "--review-only"], "review.png"), (["evaluate", "--roi", "disk10,square10"],
+                                                    "roi-square10/reliability.png"),
+    (["evaluate"], "panel_patient001_frame01_clean.png"), (["ablate"], "ablation.json"),
+    (["compare", "--card", "nowhere"], "comparison_block_nll.png"), (["fit-review"], "review_fit.json")])
+def test_a_users_file_of_a_name_the_command_writes_is_refused_before_any_work(tmp_path, capsys, command, name):
+    out = tmp_path / "results"
+    (out / name).parent.mkdir(parents=True)
+    (out / name).write_text("mine")
+    (out / "notes.txt").write_text("also mine")
+    before = _snapshot(out)
+    if command[0] != "compare":  # where nothing is: a command that did start its work would fail at once
+        command = [*command, "--bundle", str(tmp_path / "no-bundle"), "--data", str(tmp_path / "no-data")]
+    _refused(capsys, [*command, "--out", str(out)], f"--out {out}: holds {name}", "--overwrite")
+    assert _snapshot(out) == before and not (out / STAMP).exists()
+
+
+def test_fit_indices_measure_folder_is_checked_too(tmp_path, capsys):
+    out = tmp_path / "indices"
+    out.mkdir()
+    (out / "indices.md").write_text("my notes")
+    _refused(capsys, ["fit-indices", "--bundle", str(tmp_path / "no-bundle"), "--data", str(tmp_path / "no-data"),
+                      "--measure-test", str(out)], f"--measure-test {out}: holds indices.md")
+    assert _snapshot(out) == {"indices.md": b"my notes"}
+
+
+def test_a_foreign_record_file_is_refused(tmp_path, capsys):
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / STAMP).write_text("[1, 2]")
+    _refused(capsys, ["ablate", "--bundle", str(tmp_path / "no-bundle"), "--data", str(tmp_path / "no-data"),
+                      "--out", str(out)], STAMP, "not cardseg's record")
+    assert _snapshot(out) == {STAMP: b"[1, 2]"}
+
+
+def _compare(tmp_path, out, *extra):
+    for name, t in _sources().items():
+        (tmp_path / name).mkdir(exist_ok=True)
+        (tmp_path / name / "calibration.json").write_text(json.dumps(t))
+    return cardseg.cli.main(["compare", "--card", str(tmp_path / "card"), "--conventional",
+                             str(tmp_path / "conventional"), "--out", str(out), *extra])
+
+
+def test_compare_records_what_it_wrote_reruns_and_never_touches_other_files(tmp_path, capsys):
+    out = tmp_path / "cmp"
+    out.mkdir()
+    (out / "notes.md").write_text("my notes")
+    assert _compare(tmp_path, out) == 0
+    record = json.loads((out / STAMP).read_text())
+    assert sorted(record["files"]) == ["comparison.json", "comparison.md", "comparison_block_nll.png"]
+    assert "writing" not in record and record["files"]["comparison.md"]["by"] == "cardseg compare"
+    inode = (out / "comparison.json").stat().st_ino
+    assert _compare(tmp_path, out) == 0  # a rerun replaces what it wrote
+    assert (out / "comparison.json").stat().st_ino != inode
+    assert (out / "notes.md").read_text() == "my notes"
+    # a result edited after cardseg wrote it is the user's now
+    (out / "comparison.md").write_text("# my edited table\n")
+    before = _snapshot(out)
+    assert _compare(tmp_path, out) == 2
+    assert "comparison.md, which changed after cardseg wrote it" in capsys.readouterr().err
+    assert _snapshot(out) == before
+    assert _compare(tmp_path, out, "--overwrite") == 0
+    assert (out / "comparison.md").read_text().startswith("# The paper's Table I")
+    assert _compare(tmp_path, out) == 0  # and recorded again
+    assert (out / "notes.md").read_text() == "my notes"
+
+
+def test_a_result_folder_without_record_needs_overwrite_once(tmp_path, capsys):
+    out = tmp_path / "committed"
+    assert _compare(tmp_path, out) == 0
+    (out / STAMP).unlink()  # as the folders committed before the record existed
+    before = _snapshot(out)
+    assert _compare(tmp_path, out) == 2
+    assert "which cardseg did not write there" in capsys.readouterr().err and _snapshot(out) == before
+    assert _compare(tmp_path, out, "--overwrite") == 0
+    assert _compare(tmp_path, out) == 0
+
+
+def test_a_run_stopped_half_way_leaves_a_record_the_next_run_accepts(tmp_path):
+    out = tmp_path / "out"
+    record = OutRecord(out, "cardseg test", ["a.txt", "b.txt"])
+    with pytest.raises(KeyboardInterrupt):
+        with record.writing():
+            (out / "a.txt").write_text("written by the run")
+            raise KeyboardInterrupt
+    assert json.loads((out / STAMP).read_text())["writing"] == {"command": "cardseg test"}
+    record.check()  # a.txt was made after the record: the stopped run's
+    (out / "b.txt").write_text("the user's, from before")
+    old = (out / STAMP).stat().st_mtime_ns - 10**9
+    os.utime(out / "b.txt", ns=(old, old))
+    with pytest.raises(CardsegError, match="holds b.txt, which cardseg did not write"):
+        record.check()
+    (out / "b.txt").unlink()
+    with record.writing():
+        (out / "b.txt").write_text("now the run's")
+    stamp = json.loads((out / STAMP).read_text())
+    assert sorted(stamp["files"]) == ["a.txt", "b.txt"] and "writing" not in stamp
+
+
+def test_a_block_that_wrote_nothing_leaves_the_folder_as_it_was(tmp_path):
+    out = tmp_path / "new" / "out"
+    with pytest.raises(CardsegError):
+        with OutRecord(out, "cardseg test", ["a.txt"]).writing():
+            raise CardsegError("bad input found late")
+    assert not (tmp_path / "new").exists()
+
+
+def test_links_and_folders_under_a_written_name_are_refused_even_with_overwrite(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (tmp_path / "elsewhere.txt").write_text("not in out")
+    (out / "a.txt").symlink_to(tmp_path / "elsewhere.txt")
+    (out / "b.txt").mkdir()
+    for name in ("a.txt", "b.txt"):
+        with pytest.raises(CardsegError, match=f"{name} there is not a plain file"):
+            OutRecord(out, "cardseg test", [name], overwrite=True).check()
+    assert (tmp_path / "elsewhere.txt").read_text() == "not in out"
+
+
+@pytest.mark.skipif(not (ACDC / "volumes").is_dir(), reason="ACDC data not present")
+def test_evaluate_records_every_file_it_writes_and_reruns(tiny_bundle, tmp_path, capsys):
+    out = tmp_path / "ev"
+    argv = ["evaluate", "--bundle", str(tiny_bundle), "--data", str(ACDC), "--split", "val", "--max-cases", "1",
+            "--conditions", "clean", "--methods", "uc", "--roi", "disk10,square10", "--cache", str(tmp_path / "c1"),
+            "--review-cache", str(tmp_path / "c2"), "--quiet", "--threads", "2", "--out", str(out)]
+    assert cardseg.cli.main(argv) == 0
+    written = set(_snapshot(out)) - {STAMP}
+    assert set(json.loads((out / STAMP).read_text())["files"]) == written
+    assert {"calibration.md", "dice.csv", "review.png", "roi-square10/calibration.json"} <= written
+    assert any(n.startswith("panel_") for n in written)
+    (out / "my-notes.md").write_text("mine")
+    assert cardseg.cli.main(argv) == 0  # over its own output
+    assert (out / "my-notes.md").read_text() == "mine"
+    (out / "roi-square10" / "reliability.png").write_bytes(b"my figure")
+    _refused(capsys, argv, "roi-square10/reliability.png", "changed after cardseg wrote it")
