@@ -61,7 +61,8 @@ def node_ids(scene) -> set:
 def grid_text(volume) -> str:
     """``56 x 64 x 3 voxels of 2.4 x 2.4 x 8 mm``: a volume's grid in words."""
     size = " x ".join(str(n) for n in (image_dimensions(volume) or (0, 0, 0)))
-    return f"{size} voxels of {' x '.join(f'{s:.3g}' for s in volume.GetSpacing())} mm"
+    spacing = np.linalg.norm(ijk_to_ras(volume)[:3, :3], axis=0)  # the IJK columns' lengths
+    return f"{size} voxels of {' x '.join(f'{s:.3g}' for s in spacing)} mm"
 
 
 def odd_frame(cine: Cine, frames, shown_volume) -> Optional[str]:
