@@ -53,11 +53,15 @@ def cmd_ablate(argv: List[str]) -> int:
 
     comma_names(a.condition, list(ALL_CONDITIONS), "condition")
     record = out_record(a.out, "cardseg ablate", ABLATION_FILES, a.overwrite)
+    from .comparison import check_kind, evaluated_segmentor, load_table
+
+    check_kind("--bundle", a.bundle or "(default)", bundle_kind(a.bundle), "diffusion")
+    if a.dual_bundle:
+        check_kind("--dual-bundle", a.dual_bundle, bundle_kind(a.dual_bundle), "dual")
     dual = None
     if a.dual:
-        from .comparison import load_table
-
         dual = load_table(Path(a.dual))
+        check_kind("--dual", a.dual, evaluated_segmentor(dual), "dual", True)
     import torch
 
     from cardseg.bundle.loading import load_bundle
@@ -103,6 +107,14 @@ def cmd_ablate(argv: List[str]) -> int:
     return 0
 
 
+def bundle_kind(path) -> str:
+    """The segmentor kind of the bundle at ``path`` (``--bundle`` rules), read from its ``bundle.json``
+    without torch: ``diffusion`` (CARD), ``deterministic``, ``aleatoric`` or ``dual``."""
+    from cardseg.bundle.folder import read_config, resolve_bundle_path
+
+    return str((read_config(resolve_bundle_path(path)).get("segmentor") or {}).get("kind") or "diffusion")
+
+
 def compare_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="cardseg compare",
@@ -126,12 +138,13 @@ def compare_parser() -> argparse.ArgumentParser:
 
 
 def cmd_compare(argv: List[str]) -> int:
-    from .comparison import build_comparison, markdown, parse_sources, write_comparison_files
+    from .comparison import build_comparison, check_source_kinds, markdown, parse_sources, write_comparison_files
 
     a = compare_parser().parse_args(argv)
     sources = parse_sources(a.card, a.conventional, a.aleatoric)
     if not sources:
         raise CardsegError("give at least one of --card, --conventional, --aleatoric")
+    check_source_kinds(sources)
     rois = [None]
     if a.roi:
         from .calibration_eval import ROIS

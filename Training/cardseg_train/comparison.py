@@ -17,6 +17,7 @@ further one in ``roi-<name>/``; :func:`sources_for_roi` picks the right folder o
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -301,6 +302,41 @@ def parse_sources(card: Optional[str], conventional: Optional[str], aleatoric: O
     return {k: Path(v) for k, v in sources.items() if v}
 
 
+#: the segmentor each source of the table must be an evaluation of (``calibration.json``'s ``segmentor``)
+SOURCE_KINDS = {"card": "diffusion", "conventional": "deterministic", "aleatoric": "aleatoric"}
+#: what a bundle of each segmentor kind is, in words
+KIND_NAMES = {"diffusion": "a CARD bundle (diffusion primary and reference)",
+              "deterministic": "a deterministic segmentor's plain bundle",
+              "aleatoric": "an aleatoric segmentor's plain bundle", "dual": "a Dual U-Net bundle (two U-Nets)"}
+
+
+def evaluated_segmentor(table: dict) -> Optional[str]:
+    """The segmentor kind an evaluation measured: the one its ``calibration.json`` records; for one
+    written before that was recorded, ``diffusion`` when it holds CARD's row (only CARD bundles were
+    evaluated then), else ``None`` (unknown)."""
+    kind = table.get("segmentor")
+    if isinstance(kind, str):
+        return kind
+    return "diffusion" if "card" in (table.get("methods") or ()) else None
+
+
+def check_kind(option: str, given: os.PathLike, kind: Optional[str], want: str, evaluation: bool = False) -> None:
+    """Refuse (one line naming ``option`` and what was given) a segmentor ``kind`` that is known
+    and not ``want``; ``evaluation``: ``given`` is an evaluation of such a bundle, not the bundle."""
+    if kind is not None and kind != want:
+        of = "an evaluation of " if evaluation else ""
+        raise CardsegError(f"{option} {given}: is {of}{KIND_NAMES.get(kind, repr(kind))}, but {option} takes "
+                           f"{of}{KIND_NAMES.get(want, repr(want))}")
+
+
+def check_source_kinds(sources: Dict[str, Path]) -> None:
+    """Each source of ``cardseg compare`` an evaluation of its own segmentor (:data:`SOURCE_KINDS`);
+    a folder without ``calibration.json`` is left to :func:`load_table`'s message."""
+    for name, folder in sources.items():
+        if (Path(folder) / "calibration.json").is_file():
+            check_kind(f"--{name}", folder, evaluated_segmentor(load_table(folder)), SOURCE_KINDS[name], True)
+
 
 __all__: Sequence[str] = ("ROWS", "PAPER", "comparison_table", "markdown", "write_comparison", "load_table",
-                          "sources_for_roi", "table_roi", "build_comparison", "write_comparison_files")
+                          "sources_for_roi", "table_roi", "build_comparison", "write_comparison_files",
+                          "check_source_kinds", "evaluated_segmentor", "check_kind")
