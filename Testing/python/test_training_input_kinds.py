@@ -1,7 +1,9 @@
 """Options of the training tools that take one kind of input refuse another kind up front, in one
 line naming the option and what was given (exit 2, nothing written): `cardseg ablate --dual-bundle`
 a CARD bundle (and `--dual` a CARD evaluation, `--bundle` a Dual U-Net bundle), `cardseg compare
---conventional` a CARD evaluation (and each source another segmentor's evaluation)."""
+--conventional` a CARD evaluation (and each source another segmentor's evaluation), `cardseg train
+export --primary` a reference run and `--reference` a primary run. A reference larger than its
+primary is exported with a warning."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import shutil
 import pytest
 
 import cardseg.cli
+
+SMOKE = ["--smoke", "--data", "synthetic", "--quiet"]
 
 
 def _refused(capsys, argv, *words):
@@ -82,3 +86,37 @@ def test_ablate_refuses_a_card_bundle_as_the_dual_u_net_control(tiny_bundle, dua
     # the right kinds pass the check (and the command goes on to the missing data)
     err = _refused(capsys, [*common, "--bundle", str(tiny_bundle), "--dual-bundle", str(dual_bundle)])
     assert "no-data" in err and "--dual-bundle" not in err
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    made = {}
+    for name, role, extra in (("primary", "primary", []), ("reference", "reference", []),
+                              ("big-reference", "reference", ["--size", "time-unet:tiny"])):
+        made[name] = root / name
+        assert cardseg.cli.main(["train", *SMOKE, "--role", role, "--steps", "1", *extra,
+                                 "--out", str(made[name])]) == 0
+    return made
+
+
+def test_export_refuses_a_run_in_the_place_of_the_other_role(runs, tmp_path, capsys):
+    out = tmp_path / "bundle"
+    _refused(capsys, ["train", "export", "--primary", str(runs["reference"]), "--reference", str(runs["primary"]),
+                      "-o", str(out)], f"--primary {runs['reference']}: is a reference run", "--role primary")
+    _refused(capsys, ["train", "export", "--primary", str(runs["primary"]), "--reference", str(runs["primary"]),
+                      "-o", str(out)], f"--reference {runs['primary']}: is a primary run", "--role reference")
+    assert not out.exists()
+
+
+def test_a_reference_larger_than_its_primary_is_exported_with_a_warning(runs, tmp_path, capsys):
+    out = tmp_path / "bundle"
+    capsys.readouterr()
+    assert cardseg.cli.main(["train", "export", "--primary", str(runs["primary"]), "--reference",
+                             str(runs["big-reference"]), "-o", str(out)]) == 0
+    assert "larger than the primary" in capsys.readouterr().err
+    warnings = json.loads((out / "bundle.json").read_text())["provenance"]["warnings"]
+    assert any("capacity-limited reference" in w for w in warnings)
+    assert cardseg.cli.main(["train", "export", "--primary", str(runs["primary"]), "--reference",
+                             str(runs["reference"]), "-o", str(tmp_path / "same-size")]) == 0
+    assert "larger than" not in capsys.readouterr().err

@@ -95,8 +95,11 @@ def train_parser() -> argparse.ArgumentParser:
 def export_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="cardseg train export",
                                 description="Assemble a bundle (safetensors, fp16) from a primary and a reference run.")
-    p.add_argument("--primary", required=True, metavar="RUN", help="primary run folder")
-    p.add_argument("--reference", required=True, metavar="RUN", help="reference run folder")
+    p.add_argument("--primary", required=True, metavar="RUN",
+                   help="primary run folder (a diffusion run trained with --role primary; or a plain segmentor run)")
+    p.add_argument("--reference", required=True, metavar="RUN",
+                   help="reference run folder (a diffusion run trained with --role reference, warned about when it "
+                        "has more parameters than the primary; or a plain segmentor run)")
     p.add_argument("-o", "--output", required=True, metavar="BUNDLE_DIR")
     p.add_argument("--primary-checkpoint", default="best", choices=["best", "last"],
                    help="default best (selected by validation Dice)")

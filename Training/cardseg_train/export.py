@@ -13,7 +13,7 @@ from pathlib import Path
 from cardseg.base.errors import CardsegError
 
 from .runs import load_run_network
-from .train_config import TrainConfig, is_machine_path, data_name
+from .train_config import TrainConfig, data_name, is_machine_path, read_run_config
 
 
 def _run_data_name(summary: dict, cfg: TrainConfig) -> str:
@@ -68,6 +68,22 @@ def _pairs(a: dict, b: dict):
     return [(key, (a[key], b[key])) for key in SHARED]
 
 
+def check_roles(primary_run: Path, reference_run: Path) -> None:
+    """Each diffusion run given in the place its recorded role (``config.json``'s ``role``) names:
+    a reference run as ``--primary`` or a primary run as ``--reference`` is refused in one line,
+    before any checkpoint is read. Plain segmentor runs (a plain bundle, the Dual U-Net pair) keep
+    their own roles and are checked by :func:`export_bundle`."""
+    for option, run, want in (("--primary", primary_run, "primary"), ("--reference", reference_run, "reference")):
+        cfg = read_run_config(run)
+        if cfg.kind == "diffusion" and cfg.role != want:
+            raise CardsegError(f"{option} {run}: is a {cfg.role} run (its config.json records role {cfg.role!r}, "
+                               f"network {cfg.network}); {option} takes a run trained with --role {want}")
+
+
+def _parameters(net) -> int:
+    return sum(int(p.numel()) for p in net.parameters())
+
+
 def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.PathLike, name: str = "acdc",
                   version: str = "0.1.0", primary_checkpoint: str = "best", reference_checkpoint: str = "last",
                   overwrite: bool = False, fp16: bool = True) -> Path:
@@ -84,12 +100,16 @@ def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.
     paper fixes the reference's training length a priori instead of selecting it). Both runs
     must share the grid (spacing, size), the classes, the diffusion horizon and the
     preprocessing. Provenance (data, split, steps, time, hardware, validation Dice) is recorded.
+    Each diffusion run must have been trained for its place (:func:`check_roles`); a reference with
+    more parameters than the primary is exported with a warning (stderr and provenance), since the
+    capacity analysis of the paper compares such references too.
     """
     from cardseg.bundle.loading import default_config, save_bundle
     from cardseg.bundle.scaffold import check_bundle_destination
 
     check_bundle_destination(out, overwrite)  # an --overwrite replaces a bundle, never a folder of other files
     p_run, r_run = Path(primary_run), Path(reference_run)
+    check_roles(p_run, r_run)
     p_net, p_cfg, p_meta = load_run_network(p_run, primary_checkpoint)
     r_net, r_cfg, r_meta = load_run_network(r_run, reference_checkpoint)
     if (p_cfg.kind == "diffusion") != (r_cfg.kind == "diffusion"):
@@ -111,6 +131,9 @@ def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.
         if a != b:
             raise CardsegError(f"primary and reference runs differ in {key} ({a!r} vs {b!r})")
     warnings = []
+    if not plain and _parameters(r_net) > _parameters(p_net):
+        warnings.append(f"the reference ({r_cfg.network}, {_parameters(r_net)} parameters) is larger than the primary "
+                        f"({p_cfg.network}, {_parameters(p_net)}): CARD expects a capacity-limited reference")
     for key in ("data", "data_format", "acdc_h5_spacing", "val_fraction"):
         a, b = getattr(p_cfg, key), getattr(r_cfg, key)
         if a != b:
@@ -156,7 +179,7 @@ def swap_reference(bundle_dir: os.PathLike, reference_run: os.PathLike, out: os.
         raise CardsegError(f"{bundle_dir}: a {config['segmentor'].get('kind')} bundle has no diffusion reference to swap")
     run = Path(reference_run)
     reference, cfg, meta = load_run_network(run, reference_checkpoint)
-    if cfg.kind != "diffusion":
+    if cfg.kind != "diffusion" or cfg.role != "reference":
         raise CardsegError(f"{run}: a {cfg.role} run cannot be a diffusion bundle's reference")
     pre = config["preprocessing"]
     bundle_values = {"spacing": config["pixel_spacing_mm"], "input_size": config["input_size"],
