@@ -154,14 +154,18 @@ def test_a_block_that_wrote_nothing_leaves_the_folder_as_it_was(tmp_path):
 
 
 def test_links_and_folders_under_a_written_name_are_refused_even_with_overwrite(tmp_path):
+    """Written through, a link would put the file outside --out; a folder would stop the run late."""
     out = tmp_path / "out"
     out.mkdir()
     (tmp_path / "elsewhere.txt").write_text("not in out")
     (out / "a.txt").symlink_to(tmp_path / "elsewhere.txt")
     (out / "b.txt").mkdir()
+    (out / "sub").symlink_to(tmp_path)
     for name in ("a.txt", "b.txt"):
         with pytest.raises(CardsegError, match=f"{name} there is not a plain file"):
             OutRecord(out, "cardseg test", [name], overwrite=True).check()
+    with pytest.raises(CardsegError, match="sub there is not a folder"):
+        OutRecord(out, "cardseg test", ["sub/c.txt"], overwrite=True).check()
     assert (tmp_path / "elsewhere.txt").read_text() == "not in out"
 
 

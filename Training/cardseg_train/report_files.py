@@ -111,6 +111,11 @@ class OutRecord:
 
         stamp, since = self._stamp()
         files = stamp["files"] if stamp else {}
+        for sub in sorted({pattern.rsplit("/", 1)[0] for pattern in self.patterns if "/" in pattern}):
+            p = self.folder / sub
+            if os.path.lexists(p) and (p.is_symlink() or not p.is_dir()):
+                raise CardsegError(f"{self.option} {self.folder}: {sub} there is not a folder, and {self.command} "
+                                   "writes into a folder of that name; move it away")
         for rel, p in self.targets().items():
             if p.is_symlink() or not p.is_file():
                 raise CardsegError(f"{self.option} {self.folder}: {rel} there is not a plain file, and {self.command} "
