@@ -145,6 +145,20 @@ def test_a_run_stopped_half_way_leaves_a_record_the_next_run_accepts(tmp_path):
     assert sorted(stamp["files"]) == ["a.txt", "b.txt"] and "writing" not in stamp
 
 
+def test_a_record_another_cardseg_command_wrote_keeps_its_entries(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "labels.nii.gz").write_bytes(b"segment's output")
+    engine = {"tool": "cardseg", "version": "0.1.0", "written": "2026-11-27T10:00:00+0000",
+              "files": {"labels.nii.gz": {"size": 16, "sha256": "x"}}}
+    (out / STAMP).write_text(json.dumps(engine))
+    with OutRecord(out, "cardseg test", ["a.txt"]).writing():
+        (out / "a.txt").write_text("new")
+    stamp = json.loads((out / STAMP).read_text())
+    assert stamp["written"] == engine["written"] and stamp["files"]["labels.nii.gz"] == engine["files"]["labels.nii.gz"]
+    assert sorted(stamp["files"]) == ["a.txt", "labels.nii.gz"] and "writing" not in stamp
+
+
 def test_a_block_that_wrote_nothing_leaves_the_folder_as_it_was(tmp_path):
     out = tmp_path / "new" / "out"
     with pytest.raises(CardsegError):

@@ -153,7 +153,8 @@ class OutRecord:
         seen = {rel: _stat_key(p) for rel, p in before.items()}
         made = make_parents(self.folder / STAMP)
         old = (self.folder / STAMP).read_bytes() if stamp else None
-        self._write(files, writing={"command": self.command})
+        keep = {k: v for k, v in (stamp or {}).items() if k not in ("tool", "version", "files", "writing")}
+        self._write(files, {**keep, "writing": {"command": self.command}})
         try:
             yield
         except BaseException:
@@ -167,16 +168,16 @@ class OutRecord:
         for rel, p in self.targets().items():
             if p.is_file() and not p.is_symlink() and seen.get(rel) != _stat_key(p):
                 files[rel] = {**file_digest(p), "by": self.command}
-        self._write({rel: d for rel, d in files.items() if (self.folder / rel).is_file()})
+        self._write({rel: d for rel, d in files.items() if (self.folder / rel).is_file()}, keep)
 
-    def _write(self, files: dict, writing: Optional[dict] = None) -> None:
+    def _write(self, files: dict, more: dict) -> None:
+        """The record: ``files``, and ``more`` (the writing mark; what another cardseg command
+        recorded there beside its files, e.g. ``cardseg segment``'s time, kept as it was)."""
         from cardseg import __version__
         from cardseg.base.files import write_atomic
         from cardseg.io.outdir import STAMP
 
-        stamp = {"tool": "cardseg", "version": __version__, "files": dict(sorted(files.items()))}
-        if writing:
-            stamp["writing"] = writing
+        stamp = {**more, "tool": "cardseg", "version": __version__, "files": dict(sorted(files.items()))}
         write_atomic(self.folder / STAMP, (json.dumps(stamp, indent=1) + "\n").encode("utf-8"))
 
 
