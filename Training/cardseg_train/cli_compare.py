@@ -14,7 +14,8 @@ from typing import List
 
 from cardseg.base.errors import CardsegError
 
-from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing, add_overwrite, comma_names, out_record
+from .cli_options import (add_bundle_and_data, add_compute, add_h5_spacing, add_overwrite, check_compute, comma_names,
+                          out_record)
 
 ABLATION_FILES = ("ablation.md", "ablation.json", "ablation_ece.png")
 COMPARISON_FILES = ("comparison.md", "comparison.json", "comparison_block_nll.png")
@@ -52,6 +53,7 @@ def cmd_ablate(argv: List[str]) -> int:
     from .calibration_eval import ALL_CONDITIONS
 
     comma_names(a.condition, list(ALL_CONDITIONS), "condition")
+    check_compute(a)
     record = out_record(a.out, "cardseg ablate", ABLATION_FILES, a.overwrite)
     from .comparison import check_kind, evaluated_segmentor, load_table
 

@@ -12,7 +12,8 @@ from typing import List
 
 from cardseg.base.errors import CardsegError
 
-from .cli_options import add_bundle_and_data, add_compute, add_h5_spacing, add_overwrite, comma_names, out_record
+from .cli_options import (add_bundle_and_data, add_compute, add_h5_spacing, add_overwrite, check_compute, comma_names,
+                          out_record)
 
 #: the files of one ROI's calibration report (cardseg_train.calibration_report.write_report)
 CALIBRATION_FILES = ("calibration.md", "calibration.csv", "calibration.json", "nll_by_condition.png",
@@ -77,8 +78,7 @@ def cmd_evaluate(argv: List[str]) -> int:
     methods = comma_names(a.methods, ALL_METHODS, "method")
     rois = comma_names(a.roi, list(ROIS), "ROI")
     conditions = comma_names(a.conditions, list(ALL_CONDITIONS), "condition")
-    if a.max_cases is not None and a.max_cases < 1:
-        raise CardsegError("--max-cases must be at least 1")
+    check_compute(a, ("cache", "review_cache"))
     panel_case, _, panel_cond = (a.panel or "").partition(":")
     if panel_cond:
         comma_names(panel_cond, list(ALL_CONDITIONS), "--panel condition")

@@ -12,7 +12,8 @@ from typing import List
 
 from cardseg.base.errors import CardsegError
 
-from .cli_options import DEFAULT_DATA, add_bundle_and_data, add_compute, add_h5_spacing, add_overwrite, out_record
+from .cli_options import (DEFAULT_DATA, add_bundle_and_data, add_compute, add_h5_spacing, add_overwrite, check_compute,
+                          out_record)
 
 #: what fit-indices --measure-test writes (cardseg_train.indices_report.write_measurement)
 INDICES_FILES = ("indices.md", "indices.json", "indices_coverage.png")
@@ -46,6 +47,7 @@ def review_fit_parser() -> argparse.ArgumentParser:
 
 def cmd_fit_review(argv: List[str]) -> int:
     a = review_fit_parser().parse_args(argv)
+    check_compute(a)
     record = out_record(a.out, "cardseg fit-review", ["review_fit.json"], a.overwrite)
     import torch
 
@@ -125,6 +127,7 @@ def cmd_fit(argv: List[str]) -> int:
     from .calibrate import fit_bundle_calibration, parse_baselines
 
     a = fit_parser().parse_args(argv)
+    check_compute(a)
     baselines = parse_baselines(a.baselines)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -162,6 +165,7 @@ def cmd_fit_indices(argv: List[str]) -> int:
     a = fit_indices_parser().parse_args(argv)
     if a.no_fit and not a.measure_test:
         raise CardsegError("--no-fit needs --measure-test OUT (there is nothing else to do)")
+    check_compute(a)
     record = out_record(a.measure_test, "cardseg fit-indices", INDICES_FILES, a.overwrite, option="--measure-test")
     import contextlib
 

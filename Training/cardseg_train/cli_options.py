@@ -33,6 +33,28 @@ def add_compute(p: argparse.ArgumentParser, quiet: bool = True) -> None:
         p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
+def check_compute(a: argparse.Namespace, caches: Sequence[str] = ("cache",)) -> None:
+    """The values of :func:`add_compute`'s and :func:`add_h5_spacing`'s options, the counts
+    ``--max-cases``, ``--draws`` and ``--max-pixels`` (at least 1) where a command has them, and the cache
+    folders ``caches`` (attribute names, e.g. ``review_cache`` for ``--review-cache``), checked before
+    any work: one :class:`~cardseg.base.errors.CardsegError` line naming the option. The checks
+    are the engine's (:func:`cardseg.base.options.check_run_options`, the bundle schema's pixel
+    size range, as ``cardseg train`` checks ``--acdc-h5-spacing``), a cache as an output folder."""
+    from cardseg.base.options import check_run_options
+    from cardseg.bundle.fields import OptionWhere, integer_value, number_value
+    from cardseg.bundle.schema import PIXEL_SPACING_MM
+
+    if hasattr(a, "batch_size"):
+        check_run_options(a.batch_size, a.threads, None)
+    if getattr(a, "h5_spacing", None) is not None:
+        number_value(OptionWhere(), "--h5-spacing", a.h5_spacing, low=PIXEL_SPACING_MM[0], high=PIXEL_SPACING_MM[1])
+    for key in ("max_cases", "draws", "max_pixels"):
+        if getattr(a, key, None) is not None:
+            integer_value(OptionWhere(), "--" + key.replace("_", "-"), getattr(a, key), low=1)
+    for key in caches:
+        check_out_folder(getattr(a, key), "--" + key.replace("_", "-"))
+
+
 def comma_names(text: str, allowed: Sequence[str], what: str) -> List[str]:
     """The names of a comma-separated option value, each one of ``allowed`` (a one-line
     :class:`~cardseg.base.errors.CardsegError` naming the unknown ones otherwise)."""
