@@ -1,4 +1,5 @@
-"""Cancel with "Keep engine warm" (issue 22) and runs refused before they start, on real MRML.
+"""Cancel with "Keep engine warm" (issue 22), runs refused before they start and errors that name
+the volume rather than its deleted temporary file, on real MRML.
 
 The panel cancels on a background thread: ``jobs.cancel_runs`` hands each run's ending to it.
 A warm-engine run must take that hand-over as a one-shot run does: the engine lets go of the
