@@ -121,7 +121,8 @@ def frame_plan(mode: FrameMode, count: int, shown: int, ed_frame: int = AUTO, es
     * SHOWN: that frame alone (no indices).
     * ED_ES: the two frames when both are set; otherwise every frame (to find the unset one
       from the LV volume curve); indices.
-    * ALL: every frame; indices (ED and ES set by the user or found from the curve).
+    * ALL: every frame; indices (ED and ES set by the user or found from the curve), none for a
+      one-frame sequence.
 
     Raises ValueError (one line) for a set frame outside the sequence or ED = ES.
     """
@@ -137,6 +138,8 @@ def frame_plan(mode: FrameMode, count: int, shown: int, ed_frame: int = AUTO, es
     es = None if es_frame == AUTO else int(es_frame)
     if ed is not None and ed == es:
         raise ValueError(f"ED and ES are the same frame ({ed}); choose two frames")
+    if count < 2 and mode == FrameMode.ALL:
+        return FramePlan((0,))  # every frame of a one-frame sequence: that frame, no indices
     if count < 2:
         raise ValueError("ED and ES need a sequence of at least two frames")
     if mode == FrameMode.ED_ES and ed is not None and es is not None:

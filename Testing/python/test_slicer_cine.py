@@ -518,6 +518,7 @@ def test_frame_plans():
         frame_plan(FrameMode.ALL, 5, 0, AUTO, 9)
     with pytest.raises(ValueError, match="at least two frames"):
         frame_plan(FrameMode.ED_ES, 1, 0)
+    assert frame_plan(FrameMode.ALL, 1, 0) == FramePlan((0,))  # all of one frame: that frame, no indices
 
 
 def test_ed_is_the_largest_lv_volume_and_es_the_smallest_unless_set():
