@@ -29,6 +29,8 @@ from cardseg.base.errors import CardsegError
 CACHE_VERSION = 1
 #: ACDC HDF5 frame names → cardiac phase (the data README: frame01 = ED, frame02 = ES)
 PHASES = {"frame01": "ED", "frame02": "ES"}
+#: the fewest validation subjects a fit takes (the pivot needs 2 errors, their shape 3 without a pool)
+MIN_FIT_SUBJECTS = 3
 
 
 @dataclass
@@ -119,9 +121,12 @@ class Subject:
 
 
 def subjects_of(volumes, class_names: Sequence[str], flag_threshold: float, correct: Optional[dict] = None,
-                group: Optional[str] = None) -> List[Subject]:
+                group: Optional[str] = None, minimum: int = 0, warn: Optional[Callable[[str], None]] = None
+                ) -> List[Subject]:
     """Pair each patient's ED and ES volumes into :class:`Subject` rows (per variant when the
-    volumes carry one); patients without both frames are left out. One volume in memory at a time.
+    volumes carry one). One volume in memory at a time. A patient without both frames is left
+    out and named: in one warning line (``warn``, default stderr), or, when fewer than ``minimum``
+    subjects are left, in the :class:`CardsegError` that refuses them.
 
     correct: the volume corrections (:func:`cardseg.cohort.index_volumes.corrected_volumes`;
     ``None`` both, ``{}`` none); group: the rows' group (default: ``val``/``train`` + variant).
@@ -136,14 +141,29 @@ def subjects_of(volumes, class_names: Sequence[str], flag_threshold: float, corr
         truth = ix.structure_volumes(ix.class_volumes(v.truth, v.spacing, k), class_names)
         variant = getattr(v, "variant", "clean")
         frames.setdefault((v.patient, variant), {})[v.phase] = (vols, sds, truth)
-    out = []
+    out, missing = [], {}
     for (patient, variant), f in frames.items():
         if "ED" not in f or "ES" not in f:
+            phase = "ES" if "ED" in f else "ED"
+            frame = next(n for n, ph in PHASES.items() if ph == phase)
+            missing[f"{patient} (no {phase} frame, {frame})"] = variant
             continue
         (ev, esd, et), (sv, ssd, st) = f["ED"], f["ES"]
         out.append(Subject(patient, ix.cardiac_indices(ev, sv), ix.cardiac_indices(et, st),
                            ix.index_spreads(ev, sv, esd, ssd), group or variant))
+    if missing:
+        names = ", ".join(missing)
+        if len(out) < minimum:
+            raise CardsegError(f"only {len(out)} subjects have both the ED and the ES frame, {minimum} needed; "
+                               f"missing a frame: {names}")
+        (warn or _warn)(f"left out {len(missing)} patient(s) missing a frame: {names}")
     return out
+
+
+def _warn(text: str) -> None:
+    import sys
+
+    print(f"cardseg: warning: {text}", file=sys.stderr, flush=True)
 
 
 def errors_of(subjects: Sequence[Subject], name: str) -> np.ndarray:
@@ -202,17 +222,6 @@ def fit_block(val: Sequence[Subject], pool: Sequence[Subject], config: dict, lev
     return block
 
 
-def clopper_pearson(k: int, n: int, alpha: float = 0.05) -> List[float]:
-    """Exact two-sided ``1 - alpha`` interval of a binomial proportion ``k / n``."""
-    from scipy.stats import beta
-
-    if n == 0:
-        return [float("nan"), float("nan")]
-    lo = 0.0 if k == 0 else float(beta.ppf(alpha / 2, k, n - k + 1))
-    hi = 1.0 if k == n else float(beta.ppf(1 - alpha / 2, k + 1, n - k))
-    return [lo, hi]
-
-
 def measure(subjects: Sequence[Subject], block: dict) -> dict:
     """Coverage, widths, errors and LVEF categories of the intervals ``block`` gives on ``subjects``.
 
@@ -224,7 +233,7 @@ def measure(subjects: Sequence[Subject], block: dict) -> dict:
     from cardseg.cohort import index_intervals as ii
     from cardseg.cohort import indices as ix
 
-    from .indices_stats import mae_intervals
+    from .indices_stats import clopper_pearson, mae_intervals
 
     rows = []
     for s in subjects:
@@ -281,14 +290,15 @@ def split_conformal_baseline(fit: Sequence[Subject], test: Sequence[Subject], le
 
 def evidence_subjects(bundle, data: str, split: str, variants: Sequence[str], evidence_cache: Optional[str],
                       h5_spacing: float, flag_threshold: float, correct: Optional[dict], device, batch_size: int,
-                      log: Callable[[str], None], patients: Optional[Sequence[str]] = None) -> List[Subject]:
+                      log: Callable[[str], None], patients: Optional[Sequence[str]] = None,
+                      minimum: int = 0) -> List[Subject]:
     """Subjects of ``split`` (val or train) under ``variants`` from :mod:`cardseg_train.indices_evidence`;
-    groups are ``<split>:<variant>``."""
+    groups are ``<split>:<variant>``; ``minimum``: :func:`subjects_of`'s."""
     from .indices_evidence import evidence_volumes
 
     vols = evidence_volumes(bundle, data, split, variants, Path(evidence_cache) if evidence_cache else None,
                             h5_spacing, device=device, batch_size=batch_size, log=log, patients=patients)
-    subs = subjects_of(vols, bundle.class_names, flag_threshold, correct)
+    subs = subjects_of(vols, bundle.class_names, flag_threshold, correct, minimum=minimum)
     for s in subs:
         s.group = f"{split}:{s.group}"
     return subs
@@ -342,7 +352,7 @@ def fit_indices(bundle_path: Optional[str], data: str, level: float = 0.9, h5_sp
     val = None
     if fit:
         t0 = time.perf_counter()
-        val = evidence_subjects(bundle, data, "val", ["clean"], evidence_cache, *args)
+        val = evidence_subjects(bundle, data, "val", ["clean"], evidence_cache, *args, minimum=MIN_FIT_SUBJECTS)
         pool_subjects: List[Subject] = []
         for split in ("train", "val"):
             variants = [g.split(":", 1)[1] for g in pool if g.startswith(split + ":")]
@@ -366,13 +376,13 @@ def fit_indices(bundle_path: Optional[str], data: str, level: float = 0.9, h5_sp
         t0 = time.perf_counter()
         block = ix.fitted_block(bundle.config) if (write or not fit) else summary["block"]
         test = subjects_of(split_volumes(bundle, data, "test", h5_spacing, cache_dir, device, batch_size, log), names,
-                           thr, block.get("volumes"), group="test")
+                           thr, block.get("volumes"), group="test", minimum=1)
         result = measure(test, block)
         if val is None:
             val = evidence_subjects(bundle, data, "val", ["clean"], evidence_cache, h5_spacing, thr,
-                                    block.get("volumes"), device, batch_size, log)
+                                    block.get("volumes"), device, batch_size, log, minimum=1)
         uncorrected = subjects_of(split_volumes(bundle, data, "test", h5_spacing, cache_dir, device, batch_size, log),
-                                  names, thr, {}, group="test")
+                                  names, thr, {}, group="test", warn=lambda text: None)  # said above
         result["uncorrected_volumes"] = {n: measure(uncorrected, block)["indices"][n]["mae"] for n in ix.INDEX_NAMES}
         result["split_conformal_baseline"] = split_conformal_baseline(val, test, block["nominal"])
         result["validation_in_sample"] = {k: v for k, v in measure(val, block).items() if k != "rows"}

@@ -17,6 +17,17 @@ import numpy as np
 from .eval_stats import BOOTSTRAP_LEVEL, BOOTSTRAP_RESAMPLES, interval, resample_weights
 
 
+def clopper_pearson(k: int, n: int, alpha: float = 0.05) -> List[float]:
+    """Exact two-sided ``1 - alpha`` interval of a binomial proportion ``k / n``."""
+    from scipy.stats import beta
+
+    if n == 0:
+        return [float("nan"), float("nan")]
+    lo = 0.0 if k == 0 else float(beta.ppf(alpha / 2, k, n - k + 1))
+    hi = 1.0 if k == n else float(beta.ppf(1 - alpha / 2, k + 1, n - k))
+    return [lo, hi]
+
+
 def per_patient(rows: Sequence[Mapping], name: str) -> Dict[str, Dict[str, float]]:
     """``{patient: {"abs_error", "inside", "width"}}`` of index ``name``."""
     out = {}
