@@ -121,9 +121,10 @@ def _volume(patient, phase, rng):
     rv, lv = ((2, 8), (12, 18)) if ed else ((3, 7), (13, 17))  # rows = columns of each blob
     labels[:, rv[0]:rv[1], rv[1]:rv[1] + int(rng.integers(0, 3))] = 1  # the RV a little too wide
     labels[:, lv[0]:lv[1], lv[1]:lv[1] + int(rng.integers(0, 3))] = 3  # the LV too, into the myocardium
-    probs = np.eye(4, dtype=np.float32)[labels]
+    probs = np.eye(4, dtype=np.float32)[labels] * 0.7 + rng.uniform(0.0, 0.3, (*labels.shape, 4)).astype(np.float32)
+    probs /= probs.sum(-1, keepdims=True)
     return VolumeArrays(f"{patient}_frame0{1 if phase == 'ED' else 2}", patient, phase, (1.5, 1.5, 10.0), labels,
-                        probs, np.zeros(labels.shape, np.float32), truth)
+                        probs, rng.uniform(0.0, 0.3, labels.shape).astype(np.float32), truth)
 
 
 def _volumes(patients, missing):

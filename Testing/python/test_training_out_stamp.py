@@ -199,3 +199,52 @@ def test_evaluate_records_every_file_it_writes_and_reruns(tiny_bundle, tmp_path,
     assert (out / "my-notes.md").read_text() == "mine"
     (out / "roi-square10" / "reliability.png").write_bytes(b"my figure")
     _refused(capsys, argv, "roi-square10/reliability.png", "changed after cardseg wrote it")
+
+
+def _module_refused(capsys, main, argv, *words):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    for w in words:
+        assert w in err[0], err[0]
+
+
+@pytest.mark.parametrize("module, option, name", [
+    ("indices_fit", "--measure-test", "indices_coverage.png"), ("reference_maps", "--out", "reference_maps.md"),
+    ("indices_rv", "--out", "rv_slices.json"), ("indices_design", "--out", "design.md")])
+def test_the_python_m_tools_refuse_a_users_file_before_any_work(tmp_path, capsys, module, option, name):
+    import importlib
+
+    main = importlib.import_module(f"cardseg_train.{module}").main
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / name).write_text("mine")
+    argv = ["--bundle", str(tmp_path / "no-bundle"), "--data", str(tmp_path / "no-data"), option, str(out)]
+    if module == "indices_fit":
+        argv += ["--no-fit", "--cache", ""]
+    _module_refused(capsys, main, argv, f"{option} {out}: holds {name}", "--overwrite")
+    assert _snapshot(out) == {name: b"mine"}
+
+
+def test_indices_design_records_what_it_wrote(tiny_bundle, tmp_path, capsys, monkeypatch):
+    """On synthetic evidence (no network runs): the design tables are recorded, a rerun replaces
+    them, a user's edit is refused, other files stay."""
+    from test_fit_indices_checks import _volumes
+
+    from cardseg_train import indices_evidence
+    from cardseg_train.indices_design import main
+
+    def evidence(bundle, data, split, variants, cache, h5_spacing, **kw):
+        return list(_volumes([f"{split}{i}" for i in range(6 if split == "val" else 24)], set()))
+
+    monkeypatch.setattr(indices_evidence, "evidence_volumes", evidence)
+    out = tmp_path / "design"
+    out.mkdir()
+    (out / "notes.md").write_text("mine")
+    argv = ["--bundle", str(tiny_bundle), "--evidence-cache", "", "--out", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert sorted(json.loads((out / STAMP).read_text())["files"]) == ["design.json", "design.md"]
+    assert main(argv) == 0
+    (out / "design.md").write_text("# my edit\n")
+    _module_refused(capsys, main, argv, "design.md, which changed after cardseg wrote it")
+    assert (out / "design.md").read_text() == "# my edit\n" and (out / "notes.md").read_text() == "mine"

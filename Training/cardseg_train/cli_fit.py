@@ -15,9 +15,6 @@ from cardseg.base.errors import CardsegError
 from .cli_options import (DEFAULT_DATA, add_bundle_and_data, add_compute, add_h5_spacing, add_overwrite, check_compute,
                           out_record)
 
-#: what fit-indices --measure-test writes (cardseg_train.indices_report.write_measurement)
-INDICES_FILES = ("indices.md", "indices.json", "indices_coverage.png")
-
 
 def review_fit_parser() -> argparse.ArgumentParser:
     from .review_report import RULES
@@ -166,7 +163,9 @@ def cmd_fit_indices(argv: List[str]) -> int:
     if a.no_fit and not a.measure_test:
         raise CardsegError("--no-fit needs --measure-test OUT (there is nothing else to do)")
     check_compute(a)
-    record = out_record(a.measure_test, "cardseg fit-indices", INDICES_FILES, a.overwrite, option="--measure-test")
+    from .indices_report import MEASUREMENT_FILES
+
+    record = out_record(a.measure_test, "cardseg fit-indices", MEASUREMENT_FILES, a.overwrite, option="--measure-test")
     import contextlib
 
     import torch

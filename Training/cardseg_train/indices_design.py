@@ -129,6 +129,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from cardseg.bundle.loading import load_bundle
     from cardseg.cohort.indices import spread_tac_threshold
 
+    from .cli_options import add_overwrite, out_record
     from .indices_fit import evidence_subjects, pool_patients
     from .report_files import atomic_write
 
@@ -139,8 +140,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--pool-patients", type=int, default=None)
     p.add_argument("--evidence-cache", default="runs/indices-evidence")
     p.add_argument("--out", required=True)
+    add_overwrite(p)
     a = p.parse_args(argv)
     try:
+        record = out_record(a.out, p.prog, ("design.json", "design.md"), a.overwrite)
         bundle = load_bundle(a.bundle, device="cpu")
         thr = spread_tac_threshold(bundle.config)
         args = (a.evidence_cache, 1.5, thr, None, "cpu", 8, lambda s: print(s, flush=True))
@@ -152,10 +155,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"indices_design: error: {exc}", file=sys.stderr)
         return 2
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "design.json", json.dumps({"level": a.level, "bundle": bundle.ident, "checks": checks},
-                                                  indent=1).encode())
-    atomic_write(out / "design.md", markdown(checks, a.level).encode())
+    with record.writing():
+        atomic_write(out / "design.json", json.dumps({"level": a.level, "bundle": bundle.ident, "checks": checks},
+                                                      indent=1).encode())
+        atomic_write(out / "design.md", markdown(checks, a.level).encode())
     print(markdown(checks, a.level))
     return 0
 

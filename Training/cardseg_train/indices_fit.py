@@ -410,7 +410,11 @@ def fit_indices(bundle_path: Optional[str], data: str, level: float = 0.9, h5_sp
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m cardseg_train.indices_fit``: ``cardseg fit-indices`` with the shape pool's options."""
     import argparse
+    import contextlib
     import sys
+
+    from .cli_options import add_overwrite, out_record
+    from .indices_report import MEASUREMENT_FILES
 
     p = argparse.ArgumentParser(prog="python -m cardseg_train.indices_fit", description=__doc__.split("\n")[0])
     p.add_argument("--bundle", default=None)
@@ -421,15 +425,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--evidence-cache", default=None, help="default: CACHE/evidence")
     p.add_argument("--cache", default="cache/indices")
     p.add_argument("--measure-test", metavar="OUT")
+    add_overwrite(p, "--measure-test")
     p.add_argument("--no-fit", action="store_true")
     p.add_argument("--previous", metavar="DIR", help="an earlier measurement folder to compare with (paired)")
     p.add_argument("--dry-run", action="store_true")
     a = p.parse_args(argv)
     try:
-        fit_indices(a.bundle, a.data, a.level, cache_dir=a.cache or None, write=not a.dry_run,
-                    measure_out=a.measure_test, fit=not a.no_fit, evidence_cache=a.evidence_cache or None,
-                    pool=[g for g in a.pool.split(",") if g], pool_count=a.pool_patients,
-                    previous=a.previous, log=lambda s: print(s, flush=True))
+        record = out_record(a.measure_test, p.prog, MEASUREMENT_FILES, a.overwrite, option="--measure-test")
+        with record.writing() if record else contextlib.nullcontext():  # the measurement is written last
+            fit_indices(a.bundle, a.data, a.level, cache_dir=a.cache or None, write=not a.dry_run,
+                        measure_out=a.measure_test, fit=not a.no_fit, evidence_cache=a.evidence_cache or None,
+                        pool=[g for g in a.pool.split(",") if g], pool_count=a.pool_patients,
+                        previous=a.previous, log=lambda s: print(s, flush=True))
     except CardsegError as exc:
         print(f"cardseg: error: {exc}", file=sys.stderr)
         return 2

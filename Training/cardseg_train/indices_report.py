@@ -9,6 +9,9 @@ from typing import Dict
 
 import numpy as np
 
+#: what :func:`write_measurement` writes (fit-indices --measure-test OUT)
+MEASUREMENT_FILES = ("indices.md", "indices.json", "indices_coverage.png")
+
 
 def _fmt_width(x: float) -> str:
     return "inf" if not np.isfinite(x) else f"{x:.1f}"

@@ -143,6 +143,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from cardseg.base.errors import CardsegError
     from cardseg.bundle.loading import load_bundle
 
+    from .cli_options import add_overwrite, out_record
     from .evaluation import ACDC_H5_THICKNESS_MM
     from .indices_evidence import evidence_volumes
     from .report_files import atomic_write
@@ -152,8 +153,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--data", default="../shared/data/acdc")
     ap.add_argument("--cache", default="runs/indices-evidence")
     ap.add_argument("--out", default="Training/results/acdc-2.1.0/indices-pivot")
+    add_overwrite(ap)
     a = ap.parse_args(argv)
     try:
+        record = out_record(a.out, ap.prog, ("rv_slices.json", "rv_slices.md"), a.overwrite)
         bundle = load_bundle(a.bundle, device="cpu")
         rows = slice_rows(evidence_volumes(bundle, a.data, "val", ["clean"], Path(a.cache)), bundle.class_names)
     except CardsegError as exc:
@@ -171,9 +174,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                               "corrected": position_table(rows, "corrected_ml")},
               "patients": patients, "summary": summary, "slices": rows}
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "rv_slices.json", json.dumps(result, indent=1).encode("utf-8"))
-    atomic_write(out / "rv_slices.md", markdown(result).encode("utf-8"))
+    with record.writing():
+        atomic_write(out / "rv_slices.json", json.dumps(result, indent=1).encode("utf-8"))
+        atomic_write(out / "rv_slices.md", markdown(result).encode("utf-8"))
     print(out / "rv_slices.md")
     return 0
 

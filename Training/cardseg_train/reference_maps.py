@@ -36,7 +36,9 @@ from cardseg.metrics.detection import detection_scores
 from cardseg.review import coverage as cv
 from cardseg.review.error_map import smoothed
 
+from .cli_options import add_overwrite, out_record
 from .export import swap_reference
+from .report_files import atomic_write
 from .train_config import read_run_config
 
 #: shares of the predicted heart flagged by a map's highest voxels
@@ -140,12 +142,17 @@ def plot(rows: Dict[str, dict], path: Path) -> Path:
     return save_titled(fig, path, "The reference's disagreement as a map of the primary's errors (validation, clean)")
 
 
+#: what :func:`write_outputs` writes into --out
+OUTPUT_FILES = ("reference_maps.json", "reference_maps.md", "reference_maps.png")
+
+
 def write_outputs(rows: Dict[str, dict], out: Path) -> None:
     rows = dict(sorted(rows.items(), key=lambda kv: _order(kv[0])))
-    (out / "reference_maps.json").write_text(json.dumps({"smooth_px": SMOOTH_PX, "burdens": list(BURDENS),
-                                                         "split": "val", "condition": "clean", "rows": rows},
-                                                        indent=1) + "\n")
-    (out / "reference_maps.md").write_text(markdown(rows))
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write(out / "reference_maps.json", (json.dumps({"smooth_px": SMOOTH_PX, "burdens": list(BURDENS),
+                                                           "split": "val", "condition": "clean", "rows": rows},
+                                                          indent=1) + "\n").encode("utf-8"))
+    atomic_write(out / "reference_maps.md", markdown(rows).encode("utf-8"))
     plot(rows, out / "reference_maps.png")
 
 
@@ -157,15 +164,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--data", default="../shared/data/acdc")
     p.add_argument("--cache", default="cache/review", help="map cache (per weights); '' for none")
     p.add_argument("--out", required=True)
+    add_overwrite(p)
     p.add_argument("--replot", metavar="JSON", help="write the table and figure again from a reference_maps.json")
     a = p.parse_args(argv)
     out = Path(a.out)
-    if a.replot:
-        out.mkdir(parents=True, exist_ok=True)
-        write_outputs(json.loads(Path(a.replot).read_text())["rows"], out)
-        return 0
-    try:  # every candidate checked before the first one's long pass (and before --out is made)
+    try:  # every candidate, and --out, checked before the first one's long pass (and before --out is made)
         not_diffusion = [run for run in a.candidates if read_run_config(run).kind != "diffusion"]
+        record = out_record(a.out, p.prog, OUTPUT_FILES, a.overwrite)
     except CardsegError as exc:
         print(f"reference_maps: error: {exc}", file=sys.stderr)
         return 2
@@ -173,7 +178,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"reference_maps: error: not a diffusion reference run: {', '.join(map(str, not_diffusion))}",
               file=sys.stderr)
         return 2
-    out.mkdir(parents=True, exist_ok=True)
+    if a.replot:
+        rows = json.loads(Path(a.replot).read_text())["rows"]
+        with record.writing():
+            write_outputs(rows, out)
+        return 0
     cache = Path(a.cache) if a.cache else None
     rows = {"bundle's own": candidate_quality(Path(a.bundle), a.data, cache, "bundle")}
     print(f"bundle's own: AUPRC {rows[next(iter(rows))]['auprc']:.3f}", file=sys.stderr, flush=True)
@@ -184,7 +193,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             rows[name] = candidate_quality(swapped, a.data, cache, name)
             print(f"{name}: AUROC {rows[name]['auroc']:.3f} AUPRC {rows[name]['auprc']:.3f} "
                   f"covered {rows[name]['covered']}", file=sys.stderr, flush=True)
-    write_outputs(rows, out)
+    with record.writing():
+        write_outputs(rows, out)
     return 0
 
 
