@@ -14,8 +14,8 @@ from typing import List
 
 from cardseg.base.errors import CardsegError
 
-from .cli_options import (add_bundle_and_data, add_compute, add_h5_spacing, add_overwrite, check_compute, comma_names,
-                          out_record)
+from .cli_options import (add_bundle_and_data, add_cache, add_compute, add_h5_spacing, add_overwrite, check_compute,
+                          comma_names, out_record)
 
 ABLATION_FILES = ("ablation.md", "ablation.json", "ablation_ece.png")
 COMPARISON_FILES = ("comparison.md", "comparison.json", "comparison_block_nll.png")
@@ -40,7 +40,7 @@ def ablate_parser() -> argparse.ArgumentParser:
     add_overwrite(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-cases", type=int, metavar="N", help="only the first N volumes (quick runs)")
-    p.add_argument("--cache", default="cache/evaluate", metavar="DIR")
+    add_cache(p, "evaluate", "cardseg evaluate's per-case cache folder (the same as evaluate's)")
     add_h5_spacing(p)
     add_compute(p)
     return p

@@ -12,8 +12,8 @@ from typing import List
 
 from cardseg.base.errors import CardsegError
 
-from .cli_options import (add_bundle_and_data, add_compute, add_h5_spacing, add_overwrite, check_compute, comma_names,
-                          out_record)
+from .cli_options import (add_bundle_and_data, add_cache, add_compute, add_h5_spacing, add_overwrite, check_compute,
+                          comma_names, out_record)
 
 #: the files of one ROI's calibration report (cardseg_train.calibration_report.write_report)
 CALIBRATION_FILES = ("calibration.md", "calibration.csv", "calibration.json", "nll_by_condition.png",
@@ -58,9 +58,8 @@ def evaluate_parser() -> argparse.ArgumentParser:
     p.add_argument("--panel", metavar="CASE[:CONDITION]",
                    help="qualitative panel for this case (default: the case and condition with the lowest "
                         "agreement); 'none' to skip")
-    p.add_argument("--cache", default="cache/evaluate", metavar="DIR", help="per-case cache folder ('' for none)")
-    p.add_argument("--review-cache", default="cache/review", metavar="DIR",
-                   help="whole-volume maps for the review study ('' for none)")
+    add_cache(p, "evaluate", "per-case cache folder")
+    add_cache(p, "review", "whole-volume maps for the review study", "--review-cache")
     p.add_argument("--no-review", action="store_true", help="skip the flagged-region review study")
     p.add_argument("--review-only", action="store_true",
                    help="only the flagged-region review study (review.md/.json/.png: covered errors against burden "

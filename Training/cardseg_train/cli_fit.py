@@ -12,8 +12,8 @@ from typing import List
 
 from cardseg.base.errors import CardsegError
 
-from .cli_options import (DEFAULT_DATA, add_bundle_and_data, add_compute, add_h5_spacing, add_overwrite, check_compute,
-                          out_record)
+from .cli_options import (DEFAULT_DATA, add_bundle_and_data, add_cache, add_compute, add_h5_spacing, add_overwrite,
+                          check_compute, out_record)
 
 
 def review_fit_parser() -> argparse.ArgumentParser:
@@ -30,8 +30,7 @@ def review_fit_parser() -> argparse.ArgumentParser:
                     "writes bundle.json's regions block (the replaced rule kept as regions.previous). Test patients "
                     "are never read.")
     add_bundle_and_data(p, data_help=f"ACDC HDF5 folder, val split used (default {DEFAULT_DATA})")
-    p.add_argument("--cache", default="cache/review", metavar="DIR",
-                   help="whole-volume map cache ('' for none; default cache/review)")
+    add_cache(p, "review", "whole-volume map cache")
     p.add_argument("--out", metavar="DIR", help="also write the candidates' table (review_fit.json) here")
     add_overwrite(p)
     p.add_argument("--dry-run", action="store_true", help="fit and print, do not write bundle.json")
@@ -98,7 +97,7 @@ def fit_parser() -> argparse.ArgumentParser:
     p.add_argument("--draws", type=int, default=1, help="seeded draws of each perturbation per volume (default 1)")
     p.add_argument("--max-pixels", type=int, default=30000, help="ROI pixels kept per pool item (default 30000)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--cache", default="cache/calibration", metavar="DIR", help="pool cache folder ('' for none)")
+    add_cache(p, "calibration", "pool cache folder")
     p.add_argument("--tac-steps", default="all", choices=["all", "mid", "last", "auto"],
                    help="steps the TAC averages: all sampled steps (paper, default), the last three, the last one, "
                         "or auto: the one of these with the lowest CARD NLL on the validation pool")
@@ -152,7 +151,7 @@ def fit_indices_parser() -> argparse.ArgumentParser:
     add_overwrite(p, "--measure-test")
     p.add_argument("--no-fit", action="store_true", help="with --measure-test: measure the bundle's stored fit")
     p.add_argument("--dry-run", action="store_true", help="fit and print, do not write bundle.json")
-    p.add_argument("--cache", default="cache/indices", metavar="DIR", help="per-volume cache folder ('' for none)")
+    add_cache(p, "indices", "per-volume cache folder (the validation and pool volumes in its evidence/)")
     add_h5_spacing(p)
     add_compute(p, quiet=False)
     return p

@@ -24,6 +24,23 @@ def add_h5_spacing(p: argparse.ArgumentParser) -> None:
                    help="pixel size assumed for the geometry-less HDF5 volumes (default 1.5, as in training)")
 
 
+def cache_default(name: str) -> str:
+    """``<cardseg's cache folder>/<name>``, the default of a training tool's cache option: the
+    engine's cache root (:func:`cardseg.bundle.onnx_cache.cache_dir`: ``$CARDSEG_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/cardseg``, else ``~/.cache/cardseg``), never the working folder."""
+    from cardseg.bundle.onnx_cache import cache_dir
+
+    return str(cache_dir() / name)
+
+
+def add_cache(p: argparse.ArgumentParser, name: str, what: str, option: str = "--cache") -> None:
+    """A cache folder option defaulting to :func:`cache_default` ``(name)``, shown resolved in --help."""
+    default = cache_default(name)
+    p.add_argument(option, default=default, metavar="DIR",
+                   help=f"{what} ('' for none; default {default.replace('%', '%%')}: under cardseg's cache folder, "
+                        "$CARDSEG_CACHE_DIR, else $XDG_CACHE_HOME/cardseg, else ~/.cache/cardseg)")
+
+
 def add_compute(p: argparse.ArgumentParser, quiet: bool = True) -> None:
     """``--device``, ``--batch-size``, ``--threads`` and (for commands with a progress bar) ``--quiet``."""
     p.add_argument("--device", default="auto", help="auto (default), cpu, cuda or cuda:N")

@@ -15,7 +15,7 @@ on ``n`` of them, measured on the rest, repeated). Designs:
 * ``pivot, c for width W`` -- the constant-width pivot with the multiplier that would give the
   validation errors a width of ``W`` points (:data:`TARGET_WIDTHS`): what such a width costs in coverage.
 
-No test subject is read. ``python -m cardseg_train.indices_design --evidence-cache runs/indices-evidence --out DIR``
+No test subject is read. ``python -m cardseg_train.indices_design --out DIR``
 writes ``design.json`` and ``design.md``.
 """
 
@@ -129,7 +129,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from cardseg.bundle.loading import load_bundle
     from cardseg.cohort.indices import spread_tac_threshold
 
-    from .cli_options import add_overwrite, out_record
+    from .cli_options import add_cache, add_overwrite, out_record
     from .indices_fit import evidence_subjects, pool_patients
     from .report_files import atomic_write
 
@@ -138,7 +138,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--data", default="../shared/data/acdc")
     p.add_argument("--level", type=float, default=0.9)
     p.add_argument("--pool-patients", type=int, default=None)
-    p.add_argument("--evidence-cache", default="runs/indices-evidence")
+    add_cache(p, "indices/evidence", "the evidence volumes' cache (fit-indices' own)", "--evidence-cache")
     p.add_argument("--out", required=True)
     add_overwrite(p)
     a = p.parse_args(argv)

@@ -1,6 +1,7 @@
 """Calibration evidence for the cardiac-index intervals: the shipped engine's ``card`` outputs on
 the validation volumes, clean and under the fit-calibration perturbations, and on the training
-patients (in-sample), cached compactly under ``runs/indices-evidence/<key>/``.
+patients (in-sample), cached compactly under ``<cache>/<key>/`` (``--cache``, default
+``indices/evidence`` in cardseg's cache folder, the one ``cardseg fit-indices`` reads).
 
 Each cached volume (``<case>__<variant>.npz``) holds ``labels`` and ``truth`` uint8 ``(Z, Y, X)``,
 ``probs`` float16 ``(Z, Y, X, K)`` (calibrated, as ``cardseg segment`` writes them), ``disagreement``
@@ -136,18 +137,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from cardseg.base.errors import CardsegError
     from cardseg.bundle.loading import load_bundle
 
+    from .cli_options import add_cache
+
     ap = argparse.ArgumentParser(prog="python -m cardseg_train.indices_evidence", description=__doc__.split("\n")[0])
     ap.add_argument("--bundle", default=None)
     ap.add_argument("--data", default="../shared/data/acdc")
     ap.add_argument("--split", default="val", choices=EVIDENCE_SPLITS)
     ap.add_argument("--variants", default="clean")
-    ap.add_argument("--cache", default="runs/indices-evidence")
+    add_cache(ap, "indices/evidence", "evidence cache folder (fit-indices' own)")
     ap.add_argument("--h5-spacing", type=float, default=1.5)
     args = ap.parse_args(argv)
     try:
         bundle = load_bundle(args.bundle, device="cpu")
         n = 0
-        for _ in evidence_volumes(bundle, args.data, args.split, args.variants.split(","), Path(args.cache),
+        for _ in evidence_volumes(bundle, args.data, args.split, args.variants.split(","),
+                                  Path(args.cache) if args.cache else None,
                                   args.h5_spacing, log=lambda s: print(s, flush=True)):
             n += 1
     except CardsegError as exc:

@@ -4,10 +4,11 @@ Fitting (:func:`fit_indices`): the validation subjects' errors give each index's
 shape pool (training patients in-sample, and validation volumes under the calibration
 perturbations, as far as ``--pool`` asks) gives the pivot, each pool group standardised on its
 own (:mod:`cardseg.cohort.index_intervals`). Those volumes come from
-:mod:`cardseg_train.indices_evidence` (cached under ``runs/indices-evidence``). Measuring: the
+:mod:`cardseg_train.indices_evidence` (cached under ``<cache>/evidence``). Measuring: the
 shipped engine (``segment_volume(..., method="card")``, the path of ``cardseg segment`` and
 ``cardseg batch``) runs on every ED (``frame01``) and ES (``frame02``) test volume, cached per
-volume under ``cache/indices/<key>/`` (key: weights, calibration, data, assumed geometry).
+volume under ``<cache>/<key>/`` (``--cache``, default ``indices`` in cardseg's cache folder,
+:func:`cardseg_train.cli_options.cache_default`; key: weights, calibration, data, assumed geometry).
 Nothing is fitted or chosen on the test subjects. Tables and figure: :mod:`cardseg_train.indices_report`.
 """
 
@@ -312,7 +313,7 @@ def pool_patients(data: str, count: Optional[int]) -> Optional[List[str]]:
 
 
 def fit_indices(bundle_path: Optional[str], data: str, level: float = 0.9, h5_spacing: float = 1.5,
-                cache_dir: Optional[str] = "cache/indices", device="cpu", batch_size: int = 8, write: bool = True,
+                cache_dir: Optional[str] = None, device="cpu", batch_size: int = 8, write: bool = True,
                 measure_out: Optional[str] = None, fit: bool = True, log: Callable[[str], None] = print,
                 evidence_cache: Optional[str] = None, pool: Sequence[str] = ("train:clean",),
                 pool_count: Optional[int] = None, correct: Optional[dict] = None,
@@ -323,7 +324,7 @@ def fit_indices(bundle_path: Optional[str], data: str, level: float = 0.9, h5_sp
     pool: the shape pool's groups, ``train:clean`` (training patients in-sample, the first
     ``pool_count`` of the list) and/or ``val:contrast``, ``val:gamma``, ``val:noise``; correct:
     the volume corrections (``None``: both); evidence_cache: where the validation and pool volumes
-    are cached (default ``<cache_dir>/evidence``); previous: an earlier measurement folder
+    are cached (default ``<cache_dir>/evidence``; no cache without either); previous: an earlier measurement folder
     (``indices.json``) to compare with, paired by patient. Test subjects are only measured.
     """
     from cardseg import __version__
@@ -413,7 +414,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import contextlib
     import sys
 
-    from .cli_options import add_overwrite, out_record
+    from .cli_options import add_cache, add_overwrite, out_record
     from .indices_report import MEASUREMENT_FILES
 
     p = argparse.ArgumentParser(prog="python -m cardseg_train.indices_fit", description=__doc__.split("\n")[0])
@@ -423,7 +424,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--pool", default="train:clean", help="shape pool groups, comma separated")
     p.add_argument("--pool-patients", type=int, default=None, help="the first N training patients (default all)")
     p.add_argument("--evidence-cache", default=None, help="default: CACHE/evidence")
-    p.add_argument("--cache", default="cache/indices")
+    add_cache(p, "indices", "per-volume cache folder")
     p.add_argument("--measure-test", metavar="OUT")
     add_overwrite(p, "--measure-test")
     p.add_argument("--no-fit", action="store_true")

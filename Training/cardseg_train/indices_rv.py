@@ -143,7 +143,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from cardseg.base.errors import CardsegError
     from cardseg.bundle.loading import load_bundle
 
-    from .cli_options import add_overwrite, out_record
+    from .cli_options import add_cache, add_overwrite, out_record
     from .evaluation import ACDC_H5_THICKNESS_MM
     from .indices_evidence import evidence_volumes
     from .report_files import atomic_write
@@ -151,14 +151,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m cardseg_train.indices_rv", description=__doc__.split("\n")[0])
     ap.add_argument("--bundle", default=None)
     ap.add_argument("--data", default="../shared/data/acdc")
-    ap.add_argument("--cache", default="runs/indices-evidence")
+    add_cache(ap, "indices/evidence", "the evidence volumes' cache (fit-indices' own)")
     ap.add_argument("--out", default="Training/results/acdc-2.1.0/indices-pivot")
     add_overwrite(ap)
     a = ap.parse_args(argv)
     try:
         record = out_record(a.out, ap.prog, ("rv_slices.json", "rv_slices.md"), a.overwrite)
         bundle = load_bundle(a.bundle, device="cpu")
-        rows = slice_rows(evidence_volumes(bundle, a.data, "val", ["clean"], Path(a.cache)), bundle.class_names)
+        volumes = evidence_volumes(bundle, a.data, "val", ["clean"], Path(a.cache) if a.cache else None)
+        rows = slice_rows(volumes, bundle.class_names)
     except CardsegError as exc:
         print(f"cardseg: error: {exc}", file=sys.stderr)
         return 2

@@ -36,7 +36,7 @@ from cardseg.metrics.detection import detection_scores
 from cardseg.review import coverage as cv
 from cardseg.review.error_map import smoothed
 
-from .cli_options import add_overwrite, out_record
+from .cli_options import add_cache, add_overwrite, out_record
 from .export import swap_reference
 from .report_files import atomic_write
 from .train_config import read_run_config
@@ -162,7 +162,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--candidates", nargs="+", default=[], help="reference training runs (run folders)")
     p.add_argument("--checkpoint", default="last", choices=["best", "last"])
     p.add_argument("--data", default="../shared/data/acdc")
-    p.add_argument("--cache", default="cache/review", help="map cache (per weights); '' for none")
+    add_cache(p, "review", "map cache (per weights; fit-review's own)")
     p.add_argument("--out", required=True)
     add_overwrite(p)
     p.add_argument("--replot", metavar="JSON", help="write the table and figure again from a reference_maps.json")

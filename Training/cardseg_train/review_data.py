@@ -2,8 +2,9 @@
 
 The calibration harness keeps ROI pixels only; judging flagged regions needs every voxel of
 the volume (regions may lie anywhere). One compact ``.npz`` per (case, condition) under
-``cache/review/<key>/``: predicted labels and ground truth as uint8, TAC and the primary's
-terminal logits as float16, the slice spacing. Written atomically, read without pickles, so an
+``<cache>/<key>/`` (``--cache``/``--review-cache``, default ``review`` in cardseg's cache folder):
+predicted labels and ground truth as uint8, TAC and the primary's terminal logits as float16, the
+slice spacing. Written atomically, read without pickles, so an
 interrupted collection resumes. The two entropy maps the review study compares the TAC with
 (the primary's softmax and CARD's calibrated probabilities) are derived from the logits when the
 maps are read, with the bundle's current calibrator (:func:`entropy_maps`).
