@@ -254,8 +254,9 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="clean,noise")
     ap.add_argument("--max-pixels", type=int, default=30000)
     ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--cache", default="cache/choose_reference", metavar="DIR",
-                    help="where the primary's pass is cached ('' for none)")
+    from cardseg_train.cli_options import add_cache
+
+    add_cache(ap, "choose_reference", "where the primary's pass is cached")
     ap.add_argument("--merge", metavar="CHOICE.json",
                     help="keep the rows of an earlier choice (same primary and pool) for candidates not given now")
     ap.add_argument("--out")
