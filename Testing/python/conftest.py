@@ -128,6 +128,25 @@ def assert_figure(path, min_width: int = 300, min_height: int = 200, min_ink: fl
     assert len(np.unique(rgb.reshape(-1, 3), axis=0)) >= min_colors, f"{path}: a flat image"
 
 
+def refused(capsys, argv, *words) -> str:
+    """Run ``cardseg`` in this process with ``argv``: exit status 2 and one stderr line (no
+    traceback) holding each of ``words``; returns that line."""
+    import cardseg.cli
+
+    assert cardseg.cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    for w in words:
+        assert w in err[0], err[0]
+    return err[0]
+
+
+def files_of(folder) -> dict:
+    """Every file under ``folder`` (relative POSIX path -> bytes): what a refused command must leave."""
+    folder = Path(folder)
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
 def read_csv(path):
     """The rows of a CSV file (a batch's cohort table) as dicts."""
     with open(path, newline="", encoding="utf-8") as f:

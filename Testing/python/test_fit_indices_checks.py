@@ -12,10 +12,7 @@ import pytest
 
 import cardseg.cli
 from cardseg.base.errors import CardsegError
-
-
-def _snapshot(folder):
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+from conftest import files_of, refused
 
 
 @pytest.fixture()
@@ -25,23 +22,14 @@ def bundle(tiny_bundle, tmp_path):
     return path
 
 
-def _refused(capsys, argv, *words):
-    assert cardseg.cli.main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    for w in words:
-        assert w in err[0], err[0]
-    assert "Traceback" not in err[0]
-
-
 def test_measure_test_given_a_file_is_refused_before_the_fit(bundle, tmp_path, capsys):
     target = tmp_path / "f"
     target.write_text("mine")
-    before = _snapshot(bundle)
-    _refused(capsys, ["fit-indices", "--bundle", str(bundle), "--data", str(tmp_path / "no-data"),
+    before = files_of(bundle)
+    refused(capsys, ["fit-indices", "--bundle", str(bundle), "--data", str(tmp_path / "no-data"),
                       "--cache", str(tmp_path / "cache"), "--measure-test", str(target)],
-             f"--measure-test {target}: exists and is not a folder")
-    assert _snapshot(bundle) == before and target.read_text() == "mine"
+            f"--measure-test {target}: exists and is not a folder")
+    assert files_of(bundle) == before and target.read_text() == "mine"
     assert not (tmp_path / "cache").exists()
 
 
@@ -60,10 +48,10 @@ CASES = [(c, bad, option) for c in COMMANDS for bad, option in BAD
 @pytest.mark.parametrize("command, bad, option", CASES, ids=lambda x: " ".join(x) if isinstance(x, list) else x)
 def test_bad_compute_options_are_refused_up_front(bundle, tmp_path, capsys, command, bad, option):
     command = [c.replace("OUT", str(tmp_path / "out")) for c in command]
-    before = _snapshot(bundle)
-    _refused(capsys, [*command, "--bundle", str(bundle), "--data", str(tmp_path / "no-data"),
+    before = files_of(bundle)
+    refused(capsys, [*command, "--bundle", str(bundle), "--data", str(tmp_path / "no-data"),
                       "--cache", str(tmp_path / "cache"), *bad], option)
-    assert _snapshot(bundle) == before
+    assert files_of(bundle) == before
     assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
 
 
@@ -74,16 +62,16 @@ def test_a_cache_that_is_a_file_is_refused_up_front(bundle, tmp_path, capsys, co
     command = [c.replace("OUT", str(tmp_path / "out")) for c in command]
     cache = tmp_path / "cache-file"
     cache.write_text("mine")
-    before = _snapshot(bundle)
-    _refused(capsys, [*command, "--bundle", str(bundle), "--data", str(tmp_path / "no-data"), "--cache", str(cache)],
-             f"--cache {cache}: exists and is not a folder")
-    assert _snapshot(bundle) == before and cache.read_text() == "mine"
+    before = files_of(bundle)
+    refused(capsys, [*command, "--bundle", str(bundle), "--data", str(tmp_path / "no-data"), "--cache", str(cache)],
+            f"--cache {cache}: exists and is not a folder")
+    assert files_of(bundle) == before and cache.read_text() == "mine"
 
 
 def test_evaluates_review_cache_is_checked_too(bundle, tmp_path, capsys):
     cache = tmp_path / "review-file"
     cache.write_text("mine")
-    _refused(capsys, ["evaluate", "--bundle", str(bundle), "--data", str(tmp_path / "no-data"), "--out",
+    refused(capsys, ["evaluate", "--bundle", str(bundle), "--data", str(tmp_path / "no-data"), "--out",
                       str(tmp_path / "out"), "--cache", "", "--review-cache", str(cache)], "--review-cache")
 
 
@@ -94,7 +82,7 @@ def test_evaluates_review_cache_is_checked_too(bundle, tmp_path, capsys):
                          ids=lambda c: " ".join(c))
 def test_counts_are_refused_up_front(bundle, tmp_path, capsys, command, bad):
     command = [c.replace("OUT", str(tmp_path / "out")) for c in command]
-    _refused(capsys, [*command, "--bundle", str(bundle), "--data", str(tmp_path / "no-data"),
+    refused(capsys, [*command, "--bundle", str(bundle), "--data", str(tmp_path / "no-data"),
                       "--cache", str(tmp_path / "cache"), *bad], bad[0])
     assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
 
@@ -166,10 +154,10 @@ def test_fit_indices_names_the_patient_missing_a_frame(bundle, tmp_path, capsys,
         return list(_volumes(patients, {("v2", "ES")} if split == "val" else set()))
 
     monkeypatch.setattr(indices_evidence, "evidence_volumes", evidence)
-    before = _snapshot(bundle)
-    _refused(capsys, ["fit-indices", "--bundle", str(bundle), "--data", str(tmp_path / "no-data"), "--cache", "",
+    before = files_of(bundle)
+    refused(capsys, ["fit-indices", "--bundle", str(bundle), "--data", str(tmp_path / "no-data"), "--cache", "",
                       "--level", "0.5"], "v2", "ES", "frame02")
-    assert _snapshot(bundle) == before
+    assert files_of(bundle) == before
 
 
 def test_fit_indices_warns_naming_the_patient_and_fits_the_rest(bundle, tmp_path, capsys, monkeypatch):

@@ -12,22 +12,13 @@ from cardseg_train.datasets import synthetic_records
 from cardseg_train.slice_dataset import SliceDataset
 from cardseg_train.train import train
 from cardseg_train.train_config import TrainConfig
+from conftest import refused
 
 SMOKE = ["train", "--smoke", "--data", "synthetic", "--quiet"]
 
 
 def _snapshot(folder):
     return {p.name: p.read_bytes() for p in folder.iterdir()}
-
-
-def _refused(capsys, argv, *words):
-    """Run ``cardseg`` with ``argv``: exit 2 and one stderr line holding each of ``words``."""
-    assert cardseg.cli.main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    for w in words:
-        assert w in err[0], err[0]
-    return err[0]
 
 
 def test_new_run_refuses_a_folder_holding_the_users_files(tmp_path, capsys):
@@ -37,7 +28,7 @@ def test_new_run_refuses_a_folder_holding_the_users_files(tmp_path, capsys):
                        ("log.csv", "a,b\n1,2\n"), ("STOP", "")):
         (out / name).write_text(text)
     before = _snapshot(out)
-    _refused(capsys, [*SMOKE, "--out", str(out)], str(out), "not empty", "--resume")
+    refused(capsys, [*SMOKE, "--out", str(out)], str(out), "not empty", "--resume")
     assert _snapshot(out) == before
 
 
@@ -47,8 +38,8 @@ def test_a_run_killed_before_its_first_checkpoint_is_not_appended_to(tmp_path, c
     (out / "config.json").write_text('{"steps": 4}\n')
     (out / "log.csv").write_text("step,lr\n")
     before = _snapshot(out)
-    _refused(capsys, [*SMOKE, "--out", str(out)], str(out), "empty the folder")
-    _refused(capsys, ["train", "--resume", "--quiet", "--out", str(out)], "no last.pt", "new folder")
+    refused(capsys, [*SMOKE, "--out", str(out)], str(out), "empty the folder")
+    refused(capsys, ["train", "--resume", "--quiet", "--out", str(out)], "no last.pt", "new folder")
     assert _snapshot(out) == before
 
 
@@ -75,7 +66,7 @@ def test_an_existing_empty_folder_takes_a_new_run(tmp_path, capsys):
 ])
 def test_unusable_option_values_are_refused_before_anything_is_written(tmp_path, capsys, flags, option):
     out = tmp_path / "run"
-    _refused(capsys, [*SMOKE, *flags, "--out", str(out)], option)
+    refused(capsys, [*SMOKE, *flags, "--out", str(out)], option)
     assert not out.exists()
 
 
@@ -95,5 +86,5 @@ def test_resume_with_a_corrupt_config_is_one_line(tmp_path, capsys, text):
     (out / "config.json").write_text(text)
     (out / "last.pt").write_bytes(b"x")
     before = _snapshot(out)
-    _refused(capsys, ["train", "--resume", "--quiet", "--out", str(out)], "config.json", "not a readable run configuration")
+    refused(capsys, ["train", "--resume", "--quiet", "--out", str(out)], "config.json", "not a readable run configuration")
     assert _snapshot(out) == before

@@ -13,17 +13,9 @@ import shutil
 import pytest
 
 import cardseg.cli
+from conftest import refused
 
 SMOKE = ["--smoke", "--data", "synthetic", "--quiet"]
-
-
-def _refused(capsys, argv, *words):
-    assert cardseg.cli.main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    for w in words:
-        assert w in err[0], err[0]
-    return err[0]
 
 
 def _evaluation(folder, segmentor, methods):
@@ -50,12 +42,12 @@ def test_compare_refuses_an_evaluation_of_the_wrong_segmentor(tmp_path, capsys):
     det = _evaluation(tmp_path / "det", "deterministic", ["uc", "ts", "ets", "hts"])
     alea = _evaluation(tmp_path / "alea", "aleatoric", ["uc"])
     out = tmp_path / "cmp"
-    _refused(capsys, ["compare", "--conventional", str(card), "--out", str(out)],
-             f"--conventional {card}: is an evaluation of a CARD bundle", "deterministic segmentor's plain bundle")
-    _refused(capsys, ["compare", "--conventional", str(old_card), "--out", str(out)], "--conventional", "CARD bundle")
-    _refused(capsys, ["compare", "--card", str(det), "--out", str(out)], f"--card {det}", "deterministic")
-    _refused(capsys, ["compare", "--card", str(card), "--aleatoric", str(det), "--out", str(out)],
-             f"--aleatoric {det}", "aleatoric segmentor's plain bundle")
+    refused(capsys, ["compare", "--conventional", str(card), "--out", str(out)],
+            f"--conventional {card}: is an evaluation of a CARD bundle", "deterministic segmentor's plain bundle")
+    refused(capsys, ["compare", "--conventional", str(old_card), "--out", str(out)], "--conventional", "CARD bundle")
+    refused(capsys, ["compare", "--card", str(det), "--out", str(out)], f"--card {det}", "deterministic")
+    refused(capsys, ["compare", "--card", str(card), "--aleatoric", str(det), "--out", str(out)],
+            f"--aleatoric {det}", "aleatoric segmentor's plain bundle")
     assert not out.exists()
     assert cardseg.cli.main(["compare", "--card", str(card), "--conventional", str(det), "--aleatoric", str(alea),
                              "--out", str(out)]) == 0
@@ -75,16 +67,16 @@ def dual_bundle(tiny_bundle, tmp_path):
 
 def test_ablate_refuses_a_card_bundle_as_the_dual_u_net_control(tiny_bundle, dual_bundle, tmp_path, capsys):
     common = ["ablate", "--data", str(tmp_path / "no-data"), "--out", str(tmp_path / "ab")]
-    _refused(capsys, [*common, "--bundle", str(tiny_bundle), "--dual-bundle", str(tiny_bundle)],
-             f"--dual-bundle {tiny_bundle}: is a CARD bundle", "takes a Dual U-Net bundle")
-    _refused(capsys, [*common, "--bundle", str(dual_bundle)], f"--bundle {dual_bundle}: is a Dual U-Net bundle",
-             "takes a CARD bundle")
+    refused(capsys, [*common, "--bundle", str(tiny_bundle), "--dual-bundle", str(tiny_bundle)],
+            f"--dual-bundle {tiny_bundle}: is a CARD bundle", "takes a Dual U-Net bundle")
+    refused(capsys, [*common, "--bundle", str(dual_bundle)], f"--bundle {dual_bundle}: is a Dual U-Net bundle",
+            "takes a CARD bundle")
     card = _evaluation(tmp_path / "card-eval", "diffusion", CARD_METHODS)
-    _refused(capsys, [*common, "--bundle", str(tiny_bundle), "--dual", str(card)],
-             f"--dual {card}: is an evaluation of a CARD bundle")
+    refused(capsys, [*common, "--bundle", str(tiny_bundle), "--dual", str(card)],
+            f"--dual {card}: is an evaluation of a CARD bundle")
     assert not (tmp_path / "ab").exists()
     # the right kinds pass the check (and the command goes on to the missing data)
-    err = _refused(capsys, [*common, "--bundle", str(tiny_bundle), "--dual-bundle", str(dual_bundle)])
+    err = refused(capsys, [*common, "--bundle", str(tiny_bundle), "--dual-bundle", str(dual_bundle)])
     assert "no-data" in err and "--dual-bundle" not in err
 
 
@@ -102,9 +94,9 @@ def runs(tmp_path_factory):
 
 def test_export_refuses_a_run_in_the_place_of_the_other_role(runs, tmp_path, capsys):
     out = tmp_path / "bundle"
-    _refused(capsys, ["train", "export", "--primary", str(runs["reference"]), "--reference", str(runs["primary"]),
+    refused(capsys, ["train", "export", "--primary", str(runs["reference"]), "--reference", str(runs["primary"]),
                       "-o", str(out)], f"--primary {runs['reference']}: is a reference run", "--role primary")
-    _refused(capsys, ["train", "export", "--primary", str(runs["primary"]), "--reference", str(runs["primary"]),
+    refused(capsys, ["train", "export", "--primary", str(runs["primary"]), "--reference", str(runs["primary"]),
                       "-o", str(out)], f"--reference {runs['primary']}: is a primary run", "--role reference")
     assert not out.exists()
 

@@ -16,7 +16,7 @@ from cardseg.base.errors import CardsegError
 from cardseg.io.outdir import STAMP
 from cardseg_train.report_files import OutRecord
 
-from conftest import ACDC
+from conftest import ACDC, files_of, refused
 
 
 def _table(methods, segmentor):
@@ -33,18 +33,6 @@ def _sources():
             "card": _table(["uc", "ets", "hts", "card"], "diffusion")}
 
 
-def _snapshot(folder):
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def _refused(capsys, argv, *words):
-    assert cardseg.cli.main(argv) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1, err
-    for w in words:
-        assert w in err[0], err[0]
-
-
 @pytest.mark.parametrize("command, name", [
     (["evaluate", "--split", "val"], "calibration.md"), (["evaluate", "--dice-only"], "dice.csv"),
     (["evaluate", "--review-only"], "review.png"), (["evaluate", "--roi", "disk10,square10"],
@@ -56,29 +44,29 @@ def test_a_users_file_of_a_name_the_command_writes_is_refused_before_any_work(tm
     (out / name).parent.mkdir(parents=True)
     (out / name).write_text("mine")
     (out / "notes.txt").write_text("also mine")
-    before = _snapshot(out)
+    before = files_of(out)
     if command[0] != "compare":  # where nothing is: a command that did start its work would fail at once
         command = [*command, "--bundle", str(tmp_path / "no-bundle"), "--data", str(tmp_path / "no-data")]
-    _refused(capsys, [*command, "--out", str(out)], f"--out {out}: holds {name}", "--overwrite")
-    assert _snapshot(out) == before and not (out / STAMP).exists()
+    refused(capsys, [*command, "--out", str(out)], f"--out {out}: holds {name}", "--overwrite")
+    assert files_of(out) == before and not (out / STAMP).exists()
 
 
 def test_fit_indices_measure_folder_is_checked_too(tmp_path, capsys):
     out = tmp_path / "indices"
     out.mkdir()
     (out / "indices.md").write_text("my notes")
-    _refused(capsys, ["fit-indices", "--bundle", str(tmp_path / "no-bundle"), "--data", str(tmp_path / "no-data"),
+    refused(capsys, ["fit-indices", "--bundle", str(tmp_path / "no-bundle"), "--data", str(tmp_path / "no-data"),
                       "--measure-test", str(out)], f"--measure-test {out}: holds indices.md")
-    assert _snapshot(out) == {"indices.md": b"my notes"}
+    assert files_of(out) == {"indices.md": b"my notes"}
 
 
 def test_a_foreign_record_file_is_refused(tmp_path, capsys):
     out = tmp_path / "results"
     out.mkdir()
     (out / STAMP).write_text("[1, 2]")
-    _refused(capsys, ["ablate", "--bundle", str(tmp_path / "no-bundle"), "--data", str(tmp_path / "no-data"),
+    refused(capsys, ["ablate", "--bundle", str(tmp_path / "no-bundle"), "--data", str(tmp_path / "no-data"),
                       "--out", str(out)], STAMP, "not cardseg's record")
-    assert _snapshot(out) == {STAMP: b"[1, 2]"}
+    assert files_of(out) == {STAMP: b"[1, 2]"}
 
 
 def _compare(tmp_path, out, *extra):
@@ -103,10 +91,10 @@ def test_compare_records_what_it_wrote_reruns_and_never_touches_other_files(tmp_
     assert (out / "notes.md").read_text() == "my notes"
     # a result edited after cardseg wrote it is the user's now
     (out / "comparison.md").write_text("# my edited table\n")
-    before = _snapshot(out)
+    before = files_of(out)
     assert _compare(tmp_path, out) == 2
     assert "comparison.md, which changed after cardseg wrote it" in capsys.readouterr().err
-    assert _snapshot(out) == before
+    assert files_of(out) == before
     assert _compare(tmp_path, out, "--overwrite") == 0
     assert (out / "comparison.md").read_text().startswith("# The paper's Table I")
     assert _compare(tmp_path, out) == 0  # and recorded again
@@ -117,9 +105,9 @@ def test_a_result_folder_without_record_needs_overwrite_once(tmp_path, capsys):
     out = tmp_path / "committed"
     assert _compare(tmp_path, out) == 0
     (out / STAMP).unlink()  # as the folders committed before the record existed
-    before = _snapshot(out)
+    before = files_of(out)
     assert _compare(tmp_path, out) == 2
-    assert "which cardseg did not write there" in capsys.readouterr().err and _snapshot(out) == before
+    assert "which cardseg did not write there" in capsys.readouterr().err and files_of(out) == before
     assert _compare(tmp_path, out, "--overwrite") == 0
     assert _compare(tmp_path, out) == 0
 
@@ -190,7 +178,7 @@ def test_evaluate_records_every_file_it_writes_and_reruns(tiny_bundle, tmp_path,
             "--conditions", "clean", "--methods", "uc", "--roi", "disk10,square10", "--cache", str(tmp_path / "c1"),
             "--review-cache", str(tmp_path / "c2"), "--quiet", "--threads", "2", "--out", str(out)]
     assert cardseg.cli.main(argv) == 0
-    written = set(_snapshot(out)) - {STAMP}
+    written = set(files_of(out)) - {STAMP}
     assert set(json.loads((out / STAMP).read_text())["files"]) == written
     assert {"calibration.md", "dice.csv", "review.png", "roi-square10/calibration.json"} <= written
     assert any(n.startswith("panel_") for n in written)
@@ -198,7 +186,7 @@ def test_evaluate_records_every_file_it_writes_and_reruns(tiny_bundle, tmp_path,
     assert cardseg.cli.main(argv) == 0  # over its own output
     assert (out / "my-notes.md").read_text() == "mine"
     (out / "roi-square10" / "reliability.png").write_bytes(b"my figure")
-    _refused(capsys, argv, "roi-square10/reliability.png", "changed after cardseg wrote it")
+    refused(capsys, argv, "roi-square10/reliability.png", "changed after cardseg wrote it")
 
 
 def _module_refused(capsys, main, argv, *words):
@@ -223,7 +211,7 @@ def test_the_python_m_tools_refuse_a_users_file_before_any_work(tmp_path, capsys
     if module == "indices_fit":
         argv += ["--no-fit", "--cache", ""]
     _module_refused(capsys, main, argv, f"{option} {out}: holds {name}", "--overwrite")
-    assert _snapshot(out) == {name: b"mine"}
+    assert files_of(out) == {name: b"mine"}
 
 
 def test_indices_design_records_what_it_wrote(tiny_bundle, tmp_path, capsys, monkeypatch):
