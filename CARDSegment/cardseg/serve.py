@@ -112,7 +112,7 @@ class Protocol:
 
     def send(self, obj: dict) -> None:
         try:
-            self.stream.write(json.dumps(obj) + "\n")
+            self.stream.write(strictjson.dumps(obj) + "\n")  # never a bare NaN a client cannot read
             self.stream.flush()
         except (BrokenPipeError, ValueError):
             pass

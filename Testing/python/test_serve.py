@@ -261,6 +261,20 @@ def test_a_line_nested_too_deep_is_one_refusal_and_the_engine_goes_on(tmp_path, 
         engine.close()
 
 
+def test_an_answer_holding_a_non_finite_number_is_still_strict_json():
+    """The protocol writes a NaN or an infinity (a measure that could not be taken) as null."""
+    import io
+
+    from cardseg.serve import Protocol
+
+    stream = io.StringIO()
+    Protocol(stream).send({"event": "result", "id": 3, "agreement": float("nan"), "volumes": [1.5, float("-inf")]})
+    line = stream.getvalue()
+    assert line.endswith("\n") and line.count("\n") == 1
+    assert json.loads(line, parse_constant=lambda name: pytest.fail(name)) == {
+        "event": "result", "id": 3, "agreement": None, "volumes": [1.5, None]}
+
+
 def test_nan_or_infinity_in_a_request_is_refused_and_every_answer_is_strict_json(tmp_path, tiny_bundle):
     """Python's json reads NaN/Infinity; the engine echoed such an id back as invalid JSON."""
     def strict(line: str) -> dict:
@@ -269,11 +283,13 @@ def test_nan_or_infinity_in_a_request_is_refused_and_every_answer_is_strict_json
     engine = Serve("--bundle", str(tiny_bundle), "--backend", "torch", "--no-preload")
     try:
         assert strict(engine.proc.stdout.readline())["event"] == "ready"
-        for bad in ('{"id": NaN, "op": "status"}', '{"id": [1, -Infinity]}', '{"op": "status", "x": Infinity}'):
+        for bad in ('{"id": NaN, "op": "status"}', '{"id": [1, -Infinity]}', '{"op": "status", "x": Infinity}',
+                    '{"id": 1e999, "op": "status"}', '{"op": "status", "id": -1e400}'):
             engine.send(bad)
             answer = strict(engine.proc.stdout.readline())
             assert answer["ok"] is False and answer["code"] == 2 and answer["id"] is None, answer
-            assert answer["error"].startswith("not a JSON request") and "is not a JSON value" in answer["error"]
+            assert answer["error"].startswith("not a JSON request")
+            assert "is not a JSON value" in answer["error"] or "out of range" in answer["error"]
         engine.send({"op": "status", "id": 1.5})
         assert strict(engine.proc.stdout.readline())["id"] == 1.5  # finite numbers are still ids
     finally:
