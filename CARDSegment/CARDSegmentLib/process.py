@@ -194,7 +194,7 @@ def name_paths(message: Optional[str], names: Dict[str, str]) -> Optional[str]:
     label, longest first: ``PATH`` reads ``LABEL``, ``PATH/a/b.json`` reads ``a/b.json of LABEL``."""
     for path in sorted(names, key=len, reverse=True):
         for text in {path, os.path.realpath(path)}:
-            message = message and re.sub(re.escape(text) + r"(?:[/\\]([^\s:;,'\"]*[^\s:;,'\".]))?(?![\w-])", lambda m: (
+            message = message and re.sub(re.escape(text) + r"(?:[/\\]([^\s:;,'\"]*[^\s:;,'\".]))?(?![\w-]|\.\w)", lambda m: (
                 f"{m.group(1)} of {names[path]}" if m.group(1) else names[path]), message)
     return message
 

@@ -255,3 +255,14 @@ def test_an_error_names_the_volume_not_the_deleted_temporary_file(tmp_path, scen
         timers[-1].slot()
     assert outcomes == [(lib.FAILED, expected)] and list(work.iterdir()) == []
     logic.closeEngine()
+
+
+def test_name_paths_puts_labels_for_whole_paths_only():
+    """A temporary path gives way to its label; a longer name that only begins with it does not."""
+    names = {"/tmp/run/input.nrrd": "volume 'cine'", "/tmp/run/out": "the results of volume 'cine'"}
+    assert proc.name_paths("/tmp/run/input.nrrd: image is constant.", names) == "volume 'cine': image is constant."
+    assert proc.name_paths("no report.json in /tmp/run/out", names) == "no report.json in the results of volume 'cine'"
+    assert proc.name_paths("read /tmp/run/out/report.json", names) == "read report.json of the results of volume 'cine'"
+    assert proc.name_paths("/tmp/run/input.nrrd.bak is stale", names) == "/tmp/run/input.nrrd.bak is stale"
+    assert proc.name_paths("/tmp/run/output-2 missing", names) == "/tmp/run/output-2 missing"
+    assert proc.name_paths(None, names) is None

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from cardseg.base.errors import CardsegError
+from cardseg.method.networks import count_parameters
 
 from .runs import load_run_network
 from .train_config import TrainConfig, data_name, is_machine_path, read_run_config
@@ -80,10 +81,6 @@ def check_roles(primary_run: Path, reference_run: Path) -> None:
                                f"network {cfg.network}); {option} takes a run trained with --role {want}")
 
 
-def _parameters(net) -> int:
-    return sum(int(p.numel()) for p in net.parameters())
-
-
 def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.PathLike, name: str = "acdc",
                   version: str = "0.1.0", primary_checkpoint: str = "best", reference_checkpoint: str = "last",
                   overwrite: bool = False, fp16: bool = True) -> Path:
@@ -131,9 +128,10 @@ def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.
         if a != b:
             raise CardsegError(f"primary and reference runs differ in {key} ({a!r} vs {b!r})")
     warnings = []
-    if not plain and _parameters(r_net) > _parameters(p_net):
-        warnings.append(f"the reference ({r_cfg.network}, {_parameters(r_net)} parameters) is larger than the primary "
-                        f"({p_cfg.network}, {_parameters(p_net)}): CARD expects a capacity-limited reference")
+    n_ref, n_primary = count_parameters(r_net), count_parameters(p_net)
+    if not plain and n_ref > n_primary:
+        warnings.append(f"the reference ({r_cfg.network}, {n_ref} parameters) is larger than the primary "
+                        f"({p_cfg.network}, {n_primary}): CARD expects a capacity-limited reference")
     for key in ("data", "data_format", "acdc_h5_spacing", "val_fraction"):
         a, b = getattr(p_cfg, key), getattr(r_cfg, key)
         if a != b:

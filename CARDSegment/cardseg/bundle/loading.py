@@ -358,11 +358,10 @@ def save_bundle(path: os.PathLike, config: dict, primary: nn.Module, reference: 
         raise CardsegError(f"keep_files names no role of a bundle: {sorted(set(keep_files) - set(ROLES))}")
     if dest.exists() and any(dest.iterdir()) and not overwrite:
         raise CardsegError(f"{dest}: exists and is not empty (use --overwrite to replace a bundle)")
-    made = make_parents(dest)
     config = copy.deepcopy(config)
-    tmp = Path(tempfile.mkdtemp(prefix=".bundle-", dir=dest.parent))
-    done = False
+    made, tmp, done = make_parents(dest), None, False
     try:
+        tmp = Path(tempfile.mkdtemp(prefix=".bundle-", dir=dest.parent))
         for role, net in zip(ROLES, (primary, reference)):
             dtype = torch.float16 if fp16 else torch.float32
             state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in net.state_dict().items()}
@@ -387,7 +386,7 @@ def save_bundle(path: os.PathLike, config: dict, primary: nn.Module, reference: 
         replace_dir(tmp, dest)
         done = True
     finally:
-        if tmp.exists():
+        if tmp is not None and tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
         if not done:  # a refused bundle leaves no folder the call created
             remove_folders(made)
