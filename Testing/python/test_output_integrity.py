@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import resource
-import signal
 import subprocess
 import sys
 import textwrap
@@ -25,13 +24,9 @@ from pathlib import Path
 
 import pytest
 import SimpleITK as sitk
+from conftest import files_of
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
-
-
-def snapshot(folder: Path) -> dict:
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def run(args, limit=None, timeout=300):
@@ -87,10 +82,10 @@ def test_a_write_cut_by_a_file_size_limit_fails_and_keeps_the_earlier_result(tmp
                               "--progress", "none"], limit))
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     assert run(["segment", scan, "-o", out, "--bundle", tiny_bundle, "--backend", "torch", "--quiet"])[0] == 0
-    before = snapshot(out)
+    before = files_of(out)
     assert_write_failure(run(["segment", scan, "-o", out, "--bundle", tiny_bundle, "--backend", "torch",
                               "--overwrite", "--method", "uc", "--progress", "none"], limit))
-    assert snapshot(out) == before
+    assert files_of(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
 
@@ -217,7 +212,7 @@ def test_a_mount_point_is_filled_and_replaced_in_place_without_losing_files(tmp_
 
     inode = mount.stat().st_ino
     assert segment(scan, "-o", mount, "--bundle", tiny_bundle) == 0
-    card = snapshot(mount)
+    card = files_of(mount)
     assert "disagreement.nii.gz" in card and mount.stat().st_ino == inode
     real = seg.write_one
 
@@ -228,7 +223,7 @@ def test_a_mount_point_is_filled_and_replaced_in_place_without_losing_files(tmp_
 
     monkeypatch.setattr(seg, "write_one", failing)  # a uc run that fails half way loses nothing
     assert segment(scan, "-o", mount, "--bundle", tiny_bundle, "--overwrite", "--method", "uc") == 1
-    assert snapshot(mount) == card
+    assert files_of(mount) == card
     monkeypatch.setattr(seg, "write_one", real)
     assert segment(scan, "-o", mount, "--bundle", tiny_bundle, "--overwrite", "--method", "uc") == 0
     stamp = json.loads((mount / ".cardseg-output.json").read_text())
@@ -343,7 +338,7 @@ def test_what_a_killed_run_left_is_cleaned_by_the_next_run_in_that_folder(tmp_pa
     (tmp_path / ".user.cardseg-tmp").mkdir()  # a user's folder under a cardseg-like name
     (tmp_path / ".user.cardseg-tmp" / "notes.txt").write_text("mine")
     (tmp_path / ".mine.cardseg.lock").write_text("a user's file\n")
-    before = snapshot(tmp_path)
+    before = files_of(tmp_path)
     try:
         with OutputWriter(check_output(tmp_path / "z")) as w:  # another output, same parent
             w.path("report.json").write_text("{}")
@@ -355,7 +350,7 @@ def test_what_a_killed_run_left_is_cleaned_by_the_next_run_in_that_folder(tmp_pa
     finally:
         live.release()
     kept = {k: v for k, v in before.items() if not k.startswith((".x.", ".y.cardseg.lock", ".live.cardseg.lock"))}
-    assert {k: v for k, v in snapshot(tmp_path).items() if k in kept} == kept
+    assert {k: v for k, v in files_of(tmp_path).items() if k in kept} == kept
     with OutputWriter(check_output(tmp_path / "y")) as w:  # the folder's own leftover inside it
         w.path("report.json").write_text("{}")
         w.commit()
@@ -395,11 +390,11 @@ def test_init_bundle_overwrite_replaces_only_a_bundle_cardseg_wrote(tmp_path, ti
     from cardseg.cli import main
 
     d = _foreign(kind, tmp_path / "d", tiny_bundle)
-    before = snapshot(tmp_path)
+    before = files_of(tmp_path)
     assert main(["init-bundle", str(d), "--overwrite"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("cardseg: error:") and str(d) in err[0]
-    assert snapshot(tmp_path) == before
+    assert files_of(tmp_path) == before
 
 
 def test_init_bundle_overwrite_replaces_its_own_bundle(tmp_path, capsys):
@@ -407,10 +402,10 @@ def test_init_bundle_overwrite_replaces_its_own_bundle(tmp_path, capsys):
 
     d = tmp_path / "b"
     assert main(["init-bundle", str(d)]) == 0
-    first = snapshot(d)
+    first = files_of(d)
     assert main(["init-bundle", str(d)]) == 2  # without --overwrite: kept
     assert main(["init-bundle", str(d), "--overwrite", "--seed", "5"]) == 0
-    assert snapshot(d) != first and sorted(snapshot(d)) == sorted(first)
+    assert files_of(d) != first and sorted(files_of(d)) == sorted(first)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["b"]
     capsys.readouterr()
 

@@ -7,7 +7,6 @@ nothing deleted; every input folder and unrelated file must survive byte for byt
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import os
 import signal
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import SimpleITK as sitk
+from conftest import files_of
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -28,12 +28,6 @@ def cli(*args, timeout=300):
     proc = subprocess.run([sys.executable, "-m", "cardseg", "segment", *[str(a) for a in args]],
                           capture_output=True, text=True, env=ENV, timeout=timeout)
     return proc.returncode, proc.stdout, proc.stderr
-
-
-def snapshot(folder: Path) -> dict:
-    """Every file under ``folder`` (hidden ones included) → sha256 of its bytes."""
-    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def assert_refused(result, *expect):
@@ -90,20 +84,20 @@ def write_dicom_series(folder: Path, vol, phases: int = 1, skip=(), direction=No
 
 
 def test_output_into_the_input_folder_is_refused_even_with_overwrite(scan, tiny_bundle):
-    before = snapshot(scan)
+    before = files_of(scan)
     assert_refused(cli(scan / "scan.nii.gz", "-o", scan, "--overwrite", "--bundle", tiny_bundle), "input")
     assert_refused(cli(scan / "scan.nii.gz", "-o", scan / "sub" / "..", "--overwrite", "--bundle", tiny_bundle))
-    assert snapshot(scan) == before
+    assert files_of(scan) == before
 
 
 def test_dicom_folder_as_input_and_output_is_refused(tmp_path, synthetic_volume, tiny_bundle):
     vol, _ = synthetic_volume
     series = tmp_path / "series"
     write_dicom_series(series, vol)
-    before = snapshot(series)
+    before = files_of(series)
     for out in (series, series / "results", tmp_path):
         assert_refused(cli(series, "-o", out, "--overwrite", "--bundle", tiny_bundle), "input")
-    assert snapshot(series) == before
+    assert files_of(series) == before
 
 
 def test_a_folder_cardseg_did_not_write_is_never_replaced(tmp_path, scan, tiny_bundle):
@@ -111,10 +105,10 @@ def test_a_folder_cardseg_did_not_write_is_never_replaced(tmp_path, scan, tiny_b
     (home / "docs").mkdir(parents=True)
     (home / "docs" / "thesis.tex").write_text("years of work")
     (home / ".bashrc").write_text("export X=1")
-    before = snapshot(home)
+    before = files_of(home)
     assert_refused(cli(scan / "scan.nii.gz", "-o", home, "--overwrite", "--bundle", tiny_bundle),
                    "not written by cardseg")
-    assert snapshot(home) == before
+    assert files_of(home) == before
 
 
 def test_overwrite_replaces_only_a_pure_cardseg_result(tmp_path, scan, tiny_bundle):
@@ -126,10 +120,10 @@ def test_overwrite_replaces_only_a_pure_cardseg_result(tmp_path, scan, tiny_bund
         ".cardseg-output.json"}
     assert_refused(cli(scan / "scan.nii.gz", "-o", out, "--bundle", tiny_bundle), "--overwrite")
     (out / "my-measurements.csv").write_text("LV,123\n")  # the user added a file of their own
-    before = snapshot(out)
+    before = files_of(out)
     assert_refused(cli(scan / "scan.nii.gz", "-o", out, "--overwrite", "--bundle", tiny_bundle),
                    "my-measurements.csv")
-    assert snapshot(out) == before
+    assert files_of(out) == before
     (out / "my-measurements.csv").unlink()
     assert cli(scan / "scan.nii.gz", "-o", out, "--overwrite", "--quiet", "--bundle", tiny_bundle)[0] == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["result", "study"]  # nothing left beside it
@@ -175,7 +169,7 @@ def test_the_loser_of_a_race_fails_with_one_line(tmp_path, scan, tiny_bundle):
 
     out = tmp_path / "result"
     assert cli(scan / "scan.nii.gz", "-o", out, "--quiet", "--bundle", tiny_bundle)[0] == 0
-    before = snapshot(out)
+    before = files_of(out)
     lock = FileLock(tmp_path / ".result.cardseg.lock")  # another run holds the folder
     assert lock.acquire()
     try:
@@ -183,7 +177,7 @@ def test_the_loser_of_a_race_fails_with_one_line(tmp_path, scan, tiny_bundle):
                        "another cardseg run")
     finally:
         lock.release()
-    assert snapshot(out) == before
+    assert files_of(out) == before
     # two real runs at once: each either succeeds or loses with the one line; one result stands
     procs = [subprocess.Popen([sys.executable, "-m", "cardseg", "segment", str(scan / "scan.nii.gz"), "-o", str(out),
                                "--overwrite", "--quiet", "--bundle", str(tiny_bundle)], env=ENV, text=True,
@@ -394,10 +388,10 @@ def test_a_result_edited_under_the_same_name_is_never_replaced(tmp_path, scan, t
     assert cli(scan / "scan.nii.gz", "-o", out, "--quiet", "--bundle", tiny_bundle)[0] == 0
     seg = out / "segmentation.seg.nrrd"
     seg.write_bytes(seg.read_bytes() + b"\n")  # corrected in Slicer and saved back under its name
-    before = snapshot(out)
+    before = files_of(out)
     assert_refused(cli(scan / "scan.nii.gz", "-o", out, "--overwrite", "--bundle", tiny_bundle),
                    "segmentation.seg.nrrd changed after cardseg wrote it")
-    assert snapshot(out) == before
+    assert files_of(out) == before
 
 
 def test_an_existing_empty_folder_is_filled_in_place_and_foreign_siblings_refused(tmp_path, scan, tiny_bundle):

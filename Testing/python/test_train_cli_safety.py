@@ -12,13 +12,9 @@ from cardseg_train.datasets import synthetic_records
 from cardseg_train.slice_dataset import SliceDataset
 from cardseg_train.train import train
 from cardseg_train.train_config import TrainConfig
-from conftest import refused
+from conftest import files_of, refused
 
 SMOKE = ["train", "--smoke", "--data", "synthetic", "--quiet"]
-
-
-def _snapshot(folder):
-    return {p.name: p.read_bytes() for p in folder.iterdir()}
 
 
 def test_new_run_refuses_a_folder_holding_the_users_files(tmp_path, capsys):
@@ -27,9 +23,9 @@ def test_new_run_refuses_a_folder_holding_the_users_files(tmp_path, capsys):
     for name, text in (("config.json", '{"mine": 1}\n'), ("summary.json", "{}\n"), ("best.pt", "not ours"),
                        ("log.csv", "a,b\n1,2\n"), ("STOP", "")):
         (out / name).write_text(text)
-    before = _snapshot(out)
+    before = files_of(out)
     refused(capsys, [*SMOKE, "--out", str(out)], str(out), "not empty", "--resume")
-    assert _snapshot(out) == before
+    assert files_of(out) == before
 
 
 def test_a_run_killed_before_its_first_checkpoint_is_not_appended_to(tmp_path, capsys):
@@ -37,10 +33,10 @@ def test_a_run_killed_before_its_first_checkpoint_is_not_appended_to(tmp_path, c
     out.mkdir()
     (out / "config.json").write_text('{"steps": 4}\n')
     (out / "log.csv").write_text("step,lr\n")
-    before = _snapshot(out)
+    before = files_of(out)
     refused(capsys, [*SMOKE, "--out", str(out)], str(out), "empty the folder")
     refused(capsys, ["train", "--resume", "--quiet", "--out", str(out)], "no last.pt", "new folder")
-    assert _snapshot(out) == before
+    assert files_of(out) == before
 
 
 def test_an_existing_empty_folder_takes_a_new_run(tmp_path, capsys):
@@ -85,6 +81,6 @@ def test_resume_with_a_corrupt_config_is_one_line(tmp_path, capsys, text):
     out.mkdir()
     (out / "config.json").write_text(text)
     (out / "last.pt").write_bytes(b"x")
-    before = _snapshot(out)
+    before = files_of(out)
     refused(capsys, ["train", "--resume", "--quiet", "--out", str(out)], "config.json", "not a readable run configuration")
-    assert _snapshot(out) == before
+    assert files_of(out) == before
