@@ -7,14 +7,14 @@ folder written before the record existed); files of other names are never touche
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
 import cardseg.cli
 from cardseg.base.errors import CardsegError
 from cardseg.io.outdir import STAMP
-from cardseg_train.report_files import OutRecord
+from cardseg_train.out_record import OutRecord
+from cardseg_train.report_files import atomic_write
 
 from conftest import ACDC, files_of, refused
 
@@ -37,7 +37,7 @@ def _sources():
     (["evaluate", "--split", "val"], "calibration.md"), (["evaluate", "--dice-only"], "dice.csv"),
     (["evaluate", "--review-only"], "review.png"), (["evaluate", "--roi", "disk10,square10"],
                                                     "roi-square10/reliability.png"),
-    (["evaluate"], "panel_patient001_frame01_clean.png"), (["ablate"], "ablation.json"),
+    (["evaluate", "--panel", "patient001_frame01"], "panel_patient001_frame01_clean.png"), (["ablate"], "ablation.json"),
     (["compare", "--card", "nowhere"], "comparison_block_nll.png"), (["fit-review"], "review_fit.json")])
 def test_a_users_file_of_a_name_the_command_writes_is_refused_before_any_work(tmp_path, capsys, command, name):
     out = tmp_path / "results"
@@ -112,25 +112,59 @@ def test_a_result_folder_without_record_needs_overwrite_once(tmp_path, capsys):
     assert _compare(tmp_path, out) == 0
 
 
-def test_a_run_stopped_half_way_leaves_a_record_the_next_run_accepts(tmp_path):
-    out = tmp_path / "out"
-    record = OutRecord(out, "cardseg test", ["a.txt", "b.txt"])
+def _stopped_run(out, names=("a.txt", "b.txt")):
+    """A complete run writing ``names``, then a rerun killed after rewriting the first one."""
+    with OutRecord(out, "cardseg test", names).writing():
+        for n in names:
+            atomic_write(out / n, f"{n} of the first run".encode())
     with pytest.raises(KeyboardInterrupt):
-        with record.writing():
-            (out / "a.txt").write_text("written by the run")
+        with OutRecord(out, "cardseg test", names).writing():
+            atomic_write(out / names[0], b"rewritten by the stopped run")
             raise KeyboardInterrupt
-    assert json.loads((out / STAMP).read_text())["writing"] == {"command": "cardseg test"}
-    record.check()  # a.txt was made after the record: the stopped run's
-    (out / "b.txt").write_text("the user's, from before")
-    old = (out / STAMP).stat().st_mtime_ns - 10**9
-    os.utime(out / "b.txt", ns=(old, old))
-    with pytest.raises(CardsegError, match="holds b.txt, which cardseg did not write"):
-        record.check()
-    (out / "b.txt").unlink()
-    with record.writing():
-        (out / "b.txt").write_text("now the run's")
+    stamp = json.loads((out / STAMP).read_text())
+    assert stamp["writing"] == {"command": "cardseg test"}
+    return stamp
+
+
+def test_a_run_stopped_half_way_leaves_a_record_of_exactly_what_it_wrote(tmp_path):
+    out = tmp_path / "out"
+    stamp = _stopped_run(out)
+    assert stamp["files"]["a.txt"]["size"] == len(b"rewritten by the stopped run")
+    OutRecord(out, "cardseg test", ["a.txt", "b.txt"]).check()  # cardseg's own files: no --overwrite
+    with OutRecord(out, "cardseg test", ["a.txt", "b.txt"]).writing():
+        atomic_write(out / "b.txt", b"the next run's")
     stamp = json.loads((out / STAMP).read_text())
     assert sorted(stamp["files"]) == ["a.txt", "b.txt"] and "writing" not in stamp
+
+
+def test_after_a_stopped_run_a_users_edit_or_new_file_is_still_refused(tmp_path):
+    """The reviewer's case: a listed file edited, and a new file of a written name, after the stop."""
+    out = tmp_path / "out"
+    _stopped_run(out)
+    (out / "b.txt").write_text("the user's edit")
+    with pytest.raises(CardsegError, match="holds b.txt, which changed after cardseg wrote it.*stopped half way"):
+        OutRecord(out, "cardseg test", ["a.txt", "b.txt"]).check()
+    (out / "b.txt").unlink()
+    (out / "c.txt").write_text("the user's, made after the record")
+    record = OutRecord(out, "cardseg test", ["a.txt", "b.txt", "c.txt"])
+    with pytest.raises(CardsegError, match="holds c.txt, which cardseg did not write.*--overwrite"):
+        record.check()
+    with pytest.raises(CardsegError, match="c.txt"):
+        with record.writing():
+            pass
+    assert "c.txt" not in json.loads((out / STAMP).read_text())["files"]
+    assert (out / "c.txt").read_text() == "the user's, made after the record"
+
+
+def test_only_the_files_the_run_wrote_are_recorded(tmp_path):
+    """A file of a written name that appears during the run without being written by it stays unlisted."""
+    out = tmp_path / "out"
+    with OutRecord(out, "cardseg test", ["a.txt", "b.txt"]).writing():
+        atomic_write(out / "a.txt", b"the run's")
+        (out / "b.txt").write_text("saved by the user meanwhile")
+    assert sorted(json.loads((out / STAMP).read_text())["files"]) == ["a.txt"]
+    with pytest.raises(CardsegError, match="holds b.txt, which cardseg did not write"):
+        OutRecord(out, "cardseg test", ["a.txt", "b.txt"]).check()
 
 
 def test_a_record_another_cardseg_command_wrote_keeps_its_entries(tmp_path):
@@ -141,7 +175,7 @@ def test_a_record_another_cardseg_command_wrote_keeps_its_entries(tmp_path):
               "files": {"labels.nii.gz": {"size": 16, "sha256": "x"}}}
     (out / STAMP).write_text(json.dumps(engine))
     with OutRecord(out, "cardseg test", ["a.txt"]).writing():
-        (out / "a.txt").write_text("new")
+        atomic_write(out / "a.txt", b"new")
     stamp = json.loads((out / STAMP).read_text())
     assert stamp["written"] == engine["written"] and stamp["files"]["labels.nii.gz"] == engine["files"]["labels.nii.gz"]
     assert sorted(stamp["files"]) == ["a.txt", "labels.nii.gz"] and "writing" not in stamp
@@ -236,3 +270,60 @@ def test_indices_design_records_what_it_wrote(tiny_bundle, tmp_path, capsys, mon
     (out / "design.md").write_text("# my edit\n")
     _module_refused(capsys, main, argv, "design.md, which changed after cardseg wrote it")
     assert (out / "design.md").read_text() == "# my edit\n" and (out / "notes.md").read_text() == "mine"
+
+
+def test_evaluate_without_panel_checks_only_the_panel_names_it_may_write(tmp_path, capsys):
+    """The default panel is chosen from the results, for a case of the split: a user's panel_mine.png
+    is left alone (the run goes on, here to the missing bundle); one of a case's panel names is refused."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "val_patients.txt").write_text("patient001\n")
+    out = tmp_path / "results"
+    out.mkdir()
+    (out / "panel_mine.png").write_bytes(b"mine")
+    (out / "conditions_mine.png").write_bytes(b"mine too")
+    argv = ["evaluate", "--bundle", str(tmp_path / "no-bundle"), "--data", str(data), "--out", str(out)]
+    line = refused(capsys, argv, "no-bundle")
+    assert "panel_mine" not in line and "conditions_mine" not in line
+    for name in ("panel_patient001_frame01_spike.png", "conditions_patient001_frame02.png"):
+        (out / name).write_bytes(b"mine")
+        refused(capsys, argv, f"--out {out}: holds {name}", "--overwrite")
+        (out / name).unlink()
+    assert files_of(out) == {"panel_mine.png": b"mine", "conditions_mine.png": b"mine too"}
+
+
+def _refuse_when_writing_starts(monkeypatch, folder, name):
+    """The folder passes the check before the work; the user saves ``name`` there meanwhile."""
+    real, calls = OutRecord.check, []
+
+    def check(self):
+        calls.append(1)
+        if len(calls) > 1:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text("saved meanwhile")
+        return real(self)
+
+    monkeypatch.setattr(OutRecord, "check", check)
+
+
+def test_the_python_m_tools_refuse_in_one_line_when_the_writing_starts(tiny_bundle, tmp_path, capsys, monkeypatch):
+    """A refusal as the writing starts (a file saved during the work) is one line, exit 2, like the first check."""
+    from test_fit_indices_checks import _volumes
+
+    from cardseg_train import indices_design, indices_evidence, indices_rv, reference_maps
+
+    def evidence(bundle, data, split, variants, cache, h5_spacing=1.5, **kw):
+        return list(_volumes([f"{split}{i}" for i in range(6 if split == "val" else 24)], set()))
+
+    monkeypatch.setattr(indices_evidence, "evidence_volumes", evidence)
+    rows = {"bundle's own": {"errors": 3, "auroc": 0.7, "auprc": 0.4, "covered": {"0.05": 0.2, "0.1": 0.3, "0.2": 0.5}}}
+    (tmp_path / "rows.json").write_text(json.dumps({"rows": rows}))
+    for main, argv, name in [
+            (indices_design.main, ["--evidence-cache", ""], "design.md"),
+            (indices_rv.main, ["--cache", ""], "rv_slices.md"),
+            (reference_maps.main, ["--replot", str(tmp_path / "rows.json")], "reference_maps.png")]:
+        out = tmp_path / name.split(".")[0]
+        _refuse_when_writing_starts(monkeypatch, out, name)
+        _module_refused(capsys, main, ["--bundle", str(tiny_bundle), *argv, "--out", str(out)],
+                        f"--out {out}: holds {name}")
+        assert files_of(out) == {name: b"saved meanwhile"}

@@ -26,6 +26,7 @@ variant`` for each; the Dual U-Net row, read from its evaluation's pooled table,
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -142,11 +143,9 @@ def plot(t: dict, path) -> None:
     """ECE per variant: ours with its paired patient bootstrap interval (left) and, on its own axis,
     the paper's Table III (right): other data, networks and corruptions, so the panels share the
     variants' order, not a scale."""
-    import matplotlib
+    from .report_files import pyplot, save_figure
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rows: List[dict] = t["rows"]
     y = np.arange(len(rows))[::-1]
     labels = [r["label"] for r in rows]
@@ -165,5 +164,4 @@ def plot(t: dict, path) -> None:
     paper.set_xlabel("ECE (%)")
     paper.set_title("the paper's Table III (its own data and setup)", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, Path(path), dpi=120)

@@ -7,8 +7,9 @@ The measuring itself is :mod:`cardseg_train.calibration_eval` (tables, figures) 
 from __future__ import annotations
 
 import argparse
+import glob
 from pathlib import Path
-from typing import List
+from typing import List, Sequence
 
 from cardseg.base.errors import CardsegError
 
@@ -81,7 +82,8 @@ def cmd_evaluate(argv: List[str]) -> int:
     panel_case, _, panel_cond = (a.panel or "").partition(":")
     if panel_cond:
         comma_names(panel_cond, list(ALL_CONDITIONS), "--panel condition")
-    record = out_record(a.out, "cardseg evaluate", evaluate_outputs(a, rois, conditions), a.overwrite)
+    patients = [] if panel_case or a.dice_only or a.review_only else split_patients(a.data, a.split)
+    record = out_record(a.out, "cardseg evaluate", evaluate_outputs(a, rois, conditions, patients), a.overwrite)
 
     import torch
 
@@ -90,7 +92,7 @@ def cmd_evaluate(argv: List[str]) -> int:
     from cardseg.base.devices import resolve_device
 
     from .calibration_eval import CaseCache, bundle_calibrators, crop_needs, evaluation_settings, run_cases
-    from .evaluation import acdc_h5_volumes, evaluate_dice, write_dice_table
+    from .evaluation import acdc_h5_volumes, evaluate_dice
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -106,7 +108,7 @@ def cmd_evaluate(argv: List[str]) -> int:
         rows = evaluate_dice(bundle, cases, device=device, batch_size=a.batch_size,
                              progress=make_progress("bar", a.quiet))
         with record.writing():
-            summary = write_dice_table(rows, bundle.class_names, out, title)
+            summary = dice_table(rows, bundle.class_names, out, title)
         if not a.quiet:
             print(" ".join(f"{k} {v:.3f}" for k, v in summary.items()), f"-> {out}")
         return 0
@@ -139,7 +141,6 @@ def write_results(results, bundle, calibrators, cases, conditions, rois, setting
     from .calibration_eval import calibration_table
     from .calibration_report import write_report
     from .eval_figures import case_panel, choose_panel, conditions_figure
-    from .evaluation import write_dice_table
     from .train_config import data_name
 
     panel_case, _, panel_cond = (a.panel or "").partition(":")
@@ -157,7 +158,7 @@ def write_results(results, bundle, calibrators, cases, conditions, rois, setting
         rows = [{"case": r.case, "patient": r.patient, **r.dice,
                  "mean": float(np.nanmean([r.dice[n] for n in bundle.class_names[1:]]))}
                 for r in results if r.condition == "clean"]
-        write_dice_table(rows, bundle.class_names, out, title)
+        dice_table(rows, bundle.class_names, out, title)
     if not a.no_review:
         review_section(bundle, cases, conditions, a, device, out, title)
     if panel_case.lower() != "none":
@@ -174,9 +175,32 @@ def write_results(results, bundle, calibrators, cases, conditions, rois, setting
     return table
 
 
-def evaluate_outputs(a: argparse.Namespace, rois: List[str], conditions: List[str]) -> List[str]:
-    """What ``cardseg evaluate`` with these options writes into ``--out`` (globs where the name
-    is chosen from the results: the panel's case)."""
+def dice_table(rows, class_names, out: Path, title: str) -> dict:
+    """:func:`cardseg_train.evaluation.write_dice_table`, its files noted in the running ``--out``
+    record as it returns (it writes them itself, not through ``report_files.atomic_write``)."""
+    from .evaluation import write_dice_table
+    from .out_record import note_written
+
+    summary = write_dice_table(rows, class_names, out, title)
+    for name in DICE_FILES:
+        note_written(out / name)
+    return summary
+
+
+def split_patients(data: str, split: str) -> List[str]:
+    """The patients of ``split`` in the ACDC HDF5 folder ``data`` (its ``<split>_patients.txt``):
+    the cases a default qualitative panel may show; none without the list (the run is refused
+    for it as it reads the data)."""
+    from .datasets import split_lists
+
+    return split_lists(data).get(split, [])
+
+
+def evaluate_outputs(a: argparse.Namespace, rois: List[str], conditions: List[str],
+                     patients: Sequence[str] = ()) -> List[str]:
+    """What ``cardseg evaluate`` with these options writes into ``--out``. Without ``--panel``
+    the panel's case is chosen from the results: then every name it may take, for a case of one of
+    ``patients`` (``<patient>_frameNN``) under one of ``conditions``, and no other."""
     if a.dice_only:
         return list(DICE_FILES)
     if a.review_only:
@@ -187,7 +211,8 @@ def evaluate_outputs(a: argparse.Namespace, rois: List[str], conditions: List[st
     panel_case, _, panel_cond = (a.panel or "").partition(":")
     if panel_case.lower() != "none":
         names += [f"panel_{panel_case}_{panel_cond or 'clean'}.png", f"conditions_{panel_case}.png"] if panel_case \
-            else ["panel_*.png", "conditions_*.png"]
+            else [f"{kind}_{glob.escape(p)}_*{end}" for p in patients
+                  for kind, end in [("conditions", ".png")] + [("panel", f"_{glob.escape(c)}.png") for c in conditions]]
     return names
 
 

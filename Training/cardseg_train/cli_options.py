@@ -111,11 +111,11 @@ def add_overwrite(p: argparse.ArgumentParser, option: str = "--out") -> None:
 
 def out_record(path: Optional[str], command: str, patterns: Sequence[str], overwrite: bool = False,
                option: str = "--out"):
-    """:func:`check_out_folder`, then the folder's :class:`~cardseg_train.report_files.OutRecord`
+    """:func:`check_out_folder`, then the folder's :class:`~cardseg_train.out_record.OutRecord`
     for ``patterns`` (what ``command`` writes there), checked: refused in one line, before any
     work and writing nothing, when the folder holds such a file that cardseg did not write.
     ``None`` when ``path`` is not given."""
-    from .report_files import OutRecord
+    from .out_record import OutRecord
 
     check_out_folder(path, option)
     if not path:

@@ -221,12 +221,11 @@ def plot_block_nll(cmp: dict, path: Path) -> Path:
     """Bars of block NLL per row, coloured by the segmentor the row calibrates, with the paired
     bootstrap's 95 % interval where there is one. The paper's values are not drawn: its data,
     corruptions and networks differ (they stand in the table, with that caveat)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
     import numpy as np
 
+    from .report_files import pyplot, save_figure
+
+    plt = pyplot()
     rows = cmp["rows"]
     x = np.arange(len(rows))
     seg = {"conventional": ("deterministic SwinUNETR", "C0"), "aleatoric": ("aleatoric SwinUNETR", "C2"),
@@ -250,12 +249,7 @@ def plot_block_nll(cmp: dict, path: Path) -> Path:
     ax.legend(title="segmentor", fontsize=8, loc="upper center", ncol=3)
     ax.set_title("Calibration under ACDC-C artifacts: block NLL per method")
     fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(path.stem + ".tmp" + path.suffix)
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return save_figure(fig, Path(path), dpi=120)
 
 
 def write_comparison(sources: Dict[str, Path], out: Path, roi: Optional[str] = None) -> dict:

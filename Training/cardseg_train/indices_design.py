@@ -155,10 +155,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"indices_design: error: {exc}", file=sys.stderr)
         return 2
     out = Path(a.out)
-    with record.writing():
-        atomic_write(out / "design.json", json.dumps({"level": a.level, "bundle": bundle.ident, "checks": checks},
-                                                      indent=1).encode())
-        atomic_write(out / "design.md", markdown(checks, a.level).encode())
+    try:  # the folder is checked again as the writing starts
+        with record.writing():
+            atomic_write(out / "design.json", json.dumps({"level": a.level, "bundle": bundle.ident,
+                                                          "checks": checks}, indent=1).encode())
+            atomic_write(out / "design.md", markdown(checks, a.level).encode())
+    except CardsegError as exc:
+        print(f"indices_design: error: {exc}", file=sys.stderr)
+        return 2
     print(markdown(checks, a.level))
     return 0
 

@@ -175,9 +175,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                               "corrected": position_table(rows, "corrected_ml")},
               "patients": patients, "summary": summary, "slices": rows}
     out = Path(a.out)
-    with record.writing():
-        atomic_write(out / "rv_slices.json", json.dumps(result, indent=1).encode("utf-8"))
-        atomic_write(out / "rv_slices.md", markdown(result).encode("utf-8"))
+    try:  # the folder is checked again as the writing starts
+        with record.writing():
+            atomic_write(out / "rv_slices.json", json.dumps(result, indent=1).encode("utf-8"))
+            atomic_write(out / "rv_slices.md", markdown(result).encode("utf-8"))
+    except CardsegError as exc:
+        print(f"cardseg: error: {exc}", file=sys.stderr)
+        return 2
     print(out / "rv_slices.md")
     return 0
 

@@ -77,7 +77,7 @@ def _accepted(stamp: dict, name: str) -> list:
     return versions + list(pending.get(name, [])) if isinstance(pending, dict) else versions
 
 
-def _changed(folder: Path, name: str, recorded) -> bool:
+def file_changed(folder: Path, name: str, recorded) -> bool:
     """Whether ``folder/name`` is none of the versions cardseg wrote (size, then sha256)."""
     p = folder / name
     versions = [r for r in (recorded if isinstance(recorded, list) else [recorded]) if isinstance(r, dict)]
@@ -182,7 +182,7 @@ def _check_replaceable(out: Path, overwrite: bool) -> None:
         more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
         raise CardsegError(f"{out}: holds files cardseg did not write ({', '.join(foreign[:3])}{more}); "
                            "it is never replaced, move them or choose another folder")
-    edited = [n for n in present if n != STAMP and _changed(out, n, _accepted(stamp, n))]
+    edited = [n for n in present if n != STAMP and file_changed(out, n, _accepted(stamp, n))]
     if edited:
         raise CardsegError(f"{out}: {', '.join(edited[:3])} changed after cardseg wrote it; the folder is never "
                            "replaced, move the file or choose another folder")
@@ -370,7 +370,7 @@ class OutputWriter:
         for name in self.files:
             os.replace(self.tmp / name, self.out / name)
         for name, versions in old.items():
-            if name not in new and not _changed(self.out, name, versions):
+            if name not in new and not file_changed(self.out, name, versions):
                 (self.out / name).unlink()
         os.replace(self.tmp / STAMP, self.out / STAMP)
         self.tmp.rmdir()
