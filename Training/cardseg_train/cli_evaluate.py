@@ -92,7 +92,7 @@ def cmd_evaluate(argv: List[str]) -> int:
     from cardseg.base.devices import resolve_device
 
     from .calibration_eval import CaseCache, bundle_calibrators, crop_needs, evaluation_settings, run_cases
-    from .evaluation import acdc_h5_volumes, evaluate_dice
+    from .evaluation import acdc_h5_volumes, evaluate_dice, write_dice_table
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -108,7 +108,7 @@ def cmd_evaluate(argv: List[str]) -> int:
         rows = evaluate_dice(bundle, cases, device=device, batch_size=a.batch_size,
                              progress=make_progress("bar", a.quiet))
         with record.writing():
-            summary = dice_table(rows, bundle.class_names, out, title)
+            summary = write_dice_table(rows, bundle.class_names, out, title)
         if not a.quiet:
             print(" ".join(f"{k} {v:.3f}" for k, v in summary.items()), f"-> {out}")
         return 0
@@ -139,6 +139,7 @@ def write_results(results, bundle, calibrators, cases, conditions, rois, setting
     import numpy as np
 
     from .calibration_eval import calibration_table
+    from .evaluation import write_dice_table
     from .calibration_report import write_report
     from .eval_figures import case_panel, choose_panel, conditions_figure
     from .train_config import data_name
@@ -158,7 +159,7 @@ def write_results(results, bundle, calibrators, cases, conditions, rois, setting
         rows = [{"case": r.case, "patient": r.patient, **r.dice,
                  "mean": float(np.nanmean([r.dice[n] for n in bundle.class_names[1:]]))}
                 for r in results if r.condition == "clean"]
-        dice_table(rows, bundle.class_names, out, title)
+        write_dice_table(rows, bundle.class_names, out, title)
     if not a.no_review:
         review_section(bundle, cases, conditions, a, device, out, title)
     if panel_case.lower() != "none":
@@ -173,18 +174,6 @@ def write_results(results, bundle, calibrators, cases, conditions, rois, setting
         case_panel(bundle, item, cond, out / f"panel_{item.case}_{cond}.png", a.seed, device, a.batch_size)
         conditions_figure(bundle, item, conditions, out / f"conditions_{item.case}.png", a.seed)
     return table
-
-
-def dice_table(rows, class_names, out: Path, title: str) -> dict:
-    """:func:`cardseg_train.evaluation.write_dice_table`, its files noted in the running ``--out``
-    record as it returns (it writes them itself, not through ``report_files.atomic_write``)."""
-    from .evaluation import write_dice_table
-    from .out_record import note_written
-
-    summary = write_dice_table(rows, class_names, out, title)
-    for name in DICE_FILES:
-        note_written(out / name)
-    return summary
 
 
 def split_patients(data: str, split: str) -> List[str]:

@@ -8,6 +8,7 @@ ACE, NLL per method and corruption) builds on the same volume loading.
 from __future__ import annotations
 
 import csv
+import io
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,18 +87,23 @@ def summarize(rows: Sequence[Dict[str, object]], class_names: Sequence[str]) -> 
 
 
 def write_dice_table(rows: Sequence[Dict[str, object]], class_names: Sequence[str], out: Path, title: str) -> dict:
-    """Write ``dice.csv``, ``dice.json`` and ``dice.md`` into ``out``; returns the summary."""
+    """Write ``dice.csv``, ``dice.json`` and ``dice.md`` into ``out`` (each atomically, noted in
+    the running ``--out`` record: :func:`cardseg_train.report_files.atomic_write`); returns the summary."""
+    from .report_files import atomic_write
+
     out.mkdir(parents=True, exist_ok=True)
     keys = ["case", "patient"] + list(class_names[1:]) + ["mean"]
-    with open(out / "dice.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        for r in rows:
-            w.writerow({k: (f"{r[k]:.4f}" if isinstance(r[k], float) else r[k]) for k in keys})
+    table = io.StringIO(newline="")
+    w = csv.DictWriter(table, fieldnames=keys)
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: (f"{r[k]:.4f}" if isinstance(r[k], float) else r[k]) for k in keys})
+    atomic_write(out / "dice.csv", table.getvalue().encode())
     summary = summarize(rows, class_names)
-    (out / "dice.json").write_text(json.dumps({"title": title, "summary": summary, "volumes": list(rows)}, indent=2))
+    atomic_write(out / "dice.json", json.dumps({"title": title, "summary": summary, "volumes": list(rows)},
+                                               indent=2).encode())
     head = "| " + " | ".join(list(class_names[1:]) + ["mean"]) + " |"
     line = "| " + " | ".join(f"{summary[k]:.3f}" for k in list(class_names[1:]) + ["mean"]) + " |"
-    (out / "dice.md").write_text(f"{title} ({len(rows)} volumes, Dice per 3D volume at its own grid)\n\n"
-                                 f"{head}\n|{'---|' * (len(class_names))}\n{line}\n")
+    atomic_write(out / "dice.md", (f"{title} ({len(rows)} volumes, Dice per 3D volume at its own grid)\n\n"
+                                   f"{head}\n|{'---|' * (len(class_names))}\n{line}\n").encode())
     return summary
