@@ -383,3 +383,53 @@ def test_a_parquet_table_that_cannot_be_written_names_its_file(tmp_path, monkeyp
         write_parquet(path, [{"case": "a"}], ["case"])
     assert exc.value.filename == str(path) and "File too large" in exc.value.strerror
     assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------------------------
+# a resume whose cases have no subject any more: the earlier subjects.csv goes, the report follows
+# --------------------------------------------------------------------------------------------
+def test_resume_without_subjects_drops_the_batchs_own_subjects_table(tmp_path, tiny_bundle, synthetic_volume,
+                                                                     monkeypatch):
+    import re
+
+    from cardseg.cohort.triage import write_report
+
+    vol, _ = synthetic_volume
+    write_case(tmp_path / "in" / "ed.nii.gz", vol, 0)
+    write_case(tmp_path / "in" / "es.nii.gz", vol, 1)
+    with_subjects, without = tmp_path / "m1.csv", tmp_path / "m2.csv"
+    with_subjects.write_text("case,path,phase,subject\ned,in/ed.nii.gz,ED,s1\nes,in/es.nii.gz,ES,s1\n")
+    without.write_text("case,path\ned,in/ed.nii.gz\nes,in/es.nii.gz\n")
+    out = tmp_path / "out"
+    monkeypatch.setattr(cohort_batch, "indices_function", lambda: fake_indices)  # LVEF interval 1-99 %: straddles
+
+    def straddling() -> str:
+        return re.search(r'id="n-straddling">([^<]*)<', (out / "triage.html").read_text()).group(1)
+
+    first = run_batch(BatchOptions(manifest=str(with_subjects), output=str(out), bundle=str(tiny_bundle),
+                                   progress="none"))
+    assert "subjects.csv" in first.files and (out / "subjects.csv").is_file() and straddling() == "1"
+    # the report counts only the subjects of the rows it shows, whatever subjects.csv still holds
+    rows = [dict(r, subject="", phase="") for r in read_csv(out / "cohort.csv")]
+    write_report(out, rows=rows)
+    assert straddling() == "0"
+
+    second = run_batch(BatchOptions(manifest=str(without), output=str(out), bundle=str(tiny_bundle),
+                                    progress="none"))
+    assert second.reused == 2 and "subjects.csv" not in second.files and second.subjects == []
+    assert not (out / "subjects.csv").exists() and straddling() == "0"
+
+    # no indices module: an earlier subjects.csv would describe an earlier run, so it goes as well
+    run_batch(BatchOptions(manifest=str(with_subjects), output=str(out), bundle=str(tiny_bundle), progress="none"))
+    assert (out / "subjects.csv").is_file()
+    monkeypatch.setattr(cohort_batch, "indices_function", lambda: None)
+    run_batch(BatchOptions(manifest=str(with_subjects), output=str(out), bundle=str(tiny_bundle), progress="none"))
+    assert not (out / "subjects.csv").exists()
+
+    # a new folder holding only what a user put there is never a batch's: nothing of it is deleted
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "subjects.csv").write_text("my own table\n")
+    with pytest.raises(CardsegError, match="not written by cardseg batch"):
+        run_batch(BatchOptions(manifest=str(without), output=str(mine), bundle=str(tiny_bundle), progress="none"))
+    assert (mine / "subjects.csv").read_text() == "my own table\n"

@@ -214,7 +214,7 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
             result.files.append(COHORT_CSV)
             if write_parquet(out / COHORT_PARQUET, result.rows, columns):
                 result.files.append(COHORT_PARQUET)
-        _write_subjects(out, plan.cases, rows, plan.config, result)
+        _write_subjects(out, plan.cases, rows, plan.config, result, plan.earlier)
         if o.report:
             from cardseg.cohort.triage import write_report
 
@@ -257,19 +257,35 @@ def _hash_inputs(cases: Sequence[Case], progress: CaseProgress, threads: int) ->
 
 
 def _write_subjects(out: Path, cases: Sequence[Case], rows: Dict[str, dict], config: dict,
-                    result: BatchResult) -> None:
+                    result: BatchResult, earlier: Optional[dict]) -> None:
+    """``subjects.csv`` for the cases with a subject; with none (or no indices module) an earlier
+    batch's ``subjects.csv`` would describe other cases, so it is removed (only that one: see
+    :func:`_remove_stale_subjects`)."""
     if not any(c.subject for c in cases):
+        _remove_stale_subjects(out, earlier)
         return
     compute = indices_function()
     if compute is None:
         print("cardseg: note: cardiac indices are not available in this cardseg (no cardseg.cohort.indices); "
               f"{SUBJECTS_CSV} not written", file=sys.stderr)
+        _remove_stale_subjects(out, earlier)
         return
     status = {name: r["status"] for name, r in rows.items()}
     subj, names = subject_rows(out, cases, status, config, compute)
     write_table(out / SUBJECTS_CSV, subj, subject_columns(names))
     result.subjects = subj
     result.files.append(SUBJECTS_CSV)
+
+
+def _remove_stale_subjects(out: Path, earlier: Optional[dict]) -> None:
+    """Delete ``OUTDIR/subjects.csv`` only where it is an earlier batch's: OUTDIR carried a batch
+    stamp listing it among the batch's files (:func:`check_batch_outdir` then admitted nothing at
+    the top level but those files). A new or empty OUTDIR (no earlier stamp) is left as it is."""
+    if earlier is None or SUBJECTS_CSV not in (earlier.get("files") or ()):
+        return
+    path = out / SUBJECTS_CSV
+    if path.is_file() and not path.is_symlink():
+        path.unlink()
 
 
 def main_from_args(a) -> int:
