@@ -311,7 +311,8 @@ def test_indices_from_folders(folders, tmp_path):
     assert out["LVM_g"]["value"] == pytest.approx(1.05 * (lab == 2).sum() * ml)
     for n in ix.INDEX_NAMES:
         r = out[n]
-        if math.isnan(r["value"]):
+        if math.isnan(r["value"]) or (n in ix.RELATIVE and r["value"] <= 0):  # no relative error of nothing
+            assert math.isnan(r["low"]) and math.isnan(r["high"])
             continue
         assert r["low"] <= r["high"]
         assert all(isinstance(r[k], float) for k in ("value", "low", "high"))

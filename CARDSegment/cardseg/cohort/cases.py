@@ -85,7 +85,7 @@ def read_manifest(manifest: os.PathLike, default_frame: Optional[int] = None,
     if dup:
         raise CardsegError(f"{mpath}: manifest column(s) {', '.join(dup)} appear more than once in the header")
     col = {c: header.index(c) for c in header}
-    base = mpath.resolve().parent
+    base = Path(os.path.abspath(mpath)).parent  # the manifest's own folder, as the help says
     cases: List[Case] = []
     for lineno, row in enumerate(rows[1:], start=2):
         if not any(c.strip() for c in row):
@@ -115,6 +115,8 @@ def read_manifest(manifest: os.PathLike, default_frame: Optional[int] = None,
             if not get.get("subject"):
                 raise CardsegError(f"{where}: phase {phase} without a subject; the cardiac indices pair a subject's "
                                    "ED and ES cases: fill the subject column or leave phase empty")
+        if "\x00" in get["path"]:
+            raise CardsegError(f"{where}: case {get['case']}: the path holds a NUL character")
         path = Path(os.path.expanduser(get["path"]))
         path = path if path.is_absolute() else base / path
         if inside(path, outdir):
@@ -157,6 +159,13 @@ def _check_subject_phases(cases: Sequence[Case], mpath: Path) -> None:
                 raise CardsegError(f"{mpath}: subject {c.subject!r} has two {c.phase} cases ({other.name} on line "
                                    f"{other.line}, {c.name} on line {c.line})")
             held[(c.subject, c.phase)] = c
+    for (subject, phase), ed in held.items():
+        es = held.get((subject, "ES"))
+        if phase == "ED" and es is not None and ed.frame == es.frame and \
+                os.path.realpath(ed.path) == os.path.realpath(es.path):
+            frame = "" if ed.frame is None else f", frame {ed.frame}"
+            raise CardsegError(f"{mpath}: subject {subject!r}: ED ({ed.name}, line {ed.line}) and ES ({es.name}, line "
+                               f"{es.line}) are the same image ({ed.path}{frame}); the indices need two phases")
 
 
 def cases_from_inputs(inputs: Sequence[str], default_frame: Optional[int] = None,

@@ -205,12 +205,14 @@ def index_error(name: str, value: float, truth: float) -> float:
 
 def subject_intervals(values: Mapping[str, float], block: Mapping) -> dict:
     """``{name: {"value", "low", "high"}, "nominal": level}`` from a subject's index values and
-    the bundle's ``indices`` block (``models``: per index ``bias`` and ``half_width``)."""
+    the bundle's ``indices`` block (``models``: per index ``bias`` and ``half_width``). No
+    interval (NaN bounds) for a non-finite value, or a volume, stroke volume or mass of 0 or
+    less, whose error the model gives relative to the value."""
     out: dict = {}
     for name in INDEX_NAMES:
         v = float(values[name])
         model = block["models"][name]
-        if not np.isfinite(v):
+        if not np.isfinite(v) or (name in RELATIVE and v <= 0):  # a relative error of nothing has no scale
             out[name] = {"value": v, "low": float("nan"), "high": float("nan")}
             continue
         lo, hi = ii.model_interval(v, model, unit_scale=v if name in RELATIVE else 1.0)

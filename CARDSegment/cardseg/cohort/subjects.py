@@ -58,9 +58,31 @@ def subject_rows(out: Path, cases: Sequence[Case], status: Dict[str, str], confi
                     if name not in names:
                         names.append(name)
                     row[name], row[f"{name}_low"], row[f"{name}_high"] = iv.get("value"), iv.get("low"), iv.get("high")
-                row.update(lvef_category_cells(res.get("LVEF")))
+                problems = implausible(res, phases["ED"].name, phases["ES"].name)
+                row["error"] = "; ".join(problems.values())
+                if "LV" not in problems:
+                    row.update(lvef_category_cells(res.get("LVEF")))
         rows.append(row)
     return rows, names
+
+
+def implausible(res: dict, ed_case: str, es_case: str) -> Dict[str, str]:
+    """``{side: why}`` for each ventricle whose indices cannot be read as a heart's: empty at ED,
+    or an ESV above its EDV (ED and ES swapped, or a failed segmentation). Such a row keeps its
+    numbers with these as its error; an LV problem leaves it without an LVEF category."""
+    def value(name: str) -> float:
+        iv = res.get(name)
+        return float(iv.get("value", "nan")) if isinstance(iv, dict) else float("nan")
+
+    out: Dict[str, str] = {}
+    for side in ("LV", "RV"):
+        edv, esv = value(f"{side}EDV_ml"), value(f"{side}ESV_ml")
+        if edv == 0:
+            out[side] = f"no {side} at ED (case {ed_case}): no {side}EF"
+        elif esv > edv:
+            out[side] = (f"{side} ESV {esv:.1f} ml (case {es_case}) exceeds EDV {edv:.1f} ml (case {ed_case}): "
+                         "ED and ES swapped, or a failed segmentation")
+    return out
 
 
 def lvef_category_cells(interval) -> Dict[str, object]:
