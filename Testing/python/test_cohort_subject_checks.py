@@ -100,3 +100,36 @@ def test_relative_paths_are_read_from_the_folder_the_manifest_is_reached_in(tmp_
     link = tmp_path / "study" / "m.csv"
     os.symlink(real, link)
     assert read_manifest(link)[0].path == str(tmp_path / "study" / "img.nii.gz")
+
+
+def test_a_batch_writes_the_problem_in_subjects_csv_and_shows_it_on_the_triage_page(tmp_path, tiny_bundle,
+                                                                                   synthetic_volume, monkeypatch):
+    """End to end with the indices swapped in: the page showed the numbers and no word of the problem."""
+    import html
+
+    import SimpleITK as sitk
+
+    from cardseg.cohort import batch as cohort_batch
+    from cardseg.cohort.batch import run_batch
+    from cardseg.cohort.options import BatchOptions
+    from conftest import read_csv
+
+    vol, _ = synthetic_volume
+    (tmp_path / "in").mkdir()
+    for name in ("ed", "es"):
+        sitk.WriteImage(vol.to_image(), str(tmp_path / "in" / f"{name}.nii.gz"))
+    manifest = tmp_path / "m.csv"
+    manifest.write_text("case,path,phase,subject\ned,in/ed.nii.gz,ED,s1\nes,in/es.nii.gz,ES,s1\n")
+
+    def swapped(ed_dir, es_dir, config):
+        return ix.subject_intervals(ix.cardiac_indices({"LV": 60.0, "RV": 80.0, "MYO": 90.0},
+                                                       {"LV": 150.0, "RV": 60.0, "MYO": 90.0}), BLOCK)
+
+    monkeypatch.setattr(cohort_batch, "indices_function", lambda: swapped)
+    out = tmp_path / "out"
+    run_batch(BatchOptions(manifest=str(manifest), output=str(out), bundle=str(tiny_bundle), progress="none"))
+    (row,) = read_csv(out / "subjects.csv")
+    assert row["error"].startswith("LV ESV 150.0 ml (case es) exceeds EDV 60.0 ml (case ed)")
+    assert row["LVEF_category"] == "" and float(row["LVEF"]) == pytest.approx(-150.0)
+    page = html.unescape((out / "triage.html").read_text())
+    assert "ED and ES swapped, or a failed segmentation" in page and "LVEF 0%" not in page

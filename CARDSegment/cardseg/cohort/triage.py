@@ -289,8 +289,9 @@ def subject_indices(subjects: Sequence[dict]) -> Dict[str, dict]:
 def _indices_html(blocks, info: Optional[dict]) -> str:
     if not info:
         return ""
+    error = _fill(blocks["index_error"], error=info["error"]) if info.get("error") else ""
     if not info["indices"]:
-        return _fill(blocks["index_error"], error=info["error"] or "no indices") if info.get("error") else ""
+        return error
     items = "".join(_fill(blocks["index_item"], name=re.sub(r"_(ml|g)$", "", n), value=_fmt(v, 1),
                           unit=_unit(n), low=_fmt(lo, 1), high=_fmt(hi, 1)) for n, v, lo, hi in info["indices"])
     nominal = info.get("nominal")
@@ -299,7 +300,7 @@ def _indices_html(blocks, info: Optional[dict]) -> str:
     if info.get("category"):
         category = _fill(blocks["category_straddles" if info.get("straddles") else "category"],
                          label=info["category"])
-    return _fill(blocks["indices"], items_html=items, nominal=level or "stated", category_html=category)
+    return _fill(blocks["indices"], items_html=items, nominal=level or "stated", category_html=category) + error
 
 
 def write_report(outdir: os.PathLike, config: Optional[dict] = None, max_thumbnails: int = 200,
