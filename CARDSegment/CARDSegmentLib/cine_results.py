@@ -66,8 +66,9 @@ def indices_from_subjects(path: os.PathLike, ed: int, es: int) -> dict:
     "category", "straddles"}``; the indices are the columns that come with ``_low`` and ``_high``
     columns, in file order; ``category`` is the ``LVEF_category`` label ("" when the file has none:
     an older run, or no LVEF interval) and ``straddles`` ``LVEF_straddles`` (None without a
-    category). A row with an error (e.g. a bundle without fitted intervals) gives that error and
-    no indices.
+    category). A row with an error gives that error, and the indices it still has values for (none
+    for a bundle without fitted intervals; all of them for a subject whose numbers the engine
+    found implausible, e.g. an ESV above its EDV, which it keeps for the record).
     """
     p = Path(path)
     none = {"category": "", "straddles": None}
@@ -83,10 +84,10 @@ def indices_from_subjects(path: os.PathLike, ed: int, es: int) -> dict:
                 "indices": [], **none}
     names = [c for c in columns if f"{c}_low" in columns and f"{c}_high" in columns]
     error = (row.get("error") or "").strip()
-    indices = [] if error else [{"name": n, "value": _number(row.get(n)), "low": _number(row.get(f"{n}_low")),
-                                 "high": _number(row.get(f"{n}_high"))} for n in names]
+    indices = [{"name": n, "value": _number(row.get(n)), "low": _number(row.get(f"{n}_low")),
+                "high": _number(row.get(f"{n}_high"))} for n in names if not math.isnan(_number(row.get(n)))]
     nominal = _number(row.get("nominal"))
-    category = "" if error else str(row.get("LVEF_category") or "").strip()
+    category = str(row.get("LVEF_category") or "").strip()  # the engine leaves it out where it must
     return {"ed": int(ed), "es": int(es), "nominal": None if math.isnan(nominal) else nominal, "error": error,
             "indices": indices, "category": category,
             "straddles": _flag(row.get("LVEF_straddles")) if category else None}
@@ -172,7 +173,7 @@ def indices_lines(indices: Optional[dict], frame_label=str) -> List[str]:
     if indices is None:
         return []
     head = f"ED {frame_label(indices['ed'])}, ES {frame_label(indices['es'])}"
-    if indices["error"]:
+    if indices["error"] and not indices["indices"]:
         return [head, f"No cardiac indices: {indices['error']}"]
     level = f"{indices['nominal']:.0%} intervals" if indices.get("nominal") is not None else "intervals"
     lines = [f"{head}; {level} from the bundle"]
@@ -184,6 +185,8 @@ def indices_lines(indices: Optional[dict], frame_label=str) -> List[str]:
     if category:
         names = [item["name"] for item in indices["indices"]]
         lines.insert(2 + names.index("LVEF") if "LVEF" in names else len(lines), category)
+    if indices["error"]:
+        lines.append(f"Check these numbers: {indices['error']}")
     return lines
 
 
