@@ -113,6 +113,22 @@ def rotated_nifti(tmp_path_factory, synthetic_volume) -> Path:
     return path
 
 
+@pytest.fixture
+def scene_and_volume(tmp_path, synthetic_volume):
+    """An MRML scene holding the synthetic volume as the scalar volume node *cine*: ``(scene,
+    volume)``. For the Slicer-logic tests (their module has called :func:`slicer_core`)."""
+    import slicer
+    from CARDSegmentLib import volume_files
+
+    vol, _ = synthetic_volume
+    src = tmp_path / "in.nrrd"
+    sitk.WriteImage(vol.to_image(), str(src))
+    scene = slicer.vtkMRMLScene()
+    volume = scene.AddNewNodeByClass("vtkMRMLScalarVolumeNode", "cine")
+    volume_files.read_volume_file(volume, src)
+    return scene, volume
+
+
 def assert_figure(path, min_width: int = 300, min_height: int = 200, min_ink: float = 0.01, min_colors: int = 3):
     """A written figure is a real, non-blank image: a PNG of at least that size whose pixels are
     not all background (at least ``min_ink`` of them differ from the corner colour) and that uses

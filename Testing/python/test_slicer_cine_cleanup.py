@@ -108,6 +108,19 @@ class NoProcess:
         raise AssertionError("no engine should start")
 
 
+def start_all_frames(scene, cine, launcher, tmp_path):
+    """Start an all-frames run of ``cine`` with ``launcher`` as its process: ``(logic, work
+    folder, outcomes)``, the outcomes filled by ``onFinished`` as ``(state, error)``."""
+    logic = ModuleLogic(str(MODULE_DIR), lambda: scene, FakeTimer, contextlib.nullcontext)
+    logic.launcher = launcher
+    work = tmp_path / "work"
+    work.mkdir()
+    outcomes = []
+    logic.start(cine.proxy, options_for(tmp_path / "no-bundle", work, frame_mode="all"),
+                onFinished=lambda s, e: outcomes.append((s, e)))
+    return logic, work, outcomes
+
+
 ODD = {
     "size": ([(3, 64, 56), (3, 72, 56), (3, 64, 56)], [(2.4, 2.4, 8.0)] * 3, "(56 x 72 x 3 voxels of 2.4 x 2.4 x 8 mm against 56 x 64 x 3 voxels"),
     "spacing": ([(3, 64, 56)] * 3, [(2.4, 2.4, 8.0), (2.0, 2.0, 8.0), (2.4, 2.4, 8.0)], "(56 x 64 x 3 voxels of 2 x 2 x 8 mm against 56 x 64 x 3 voxels of 2.4"),
@@ -121,13 +134,7 @@ def test_frames_on_different_grids_are_refused_before_the_engine_runs_naming_the
     cine = add_sequence(scene, write_frames(tmp_path / "frames", shapes, spacings))
     show_frame(cine, 0)
     before = node_ids(scene)
-    logic = ModuleLogic(str(MODULE_DIR), lambda: scene, FakeTimer, contextlib.nullcontext)
-    logic.launcher = NoProcess()
-    work = tmp_path / "work"
-    work.mkdir()
-    outcomes = []
-    logic.start(cine.proxy, options_for(tmp_path / "no-bundle", work, frame_mode="all"),
-                onFinished=lambda s, e: outcomes.append((s, e)))
+    logic, work, outcomes = start_all_frames(scene, cine, NoProcess(), tmp_path)
     assert len(outcomes) == 1 and outcomes[0][0] == lib.FAILED and not logic.isRunning
     error = outcomes[0][1]
     assert error.startswith("frame 1 (40 ms) of '7: SAX cine' is on another grid than the shown frame 0 (0 ms)")
@@ -174,13 +181,7 @@ class RefusingBatch:
 def test_a_refused_frame_is_named_by_frame_and_volume(tmp_path, frame_paths):
     scene = make_scene()
     cine = add_sequence(scene, frame_paths[:2])
-    logic = ModuleLogic(str(MODULE_DIR), lambda: scene, FakeTimer, contextlib.nullcontext)
-    logic.launcher = RefusingBatch()
-    work = tmp_path / "work"
-    work.mkdir()
-    outcomes = []
-    logic.start(cine.proxy, options_for(tmp_path / "no-bundle", work, frame_mode="all"),
-                onFinished=lambda s, e: outcomes.append((s, e)))
+    logic, work, outcomes = start_all_frames(scene, cine, RefusingBatch(), tmp_path)
     while not outcomes:
         FakeTimer.made[-1].slot()
     assert outcomes == [(lib.FAILED, "frame 1 (40 ms) of '7: SAX cine': image is constant (0 everywhere)")]

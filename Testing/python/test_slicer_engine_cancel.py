@@ -24,7 +24,7 @@ from conftest import MODULE_DIR, slicer_core
 slicer = slicer_core()
 
 import CARDSegmentLib as lib  # noqa: E402
-from CARDSegmentLib import process as proc, volume_files  # noqa: E402
+from CARDSegmentLib import process as proc  # noqa: E402
 from CARDSegmentLib.engine import Engine, EngineRun  # noqa: E402
 from CARDSegmentLib.jobs import cancel_runs  # noqa: E402
 from CARDSegmentLib.module_logic import ModuleLogic  # noqa: E402
@@ -120,19 +120,6 @@ def test_cancel_runs_still_cleans_up_when_a_run_refuses_the_cancel():
 
 # ---------------------------------------------------------------------------------------------
 # the module's Logic, as the panel drives it
-
-
-@pytest.fixture
-def scene_and_volume(tmp_path, synthetic_volume):
-    import SimpleITK as sitk
-
-    vol, _ = synthetic_volume
-    src = tmp_path / "in.nrrd"
-    sitk.WriteImage(vol.to_image(), str(src))
-    scene = slicer.vtkMRMLScene()
-    volume = scene.AddNewNodeByClass("vtkMRMLScalarVolumeNode", "cine")
-    volume_files.read_volume_file(volume, src)
-    return scene, volume
 
 
 def options_in(work, **kw):

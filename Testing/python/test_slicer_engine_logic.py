@@ -18,7 +18,6 @@ slicer = slicer_core()
 
 
 import CARDSegmentLib as lib  # noqa: E402
-from CARDSegmentLib import volume_files  # noqa: E402
 from CARDSegmentLib.module_logic import ModuleLogic  # noqa: E402
 from vtk.util.numpy_support import vtk_to_numpy  # noqa: E402
 
@@ -29,15 +28,8 @@ def labels_of(outputs) -> np.ndarray:
                                   .GetScalars()).copy() for i in range(seg.GetNumberOfSegments())])
 
 
-def test_two_runs_share_one_warm_engine_and_match_the_one_shot_run(tmp_path, tiny_bundle, synthetic_volume):
-    vol, _ = synthetic_volume
-    src = tmp_path / "in.nrrd"
-    import SimpleITK as sitk
-
-    sitk.WriteImage(vol.to_image(), str(src))
-    scene = slicer.vtkMRMLScene()
-    volume = scene.AddNewNodeByClass("vtkMRMLScalarVolumeNode", "cine")
-    volume_files.read_volume_file(volume, src)
+def test_two_runs_share_one_warm_engine_and_match_the_one_shot_run(tmp_path, tiny_bundle, scene_and_volume):
+    scene, volume = scene_and_volume
     logic = ModuleLogic(str(MODULE_DIR), lambda: scene, object, contextlib.nullcontext)
     options = lib.JobOptions(bundle_path=str(tiny_bundle), device="cpu", engine_dir=str(MODULE_DIR),
                              python_executable=sys.executable, threads=1, work_root=str(tmp_path))
