@@ -18,7 +18,7 @@ class Summary:
 
 
 def agreement_summary(report: Optional[dict]) -> Summary:
-    """The volume's agreement score (paper Eq. 4) in words, with the out-of-domain warning."""
+    """The volume's agreement score (paper Eq. 5) in words, with the out-of-domain warning."""
     if not report:
         return Summary("No results yet.")
     if report.get("method") != "card" or report.get("agreement") is None:

@@ -230,7 +230,7 @@ def run_networks(volume: Volume, bundle: Bundle, method: str = "card", device: "
 
 def finish_volume(traj: SliceTrajectory, volume: Volume, bundle: Bundle, method: str, device,
                   timings: Dict[str, float]) -> SegmentationResult:
-    """Labels, calibrated probabilities (``card``: temperature Eq. 7, then Eq. 2) and the report,
+    """Labels, calibrated probabilities (``card``: temperature Eq. 8, then Eq. 4) and the report,
     from :func:`run_networks`' output on ``volume``'s grid."""
     logits, tac, fov = traj.logits, traj.tac, traj.fov
     t0 = time.perf_counter()

@@ -20,7 +20,7 @@ TRUE_CARD = (1.0, 7.0, 0.2, 0.04)
 
 def synthetic_pool(n, seed, temperature=None, items=4, k=4):
     """Labels drawn from softmax(u); observed logits u · T with T = ``temperature`` (scalar) or,
-    by default, T growing with the TAC as CARD's Eq. 7 with ``TRUE_CARD``."""
+    by default, T growing with the TAC as CARD's Eq. 8 with ``TRUE_CARD``."""
     rng = np.random.default_rng(seed)
     u = rng.normal(0.0, 2.0, (n, k))
     y = (softmax(u, axis=1).cumsum(axis=1) > rng.random((n, 1))).argmax(axis=1)
@@ -86,6 +86,23 @@ def _finite_difference(f, x, h):
         e[i] = h[i]
         g[i] = (f(x + e) - f(x - e)) / (2 * h[i])
     return g
+
+
+def test_card_on_a_small_tac_scale_is_not_held_at_a_fixed_floor():
+    """A TAC-last-like pool: the disagreement a thousand times smaller (TAC up to 5e-4, transition
+    width 4e-5 nats). The fit recovers the width instead of stopping at the old fixed floor of 1e-3."""
+    pool = synthetic_pool(60_000, seed=5)
+    scale = 1e-3
+    tmin, tmax, wb, wk = TRUE_CARD
+    small = []
+    for it in pool:
+        d = it.tac * scale
+        t = tmin + expit((d - wb * scale) / (wk * scale)) * (tmax - tmin)
+        t_old = tmin + expit((it.tac - wb) / wk) * (tmax - tmin)
+        small.append(PoolItem(it.logits / t_old[None, :] * t[None, :], it.labels, d, case=it.case))
+    card = fit_card(small)
+    assert card.w_k < 1e-3 and card.w_k == pytest.approx(wk * scale, rel=0.3)
+    assert card.w_b == pytest.approx(wb * scale, rel=0.1) and card.tau_max == pytest.approx(7.0, rel=0.1)
 
 
 def test_analytic_gradients_match_finite_differences():
@@ -248,7 +265,7 @@ def test_tac_step_subsets_from_kept_step_js_match_the_engine(tiny_bundle, tmp_pa
     it = build_pool(bundle, [LabelledVolume("s_frame01", "s", vol, lab)], variants=("clean",), roi_radius=3,
                     max_pixels_per_item=None)[0]
     assert it.steps == bundle.sampled_steps and it.step_js.shape == (5, it.labels.size)
-    assert np.allclose(it.step_js.mean(axis=0), it.tac, atol=1e-6)  # TAC = mean of the per-step JS (Eq. 6)
+    assert np.allclose(it.step_js.mean(axis=0), it.tac, atol=1e-6)  # TAC = mean of the per-step JS (Eq. 7)
     last = pool_with_tac_steps([it], [0])[0]
     assert np.array_equal(last.logits, it.logits) and not np.allclose(last.tac, it.tac)
     # the engine, told to average step 0 only, gives the same TAC and agreement

@@ -104,7 +104,7 @@ def test_calibration_table_pools_pixels_and_card_wins_where_tac_marks_the_errors
     assert t["mean_nll"]["ts"] == pytest.approx((t["pooled"]["clean"]["ts"]["nll"]
                                                  + t["pooled"]["motion"]["ts"]["nll"]) / 2)
     assert t["artifacts_only_nll"]["ts"] == pytest.approx(t["pooled"]["motion"]["ts"]["nll"])
-    # CARD's pooled NLL: each ROI pixel's logits divided by Eq. 7's temperature of its own TAC,
+    # CARD's pooled NLL: each ROI pixel's logits divided by Eq. 8's temperature of its own TAC,
     # computed here by hand from the parameters
     motion = [r for r in results if r.condition == "motion"]
     z = np.concatenate([r.logits.T for r in motion]).astype(np.float64)
@@ -192,7 +192,7 @@ def test_evaluate_command_end_to_end_and_resume(tiny_bundle, tmp_path, monkeypat
     assert t["settings"]["split"] == "val" and all(c.startswith("patient") for c in t["settings"]["cases"])
     assert all(t["pooled"][c][m]["n"] > 1000 for c in t["conditions"] for m in t["methods"])
     assert len(list(cache.rglob("*.npz"))) == 4
-    # every sampled step's JS is cached at the ROI pixels: their mean is the cached TAC (Eq. 6)
+    # every sampled step's JS is cached at the ROI pixels: their mean is the cached TAC (Eq. 7)
     key_dir = next(p.parent for p in cache.rglob("*.npz"))
     res = ce.CaseCache(key_dir.parent, key_dir.name).load(t["settings"]["cases"][0], "spike")
     assert res.js_steps == [49, 37, 24, 12, 0] and res.step_js.shape == (5, res.tac.size)

@@ -68,6 +68,8 @@ def test_square_kernel_roi_is_the_literal_10x10_and_inside_the_disk():
     sq = roi_mask_square(fg, 10)
     ys, xs = np.nonzero(sq[0])
     assert sq[0].sum() == 100 and ys.max() - ys.min() == 9 and xs.max() - xs.min() == 9
+    # as the docstring says: 10 // 2 - 1 = 4 pixels towards lower indices, 10 // 2 = 5 towards higher
+    assert (ys.min(), ys.max(), xs.min(), xs.max()) == (16, 25, 16, 25)
     assert not sq[1].any()
     rng = np.random.default_rng(3)
     blob = rng.random((3, 48, 48)) > 0.985

@@ -160,7 +160,7 @@ def test_reference_sweep_grid_and_heat_map(tmp_path):
 
 def test_cached_primary_pass_gives_the_trajectorys_own_tac(tmp_path):
     """The sweep's cache (the primary's states and softmax kept once) must give each candidate
-    exactly the TAC that running it alongside the primary gives (paper Eqs. 5-6)."""
+    exactly the TAC that running it alongside the primary gives (paper Eqs. 6-7)."""
     import torch
 
     from cardseg.method.diffusion import CategoricalSchedule, default_sampling_steps

@@ -1,4 +1,4 @@
-"""The paper's component ablation (its Table III) on one ACDC-C condition, spike by default.
+"""The paper's component ablation (its Table II) on one ACDC-C condition, spike by default.
 
 Rows (ECE / SCE / ACE in %, pooled over the ROI pixels of the split's volumes under the
 condition, NLL beside them):
@@ -9,7 +9,7 @@ condition, NLL beside them):
 * ``Dual U-Net``: two discriminative U-Nets (seeds 0 and 1); their softmax JS through CARD's
   fitted sigmoid temperature on the first one's logits (read from that bundle's evaluation).
 * ``w/o Ref. Contrast``: the primary on both paths, so the JS and the TAC are 0 everywhere and
-  Eq. 7 is one temperature for every pixel; fitted by NLL on the validation pool, that is the
+  Eq. 8 is one temperature for every pixel; fitted by NLL on the validation pool, that is the
   pool's temperature-scaling fit, so the row applies the bundle's fitted TS.
 * ``TAC-last`` / ``TAC-mid``: CARD refitted on the validation pool with the TAC over ``{0}`` /
   ``{24, 12, 0}`` (``fit-calibration`` keeps each set's fit), applied to the TAC over the
@@ -40,7 +40,7 @@ from .calibration_eval import CaseResult, calibrated_probs as _probs
 from .eval_stats import BOOTSTRAP_RESAMPLES
 
 ROWS = ("Primary only", "Logit Mix", "Dual U-Net", "w/o Ref. Contrast", "TAC-last", "TAC-mid", "Proposed")
-#: the paper's Table III (spike): ECE, SCE, ACE in %
+#: the paper's Table II (spike): ECE, SCE, ACE in %
 PAPER = {"Primary only": (20.19, 10.10, 9.48), "Logit Mix": (19.62, 9.82, 9.03), "Dual U-Net": (19.22, 11.49, 11.10),
          "w/o Ref. Contrast": (17.78, 9.02, 8.51), "TAC-last": (17.62, 8.96, 8.47), "TAC-mid": (17.45, 8.89, 8.42),
          "Proposed": (13.81, 7.61, 7.42)}
@@ -128,7 +128,7 @@ def ablation_table(card_results: Sequence[CaseResult], mix_results: Sequence[Cas
 def markdown(t: dict, title: str = "") -> str:
     lines = [f"# {title or 'Component ablation'} ({t['condition']})", "",
              f"{t['volumes']} volumes under {t['condition']}; ECE / SCE / ACE in %, pooled over the ROI pixels; the "
-             "paper's Table III beside ours.", "",
+             "paper's Table II beside ours.", "",
              "| Variant | ECE | SCE | ACE | NLL | paper ECE / SCE / ACE |", "|---|---|---|---|---|---|"]
     for r in t["rows"]:
         lines.append(f"| {r['label']} | {100 * r['ece']:.2f} | {100 * r['sce']:.2f} | {100 * r['ace']:.2f} | "
@@ -141,7 +141,7 @@ def markdown(t: dict, title: str = "") -> str:
 
 def plot(t: dict, path) -> None:
     """ECE per variant: ours with its paired patient bootstrap interval (left) and, on its own axis,
-    the paper's Table III (right): other data, networks and corruptions, so the panels share the
+    the paper's Table II (right): other data, networks and corruptions, so the panels share the
     variants' order, not a scale."""
     from .report_files import pyplot, save_figure
 
@@ -162,6 +162,6 @@ def plot(t: dict, path) -> None:
     ours.set_title("ours (ACDC test)", fontsize=10)
     paper.barh(y, [r["paper_ece_sce_ace"][0] for r in rows], 0.6, color="tab:grey")
     paper.set_xlabel("ECE (%)")
-    paper.set_title("the paper's Table III (its own data and setup)", fontsize=10)
+    paper.set_title("the paper's Table II (its own data and setup)", fontsize=10)
     fig.tight_layout()
     save_figure(fig, Path(path), dpi=120)

@@ -182,7 +182,7 @@ def bootstrap_markdown(bs: Optional[dict]) -> List[str]:
                         (" | | | |" if ref else "")))
     labels = list(bs["interval"])
     if len(labels) > 1 and bs.get("pairwise"):
-        lines += ["", "Each variant against the one above it (row - row above; the paper's Table III orders them "
+        lines += ["", "Each variant against the one above it (row - row above; the paper's Table II orders them "
                       "from worst to best):", "", "| Variant | minus | ECE | SCE | ACE | NLL |",
                   "|---|---|---|---|---|---|"]
         for above, label in zip(labels, labels[1:]):

@@ -27,7 +27,7 @@ same ROI pixels, in the same order. Definitions used everywhere (fitting, evalua
   (clean left out) is reported beside it as ``artifacts_only_nll``.
 * LCC ratio (paper Fig. 2a) per 2D slice, averaged over the slices with predicted foreground,
   for the primary's and the reference's terminal predictions.
-* Agreement (paper Eq. 4) over the same ROI, per volume and per slice; agreement versus Dice is
+* Agreement (paper Eq. 5) over the same ROI, per volume and per slice; agreement versus Dice is
   per slice, skipping slices without ground-truth foreground, with Pearson r (paper Fig. 2b).
 """
 
@@ -85,7 +85,7 @@ class CaseResult:
     logits ``(K, n)`` float32, tac ``(n,)`` float32 and labels ``(n,)`` uint8 are the ROI pixels
     (ROI as in the module docstring); dice: per foreground class name (NaN when the class is
     absent from both); slice_agreement / slice_dice: per slice with ground-truth foreground
-    (Eq. 4 over that slice's ROI; mean Dice over the classes present in it or the prediction);
+    (Eq. 5 over that slice's ROI; mean Dice over the classes present in it or the prediction);
     spatial: the ROI box for LTS and CalibNet, when asked for.
     """
 
@@ -119,7 +119,7 @@ class CaseResult:
         raise CardsegError(f"{self.case} {self.condition}: no {roi!r} ROI cached (choose from {', '.join(ROIS)})")
 
     def tac_over(self, steps: Optional[Sequence[int]]) -> np.ndarray:
-        """The TAC (Eq. 6) over ``steps`` at the ROI pixels ``(n,)``; None: the cached TAC."""
+        """The TAC (Eq. 7) over ``steps`` at the ROI pixels ``(n,)``; None: the cached TAC."""
         if steps is None:
             return self.tac
         if self.step_js is None:

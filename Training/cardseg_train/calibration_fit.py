@@ -12,11 +12,15 @@ gradients, in float64 numpy:
   (the TS solution, so ETS never ends worse than TS on the pool).
 * ``hts``: ``(w, b)`` by L-BFGS-B from the authors' initialisation ``w = 0.1, b = 0.8``, both
   bounded to the range ``bundle.json`` accepts (:data:`cardseg.bundle.calibration_schema.HTS_RANGE`).
-* ``card``: ``{τ_min, τ_max, w_b, w_k}`` of Eq. 7: the best point of a coarse grid (evaluated on
+* ``card``: ``{τ_min, τ_max, w_b, w_k}`` of Eq. 8: the best point of a coarse grid (evaluated on
   a seeded subsample of at most ``CARD_GRID_PIXELS`` pixels) initialises SLSQP on the whole
-  pool under ``1 ≤ τ_min ≤ τ_max ≤ 100``, ``0 ≤ w_b ≤ ln 2``, ``W_K_MIN ≤ w_k ≤ ln 2``.
-  Internally ``w_b`` and ``w_k`` are divided by a TAC scale (the pool's 99th TAC percentile)
-  so that SLSQP sees variables of comparable size.
+  pool under ``1 ≤ τ_min ≤ τ_max ≤ 100``, ``0 ≤ w_b ≤ ln 2``, ``w_k`` between
+  ``W_K_SHARE`` of a TAC scale (the pool's 99th TAC percentile; never below the schema's
+  ``1e-6``) and ``ln 2``. Internally ``w_b`` and ``w_k`` are divided by that scale so that SLSQP
+  sees variables of comparable size. The floor follows the scale because the TAC of a step
+  subset is far smaller than the whole trajectory's (the last step's JS: 99th percentile about
+  1e-3 nats on validation); a fixed floor of 1e-3 held the TAC-last and TAC-mid fits of 2.2.0 at
+  that bound, towards one temperature for every pixel.
 
 The pool and its thresholds live in :mod:`cardseg_train.calibration_pool`, the objectives in
 :mod:`cardseg_train.calibration_objectives`, the small-network calibrators (PTS, LTS, CalibNet)
@@ -33,7 +37,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 from scipy import optimize
 
-from cardseg.bundle.calibration_schema import HTS_RANGE
+from cardseg.bundle.calibration_schema import HTS_RANGE, W_K_RANGE
 from cardseg.method.calibration import (CARD, Calibrator, EnsembleTemperatureScaling, EntropyTemperatureScaling,
                                         TemperatureScaling, Uncalibrated)
 
@@ -44,8 +48,12 @@ from .calibration_pool import PoolItem, concat_pool
 LN2 = math.log(2.0)
 
 TAU_MAX_BOUND = 100.0
-#: smallest CARD transition width w_k (TAC units, nats)
-W_K_MIN = 1e-3
+#: smallest CARD transition width w_k (TAC units, nats): the bundle schema's lowest
+W_K_MIN = W_K_RANGE[0]
+#: smallest w_k as a share of the pool's TAC scale (its 99th percentile): a sharper transition is a step
+W_K_SHARE = 1e-3
+#: the TAC scale's floor (a pool whose TAC is all 0, one network on both paths: w_b, w_k do not matter)
+TAC_SCALE_FLOOR = 1e-5
 #: pixels the CARD grid search evaluates (a seeded subsample of the pool)
 CARD_GRID_PIXELS = 20_000
 #: coarse CARD grid: τ_min values, τ_max - τ_min values, w_b as TAC quantiles, w_k as
@@ -97,9 +105,14 @@ def fit_hts(pool: Sequence[PoolItem], init: Tuple[float, float] = (0.1, 0.8)) ->
     return EntropyTemperatureScaling(float(w), float(b))
 
 
+def w_k_floor(scale: float) -> float:
+    """The smallest transition width ``w_k`` the CARD fit allows for a pool of TAC ``scale``."""
+    return max(W_K_MIN, W_K_SHARE * scale)
+
+
 def _card_grid(d: np.ndarray, scale: float) -> List[Tuple[float, float, float, float]]:
     w_bs = sorted(set(float(np.clip(np.quantile(d, q), 0.0, LN2)) for q in CARD_GRID["w_b_quantile"]))
-    w_ks = [max(W_K_MIN, f * scale) for f in CARD_GRID["w_k_scale"]]
+    w_ks = [max(w_k_floor(scale), f * scale) for f in CARD_GRID["w_k_scale"]]
     points = []
     for tmin, span in itertools.product(CARD_GRID["tau_min"], CARD_GRID["tau_span"]):
         tmax = min(tmin + span, TAU_MAX_BOUND)
@@ -118,7 +131,8 @@ def fit_card(pool: Sequence[PoolItem], seed: int = 0, grid_pixels: int = CARD_GR
     """
     z, y, d = concat_pool(pool)
     n = z.shape[0]
-    scale = max(float(np.quantile(d, 0.99)), 10 * W_K_MIN)
+    scale = max(float(np.quantile(d, 0.99)), TAC_SCALE_FLOOR)
+    w_k_min = w_k_floor(scale)
     t0 = time.perf_counter()
     sub = np.random.default_rng(seed).choice(n, size=grid_pixels, replace=False) if n > grid_pixels else slice(None)
     zs, ys, ds = z[sub], y[sub], d[sub]
@@ -138,7 +152,7 @@ def fit_card(pool: Sequence[PoolItem], seed: int = 0, grid_pixels: int = CARD_GR
     x0 = start / sx
     res = optimize.minimize(fun, x0, jac=True, method="SLSQP",
                             bounds=[(1.0, TAU_MAX_BOUND), (1.0, TAU_MAX_BOUND), (0.0, LN2 / scale),
-                                    (W_K_MIN / scale, LN2 / scale)],
+                                    (w_k_min / scale, LN2 / scale)],
                             constraints=[{"type": "ineq", "fun": lambda x: x[1] - x[0],
                                           "jac": lambda x: np.array([-1.0, 1.0, 0.0, 0.0])}],
                             options={"maxiter": 300, "ftol": 1e-10})
@@ -149,7 +163,7 @@ def fit_card(pool: Sequence[PoolItem], seed: int = 0, grid_pixels: int = CARD_GR
     tau_min = float(max(p[0], 1.0))
     tau_max = float(max(p[1], tau_min))
     w_b = float(np.clip(p[2], 0.0, LN2))
-    w_k = float(max(p[3], W_K_MIN))
+    w_k = float(min(max(p[3], w_k_min), LN2))
     if info is not None:
         info.update({"grid_points": len(grid), "grid_best": start.tolist(), "grid_pixels": int(zs.shape[0]),
                      "grid_s": t_grid, "slsqp_s": t_slsqp, "slsqp_iterations": int(res.nit),

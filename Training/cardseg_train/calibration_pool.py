@@ -30,12 +30,12 @@ class PoolItem:
     """ROI pixels of one (possibly perturbed) source-validation volume.
 
     logits: terminal primary logits ``(K, n)``; labels: ground truth ``(n,)``; tac: TAC
-    values ``(n,)``; agreement: the engine's volume agreement score (Eq. 4, over the
+    values ``(n,)``; agreement: the engine's volume agreement score (Eq. 5, over the
     predicted-foreground ROI) when known; step_js: the JS value of each sampled step ``(S, n)``
     in the order of ``steps``, when kept, so the TAC of any step subset can be formed
     later without running the trajectory again (:func:`pool_with_tac_steps`); step_roi_js: per
     step, the mean JS over the predicted-foreground ROI the agreement score uses (so the agreement
-    of any step subset is exact: Eq. 4 is linear in the TAC). patient: the patient the volume
+    of any step subset is exact: Eq. 5 is linear in the TAC). patient: the patient the volume
     belongs to (held-out splits keep a patient's items together; empty: use ``case``). spatial:
     the ROI box with the image, for the convolutional calibrators (LTS, CalibNet), when built
     with ``spatial=True`` (:mod:`cardseg_train.calibration_spatial`).
@@ -93,7 +93,7 @@ def pool_item(logits: np.ndarray, tac: np.ndarray, labels: np.ndarray, roi: np.n
 
 
 def pool_with_tac_steps(pool: Sequence[PoolItem], tac_steps: Optional[Sequence[int]]) -> List[PoolItem]:
-    """The pool with each item's TAC re-formed over ``tac_steps`` (paper Eq. 6 with another step
+    """The pool with each item's TAC re-formed over ``tac_steps`` (paper Eq. 7 with another step
     set ``T``, e.g. TAC-mid ``[24, 12, 0]`` or TAC-last ``[0]``; ``None``: every sampled step) from
     its kept per-step JS values."""
     out = []
@@ -152,7 +152,7 @@ def build_pool(bundle, cases, variants: Sequence[str] = POOL_VARIANTS, roi_radiu
     foreground dilated by ``roi_radius`` pixels (per slice, disk), as in the metrics; at most
     ``max_pixels_per_item`` of its pixels are kept (seeded); each perturbation is drawn ``draws``
     times per volume (draw 0 keeps the generator of a single-draw pool). Each item records the volume
-    agreement score the engine would report (Eq. 4 over the predicted foreground's ROI,
+    agreement score the engine would report (Eq. 5 over the predicted foreground's ROI,
     dilated by the bundle's ``agreement.roi_dilation_px``).
 
     ``spatial``: each item also keeps its ROI box (:func:`~cardseg_train.calibration_spatial.spatial_item`,

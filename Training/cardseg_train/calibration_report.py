@@ -206,13 +206,13 @@ def plot_confidence_histograms(t: dict, path: Path) -> Path:
 
 
 def plot_agreement_vs_dice(t: dict, path: Path) -> Path:
-    """Slice agreement (Eq. 4 over the ROI) against slice Dice, one colour per condition."""
+    """Slice agreement (Eq. 5 over the ROI) against slice Dice, one colour per condition."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.2, 4.2))
     for i, c in enumerate(t["conditions"]):
         s = t["agreement_vs_dice"]["per_condition"][c]
         ax.scatter(s["agreement"], s["dice"], s=9, alpha=0.6, color=f"C{i}", label=f"{c} (r = {format_value(s['r'], 1, 2)})")
-    ax.set(xlabel="slice agreement (Eq. 4, ROI)", ylabel="slice Dice (mean over classes)",
+    ax.set(xlabel="slice agreement (Eq. 5, ROI)", ylabel="slice Dice (mean over classes)",
            title=f"agreement vs Dice, r = {format_value(t['agreement_vs_dice']['r_all'], 1, 2)}")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)

@@ -1,4 +1,4 @@
-"""``cardseg compare`` and ``cardseg ablate``: the paper's Table I and Table III from evaluations.
+"""``cardseg compare`` and ``cardseg ablate``: the paper's Table I and Table II from evaluations.
 
 Both only read what ``cardseg evaluate`` wrote or cached (``ablate`` runs the Logit Mix
 trajectories, which no evaluation has); the tables themselves are built in
@@ -24,7 +24,7 @@ COMPARISON_FILES = ("comparison.md", "comparison.json", "comparison_block_nll.pn
 def ablate_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="cardseg ablate",
-        description="The paper's component ablation (Table III) under one condition: Primary only, Logit Mix, Dual "
+        description="The paper's component ablation (Table II) under one condition: Primary only, Logit Mix, Dual "
                     "U-Net, w/o Ref. Contrast, TAC-last, TAC-mid, Proposed (ECE/SCE/ACE). Reads cardseg evaluate's "
                     "cache (run evaluate first, same --split/--seed); only Logit Mix runs trajectories of its own. "
                     "TAC-last/mid need the bundle fitted with fit-calibration --tac-steps auto.")

@@ -49,7 +49,7 @@ class VolumeMaps:
 
 def entropy_maps(maps: VolumeMaps, calibrator) -> VolumeMaps:
     """Fill ``entropy_uc`` (softmax of the primary) and ``entropy_card`` (the logits divided by
-    CARD's temperature of the TAC, paper Eq. 2) from ``maps.logits``; returns ``maps``."""
+    CARD's temperature of the TAC, paper Eq. 4) from ``maps.logits``; returns ``maps``."""
     import torch
 
     from cardseg.method.calibration import temperature_scale

@@ -6,8 +6,8 @@
 
 The primary's reverse trajectory is run once per validation volume and variant, on the pack's
 network grid (the validation volumes exactly as the engine maps them); every candidate
-reference is evaluated on the primary's own states at every sampled step (paper Eq. 5), so
-each candidate gets its own TAC map (Eq. 6) from one primary pass. CARD's temperature map is
+reference is evaluated on the primary's own states at every sampled step (paper Eq. 6), so
+each candidate gets its own TAC map (Eq. 7) from one primary pass. CARD's temperature map is
 then fitted per candidate (:func:`cardseg_train.calibration_fit.fit_card`) and the candidate
 with the lowest pool NLL (ROI pixels, as ``cardseg fit-calibration``) wins. Test patients are
 never read: the pack holds only the training and validation splits.
@@ -215,8 +215,8 @@ def load_items(path: Path, key: dict):
 
 def candidate_pool(reference: nn.Module, items: list, images: dict, steps, batch_size: int) -> list:
     """One candidate's pool: the reference on the primary's cached state at every sampled step
-    (paper Eq. 5), JS against the primary's softmax at the pool pixels, averaged over the steps
-    (Eq. 6). images: ``{(case, variant): (Z, H, W) image}``."""
+    (paper Eq. 6), JS against the primary's softmax at the pool pixels, averaged over the steps
+    (Eq. 7). images: ``{(case, variant): (Z, H, W) image}``."""
     from cardseg.method.trajectory import js_divergence
     from cardseg_train.calibration_pool import PoolItem
 

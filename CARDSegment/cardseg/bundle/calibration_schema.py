@@ -7,7 +7,7 @@ makes sense and narrow enough that the arithmetic stays finite in float32 (``tau
 would give an infinite temperature map, a denormal ``w_k`` a division by zero); the message of
 a refusal states the range:
 
-* ``card`` (paper Eq. 7): ``1 <= tau_min <= tau_max <= 1000`` (the fitter searches up to 100),
+* ``card`` (paper Eq. 8): ``1 <= tau_min <= tau_max <= 1000`` (the fitter searches up to 100),
   ``w_b`` in ``[0, ln 2]`` (the TAC map's own range), ``w_k`` in ``[1e-6, ln 2]``;
 * ``ts`` and ``ets``: ``temperature`` in ``[0.01, 1000]`` (the fitter searches ``[0.05, 100]``);
   ETS mixture weights in ``[0, 1]`` summing to 1;
@@ -106,7 +106,7 @@ def _check_calibrator(where: Where, cal: dict, key: str, allowed_extra: Sequence
 
 
 def _card_ranges(where: Where, cal: dict, key: str) -> None:
-    """Paper Eq. 7 needs ``1 <= tau_min <= tau_max``, ``w_b >= 0``, ``w_k > 0``; bounded above
+    """Paper Eq. 8 needs ``1 <= tau_min <= tau_max``, ``w_b >= 0``, ``w_k > 0``; bounded above
     as the module docstring says."""
     tau_min = number_value(where, f"{key}.tau_min", cal["tau_min"], low=TAU_RANGE[0], high=TAU_RANGE[1])
     tau_max = number_value(where, f"{key}.tau_max", cal["tau_max"], low=TAU_RANGE[0], high=TAU_RANGE[1])

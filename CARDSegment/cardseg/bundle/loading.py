@@ -102,7 +102,7 @@ class Bundle:
 
     @property
     def tac_steps(self) -> Optional[List[int]]:
-        """Steps the TAC average runs over (paper Eq. 6's set T): ``calibration.tac_steps`` in
+        """Steps the TAC average runs over (paper Eq. 7's set T): ``calibration.tac_steps`` in
         ``bundle.json``, or ``None`` for every sampled step (the paper's default). The schema has
         checked that they are sampled steps."""
         steps = self.config["calibration"].get("tac_steps")

@@ -1,4 +1,4 @@
-"""Paper Eq. 4: the agreement score of a region, from the TAC map (numpy arrays)."""
+"""Paper Eq. 5: the agreement score of a region, from the TAC map (numpy arrays)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ LN2 = math.log(2.0)
 
 
 def agreement_score(tac: np.ndarray, roi: np.ndarray) -> Optional[float]:
-    """Paper Eq. 4: ``Agr = 1 - (1 / (|R| ln 2)) Σ_{v∈R} d̄(v)``, in ``[0, 1]``.
+    """Paper Eq. 5: ``Agr = 1 - (1 / (|R| ln 2)) Σ_{v∈R} d̄(v)``, in ``[0, 1]``.
 
     tac: TAC map ``d̄`` (any shape, values in ``[0, ln 2]``); roi: bool mask ``R`` of the same
     shape. ``None`` when R is empty.

@@ -160,9 +160,9 @@ class CategoricalSchedule:
         Because the uniform term is the same for every class, the argmax equals ``argmax p̂_t``:
         the schedule shapes training, and the network sees ``t`` through its time embedding.
         So ``argmax p̂_t`` is what is computed. The mixture itself, in float32, would lose the
-        difference between two classes' probabilities where ``abar_{t-1}`` is small (0.00097
-        before the first of the shipped steps: differences under about 3e-5 rounded to ties or
-        swapped), so two backends whose networks agree to 1e-6 could take different states. ``t``
+        difference between two classes' probabilities where ``abar_{t-1}`` is small (0.00097 at
+        step 48, the next state of a 50-step sampler's first step; 0.133 at step 37, the shipped
+        5-step sampler's: differences under about 3e-5 at step 48 round to ties or swap), so two backends whose networks agree to 1e-6 could take different states. ``t``
         (the step) is kept for the equation's form; the result does not depend on it.
         """
         return one_hot(arrays.argmax(p_hat, axis=1), p_hat.shape[1], p_hat.dtype)

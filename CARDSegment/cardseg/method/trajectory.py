@@ -2,7 +2,7 @@
 
 The primary denoiser advances the categorical state along the deterministic reverse sampler;
 the reference is evaluated on the very same states and never advances them. Their pixel-wise
-Jensen-Shannon divergence (Eq. 5) is averaged over the sampled steps (Eq. 6, TAC).
+Jensen-Shannon divergence (Eq. 6) is averaged over the sampled steps (Eq. 7, TAC).
 
 Everything here takes torch tensors or numpy arrays alike (:mod:`cardseg.base.arrays`): the
 networks are called with what the image is, and their logits must be of the same kind (torch
@@ -27,7 +27,7 @@ MODES = ("card", "uc", "no-contrast", "logit-mix")
 
 
 def js_divergence(p: Any, q: Any, dim: int = 1, eps: float = JS_EPS) -> Any:
-    """Paper Eq. 5: pixel-wise Jensen-Shannon divergence (natural log), in ``[0, ln 2]``.
+    """Paper Eq. 6: pixel-wise Jensen-Shannon divergence (natural log), in ``[0, ln 2]``.
 
     ``JS(p, q) = ½ KL(p || m) + ½ KL(q || m)`` with ``m = (p + q) / 2``; both inputs are clamped
     at ``eps`` and renormalised first. p, q: ``(B, K, H, W)`` probabilities (tensors or numpy
@@ -44,7 +44,7 @@ def js_divergence(p: Any, q: Any, dim: int = 1, eps: float = JS_EPS) -> Any:
 
 
 class TACAccumulator:
-    """Paper Eq. 6, computed as it goes: ``d̄(v) = (1/|T|) Σ_{t∈T} d_t(v)``.
+    """Paper Eq. 7, computed as it goes: ``d̄(v) = (1/|T|) Σ_{t∈T} d_t(v)``.
 
     ``add(t, d_t)`` takes each step's ``(B, H, W)`` divergence (tensor or numpy array); steps outside ``steps`` (when
     given, e.g. TAC-mid ``{24, 12, 0}`` or TAC-last ``{0}``) are ignored. Only the running sum

@@ -97,13 +97,13 @@ def _classwise_sums(p: np.ndarray, y: np.ndarray, n_bins: int) -> np.ndarray:
 
 def _weighted_gap(sums: np.ndarray, total: float) -> float:
     """``Σ_bins |count|/total · |acc - conf|`` from ``(..., 3, bins)`` sums."""
-    count, s_conf, s_acc = sums[..., 0, :], sums[..., 1, :], sums[..., 2, :]
+    s_conf, s_acc = sums[..., 1, :], sums[..., 2, :]
     # |acc - conf| · count / total = |Σ target - Σ value| / total
     return float(np.abs(s_acc - s_conf).sum() / total) if total > 0 else float("nan")
 
 
 def ece(probs, labels, n_bins: int = N_BINS) -> float:
-    """Top-label expected calibration error (paper Eq. ECE), in ``[0, 1]``; NaN when N = 0."""
+    """Top-label expected calibration error (paper Eq. 9), in ``[0, 1]``; NaN when N = 0."""
     p, y = _check(probs, labels)
     return _weighted_gap(_top_label_sums(p, y, n_bins), p.shape[0])
 
@@ -150,7 +150,7 @@ def binary_ece_consistency(p, y, n_bins: int = N_BINS, draws: int = 4000, seed: 
 
 
 def sce(probs, labels, n_bins: int = N_BINS) -> float:
-    """Static (class-wise, equal-width) calibration error of Nixon et al., in ``[0, 1]``."""
+    """Static (class-wise, equal-width) calibration error of Nixon et al. (paper Eq. 10), in ``[0, 1]``."""
     p, y = _check(probs, labels)
     return _weighted_gap(_classwise_sums(p, y, n_bins), p.shape[0]) / p.shape[1]
 
@@ -167,7 +167,7 @@ def adaptive_bins(values: np.ndarray, n_bins: int = N_BINS) -> np.ndarray:
 
 
 def ace(probs, labels, n_bins: int = N_BINS) -> float:
-    """Adaptive calibration error of Nixon et al. (paper Eq. ACE), in ``[0, 1]``; NaN when N = 0."""
+    """Adaptive calibration error of Nixon et al. (paper Eq. 11), in ``[0, 1]``; NaN when N = 0."""
     p, y = _check(probs, labels)
     if p.shape[0] == 0:
         return float("nan")

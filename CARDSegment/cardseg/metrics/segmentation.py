@@ -1,4 +1,4 @@
-"""Region-of-interest, agreement reports (the score itself, paper Eq. 4, is
+"""Region-of-interest, agreement reports (the score itself, paper Eq. 5, is
 :func:`cardseg.method.agreement.agreement_score`) and connectivity (numpy arrays).
 
 Volumes here are numpy arrays in SimpleITK order ``(Z, Y, X)`` = ``(k, j, i)``: slices are the
@@ -43,8 +43,8 @@ def roi_mask(foreground: np.ndarray, radius: int) -> np.ndarray:
 
 def roi_mask_square(foreground: np.ndarray, size: int) -> np.ndarray:
     """Foreground dilated per slice in 2D by a ``size`` x ``size`` square kernel (the literal
-    reading of "a 10-pixel kernel"; for an even size the kernel reaches ``size // 2`` pixels
-    towards lower indices and ``size // 2 - 1`` towards higher ones, scipy's origin convention).
+    reading of "a 10-pixel kernel"; for an even size the kernel reaches ``size // 2 - 1`` pixels
+    towards lower indices and ``size // 2`` towards higher ones, scipy's origin convention).
 
     foreground: bool ``(Z, Y, X)`` or ``(Y, X)`` → bool of the same shape.
     """

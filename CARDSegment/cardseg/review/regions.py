@@ -1,7 +1,7 @@
 """Flagged regions: where the disagreement asks a reader to look, ranked so the first few matter.
 
 A region is a connected component of the review map above ``flag_threshold``; the review map is
-the TAC (paper Eq. 6's map), smoothed in-plane by a Gaussian of ``smooth_px`` pixels when the
+the TAC (paper Eq. 7's map), smoothed in-plane by a Gaussian of ``smooth_px`` pixels when the
 bundle says so. The bundle's ``regions`` block (all chosen on the validation split, see
 ``cardseg fit-review``) says how:
 

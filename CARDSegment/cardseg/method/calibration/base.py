@@ -36,7 +36,7 @@ MODULES = {"card": "card", "uc": "simple", "ts": "simple", "ets": "ets", "hts": 
 
 
 def temperature_scale(logits: Any, temperature: Any) -> Any:
-    """Paper Eq. 2: ``q(v) = Softmax(z(v) / τ(v))``, returned as log-probabilities.
+    """Paper Eq. 4: ``q(v) = Softmax(z(v) / τ(v))``, returned as log-probabilities.
 
     logits: ``(B, K, *S)``; temperature: a positive scalar or a ``(B, *S)`` field (one τ per
     pixel shared by all K logits, so the argmax never changes) → ``(B, K, *S)``; tensors or

@@ -1,4 +1,4 @@
-"""CARD: temperature field from the TAC map (paper Eq. 7)."""
+"""CARD: temperature field from the TAC map (paper Eq. 8)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from cardseg.method.calibration.base import Calibrator, register, temperature_sc
 
 
 def temperature_field(tac: Any, tau_min: float, tau_max: float, w_b: float, w_k: float) -> Any:
-    """Paper Eq. 7: ``τ(v) = τ_min + σ((d̄(v) - w_b) / w_k) · (τ_max - τ_min)``.
+    """Paper Eq. 8: ``τ(v) = τ_min + σ((d̄(v) - w_b) / w_k) · (τ_max - τ_min)``.
 
     tac: TAC map ``d̄`` of any shape, e.g. ``(B, H, W)``, a tensor or a numpy array → ``τ`` of the same shape and kind, within
     ``[τ_min, τ_max]`` and monotonically increasing in ``d̄``. Requires ``1 ≤ τ_min ≤ τ_max``

@@ -2,7 +2,7 @@
 
 Each holds a tiny torch module that maps its inputs to one raw value ``o`` per pixel; the
 temperature is a positive function of ``o`` (``|o|`` for PTS, ``o`` for LTS and CalibNet), floored
-at :data:`TEMPERATURE_FLOOR`, and the logits are divided by it (paper Eq. 2). One positive
+at :data:`TEMPERATURE_FLOOR`, and the logits are divided by it (paper Eq. 4). One positive
 temperature per pixel, shared by all K logits, never changes the predicted label.
 
 Parameters, JSON-able and stored in ``bundle.json`` without pickle: ``arch`` (the method's
