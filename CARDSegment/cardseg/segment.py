@@ -27,6 +27,7 @@ from cardseg.base.errors import CardsegError
 from cardseg.base.progress import Progress
 from cardseg.bundle.loading import Bundle
 from cardseg.io.outdir import OutputWriter, check_output
+from cardseg.io.field_of_view import recentre_margin, recentre_offset
 from cardseg.io.preprocess import (SliceGrid, network_to_slices, normalize_slice, resample_to_network,
                                   slices_to_network)
 from cardseg.io.volume import Volume
@@ -34,7 +35,7 @@ from cardseg.io.written import IncompleteWrite, verify_seg_nrrd, write_image, wr
 from cardseg.method.calibration import CARD, Uncalibrated, temperature_scale
 from cardseg.method.trajectory import run_trajectory
 from cardseg.metrics.segmentation import agreement_report
-from cardseg.review.regions import flagged_regions
+from cardseg.report import build_report
 
 if TYPE_CHECKING:
     import torch
@@ -69,9 +70,9 @@ def normalized_slices(volume: Volume, bundle: Bundle) -> np.ndarray:
                      for s in volume.array]).astype(np.float32)
 
 
-def slice_grid(shape_yx: tuple, spacing_xy: tuple, bundle: Bundle) -> SliceGrid:
+def slice_grid(shape_yx: tuple, spacing_xy: tuple, bundle: Bundle, offset: tuple = (0.0, 0.0)) -> SliceGrid:
     return SliceGrid(tuple(shape_yx), tuple(float(s) for s in spacing_xy), float(bundle.config["pixel_spacing_mm"]),
-                     int(bundle.config["input_size"]))
+                     int(bundle.config["input_size"]), tuple(float(o) for o in offset))
 
 
 def network_inputs(volume: Volume, bundle: Bundle) -> tuple:
@@ -88,7 +89,10 @@ class SliceTrajectory:
     logits: ``(Z, K, Y, X)`` terminal primary logits; tac: ``(Z, Y, X)`` TAC map (``None`` for
     ``uc``); fov: ``(Y, X)`` bool numpy, the network's field of view (outside: background, zero
     disagreement); reference_logits: ``(Z, K, Y, X)`` the reference's terminal logits, when asked
-    (figures only); step_js: ``{t: (Z, Y, X)}`` each sampled step's JS map, when asked.
+    (figures only); step_js: ``{t: (Z, Y, X)}`` each sampled step's JS map, when asked; offset:
+    the network grid's offset from the slice centre, ``(rows, cols)`` slice pixels (moved onto the
+    heart: :mod:`cardseg.io.field_of_view`); recentring: when a moved grid was tried, its
+    ``offset`` and both runs' agreement scores (``agreement_centred``, ``agreement_moved``).
     """
 
     logits: Any
@@ -96,6 +100,8 @@ class SliceTrajectory:
     fov: np.ndarray
     reference_logits: Any = None
     step_js: Dict[int, Any] = field(default_factory=dict)
+    offset: tuple = (0.0, 0.0)
+    recentring: Optional[dict] = None
 
 
 #: numbers the volumes whose trajectories run on a CUDA device (:func:`cardseg.method.gpu_exec.run_graphed`)
@@ -105,7 +111,7 @@ _VOLUME_NUMBERS = itertools.count()
 def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle, method: str = "card",
                          device: "torch.device | str" = "cpu", batch_size: int = 8,
                          progress: Optional[Progress] = None, with_reference: bool = False,
-                         keep_step_js: bool = False) -> SliceTrajectory:
+                         keep_step_js: bool = False, recentre: Optional[bool] = None) -> SliceTrajectory:
     """Run the trajectory on normalised slices and bring the results back to their grid.
 
     slices01: ``(Z, Y, X)`` already scaled to ``[0, 1]`` (:func:`normalized_slices`, possibly
@@ -115,11 +121,41 @@ def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle
     ``keep_step_js`` (``card`` only) also return the reference's terminal logits and the
     per-step JS maps (see :class:`SliceTrajectory`). With ONNX Runtime networks everything runs
     on numpy arrays (torch is not imported); with torch networks on tensors on ``device``.
+    ``recentre`` (``None``: the bundle's ``field_of_view`` block or ``$CARDSEG_RECENTRE``): when the
+    prediction nears the edge of the centred field of view where the image goes on, the volume is
+    run again on a grid centred on the heart and the run whose networks agree more is kept
+    (:mod:`cardseg.io.field_of_view`); ``card`` and ``uc`` keep the same grid.
     """
     if (with_reference or keep_step_js) and method != "card":
         raise ValueError("with_reference and keep_step_js need method 'card'")
     progress = progress or Progress()
-    grid = slice_grid(slices01.shape[1:], spacing_xy, bundle)
+    shape = slices01.shape[1:]
+    args = (slices01, bundle, method, device, batch_size, progress, with_reference, keep_step_js)
+    out = run_on_grid(slice_grid(shape, spacing_xy, bundle), *args)
+    margin = recentre_margin(bundle.config, recentre)
+    if margin is None or method not in METHODS or bundle.reference is None:
+        return out
+    labels = arrays.to_numpy(arrays.argmax(out.logits, axis=1))
+    offset = recentre_offset(labels, out.fov, spacing_xy, margin_mm=margin)
+    if offset is None:
+        return out
+    card = (slices01, bundle, "card", device, batch_size, progress, with_reference, keep_step_js)
+    runs = [out if method == "card" else run_on_grid(slice_grid(shape, spacing_xy, bundle), *card),
+            run_on_grid(slice_grid(shape, spacing_xy, bundle, offset), *card)]
+    runs[1].offset = offset
+    radius = int(bundle.config.get("agreement", {}).get("roi_dilation_px", 10))
+    scores = [agreement_report(arrays.to_numpy(r.tac), arrays.to_numpy(arrays.argmax(r.logits, axis=1)), radius,
+                               bundle.class_names)["agreement"] for r in runs]
+    keep = runs[1] if (scores[1] or 0.0) > (scores[0] or 0.0) else runs[0]
+    keep.recentring = {"offset": offset, "agreement_centred": scores[0], "agreement_moved": scores[1]}
+    if method == "uc":  # the same grid as card; what uc returns holds no disagreement
+        keep.tac, keep.step_js = None, {}
+    return keep
+
+
+def run_on_grid(grid: SliceGrid, slices01: np.ndarray, bundle: Bundle, method: str, device, batch_size: int,
+                 progress: Progress, with_reference: bool, keep_step_js: bool) -> SliceTrajectory:
+    """:func:`trajectory_on_slices` on one network grid."""
     x = resample_to_network(slices01, grid)
     to_device = None
     if not bundle.takes_numpy:
@@ -255,7 +291,7 @@ def finish_volume(traj: SliceTrajectory, volume: Volume, bundle: Bundle, method:
 
     result = SegmentationResult(labels=labels, probabilities=probs, logits=arrays.to_numpy(logits),
                                 disagreement=disagreement, temperature=temperature, field_of_view=fov)
-    result.report = build_report(result, volume, bundle, method, device, timings)
+    result.report = build_report(result, volume, bundle, method, device, timings, traj.offset, traj.recentring)
     return result
 
 
@@ -266,44 +302,6 @@ def segment_volume(volume: Volume, bundle: Bundle, method: str = "card", device:
     :func:`run_networks`, then :func:`finish_volume`."""
     traj, timings = run_networks(volume, bundle, method, device, batch_size, progress)
     return finish_volume(traj, volume, bundle, method, device, timings)
-
-
-def build_report(result: SegmentationResult, volume: Volume, bundle: Bundle, method: str, device, timings) -> dict:
-    cfg = bundle.config
-    names = bundle.class_names
-    voxel_ml = float(np.prod(volume.spacing)) / 1000.0
-    counts = np.bincount(result.labels.ravel(), minlength=len(names))
-    report: Dict[str, object] = {
-        "method": method,
-        "agreement": None,
-        "agreement_per_slice": None,
-        "agreement_per_class": None,
-        "out_of_domain": None,
-        "regions": [],
-        "class_volumes_ml": {n: float(counts[i] * voxel_ml) for i, n in enumerate(names) if i > 0},
-        "shape_zyx": list(volume.shape),
-        "spacing_xyz": [float(s) for s in volume.spacing],
-        "timings_s": timings,
-        "device": str(device),
-        "backend": getattr(bundle, "backend", "torch"),
-        "bundle": {"id": bundle.ident, "path": str(Path(bundle.path).resolve()), "checksums": bundle.checksums},
-    }
-    if method == "card":
-        radius = int(cfg.get("agreement", {}).get("roi_dilation_px", 10))
-        report.update(agreement_report(result.disagreement, result.labels, radius, names))
-        threshold = cfg.get("agreement", {}).get("out_of_domain_threshold")
-        if threshold is not None and report["agreement"] is not None:
-            report["out_of_domain"] = bool(report["agreement"] < float(threshold))
-        report["regions"], result.region_ranks = flagged_regions(
-            result.disagreement, result.labels, cfg["regions"], volume.ijk_to_lps(), volume.spacing, names,
-            result.field_of_view)
-        # without a region model regions are ranked by their summed map: the TAC or the error probability
-        summed = "summed_disagreement" if cfg["regions"].get("map", "tac") == "tac" else "summed_error_probability"
-        report["region_ranking"] = cfg["regions"].get("ranking", "p_error") if cfg["regions"].get("model") else summed
-        # the disagreement the overlays show brightest: what the bundle's validation volumes reach
-        report["disagreement_display_max"] = cfg["regions"].get("display_max_disagreement")
-        report["calibration"] = bundle.calibrator.to_dict()
-    return report
 
 
 def write_outputs(result: SegmentationResult, volume: Volume, bundle: Bundle, outdir: os.PathLike,

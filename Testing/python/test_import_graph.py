@@ -56,6 +56,8 @@ def engine_layer(module: str) -> Optional[str]:
         return "base"
     if parts[1] in ("cli", "__main__", "serve", "plugins"):
         return "cli"
+    if parts[1] == "report":  # report.json of a segmentation run: beside cardseg.segment
+        return "segment"
     if parts[1] in ENGINE_LAYERS:
         return parts[1]
     return "unknown"

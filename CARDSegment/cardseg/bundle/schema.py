@@ -75,6 +75,8 @@ def validate_config(config: dict, root: os.PathLike, label: Optional[str] = None
         check_baselines(where, required_object(where, config, "baselines"), len(config["classes"]))
     _check_regions(where, required_object(where, config, "regions"))
     _check_agreement(where, required_object(where, config, "agreement"))
+    if config.get("field_of_view") is not None:
+        _check_field_of_view(where, required_object(where, config, "field_of_view"))
     if config.get("indices") is not None:
         _check_indices(where, required_object(where, config, "indices"))
     if "provenance" in config and not isinstance(config["provenance"], dict):
@@ -285,6 +287,15 @@ def _check_agreement(where: Where, agreement: dict) -> None:
     threshold = agreement.get("out_of_domain_threshold")
     if threshold is not None:
         number_value(where, "agreement.out_of_domain_threshold", threshold, low=0.0, high=1.0)
+
+
+def _check_field_of_view(where: Where, block: dict) -> None:
+    """Moving the network grid onto the heart (:mod:`cardseg.io.field_of_view`): ``recentre`` a
+    boolean, ``margin_mm`` (optional) in ``(0, 100]``."""
+    if not isinstance(block.get("recentre"), bool):
+        where.fail("field_of_view.recentre", f"must be true or false (got {show(block.get('recentre'))})")
+    if "margin_mm" in block:
+        number_value(where, "field_of_view.margin_mm", block["margin_mm"], low=0.0, high=100.0, low_open=True)
 
 
 def _check_indices(where: Where, block: dict) -> None:

@@ -167,10 +167,11 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
         if created:
             _rmdir_quiet(out)
         raise CardsegError(f"{out}: another cardseg batch is running into this folder now")
-    clean_leftovers(out.parent, skip=out.name)  # what killed runs of any kind left beside OUTDIR
     result = BatchResult(outdir=out)
     rows = plan.rows
     try:
+        clean_leftovers(out.parent, skip=out.name)  # what killed runs of any kind left beside OUTDIR
+        clean_leftovers(out)  # and inside it, once: the cases' writers then look only at their own names
         write_stamp(out, plan.settings, (plan.earlier or {}).get("created"))
 
         def on_result(res: dict) -> None:
@@ -220,11 +221,57 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
 
             write_report(out, config=plan.config, max_thumbnails=o.report_thumbnails)
             result.files.append(TRIAGE_HTML)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: no earlier run's subjects.csv or report stays
+        exc.batch_left = _interrupted(plan, result)
+        raise
     finally:
         lock.release()
     result.reused = sum(1 for r in result.rows if r["reused"])
     result.failed = sum(1 for r in result.rows if r["status"] != "ok")
     return result
+
+
+@dataclass
+class _Left:
+    """What an interrupted batch left in OUTDIR, for the one line that reports the interrupt."""
+
+    pending: int  # cases not finished: 'pending' in the table
+    table: bool  # whether cohort.csv was written
+    missing: List[str]  # the files this run would have written after the table but did not
+    removed: List[str]  # an earlier run's versions of those, removed: they described other results
+
+
+def _interrupted(plan: _Plan, result: BatchResult) -> _Left:
+    """After Ctrl-C or SIGTERM: remove the earlier run's ``subjects.csv`` and ``triage.html`` that
+    this run did not get to write again (only those an earlier batch wrote: :func:`_remove_stale`)."""
+    replaced = [SUBJECTS_CSV] + ([TRIAGE_HTML] if plan.options.report else [])  # written or removed at the end
+    removed = []
+    for name in (n for n in replaced if n not in result.files):
+        try:
+            if _remove_stale(plan.out, plan.earlier, name):
+                removed.append(name)
+        except OSError:  # best effort: the interrupt goes on, with no traceback of this
+            pass
+    wanted = ([SUBJECTS_CSV] if any(c.subject for c in plan.cases) else []) + replaced[1:]
+    pending = sum(1 for r in plan.rows.values() if r["status"] == "pending")
+    return _Left(pending, COHORT_CSV in result.files, [n for n in wanted if n not in result.files], removed)
+
+
+def interrupted_line(head: str, exc: BaseException) -> str:
+    """The one line that reports an interrupted batch (``head``: ``interrupted``, ``terminated (SIGTERM)``)."""
+    left = getattr(exc, "batch_left", None)
+    if left is None:  # during the checks, the hashing or the model's loading: OUTDIR untouched
+        return f"cardseg: {head} before the cases ran; nothing was written into OUTDIR"
+    parts = [f"{COHORT_CSV} was not written" if not left.table
+             else f"no case is pending ({COHORT_CSV} is complete)" if not left.pending
+             else f"{left.pending} unfinished case{'s are' if left.pending > 1 else ' is'} 'pending' in {COHORT_CSV}"]
+    if left.missing:
+        parts.append(f"{' and '.join(left.missing)} {'were' if len(left.missing) > 1 else 'was'} not written")
+    if left.removed:
+        parts.append(f"the earlier run's {' and '.join(left.removed)} {'were' if len(left.removed) > 1 else 'was'} "
+                     "removed")
+    again = "resume" if left.pending or not left.table else "finish"
+    return f"cardseg: {head}; {', '.join(parts)}; run the same command again to {again}"
 
 
 def _rmdir_quiet(p: Path) -> None:
@@ -235,40 +282,45 @@ def _rmdir_quiet(p: Path) -> None:
 
 
 def _hash_inputs(cases: Sequence[Case], progress: CaseProgress, threads: int) -> Dict[str, object]:
-    """``{case: sha256 or CardsegError}``, several files at a time (hashlib releases the GIL)."""
+    """``{case: sha256 or CardsegError}``, several files at a time (hashlib releases the GIL); an
+    input that several cases share (a 4D file's ED and ES frames) is read once."""
+    by_path: Dict[str, List[Case]] = {}
+    for c in cases:
+        by_path.setdefault(c.path, []).append(c)
     out: Dict[str, object] = {}
     progress.start(len(cases), stage="hashing", leave=False)
 
-    def one(c: Case):
+    def one(path: str):
         try:
-            return content_hash(c.path)
+            return content_hash(path)
         except CardsegError as exc:
             return exc
 
     pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, threads))
     try:
-        for c, h in zip(cases, pool.map(one, cases)):
-            out[c.name] = h
-            progress.advance(True)
+        for path, h in zip(by_path, pool.map(one, by_path)):
+            for c in by_path[path]:
+                out[c.name] = h
+                progress.advance(True)
     finally:  # Ctrl-C or SIGTERM: the files not yet started are not read
         pool.shutdown(wait=True, cancel_futures=True)
         progress.close()
-    return out
+    return {c.name: out[c.name] for c in cases}
 
 
 def _write_subjects(out: Path, cases: Sequence[Case], rows: Dict[str, dict], config: dict,
                     result: BatchResult, earlier: Optional[dict]) -> None:
     """``subjects.csv`` for the cases with a subject; with none (or no indices module) an earlier
     batch's ``subjects.csv`` would describe other cases, so it is removed (only that one: see
-    :func:`_remove_stale_subjects`)."""
+    :func:`_remove_stale`)."""
     if not any(c.subject for c in cases):
-        _remove_stale_subjects(out, earlier)
+        _remove_stale(out, earlier, SUBJECTS_CSV)
         return
     compute = indices_function()
     if compute is None:
         print("cardseg: note: cardiac indices are not available in this cardseg (no cardseg.cohort.indices); "
               f"{SUBJECTS_CSV} not written", file=sys.stderr)
-        _remove_stale_subjects(out, earlier)
+        _remove_stale(out, earlier, SUBJECTS_CSV)
         return
     status = {name: r["status"] for name, r in rows.items()}
     subj, names = subject_rows(out, cases, status, config, compute)
@@ -277,34 +329,36 @@ def _write_subjects(out: Path, cases: Sequence[Case], rows: Dict[str, dict], con
     result.files.append(SUBJECTS_CSV)
 
 
-def _remove_stale_subjects(out: Path, earlier: Optional[dict]) -> None:
-    """Delete ``OUTDIR/subjects.csv`` only where it is an earlier batch's: OUTDIR carried a batch
-    stamp listing it among the batch's files (:func:`check_batch_outdir` then admitted nothing at
-    the top level but those files). A new or empty OUTDIR (no earlier stamp) is left as it is."""
-    if earlier is None or SUBJECTS_CSV not in (earlier.get("files") or ()):
-        return
-    path = out / SUBJECTS_CSV
-    if path.is_file() and not path.is_symlink():
-        path.unlink()
+def _remove_stale(out: Path, earlier: Optional[dict], name: str) -> bool:
+    """Delete ``OUTDIR/<name>`` (``subjects.csv``, ``triage.html``) only where it is an earlier
+    batch's: OUTDIR carried a batch stamp listing it among the batch's files (:func:`check_batch_outdir`
+    then admitted nothing at the top level but those files). A new or empty OUTDIR (no earlier
+    stamp) is left as it is. Returns whether a file was removed."""
+    if earlier is None or name not in (earlier.get("files") or ()):
+        return False
+    path = out / name
+    if not path.is_file() or path.is_symlink():
+        return False
+    path.unlink()
+    return True
 
 
 def main_from_args(a) -> int:
     """``cardseg batch``: run, print one summary line; exit code 0, or 1 when a case failed.
 
     SIGTERM is handled like Ctrl-C (:func:`cardseg.base.interrupt.sigterm_as_interrupt`): the
-    cohort table is written with the unfinished cases as ``pending``, worker processes and Ray
-    actors are ended, and the exit status is 143 (Ctrl-C: 130, from the command line's handler)."""
+    cohort table is written with the unfinished cases as ``pending``, an earlier run's
+    ``subjects.csv`` and ``triage.html`` that this run did not write again are removed, worker
+    processes and Ray actors are ended, one line says what was left (:func:`interrupted_line`) and
+    the exit status is 143 (Ctrl-C: 130)."""
     from cardseg.base.interrupt import EXIT_TERMINATED, sigterm_as_interrupt
 
     try:
         with sigterm_as_interrupt() as sigterm:
             r = run_batch(options_from_args(a))
-    except KeyboardInterrupt:
-        if not sigterm.received:  # Ctrl-C: the command line's handler says 'interrupted', exit 130
-            raise
-        print("cardseg: terminated (SIGTERM); unfinished cases are 'pending' in the table, run the same command "
-              "again to resume", file=sys.stderr)
-        return EXIT_TERMINATED
+    except KeyboardInterrupt as exc:
+        print(interrupted_line("terminated (SIGTERM)" if sigterm.received else "interrupted", exc), file=sys.stderr)
+        return EXIT_TERMINATED if sigterm.received else 130
     if not a.quiet:
         n = len(r.rows)
         ok = n - r.failed

@@ -7,6 +7,7 @@ import csv
 import io
 import os
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -283,7 +284,8 @@ def _case_names(paths: Sequence[Path]) -> List[str]:
     for _ in range(8):
         names = [name(i) for i in range(len(paths))]
         lower = [n.lower() for n in names]
-        clash = [i for i, n in enumerate(lower) if lower.count(n) > 1]
+        seen = Counter(lower)
+        clash = [i for i, n in enumerate(lower) if seen[n] > 1]
         if not clash:
             return names
         for i in clash:

@@ -89,8 +89,14 @@ def read_state(out: Path) -> Dict[str, dict]:
 
 
 def append_state(out: Path, record: dict) -> None:
-    with open(out / STATE_FILE, "a", encoding="utf-8") as f:
-        f.write(json.dumps(record, sort_keys=True) + "\n")
+    """Add one finished case's line to the state file; after a line that a kill cut short (no
+    newline at the end), on a line of its own, so that the record is not lost with the cut one."""
+    with open(out / STATE_FILE, "a+b") as f:
+        start = b""
+        if f.seek(0, os.SEEK_END) > 0:
+            f.seek(-1, os.SEEK_END)
+            start = b"" if f.read(1) == b"\n" else b"\n"
+        f.write(start + (json.dumps(record, sort_keys=True) + "\n").encode("utf-8"))
         f.flush()
         os.fsync(f.fileno())
 

@@ -4,7 +4,9 @@ ITK's series reader skips a file it cannot read with only a printed warning and 
 a wrong slice spacing. Here every file of the folder that looks like DICOM is read on its own;
 the slice stack is built from the files' own ``ImagePositionPatient`` and
 ``ImageOrientationPatient``, and is refused when a file is unreadable, belongs to no series,
-when slices are missing or unevenly spaced, or when files disagree on size or orientation. A
+when slices are missing or unevenly spaced, when their positions drift along the rows or columns
+(a sheared series, beyond :data:`SHEAR_TOLERANCE` pixels: the outputs lie on an orthogonal grid),
+or when files disagree on size or orientation. A
 cine series (several phases at each slice position) is read one phase at a time (``frame``).
 
 Nothing is assumed: a file without ``PixelSpacing`` is refused (ITK would read 1 mm) unless the
@@ -31,6 +33,10 @@ from cardseg.io.limits import DIRECTION_TOLERANCE, MAX_VOLUME_VOXELS, nearest_or
 
 #: relative tolerance on the slice gap before a series counts as unevenly spaced
 GAP_TOLERANCE = 0.02
+#: largest in-plane distance (in pixels) of a slice's position from the straight stack through the first slice
+#: along the slice normal; beyond it the series is sheared (its slices drift along the rows or columns) and is
+#: refused, since the outputs are written on an orthogonal grid
+SHEAR_TOLERANCE = 0.1
 _DICOM_SUFFIXES = (".dcm", ".dicom", ".ima")
 #: metadata key of the image read from a one-slice series: where its slice spacing came from
 SLICE_SPACING_KEY = "cardseg_slice_spacing_from"
@@ -188,6 +194,7 @@ def _stack(where: Path, headers: List[_Slice], frame: Optional[int], spacing: Op
         k = int(np.argmax(np.abs(gaps - spacing_z)))
         raise CardsegError(f"{where}: uneven slice spacing: {gaps[k]:.3g} mm between {stack[k].path.name} and "
                            f"{stack[k + 1].path.name} where the series has {spacing_z:.3g} mm (a missing or extra slice?)")
+    _check_straight(where, stack, first, inplane)
     planes = []
     for h in stack:
         try:
@@ -204,6 +211,23 @@ def _stack(where: Path, headers: List[_Slice], frame: Optional[int], spacing: Op
     if source:
         vol.SetMetaData(SLICE_SPACING_KEY, source)
     return vol
+
+
+def _check_straight(where: Path, stack: List[_Slice], first: _Slice, inplane: Sequence[float]) -> None:
+    """Refuse slices whose positions drift in-plane (along the row or column direction) from the first one
+    by more than :data:`SHEAR_TOLERANCE` pixels: placed on a straight grid, they would come back displaced."""
+    if len(stack) < 2:
+        return
+    offsets = np.array([h.position - stack[0].position for h in stack])
+    drift = np.column_stack([offsets @ first.row, offsets @ first.col]) / np.asarray(inplane, dtype=float)
+    k = int(np.argmax(np.abs(drift).max(axis=1)))
+    if np.abs(drift[k]).max() > SHEAR_TOLERANCE:
+        mm = np.round(drift[k] * np.asarray(inplane, dtype=float), 3) + 0.0  # + 0.0: no "-0"
+        raise CardsegError(f"{where}: sheared DICOM series: the position of {stack[k].path.name} is {mm[0]:.3g} mm along "
+                           f"the rows and {mm[1]:.3g} mm along the columns off the straight stack through "
+                           f"{stack[0].path.name} ({np.abs(drift[k]).max():.3g} pixels; tolerance {SHEAR_TOLERANCE:g}); "
+                           "cardseg writes its outputs on an orthogonal grid, so it cannot return them where this "
+                           "series lies (resample it onto an orthogonal grid first)")
 
 
 def _one_slice_spacing(where: Path, first: _Slice, user: List[float]):

@@ -28,8 +28,8 @@ import numpy as np
 
 from cardseg.base.errors import CardsegError
 from cardseg.base.filekind import require_regular_file
-from cardseg.io.limits import (DIRECTION_TOLERANCE, INPLANE_SPACING_MM, SLICE_SPACING_MM, orthonormal_error,
-                               skew_degrees)
+from cardseg.io.limits import (DIRECTION_TOLERANCE, INPLANE_SPACING_MM, SFORM_QFORM_DIRECTION, SFORM_QFORM_ORIGIN_MM,
+                               SLICE_SPACING_MM, orthonormal_error, skew_degrees)
 
 _CHUNK = 1 << 20
 
@@ -44,6 +44,9 @@ class Declared:
     size: Tuple[int, ...]
     bytes_per_voxel: int
     spacing: Optional[Tuple[float, ...]]
+    #: the unit the header writes lengths in (NIfTI ``xyzt_units``); ``spacing`` is in mm whatever it is
+    unit: str = "mm"
+    mm_per_unit: float = 1.0
 
     @property
     def voxels(self) -> int:
@@ -135,12 +138,15 @@ def _short(exc: Exception) -> str:
 
 # ----------------------------------------------------------------------------- NIfTI
 
+#: NIfTI ``xyzt_units & 7`` → (name, mm per unit), converted as ITK does (unknown: mm)
+_NIFTI_UNITS = {0: ("mm", 1.0), 1: ("m", 1000.0), 2: ("mm", 1.0), 3: ("micrometre", 1e-3)}
 _NIFTI_DTYPES = {2: "u1", 4: "i2", 8: "i4", 16: "f4", 64: "f8", 256: "i1", 512: "u2", 768: "u4", 1024: "i8",
                  1280: "u8", 32: "c8", 1792: "c16", 128: "u1", 2304: "u1"}
 
 
 def inspect_nifti(path: Path) -> Tuple[Declared, Callable[[], None]]:
-    """NIfTI-1/2 (``.nii``, ``.nii.gz``, ``.hdr`` + ``.img``): dims, datatype, pixdim, data."""
+    """NIfTI-1 (``.nii``, ``.nii.gz``, ``.hdr`` + ``.img``): dims, datatype, pixdim (in mm, converted from
+    ``xyzt_units`` as ITK does), sform against pixdim and qform, data. NIfTI-2 is refused (ITK cannot read it)."""
     low = path.name.lower()
     if low.endswith(".img") or low.endswith(".img.gz"):  # the data half of a pair: read its header
         stem = path.name[:-len(".img.gz")] if low.endswith(".img.gz") else path.name[:-len(".img")]
@@ -162,24 +168,18 @@ def inspect_nifti(path: Path) -> Tuple[Declared, Callable[[], None]]:
             break
     else:
         raise CardsegError(f"{path}: not a NIfTI file (header size field {struct.unpack('<i', head[:4])[0]})")
-    if n1 == 348:
-        dim = struct.unpack(end + "8h", head[40:56])
-        datatype, bitpix = struct.unpack(end + "2h", head[70:74])
-        pixdim = struct.unpack(end + "8f", head[76:108])
-        vox_offset = int(struct.unpack(end + "f", head[108:112])[0])
-        sform_code = struct.unpack(end + "h", head[254:256])[0]
-        srow = struct.unpack(end + "12f", head[280:328])
-        is_nifti = head[344:348] in (b"n+1\0", b"ni1\0")
-    else:
-        if len(head) < 540:
-            raise CardsegError(f"{path}: file is truncated (it ends inside the NIfTI-2 header)")
-        datatype, bitpix = struct.unpack(end + "2h", head[12:16])
-        dim = struct.unpack(end + "8q", head[16:80])
-        pixdim = struct.unpack(end + "8d", head[104:168])
-        vox_offset = int(struct.unpack(end + "q", head[168:176])[0])
-        sform_code = struct.unpack(end + "i", head[348:352])[0]
-        srow = struct.unpack(end + "12d", head[400:496])
-        is_nifti = True
+    if n1 == 540:
+        raise CardsegError(f"{path}: NIfTI-2 files are not supported (ITK cannot read them); convert it to NIfTI-1, "
+                           "e.g. with nibabel: nib.save(nib.Nifti1Image(img.dataobj, img.affine), 'image.nii.gz')")
+    dim = struct.unpack(end + "8h", head[40:56])
+    datatype, bitpix = struct.unpack(end + "2h", head[70:74])
+    pixdim = struct.unpack(end + "8f", head[76:108])
+    vox_offset = int(struct.unpack(end + "f", head[108:112])[0])
+    unit, mm_per_unit = _NIFTI_UNITS.get(head[123] & 7, ("mm", 1.0))
+    qform_code, sform_code = struct.unpack(end + "2h", head[252:256])
+    quatern = struct.unpack(end + "6f", head[256:280])
+    srow = struct.unpack(end + "12f", head[280:328])
+    is_nifti = head[344:348] in (b"n+1\0", b"ni1\0")
     ndim = int(dim[0])
     if not 1 <= ndim <= 7 or any(int(d) < 1 for d in dim[1:ndim + 1]):
         raise CardsegError(f"{path}: NIfTI header declares an invalid size {list(dim[1:max(ndim, 1) + 1])}")
@@ -188,10 +188,12 @@ def inspect_nifti(path: Path) -> Tuple[Declared, Callable[[], None]]:
         raise CardsegError(f"{path}: NIfTI datatype {datatype} is not supported")
     dtype = np.dtype(end + _NIFTI_DTYPES[datatype])
     bpv = bitpix // 8
-    spacing = tuple(float(p) for p in pixdim[1:min(ndim, 3) + 1])
-    decl = Declared("NIfTI", size, bpv, spacing)
+    spacing = tuple(float(p) * mm_per_unit for p in pixdim[1:min(ndim, 3) + 1])
+    decl = Declared("NIfTI", size, bpv, spacing, unit, mm_per_unit)
     if is_nifti and sform_code > 0:
-        _check_sform(path, srow, pixdim, min(ndim, 3))
+        _check_sform(path, srow, pixdim, min(ndim, 3), mm_per_unit)
+        if qform_code > 0:
+            _check_qform_agrees(path, srow, quatern, pixdim[0], min(ndim, 3), mm_per_unit)
     data_path, skip = path, vox_offset
     lower = path.name.lower()
     if not (lower.endswith(".hdr") or lower.endswith(".hdr.gz")) and vox_offset < n1 + 4:
@@ -208,7 +210,8 @@ def inspect_nifti(path: Path) -> Tuple[Declared, Callable[[], None]]:
         decl.voxels * bpv, dtype, "NIfTI")
 
 
-def _check_sform(path: Path, srow: Tuple[float, ...], pixdim: Tuple[float, ...], axes: int) -> None:
+def _check_sform(path: Path, srow: Tuple[float, ...], pixdim: Tuple[float, ...], axes: int, mm_per_unit: float = 1.0
+                 ) -> None:
     """A NIfTI sform that ITK would not read as written is refused: ITK falls back to the qform
     when the sform is skewed and takes the spacing from ``pixdim`` whatever the sform scales say."""
     m = np.asarray(srow, dtype=float).reshape(3, 4)[:, :axes]
@@ -221,10 +224,39 @@ def _check_sform(path: Path, srow: Tuple[float, ...], pixdim: Tuple[float, ...],
                            "return them where this image lies")
     own = np.abs(np.asarray(pixdim[1:axes + 1], dtype=float))
     # an implausible pixdim is refused by the spacing check, naming it (or replaced by --spacing)
-    plausible = [lo <= v <= hi for v, (lo, hi) in zip(own, (INPLANE_SPACING_MM, INPLANE_SPACING_MM, SLICE_SPACING_MM))]
+    plausible = [lo <= v * mm_per_unit <= hi for v, (lo, hi) in zip(own, (INPLANE_SPACING_MM, INPLANE_SPACING_MM,
+                                                                          SLICE_SPACING_MM))]
     if any(ok and abs(n - v) > DIRECTION_TOLERANCE * v for ok, n, v in zip(plausible, norms, own)):
         raise CardsegError(f"{path}: NIfTI sform (srow_x/y/z) scales the axes by {', '.join(f'{v:g}' for v in norms)} mm "
                            f"but pixdim says {', '.join(f'{v:g}' for v in own)} mm; the file contradicts itself")
+
+
+def _qform_matrix(quatern: Tuple[float, ...], qfac: float) -> np.ndarray:
+    """The rotation (columns: axis directions) of a NIfTI qform, as the NIfTI-1 standard defines it."""
+    b, c, d = (float(v) for v in quatern[:3])
+    a = np.sqrt(max(1.0 - (b * b + c * c + d * d), 0.0))
+    r = np.array([[a * a + b * b - c * c - d * d, 2 * (b * c - a * d), 2 * (b * d + a * c)],
+                  [2 * (b * c + a * d), a * a + c * c - b * b - d * d, 2 * (c * d - a * b)],
+                  [2 * (b * d - a * c), 2 * (c * d + a * b), a * a + d * d - c * c - b * b]])
+    r[:, 2] *= -1.0 if qfac < 0 else 1.0
+    return r
+
+
+def _check_qform_agrees(path: Path, srow: Tuple[float, ...], quatern: Tuple[float, ...], qfac: float, axes: int,
+                        mm_per_unit: float) -> None:
+    """Both sform and qform set (codes > 0) must place the image alike: ITK reads one, other software (nibabel,
+    Slicer's other readers) the other, so outputs written where one says would lie elsewhere for the rest."""
+    m = np.asarray(srow, dtype=float).reshape(3, 4)
+    s_dirs = m[:, :axes] / np.linalg.norm(m[:, :axes], axis=0)
+    q_dirs = _qform_matrix(quatern, qfac)[:, :axes]
+    apart = float(np.linalg.norm(m[:, 3] - np.asarray(quatern[3:6], dtype=float))) * mm_per_unit
+    turned = float(np.abs(s_dirs - q_dirs).max()) if np.isfinite(q_dirs).all() else float("inf")
+    if apart > SFORM_QFORM_ORIGIN_MM or turned > SFORM_QFORM_DIRECTION:
+        angle = round(np.degrees(2 * np.arcsin(min(float(np.linalg.norm(s_dirs - q_dirs, axis=0).max()) / 2, 1.0))), 4)
+        raise CardsegError(f"{path}: NIfTI sform and qform (both set) disagree: their origins are {apart:.3g} mm "
+                           f"apart and their axes up to {angle:.3g} degrees; readers differ in which they take, so "
+                           "the outputs would not lie where the input does for all of them; keep the right one and "
+                           "set the other's code to 0 (sform_code or qform_code)")
 
 
 # ----------------------------------------------------------------------------- NRRD
@@ -241,7 +273,7 @@ _NRRD_TYPES = {
 }
 
 
-def _read_text_header(path: Path, limit: int = 1 << 16) -> Tuple[List[str], int]:
+def read_text_header(path: Path, limit: int = 1 << 16) -> Tuple[List[str], int]:
     """Lines of a text header up to the first empty line, and the byte offset after it."""
     with open(path, "rb") as f:
         raw = f.read(limit)
@@ -259,7 +291,7 @@ def _read_text_header(path: Path, limit: int = 1 << 16) -> Tuple[List[str], int]
 
 def inspect_nrrd(path: Path) -> Tuple[Declared, Callable[[], None]]:
     """NRRD (``.nrrd`` with attached data, ``.nhdr`` with a data file): raw, gzip or bzip2."""
-    lines, offset = _read_text_header(path)
+    lines, offset = read_text_header(path)
     if not lines or not lines[0].startswith("NRRD"):
         raise CardsegError(f"{path}: not a NRRD file")
     fields: Dict[str, str] = {}

@@ -19,7 +19,10 @@ is used, each refusal one line:
   written on an orthonormal grid; within it, the direction is made exactly orthonormal, so every
   output lies on the input's grid;
 * a scalar grey-level pixel type, an in-plane size of at least :data:`MIN_INPLANE` pixels, a
-  non-constant image, and a 4D image only with a valid ``frame``.
+  non-constant image, and a 4D image only with a valid ``frame``. A NRRD cine whose frames lie
+  along a ``list`` axis (Slicer's sequence files; ITK reads it as vector components) or a ``time``
+  axis (which ITK cannot read: it is read as a ``list`` one) is a 4D image like any other; vector
+  and colour data (``vector``, ``RGB-color`` ... kinds, an RGB PNG) are refused as not grey-level.
 
 ITK's own warnings are silenced while reading: what matters is checked here and reported in
 the one error line.
@@ -32,6 +35,7 @@ import os
 import re
 import struct
 import sys
+import tempfile
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -40,7 +44,7 @@ import SimpleITK as sitk
 
 from cardseg.base.errors import CardsegError
 from cardseg.base.fd2 import FD2_LOCK
-from cardseg.io.headers import INSPECTORS
+from cardseg.io.headers import INSPECTORS, read_text_header
 from cardseg.io.limits import (DIRECTION_TOLERANCE, INPLANE_SPACING_MM, MAX_FILE_VOXELS, MAX_VOLUME_VOXELS, MIN_INPLANE,
                                 SLICE_SPACING_MM, nearest_orthonormal, skew_degrees)
 
@@ -50,6 +54,12 @@ _SUPPORTED_PIXELS = {
     sitk.sitkUInt8, sitk.sitkInt8, sitk.sitkUInt16, sitk.sitkInt16, sitk.sitkUInt32, sitk.sitkInt32,
     sitk.sitkUInt64, sitk.sitkInt64, sitk.sitkFloat32, sitk.sitkFloat64,
 }
+#: an ITK vector pixel type → the type of its components
+_COMPONENT_OF = {getattr(sitk, "sitkVector" + n): getattr(sitk, "sitk" + n) for n in (
+    "UInt8", "Int8", "UInt16", "Int16", "UInt32", "Int32", "UInt64", "Int64", "Float32", "Float64")}
+#: NRRD axis kinds whose entries are whole images (the frames of a cine, as in Slicer's sequence files): ITK reads
+#: such an axis as the components of a vector pixel; every other kind (vector, RGB-color, ...) is pixel data
+_FRAME_KINDS = ("list",)
 _AXES = ("i (x)", "j (y)", "k (slice)")
 #: the header field that holds the axis directions, per ITK reader
 _DIRECTION_FIELD = {"NrrdImageIO": "NRRD space directions", "MetaImageIO": "MetaImage TransformMatrix",
@@ -80,7 +90,8 @@ def read_image(path: os.PathLike, frame: Optional[int] = None, spacing: Optional
         img = read_dicom_series(p, frame, spacing)
         has_spacing = True
     else:
-        img, has_spacing = _read_file(p, frame, spacing)
+        img, has_spacing, took_frame = _read_file(p, frame, spacing)
+        frame = None if took_frame else frame
     img = _as_3d(img, p, frame)
     if spacing is not None:
         sp = list(img.GetSpacing())
@@ -124,11 +135,11 @@ _HEADER_SUFFIXES = {".nhdr": "NrrdImageIO", ".nrrd": "NrrdImageIO", ".mhd": "Met
                     ".hdr": "NiftiImageIO", ".img": "NiftiImageIO"}
 
 
-def _inspect_before_itk(p: Path) -> None:
+def _inspect_before_itk(p: Path, io: Optional[str] = None) -> None:
     """For the formats whose header may name a separate data file, cardseg's own header reader
     runs before ITK's: ITK blocks on a data file that is a FIFO and calls a missing one merely
     unreadable; this names the data file and what it is. Anything else is left to ITK."""
-    io = _HEADER_SUFFIXES.get(p.suffix.lower())
+    io = io or _HEADER_SUFFIXES.get(p.suffix.lower())
     if io is None:
         return
     try:
@@ -140,8 +151,42 @@ def _inspect_before_itk(p: Path) -> None:
 
 
 def _read_file(p: Path, frame: Optional[int], user_spacing: Optional[Sequence[float]] = None):
+    with _nrrd_time_axis_as_list(p) as source:
+        return _read_via(p, source, frame, user_spacing)
+
+
+@contextlib.contextmanager
+def _nrrd_time_axis_as_list(p: Path):
+    """ITK cannot read a NRRD with a ``time`` axis beside three space axes (it counts four domain axes in a 3D
+    space): for such a file, yield a detached header in a temporary folder that calls that axis a ``list``
+    (frames, as in Slicer's sequence files) and points to the file's own data; otherwise yield ``p`` itself."""
+    fields: dict = {}
+    if p.suffix.lower() in (".nrrd", ".nhdr") and p.is_file():  # not a FIFO: reading it would block
+        try:
+            lines, offset = read_text_header(p)
+            fields = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
+        except OSError:
+            pass
+    kinds, data = fields.get("kinds", "").split(), fields.get("data file") or fields.get("datafile")
+    if len(kinds) != 4 or kinds.count("time") != 1 or (data or "").startswith("LIST") or "%" in (data or "") or (
+            not data and offset < 0) or not fields.get("line skip", "0").strip().isdigit():
+        yield p
+        return
+    skip = int(fields.get("line skip", "0")) + (0 if data else len(lines) + 1)  # attached: past the header too
+    keep = [ln.encode("latin-1") for ln in lines
+            if ln.partition(":")[0].strip().lower() not in ("kinds", "data file", "datafile", "line skip")]
+    keep += [b"kinds: " + " ".join("list" if k == "time" else k for k in kinds).encode(), b"line skip: %d" % skip,
+             b"data file: " + os.fsencode(os.path.abspath(p.parent / data if data else p))]
+    with tempfile.TemporaryDirectory(prefix="cardseg-nrrd-") as tmp:
+        header = Path(tmp) / "frames.nhdr"
+        header.write_bytes(b"\n".join(keep) + b"\n\n")
+        yield header
+
+
+def _read_via(p: Path, source: Path, frame: Optional[int], user_spacing: Optional[Sequence[float]] = None):
+    """Read ``p`` (through the header ``source``, where that is not ``p``: see :func:`_nrrd_time_axis_as_list`)."""
     reader = sitk.ImageFileReader()
-    reader.SetFileName(str(p))
+    reader.SetFileName(str(source))
     _inspect_before_itk(p)
     try:
         with _native_stderr_muted():
@@ -149,12 +194,18 @@ def _read_file(p: Path, frame: Optional[int], user_spacing: Optional[Sequence[fl
     except RuntimeError as exc:
         if not os.access(p, os.R_OK):
             raise CardsegError(f"{p}: cannot be read (permission denied)") from None
+        if p.name.lower().endswith((".nii", ".nii.gz")):  # a NIfTI-2 file, or a header fault cardseg can name
+            _inspect_before_itk(p, "NiftiImageIO")
         reason = re.search(r"ITK ERROR: (.+)", str(exc))  # e.g. a NIfTI whose axes are not orthonormal
         raise CardsegError(f"{p}: not a readable image (NIfTI, NRRD, MHA, DICOM; PNG/JPEG/BMP/TIFF with --spacing)"
                            + (f": {reason.group(1).strip()}" if reason else "")) from None
     io = reader.GetImageIO() or sitk.ImageFileReader.GetImageIOFromFileName(str(p))
     size = tuple(reader.GetSize())
-    if reader.GetNumberOfComponents() != 1 or reader.GetPixelID() not in _SUPPORTED_PIXELS:
+    frames = _frames_as_components(reader, io)
+    if frames:  # a cine whose frames ITK reads as components: its size as a 4D image's (x, y, z, frames)
+        size = size + (1,) * (3 - len(size)) + (frames,)
+    if (reader.GetNumberOfComponents() != 1 and not frames) or (
+            _COMPONENT_OF.get(reader.GetPixelID()) if frames else reader.GetPixelID()) not in _SUPPORTED_PIXELS:
         raise CardsegError(f"{p}: unsupported pixel type {sitk.GetPixelIDValueAsString(reader.GetPixelID())} "
                            "(need a scalar grey-level image)")
     has_spacing = True
@@ -162,7 +213,7 @@ def _read_file(p: Path, frame: Optional[int], user_spacing: Optional[Sequence[fl
         from cardseg.io.dicom import read_dicom_file
 
         _check_file_voxels(int(np.prod(size)), p)
-        return read_dicom_file(p, frame, user_spacing), True
+        return read_dicom_file(p, frame, user_spacing), True, False
     direction = _orthonormal(reader.GetDirection(), p, io)
     if io in INSPECTORS:
         try:
@@ -174,7 +225,8 @@ def _read_file(p: Path, frame: Optional[int], user_spacing: Optional[Sequence[fl
             # the header's own values (before a reader turns 0 into 1 mm), where the user gave none
             own = list(declared.spacing)[:3]
             given = list(user_spacing or [])
-            check_spacing(given + own[len(given):], p, header=io == "NiftiImageIO" and not given, given=len(given))
+            check_spacing(given + own[len(given):], p, header=io == "NiftiImageIO" and not given, given=len(given),
+                          unit=(declared.unit, declared.mm_per_unit))
         else:
             has_spacing = False
         _check_frame_before_reading(size, p, frame)
@@ -190,8 +242,19 @@ def _read_file(p: Path, frame: Optional[int], user_spacing: Optional[Sequence[fl
             img = reader.Execute()
     except RuntimeError as exc:
         raise CardsegError(f"{p}: image data cannot be read ({_first_line(exc)})") from None
+    if frames:
+        img = sitk.VectorIndexSelectionCast(img, frame)
     img.SetDirection(direction)
-    return img, has_spacing
+    return img, has_spacing, bool(frames)
+
+
+def _frames_as_components(reader: sitk.ImageFileReader, io: str) -> int:
+    """How many frames ITK read as the components of a vector pixel: those of a NRRD axis whose kind is in
+    :data:`_FRAME_KINDS` (a cine; frames are chosen with ``frame`` as in a 4D image); 0 for anything else."""
+    key = "NRRD_kinds[pixel]"
+    if io != "NrrdImageIO" or reader.GetNumberOfComponents() < 2 or not reader.HasMetaDataKey(key):
+        return 0
+    return reader.GetNumberOfComponents() if reader.GetMetaData(key).strip().lower() in _FRAME_KINDS else 0
 
 
 def _orthonormal(direction: Sequence[float], p: Path, io: str) -> tuple:
@@ -240,9 +303,11 @@ def _check_frame_before_reading(size: tuple, p: Path, frame: Optional[int]) -> N
         raise CardsegError(f"{p}: --frame given but the image is {len(size)}D, not 4D")
 
 
-def check_spacing(spacing: Sequence[float], p: Path, header: bool = False, given: int = 0) -> None:
-    """Each spatial axis' spacing within the plausible MRI range; the message names axis and value.
-    ``given``: how many leading axes the user's ``--spacing`` set (their message says so)."""
+def check_spacing(spacing: Sequence[float], p: Path, header: bool = False, given: int = 0,
+                  unit: tuple = ("mm", 1.0)) -> None:
+    """Each spatial axis' spacing (mm) within the plausible MRI range; the message names axis and value.
+    ``given``: how many leading axes the user's ``--spacing`` set (their message says so); ``unit``: the
+    header's unit of length and mm per unit (a NIfTI in metres names its pixdim in metres too)."""
     for axis, value in enumerate(list(spacing)[:3]):
         lo, hi = INPLANE_SPACING_MM if axis < 2 else SLICE_SPACING_MM
         if not (np.isfinite(value) and lo <= value <= hi):
@@ -250,7 +315,8 @@ def check_spacing(spacing: Sequence[float], p: Path, header: bool = False, given
                 raise CardsegError(f"{p}: --spacing gives axis {_AXES[axis]} {value:g} mm, outside the plausible "
                                    f"range {lo:g}-{hi:g} mm for MRI")
             where = f"pixdim[{axis + 1}]" if header else "spacing"
-            raise CardsegError(f"{p}: {where} of axis {_AXES[axis]} is {value:g} mm, outside the plausible range "
+            value_text = f"{value:g} mm" if unit[0] == "mm" else f"{value / unit[1]:g} {unit[0]} ({value:g} mm)"
+            raise CardsegError(f"{p}: {where} of axis {_AXES[axis]} is {value_text}, outside the plausible range "
                                f"{lo:g}-{hi:g} mm for MRI (give the right one with --spacing)")
 
 

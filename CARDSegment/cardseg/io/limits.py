@@ -18,6 +18,10 @@ SLICE_SPACING_MM = (0.05, 100.0)
 #: about 0.006 degrees between axes, or a unit vector's length off by 1e-4; the outputs are written
 #: on an orthonormal grid, so a skewed grid cannot come back where it was and is refused
 DIRECTION_TOLERANCE = 1e-4
+#: largest disagreement between a NIfTI's sform and qform (both set) taken for float rounding: the origins (mm),
+#: and each entry of the unit axis directions; beyond it the input is refused (readers differ in which they take)
+SFORM_QFORM_ORIGIN_MM = 1e-3
+SFORM_QFORM_DIRECTION = 1e-4
 
 
 def orthonormal_error(direction) -> float:

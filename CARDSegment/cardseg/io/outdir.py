@@ -17,7 +17,9 @@ Rules (the same for ``cardseg segment``, the batch path and the Slicer module's 
   beside the output folder; a second run for the same folder fails at once with one line.
   Whatever a killed run left (temporary folder, lock file) carries cardseg's names and marker
   (a stamp, or a lock file holding a process id) and is removed by the next run that writes
-  into the same parent folder, once the lock shows that no live run holds it.
+  into the same parent folder, once the lock shows that no live run holds it. (A process that
+  writes many outputs into one folder, a batch's cases, looks through that whole folder at most
+  once every :data:`CLEAN_INTERVAL_S`; each output's own leftovers go every time.)
 
 Nothing here reads or computes images: :func:`check_output` validates the location before any
 work (it writes nothing but a probe file that it removes at once), :class:`OutputWriter` does
@@ -33,7 +35,7 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional
 
 from cardseg.base.errors import CardsegError
 from cardseg.base.files import FileLock  # noqa: F401 - part of this module's interface
@@ -45,6 +47,11 @@ _TMP, _OLD, _LOCK = ".cardseg-tmp", ".cardseg-old", ".cardseg.lock"
 #: the temporary folder inside an existing output folder
 INNER_TMP = ".cardseg-tmp"
 _LEFTOVER = re.compile(r"^\.(.+)(\.cardseg-tmp|\.cardseg-old|\.cardseg\.lock)$")
+#: how often one process looks through a whole parent folder for what killed runs left there; in
+#: between, a writer removes only its own output's leftovers, so that the cost of writing one more
+#: output into a folder (a batch's case into OUTDIR) does not grow with the outputs already there
+CLEAN_INTERVAL_S = 300.0
+_last_clean: Dict[str, float] = {}
 
 
 def _sibling(out: Path, suffix: str) -> Path:
@@ -104,6 +111,15 @@ def inside_entry(folder: Path, name) -> bool:
 def own_leftover(p: Path) -> bool:
     """Whether ``p`` is a temporary folder cardseg made: a real folder, empty or with a stamp."""
     return p.is_dir() and not p.is_symlink() and (read_stamp(p) is not None or not any(p.iterdir()))
+
+
+def _own_leftover_now(p: Path) -> bool:
+    """:func:`own_leftover`, ``False`` for a folder that vanishes while it is looked at (another
+    run, in another process, renamed its temporary folder into place meanwhile)."""
+    try:
+        return own_leftover(p)
+    except OSError:
+        return False
 
 
 def _is_within(path: Path, folder: Path) -> bool:
@@ -238,6 +254,7 @@ def clean_leftovers(folder: os.PathLike, skip: str = "") -> List[str]:
     whose folder ``X`` is missing is put back instead. Best effort (an error leaves the entry);
     returns the names removed. ``skip``: an output name whose leftovers the caller handles."""
     removed: List[str] = []
+    _last_clean[os.path.abspath(os.fspath(folder))] = time.monotonic()
     remove_stale_probes(folder)
     try:
         entries = sorted(os.listdir(folder))
@@ -247,7 +264,7 @@ def clean_leftovers(folder: os.PathLike, skip: str = "") -> List[str]:
     for name in sorted(names):
         out = Path(folder) / name
         tmp, old, lock_path = _sibling(out, _TMP), _sibling(out, _OLD), _sibling(out, _LOCK)
-        if not any(own_leftover(p) for p in (tmp, old)) and not _stale_lock(lock_path):
+        if not any(_own_leftover_now(p) for p in (tmp, old)) and not _stale_lock(lock_path):
             continue
         if lock_path.exists() and not _stale_lock(lock_path):
             continue  # a file of someone else's under that name: never written to
@@ -258,10 +275,10 @@ def clean_leftovers(folder: os.PathLike, skip: str = "") -> List[str]:
         except OSError:
             continue
         try:
-            if own_leftover(old) and read_stamp(old) is not None and not out.exists() and not out.is_symlink():
+            if _own_leftover_now(old) and read_stamp(old) is not None and not out.exists() and not out.is_symlink():
                 os.replace(old, out)
             for p in (tmp, old):
-                if own_leftover(p):
+                if _own_leftover_now(p):
                     _remove_own(p)
                     removed.append(p.name)
         except OSError:
@@ -269,6 +286,12 @@ def clean_leftovers(folder: os.PathLike, skip: str = "") -> List[str]:
         finally:
             lock.release()
     return removed
+
+
+def _cleaned_lately(folder: Path) -> bool:
+    """Whether this process looked through ``folder`` for leftovers in the last :data:`CLEAN_INTERVAL_S`."""
+    last = _last_clean.get(os.path.abspath(os.fspath(folder)))
+    return last is not None and time.monotonic() - last < CLEAN_INTERVAL_S
 
 
 class OutputWriter:
@@ -282,8 +305,9 @@ class OutputWriter:
             w.commit()
 
     On entry the lock is taken (or one-line refusal), parents are created, leftovers of killed
-    runs in the parent folder are removed and the stamp is written into the temporary folder
-    first (the marker that makes it recognisable as cardseg's). Without ``commit()`` (an
+    runs for ``out`` are removed (in the whole parent folder too, unless this process looked
+    through it lately: :data:`CLEAN_INTERVAL_S`) and the stamp is written into the temporary
+    folder first (the marker that makes it recognisable as cardseg's). Without ``commit()`` (an
     exception), the temporary folder goes and so do the parent folders this writer created; the
     output folder is untouched.
     """
@@ -313,7 +337,8 @@ class OutputWriter:
                 os.replace(old, self.out)  # a run stopped between its two renames: put the result back
             _remove_leftover(self.tmp)
             _remove_leftover(old)
-            clean_leftovers(self.out.parent, skip=self.out.name)
+            if not _cleaned_lately(self.out.parent):  # its own leftovers went just above
+                clean_leftovers(self.out.parent, skip=self.out.name)
             if self.out.exists():
                 _remove_leftover(self.out / INNER_TMP)
                 check_output(self.out, self.overwrite)  # again, now under the lock

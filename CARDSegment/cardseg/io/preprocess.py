@@ -2,7 +2,9 @@
 
 Training and inference share these functions, so the network always sees slices the same
 way: intensities scaled per slice, then resampled to the bundle's pixel spacing on an
-``N x N`` grid centred on the slice (which crops or pads as needed).
+``N x N`` grid centred on the slice (which crops or pads as needed), or moved by an ``offset``
+(the engine centres the grid on the heart when the centred grid cuts it off:
+:mod:`cardseg.io.field_of_view`).
 
 The grid is axis-aligned, so a resampling is separable: one interpolation matrix per axis,
 ``out = W_y @ map @ W_x.T`` (:func:`interpolation_matrix`), linear (nearest for label maps), onto
@@ -50,16 +52,18 @@ def normalize_volume(vol: np.ndarray, low: float = 0.5, high: float = 99.5) -> n
 
 @dataclass(frozen=True)
 class SliceGrid:
-    """Axis-aligned map between a slice grid and the centred ``size x size`` network grid.
+    """Axis-aligned map between a slice grid and the ``size x size`` network grid.
 
     slice_shape: ``(ny, nx)``; spacing: in-plane ``(sx, sy)`` in mm (SimpleITK order: i then j);
-    target_spacing: network pixel size in mm; size: network side ``N``.
+    target_spacing: network pixel size in mm; size: network side ``N``; offset: ``(rows, cols)``
+    slice pixels from the slice's centre to the network grid's centre (``(0, 0)``: centred).
     """
 
     slice_shape: tuple
     spacing: tuple
     target_spacing: float
     size: int
+    offset: tuple = (0.0, 0.0)
 
     def _scale(self):
         ny, nx = self.slice_shape
@@ -68,24 +72,33 @@ class SliceGrid:
 
     def to_network_grid(self) -> tuple:
         """Where each network pixel lies in the slice, in slice pixels: ``(rows (N,), cols (N,))``
-        float32 (the centres coincide), as ``grid_sample`` computed them from its normalised grid."""
+        float32 (the centres lie ``offset`` apart), as ``grid_sample`` computed them from its
+        normalised grid."""
         ny, nx, sx, sy, s, n = self._scale()
+        dy, dx = (float(o) for o in self.offset)
         a = np.arange(n, dtype=np.float64) - (n - 1) / 2
-        return (_unnormalise(a * s / sy * 2 / max(ny - 1, 1), ny), _unnormalise(a * s / sx * 2 / max(nx - 1, 1), nx))
+        return (_unnormalise((a * s / sy + dy) * 2 / max(ny - 1, 1), ny),
+                _unnormalise((a * s / sx + dx) * 2 / max(nx - 1, 1), nx))
+
+    def _network_position(self) -> tuple:
+        """Each slice row's and column's position on the network grid, in network pixels (float64)."""
+        ny, nx, sx, sy, s, n = self._scale()
+        dy, dx = (float(o) for o in self.offset)
+        ax = (n - 1) / 2 + (np.arange(nx, dtype=np.float64) - (nx - 1) / 2 - dx) * sx / s
+        ay = (n - 1) / 2 + (np.arange(ny, dtype=np.float64) - (ny - 1) / 2 - dy) * sy / s
+        return ay, ax
 
     def from_network_grid(self) -> tuple:
         """Where each slice pixel lies in the network grid, in network pixels:
         ``(rows (ny,), cols (nx,))`` float32, the inverse of :meth:`to_network_grid`."""
-        ny, nx, sx, sy, s, n = self._scale()
-        ax = (n - 1) / 2 + (np.arange(nx, dtype=np.float64) - (nx - 1) / 2) * sx / s
-        ay = (n - 1) / 2 + (np.arange(ny, dtype=np.float64) - (ny - 1) / 2) * sy / s
+        n = int(self.size)
+        ay, ax = self._network_position()
         return _unnormalise(ay * 2 / (n - 1) - 1, n), _unnormalise(ax * 2 / (n - 1) - 1, n)
 
     def field_of_view(self) -> np.ndarray:
         """Bool ``(ny, nx)``: slice pixels whose centre falls inside the network grid."""
-        ny, nx, sx, sy, s, n = self._scale()
-        ax = (n - 1) / 2 + (np.arange(nx) - (nx - 1) / 2) * sx / s
-        ay = (n - 1) / 2 + (np.arange(ny) - (ny - 1) / 2) * sy / s
+        n = int(self.size)
+        ay, ax = self._network_position()
         inside_x = (ax >= -0.5) & (ax <= n - 0.5)
         inside_y = (ay >= -0.5) & (ay <= n - 0.5)
         return inside_y[:, None] & inside_x[None, :]

@@ -1,0 +1,68 @@
+"""What ``cardseg segment`` reports about one run (``report.json``): pure, from the arrays of a
+:class:`cardseg.segment.SegmentationResult` and the bundle."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import numpy as np
+
+from cardseg.bundle.loading import Bundle
+from cardseg.io.field_of_view import offset_mm
+from cardseg.io.volume import Volume
+from cardseg.metrics.segmentation import agreement_report
+from cardseg.review.regions import flagged_regions
+
+
+def build_report(result: Any, volume: Volume, bundle: Bundle, method: str, device, timings,
+                 grid_offset: tuple = (0.0, 0.0), recentring: Optional[dict] = None) -> dict:
+    """``report.json`` of one run (README, "cardseg segment") from ``result``, a
+    :class:`cardseg.segment.SegmentationResult` (not imported: ``segment`` imports this module):
+    volumes, agreement, flagged regions (which also fills ``result.region_ranks``), the calibration, where the network grid lay
+    (``field_of_view``: its centre's offset from the slice centre, mm along i and j, whether it was
+    moved onto the heart, and the moved grid's trial: :mod:`cardseg.io.field_of_view`), timings and
+    the bundle."""
+    cfg = bundle.config
+    names = bundle.class_names
+    voxel_ml = float(np.prod(volume.spacing)) / 1000.0
+    counts = np.bincount(result.labels.ravel(), minlength=len(names))
+    report: Dict[str, object] = {
+        "method": method,
+        # label value i of segmentation.nii.gz is classes[i], and so is component i of probabilities.nii.gz
+        "classes": list(names),
+        "agreement": None,
+        "agreement_per_slice": None,
+        "agreement_per_class": None,
+        "out_of_domain": None,
+        "regions": [],
+        "class_volumes_ml": {n: float(counts[i] * voxel_ml) for i, n in enumerate(names) if i > 0},
+        "shape_zyx": list(volume.shape),
+        "spacing_xyz": [float(s) for s in volume.spacing],
+        "field_of_view": {"recentred": any(float(o) != 0.0 for o in grid_offset),
+                          "offset_mm": offset_mm(grid_offset, volume.spacing[:2]),
+                          "tried": None if recentring is None else {
+                              "offset_mm": offset_mm(recentring["offset"], volume.spacing[:2]),
+                              "agreement_centred": recentring["agreement_centred"],
+                              "agreement_moved": recentring["agreement_moved"]}},
+        "timings_s": timings,
+        "device": str(device),
+        "backend": getattr(bundle, "backend", "torch"),
+        "bundle": {"id": bundle.ident, "path": str(Path(bundle.path).resolve()), "checksums": bundle.checksums},
+    }
+    if method == "card":
+        radius = int(cfg.get("agreement", {}).get("roi_dilation_px", 10))
+        report.update(agreement_report(result.disagreement, result.labels, radius, names))
+        threshold = cfg.get("agreement", {}).get("out_of_domain_threshold")
+        if threshold is not None and report["agreement"] is not None:
+            report["out_of_domain"] = bool(report["agreement"] < float(threshold))
+        report["regions"], result.region_ranks = flagged_regions(
+            result.disagreement, result.labels, cfg["regions"], volume.ijk_to_lps(), volume.spacing, names,
+            result.field_of_view)
+        # without a region model regions are ranked by their summed map: the TAC or the error probability
+        summed = "summed_disagreement" if cfg["regions"].get("map", "tac") == "tac" else "summed_error_probability"
+        report["region_ranking"] = cfg["regions"].get("ranking", "p_error") if cfg["regions"].get("model") else summed
+        # the disagreement the overlays show brightest: what the bundle's validation volumes reach
+        report["disagreement_display_max"] = cfg["regions"].get("display_max_disagreement")
+        report["calibration"] = bundle.calibrator.to_dict()
+    return report
