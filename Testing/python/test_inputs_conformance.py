@@ -214,3 +214,39 @@ def test_a_nifti_2_file_is_called_so(tmp_path, suffix):
     src.write_bytes(gzip.compress(raw) if suffix.endswith(".gz") else raw)
     msg = _error(src)
     assert "NIfTI-2" in msg and "not supported" in msg and "NIfTI-1" in msg, msg
+
+
+def test_a_nifti_turned_half_way_round_is_read_as_its_sform_and_qform_agree(tmp_path):
+    """Every proper axis permutation with signs, written by SimpleITK (sform and qform both set, equal):
+    a 180-degree turn's quaternion has a = 0, and (b, c, d) in float32 is a unit vector only up to rounding;
+    read as nifti1_io does, the two transforms agree (six of these were refused as disagreeing)."""
+    import itertools
+
+    for perm in itertools.permutations(range(3)):
+        for signs in itertools.product((1, -1), repeat=3):
+            m = np.zeros((3, 3))
+            for j, i in enumerate(perm):
+                m[i, j] = signs[j]
+            if np.linalg.det(m) < 0:
+                continue
+            img = sitk.GetImageFromArray(np.arange(4 * 32 * 32, dtype=np.int16).reshape(4, 32, 32))
+            img.SetSpacing((1.4, 1.4, 8.0))
+            img.SetDirection(m.flatten().tolist())
+            path = tmp_path / "turned.nii.gz"
+            sitk.WriteImage(img, str(path))
+            got = read_image(path)
+            assert np.allclose(np.reshape(got.GetDirection(), (3, 3)), m, atol=1e-6)
+
+
+def test_a_2d_nrrd_cine_with_a_time_axis_is_frames_not_slices(tmp_path):
+    """A NRRD of two space axes and a time axis: frames to choose with --frame, never slices 1 mm apart."""
+    data = (np.arange(5 * 64 * 64) % 1000).astype("<i2").reshape(5, 64, 64)
+    path = tmp_path / "cine2d.nrrd"
+    header = ("NRRD0004\ntype: short\ndimension: 3\nsizes: 64 64 5\nkinds: domain domain time\nendian: little\n"
+              "encoding: raw\nspacings: 1.5 1.5 nan\n\n")
+    path.write_bytes(header.encode() + data.tobytes())
+    with pytest.raises(CardsegError, match="5 frames"):
+        read_image(path)
+    frame = read_image(path, frame=1)
+    assert frame.GetSize() == (64, 64, 1)
+    assert np.array_equal(sitk.GetArrayFromImage(frame)[0], data[1])

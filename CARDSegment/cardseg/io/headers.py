@@ -234,7 +234,12 @@ def _check_sform(path: Path, srow: Tuple[float, ...], pixdim: Tuple[float, ...],
 def _qform_matrix(quatern: Tuple[float, ...], qfac: float) -> np.ndarray:
     """The rotation (columns: axis directions) of a NIfTI qform, as the NIfTI-1 standard defines it."""
     b, c, d = (float(v) for v in quatern[:3])
-    a = np.sqrt(max(1.0 - (b * b + c * c + d * d), 0.0))
+    a = 1.0 - (b * b + c * c + d * d)
+    if a < 1e-7:  # a 180-degree turn: (b, c, d) is a unit vector up to float32 rounding (as nifti1_io does)
+        norm = np.sqrt(b * b + c * c + d * d) or 1.0
+        b, c, d, a = b / norm, c / norm, d / norm, 0.0
+    else:
+        a = np.sqrt(a)
     r = np.array([[a * a + b * b - c * c - d * d, 2 * (b * c - a * d), 2 * (b * d + a * c)],
                   [2 * (b * c + a * d), a * a + c * c - b * b - d * d, 2 * (c * d - a * b)],
                   [2 * (b * d - a * c), 2 * (c * d + a * b), a * a + d * d - c * c - b * b]])

@@ -157,8 +157,8 @@ def _read_file(p: Path, frame: Optional[int], user_spacing: Optional[Sequence[fl
 
 @contextlib.contextmanager
 def _nrrd_time_axis_as_list(p: Path):
-    """ITK cannot read a NRRD with a ``time`` axis beside three space axes (it counts four domain axes in a 3D
-    space): for such a file, yield a detached header in a temporary folder that calls that axis a ``list``
+    """ITK cannot read a NRRD with a ``time`` axis beside two or three space axes as frames (it takes it for
+    a space axis, or counts four domain axes in a 3D space): for such a file, yield a detached header in a temporary folder that calls that axis a ``list``
     (frames, as in Slicer's sequence files) and points to the file's own data; otherwise yield ``p`` itself."""
     fields: dict = {}
     if p.suffix.lower() in (".nrrd", ".nhdr") and p.is_file():  # not a FIFO: reading it would block
@@ -168,7 +168,7 @@ def _nrrd_time_axis_as_list(p: Path):
         except OSError:
             pass
     kinds, data = fields.get("kinds", "").split(), fields.get("data file") or fields.get("datafile")
-    if len(kinds) != 4 or kinds.count("time") != 1 or (data or "").startswith("LIST") or "%" in (data or "") or (
+    if len(kinds) not in (3, 4) or kinds.count("time") != 1 or (data or "").startswith("LIST") or "%" in (data or "") or (
             not data and offset < 0) or not fields.get("line skip", "0").strip().isdigit():
         yield p
         return
