@@ -34,7 +34,7 @@ FINISHED_STATES = (SUCCEEDED, FAILED, CANCELLED)
 STAGE_SPANS: Dict[str, Tuple[float, float]] = {
     "export-onnx": (0.0, 0.03), "prepare-torch": (0.0, 0.03),
     "read": (0.0, 0.05),
-    "trajectory": (0.05, 0.92),
+    "trajectory": (0.05, 0.92), "trajectory-moved": (0.92, 0.92),  # the bar holds while a moved grid runs
     "write": (0.92, 1.0),
     # cardseg batch (a cine sequence's frames): progress counts frames
     "hashing": (0.0, 0.02),
@@ -45,6 +45,7 @@ STAGE_TEXT = {
     "prepare-torch": "Preparing the networks (first run with this bundle and device only)",
     "read": "Reading the volume and the model bundle",
     "trajectory": "Reverse diffusion (primary and reference)",
+    "trajectory-moved": "Reverse diffusion again, the field of view moved onto the heart",
     "write": "Writing results",
     "hashing": "Reading the frames",
     "cases": "Segmenting frames",

@@ -162,9 +162,12 @@ def _check_segment_args(a) -> None:
 def _check_backend(a) -> None:
     """Settle ``a.backend`` (none given: ``$CARDSEG_BACKEND``, else ``auto``). ``onnx``: ONNX Runtime
     importable, the CPU (``--device auto`` becomes ``cpu``), not with ``--ray``; ``auto`` with
-    ``--ray`` becomes ``torch`` (the workers load the torch networks)."""
+    ``--ray`` becomes ``torch`` (the workers load the torch networks). A malformed ``$CARDSEG_RECENTRE``
+    is refused here too, before any work."""
     from cardseg.bundle.onnx_backend import available, default_backend
+    from cardseg.io.field_of_view import recentre_margin
 
+    recentre_margin({})
     a.backend = getattr(a, "backend", None) or default_backend()
     if getattr(a, "ray", None) and a.backend == "auto":
         a.backend = "torch"

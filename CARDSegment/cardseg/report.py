@@ -15,6 +15,13 @@ from cardseg.metrics.segmentation import agreement_report
 from cardseg.review.regions import flagged_regions
 
 
+def agreement_of(tac, labels, bundle: Bundle) -> Optional[float]:
+    """The volume's agreement score (paper Eq. 5) over its predicted heart dilated by the bundle's ROI radius:
+    tac and labels ``(Z, Y, X)`` numpy; ``None`` without a predicted heart."""
+    radius = int(bundle.config.get("agreement", {}).get("roi_dilation_px", 10))
+    return agreement_report(tac, labels, radius, bundle.class_names)["agreement"]
+
+
 def build_report(result: Any, volume: Volume, bundle: Bundle, method: str, device, timings,
                  grid_offset: tuple = (0.0, 0.0), recentring: Optional[dict] = None) -> dict:
     """``report.json`` of one run (README, "cardseg segment") from ``result``, a

@@ -27,15 +27,14 @@ from cardseg.base.errors import CardsegError
 from cardseg.base.progress import Progress
 from cardseg.bundle.loading import Bundle
 from cardseg.io.outdir import OutputWriter, check_output
-from cardseg.io.field_of_view import recentre_margin, recentre_offset
+from cardseg.io.field_of_view import keep_moved, recentre_margin, recentre_offset
 from cardseg.io.preprocess import (SliceGrid, network_to_slices, normalize_slice, resample_to_network,
                                   slices_to_network)
 from cardseg.io.volume import Volume
 from cardseg.io.written import IncompleteWrite, verify_seg_nrrd, write_image, write_seg_nrrd, write_text
 from cardseg.method.calibration import CARD, Uncalibrated, temperature_scale
 from cardseg.method.trajectory import run_trajectory
-from cardseg.metrics.segmentation import agreement_report
-from cardseg.report import build_report
+from cardseg.report import agreement_of, build_report
 
 if TYPE_CHECKING:
     import torch
@@ -89,11 +88,9 @@ class SliceTrajectory:
     logits: ``(Z, K, Y, X)`` terminal primary logits; tac: ``(Z, Y, X)`` TAC map (``None`` for
     ``uc``); fov: ``(Y, X)`` bool numpy, the network's field of view (outside: background, zero
     disagreement); reference_logits: ``(Z, K, Y, X)`` the reference's terminal logits, when asked
-    (figures only); step_js: ``{t: (Z, Y, X)}`` each sampled step's JS map, when asked; offset:
-    the network grid's offset from the slice centre, ``(rows, cols)`` slice pixels (moved onto the
-    heart: :mod:`cardseg.io.field_of_view`); recentring: when a moved grid was tried, its
-    ``offset`` and both runs' agreement scores (``agreement_centred``, ``agreement_moved``).
-    """
+    (figures only); step_js: ``{t: (Z, Y, X)}`` each sampled step's JS map, when asked; offset: the
+    grid's centre from the slice centre, ``(rows, cols)`` pixels; recentring: a moved grid's trial
+    (``offset``, ``agreement_centred``, ``agreement_moved``; :mod:`cardseg.io.field_of_view`)."""
 
     logits: Any
     tac: Any
@@ -123,39 +120,44 @@ def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle
     on numpy arrays (torch is not imported); with torch networks on tensors on ``device``.
     ``recentre`` (``None``: the bundle's ``field_of_view`` block or ``$CARDSEG_RECENTRE``): when the
     prediction nears the edge of the centred field of view where the image goes on, the volume is
-    run again on a grid centred on the heart and the run whose networks agree more is kept
-    (:mod:`cardseg.io.field_of_view`); ``card`` and ``uc`` keep the same grid.
+    run again on a grid centred on the heart (progress stage ``trajectory-moved``) and the run whose
+    networks agree more is kept (:mod:`cardseg.io.field_of_view`); ``uc`` then runs as ``card`` (the
+    same cost) and returns no disagreement, so both keep the same grid and labels.
     """
     if (with_reference or keep_step_js) and method != "card":
         raise ValueError("with_reference and keep_step_js need method 'card'")
     progress = progress or Progress()
-    shape = slices01.shape[1:]
-    args = (slices01, bundle, method, device, batch_size, progress, with_reference, keep_step_js)
-    out = run_on_grid(slice_grid(shape, spacing_xy, bundle), *args)
-    margin = recentre_margin(bundle.config, recentre)
-    if margin is None or method not in METHODS or bundle.reference is None:
-        return out
-    labels = arrays.to_numpy(arrays.argmax(out.logits, axis=1))
-    offset = recentre_offset(labels, out.fov, spacing_xy, margin_mm=margin)
-    if offset is None:
-        return out
-    card = (slices01, bundle, "card", device, batch_size, progress, with_reference, keep_step_js)
-    runs = [out if method == "card" else run_on_grid(slice_grid(shape, spacing_xy, bundle), *card),
-            run_on_grid(slice_grid(shape, spacing_xy, bundle, offset), *card)]
-    runs[1].offset = offset
-    radius = int(bundle.config.get("agreement", {}).get("roi_dilation_px", 10))
-    scores = [agreement_report(arrays.to_numpy(r.tac), arrays.to_numpy(arrays.argmax(r.logits, axis=1)), radius,
-                               bundle.class_names)["agreement"] for r in runs]
-    keep = runs[1] if (scores[1] or 0.0) > (scores[0] or 0.0) else runs[0]
-    keep.recentring = {"offset": offset, "agreement_centred": scores[0], "agreement_moved": scores[1]}
-    if method == "uc":  # the same grid as card; what uc returns holds no disagreement
-        keep.tac, keep.step_js = None, {}
-    return keep
+    margin = recentre_margin(bundle.config, recentre) if method in METHODS and bundle.reference is not None else None
+    run_method = "card" if margin is not None else method  # uc too: the grid is chosen by the networks' agreement
+    volume = next(_VOLUME_NUMBERS)  # one volume however many grids it runs on (CUDA graphs: run_graphed)
+
+    def run(offset=(0.0, 0.0), stage="trajectory"):
+        return run_on_grid(slice_grid(slices01.shape[1:], spacing_xy, bundle, offset), slices01, bundle, run_method,
+                           device, batch_size, progress, with_reference, keep_step_js, volume, stage)
+    out = run()
+    offset = None if margin is None else recentre_offset(arrays.to_numpy(arrays.argmax(out.logits, axis=1)), out.fov,
+                                                         spacing_xy, margin_mm=margin)
+    if offset is not None:
+        centred = run_agreement(out, bundle)
+        moved = run(offset, "trajectory-moved")
+        score = run_agreement(moved, bundle)
+        out = moved if keep_moved(centred, score) else out
+        out.recentring = {"offset": offset, "agreement_centred": centred, "agreement_moved": score}
+    if run_method != method:  # uc: the same grid and labels as card, without the disagreement
+        out.tac, out.step_js = None, {}
+    return out
+
+
+def run_agreement(traj: SliceTrajectory, bundle: Bundle) -> Optional[float]:
+    """The agreement score ``report.json`` gives a ``card`` trajectory (paper Eq. 5 over its own predicted heart)."""
+    return agreement_of(arrays.to_numpy(traj.tac), arrays.to_numpy(arrays.argmax(traj.logits, axis=1)), bundle)
 
 
 def run_on_grid(grid: SliceGrid, slices01: np.ndarray, bundle: Bundle, method: str, device, batch_size: int,
-                 progress: Progress, with_reference: bool, keep_step_js: bool) -> SliceTrajectory:
-    """:func:`trajectory_on_slices` on one network grid."""
+                 progress: Progress, with_reference: bool, keep_step_js: bool, volume: Optional[int] = None,
+                 stage: str = "trajectory") -> SliceTrajectory:
+    """:func:`trajectory_on_slices` on one network grid (``volume``: its number for CUDA graphs; ``stage``:
+    the progress stage's name)."""
     x = resample_to_network(slices01, grid)
     to_device = None
     if not bundle.takes_numpy:
@@ -169,7 +171,7 @@ def run_on_grid(grid: SliceGrid, slices01: np.ndarray, bundle: Bundle, method: s
     nb = (x.shape[0] + batch_size - 1) // batch_size
     # ONNX Runtime sessions run beside each other (own threads, Python's lock free): the same outputs, sooner
     overlap = bool(getattr(bundle.reference, "overlap_safe", False)) and _device_type(device) == "cpu"
-    progress.stage("trajectory", nb * len(steps))
+    progress.stage(stage, nb * len(steps))
     logits_all: Optional[np.ndarray] = None  # filled batch by batch: no list + concatenated copy
     tac_out, ref_out = [], []
     js_out: Dict[int, list] = {t: [] for t in steps} if keep_step_js else {}
@@ -186,7 +188,7 @@ def run_on_grid(grid: SliceGrid, slices01: np.ndarray, bundle: Bundle, method: s
     if graphed:
         from cardseg.method.gpu_exec import run_graphed
 
-        volume = next(_VOLUME_NUMBERS)  # a grid's graph is captured once it serves a second volume
+        volume = next(_VOLUME_NUMBERS) if volume is None else volume  # captured once a grid serves a second volume
     for b in range(nb):
         xb = x[b * batch_size:(b + 1) * batch_size]
         xb = to_device(xb) if to_device else xb
@@ -218,7 +220,7 @@ def run_on_grid(grid: SliceGrid, slices01: np.ndarray, bundle: Bundle, method: s
             js_out[t].append(back(res.per_step_js[t][:, None])[:, 0])
     fov = grid.field_of_view()
     outside = ~fov
-    out = SliceTrajectory(_outside_to_background(logits_all, outside), None, fov)
+    out = SliceTrajectory(_outside_to_background(logits_all, outside), None, fov, offset=tuple(grid.offset))
     if tac_out:
         out.tac = np.concatenate(tac_out)
         out.tac[:, outside] = 0.0

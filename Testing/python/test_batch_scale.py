@@ -250,3 +250,23 @@ def test_an_input_that_several_cases_share_is_hashed_once(tmp_path, monkeypatch)
     hashes = cohort_batch._hash_inputs(cases, CaseProgress("none", True), 2)
     assert hashes == {"s1_ed": "h-cine.nii.gz", "s1_es": "h-cine.nii.gz", "x": "h-other.nii.gz"}
     assert list(hashes) == ["s1_ed", "s1_es", "x"] and sorted(calls) == sorted([str(cine), str(other)])
+
+
+def test_a_batch_without_report_removes_the_earlier_runs_page(tmp_path, tiny_bundle, synthetic_volume):
+    vol, _ = synthetic_volume
+    (tmp_path / "in").mkdir()
+    for name in ("a", "b"):
+        sitk.WriteImage(vol.to_image(vol.array.astype(np.float32)), str(tmp_path / "in" / f"{name}.nii.gz"))
+    out = tmp_path / "out"
+    args = ["batch", str(tmp_path / "in"), "-o", str(out), "--bundle", str(tiny_bundle), "--progress", "none"]
+    assert _run(args)[0] == 0 and (out / TRIAGE_HTML).is_file()
+    (tmp_path / "in" / "b.nii.gz").unlink()
+    assert _run(args + ["--no-report"])[0] == 0
+    assert not (out / TRIAGE_HTML).exists()  # it listed case b, which this run's table no longer has
+    assert [r["case"] for r in read_csv(out / COHORT_CSV)] == ["a"]
+    user_page = tmp_path / "mine" / TRIAGE_HTML  # a page cardseg did not write is never removed
+    user_page.parent.mkdir()
+    user_page.write_text("mine")
+    assert _run(["batch", str(tmp_path / "in"), "-o", str(user_page.parent), "--bundle", str(tiny_bundle),
+                 "--progress", "none", "--no-report"])[0] in (0, 2)
+    assert user_page.read_text() == "mine"

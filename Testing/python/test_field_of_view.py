@@ -165,3 +165,51 @@ def test_the_study_counts_how_often_the_kept_run_had_the_higher_dice():
     assert s["mean_dice_centred"] == pytest.approx(0.8) and s["mean_dice_with_recentring"] == pytest.approx(0.8667, abs=1e-4)
     text = markdown({"bundle": "x-1", "split": "val", "margin_mm": 15.0, "rows": rows, "summary": s})
     assert "fired on 2 of 3" in text and "| b | -30.0, +5.0 |" in text
+
+
+@pytest.mark.parametrize("moved_agrees_more", [False, True])
+def test_the_engine_keeps_the_run_that_agrees_more_and_uc_keeps_the_same_grid(tiny_bundle, synthetic_volume,
+                                                                               monkeypatch, moved_agrees_more):
+    """Forced outcomes on the tiny bundle: the move is tried once, on the same volume number (CUDA graphs
+    count volumes), under its own progress stage; the kept run follows the agreement; uc returns card's grid
+    and labels without disagreement."""
+    from cardseg import segment
+    from cardseg.base.progress import Progress
+    from cardseg.bundle.loading import load_bundle
+
+    bundle = load_bundle(tiny_bundle)
+    bundle.config["field_of_view"] = {"recentre": True}
+    volume, _ = synthetic_volume
+    monkeypatch.setattr(segment, "recentre_offset", lambda *a, **k: (4.0, -3.0))
+    monkeypatch.setattr(segment, "run_agreement",
+                        lambda traj, b: (0.95 if moved_agrees_more else 0.85) if traj.offset != (0.0, 0.0) else 0.9)
+    calls = []
+    real = segment.run_on_grid
+    monkeypatch.setattr(segment, "run_on_grid", lambda grid, *a: calls.append((grid.offset, a[2], a[-2], a[-1]))
+                        or real(grid, *a))
+    stages = []
+
+    class Stages(Progress):
+        def stage(self, name, total):
+            stages.append(name)
+
+    s01 = segment.normalized_slices(volume, bundle)
+    card = segment.trajectory_on_slices(s01, volume.spacing[:2], bundle, "card", progress=Stages())
+    assert [c[0] for c in calls] == [(0.0, 0.0), (4.0, -3.0)] and calls[0][2] == calls[1][2]  # one volume number
+    assert stages == ["trajectory", "trajectory-moved"]
+    assert card.recentring == {"offset": (4.0, -3.0), "agreement_centred": 0.9,
+                               "agreement_moved": 0.95 if moved_agrees_more else 0.85}
+    assert card.offset == ((4.0, -3.0) if moved_agrees_more else (0.0, 0.0))
+    calls.clear()
+    uc = segment.trajectory_on_slices(s01, volume.spacing[:2], bundle, "uc")
+    assert [c[1] for c in calls] == ["card", "card"]  # uc runs as card: the choice needs the reference
+    assert uc.tac is None and uc.offset == card.offset and uc.recentring == card.recentring
+    assert np.array_equal(np.asarray(uc.logits).argmax(1), np.asarray(card.logits).argmax(1))
+    result = segment.finish_volume(uc, volume, bundle, "uc", "cpu", {})
+    assert result.report["field_of_view"]["recentred"] == moved_agrees_more
+    assert result.report["field_of_view"]["tried"]["agreement_moved"] == card.recentring["agreement_moved"]
+    # off (the released bundle's default): one run, no trial
+    bundle.config.pop("field_of_view")
+    calls.clear()
+    off = segment.trajectory_on_slices(s01, volume.spacing[:2], bundle, "uc")
+    assert [c[1] for c in calls] == ["uc"] and off.recentring is None

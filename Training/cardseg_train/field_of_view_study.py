@@ -2,7 +2,7 @@
 
 For every volume of the split (validation by default; the test split only once a release has
 frozen its choices) the trajectory runs on the centred grid; where the engine's check fires
-(:func:`cardseg.io.field_of_view.recentre_offset`, the bundle's margin or 15 mm) it runs again
+(:func:`cardseg.io.field_of_view.recentre_offset`, the bundle's margin, else 15 mm, or ``--margin-mm``) it runs again
 on the moved grid, and both runs' Dice against the labels and agreement scores are recorded, with
 the run the engine keeps (the higher agreement). Writes ``field_of_view.json`` and ``.md``::
 
@@ -43,31 +43,28 @@ def mean_dice(values: List[Optional[float]]) -> Optional[float]:
 
 
 def study_volume(bundle, item, margin_mm: Optional[float] = None) -> dict:
-    """One labelled volume: the centred run, and the moved run where the check fires."""
-    from cardseg.io.field_of_view import MARGIN_MM, offset_mm, recentre_offset
-    from cardseg.metrics.segmentation import agreement_report
-    from cardseg.segment import run_on_grid, normalized_slices, slice_grid
+    """One labelled volume: the centred run, and the moved run where the engine's check fires, with the
+    engine's own choice between them (:func:`cardseg.io.field_of_view.keep_moved`)."""
+    from cardseg.io.field_of_view import keep_moved, offset_mm, recentre_margin, recentre_offset
+    from cardseg.segment import normalized_slices, run_agreement, run_on_grid, slice_grid
 
-    margin = MARGIN_MM if margin_mm is None else margin_mm
+    margin = recentre_margin(bundle.config, True) if margin_mm is None else margin_mm
     s01 = normalized_slices(item.volume, bundle)
     spacing = tuple(item.volume.spacing[:2])
-    radius = int(bundle.config.get("agreement", {}).get("roi_dilation_px", 10))
-    k = bundle.num_classes
 
     def run(offset=(0.0, 0.0)):
         traj = run_on_grid(slice_grid(s01.shape[1:], spacing, bundle, offset), s01, bundle, "card", "cpu", 8,
-                            _quiet(), False, False)
+                           _quiet(), False, False)
         labels = np.asarray(traj.logits).argmax(axis=1)
-        dice = dice_per_class(labels, item.labels, k)
-        agreement = agreement_report(np.asarray(traj.tac), labels, radius, bundle.class_names)["agreement"]
-        return labels, traj.fov, {"dice": dice, "mean_dice": mean_dice(dice), "agreement": agreement}
+        dice = dice_per_class(labels, item.labels, bundle.num_classes)
+        return labels, traj.fov, {"dice": dice, "mean_dice": mean_dice(dice), "agreement": run_agreement(traj, bundle)}
 
     labels, fov, centred = run()
     row = {"case": item.case, "centred": centred, "fired": False}
     offset = recentre_offset(labels, fov, spacing, margin_mm=margin)
     if offset is not None:
         _, _, moved = run(offset)
-        keep = "moved" if (moved["agreement"] or 0.0) > (centred["agreement"] or 0.0) else "centred"
+        keep = "moved" if keep_moved(centred["agreement"], moved["agreement"]) else "centred"
         row.update({"fired": True, "offset_mm": offset_mm(offset, spacing), "moved": moved, "kept": keep})
     return row
 
@@ -134,7 +131,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         for item in cases:
             rows.append(study_volume(bundle, item, a.margin_mm))
             print(f"{item.case}: {'fired' if rows[-1]['fired'] else '-'}", file=sys.stderr, flush=True)
-        result = {"bundle": bundle.ident, "split": a.split, "margin_mm": a.margin_mm or 15.0, "rows": rows,
+        from cardseg.io.field_of_view import recentre_margin
+
+        margin = recentre_margin(bundle.config, True) if a.margin_mm is None else a.margin_mm
+        result = {"bundle": bundle.ident, "split": a.split, "margin_mm": margin, "rows": rows,
                   "summary": summary(rows)}
         out = Path(a.out)
         with record.writing():

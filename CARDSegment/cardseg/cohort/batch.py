@@ -221,6 +221,8 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
 
             write_report(out, config=plan.config, max_thumbnails=o.report_thumbnails)
             result.files.append(TRIAGE_HTML)
+        else:  # --no-report: an earlier run's page would describe other results
+            _remove_stale(out, plan.earlier, TRIAGE_HTML)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: no earlier run's subjects.csv or report stays
         exc.batch_left = _interrupted(plan, result)
         raise

@@ -119,6 +119,11 @@ def recentre_offset(labels: np.ndarray, fov: np.ndarray, spacing_xy: Tuple[float
     return (round(target[0], 3), round(target[1], 3))
 
 
+def keep_moved(agreement_centred: Optional[float], agreement_moved: Optional[float]) -> bool:
+    """Keep the run on the moved grid only when its networks agree more (a missing score counts as 0)."""
+    return (agreement_moved or 0.0) > (agreement_centred or 0.0)
+
+
 def offset_mm(offset: Tuple[float, float], spacing_xy: Tuple[float, float]) -> list:
     """A grid offset ``(rows, cols)`` in slice pixels as ``[x, y]`` millimetres along the image's
     i and j axes (what ``report.json`` records)."""

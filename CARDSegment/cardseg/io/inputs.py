@@ -150,6 +150,19 @@ def _inspect_before_itk(p: Path, io: Optional[str] = None) -> None:
         return
 
 
+def _nifti_sized_header(p: Path) -> bool:
+    """The file starts as a NIfTI does (``sizeof_hdr`` 348 or 540, either byte order; gzipped for ``.gz``):
+    only then is a header fault worth naming; anything else is simply not a readable image."""
+    import gzip
+
+    try:
+        with (gzip.open(p, "rb") if p.name.lower().endswith(".gz") else open(p, "rb")) as f:
+            head = f.read(4)
+    except (OSError, EOFError):
+        return False
+    return len(head) == 4 and {struct.unpack("<i", head)[0], struct.unpack(">i", head)[0]} & {348, 540} != set()
+
+
 def _read_file(p: Path, frame: Optional[int], user_spacing: Optional[Sequence[float]] = None):
     with _nrrd_time_axis_as_list(p) as source:
         return _read_via(p, source, frame, user_spacing)
@@ -158,8 +171,9 @@ def _read_file(p: Path, frame: Optional[int], user_spacing: Optional[Sequence[fl
 @contextlib.contextmanager
 def _nrrd_time_axis_as_list(p: Path):
     """ITK cannot read a NRRD with a ``time`` axis beside two or three space axes as frames (it takes it for
-    a space axis, or counts four domain axes in a 3D space): for such a file, yield a detached header in a temporary folder that calls that axis a ``list``
-    (frames, as in Slicer's sequence files) and points to the file's own data; otherwise yield ``p`` itself."""
+    a space axis, or counts four domain axes in a 3D space): for such a file, yield a detached header in a
+    temporary folder that calls that axis a ``list`` (frames, as in Slicer's sequence files) and points to the
+    file's own data; otherwise yield ``p`` itself."""
     fields: dict = {}
     if p.suffix.lower() in (".nrrd", ".nhdr") and p.is_file():  # not a FIFO: reading it would block
         try:
@@ -168,8 +182,8 @@ def _nrrd_time_axis_as_list(p: Path):
         except OSError:
             pass
     kinds, data = fields.get("kinds", "").split(), fields.get("data file") or fields.get("datafile")
-    if len(kinds) not in (3, 4) or kinds.count("time") != 1 or (data or "").startswith("LIST") or "%" in (data or "") or (
-            not data and offset < 0) or not fields.get("line skip", "0").strip().isdigit():
+    if (len(kinds) not in (3, 4) or kinds.count("time") != 1 or (data or "").startswith("LIST") or "%" in (data or "")
+            or (not data and offset < 0) or not fields.get("line skip", "0").strip().isdigit()):
         yield p
         return
     skip = int(fields.get("line skip", "0")) + (0 if data else len(lines) + 1)  # attached: past the header too
@@ -194,7 +208,7 @@ def _read_via(p: Path, source: Path, frame: Optional[int], user_spacing: Optiona
     except RuntimeError as exc:
         if not os.access(p, os.R_OK):
             raise CardsegError(f"{p}: cannot be read (permission denied)") from None
-        if p.name.lower().endswith((".nii", ".nii.gz")):  # a NIfTI-2 file, or a header fault cardseg can name
+        if p.name.lower().endswith((".nii", ".nii.gz")) and _nifti_sized_header(p):  # NIfTI-2, or a fault to name
             _inspect_before_itk(p, "NiftiImageIO")
         reason = re.search(r"ITK ERROR: (.+)", str(exc))  # e.g. a NIfTI whose axes are not orthonormal
         raise CardsegError(f"{p}: not a readable image (NIfTI, NRRD, MHA, DICOM; PNG/JPEG/BMP/TIFF with --spacing)"
