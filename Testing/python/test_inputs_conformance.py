@@ -250,3 +250,14 @@ def test_a_2d_nrrd_cine_with_a_time_axis_is_frames_not_slices(tmp_path):
     frame = read_image(path, frame=1)
     assert frame.GetSize() == (64, 64, 1)
     assert np.array_equal(sitk.GetArrayFromImage(frame)[0], data[1])
+
+
+def test_a_nifti_gz_whose_stream_is_corrupt_at_once_is_not_a_readable_image(tmp_path):
+    """The header check after ITK's refusal must not stumble on the stream itself (zlib.error: a traceback)."""
+    good = tmp_path / "good.nii.gz"
+    sitk.WriteImage(sitk.GetImageFromArray(np.arange(4 * 32 * 32, dtype=np.int16).reshape(4, 32, 32)), str(good))
+    raw = good.read_bytes()
+    bad = tmp_path / "bad.nii.gz"
+    bad.write_bytes(raw[:10] + bytes([raw[10] ^ 2]) + raw[11:])  # the first byte of the deflate stream
+    with pytest.raises(CardsegError, match="not a readable image"):
+        read_image(bad)

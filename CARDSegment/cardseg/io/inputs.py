@@ -154,11 +154,12 @@ def _nifti_sized_header(p: Path) -> bool:
     """The file starts as a NIfTI does (``sizeof_hdr`` 348 or 540, either byte order; gzipped for ``.gz``):
     only then is a header fault worth naming; anything else is simply not a readable image."""
     import gzip
+    import zlib
 
     try:
         with (gzip.open(p, "rb") if p.name.lower().endswith(".gz") else open(p, "rb")) as f:
             head = f.read(4)
-    except (OSError, EOFError):
+    except (OSError, EOFError, zlib.error):  # a corrupt gzip stream is not a readable image either
         return False
     return len(head) == 4 and {struct.unpack("<i", head)[0], struct.unpack(">i", head)[0]} & {348, 540} != set()
 
