@@ -15,11 +15,15 @@ from cardseg.metrics.segmentation import agreement_report
 from cardseg.review.regions import flagged_regions
 
 
+def agreement_roi_px(bundle: Bundle) -> int:
+    """The radius (pixels, per slice) by which the predicted heart is dilated for the agreement score."""
+    return int(bundle.config.get("agreement", {}).get("roi_dilation_px", 10))
+
+
 def agreement_of(tac, labels, bundle: Bundle) -> Optional[float]:
     """The volume's agreement score (paper Eq. 5) over its predicted heart dilated by the bundle's ROI radius:
     tac and labels ``(Z, Y, X)`` numpy; ``None`` without a predicted heart."""
-    radius = int(bundle.config.get("agreement", {}).get("roi_dilation_px", 10))
-    return agreement_report(tac, labels, radius, bundle.class_names)["agreement"]
+    return agreement_report(tac, labels, agreement_roi_px(bundle), bundle.class_names)["agreement"]
 
 
 def build_report(result: Any, volume: Volume, bundle: Bundle, method: str, device, timings,
@@ -58,8 +62,7 @@ def build_report(result: Any, volume: Volume, bundle: Bundle, method: str, devic
         "bundle": {"id": bundle.ident, "path": str(Path(bundle.path).resolve()), "checksums": bundle.checksums},
     }
     if method == "card":
-        radius = int(cfg.get("agreement", {}).get("roi_dilation_px", 10))
-        report.update(agreement_report(result.disagreement, result.labels, radius, names))
+        report.update(agreement_report(result.disagreement, result.labels, agreement_roi_px(bundle), names))
         threshold = cfg.get("agreement", {}).get("out_of_domain_threshold")
         if threshold is not None and report["agreement"] is not None:
             report["out_of_domain"] = bool(report["agreement"] < float(threshold))

@@ -21,6 +21,7 @@ from cardseg.base.progress import Progress
 from .calibration_fit import NETWORK_METHODS, fit_calibrator, pool_nll
 from .calibration_perturb import POOL_VARIANTS
 from .calibration_pool import PoolItem, build_pool, pool_thresholds, pool_with_tac_steps
+from .cache_identity import maps_identity
 from .calibration_spatial import CROP_MARGIN, crop_box, crop_nll, spatial_arrays, spatial_from_arrays
 from .evaluation import acdc_h5_volumes
 from .train_config import data_name
@@ -85,6 +86,18 @@ def tac_step_set(name: str, sampled_steps: Sequence[int]) -> Optional[List[int]]
     if name == "last":
         return steps[-1:]
     raise ValueError(f"unknown TAC step set {name!r} (choose from {', '.join(TAC_STEP_SETS)})")
+
+
+def pool_settings(bundle, data, variants, draws: int, seed: int, max_pixels_per_item: int,
+                  spatial: Optional[dict] = None) -> dict:
+    """Every setting that shapes a calibration pool: the data, the perturbations, the sampling and
+    everything of the bundle that shapes its maps (:mod:`cardseg_train.cache_identity`)."""
+    settings = {"data": str(Path(data).resolve()), "split": "val", "variants": list(variants), "draws": draws,
+                "seed": seed, "max_pixels_per_item": max_pixels_per_item, "step_js": True,
+                "run": maps_identity(bundle)}
+    if spatial is not None:  # the crops of the spatial baselines
+        settings["spatial"] = spatial
+    return settings
 
 
 def pool_key(checksums: Dict[str, str], settings: dict) -> str:
@@ -187,10 +200,8 @@ def fit_bundle_calibration(bundle_path: str, data: str, variants: Sequence[str] 
     spatial = any(m in SPATIAL_BASELINES for m in methods)
     augmentations = CALIBNET_AUGMENTATIONS if "calibnet" in methods else 0
     bundle = load_bundle(bundle_path, device=device)
-    settings = {"data": str(Path(data).resolve()), "split": "val", "variants": list(variants), "draws": draws,
-                "seed": seed, "max_pixels_per_item": max_pixels_per_item, "step_js": True}
-    if spatial:  # only then: the key (and the cached pool) of the default fit stay as they were
-        settings["spatial"] = {"margin": CROP_MARGIN, "augmentations": augmentations}
+    settings = pool_settings(bundle, data, variants, draws, seed, max_pixels_per_item,
+                             {"margin": CROP_MARGIN, "augmentations": augmentations} if spatial else None)
     cache = Path(cache_dir) / f"pool-{pool_key(bundle.checksums, settings)}.npz" if cache_dir else None
     t0 = time.perf_counter()
     if cache is not None and cache.is_file():

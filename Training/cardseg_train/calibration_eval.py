@@ -226,9 +226,12 @@ def run_case(bundle, item: LabelledVolume, condition: str, seed: int = 0, device
 
 
 def evaluation_settings(data: str, split: str, seed: int, h5_spacing: float, bundle) -> dict:
-    """What keys the per-case cache beside the bundle's weights (``evaluate`` and ``ablate`` alike)."""
+    """What keys the per-case cache beside the bundle's weights (``evaluate`` and ``ablate`` alike):
+    the data and everything of the bundle that shapes the maps (:mod:`cardseg_train.cache_identity`)."""
+    from .cache_identity import maps_identity
+
     return {"data": str(Path(data).resolve()), "split": split, "seed": seed, "h5_spacing": h5_spacing,
-            "tac_steps": bundle.tac_steps}
+            **maps_identity(bundle)}
 
 
 class CaseCache:

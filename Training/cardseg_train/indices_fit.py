@@ -51,8 +51,10 @@ class VolumeArrays:
 
 def cache_key(bundle, settings: dict) -> str:
     """Weights, calibration (parameters and TAC steps) and every setting that shapes the arrays."""
+    from .cache_identity import maps_identity
+
     cal = bundle.config["calibration"]
-    blob = json.dumps({"weights": bundle.checksums, "version": CACHE_VERSION,
+    blob = json.dumps({**maps_identity(bundle), "version": CACHE_VERSION,
                        "calibration": {k: cal.get(k) for k in ("method", "tau_min", "tau_max", "w_b", "w_k",
                                                                  "tac_steps")},
                        **settings}, sort_keys=True).encode()

@@ -64,12 +64,11 @@ def entropy_maps(maps: VolumeMaps, calibrator) -> VolumeMaps:
 
 
 def cache_key(bundle, split: str, seed: int = 0) -> str:
-    """The cache folder name: the weights and everything of the bundle that shapes the maps (grid,
-    preprocessing, sampled and averaged steps), the split and the corruption seed."""
-    c = bundle.config
-    blob = json.dumps({"weights": bundle.checksums, "version": CACHE_VERSION, "split": split, "seed": seed,
-                       "grid": [c["input_size"], c["pixel_spacing_mm"]], "preprocessing": c["preprocessing"],
-                       "sampled_steps": bundle.sampled_steps, "tac_steps": bundle.tac_steps},
+    """The cache folder name: everything of the bundle that shapes the maps
+    (:func:`~cardseg_train.cache_identity.maps_identity`), the split and the corruption seed."""
+    from .cache_identity import maps_identity
+
+    blob = json.dumps({**maps_identity(bundle), "version": CACHE_VERSION, "split": split, "seed": seed},
                       sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

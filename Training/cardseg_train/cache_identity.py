@@ -1,0 +1,23 @@
+"""What every on-disk cache of network outputs is keyed by, beside its own settings.
+
+A cached trajectory (``evaluate``'s cases, ``fit-calibration``'s pool, ``fit-review``'s maps, the
+index evidence) is only valid for the bundle that made it: the weights, the network grid, the
+preprocessing, the sampled and averaged steps, and where the grid was placed (the field-of-view
+recentring of :mod:`cardseg.io.field_of_view`, from the bundle or ``$CARDSEG_RECENTRE``). Every
+cache key includes :func:`maps_identity`, so that changing any of these never reuses old arrays.
+"""
+from __future__ import annotations
+
+
+def maps_identity(bundle) -> dict:
+    """A JSON-able dict of everything of ``bundle`` (and the environment) that shapes its maps."""
+    from cardseg.io.field_of_view import recentre_margin
+    from cardseg.report import agreement_roi_px
+
+    c = bundle.config
+    margin = recentre_margin(c)  # the grid trial keeps the run whose networks agree more (paper Eq. 5's ROI)
+    fov = None if margin is None else {"margin_mm": margin, "agreement_roi_px": agreement_roi_px(bundle)}
+    return {"weights": dict(bundle.checksums), "grid": [c.get("input_size"), c.get("pixel_spacing_mm")],
+            "preprocessing": c.get("preprocessing"), "sampled_steps": [int(t) for t in bundle.sampled_steps],
+            "tac_steps": None if bundle.tac_steps is None else [int(t) for t in bundle.tac_steps],
+            "field_of_view": fov}
