@@ -6,7 +6,9 @@
 * a sheared DICOM series (slice positions drifting along the rows or columns) is refused;
 * a NIfTI whose sform and qform are both set but disagree is refused; agreeing ones are read;
 * a NIfTI in metres or micrometres is converted to mm as ITK does, and a refusal names its unit;
-* a NIfTI-2 file is called so.
+* a NIfTI-2 file is called so, its (gzipped) start read once;
+* a NRRD header's comment and ``key:=value`` lines are no fields, for the time-axis reading as for the checks;
+* a NIfTI sform whose scales contradict pixdim is refused in the file's unit and in mm.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ def _frames() -> np.ndarray:
     return np.stack([a + 100 * f for f in range(FRAMES)])
 
 
-def _nrrd_cine(path: Path, list_first: bool = True, kind: str = "list") -> Path:
+def _nrrd_cine(path: Path, list_first: bool = True, kind: str = "list", extra: str = "") -> Path:
     img, frames = reference(), _frames()
     d = np.asarray(img.GetDirection()).reshape(3, 3) * np.asarray(img.GetSpacing())
     dirs = " ".join("(" + ",".join(repr(float(v)) for v in d[:, i]) + ")" for i in range(3))
@@ -43,7 +45,7 @@ def _nrrd_cine(path: Path, list_first: bool = True, kind: str = "list") -> Path:
     else:
         sizes, kinds, dirs, data = f"{x} {y} {z} {FRAMES}", f"domain domain domain {kind}", dirs + " none", frames
     origin = "(" + ",".join(repr(float(v)) for v in img.GetOrigin()) + ")"
-    header = (f"NRRD0004\ntype: short\ndimension: 4\nspace: left-posterior-superior\nsizes: {sizes}\n"
+    header = (f"NRRD0004\n{extra}type: short\ndimension: 4\nspace: left-posterior-superior\nsizes: {sizes}\n"
               f"space directions: {dirs}\nkinds: {kinds}\nendian: little\nencoding: raw\nspace origin: {origin}\n\n")
     path.write_bytes(header.encode() + np.ascontiguousarray(data, dtype="<i2").tobytes())
     return path
@@ -261,3 +263,45 @@ def test_a_nifti_gz_whose_stream_is_corrupt_at_once_is_not_a_readable_image(tmp_
     bad.write_bytes(raw[:10] + bytes([raw[10] ^ 2]) + raw[11:])  # the first byte of the deflate stream
     with pytest.raises(CardsegError, match="not a readable image"):
         read_image(bad)
+
+
+def test_a_nifti_2_gz_refusal_reads_the_gzipped_start_once(tmp_path, monkeypatch):
+    """The look at ``sizeof_hdr`` after ITK's refusal and the header check that names the fault are one read."""
+    import gzip
+
+    src = tmp_path / "x.nii.gz"
+    head = bytearray(544)
+    head[0:4] = struct.pack("<i", 540)
+    src.write_bytes(gzip.compress(bytes(head) + bytes(4096)))
+    opened, real_open = [], gzip.open
+    monkeypatch.setattr(gzip, "open", lambda f, *a, **k: opened.append(str(f)) or real_open(f, *a, **k))
+    assert "NIfTI-2" in _error(src)
+    assert opened == [str(src)], opened
+
+
+@pytest.mark.parametrize("list_first", [False, True], ids=["time-axis-last", "time-axis-first"])
+def test_a_time_axis_nrrd_cine_with_comments_and_key_value_pairs_honours_frame(tmp_path, list_first):
+    """``#`` lines and ``key:=value`` pairs are not fields, even where a pair's key is a field's name."""
+    extra = "# kinds: domain domain domain domain\nkinds:=phases of the cardiac cycle\nline skip:=none\n"
+    nrrd = _nrrd_cine(tmp_path / "cine.nrrd", list_first, "time", extra)
+    for f in range(FRAMES):
+        assert np.array_equal(sitk.GetArrayFromImage(read_image(nrrd, frame=f)), _frames()[f])
+    assert f"4D image with {FRAMES} frames" in _error(nrrd)
+
+
+def _scale_sform_x(h: bytearray) -> None:
+    for row in range(3):  # srow_x/y/z[0]: the first axis 1.25 times longer than pixdim[1] says
+        at = 280 + 16 * row
+        h[at:at + 4] = struct.pack("<f", 1.25 * struct.unpack("<f", h[at:at + 4])[0])
+
+
+@pytest.mark.parametrize("code, scale, unit", [(2, 1.0, "mm"), (1, 1e-3, "m"), (3, 1e3, "micrometre")],
+                         ids=["mm", "metres", "micrometres"])
+def test_a_nifti_sform_against_pixdim_refusal_names_the_unit_of_the_file(tmp_path, code, scale, unit):
+    src = _nifti(tmp_path / "x.nii", lambda h: _unit(code)(h) or _scale_sform_x(h), spacing_scale=scale)
+    msg = _error(src)
+    sform, pixdim = (f"{2 * scale:g}, {1.4 * scale:g}, {8 * scale:g} {unit}",
+                     f"{1.6 * scale:g}, {1.4 * scale:g}, {8 * scale:g} {unit}")
+    if unit != "mm":
+        sform, pixdim = sform + " (2, 1.4, 8 mm)", pixdim + " (1.6, 1.4, 8 mm)"
+    assert f"sform (srow_x/y/z) scales the axes by {sform} but pixdim says {pixdim}" in msg, msg

@@ -22,14 +22,13 @@ import struct
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 
 from cardseg.base.errors import CardsegError
 from cardseg.base.filekind import require_regular_file
-from cardseg.io.limits import (DIRECTION_TOLERANCE, INPLANE_SPACING_MM, SFORM_QFORM_DIRECTION, SFORM_QFORM_ORIGIN_MM,
-                               SLICE_SPACING_MM, orthonormal_error, skew_degrees)
+from cardseg.io.nifti_space import check_qform_agrees, check_sform
 
 _CHUNK = 1 << 20
 
@@ -144,9 +143,32 @@ _NIFTI_DTYPES = {2: "u1", 4: "i2", 8: "i4", 16: "f4", 64: "f8", 256: "i1", 512: 
                  1280: "u8", 32: "c8", 1792: "c16", 128: "u1", 2304: "u1"}
 
 
-def inspect_nifti(path: Path) -> Tuple[Declared, Callable[[], None]]:
+class NiftiHead(NamedTuple):
+    """The start of a NIfTI file as :func:`read_nifti_head` read it."""
+
+    raw: bytes  #: up to 540 bytes (decompressed for ``.gz``)
+    order: Optional[str]  #: ``"<"`` or ``">"``: ``sizeof_hdr`` reads 348 or 540 so; ``None``: it does not start so
+    fault: str  #: why the stream ended before 540 bytes could be read ('' where it did not)
+
+
+def read_nifti_head(path: Path) -> NiftiHead:
+    """Read the start of a (gzipped, for ``.gz``) NIfTI file once: ``sizeof_hdr`` first, then the rest of the
+    header. A stream that is junk or corrupt from its start has no ``order``, never an exception."""
+    raw, order = b"", None
+    try:
+        with (gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")) as f:
+            raw = f.read(4)
+            order = next((e for e in "<>" if len(raw) == 4 and struct.unpack(e + "i", raw)[0] in (348, 540)), None)
+            raw += f.read(536)
+    except (OSError, EOFError, zlib.error) as exc:
+        return NiftiHead(raw, order, _short(exc))
+    return NiftiHead(raw, order, "")
+
+
+def inspect_nifti(path: Path, start: Optional[NiftiHead] = None) -> Tuple[Declared, Callable[[], None]]:
     """NIfTI-1 (``.nii``, ``.nii.gz``, ``.hdr`` + ``.img``): dims, datatype, pixdim (in mm, converted from
-    ``xyzt_units`` as ITK does), sform against pixdim and qform, data. NIfTI-2 is refused (ITK cannot read it)."""
+    ``xyzt_units`` as ITK does), sform against pixdim and qform, data. NIfTI-2 is refused (ITK cannot read it).
+    ``start``: the file's start where the caller has read it already (:func:`read_nifti_head`)."""
     low = path.name.lower()
     if low.endswith(".img") or low.endswith(".img.gz"):  # the data half of a pair: read its header
         stem = path.name[:-len(".img.gz")] if low.endswith(".img.gz") else path.name[:-len(".img")]
@@ -154,20 +176,14 @@ def inspect_nifti(path: Path) -> Tuple[Declared, Callable[[], None]]:
                        if os.path.lexists(path.with_name(stem + e))), path.with_name(stem + ".hdr"))
         require_regular_file(header, f"{path}: the header file {header.name} of this NIfTI/Analyze pair")
         return inspect_nifti(header)
-    gz = low.endswith(".gz")
-    try:
-        with (gzip.open(path, "rb") if gz else open(path, "rb")) as f:
-            head = f.read(540)
-    except (OSError, EOFError, zlib.error) as exc:
-        raise CardsegError(f"{path}: NIfTI header is corrupt or truncated ({_short(exc)})") from None
+    head, end, fault = read_nifti_head(path) if start is None else start
+    if fault:
+        raise CardsegError(f"{path}: NIfTI header is corrupt or truncated ({fault})")
     if len(head) < 348:
         raise CardsegError(f"{path}: file is truncated (it ends inside the NIfTI header)")
-    for end in "<>":
-        n1 = struct.unpack(end + "i", head[:4])[0]
-        if n1 in (348, 540):
-            break
-    else:
+    if end is None:
         raise CardsegError(f"{path}: not a NIfTI file (header size field {struct.unpack('<i', head[:4])[0]})")
+    n1 = struct.unpack(end + "i", head[:4])[0]
     if n1 == 540:
         raise CardsegError(f"{path}: NIfTI-2 files are not supported (ITK cannot read them); convert it to NIfTI-1, "
                            "e.g. with nibabel: nib.save(nib.Nifti1Image(img.dataobj, img.affine), 'image.nii.gz')")
@@ -191,16 +207,15 @@ def inspect_nifti(path: Path) -> Tuple[Declared, Callable[[], None]]:
     spacing = tuple(float(p) * mm_per_unit for p in pixdim[1:min(ndim, 3) + 1])
     decl = Declared("NIfTI", size, bpv, spacing, unit, mm_per_unit)
     if is_nifti and sform_code > 0:
-        _check_sform(path, srow, pixdim, min(ndim, 3), mm_per_unit)
+        check_sform(path, srow, pixdim, min(ndim, 3), (unit, mm_per_unit))
         if qform_code > 0:
-            _check_qform_agrees(path, srow, quatern, pixdim[0], min(ndim, 3), mm_per_unit)
+            check_qform_agrees(path, srow, quatern, pixdim[0], min(ndim, 3), mm_per_unit)
     data_path, skip = path, vox_offset
-    lower = path.name.lower()
-    if not (lower.endswith(".hdr") or lower.endswith(".hdr.gz")) and vox_offset < n1 + 4:
+    if not (low.endswith(".hdr") or low.endswith(".hdr.gz")) and vox_offset < n1 + 4:
         raise CardsegError(f"{path}: NIfTI vox_offset is {vox_offset}, inside the {n1}-byte header (the image data "
                            f"of a .nii file start at byte {n1 + 4} or later); the image would be read shifted")
-    if lower.endswith(".hdr") or lower.endswith(".hdr.gz"):
-        stem = path.name[:-len(".hdr.gz")] if lower.endswith(".hdr.gz") else path.name[:-len(".hdr")]
+    if low.endswith(".hdr") or low.endswith(".hdr.gz"):
+        stem = path.name[:-len(".hdr.gz")] if low.endswith(".hdr.gz") else path.name[:-len(".hdr")]
         cands = [path.with_name(stem + ext) for ext in (".img", ".img.gz", ".IMG")]
         data_path = next((c for c in cands if os.path.lexists(c)), cands[0])
         require_regular_file(data_path, f"{path}: the data file {data_path.name}")
@@ -208,60 +223,6 @@ def inspect_nifti(path: Path) -> Tuple[Declared, Callable[[], None]]:
     return decl, lambda: check_data(data_path, lambda: _open_stream(
         data_path, "gzip" if data_path.name.lower().endswith(".gz") else "raw"), skip,
         decl.voxels * bpv, dtype, "NIfTI")
-
-
-def _check_sform(path: Path, srow: Tuple[float, ...], pixdim: Tuple[float, ...], axes: int, mm_per_unit: float = 1.0
-                 ) -> None:
-    """A NIfTI sform that ITK would not read as written is refused: ITK falls back to the qform
-    when the sform is skewed and takes the spacing from ``pixdim`` whatever the sform scales say."""
-    m = np.asarray(srow, dtype=float).reshape(3, 4)[:, :axes]
-    norms = np.linalg.norm(m, axis=0)
-    if not np.isfinite(m).all() or (norms == 0).any():
-        raise CardsegError(f"{path}: NIfTI sform (srow_x/y/z) has a zero or non-finite axis")
-    if orthonormal_error(m / norms) > DIRECTION_TOLERANCE:
-        raise CardsegError(f"{path}: NIfTI sform (srow_x/y/z) is skewed: its axes are {skew_degrees(m):.3g} degrees "
-                           "from orthogonal; cardseg writes its outputs on an orthogonal grid, so it cannot "
-                           "return them where this image lies")
-    own = np.abs(np.asarray(pixdim[1:axes + 1], dtype=float))
-    # an implausible pixdim is refused by the spacing check, naming it (or replaced by --spacing)
-    plausible = [lo <= v * mm_per_unit <= hi for v, (lo, hi) in zip(own, (INPLANE_SPACING_MM, INPLANE_SPACING_MM,
-                                                                          SLICE_SPACING_MM))]
-    if any(ok and abs(n - v) > DIRECTION_TOLERANCE * v for ok, n, v in zip(plausible, norms, own)):
-        raise CardsegError(f"{path}: NIfTI sform (srow_x/y/z) scales the axes by {', '.join(f'{v:g}' for v in norms)} mm "
-                           f"but pixdim says {', '.join(f'{v:g}' for v in own)} mm; the file contradicts itself")
-
-
-def _qform_matrix(quatern: Tuple[float, ...], qfac: float) -> np.ndarray:
-    """The rotation (columns: axis directions) of a NIfTI qform, as the NIfTI-1 standard defines it."""
-    b, c, d = (float(v) for v in quatern[:3])
-    a = 1.0 - (b * b + c * c + d * d)
-    if a < 1e-7:  # a 180-degree turn: (b, c, d) is a unit vector up to float32 rounding (as nifti1_io does)
-        norm = np.sqrt(b * b + c * c + d * d) or 1.0
-        b, c, d, a = b / norm, c / norm, d / norm, 0.0
-    else:
-        a = np.sqrt(a)
-    r = np.array([[a * a + b * b - c * c - d * d, 2 * (b * c - a * d), 2 * (b * d + a * c)],
-                  [2 * (b * c + a * d), a * a + c * c - b * b - d * d, 2 * (c * d - a * b)],
-                  [2 * (b * d - a * c), 2 * (c * d + a * b), a * a + d * d - c * c - b * b]])
-    r[:, 2] *= -1.0 if qfac < 0 else 1.0
-    return r
-
-
-def _check_qform_agrees(path: Path, srow: Tuple[float, ...], quatern: Tuple[float, ...], qfac: float, axes: int,
-                        mm_per_unit: float) -> None:
-    """Both sform and qform set (codes > 0) must place the image alike: ITK reads one, other software (nibabel,
-    Slicer's other readers) the other, so outputs written where one says would lie elsewhere for the rest."""
-    m = np.asarray(srow, dtype=float).reshape(3, 4)
-    s_dirs = m[:, :axes] / np.linalg.norm(m[:, :axes], axis=0)
-    q_dirs = _qform_matrix(quatern, qfac)[:, :axes]
-    apart = float(np.linalg.norm(m[:, 3] - np.asarray(quatern[3:6], dtype=float))) * mm_per_unit
-    turned = float(np.abs(s_dirs - q_dirs).max()) if np.isfinite(q_dirs).all() else float("inf")
-    if apart > SFORM_QFORM_ORIGIN_MM or turned > SFORM_QFORM_DIRECTION:
-        angle = round(np.degrees(2 * np.arcsin(min(float(np.linalg.norm(s_dirs - q_dirs, axis=0).max()) / 2, 1.0))), 4)
-        raise CardsegError(f"{path}: NIfTI sform and qform (both set) disagree: their origins are {apart:.3g} mm "
-                           f"apart and their axes up to {angle:.3g} degrees; readers differ in which they take, so "
-                           "the outputs would not lie where the input does for all of them; keep the right one and "
-                           "set the other's code to 0 (sform_code or qform_code)")
 
 
 # ----------------------------------------------------------------------------- NRRD
@@ -278,34 +239,34 @@ _NRRD_TYPES = {
 }
 
 
-def read_text_header(path: Path, limit: int = 1 << 16) -> Tuple[List[str], int]:
-    """Lines of a text header up to the first empty line, and the byte offset after it."""
+def nrrd_field(line: str) -> Optional[Tuple[str, str]]:
+    """A NRRD header line's field as ``(name in lower case, value)``; ``None`` for a ``#`` comment, a
+    ``key:=value`` pair (whatever its key) or a line without a colon."""
+    key, sep, value = line.partition(":")
+    return None if not sep or line.startswith("#") or value.startswith("=") else (key.strip().lower(), value.strip())
+
+
+def read_nrrd_header(path: Path, limit: int = 1 << 16) -> Tuple[List[str], Dict[str, str], int]:
+    """A NRRD header: its lines (the magic ``NRRD000x`` first) up to the first empty line, its fields
+    (:func:`nrrd_field`), and the byte offset after the empty line (-1: none within ``limit`` bytes, as in a
+    detached header, which ends with its file). Not a NRRD: :class:`CardsegError`."""
     with open(path, "rb") as f:
         raw = f.read(limit)
-    lines, pos = [], 0
-    while True:
-        nl = raw.find(b"\n", pos)
-        if nl < 0:
-            return lines, -1  # no end of header within the limit (a detached header ends with the file)
-        line = raw[pos:nl].rstrip(b"\r")
-        pos = nl + 1
+    lines, pos, offset = [], 0, -1
+    while (nl := raw.find(b"\n", pos)) >= 0:
+        line, pos = raw[pos:nl].rstrip(b"\r"), nl + 1
         if not line:
-            return lines, pos
+            offset = pos
+            break
         lines.append(line.decode("latin-1"))
+    if not lines or not lines[0].startswith("NRRD"):
+        raise CardsegError(f"{path}: not a NRRD file")
+    return lines, dict(f for f in map(nrrd_field, lines[1:]) if f), offset
 
 
 def inspect_nrrd(path: Path) -> Tuple[Declared, Callable[[], None]]:
     """NRRD (``.nrrd`` with attached data, ``.nhdr`` with a data file): raw, gzip or bzip2."""
-    lines, offset = read_text_header(path)
-    if not lines or not lines[0].startswith("NRRD"):
-        raise CardsegError(f"{path}: not a NRRD file")
-    fields: Dict[str, str] = {}
-    for line in lines[1:]:
-        key, sep, value = line.partition(":")
-        if line.startswith("#") or value.startswith("="):  # comments and key:=value pairs
-            continue
-        if sep:
-            fields[key.strip().lower()] = value.strip()
+    _, fields, offset = read_nrrd_header(path)
     try:
         sizes = tuple(int(s) for s in fields["sizes"].split())
         dtype = np.dtype(_NRRD_TYPES[fields["type"].lower()])

@@ -44,7 +44,7 @@ import SimpleITK as sitk
 
 from cardseg.base.errors import CardsegError
 from cardseg.base.fd2 import FD2_LOCK
-from cardseg.io.headers import INSPECTORS, read_text_header
+from cardseg.io.headers import INSPECTORS, nrrd_field, read_nifti_head, read_nrrd_header
 from cardseg.io.limits import (DIRECTION_TOLERANCE, INPLANE_SPACING_MM, MAX_FILE_VOXELS, MAX_VOLUME_VOXELS, MIN_INPLANE,
                                 SLICE_SPACING_MM, nearest_orthonormal, skew_degrees)
 
@@ -135,33 +135,20 @@ _HEADER_SUFFIXES = {".nhdr": "NrrdImageIO", ".nrrd": "NrrdImageIO", ".mhd": "Met
                     ".hdr": "NiftiImageIO", ".img": "NiftiImageIO"}
 
 
-def _inspect_before_itk(p: Path, io: Optional[str] = None) -> None:
+def _inspect_before_itk(p: Path, io: Optional[str] = None, *start) -> None:
     """For the formats whose header may name a separate data file, cardseg's own header reader
     runs before ITK's: ITK blocks on a data file that is a FIFO and calls a missing one merely
-    unreadable; this names the data file and what it is. Anything else is left to ITK."""
+    unreadable; this names the data file and what it is. Anything else is left to ITK.
+    ``start``: what the caller read of the file's start already (a NIfTI's, :func:`read_nifti_head`)."""
     io = io or _HEADER_SUFFIXES.get(p.suffix.lower())
     if io is None:
         return
     try:
-        INSPECTORS[io](p)
+        INSPECTORS[io](p, *start)
     except CardsegError:
         raise
     except Exception:  # noqa: BLE001 - no better reason than the generic one
         return
-
-
-def _nifti_sized_header(p: Path) -> bool:
-    """The file starts as a NIfTI does (``sizeof_hdr`` 348 or 540, either byte order; gzipped for ``.gz``):
-    only then is a header fault worth naming; anything else is simply not a readable image."""
-    import gzip
-    import zlib
-
-    try:
-        with (gzip.open(p, "rb") if p.name.lower().endswith(".gz") else open(p, "rb")) as f:
-            head = f.read(4)
-    except (OSError, EOFError, zlib.error):  # a corrupt gzip stream is not a readable image either
-        return False
-    return len(head) == 4 and {struct.unpack("<i", head)[0], struct.unpack(">i", head)[0]} & {348, 540} != set()
 
 
 def _read_file(p: Path, frame: Optional[int], user_spacing: Optional[Sequence[float]] = None):
@@ -175,12 +162,11 @@ def _nrrd_time_axis_as_list(p: Path):
     a space axis, or counts four domain axes in a 3D space): for such a file, yield a detached header in a
     temporary folder that calls that axis a ``list`` (frames, as in Slicer's sequence files) and points to the
     file's own data; otherwise yield ``p`` itself."""
-    fields: dict = {}
+    lines, fields, offset = [], {}, -1
     if p.suffix.lower() in (".nrrd", ".nhdr") and p.is_file():  # not a FIFO: reading it would block
         try:
-            lines, offset = read_text_header(p)
-            fields = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:])}
-        except OSError:
+            lines, fields, offset = read_nrrd_header(p)  # comments and key:=value pairs are no fields
+        except (OSError, CardsegError):  # not a NRRD: ITK and the header check say so
             pass
     kinds, data = fields.get("kinds", "").split(), fields.get("data file") or fields.get("datafile")
     if (len(kinds) not in (3, 4) or kinds.count("time") != 1 or (data or "").startswith("LIST") or "%" in (data or "")
@@ -189,7 +175,7 @@ def _nrrd_time_axis_as_list(p: Path):
         return
     skip = int(fields.get("line skip", "0")) + (0 if data else len(lines) + 1)  # attached: past the header too
     keep = [ln.encode("latin-1") for ln in lines
-            if ln.partition(":")[0].strip().lower() not in ("kinds", "data file", "datafile", "line skip")]
+            if (nrrd_field(ln) or ("",))[0] not in ("kinds", "data file", "datafile", "line skip")]
     keep += [b"kinds: " + " ".join("list" if k == "time" else k for k in kinds).encode(), b"line skip: %d" % skip,
              b"data file: " + os.fsencode(os.path.abspath(p.parent / data if data else p))]
     with tempfile.TemporaryDirectory(prefix="cardseg-nrrd-") as tmp:
@@ -209,8 +195,9 @@ def _read_via(p: Path, source: Path, frame: Optional[int], user_spacing: Optiona
     except RuntimeError as exc:
         if not os.access(p, os.R_OK):
             raise CardsegError(f"{p}: cannot be read (permission denied)") from None
-        if p.name.lower().endswith((".nii", ".nii.gz")) and _nifti_sized_header(p):  # NIfTI-2, or a fault to name
-            _inspect_before_itk(p, "NiftiImageIO")
+        start = read_nifti_head(p) if p.name.lower().endswith((".nii", ".nii.gz")) else None
+        if start is not None and start.order is not None:  # it starts as a NIfTI (sizeof_hdr 348 or 540): NIfTI-2,
+            _inspect_before_itk(p, "NiftiImageIO", start)  # or a header fault to name, from that one read; else junk
         reason = re.search(r"ITK ERROR: (.+)", str(exc))  # e.g. a NIfTI whose axes are not orthonormal
         raise CardsegError(f"{p}: not a readable image (NIfTI, NRRD, MHA, DICOM; PNG/JPEG/BMP/TIFF with --spacing)"
                            + (f": {reason.group(1).strip()}" if reason else "")) from None
