@@ -111,28 +111,29 @@ def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle
                          keep_step_js: bool = False, recentre: Optional[bool] = None) -> SliceTrajectory:
     """Run the trajectory on normalised slices and bring the results back to their grid.
 
-    slices01: ``(Z, Y, X)`` already scaled to ``[0, 1]`` (:func:`normalized_slices`, possibly
-    perturbed by the caller); spacing_xy: in-plane spacing (x, y) in mm. The TAC averages the
-    bundle's ``tac_steps`` (default: every sampled step); ``method`` ``logit-mix`` (the paper's
-    ablation: both networks' logits averaged at every step, no TAC) is for evaluation. ``with_reference`` and
-    ``keep_step_js`` (``card`` only) also return the reference's terminal logits and the
-    per-step JS maps (see :class:`SliceTrajectory`). With ONNX Runtime networks everything runs
-    on numpy arrays (torch is not imported); with torch networks on tensors on ``device``.
-    ``recentre`` (``None``: the bundle's ``field_of_view`` block or ``$CARDSEG_RECENTRE``): when the
-    prediction nears the edge of the centred field of view where the image goes on, the volume is
-    run again on a grid centred on the heart (progress stage ``trajectory-moved``) and the run whose
-    networks agree more is kept (:mod:`cardseg.io.field_of_view`); ``uc`` then runs as ``card`` (the
-    same cost) and returns no disagreement, so both keep the same grid and labels.
+    slices01: ``(Z, Y, X)`` already scaled to ``[0, 1]`` (:func:`normalized_slices`, possibly perturbed by the
+    caller); spacing_xy: in-plane spacing (x, y) in mm. The TAC averages the bundle's ``tac_steps`` (default:
+    every sampled step); ``method`` ``logit-mix`` (the paper's ablation: both networks' logits averaged at every
+    step, no TAC) is for evaluation. ``with_reference`` and ``keep_step_js`` (``card`` only) also return the
+    reference's terminal logits and the per-step JS maps (see :class:`SliceTrajectory`). With ONNX Runtime
+    networks everything runs on numpy arrays (torch is not imported); with torch networks on tensors on
+    ``device``. ``recentre`` (``None``: the bundle's ``field_of_view`` block or ``$CARDSEG_RECENTRE``): when the
+    prediction nears the edge of the centred field of view where the image goes on, the volume is run again on a
+    grid centred on the heart (progress stage ``trajectory-moved``) and the run whose networks agree more is
+    kept (:mod:`cardseg.io.field_of_view`); ``uc`` then runs as ``card`` (the same cost) and returns no
+    disagreement, so both keep the same grid and labels; ``logit-mix`` runs on the grid ``card`` keeps, after
+    ``card``'s runs.
     """
     if (with_reference or keep_step_js) and method != "card":
         raise ValueError("with_reference and keep_step_js need method 'card'")
     progress = progress or Progress()
-    margin = recentre_margin(bundle.config, recentre) if method in METHODS and bundle.reference is not None else None
-    run_method = "card" if margin is not None else method  # uc too: the grid is chosen by the networks' agreement
+    margin = (recentre_margin(bundle.config, recentre) if method in METHODS + ("logit-mix",)
+              and bundle.reference is not None else None)
+    run_method = "card" if margin is not None else method  # uc, logit-mix too: card's agreement chooses the grid
     volume = next(_VOLUME_NUMBERS)  # one volume however many grids it runs on (CUDA graphs: run_graphed)
 
-    def run(offset=(0.0, 0.0), stage="trajectory"):
-        return run_on_grid(slice_grid(slices01.shape[1:], spacing_xy, bundle, offset), slices01, bundle, run_method,
+    def run(offset=(0.0, 0.0), stage="trajectory", how=run_method):
+        return run_on_grid(slice_grid(slices01.shape[1:], spacing_xy, bundle, offset), slices01, bundle, how,
                            device, batch_size, progress, with_reference, keep_step_js, volume, stage)
     out = run()
     offset = None if margin is None else recentre_offset(arrays.to_numpy(arrays.argmax(out.logits, axis=1)), out.fov,
@@ -143,7 +144,9 @@ def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle
         score = run_agreement(moved, bundle)
         out = moved if keep_moved(centred, score) else out
         out.recentring = {"offset": offset, "agreement_centred": centred, "agreement_moved": score}
-    if run_method != method:  # uc: the same grid and labels as card, without the disagreement
+    if method == "logit-mix" and run_method != method:  # on the grid card keeps, as card's rows are measured
+        out = run(out.offset, "trajectory-logit-mix", method)
+    elif run_method != method:  # uc: the same grid and labels as card, without the disagreement
         out.tac, out.step_js = None, {}
     return out
 
@@ -247,19 +250,16 @@ def _outside_to_background(logits: np.ndarray, outside: np.ndarray) -> np.ndarra
 
 def run_networks(volume: Volume, bundle: Bundle, method: str = "card", device: "torch.device | str" = "cpu",
                  batch_size: int = 8, progress: Optional[Progress] = None) -> tuple:
-    """The part of :func:`segment_volume` that runs the networks (on ``device``):
-    ``(SliceTrajectory, timings)``, timings holding the seconds of ``preprocess`` and
-    ``trajectory``. :func:`finish_volume` does the rest on the CPU (a batch does it on other
-    threads while the networks run the next case)."""
+    """The part of :func:`segment_volume` that runs the networks (on ``device``): ``(SliceTrajectory, timings)``,
+    timings holding the seconds of ``preprocess`` and ``trajectory``. :func:`finish_volume` does the rest on the
+    CPU (a batch does it on other threads while the networks run the next case)."""
     if method not in METHODS:
         raise CardsegError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
     if batch_size < 1:
         raise CardsegError(f"--batch-size must be at least 1, got {batch_size}")
-    timings: Dict[str, float] = {}
     t0 = time.perf_counter()
     slices01 = normalized_slices(volume, bundle)
-    timings["preprocess"] = time.perf_counter() - t0
-
+    timings: Dict[str, float] = {"preprocess": time.perf_counter() - t0}
     t0 = time.perf_counter()
     traj = trajectory_on_slices(slices01, volume.spacing[:2], bundle, method, device, batch_size, progress)
     timings["trajectory"] = time.perf_counter() - t0

@@ -208,8 +208,16 @@ def test_the_engine_keeps_the_run_that_agrees_more_and_uc_keeps_the_same_grid(ti
     result = segment.finish_volume(uc, volume, bundle, "uc", "cpu", {})
     assert result.report["field_of_view"]["recentred"] == moved_agrees_more
     assert result.report["field_of_view"]["tried"]["agreement_moved"] == card.recentring["agreement_moved"]
-    # off (the released bundle's default): one run, no trial
+    # the ablation's logit-mix runs on the grid card keeps (after card's runs), as card's rows are measured
+    calls.clear()
+    mix = segment.trajectory_on_slices(s01, volume.spacing[:2], bundle, "logit-mix")
+    assert [c[1] for c in calls] == ["card", "card", "logit-mix"] and calls[-1][0] == card.offset
+    assert mix.offset == card.offset and mix.tac is None
+    # off: one run, no trial
     bundle.config.pop("field_of_view")
+    calls.clear()
+    assert segment.trajectory_on_slices(s01, volume.spacing[:2], bundle, "logit-mix").offset == (0.0, 0.0)
+    assert [c[1] for c in calls] == ["logit-mix"]
     calls.clear()
     off = segment.trajectory_on_slices(s01, volume.spacing[:2], bundle, "uc")
     assert [c[1] for c in calls] == ["uc"] and off.recentring is None
