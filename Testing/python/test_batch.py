@@ -213,7 +213,8 @@ def test_cohort_table_columns(cohort):
     with open(cohort["out"] / "cohort.csv", newline="") as f:
         header = next(csv.reader(f))
     assert header == ["case", "subject", "phase", "frame", "input", "input_sha256", "status", "error", "reused",
-                      "output", "method", "slices", "agreement", "out_of_domain", "no_foreground",
+                      "output", "method", "slices", "grid_moved", "grid_offset_mm", "agreement", "out_of_domain",
+                      "no_foreground",
                       "flagged_regions", "flagged_volume_ml", "region1_ml", "region1_p_error", "region2_ml",
                       "region2_p_error", "region3_ml", "region3_p_error", "volume_RV_ml", "volume_MYO_ml", "volume_LV_ml", "time_total_s",
                       "time_preprocess_s", "time_trajectory_s", "time_postprocess_s"]
@@ -232,6 +233,7 @@ def test_cohort_table_columns(cohort):
     assert r["subject"] == "p1" and r["phase"] == "ES" and r["reused"] == "false" and r["method"] == "card"
     assert r["out_of_domain"] == ""  # the untrained bundle has no out-of-domain threshold
     assert r["no_foreground"] == "false"
+    assert r["grid_moved"] == "false" and float(r["grid_offset_mm"]) == 0.0  # recentring is off: the centred grid
     assert r["input_sha256"] == content_hash(cohort["root"] / "in" / "p1_es.nii.gz")
     assert r["input"] == str(cohort["root"] / "in" / "p1_es.nii.gz")
 

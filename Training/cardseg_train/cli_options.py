@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from cardseg.base.errors import CardsegError
 
@@ -123,3 +124,18 @@ def out_record(path: Optional[str], command: str, patterns: Sequence[str], overw
     record = OutRecord(path, command, patterns, option=option, overwrite=overwrite)
     record.check()
     return record
+
+
+def write_recorded(record, prog: str, write: Callable[[], None]) -> int:
+    """The ending of a ``python -m`` tool that writes into an :func:`out_record` folder: ``write()``
+    inside ``record``'s :meth:`~cardseg_train.out_record.OutRecord.writing` block. Returns 0, or
+    2 after one line on stderr, ``<prog>: error: <why>``, when a
+    :class:`~cardseg.base.errors.CardsegError` stops it (most often the folder, checked again as
+    the writing starts, now holds a file of a name the tool writes that cardseg did not write)."""
+    try:
+        with record.writing():
+            write()
+    except CardsegError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
+    return 0

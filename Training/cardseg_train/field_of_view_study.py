@@ -21,7 +21,7 @@ import numpy as np
 
 from cardseg.base.errors import CardsegError
 
-from .cli_options import DEFAULT_DATA, add_overwrite, out_record
+from .cli_options import DEFAULT_DATA, add_overwrite, out_record, write_recorded
 from .report_files import atomic_write
 
 OUTPUT_FILES = ("field_of_view.json", "field_of_view.md")
@@ -136,15 +136,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         margin = recentre_margin(bundle.config, True) if a.margin_mm is None else a.margin_mm
         result = {"bundle": bundle.ident, "split": a.split, "margin_mm": margin, "rows": rows,
                   "summary": summary(rows)}
-        out = Path(a.out)
-        with record.writing():
-            out.mkdir(parents=True, exist_ok=True)
-            atomic_write(out / "field_of_view.json", (json.dumps(result, indent=1) + "\n").encode("utf-8"))
-            atomic_write(out / "field_of_view.md", markdown(result).encode("utf-8"))
     except CardsegError as exc:
         print(f"field_of_view_study: error: {exc}", file=sys.stderr)
         return 2
-    return 0
+    out = Path(a.out)
+
+    def write() -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write(out / "field_of_view.json", (json.dumps(result, indent=1) + "\n").encode("utf-8"))
+        atomic_write(out / "field_of_view.md", markdown(result).encode("utf-8"))
+
+    return write_recorded(record, "field_of_view_study", write)
 
 
 if __name__ == "__main__":

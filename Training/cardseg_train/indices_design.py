@@ -129,7 +129,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from cardseg.bundle.loading import load_bundle
     from cardseg.cohort.indices import spread_tac_threshold
 
-    from .cli_options import add_cache, add_overwrite, out_record
+    from .cli_options import add_cache, add_overwrite, out_record, write_recorded
     from .indices_fit import evidence_subjects, pool_patients
     from .report_files import atomic_write
 
@@ -155,13 +155,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"indices_design: error: {exc}", file=sys.stderr)
         return 2
     out = Path(a.out)
-    try:  # the folder is checked again as the writing starts
-        with record.writing():
-            atomic_write(out / "design.json", json.dumps({"level": a.level, "bundle": bundle.ident,
-                                                          "checks": checks}, indent=1).encode())
-            atomic_write(out / "design.md", markdown(checks, a.level).encode())
-    except CardsegError as exc:
-        print(f"indices_design: error: {exc}", file=sys.stderr)
+
+    def write() -> None:
+        atomic_write(out / "design.json", json.dumps({"level": a.level, "bundle": bundle.ident,
+                                                      "checks": checks}, indent=1).encode())
+        atomic_write(out / "design.md", markdown(checks, a.level).encode())
+
+    if write_recorded(record, "indices_design", write):  # the folder is checked again as the writing starts
         return 2
     print(markdown(checks, a.level))
     return 0

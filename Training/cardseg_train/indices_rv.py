@@ -143,7 +143,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from cardseg.base.errors import CardsegError
     from cardseg.bundle.loading import load_bundle
 
-    from .cli_options import add_cache, add_overwrite, out_record
+    from .cli_options import add_cache, add_overwrite, out_record, write_recorded
     from .evaluation import ACDC_H5_THICKNESS_MM
     from .indices_evidence import evidence_volumes
     from .report_files import atomic_write
@@ -175,12 +175,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                               "corrected": position_table(rows, "corrected_ml")},
               "patients": patients, "summary": summary, "slices": rows}
     out = Path(a.out)
-    try:  # the folder is checked again as the writing starts
-        with record.writing():
-            atomic_write(out / "rv_slices.json", json.dumps(result, indent=1).encode("utf-8"))
-            atomic_write(out / "rv_slices.md", markdown(result).encode("utf-8"))
-    except CardsegError as exc:
-        print(f"cardseg: error: {exc}", file=sys.stderr)
+
+    def write() -> None:
+        atomic_write(out / "rv_slices.json", json.dumps(result, indent=1).encode("utf-8"))
+        atomic_write(out / "rv_slices.md", markdown(result).encode("utf-8"))
+
+    if write_recorded(record, "cardseg", write):  # the folder is checked again as the writing starts
         return 2
     print(out / "rv_slices.md")
     return 0

@@ -36,7 +36,7 @@ from cardseg.metrics.detection import detection_scores
 from cardseg.review import coverage as cv
 from cardseg.review.error_map import smoothed
 
-from .cli_options import add_cache, add_overwrite, out_record
+from .cli_options import add_cache, add_overwrite, out_record, write_recorded
 from .export import swap_reference
 from .report_files import atomic_write
 from .train_config import read_run_config
@@ -179,7 +179,8 @@ def main(argv: Optional[List[str]] = None) -> int:
               file=sys.stderr)
         return 2
     if a.replot:
-        return written(record, json.loads(Path(a.replot).read_text())["rows"], out)
+        replot = json.loads(Path(a.replot).read_text())["rows"]
+        return write_recorded(record, "reference_maps", lambda: write_outputs(replot, out))
     cache = Path(a.cache) if a.cache else None
     rows = {"bundle's own": candidate_quality(Path(a.bundle), a.data, cache, "bundle")}
     print(f"bundle's own: AUPRC {rows[next(iter(rows))]['auprc']:.3f}", file=sys.stderr, flush=True)
@@ -190,19 +191,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             rows[name] = candidate_quality(swapped, a.data, cache, name)
             print(f"{name}: AUROC {rows[name]['auroc']:.3f} AUPRC {rows[name]['auprc']:.3f} "
                   f"covered {rows[name]['covered']}", file=sys.stderr, flush=True)
-    return written(record, rows, out)
-
-
-def written(record, rows: dict, out: Path) -> int:
-    """:func:`write_outputs` in ``record``'s writing block: 0, or 2 with one line when the folder,
-    checked again as the writing starts, now holds a file that is not cardseg's."""
-    try:
-        with record.writing():
-            write_outputs(rows, out)
-    except CardsegError as exc:
-        print(f"reference_maps: error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return write_recorded(record, "reference_maps", lambda: write_outputs(rows, out))
 
 
 if __name__ == "__main__":

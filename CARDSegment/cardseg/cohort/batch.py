@@ -34,7 +34,7 @@ import concurrent.futures
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -169,10 +169,12 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
         raise CardsegError(f"{out}: another cardseg batch is running into this folder now")
     result = BatchResult(outdir=out)
     rows = plan.rows
+    before = None
     try:
         clean_leftovers(out.parent, skip=out.name)  # what killed runs of any kind left beside OUTDIR
         clean_leftovers(out)  # and inside it, once: the cases' writers then look only at their own names
         write_stamp(out, plan.settings, (plan.earlier or {}).get("created"))
+        before = _job_stamps(plan)  # what an interrupt compares with: did a case folder change?
 
         def on_result(res: dict) -> None:
             c = by_name[res["case"]]
@@ -223,8 +225,8 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
             result.files.append(TRIAGE_HTML)
         else:  # --no-report: an earlier run's page would describe other results
             _remove_stale(out, plan.earlier, TRIAGE_HTML)
-    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: no earlier run's subjects.csv or report stays
-        exc.batch_left = _interrupted(plan, result)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: an earlier run's subjects.csv and report stay
+        exc.batch_left = _interrupted(plan, result, before)  # only where no case folder changed
         raise
     finally:
         lock.release()
@@ -239,16 +241,47 @@ class _Left:
 
     pending: int  # cases not finished: 'pending' in the table
     table: bool  # whether cohort.csv was written
-    missing: List[str]  # the files this run would have written after the table but did not
+    missing: List[str]  # the files this run would have written after the table but did not (and did not keep)
     removed: List[str]  # an earlier run's versions of those, removed: they described other results
+    kept: List[str] = field(default_factory=list)  # an earlier run's versions, kept: no case folder changed
 
 
-def _interrupted(plan: _Plan, result: BatchResult) -> _Left:
-    """After Ctrl-C or SIGTERM: remove the earlier run's ``subjects.csv`` and ``triage.html`` that
-    this run did not get to write again (only those an earlier batch wrote: :func:`_remove_stale`)."""
+def _job_stamps(plan: _Plan) -> Optional[Dict[str, Optional[bytes]]]:
+    """``{case: its folder's stamp as bytes, or None}`` for the cases this run computes, as they are
+    before the first one runs; read only where an earlier run's ``subjects.csv`` or ``triage.html``
+    is there for an interrupt to keep (:func:`_interrupted`), else ``None``."""
+    if not any(_earlier_file(plan.out, plan.earlier, n) for n in (SUBJECTS_CSV, TRIAGE_HTML)):
+        return None
+    return {j.case: _stamp_bytes(Path(j.out)) for j in plan.jobs}
+
+
+def _stamp_bytes(folder: Path) -> Optional[bytes]:
+    from cardseg.io.outdir import STAMP
+
+    try:
+        return (folder / STAMP).read_bytes()
+    except OSError:
+        return None
+
+
+def _interrupted(plan: _Plan, result: BatchResult, before: Optional[Dict[str, Optional[bytes]]]) -> _Left:
+    """After Ctrl-C or SIGTERM: what to do with the earlier run's ``subjects.csv`` and
+    ``triage.html`` that this run did not get to write again (only those an earlier batch wrote:
+    :func:`_remove_stale`).
+
+    Kept, both, when this run wrote neither and changed no case folder: no case of it finished
+    (every case it computes is still 'pending') and no case folder's stamp differs from
+    ``before`` (:func:`_job_stamps`: a case whose outputs were written but not yet reported
+    counts as changed; ``None``, an interrupt before they were read, counts as changed too). They
+    then still describe the case folders as they are. Otherwise removed: they would describe other
+    results than the folders hold, or than this run's ``subjects.csv``."""
     replaced = [SUBJECTS_CSV] + ([TRIAGE_HTML] if plan.options.report else [])  # written or removed at the end
+    unwritten = [n for n in replaced if n not in result.files]
+    kept = []
+    if len(unwritten) == len(replaced) and before is not None and not _cases_changed(plan, before):
+        kept = [n for n in unwritten if _earlier_file(plan.out, plan.earlier, n)]
     removed = []
-    for name in (n for n in replaced if n not in result.files):
+    for name in (n for n in unwritten if n not in kept):
         try:
             if _remove_stale(plan.out, plan.earlier, name):
                 removed.append(name)
@@ -256,7 +289,16 @@ def _interrupted(plan: _Plan, result: BatchResult) -> _Left:
             pass
     wanted = ([SUBJECTS_CSV] if any(c.subject for c in plan.cases) else []) + replaced[1:]
     pending = sum(1 for r in plan.rows.values() if r["status"] == "pending")
-    return _Left(pending, COHORT_CSV in result.files, [n for n in wanted if n not in result.files], removed)
+    return _Left(pending, COHORT_CSV in result.files, [n for n in wanted if n not in result.files and n not in kept],
+                 removed, kept)
+
+
+def _cases_changed(plan: _Plan, before: Dict[str, Optional[bytes]]) -> bool:
+    """Whether a case this run computes finished (ok or failed) or its folder changed since ``before``."""
+    for job in plan.jobs:
+        if plan.rows[job.case]["status"] != "pending" or _stamp_bytes(Path(job.out)) != before.get(job.case):
+            return True
+    return False
 
 
 def interrupted_line(head: str, exc: BaseException) -> str:
@@ -272,6 +314,10 @@ def interrupted_line(head: str, exc: BaseException) -> str:
     if left.removed:
         parts.append(f"the earlier run's {' and '.join(left.removed)} {'were' if len(left.removed) > 1 else 'was'} "
                      "removed")
+    if left.kept:
+        they = "they still describe" if len(left.kept) > 1 else "it still describes"
+        parts.append(f"the earlier run's {' and '.join(left.kept)} {'are' if len(left.kept) > 1 else 'is'} kept "
+                     f"(no case of this run finished: {they} the case folders)")
     again = "resume" if left.pending or not left.table else "finish"
     return f"cardseg: {head}; {', '.join(parts)}; run the same command again to {again}"
 
@@ -331,17 +377,23 @@ def _write_subjects(out: Path, cases: Sequence[Case], rows: Dict[str, dict], con
     result.files.append(SUBJECTS_CSV)
 
 
-def _remove_stale(out: Path, earlier: Optional[dict], name: str) -> bool:
-    """Delete ``OUTDIR/<name>`` (``subjects.csv``, ``triage.html``) only where it is an earlier
-    batch's: OUTDIR carried a batch stamp listing it among the batch's files (:func:`check_batch_outdir`
-    then admitted nothing at the top level but those files). A new or empty OUTDIR (no earlier
-    stamp) is left as it is. Returns whether a file was removed."""
+def _earlier_file(out: Path, earlier: Optional[dict], name: str) -> bool:
+    """Whether ``OUTDIR/<name>`` (``subjects.csv``, ``triage.html``) is an earlier batch's: OUTDIR
+    carried a batch stamp listing it among the batch's files (:func:`check_batch_outdir` then
+    admitted nothing at the top level but those files), and it is a plain file. A new or empty
+    OUTDIR (no earlier stamp) has none."""
     if earlier is None or name not in (earlier.get("files") or ()):
         return False
     path = out / name
-    if not path.is_file() or path.is_symlink():
+    return path.is_file() and not path.is_symlink()
+
+
+def _remove_stale(out: Path, earlier: Optional[dict], name: str) -> bool:
+    """Delete ``OUTDIR/<name>`` only where it is an earlier batch's (:func:`_earlier_file`).
+    Returns whether a file was removed."""
+    if not _earlier_file(out, earlier, name):
         return False
-    path.unlink()
+    (out / name).unlink()
     return True
 
 
@@ -350,9 +402,10 @@ def main_from_args(a) -> int:
 
     SIGTERM is handled like Ctrl-C (:func:`cardseg.base.interrupt.sigterm_as_interrupt`): the
     cohort table is written with the unfinished cases as ``pending``, an earlier run's
-    ``subjects.csv`` and ``triage.html`` that this run did not write again are removed, worker
-    processes and Ray actors are ended, one line says what was left (:func:`interrupted_line`) and
-    the exit status is 143 (Ctrl-C: 130)."""
+    ``subjects.csv`` and ``triage.html`` that this run did not write again are removed, unless no
+    case of this run finished and no case folder changed (then both stay: :func:`_interrupted`),
+    worker processes and Ray actors are ended, one line says what was left
+    (:func:`interrupted_line`) and the exit status is 143 (Ctrl-C: 130)."""
     from cardseg.base.interrupt import EXIT_TERMINATED, sigterm_as_interrupt
 
     try:
@@ -367,8 +420,11 @@ def main_from_args(a) -> int:
         ood = sum(1 for row in r.rows if row.get("out_of_domain") is True)
         empty = sum(1 for row in r.rows if row.get("no_foreground") is True)
         empty_note = f" ({empty} with no foreground)" if empty else ""
+        moved = sum(1 for row in r.rows if row.get("grid_moved") is True)
+        moved_note = f", {moved} on a grid moved onto the heart" if moved else ""
         rate = r.computed / (r.seconds / 60.0) if r.seconds > 0 and r.computed else 0.0
         reused = f" ({r.reused} from earlier runs)" if r.reused else ""
         print(f"{r.outdir}: {n} case{'s' if n != 1 else ''}, {ok} ok{reused}, {r.failed} failed, {ood} out of domain"
-              f"{empty_note}; {', '.join(r.files)}; {r.computed} computed in {r.seconds:.1f} s ({rate:.1f} cases/min)")
+              f"{empty_note}{moved_note}; {', '.join(r.files)}; {r.computed} computed in {r.seconds:.1f} s "
+              f"({rate:.1f} cases/min)")
     return 1 if r.failed else 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 import os
 from pathlib import Path
 from typing import List, Optional, Sequence
@@ -17,11 +18,12 @@ from cardseg.cohort.cases import Case
 TOP_REGIONS = 3
 #: ``region<k>_ml`` and ``region<k>_p_error`` of the first :data:`TOP_REGIONS` regions
 REGION_COLUMNS = tuple(f"region{k}_{what}" for k in range(1, TOP_REGIONS + 1) for what in ("ml", "p_error"))
-#: the cohort table's fixed columns; then ``volume_<class>_ml`` per foreground class, then
-#: ``time_<stage>_s`` per timing in the reports (``total`` first)
+#: the cohort table's fixed columns (``grid_moved``, ``grid_offset_mm``: :func:`grid_cells`); then
+#: ``volume_<class>_ml`` per foreground class, then ``time_<stage>_s`` per timing in the reports
+#: (``total`` first)
 COHORT_COLUMNS = ("case", "subject", "phase", "frame", "input", "input_sha256", "status", "error", "reused",
-                  "output", "method", "slices", "agreement", "out_of_domain", "no_foreground",
-                  "flagged_regions", "flagged_volume_ml") + REGION_COLUMNS
+                  "output", "method", "slices", "grid_moved", "grid_offset_mm", "agreement", "out_of_domain",
+                  "no_foreground", "flagged_regions", "flagged_volume_ml") + REGION_COLUMNS
 
 
 def cohort_row(case: Case, status: str, error: str = "", report: Optional[dict] = None, reused: bool = False,
@@ -35,7 +37,8 @@ def cohort_row(case: Case, status: str, error: str = "", report: Optional[dict] 
     row = {"case": case.name, "subject": case.subject or "", "phase": case.phase or "",
            "frame": "" if case.frame is None else case.frame, "input": case.path, "input_sha256": input_sha256,
            "status": status, "error": error, "reused": reused, "output": f"{case.name}/" if report else "",
-           "method": "", "slices": "", "agreement": None, "out_of_domain": None, "no_foreground": None,
+           "method": "", "slices": "", "grid_moved": None, "grid_offset_mm": None, "agreement": None,
+           "out_of_domain": None, "no_foreground": None,
            "flagged_regions": None, "flagged_volume_ml": None, **dict.fromkeys(REGION_COLUMNS)}
     if report:
         regions = report.get("regions") or []
@@ -47,6 +50,7 @@ def cohort_row(case: Case, status: str, error: str = "", report: Optional[dict] 
                                           if measured else None)})
         if measured:
             row.update(top_region_cells(regions))
+        row.update(grid_cells(report))
         volumes = report.get("class_volumes_ml") or {}
         for name, ml in volumes.items():
             row[f"volume_{name}_ml"] = ml
@@ -70,6 +74,21 @@ def top_region_cells(regions: Sequence[dict]) -> dict:
         cells[f"region{k}_ml"] = None if r is None else float(r.get("volume_mm3", 0.0)) / 1000.0
         cells[f"region{k}_p_error"] = None if p is None else float(p)
     return cells
+
+
+def grid_cells(report: dict) -> dict:
+    """Where the networks' grid lay (``report.json``'s ``field_of_view``, :mod:`cardseg.io.field_of_view`):
+    ``grid_moved`` (true: moved onto a heart near the edge of the centred grid, and that run kept) and
+    ``grid_offset_mm`` (how far its centre lay from the slice centre, in-plane mm; 0 on the centred
+    grid). Both ``None`` for a report without the key (written before recentring existed)."""
+    fov = report.get("field_of_view")
+    if not isinstance(fov, dict):
+        return {"grid_moved": None, "grid_offset_mm": None}
+    try:
+        dx, dy = (float(v) for v in fov.get("offset_mm") or (0.0, 0.0))
+    except (TypeError, ValueError):
+        dx = dy = 0.0
+    return {"grid_moved": bool(fov.get("recentred")), "grid_offset_mm": round(math.hypot(dx, dy), 3)}
 
 
 def _is_zero(v) -> bool:
@@ -123,8 +142,9 @@ def write_parquet(path: Path, rows: Sequence[dict], columns: Sequence[str]) -> b
         import pyarrow.parquet as pq
     except ImportError:
         return False
-    types = {"frame": pa.int64(), "reused": pa.bool_(), "slices": pa.int64(), "agreement": pa.float64(),
-             "out_of_domain": pa.bool_(), "no_foreground": pa.bool_(), "flagged_regions": pa.int64(), "flagged_volume_ml": pa.float64(),
+    types = {"frame": pa.int64(), "reused": pa.bool_(), "slices": pa.int64(), "grid_moved": pa.bool_(),
+             "grid_offset_mm": pa.float64(), "agreement": pa.float64(), "out_of_domain": pa.bool_(),
+             "no_foreground": pa.bool_(), "flagged_regions": pa.int64(), "flagged_volume_ml": pa.float64(),
              **dict.fromkeys(REGION_COLUMNS, pa.float64())}
     arrays, fields = [], []
     for c in columns:
