@@ -256,7 +256,7 @@ def test_spread_threshold_is_a_tac_value():
         == ix.SPREAD_TAC_THRESHOLD
     assert ix.spread_tac_threshold({}) == ix.SPREAD_TAC_THRESHOLD
     assert 0.0 < ix.SPREAD_TAC_THRESHOLD < math.log(2)
-    # the shipped bundle (2.2.0) cuts its regions from the TAC: its spread, and the intervals
+    # the shipped bundle (2.3.0) cuts its regions from the TAC: its spread, and the intervals
     # fitted with it, use the rule's own threshold
     from cardseg.bundle.folder import check_bundle
 
