@@ -14,7 +14,7 @@ import json
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
@@ -145,7 +145,7 @@ def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle
         out = moved if keep_moved(centred, score) else out
         out.recentring = {"offset": offset, "agreement_centred": centred, "agreement_moved": score}
     if method == "logit-mix" and run_method != method:  # on the grid card keeps, as card's rows are measured
-        out = run(out.offset, "trajectory-logit-mix", method)
+        out = replace(run(out.offset, "trajectory-logit-mix", method), recentring=out.recentring)
     elif run_method != method:  # uc: the same grid and labels as card, without the disagreement
         out.tac, out.step_js = None, {}
     return out

@@ -92,3 +92,20 @@ def test_the_line_names_what_was_kept():
     assert cohort_batch.interrupted_line("interrupted", exc) == \
         ("cardseg: interrupted; 1 unfinished case is 'pending' in cohort.csv, the earlier run's subjects.csv is kept "
          "(no case of this run finished: it still describes the case folders); run the same command again to resume")
+
+
+def test_with_ray_an_interrupt_never_keeps_the_earlier_tables(tmp_path, tiny_bundle, synthetic_volume, monkeypatch):
+    """Ray's killed workers may still write a case after the interrupt is handled, so the folders'
+    stamps prove nothing there: the earlier subjects.csv and triage.html go (the cluster faked)."""
+    from cardseg.cohort import cluster
+
+    out, args, _ = _earlier_batch(tmp_path, tiny_bundle, synthetic_volume, monkeypatch)
+    with monkeypatch.context() as mp:
+        mp.setattr(cluster, "connect", lambda address: False)
+        mp.setattr(cluster, "check_capacity", lambda *a: None)
+        mp.setattr(cluster, "disconnect", lambda started: None)
+        mp.setattr(cluster, "run_jobs", _sigterm)
+        rc, err = _run([*args, "--ray", "local"])
+    assert rc == 143 and err.count("\n") == 1, err
+    assert "earlier run's subjects.csv and triage.html were removed" in err and "kept" not in err, err
+    assert not (out / SUBJECTS_CSV).exists() and not (out / TRIAGE_HTML).exists()

@@ -212,7 +212,7 @@ def test_the_engine_keeps_the_run_that_agrees_more_and_uc_keeps_the_same_grid(ti
     calls.clear()
     mix = segment.trajectory_on_slices(s01, volume.spacing[:2], bundle, "logit-mix")
     assert [c[1] for c in calls] == ["card", "card", "logit-mix"] and calls[-1][0] == card.offset
-    assert mix.offset == card.offset and mix.tac is None
+    assert mix.offset == card.offset and mix.tac is None and mix.recentring == card.recentring
     # off: one run, no trial
     bundle.config.pop("field_of_view")
     calls.clear()

@@ -161,3 +161,17 @@ def test_export_overwrites_a_bundle_but_never_a_folder_of_other_files(tmp_path, 
     assert cardseg.cli.main([*export, str(bundle)]) == 0
     assert cardseg.cli.main([*export, str(bundle)]) == 0  # its own bundle: replaced
     assert check_bundle(bundle).config["networks"]["primary"]["file"] == "primary.safetensors"
+
+
+@pytest.mark.parametrize("content", [None, "{not json", '{"no_rows": 1}', "[1, 2]"])
+def test_replot_of_a_file_that_is_not_a_result_is_one_line(tmp_path, capsys, content):
+    from cardseg_train.reference_maps import main
+
+    replot = tmp_path / "reference_maps.json"
+    if content is not None:
+        replot.write_text(content)
+    rc = main(["--bundle", str(tmp_path / "no-bundle"), "--replot", str(replot),
+               "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.count("\n") == 0 and "--replot" in err and "not a reference_maps.json" in err, err
+    assert not (tmp_path / "out").exists()

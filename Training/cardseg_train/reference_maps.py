@@ -179,7 +179,11 @@ def main(argv: Optional[List[str]] = None) -> int:
               file=sys.stderr)
         return 2
     if a.replot:
-        replot = json.loads(Path(a.replot).read_text())["rows"]
+        try:
+            replot = json.loads(Path(a.replot).read_text(encoding="utf-8"))["rows"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"reference_maps: error: --replot {a.replot}: not a reference_maps.json ({exc})", file=sys.stderr)
+            return 2
         return write_recorded(record, "reference_maps", lambda: write_outputs(replot, out))
     cache = Path(a.cache) if a.cache else None
     rows = {"bundle's own": candidate_quality(Path(a.bundle), a.data, cache, "bundle")}

@@ -174,7 +174,9 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
         clean_leftovers(out.parent, skip=out.name)  # what killed runs of any kind left beside OUTDIR
         clean_leftovers(out)  # and inside it, once: the cases' writers then look only at their own names
         write_stamp(out, plan.settings, (plan.earlier or {}).get("created"))
-        before = _job_stamps(plan)  # what an interrupt compares with: did a case folder change?
+        # what an interrupt compares with (did a case folder change?); not with Ray, whose killed workers
+        # may still write a case after the interrupt is handled: there the earlier tables always go
+        before = None if cluster is not None else _job_stamps(plan)
 
         def on_result(res: dict) -> None:
             c = by_name[res["case"]]
