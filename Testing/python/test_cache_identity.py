@@ -44,6 +44,7 @@ def test_same_bundle_same_keys():
     {"input_size": 96},
     {"pixel_spacing_mm": 1.5},
     {"preprocessing": {"clip": [1.0, 99.0]}},
+    {"diffusion": {"sampled_steps": [999, 750, 500, 250, 0], "schedule": "linear"}},
 ])
 def test_what_shapes_the_maps_changes_every_key(change):
     before, after = keys(fake_bundle()), keys(fake_bundle(**change))

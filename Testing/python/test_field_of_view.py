@@ -221,3 +221,20 @@ def test_the_engine_keeps_the_run_that_agrees_more_and_uc_keeps_the_same_grid(ti
     calls.clear()
     off = segment.trajectory_on_slices(s01, volume.spacing[:2], bundle, "uc")
     assert [c[1] for c in calls] == ["uc"] and off.recentring is None
+
+
+def test_calibnet_augmentations_run_on_the_clean_runs_grid(tiny_bundle, synthetic_volume, monkeypatch):
+    """An augmented copy never chooses a grid of its own: the primary runs on the grid the clean run kept."""
+    from cardseg import segment
+    from cardseg.bundle.loading import load_bundle
+    from cardseg_train.calibration_spatial import engine_primary_logits
+
+    bundle = load_bundle(tiny_bundle)
+    bundle.config["field_of_view"] = {"recentre": True}
+    volume, _ = synthetic_volume
+    grids = []
+    real = segment.run_on_grid
+    monkeypatch.setattr(segment, "run_on_grid", lambda grid, *a: grids.append((grid.offset, a[2])) or real(grid, *a))
+    s01 = segment.normalized_slices(volume, bundle)
+    logits = engine_primary_logits(bundle, volume.spacing[:2], offset=(3.0, -2.0))(s01[:2])
+    assert grids == [((3.0, -2.0), "uc")] and logits.shape[0] == 2

@@ -2,9 +2,10 @@
 
 A cached trajectory (``evaluate``'s cases, ``fit-calibration``'s pool, ``fit-review``'s maps, the
 index evidence) is only valid for the bundle that made it: the weights, the network grid, the
-preprocessing, the sampled and averaged steps, and where the grid was placed (the field-of-view
-recentring of :mod:`cardseg.io.field_of_view`, from the bundle or ``$CARDSEG_RECENTRE``). Every
-cache key includes :func:`maps_identity`, so that changing any of these never reuses old arrays.
+preprocessing, the diffusion schedule and its sampled steps, the averaged steps, and where the grid
+was placed (the field-of-view recentring of :mod:`cardseg.io.field_of_view`, from the bundle or
+``$CARDSEG_RECENTRE``). Every cache key includes :func:`maps_identity`, so that changing any of
+these never reuses old arrays.
 """
 from __future__ import annotations
 
@@ -18,6 +19,6 @@ def maps_identity(bundle) -> dict:
     margin = recentre_margin(c)  # the grid trial keeps the run whose networks agree more (paper Eq. 5's ROI)
     fov = None if margin is None else {"margin_mm": margin, "agreement_roi_px": agreement_roi_px(bundle)}
     return {"weights": dict(bundle.checksums), "grid": [c.get("input_size"), c.get("pixel_spacing_mm")],
-            "preprocessing": c.get("preprocessing"), "sampled_steps": [int(t) for t in bundle.sampled_steps],
+            "preprocessing": c.get("preprocessing"), "diffusion": c.get("diffusion"),  # schedule and sampled steps
             "tac_steps": None if bundle.tac_steps is None else [int(t) for t in bundle.tac_steps],
             "field_of_view": fov}

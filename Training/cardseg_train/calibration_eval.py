@@ -219,8 +219,8 @@ def run_case(bundle, item: LabelledVolume, condition: str, seed: int = 0, device
         res.spatial = spatial_item(logits, slices01, item.labels, roi, tac)
         if augmentations:
             res.spatial.aug_mean, res.spatial.aug_std = augmentation_stats(
-                engine_primary_logits(bundle, spacing, device, batch_size), slices01, res.spatial.box, augmentations,
-                corruption_rng(item.case, f"calibnet-aug:{condition}", seed))
+                engine_primary_logits(bundle, spacing, device, batch_size, traj.offset), slices01, res.spatial.box,
+                augmentations, corruption_rng(item.case, f"calibnet-aug:{condition}", seed))
             res.spatial.augmentations = int(augmentations)
     return res
 

@@ -122,9 +122,9 @@ def concat_pool(pool: Sequence[PoolItem]) -> Tuple[np.ndarray, np.ndarray, np.nd
 
 
 def engine_card_outputs(bundle, slices01: np.ndarray, spacing_xy: Tuple[float, float], device="cpu",
-                        batch_size: int = 8) -> Tuple[np.ndarray, np.ndarray, Dict[int, np.ndarray]]:
+                        batch_size: int = 8) -> Tuple[np.ndarray, np.ndarray, Dict[int, np.ndarray], tuple]:
     """The dual trajectory on already normalised slices: ``(logits (Z, K, Y, X), tac (Z, Y, X),
-    {t: JS (Z, Y, X)} for each sampled step)``.
+    {t: JS (Z, Y, X)} for each sampled step, the network grid's offset)`` (the grid the engine kept).
 
     A perturbation must act on the network's own ``[0, 1]`` input scale: the engine's robust
     per-slice min-max normalisation would otherwise undo any affine change (a contrast factor
@@ -136,7 +136,7 @@ def engine_card_outputs(bundle, slices01: np.ndarray, spacing_xy: Tuple[float, f
 
     traj = trajectory_on_slices(np.asarray(slices01, dtype=np.float32), tuple(spacing_xy), bundle, "card", device,
                                 batch_size, keep_step_js=True)
-    return traj.logits.numpy(), traj.tac.numpy(), {t: js.numpy() for t, js in traj.step_js.items()}
+    return traj.logits.numpy(), traj.tac.numpy(), {t: js.numpy() for t, js in traj.step_js.items()}, traj.offset
 
 
 def build_pool(bundle, cases, variants: Sequence[str] = POOL_VARIANTS, roi_radius: int = 10,
@@ -183,7 +183,7 @@ def build_pool(bundle, cases, variants: Sequence[str] = POOL_VARIANTS, roi_radiu
             rng = corruption_rng(case.case, f"pool:{tag}", seed)
             img = norm if variant == "clean" else perturb_image(norm, variant, rng)
             spacing = tuple(case.volume.spacing[:2])
-            logits, tac, step_js = engine_card_outputs(bundle, img, spacing, device, batch_size)
+            logits, tac, step_js, offset = engine_card_outputs(bundle, img, spacing, device, batch_size)
             pred_roi = roi_mask(logits.argmax(axis=1) > 0, agreement_radius)
             agreement = agreement_score(tac, pred_roi)
             step_roi_js = [float(js[pred_roi].mean()) for js in step_js.values()] if pred_roi.any() else None
@@ -194,7 +194,7 @@ def build_pool(bundle, cases, variants: Sequence[str] = POOL_VARIANTS, roi_radiu
                 sp = spatial_item(logits, img, case.labels, roi, tac, crop_margin)
                 if augmentations:
                     sp.aug_mean, sp.aug_std = augmentation_stats(
-                        engine_primary_logits(bundle, spacing, device, batch_size), img, sp.box, augmentations,
+                        engine_primary_logits(bundle, spacing, device, batch_size, offset), img, sp.box, augmentations,
                         corruption_rng(case.case, f"calibnet-aug:{tag}", seed))
                     sp.augmentations = int(augmentations)
                 pool[-1].spatial = sp

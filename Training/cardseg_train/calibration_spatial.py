@@ -130,14 +130,18 @@ def augmentation_stats(run_logits: Callable[[np.ndarray], np.ndarray], img01: np
     return stack.mean(axis=0), stack.std(axis=0)
 
 
-def engine_primary_logits(bundle, spacing_xy, device="cpu", batch_size: int = 8) -> Callable[[np.ndarray], np.ndarray]:
-    """``slices01 (Z, Y, X)`` → the primary's terminal logits ``(Z, K, Y, X)`` (``uc``, no reference)."""
-    from cardseg.segment import trajectory_on_slices
+def engine_primary_logits(bundle, spacing_xy, device="cpu", batch_size: int = 8,
+                          offset: Tuple[float, float] = (0.0, 0.0)) -> Callable[[np.ndarray], np.ndarray]:
+    """``slices01 (Z, Y, X)`` → the primary's terminal logits ``(Z, K, Y, X)`` (``uc``, no reference) on
+    the network grid at ``offset`` (the clean run's: an augmented copy never chooses a grid of its own)."""
+    from cardseg.base.progress import Progress
+    from cardseg.segment import run_on_grid, slice_grid
 
     def run(slices01: np.ndarray) -> np.ndarray:
-        traj = trajectory_on_slices(np.ascontiguousarray(slices01, dtype=np.float32), tuple(spacing_xy), bundle, "uc",
-                                    device, batch_size)
-        return traj.logits.numpy()
+        s01 = np.ascontiguousarray(slices01, dtype=np.float32)
+        traj = run_on_grid(slice_grid(s01.shape[1:], tuple(spacing_xy), bundle, offset), s01, bundle, "uc", device,
+                           batch_size, Progress(), False, False)
+        return np.asarray(traj.logits)
 
     return run
 

@@ -85,7 +85,7 @@ def cmd_ablate(argv: List[str]) -> int:
     progress = make_progress("bar", a.quiet)
     card = run_cases(bundle, cases, [a.condition], CaseCache(root, CaseCache.make_key(bundle.checksums, settings)),
                      a.seed, device, a.batch_size, progress)
-    mix_key = CaseCache.make_key(bundle.checksums, {**settings, "mode": "logit-mix"})
+    mix_key = CaseCache.make_key(bundle.checksums, {**settings, "mode": "logit-mix", "grid": "card's"})
     mix = run_cases(bundle, cases, [a.condition], CaseCache(root, mix_key), a.seed, device, a.batch_size, progress,
                     mode="logit-mix")
     dual_run = None
