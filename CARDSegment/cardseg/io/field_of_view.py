@@ -19,10 +19,11 @@ Which of the two runs is kept: the one whose networks agree more (the agreement 
 not always better: the networks learned hearts where the centred ACDC crops put them, and on the
 validation volumes where the check fired, moving the grid helped three and hurt two; in all five
 the run with the higher agreement had the higher Dice
-(``Training/results/acdc-2.2.0/field-of-view/``).
+(``Training/results/acdc-2.3.0/field-of-view/``).
 
 Whether a bundle does this: its ``field_of_view`` block (``{"recentre": true, "margin_mm": 15}``;
-absent: off, as the releases evaluated without it), or ``$CARDSEG_RECENTRE`` (``1``/``0``) over it.
+on in the shipped bundle since 2.3.0; absent: off, as in the releases before), or ``$CARDSEG_RECENTRE``
+(``1``/``0``) over it.
 
 Arrays are ``(Z, Y, X)`` label maps and ``(Y, X)`` masks; the functions are pure (no files).
 """
