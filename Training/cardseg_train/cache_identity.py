@@ -22,3 +22,11 @@ def maps_identity(bundle) -> dict:
             "preprocessing": c.get("preprocessing"), "diffusion": c.get("diffusion"),  # schedule and sampled steps
             "tac_steps": None if bundle.tac_steps is None else [int(t) for t in bundle.tac_steps],
             "field_of_view": fov}
+
+
+def calibrated_identity(bundle) -> dict:
+    """:func:`maps_identity` and the calibration that turns the maps into probabilities (its
+    method, parameters and averaged steps): the key of cached calibrated outputs."""
+    cal = bundle.config["calibration"]
+    return {**maps_identity(bundle),
+            "calibration": {k: cal.get(k) for k in ("method", "tau_min", "tau_max", "w_b", "w_k", "tac_steps")}}

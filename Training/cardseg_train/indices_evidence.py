@@ -68,12 +68,9 @@ def card_arrays(bundle, slices01: np.ndarray, spacing_xy, device="cpu", batch_si
 
 def evidence_key(bundle, settings: dict) -> str:
     """Weights, calibration and every setting that shapes the arrays."""
-    from .cache_identity import maps_identity
+    from .cache_identity import calibrated_identity
 
-    cal = bundle.config["calibration"]
-    blob = json.dumps({**maps_identity(bundle), "version": CACHE_VERSION,
-                       "calibration": {k: cal.get(k) for k in ("method", "tau_min", "tau_max", "w_b", "w_k",
-                                                                 "tac_steps")}, **settings}, sort_keys=True)
+    blob = json.dumps({**calibrated_identity(bundle), "version": CACHE_VERSION, **settings}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -51,12 +51,9 @@ class VolumeArrays:
 
 def cache_key(bundle, settings: dict) -> str:
     """Weights, calibration (parameters and TAC steps) and every setting that shapes the arrays."""
-    from .cache_identity import maps_identity
+    from .cache_identity import calibrated_identity
 
-    cal = bundle.config["calibration"]
-    blob = json.dumps({**maps_identity(bundle), "version": CACHE_VERSION,
-                       "calibration": {k: cal.get(k) for k in ("method", "tau_min", "tau_max", "w_b", "w_k",
-                                                                 "tac_steps")},
+    blob = json.dumps({**calibrated_identity(bundle), "version": CACHE_VERSION,
                        **settings}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 

@@ -161,7 +161,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         volumes = evidence_volumes(bundle, a.data, "val", ["clean"], Path(a.cache) if a.cache else None)
         rows = slice_rows(volumes, bundle.class_names)
     except CardsegError as exc:
-        print(f"cardseg: error: {exc}", file=sys.stderr)
+        print(f"indices_rv: error: {exc}", file=sys.stderr)
         return 2
     patients = patient_table(rows)
     summary = {}
@@ -180,7 +180,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         atomic_write(out / "rv_slices.json", json.dumps(result, indent=1).encode("utf-8"))
         atomic_write(out / "rv_slices.md", markdown(result).encode("utf-8"))
 
-    if write_recorded(record, "cardseg", write):  # the folder is checked again as the writing starts
+    if write_recorded(record, "indices_rv", write):  # the folder is checked again as the writing starts
         return 2
     print(out / "rv_slices.md")
     return 0
