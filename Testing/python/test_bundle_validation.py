@@ -29,6 +29,7 @@ from cardseg.base.errors import CardsegError
 
 SHIPPED = BUNDLES_DIR / DEFAULT_NAME
 DROP = object()  # as a value: remove the key
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -231,10 +232,10 @@ def test_every_fitted_calibrator_round_trips_through_the_schema(tiny_bundle):
 
 
 def test_error_probability_regions_are_checked_as_probabilities(tiny_bundle):
-    """An error-map rule (the shipped bundle's, or the one its TAC rule replaced, kept as
-    ``regions.previous``): thresholds on [0, 1], a voxel model checked like the region model."""
-    shipped = read_config(BUNDLES_DIR / DEFAULT_NAME)["regions"]
-    rule = shipped if shipped["map"] == "error_probability" else shipped["previous"]
+    """An error-map rule (2.1.0's, as fit-review wrote it: the shipped bundles since 2.2.0 cut their
+    regions from the TAC): thresholds on [0, 1], a voxel model checked like the region model."""
+    record = ROOT / "Training" / "results" / "acdc-2.1.0" / "review" / "covered-v2" / "review_fit.json"
+    rule = {k: v for k, v in json.loads(record.read_text(encoding="utf-8"))["block"].items() if k != "previous"}
     assert rule["map"] == "error_probability" and rule["voxel_model"]["coef"]
     cfg = _edit(read_config(tiny_bundle), ("regions",), {**rule, "flag_threshold": 0.9, "grow_threshold": 0.8})
     validate_config(cfg, tiny_bundle)  # above ln 2: fine for a probability
