@@ -109,3 +109,19 @@ def test_with_ray_an_interrupt_never_keeps_the_earlier_tables(tmp_path, tiny_bun
     assert rc == 143 and err.count("\n") == 1, err
     assert "earlier run's subjects.csv and triage.html were removed" in err and "kept" not in err, err
     assert not (out / SUBJECTS_CSV).exists() and not (out / TRIAGE_HTML).exists()
+
+
+def test_an_interrupt_removes_them_when_this_run_dropped_an_earlier_case(tmp_path, tiny_bundle, synthetic_volume,
+                                                                         monkeypatch):
+    """The earlier subjects.csv and triage.html list the case 'es', which this run's cohort.csv no
+    longer lists: even with no case folder changed they would describe another cohort, so they go."""
+    out, args, _ = _earlier_batch(tmp_path, tiny_bundle, synthetic_volume, monkeypatch)
+    dropped = tmp_path / "dropped.csv"
+    dropped.write_text("case,path,phase,subject\ned,in/ed.nii.gz,ED,s1\nlate,in/late.nii.gz,,\n")
+    with monkeypatch.context() as mp:
+        mp.setattr(pipeline, "run_overlapped", _sigterm)
+        rc, err = _run(["batch", "--manifest", str(dropped), *args[3:]])
+    assert rc == 143 and err.count("\n") == 1, err
+    assert "earlier run's subjects.csv and triage.html were removed" in err and "kept" not in err, err
+    assert not (out / SUBJECTS_CSV).exists() and not (out / TRIAGE_HTML).exists()
+    assert [r["case"] for r in read_csv(out / COHORT_CSV)] == ["ed", "late"]

@@ -66,6 +66,7 @@ class _Plan:
     keys: Dict[str, str]
     rows: Dict[str, dict]
     jobs: List[Job]
+    earlier_cases: frozenset = frozenset()  # the cases earlier runs finished into OUTDIR (its state file)
 
     @property
     def class_names(self) -> List[str]:
@@ -133,7 +134,8 @@ def _plan(o: BatchOptions, out: Path, earlier: Optional[dict], settings: dict, c
     """Which cases are finished (same key in the state file, outputs still there) and which to run."""
     state = {} if (o.overwrite or earlier is None) else read_state(out)
     hashes = _hash_inputs(cases, progress, o.hash_threads)
-    plan = _Plan(o, out, earlier, settings, config, Path(bundle_root), list(cases), hashes, {}, {}, [])
+    plan = _Plan(o, out, earlier, settings, config, Path(bundle_root), list(cases), hashes, {}, {}, [],
+                 frozenset(state))
     for c in cases:
         h = hashes[c.name]
         if isinstance(h, CardsegError):
@@ -274,13 +276,16 @@ def _interrupted(plan: _Plan, result: BatchResult, before: Optional[Dict[str, Op
     Kept, both, when this run wrote neither and changed no case folder: no case of it finished
     (every case it computes is still 'pending') and no case folder's stamp differs from
     ``before`` (:func:`_job_stamps`: a case whose outputs were written but not yet reported
-    counts as changed; ``None``, an interrupt before they were read, counts as changed too). They
-    then still describe the case folders as they are. Otherwise removed: they would describe other
-    results than the folders hold, or than this run's ``subjects.csv``."""
+    counts as changed; ``None``, an interrupt before they were read, counts as changed too), and
+    this run lists every case the earlier runs finished (else they would describe cases that this
+    run's ``cohort.csv`` no longer lists). They then still describe the case folders as they are.
+    Otherwise removed: they would describe other results than the folders hold, or than this run's
+    ``subjects.csv``."""
     replaced = [SUBJECTS_CSV] + ([TRIAGE_HTML] if plan.options.report else [])  # written or removed at the end
     unwritten = [n for n in replaced if n not in result.files]
     kept = []
-    if len(unwritten) == len(replaced) and before is not None and not _cases_changed(plan, before):
+    if (len(unwritten) == len(replaced) and before is not None and not _cases_changed(plan, before)
+            and plan.earlier_cases <= {c.name for c in plan.cases}):
         kept = [n for n in unwritten if _earlier_file(plan.out, plan.earlier, n)]
     removed = []
     for name in (n for n in unwritten if n not in kept):
