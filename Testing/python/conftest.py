@@ -203,3 +203,26 @@ def slicer_core():
     if str(MODULE_DIR) not in sys.path:
         sys.path.insert(0, str(MODULE_DIR))
     return slicer
+
+
+def run_cli_quiet(args) -> tuple:
+    """``cardseg ARGS`` in this process: ``(exit code, stderr)``, stdout swallowed."""
+    import contextlib
+    import io
+
+    from cardseg.cli import main
+
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        rc = main(args)
+    return rc, err.getvalue()
+
+
+def sigterm_now(*_a, **_k):
+    """Stands in for a step of a batch: SIGTERM arrives (the handler raises in the main thread)."""
+    import signal
+    import time
+
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)
+    raise AssertionError("SIGTERM did not stop the batch")

@@ -4,11 +4,6 @@ so; once a case folder changed (a case finished, or was written but not yet repo
 
 from __future__ import annotations
 
-import contextlib
-import io
-import os
-import signal
-import time
 
 import numpy as np
 import SimpleITK as sitk
@@ -16,23 +11,10 @@ import SimpleITK as sitk
 from cardseg.cohort import batch as cohort_batch
 from cardseg.cohort import pipeline
 from cardseg.cohort.layout import COHORT_CSV, SUBJECTS_CSV, TRIAGE_HTML
-from conftest import read_csv
+from conftest import read_csv, run_cli_quiet, sigterm_now
 
 
-def _run(args) -> tuple:
-    from cardseg.cli import main
-
-    err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        rc = main(args)
-    return rc, err.getvalue()
-
-
-def _sigterm(*_a, **_k):
-    """Stands in for a step of the batch: SIGTERM arrives (the handler raises in the main thread)."""
-    os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(30)
-    raise AssertionError("SIGTERM did not stop the batch")
+_run, _sigterm = run_cli_quiet, sigterm_now
 
 
 def _earlier_batch(tmp_path, tiny_bundle, synthetic_volume, monkeypatch):

@@ -4,12 +4,8 @@ subjects.csv or triage page, clashing names in one pass, a cut state line, an in
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
-import signal
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +18,7 @@ from cardseg.cohort.cases import Case, _case_names
 from cardseg.cohort.layout import COHORT_CSV, STATE_FILE, SUBJECTS_CSV, TRIAGE_HTML
 from cardseg.cohort.state import append_state, read_state
 from cardseg.io import outdir
-from conftest import read_csv
+from conftest import read_csv, run_cli_quiet, sigterm_now
 
 
 # ----------------------------------------------------------------------------- the writer's cost per case
@@ -115,20 +111,7 @@ def test_cleaning_skips_a_temporary_folder_that_another_worker_moves_into_place(
 
 # ----------------------------------------------------------------------------- an interrupted batch
 
-def _run(args) -> tuple:
-    from cardseg.cli import main
-
-    err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
-        rc = main(args)
-    return rc, err.getvalue()
-
-
-def _sigterm(*_a, **_k):
-    """Stands in for a step of the batch: SIGTERM arrives (the handler raises in the main thread)."""
-    os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(30)
-    raise AssertionError("SIGTERM did not stop the batch")
+_run, _sigterm = run_cli_quiet, sigterm_now
 
 
 def test_an_interrupted_batch_leaves_no_stale_subjects_or_triage_page(tmp_path, tiny_bundle, synthetic_volume,

@@ -139,3 +139,18 @@ def write_recorded(record, prog: str, write: Callable[[], None]) -> int:
         print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     return 0
+
+
+def write_json_and_markdown(record, prog: str, out: Path, stem: str, result: dict, markdown: str) -> int:
+    """:func:`write_recorded` for a study's two files: ``<stem>.json`` (``result``) and ``<stem>.md``
+    (``markdown``), each written atomically into ``out``."""
+    import json
+
+    from .report_files import atomic_write
+
+    def write() -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write(out / f"{stem}.json", (json.dumps(result, indent=1) + "\n").encode("utf-8"))
+        atomic_write(out / f"{stem}.md", markdown.encode("utf-8"))
+
+    return write_recorded(record, prog, write)

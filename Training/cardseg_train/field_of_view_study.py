@@ -12,7 +12,6 @@ the run the engine keeps (the higher agreement). Writes ``field_of_view.json`` a
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -21,8 +20,7 @@ import numpy as np
 
 from cardseg.base.errors import CardsegError
 
-from .cli_options import DEFAULT_DATA, add_overwrite, out_record, write_recorded
-from .report_files import atomic_write
+from .cli_options import DEFAULT_DATA, add_overwrite, out_record, write_json_and_markdown
 
 OUTPUT_FILES = ("field_of_view.json", "field_of_view.md")
 
@@ -139,14 +137,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except CardsegError as exc:
         print(f"field_of_view_study: error: {exc}", file=sys.stderr)
         return 2
-    out = Path(a.out)
-
-    def write() -> None:
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write(out / "field_of_view.json", (json.dumps(result, indent=1) + "\n").encode("utf-8"))
-        atomic_write(out / "field_of_view.md", markdown(result).encode("utf-8"))
-
-    return write_recorded(record, "field_of_view_study", write)
+    return write_json_and_markdown(record, "field_of_view_study", Path(a.out), "field_of_view", result, markdown(result))
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ corrections) against the label-derived ones, and Dice; writes ``field_of_view_su
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -31,9 +30,8 @@ import numpy as np
 
 from cardseg.base.errors import CardsegError
 
-from .cli_options import DEFAULT_DATA, add_overwrite, out_record, write_recorded
+from .cli_options import DEFAULT_DATA, add_overwrite, out_record, write_json_and_markdown
 from .field_of_view_study import dice_per_class
-from .report_files import atomic_write
 
 OUTPUT_FILES = ("field_of_view_subjects.json", "field_of_view_subjects.md")
 POLICIES = ("centred", "per-volume", "per-subject")
@@ -175,14 +173,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except CardsegError as exc:
         print(f"field_of_view_subjects: error: {exc}", file=sys.stderr)
         return 2
-    out = Path(a.out)
-
-    def write() -> None:
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write(out / "field_of_view_subjects.json", (json.dumps(result, indent=1) + "\n").encode("utf-8"))
-        atomic_write(out / "field_of_view_subjects.md", markdown(result).encode("utf-8"))
-
-    return write_recorded(record, "field_of_view_subjects", write)
+    return write_json_and_markdown(record, "field_of_view_subjects", Path(a.out), "field_of_view_subjects", result, markdown(result))
 
 
 if __name__ == "__main__":
