@@ -13,7 +13,12 @@ from typing import List
 from cardseg.base.errors import CardsegError
 
 from .cli_options import (DEFAULT_DATA, add_bundle_and_data, add_cache, add_compute, add_h5_spacing, add_overwrite,
-                          check_compute, out_record)
+                          bundle_to_rewrite, check_compute, out_record)
+
+
+#: --bundle of the fit commands: the bundle is rewritten in place (:func:`cli_options.bundle_to_rewrite`)
+REWRITTEN = ("bundle folder {what}; its bundle.json is rewritten in place. Needed unless $CARDSEG_BUNDLE names one "
+             "(the shipped bundle is fitted only when named, or read with --dry-run)")
 
 
 def review_fit_parser() -> argparse.ArgumentParser:
@@ -29,7 +34,8 @@ def review_fit_parser() -> argparse.ArgumentParser:
                     "per volume (leave-one-patient-out) at a median burden of at most 10% of the predicted heart; "
                     "writes bundle.json's regions block (the replaced rule kept as regions.previous). Test patients "
                     "are never read.")
-    add_bundle_and_data(p, data_help=f"ACDC HDF5 folder, val split used (default {DEFAULT_DATA})")
+    add_bundle_and_data(p, data_help=f"ACDC HDF5 folder, val split used (default {DEFAULT_DATA})",
+                        bundle_help=REWRITTEN.format(what="whose regions rule is fitted"))
     add_cache(p, "review", "whole-volume map cache")
     p.add_argument("--out", metavar="DIR", help="also write the candidates' table (review_fit.json) here")
     add_overwrite(p)
@@ -45,6 +51,7 @@ def cmd_fit_review(argv: List[str]) -> int:
     a = review_fit_parser().parse_args(argv)
     check_compute(a)
     record = out_record(a.out, "cardseg fit-review", ["review_fit.json"], a.overwrite)
+    bundle_to_rewrite(a.bundle, "cardseg fit-review", writes=not a.dry_run)
     import torch
 
     from cardseg.bundle.loading import load_bundle
@@ -93,7 +100,7 @@ def fit_parser() -> argparse.ArgumentParser:
                     "first (--dry-run too): a baseline it refuses is left out, the rest written, and the command "
                     "exits 2 naming it.")
     add_bundle_and_data(p, data_help="ACDC HDF5 folder (val split used)",
-                        bundle_help="bundle folder to calibrate (default: $CARDSEG_BUNDLE or shipped)")
+                        bundle_help=REWRITTEN.format(what="to calibrate"))
     p.add_argument("--draws", type=int, default=1, help="seeded draws of each perturbation per volume (default 1)")
     p.add_argument("--max-pixels", type=int, default=30000, help="ROI pixels kept per pool item (default 30000)")
     p.add_argument("--seed", type=int, default=0)
@@ -124,6 +131,7 @@ def cmd_fit(argv: List[str]) -> int:
 
     a = fit_parser().parse_args(argv)
     check_compute(a)
+    bundle_to_rewrite(a.bundle, "cardseg fit-calibration", writes=not a.dry_run)
     baselines = parse_baselines(a.baselines)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -145,7 +153,7 @@ def fit_indices_parser() -> argparse.ArgumentParser:
                     "in-sample); writes them into bundle.json "
                     "('indices'). --measure-test OUT then measures coverage, width and errors on the test subjects "
                     "(nothing is fitted on them) into OUT/indices.md, indices.json, indices_coverage.png.")
-    add_bundle_and_data(p)
+    add_bundle_and_data(p, bundle_help=REWRITTEN.format(what="whose index intervals are fitted"))
     p.add_argument("--level", type=float, default=0.9, help="nominal coverage of the intervals (default 0.9)")
     p.add_argument("--measure-test", metavar="OUT", help="measure the fitted intervals on the test subjects into OUT")
     add_overwrite(p, "--measure-test")
@@ -162,6 +170,7 @@ def cmd_fit_indices(argv: List[str]) -> int:
     if a.no_fit and not a.measure_test:
         raise CardsegError("--no-fit needs --measure-test OUT (there is nothing else to do)")
     check_compute(a)
+    bundle_to_rewrite(a.bundle, "cardseg fit-indices", writes=not (a.dry_run or a.no_fit))
     from .indices_report import MEASUREMENT_FILES
 
     record = out_record(a.measure_test, "cardseg fit-indices", MEASUREMENT_FILES, a.overwrite, option="--measure-test")

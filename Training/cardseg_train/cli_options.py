@@ -101,6 +101,20 @@ def check_out_folder(path: Optional[str], option: str = "--out") -> None:
         raise CardsegError(f"{option} {path}: cannot write there ({above} is not writable)")
 
 
+def bundle_to_rewrite(path: Optional[str], command: str, writes: bool = True) -> Optional[str]:
+    """The bundle a fit command will rewrite in place (``--bundle`` as given). Refused in one line,
+    before any work, when neither ``--bundle`` nor ``$CARDSEG_BUNDLE`` names one and the command
+    would write: the default is the bundle shipped inside the installed package, which a fit must
+    not replace unasked (name it with ``--bundle`` to fit it in place). ``writes`` False (a dry run,
+    a measurement only) lets the default through, since nothing is written."""
+    from cardseg.bundle.folder import ENV_VAR, resolve_bundle_path
+
+    if writes and path is None and not os.environ.get(ENV_VAR):
+        raise CardsegError(f"{command} writes its fit into bundle.json: name the bundle to rewrite with --bundle PATH "
+                           f"(the shipped one, {resolve_bundle_path(None)}, only when named; or --dry-run)")
+    return path
+
+
 def add_overwrite(p: argparse.ArgumentParser, option: str = "--out") -> None:
     """``--overwrite``: replace files the command writes that its record in ``option`` does not list."""
     p.add_argument("--overwrite", action="store_true",

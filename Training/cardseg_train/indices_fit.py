@@ -413,7 +413,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     import contextlib
     import sys
 
-    from .cli_options import add_cache, add_overwrite, out_record
+    from .cli_options import add_cache, add_overwrite, bundle_to_rewrite, out_record
     from .indices_report import MEASUREMENT_FILES
 
     p = argparse.ArgumentParser(prog="python -m cardseg_train.indices_fit", description=__doc__.split("\n")[0])
@@ -431,6 +431,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--dry-run", action="store_true")
     a = p.parse_args(argv)
     try:
+        bundle_to_rewrite(a.bundle, p.prog, writes=not (a.dry_run or a.no_fit))
         record = out_record(a.measure_test, p.prog, MEASUREMENT_FILES, a.overwrite, option="--measure-test")
         with record.writing() if record else contextlib.nullcontext():  # the measurement is written last
             fit_indices(a.bundle, a.data, a.level, cache_dir=a.cache or None, write=not a.dry_run,
