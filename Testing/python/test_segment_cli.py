@@ -137,6 +137,25 @@ def test_4d_needs_a_frame_and_2d_is_one_slice(tiny_bundle, synthetic_volume, tmp
     assert _read(tmp_path / "o2" / "segmentation.nii.gz").GetSize()[:2] == two.GetSize()
 
 
+def test_one_slice_outputs_as_the_readme_describes_them(tiny_bundle, synthetic_volume, tmp_path):
+    """README: a one-slice input's outputs are one-slice 3D images, except that ITK reads the vector
+    ``probabilities.nii.gz`` as 2D (geometry from ``segmentation.nii.gz``); nibabel (X, Y, 1, 1, K)."""
+    nib = pytest.importorskip("nibabel")  # (torchio brings it)
+
+    vol, _ = synthetic_volume
+    one = vol.to_image(vol.array[2:3])
+    one.SetSpacing((1.3, 1.1, 7.0))
+    one.SetOrigin((4.0, -3.0, 21.0))
+    sitk.WriteImage(one, str(tmp_path / "one.nii.gz"))
+    assert run([tmp_path / "one.nii.gz", "-o", tmp_path / "o1", "--bundle", tiny_bundle, "--quiet"]) == 0
+    seg = _read(tmp_path / "o1" / "segmentation.nii.gz")
+    assert seg.GetDimension() == 3 and seg.GetSize() == one.GetSize()
+    assert np.allclose(seg.GetSpacing(), (1.3, 1.1, 7.0)) and np.allclose(seg.GetOrigin(), (4.0, -3.0, 21.0))
+    prob = _read(tmp_path / "o1" / "probabilities.nii.gz")
+    assert prob.GetDimension() == 2 and prob.GetSize() == one.GetSize()[:2] and prob.GetNumberOfComponentsPerPixel() == 4
+    assert nib.load(str(tmp_path / "o1" / "probabilities.nii.gz")).shape == (*one.GetSize(), 1, 4)
+
+
 def test_dicom_series_folder_is_read(tiny_bundle, synthetic_volume, tmp_path):
     vol, _ = synthetic_volume
     img = sitk.Cast(vol.to_image(), sitk.sitkInt16)
