@@ -278,8 +278,7 @@ def finish_volume(traj: SliceTrajectory, volume: Volume, bundle: Bundle, method:
         cal = bundle.calibrator
         if not isinstance(cal, CARD):
             raise CardsegError(f"bundle calibration method is {cal.name!r}; --method card needs 'card'")
-        tau = cal.temperature(tac)
-        tau[:, arrays.like(~fov, tau)] = cal.tau_min
+        tau = cal.temperature(tac, outside=~fov)
         logp = temperature_scale(logits, tau)
         disagreement = arrays.to_numpy(tac).astype(np.float32)
         temperature = arrays.to_numpy(tau).astype(np.float32)

@@ -93,7 +93,7 @@ def pool_settings(bundle, data, variants, draws: int, seed: int, max_pixels_per_
     """Every setting that shapes a calibration pool: the data, the perturbations, the sampling and
     everything of the bundle that shapes its maps (:mod:`cardseg_train.cache_identity`)."""
     settings = {"data": str(Path(data).resolve()), "split": "val", "variants": list(variants), "draws": draws,
-                "seed": seed, "max_pixels_per_item": max_pixels_per_item, "step_js": True,
+                "seed": seed, "max_pixels_per_item": max_pixels_per_item, "step_js": True, "roi": "in view",
                 "run": maps_identity(bundle)}
     if spatial is not None:  # the crops of the spatial baselines
         settings["spatial"] = spatial

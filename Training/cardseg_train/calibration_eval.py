@@ -75,7 +75,7 @@ ROI_RADIUS = 10
 #: the ROIs a table can be computed over: the default disk of radius 10, and the 10 x 10 square
 ROIS = ("disk10", "square10")
 #: bump when what a cached case holds, or how it is computed, changes
-CACHE_VERSION = 4
+CACHE_VERSION = 5  # 5: ROI pixels outside the field of view recorded (CARD: tau_min there)
 
 
 @dataclass
@@ -109,6 +109,9 @@ class CaseResult:
     js_steps: List[int] = field(default_factory=list)
     #: ``(n,)`` bool: which ROI pixels also lie in the 10 x 10 square-kernel ROI (``square10``)
     roi_square: Optional[np.ndarray] = None
+    #: ``(n,)`` bool: the ROI pixels outside the networks' field of view (CARD gives them ``tau_min``,
+    #: as the engine does); None when there are none
+    outside_view: Optional[np.ndarray] = None
 
     def roi_pixels(self, roi: str = "disk10") -> Optional[np.ndarray]:
         """Selector of the ROI pixels of ``roi`` among the cached ones (None: all of them)."""
@@ -157,11 +160,12 @@ def slice_dice(pred: np.ndarray, truth: np.ndarray, num_classes: int) -> float:
 
 def summarize_case(case: str, patient: str, condition: str, logits: np.ndarray, tac: np.ndarray,
                    labels: np.ndarray, class_names: Sequence[str], roi_radius: int = ROI_RADIUS,
-                   reference_logits: Optional[np.ndarray] = None) -> CaseResult:
+                   reference_logits: Optional[np.ndarray] = None,
+                   field_of_view: Optional[np.ndarray] = None) -> CaseResult:
     """Reduce one volume's trajectory outputs to a :class:`CaseResult`.
 
     logits (and reference_logits, when given) ``(Z, K, Y, X)``, tac and labels ``(Z, Y, X)`` on
-    the volume's own grid.
+    the volume's own grid; field_of_view ``(Y, X)`` bool, the networks' (None: everywhere).
     """
     k = len(class_names)
     if logits.shape[1] != k or logits.shape[:1] + logits.shape[2:] != labels.shape or tac.shape != labels.shape:
@@ -171,6 +175,9 @@ def summarize_case(case: str, patient: str, condition: str, logits: np.ndarray, 
     z_roi = np.moveaxis(logits, 1, 0)[:, roi].astype(np.float32)
     res = CaseResult(case, patient, condition, z_roi, tac[roi].astype(np.float32), labels[roi].astype(np.uint8))
     res.roi_square = roi_mask_square(labels > 0, roi_radius)[roi]
+    if field_of_view is not None and not np.asarray(field_of_view, bool).all():
+        outside = np.broadcast_to(~np.asarray(field_of_view, bool), labels.shape)[roi]
+        res.outside_view = outside if outside.any() else None
     res.dice = {name: dice_score(pred, labels, i) for i, name in enumerate(class_names) if i}
     res.lcc = mean_slice_lcc_ratio(pred > 0)
     if reference_logits is not None:
@@ -211,7 +218,7 @@ def run_case(bundle, item: LabelledVolume, condition: str, seed: int = 0, device
                                 keep_step_js=True)
     logits, tac = traj.logits.numpy(), traj.tac.numpy()
     res = summarize_case(item.case, item.patient, condition, logits, tac, item.labels, bundle.class_names, roi_radius,
-                         reference_logits=traj.reference_logits.numpy())
+                         reference_logits=traj.reference_logits.numpy(), field_of_view=traj.fov)
     roi = roi_mask(item.labels > 0, roi_radius)
     res.js_steps = [int(t) for t in traj.step_js]
     res.step_js = np.stack([traj.step_js[t].numpy()[roi] for t in res.js_steps]).astype(np.float16)
@@ -260,6 +267,8 @@ class CaseCache:
                 res.step_js = f["step_js"]
             if "roi_square" in f.files:
                 res.roi_square = f["roi_square"].astype(bool)
+            if "outside_view" in f.files:
+                res.outside_view = f["outside_view"].astype(bool)
             if "spatial_meta" in f.files:
                 res.spatial = spatial_from_arrays(f, json.loads(bytes(f["spatial_meta"]).decode()))
             return res
@@ -279,6 +288,8 @@ class CaseCache:
             extra["step_js"] = res.step_js
         if res.roi_square is not None:
             extra["roi_square"] = res.roi_square
+        if res.outside_view is not None:
+            extra["outside_view"] = res.outside_view
         np.savez_compressed(tmp, logits=res.logits, tac=res.tac, labels=res.labels, meta=meta, **extra)
         tmp.replace(p)
 
@@ -337,7 +348,8 @@ def crop_needs(calibrators: Iterable[Calibrator]) -> Tuple[bool, int]:
 def calibrated_probs(cal: Calibrator, res: CaseResult, tac: Optional[np.ndarray] = None) -> np.ndarray:
     """``(n, K)`` probabilities of one case's ROI pixels under ``cal`` (a spatial calibrator runs on
     the result's ROI box and is read at the same pixels); ``tac`` ``(n,)`` replaces the cached TAC
-    (e.g. :meth:`CaseResult.tac_over` another step set)."""
+    (e.g. :meth:`CaseResult.tac_over` another step set). CARD gives the pixels outside the networks'
+    field of view ``tau_min``, as the engine does."""
     if cal.spatial or cal.needs_inputs:
         if res.labels.size == 0:
             return np.zeros((0, res.logits.shape[0]), dtype=np.float32)
@@ -347,6 +359,8 @@ def calibrated_probs(cal: Calibrator, res: CaseResult, tac: Optional[np.ndarray]
         return crop_roi_probs(cal, res.spatial)
     z = torch.from_numpy(np.ascontiguousarray(res.logits, dtype=np.float32))[None]
     d = torch.from_numpy(np.ascontiguousarray(res.tac if tac is None else tac, dtype=np.float32))[None]
+    if cal.needs_tac and res.outside_view is not None:
+        return cal.probabilities(z, d, outside=res.outside_view)[0].T.numpy()
     return cal.probabilities(z, d if cal.needs_tac else None)[0].T.numpy()
 
 

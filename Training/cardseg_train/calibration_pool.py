@@ -122,9 +122,10 @@ def concat_pool(pool: Sequence[PoolItem]) -> Tuple[np.ndarray, np.ndarray, np.nd
 
 
 def engine_card_outputs(bundle, slices01: np.ndarray, spacing_xy: Tuple[float, float], device="cpu",
-                        batch_size: int = 8) -> Tuple[np.ndarray, np.ndarray, Dict[int, np.ndarray], tuple]:
+                        batch_size: int = 8) -> Tuple[np.ndarray, np.ndarray, Dict[int, np.ndarray], tuple, np.ndarray]:
     """The dual trajectory on already normalised slices: ``(logits (Z, K, Y, X), tac (Z, Y, X),
-    {t: JS (Z, Y, X)} for each sampled step, the network grid's offset)`` (the grid the engine kept).
+    {t: JS (Z, Y, X)} for each sampled step, the network grid's offset, its field of view (Y, X)
+    bool)`` (the grid the engine kept).
 
     A perturbation must act on the network's own ``[0, 1]`` input scale: the engine's robust
     per-slice min-max normalisation would otherwise undo any affine change (a contrast factor
@@ -136,7 +137,8 @@ def engine_card_outputs(bundle, slices01: np.ndarray, spacing_xy: Tuple[float, f
 
     traj = trajectory_on_slices(np.asarray(slices01, dtype=np.float32), tuple(spacing_xy), bundle, "card", device,
                                 batch_size, keep_step_js=True)
-    return traj.logits.numpy(), traj.tac.numpy(), {t: js.numpy() for t, js in traj.step_js.items()}, traj.offset
+    return (traj.logits.numpy(), traj.tac.numpy(), {t: js.numpy() for t, js in traj.step_js.items()}, traj.offset,
+            traj.fov)
 
 
 def build_pool(bundle, cases, variants: Sequence[str] = POOL_VARIANTS, roi_radius: int = 10,
@@ -150,7 +152,8 @@ def build_pool(bundle, cases, variants: Sequence[str] = POOL_VARIANTS, roi_radiu
     perturbed (:func:`perturb_image`, generator seeded by ``(seed, case, variant)``; ``clean``
     is left as is) and run through :func:`engine_card_outputs`. The ROI is the ground-truth
     foreground dilated by ``roi_radius`` pixels (per slice, disk), as in the metrics; at most
-    ``max_pixels_per_item`` of its pixels are kept (seeded); each perturbation is drawn ``draws``
+    ``max_pixels_per_item`` of its pixels are kept (seeded), none outside the networks' field of view
+    (the engine gives those ``tau_min`` whatever the fit: they carry nothing for it); each perturbation is drawn ``draws``
     times per volume (draw 0 keeps the generator of a single-draw pool). Each item records the volume
     agreement score the engine would report (Eq. 5 over the predicted foreground's ROI,
     dilated by the bundle's ``agreement.roi_dilation_px``).
@@ -183,11 +186,11 @@ def build_pool(bundle, cases, variants: Sequence[str] = POOL_VARIANTS, roi_radiu
             rng = corruption_rng(case.case, f"pool:{tag}", seed)
             img = norm if variant == "clean" else perturb_image(norm, variant, rng)
             spacing = tuple(case.volume.spacing[:2])
-            logits, tac, step_js, offset = engine_card_outputs(bundle, img, spacing, device, batch_size)
+            logits, tac, step_js, offset, fov = engine_card_outputs(bundle, img, spacing, device, batch_size)
             pred_roi = roi_mask(logits.argmax(axis=1) > 0, agreement_radius)
             agreement = agreement_score(tac, pred_roi)
             step_roi_js = [float(js[pred_roi].mean()) for js in step_js.values()] if pred_roi.any() else None
-            pool.append(pool_item(logits, tac, case.labels, roi, rng, max_pixels_per_item, case=case.case,
+            pool.append(pool_item(logits, tac, case.labels, roi & fov, rng, max_pixels_per_item, case=case.case,
                                   variant=variant, agreement=agreement, step_js=step_js, step_roi_js=step_roi_js))
             pool[-1].patient = str(getattr(case, "patient", "") or "")
             if spatial:

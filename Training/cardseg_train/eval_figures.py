@@ -39,7 +39,8 @@ def case_panel(bundle, item: LabelledVolume, condition: str, path: Path, seed: i
     z = int(np.argmax((item.labels > 0).sum(axis=(1, 2)))) if slice_index is None else int(slice_index)
     if not 0 <= z < item.labels.shape[0]:
         raise CardsegError(f"slice {z} outside 0..{item.labels.shape[0] - 1}")
-    temperature = bundle.calibrator.temperature(tac[z:z + 1])[0].numpy() if bundle.calibrator.needs_tac else None
+    temperature = (bundle.calibrator.temperature(tac[z:z + 1], outside=~traj.fov)[0].numpy()
+                   if bundle.calibrator.needs_tac else None)
     return plot_case_panel(slices01[z], item.labels[z], logits[z].argmax(0).numpy(), ref[z].argmax(0).numpy(),
                            tac[z].numpy(), Path(path), f"{item.case}, {condition}, slice {z}", temperature)
 

@@ -60,8 +60,7 @@ def card_arrays(bundle, slices01: np.ndarray, spacing_xy, device="cpu", batch_si
     traj = trajectory_on_slices(np.asarray(slices01, dtype=np.float32), tuple(spacing_xy), bundle, "card", device,
                                 batch_size)
     cal = bundle.calibrator
-    tau = cal.temperature(traj.tac)
-    tau[:, torch.from_numpy(~traj.fov)] = cal.tau_min
+    tau = cal.temperature(traj.tac, outside=~traj.fov)  # as the engine: tau_min outside the field of view
     probs = temperature_scale(traj.logits, tau).float().exp_().permute(0, 2, 3, 1).contiguous().numpy()
     return traj.logits.argmax(dim=1).to(torch.uint8).numpy(), probs, traj.tac.numpy().astype(np.float32)
 
