@@ -55,10 +55,29 @@ def test_a_file_without_read_permission_says_so(tmp_path):
 def test_a_wrong_spacing_given_on_the_command_line_is_named_as_given(tmp_path):
     scan = small_nifti(tmp_path / "scan.nii.gz")
     code, err = cardseg("segment", scan, "-o", tmp_path / "out", "--spacing", "0,0")
-    assert (code, err) == (2, f"cardseg: error: {scan}: --spacing gives axis i (x) 0 mm, outside the plausible range "
+    assert (code, err) == (2, "cardseg: error: --spacing '0,0': axis i (x) 0 mm is outside the plausible range "
                               "0.05-10 mm for MRI")
     code, err = cardseg("segment", scan, "-o", tmp_path / "out", "--spacing", "1.5,1.5,0")  # the header's z is fine
-    assert code == 2 and "--spacing gives axis k (slice) 0 mm" in err and "give the right one" not in err
+    assert code == 2 and "axis k (slice) 0 mm is outside" in err and "give the right one" not in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("spacing", ["0,1", "-1,1", "1,1,0", "nan,1", "1,inf", "11,1"])
+def test_a_wrong_spacing_for_a_raster_image_is_one_line_before_itk_sees_it(tmp_path, spacing):
+    """ITK throws on a zero or negative spacing: a PNG (which needs --spacing) got a traceback, exit 1;
+    ``cardseg batch`` failed every case and wrote its tables (now refused before any work)."""
+    from cardseg.base.errors import CardsegError
+    from cardseg.io.inputs import read_image
+
+    png = tmp_path / "slice.png"
+    sitk.WriteImage(sitk.GetImageFromArray(np.arange(64 * 64, dtype=np.uint16).reshape(64, 64)), str(png))
+    for command in ("segment", "batch"):
+        code, err = cardseg(command, png, "-o", tmp_path / command, f"--spacing={spacing}")
+        assert code == 2 and err.startswith(f"cardseg: error: --spacing '{spacing}': axis ") and "\n" not in err, err
+        assert not (tmp_path / command).exists()
+    values = [float(v) for v in spacing.split(",")]
+    with pytest.raises(CardsegError, match="outside the plausible range"):  # the Python API checks it too
+        read_image(png, spacing=values)
 
 
 def test_a_4d_image_without_a_frame_names_both_ways_to_choose_one(tmp_path):

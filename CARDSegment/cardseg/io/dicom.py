@@ -29,7 +29,8 @@ import numpy as np
 import SimpleITK as sitk
 
 from cardseg.base.errors import CardsegError
-from cardseg.io.limits import DIRECTION_TOLERANCE, MAX_VOLUME_VOXELS, nearest_orthonormal, skew_degrees
+from cardseg.io.limits import (DIRECTION_TOLERANCE, LIMIT_MEMORY_NOTE, MAX_VOLUME_VOXELS, nearest_orthonormal,
+                                skew_degrees)
 
 #: relative tolerance on the slice gap before a series counts as unevenly spaced
 GAP_TOLERANCE = 0.02
@@ -183,7 +184,7 @@ def _stack(where: Path, headers: List[_Slice], frame: Optional[int], spacing: Op
     n = len(stack) * first.size[0] * first.size[1]
     if n > MAX_VOLUME_VOXELS:
         raise CardsegError(f"{where}: the volume to segment has {n:,d} voxels; the limit is {MAX_VOLUME_VOXELS:,d} "
-                           "(a run that size needs about 2.7 GB of memory)")
+                           f"({LIMIT_MEMORY_NOTE})")
     gaps = np.diff([float(h.position @ normal) for h in stack])
     source = None
     if len(gaps):

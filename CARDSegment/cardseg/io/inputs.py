@@ -45,8 +45,8 @@ import SimpleITK as sitk
 from cardseg.base.errors import CardsegError
 from cardseg.base.fd2 import FD2_LOCK
 from cardseg.io.headers import INSPECTORS, nrrd_field, read_nifti_head, read_nrrd_header
-from cardseg.io.limits import (DIRECTION_TOLERANCE, INPLANE_SPACING_MM, MAX_FILE_VOXELS, MAX_VOLUME_VOXELS, MIN_INPLANE,
-                                SLICE_SPACING_MM, nearest_orthonormal, skew_degrees)
+from cardseg.io.limits import (DIRECTION_TOLERANCE, INPLANE_SPACING_MM, LIMIT_MEMORY_NOTE, MAX_FILE_VOXELS,
+                                MAX_VOLUME_VOXELS, MIN_INPLANE, SLICE_SPACING_MM, nearest_orthonormal, skew_degrees)
 
 #: ITK readers of 2D raster formats that store no physical pixel spacing
 RASTER_IO = {"PNGImageIO": "PNG", "JPEGImageIO": "JPEG", "BMPImageIO": "BMP", "TIFFImageIO": "TIFF"}
@@ -76,6 +76,11 @@ def parse_spacing(text: str) -> tuple:
         values = ()
     if len(values) not in (2, 3):
         raise CardsegError(f"--spacing {text!r}: give SX,SY or SX,SY,SZ in mm, e.g. 1.5,1.5,8")
+    for axis, value in enumerate(values):  # checked here, before any input is read or any case runs
+        lo, hi = INPLANE_SPACING_MM if axis < 2 else SLICE_SPACING_MM
+        if not (np.isfinite(value) and lo <= value <= hi):
+            raise CardsegError(f"--spacing {text!r}: axis {_AXES[axis]} {value:g} mm is outside the plausible range "
+                               f"{lo:g}-{hi:g} mm for MRI")
     return values
 
 
@@ -96,6 +101,7 @@ def read_image(path: os.PathLike, frame: Optional[int] = None, spacing: Optional
     if spacing is not None:
         sp = list(img.GetSpacing())
         sp[:len(spacing)] = [float(s) for s in spacing]
+        check_spacing(sp, p, given=len(spacing))  # before ITK sees it: ITK throws on a zero or negative spacing
         img.SetSpacing(sp)
     elif not has_spacing:
         raise CardsegError(f"{p}: a {_raster_name(p)} image carries no physical pixel spacing; "
@@ -289,7 +295,7 @@ def _check_size(size: tuple, p: Path) -> None:
     n = int(np.prod(size))
     if n > MAX_VOLUME_VOXELS:
         raise CardsegError(f"{p}: the volume to segment has {n:,d} voxels; the limit is {MAX_VOLUME_VOXELS:,d} "
-                           "(a run that size needs about 2.7 GB of memory)")
+                           f"({LIMIT_MEMORY_NOTE})")
     if min(size[:2]) < MIN_INPLANE:
         raise CardsegError(f"{p}: in-plane size {size[0]}x{size[1]} is too small (at least {MIN_INPLANE} pixels)")
 
