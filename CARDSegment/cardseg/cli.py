@@ -9,13 +9,15 @@ import sys
 import time
 from typing import List, Optional
 
+from cardseg.base.argparsing import CommandLineParser, DefaultsHelpFormatter
 from cardseg.base.errors import CardsegError
 from cardseg.base.filekind import check_file_or_folder, kind_of
 from cardseg.base.options import check_int_range, check_new_file, check_run_options
 from cardseg.plugins import plugin_commands, run_plugin
 from cardseg.plugins import plugin_help as describe_plugin
 
-BACKEND_HELP = ("what runs the networks: torch (eager), onnx (ONNX Runtime on the CPU, about 1.5x faster "
+BACKEND_HELP = ("what runs the networks: torch (a TorchScript program made from the bundle's networks on the first "
+                "run, checked and cached like the ONNX model; CPU or CUDA), onnx (ONNX Runtime on the CPU, about 1.5x faster "
                 "end to end, same segmentation up to float rounding; needs the [speed] extra; the model is exported "
                 "from the bundle's weights on the first run and cached in $CARDSEG_CACHE_DIR or ~/.cache/cardseg), "
                 "or auto: onnx on the CPU when the [speed] extra is installed, else torch "
@@ -32,13 +34,13 @@ def build_parser(plugin_help: bool = False, plugins: Optional[dict] = None) -> a
     """The whole command line; ``plugins``: the plugin subcommands to list (None: look them up)."""
     from cardseg import __version__
 
-    parser = argparse.ArgumentParser(prog="cardseg", description="Calibrated categorical-diffusion segmentation (CARD).")
+    parser = CommandLineParser(prog="cardseg", description="Calibrated categorical-diffusion segmentation (CARD).")
     parser.add_argument("--version", action="version", version=f"cardseg {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
     p = sub.add_parser("segment", help="segment a volume and calibrate its confidence",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       formatter_class=DefaultsHelpFormatter,
                        description="Segment INPUT into OUTDIR: labels, calibrated probabilities, disagreement and "
                                    "temperature maps, flagged regions and a report. Everything is checked before any "
                                    "work; bad input ends with one line and exit code 2, nothing written.")
@@ -69,7 +71,7 @@ def build_parser(plugin_help: bool = False, plugins: Optional[dict] = None) -> a
     p.add_argument("--backend", choices=["auto", "torch", "onnx"], help=BACKEND_HELP)
 
     p = sub.add_parser("batch", help="segment many cases: cohort table, resume, triage report, optional Ray",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       formatter_class=DefaultsHelpFormatter,
                        description="Segment every case into OUTDIR/<case>/ exactly as 'segment' does, with the model "
                                    "loaded once per worker; write cohort.csv (and cohort.parquet with pyarrow), "
                                    "subjects.csv (cardiac indices with intervals for subjects with ED and ES cases) "

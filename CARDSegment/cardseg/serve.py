@@ -72,6 +72,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 from cardseg.base import strictjson
+from cardseg.base.argparsing import DefaultsHelpFormatter
 from cardseg.base.errors import CardsegError, one_line
 
 PROTOCOL = 1
@@ -88,7 +89,7 @@ UNEXPECTED = 3
 def add_serve_parser(sub) -> None:
     """Register ``cardseg serve`` on the CLI's subparsers."""
     p = sub.add_parser("serve", help="a warm engine: segment requests read as JSON lines on stdin (the Slicer module)",
-                       formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                       formatter_class=DefaultsHelpFormatter,
                        description="Load the bundle once, then segment one volume per JSON line read on stdin "
                                    "exactly as 'segment' does, answering with JSON lines on stdout (progress, then "
                                    "one result per request). The protocol is described in cardseg/serve.py.")

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
+from cardseg.base.argparsing import CommandLineParser
 from cardseg.base.errors import CardsegError
 
 
@@ -33,7 +34,7 @@ _LOSS_FLAGS = {"w_kl": "kl", "w_ce": "ce", "w_dice": "dice", "w_boundary": "boun
 
 
 def train_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CommandLineParser(
         prog="cardseg train",
         description="Train a categorical-diffusion denoiser (primary or reference) into a run folder. "
                     "'cardseg train export --help' builds a bundle from two runs.")
@@ -93,7 +94,7 @@ def train_parser() -> argparse.ArgumentParser:
 
 
 def export_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="cardseg train export",
+    p = CommandLineParser(prog="cardseg train export",
                                 description="Assemble a bundle (safetensors, fp16) from a primary and a reference run.")
     p.add_argument("--primary", required=True, metavar="RUN",
                    help="primary run folder (a diffusion run trained with --role primary; or a plain segmentor run)")

@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import List
 
+from cardseg.base.argparsing import CommandLineParser
 from cardseg.base.errors import CardsegError
 
 from .cli_options import (add_bundle_and_data, add_cache, add_compute, add_h5_spacing, add_overwrite, check_compute,
@@ -22,7 +23,7 @@ COMPARISON_FILES = ("comparison.md", "comparison.json", "comparison_block_nll.pn
 
 
 def ablate_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CommandLineParser(
         prog="cardseg ablate",
         description="The paper's component ablation (Table II) under one condition: Primary only, Logit Mix, Dual "
                     "U-Net, w/o Ref. Contrast, TAC-last, TAC-mid, Proposed (ECE/SCE/ACE). Reads cardseg evaluate's "
@@ -118,7 +119,7 @@ def bundle_kind(path) -> str:
 
 
 def compare_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CommandLineParser(
         prog="cardseg compare",
         description="The paper's Table I from cardseg evaluate outputs: the conventional baselines (UC, TS, ETS, HTS, "
                     "PTS, LTS, CalibNet) on a deterministic segmentor, Alea. on the aleatoric one, Primary+ETS, "

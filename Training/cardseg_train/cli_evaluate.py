@@ -11,6 +11,7 @@ import glob
 from pathlib import Path
 from typing import List, Sequence
 
+from cardseg.base.argparsing import CommandLineParser
 from cardseg.base.errors import CardsegError
 
 from .cli_options import (add_bundle_and_data, add_cache, add_compute, add_h5_spacing, add_overwrite, check_compute,
@@ -26,7 +27,7 @@ REVIEW_FILES = ("review.md", "review.json", "review.png")
 def evaluate_parser() -> argparse.ArgumentParser:
     from .calibration_eval import ALL_METHODS, CONDITIONS, METHODS
 
-    p = argparse.ArgumentParser(
+    p = CommandLineParser(
         prog="cardseg evaluate",
         description="Evaluate a bundle on labelled ACDC volumes: CARD against UC/TS/ETS/HTS under the conditions "
                     "clean, bias, motion, ghost, spike (ACDC-C). Writes calibration.md/.csv/.json (ECE, SCE, ACE "

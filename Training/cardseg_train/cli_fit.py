@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import List
 
+from cardseg.base.argparsing import CommandLineParser
 from cardseg.base.errors import CardsegError
 
 from .cli_options import (DEFAULT_DATA, add_bundle_and_data, add_cache, add_compute, add_h5_spacing, add_overwrite,
@@ -24,7 +25,7 @@ REWRITTEN = ("bundle folder {what}; its bundle.json is rewritten in place. Neede
 def review_fit_parser() -> argparse.ArgumentParser:
     from .review_report import RULES
 
-    p = argparse.ArgumentParser(
+    p = CommandLineParser(
         prog="cardseg fit-review",
         description="Choose how flagged regions are cut (from a fitted voxel error-probability map, logistic over "
                     "the smoothed TAC and the prediction's geometry, or from the TAC itself: --rule; flag and grow "
@@ -90,7 +91,7 @@ def cmd_fit_review(argv: List[str]) -> int:
 
 
 def fit_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CommandLineParser(
         prog="cardseg fit-calibration",
         description="Fit CARD's temperature mapping {tau_min, tau_max, w_b, w_k} (and the TS/ETS/HTS baselines) by "
                     "mean NLL on the source-validation pool (validation volumes plus contrast, gamma and noise "
@@ -145,7 +146,7 @@ def cmd_fit(argv: List[str]) -> int:
 
 
 def fit_indices_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = CommandLineParser(
         prog="cardseg fit-indices",
         description="Fit the intervals of the cardiac indices (LV/RV EDV, ESV, SV, EF, LV mass) on the validation "
                     "subjects (ED frame01, ES frame02): per index a location-scale pivot, bias and sd from the "
