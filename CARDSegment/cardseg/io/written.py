@@ -14,6 +14,7 @@ import collections
 import errno
 import gzip
 import os
+import re
 import struct
 import sys
 import threading
@@ -329,6 +330,25 @@ def write_seg_nrrd(path: os.PathLike, labels, volume, classes: list) -> None:
             segment["terminology"] = cls["terminology"]
         slicerio.add_segment(seg, ijk == value, segment)
     slicerio.write_segmentation(str(path), seg)
+    drop_write_date(path)
+
+
+#: the comment pynrrd writes into every header: the time of writing (the one byte difference between two runs)
+_DATE_COMMENT = re.compile(rb"^# on [^\n]*\n", re.MULTILINE)
+
+
+def drop_write_date(path: os.PathLike) -> None:
+    """Remove the ``# on <date>`` comment pynrrd puts in a NRRD header (only in the header: up to
+    its first empty line), so that the same labels give the same bytes on every run; a file
+    without it is left alone."""
+    with open(path, "rb") as f:
+        data = f.read()
+    end = data.find(b"\n\n")
+    head = data[:end + 1] if end >= 0 else b""
+    new_head = _DATE_COMMENT.sub(b"", head, count=1)
+    if new_head != head:
+        with open(path, "wb") as f:
+            f.write(new_head + data[len(head):])
 
 
 def write_text(path: os.PathLike, text: str) -> None:
