@@ -65,9 +65,11 @@ def fake_indices(ed_dir, es_dir, config):
 # the manifest and INPUTs: refused before any work, one line, exit 2
 # --------------------------------------------------------------------------------------------
 MANIFEST_ERRORS = {
-    "no path column": ("case,file\na,x.nii.gz\n", "no path column"),
-    "no case column": ("path\nx.nii.gz\n", "no case column"),
-    "unknown column": ("case,path,phse\na,x.nii.gz,ED\n", "unknown manifest column(s) 'phse'"),
+    "no path column": ("case,file\na,x.nii.gz\n", "line 1: the manifest has no path column"),
+    "no case column": ("path\nx.nii.gz\n", "line 1: the manifest has no case column"),
+    "unknown column": ("case,path,phse\na,x.nii.gz,ED\n", "line 1: unknown manifest column(s) 'phse'"),
+    "header after blank lines": ("\n\ncase,path,phse\na,x.nii.gz,ED\n", "line 3: unknown manifest column(s)"),
+    "row after blank lines": ("\ncase,path,frame\na,x.nii.gz,two\n", "line 3: frame 'two' is not a whole number"),
     "bad phase": ("case,path,phase,subject\na,x.nii.gz,EDD,s1\n", "line 2: phase 'EDD' must be ED or ES"),
     "bad frame": ("case,path,frame\na,x.nii.gz,two\n", "line 2: frame 'two' is not a whole number"),
     "negative frame": ("case,path,frame\na,x.nii.gz,-1\n", "line 2: frame '-1'"),
@@ -79,7 +81,7 @@ MANIFEST_ERRORS = {
                               "line 2: phase ED without a subject; the cardiac indices pair"),
     "two ED for one subject": ("case,path,phase,subject\na,x.nii.gz,ED,s1\nb,y.nii.gz,ed,s1\n",
                                "subject 's1' has two ED cases"),
-    "duplicate column": ("case,path,path\na,x,y\n", "appear more than once"),
+    "duplicate column": ("case,path,path\na,x,y\n", "line 1: manifest column(s) path appear more than once"),
     "header only": ("case,path\n", "lists no case"),
     "empty file": ("", "empty manifest"),
 }

@@ -29,6 +29,8 @@ def cardseg(*args):
     ("batch", ["--ray", "local", "--ray-cpus-per-worker", "nan"], "--ray-cpus-per-worker must be a number above 0, got nan"),
     ("batch", ["--ray", "local", "--ray-cpus-per-worker", "inf"], "--ray-cpus-per-worker must be a number above 0, got inf"),
     ("batch", ["--ray", "local", "--ray-cpus-per-worker", "0"], "--ray-cpus-per-worker must be a number above 0, got 0.0"),
+    ("batch", ["--ray-workers", "2"], "--ray-workers is for a Ray cluster (--ray ADDRESS or --ray local); on this "
+                                      "machine use --workers N"),
 ])
 def test_unreasonable_numbers_are_refused_before_any_work(tmp_path, tiny_bundle, rotated_nifti, command, extra,
                                                            message):

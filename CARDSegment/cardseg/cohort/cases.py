@@ -67,8 +67,10 @@ def read_manifest(manifest: os.PathLike, default_frame: Optional[int] = None,
     except (OSError, UnicodeDecodeError) as exc:
         raise CardsegError(f"{mpath}: cannot read the manifest ({one_line(exc)})") from None
     rows = list(csv.reader(io.StringIO(text)))
+    header_line = 1  # blank lines before the header are skipped, and counted
     while rows and not any(c.strip() for c in rows[0]):
         rows.pop(0)
+        header_line += 1
     if not rows:
         raise CardsegError(f"{mpath}: empty manifest; its first line must be the header "
                            f"{','.join(MANIFEST_COLUMNS)}")
@@ -77,18 +79,21 @@ def read_manifest(manifest: os.PathLike, default_frame: Optional[int] = None,
     missing = [c for c in MANIFEST_REQUIRED if c not in header]
     also = f" (unknown column(s): {', '.join(repr(c) for c in unknown)})" if unknown else ""
     if missing:
-        raise CardsegError(f"{mpath}: the manifest has no {' and no '.join(missing)} column{also}; its header must "
+        raise CardsegError(f"{mpath}, line {header_line}: the manifest has no {' and no '.join(missing)} column{also}; "
+                           f"its header must "
                            f"hold case,path (and optionally frame,phase,subject)")
     if unknown:
-        raise CardsegError(f"{mpath}: unknown manifest column(s) {', '.join(repr(c) for c in unknown)}; the header "
+        raise CardsegError(f"{mpath}, line {header_line}: unknown manifest column(s) "
+                           f"{', '.join(repr(c) for c in unknown)}; the header "
                            f"may hold {','.join(MANIFEST_COLUMNS)} (case and path required)")
     dup = sorted({c for c in header if header.count(c) > 1})
     if dup:
-        raise CardsegError(f"{mpath}: manifest column(s) {', '.join(dup)} appear more than once in the header")
+        raise CardsegError(f"{mpath}, line {header_line}: manifest column(s) {', '.join(dup)} appear more than once "
+                           "in the header")
     col = {c: header.index(c) for c in header}
     base = Path(os.path.abspath(mpath)).parent  # the manifest's own folder, as the help says
     cases: List[Case] = []
-    for lineno, row in enumerate(rows[1:], start=2):
+    for lineno, row in enumerate(rows[1:], start=header_line + 1):
         if not any(c.strip() for c in row):
             continue
         if len(row) > len(header):

@@ -67,6 +67,9 @@ def check_options(o: BatchOptions) -> None:
         raise CardsegError(f"--workers must be at least 1, got {o.workers}")
     if o.workers > 1 and o.ray:
         raise CardsegError("--workers is for this machine; with --ray use --ray-workers")
+    if o.ray_workers is not None and not o.ray:
+        raise CardsegError("--ray-workers is for a Ray cluster (--ray ADDRESS or --ray local); on this machine use "
+                           "--workers N")
     if not (math.isfinite(o.ray_cpus_per_worker) and o.ray_cpus_per_worker > 0):
         raise CardsegError(f"--ray-cpus-per-worker must be a number above 0, got {o.ray_cpus_per_worker}")
     if o.report_thumbnails < 0:
