@@ -186,8 +186,8 @@ def _check_backend(a) -> None:
 
 
 def cmd_segment(a) -> int:
-    # Every check that needs no torch comes first, in this order: options, output location,
-    # bundle (schema, files), input image. Only then torch, the networks and the work.
+    # Every check that needs no torch comes first, in this order: options, the input's existence and
+    # the output location, bundle (schema, files), input image. Only then torch, the networks and the work.
     from cardseg.bundle.folder import check_bundle
     from cardseg.io.inputs import parse_spacing
     from cardseg.io.outdir import check_output

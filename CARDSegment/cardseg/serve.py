@@ -297,7 +297,7 @@ class Engine:
         except SystemExit:
             lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
             text = lines[-1] if lines else "invalid request"
-            raise CardsegError(text.split(" error: ", 1)[-1]) from None
+            raise CardsegError(text.split(" error: ", 1)[-1].split(" (see cardseg ", 1)[0]) from None  # no CLI hint
 
     def segment(self, request: dict, t0: float) -> dict:
         """One ``segment`` request, checked as ``cardseg segment`` checks; the result event."""

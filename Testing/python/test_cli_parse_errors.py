@@ -42,3 +42,21 @@ def test_help_states_each_default_once():
         assert "$CARDSEG_BUNDLE" in bundle and bundle.count("default") <= 1, (name, bundle)
     seg = " ".join(sub["segment"].format_help().split())
     assert "slices per network call (default: 8)" in seg  # a real default is still stated
+
+
+@pytest.mark.parametrize("module", ["cardseg_train.indices_fit", "cardseg_train.reference_maps",
+                                    "cardseg_train.indices_evidence", "cardseg.cohort.triage"])
+def test_the_python_m_tools_refuse_an_option_in_one_line(module):
+    p = subprocess.run([sys.executable, "-m", module, "--bogus"], capture_output=True, text=True, timeout=300)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("cardseg: error: "), p.stderr
+    assert f"(see python -m {module} --help)" in lines[0]
+
+
+def test_implausible_spacing_names_the_first_bad_axis():
+    from cardseg.io.inputs import implausible_spacing
+
+    assert implausible_spacing((1.5, 1.5, 8.0)) is None and implausible_spacing((1.5, 1.5)) is None
+    assert implausible_spacing((1.5, 0.0, 8.0)) == (1, 0.0, 0.05, 10.0)
+    assert implausible_spacing((1.5, 1.5, 101.0)) == (2, 101.0, 0.05, 100.0)
+    assert implausible_spacing((float("nan"), 20.0))[0] == 0

@@ -94,6 +94,25 @@ def test_the_calibration_pool_keeps_no_pixel_outside_the_view(tiny_bundle, monke
 
     monkeypatch.setattr(cp, "engine_card_outputs", narrower)
     item = cp.build_pool(bundle, [LabelledVolume("s_frame01", "s", vol, lab)], variants=("clean",), roi_radius=3,
-                         max_pixels_per_item=None)[0]
+                         max_pixels_per_item=None, spatial=True)[0]
     roi = roi_mask(lab > 0, 3)
     assert (roi & ~cut).any() and item.labels.size == int((roi & cut).sum())
+    z0, z1, y0, y1, x0, x1 = item.spatial.box  # the spatial baselines' crop holds the same pixels
+    assert int(item.spatial.roi.sum()) == item.labels.size
+    assert not (item.spatial.roi & ~cut[None, y0:y1, x0:x1]).any()
+
+
+def test_the_review_measures_card_entropy_uses_tau_min_outside_the_view(tmp_path):
+    from cardseg_train import review_data as rd
+
+    logits, tac, lab, fov = _case()
+    maps = rd.VolumeMaps("p_f1", "clean", logits.argmax(1).astype(np.uint8), lab, tac, (1.5, 1.5, 8.0),
+                         logits.astype(np.float16), fov=fov)
+    path = tmp_path / "m.npz"
+    rd._save(path, maps)  # noqa: SLF001 - the cache's own round trip
+    back = rd._load(path)  # noqa: SLF001
+    assert np.array_equal(back.fov, fov)
+    rd.entropy_maps(back, CAL)
+    outside = np.broadcast_to(~fov, lab.shape)
+    assert np.allclose(back.entropy_card[outside], back.entropy_uc[outside], atol=1e-5)
+    assert (back.entropy_card[~outside] > back.entropy_uc[~outside] + 1e-4).mean() > 0.9  # heated inside

@@ -103,6 +103,7 @@ def test_one_process_many_requests(tmp_path, phantom, tiny_bundle):
                        "error": f"{tmp_path / 'missing.nii.gz'}: no such file or folder"}
         wrong = engine.ask({"id": "c", "input": str(phantom), "output": str(tmp_path / "c"), "method": "nope"})
         assert not wrong["ok"] and "invalid choice: 'nope'" in wrong["error"] and not (tmp_path / "c").exists()
+        assert "--help" not in wrong["error"]  # a request is JSON, not a command line: no CLI hint
         assert not engine.ask("not json")["ok"]
         taken = engine.ask({"id": "d", "input": str(phantom), "output": str(tmp_path / "a")})  # no overwrite
         assert not taken["ok"] and "--overwrite" in taken["error"]

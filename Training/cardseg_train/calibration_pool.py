@@ -152,8 +152,9 @@ def build_pool(bundle, cases, variants: Sequence[str] = POOL_VARIANTS, roi_radiu
     perturbed (:func:`perturb_image`, generator seeded by ``(seed, case, variant)``; ``clean``
     is left as is) and run through :func:`engine_card_outputs`. The ROI is the ground-truth
     foreground dilated by ``roi_radius`` pixels (per slice, disk), as in the metrics; at most
-    ``max_pixels_per_item`` of its pixels are kept (seeded), none outside the networks' field of view
-    (the engine gives those ``tau_min`` whatever the fit: they carry nothing for it); each perturbation is drawn ``draws``
+    ``max_pixels_per_item`` of its pixels are kept (seeded), none outside the networks' field of view,
+    for any method (the crops too): there the engine makes the pixels background without the networks,
+    so no calibrator's output is fitted on them (CARD gives them ``tau_min``); each perturbation is drawn ``draws``
     times per volume (draw 0 keeps the generator of a single-draw pool). Each item records the volume
     agreement score the engine would report (Eq. 5 over the predicted foreground's ROI,
     dilated by the bundle's ``agreement.roi_dilation_px``).
@@ -190,11 +191,12 @@ def build_pool(bundle, cases, variants: Sequence[str] = POOL_VARIANTS, roi_radiu
             pred_roi = roi_mask(logits.argmax(axis=1) > 0, agreement_radius)
             agreement = agreement_score(tac, pred_roi)
             step_roi_js = [float(js[pred_roi].mean()) for js in step_js.values()] if pred_roi.any() else None
-            pool.append(pool_item(logits, tac, case.labels, roi & fov, rng, max_pixels_per_item, case=case.case,
+            in_view = roi & fov  # what the engine decides without the networks is no calibrator's to fit
+            pool.append(pool_item(logits, tac, case.labels, in_view, rng, max_pixels_per_item, case=case.case,
                                   variant=variant, agreement=agreement, step_js=step_js, step_roi_js=step_roi_js))
             pool[-1].patient = str(getattr(case, "patient", "") or "")
             if spatial:
-                sp = spatial_item(logits, img, case.labels, roi, tac, crop_margin)
+                sp = spatial_item(logits, img, case.labels, in_view, tac, crop_margin)
                 if augmentations:
                     sp.aug_mean, sp.aug_std = augmentation_stats(
                         engine_primary_logits(bundle, spacing, device, batch_size, offset), img, sp.box, augmentations,

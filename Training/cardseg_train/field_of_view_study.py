@@ -11,7 +11,6 @@ the run the engine keeps (the higher agreement). Writes ``field_of_view.json`` a
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import List, Optional
@@ -107,7 +106,8 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cardseg_train.field_of_view_study", description=__doc__.split("\n")[0])
+    from cardseg.base.argparsing import CommandLineParser
+    p = CommandLineParser(prog="python -m cardseg_train.field_of_view_study", description=__doc__.split("\n")[0])
     p.add_argument("--bundle", default=None, help="bundle folder (default: the package's bundle)")
     p.add_argument("--data", default=DEFAULT_DATA, help=f"ACDC HDF5 folder (default {DEFAULT_DATA})")
     p.add_argument("--split", default="val", choices=["val", "test"], help="default val (test: after a freeze only)")

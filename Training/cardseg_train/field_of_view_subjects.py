@@ -21,7 +21,6 @@ corrections) against the label-derived ones, and Dice; writes ``field_of_view_su
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -140,7 +139,8 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cardseg_train.field_of_view_subjects",
+    from cardseg.base.argparsing import CommandLineParser
+    p = CommandLineParser(prog="python -m cardseg_train.field_of_view_subjects",
                                 description=__doc__.split("\n")[0])
     p.add_argument("--bundle", default=None, help="bundle folder (default: the package's bundle)")
     p.add_argument("--data", default=DEFAULT_DATA, help=f"ACDC HDF5 folder (default {DEFAULT_DATA})")

@@ -123,7 +123,6 @@ def markdown(checks: dict, level: float) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    import argparse
 
     from cardseg.base.errors import CardsegError
     from cardseg.bundle.loading import load_bundle
@@ -133,7 +132,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .indices_fit import evidence_subjects, pool_patients
     from .report_files import atomic_write
 
-    p = argparse.ArgumentParser(prog="python -m cardseg_train.indices_design", description=__doc__.split("\n")[0])
+    from cardseg.base.argparsing import CommandLineParser
+    p = CommandLineParser(prog="python -m cardseg_train.indices_design", description=__doc__.split("\n")[0])
     p.add_argument("--bundle", default=None)
     p.add_argument("--data", default="../shared/data/acdc")
     p.add_argument("--level", type=float, default=0.9)

@@ -15,7 +15,6 @@ refused here: this module only gathers evidence for fitting.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import sys
@@ -137,7 +136,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     from .cli_options import add_cache
 
-    ap = argparse.ArgumentParser(prog="python -m cardseg_train.indices_evidence", description=__doc__.split("\n")[0])
+    from cardseg.base.argparsing import CommandLineParser
+    ap = CommandLineParser(prog="python -m cardseg_train.indices_evidence", description=__doc__.split("\n")[0])
     ap.add_argument("--bundle", default=None)
     ap.add_argument("--data", default="../shared/data/acdc")
     ap.add_argument("--split", default="val", choices=EVIDENCE_SPLITS)

@@ -409,14 +409,14 @@ def fit_indices(bundle_path: Optional[str], data: str, level: float = 0.9, h5_sp
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``python -m cardseg_train.indices_fit``: ``cardseg fit-indices`` with the shape pool's options."""
-    import argparse
     import contextlib
     import sys
 
     from .cli_options import add_cache, add_overwrite, bundle_to_rewrite, out_record
     from .indices_report import MEASUREMENT_FILES
 
-    p = argparse.ArgumentParser(prog="python -m cardseg_train.indices_fit", description=__doc__.split("\n")[0])
+    from cardseg.base.argparsing import CommandLineParser
+    p = CommandLineParser(prog="python -m cardseg_train.indices_fit", description=__doc__.split("\n")[0])
     p.add_argument("--bundle", default=None)
     p.add_argument("--data", default="../shared/data/acdc")
     p.add_argument("--level", type=float, default=0.9)

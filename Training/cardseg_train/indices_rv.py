@@ -138,7 +138,6 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    import argparse
 
     from cardseg.base.errors import CardsegError
     from cardseg.bundle.loading import load_bundle
@@ -148,7 +147,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .indices_evidence import evidence_volumes
     from .report_files import atomic_write
 
-    ap = argparse.ArgumentParser(prog="python -m cardseg_train.indices_rv", description=__doc__.split("\n")[0])
+    from cardseg.base.argparsing import CommandLineParser
+    ap = CommandLineParser(prog="python -m cardseg_train.indices_rv", description=__doc__.split("\n")[0])
     ap.add_argument("--bundle", default=None)
     ap.add_argument("--data", default="../shared/data/acdc")
     add_cache(ap, "indices/evidence", "the evidence volumes' cache (fit-indices' own)")

@@ -21,7 +21,6 @@ changes. Test patients are never read. ::
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import sys
@@ -157,7 +156,8 @@ def write_outputs(rows: Dict[str, dict], out: Path) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cardseg_train.reference_maps", description=__doc__.split("\n")[0])
+    from cardseg.base.argparsing import CommandLineParser
+    p = CommandLineParser(prog="python -m cardseg_train.reference_maps", description=__doc__.split("\n")[0])
     p.add_argument("--bundle", required=True, help="the bundle whose primary (and reference, the first row) is used")
     p.add_argument("--candidates", nargs="+", default=[], help="reference training runs (run folders)")
     p.add_argument("--checkpoint", default="last", choices=["best", "last"])

@@ -26,7 +26,7 @@ from .calibration_eval import condition_volume
 from .evaluation import LabelledVolume
 
 #: bump when what a cached map holds, or how it is computed, changes
-CACHE_VERSION = 2
+CACHE_VERSION = 3  # 3: the networks' field of view kept (CARD's entropy map: tau_min outside it)
 
 
 @dataclass
@@ -45,11 +45,14 @@ class VolumeMaps:
     logits: Optional[np.ndarray] = None
     entropy_uc: Optional[np.ndarray] = None
     entropy_card: Optional[np.ndarray] = None
+    #: ``(Y, X)`` bool, the networks' field of view (None: everywhere)
+    fov: Optional[np.ndarray] = None
 
 
 def entropy_maps(maps: VolumeMaps, calibrator) -> VolumeMaps:
     """Fill ``entropy_uc`` (softmax of the primary) and ``entropy_card`` (the logits divided by
-    CARD's temperature of the TAC, paper Eq. 4) from ``maps.logits``; returns ``maps``."""
+    CARD's temperature of the TAC, paper Eq. 4; ``tau_min`` outside the networks' field of view, as the
+    engine) from ``maps.logits``; returns ``maps``."""
     import torch
 
     from cardseg.method.calibration import temperature_scale
@@ -57,7 +60,8 @@ def entropy_maps(maps: VolumeMaps, calibrator) -> VolumeMaps:
     logits = torch.from_numpy(np.asarray(maps.logits, dtype=np.float32))
     tac = torch.from_numpy(np.asarray(maps.tac, dtype=np.float32))
     out = []
-    for logp in (torch.log_softmax(logits, dim=1), temperature_scale(logits, calibrator.temperature(tac))):
+    outside = None if maps.fov is None else ~np.asarray(maps.fov, bool)
+    for logp in (torch.log_softmax(logits, dim=1), temperature_scale(logits, calibrator.temperature(tac, outside))):
         out.append((-(logp.exp() * logp).sum(dim=1)).clamp_min(0.0).numpy().astype(np.float32))
     maps.entropy_uc, maps.entropy_card = out
     return maps
@@ -83,7 +87,8 @@ def compute_maps(bundle, item: LabelledVolume, condition: str, seed: int = 0, de
     traj = trajectory_on_slices(slices01, tuple(vol.volume.spacing[:2]), bundle, "card", device, batch_size)
     return VolumeMaps(item.case, condition, traj.logits.argmax(dim=1).numpy().astype(np.uint8),
                       item.labels.astype(np.uint8), traj.tac.numpy().astype(np.float32),
-                      tuple(float(s) for s in vol.volume.spacing), traj.logits.numpy().astype(np.float16))
+                      tuple(float(s) for s in vol.volume.spacing), traj.logits.numpy().astype(np.float16),
+                      fov=np.asarray(traj.fov, bool))
 
 
 def collect_maps(bundle, cases: Sequence[LabelledVolume], conditions: Sequence[str], cache_dir: Optional[Path],
@@ -116,7 +121,7 @@ def _load(path: Optional[Path]) -> Optional[VolumeMaps]:
     with np.load(path, allow_pickle=False) as f:
         meta = json.loads(bytes(f["meta"]).decode())
         return VolumeMaps(meta["case"], meta["condition"], f["pred"], f["truth"], f["tac"].astype(np.float32),
-                          tuple(meta["spacing"]), f["logits"])
+                          tuple(meta["spacing"]), f["logits"], fov=f["fov"].astype(bool) if "fov" in f.files else None)
 
 
 def _save(path: Optional[Path], m: VolumeMaps) -> None:
@@ -126,6 +131,7 @@ def _save(path: Optional[Path], m: VolumeMaps) -> None:
     tmp = path.with_name(path.stem + ".tmp.npz")
     meta = np.frombuffer(json.dumps({"case": m.case, "condition": m.condition, "spacing": list(m.spacing)}).encode(),
                          dtype=np.uint8)
+    extra = {} if m.fov is None else {"fov": np.asarray(m.fov, bool)}
     np.savez_compressed(tmp, pred=m.pred, truth=m.truth, tac=m.tac.astype(np.float16),
-                        logits=np.asarray(m.logits, dtype=np.float16), meta=meta)
+                        logits=np.asarray(m.logits, dtype=np.float16), meta=meta, **extra)
     tmp.replace(path)

@@ -403,9 +403,9 @@ def write_report(outdir: os.PathLike, config: Optional[dict] = None, max_thumbna
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    import argparse
 
-    p = argparse.ArgumentParser(prog="python -m cardseg.cohort.triage", description="rewrite a batch's triage.html")
+    from cardseg.base.argparsing import CommandLineParser
+    p = CommandLineParser(prog="python -m cardseg.cohort.triage", description="rewrite a batch's triage.html")
     p.add_argument("outdir", metavar="OUTDIR", help="a cardseg batch output folder")
     p.add_argument("--bundle", metavar="PATH", help="bundle for the class colours (default: the batch's settings)")
     p.add_argument("--thumbnails", type=int, default=200, metavar="N", help="thumbnails for the first N cases")

@@ -76,12 +76,22 @@ def parse_spacing(text: str) -> tuple:
         values = ()
     if len(values) not in (2, 3):
         raise CardsegError(f"--spacing {text!r}: give SX,SY or SX,SY,SZ in mm, e.g. 1.5,1.5,8")
-    for axis, value in enumerate(values):  # checked here, before any input is read or any case runs
+    bad = implausible_spacing(values)  # checked here, before any input is read or any case runs
+    if bad:
+        axis, value, lo, hi = bad
+        raise CardsegError(f"--spacing {text!r}: axis {_AXES[axis]} {value:g} mm is outside the plausible range "
+                           f"{lo:g}-{hi:g} mm for MRI")
+    return values
+
+
+def implausible_spacing(spacing: Sequence[float]) -> Optional[tuple]:
+    """``(axis, value, low, high)`` of the first spatial axis whose spacing (mm) lies outside the
+    plausible MRI range (:data:`~cardseg.io.limits.INPLANE_SPACING_MM`, ``SLICE_SPACING_MM``), or None."""
+    for axis, value in enumerate(list(spacing)[:3]):
         lo, hi = INPLANE_SPACING_MM if axis < 2 else SLICE_SPACING_MM
         if not (np.isfinite(value) and lo <= value <= hi):
-            raise CardsegError(f"--spacing {text!r}: axis {_AXES[axis]} {value:g} mm is outside the plausible range "
-                               f"{lo:g}-{hi:g} mm for MRI")
-    return values
+            return axis, float(value), lo, hi
+    return None
 
 
 def read_image(path: os.PathLike, frame: Optional[int] = None, spacing: Optional[Sequence[float]] = None) -> sitk.Image:
@@ -316,16 +326,17 @@ def check_spacing(spacing: Sequence[float], p: Path, header: bool = False, given
     """Each spatial axis' spacing (mm) within the plausible MRI range; the message names axis and value.
     ``given``: how many leading axes the user's ``--spacing`` set (their message says so); ``unit``: the
     header's unit of length and mm per unit (a NIfTI in metres names its pixdim in metres too)."""
-    for axis, value in enumerate(list(spacing)[:3]):
-        lo, hi = INPLANE_SPACING_MM if axis < 2 else SLICE_SPACING_MM
-        if not (np.isfinite(value) and lo <= value <= hi):
-            if axis < given:
-                raise CardsegError(f"{p}: --spacing gives axis {_AXES[axis]} {value:g} mm, outside the plausible "
-                                   f"range {lo:g}-{hi:g} mm for MRI")
-            where = f"pixdim[{axis + 1}]" if header else "spacing"
-            value_text = f"{value:g} mm" if unit[0] == "mm" else f"{value / unit[1]:g} {unit[0]} ({value:g} mm)"
-            raise CardsegError(f"{p}: {where} of axis {_AXES[axis]} is {value_text}, outside the plausible range "
-                               f"{lo:g}-{hi:g} mm for MRI (give the right one with --spacing)")
+    bad = implausible_spacing(spacing)
+    if bad is None:
+        return
+    axis, value, lo, hi = bad
+    if axis < given:
+        raise CardsegError(f"{p}: --spacing gives axis {_AXES[axis]} {value:g} mm, outside the plausible "
+                           f"range {lo:g}-{hi:g} mm for MRI")
+    where = f"pixdim[{axis + 1}]" if header else "spacing"
+    value_text = f"{value:g} mm" if unit[0] == "mm" else f"{value / unit[1]:g} {unit[0]} ({value:g} mm)"
+    raise CardsegError(f"{p}: {where} of axis {_AXES[axis]} is {value_text}, outside the plausible range "
+                       f"{lo:g}-{hi:g} mm for MRI (give the right one with --spacing)")
 
 
 def _as_3d(img: sitk.Image, p: Path, frame: Optional[int]) -> sitk.Image:
