@@ -115,6 +115,17 @@ def bundle_to_rewrite(path: Optional[str], command: str, writes: bool = True) ->
     return path
 
 
+def add_study_options(p: argparse.ArgumentParser, files: str) -> None:
+    """The options every validation study (``python -m cardseg_train.<study>``) takes: ``--bundle``,
+    ``--data``, ``--split`` (val; test only after a release's freeze), ``--out`` (for ``files``) and
+    ``--overwrite``."""
+    p.add_argument("--bundle", default=None, help="bundle folder (default: the package's bundle)")
+    p.add_argument("--data", default=DEFAULT_DATA, help=f"ACDC HDF5 folder (default {DEFAULT_DATA})")
+    p.add_argument("--split", default="val", choices=["val", "test"], help="default val (test: after a freeze only)")
+    p.add_argument("--out", required=True, help=f"folder for {files}")
+    add_overwrite(p)
+
+
 def add_overwrite(p: argparse.ArgumentParser, option: str = "--out") -> None:
     """``--overwrite``: replace files the command writes that its record in ``option`` does not list."""
     p.add_argument("--overwrite", action="store_true",

@@ -19,7 +19,7 @@ import numpy as np
 
 from cardseg.base.errors import CardsegError
 
-from .cli_options import DEFAULT_DATA, add_overwrite, out_record, write_json_and_markdown
+from .cli_options import add_study_options, out_record, write_json_and_markdown
 
 OUTPUT_FILES = ("field_of_view.json", "field_of_view.md")
 
@@ -107,13 +107,10 @@ def markdown(result: dict) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     from cardseg.base.argparsing import CommandLineParser
+
     p = CommandLineParser(prog="python -m cardseg_train.field_of_view_study", description=__doc__.split("\n")[0])
-    p.add_argument("--bundle", default=None, help="bundle folder (default: the package's bundle)")
-    p.add_argument("--data", default=DEFAULT_DATA, help=f"ACDC HDF5 folder (default {DEFAULT_DATA})")
-    p.add_argument("--split", default="val", choices=["val", "test"], help="default val (test: after a freeze only)")
+    add_study_options(p, "field_of_view.json and .md")
     p.add_argument("--margin-mm", type=float, default=None, help="the check's margin (default: the engine's, 15 mm)")
-    p.add_argument("--out", required=True, help="folder for field_of_view.json and .md")
-    add_overwrite(p)
     a = p.parse_args(argv)
     try:
         record = out_record(a.out, p.prog, OUTPUT_FILES, a.overwrite)

@@ -29,7 +29,7 @@ import numpy as np
 
 from cardseg.base.errors import CardsegError
 
-from .cli_options import DEFAULT_DATA, add_overwrite, out_record, write_json_and_markdown
+from .cli_options import add_study_options, out_record, write_json_and_markdown
 from .field_of_view_study import dice_per_class
 
 OUTPUT_FILES = ("field_of_view_subjects.json", "field_of_view_subjects.md")
@@ -140,13 +140,9 @@ def markdown(result: dict) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     from cardseg.base.argparsing import CommandLineParser
-    p = CommandLineParser(prog="python -m cardseg_train.field_of_view_subjects",
-                                description=__doc__.split("\n")[0])
-    p.add_argument("--bundle", default=None, help="bundle folder (default: the package's bundle)")
-    p.add_argument("--data", default=DEFAULT_DATA, help=f"ACDC HDF5 folder (default {DEFAULT_DATA})")
-    p.add_argument("--split", default="val", choices=["val", "test"], help="default val (test: after a freeze only)")
-    p.add_argument("--out", required=True, help="folder for field_of_view_subjects.json and .md")
-    add_overwrite(p)
+
+    p = CommandLineParser(prog="python -m cardseg_train.field_of_view_subjects", description=__doc__.split("\n")[0])
+    add_study_options(p, "field_of_view_subjects.json and .md")
     a = p.parse_args(argv)
     try:
         record = out_record(a.out, p.prog, OUTPUT_FILES, a.overwrite)
