@@ -1,5 +1,5 @@
-"""The flip study (``python -m cardseg_train.flip_study``): flips undone exactly, the flips'
-disagreement, the subjects' EF errors, and one run end to end on a tiny bundle."""
+"""Flipped copies (``cardseg.method.flips``) and the flip study (``python -m cardseg_train.flip_study``):
+flips undone exactly, the flips' disagreement, the subjects' EF errors, and one run end to end on a tiny bundle."""
 
 import json
 import math
@@ -7,31 +7,34 @@ import math
 import numpy as np
 import pytest
 
+from cardseg.method import flips
 from cardseg_train import flip_study as fs
+
+from conftest import blob_error_maps
 
 
 def test_unflip_undoes_each_flip_on_every_layout():
     rng = np.random.default_rng(0)
     vol = rng.normal(size=(3, 5, 6))
     logits = rng.normal(size=(3, 4, 5, 6))
-    for flip in fs.FLIPS:
+    for flip in flips.FLIPS:
         flipped = np.flip(vol, axis=flip) if flip else vol
-        assert np.array_equal(fs.unflip(flipped, flip, (0, 1, 2)), vol)
+        assert np.array_equal(flips.unflip(flipped, flip, (0, 1, 2)), vol)
         flipped = np.flip(logits, axis=tuple(a + 1 for a in flip)) if flip else logits
-        assert np.array_equal(fs.unflip(flipped, flip, (0, 2, 3)), logits)
-    assert not np.array_equal(fs.unflip(vol, (2,), (0, 1, 2)), vol)
+        assert np.array_equal(flips.unflip(flipped, flip, (0, 2, 3)), logits)
+    assert not np.array_equal(flips.unflip(vol, (2,), (0, 1, 2)), vol)
 
 
 def test_flip_disagreement_is_zero_when_runs_agree_and_ln_f_at_most():
     same = np.tile(fs.softmax(np.random.default_rng(1).normal(size=(1, 2, 3, 4, 4)), axis=2), (4, 1, 1, 1, 1))
-    assert np.allclose(fs.flip_disagreement(same), 0.0, atol=1e-6)
+    assert np.allclose(flips.flip_disagreement(same), 0.0, atol=1e-6)
     onehot = np.zeros((2, 1, 3, 1, 1))
     onehot[0, 0, 0], onehot[1, 0, 1] = 1.0, 1.0  # two runs, each sure of another class
-    assert fs.flip_disagreement(onehot)[0, 0, 0] == pytest.approx(math.log(2), abs=1e-6)
+    assert flips.flip_disagreement(onehot)[0, 0, 0] == pytest.approx(math.log(2), abs=1e-6)
     four = np.zeros((4, 1, 4, 1, 1))
     for f in range(4):
         four[f, 0, f] = 1.0
-    assert fs.flip_disagreement(four)[0, 0, 0] == pytest.approx(math.log(4), abs=1e-6)
+    assert flips.flip_disagreement(four)[0, 0, 0] == pytest.approx(math.log(4), abs=1e-6)
 
 
 def _heart(z=3, size=40, lv=8, rv_shift=0):
@@ -73,7 +76,7 @@ def test_the_study_end_to_end_on_a_tiny_bundle(tiny_bundle, tmp_path):
     plain = trajectory_on_slices(normalized_slices(cases[0].volume, bundle), cases[0].volume.spacing[:2], bundle, "card")
     assert logits.shape[0] == 4 and np.allclose(logits[0], np.asarray(plain.logits), atol=1e-5)
     assert np.allclose(tac[0], np.asarray(plain.tac), atol=1e-6)
-    result = fs.run_study(bundle, cases, log=lambda s: None)
+    result = fs.run_study(bundle, cases, log=lambda s: None, regions=False)
     segs = result["summary"]["segmentations"]
     assert result["volumes"] == 2 and set(segs) == {"plain", "flip mean"} and segs["plain"]["subjects"] == 1
     assert set(result["summary"]["maps"]) == set(fs.MAPS)
@@ -81,3 +84,13 @@ def test_the_study_end_to_end_on_a_tiny_bundle(tiny_bundle, tmp_path):
     assert "| TAC (shipped) | plain |" in text and "| flip mean |" in text
     assert fs.main(["--bundle", str(tiny_bundle), "--data", str(tmp_path / "none"), "--out", str(tmp_path / "o")]) == 2
     json.dumps(result)  # the record is plain JSON
+
+
+def test_the_region_rule_fit_finds_the_blobs_held_out():
+    maps = [blob_error_maps(i, f"patient{i:03d}_frame01") for i in range(4)]
+    rule = fs.region_rule(maps, (0.2,))
+    assert rule["flag_grid"] == [0.2] and rule["held_out"]["covered_top3"] == 1.0
+    assert rule["held_out"]["median_burden_top3"] <= 0.10 and rule["settings"]["flag_threshold"] in (0.175, 0.2, 0.225)
+    text = fs.markdown({"bundle": "b", "split": "val", "volumes": 4,
+                        "summary": {"segmentations": {}, "maps": {}, "regions": {"TAC (shipped)": rule}}})
+    assert "| TAC (shipped) | 0.2 | flag " in text and "| 1.000 |" in text

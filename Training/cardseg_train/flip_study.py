@@ -29,43 +29,27 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from cardseg.base import arrays
 from cardseg.base.errors import CardsegError
+from cardseg.method.flips import FLIPS, flip_disagreement, unflip
 
 from .cli_options import add_study_options, out_record, write_json_and_markdown
 from .field_of_view_study import dice_per_class, mean_dice
 
 OUTPUT_FILES = ("flip_study.json", "flip_study.md")
-#: the in-plane flips of a ``(Z, Y, X)`` volume: none, rows (Y), columns (X), both
-FLIPS = ((), (1,), (2,), (1, 2))
+#: the maps the region rule is fitted on (fit-review's search, plain segmentation): name -> what it sums
+REGION_MAPS = {"TAC (shipped)": ("tac",), "TAC + flip disagreement": ("tac", "flip_js")}
+#: their flag-threshold grids: fit-review's own for the TAC, a larger scale for the sum
+REGION_FLAGS = {"TAC (shipped)": (0.04, 0.06, 0.08, 0.1), "TAC + flip disagreement": (0.1, 0.2, 0.3, 0.4, 0.5)}
 #: the review maps compared: name -> (segmentation it serves, what it sums)
 MAPS = {"TAC (shipped)": ("plain", ("tac",)), "flip disagreement": ("plain", ("flip_js",)),
         "TAC + flip disagreement": ("plain", ("tac", "flip_js")), "mean TAC": ("flip mean", ("mean_tac",)),
         "mean TAC + flip disagreement": ("flip mean", ("mean_tac", "flip_js"))}
 
 
-def unflip(a: np.ndarray, flip: Sequence[int], spatial_axes: Sequence[int]) -> np.ndarray:
-    """``a`` flipped back along the axes of ``flip`` (axes of a ``(Z, Y, X)`` volume), which sit at
-    ``spatial_axes`` of ``a`` (e.g. ``(0, 2, 3)`` for logits ``(Z, K, Y, X)``)."""
-    return np.flip(a, axis=tuple(spatial_axes[f] for f in flip)) if flip else a
-
-
 def softmax(logits: np.ndarray, axis: int = 1) -> np.ndarray:
-    z = np.asarray(logits, dtype=np.float32)
-    e = np.exp(z - z.max(axis=axis, keepdims=True))
-    return e / e.sum(axis=axis, keepdims=True)
-
-
-def flip_disagreement(probs: np.ndarray, eps: float = 1e-12) -> np.ndarray:
-    """Generalised Jensen-Shannon divergence of the runs' class distributions, per voxel: the
-    entropy of their mean minus their mean entropy (nats, 0 where all agree, at most ``ln F``).
-
-    probs: ``(F, Z, K, Y, X)`` → ``(Z, Y, X)`` float32."""
-    p = np.asarray(probs, dtype=np.float64)
-
-    def entropy(q):
-        return -(q * np.log(np.clip(q, eps, 1.0))).sum(axis=-3)  # over K
-
-    return np.clip(entropy(p.mean(axis=0)) - entropy(p).mean(axis=0), 0.0, None).astype(np.float32)
+    """Float32 softmax of ``logits`` along ``axis``."""
+    return arrays.softmax(np.asarray(logits, dtype=np.float32), axis)
 
 
 def flipped_runs(bundle, slices01: np.ndarray, spacing_xy, device="cpu", batch_size: int = 8):
@@ -142,18 +126,33 @@ def markdown(result: dict) -> str:
         c = m["covered"]
         lines.append(f"| {name} | {m['segmentation']} | {m['errors']} | {m['auroc']:.3f} | {m['auprc']:.3f} | "
                      f"{c['0.05']:.3f} | {c['0.1']:.3f} | {c['0.2']:.3f} |")
+    rules = result["summary"].get("regions")
+    if rules:
+        lines += ["", "The region rule fitted on each map as `fit-review` fits the TAC family (two passes, p_error "
+                  "leave one patient out; plain segmentation), held-out figures:", "",
+                  "| map | flag grid | chosen setting | first 3 regions cover | median burden | all regions cover | "
+                  "regions per volume | p_error ECE |", "|---|---|---|---|---|---|---|---|"]
+        for name, r in rules.items():
+            h, st = r["held_out"], r["settings"]
+            lines.append(f"| {name} | {', '.join(f'{f:g}' for f in r['flag_grid'])} | flag {st['flag_threshold']:g}, "
+                         f"{st['connectivity']}, smooth {st['smooth_px']:g} px, cap {st['max_ml']} ml, {st['ranking']} | "
+                         f"{h['covered_top3']:.3f} | {h['median_burden_top3']:.4f} | {h['covered_all']:.3f} | "
+                         f"{h['regions_per_volume']:.1f} | {h['region_ece']:.3f} |")
     return "\n".join(lines) + "\n"
 
 
-def run_study(bundle, cases, log=print) -> dict:
+def run_study(bundle, cases, log=print, regions: bool = True) -> dict:
     """The study on labelled volumes ``cases`` (:func:`cardseg_train.evaluation.acdc_h5_volumes`)."""
     from cardseg.review.error_map import smoothed
     from cardseg.segment import normalized_slices
 
     from .reference_maps import SMOOTH_PX, map_quality
 
+    from .review_data import VolumeMaps
+
     dice: Dict[str, List[float]] = {"plain": [], "flip mean": []}
     frames, spacing, parts = {}, {}, {name: ([], [], []) for name in MAPS}
+    review = {name: [] for name in REGION_MAPS}
     for item in cases:
         logits, tac = flipped_runs(bundle, normalized_slices(item.volume, bundle), item.volume.spacing[:2])
         v = volume_maps(logits, tac)
@@ -165,10 +164,31 @@ def run_study(bundle, cases, log=print) -> dict:
             parts[name][0].append(v[seg])
             parts[name][1].append(item.labels)
             parts[name][2].append(smoothed(sum(v[t] for t in terms), SMOOTH_PX))
+        for name, terms in REGION_MAPS.items():
+            review[name].append(VolumeMaps(item.case, "clean", v["plain"], item.labels, sum(v[t] for t in terms),
+                                           spacing[item.case]))
         log(f"{item.case}: Dice plain {dice['plain'][-1]:.3f}, flip mean {dice['flip mean'][-1]:.3f}")
     maps = {name: {"segmentation": MAPS[name][0], **map_quality(*parts[name])} for name in MAPS}
     errors = subject_errors(frames, bundle.config.get("indices", {}), bundle.class_names, spacing.__getitem__)
-    return {"volumes": len(frames), "summary": summary(dice, errors, maps), "subjects": errors}
+    out = {"volumes": len(frames), "summary": summary(dice, errors, maps), "subjects": errors}
+    if regions:
+        out["summary"]["regions"] = {name: region_rule(review[name], REGION_FLAGS[name]) for name in REGION_MAPS}
+    return out
+
+
+def region_rule(maps: Sequence, flags: Sequence[float]) -> dict:
+    """fit-review's TAC-family search (:func:`cardseg_train.review_fit.two_pass`, leave one patient
+    out) on ``maps`` whose ``tac`` holds the map to cut regions from, with flag thresholds ``flags``
+    (the combined map runs on a larger scale than the TAC): the chosen setting and its held-out figures."""
+    from . import review_fit as rf
+
+    res = rf.two_pass(maps, first=rf.select_settings(maps, grid={**rf.GRID, "flag_threshold": tuple(flags)}))
+    v = res["validation"]["cross_validated"]
+    return {"settings": {k: res["settings"][k] for k in ("smooth_px", "connectivity", "flag_threshold", "max_ml",
+                                                         "ranking")},
+            "flag_grid": [float(f) for f in flags],
+            "held_out": {k: v.get(k) for k in ("covered_top3", "median_burden_top3", "covered_all",
+                                               "regions_per_volume", "region_ece")}}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
