@@ -126,6 +126,38 @@ def add_study_options(p: argparse.ArgumentParser, files: str) -> None:
     add_overwrite(p)
 
 
+def study_main(argv, prog: str, doc: str, stem: str, compute: Callable, markdown: Callable[[dict], str],
+               options: Optional[Callable] = None, check: Optional[Callable] = None) -> int:
+    """The whole ``main`` of a validation study (``python -m cardseg_train.<study>``): the parser
+    (:func:`add_study_options`, then ``options(parser)``), the ``--out`` record, ``check(args)`` (a
+    :class:`CardsegError` for a bad value, before any data are read), the bundle and the split's
+    labelled volumes, ``compute(bundle, cases, args)`` → the result's own keys (beside ``bundle``
+    and ``split``), and ``<stem>.json``/``.md`` written through :func:`write_json_and_markdown`.
+    Returns 0, or 2 after one line ``<study>: error: ...``."""
+    from cardseg.base.argparsing import CommandLineParser
+
+    name = prog.rsplit(".", 1)[-1]
+    p = CommandLineParser(prog=prog, description=doc.split("\n")[0])
+    add_study_options(p, f"{stem}.json and .md")
+    if options is not None:
+        options(p)
+    a = p.parse_args(argv)
+    try:
+        record = out_record(a.out, prog, (f"{stem}.json", f"{stem}.md"), a.overwrite)
+        if check is not None:
+            check(a)
+        from cardseg.bundle.loading import load_bundle
+
+        from .evaluation import acdc_h5_volumes
+
+        bundle = load_bundle(a.bundle)
+        result = {"bundle": bundle.ident, "split": a.split, **compute(bundle, acdc_h5_volumes(a.data, a.split), a)}
+    except CardsegError as exc:
+        print(f"{name}: error: {exc}", file=sys.stderr)
+        return 2
+    return write_json_and_markdown(record, name, Path(a.out), stem, result, markdown(result))
+
+
 def add_overwrite(p: argparse.ArgumentParser, option: str = "--out") -> None:
     """``--overwrite``: replace files the command writes that its record in ``option`` does not list."""
     p.add_argument("--overwrite", action="store_true",

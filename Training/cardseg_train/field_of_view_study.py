@@ -12,16 +12,14 @@ the run the engine keeps (the higher agreement). Writes ``field_of_view.json`` a
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import List, Optional
 
 import numpy as np
 
 from cardseg.base.errors import CardsegError
 
-from .cli_options import add_study_options, out_record, write_json_and_markdown
+from .cli_options import study_main
 
-OUTPUT_FILES = ("field_of_view.json", "field_of_view.md")
 
 
 def dice_per_class(pred: np.ndarray, truth: np.ndarray, classes: int) -> List[Optional[float]]:
@@ -106,35 +104,25 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from cardseg.base.argparsing import CommandLineParser
+    def options(p) -> None:
+        p.add_argument("--margin-mm", type=float, default=None, help="the check's margin (default: the engine's, 15 mm)")
 
-    p = CommandLineParser(prog="python -m cardseg_train.field_of_view_study", description=__doc__.split("\n")[0])
-    add_study_options(p, "field_of_view.json and .md")
-    p.add_argument("--margin-mm", type=float, default=None, help="the check's margin (default: the engine's, 15 mm)")
-    a = p.parse_args(argv)
-    try:
-        record = out_record(a.out, p.prog, OUTPUT_FILES, a.overwrite)
+    def check(a) -> None:
         if a.margin_mm is not None and not 0.0 < a.margin_mm <= 100.0:
             raise CardsegError(f"--margin-mm must be in (0, 100] (got {a.margin_mm:g})")
-        from cardseg.bundle.loading import load_bundle
 
-        from .evaluation import acdc_h5_volumes
+    def compute(bundle, cases, a) -> dict:
+        from cardseg.io.field_of_view import recentre_margin
 
-        bundle = load_bundle(a.bundle)
-        cases = acdc_h5_volumes(a.data, a.split)
         rows = []
         for item in cases:
             rows.append(study_volume(bundle, item, a.margin_mm))
             print(f"{item.case}: {'fired' if rows[-1]['fired'] else '-'}", file=sys.stderr, flush=True)
-        from cardseg.io.field_of_view import recentre_margin
-
         margin = recentre_margin(bundle.config, True) if a.margin_mm is None else a.margin_mm
-        result = {"bundle": bundle.ident, "split": a.split, "margin_mm": margin, "rows": rows,
-                  "summary": summary(rows)}
-    except CardsegError as exc:
-        print(f"field_of_view_study: error: {exc}", file=sys.stderr)
-        return 2
-    return write_json_and_markdown(record, "field_of_view_study", Path(a.out), "field_of_view", result, markdown(result))
+        return {"margin_mm": margin, "rows": rows, "summary": summary(rows)}
+
+    return study_main(argv, "python -m cardseg_train.field_of_view_study", __doc__, "field_of_view", compute, markdown,
+                      options, check)
 
 
 if __name__ == "__main__":

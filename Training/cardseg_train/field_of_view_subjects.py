@@ -22,17 +22,15 @@ corrections) against the label-derived ones, and Dice; writes ``field_of_view_su
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 from cardseg.base.errors import CardsegError
 
-from .cli_options import add_study_options, out_record, write_json_and_markdown
+from .cli_options import study_main
 from .field_of_view_study import dice_per_class
 
-OUTPUT_FILES = ("field_of_view_subjects.json", "field_of_view_subjects.md")
 POLICIES = ("centred", "per-volume", "per-subject")
 PHASES = {"frame01": "ED", "frame02": "ES"}
 
@@ -139,22 +137,12 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from cardseg.base.argparsing import CommandLineParser
-
-    p = CommandLineParser(prog="python -m cardseg_train.field_of_view_subjects", description=__doc__.split("\n")[0])
-    add_study_options(p, "field_of_view_subjects.json and .md")
-    a = p.parse_args(argv)
-    try:
-        record = out_record(a.out, p.prog, OUTPUT_FILES, a.overwrite)
-        from cardseg.bundle.loading import load_bundle
+    def compute(bundle, cases, a) -> dict:
         from cardseg.io.field_of_view import recentre_margin
 
-        from .evaluation import acdc_h5_volumes
-
-        bundle = load_bundle(a.bundle)
         margin = recentre_margin(bundle.config, True)
         frames: Dict[str, dict] = {}
-        for item in acdc_h5_volumes(a.data, a.split):
+        for item in cases:
             phase = PHASES.get(item.case.rsplit("_", 1)[-1])
             if phase:
                 frames.setdefault(item.patient, {})[phase] = item
@@ -164,12 +152,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 raise CardsegError(f"{patient}: both frame01 (ED) and frame02 (ES) are needed")
             rows.append(study_subject(bundle, f["ED"], f["ES"], margin))
             print(f"{patient}: fired {rows[-1]['fired']}", file=sys.stderr, flush=True)
-        result = {"bundle": bundle.ident, "split": a.split, "margin_mm": margin, "rows": rows,
-                  "summary": {policy: ef_errors(rows, policy) for policy in POLICIES}}
-    except CardsegError as exc:
-        print(f"field_of_view_subjects: error: {exc}", file=sys.stderr)
-        return 2
-    return write_json_and_markdown(record, "field_of_view_subjects", Path(a.out), "field_of_view_subjects", result, markdown(result))
+        return {"margin_mm": margin, "rows": rows, "summary": {policy: ef_errors(rows, policy) for policy in POLICIES}}
+
+    return study_main(argv, "python -m cardseg_train.field_of_view_subjects", __doc__, "field_of_view_subjects",
+                      compute, markdown)
 
 
 if __name__ == "__main__":

@@ -24,19 +24,16 @@ Writes ``flip_study.json`` and ``.md``::
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
 from cardseg.base import arrays
-from cardseg.base.errors import CardsegError
 from cardseg.method.flips import FLIPS, flip_disagreement, unflip
 
-from .cli_options import add_study_options, out_record, write_json_and_markdown
+from .cli_options import study_main
 from .field_of_view_study import dice_per_class, mean_dice
 
-OUTPUT_FILES = ("flip_study.json", "flip_study.md")
 #: the maps the region rule is fitted on (fit-review's search, plain segmentation): name -> what it sums
 REGION_MAPS = {"TAC (shipped)": ("tac",), "TAC + flip disagreement": ("tac", "flip_js")}
 #: their flag-threshold grids: fit-review's own for the TAC, a larger scale for the sum
@@ -192,25 +189,11 @@ def region_rule(maps: Sequence, flags: Sequence[float]) -> dict:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from cardseg.base.argparsing import CommandLineParser
+    def compute(bundle, cases, a) -> dict:
+        return {"flips": [list(f) for f in FLIPS],
+                **run_study(bundle, cases, log=lambda text: print(text, file=sys.stderr, flush=True))}
 
-    p = CommandLineParser(prog="python -m cardseg_train.flip_study", description=__doc__.split("\n")[0])
-    add_study_options(p, "flip_study.json and .md")
-    a = p.parse_args(argv)
-    try:
-        record = out_record(a.out, p.prog, OUTPUT_FILES, a.overwrite)
-        from cardseg.bundle.loading import load_bundle
-
-        from .evaluation import acdc_h5_volumes
-
-        bundle = load_bundle(a.bundle)
-        cases = acdc_h5_volumes(a.data, a.split)
-        result = {"bundle": bundle.ident, "split": a.split, "flips": [list(f) for f in FLIPS],
-                  **run_study(bundle, cases, log=lambda s: print(s, file=sys.stderr, flush=True))}
-    except CardsegError as exc:
-        print(f"flip_study: error: {exc}", file=sys.stderr)
-        return 2
-    return write_json_and_markdown(record, "flip_study", Path(a.out), "flip_study", result, markdown(result))
+    return study_main(argv, "python -m cardseg_train.flip_study", __doc__, "flip_study", compute, markdown)
 
 
 if __name__ == "__main__":
