@@ -66,8 +66,12 @@ def test_the_python_m_tools_end_through_the_shared_helper(module):
     mod = importlib.import_module(f"cardseg_train.{module}")
     code = mod.main.__code__
     names = set(code.co_names + code.co_varnames)  # imported at the top or inside main
-    assert names & {"write_recorded", "write_json_and_markdown"}  # the latter ends through the former
+    # write_json_and_markdown and study_main end through write_recorded
+    assert names & {"write_recorded", "write_json_and_markdown", "study_main"}
     assert not hasattr(mod, "written")  # no private copy of the ending
+    from cardseg_train.cli_options import study_main
+
+    assert "write_json_and_markdown" in study_main.__code__.co_names
 
 
 def test_field_of_view_study_writes_its_record_and_refuses_a_file_saved_meanwhile(tiny_bundle, tmp_path, capsys,
