@@ -347,7 +347,7 @@ def test_resume_after_kill(tmp_path, tiny_bundle, synthetic_volume):
     result = run_batch(BatchOptions(inputs=[str(tmp_path / "in")], output=str(out), bundle=str(tiny_bundle),
                                         progress="none", report=False))
     rows = {r["case"]: r for r in result.rows}
-    assert [r["status"] for r in result.rows] == ["ok"] * 4
+    assert [(r["case"], r["status"], r.get("error")) for r in result.rows] == [(f"c{i}", "ok", "") for i in range(4)]
     assert (out / first / "report.json").stat().st_mtime_ns == mtime  # not recomputed
     assert rows[first]["reused"] is True
     assert result.computed == 4 - len(done) and result.reused == len(done)

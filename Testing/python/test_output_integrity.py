@@ -357,6 +357,64 @@ def test_what_a_killed_run_left_is_cleaned_by_the_next_run_in_that_folder(tmp_pa
     assert sorted(p.name for p in (tmp_path / "y").iterdir()) == [".cardseg-output.json", "report.json"]
 
 
+@pytest.mark.parametrize("cut", ["empty stamp", "half stamp", "stamp's temporary file"])
+def test_a_temporary_folder_whose_stamp_a_kill_cut_short_is_cleaned(tmp_path, cut):
+    """A kill while the first stamp was written left a temporary folder holding only that cut file:
+    still cardseg's (its names under cardseg's leftover name), removed by the next run; the same
+    name with anything else in it stays someone else's."""
+    from cardseg.io.outdir import STAMP, STAMP_PART, OutputWriter, check_output, clean_leftovers
+
+    def leave(name: str) -> Path:
+        tmp = tmp_path / f".{name}.cardseg-tmp"
+        tmp.mkdir()
+        if cut == "empty stamp":
+            (tmp / STAMP).write_bytes(b"")
+        elif cut == "half stamp":
+            (tmp / STAMP).write_text('{"tool": "cardseg", "fi')
+        else:
+            (tmp / STAMP_PART).write_text('{"tool": "card')
+        return tmp
+
+    mine = leave("a")
+    with OutputWriter(check_output(tmp_path / "a")) as w:  # the output's own leftover
+        w.path("report.json").write_text("{}")
+        w.commit()
+    assert not mine.exists()
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [STAMP, "report.json"]
+    other = leave("b")
+    theirs = leave("c")
+    (theirs / "notes.txt").write_text("a user's")
+    assert clean_leftovers(tmp_path) == [other.name]
+    assert (theirs / "notes.txt").read_text() == "a user's"
+    with pytest.raises(Exception, match="not made by cardseg"):
+        check_output(tmp_path / "c")
+
+
+def test_the_stamp_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    """The stamp goes through a temporary file and a rename: a write that fails half way leaves
+    the earlier stamp (or none) and no half-written one."""
+    import cardseg.base.files as files
+    from cardseg.io.outdir import STAMP, OutputWriter, check_output, read_stamp
+
+    real_replace = os.replace
+    with OutputWriter(check_output(tmp_path / "a")) as w:
+        w.path("report.json").write_text("{}")
+        first = read_stamp(w.tmp)
+        assert first is not None and first["files"] == {}
+
+        def cut(src, dst):
+            if str(dst).endswith(STAMP):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real_replace(src, dst)
+
+        monkeypatch.setattr(files.os, "replace", cut)
+        with pytest.raises(OSError):
+            w.commit()
+        assert read_stamp(w.tmp) == first  # the earlier stamp, whole
+        monkeypatch.undo()
+    assert not (tmp_path / "a").exists() and not any(tmp_path.iterdir())
+
+
 # ----------------------------------------------------------------------------- item 3
 
 def _foreign(kind: str, d: Path, bundle: Path) -> Path:

@@ -39,10 +39,12 @@ from typing import Dict, Iterable, List, Optional
 
 from cardseg.base.errors import CardsegError
 from cardseg.base.files import FileLock  # noqa: F401 - part of this module's interface
-from cardseg.base.files import PROBE_PREFIX, can_create_files, remove_stale_probes
+from cardseg.base.files import PROBE_PREFIX, can_create_files, remove_stale_probes, write_atomic
 
 #: the file that marks a folder as written by cardseg (JSON: tool, version, time, files)
 STAMP = ".cardseg-output.json"
+#: where :func:`cardseg.base.files.write_atomic` writes a stamp before renaming it to :data:`STAMP`
+STAMP_PART = f".{STAMP}.tmp"
 _TMP, _OLD, _LOCK = ".cardseg-tmp", ".cardseg-old", ".cardseg.lock"
 #: the temporary folder inside an existing output folder
 INNER_TMP = ".cardseg-tmp"
@@ -109,8 +111,14 @@ def inside_entry(folder: Path, name) -> bool:
 
 
 def own_leftover(p: Path) -> bool:
-    """Whether ``p`` is a temporary folder cardseg made: a real folder, empty or with a stamp."""
-    return p.is_dir() and not p.is_symlink() and (read_stamp(p) is not None or not any(p.iterdir()))
+    """Whether ``p`` is a temporary folder cardseg made: a real folder, empty, with a stamp, or
+    holding nothing but a stamp that a kill cut short (the first one, written into the new
+    folder, or its temporary file): cardseg's names under cardseg's leftover name."""
+    if not p.is_dir() or p.is_symlink():
+        return False
+    if read_stamp(p) is not None:
+        return True
+    return all(q.name in (STAMP, STAMP_PART) and q.is_file() and not q.is_symlink() for q in p.iterdir())
 
 
 def _own_leftover_now(p: Path) -> bool:
@@ -214,7 +222,7 @@ def _check_siblings(out: Path) -> None:
     for suffix in (_TMP, _OLD):
         p = _sibling(out, suffix)
         if p.exists() or p.is_symlink():
-            if p.is_symlink() or not p.is_dir() or (read_stamp(p) is None and any(p.iterdir())):
+            if not own_leftover(p):
                 raise CardsegError(f"{out}: {p.name} beside it was not made by cardseg; move it away first")
 
 
@@ -410,7 +418,7 @@ class OutputWriter:
         files = {n: file_digest(folder / n) for n in self.files if (folder / n).is_file()}
         stamp = {"tool": "cardseg", "version": self.version, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                  "files": files}
-        (folder / STAMP).write_text(json.dumps(stamp, indent=1) + "\n", encoding="utf-8")
+        write_atomic(folder / STAMP, (json.dumps(stamp, indent=1) + "\n").encode())  # a kill leaves no half stamp
 
     def _make_parents(self) -> None:
         missing = []
