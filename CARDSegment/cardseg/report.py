@@ -15,6 +15,10 @@ from cardseg.metrics.segmentation import agreement_report
 from cardseg.review.regions import flagged_regions
 
 
+#: what report.json's ``review_map`` calls the map the flagged regions are cut from (``regions.map``)
+REVIEW_MAP_NAMES = {"tac": "TAC", "tac_flips": "TAC + flip disagreement", "error_probability": "voxel error probability"}
+
+
 def agreement_roi_px(bundle: Bundle) -> int:
     """The radius (pixels, per slice) by which the predicted heart is dilated for the agreement score."""
     return int(bundle.config.get("agreement", {}).get("roi_dilation_px", 10))
@@ -68,9 +72,12 @@ def build_report(result: Any, volume: Volume, bundle: Bundle, method: str, devic
             report["out_of_domain"] = bool(report["agreement"] < float(threshold))
         report["regions"], result.region_ranks = flagged_regions(
             result.disagreement, result.labels, cfg["regions"], volume.ijk_to_lps(), volume.spacing, names,
-            result.field_of_view)
-        # without a region model regions are ranked by their summed map: the TAC or the error probability
-        summed = "summed_disagreement" if cfg["regions"].get("map", "tac") == "tac" else "summed_error_probability"
+            result.field_of_view, getattr(result, "flips", None))
+        kind = cfg["regions"].get("map", "tac")
+        report["review_map"] = REVIEW_MAP_NAMES.get(kind, kind)
+        # without a region model regions are ranked by their summed map (the TAC, TAC + flips, the error probability)
+        summed = {"tac": "summed_disagreement", "tac_flips": "summed_tac_and_flip_disagreement"}.get(
+            kind, "summed_error_probability")
         report["region_ranking"] = cfg["regions"].get("ranking", "p_error") if cfg["regions"].get("model") else summed
         # the disagreement the overlays show brightest: what the bundle's validation volumes reach
         report["disagreement_display_max"] = cfg["regions"].get("display_max_disagreement")

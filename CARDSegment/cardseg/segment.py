@@ -24,6 +24,7 @@ from cardseg import __version__
 from cardseg.base import arrays
 from cardseg.base.devices import device_type as _device_type
 from cardseg.base.errors import CardsegError
+from cardseg.base.interrupt import shut_down_through_interrupts
 from cardseg.base.progress import Progress
 from cardseg.bundle.loading import Bundle
 from cardseg.io.outdir import OutputWriter, check_output
@@ -33,6 +34,7 @@ from cardseg.io.preprocess import (SliceGrid, network_to_slices, normalize_slice
 from cardseg.io.volume import Volume
 from cardseg.io.written import IncompleteWrite, verify_seg_nrrd, write_image, write_seg_nrrd, write_text
 from cardseg.method.calibration import CARD, Uncalibrated, temperature_scale
+from cardseg.method.flips import STAGE as FLIP_STAGE, flip_map, needs_flips
 from cardseg.method.trajectory import run_trajectory
 from cardseg.report import agreement_of, build_report
 
@@ -55,6 +57,7 @@ class SegmentationResult:
     temperature: Optional[np.ndarray]  # float32 (Z, Y, X), card only
     field_of_view: np.ndarray  # bool (Y, X)
     region_ranks: Optional[np.ndarray] = None  # uint16 (Z, Y, X), card only: rank of the flagged region (0 none)
+    flips: Optional[np.ndarray] = None  # float32 (Z, Y, X): the flipped runs' disagreement (review map "tac_flips")
     report: Dict[str, object] = field(default_factory=dict)
 
 
@@ -90,7 +93,8 @@ class SliceTrajectory:
     disagreement); reference_logits: ``(Z, K, Y, X)`` the reference's terminal logits, when asked
     (figures only); step_js: ``{t: (Z, Y, X)}`` each sampled step's JS map, when asked; offset: the
     grid's centre from the slice centre, ``(rows, cols)`` pixels; recentring: a moved grid's trial
-    (``offset``, ``agreement_centred``, ``agreement_moved``; :mod:`cardseg.io.field_of_view`)."""
+    (``offset``, ``agreement_centred``, ``agreement_moved``; :mod:`cardseg.io.field_of_view`); flips:
+    ``(Z, Y, X)`` numpy, the flipped runs' disagreement when the review map needs it (:mod:`cardseg.method.flips`)."""
 
     logits: Any
     tac: Any
@@ -99,6 +103,7 @@ class SliceTrajectory:
     step_js: Dict[int, Any] = field(default_factory=dict)
     offset: tuple = (0.0, 0.0)
     recentring: Optional[dict] = None
+    flips: Optional[np.ndarray] = None
 
 
 #: numbers the volumes whose trajectories run on a CUDA device (:func:`cardseg.method.gpu_exec.run_graphed`)
@@ -111,13 +116,12 @@ def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle
                          keep_step_js: bool = False, recentre: Optional[bool] = None) -> SliceTrajectory:
     """Run the trajectory on normalised slices and bring the results back to their grid.
 
-    slices01: ``(Z, Y, X)`` already scaled to ``[0, 1]`` (:func:`normalized_slices`, possibly perturbed by the
-    caller); spacing_xy: in-plane spacing (x, y) in mm. The TAC averages the bundle's ``tac_steps`` (default:
-    every sampled step); ``method`` ``logit-mix`` (the paper's ablation: both networks' logits averaged at every
-    step, no TAC) is for evaluation. ``with_reference`` and ``keep_step_js`` (``card`` only) also return the
-    reference's terminal logits and the per-step JS maps (see :class:`SliceTrajectory`). With ONNX Runtime
-    networks everything runs on numpy arrays (torch is not imported); with torch networks on tensors on
-    ``device``. ``recentre`` (``None``: the bundle's ``field_of_view`` block or ``$CARDSEG_RECENTRE``): when the
+    slices01: ``(Z, Y, X)`` scaled to ``[0, 1]`` (:func:`normalized_slices`, perhaps perturbed by the caller);
+    spacing_xy: in-plane spacing (x, y) mm. The TAC averages the bundle's ``tac_steps`` (default: every sampled
+    step); ``method`` ``logit-mix`` (the paper's ablation: both networks' logits averaged at every step, no TAC)
+    is for evaluation. ``with_reference``, ``keep_step_js`` (``card`` only): :class:`SliceTrajectory`. ONNX
+    Runtime networks run on numpy arrays (torch not imported), torch networks on tensors on ``device``.
+    ``recentre`` (``None``: the bundle's ``field_of_view`` block or ``$CARDSEG_RECENTRE``): when the
     prediction nears the edge of the centred field of view where the image goes on, the volume is run again on a
     grid centred on the heart (progress stage ``trajectory-moved``) and the run whose networks agree more is
     kept (:mod:`cardseg.io.field_of_view`); ``uc`` then runs as ``card`` (the same cost) and returns no
@@ -183,8 +187,7 @@ def run_on_grid(grid: SliceGrid, slices01: np.ndarray, bundle: Bundle, method: s
     def back(maps) -> np.ndarray:  # (B, C, N, N) on the network grid -> (B, C, Y, X) numpy
         return arrays.to_numpy(network_to_slices(maps, grid, weights))  # a GPU tensor is resampled on the GPU
 
-    # torch networks on a GPU: the whole trajectory of a batch as one replayed CUDA graph (the same
-    # outputs without a kernel launch per layer; cardseg.method.gpu_exec.run_graphed)
+    # torch networks on a GPU: a batch's whole trajectory as one replayed CUDA graph (gpu_exec.run_graphed)
     mode = method if method in ("card", "logit-mix") else "uc"
     graphed = (to_device is not None and _device_type(device) == "cuda" and mode in ("card", "uc")
                and not (with_reference or keep_step_js))
@@ -251,8 +254,9 @@ def _outside_to_background(logits: np.ndarray, outside: np.ndarray) -> np.ndarra
 def run_networks(volume: Volume, bundle: Bundle, method: str = "card", device: "torch.device | str" = "cpu",
                  batch_size: int = 8, progress: Optional[Progress] = None) -> tuple:
     """The part of :func:`segment_volume` that runs the networks (on ``device``): ``(SliceTrajectory, timings)``,
-    timings holding the seconds of ``preprocess`` and ``trajectory``. :func:`finish_volume` does the rest on the
-    CPU (a batch does it on other threads while the networks run the next case)."""
+    timings holding the seconds of ``preprocess``, ``trajectory`` (and ``flips``: :mod:`cardseg.method.flips`).
+    :func:`finish_volume` does the rest on the CPU (a batch: on other threads while the networks run the next case)."""
+
     if method not in METHODS:
         raise CardsegError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
     if batch_size < 1:
@@ -263,13 +267,25 @@ def run_networks(volume: Volume, bundle: Bundle, method: str = "card", device: "
     t0 = time.perf_counter()
     traj = trajectory_on_slices(slices01, volume.spacing[:2], bundle, method, device, batch_size, progress)
     timings["trajectory"] = time.perf_counter() - t0
+    if needs_flips(bundle.config, method):
+        t0 = time.perf_counter()
+        traj.flips = flip_disagreement_map(slices01, volume.spacing[:2], bundle, traj, device, batch_size, progress)
+        timings["flips"] = time.perf_counter() - t0
     return traj, timings
+
+
+def flip_disagreement_map(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle, traj: SliceTrajectory,
+                          device="cpu", batch_size: int = 8, progress: Optional[Progress] = None) -> np.ndarray:
+    """:func:`cardseg.method.flips.flip_map` of ``traj``: the primary alone on each flipped copy of ``slices01``."""
+    def run_copy(s, offset, prog):
+        grid = slice_grid(s.shape[1:], spacing_xy, bundle, offset)
+        return run_on_grid(grid, s, bundle, "uc", device, batch_size, prog, False, False, None, FLIP_STAGE).logits
+    return flip_map(slices01, traj, run_copy, -(-slices01.shape[0] // batch_size) * len(bundle.sampled_steps), progress)
 
 
 def finish_volume(traj: SliceTrajectory, volume: Volume, bundle: Bundle, method: str, device,
                   timings: Dict[str, float]) -> SegmentationResult:
-    """Labels, calibrated probabilities (``card``: temperature Eq. 8, then Eq. 4) and the report,
-    from :func:`run_networks`' output on ``volume``'s grid."""
+    """Labels, calibrated probabilities (``card``: temperature Eq. 8, Eq. 4), report: from :func:`run_networks`."""
     logits, tac, fov = traj.logits, traj.tac, traj.fov
     t0 = time.perf_counter()
     labels = arrays.to_numpy(arrays.argmax(logits, axis=1)).astype(np.uint8)
@@ -290,7 +306,7 @@ def finish_volume(traj: SliceTrajectory, volume: Volume, bundle: Bundle, method:
     probs = np.ascontiguousarray(np.exp(probs, out=probs).transpose(0, 2, 3, 1))
     timings["postprocess"] = time.perf_counter() - t0
 
-    result = SegmentationResult(labels=labels, probabilities=probs, logits=arrays.to_numpy(logits),
+    result = SegmentationResult(labels=labels, probabilities=probs, logits=arrays.to_numpy(logits), flips=traj.flips,
                                 disagreement=disagreement, temperature=temperature, field_of_view=fov)
     result.report = build_report(result, volume, bundle, method, device, timings, traj.offset, traj.recentring)
     return result
@@ -333,7 +349,7 @@ def write_outputs(result: SegmentationResult, volume: Volume, bundle: Bundle, ou
     finally:
         # the files being written are finished before the writer may remove its temporary folder,
         # even when a second Ctrl-C arrives meanwhile (it is raised once they are: within a second)
-        _shut_down_through_interrupts(pool)
+        shut_down_through_interrupts(pool)
     for name, fut in zip(files, futures):  # the first failed file in the usual order is the one reported
         if fut.cancelled():
             continue
@@ -345,21 +361,6 @@ def write_outputs(result: SegmentationResult, volume: Volume, bundle: Bundle, ou
         if exc is not None:
             raise exc
     return writer.commit()
-
-
-def _shut_down_through_interrupts(pool: ThreadPoolExecutor) -> None:
-    """Cancel ``pool``'s work not started and wait for its threads; a KeyboardInterrupt meanwhile
-    is raised once they have ended (a cancelled future never counts as done for ``wait``, so the
-    threads, not the futures, are what is waited for)."""
-    interrupted = None
-    while True:
-        try:
-            pool.shutdown(wait=True, cancel_futures=True)
-            break
-        except KeyboardInterrupt as exc:
-            interrupted = exc
-    if interrupted is not None:
-        raise interrupted
 
 
 def segment_file(input_path: os.PathLike, out: os.PathLike, bundle: Bundle, *, method: str = "card",

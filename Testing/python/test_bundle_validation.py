@@ -183,7 +183,7 @@ BREAKAGES = [
     (("regions", "flag_threshold"), 0.8, "regions.flag_threshold must be in [0, ln 2"),
     (("regions", "flag_threshold"), -0.1, "regions.flag_threshold must be in [0, ln 2"),
     (("regions", "min_voxels"), 0, "regions.min_voxels must be >= 1 (got 0)"),
-    (("regions", "map"), "entropy", "regions.map must be one of tac, error_probability"),
+    (("regions", "map"), "entropy", "regions.map must be one of tac, tac_flips, error_probability"),
     (("regions", "map"), "error_probability", "regions.voxel_model must be a fitted voxel model for the error_probability map"),
     (("regions", "ranking"), "size", "regions.ranking must be one of p_error, p_error_per_ml, summed_map"),
     (("regions", "fill_holes"), "yes", "regions.fill_holes must be true or false"),

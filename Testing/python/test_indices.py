@@ -248,22 +248,24 @@ def test_too_few_subjects_refused_in_one_line():
 # from real `cardseg segment` folders
 # --------------------------------------------------------------------------------------------
 def test_spread_threshold_is_a_tac_value():
-    """The spread's region term thresholds the TAC: a TAC review rule lends its own threshold, an
-    error-probability rule (whose threshold is a probability) does not."""
+    """The spread's region term thresholds the TAC: the fitted indices block's own threshold first
+    (a new review rule leaves it as fitted), then a TAC review rule's; the threshold of another map
+    (TAC + flips, a probability) is no TAC value."""
     assert ix.spread_tac_threshold({"regions": {"flag_threshold": 0.05}}) == 0.05
     assert ix.spread_tac_threshold({"regions": {"map": "tac", "flag_threshold": 0.12}}) == 0.12
-    assert ix.spread_tac_threshold({"regions": {"map": "error_probability", "flag_threshold": 0.2}}) \
-        == ix.SPREAD_TAC_THRESHOLD
+    for other in ("error_probability", "tac_flips"):
+        assert ix.spread_tac_threshold({"regions": {"map": other, "flag_threshold": 0.2}}) == ix.SPREAD_TAC_THRESHOLD
+    assert ix.spread_tac_threshold({"regions": {"map": "tac_flips", "flag_threshold": 0.2},
+                                    "indices": {"spread": {"flag_threshold": 0.06}}}) == 0.06
+    assert ix.spread_tac_threshold({"regions": {"map": "tac", "flag_threshold": 0.12},
+                                    "indices": {"spread": {"flag_threshold": 0.06}}}) == 0.06
     assert ix.spread_tac_threshold({}) == ix.SPREAD_TAC_THRESHOLD
     assert 0.0 < ix.SPREAD_TAC_THRESHOLD < math.log(2)
-    # the shipped bundle (2.3.0) cuts its regions from the TAC: its spread, and the intervals
-    # fitted with it, use the rule's own threshold
+    # the shipped bundle: its spread uses the threshold its indices were fitted with
     from cardseg.bundle.folder import check_bundle
 
     cfg = check_bundle(None).config
-    assert cfg["regions"]["map"] == "tac"
-    assert ix.spread_tac_threshold(cfg) == cfg["regions"]["flag_threshold"] != ix.SPREAD_TAC_THRESHOLD
-    assert cfg["indices"]["spread"]["flag_threshold"] == cfg["regions"]["flag_threshold"]
+    assert ix.spread_tac_threshold(cfg) == cfg["indices"]["spread"]["flag_threshold"]
 
 
 @pytest.fixture(scope="module")

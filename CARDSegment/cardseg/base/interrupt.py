@@ -7,7 +7,10 @@ import contextlib
 import os
 import signal
 import threading
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 #: the exit status of a run ended by SIGTERM (128 + 15, as a shell reports it)
 EXIT_TERMINATED = 128 + int(signal.SIGTERM)
@@ -89,3 +92,18 @@ def stop_from_thread() -> Iterator[Callable[[], None]]:
         yield lambda: os.kill(os.getpid(), sig)
     finally:
         signal.signal(sig, old if old is not None else signal.SIG_DFL)
+
+
+def shut_down_through_interrupts(pool: "ThreadPoolExecutor") -> None:
+    """Cancel ``pool``'s work not started and wait for its threads; a KeyboardInterrupt meanwhile
+    is raised once they have ended (a cancelled future never counts as done for ``wait``, so the
+    threads, not the futures, are what is waited for)."""
+    interrupted = None
+    while True:
+        try:
+            pool.shutdown(wait=True, cancel_futures=True)
+            break
+        except KeyboardInterrupt as exc:
+            interrupted = exc
+    if interrupted is not None:
+        raise interrupted

@@ -217,17 +217,22 @@ REGION_FEATURES = ("log_sum_tac", "max_tac", "mean_tac", "log_voxels", "slices",
                    "end_position", "fov_fraction")
 VOXEL_FEATURES = ("log_tac_s2", "log_tac_s4", "tac_s2", "log_boundary_distance", "end_position",
                   "end_position_sq", "pred_rv", "pred_myo", "pred_lv", "foreground_share")
-REGION_MAPS = ("tac", "error_probability")
+REGION_MAPS = ("tac", "tac_flips", "error_probability")
+#: the largest value of each map: the TAC (JS of two distributions), TAC + the JS of the four flipped runs
+#: (at most ln 4), a probability
+MAP_TOPS = {"tac": (LN2, f"ln 2 = {LN2:.4f}"), "tac_flips": (3 * LN2, f"ln 8 = {3 * LN2:.4f}"),
+            "error_probability": (1.0, "1")}
 REGION_RANKINGS = ("p_error", "p_error_per_ml", "summed_map")
 
 
 def _check_regions(where: Where, regions: dict) -> None:
-    """How flagged regions are formed (the map: TAC or a fitted voxel error probability; flag and
-    grow thresholds on it, in ``[0, ln 2]`` for the TAC and ``[0, 1]`` for a probability; smallest
+    """How flagged regions are formed (the map: TAC, TAC + flip disagreement or a fitted voxel error
+    probability; flag and grow thresholds on it, in ``[0, ln 2]`` for the TAC, ``[0, ln 8]`` for
+    the sum and ``[0, 1]`` for a probability; smallest
     region, connectivity, merge radius, cap, ranking), the fitted region error model (``null``: not
     fitted) and the disagreement overlay's display maximum."""
     kind = choice_value(where, "regions.map", regions.get("map", "tac"), REGION_MAPS)
-    top, top_text = (LN2, f"ln 2 = {LN2:.4f}") if kind == "tac" else (1.0, "1")
+    top, top_text = MAP_TOPS[kind]
     value = number_value(where, "regions.flag_threshold", required_value(where, regions, "flag_threshold", "regions."))
     if not 0.0 <= value <= top + TAC_TOL:
         where.fail("regions.flag_threshold", f"must be in [0, {top_text}] for the {kind} map (got {show(value)})")

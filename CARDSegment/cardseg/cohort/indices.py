@@ -147,11 +147,18 @@ def volume_spread(labels: np.ndarray, probs: np.ndarray, disagreement: np.ndarra
 
 
 def spread_tac_threshold(config: Mapping) -> float:
-    """The TAC threshold of :func:`volume_spread`'s region term for a bundle's ``config``: the review
-    rule's ``regions.flag_threshold`` when its regions are cut from the TAC itself (``regions.map``
-    ``"tac"``, the default), else :data:`SPREAD_TAC_THRESHOLD`: an ``error_probability`` rule's
-    threshold is a probability, not a TAC value."""
-    regions = config.get("regions", {}) if isinstance(config, Mapping) else {}
+    """The TAC threshold of :func:`volume_spread`'s region term for a bundle's ``config``: the one its
+    fitted ``indices`` block recorded (``indices.spread.flag_threshold``: a new review rule leaves the
+    indices' evidence as it was fitted), else the review rule's ``regions.flag_threshold`` when its
+    regions are cut from the TAC itself (``regions.map`` ``"tac"``, the default), else
+    :data:`SPREAD_TAC_THRESHOLD`: the threshold of another map (TAC + flips, an error probability)
+    is not a TAC value."""
+    if not isinstance(config, Mapping):
+        return SPREAD_TAC_THRESHOLD
+    recorded = (config.get("indices") or {}).get("spread") or {}
+    if isinstance(recorded, Mapping) and recorded.get("flag_threshold") is not None:
+        return float(recorded["flag_threshold"])
+    regions = config.get("regions", {})
     if regions.get("map", "tac") == "tac" and "flag_threshold" in regions:
         return float(regions["flag_threshold"])
     return SPREAD_TAC_THRESHOLD

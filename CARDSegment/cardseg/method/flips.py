@@ -1,16 +1,24 @@
 """Flipped copies of a volume: undoing a flip, and how much the runs on them disagree (numpy).
 
-Not part of the paper's method: a measured candidate for the review map
-(``Training/results/acdc-2.3.0/flip-study``). The primary is trained with row and column flips,
-so the same volume flipped is an input it knows; where its terminal predictions on the flipped
-copies disagree, its answer is unstable.
+Not part of the paper's method: the review map of a bundle whose ``regions.map`` is
+``"tac_flips"`` is the TAC plus this disagreement (measured in
+``Training/results/acdc-2.3.0/flip-study``). The primary is trained with row and column flips, so
+the same volume flipped is an input it knows; where its terminal predictions on the flipped
+copies disagree, its answer is unstable. :func:`flip_map` runs the primary on the volume's copies
+flipped along rows, columns and both, each on the grid the plain run kept, mirrored (its offset
+from the slice centre negated along the flipped axes), without the reference (which plays no
+part in the primary's trajectory), and flips each back. The segmentation, the TAC, the
+temperature and everything calibrated stay the plain run's.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
+
+from cardseg.base import arrays
+from cardseg.base.progress import Progress
 
 #: the in-plane flips of a ``(Z, Y, X)`` volume: none, rows (Y), columns (X), both
 FLIPS = ((), (1,), (2,), (1, 2))
@@ -23,14 +31,108 @@ def unflip(a: np.ndarray, flip: Sequence[int], spatial_axes: Sequence[int] = (0,
     return np.flip(a, axis=tuple(spatial_axes[f] for f in flip)) if flip else a
 
 
+def _entropy(q: np.ndarray, eps: float) -> np.ndarray:
+    """Entropy over the class axis of ``(Z, K, Y, X)`` distributions (nats), ``(Z, Y, X)`` float64,
+    one slice at a time (no float64 copy of the whole volume)."""
+    out = np.empty((q.shape[0],) + q.shape[2:], dtype=np.float64)
+    for z in range(q.shape[0]):
+        s = np.asarray(q[z], dtype=np.float64)
+        out[z] = -(s * np.log(np.clip(s, eps, 1.0))).sum(axis=0)
+    return out
+
+
+class FlipDisagreement:
+    """The generalised Jensen-Shannon divergence of ``F`` runs' class distributions, accumulated one
+    run at a time (memory: two ``(Z, K, Y, X)`` float32 arrays however many runs):
+    ``JS = H(mean_f p_f) - mean_f H(p_f)`` per voxel (nats; 0 where all agree, at most ``ln F``)."""
+
+    def __init__(self, eps: float = 1e-12):
+        self.eps = eps
+        self.runs = 0
+        self._sum: Optional[np.ndarray] = None
+        self._entropy: Optional[np.ndarray] = None
+
+    def add(self, probs: np.ndarray) -> None:
+        """One run's distribution ``(Z, K, Y, X)`` on the volume's voxels (already flipped back)."""
+        p = np.asarray(probs, dtype=np.float32)
+        h = _entropy(p, self.eps)
+        if self._sum is None:
+            self._sum, self._entropy = p.copy(), h
+        else:
+            if p.shape != self._sum.shape:
+                raise ValueError(f"run of shape {p.shape} after runs of shape {self._sum.shape}")
+            self._sum += p
+            self._entropy += h
+        self.runs += 1
+
+    def result(self) -> np.ndarray:
+        """``(Z, Y, X)`` float32, clipped at 0 (rounding); the accumulator is empty again after."""
+        if not self.runs:
+            raise ValueError("no run added")
+        self._sum /= self.runs  # the mean distribution, in place (the accumulator is spent)
+        out = np.clip(_entropy(self._sum, self.eps) - self._entropy / self.runs, 0.0, None).astype(np.float32)
+        self._sum = self._entropy = None
+        self.runs = 0
+        return out
+
+
 def flip_disagreement(probs: np.ndarray, eps: float = 1e-12) -> np.ndarray:
-    """Generalised Jensen-Shannon divergence of ``F`` runs' class distributions, per voxel: the
-    entropy of their mean minus their mean entropy (nats; 0 where all agree, at most ``ln F``).
+    """:class:`FlipDisagreement` of ``probs`` ``(F, Z, K, Y, X)`` (each run's distribution on the same
+    voxels) → ``(Z, Y, X)`` float32."""
+    acc = FlipDisagreement(eps)
+    for p in np.asarray(probs):
+        acc.add(p)
+    return acc.result()
 
-    probs: ``(F, Z, K, Y, X)`` (each run's distribution on the same voxels) → ``(Z, Y, X)`` float32."""
-    p = np.asarray(probs, dtype=np.float64)
 
-    def entropy(q):
-        return -(q * np.log(np.clip(q, eps, 1.0))).sum(axis=-3)  # over K
+#: the progress stage of the flipped runs
+STAGE = "flips"
 
-    return np.clip(entropy(p.mean(axis=0)) - entropy(p).mean(axis=0), 0.0, None).astype(np.float32)
+
+def needs_flips(config: dict, method: str) -> bool:
+    """Whether a run of ``method`` with a bundle of ``config`` needs the flipped runs."""
+    return method == "card" and config.get("regions", {}).get("map") == "tac_flips"
+
+
+def mirrored(offset: Sequence[float], flip: Sequence[int]) -> tuple:
+    """A grid offset ``(rows, cols)`` from the slice centre for the copy flipped along ``flip``
+    (axes of ``(Z, Y, X)``: 1 rows, 2 columns): negated along each flipped axis."""
+    rows, cols = (float(o) for o in offset)
+    return (-rows if 1 in flip else rows, -cols if 2 in flip else cols)
+
+
+class _OneStage(Progress):
+    """Passes ``advance`` on and swallows the per-run ``stage`` calls: three runs, one stage."""
+
+    def __init__(self, inner: Progress):
+        self.inner = inner
+
+    def advance(self, n: int = 1) -> None:
+        self.inner.advance(n)
+
+
+def flip_map(slices01: np.ndarray, traj, run_copy: Callable, steps_per_run: int,
+             progress: Optional[Progress] = None) -> np.ndarray:
+    """The flipped runs' disagreement ``(Z, Y, X)`` float32 on the slices' grid (0 outside the
+    field of view).
+
+    slices01: ``(Z, Y, X)`` the normalised slices ``traj`` ran on; traj: the plain run
+    (:class:`cardseg.segment.SliceTrajectory`: its terminal logits, kept grid offset and field of
+    view); ``run_copy(slices, offset, progress)``: the primary's terminal logits ``(Z, K, Y, X)`` on
+    a flipped copy run on the grid at ``offset`` (the engine's runner,
+    :func:`cardseg.segment.flip_disagreement_map`); steps_per_run: the progress steps one run
+    advances. Progress: one stage :data:`STAGE` over the three runs."""
+    progress = progress or Progress()
+    acc = FlipDisagreement()
+    acc.add(arrays.softmax(arrays.to_numpy(traj.logits).astype(np.float32, copy=False), 1))
+    progress.stage(STAGE, (len(FLIPS) - 1) * int(steps_per_run))
+    quiet = _OneStage(progress)
+    for flip in FLIPS[1:]:
+        logits = run_copy(np.ascontiguousarray(unflip(slices01, flip)), mirrored(traj.offset, flip), quiet)
+        probs = arrays.softmax(arrays.to_numpy(logits).astype(np.float32, copy=False), 1)
+        del logits
+        acc.add(unflip(probs, flip, (0, 2, 3)))
+        del probs
+    out = acc.result()
+    out[:, ~np.asarray(traj.fov, bool)] = 0.0
+    return out

@@ -16,9 +16,12 @@ bundle says so. The bundle's ``regions`` block (all chosen on the validation spl
 * ``max_ml``: a region larger than this keeps only its highest-map voxels up to this volume
   (so no region becomes a heart-wide shell); ``null``: no cap;
 * ``min_voxels``: smaller components are dropped;
-* ``map``: ``"tac"`` (the review map above) or ``"error_probability"``: the voxel error
+* ``map``: ``"tac"`` (the review map above), ``"tac_flips"`` (the TAC plus the disagreement of
+  the primary's runs on the volume's flipped copies, :mod:`cardseg.method.flips`, smoothed the
+  same way; thresholds on that sum's scale) or ``"error_probability"``: the voxel error
   probability of :mod:`cardseg.review.error_map` under the fitted ``voxel_model`` (thresholds
-  are then probabilities); region features are measured on the map the regions are cut from;
+  are then probabilities); region features are measured on the map the regions are cut from
+  (unsmoothed);
 * ``fill_holes``: fill the holes of the flagged mask slice by slice (a ring around an error
   becomes a region holding it);
 * ``ranking``: ``"p_error"``, ``"p_error_per_ml"`` (expected covered errors per reviewed ml) or
@@ -52,7 +55,9 @@ DEFAULTS = {"connectivity": "3d", "merge_px": 0, "max_regions": None, "smooth_px
             "neighbourhood_px": None, "max_ml": None, "ranking": "p_error", "map": "tac", "fill_holes": False,
             "voxel_model": None}
 RANKINGS = ("p_error", "p_error_per_ml", "summed_map")
-MAPS = ("tac", "error_probability")
+MAPS = ("tac", "tac_flips", "error_probability")
+#: the maps whose regions are cut from a disagreement (smoothed by ``smooth_px``), not from a fitted model
+DISAGREEMENT_MAPS = ("tac", "tac_flips")
 
 
 def describe_rule(block: dict) -> str:
@@ -60,7 +65,8 @@ def describe_rule(block: dict) -> str:
     and how, and what ``p_error`` is."""
     s = {**DEFAULTS, **block}
     smooth = f", smoothed {float(s['smooth_px']):g} px" if float(s.get("smooth_px") or 0) > 0 else ""
-    what = "the error-probability map" if s["map"] == "error_probability" else f"the TAC{smooth}"
+    what = {"error_probability": "the error-probability map",
+            "tac_flips": f"the TAC + flip disagreement{smooth}"}.get(s["map"], f"the TAC{smooth}")
     grow = f", grown above {float(s['grow_threshold']):g}" if s.get("grow_threshold") is not None else ""
     cap = f", up to {float(s['max_ml']):g} ml each" if s.get("max_ml") is not None else ""
     most = f", at most {int(s['max_regions'])}" if s.get("max_regions") is not None else ""
@@ -182,29 +188,36 @@ def allowed_of(pred: np.ndarray, s: dict) -> Optional[np.ndarray]:
     return None if s["neighbourhood_px"] is None else heart_neighbourhood(pred, int(s["neighbourhood_px"]))
 
 
-def feature_map(tac: np.ndarray, pred: np.ndarray, settings: dict) -> np.ndarray:
-    """The map region features are measured on: the raw TAC for ``map = "tac"``, the voxel error
-    probability (:func:`cardseg.review.error_map.error_probability`) otherwise; ``(Z, Y, X)``."""
+def feature_map(tac: np.ndarray, pred: np.ndarray, settings: dict, flips: Optional[np.ndarray] = None) -> np.ndarray:
+    """The map region features are measured on: the raw TAC for ``map = "tac"``, TAC + ``flips``
+    (the flipped runs' disagreement, :func:`cardseg.method.flips.flip_disagreement`, ``(Z, Y, X)``)
+    for ``"tac_flips"``, the voxel error probability
+    (:func:`cardseg.review.error_map.error_probability`) otherwise; ``(Z, Y, X)`` float32."""
     s = region_settings(settings)
     if s["map"] == "tac":
         return np.asarray(tac, dtype=np.float32)
+    if s["map"] == "tac_flips":
+        if flips is None:
+            raise ValueError("regions.map 'tac_flips' needs the flipped runs' disagreement")
+        return np.asarray(tac, dtype=np.float32) + np.asarray(flips, dtype=np.float32)
     model = ErrorModel.from_dict(s["voxel_model"], VOXEL_FEATURES, "regions.voxel_model")
     return error_probability(tac, pred, model, allowed_of(pred, s))
 
 
 def form_regions(tac: np.ndarray, pred: np.ndarray, settings: dict, spacing: tuple,
-                 score: Optional[np.ndarray] = None) -> Tuple[np.ndarray, int]:
+                 score: Optional[np.ndarray] = None, flips: Optional[np.ndarray] = None) -> Tuple[np.ndarray, int]:
     """Regions of one volume as the (checked) ``settings`` say: ``(labels (Z, Y, X) int32, n)``.
 
     tac, pred ``(Z, Y, X)``; spacing (x, y, z) mm (for the ``max_ml`` cap); ``score`` the
-    :func:`feature_map` when already computed (the error map is not computed twice).
+    :func:`feature_map` when already computed (not computed twice); ``flips`` as :func:`feature_map`.
     """
     s = region_settings(settings)
     allowed = allowed_of(pred, s)
-    if s["map"] == "tac":
-        cut = review_map(tac, float(s["smooth_px"]))
+    score = feature_map(tac, pred, s, flips) if score is None else np.asarray(score)
+    if s["map"] in DISAGREEMENT_MAPS:
+        cut = review_map(score, float(s["smooth_px"]))
     else:
-        cut = feature_map(tac, pred, s) if score is None else np.asarray(score)
+        cut = score
     return region_labels(cut, float(s["flag_threshold"]), int(s["min_voxels"]), s["connectivity"], int(s["merge_px"]),
                          grow_threshold=s["grow_threshold"], allowed=allowed,
                          cap_voxels=cap_voxels_of(s["max_ml"], spacing), fill_holes=bool(s["fill_holes"]))
@@ -329,17 +342,19 @@ def rank_regions(features: np.ndarray, model: Optional[ErrorModel], max_regions:
 
 
 def flagged_regions(tac: np.ndarray, labels: np.ndarray, settings: dict, ijk_to_lps: np.ndarray, spacing: tuple,
-                    class_names: Sequence[str], fov: Optional[np.ndarray] = None) -> Tuple[List[dict], np.ndarray]:
+                    class_names: Sequence[str], fov: Optional[np.ndarray] = None,
+                    flips: Optional[np.ndarray] = None) -> Tuple[List[dict], np.ndarray]:
     """Regions of a volume, most likely error first, and their rank map.
 
-    tac, labels: ``(Z, Y, X)``; settings: the bundle's ``regions`` block; ``ijk_to_lps`` the
+    tac, labels: ``(Z, Y, X)``; ``flips`` ``(Z, Y, X)`` the flipped runs' disagreement (needed when
+    the review map is ``"tac_flips"``); settings: the bundle's ``regions`` block; ``ijk_to_lps`` the
     volume's 4x4 index-to-LPS matrix, ``spacing`` its (x, y, z) voxel size in mm. Returns the
     region dicts (id = rank, 1 = review first; voxels, volume_mm3, centroid_ijk/lps, bbox_ijk
     ``[[i0, i1], [j0, j1], [k0, k1]]`` inclusive, mean/max/summed disagreement, the predicted
     classes inside, p_error or ``None``) and a uint16 map ``(Z, Y, X)`` of those ranks (0: none).
     """
     s = region_settings(settings)
-    score = feature_map(tac, labels, s)
+    score = feature_map(tac, labels, s, flips)
     lab, n = form_regions(tac, labels, s, spacing, score)
     feats = region_features(score, labels, lab, n, fov)
     model = ErrorModel.from_dict(s["model"]) if s.get("model") else None

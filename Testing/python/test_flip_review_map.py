@@ -1,0 +1,187 @@
+"""The review map "tac_flips": the TAC plus the disagreement of the primary's runs on the volume's
+flipped copies (cardseg.method.flips), computed by the engine on the kept grid mirrored."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from cardseg.base.progress import Progress
+from cardseg.io.preprocess import SliceGrid, network_to_slices, resample_to_network
+from cardseg.method import flips
+
+
+class Recorder(Progress):
+    def __init__(self):
+        self.stages, self.done = [], {}
+
+    def stage(self, name, total):
+        self.stages.append((name, total))
+        self.done[name] = 0
+
+    def advance(self, n=1):
+        self.done[self.stages[-1][0]] += n
+
+
+@pytest.mark.parametrize("shape", [(96, 80), (97, 81)])
+@pytest.mark.parametrize("offset", [(0.0, 0.0), (5.5, -7.25)])
+def test_a_flipped_copy_on_the_mirrored_grid_resamples_as_the_flipped_plain_run(shape, offset):
+    """What makes the flipped runs comparable voxel for voxel: resampling a flipped copy onto the
+    mirrored grid is the plain resampling flipped, both ways, and so is the field of view."""
+    rng = np.random.default_rng(0)
+    s = rng.random((3,) + shape).astype(np.float32)
+    grid = SliceGrid(shape, (1.4, 1.6), 3.0, 64, offset)
+    net, back = resample_to_network(s, grid), network_to_slices(resample_to_network(s, grid), grid)
+    for flip in flips.FLIPS[1:]:
+        g = SliceGrid(shape, (1.4, 1.6), 3.0, 64, flips.mirrored(offset, flip))
+        n2 = resample_to_network(np.ascontiguousarray(flips.unflip(s, flip)), g)
+        assert np.abs(flips.unflip(n2, flip, (0, 2, 3)) - net).max() < 1e-5
+        assert np.abs(flips.unflip(network_to_slices(n2, g), flip, (0, 2, 3)) - back).max() < 1e-5
+        assert np.array_equal(flips.unflip(g.field_of_view()[None], flip)[0], grid.field_of_view())
+    assert flips.mirrored((2.0, -3.0), (1,)) == (-2.0, -3.0)
+    assert flips.mirrored((2.0, -3.0), (2,)) == (2.0, 3.0)
+    assert flips.mirrored((2.0, -3.0), (1, 2)) == (-2.0, 3.0)
+
+
+def test_the_streamed_disagreement_is_the_generalised_js_and_starts_afresh():
+    rng = np.random.default_rng(1)
+    p = rng.dirichlet(np.ones(4), size=(3, 2, 5, 6)).transpose(0, 1, 4, 2, 3)  # (F, Z, K, Y, X)
+    mean = p.mean(axis=0)
+
+    def h(q):
+        return -(q * np.log(q)).sum(axis=-3)
+
+    expected = h(mean) - h(p).mean(axis=0)
+    acc = flips.FlipDisagreement()
+    for run in p:
+        acc.add(run)
+    assert np.allclose(acc.result(), expected, atol=1e-6)
+    assert acc.runs == 0
+    acc.add(p[0])
+    assert np.allclose(acc.result(), 0.0, atol=1e-6)  # one run: nothing to disagree with
+    with pytest.raises(ValueError, match="shape"):
+        acc.add(p[0])
+        acc.add(p[0][:, :, :2])
+
+
+def _runner(position_dependent: bool, calls: list):
+    """A fake primary: logits of class k = k x intensity (flip-equivariant), plus a ramp along
+    the columns when ``position_dependent`` (a network that reads absolute position)."""
+    def run(s, offset=(0.0, 0.0), prog=None):
+        calls.append(tuple(offset))
+        k = np.arange(3, dtype=np.float32)[None, :, None, None]
+        logits = k * s[:, None] * 4.0
+        if position_dependent:
+            logits = logits + k * np.linspace(-3, 3, s.shape[2], dtype=np.float32)[None, None, None, :]
+        if prog is not None:
+            prog.advance(5)
+        return logits
+    return run
+
+
+def test_the_flip_map_is_zero_for_a_flip_equivariant_network_and_not_for_one_that_reads_position():
+    rng = np.random.default_rng(2)
+    s = rng.random((2, 12, 10)).astype(np.float32)
+    fov = np.ones((12, 10), bool)
+    fov[0] = False
+    for position_dependent in (False, True):
+        calls = []
+        run = _runner(position_dependent, calls)
+        traj = SimpleNamespace(logits=run(s), offset=(1.0, -2.0), fov=fov)
+        calls.clear()
+        progress = Recorder()
+        m = flips.flip_map(s, traj, run, 5, progress)
+        assert m.shape == (2, 12, 10) and m.dtype == np.float32
+        assert calls == [(-1.0, -2.0), (1.0, 2.0), (-1.0, 2.0)]  # each copy on the kept grid, mirrored
+        assert progress.stages == [(flips.STAGE, 15)] and progress.done[flips.STAGE] == 15  # one stage
+        assert np.all(m[:, 0] == 0.0)  # outside the field of view
+        assert float(m.max()) <= math.log(4) + 1e-6
+        if position_dependent:
+            assert float(m[:, 1:].max()) > 0.05
+        else:
+            assert float(m.max()) < 1e-5
+
+
+def test_needs_flips_only_for_card_with_the_tac_flips_map():
+    assert flips.needs_flips({"regions": {"map": "tac_flips"}}, "card")
+    assert not flips.needs_flips({"regions": {"map": "tac_flips"}}, "uc")
+    assert not flips.needs_flips({"regions": {"map": "tac"}}, "card")
+    assert not flips.needs_flips({}, "card")
+
+
+@pytest.fixture(scope="module")
+def flip_bundle(tiny_bundle, tmp_path_factory):
+    path = tmp_path_factory.mktemp("flipbundle") / "tiny-flips"
+    shutil.copytree(tiny_bundle, path)
+    config = json.loads((path / "bundle.json").read_text())
+    config["regions"].update({"map": "tac_flips", "flag_threshold": 0.02, "smooth_px": 1.0, "max_ml": 2.0})
+    (path / "bundle.json").write_text(json.dumps(config, indent=1))
+    return path
+
+
+def test_the_engine_cuts_regions_from_tac_plus_flips_and_changes_nothing_else(tiny_bundle, flip_bundle,
+                                                                             synthetic_volume):
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.review.regions import flagged_regions
+    from cardseg.segment import normalized_slices, segment_volume, trajectory_on_slices
+
+    vol, _ = synthetic_volume
+    plain, fb = load_bundle(tiny_bundle, device="cpu"), load_bundle(flip_bundle, device="cpu")
+    progress = Recorder()
+    a = segment_volume(vol, plain, "card")
+    b = segment_volume(vol, fb, "card", progress=progress)
+    # the segmentation, the TAC, the temperature and the probabilities are the plain run's
+    for name in ("labels", "disagreement", "temperature", "probabilities"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert a.flips is None and b.flips is not None
+    assert [s[0] for s in progress.stages] == ["trajectory", flips.STAGE]
+    assert progress.done[flips.STAGE] == progress.stages[1][1]
+    assert "flips" in b.report["timings_s"] and "flips" not in a.report["timings_s"]
+    assert b.report["review_map"] == "TAC + flip disagreement" and a.report["review_map"] == "TAC"
+    assert b.report["region_ranking"] == "summed_tac_and_flip_disagreement"
+
+    # the flipped runs' disagreement is the study's definition: the primary's own runs on the flips
+    slices01 = normalized_slices(vol, fb)
+    probs = []
+    for flip in flips.FLIPS:
+        t = trajectory_on_slices(np.ascontiguousarray(flips.unflip(slices01, flip)), vol.spacing[:2], fb, "uc")
+        logits = np.asarray(t.logits, dtype=np.float32)
+        e = np.exp(logits - logits.max(axis=1, keepdims=True))
+        probs.append(flips.unflip(e / e.sum(axis=1, keepdims=True), flip, (0, 2, 3)))
+    expected = flips.flip_disagreement(np.stack(probs))
+    expected[:, ~b.field_of_view] = 0.0
+    assert np.allclose(b.flips, expected, atol=1e-5)
+    assert float(b.flips.max()) > 0.0  # an untrained primary is not flip-invariant
+
+    # the regions are cut from TAC + flips, as flagged_regions says for that map
+    settings = fb.config["regions"]
+    regions, ranks = flagged_regions(b.disagreement, b.labels, settings, vol.ijk_to_lps(), vol.spacing,
+                                     fb.class_names, b.field_of_view, b.flips)
+    assert np.array_equal(ranks, b.region_ranks) and regions == b.report["regions"]
+    assert regions, "the test needs flagged regions"
+    tac_only, _ = flagged_regions(b.disagreement, b.labels, {**settings, "map": "tac"}, vol.ijk_to_lps(),
+                                  vol.spacing, fb.class_names, b.field_of_view)
+    assert tac_only != regions
+    with pytest.raises(ValueError, match="tac_flips"):
+        flagged_regions(b.disagreement, b.labels, settings, vol.ijk_to_lps(), vol.spacing, fb.class_names)
+
+    # uc runs no flipped copy
+    u = segment_volume(vol, fb, "uc")
+    assert u.flips is None and "flips" not in u.report["timings_s"]
+
+
+def test_the_schema_takes_tac_flips_thresholds_up_to_ln_8(tiny_bundle):
+    from cardseg.base.errors import CardsegError
+    from cardseg.bundle.schema import validate_config
+
+    config = json.loads((tiny_bundle / "bundle.json").read_text())
+    config["regions"].update({"map": "tac_flips", "flag_threshold": 1.5})
+    validate_config(config, tiny_bundle)
+    config["regions"]["flag_threshold"] = 2.2
+    with pytest.raises(CardsegError, match=r"regions.flag_threshold must be in \[0, ln 8"):
+        validate_config(config, tiny_bundle)
