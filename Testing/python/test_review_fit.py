@@ -76,6 +76,37 @@ def test_maps_are_cached_and_reused(tiny_bundle, synthetic_volume, tmp_path, mon
     assert np.allclose(again[1].tac, first[1].tac, atol=1e-3)  # stored as float16
 
 
+def test_flip_maps_are_collected_as_the_engine_computes_them_and_cached_beside(tiny_bundle, synthetic_volume,
+                                                                               tmp_path, monkeypatch):
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.segment import normalized_slices, trajectory_on_slices, flip_disagreement_map
+    from cardseg_train import review_data
+    from cardseg_train.evaluation import LabelledVolume
+
+    vol, lab = synthetic_volume
+    item = LabelledVolume("patient900_frame01", "patient900", vol, lab)
+    bundle = load_bundle(tiny_bundle)
+    plain = review_data.collect_maps(bundle, [item], ["clean"], tmp_path)
+    assert plain[0].flips is None and not list(tmp_path.glob("*__flips.npz"))
+    first = review_data.collect_maps(bundle, [item], ["clean"], tmp_path, flips=True)  # the maps' file had none
+    slices01 = normalized_slices(vol, bundle)
+    traj = trajectory_on_slices(slices01, vol.spacing[:2], bundle, "card")
+    assert np.allclose(first[0].flips, flip_disagreement_map(slices01, vol.spacing[:2], bundle, traj), atol=1e-6)
+    assert np.allclose(first[0].tac, plain[0].tac, atol=1e-3) and float(first[0].flips.max()) > 0
+
+    def boom(*a, **k):
+        raise AssertionError("recomputed a cached map")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(review_data, "compute_maps", boom)
+        again = review_data.collect_maps(bundle, [item], ["clean"], tmp_path, flips=True)
+    assert np.allclose(again[0].flips, first[0].flips, atol=2e-3)  # stored as float16
+    (flips_file,) = tmp_path.glob("*__flips.npz")
+    # maps made afresh without flips (another pixel size, say) leave no flips of the earlier maps behind
+    review_data._save(tmp_path / "patient900_frame01__clean.npz", plain[0])
+    assert not flips_file.exists()
+
+
 def test_the_second_pass_searches_around_the_winner_and_never_does_worse():
     from cardseg_train.review_fit import refine_grid, two_pass
 

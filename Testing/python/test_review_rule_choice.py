@@ -19,10 +19,11 @@ def _fit(top3: float, every: float, name: str) -> dict:
             "validation": {"cross_validated": {"covered_top3": top3, "covered_all": every, "median_burden_top3": 0.08}}}
 
 
-@pytest.mark.parametrize("tac, errmap, want", [((0.41, 0.47), (0.32, 0.36), "tac"),
-                                               ((0.35, 0.40), (0.39, 0.40), "error-map"),
-                                               ((0.39, 0.45), (0.39, 0.40), "tac")])  # a tie: covered_all decides
-def test_auto_keeps_the_family_that_covers_more_held_out(tac, errmap, want):
+@pytest.mark.parametrize("tac, errmap, flips, want", [((0.41, 0.47), (0.32, 0.36), (0.40, 0.50), "tac"),
+                                                      ((0.35, 0.40), (0.39, 0.40), (0.30, 0.40), "error-map"),
+                                                      ((0.39, 0.45), (0.39, 0.40), (0.58, 0.60), "tac-flips"),
+                                                      ((0.39, 0.45), (0.39, 0.40), (0.2, 0.3), "tac")])  # a tie
+def test_auto_keeps_the_family_that_covers_more_held_out(tac, errmap, flips, want):
     calls = []
 
     def fitter(name, figures):
@@ -31,11 +32,12 @@ def test_auto_keeps_the_family_that_covers_more_held_out(tac, errmap, want):
             return _fit(*figures, name)
         return fit
 
-    fitters = {"tac": fitter("tac", tac), "error-map": fitter("error-map", errmap)}
+    fitters = {"tac": fitter("tac", tac), "error-map": fitter("error-map", errmap),
+               "tac-flips": fitter("tac-flips", flips)}
     fit = rr.choose_rule([], "auto", fitters=fitters)
-    assert fit["rule"] == want and fit["settings"]["map"] == want and sorted(calls) == ["error-map", "tac"]
+    assert fit["rule"] == want and fit["settings"]["map"] == want and sorted(calls) == ["error-map", "tac", "tac-flips"]
     assert fit["families"]["tac"]["covered_top3"] == tac[0] and fit["families"]["error-map"]["covered_top3"] == errmap[0]
-    assert sorted(c["rule"] for c in fit["candidates"]) == ["error-map", "tac"]
+    assert sorted(c["rule"] for c in fit["candidates"]) == ["error-map", "tac", "tac-flips"]
     calls.clear()
     only = rr.choose_rule([], "error-map", fitters=fitters)
     assert calls == ["error-map"] and only["rule"] == "error-map" and list(only["families"]) == ["error-map"]
@@ -73,6 +75,40 @@ def test_a_tac_rule_fit_makes_a_block_the_engine_reproduces(tiny_bundle, tmp_pat
     assert isinstance(model, ErrorModel)
     out = study(maps, settings, model, with_detection=False)["clean"]
     assert out["covered_top3"] == pytest.approx(1.0)
+
+
+def flip_maps(i: int):
+    """Blob maps whose errors the TAC misses (it is flat there, strong on the decoys) but the
+    flipped runs' disagreement marks: only the tac-flips family can find them."""
+    import numpy as np
+
+    m = blob_error_maps(i, f"patient{i:03d}_frame0{1 + i % 2}", decoy_tac=(0.06, 0.09))
+    wrong = m.pred != m.truth
+    m.tac = np.where(wrong, 0.005, m.tac).astype(np.float32)
+    m.tac[(m.tac > 0.2)] = 0.005  # the rim the blob maps give the errors: gone
+    m.flips = np.where(wrong, 0.4, 0.0).astype(np.float32)
+    return m
+
+
+def test_the_tac_flips_family_cuts_regions_from_the_sum_and_the_engine_reproduces_it():
+    from cardseg_train.review_measure import study
+
+    maps = [flip_maps(i) for i in range(6)]
+    fit = rr.choose_rule(maps, "tac-flips")
+    assert fit["rule"] == "tac-flips" and fit["settings"]["map"] == "tac_flips"
+    assert fit["settings"]["flag_threshold"] >= round(0.875 * min(rr.FLIP_FLAGS), 4)  # the sum's scale
+    assert fit["validation"]["cross_validated"]["covered_top3"] == pytest.approx(1.0)
+    assert fit["display_max_disagreement"] < 0.1  # the overlay shows the TAC: its own scale
+    assert rr.choose_rule(maps, "tac")["validation"]["cross_validated"]["covered_top3"] == 0.0
+    block = rr.regions_block(fit, {"map": "tac", "flag_threshold": 0.06, "model": None}, len(maps), 1.0)
+    settings, model = rr.rule_of(block)
+    assert settings["map"] == "tac_flips"
+    assert study(maps, settings, model, with_detection=False)["clean"]["covered_top3"] == pytest.approx(1.0)
+    for m in maps:
+        m.flips = None
+    with pytest.raises(ValueError, match="tac_flips"):
+        study(maps, settings, model, with_detection=False)
+    assert rr.needs_flips("auto") and rr.needs_flips("tac-flips") and not rr.needs_flips("tac")
 
 
 def test_the_command_line_takes_the_rule_family(capsys):

@@ -215,8 +215,10 @@ def review_section(bundle, cases, conditions, a, device, out: Path, title: str, 
 
     key = cache_key(bundle, a.split, a.seed)
     progress = make_progress("bar", a.quiet)
+    regions = bundle.config["regions"]
+    flips = "tac_flips" in (regions.get("map"), (regions.get("previous") or {}).get("map"))  # a rule cut from it
     maps = collect_maps(bundle, cases, conditions, Path(a.review_cache) / key if a.review_cache else None, a.seed,
-                        device, a.batch_size, progress, calibrator=bundle.calibrator)
+                        device, a.batch_size, progress, calibrator=bundle.calibrator, flips=flips)
     progress.stage("review study", len(maps) * (2 if bundle.config["regions"].get("previous") else 1))
     t = review_tables(maps, bundle.config, a.seed, progress)
     progress.close()

@@ -28,7 +28,8 @@ def review_fit_parser() -> argparse.ArgumentParser:
     p = CommandLineParser(
         prog="cardseg fit-review",
         description="Choose how flagged regions are cut (from a fitted voxel error-probability map, logistic over "
-                    "the smoothed TAC and the prediction's geometry, or from the TAC itself: --rule; flag and grow "
+                    "the smoothed TAC and the prediction's geometry, from the TAC itself, or from the TAC plus the "
+                    "disagreement of the primary's runs on the volume's flipped copies: --rule; flag and grow "
                     "thresholds, size cap) and fit the region error model p_error on the clean validation volumes, "
                     "cross-fitted by patient, "
                     "maximising the substantial errors covered (at least half their pixels) by the first 3 regions "
@@ -42,8 +43,10 @@ def review_fit_parser() -> argparse.ArgumentParser:
     add_overwrite(p)
     p.add_argument("--dry-run", action="store_true", help="fit and print, do not write bundle.json")
     p.add_argument("--rule", default="auto", choices=RULES,
-                   help="region rule family: regions cut from a fitted voxel error map, from the TAC itself, or "
-                        "both fitted and the one covering more errors held out kept (default auto)")
+                   help="region rule family: regions cut from a fitted voxel error map (error-map), from the TAC "
+                        "itself (tac), from the TAC plus the flipped runs' disagreement (tac-flips: three more primary "
+                        "runs a volume, here and in every run of the bundle), or all fitted and the one covering the "
+                        "most errors held out kept (default auto)")
     add_compute(p)
     return p
 

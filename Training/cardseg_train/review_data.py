@@ -4,8 +4,9 @@ The calibration harness keeps ROI pixels only; judging flagged regions needs eve
 the volume (regions may lie anywhere). One compact ``.npz`` per (case, condition) under
 ``<cache>/<key>/`` (``--cache``/``--review-cache``, default ``review`` in cardseg's cache folder):
 predicted labels and ground truth as uint8, TAC and the primary's terminal logits as float16, the
-slice spacing. Written atomically, read without pickles, so an
-interrupted collection resumes. The two entropy maps the review study compares the TAC with
+slice spacing; beside it, when asked (a ``tac_flips`` review rule), ``<case>__<condition>__flips.npz``
+with the flipped runs' disagreement (:func:`cardseg.segment.flip_disagreement_map`, float16).
+Written atomically, read without pickles, so an interrupted collection resumes. The two entropy maps the review study compares the TAC with
 (the primary's softmax and CARD's calibrated probabilities) are derived from the logits when the
 maps are read, with the bundle's current calibrator (:func:`entropy_maps`).
 """
@@ -47,6 +48,8 @@ class VolumeMaps:
     entropy_card: Optional[np.ndarray] = None
     #: ``(Y, X)`` bool, the networks' field of view (None: everywhere)
     fov: Optional[np.ndarray] = None
+    #: ``(Z, Y, X)`` float32, the flipped runs' disagreement (None: not collected)
+    flips: Optional[np.ndarray] = None
 
 
 def entropy_maps(maps: VolumeMaps, calibrator) -> VolumeMaps:
@@ -78,24 +81,31 @@ def cache_key(bundle, split: str, seed: int = 0) -> str:
 
 
 def compute_maps(bundle, item: LabelledVolume, condition: str, seed: int = 0, device="cpu",
-                 batch_size: int = 8) -> VolumeMaps:
-    """Corrupt (if asked), normalise as the engine does, run the dual trajectory, keep the maps."""
-    from cardseg.segment import normalized_slices, trajectory_on_slices
+                 batch_size: int = 8, flips: bool = False) -> VolumeMaps:
+    """Corrupt (if asked), normalise as the engine does, run the dual trajectory, keep the maps
+    (and, with ``flips``, the flipped runs' disagreement, as the engine computes it)."""
+    from cardseg.base import arrays
+    from cardseg.segment import flip_disagreement_map, normalized_slices, trajectory_on_slices
 
     vol = condition_volume(item, condition, seed)
     slices01 = normalized_slices(vol.volume, bundle)
-    traj = trajectory_on_slices(slices01, tuple(vol.volume.spacing[:2]), bundle, "card", device, batch_size)
-    return VolumeMaps(item.case, condition, traj.logits.argmax(dim=1).numpy().astype(np.uint8),
-                      item.labels.astype(np.uint8), traj.tac.numpy().astype(np.float32),
-                      tuple(float(s) for s in vol.volume.spacing), traj.logits.numpy().astype(np.float16),
-                      fov=np.asarray(traj.fov, bool))
+    spacing_xy = tuple(vol.volume.spacing[:2])
+    traj = trajectory_on_slices(slices01, spacing_xy, bundle, "card", device, batch_size)
+    logits = arrays.to_numpy(traj.logits)
+    return VolumeMaps(item.case, condition, logits.argmax(axis=1).astype(np.uint8),
+                      item.labels.astype(np.uint8), arrays.to_numpy(traj.tac).astype(np.float32),
+                      tuple(float(s) for s in vol.volume.spacing), logits.astype(np.float16),
+                      fov=np.asarray(traj.fov, bool),
+                      flips=flip_disagreement_map(slices01, spacing_xy, bundle, traj, device, batch_size)
+                      if flips else None)
 
 
 def collect_maps(bundle, cases: Sequence[LabelledVolume], conditions: Sequence[str], cache_dir: Optional[Path],
                  seed: int = 0, device="cpu", batch_size: int = 8,
-                 progress: Optional[Progress] = None, calibrator=None) -> List[VolumeMaps]:
+                 progress: Optional[Progress] = None, calibrator=None, flips: bool = False) -> List[VolumeMaps]:
     """Every (case, condition), from ``cache_dir`` where already there (resumable per case). With a
-    ``calibrator`` (CARD's) the entropy maps are filled and the logits dropped (memory)."""
+    ``calibrator`` (CARD's) the entropy maps are filled and the logits dropped (memory); with
+    ``flips`` the flipped runs' disagreement is collected too (three more primary runs a volume)."""
     progress = progress or Progress()
     progress.stage("review maps", len(cases) * len(conditions))
     out = []
@@ -105,8 +115,10 @@ def collect_maps(bundle, cases: Sequence[LabelledVolume], conditions: Sequence[s
             maps = _load(path)
             if maps is not None and not np.allclose(maps.spacing, item.volume.spacing):
                 maps = None  # made with another pixel-size assumption: compute again
-            if maps is None:
-                maps = compute_maps(bundle, item, cond, seed, device, batch_size)
+            if maps is not None and flips:
+                maps.flips = _load_flips(path, maps)
+            if maps is None or (flips and maps.flips is None):
+                maps = compute_maps(bundle, item, cond, seed, device, batch_size, flips)
                 _save(path, maps)
             if calibrator is not None:
                 entropy_maps(maps, calibrator).logits = None
@@ -124,10 +136,29 @@ def _load(path: Optional[Path]) -> Optional[VolumeMaps]:
                           tuple(meta["spacing"]), f["logits"], fov=f["fov"].astype(bool) if "fov" in f.files else None)
 
 
+def _flips_path(path: Path) -> Path:
+    return path.with_name(path.stem + "__flips.npz")
+
+
+def _load_flips(path: Optional[Path], maps: VolumeMaps) -> Optional[np.ndarray]:
+    """The cached flipped runs' disagreement beside ``path``, or ``None`` (absent, another shape)."""
+    if path is None or not _flips_path(path).is_file():
+        return None
+    with np.load(_flips_path(path), allow_pickle=False) as f:
+        flips = f["flips"].astype(np.float32)
+    return flips if flips.shape == maps.tac.shape else None
+
+
 def _save(path: Optional[Path], m: VolumeMaps) -> None:
     if path is None:
         return
     path.parent.mkdir(parents=True, exist_ok=True)
+    if m.flips is not None:
+        tmp = _flips_path(path).with_name(path.stem + "__flips.tmp.npz")
+        np.savez_compressed(tmp, flips=np.asarray(m.flips, dtype=np.float16))
+        tmp.replace(_flips_path(path))
+    else:  # maps made afresh without flips: flips of the earlier maps must not pair with them
+        _flips_path(path).unlink(missing_ok=True)
     tmp = path.with_name(path.stem + ".tmp.npz")
     meta = np.frombuffer(json.dumps({"case": m.case, "condition": m.condition, "spacing": list(m.spacing)}).encode(),
                          dtype=np.uint8)

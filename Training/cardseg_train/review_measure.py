@@ -44,7 +44,7 @@ def regions_in_order(m: VolumeMaps, settings: dict, model: Optional[ErrorModel])
     """``(labels, order, p)``: the rule's regions of ``m`` (labels ``(Z, Y, X)``), the review order
     (indices, at most ``max_regions``) and every region's ``p_error`` (``None`` without a model)."""
     s = region_settings(settings)
-    score = feature_map(m.tac, m.pred, s)
+    score = feature_map(m.tac, m.pred, s, m.flips)
     lab, n = form_regions(m.tac, m.pred, s, m.spacing, score)
     feats = region_features(score, m.pred, lab, n)
     ml = np.bincount(lab.ravel(), minlength=n + 1)[1:] * float(np.prod(m.spacing)) / 1000.0

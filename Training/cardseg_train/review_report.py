@@ -38,8 +38,16 @@ def rule_of(block: dict) -> tuple:
     return settings, model
 
 
-#: the rule families ``cardseg fit-review --rule`` chooses from (``auto``: the better held out)
-RULES = ("auto", "error-map", "tac")
+#: the rule families ``cardseg fit-review --rule`` chooses from (``auto``: the best held out)
+RULES = ("auto", "error-map", "tac", "tac-flips")
+#: the first pass's flag thresholds of the ``tac-flips`` family (the sum runs on a larger scale than the TAC:
+#: Training/results/acdc-2.3.0/flip-study)
+FLIP_FLAGS = (0.1, 0.2, 0.3, 0.4, 0.5)
+
+
+def needs_flips(rule: str) -> bool:
+    """Whether fitting ``rule`` needs the flipped runs' disagreement (three more primary runs a volume)."""
+    return rule in ("auto", "tac-flips")
 
 
 def fit_tac_rule(maps, progress=None) -> dict:
@@ -51,6 +59,22 @@ def fit_tac_rule(maps, progress=None) -> dict:
     return fit
 
 
+def fit_tac_flips_rule(maps, progress=None) -> dict:
+    """The TAC + flips rule: the TAC family's search (:func:`cardseg_train.review_fit.two_pass`) on
+    the sum of each volume's TAC and flipped runs' disagreement, the first pass over
+    :data:`FLIP_FLAGS`; the overlay's display maximum stays the TAC's."""
+    from dataclasses import replace
+
+    from .review_fit import GRID, select_settings
+
+    summed = [replace(m, tac=np.asarray(m.tac, np.float32) + np.asarray(m.flips, np.float32)) for m in maps]
+    fit = two_pass(summed, first=select_settings(summed, grid={**GRID, "flag_threshold": FLIP_FLAGS},
+                                                 progress=progress), progress=progress)
+    fit["settings"] = {**fit["settings"], "map": "tac_flips"}
+    fit["display_max_disagreement"] = display_max(maps)
+    return fit
+
+
 def held_out_objective(fit: dict) -> tuple:
     """What the rules are chosen by: errors covered by the first regions, then by all (held out)."""
     v = fit["validation"]["cross_validated"]
@@ -58,12 +82,12 @@ def held_out_objective(fit: dict) -> tuple:
 
 
 def choose_rule(maps, rule: str = "auto", progress=None, fitters=None) -> dict:
-    """Fit the asked rule family, or both (``auto``) and keep the one whose first regions cover more
-    substantial errors held out (both keep the median burden within the budget); the fit gains
-    ``rule`` and ``families`` (each family's held-out figures)."""
+    """Fit the asked rule family, or every one (``auto``) and keep the one whose first regions cover
+    the most substantial errors held out (each keeps the median burden within the budget); the fit
+    gains ``rule`` and ``families`` (each family's held-out figures)."""
     if rule not in RULES:
         raise ValueError(f"unknown rule {rule!r} (choose from {', '.join(RULES)})")
-    fitters = fitters or {"error-map": fit_error_map_rule, "tac": fit_tac_rule}
+    fitters = fitters or {"error-map": fit_error_map_rule, "tac": fit_tac_rule, "tac-flips": fit_tac_flips_rule}
     names = [r for r in RULES[1:] if rule in ("auto", r)]
     fits = {name: fitters[name](maps, progress=progress) for name in names}
     best = max(names, key=lambda name: held_out_objective(fits[name]))
@@ -85,7 +109,7 @@ def fit_bundle_review(bundle, data: str, cache_dir: Optional[Path], device="cpu"
     cases = acdc_h5_volumes(data, "val")
     key = cache_key(bundle, "val", 0)
     maps = collect_maps(bundle, cases, ["clean"], None if cache_dir is None else Path(cache_dir) / key, 0, device,
-                        batch_size, progress)
+                        batch_size, progress, flips=needs_flips(rule))
     fit = choose_rule(maps, rule, progress)
     block = regions_block(fit, bundle.config["regions"], len(maps), time.perf_counter() - t0)
     return {"block": block, "candidates": fit["candidates"]}
