@@ -35,6 +35,7 @@ STAGE_SPANS: Dict[str, Tuple[float, float]] = {
     "export-onnx": (0.0, 0.03), "prepare-torch": (0.0, 0.03),
     "read": (0.0, 0.05),
     "trajectory": (0.05, 0.92), "trajectory-moved": (0.92, 0.92),  # the bar holds while a moved grid runs
+    "flips": (0.92, 0.92),  # and while the flipped copies run (the label counts their steps)
     "write": (0.92, 1.0),
     # cardseg batch (a cine sequence's frames): progress counts frames
     "hashing": (0.0, 0.02),
@@ -46,6 +47,7 @@ STAGE_TEXT = {
     "read": "Reading the volume and the model bundle",
     "trajectory": "Reverse diffusion (primary and reference)",
     "trajectory-moved": "Reverse diffusion again, the field of view moved onto the heart",
+    "flips": "Reverse diffusion on the flipped copies (primary only, for the flagged regions)",
     "write": "Writing results",
     "hashing": "Reading the frames",
     "cases": "Segmenting frames",

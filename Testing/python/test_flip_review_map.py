@@ -185,3 +185,26 @@ def test_the_schema_takes_tac_flips_thresholds_up_to_ln_8(tiny_bundle):
     config["regions"]["flag_threshold"] = 2.2
     with pytest.raises(CardsegError, match=r"regions.flag_threshold must be in \[0, ln 8"):
         validate_config(config, tiny_bundle)
+
+
+def test_the_slicer_panel_names_and_places_every_stage_a_flip_run_reports(flip_bundle, synthetic_volume):
+    """The module's progress bar reads the engine's stage names: the flipped copies' stage has its
+    text and its place (the bar holds while they run, the label counts their steps)."""
+    import sys
+
+    from conftest import MODULE_DIR
+
+    if str(MODULE_DIR) not in sys.path:
+        sys.path.insert(0, str(MODULE_DIR))
+    from CARDSegmentLib import process as proc
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.segment import segment_volume
+
+    vol, _ = synthetic_volume
+    progress = Recorder()
+    segment_volume(vol, load_bundle(flip_bundle, device="cpu"), "card", progress=progress)
+    for name, _total in progress.stages:
+        assert name in proc.STAGE_TEXT and name in proc.STAGE_SPANS, name
+    done = proc.overall_fraction("trajectory", 1, 1)
+    assert proc.overall_fraction(flips.STAGE, 1, 30, done) == done  # never back, never past writing
+    assert "flipped" in proc.Progress(flips.STAGE, 4, 30).text and "(4/30)" in proc.Progress(flips.STAGE, 4, 30).text
