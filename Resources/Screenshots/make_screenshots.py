@@ -168,7 +168,7 @@ def render(sample: Path, out_dir: Path, report: dict, classes: list) -> None:
     labels = {rank: f"#{rank} p={p:.2f}" for rank, p in p_error.items()}
     bundle = report["bundle"]["id"]
     headline = (f"CARDSegment, bundle {bundle}, on the synthetic phantom (sample data): agreement "
-                f"{report['agreement']:.3f}, {len(report['regions'])} flagged regions, "
+                f"{report['agreement']:.3f}, {len(report['regions'])} flagged region{'' if len(report['regions']) == 1 else 's'}, "
                 f"out of domain: {'yes' if report['out_of_domain'] else 'no'}")
     legend = [Patch(color=c["color"], label=c["name"]) for c in classes[1:]]
     dis_window = overlay_range("disagreement", report)  # the module's own window and legend

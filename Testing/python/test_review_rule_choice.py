@@ -103,7 +103,11 @@ def test_the_tac_flips_family_cuts_regions_from_the_sum_and_the_engine_reproduce
     block = rr.regions_block(fit, {"map": "tac", "flag_threshold": 0.06, "model": None}, len(maps), 1.0)
     settings, model = rr.rule_of(block)
     assert settings["map"] == "tac_flips"
-    assert study(maps, settings, model, with_detection=False)["clean"]["covered_top3"] == pytest.approx(1.0)
+    measured = study(maps, settings, model)["clean"]
+    assert measured["covered_top3"] == pytest.approx(1.0)
+    # the sum's own highest voxels are a baseline (at the regions' burden) and a detection map beside the TAC
+    assert measured["same_burden"]["tac_flips"] == pytest.approx(1.0) and measured["same_burden"]["tac"] == 0.0
+    assert measured["detection"]["tac_flips"]["auroc"] > measured["detection"]["tac"]["auroc"]
     for m in maps:
         m.flips = None
     with pytest.raises(ValueError, match="tac_flips"):

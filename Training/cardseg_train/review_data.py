@@ -51,6 +51,12 @@ class VolumeMaps:
     #: ``(Z, Y, X)`` float32, the flipped runs' disagreement (None: not collected)
     flips: Optional[np.ndarray] = None
 
+    @property
+    def tac_flips(self) -> Optional[np.ndarray]:
+        """``(Z, Y, X)`` TAC + the flipped runs' disagreement (what a ``tac_flips`` rule cuts its
+        regions from, unsmoothed); ``None`` without flips."""
+        return None if self.flips is None else np.asarray(self.tac, np.float32) + np.asarray(self.flips, np.float32)
+
 
 def entropy_maps(maps: VolumeMaps, calibrator) -> VolumeMaps:
     """Fill ``entropy_uc`` (softmax of the primary) and ``entropy_card`` (the logits divided by

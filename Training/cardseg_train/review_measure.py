@@ -29,7 +29,8 @@ TOP = 3
 #: burdens (share of the predicted heart) of the coverage curves
 BURDENS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5)
 #: the maps whose highest voxels are baselines (VolumeMaps attribute -> name in the tables)
-VOXEL_MAPS = {"tac": "TAC voxels", "entropy_card": "CARD calibrated entropy", "entropy_uc": "primary entropy (uc)"}
+VOXEL_MAPS = {"tac": "TAC voxels", "tac_flips": "TAC + flip voxels", "entropy_card": "CARD calibrated entropy",
+              "entropy_uc": "primary entropy (uc)"}  # TAC + flips: where the maps hold the flipped runs
 #: random baselines are averaged over this many draws
 DRAWS = 5
 
@@ -97,7 +98,7 @@ def volume_study(m: VolumeMaps, settings: dict, model: Optional[ErrorModel], rng
         score_rank = np.where(rank_map > 0, 1.0 / np.maximum(rank_map, 1), 0.0)  # first region highest
         out["detection"] = {"wrong": wrong, "tac": m.tac[near], "regions": score_rank[near],
                             "boundary": boundary[near].astype(np.float32),
-                            **{k: getattr(m, k)[near] for k in ("entropy_card", "entropy_uc")
+                            **{k: getattr(m, k)[near] for k in ("tac_flips", "entropy_card", "entropy_uc")
                                if getattr(m, k) is not None}}
     return out
 
