@@ -1,7 +1,7 @@
 """Benchmark: what the flipped copies of a ``tac_flips`` review map cost a card run (not a test).
 
     python Testing/benchmarks/flip_cost.py [--bundle PATH] [--input VOLUME] [--rounds 5] [--threads 2]
-                                           [--json OUT.json]
+                                           [--backend auto] [--json OUT.json]
 
 In one process, on the same volume (default: the ``cardseg synth`` phantom, 10 slices of 192 x
 176), interleaved rounds of ``segment_volume`` (read and write excluded): ``card`` as the bundle
@@ -30,6 +30,8 @@ def main() -> None:
     ap.add_argument("--input", help="volume file (default: the cardseg synth phantom)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--backend", default="auto", help="torch, onnx or auto (as cardseg segment: ONNX Runtime "
+                                                       "when installed)")
     ap.add_argument("--json", help="also write the figures to this JSON file")
     a = ap.parse_args()
 
@@ -41,7 +43,7 @@ def main() -> None:
     import torch
 
     torch.set_num_threads(a.threads)
-    bundle = load_bundle(a.bundle, device="cpu", threads=a.threads)
+    bundle = load_bundle(a.bundle, device="cpu", backend=a.backend, threads=a.threads)
     regions = bundle.config["regions"]
     if regions.get("map") != "tac_flips" or (regions.get("previous") or {}).get("map") != "tac":
         raise SystemExit("flip_cost: the bundle must cut its regions from TAC + flips and keep a TAC rule as "
@@ -74,7 +76,7 @@ def main() -> None:
 
     result = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0]},
-        "bundle": bundle.ident, "backend": getattr(bundle, "backend", "torch"), "threads": a.threads,
+        "bundle": bundle.ident, "backend": bundle.backend, "threads": a.threads,
         "volume_shape_zyx": list(volume.shape), "rounds": a.rounds,
         "load_average_before": load_before, "load_average_after": load_after,
         "median": {m: {k: med(m, k) for k in ("wall_s", "trajectory_s", "flips_s")} for m in modes},
