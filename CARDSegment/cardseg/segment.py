@@ -73,8 +73,8 @@ def normalized_slices(volume: Volume, bundle: Bundle) -> np.ndarray:
 
 
 def slice_grid(shape_yx: tuple, spacing_xy: tuple, bundle: Bundle, offset: tuple = (0.0, 0.0)) -> SliceGrid:
-    return SliceGrid(tuple(shape_yx), tuple(float(s) for s in spacing_xy), float(bundle.config["pixel_spacing_mm"]),
-                     int(bundle.config["input_size"]), tuple(float(o) for o in offset))
+    return SliceGrid(tuple(shape_yx), tuple(map(float, spacing_xy)), float(bundle.config["pixel_spacing_mm"]),
+                     int(bundle.config["input_size"]), tuple(map(float, offset)))
 
 
 def network_inputs(volume: Volume, bundle: Bundle) -> tuple:
@@ -256,7 +256,6 @@ def run_networks(volume: Volume, bundle: Bundle, method: str = "card", device: "
     """The part of :func:`segment_volume` that runs the networks (on ``device``): ``(SliceTrajectory, timings)``,
     timings holding the seconds of ``preprocess``, ``trajectory`` (and ``flips``: :mod:`cardseg.method.flips`).
     :func:`finish_volume` does the rest on the CPU (a batch: on other threads while the networks run the next case)."""
-
     if method not in METHODS:
         raise CardsegError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
     if batch_size < 1:
@@ -276,10 +275,12 @@ def run_networks(volume: Volume, bundle: Bundle, method: str = "card", device: "
 
 def flip_disagreement_map(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle, traj: SliceTrajectory,
                           device="cpu", batch_size: int = 8, progress: Optional[Progress] = None) -> np.ndarray:
-    """:func:`cardseg.method.flips.flip_map` of ``traj``: the primary alone on each flipped copy of ``slices01``."""
+    """:func:`cardseg.method.flips.flip_map` of ``traj``: the primary alone on each flipped copy of ``slices01``
+    (one volume for CUDA graphs: a one-shot run's copies do not capture one)."""
+    volume = next(_VOLUME_NUMBERS)
     def run_copy(s, offset, prog):
         grid = slice_grid(s.shape[1:], spacing_xy, bundle, offset)
-        return run_on_grid(grid, s, bundle, "uc", device, batch_size, prog, False, False, None, FLIP_STAGE).logits
+        return run_on_grid(grid, s, bundle, "uc", device, batch_size, prog, False, False, volume, FLIP_STAGE).logits
     return flip_map(slices01, traj, run_copy, -(-slices01.shape[0] // batch_size) * len(bundle.sampled_steps), progress)
 
 
@@ -335,8 +336,7 @@ def write_outputs(result: SegmentationResult, volume: Volume, bundle: Bundle, ou
         with OutputWriter(out, overwrite, version=__version__) as w:
             return write_outputs(result, volume, bundle, out, overwrite, progress, writer=w)
     progress.stage("write", len(files))
-    # the files are written beside each other: compressing the float maps (most of the time)
-    # releases Python's lock (cardseg.io.written.write_image)
+    # written beside each other: compressing the float maps releases Python's lock (written.write_image)
     pool = ThreadPoolExecutor(max(1, min(WRITE_THREADS, len(files))), thread_name_prefix="cardseg-write-file")
     futures = []  # filled one by one: an interrupt between two submissions still waits for the first
     try:
@@ -347,8 +347,7 @@ def write_outputs(result: SegmentationResult, volume: Volume, bundle: Bundle, ou
                 break  # the files not started yet are not written (cancelled below)
             progress.advance(1)
     finally:
-        # the files being written are finished before the writer may remove its temporary folder,
-        # even when a second Ctrl-C arrives meanwhile (it is raised once they are: within a second)
+        # files being written finish before the writer may remove its folder, even through a second Ctrl-C
         shut_down_through_interrupts(pool)
     for name, fut in zip(files, futures):  # the first failed file in the usual order is the one reported
         if fut.cancelled():

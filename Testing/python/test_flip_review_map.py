@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -206,7 +207,14 @@ def test_the_slicer_panel_names_and_places_every_stage_a_flip_run_reports(flip_b
     for name, _total in progress.stages:
         assert name in proc.STAGE_TEXT and name in proc.STAGE_SPANS, name
     done = proc.overall_fraction("trajectory", 1, 1)
-    assert proc.overall_fraction(flips.STAGE, 1, 30, done) == done  # never back, never past writing
+    half = proc.overall_fraction(flips.STAGE, 15, 30, done)
+    assert done < half < proc.overall_fraction(flips.STAGE, 30, 30, half) <= proc.overall_fraction("write", 0, 7, half)
+    # the flipped runs take most of the networks' time: most of the bar (flip_cost.json's ratio)
+    ratio = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "flip_cost.json").read_text())[
+        "ratio_median"]["flips_over_trajectory"]
+    span = proc.STAGE_SPANS[flips.STAGE][1] - proc.STAGE_SPANS[flips.STAGE][0]
+    trajectory = proc.STAGE_SPANS["trajectory"][1] - proc.STAGE_SPANS["trajectory"][0]
+    assert span / trajectory == pytest.approx(ratio, rel=0.25)
     assert "flipped" in proc.Progress(flips.STAGE, 4, 30).text and "(4/30)" in proc.Progress(flips.STAGE, 4, 30).text
 
 
@@ -215,7 +223,6 @@ def test_the_shipped_bundle_2_4_0_is_2_3_0_with_the_tac_flips_rule():
     threshold, the baselines and the index intervals are 2.3.0's (as its calibration_fit.json
     recorded them), so 2.3.0's segmentation and calibration results describe 2.4.0's outputs too;
     the rule it replaced is kept as regions.previous."""
-    from pathlib import Path
 
     from cardseg.bundle.folder import check_bundle
 
@@ -239,3 +246,40 @@ def test_the_shipped_bundle_2_4_0_is_2_3_0_with_the_tac_flips_rule():
     assert fitted_on["weights"] == {p.name: sha256_file(p) for p in sorted(checked.root.glob("*.safetensors"))}
     fit = json.loads((root / "Training" / "results" / "acdc-2.4.0" / "review" / "review_fit.json").read_text())
     assert fit["block"]["map"] == "tac_flips" and fit["block"]["model"] == regions["model"]
+
+
+def test_on_a_moved_grid_each_flipped_copy_runs_on_the_mirrored_moved_grid(flip_bundle, synthetic_volume,
+                                                                           monkeypatch):
+    """When the run kept a grid moved onto the heart, the flipped copies run on that grid mirrored
+    (not on the centred one): the engine's map equals the primary's own runs on explicitly mirrored
+    grids, and differs from runs on the centred grid; the three copies share one volume number."""
+    from cardseg import segment
+    from cardseg.bundle.loading import load_bundle
+
+    bundle = load_bundle(flip_bundle)
+    bundle.config["field_of_view"] = {"recentre": True}
+    vol, _ = synthetic_volume
+    monkeypatch.setattr(segment, "recentre_offset", lambda *a, **k: (6.0, -5.0))
+    monkeypatch.setattr(segment, "run_agreement", lambda traj, b: 0.99 if traj.offset != (0.0, 0.0) else 0.5)
+    calls = []
+    real = segment.run_on_grid
+    monkeypatch.setattr(segment, "run_on_grid", lambda grid, *a: calls.append((grid.offset, a[-2], a[-1]))
+                        or real(grid, *a))
+    result = segment.segment_volume(vol, bundle, "card")
+    assert result.report["field_of_view"]["recentred"] is True
+    copies = [c for c in calls if c[2] == flips.STAGE]
+    assert [c[0] for c in copies] == [(-6.0, -5.0), (6.0, 5.0), (-6.0, 5.0)]
+    assert len({c[1] for c in copies}) == 1 and copies[0][1] is not None  # one volume number for the three
+    slices01 = segment.normalized_slices(vol, bundle)
+
+    def map_on(offset_of):
+        traj = SimpleNamespace(logits=None, offset=(6.0, -5.0), fov=result.field_of_view)
+        plain = real(segment.slice_grid(slices01.shape[1:], vol.spacing[:2], bundle, (6.0, -5.0)), slices01, bundle,
+                     "uc", "cpu", 8, Progress(), False, False)
+        traj.logits = plain.logits
+        return flips.flip_map(slices01, traj, lambda s, off, prog: real(
+            segment.slice_grid(s.shape[1:], vol.spacing[:2], bundle, offset_of(off)), s, bundle, "uc", "cpu", 8,
+            prog, False, False).logits, 1)
+
+    assert np.allclose(result.flips, map_on(lambda off: off), atol=1e-5)
+    assert not np.allclose(result.flips, map_on(lambda off: (0.0, 0.0)), atol=1e-3)

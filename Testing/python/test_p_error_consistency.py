@@ -108,7 +108,9 @@ def test_an_evaluation_keeps_its_regions_values_and_reports_them_pooled():
         truth[1:3, 30:44, 60 + i:76 + i] = 1  # a missed piece of RV
         tac = ndimage.gaussian_filter(rng.random((4, 96, 96)).astype(np.float32), (0, 3, 3)) * 0.3
         tac[1:3, 28:46, 58:78] += 0.15
-        maps.append(VolumeMaps(f"patient00{i}_frame01", cond, pred, truth, tac, (1.5, 1.5, 10.0)))
+        flips = rng.uniform(0.0, 0.01, tac.shape).astype(np.float32)  # the shipped rule cuts TAC + flips
+        flips[1:3, 28:46, 58:78] += 0.2
+        maps.append(VolumeMaps(f"patient00{i}_frame01", cond, pred, truth, tac, (1.5, 1.5, 10.0), flips=flips))
     t = review_tables(maps, config)
     for cond in ("clean", "spike"):
         rel = t["bundle"][cond]["reliability"]

@@ -1,7 +1,8 @@
 """How well each candidate reference's disagreement marks the primary's errors, on validation.
 
 ``Training/gpu/choose_reference.py`` chooses the reference by CARD's pool NLL (calibration).
-The reviewer's flagged regions are cut from the same disagreement (TAC, paper Eq. 7), so a
+The reviewer's flagged regions are cut from the same disagreement (TAC, paper Eq. 7; since 2.4.0 with
+the flipped runs' disagreement added), so a
 reference is also judged here by its map: with the bundle's primary and each candidate
 reference, every clean validation volume is segmented as the engine does
 (:func:`cardseg_train.review_data.collect_maps`, cached per weights), and the TAC smoothed

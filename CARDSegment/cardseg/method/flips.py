@@ -43,7 +43,8 @@ def _entropy(q: np.ndarray, eps: float) -> np.ndarray:
 
 class FlipDisagreement:
     """The generalised Jensen-Shannon divergence of ``F`` runs' class distributions, accumulated one
-    run at a time (memory: two ``(Z, K, Y, X)`` float32 arrays however many runs):
+    run at a time (memory: one ``(Z, K, Y, X)`` float32 sum and a ``(Z, Y, X)`` float64 entropy sum
+    however many runs, beside the run being added):
     ``JS = H(mean_f p_f) - mean_f H(p_f)`` per voxel (nats; 0 where all agree, at most ``ln F``)."""
 
     def __init__(self, eps: float = 1e-12):

@@ -1,8 +1,8 @@
 """Flagged regions: where the disagreement asks a reader to look, ranked so the first few matter.
 
 A region is a connected component of the review map above ``flag_threshold``; the review map is
-the TAC (paper Eq. 7's map), smoothed in-plane by a Gaussian of ``smooth_px`` pixels when the
-bundle says so. The bundle's ``regions`` block (all chosen on the validation split, see
+the TAC (paper Eq. 7's map), or the TAC plus the flipped runs' disagreement (``map``, below),
+smoothed in-plane by a Gaussian of ``smooth_px`` pixels when the bundle says so. The bundle's ``regions`` block (all chosen on the validation split, see
 ``cardseg fit-review``) says how:
 
 * ``connectivity``: ``"slice"`` (2D components, each within one slice, 8-connected) or ``"3d"``
@@ -84,8 +84,8 @@ _RANKING_WORDS = {"p_error": "p_error", "p_error_per_ml": "p_error per ml", "sum
 
 
 def review_map(tac: np.ndarray, smooth_px: float = 0.0) -> np.ndarray:
-    """The map regions are cut from: ``tac (Z, Y, X)`` smoothed in-plane by a Gaussian of
-    ``smooth_px`` pixels (none at 0), float32 ``(Z, Y, X)``."""
+    """The map regions are cut from: ``tac (Z, Y, X)`` (the TAC, or TAC + flips: :func:`feature_map`)
+    smoothed in-plane by a Gaussian of ``smooth_px`` pixels (none at 0), float32 ``(Z, Y, X)``."""
     tac = np.asarray(tac, dtype=np.float32)
     return tac if smooth_px <= 0 else smoothed(tac, float(smooth_px))
 
@@ -190,7 +190,7 @@ def allowed_of(pred: np.ndarray, s: dict) -> Optional[np.ndarray]:
 
 def feature_map(tac: np.ndarray, pred: np.ndarray, settings: dict, flips: Optional[np.ndarray] = None) -> np.ndarray:
     """The map region features are measured on: the raw TAC for ``map = "tac"``, TAC + ``flips``
-    (the flipped runs' disagreement, :func:`cardseg.method.flips.flip_disagreement`, ``(Z, Y, X)``)
+    (the flipped runs' disagreement, :func:`cardseg.method.flips.flip_map`, ``(Z, Y, X)``)
     for ``"tac_flips"``, the voxel error probability
     (:func:`cardseg.review.error_map.error_probability`) otherwise; ``(Z, Y, X)`` float32."""
     s = region_settings(settings)
