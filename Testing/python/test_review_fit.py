@@ -107,6 +107,31 @@ def test_flip_maps_are_collected_as_the_engine_computes_them_and_cached_beside(t
     assert not flips_file.exists()
 
 
+def test_review_maps_under_the_calibration_pools_perturbations(tiny_bundle, synthetic_volume, tmp_path):
+    """``pool:KIND`` maps: the engine's run on the normalised slices perturbed as the calibration
+    pool perturbs them (same seeding), labels untouched; an unknown kind is refused."""
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.segment import normalized_slices, trajectory_on_slices
+    from cardseg_train import review_data
+    from cardseg_train.calibration_perturb import perturb_image
+    from cardseg_train.corruptions import corruption_rng
+    from cardseg_train.evaluation import LabelledVolume
+
+    vol, lab = synthetic_volume
+    item = LabelledVolume("patient900_frame01", "patient900", vol, lab)
+    bundle = load_bundle(tiny_bundle)
+    clean, gamma = review_data.collect_maps(bundle, [item], ["clean", "pool:gamma"], tmp_path)
+    img = perturb_image(normalized_slices(vol, bundle), "gamma", corruption_rng(item.case, "pool:gamma", 0))
+    expected = trajectory_on_slices(img, vol.spacing[:2], bundle, "card")
+    assert np.allclose(gamma.tac, np.asarray(expected.tac), atol=1e-3)  # float16 cache
+    assert not np.allclose(gamma.tac, clean.tac, atol=1e-3)
+    assert np.array_equal(gamma.truth, clean.truth) and gamma.condition == "pool:gamma"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["patient900_frame01__clean.npz",
+                                                          "patient900_frame01__pool-gamma.npz"]  # no ':' in names
+    with pytest.raises(ValueError, match="unknown pool perturbation 'blur'"):
+        review_data.compute_maps(bundle, item, "pool:blur")
+
+
 def test_the_second_pass_searches_around_the_winner_and_never_does_worse():
     from cardseg_train.review_fit import refine_grid, two_pass
 

@@ -89,12 +89,23 @@ def cache_key(bundle, split: str, seed: int = 0) -> str:
 def compute_maps(bundle, item: LabelledVolume, condition: str, seed: int = 0, device="cpu",
                  batch_size: int = 8, flips: bool = False) -> VolumeMaps:
     """Corrupt (if asked), normalise as the engine does, run the dual trajectory, keep the maps
-    (and, with ``flips``, the flipped runs' disagreement, as the engine computes it)."""
+    (and, with ``flips``, the flipped runs' disagreement, as the engine computes it). ``condition``:
+    an ACDC-C condition, or ``pool:contrast``, ``pool:gamma``, ``pool:noise``: the calibration
+    pool's label-preserving perturbation of the normalised slices, drawn as that pool draws it
+    (:mod:`cardseg_train.calibration_perturb`; not the test conditions' artifacts)."""
     from cardseg.base import arrays
     from cardseg.segment import flip_disagreement_map, normalized_slices, trajectory_on_slices
 
-    vol = condition_volume(item, condition, seed)
+    kind = condition.split(":", 1)[1] if condition.startswith("pool:") else None
+    vol = item if kind else condition_volume(item, condition, seed)
     slices01 = normalized_slices(vol.volume, bundle)
+    if kind:
+        from .calibration_perturb import PERTURBATIONS, perturb_image
+        from .corruptions import corruption_rng
+
+        if kind not in PERTURBATIONS:
+            raise ValueError(f"unknown pool perturbation {kind!r} (choose from {', '.join(PERTURBATIONS)})")
+        slices01 = perturb_image(slices01, kind, corruption_rng(item.case, f"pool:{kind}", seed))
     spacing_xy = tuple(vol.volume.spacing[:2])
     traj = trajectory_on_slices(slices01, spacing_xy, bundle, "card", device, batch_size)
     logits = arrays.to_numpy(traj.logits)
@@ -117,7 +128,7 @@ def collect_maps(bundle, cases: Sequence[LabelledVolume], conditions: Sequence[s
     out = []
     for item in cases:
         for cond in conditions:
-            path = None if cache_dir is None else Path(cache_dir) / f"{item.case}__{cond}.npz"
+            path = None if cache_dir is None else Path(cache_dir) / f"{item.case}__{cond.replace(':', '-')}.npz"
             maps = _load(path)
             if maps is not None and not np.allclose(maps.spacing, item.volume.spacing):
                 maps = None  # made with another pixel-size assumption: compute again
