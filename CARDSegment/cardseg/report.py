@@ -72,7 +72,7 @@ def build_report(result: Any, volume: Volume, bundle: Bundle, method: str, devic
             report["out_of_domain"] = bool(report["agreement"] < float(threshold))
         report["regions"], result.region_ranks = flagged_regions(
             result.disagreement, result.labels, cfg["regions"], volume.ijk_to_lps(), volume.spacing, names,
-            result.field_of_view, getattr(result, "flips", None))
+            result.field_of_view, result.flips)
         kind = cfg["regions"].get("map", "tac")
         report["review_map"] = REVIEW_MAP_NAMES.get(kind, kind)
         # without a region model regions are ranked by their summed map (the TAC, TAC + flips, the error probability)

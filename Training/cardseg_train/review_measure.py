@@ -98,8 +98,8 @@ def volume_study(m: VolumeMaps, settings: dict, model: Optional[ErrorModel], rng
         score_rank = np.where(rank_map > 0, 1.0 / np.maximum(rank_map, 1), 0.0)  # first region highest
         out["detection"] = {"wrong": wrong, "tac": m.tac[near], "regions": score_rank[near],
                             "boundary": boundary[near].astype(np.float32),
-                            **{k: getattr(m, k)[near] for k in ("tac_flips", "entropy_card", "entropy_uc")
-                               if getattr(m, k) is not None}}
+                            **{k: v[near] for k in ("tac_flips", "entropy_card", "entropy_uc")
+                               if (v := getattr(m, k)) is not None}}
     return out
 
 
