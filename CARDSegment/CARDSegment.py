@@ -59,11 +59,11 @@ class CARDSegmentParameterNode:
 
     inputVolume: vtkMRMLScalarVolumeNode
     bundleSource: BundleSource = BundleSource.SHIPPED
-    # a plain string, bound by hand (onBundleFolderChanged): a pathlib.Path field would show an
-    # unset folder as "." in the path box
+    # a plain str bound by hand (onBundleFolderChanged): a pathlib.Path field shows an unset folder as "."
     bundleFolder: str = ""
     device: Device = Device.AUTO
     method: Method = Method.CARD
+    fastReview: bool = False  # regions from the bundle's TAC rule: no flipped runs (CARDSegmentLib.parameters)
     loadProbabilities: bool = False
     overlay: Overlay = Overlay.DISAGREEMENT
     overlayOpacity: Annotated[float, WithinRange(0.0, 1.0)] = 0.5

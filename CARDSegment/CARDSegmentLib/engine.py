@@ -60,6 +60,8 @@ def request_of(command: proc.SegmentCommand, rid: int) -> Dict[str, object]:
         request["threads"] = int(command.threads)
     if command.batch_size:
         request["batch_size"] = int(command.batch_size)
+    if command.review_map:
+        request["review_map"] = str(command.review_map)
     return request
 
 
@@ -188,7 +190,8 @@ class EngineRun:
     # -- called by the engine
 
     def advance(self, stage: str, done: int, total: int) -> None:
-        fraction = proc.overall_fraction(stage, done, total, self.progress.fraction)
+        spans = proc.stage_spans(self.command.method, self.command.review_map)
+        fraction = proc.overall_fraction(stage, done, total, self.progress.fraction, spans)
         self.progress = proc.Progress(stage, done, total, fraction)
         if self.on_progress is not None:
             self.on_progress(self.progress)

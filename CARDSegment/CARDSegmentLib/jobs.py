@@ -39,6 +39,7 @@ class JobOptions:
     bundle_path: Optional[str] = None  # a bundle folder; None: the engine's own default
     device: str = "auto"  # auto | cpu | cuda
     method: str = "card"  # card | uc
+    review_map: Optional[str] = None  # the bundle's flagged-region rule, by its map (None: its own; "tac": fast)
     load_probabilities: bool = False
     overlay: str = "disagreement"  # disagreement | temperature | none
     opacity: float = 0.5
@@ -60,7 +61,7 @@ class JobOptions:
         return (kind or proc.SegmentCommand)(
             input_path=str(input_path), output_dir=str(output_dir), bundle_path=self.bundle_path, device=self.device,
             method=self.method, python_executable=self.python_executable, engine_dir=self.engine_dir,
-            threads=self.threads, batch_size=self.batch_size)
+            threads=self.threads, batch_size=self.batch_size, review_map=self.review_map)
 
     def check(self) -> None:
         """Refuse a wrong device or method (ValueError naming it) before any file is written."""

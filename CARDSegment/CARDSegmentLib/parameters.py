@@ -1,4 +1,4 @@
-"""The panel's choices (bundle, device, method, overlay, a sequence's frames) and the run options they make.
+"""The panel's choices (bundle, device, method, fast review, overlay, a sequence's frames) and the run options.
 
 Plain enums, saved in the scene by the module's parameter node (``CARDSegmentParameterNode`` in
 ``CARDSegment.py``, which binds them to the GUI); :func:`job_options` reads such a node.
@@ -11,6 +11,9 @@ import enum
 from .bundles import resolve_bundle
 from .jobs import JobOptions
 from .sequences import FrameMode  # noqa: F401 - the panel's frame choice, with the other enums here
+
+#: the review map of "Fast review": the bundle's rule on the TAC alone (cardseg.bundle.review_rules), no flipped runs
+FAST_REVIEW_MAP = "tac"
 
 
 class BundleSource(enum.Enum):
@@ -59,6 +62,7 @@ def job_options(parameter_node, module_dir: str) -> JobOptions:
         bundle_path=bundle_path(parameter_node, module_dir),
         device=parameter_node.device.value,
         method=parameter_node.method.value,
+        review_map=FAST_REVIEW_MAP if parameter_node.fastReview else None,
         load_probabilities=parameter_node.loadProbabilities,
         overlay=parameter_node.overlay.value,
         opacity=parameter_node.overlayOpacity,

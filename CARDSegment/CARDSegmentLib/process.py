@@ -26,31 +26,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from .stages import STAGE_SPANS, STAGE_TEXT, Progress, overall_fraction, stage_spans  # noqa: F401 (re-exported)
+
 #: states of a run
 IDLE, RUNNING, SUCCEEDED, FAILED, CANCELLED = "idle", "running", "succeeded", "failed", "cancelled"
 FINISHED_STATES = (SUCCEEDED, FAILED, CANCELLED)
 
-#: how much of the progress bar each engine stage fills (the rest is unknown stages)
-STAGE_SPANS: Dict[str, Tuple[float, float]] = {
-    "export-onnx": (0.0, 0.03), "prepare-torch": (0.0, 0.03), "read": (0.0, 0.05),
-    # the shipped bundle's flipped copies take ~2.6x the trajectory (flip_cost.json); without them: a jump
-    "trajectory": (0.05, 0.28), "trajectory-moved": (0.28, 0.28), "flips": (0.28, 0.92),  # moved grid: holds
-    "write": (0.92, 1.0),
-    "hashing": (0.0, 0.02), "cases": (0.02, 1.0),  # cardseg batch (a cine sequence's frames) counts frames
-}
-STAGE_TEXT = {
-    "export-onnx": "Preparing the fast CPU models (first run with this bundle only)",
-    "prepare-torch": "Preparing the networks (first run with this bundle and device only)",
-    "read": "Reading the volume and the model bundle",
-    "trajectory": "Reverse diffusion (primary and reference)",
-    "trajectory-moved": "Reverse diffusion again, the field of view moved onto the heart",
-    "flips": "Reverse diffusion on the flipped copies (primary only, for the flagged regions)",
-    "write": "Writing results",
-    "hashing": "Reading the frames",
-    "cases": "Segmenting frames",
-    "indices": "Cardiac indices of the ED and ES frames",
-    "loading": "Loading the results",
-}
 ERROR_PREFIX = "cardseg: error:"
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 METHOD_CHOICES = ("card", "uc")
@@ -75,6 +56,7 @@ class SegmentCommand:
     engine_dir: Optional[str] = None  # folder that holds the ``cardseg`` package (put on PYTHONPATH)
     threads: Optional[int] = None
     batch_size: Optional[int] = None
+    review_map: Optional[str] = None  # which of the bundle's flagged-region rules; None: the bundle's own
     extra_env: Dict[str, str] = field(default_factory=dict)
 
     def argv(self) -> List[str]:
@@ -92,7 +74,7 @@ class SegmentCommand:
         args = [self.python_executable or default_python_executable(), "-m", "cardseg", *subcommand,
                 "-o", str(self.output_dir), "--progress", "json", "--device", self.device, "--method", self.method]
         for flag, value, kind in (("--bundle", self.bundle_path, str), ("--threads", self.threads, int),
-                                  ("--batch-size", self.batch_size, int)):
+                                  ("--batch-size", self.batch_size, int), ("--review-map", self.review_map, str)):
             args += [flag, str(kind(value))] if value else []
         return args
 
@@ -124,23 +106,6 @@ def default_python_executable() -> str:
 # progress and error lines
 
 
-@dataclass
-class Progress:
-    """The latest progress line: stage name, steps done and total, and the overall fraction."""
-
-    stage: str = ""
-    done: int = 0
-    total: int = 0
-    fraction: float = 0.0
-
-    @property
-    def text(self) -> str:
-        if not self.stage:
-            return "Starting"
-        label = STAGE_TEXT.get(self.stage, self.stage)
-        return f"{label} ({self.done}/{self.total})" if self.total > 1 else label
-
-
 def parse_progress_line(line: str) -> Optional[Tuple[str, int, int]]:
     """``(stage, done, total)`` from one ``--progress json`` line, or None for any other line."""
     text = line.strip()
@@ -154,16 +119,6 @@ def parse_progress_line(line: str) -> Optional[Tuple[str, int, int]]:
         return str(obj["stage"]), int(obj.get("done", 0)), int(obj.get("total", 0))
     except (TypeError, ValueError, KeyError, AttributeError):  # not an object, no stage, not numbers
         return None
-
-
-def overall_fraction(stage: str, done: int, total: int, previous: float = 0.0) -> float:
-    """Where a stage's ``done/total`` puts the whole run on [0, 1]; never moves backwards."""
-    span = STAGE_SPANS.get(stage)
-    if span is None:
-        return previous
-    lo, hi = span
-    part = min(max(done / total, 0.0), 1.0) if total > 0 else 0.0
-    return max(previous, lo + (hi - lo) * part)
 
 
 def extract_error(lines: Sequence[str], returncode: Optional[int]) -> str:
@@ -437,7 +392,9 @@ class CardsegRun:
                     self.log.append(line)
                 continue
             stage, done, total = parsed
-            self.progress = Progress(stage, done, total, overall_fraction(stage, done, total, self.progress.fraction))
+            spans = stage_spans(self.command.method, self.command.review_map)
+            self.progress = Progress(stage, done, total, overall_fraction(stage, done, total, self.progress.fraction,
+                                                                          spans))
             if self.on_progress is not None:
                 self.on_progress(self.progress)
         if len(self.log) > LOG_LINES:

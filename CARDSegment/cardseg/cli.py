@@ -13,6 +13,7 @@ from cardseg.base.argparsing import CommandLineParser, DefaultsHelpFormatter
 from cardseg.base.errors import CardsegError
 from cardseg.base.filekind import check_file_or_folder, kind_of
 from cardseg.base.options import check_int_range, check_new_file, check_run_options
+from cardseg.bundle.review_rules import REVIEW_MAP_HELP
 from cardseg.plugins import plugin_commands, run_plugin
 from cardseg.plugins import plugin_help as describe_plugin
 
@@ -69,6 +70,7 @@ def build_parser(plugin_help: bool = False, plugins: Optional[dict] = None) -> a
                         "capped by the cgroup CPU quota); with ONNX Runtime and N >= 2 the reference runs beside "
                         "the primary, each with N threads")
     p.add_argument("--backend", choices=["auto", "torch", "onnx"], help=BACKEND_HELP)
+    p.add_argument("--review-map", metavar="MAP", help=REVIEW_MAP_HELP)
 
     p = sub.add_parser("batch", help="segment many cases: cohort table, resume, triage report, optional Ray",
                        formatter_class=DefaultsHelpFormatter,
@@ -119,6 +121,7 @@ def build_parser(plugin_help: bool = False, plugins: Optional[dict] = None) -> a
     p.add_argument("--ray-cpus-per-worker", type=float, default=1.0, metavar="C", help="CPUs each Ray actor asks for")
     p.add_argument("--backend", choices=["auto", "torch", "onnx"],
                    help=BACKEND_HELP + " (with --ray: torch)")
+    p.add_argument("--review-map", metavar="MAP", help=REVIEW_MAP_HELP)
     p.add_argument("--no-report", action="store_true", help="do not write triage.html")
     p.add_argument("--report-thumbnails", type=int, default=200, metavar="N",
                    help="thumbnails in triage.html for the N least trusted cases (the rest are listed without)")
@@ -188,7 +191,8 @@ def _check_backend(a) -> None:
 def cmd_segment(a) -> int:
     # Every check that needs no torch comes first, in this order: options, the input's existence and
     # the output location, bundle (schema, files), input image. Only then torch, the networks and the work.
-    from cardseg.bundle.folder import check_bundle
+    from cardseg.bundle.folder import check_bundle, check_method
+    from cardseg.bundle.review_rules import with_review_map
     from cardseg.io.inputs import parse_spacing
     from cardseg.io.outdir import check_output
     from cardseg.io.volume import read_volume
@@ -197,11 +201,9 @@ def cmd_segment(a) -> int:
     _check_segment_args(a)
     spacing = parse_spacing(a.spacing) if a.spacing else None
     out = check_output(a.output, a.overwrite, inputs=[a.input])
-    checked = check_bundle(a.bundle)
+    checked = with_review_map(check_bundle(a.bundle), a.review_map)
     bundle_root, config = checked.root, checked.config
-    if a.method == "card" and config["calibration"]["method"] != "card":
-        raise CardsegError(f"{bundle_root}: the bundle is calibrated by {config['calibration']['method']!r}, "
-                           "not CARD; use --method uc or a CARD bundle")
+    check_method(bundle_root, config, a.method)
     from cardseg.base.cpus import default_threads
 
     threads = a.threads or default_threads()
@@ -286,6 +288,10 @@ def cmd_info(a) -> int:
     from cardseg.review.regions import describe_rule
 
     print(f"  flagged regions: {describe_rule(c.get('regions') or {})}")
+    from cardseg.bundle.review_rules import review_rules
+
+    for name, rule in list(review_rules(c).items())[1:]:
+        print(f"  with --review-map {name}: {describe_rule(rule)}")
     return 0
 
 

@@ -15,7 +15,8 @@ Protocol (version :data:`PROTOCOL`), JSON lines, UTF-8:
     segment ``input`` into ``output``. The other fields are ``cardseg segment``'s options, named
     as its long options with ``_`` for ``-``: ``bundle``, ``device``, ``backend``, ``method``,
     ``frame``, ``spacing`` (``"SX,SY[,SZ]"`` or a list of numbers), ``batch_size``, ``threads``,
-    ``overwrite`` (true/false). An absent field takes the value ``cardseg serve`` was started
+    ``review_map`` (the bundle's rule for flagged regions, :mod:`cardseg.bundle.review_rules`; the
+    loaded networks serve every rule), ``overwrite`` (true/false). An absent field takes the value ``cardseg serve`` was started
     with (``--bundle``, ``--device``, ``--backend``, ``--threads``), else segment's default. The
     values are judged by segment's own parser and checks: the same one-line refusals.
   - ``{"id": ANY, "op": "status"}``: answered with a ``status`` event (below).
@@ -77,7 +78,7 @@ from cardseg.base.errors import CardsegError, one_line
 
 PROTOCOL = 1
 #: request fields that map to a ``cardseg segment`` option taking a value
-VALUE_FIELDS = ("bundle", "device", "backend", "method", "frame", "spacing", "batch_size", "threads")
+VALUE_FIELDS = ("bundle", "device", "backend", "method", "frame", "spacing", "batch_size", "threads", "review_map")
 FIELDS = ("id", "op", "input", "output", "overwrite") + VALUE_FIELDS
 OPS = ("segment", "status", "exit")
 #: modules whose presence ``status`` reports
@@ -180,7 +181,7 @@ class LoadedBundle:
         torch is imported as ``cardseg segment`` imports it (:func:`cardseg.bundle.onnx_backend.settle_device`);
         torch and the file compression run on each request's ``threads``; ONNX sessions keep theirs (reopened)."""
         from cardseg.base.devices import surely_cpu
-        from cardseg.bundle.folder import check_bundle, resolve_bundle_path
+        from cardseg.bundle.folder import check_bundle, check_method, resolve_bundle_path
         from cardseg.bundle.loading import load_bundle
         from cardseg.bundle.onnx_backend import settle_device, start_cpu_lookup
         from cardseg.io.written import set_threads
@@ -235,13 +236,6 @@ def fingerprint(root: Path, config: dict) -> Optional[tuple]:
             return None
         stamps.append((name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
     return tuple(stamps)
-
-
-def check_method(root: Path, config: dict, method: str) -> None:
-    """``--method card`` needs a CARD-calibrated bundle (``cardseg segment``'s refusal)."""
-    if method == "card" and config["calibration"]["method"] != "card":
-        raise CardsegError(f"{root}: the bundle is calibrated by {config['calibration']['method']!r}, "
-                           "not CARD; use --method uc or a CARD bundle")
 
 
 class Engine:
@@ -303,6 +297,7 @@ class Engine:
         """One ``segment`` request, checked as ``cardseg segment`` checks; the result event."""
         from cardseg.base.cpus import default_threads
         from cardseg.base.progress import JsonProgress
+        from cardseg.bundle.review_rules import with_review_map
         from cardseg.io.inputs import parse_spacing
         from cardseg.io.outdir import check_output
         from cardseg.segment import segment_file
@@ -314,6 +309,7 @@ class Engine:
         progress = JsonProgress(self.protocol.stream)
         bundle, loaded_now, device = self.loaded.get(a.bundle, a.device, a.backend, a.method, progress,
                                                      a.threads or default_threads())
+        bundle = with_review_map(bundle, a.review_map)
         report = segment_file(a.input, a.output, bundle, method=a.method, device=device, batch_size=a.batch_size,
                               frame=a.frame, spacing=spacing, overwrite=a.overwrite, progress=progress, t_start=t0)
         out = Path(os.path.realpath(os.path.abspath(a.output)))

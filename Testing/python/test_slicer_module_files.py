@@ -197,7 +197,7 @@ def test_ui_binds_exactly_the_parameter_node_fields():
     assert set(bound) | set(HAND_BOUND) == parameter_fields() and not set(bound) & set(HAND_BOUND)
     # each bound widget is of a kind Slicer's parameterNodeWrapper connects to that field's type
     kinds = {"inputVolume": "qMRMLNodeComboBox", "bundleSource": "QComboBox",
-             "device": "QComboBox", "method": "QComboBox", "loadProbabilities": "QCheckBox",
+             "device": "QComboBox", "method": "QComboBox", "fastReview": "QCheckBox", "loadProbabilities": "QCheckBox",
              "overlay": "QComboBox", "overlayOpacity": "ctkSliderWidget",
              "frameMode": "QComboBox", "edFrame": "QSpinBox", "esFrame": "QSpinBox"}
     assert {field: widgets[name] for field, name in bound.items()} == kinds

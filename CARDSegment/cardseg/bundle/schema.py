@@ -225,6 +225,15 @@ MAP_TOPS = {"tac": (LN2, f"ln 2 = {LN2:.4f}"), "tac_flips": (3 * LN2, f"ln 8 = {
 REGION_RANKINGS = ("p_error", "p_error_per_ml", "summed_map")
 
 
+def check_regions(regions: Any, label: str) -> None:
+    """One ``regions`` block on its own (an earlier rule kept as ``regions.previous``, which a
+    bundle's load does not check), refused in one line that starts with ``label``."""
+    where = Where(label)
+    if not isinstance(regions, dict):
+        where.fail("regions", f"must be a JSON object (got {show(regions)})")
+    _check_regions(where, regions)
+
+
 def _check_regions(where: Where, regions: dict) -> None:
     """How flagged regions are formed (the map: TAC, TAC + flip disagreement or a fitted voxel error
     probability; flag and grow thresholds on it, in ``[0, ln 2]`` for the TAC, ``[0, ln 8]`` for

@@ -82,6 +82,7 @@ def run_batch(o: BatchOptions) -> BatchResult:
     OUTDIR created or taken (its lock), stamped, and filled.
     """
     from cardseg.bundle.folder import check_bundle
+    from cardseg.bundle.review_rules import with_review_map
     from cardseg.io.inputs import parse_spacing
 
     t_start = time.perf_counter()
@@ -90,7 +91,7 @@ def run_batch(o: BatchOptions) -> BatchResult:
     target = os.path.realpath(os.path.abspath(os.fspath(o.output)))  # nothing is ever taken from inside it
     cases = (read_manifest(o.manifest, o.frame, outdir=target) if o.manifest
              else cases_from_inputs(o.inputs, o.frame, outdir=target))
-    checked = check_bundle(o.bundle)
+    checked = with_review_map(check_bundle(o.bundle), o.review_map)  # the rule is part of every case's key
     bundle_root, config = checked.root, checked.config
     settings = bundle_settings(config, o.method)
     out, earlier = check_batch_outdir(o.output, settings, o.overwrite)
@@ -109,7 +110,7 @@ def run_batch(o: BatchOptions) -> BatchResult:
             cluster.disconnect(ray_started)
             raise
     elif plan.jobs:  # the networks load here, once: a bundle that does not load is a refusal
-        worker = CaseWorker(bundle_root, o.method, o.device, o.batch_size, o.threads, o.backend)
+        worker = CaseWorker(bundle_root, o.method, o.device, o.batch_size, o.threads, o.backend, o.review_map)
         from cardseg.base.progress import make_progress
 
         load_progress = make_progress(o.progress, o.quiet)
@@ -200,14 +201,14 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
                     result.worker_loads = cluster.run_jobs(
                         plan.jobs, on_result, bundle_root=plan.bundle_root, config=plan.config, outdir=out,
                         method=o.method, device=o.device, batch_size=o.batch_size, threads=o.threads,
-                        workers=o.ray_workers, cpus_per_worker=o.ray_cpus_per_worker)
+                        workers=o.ray_workers, cpus_per_worker=o.ray_cpus_per_worker, review_map=o.review_map)
                 elif o.workers > 1 and len(plan.jobs) > 1:
                     from cardseg.cohort import local_pool
 
                     result.worker_loads = local_pool.run_jobs(
                         plan.jobs, on_result, bundle_root=plan.bundle_root, method=o.method, device=o.device,
                         batch_size=o.batch_size, threads=o.threads, backend=worker.bundle.backend,
-                        workers=o.workers)  # the backend the check load settled on: no second fallback
+                        workers=o.workers, review_map=o.review_map)  # the backend the check load settled on
                 else:  # the next case read and the last one written while this one computes
                     from cardseg.cohort.pipeline import run_overlapped
 

@@ -127,7 +127,7 @@ class _WorkerActor:
     (a folder left by one killed while loading is removed by the next actor on that node)."""
 
     def __init__(self, blob: Dict[str, bytes], outdir: str, method: str, device: str, batch_size: int,
-                 threads: Optional[int]):
+                 threads: Optional[int], review_map: Optional[str] = None):
         from cardseg.bundle.folder import check_bundle_folder
 
         sweep_bundle_folders()
@@ -141,7 +141,7 @@ class _WorkerActor:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(data)
             root, _ = check_bundle_folder(tmp)
-            self.worker = CaseWorker(root, method, device, batch_size, threads)
+            self.worker = CaseWorker(root, method, device, batch_size, threads, review_map=review_map)
             self.worker.load()
         except Exception as exc:  # every case of this actor fails with this line
             self.error = f"worker on {self.host} cannot load the bundle ({type(exc).__name__}: {one_line(exc)})"
@@ -176,7 +176,8 @@ def disconnect(started: bool) -> None:
 
 def run_jobs(jobs: Sequence[Job], on_result: Callable[[dict], None], *, bundle_root: Path,
              config: dict, outdir: Path, method: str = "card", device: str = "auto", batch_size: int = 8,
-             threads: Optional[int] = None, workers: Optional[int] = None, cpus_per_worker: float = 1.0) -> int:
+             threads: Optional[int] = None, workers: Optional[int] = None, cpus_per_worker: float = 1.0,
+             review_map: Optional[str] = None) -> int:
     """Run ``jobs`` on Ray actors (after :func:`connect`), calling ``on_result`` in this process
     for each finished case (in completion order). A worker that dies fails the cases it held (one
     line each) and is replaced. Returns how many times a bundle was loaded (one per actor that
@@ -195,7 +196,7 @@ def run_jobs(jobs: Sequence[Job], on_result: Callable[[dict], None], *, bundle_r
 
         def new_actor():
             return remote_cls.remote(blob, str(outdir), method, "cuda" if per_gpu and device == "auto" else device,
-                                     batch_size, threads)
+                                     batch_size, threads, review_map)
 
         actors = [new_actor() for _ in range(workers)]
         pending = deque(jobs)

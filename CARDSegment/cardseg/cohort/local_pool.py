@@ -60,7 +60,7 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _start_worker(bundle_root: str, method: str, device: str, batch_size: int, threads: int, backend: str,
-                  parent: int = 0) -> None:
+                  parent: int = 0, review_map: Optional[str] = None) -> None:
     global _WORKER
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the batch process's to handle
     signal.signal(signal.SIGTERM, _on_sigterm)
@@ -68,7 +68,7 @@ def _start_worker(bundle_root: str, method: str, device: str, batch_size: int, t
         _die_with_parent(parent)
     from cardseg.cohort.worker import CaseWorker
 
-    _WORKER = CaseWorker(Path(bundle_root), method, device, batch_size, threads, backend)
+    _WORKER = CaseWorker(Path(bundle_root), method, device, batch_size, threads, backend, review_map)
 
 
 def _on_sigterm(signum, frame) -> None:
@@ -104,7 +104,7 @@ def _failed(job, why: str) -> dict:
 
 def run_jobs(jobs: Sequence, on_result: Callable[[dict], None], *, bundle_root: Path, method: str = "card",
              device: str = "auto", batch_size: int = 8, threads: Optional[int] = None, backend: str = "torch",
-             workers: int = 2) -> int:
+             workers: int = 2, review_map: Optional[str] = None) -> int:
     """Run ``jobs`` on ``workers`` local processes, calling ``on_result`` here for each finished
     case (completion order). Returns how many worker processes loaded the bundle (one per
     process that ran a case)."""
@@ -112,7 +112,7 @@ def run_jobs(jobs: Sequence, on_result: Callable[[dict], None], *, bundle_root: 
 
     workers = max(1, min(int(workers), len(jobs)))
     threads = threads or default_threads(workers)
-    args = (str(bundle_root), method, device, batch_size, threads, backend, os.getpid())
+    args = (str(bundle_root), method, device, batch_size, threads, backend, os.getpid(), review_map)
     ctx = multiprocessing.get_context("spawn")
     pending = list(reversed(jobs))  # popped from the end: jobs in their order
     loaded = set()

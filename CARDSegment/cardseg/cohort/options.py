@@ -38,6 +38,8 @@ class BatchOptions:
     report: bool = True
     report_thumbnails: int = 200
     hash_threads: int = 4
+    #: which of the bundle's flagged-region rules runs, by its map (cardseg.bundle.review_rules); None: the bundle's own
+    review_map: Optional[str] = None
 
 
 @dataclass
@@ -83,4 +85,5 @@ def options_from_args(a) -> BatchOptions:
                         overwrite=a.overwrite, quiet=a.quiet, progress=a.progress, threads=a.threads,
                         backend=a.backend or "torch", workers=a.workers, ray=a.ray,
                         ray_workers=a.ray_workers, ray_cpus_per_worker=a.ray_cpus_per_worker,
-                        report=not a.no_report, report_thumbnails=a.report_thumbnails)
+                        report=not a.no_report, report_thumbnails=a.report_thumbnails,
+                        review_map=getattr(a, "review_map", None))

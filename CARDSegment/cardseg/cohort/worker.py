@@ -30,10 +30,11 @@ class CaseWorker:
     """Runs cases one after another; the bundle is loaded at the first case and kept."""
 
     def __init__(self, bundle_root: os.PathLike, method: str = "card", device: str = "auto", batch_size: int = 8,
-                 threads: Optional[int] = None, backend: str = "torch"):
+                 threads: Optional[int] = None, backend: str = "torch", review_map: Optional[str] = None):
         self.bundle_root = Path(bundle_root)
         self.method, self.device_name, self.batch_size, self.threads = method, device, batch_size, threads
         self.backend = backend  # torch, onnx or auto (cardseg.bundle.loading.load_bundle)
+        self.review_map = review_map  # the bundle's flagged-region rule to run (cardseg.bundle.review_rules)
         self.bundle = None
         self.device = None
         self.loads = 0  # how often the bundle was loaded (once)
@@ -50,10 +51,11 @@ class CaseWorker:
         from cardseg.bundle.folder import check_bundle
         from cardseg.bundle.loading import load_bundle
         from cardseg.bundle.onnx_backend import settle_device, start_cpu_lookup
+        from cardseg.bundle.review_rules import with_review_map
 
         threads = int(self.threads or default_threads())
         set_threads(threads)  # the outputs' compression threads follow the worker's share of the CPUs
-        checked = checked if checked is not None else check_bundle(self.bundle_root)
+        checked = with_review_map(checked if checked is not None else check_bundle(self.bundle_root), self.review_map)
         lookup = start_cpu_lookup(checked.config, checked.weights, self.backend, self.device_name, threads)
         self.device = settle_device(self.device_name, lookup, threads)
         self.bundle = load_bundle(checked.root, device=self.device, backend=self.backend, progress=progress,
