@@ -1,7 +1,8 @@
 """CARDSegmentLib: the MRML side of the CARDSegment module (no Qt, no ScriptedLoadableModule).
 
 * :mod:`.process` — build and run ``cardseg segment`` in a separate process, read its progress
-  lines and its one-line error (any launcher: a real subprocess or a test's fake);
+  lines and its one-line error (any launcher: a real subprocess or a test's fake), the stages'
+  places on the progress bar in :mod:`.stages`;
   :mod:`.engine` — the same runs through one warm ``cardseg serve`` process kept between clicks
   (restarted after a crash, killed on cancel; the one-shot process is its fallback).
 * :mod:`.jobs` — one "Segment & Calibrate": input to temporary file, process, outputs to nodes;

@@ -62,7 +62,7 @@ def job_options(parameter_node, module_dir: str) -> JobOptions:
         bundle_path=bundle_path(parameter_node, module_dir),
         device=parameter_node.device.value,
         method=parameter_node.method.value,
-        review_map=FAST_REVIEW_MAP if parameter_node.fastReview else None,
+        review_map=FAST_REVIEW_MAP if parameter_node.fastReview and parameter_node.method == Method.CARD else None,
         load_probabilities=parameter_node.loadProbabilities,
         overlay=parameter_node.overlay.value,
         opacity=parameter_node.overlayOpacity,

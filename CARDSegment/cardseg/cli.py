@@ -288,10 +288,14 @@ def cmd_info(a) -> int:
     from cardseg.review.regions import describe_rule
 
     print(f"  flagged regions: {describe_rule(c.get('regions') or {})}")
-    from cardseg.bundle.review_rules import review_rules
+    from cardseg.bundle.review_rules import choose_review_map, review_rules
 
-    for name, rule in list(review_rules(c).items())[1:]:
-        print(f"  with --review-map {name}: {describe_rule(rule)}")
+    for name in list(review_rules(c))[1:]:  # each earlier rule, checked as a run would check it
+        try:
+            text = describe_rule(choose_review_map(c, name, "the bundle")["regions"])
+        except CardsegError as exc:
+            text = f"unusable: {exc}"
+        print(f"  with --review-map {name}: {text}")
     return 0
 
 

@@ -297,7 +297,7 @@ class Engine:
         """One ``segment`` request, checked as ``cardseg segment`` checks; the result event."""
         from cardseg.base.cpus import default_threads
         from cardseg.base.progress import JsonProgress
-        from cardseg.bundle.review_rules import with_review_map
+        from cardseg.bundle.review_rules import check_review_map, with_review_map
         from cardseg.io.inputs import parse_spacing
         from cardseg.io.outdir import check_output
         from cardseg.segment import segment_file
@@ -306,6 +306,7 @@ class Engine:
         self.check_segment(a)
         spacing = parse_spacing(a.spacing) if a.spacing else None
         check_output(a.output, a.overwrite, inputs=[a.input])
+        check_review_map(a.bundle, a.review_map)  # before any network loads
         progress = JsonProgress(self.protocol.stream)
         bundle, loaded_now, device = self.loaded.get(a.bundle, a.device, a.backend, a.method, progress,
                                                      a.threads or default_threads())

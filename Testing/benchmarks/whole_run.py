@@ -308,7 +308,8 @@ def main() -> None:
     print(f"| plain whole run, median of {a.repeats} | {statistics.median(res['uc']['plain_wall']):.3f} | "
           f"{statistics.median(res['card']['plain_wall']):.3f} |")
     # issue 25's goal: a whole run at most its trajectory + 1.5 s (each run against its own trajectory)
-    over = {m: [w - t["trajectory"] for w, t in zip(res[m]["plain_wall"], res[m]["plain_timings"])] for m in res}
+    over = {m: [w - t["trajectory"] - t.get("flips", 0.0) for w, t in zip(res[m]["plain_wall"], res[m]["plain_timings"])]
+            for m in res}
     for m in ("uc", "card"):
         print(f"whole run - its trajectory, {m}: least {min(over[m]):.2f} s, median {statistics.median(over[m]):.2f} s "
               f"(goal <= 1.5 s); of which importing torch {med[m]['import torch']:.2f} s")

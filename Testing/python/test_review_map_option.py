@@ -141,10 +141,50 @@ def test_batch_runs_the_chosen_rule_and_keys_its_cases_by_it(two_rule_bundle, ph
     case = next(p for p in out.iterdir() if p.is_dir())
     assert json.loads((case / "report.json").read_text())["review_map"] == "TAC"
     assert run_cli_quiet(base + ["--review-map", "tac"])[0] == 0  # the same batch: resumed, nothing recomputed
-    refused(capsys, base, "other settings than now", "--overwrite")
+    refused(capsys, base, "another configuration of the same bundle", "another --review-map", "--overwrite")
     assert run_cli_quiet(base + ["--overwrite"])[0] == 0
     assert json.loads((case / "report.json").read_text())["review_map"] == "TAC + flip disagreement"
     assert len(read_csv(out / "cohort.csv")) == 1
+
+
+def test_batch_refuses_an_unknown_map_and_a_uc_batch_is_keyed_without_the_rule(two_rule_bundle, phantom_file,
+                                                                                tmp_path, capsys, model_cache):
+    out = tmp_path / "batch"
+    base = ["batch", str(phantom_file), "-o", str(out), "--bundle", str(two_rule_bundle), "--backend", "torch",
+            "--progress", "none", "--quiet", "--no-report"]
+    refused(capsys, base + ["--review-map", "nope"], "no flagged-region rule on the map 'nope'")
+    assert not out.exists()
+    # uc cuts no regions: the rule does not change its cases, so the same batch resumes either way
+    assert run_cli_quiet(base + ["--method", "uc", "--review-map", "tac"])[0] == 0
+    stamp = (next(p for p in out.iterdir() if p.is_dir()) / "report.json").stat().st_mtime_ns
+    assert run_cli_quiet(base + ["--method", "uc"])[0] == 0
+    assert (next(p for p in out.iterdir() if p.is_dir()) / "report.json").stat().st_mtime_ns == stamp
+
+
+def test_batch_workers_in_their_own_processes_run_the_chosen_rule(two_rule_bundle, tmp_path, model_cache):
+    """The local worker processes load the bundle themselves: each must apply the rule too."""
+    inputs = []
+    for seed in (1, 2):
+        inputs.append(tmp_path / f"v{seed}.nii.gz")
+        assert run_cli_quiet(["synth", str(inputs[-1]), "--seed", str(seed), "--slices", "2"])[0] == 0
+    out = tmp_path / "batch"
+    assert run_cli_quiet(["batch", *map(str, inputs), "-o", str(out), "--bundle", str(two_rule_bundle),
+                          "--backend", "torch", "--progress", "none", "--quiet", "--no-report", "--workers", "2",
+                          "--threads", "1", "--review-map", "tac"])[0] == 0
+    reports = [json.loads(p.read_text()) for p in sorted(out.glob("*/report.json"))]
+    assert len(reports) == 2 and all(r["review_map"] == "TAC" and "flips" not in r["timings_s"] for r in reports)
+
+
+def test_batch_refuses_card_with_a_bundle_not_calibrated_by_card(tiny_bundle, phantom_file, tmp_path, capsys):
+    bundle = tmp_path / "ts-bundle"
+    shutil.copytree(tiny_bundle, bundle)
+    config = _config(bundle)
+    config["calibration"] = {"method": "ts", "temperature": 1.5}
+    (bundle / "bundle.json").write_text(json.dumps(config, indent=1))
+    out = tmp_path / "batch"
+    refused(capsys, ["batch", str(phantom_file), "-o", str(out), "--bundle", str(bundle)], "calibrated by 'ts'",
+            "--method uc")
+    assert not out.exists()
 
 
 def test_serve_takes_the_review_map_per_request(two_rule_bundle, phantom_file, tmp_path, model_cache):
@@ -164,6 +204,23 @@ def test_serve_takes_the_review_map_per_request(two_rule_bundle, phantom_file, t
     with pytest.raises(CardsegError, match="no flagged-region rule on the map 'x'"):
         engine.segment({"input": str(phantom_file), "output": str(tmp_path / "o2"), "review_map": "x"}, 0.0)
     assert not (tmp_path / "o2").exists()
+    # the loaded bundle kept its own rule: a request naming none runs it, without a reload
+    again = engine.segment({"input": str(phantom_file), "output": str(tmp_path / "o3")}, 0.0)
+    assert not again["loaded_bundle"] and "flips" in again["timings_s"]
+    assert json.loads((tmp_path / "o3" / "report.json").read_text())["review_map"] == "TAC + flip disagreement"
+
+
+def test_serve_refuses_an_unknown_map_before_loading_any_network(two_rule_bundle, phantom_file, tmp_path):
+    import io
+
+    from cardseg import cli
+    from cardseg.serve import Engine, Protocol
+
+    defaults = cli.build_parser().parse_args(["serve", "--bundle", str(two_rule_bundle), "--backend", "torch"])
+    engine = Engine(defaults, Protocol(io.StringIO()), cli.build_parser, cli._check_segment_args, cli._check_backend)
+    with pytest.raises(CardsegError, match="no flagged-region rule on the map 'x'"):
+        engine.segment({"input": str(phantom_file), "output": str(tmp_path / "o"), "review_map": "x"}, 0.0)
+    assert engine.loaded.bundle is None and not (tmp_path / "o").exists()
 
 
 def _slicer_lib():
@@ -184,6 +241,9 @@ def test_the_panel_passes_fast_review_to_one_shot_runs_and_to_the_warm_engine():
                            frameMode=parameters.FrameMode.SHOWN, edFrame=-1, esFrame=-1)
     options = parameters.job_options(node, str(MODULE_DIR))
     assert options.review_map == "tac"
+    node.method = parameters.Method.UNCALIBRATED
+    assert parameters.job_options(node, str(MODULE_DIR)).review_map is None  # uc cuts no regions
+    node.method = parameters.Method.CARD
     node.fastReview = False
     assert parameters.job_options(node, str(MODULE_DIR)).review_map is None
 
@@ -230,3 +290,16 @@ def test_info_lists_the_earlier_rules_a_run_can_choose(two_rule_bundle, tiny_bun
         next(ln for ln in lines if ln.startswith("  with --review-map tac: cut from the TAC: seeds above 0.01"))]
     assert cardseg.cli.main(["info", "--bundle", str(tiny_bundle)]) == 0
     assert "--review-map" not in capsys.readouterr().out  # one rule: nothing to choose
+
+
+def test_info_says_an_earlier_rule_is_unusable_instead_of_failing(two_rule_bundle, tmp_path, capsys):
+    import cardseg.cli
+
+    bundle = tmp_path / "broken-earlier"
+    shutil.copytree(two_rule_bundle, bundle)
+    config = _config(bundle)
+    config["regions"]["previous"]["flag_threshold"] = 5.0
+    (bundle / "bundle.json").write_text(json.dumps(config, indent=1))
+    assert cardseg.cli.main(["info", "--bundle", str(bundle)]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "--review-map tac" in ln)
+    assert "unusable" in line and "flag_threshold must be in [0, ln 2" in line

@@ -78,6 +78,19 @@ def with_review_map(bundle, name: Optional[str]):
     return bundle if config is bundle.config else dataclasses.replace(bundle, config=config)
 
 
+def check_review_map(path, name: Optional[str]) -> None:
+    """Refuse in one line a map no rule of the bundle at ``path`` (``--bundle``'s value: see
+    :func:`cardseg.bundle.folder.resolve_bundle_path`) uses, from its ``bundle.json`` alone:
+    before anything is loaded (``cardseg serve`` checks a request so)."""
+    if name is None:
+        return
+    from cardseg.bundle.folder import read_config, resolve_bundle_path
+
+    root = resolve_bundle_path(path)
+    config = read_config(root)
+    choose_review_map(config, name, f"bundle {bundle_label(config)} ({root})")
+
+
 def bundle_label(config: dict) -> str:
     """``name-version`` of a bundle's configuration, for messages."""
     ident = config.get("id") or {}
@@ -88,4 +101,5 @@ def bundle_label(config: dict) -> str:
 REVIEW_MAP_HELP = ("which of the bundle's flagged-region rules to run, by the map its regions are cut from "
                    "(default: the bundle's own). The shipped bundle: tac_flips (TAC + the flipped copies' "
                    "disagreement); tac, its earlier rule, skips the three flipped runs (a card run about 3.6x "
-                   "faster on a CPU) and caught fewer errors on validation")
+                   "faster on a CPU) and caught fewer errors on validation; a uc run has no regions to cut and "
+                   "ignores it")

@@ -81,7 +81,7 @@ def run_batch(o: BatchOptions) -> BatchResult:
     a refusal up to here is a one-line :class:`CardsegError` and nothing is written. Only then is
     OUTDIR created or taken (its lock), stamped, and filled.
     """
-    from cardseg.bundle.folder import check_bundle
+    from cardseg.bundle.folder import check_bundle, check_method
     from cardseg.bundle.review_rules import with_review_map
     from cardseg.io.inputs import parse_spacing
 
@@ -91,8 +91,11 @@ def run_batch(o: BatchOptions) -> BatchResult:
     target = os.path.realpath(os.path.abspath(os.fspath(o.output)))  # nothing is ever taken from inside it
     cases = (read_manifest(o.manifest, o.frame, outdir=target) if o.manifest
              else cases_from_inputs(o.inputs, o.frame, outdir=target))
-    checked = with_review_map(check_bundle(o.bundle), o.review_map)  # the rule is part of every case's key
+    checked = check_bundle(o.bundle)
+    chosen = with_review_map(checked, o.review_map)  # a map the bundle keeps no rule for is refused here
+    checked = chosen if o.method == "card" else checked  # the rule is part of a card case's key (uc cuts no regions)
     bundle_root, config = checked.root, checked.config
+    check_method(bundle_root, config, o.method)  # as segment refuses it, before any case
     settings = bundle_settings(config, o.method)
     out, earlier = check_batch_outdir(o.output, settings, o.overwrite)
     progress = CaseProgress(o.progress, o.quiet)

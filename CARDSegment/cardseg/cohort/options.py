@@ -86,4 +86,4 @@ def options_from_args(a) -> BatchOptions:
                         backend=a.backend or "torch", workers=a.workers, ray=a.ray,
                         ray_workers=a.ray_workers, ray_cpus_per_worker=a.ray_cpus_per_worker,
                         report=not a.no_report, report_thumbnails=a.report_thumbnails,
-                        review_map=getattr(a, "review_map", None))
+                        review_map=a.review_map)

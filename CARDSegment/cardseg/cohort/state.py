@@ -55,9 +55,11 @@ def check_batch_outdir(output: os.PathLike, settings: dict, overwrite: bool) -> 
                            "move them or choose another folder")
     if stamp.get("settings") != settings and not overwrite:
         old = stamp.get("settings") or {}
-        raise CardsegError(f"{out}: holds a batch made with method {old.get('method')} and bundle "
-                           f"{(old.get('bundle') or {}).get('id')} (other settings than now); use --overwrite to "
-                           "recompute its cases, or choose another folder")
+        old_id, new_id = (old.get("bundle") or {}).get("id"), (settings.get("bundle") or {}).get("id")
+        what = ("another configuration of the same bundle: its bundle.json changed, or another --review-map"
+                if old.get("method") == settings.get("method") and old_id == new_id else "other settings than now")
+        raise CardsegError(f"{out}: holds a batch made with method {old.get('method')} and bundle {old_id} ({what}); "
+                           "use --overwrite to recompute its cases, or choose another folder")
     return out, stamp
 
 
