@@ -32,7 +32,9 @@ def agreement_summary(report: Optional[dict]) -> Summary:
         low = int(np.argmin(per_slice))
         text += f" (lowest slice {low}: {per_slice[low]:.3f})"
     regions = report.get("regions") or []
-    text += f"; {len(regions)} flagged region{'s' if len(regions) != 1 else ''}."
+    text += f"; {len(regions)} flagged region{'s' if len(regions) != 1 else ''}"
+    # which of the bundle's rules cut them (report.json's review_map: e.g. the panel's Fast review ran the TAC rule)
+    text += f" (from the {report['review_map']})." if report.get("review_map") else "."
     if report.get("out_of_domain"):
         text = ("Warning: the agreement score is below the bundle's out-of-domain threshold; this image may "
                 "be unlike the training data, so check the whole segmentation. " + text)

@@ -303,3 +303,14 @@ def test_info_says_an_earlier_rule_is_unusable_instead_of_failing(two_rule_bundl
     assert cardseg.cli.main(["info", "--bundle", str(bundle)]) == 0
     line = next(ln for ln in capsys.readouterr().out.splitlines() if "--review-map tac" in ln)
     assert "unusable" in line and "flag_threshold must be in [0, ln 2" in line
+
+
+def test_the_panel_says_which_map_the_regions_were_cut_from():
+    _slicer_lib()
+    from CARDSegmentLib.summary import agreement_summary
+
+    report = {"method": "card", "agreement": 0.98, "agreement_per_slice": [0.99, 0.97], "regions": [{}, {}]}
+    assert agreement_summary(report).text == "Agreement 0.980 (lowest slice 1: 0.970); 2 flagged regions."
+    fast = agreement_summary({**report, "review_map": "TAC"}).text
+    assert fast == "Agreement 0.980 (lowest slice 1: 0.970); 2 flagged regions (from the TAC)."
+    assert "(from the TAC + flip disagreement)" in agreement_summary({**report, "review_map": "TAC + flip disagreement"}).text
