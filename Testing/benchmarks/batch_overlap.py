@@ -33,6 +33,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from cardseg.method.flips import network_seconds
+
 
 def _phantom(folder: Path) -> Path:
     from cardseg.bundle.scaffold import synthetic_cine_volume
@@ -61,7 +63,7 @@ def _stage_times(worker, src: Path, out: Path) -> dict:
         result = segment.compute_case(volume, worker.bundle, src, method=worker.method, device=worker.device,
                                       batch_size=worker.batch_size, progress=Progress())
         compute = time.perf_counter() - t0
-        t["trajectory"] = result.report["timings_s"]["trajectory"] + result.report["timings_s"].get("flips", 0.0)
+        t["trajectory"] = network_seconds(result.report["timings_s"])
         t["postprocess, agreement, regions"] = compute - t["trajectory"] - result.report["timings_s"]["preprocess"]
         t["preprocess"] = result.report["timings_s"]["preprocess"]
         files = {}
@@ -92,7 +94,7 @@ def _schedule(worker, jobs, overlapped: bool, finishers=None) -> tuple:
     bad = [r for r in seen if r["status"] != "ok"]
     if bad:
         raise SystemExit(f"batch_overlap: a case failed: {bad[0]['error']}")
-    return wall, [r["report"]["timings_s"]["trajectory"] + r["report"]["timings_s"].get("flips", 0.0) for r in seen]
+    return wall, [network_seconds(r["report"]["timings_s"]) for r in seen]
 
 
 def main(argv=None) -> int:

@@ -47,6 +47,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from cardseg.method.flips import network_seconds
+
 CARDSEG = [sys.executable, "-m", "cardseg"]
 
 
@@ -58,7 +60,7 @@ def one_shot(src: Path, out: Path, opts: list, env: dict) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"warm_engine: cardseg segment failed:\n{proc.stderr[-2000:]}")
     timings = json.loads((out / "report.json").read_text())["timings_s"]
-    return {"wall_s": wall, "trajectory_s": timings["trajectory"] + timings.get("flips", 0.0), "timings_s": timings}
+    return {"wall_s": wall, "trajectory_s": network_seconds(timings), "timings_s": timings}
 
 
 class Engine:
@@ -91,7 +93,7 @@ class Engine:
         if not result.get("ok"):
             raise SystemExit(f"warm_engine: a request failed: {result.get('error')}")
         return {"wall_s": wall, "t_sent": t0,
-                "trajectory_s": result["timings_s"]["trajectory"] + result["timings_s"].get("flips", 0.0),
+                "trajectory_s": network_seconds(result["timings_s"]),
                 "timings_s": result["timings_s"], "engine_s": result["seconds"], "loaded_bundle": result["loaded_bundle"]}
 
     def modules(self) -> dict:
@@ -128,7 +130,7 @@ def batch_run(src: Path, n: int, out: Path, opts: list, env: dict) -> dict:
     if proc.returncode != 0:
         raise SystemExit(f"warm_engine: cardseg batch failed:\n{proc.stderr[-2000:]}")
     reports = [json.loads((out / f"case{i}" / "report.json").read_text()) for i in range(n)]
-    trajectories = sum(rep["timings_s"]["trajectory"] + rep["timings_s"].get("flips", 0.0) for rep in reports)
+    trajectories = sum(network_seconds(rep["timings_s"]) for rep in reports)
     return {"wall_s": wall, "cases": n, "trajectories_s": trajectories, "wall_less_trajectories_s": wall - trajectories,
             "backend": sorted({rep["backend"] for rep in reports})}
 

@@ -283,3 +283,16 @@ def test_on_a_moved_grid_each_flipped_copy_runs_on_the_mirrored_moved_grid(flip_
 
     assert np.allclose(result.flips, map_on(lambda off: off), atol=1e-5)
     assert not np.allclose(result.flips, map_on(lambda off: (0.0, 0.0)), atol=1e-3)
+
+
+def test_the_networks_time_of_a_run_counts_its_flipped_runs(flip_bundle, tiny_bundle, synthetic_volume):
+    """What the benchmarks hold a run's other work against: the dual trajectory plus the flipped
+    runs where there were (a report of each kind)."""
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.segment import segment_volume
+
+    vol, _ = synthetic_volume
+    with_flips = segment_volume(vol, load_bundle(flip_bundle, device="cpu"), "card").report["timings_s"]
+    plain = segment_volume(vol, load_bundle(tiny_bundle, device="cpu"), "card").report["timings_s"]
+    assert flips.network_seconds(with_flips) == pytest.approx(with_flips["trajectory"] + with_flips["flips"])
+    assert with_flips["flips"] > 0 and flips.network_seconds(plain) == plain["trajectory"]

@@ -86,8 +86,14 @@ def flip_disagreement(probs: np.ndarray, eps: float = 1e-12) -> np.ndarray:
     return acc.result()
 
 
-#: the progress stage of the flipped runs
+#: the progress stage of the flipped runs (and their key in report.json's ``timings_s``)
 STAGE = "flips"
+
+
+def network_seconds(timings: dict) -> float:
+    """The networks' seconds of a run's ``timings_s``: the dual trajectory plus the flipped runs
+    where the run made them (what the benchmarks hold a run's other work against)."""
+    return float(timings["trajectory"]) + float(timings.get(STAGE, 0.0))
 
 
 def needs_flips(config: dict, method: str) -> bool:
