@@ -34,7 +34,7 @@ from cardseg.io.preprocess import (SliceGrid, network_to_slices, normalize_slice
 from cardseg.io.volume import Volume
 from cardseg.io.written import IncompleteWrite, verify_seg_nrrd, write_image, write_seg_nrrd, write_text
 from cardseg.method.calibration import CARD, Uncalibrated, temperature_scale
-from cardseg.method.flips import STAGE as FLIP_STAGE, flip_map, needs_flips
+from cardseg.method.flips import STAGE as FLIP_STAGE, copies_config, flip_map, needs_flips
 from cardseg.method.trajectory import run_trajectory
 from cardseg.report import agreement_of, build_report
 
@@ -275,9 +275,9 @@ def run_networks(volume: Volume, bundle: Bundle, method: str = "card", device: "
 
 def flip_disagreement_map(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle, traj: SliceTrajectory,
                           device="cpu", batch_size: int = 8, progress: Optional[Progress] = None) -> np.ndarray:
-    """:func:`cardseg.method.flips.flip_map` of ``traj``: the primary alone on each flipped copy of ``slices01``
-    (one volume for CUDA graphs: a one-shot run's copies do not capture one)."""
-    volume = next(_VOLUME_NUMBERS)
+    """:func:`cardseg.method.flips.flip_map` of ``traj``: the primary alone on each flipped copy of ``slices01``, on
+    its own steps (``copies_config``; one volume for CUDA graphs: a one-shot run's copies do not capture one)."""
+    volume, bundle = next(_VOLUME_NUMBERS), replace(bundle, config=copies_config(bundle.config))
     def run_copy(s, offset, prog):
         grid = slice_grid(s.shape[1:], spacing_xy, bundle, offset)
         return run_on_grid(grid, s, bundle, "uc", device, batch_size, prog, False, False, volume, FLIP_STAGE).logits

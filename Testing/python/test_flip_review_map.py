@@ -3,6 +3,7 @@ flipped copies (cardseg.method.flips), computed by the engine on the kept grid m
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import shutil
@@ -296,3 +297,80 @@ def test_the_networks_time_of_a_run_counts_its_flipped_runs(flip_bundle, tiny_bu
     plain = segment_volume(vol, load_bundle(tiny_bundle, device="cpu"), "card").report["timings_s"]
     assert flips.network_seconds(with_flips) == pytest.approx(with_flips["trajectory"] + with_flips["flips"])
     assert with_flips["flips"] > 0 and flips.network_seconds(plain) == plain["trajectory"]
+
+
+@pytest.fixture(scope="module")
+def two_step_flip_bundle(flip_bundle, tmp_path_factory):
+    path = tmp_path_factory.mktemp("flipsteps") / "tiny-flips-2"
+    shutil.copytree(flip_bundle, path)
+    config = json.loads((path / "bundle.json").read_text())
+    config["regions"]["flip_steps"] = [49, 0]
+    (path / "bundle.json").write_text(json.dumps(config, indent=1))
+    return path
+
+
+def test_the_flipped_copies_run_on_the_steps_the_bundle_names(flip_bundle, two_step_flip_bundle, synthetic_volume):
+    """regions.flip_steps: each copy runs the primary on those steps only (its terminal prediction
+    at the last of them); the plain run, its TAC and everything calibrated keep the bundle's steps."""
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.segment import normalized_slices, segment_volume, trajectory_on_slices
+
+    vol, _ = synthetic_volume
+    full, short = load_bundle(flip_bundle, device="cpu"), load_bundle(two_step_flip_bundle, device="cpu")
+    assert flips.flip_steps(full.config) == full.sampled_steps == [49, 37, 24, 12, 0]
+    assert flips.flip_steps(short.config) == [49, 0] and short.sampled_steps == full.sampled_steps
+    progress = Recorder()
+    a = segment_volume(vol, full, "card")
+    b = segment_volume(vol, short, "card", progress=progress)
+    for name in ("labels", "disagreement", "temperature", "probabilities"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    stages = dict(progress.stages)
+    batches = stages["trajectory"] // 5  # the plain run: five steps a batch
+    assert stages[flips.STAGE] == 3 * 2 * batches  # three copies, two steps a batch each
+
+    # the copies as the study runs them: the primary alone on the flipped slices, on the two steps
+    two_steps = dataclasses.replace(short, config=flips.copies_config(short.config))
+    assert two_steps.sampled_steps == [49, 0]
+    slices01 = normalized_slices(vol, short)
+    plain = trajectory_on_slices(slices01, vol.spacing[:2], short, "card")
+    probs = [np.asarray(arrays_softmax(np.asarray(plain.logits, np.float32)))]
+    for flip in flips.FLIPS[1:]:
+        t = trajectory_on_slices(np.ascontiguousarray(flips.unflip(slices01, flip)), vol.spacing[:2], two_steps, "uc")
+        probs.append(flips.unflip(arrays_softmax(np.asarray(t.logits, np.float32)), flip, (0, 2, 3)))
+    expected = flips.flip_disagreement(np.stack(probs))
+    expected[:, ~b.field_of_view] = 0.0
+    assert np.allclose(b.flips, expected, atol=1e-5)
+    assert not np.allclose(a.flips, b.flips, atol=1e-3)  # another map than the five-step copies'
+
+
+def arrays_softmax(logits):
+    e = np.exp(logits - logits.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+@pytest.mark.parametrize("steps, problem", [([0, 49], "distinct and in decreasing order"), ([], "non-empty list"),
+                                            ([50], r"regions.flip_steps\[0\]"), ("49", "non-empty list")])
+def test_the_schema_refuses_flip_steps_a_run_cannot_take(tiny_bundle, steps, problem):
+    from cardseg.base.errors import CardsegError
+    from cardseg.bundle.schema import validate_config
+
+    config = json.loads((tiny_bundle / "bundle.json").read_text())
+    config["regions"].update({"map": "tac_flips", "flag_threshold": 0.2, "flip_steps": steps})
+    with pytest.raises(CardsegError, match=problem):
+        validate_config(config, tiny_bundle)
+    config["regions"]["flip_steps"] = [49, 24, 0]
+    validate_config(config, tiny_bundle)
+
+
+def test_cached_review_maps_are_keyed_by_the_copies_steps_only_when_they_are_their_own(flip_bundle,
+                                                                                      two_step_flip_bundle):
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.review.regions import describe_rule
+    from cardseg_train.review_data import cache_key
+
+    full, short = load_bundle(flip_bundle, device="cpu"), load_bundle(two_step_flip_bundle, device="cpu")
+    same = dataclasses.replace(short, config={**short.config, "regions": {**short.config["regions"],
+                                                                          "flip_steps": full.sampled_steps}})
+    assert cache_key(full, "val") == cache_key(same, "val") != cache_key(short, "val")
+    assert "(the flipped copies on steps 49, 0)" in describe_rule(short.config["regions"])
+    assert "flipped copies on steps" not in describe_rule(full.config["regions"])

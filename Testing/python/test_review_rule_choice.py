@@ -142,3 +142,45 @@ def test_info_says_how_the_bundle_cuts_its_regions(tiny_bundle, capsys):
     assert describe_rule({"flag_threshold": 0.1, "model": None}).endswith("no p_error model (ranked by the summed map)")
     assert main(["info", "--bundle", str(tiny_bundle)]) == 0
     assert "  flagged regions: cut from the TAC: seeds above 0.1" in capsys.readouterr().out
+
+
+def test_a_refit_keeps_the_rule_of_another_map_before_it_and_the_copies_steps():
+    """Refitting a TAC + flips rule over one (as a release whose copies run on fewer steps would):
+    the replaced rule becomes ``previous`` with its own copies' steps, and the TAC rule before it
+    stays reachable (``--review-map tac``); a rule of the new map further back is not kept."""
+    from cardseg.bundle.review_rules import review_rules
+
+    maps = [flip_maps(i) for i in range(6)]
+    fit = rr.choose_rule(maps, "tac-flips")
+    tac_rule = {"map": "tac", "flag_threshold": 0.06, "model": None}
+    old = {"map": "tac_flips", "flag_threshold": 0.2625, "model": None, "previous": tac_rule}
+    block = rr.regions_block(fit, old, len(maps), 1.0)
+    assert block["previous"]["map"] == "tac_flips" and block["previous"]["previous"] == tac_rule
+    assert list(review_rules({"regions": block})) == ["tac_flips", "tac"]
+    with_steps = rr.regions_block(fit, {**old, "flip_steps": [49, 0]}, len(maps), 1.0)
+    assert with_steps["previous"]["flip_steps"] == [49, 0] and "flip_steps" not in with_steps
+    # a rule of the new map two back is shadowed by the replaced one: not carried
+    same_map = rr.regions_block(fit, {**old, "previous": {"map": "tac_flips", "flag_threshold": 0.3}}, len(maps), 1.0)
+    assert "previous" not in same_map["previous"]
+
+
+def test_fit_review_writes_the_copies_steps_its_maps_were_made_with(monkeypatch):
+    from types import SimpleNamespace
+
+    from cardseg_train import evaluation, review_data
+
+    maps = [flip_maps(i) for i in range(6)]
+    seen = {}
+
+    def collect(bundle, cases, conditions, cache, seed, device, batch_size, progress, flips=False):
+        seen["flips"] = flips
+        return maps
+
+    monkeypatch.setattr(evaluation, "acdc_h5_volumes", lambda data, split: [])
+    monkeypatch.setattr(review_data, "collect_maps", collect)
+    monkeypatch.setattr(review_data, "cache_key", lambda bundle, split, seed: "k")
+    for steps, expected in (([49, 0], [49, 0]), (None, None)):
+        regions = {"map": "tac_flips", "flag_threshold": 0.2, "model": None, **({"flip_steps": steps} if steps else {})}
+        bundle = SimpleNamespace(config={"regions": regions})
+        block = rr.fit_bundle_review(bundle, "data", None, rule="tac-flips")["block"]
+        assert seen["flips"] and block["map"] == "tac_flips" and block.get("flip_steps") == expected

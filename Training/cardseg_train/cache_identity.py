@@ -18,10 +18,15 @@ def maps_identity(bundle) -> dict:
     c = bundle.config
     margin = recentre_margin(c)  # the grid trial keeps the run whose networks agree more (paper Eq. 5's ROI)
     fov = None if margin is None else {"margin_mm": margin, "agreement_roi_px": agreement_roi_px(bundle)}
-    return {"weights": dict(bundle.checksums), "grid": [c.get("input_size"), c.get("pixel_spacing_mm")],
-            "preprocessing": c.get("preprocessing"), "diffusion": c.get("diffusion"),  # schedule and sampled steps
-            "tac_steps": None if bundle.tac_steps is None else [int(t) for t in bundle.tac_steps],
-            "field_of_view": fov}
+    identity = {"weights": dict(bundle.checksums), "grid": [c.get("input_size"), c.get("pixel_spacing_mm")],
+                "preprocessing": c.get("preprocessing"), "diffusion": c.get("diffusion"),  # schedule and sampled steps
+                "tac_steps": None if bundle.tac_steps is None else [int(t) for t in bundle.tac_steps],
+                "field_of_view": fov}
+    from cardseg.method.flips import flip_steps
+
+    if flip_steps(c) != bundle.sampled_steps:  # the flipped copies on steps of their own (keys of others unchanged)
+        identity["flip_steps"] = flip_steps(c)
+    return identity
 
 
 def calibrated_identity(bundle) -> dict:

@@ -112,6 +112,8 @@ def fit_bundle_review(bundle, data: str, cache_dir: Optional[Path], device="cpu"
                         batch_size, progress, flips=needs_flips(rule))
     fit = choose_rule(maps, rule, progress)
     block = regions_block(fit, bundle.config["regions"], len(maps), time.perf_counter() - t0)
+    if block["map"] == "tac_flips" and bundle.config["regions"].get("flip_steps"):  # fitted on those copies' maps
+        block["flip_steps"] = [int(t) for t in bundle.config["regions"]["flip_steps"]]
     return {"block": block, "candidates": fit["candidates"]}
 
 
@@ -119,7 +121,10 @@ def regions_block(fit: dict, old: dict, volumes: int, seconds: float) -> dict:
     """The ``regions`` block of a fit (:func:`cardseg_train.review_errmap.fit_error_map_rule`),
     keeping the rule it replaces (``old``'s settings and model) as ``previous``. It holds every
     rule key, so merged into ``old`` (as ``update_config`` does) it leaves nothing of the old rule."""
-    previous = {k: v for k, v in old.items() if k in RULE_KEYS or k == "model"}
+    previous = {k: v for k, v in old.items() if k in RULE_KEYS or k in ("model", "flip_steps")}
+    older = old.get("previous")  # the rule before it stays too where its map is another (--review-map)
+    if isinstance(older, dict) and older.get("map", "tac") not in (fit["settings"].get("map", "tac"), old.get("map", "tac")):
+        previous["previous"] = {k: v for k, v in older.items() if k in RULE_KEYS or k in ("model", "flip_steps")}
     voxel = {"voxel_model": fit["voxel_model"].to_dict()} if fit.get("voxel_model") is not None else {}
     if fit.get("display_max_disagreement") is not None:
         voxel["display_max_disagreement"] = fit["display_max_disagreement"]

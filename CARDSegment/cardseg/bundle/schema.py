@@ -67,6 +67,7 @@ def validate_config(config: dict, root: os.PathLike, label: Optional[str] = None
     _check_grid(where, config)
     _check_preprocessing(where, required_object(where, config, "preprocessing"))
     steps = _check_diffusion(where, required_object(where, config, "diffusion"))
+    num_steps = int(config["diffusion"]["num_steps"])
     networks = required_object(where, config, "networks")
     for role in ROLES:
         _check_network(where, required_object(where, networks, role, "networks."), f"networks.{role}", Path(root))
@@ -74,6 +75,8 @@ def validate_config(config: dict, root: os.PathLike, label: Optional[str] = None
     if config.get("baselines") is not None:
         check_baselines(where, required_object(where, config, "baselines"), len(config["classes"]))
     _check_regions(where, required_object(where, config, "regions"))
+    if config["regions"].get("flip_steps") is not None:
+        _check_steps(where, "regions.flip_steps", config["regions"]["flip_steps"], num_steps)
     _check_agreement(where, required_object(where, config, "agreement"))
     if config.get("field_of_view") is not None:
         _check_field_of_view(where, required_object(where, config, "field_of_view"))
@@ -149,13 +152,20 @@ def _check_diffusion(where: Where, diff: dict) -> List[int]:
                               low=NUM_STEPS[0], high=NUM_STEPS[1])
     number_value(where, "diffusion.s", required_value(where, diff, "s", "diffusion."), low=SCHEDULE_S[0],
                  high=SCHEDULE_S[1], low_open=True)
-    steps = required_value(where, diff, "sampled_steps", "diffusion.")
+    return _check_steps(where, "diffusion.sampled_steps", required_value(where, diff, "sampled_steps", "diffusion."),
+                        num_steps)
+
+
+def _check_steps(where: Where, key: str, steps: Any, num_steps: int) -> List[int]:
+    """Diffusion step indices a run calls the networks at: a non-empty list, each in ``[0, T)``,
+    distinct and decreasing (the plain run's ``diffusion.sampled_steps``, the flipped copies'
+    ``regions.flip_steps``)."""
     if not isinstance(steps, list) or not steps:
-        where.fail("diffusion.sampled_steps", f"must be a non-empty list of step indices (got {show(steps)})")
+        where.fail(key, f"must be a non-empty list of step indices (got {show(steps)})")
     for i, t in enumerate(steps):
-        integer_value(where, f"diffusion.sampled_steps[{i}]", t, low=0, high=num_steps - 1)
+        integer_value(where, f"{key}[{i}]", t, low=0, high=num_steps - 1)
     if any(a <= b for a, b in zip(steps, steps[1:])):
-        where.fail("diffusion.sampled_steps", f"must be distinct and in decreasing order (got {show(steps)})")
+        where.fail(key, f"must be distinct and in decreasing order (got {show(steps)})")
     return list(steps)
 
 

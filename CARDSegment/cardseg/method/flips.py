@@ -13,7 +13,7 @@ temperature and everything calibrated stay the plain run's.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 
@@ -94,6 +94,23 @@ def network_seconds(timings: dict) -> float:
     """The networks' seconds of a run's ``timings_s``: the dual trajectory plus the flipped runs
     where the run made them (what the benchmarks hold a run's other work against)."""
     return float(timings["trajectory"]) + float(timings.get(STAGE, 0.0))
+
+
+def flip_steps(config: dict) -> List[int]:
+    """The diffusion steps the flipped copies run on: ``regions.flip_steps`` (e.g. ``[49, 0]``: the
+    first and the last of the plain run's steps), else the plain run's ``diffusion.sampled_steps``.
+    A copy's terminal prediction is its prediction at the last of them."""
+    steps = (config.get("regions") or {}).get("flip_steps")
+    return [int(t) for t in (steps if steps else config["diffusion"]["sampled_steps"])]
+
+
+def copies_config(config: dict) -> dict:
+    """``config`` as the flipped copies run it: its ``diffusion.sampled_steps`` are :func:`flip_steps`
+    (a copy of the dict; ``config`` itself when they are the plain run's)."""
+    steps = flip_steps(config)
+    if steps == [int(t) for t in config["diffusion"]["sampled_steps"]]:
+        return config
+    return {**config, "diffusion": {**config["diffusion"], "sampled_steps": steps}}
 
 
 def needs_flips(config: dict, method: str) -> bool:

@@ -66,7 +66,7 @@ def describe_rule(block: dict) -> str:
     s = {**DEFAULTS, **block}
     smooth = f", smoothed {float(s['smooth_px']):g} px" if float(s.get("smooth_px") or 0) > 0 else ""
     what = {"error_probability": "the error-probability map",
-            "tac_flips": f"the TAC + flip disagreement{smooth}"}.get(s["map"], f"the TAC{smooth}")
+            "tac_flips": f"the TAC + flip disagreement{_copies(block)}{smooth}"}.get(s["map"], f"the TAC{smooth}")
     grow = f", grown above {float(s['grow_threshold']):g}" if s.get("grow_threshold") is not None else ""
     cap = f", up to {float(s['max_ml']):g} ml each" if s.get("max_ml") is not None else ""
     most = f", at most {int(s['max_regions'])}" if s.get("max_regions") is not None else ""
@@ -78,6 +78,11 @@ def describe_rule(block: dict) -> str:
     seeds = f"seeds above {float(s['flag_threshold']):g}" if s.get("flag_threshold") is not None else "seeds"
     return (f"cut from {what}: {seeds}{grow}, {s['connectivity']}{cap}{most}, "
             f"ranked by {_RANKING_WORDS.get(s['ranking'], s['ranking'])}; {p_error}")
+
+
+def _copies(block: dict) -> str:
+    steps = block.get("flip_steps")
+    return f" (the flipped copies on steps {', '.join(str(int(t)) for t in steps)})" if steps else ""
 
 
 _RANKING_WORDS = {"p_error": "p_error", "p_error_per_ml": "p_error per ml", "summed_map": "summed map"}
