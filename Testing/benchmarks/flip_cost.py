@@ -6,8 +6,8 @@
 In one process, on the same volume (default: the ``cardseg synth`` phantom, 10 slices of 192 x
 176), interleaved rounds of ``segment_volume`` (read and write excluded): ``card`` as the bundle
 says (its regions cut from TAC + the flipped runs' disagreement: three more runs of the primary),
-``card`` with the regions rule the bundle replaced (``regions.previous``, cut from the TAC alone:
-no flipped copy) and ``uc``; after one warm-up each. Reported per mode: the median over the rounds
+``card`` with the TAC rule the bundle keeps (``--review-map tac``: the newest rule of its
+``regions.previous`` chain cut from the TAC alone, no flipped copy) and ``uc``; after one warm-up each. Reported per mode: the median over the rounds
 of ``timings_s`` (trajectory, flips) and of the computation's wall time, with the ratios taken
 within each round, and the load average before and after.
 """
@@ -37,6 +37,7 @@ def main() -> None:
 
     from cardseg.bundle.loading import load_bundle
     from cardseg.bundle.scaffold import synthetic_cine_volume
+    from cardseg.bundle.review_rules import choose_review_map, review_rules
     from cardseg.io.volume import read_volume
     from cardseg.segment import segment_volume
 
@@ -45,10 +46,11 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     bundle = load_bundle(a.bundle, device="cpu", backend=a.backend, threads=a.threads)
     regions = bundle.config["regions"]
-    if regions.get("map") != "tac_flips" or (regions.get("previous") or {}).get("map") != "tac":
-        raise SystemExit("flip_cost: the bundle must cut its regions from TAC + flips and keep a TAC rule as "
-                         "regions.previous")
-    plain = copy.deepcopy(regions["previous"])
+    rules = review_rules(bundle.config)  # the rule --review-map tac runs: the newest TAC rule of the chain
+    if regions.get("map") != "tac_flips" or "tac" not in rules:
+        raise SystemExit("flip_cost: the bundle must cut its regions from TAC + flips and keep a TAC rule among "
+                         "its earlier ones (regions.previous...)")
+    plain = copy.deepcopy(choose_review_map(bundle.config, "tac")["regions"])
     volume = read_volume(a.input) if a.input else synthetic_cine_volume(shape=(10, 192, 176), seed=0)[0]
 
     def run(mode: str) -> dict:

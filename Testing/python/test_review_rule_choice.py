@@ -4,6 +4,7 @@ block a TAC-rule fit writes (no voxel model, no Platt step), which the engine re
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 
 import pytest
@@ -184,3 +185,38 @@ def test_fit_review_writes_the_copies_steps_its_maps_were_made_with(monkeypatch)
         bundle = SimpleNamespace(config={"regions": regions})
         block = rr.fit_bundle_review(bundle, "data", None, rule="tac-flips")["block"]
         assert seen["flips"] and block["map"] == "tac_flips" and block.get("flip_steps") == expected
+
+
+@dataclasses.dataclass
+class FakeBundle:
+    config: dict
+
+
+def test_fit_review_makes_its_maps_with_the_steps_asked_and_the_replaced_rule_keeps_its_own(monkeypatch):
+    from cardseg_train import evaluation, review_data
+
+    maps = [flip_maps(i) for i in range(6)]
+    seen = {}
+
+    def collect(bundle, cases, conditions, cache, seed, device, batch_size, progress, flips=False):
+        seen["copies"] = bundle.config["regions"].get("flip_steps")
+        return maps
+
+    monkeypatch.setattr(evaluation, "acdc_h5_volumes", lambda data, split: [])
+    monkeypatch.setattr(review_data, "collect_maps", collect)
+    monkeypatch.setattr(review_data, "cache_key", lambda bundle, split, seed: "k")
+    old = {"map": "tac_flips", "flag_threshold": 0.2, "model": None}
+    bundle = FakeBundle(config={"regions": old})
+    block = rr.fit_bundle_review(bundle, "data", None, rule="tac-flips", flip_steps=(49, 0))["block"]
+    assert seen["copies"] == [49, 0] and block["flip_steps"] == [49, 0]
+    assert "flip_steps" not in block["previous"] and "flip_steps" not in old  # the replaced rule ran on all steps
+
+
+@pytest.mark.parametrize("text, problem", [("0,49", "distinct and in decreasing order"), ("a", "separated by commas"),
+                                           ("50", r"--flip-steps\[0\] must be in \[0, 49\]")])
+def test_fit_review_refuses_flip_steps_the_bundle_cannot_run(tiny_bundle, text, problem, capsys):
+    from cardseg_train.cli_fit import cmd_fit_review
+    from cardseg.base.errors import CardsegError
+
+    with pytest.raises(CardsegError, match=problem):
+        cmd_fit_review(["--bundle", str(tiny_bundle), "--flip-steps", text, "--dry-run"])

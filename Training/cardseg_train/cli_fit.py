@@ -47,13 +47,30 @@ def review_fit_parser() -> argparse.ArgumentParser:
                         "itself (tac), from the TAC plus the flipped runs' disagreement (tac-flips: three more primary "
                         "runs a volume, here and in every run of the bundle), or all fitted and the one covering the "
                         "most errors held out kept (default auto)")
+    p.add_argument("--flip-steps", metavar="T,T,...",
+                   help="diffusion steps the flipped copies run on for the new rule (tac-flips), e.g. 49,0; written "
+                        "into it as regions.flip_steps (default: the bundle's rule's, else its sampled steps)")
     add_compute(p)
     return p
+
+
+def parse_flip_steps(text: str, bundle_arg) -> List[int]:
+    """``--flip-steps`` as step indices the bundle's diffusion horizon admits (one-line refusal, exit 2)."""
+    from cardseg.bundle.folder import read_config, resolve_bundle_path
+    from cardseg.bundle.schema import check_steps
+
+    try:
+        steps = [int(t) for t in text.split(",")]
+    except ValueError:
+        raise CardsegError(f"--flip-steps must be step indices separated by commas, e.g. 49,0 (got {text!r})") from None
+    return check_steps(steps, int(read_config(resolve_bundle_path(bundle_arg))["diffusion"]["num_steps"]),
+                       "--flip-steps")
 
 
 def cmd_fit_review(argv: List[str]) -> int:
     a = review_fit_parser().parse_args(argv)
     check_compute(a)
+    flip_steps = parse_flip_steps(a.flip_steps, a.bundle) if a.flip_steps is not None else None
     record = out_record(a.out, "cardseg fit-review", ["review_fit.json"], a.overwrite)
     bundle_to_rewrite(a.bundle, "cardseg fit-review", writes=not a.dry_run)
     import torch
@@ -70,7 +87,7 @@ def cmd_fit_review(argv: List[str]) -> int:
     bundle = load_bundle(a.bundle, device=device)
     progress = make_progress("bar", a.quiet)
     res = fit_bundle_review(bundle, a.data, Path(a.cache) if a.cache else None, device=device,
-                            batch_size=a.batch_size, progress=progress, rule=a.rule)
+                            batch_size=a.batch_size, progress=progress, rule=a.rule, flip_steps=flip_steps)
     progress.close()
     if record:  # first, so that a refused bundle write loses nothing of the fit
         from .report_files import atomic_write

@@ -99,19 +99,26 @@ def choose_rule(maps, rule: str = "auto", progress=None, fitters=None) -> dict:
 
 
 def fit_bundle_review(bundle, data: str, cache_dir: Optional[Path], device="cpu", batch_size: int = 8,
-                      progress=None, rule: str = "auto") -> dict:
+                      progress=None, rule: str = "auto", flip_steps: Optional[Sequence[int]] = None) -> dict:
     """Choose the region rule (:func:`choose_rule`) and fit ``p_error`` on the clean validation
-    volumes. Returns the new ``regions`` block and every candidate's figures (the caller writes them)."""
+    volumes. Returns the new ``regions`` block and every candidate's figures (the caller writes them).
+    ``flip_steps``: the steps the flipped copies run on for the new rule (default: those of the
+    bundle's rule, ``regions.flip_steps``, else its sampled steps); the replaced rule keeps its own."""
+    from dataclasses import replace
+
     from .evaluation import acdc_h5_volumes
     from .review_data import cache_key, collect_maps
 
+    old = bundle.config["regions"]
+    if flip_steps is not None:  # the maps are made as the new rule will run
+        bundle = replace(bundle, config={**bundle.config, "regions": {**old, "flip_steps": [int(t) for t in flip_steps]}})
     t0 = time.perf_counter()
     cases = acdc_h5_volumes(data, "val")
     key = cache_key(bundle, "val", 0)
     maps = collect_maps(bundle, cases, ["clean"], None if cache_dir is None else Path(cache_dir) / key, 0, device,
                         batch_size, progress, flips=needs_flips(rule))
     fit = choose_rule(maps, rule, progress)
-    block = regions_block(fit, bundle.config["regions"], len(maps), time.perf_counter() - t0)
+    block = regions_block(fit, old, len(maps), time.perf_counter() - t0)
     if block["map"] == "tac_flips" and bundle.config["regions"].get("flip_steps"):  # fitted on those copies' maps
         block["flip_steps"] = [int(t) for t in bundle.config["regions"]["flip_steps"]]
     return {"block": block, "candidates": fit["candidates"]}

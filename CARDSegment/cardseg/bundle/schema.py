@@ -20,8 +20,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from cardseg.base.errors import CardsegError, show
 from cardseg.bundle.calibration_schema import check_baselines, check_calibration
-from cardseg.bundle.fields import (Where, choice_value, integer_value, is_int, number_value, required_object,
-                                   required_value, text_value)
+from cardseg.bundle.fields import (OptionWhere, Where, choice_value, integer_value, is_int, number_value,
+                                   required_object, required_value, text_value)
 
 SCHEMA_VERSION = 1
 ROLES = ("primary", "reference")
@@ -154,6 +154,11 @@ def _check_diffusion(where: Where, diff: dict) -> List[int]:
                  high=SCHEDULE_S[1], low_open=True)
     return _check_steps(where, "diffusion.sampled_steps", required_value(where, diff, "sampled_steps", "diffusion."),
                         num_steps)
+
+
+def check_steps(steps: Any, num_steps: int, key: str) -> List[int]:
+    """:func:`_check_steps` for a command-line option named ``key`` (one-line refusal naming it)."""
+    return _check_steps(OptionWhere(), key, steps, num_steps)
 
 
 def _check_steps(where: Where, key: str, steps: Any, num_steps: int) -> List[int]:
