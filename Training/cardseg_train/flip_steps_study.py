@@ -31,8 +31,9 @@ CANDIDATES = ((49, 24, 0), (49, 0), (49,))
 
 def with_copies_on(bundle, steps: Sequence[int]):
     """``bundle`` whose flipped copies run on ``steps`` (its plain run unchanged)."""
-    config = {**bundle.config, "regions": {**bundle.config["regions"], "flip_steps": [int(t) for t in steps]}}
-    return replace(bundle, config=config)
+    from cardseg.method.flips import with_flip_steps
+
+    return replace(bundle, config=with_flip_steps(bundle.config, steps))
 
 
 def label(steps: Sequence[int]) -> str:

@@ -106,12 +106,14 @@ def fit_bundle_review(bundle, data: str, cache_dir: Optional[Path], device="cpu"
     bundle's rule, ``regions.flip_steps``, else its sampled steps); the replaced rule keeps its own."""
     from dataclasses import replace
 
+    from cardseg.method.flips import with_flip_steps
+
     from .evaluation import acdc_h5_volumes
     from .review_data import cache_key, collect_maps
 
     old = bundle.config["regions"]
     if flip_steps is not None:  # the maps are made as the new rule will run
-        bundle = replace(bundle, config={**bundle.config, "regions": {**old, "flip_steps": [int(t) for t in flip_steps]}})
+        bundle = replace(bundle, config=with_flip_steps(bundle.config, flip_steps))
     t0 = time.perf_counter()
     cases = acdc_h5_volumes(data, "val")
     key = cache_key(bundle, "val", 0)
@@ -128,10 +130,13 @@ def regions_block(fit: dict, old: dict, volumes: int, seconds: float) -> dict:
     """The ``regions`` block of a fit (:func:`cardseg_train.review_errmap.fit_error_map_rule`),
     keeping the rule it replaces (``old``'s settings and model) as ``previous``. It holds every
     rule key, so merged into ``old`` (as ``update_config`` does) it leaves nothing of the old rule."""
-    previous = {k: v for k, v in old.items() if k in RULE_KEYS or k in ("model", "flip_steps")}
+    def rule(block: dict) -> dict:  # what a kept rule needs to run again
+        return {k: v for k, v in block.items() if k in RULE_KEYS or k in ("model", "flip_steps")}
+
+    previous = rule(old)
     older = old.get("previous")  # the rule before it stays too where its map is another (--review-map)
     if isinstance(older, dict) and older.get("map", "tac") not in (fit["settings"].get("map", "tac"), old.get("map", "tac")):
-        previous["previous"] = {k: v for k, v in older.items() if k in RULE_KEYS or k in ("model", "flip_steps")}
+        previous["previous"] = rule(older)
     voxel = {"voxel_model": fit["voxel_model"].to_dict()} if fit.get("voxel_model") is not None else {}
     if fit.get("display_max_disagreement") is not None:
         voxel["display_max_disagreement"] = fit["display_max_disagreement"]

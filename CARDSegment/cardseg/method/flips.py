@@ -104,6 +104,11 @@ def flip_steps(config: dict) -> List[int]:
     return [int(t) for t in (steps if steps else config["diffusion"]["sampled_steps"])]
 
 
+def with_flip_steps(config: dict, steps: Sequence[int]) -> dict:
+    """``config`` (a shallow copy) whose rule runs its flipped copies on ``steps`` (``regions.flip_steps``)."""
+    return {**config, "regions": {**(config.get("regions") or {}), "flip_steps": [int(t) for t in steps]}}
+
+
 def copies_config(config: dict) -> dict:
     """``config`` as the flipped copies run it: its ``diffusion.sampled_steps`` are :func:`flip_steps`
     (a copy of the dict; ``config`` itself when they are the plain run's)."""
