@@ -45,7 +45,7 @@ def smoke(tmp_path_factory):
     sweep = tmp / "sweep"  # the capacity-sweep references and the Dual control's second member, a call of their own
     proc = subprocess.run([sys.executable, str(GPU / "run.py"), "--pack", str(pack), "--out", str(sweep), "--smoke",
                            "--budget-s", "3", "--batch-size", "2", "--no-checks", "--jobs",
-                           "reference_unet_micro,reference_unet_small,deterministic_b"], cwd=ROOT, capture_output=True, text=True,
+                           "reference_unet_micro,reference_unet_small,deterministic_b,primary_focus,primary_focus_all"], cwd=ROOT, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return pack, out, tmp, sweep
@@ -201,6 +201,10 @@ def test_sweep_reuses_the_primary_pass_and_merges_an_earlier_choice(smoke, tmp_p
     runs = import_runs.import_runs([out, sweep], pack / "pack.json", tmp_path / "runs")
     assert any(r.name.startswith("reference-unet-micro-s") for r in runs)
     assert any(r.name.startswith("reference-unet-small-s") for r in runs)
+    # the focused primaries come back as primary runs that record their recipe
+    focus = json.loads((tmp_path / "runs" / "primary-focus-all" / "config.json").read_text())
+    assert focus["role"] == "primary" and focus["p_focus"] == 1.0 and focus["p_uncond"] == 0.0
+    assert json.loads((tmp_path / "runs" / "primary" / "config.json").read_text())["p_focus"] == 0.0
     refs = sorted(str(r) for r in runs if r.name.startswith("reference-"))
     assert len(refs) >= 2
     args = ["--primary", str(tmp_path / "runs" / "primary"), "--pack", str(pack), "--variants", "clean",
@@ -217,3 +221,21 @@ def test_sweep_reuses_the_primary_pass_and_merges_an_earlier_choice(smoke, tmp_p
     assert set(both["candidates"]) == names
     assert both["candidates"][Path(refs[0]).name] == first[Path(refs[0]).name]
     assert both["chosen"] == min(both["candidates"], key=lambda k: both["candidates"][k]["card_nll"])
+
+
+def test_the_gpu_runs_focused_inputs_match_the_recipe():
+    """Training/gpu's device-side draws follow the same focus rule (here on the CPU)."""
+    import torch
+    from cardseg.method.diffusion import CategoricalSchedule
+    from gpu.device_data import noisy_inputs
+
+    sched, k = CategoricalSchedule(num_steps=50), 4
+    torch.manual_seed(0)
+    lab = torch.zeros(64, 32, 32, dtype=torch.long)
+    lab[:, 8:20, 6:16] = 3
+    steps = [49, 37, 24, 12, 0]
+    img, x_t, t = noisy_inputs(sched, torch.rand(64, 1, 32, 32), lab, k, p_uniform=0.0, p_uncond=0.0,
+                               p_focus=1.0, focus_steps=steps)
+    assert set(t.tolist()) <= set(steps) and (t == 49).any()
+    assert torch.allclose(x_t[t == 49], torch.full_like(x_t[t == 49], 0.25))
+    assert set(x_t[t != 49].unique().tolist()) <= {0.0, 1.0}

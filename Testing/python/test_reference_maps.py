@@ -12,7 +12,7 @@ import cardseg.cli
 from cardseg.bundle.folder import check_bundle
 from cardseg.base.errors import CardsegError
 from cardseg.bundle.loading import load_bundle
-from cardseg_train.export import swap_reference
+from cardseg_train.export import swap_primary, swap_reference
 from cardseg_train.reference_maps import map_quality
 from cardseg_train.runs import load_checkpoint
 
@@ -92,6 +92,37 @@ def test_a_swapped_reference_keeps_the_primary_and_the_calibration(tmp_path):
     got = lb.reference.state_dict()
     assert all(torch.equal(want[k].to(torch.float16).float(), got[k]) for k in want)
     assert not all(torch.equal(v, got[k]) for k, v in la.reference.state_dict().items())
+
+
+def test_a_swapped_primary_keeps_the_reference_and_drops_the_old_primarys_rules(tmp_path):
+    runs = {}
+    for name, role, seed in (("primary", "primary", 0), ("primary-b", "primary", 5), ("ref-a", "reference", 1)):
+        runs[name] = tmp_path / name
+        assert cardseg.cli.main(["train", *SMOKE, "--role", role, "--steps", "2", "--seed", str(seed),
+                                 "--out", str(runs[name])]) == 0
+    bundle = tmp_path / "bundle"
+    assert cardseg.cli.main(["train", "export", "--primary", str(runs["primary"]), "--reference", str(runs["ref-a"]),
+                             "-o", str(bundle)]) == 0
+    import json
+
+    config = json.loads((bundle / "bundle.json").read_text())
+    config["regions"]["previous"] = {"map": "tac", "flag_threshold": 0.3}  # a rule of the old primary
+    (bundle / "bundle.json").write_text(json.dumps(config))
+    swapped = swap_primary(bundle, runs["primary-b"], tmp_path / "swapped", version="9.9.9")
+    a, b = check_bundle(bundle), check_bundle(swapped)
+    assert (swapped / "reference.safetensors").read_bytes() == (bundle / "reference.safetensors").read_bytes()
+    assert b.config["networks"]["primary"]["sha256"] != a.config["networks"]["primary"]["sha256"]
+    assert b.config["provenance"]["primary_swapped_from"] == "primary-b (best)"
+    assert b.config["provenance"]["training"]["primary"]["recipe"]["seed"] == 5
+    assert b.config["provenance"]["training"]["reference"] == a.config["provenance"]["training"]["reference"]
+    assert "previous" not in b.config["regions"] and "previous" in a.config["regions"]
+    assert b.config["id"]["version"] == "9.9.9"
+    want = load_checkpoint(runs["primary-b"] / "best.pt")["model"]
+    got = load_bundle(swapped).primary.state_dict()
+    assert all(torch.equal(want[k].to(torch.float16).float(), got[k]) for k in want)
+    with pytest.raises(CardsegError, match="reference run cannot be a diffusion bundle's primary"):
+        swap_primary(bundle, runs["ref-a"], tmp_path / "refused")
+    assert not (tmp_path / "refused").exists()
 
 
 def test_a_kept_weight_file_must_match_the_network(tmp_path):

@@ -10,7 +10,7 @@ import torch
 from cardseg.method.diffusion import CategoricalSchedule, one_hot
 from cardseg_train.augment import AugmentConfig, BatchAugment
 from cardseg_train.losses import DiffusionLoss, LossWeights, boundary_band, boundary_ce, soft_dice_loss
-from cardseg_train.train_steps import lr_factor, make_training_inputs, sample_noisy_state
+from cardseg_train.train_steps import draw_steps, lr_factor, make_training_inputs, sample_noisy_state
 
 K = 4
 SCHED = CategoricalSchedule(num_steps=50)
@@ -143,6 +143,27 @@ def test_uniform_start_and_image_dropout():
     assert torch.equal(t, _t(6, 49)) and torch.allclose(x_t, torch.full_like(x_t, 0.25)) and float(im.abs().max()) == 0
     im, x_t, t = make_training_inputs(SCHED, img, lab, K, p_uniform=0.0, p_uncond=0.0, generator=g)
     assert torch.equal(im, img) and torch.equal(x_t.sum(1), torch.ones(6, 32, 32)) and set(x_t.unique().tolist()) <= {0.0, 1.0}
+
+
+def test_focused_steps_are_the_samplers_and_its_first_step_starts_uniform():
+    """p_focus draws a slice's step from the sampler's steps; a focused slice at T-1 gets the exact
+    uniform state (what inference starts from), others a one-hot x_t; p_focus 0 draws as before."""
+    steps = [49, 37, 24, 12, 0]
+    lab, img = _labels(64), torch.rand(64, 1, 32, 32)
+    _, x_t, t = make_training_inputs(SCHED, img, lab, K, p_uniform=0.0, p_uncond=0.0,
+                                     generator=torch.Generator().manual_seed(1), p_focus=1.0, focus_steps=steps)
+    assert set(t.tolist()) == set(steps)
+    top = t == 49
+    assert torch.allclose(x_t[top], torch.full_like(x_t[top], 0.25))
+    assert set(x_t[~top].unique().tolist()) <= {0.0, 1.0}
+    # a share of p_focus: about half the slices off the sampler's steps stay possible
+    t_half = draw_steps(50, 4000, 0.5, steps, torch.Generator().manual_seed(2))
+    off = float((~torch.isin(t_half, torch.tensor(steps))).float().mean())
+    assert off == pytest.approx(0.5 * 45 / 50, abs=0.03)
+    # without focus the draws are the plain recipe's, random number for random number
+    a = make_training_inputs(SCHED, img, lab, K, 0.15, 0.2, torch.Generator().manual_seed(3))
+    b = make_training_inputs(SCHED, img, lab, K, 0.15, 0.2, torch.Generator().manual_seed(3), 0.0, steps)
+    assert all(torch.equal(u, v) for u, v in zip(a, b))
 
 
 def test_warmup_schedule():

@@ -24,7 +24,8 @@ from cardseg.base.errors import CardsegError
 _FLAG_FIELDS = {
     "data": "data", "data_format": "data_format", "role": "role", "size": "network", "spacing": "spacing",
     "input_size": "input_size", "steps": "steps", "batch_size": "batch_size", "lr": "lr", "warmup": "warmup",
-    "lr_schedule": "lr_schedule", "p_uniform": "p_uniform", "p_uncond": "p_uncond", "seed": "seed",
+    "lr_schedule": "lr_schedule", "p_uniform": "p_uniform", "p_uncond": "p_uncond", "p_focus": "p_focus",
+    "seed": "seed",
     "log_interval": "log_interval", "val_interval": "val_interval", "val_volumes": "val_max_volumes",
     "val_batch_size": "val_batch_size", "val_fraction": "val_fraction", "time_budget": "time_budget_min",
     "device": "device", "threads": "threads", "acdc_h5_spacing": "acdc_h5_spacing", "num_steps": "num_steps",
@@ -67,6 +68,8 @@ def train_parser() -> argparse.ArgumentParser:
     g.add_argument("--p-uniform", type=float, metavar="P",
                    help="probability of feeding the exact uniform state at t = T-1 (default 0.15)")
     g.add_argument("--p-uncond", type=float, metavar="P", help="probability of zeroing the image (default 0.2)")
+    g.add_argument("--p-focus", type=float, metavar="P",
+                   help="probability of drawing a slice's step from the sampler's own steps (default 0)")
     g.add_argument("--w-kl", type=float, help="weight of the variational KL term (default 1)")
     g.add_argument("--w-ce", type=float, help="weight of the cross-entropy term (default 1)")
     g.add_argument("--w-dice", type=float, help="weight of the soft Dice term (default 1)")

@@ -46,7 +46,7 @@ def _run_provenance(run: Path, cfg: TrainConfig, meta: dict, which: str) -> dict
         "data_format": summary.get("format", cfg.data_format),
         "split": {"train_patients": summary.get("train_patients"), "val_patients": summary.get("val_patients")},
         "recipe": {"batch_size": cfg.batch_size, "lr": cfg.lr, "warmup": cfg.warmup, "lr_schedule": cfg.lr_schedule,
-                   "p_uniform": cfg.p_uniform, "p_uncond": cfg.p_uncond, "seed": cfg.seed,
+                   "p_uniform": cfg.p_uniform, "p_uncond": cfg.p_uncond, "p_focus": cfg.p_focus, "seed": cfg.seed,
                    "loss": cfg.loss.to_dict(), "augment": cfg.augment.to_dict(),
                    "acdc_h5_spacing_mm": cfg.acdc_h5_spacing if cfg.data_format == "acdc-h5" else None},
     }
@@ -158,27 +158,48 @@ def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.
 def swap_reference(bundle_dir: os.PathLike, reference_run: os.PathLike, out: os.PathLike,
                    reference_checkpoint: str = "last", version: str = None, overwrite: bool = False) -> Path:
     """A copy of the diffusion bundle at ``bundle_dir`` whose reference is the network of
-    ``reference_run`` (its ``reference_checkpoint``), written to ``out`` (another folder: the
-    original, model card included, is never replaced). The primary's weight file is copied byte for
-    byte (same hash, same dtype); configuration, calibration and regions are kept (fit them again:
-    the TAC changed); the reference's ``networks`` entry and provenance are the new run's, the swap
-    is recorded (``provenance.reference_swapped_from``) and ``version`` (if given) replaces the
-    bundle's. A run on another grid, horizon, step set, class list or normalisation is refused."""
+    ``reference_run`` (its ``reference_checkpoint``): :func:`swap_network` for the reference. The
+    primary's weight file is copied byte for byte; configuration, calibration and regions are
+    kept (fit them again: the TAC changed)."""
+    return swap_network(bundle_dir, reference_run, out, "reference", reference_checkpoint, version, overwrite)
+
+
+def swap_primary(bundle_dir: os.PathLike, primary_run: os.PathLike, out: os.PathLike, checkpoint: str = "best",
+                 version: str = None, overwrite: bool = False) -> Path:
+    """A copy of the diffusion bundle at ``bundle_dir`` whose primary is the network of
+    ``primary_run``: :func:`swap_network` for the primary. The reference's weight file is copied
+    byte for byte. Every fitted block was fitted on the old primary's outputs, so the copy keeps
+    only the current region rule (as a starting point; ``regions.previous`` is dropped: those
+    rules belong to the old primary) and must be fitted again before use: ``fit-calibration``,
+    ``fit-review`` and the index intervals."""
+    return swap_network(bundle_dir, primary_run, out, "primary", checkpoint, version, overwrite)
+
+
+def swap_network(bundle_dir: os.PathLike, run: os.PathLike, out: os.PathLike, role: str, checkpoint: str,
+                 version: str = None, overwrite: bool = False) -> Path:
+    """A copy of the diffusion bundle at ``bundle_dir`` whose ``role`` network (``primary`` or
+    ``reference``) is the network of the training run ``run`` (its ``checkpoint``), written to
+    ``out`` (another folder: the original, model card included, is never replaced). The other
+    network's weight file is copied byte for byte (same hash, same dtype); the swapped network's
+    ``networks`` entry and provenance are the new run's, the swap is recorded
+    (``provenance.<role>_swapped_from``) and ``version`` (if given) replaces the bundle's. A run
+    of another role, or on another grid, horizon, step set, class list or normalisation is refused."""
     from cardseg.bundle.folder import check_bundle
     from cardseg.bundle.loading import load_network, save_bundle
     from cardseg.bundle.scaffold import check_bundle_destination
 
+    other = {"primary": "reference", "reference": "primary"}[role]
     checked = check_bundle(bundle_dir)
     if Path(out).resolve() == Path(checked.root).resolve():
         raise CardsegError(f"{out}: is the bundle itself; write the swapped bundle to another folder")
     check_bundle_destination(out, overwrite)
     config = json.loads(json.dumps(checked.config))
     if config.get("segmentor"):
-        raise CardsegError(f"{bundle_dir}: a {config['segmentor'].get('kind')} bundle has no diffusion reference to swap")
-    run = Path(reference_run)
-    reference, cfg, meta = load_run_network(run, reference_checkpoint)
-    if cfg.kind != "diffusion" or cfg.role != "reference":
-        raise CardsegError(f"{run}: a {cfg.role} run cannot be a diffusion bundle's reference")
+        raise CardsegError(f"{bundle_dir}: a {config['segmentor'].get('kind')} bundle has no diffusion {role} to swap")
+    run = Path(run)
+    network, cfg, meta = load_run_network(run, checkpoint)
+    if cfg.kind != "diffusion" or cfg.role != role:
+        raise CardsegError(f"{run}: a {cfg.role} run cannot be a diffusion bundle's {role}")
     pre = config["preprocessing"]
     bundle_values = {"spacing": config["pixel_spacing_mm"], "input_size": config["input_size"],
                      "num_steps": config["diffusion"]["num_steps"], "classes": [c["name"] for c in config["classes"]],
@@ -187,14 +208,17 @@ def swap_reference(bundle_dir: os.PathLike, reference_run: os.PathLike, out: os.
     for key, (want, have) in _pairs(_shared(cfg), bundle_values):
         if want != have:
             raise CardsegError(f"{run}: {key} {want!r} differs from the bundle's {have!r}")
-    primary = load_network(checked.root, config, "primary", checked.weights["primary"])
-    config["networks"]["reference"] = {k: v for k, v in cfg.network_spec().items() if k != "num_classes"}
+    kept = load_network(checked.root, config, other, checked.weights[other])
+    config["networks"][role] = {k: v for k, v in cfg.network_spec().items() if k != "num_classes"}
     provenance = config.setdefault("provenance", {})
-    provenance.setdefault("training", {})["reference"] = _run_provenance(run, cfg, meta, reference_checkpoint)
-    provenance["reference_swapped_from"] = f"{run.resolve().name} ({reference_checkpoint})"
+    provenance.setdefault("training", {})[role] = _run_provenance(run, cfg, meta, checkpoint)
+    provenance[f"{role}_swapped_from"] = f"{run.resolve().name} ({checkpoint})"
+    if role == "primary" and isinstance(config.get("regions"), dict):
+        config["regions"].pop("previous", None)
     if version:
         config["id"]["version"] = version
-    fp16 = {e["dtype"] for e in checked.weights["primary"].tensors.values()} == {"F16"}
-    primary_file = Path(checked.root) / config["networks"]["primary"]["file"]
-    return save_bundle(out, config, primary, reference, fp16=fp16, overwrite=overwrite,
-                       keep_files={"primary": primary_file})
+    fp16 = {e["dtype"] for e in checked.weights[other].tensors.values()} == {"F16"}
+    kept_file = Path(checked.root) / config["networks"][other]["file"]
+    nets = {role: network, other: kept}
+    return save_bundle(out, config, nets["primary"], nets["reference"], fp16=fp16, overwrite=overwrite,
+                       keep_files={other: kept_file})

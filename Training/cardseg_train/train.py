@@ -189,7 +189,7 @@ class Trainer:
         c = self.config
         if c.kind == "diffusion":
             img, x_t, t = make_training_inputs(self.schedule, img, lab, c.num_classes, c.p_uniform, c.p_uncond,
-                                               self.generator)
+                                               self.generator, c.p_focus, c.sampled_steps)
             with autocast:
                 logits = self.net(img, x_t, t)
             return self.loss_fn(logits.float(), lab, x_t, t)

@@ -63,6 +63,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     p_uniform: float = 0.15
     p_uncond: float = 0.2
+    p_focus: float = 0.0  # share of slices trained on the sampler's own steps (train_steps.draw_steps)
     seed: int = 0
     log_interval: int = 50
     val_interval: int = 500
@@ -175,7 +176,8 @@ def check_options(c: TrainConfig) -> None:
             opt.fail("--val-fraction", f"must be below 1 (some patients must train) (got {c.val_fraction})")
     if c.time_budget_min is not None:
         number_value(opt, "--time-budget", c.time_budget_min, low=0.0, low_open=True)
-    for key, value in (("--p-uniform", c.p_uniform), ("--p-uncond", c.p_uncond)):
+    for key, value in (("--p-uniform", c.p_uniform), ("--p-uncond", c.p_uncond),
+                       ("--p-focus", c.p_focus)):
         if value is not None:
             number_value(opt, key, value, low=0.0, high=1.0)
     for key, value in (("weight_decay", c.weight_decay), ("grad_clip", c.grad_clip)):

@@ -30,19 +30,35 @@ def sample_noisy_state(schedule: CategoricalSchedule, labels: torch.Tensor, t: t
     return one_hot(drawn, num_classes)
 
 
+def draw_steps(num_steps: int, b: int, p_focus: float = 0.0, focus_steps: Optional[Sequence[int]] = None,
+               generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """Step indices ``(B,)`` of one batch: uniform over ``0..T-1``, except that with probability
+    ``p_focus`` a slice's step is drawn (uniformly) from ``focus_steps``, the steps the sampler
+    calls at inference (the network is then trained more where it is used)."""
+    t = torch.randint(0, num_steps, (b,), generator=generator)
+    if p_focus > 0 and focus_steps:
+        pick = torch.as_tensor(list(focus_steps), dtype=t.dtype)
+        focused = pick[torch.randint(0, len(pick), (b,), generator=generator)]
+        t = torch.where(torch.rand(b, generator=generator) < p_focus, focused, t)
+    return t
+
+
 def make_training_inputs(schedule: CategoricalSchedule, images: torch.Tensor, labels: torch.Tensor, num_classes: int,
-                         p_uniform: float, p_uncond: float, generator: Optional[torch.Generator] = None):
+                         p_uniform: float, p_uncond: float, generator: Optional[torch.Generator] = None,
+                         p_focus: float = 0.0, focus_steps: Optional[Sequence[int]] = None):
     """Step indices, noisy states and (possibly masked) images for one batch.
 
     images ``(B, 1, N, N)``, labels ``(B, N, N)`` → ``(image, x_t (B, K, N, N), t (B,))``. With
     probability ``p_uniform`` a slice gets ``t = T-1`` and the exact uniform state (what
-    inference starts from); with probability ``p_uncond`` its image is zeroed.
+    inference starts from); with probability ``p_uncond`` its image is zeroed. With probability
+    ``p_focus`` a slice's step comes from ``focus_steps`` (:func:`draw_steps`); a focused slice at
+    ``T-1`` also gets the exact uniform state, as inference does.
     """
     b = labels.shape[0]
     dev = labels.device
     top = schedule.num_steps - 1
-    t = torch.randint(0, schedule.num_steps, (b,), generator=generator)
-    uniform = torch.rand(b, generator=generator) < p_uniform
+    t = draw_steps(schedule.num_steps, b, p_focus, focus_steps, generator)
+    uniform = (torch.rand(b, generator=generator) < p_uniform) | ((t == top) & (p_focus > 0))
     t = torch.where(uniform, torch.full_like(t, top), t)
     x_t = sample_noisy_state(schedule, labels, t, num_classes, generator)
     u = uniform.to(dev).view(b, 1, 1, 1)

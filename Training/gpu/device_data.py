@@ -62,15 +62,21 @@ class DeviceAugment:
 
 
 def noisy_inputs(schedule, images: torch.Tensor, labels: torch.Tensor, k: int, p_uniform: float = 0.15,
-                 p_uncond: float = 0.2):
-    """The training recipe's inputs (:func:`cardseg_train.train.make_training_inputs`: ``x_t`` from
-    paper Eq. 1, the exact uniform state with ``p_uniform``, the image zeroed with ``p_uncond``),
-    drawn on the device. images ``(B, 1, N, N)``, labels ``(B, N, N)`` → ``(image, x_t, t)``."""
+                 p_uncond: float = 0.2, p_focus: float = 0.0, focus_steps=None):
+    """The training recipe's inputs (:func:`cardseg_train.train_steps.make_training_inputs`: ``x_t``
+    from paper Eq. 1, the exact uniform state with ``p_uniform``, the image zeroed with
+    ``p_uncond``, the step drawn from ``focus_steps`` with ``p_focus``), drawn on the device.
+    images ``(B, 1, N, N)``, labels ``(B, N, N)`` → ``(image, x_t, t)``."""
     from cardseg.method.diffusion import one_hot
 
     b, dev, top = labels.shape[0], labels.device, schedule.num_steps - 1
     t = torch.randint(0, schedule.num_steps, (b,), device=dev)
     uniform = torch.rand(b, device=dev) < p_uniform
+    if p_focus > 0 and focus_steps:
+        pick = torch.as_tensor(list(focus_steps), device=dev, dtype=t.dtype)
+        focused = pick[torch.randint(0, len(pick), (b,), device=dev)]
+        t = torch.where(torch.rand(b, device=dev) < p_focus, focused, t)
+        uniform = uniform | (t == top)  # inference starts T-1 from the exact uniform state
     t = torch.where(uniform, torch.full_like(t, top), t)
     abar = schedule.alpha_bar.to(dev).float()[t].view(b, 1, 1)
     other = torch.randint(0, k, labels.shape, device=dev)

@@ -32,6 +32,7 @@ import torch  # noqa: E402
 #: folder-name stem of each job's runs
 STEMS = {"primary": "primary", "reference": "reference-mini", "reference_unet": "reference-unet",
          "reference_unet_micro": "reference-unet-micro", "reference_unet_small": "reference-unet-small",
+         "primary_focus": "primary-focus", "primary_focus_all": "primary-focus-all",
          "deterministic": "deterministic", "deterministic_b": "deterministic-b", "aleatoric": "aleatoric"}
 
 
@@ -65,7 +66,8 @@ def _config(meta: dict, pack: dict, role: str):
                       batch_size=int(meta["batch_size"]), lr=float(meta["lr"]), lr_schedule="cosine",
                       time_budget_min=round(float(meta["budget_s"]) / 60.0, 2), device="cuda", amp=True,
                       seed=int(meta.get("seed", 0)), warmup=0, num_steps=50,
-                      sampled_steps=default_sampling_steps(50, 5))
+                      sampled_steps=default_sampling_steps(50, 5), p_uncond=float(meta.get("p_uncond", 0.2)),
+                      p_focus=float(meta.get("p_focus", 0.0)))
     d = cfg.to_dict()
     d["network_spec"] = spec
     d["trained_by"] = "Training/gpu/run.py (time-based cosine schedule, bf16 autocast, AdamW, EMA where named)"

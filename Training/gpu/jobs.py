@@ -13,6 +13,12 @@ JOBS: Dict[str, dict] = {
     # the primary gets the whole budget and the largest batch: its Dice is what the run is for
     "primary": {"spec": {"arch": "time-swinunetr", "size": "tiny"}, "kind": "diffusion", "lr": 4e-4, "batch": 128,
                 "keep": "best", "ema": 0.999},
+    # the primary's recipe changed on a continuation (``--init-from JOB=primary.safetensors``): no
+    # zeroed images, and half (or all) of the slices on the steps the 5-step sampler calls
+    "primary_focus": {"spec": {"arch": "time-swinunetr", "size": "tiny"}, "kind": "diffusion", "lr": 1.5e-4,
+                      "batch": 128, "keep": "best", "ema": 0.999, "p_uncond": 0.0, "p_focus": 0.5},
+    "primary_focus_all": {"spec": {"arch": "time-swinunetr", "size": "tiny"}, "kind": "diffusion", "lr": 1.5e-4,
+                          "batch": 128, "keep": "best", "ema": 0.999, "p_uncond": 0.0, "p_focus": 1.0},
     # references: saved at MILESTONES (the maturity axis), stopped after the last one
     "reference": {"spec": {"arch": "time-swinunetr", "size": "mini"}, "kind": "diffusion", "lr": 3e-4, "batch": 32,
                   "keep": "milestones", "max_steps": 16000},

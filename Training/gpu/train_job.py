@@ -52,6 +52,8 @@ def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: Optional[i
     loss_fn, plain_loss, aleatoric_loss = DiffusionLoss(schedule), SegmentationLoss(), AleatoricLoss()
     augment = DeviceAugment()
     job = {**job, "lr": job["lr"] * lr_scale}
+    p_uncond = float(job.get("p_uncond", p_uncond))  # a job's own recipe wins over the run's default
+    p_focus = float(job.get("p_focus", 0.0))
     opt = torch.optim.AdamW(net.parameters(), lr=job["lr"], weight_decay=1e-5)
     ema = None
     if job.get("ema"):  # an exponential moving average of the weights, validated beside them
@@ -64,6 +66,7 @@ def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: Optional[i
     base = {"job": name, "network": {k_: v for k_, v in spec.items() if k_ != "num_classes"},
             "parameters": count_parameters(net), "device": torch.cuda.get_device_name() if cuda else "cpu",
             "batch_size": batch, "budget_s": budget_s, "lr": job["lr"], "seed": seed, "p_uncond": p_uncond,
+            "p_focus": p_focus,
             "init_from": Path(init_from).name if init_from else None,
             "pack": {k_: meta_pack.get(k_) for k_ in ("data", "pixel_spacing_mm", "input_size", "preprocessing",
                                                        "split", "data_sha256")}}
@@ -118,7 +121,8 @@ def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: Optional[i
         img, lab = augment(as_float(data["train_images"][idx]), data["train_labels"][idx].long())
         with autocast:
             if job["kind"] == "diffusion":
-                img, x_t, t = noisy_inputs(schedule, img, lab, k, p_uncond=p_uncond)
+                img, x_t, t = noisy_inputs(schedule, img, lab, k, p_uncond=p_uncond, p_focus=p_focus,
+                                              focus_steps=steps)
                 logits = net(img, x_t, t)
             elif job["kind"] == "aleatoric":
                 logits, log_var = net.heads(img)
