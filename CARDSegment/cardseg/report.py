@@ -75,10 +75,10 @@ def build_report(result: Any, volume: Volume, bundle: Bundle, method: str, devic
             result.field_of_view, result.flips)
         kind = cfg["regions"].get("map", "tac")
         report["review_map"] = REVIEW_MAP_NAMES.get(kind, kind)
-        # without a region model regions are ranked by their summed map (the TAC, TAC + flips, the error probability)
-        summed = {"tac": "summed_disagreement", "tac_flips": "summed_tac_and_flip_disagreement"}.get(
-            kind, "summed_error_probability")
-        report["region_ranking"] = cfg["regions"].get("ranking", "p_error") if cfg["regions"].get("model") else summed
+        # without a region model regions are ranked by the review map summed inside them ("summed_map",
+        # as the bundle's rule names it; for the TAC rule that is each region's summed_disagreement)
+        report["region_ranking"] = cfg["regions"].get("ranking", "p_error") if cfg["regions"].get("model") \
+            else "summed_map"
         # the disagreement the overlays show brightest: what the bundle's validation volumes reach
         report["disagreement_display_max"] = cfg["regions"].get("display_max_disagreement")
         report["calibration"] = bundle.calibrator.to_dict()

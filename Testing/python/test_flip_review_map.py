@@ -145,7 +145,8 @@ def test_the_engine_cuts_regions_from_tac_plus_flips_and_changes_nothing_else(ti
     assert progress.done[flips.STAGE] == progress.stages[1][1]
     assert "flips" in b.report["timings_s"] and "flips" not in a.report["timings_s"]
     assert b.report["review_map"] == "TAC + flip disagreement" and a.report["review_map"] == "TAC"
-    assert b.report["region_ranking"] == "summed_tac_and_flip_disagreement"
+    assert b.report["region_ranking"] == "summed_map"  # the TAC + flips map summed in each region
+    assert a.report["region_ranking"] == "summed_map"
 
     # the flipped runs' disagreement is the study's definition: the primary's own runs on the flips
     slices01 = normalized_slices(vol, fb)
