@@ -50,6 +50,10 @@ def review_fit_parser() -> argparse.ArgumentParser:
     p.add_argument("--flip-steps", metavar="T,T,...",
                    help="diffusion steps the flipped copies run on for the new rule (tac-flips), e.g. 49,0; written "
                         "into it as regions.flip_steps (default: the bundle's rule's, else its sampled steps)")
+    p.add_argument("--p-error-pool", action="store_true",
+                   help="fit p_error (not the rule) on the validation volumes under fit-calibration's perturbations "
+                        "(contrast, gamma, noise) as well as clean, so that it stays calibrated under a shift; "
+                        "three more map runs a volume (tac and tac-flips rules)")
     add_compute(p)
     return p
 
@@ -87,7 +91,8 @@ def cmd_fit_review(argv: List[str]) -> int:
     bundle = load_bundle(a.bundle, device=device)
     progress = make_progress("bar", a.quiet)
     res = fit_bundle_review(bundle, a.data, Path(a.cache) if a.cache else None, device=device,
-                            batch_size=a.batch_size, progress=progress, rule=a.rule, flip_steps=flip_steps)
+                            batch_size=a.batch_size, progress=progress, rule=a.rule, flip_steps=flip_steps,
+                            pool=a.p_error_pool)
     progress.close()
     if record:  # first, so that a refused bundle write loses nothing of the fit
         from .report_files import atomic_write
@@ -107,7 +112,16 @@ def cmd_fit_review(argv: List[str]) -> int:
     print(f"regions: {json.dumps(rule)}; validation (held out): top3 cover {v['covered_top3']:.2f} at median burden "
           f"{v['median_burden_top3']:.3f}, all {v['covered_all']:.2f}, {v['regions_per_volume']:.1f} regions/volume, "
           f"p_error ECE {v['region_ece']:.3f}" + (" (dry run)" if a.dry_run else f" -> {bundle.path}"))
+    pool = res["block"]["fit"]["validation"].get("pool")
+    if pool:
+        print("p_error ECE held out per condition, clean-fitted -> pool-fitted model: " + "; ".join(
+            f"{c} {_num(pool['clean_model'][c]['region_ece'])} -> {_num(pool['pooled_model'][c]['region_ece'])}"
+            for c in pool["pooled_model"]))
     return 0
+
+
+def _num(v) -> str:
+    return "-" if v is None else f"{v:.3f}"
 
 
 def fit_parser() -> argparse.ArgumentParser:

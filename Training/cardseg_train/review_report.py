@@ -99,11 +99,14 @@ def choose_rule(maps, rule: str = "auto", progress=None, fitters=None) -> dict:
 
 
 def fit_bundle_review(bundle, data: str, cache_dir: Optional[Path], device="cpu", batch_size: int = 8,
-                      progress=None, rule: str = "auto", flip_steps: Optional[Sequence[int]] = None) -> dict:
+                      progress=None, rule: str = "auto", flip_steps: Optional[Sequence[int]] = None,
+                      pool: bool = False) -> dict:
     """Choose the region rule (:func:`choose_rule`) and fit ``p_error`` on the clean validation
-    volumes. Returns the new ``regions`` block and every candidate's figures (the caller writes them).
-    ``flip_steps``: the steps the flipped copies run on for the new rule (default: those of the
-    bundle's rule, ``regions.flip_steps``, else its sampled steps); the replaced rule keeps its own."""
+    volumes (with ``pool``, then again on them and on the same volumes under the calibration pool's
+    perturbations: :mod:`cardseg_train.review_pool`). Returns the new ``regions`` block and every
+    candidate's figures (the caller writes them). ``flip_steps``: the steps the flipped copies run
+    on for the new rule (default: those of the bundle's rule, ``regions.flip_steps``, else its
+    sampled steps); the replaced rule keeps its own."""
     from dataclasses import replace
 
     from cardseg.method.flips import with_flip_steps
@@ -120,6 +123,12 @@ def fit_bundle_review(bundle, data: str, cache_dir: Optional[Path], device="cpu"
     maps = collect_maps(bundle, cases, ["clean"], None if cache_dir is None else Path(cache_dir) / key, 0, device,
                         batch_size, progress, flips=needs_flips(rule))
     fit = choose_rule(maps, rule, progress)
+    if pool:
+        from .review_pool import POOL_CONDITIONS, refit_p_error
+
+        extra = collect_maps(bundle, cases, list(POOL_CONDITIONS), None if cache_dir is None else Path(cache_dir) / key,
+                             0, device, batch_size, progress, flips=fit["settings"].get("map") == "tac_flips")
+        fit = refit_p_error(fit, {"clean": maps, **{c: [m for m in extra if m.condition == c] for c in POOL_CONDITIONS}})
     block = regions_block(fit, old, len(maps), time.perf_counter() - t0)
     if block["map"] == "tac_flips" and bundle.config["regions"].get("flip_steps"):  # fitted on those copies' maps
         block["flip_steps"] = [int(t) for t in bundle.config["regions"]["flip_steps"]]
@@ -147,6 +156,7 @@ def regions_block(fit: dict, old: dict, volumes: int, seconds: float) -> dict:
              "model": fit["model"].to_dict(),
              "flag_rule": "chosen on clean validation volumes by cardseg fit-review (see fit)",
              "fit": {"split": "val", "condition": "clean", "volumes": volumes,
+                     **({"p_error_conditions": fit["p_error_conditions"]} if fit.get("p_error_conditions") else {}),
                      "objective": f"substantial errors covered (at least half their pixels) by the first {BUDGET} "
                                   f"regions per volume, cross-fitted by patient, median burden at most "
                                   f"{MAX_BURDEN:.0%} of the predicted heart",

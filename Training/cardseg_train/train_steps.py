@@ -31,15 +31,16 @@ def sample_noisy_state(schedule: CategoricalSchedule, labels: torch.Tensor, t: t
 
 
 def draw_steps(num_steps: int, b: int, p_focus: float = 0.0, focus_steps: Optional[Sequence[int]] = None,
-               generator: Optional[torch.Generator] = None) -> torch.Tensor:
+               generator: Optional[torch.Generator] = None, device=None) -> torch.Tensor:
     """Step indices ``(B,)`` of one batch: uniform over ``0..T-1``, except that with probability
     ``p_focus`` a slice's step is drawn (uniformly) from ``focus_steps``, the steps the sampler
-    calls at inference (the network is then trained more where it is used)."""
-    t = torch.randint(0, num_steps, (b,), generator=generator)
+    calls at inference (the network is then trained more where it is used). Drawn on ``device``
+    (the generator's, when one is given)."""
+    t = torch.randint(0, num_steps, (b,), generator=generator, device=device)
     if p_focus > 0 and focus_steps:
-        pick = torch.as_tensor(list(focus_steps), dtype=t.dtype)
-        focused = pick[torch.randint(0, len(pick), (b,), generator=generator)]
-        t = torch.where(torch.rand(b, generator=generator) < p_focus, focused, t)
+        pick = torch.as_tensor(list(focus_steps), dtype=t.dtype, device=t.device)
+        focused = pick[torch.randint(0, len(pick), (b,), generator=generator, device=t.device)]
+        t = torch.where(torch.rand(b, generator=generator, device=t.device) < p_focus, focused, t)
     return t
 
 

@@ -68,14 +68,12 @@ def noisy_inputs(schedule, images: torch.Tensor, labels: torch.Tensor, k: int, p
     ``p_uncond``, the step drawn from ``focus_steps`` with ``p_focus``), drawn on the device.
     images ``(B, 1, N, N)``, labels ``(B, N, N)`` → ``(image, x_t, t)``."""
     from cardseg.method.diffusion import one_hot
+    from cardseg_train.train_steps import draw_steps
 
     b, dev, top = labels.shape[0], labels.device, schedule.num_steps - 1
-    t = torch.randint(0, schedule.num_steps, (b,), device=dev)
+    t = draw_steps(schedule.num_steps, b, p_focus, focus_steps, device=dev)
     uniform = torch.rand(b, device=dev) < p_uniform
     if p_focus > 0 and focus_steps:
-        pick = torch.as_tensor(list(focus_steps), device=dev, dtype=t.dtype)
-        focused = pick[torch.randint(0, len(pick), (b,), device=dev)]
-        t = torch.where(torch.rand(b, device=dev) < p_focus, focused, t)
         uniform = uniform | (t == top)  # inference starts T-1 from the exact uniform state
     t = torch.where(uniform, torch.full_like(t, top), t)
     abar = schedule.alpha_bar.to(dev).float()[t].view(b, 1, 1)

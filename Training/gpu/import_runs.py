@@ -29,11 +29,11 @@ for _sub in ("CARDSegment", "Training"):
 
 import torch  # noqa: E402
 
-#: folder-name stem of each job's runs
-STEMS = {"primary": "primary", "reference": "reference-mini", "reference_unet": "reference-unet",
-         "reference_unet_micro": "reference-unet-micro", "reference_unet_small": "reference-unet-small",
-         "primary_focus": "primary-focus", "primary_focus_all": "primary-focus-all",
-         "deterministic": "deterministic", "deterministic_b": "deterministic-b", "aleatoric": "aleatoric"}
+from gpu.jobs import JOBS  # noqa: E402
+
+#: folder-name stem of each job's runs: the job's name with dashes, except the Mini SwinUNETR
+#: reference, whose runs have always been called ``reference-mini``
+STEMS = {job: {"reference": "reference-mini"}.get(job, job.replace("_", "-")) for job in JOBS}
 
 
 def _read(path: Path):
