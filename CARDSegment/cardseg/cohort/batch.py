@@ -188,11 +188,13 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
             c = by_name[res["case"]]
             h = plan.hashes[c.name]
             if res["status"] == "ok":
+                # the table's row first: an interrupt between the two leaves a case the table calls ok
+                # and the state does not know (computed again on resume), never the reverse
+                rows[c.name] = cohort_row(c, "ok", report=res["report"], input_sha256=h)
+                result.computed += 1
                 append_state(out, {"case": c.name, "key": plan.keys[c.name], "input_sha256": h,
                                     "outputs": outputs_digest(out / c.name),
                                     "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
-                rows[c.name] = cohort_row(c, "ok", report=res["report"], input_sha256=h)
-                result.computed += 1
             else:
                 rows[c.name] = cohort_row(c, "error", res["error"], input_sha256=h)
             progress.advance(res["status"] == "ok")
