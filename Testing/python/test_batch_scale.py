@@ -159,6 +159,31 @@ def test_an_interrupted_batch_leaves_no_stale_subjects_or_triage_page(tmp_path, 
     assert [r["status"] for r in read_csv(out / COHORT_CSV)] == ["ok", "ok", "pending"]
 
 
+def test_a_sigterm_during_the_state_append_agrees_with_the_state_file(tmp_path, tiny_bundle, synthetic_volume,
+                                                                        monkeypatch):
+    """A case is finished exactly when its state line is in the state file: a SIGTERM that lands
+    after the line was written (during its fsync) leaves the case 'ok' in cohort.csv, and one that
+    lands before leaves it 'pending'; either way a second run agrees with the table."""
+    vol, _ = synthetic_volume
+    (tmp_path / "in").mkdir()
+    sitk.WriteImage(vol.to_image(vol.array.astype(np.float32)), str(tmp_path / "in" / "a.nii.gz"))
+    args = ["batch", str(tmp_path / "in"), "-o", str(tmp_path / "out"), "--bundle", str(tiny_bundle),
+            "--progress", "none", "--no-report"]
+
+    def after_the_line(out, record):
+        append_state(out, record)
+        sigterm_now()
+
+    with monkeypatch.context() as mp:
+        mp.setattr(cohort_batch, "append_state", after_the_line)
+        rc, err = _run(args)
+    assert rc == 143 and "no case is pending (cohort.csv is complete)" in err, err
+    assert [r["status"] for r in read_csv(tmp_path / "out" / COHORT_CSV)] == ["ok"]
+    assert set(read_state(tmp_path / "out")) == {"a"}
+    rc, err = _run(args)
+    assert rc == 0 and [r["status"] for r in read_csv(tmp_path / "out" / COHORT_CSV)] == ["ok"]
+
+
 def test_ctrl_c_says_what_the_batch_left(tmp_path):
     """The line after Ctrl-C: before OUTDIR is written, and after, as after SIGTERM."""
     exc = KeyboardInterrupt()

@@ -45,7 +45,7 @@ from cardseg.cohort.hashing import bundle_settings, case_key, content_hash
 from cardseg.cohort.layout import COHORT_CSV, COHORT_PARQUET, LOCK_FILE, SUBJECTS_CSV, TRIAGE_HTML
 from cardseg.cohort.options import BatchOptions, BatchResult, check_options, options_from_args
 from cardseg.cohort.state import (append_state, check_batch_outdir, finished_report, outputs_digest, read_state,
-                                  write_stamp)
+                                  recorded_cases, write_stamp)
 from cardseg.cohort.subjects import indices_function, subject_columns, subject_rows
 from cardseg.cohort.tables import cohort_row, table_columns, write_parquet, write_table
 from cardseg.cohort.worker import CaseWorker, Job
@@ -184,17 +184,18 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
         # may still write a case after the interrupt is handled: there the earlier tables always go
         before = None if cluster is not None else _job_stamps(plan)
 
+        unrecorded: Dict[str, dict] = {}  # rows of ok cases whose state line is being appended
+
         def on_result(res: dict) -> None:
             c = by_name[res["case"]]
             h = plan.hashes[c.name]
-            if res["status"] == "ok":
-                # the table's row first: an interrupt between the two leaves a case the table calls ok
-                # and the state does not know (computed again on resume), never the reverse
-                rows[c.name] = cohort_row(c, "ok", report=res["report"], input_sha256=h)
-                result.computed += 1
+            if res["status"] == "ok":  # finished when its state line is: an interrupt in the append
+                unrecorded[c.name] = cohort_row(c, "ok", report=res["report"], input_sha256=h)  # is settled below
                 append_state(out, {"case": c.name, "key": plan.keys[c.name], "input_sha256": h,
                                     "outputs": outputs_digest(out / c.name),
                                     "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+                rows[c.name] = unrecorded.pop(c.name)
+                result.computed += 1
             else:
                 rows[c.name] = cohort_row(c, "error", res["error"], input_sha256=h)
             progress.advance(res["status"] == "ok")
@@ -221,6 +222,8 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
                     result.worker_loads = worker.loads
         finally:  # the table also after Ctrl-C: unfinished cases are 'pending'
             progress.close()
+            for name in recorded_cases(out, unrecorded, plan.keys):  # the interrupt came after the line
+                rows[name], result.computed = unrecorded[name], result.computed + 1
             result.rows = [rows[c.name] for c in plan.cases]
             columns = table_columns(result.rows, plan.class_names)
             write_table(out / COHORT_CSV, result.rows, columns)

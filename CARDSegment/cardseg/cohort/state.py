@@ -8,7 +8,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from cardseg.base.errors import CardsegError
 from cardseg.base.files import PROBE_PREFIX, write_atomic
@@ -88,6 +88,15 @@ def read_state(out: Path) -> Dict[str, dict]:
         if isinstance(rec, dict) and isinstance(rec.get("case"), str):
             state[rec["case"]] = rec
     return state
+
+
+def recorded_cases(out: Path, names, keys: Dict[str, str]) -> List[str]:
+    """Those of ``names`` whose state line (with the case's current key) is in the state file: a
+    case interrupted while its line was being appended is finished exactly when the line made it."""
+    if not names:
+        return []
+    state = read_state(out)
+    return [n for n in names if state.get(n, {}).get("key") == keys[n]]
 
 
 def append_state(out: Path, record: dict) -> None:
