@@ -130,6 +130,19 @@ class FileLock:
         self.fd: Optional[int] = None
 
     def acquire(self) -> bool:
+        """Take the lock; False when another process holds it. Ctrl-C or SIGTERM during the call
+        waits until the lock is taken and its file records this process, then is raised with
+        the lock released again: the lock is held exactly when this returned True."""
+        from cardseg.base.interrupt import signals_deferred
+
+        try:
+            with signals_deferred():
+                return self._take()
+        except BaseException:
+            self.release()
+            raise
+
+    def _take(self) -> bool:
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
             if not _try_lock(fd):

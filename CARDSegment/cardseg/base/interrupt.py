@@ -53,6 +53,34 @@ def sigterm_as_interrupt() -> Iterator[SigtermState]:
 
 
 @contextlib.contextmanager
+def signals_deferred(signums=(signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """Inside the block, Ctrl-C and SIGTERM wait: a few steps that must not be cut in two (taking
+    a lock and recording that it is held) run to their end, and a signal that arrived meanwhile is
+    raised again as the block ends, to the handler that was in place before. Outside the main
+    thread (where Python runs no handlers) it changes nothing; so for a signal whose handler was
+    not set from Python."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list = []
+
+    def hold(signum, frame) -> None:
+        arrived.append(signum)
+
+    old = {}
+    try:
+        for s in signums:
+            if signal.getsignal(s) is not None:
+                old[s] = signal.signal(s, hold)
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+        for s in dict.fromkeys(arrived):  # each once, in the order they came
+            signal.raise_signal(s)
+
+
+@contextlib.contextmanager
 def keep_sigterm_handler() -> Iterator[None]:
     """Put this process's SIGTERM handler back after the block: for a library call (``ray.init``)
     that installs its own, which would end the process without the cleanup."""

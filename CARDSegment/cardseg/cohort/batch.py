@@ -169,13 +169,13 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
     created = not out.exists()
     os.makedirs(out, exist_ok=True)
     lock = FileLock(out / LOCK_FILE)
-    if not lock.acquire():
-        if created:
-            _rmdir_quiet(out)
-        raise CardsegError(f"{out}: another cardseg batch is running into this folder now")
     result = BatchResult(outdir=out)
     rows = plan.rows
     before = None
+    if not lock.acquire():  # an interrupt in it leaves no lock (FileLock's rule); the guard starts at once
+        if created:
+            _rmdir_quiet(out)
+        raise CardsegError(f"{out}: another cardseg batch is running into this folder now")
     try:
         clean_leftovers(out.parent, skip=out.name)  # what killed runs of any kind left beside OUTDIR
         clean_leftovers(out)  # and inside it, once: the cases' writers then look only at their own names

@@ -280,9 +280,6 @@ def clean_leftovers(folder: os.PathLike, skip: str = "") -> List[str]:
         try:
             if not lock.acquire():
                 continue  # a live run
-        except OSError:
-            continue
-        try:
             if _own_leftover_now(old) and read_stamp(old) is not None and not out.exists() and not out.is_symlink():
                 os.replace(old, out)
             for p in (tmp, old):
@@ -332,14 +329,14 @@ class OutputWriter:
 
     def __enter__(self) -> "OutputWriter":
         self._make_parents()
-        try:
-            if not self._lock.acquire():
+        try:  # from the lock on: an interrupt anywhere leaves nothing behind (the lock's own rule)
+            try:
+                held = self._lock.acquire()
+            except OSError as exc:
+                raise CardsegError(f"{self.out}: cannot write there ({exc.strerror})") from None
+            if not held:
                 raise CardsegError(f"{self.out}: another cardseg run is writing this folder now; "
                                    "wait for it to finish or choose another folder")
-        except OSError as exc:
-            self._remove_parents()
-            raise CardsegError(f"{self.out}: cannot write there ({exc.strerror})") from None
-        try:
             old = _sibling(self.out, _OLD)
             if not self.out.exists() and old.is_dir() and read_stamp(old) is not None:
                 os.replace(old, self.out)  # a run stopped between its two renames: put the result back
@@ -445,6 +442,7 @@ class OutputWriter:
         self._made_parents = []
 
     def _abort(self) -> None:
-        shutil.rmtree(self.tmp, ignore_errors=True)
-        self._lock.release()
+        if self._lock.fd is not None:  # the temporary folder is ours only while we hold the lock
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self._lock.release()
         self._remove_parents()
