@@ -15,8 +15,8 @@ Spans = Dict[str, Tuple[float, float]]
 #: how much of the progress bar each engine stage fills (the rest is unknown stages)
 STAGE_SPANS: Spans = {
     "export-onnx": (0.0, 0.03), "prepare-torch": (0.0, 0.03), "read": (0.0, 0.05),
-    # the shipped bundle's flipped copies take ~2.6x the trajectory (flip_cost.json)
-    "trajectory": (0.05, 0.28), "trajectory-moved": (0.28, 0.28), "flips": (0.28, 0.92),  # moved grid: holds
+    # the shipped bundle's flipped copies (two diffusion steps each) take ~1.1x the trajectory (flip_cost.json)
+    "trajectory": (0.05, 0.46), "trajectory-moved": (0.46, 0.46), "flips": (0.46, 0.92),  # moved grid: holds
     "write": (0.92, 1.0),
     "hashing": (0.0, 0.02), "cases": (0.02, 1.0),  # cardseg batch (a cine sequence's frames) counts frames
 }

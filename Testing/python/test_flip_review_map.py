@@ -220,34 +220,33 @@ def test_the_slicer_panel_names_and_places_every_stage_a_flip_run_reports(flip_b
     assert "flipped" in proc.Progress(flips.STAGE, 4, 30).text and "(4/30)" in proc.Progress(flips.STAGE, 4, 30).text
 
 
-def test_the_shipped_bundle_2_4_0_is_2_3_0_with_the_tac_flips_rule():
-    """2.4.0 changes only the flagged-region rule: the networks, the calibration, the agreement
-    threshold, the baselines and the index intervals are 2.3.0's (as its calibration_fit.json
-    recorded them), so 2.3.0's segmentation and calibration results describe 2.4.0's outputs too;
-    the rule it replaced is kept as regions.previous."""
-
+def test_the_shipped_bundle_is_its_releases_frozen_candidate():
+    """The default bundle is the candidate its release froze on validation
+    (``Training/results/acdc-<version>/candidate/``): the same bundle.json, the same weights, the
+    fit records of its calibration and region rule; the index intervals were fitted on these
+    weights and this calibration; its rule chain ends in a TAC rule (``--review-map tac``)."""
+    from cardseg.base.files import sha256_file
     from cardseg.bundle.folder import check_bundle
 
     root = Path(__file__).resolve().parents[2]
-    cfg = check_bundle(None).config
-    assert cfg["id"] == {"name": "acdc", "version": "2.4.0"}
-    regions = cfg["regions"]
-    assert regions["map"] == "tac_flips" and regions["fit"]["rule_family"] == "tac-flips"
-    assert regions["previous"]["map"] == "tac" and regions["previous"]["flag_threshold"] == 0.06
-    recorded = json.loads((root / "Training" / "results" / "acdc-2.3.0" / "calibration_fit.json").read_text())
-    assert recorded["bundle"] == "acdc-2.3.0"
-    for block in ("calibration", "agreement", "baselines"):
+    checked = check_bundle(None)
+    cfg = checked.config
+    release = root / "Training" / "results" / f"acdc-{cfg['id']['version']}"
+    assert cfg == json.loads((release / "candidate" / "bundle.json").read_text())
+    for weights in sorted((release / "candidate").glob("*.safetensors")):
+        assert sha256_file(weights) == sha256_file(checked.root / weights.name), weights.name
+    recorded = json.loads((release / "calibration_fit.json").read_text())
+    assert recorded["bundle"] == f"acdc-{cfg['id']['version']}"
+    for block in ("calibration", "agreement", "baselines", "indices"):
         assert cfg[block] == recorded[block], block
-    # the intervals were fitted on these weights and this calibration (fit-indices recorded both)
     fitted_on = cfg["indices"]["calibration"]
     assert {k: fitted_on[k] for k in ("tau_min", "tau_max", "w_b", "w_k")} == \
         {k: cfg["calibration"][k] for k in ("tau_min", "tau_max", "w_b", "w_k")}
-    from cardseg.base.files import sha256_file
-
-    checked = check_bundle(None)
     assert fitted_on["weights"] == {p.name: sha256_file(p) for p in sorted(checked.root.glob("*.safetensors"))}
-    fit = json.loads((root / "Training" / "results" / "acdc-2.4.0" / "review" / "review_fit.json").read_text())
-    assert fit["block"]["map"] == "tac_flips" and fit["block"]["model"] == regions["model"]
+    regions = cfg["regions"]
+    fit = json.loads((release / "review" / "review_fit.json").read_text())
+    assert fit["block"]["map"] == regions["map"] == "tac_flips" and fit["block"]["model"] == regions["model"]
+    assert regions["previous"]["map"] == "tac" and "previous" not in regions["previous"]
 
 
 def test_on_a_moved_grid_each_flipped_copy_runs_on_the_mirrored_moved_grid(flip_bundle, synthetic_volume,

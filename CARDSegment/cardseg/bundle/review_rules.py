@@ -4,8 +4,8 @@ A bundle's ``regions`` block is the rule its release chose on validation; a refi
 it replaced as ``regions.previous`` (and that one its own, and so on). Each rule is cut from one
 review map (:data:`cardseg.review.regions.MAPS`): the shipped ``acdc`` bundle cuts its regions
 from the TAC plus the flipped copies' disagreement (``tac_flips``), which needs three more runs
-of the primary (about 2.6x the trajectory on a CPU); its previous rule, cut from the TAC alone
-(``tac``), needs none. ``cardseg segment --review-map tac`` (and ``batch``, ``serve``, the Slicer
+of the primary (on two diffusion steps each: about 1.1x the trajectory on a CPU); its previous
+rule, cut from the TAC alone (``tac``), needs none. ``cardseg segment --review-map tac`` (and ``batch``, ``serve``, the Slicer
 panel's *Fast review*) runs with that rule: the same segmentation, TAC, temperature and
 probabilities, regions from the earlier rule.
 
