@@ -54,6 +54,21 @@ def test_a_pooled_p_error_is_calibrated_where_a_clean_one_is_not():
     assert block["fit"]["p_error_conditions"] == ["clean", "pool:noise"] and block["map"] == "tac"
 
 
+def test_a_tac_flips_rule_is_refitted_on_its_summed_map():
+    """The TAC + flips family: regions cut from the TAC plus the flipped runs' disagreement, as the
+    fit cut them (the rule's settings name the map; the formation runs on the sum)."""
+    clean, shifted = _maps("clean", (0.04, 0.06)), _maps("pool:contrast", (0.3, 0.5))
+    for m in clean + shifted:
+        m.flips = np.zeros(m.tac.shape, np.float32)
+    summed = [dataclasses.replace(m, tac=m.tac + m.flips) for m in clean]
+    fit = select_settings(summed, grid=ONE)
+    fit["settings"] = {**fit["settings"], "map": "tac_flips"}
+    out = review_pool.refit_p_error(fit, {"clean": clean, "pool:contrast": shifted})
+    assert out["settings"]["map"] == "tac_flips"
+    assert out["validation"]["pool"]["clean_model"]["clean"] == fit["validation"]["cross_validated"]
+    assert out["validation"]["pool"]["pooled_model"]["pool:contrast"]["substantial_errors"] == 12
+
+
 def test_the_pool_is_scored_held_out_by_patient():
     """A patient's shifted regions are never scored by a model that saw that patient."""
     clean, shifted = _maps("clean", (0.04, 0.06)), _maps("pool:gamma", (0.3, 0.5))

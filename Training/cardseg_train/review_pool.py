@@ -37,13 +37,15 @@ def rule_map(maps, settings: dict):
 
 
 def condition_regions(maps_by_condition: Dict[str, Sequence], settings: dict) -> Dict[str, List]:
-    """Each condition's :class:`~cardseg_train.review_fit.VolumeRegions` under ``settings``."""
+    """Each condition's :class:`~cardseg_train.review_fit.VolumeRegions` under ``settings``, cut
+    as the fit cut them: from :func:`rule_map`'s map, the formation settings without ``map``."""
+    formation = {k: v for k, v in settings.items() if k != "map"}
     out = {}
     for cond, maps in maps_by_condition.items():
         vols = []
         for m in maps:
             el, n = cv.error_labels(m.pred, m.truth)
-            vols.append(volume_regions(rule_map(m, settings), (el, n, cv.error_sizes(el, n)), settings))
+            vols.append(volume_regions(rule_map(m, settings), (el, n, cv.error_sizes(el, n)), formation))
         out[cond] = vols
     return out
 
