@@ -66,7 +66,7 @@ def test_learning_curve_plot_from_a_run_log(tmp_path):
 def test_shipped_bundle_is_verified_fitted_and_segments_real_validation_volumes():
     """The default bundle loads with its checksums, carries fitted calibration, and segments."""
     bundle = load_bundle()  # no path: the package's default bundle
-    assert bundle.ident == "acdc-2.6.0" and bundle.config["calibration"]["fitted"] is True
+    assert bundle.ident == "acdc-2.7.0" and bundle.config["calibration"]["fitted"] is True
     assert bundle.config["agreement"]["out_of_domain_threshold"] is not None
     if not (ACDC / "volumes").is_dir():
         pytest.skip("ACDC data not present")

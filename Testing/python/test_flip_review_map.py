@@ -224,19 +224,24 @@ def test_the_shipped_bundle_is_its_releases_frozen_candidate():
     """The default bundle is the candidate its release froze on validation
     (``Training/results/acdc-<version>/candidate/``): the same bundle.json, the same weights, the
     fit records of its calibration and region rule; the index intervals were fitted on these
-    weights and this calibration; its rule chain ends in a TAC rule (``--review-map tac``)."""
+    weights and this calibration; its rule chain ends in a TAC rule (``--review-map tac``). A
+    release that keeps an earlier one's networks and calibration says so in ``kept.json``; their
+    records are then that release's."""
     from cardseg.base.files import sha256_file
     from cardseg.bundle.folder import check_bundle
+    from cardseg.bundle.review_rules import review_rules
 
     root = Path(__file__).resolve().parents[2]
     checked = check_bundle(None)
     cfg = checked.config
     release = root / "Training" / "results" / f"acdc-{cfg['id']['version']}"
     assert cfg == json.loads((release / "candidate" / "bundle.json").read_text())
-    for weights in sorted((release / "candidate").glob("*.safetensors")):
+    kept = release / "kept.json"
+    source = release.parent / json.loads(kept.read_text())["from"] if kept.is_file() else release
+    for weights in sorted((source / "candidate").glob("*.safetensors")):
         assert sha256_file(weights) == sha256_file(checked.root / weights.name), weights.name
-    recorded = json.loads((release / "calibration_fit.json").read_text())
-    assert recorded["bundle"] == f"acdc-{cfg['id']['version']}"
+    recorded = json.loads((source / "calibration_fit.json").read_text())
+    assert recorded["bundle"] == source.name
     for block in ("calibration", "agreement", "baselines", "indices"):
         assert cfg[block] == recorded[block], block
     fitted_on = cfg["indices"]["calibration"]
@@ -246,7 +251,12 @@ def test_the_shipped_bundle_is_its_releases_frozen_candidate():
     regions = cfg["regions"]
     fit = json.loads((release / "review" / "review_fit.json").read_text())
     assert fit["block"]["map"] == regions["map"] == "tac_flips" and fit["block"]["model"] == regions["model"]
-    assert regions["previous"]["map"] == "tac" and "previous" not in regions["previous"]
+    chain = []
+    block = regions
+    while block is not None:
+        chain.append(block["map"])
+        block = block.get("previous")
+    assert chain[-1] == "tac" and list(review_rules(cfg)) == ["tac_flips", "tac"], chain
 
 
 def test_on_a_moved_grid_each_flipped_copy_runs_on_the_mirrored_moved_grid(flip_bundle, synthetic_volume,

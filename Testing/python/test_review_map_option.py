@@ -80,9 +80,10 @@ def test_the_shipped_bundle_offers_its_tac_rule():
     from cardseg.bundle.folder import check_bundle
 
     checked = check_bundle(None)
-    assert list(review_rules(checked.config)) == ["tac_flips", "tac"]
+    rules = review_rules(checked.config)
+    assert list(rules) == ["tac_flips", "tac"]
     fast = with_review_map(checked, "tac")
-    assert fast.config["regions"] == {**checked.config["regions"]["previous"],
+    assert fast.config["regions"] == {**rules["tac"],
                                       "display_max_disagreement": checked.config["regions"]["display_max_disagreement"]}
     assert fast.weights is checked.weights and fast.root == checked.root  # checked once, shared
 
@@ -261,9 +262,12 @@ def test_a_run_without_flipped_copies_gives_the_trajectory_the_bar():
     with_flips, fast, uc = (proc.stage_spans("card"), proc.stage_spans("card", "tac"), proc.stage_spans("uc"))
     assert with_flips is proc.STAGE_SPANS and proc.stage_spans("card", "tac_flips") is with_flips
     assert fast == uc
-    # with the flipped copies the trajectory ends early and they fill the rest; without, it does
-    assert proc.overall_fraction("trajectory", 1, 1, 0.0, with_flips) == pytest.approx(0.28)
-    assert proc.overall_fraction("trajectory", 1, 1, 0.0, fast) == pytest.approx(0.92)
+    # with the flipped copies the trajectory ends where they begin and they fill the rest up to the
+    # writing; without, the trajectory fills it
+    flips_start, flips_end = with_flips["flips"]
+    assert 0.05 < flips_start < flips_end == fast["trajectory"][1] == with_flips["write"][0]
+    assert proc.overall_fraction("trajectory", 1, 1, 0.0, with_flips) == pytest.approx(flips_start)
+    assert proc.overall_fraction("trajectory", 1, 1, 0.0, fast) == pytest.approx(flips_end)
     half = proc.overall_fraction("trajectory", 5, 10, 0.0, fast)
     assert proc.overall_fraction("write", 0, 7, half, fast) == pytest.approx(0.92)  # no jump left
     assert proc.overall_fraction("trajectory", 5, 10, 0.0) == proc.overall_fraction("trajectory", 5, 10, 0.0, with_flips)
