@@ -19,6 +19,15 @@ from cardseg.base.files import FileLock
 from cardseg.base.interrupt import signals_deferred, sigterm_as_interrupt
 
 
+@pytest.fixture(autouse=True)
+def ctrl_c_raises():
+    """Ctrl-C raises KeyboardInterrupt in these tests, as in a terminal, even where the test process
+    inherited SIGINT ignored (a job started in the background, as CI runs it)."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
 def _signal_while_locking(monkeypatch, signum):
     """Make the next ``flock`` call send ``signum`` to this process just before it locks."""
     real = files._try_lock
@@ -59,12 +68,13 @@ def test_signals_deferred_changes_nothing_outside_the_main_thread():
 
     def run():
         with signals_deferred():
-            seen.append(signal.getsignal(signal.SIGINT))
+            seen.append((signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)))
 
+    before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
     t = threading.Thread(target=run)
     t.start()
     t.join()
-    assert seen == [signal.default_int_handler]
+    assert seen == [before] and before[0] is signal.default_int_handler
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
