@@ -95,6 +95,8 @@ def test_the_summed_map_rule_and_the_refusals():
     m.flips = np.full(m.tac.shape, 0.25, np.float32)
     summed = review_pool.rule_map(m, {"map": "tac_flips"})
     assert np.allclose(summed.tac, m.tac + 0.25) and review_pool.rule_map(m, {"map": "tac"}) is m
+    with pytest.raises(ValueError, match="needs the flipped runs' disagreement"):
+        review_pool.rule_map(blob_error_maps(1, "patient001_frame01"), {"map": "tac_flips"})
     with pytest.raises(ValueError, match="tac and tac_flips rules only"):
         review_pool.rule_map(m, {"map": "error_probability"})
     with pytest.raises(ValueError, match="clean maps are needed"):

@@ -29,7 +29,8 @@ from cardseg.review.error_map import VOXEL_FEATURES, error_probability, smoothed
 from cardseg.review.regions import ErrorModel, form_regions, rank_regions, region_features
 
 from .review_data import VolumeMaps
-from .review_fit import BUDGET, MAX_BURDEN, MAX_REGIONS, VolumeRegions, fit_logistic, patient_of, region_ece
+from .review_fit import (BUDGET, MAX_BURDEN, MAX_REGIONS, VolumeRegions, fit_logistic, patient_of, region_ece,
+                         volume_errors)
 
 #: share of each training fold's voxels the voxel model is fitted on (fixed draw; memory, time)
 VOXEL_SHARE = 0.35
@@ -95,9 +96,8 @@ def candidate(flag_threshold: float, max_ml: float) -> dict:
 def volume_regions(m: VolumeMaps, score: np.ndarray, settings: dict) -> VolumeRegions:
     """Regions cut from the (held-out) error map ``score`` of one volume, as the engine cuts them."""
     lab, n = form_regions(m.tac, m.pred, {**settings, "voxel_model": {"held_out": True}}, m.spacing, score)
-    errors, ne = cv.error_labels(m.pred, m.truth)
+    errors, ne, esz = volume_errors(m)
     sizes = np.bincount(lab.ravel(), minlength=n + 1)[1:]
-    esz = cv.error_sizes(errors, ne)
     return VolumeRegions(m.case, patient_of(m.case), region_features(score, m.pred, lab, n),
                          cv.overlap_matrix(errors, ne, lab, n), esz, sizes,
                          sizes * float(np.prod(m.spacing)) / 1000.0, cv.heart_voxels(m.pred))

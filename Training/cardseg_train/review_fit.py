@@ -75,8 +75,14 @@ def candidate_settings(settings: dict) -> dict:
     return s
 
 
+def volume_errors(maps: VolumeMaps) -> tuple:
+    """``(labels, n, sizes)`` of the volume's substantial errors (:mod:`cardseg.review.coverage`)."""
+    el, n = cv.error_labels(maps.pred, maps.truth)
+    return el, n, cv.error_sizes(el, n)
+
+
 def volume_regions(maps: VolumeMaps, errors, settings: dict) -> VolumeRegions:
-    """``errors``: ``(labels, n, sizes)`` of the volume's substantial errors."""
+    """``errors``: ``(labels, n, sizes)`` of the volume's substantial errors (:func:`volume_errors`)."""
     lab, n = form_regions(maps.tac, maps.pred, settings, maps.spacing)
     feats = region_features(maps.tac, maps.pred, lab, n)
     sizes = np.bincount(lab.ravel(), minlength=n + 1)[1:]
@@ -161,10 +167,7 @@ def select_settings(maps: Sequence[VolumeMaps], grid: Optional[dict] = None, max
     every candidate's cross-validated figures. The objective: errors covered by the first
     :data:`BUDGET` regions (then by all reported), among candidates within ``max_burden``."""
     grid = grid or GRID
-    errors = []
-    for m in maps:
-        el, n = cv.error_labels(m.pred, m.truth)
-        errors.append((el, n, cv.error_sizes(el, n)))
+    errors = [volume_errors(m) for m in maps]
     formation = [k for k in grid if k != "ranking"]
     combos = [dict(zip(formation, values)) for values in itertools.product(*(grid[k] for k in formation))]
     rankings = grid.get("ranking", ("p_error",))

@@ -18,9 +18,7 @@ from typing import Dict, List, Sequence
 
 import numpy as np
 
-from cardseg.review import coverage as cv
-
-from .review_fit import cross_validated, fit_logistic, score, volume_regions
+from .review_fit import cross_validated, fit_logistic, score, volume_errors, volume_regions
 
 #: the calibration pool's perturbations (cardseg_train.calibration_perturb), as map conditions
 POOL_CONDITIONS = ("pool:contrast", "pool:gamma", "pool:noise")
@@ -30,7 +28,9 @@ def rule_map(maps, settings: dict):
     """The map the rule cuts regions from: the TAC, or for ``tac_flips`` the TAC plus the flipped
     runs' disagreement (as the engine sums them)."""
     if settings.get("map", "tac") == "tac_flips":
-        return replace(maps, tac=np.asarray(maps.tac, np.float32) + np.asarray(maps.flips, np.float32))
+        if maps.flips is None:
+            raise ValueError(f"{maps.case} ({maps.condition}): the tac_flips rule needs the flipped runs' disagreement")
+        return replace(maps, tac=maps.tac_flips)
     if settings.get("map", "tac") != "tac":
         raise ValueError(f"p_error is refitted on the pool for the tac and tac_flips rules only, not {settings['map']!r}")
     return maps
@@ -42,11 +42,7 @@ def condition_regions(maps_by_condition: Dict[str, Sequence], settings: dict) ->
     formation = {k: v for k, v in settings.items() if k != "map"}
     out = {}
     for cond, maps in maps_by_condition.items():
-        vols = []
-        for m in maps:
-            el, n = cv.error_labels(m.pred, m.truth)
-            vols.append(volume_regions(rule_map(m, settings), (el, n, cv.error_sizes(el, n)), formation))
-        out[cond] = vols
+        out[cond] = [volume_regions(rule_map(m, settings), volume_errors(m), formation) for m in maps]
     return out
 
 

@@ -67,7 +67,7 @@ def fit_tac_flips_rule(maps, progress=None) -> dict:
 
     from .review_fit import GRID, select_settings
 
-    summed = [replace(m, tac=np.asarray(m.tac, np.float32) + np.asarray(m.flips, np.float32)) for m in maps]
+    summed = [replace(m, tac=m.tac_flips) for m in maps]
     fit = two_pass(summed, first=select_settings(summed, grid={**GRID, "flag_threshold": FLIP_FLAGS},
                                                  progress=progress), progress=progress)
     fit["settings"] = {**fit["settings"], "map": "tac_flips"}
