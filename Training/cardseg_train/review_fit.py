@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 from scipy import optimize
@@ -116,24 +116,35 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 0.05) -> ErrorModel:
     return ErrorModel(mean, scale, res.x[:-1], float(res.x[-1]))
 
 
-def score(volumes: Sequence[VolumeRegions], models: Dict[str, Optional[ErrorModel]],
-          max_regions: Optional[int] = MAX_REGIONS, ranking: str = "p_error") -> dict:
-    """Rank each volume's regions with its patient's model (``None``: summed disagreement), keep at
-    most ``max_regions``; covered errors of the first :data:`BUDGET` and of all, burdens, and the
-    (p_error, holds) pairs of the kept regions."""
-    errors = covered_top = covered_all = 0
-    burdens, ps, ys, kept = [], [], [], 0
+def volume_scores(volumes: Sequence[VolumeRegions], models: Dict[str, Optional[ErrorModel]],
+                  max_regions: Optional[int] = MAX_REGIONS, ranking: str = "p_error") -> List[dict]:
+    """Each volume's regions ranked with its patient's model (``None``: summed disagreement), at
+    most ``max_regions`` kept: one dict per volume with ``patient``, ``errors`` (substantial
+    errors), ``covered_top`` (covered by the first :data:`BUDGET`), ``covered_all``, ``burden``
+    (the first :data:`BUDGET`'s voxels over the predicted heart's), ``order`` and ``p``."""
+    out = []
     for v in volumes:
         order, p = rank_regions(v.features, models.get(v.patient), max_regions, ranking, v.ml)
         cov = cv.covered_top_k(v.overlap[order], v.error_sizes)
-        errors += len(v.error_sizes)
-        covered_top += int(cov[min(BUDGET, len(order))].sum())
-        covered_all += int(cov[-1].sum())
-        burdens.append(float(v.sizes[order][:BUDGET].sum()) / v.heart if v.heart else 0.0)
-        kept += len(order)
-        if p is not None and len(order):
-            ps.append(p[order])
-            ys.append(v.holds[order])
+        out.append({"patient": v.patient, "errors": len(v.error_sizes),
+                    "covered_top": int(cov[min(BUDGET, len(order))].sum()), "covered_all": int(cov[-1].sum()),
+                    "burden": float(v.sizes[order][:BUDGET].sum()) / v.heart if v.heart else 0.0,
+                    "order": order, "p": p})
+    return out
+
+
+def score(volumes: Sequence[VolumeRegions], models: Dict[str, Optional[ErrorModel]],
+          max_regions: Optional[int] = MAX_REGIONS, ranking: str = "p_error") -> dict:
+    """:func:`volume_scores` summed over the volumes: covered errors of the first :data:`BUDGET`
+    and of all, the median burden, and the ECE of the kept regions' (p_error, holds) pairs."""
+    rows = volume_scores(volumes, models, max_regions, ranking)
+    errors = sum(r["errors"] for r in rows)
+    covered_top = sum(r["covered_top"] for r in rows)
+    covered_all = sum(r["covered_all"] for r in rows)
+    burdens = [r["burden"] for r in rows]
+    kept = sum(len(r["order"]) for r in rows)
+    ps = [r["p"][r["order"]] for r in rows if r["p"] is not None and len(r["order"])]
+    ys = [v.holds[r["order"]] for v, r in zip(volumes, rows) if r["p"] is not None and len(r["order"])]
     p_all = np.concatenate(ps) if ps else np.zeros(0)
     y_all = np.concatenate(ys) if ys else np.zeros(0, bool)
     return {"volumes": len(volumes), "substantial_errors": errors,
