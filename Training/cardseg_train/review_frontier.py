@@ -13,7 +13,7 @@ keeps, per burden budget, the variant that covers most within it, by either burd
 The variants reach past ``cardseg fit-review``'s grid: the heart neighbourhood, the smoothing,
 the flag threshold, the size cap in ml *or* as a share of the volume's predicted heart (the study
 sets each volume's cap in ml from its heart; the engine has no such setting), and both rankings;
-regions are 3D components, as every fit since 2.2.0 chose.
+regions are 3D components, as in the shipped rule (chosen by fit-review).
 
 ``python -m cardseg_train.review_frontier --out DIR`` writes ``frontier.json``, ``frontier.md``
 and ``frontier.png``; only validation volumes are read.
