@@ -58,6 +58,22 @@ class VolumeMaps:
         return None if self.flips is None else np.asarray(self.tac, np.float32) + np.asarray(self.flips, np.float32)
 
 
+def rule_map(maps: VolumeMaps, settings: dict) -> VolumeMaps:
+    """``maps`` holding, as ``tac``, the map a rule of ``settings["map"]`` cuts its regions from:
+    the TAC itself, or for ``tac_flips`` the TAC plus the flipped runs' disagreement (as the engine
+    sums them). Refused (``ValueError``) without the flipped runs, or for another map."""
+    from dataclasses import replace
+
+    name = settings.get("map", "tac")
+    if name == "tac_flips":
+        if maps.flips is None:
+            raise ValueError(f"{maps.case} ({maps.condition}): the tac_flips rule needs the flipped runs' disagreement")
+        return replace(maps, tac=maps.tac_flips)
+    if name != "tac":
+        raise ValueError(f"regions are cut here for the tac and tac_flips rules only, not {name!r}")
+    return maps
+
+
 def entropy_maps(maps: VolumeMaps, calibrator) -> VolumeMaps:
     """Fill ``entropy_uc`` (softmax of the primary) and ``entropy_card`` (the logits divided by
     CARD's temperature of the TAC, paper Eq. 4; ``tau_min`` outside the networks' field of view, as the

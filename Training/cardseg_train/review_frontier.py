@@ -31,7 +31,7 @@ import numpy as np
 from cardseg.review import coverage as cv
 
 from .review_fit import BUDGET, MAX_BURDEN, MAX_REGIONS, candidate_settings, cross_validated, volume_errors
-from .review_fit import volume_regions, volume_scores
+from .review_fit import patient_of, volume_regions, volume_scores
 
 #: the resampled median burden's quantile the frontier also reads
 QUANTILE = 0.9
@@ -134,7 +134,7 @@ def study(maps: Sequence, map_name: str, variants: Optional[dict] = None, draws:
         rows.extend(evaluate_variant(maps, errors, s, rankings, draws))
         if progress is not None:
             progress.advance(1)
-    return {"map": map_name, "volumes": len(maps), "patients": len({m.case.split("_")[0] for m in maps}),
+    return {"map": map_name, "volumes": len(maps), "patients": len({patient_of(m.case) for m in maps}),
             "substantial_errors": int(sum(e[1] for e in errors)), "budget_regions": BUDGET,
             "quantile": QUANTILE, "draws": draws, "target": {"covered_top3": TARGET_COVERED,
                                                               "median_burden_top3": MAX_BURDEN},
@@ -216,8 +216,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .cli_options import DEFAULT_DATA, add_cache, add_overwrite, out_record, write_recorded
     from .evaluation import acdc_h5_volumes
     from .report_files import atomic_write
-    from .review_data import cache_key, collect_maps
-    from .review_pool import rule_map
+    from .review_data import cache_key, collect_maps, rule_map
 
     ap = CommandLineParser(prog="python -m cardseg_train.review_frontier", description=__doc__.split("\n")[0])
     ap.add_argument("--bundle", default=None, help="the bundle whose networks and rule map are studied (default: shipped)")

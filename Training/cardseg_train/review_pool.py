@@ -13,32 +13,20 @@ fitted on the other patients' regions only.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Dict, List, Sequence
 
 import numpy as np
 
+from .review_data import rule_map
 from .review_fit import cross_validated, fit_logistic, score, volume_errors, volume_regions
 
 #: the calibration pool's perturbations (cardseg_train.calibration_perturb), as map conditions
 POOL_CONDITIONS = ("pool:contrast", "pool:gamma", "pool:noise")
 
 
-def rule_map(maps, settings: dict):
-    """The map the rule cuts regions from: the TAC, or for ``tac_flips`` the TAC plus the flipped
-    runs' disagreement (as the engine sums them)."""
-    if settings.get("map", "tac") == "tac_flips":
-        if maps.flips is None:
-            raise ValueError(f"{maps.case} ({maps.condition}): the tac_flips rule needs the flipped runs' disagreement")
-        return replace(maps, tac=maps.tac_flips)
-    if settings.get("map", "tac") != "tac":
-        raise ValueError(f"p_error is refitted on the pool for the tac and tac_flips rules only, not {settings['map']!r}")
-    return maps
-
-
 def condition_regions(maps_by_condition: Dict[str, Sequence], settings: dict) -> Dict[str, List]:
     """Each condition's :class:`~cardseg_train.review_fit.VolumeRegions` under ``settings``, cut
-    as the fit cut them: from :func:`rule_map`'s map, the formation settings without ``map``."""
+    as the fit cut them: from :func:`~cardseg_train.review_data.rule_map`'s map, the formation settings without ``map``."""
     formation = {k: v for k, v in settings.items() if k != "map"}
     out = {}
     for cond, maps in maps_by_condition.items():

@@ -63,11 +63,10 @@ def fit_tac_flips_rule(maps, progress=None) -> dict:
     """The TAC + flips rule: the TAC family's search (:func:`cardseg_train.review_fit.two_pass`) on
     the sum of each volume's TAC and flipped runs' disagreement, the first pass over
     :data:`FLIP_FLAGS`; the overlay's display maximum stays the TAC's."""
-    from dataclasses import replace
-
+    from .review_data import rule_map
     from .review_fit import GRID, select_settings
 
-    summed = [replace(m, tac=m.tac_flips) for m in maps]
+    summed = [rule_map(m, {"map": "tac_flips"}) for m in maps]
     fit = two_pass(summed, first=select_settings(summed, grid={**GRID, "flag_threshold": FLIP_FLAGS},
                                                  progress=progress), progress=progress)
     fit["settings"] = {**fit["settings"], "map": "tac_flips"}
