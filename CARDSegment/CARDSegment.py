@@ -15,8 +15,12 @@ import vtk
 import slicer
 from slicer import vtkMRMLScalarVolumeNode
 from slicer.parameterNodeWrapper import WithinRange, parameterNodeWrapper
-from slicer.ScriptedLoadableModule import (ScriptedLoadableModule, ScriptedLoadableModuleLogic,
-                                           ScriptedLoadableModuleTest, ScriptedLoadableModuleWidget)
+from slicer.ScriptedLoadableModule import (
+    ScriptedLoadableModule,
+    ScriptedLoadableModuleLogic,
+    ScriptedLoadableModuleTest,
+    ScriptedLoadableModuleWidget,
+)
 from slicer.util import VTKObservationMixin
 
 import CARDSegmentLib as lib
@@ -53,6 +57,7 @@ def registerSampleData() -> None:
 
 # -- Parameters (the choices themselves: CARDSegmentLib.parameters)
 
+
 @parameterNodeWrapper
 class CARDSegmentParameterNode:
     """The panel's state, saved with the scene and bound to the GUI (SlicerParameterName in the .ui)."""
@@ -74,6 +79,7 @@ class CARDSegmentParameterNode:
 
 
 # -- CARDSegmentWidget
+
 
 class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
     """The panel: binds the parameters, starts and cancels runs, shows results. No method code."""
@@ -239,8 +245,11 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         try:
             options = self._engineChoice.options(self.logic.jobOptions(p))
             accepted = ensure_acknowledged(  # once, before the first run with research-only weights
-                options.bundle_path, MODULE_DIR, qt.QSettings(),
-                lambda title, text: slicer.util.confirmOkCancelDisplay(text, windowTitle=title))
+                options.bundle_path,
+                MODULE_DIR,
+                qt.QSettings(),
+                lambda title, text: slicer.util.confirmOkCancelDisplay(text, windowTitle=title),
+            )
         except lib.BundleChoiceError as exc:
             slicer.util.errorDisplay(f"Cannot use this bundle: {exc}")
             return
@@ -274,9 +283,13 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
                 slicer.util.errorDisplay(message, windowTitle="CARDSegment")
             return False
         if options is not None and self.logic.decisionsAtRisk(p.inputVolume, options):
-            return bool(slicer.util.confirmOkCancelDisplay(
-                "This volume's regions have review decisions. A new run replaces the results and the review "
-                "(use 'Keep these results' first to keep them). Continue?", windowTitle="CARDSegment"))
+            return bool(
+                slicer.util.confirmOkCancelDisplay(
+                    "This volume's regions have review decisions. A new run replaces the results and the review "
+                    "(use 'Keep these results' first to keep them). Continue?",
+                    windowTitle="CARDSegment",
+                )
+            )
         return True
 
     def _setPreparing(self, preparing: bool) -> None:
@@ -374,8 +387,9 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             return
         rowIndex = self.ui.regionsTable.selectedItems()[0].row()
         with slicer.util.tryWithErrorDisplay("Cannot record the decision.", waitCursor=False):
-            self.logic.setRegionStatus(self._parameterNode.inputVolume, key[1], status, self.ui.noteLineEdit.text,
-                                       frame=key[0])
+            self.logic.setRegionStatus(
+                self._parameterNode.inputVolume, key[1], status, self.ui.noteLineEdit.text, frame=key[0]
+            )
             self.ui.regionsTable.item(rowIndex, self._statusColumn).setText(status)
 
     def onExportButton(self) -> None:
@@ -384,7 +398,8 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             return
         default = os.path.join(qt.QDir.homePath(), f"{lib.safe_file_name(volume.GetName())}-CARD-review.csv")
         path = qt.QFileDialog.getSaveFileName(
-            slicer.util.mainWindow(), "Export review", default, "CSV (*.csv);;JSON (*.json)")
+            slicer.util.mainWindow(), "Export review", default, "CSV (*.csv);;JSON (*.json)"
+        )
         if not path:
             return
         with slicer.util.tryWithErrorDisplay("Export failed.", waitCursor=True):
@@ -402,15 +417,20 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
 
 # -- CARDSegmentLogic
 
+
 class CARDSegmentLogic(ScriptedLoadableModuleLogic, ModuleLogic):
     """Slicer's Logic for this module: CARDSegmentLib's ModuleLogic on the application's scene, with
     a QTimer polling runs and Slicer's wait cursor while results load."""
 
     def __init__(self) -> None:
         ScriptedLoadableModuleLogic.__init__(self)
-        ModuleLogic.__init__(self, moduleDir=MODULE_DIR,
-                             scene=lambda: slicer.mrmlScene, makeTimer=lambda: qt.QTimer(),
-                             busy=lambda: slicer.util.WaitCursor())
+        ModuleLogic.__init__(
+            self,
+            moduleDir=MODULE_DIR,
+            scene=lambda: slicer.mrmlScene,
+            makeTimer=lambda: qt.QTimer(),
+            busy=lambda: slicer.util.WaitCursor(),
+        )
         terminologies = getattr(getattr(slicer, "modules", None), "terminologies", None)  # the myocardium's code
         lib.register_module_terminology(terminologies.logic() if terminologies else None, self.moduleDir)
         use_application(getattr(slicer, "app", None))  # from 5.12 pip_install shows its own dialogs
@@ -420,6 +440,7 @@ class CARDSegmentLogic(ScriptedLoadableModuleLogic, ModuleLogic):
 
 
 # -- CARDSegmentTest
+
 
 class CARDSegmentTest(ScriptedLoadableModuleTest):
     """Runs in Slicer: a small synthetic oblique volume through the whole path, with networks of the
@@ -436,13 +457,12 @@ class CARDSegmentTest(ScriptedLoadableModuleTest):
         self.test_shipped_bundle()
 
     def _shippedNetworks(self):
-        """"arch:size" of the shipped bundle's primary and reference networks."""
+        """ "arch:size" of the shipped bundle's primary and reference networks."""
         return selftest.shipped_networks(MODULE_DIR)
 
     def test_segment_synthetic_volume(self):
         selftest.require_packages(self)  # skipTest when missing: ctest reports a skip, not a pass
-        selftest.segment_synthetic_volume(self, slicer.mrmlScene, CARDSegmentLogic, slicer.util.loadVolume,
-                                          MODULE_DIR)
+        selftest.segment_synthetic_volume(self, slicer.mrmlScene, CARDSegmentLogic, slicer.util.loadVolume, MODULE_DIR)
 
     def test_shipped_bundle(self):
         """The shipped default bundle itself (trained weights) segments the synthetic volume."""

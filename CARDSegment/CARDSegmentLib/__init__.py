@@ -35,8 +35,15 @@ Everything here runs in Slicer and under the PyPI ``slicer-core`` package (real 
 :mod:`.install` alone calls ``slicer.util``'s dialogs and pip, which tests replace.
 """
 
-from .bundles import (BundleChoiceError, bundle_classes, bundle_config, bundle_label, folder_text, resolve_bundle,
-                      shipped_bundle_dir)
+from .bundles import (
+    BundleChoiceError,
+    bundle_classes,
+    bundle_config,
+    bundle_label,
+    folder_text,
+    resolve_bundle,
+    shipped_bundle_dir,
+)
 from .dependencies import REQUIREMENTS, Requirement, missing_requirements
 from .jobs import JobMonitor, JobOptions, SegmentationJob, engine_dir_of, one_line
 from .loading import load_outputs
@@ -44,28 +51,98 @@ from .outputs import ROLE_ATTRIBUTE, OutputError, OutputNodes, find_outputs, rel
 from .overlays import OVERLAY_CHOICES, set_overlay_opacity, show_overlay
 from .cine import CineJob
 from .cine_results import export_cine_review, indices_lines, read_indices
-from .panel import (ClickGuard, connect_gui, default_input, elapsed_text, fill_region_table, region_table,
-                    safe_file_name, show_cine_choices, watched_nodes_gone)
-from .process import (CANCELLED, FAILED, IDLE, RUNNING, SUCCEEDED, CardsegRun, Progress, SegmentCommand,
-                      extract_error, parse_progress_line)
+from .panel import (
+    ClickGuard,
+    connect_gui,
+    default_input,
+    elapsed_text,
+    fill_region_table,
+    region_table,
+    safe_file_name,
+    show_cine_choices,
+    watched_nodes_gone,
+)
+from .process import (
+    CANCELLED,
+    FAILED,
+    IDLE,
+    RUNNING,
+    SUCCEEDED,
+    CardsegRun,
+    Progress,
+    SegmentCommand,
+    extract_error,
+    parse_progress_line,
+)
 from .review import STATUSES, export_review, has_decisions, review_counts, review_rows, set_region_status, show_region
 from .sequences import AUTO, Cine, FrameMode, FramePlan, cine_of, frame_plan, pick_ed_es
 from .summary import Summary, agreement_summary
 from .terminology import register_module_terminology
 
 __all__ = [
-    "BundleChoiceError", "bundle_classes", "bundle_config", "bundle_label", "folder_text", "resolve_bundle",
+    "BundleChoiceError",
+    "bundle_classes",
+    "bundle_config",
+    "bundle_label",
+    "folder_text",
+    "resolve_bundle",
     "shipped_bundle_dir",
-    "REQUIREMENTS", "Requirement", "missing_requirements",
-    "JobMonitor", "JobOptions", "SegmentationJob", "engine_dir_of", "one_line",
-    "OVERLAY_CHOICES", "ROLE_ATTRIBUTE", "OutputError", "OutputNodes", "Summary", "agreement_summary",
-    "find_outputs", "load_outputs", "release_outputs", "remove_outputs", "set_overlay_opacity", "show_overlay",
-    "CANCELLED", "FAILED", "IDLE", "RUNNING", "SUCCEEDED", "CardsegRun", "Progress", "SegmentCommand",
-    "extract_error", "parse_progress_line",
-    "ClickGuard", "connect_gui", "default_input", "elapsed_text", "safe_file_name", "watched_nodes_gone",
-    "fill_region_table", "region_table", "show_cine_choices",
-    "CineJob", "export_cine_review", "indices_lines", "read_indices",
-    "AUTO", "Cine", "FrameMode", "FramePlan", "cine_of", "frame_plan", "pick_ed_es",
-    "STATUSES", "export_review", "has_decisions", "review_counts", "review_rows", "set_region_status",
-    "show_region", "register_module_terminology",
+    "REQUIREMENTS",
+    "Requirement",
+    "missing_requirements",
+    "JobMonitor",
+    "JobOptions",
+    "SegmentationJob",
+    "engine_dir_of",
+    "one_line",
+    "OVERLAY_CHOICES",
+    "ROLE_ATTRIBUTE",
+    "OutputError",
+    "OutputNodes",
+    "Summary",
+    "agreement_summary",
+    "find_outputs",
+    "load_outputs",
+    "release_outputs",
+    "remove_outputs",
+    "set_overlay_opacity",
+    "show_overlay",
+    "CANCELLED",
+    "FAILED",
+    "IDLE",
+    "RUNNING",
+    "SUCCEEDED",
+    "CardsegRun",
+    "Progress",
+    "SegmentCommand",
+    "extract_error",
+    "parse_progress_line",
+    "ClickGuard",
+    "connect_gui",
+    "default_input",
+    "elapsed_text",
+    "safe_file_name",
+    "watched_nodes_gone",
+    "fill_region_table",
+    "region_table",
+    "show_cine_choices",
+    "CineJob",
+    "export_cine_review",
+    "indices_lines",
+    "read_indices",
+    "AUTO",
+    "Cine",
+    "FrameMode",
+    "FramePlan",
+    "cine_of",
+    "frame_plan",
+    "pick_ed_es",
+    "STATUSES",
+    "export_review",
+    "has_decisions",
+    "review_counts",
+    "review_rows",
+    "set_region_status",
+    "show_region",
+    "register_module_terminology",
 ]

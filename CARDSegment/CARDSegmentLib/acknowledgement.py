@@ -83,8 +83,9 @@ def ensure_acknowledged(config: Mapping, settings, ask: Callable[[str, str], boo
     return True
 
 
-def ensure_acknowledged_for_bundle(bundle_path: Optional[os.PathLike], module_dir: os.PathLike, settings,
-                                   ask: Callable[[str, str], bool]) -> bool:
+def ensure_acknowledged_for_bundle(
+    bundle_path: Optional[os.PathLike], module_dir: os.PathLike, settings, ask: Callable[[str, str], bool]
+) -> bool:
     """:func:`ensure_acknowledged` for the bundle a run will use: ``bundle_path`` (a
     :class:`~.jobs.JobOptions`' ``bundle_path``; None means the shipped default) read from its
     ``bundle.json`` (a :class:`~.bundles.BundleChoiceError` when it cannot be read)."""

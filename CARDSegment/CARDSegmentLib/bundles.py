@@ -26,7 +26,8 @@ def resolve_bundle(use_shipped: bool, folder: Optional[os.PathLike], module_dir:
         if not (path / "bundle.json").is_file():
             raise BundleChoiceError(
                 "the trained default bundle is not shipped with this version yet; choose a bundle folder "
-                "(an untrained one for trying the module out: cardseg init-bundle FOLDER)")
+                "(an untrained one for trying the module out: cardseg init-bundle FOLDER)"
+            )
         return path
     if not folder_text(folder):
         raise BundleChoiceError("choose a bundle folder (it holds bundle.json and two .safetensors files)")
@@ -51,8 +52,9 @@ def bundle_config(path: os.PathLike) -> dict:
     except (OSError, ValueError) as exc:
         raise BundleChoiceError(f"{p}: unreadable ({exc})") from None
     if not isinstance(config, dict):
-        raise BundleChoiceError(f"{p}: not a bundle description (a JSON {type(config).__name__}, "
-                                "where a JSON object was expected)")
+        raise BundleChoiceError(
+            f"{p}: not a bundle description (a JSON {type(config).__name__}, where a JSON object was expected)"
+        )
     return config
 
 
@@ -65,7 +67,7 @@ def bundle_classes(path: os.PathLike) -> List[dict]:
 
 
 def bundle_label(path: os.PathLike) -> str:
-    """"name version" of a bundle, for the panel."""
+    """ "name version" of a bundle, for the panel."""
     ident = bundle_config(path).get("id")
     ident = ident if isinstance(ident, dict) else {}
     return f"{ident.get('name', '?')} {ident.get('version', '')}".strip()

@@ -70,12 +70,16 @@ def odd_frame(cine: Cine, frames, shown_volume) -> Optional[str]:
     every frame's results are drawn on it), else None."""
     for frame in frames:
         volume = cine.frame_volume(frame)
-        if (image_dimensions(volume) != image_dimensions(shown_volume)
-                or np.abs(ijk_to_ras(volume) - ijk_to_ras(shown_volume)).max() > GEOMETRY_TOLERANCE_MM):
+        if (
+            image_dimensions(volume) != image_dimensions(shown_volume)
+            or np.abs(ijk_to_ras(volume) - ijk_to_ras(shown_volume)).max() > GEOMETRY_TOLERANCE_MM
+        ):
             mine, shown = grid_text(volume), grid_text(shown_volume)
             where = f"{mine} against {shown}" if mine != shown else f"{mine}, placed or turned differently"
-            return (f"{cine.frame_label(frame)} of '{shown_volume.GetName()}' is on another grid than the shown "
-                    f"{cine.frame_label(cine.shown)} ({where}); the frames of a sequence must share one grid")
+            return (
+                f"{cine.frame_label(frame)} of '{shown_volume.GetName()}' is on another grid than the shown "
+                f"{cine.frame_label(cine.shown)} ({where}); the frames of a sequence must share one grid"
+            )
     return None
 
 
@@ -94,8 +98,9 @@ def write_manifest(path: Path, frames, ed: Optional[int] = None, es: Optional[in
             writer.writerow([case_name(frame), f"frames/{case_name(frame)}.nrrd", phase, SUBJECT if phase else ""])
 
 
-def failed_frames(cohort_csv: Path, describe: Callable[[object, str], str] = lambda f, error: f"frame {f}: {error}"
-                  ) -> Optional[str]:
+def failed_frames(
+    cohort_csv: Path, describe: Callable[[object, str], str] = lambda f, error: f"frame {f}: {error}"
+) -> Optional[str]:
     """``frame 2: <the engine's one line>`` (``describe(frame, line)``) for the first frame the batch's
     table marks failed (None: none)."""
     try:
@@ -114,9 +119,17 @@ def failed_frames(cohort_csv: Path, describe: Callable[[object, str], str] = lam
 class CineJob:
     """Segment and calibrate the frames of ``plan`` of a cine sequence; load them frame by frame."""
 
-    def __init__(self, scene, input_volume, cine: Cine, plan: FramePlan, options: Optional[JobOptions] = None,
-                 launcher: Optional[proc.Launcher] = None, on_progress: Optional[Callable] = None,
-                 run_factory: Optional[RunFactory] = None):
+    def __init__(
+        self,
+        scene,
+        input_volume,
+        cine: Cine,
+        plan: FramePlan,
+        options: Optional[JobOptions] = None,
+        launcher: Optional[proc.Launcher] = None,
+        on_progress: Optional[Callable] = None,
+        run_factory: Optional[RunFactory] = None,
+    ):
         self.scene, self.input_volume, self.cine, self.plan = scene, input_volume, cine, plan
         self.options = options or JobOptions()
         self.launcher, self.on_progress = launcher, on_progress
@@ -280,9 +293,16 @@ class CineJob:
                 self._classes = bundle_classes(self.options.bundle_path)
             if self._loading < len(self.plan.frames):
                 frame = self.plan.frames[self._loading]
-                self._pending.append(prepare_outputs(
-                    self.scene, self.input_volume, self.frame_dir(frame), self._classes,
-                    self.options.load_probabilities, frame=frame))
+                self._pending.append(
+                    prepare_outputs(
+                        self.scene,
+                        self.input_volume,
+                        self.frame_dir(frame),
+                        self._classes,
+                        self.options.load_probabilities,
+                        frame=frame,
+                    )
+                )
                 self._loading += 1
                 self._made |= node_ids(self.scene) - before
                 self._report_progress()
@@ -311,11 +331,14 @@ class CineJob:
         shown = self.cine.shown
         for pending in self._pending:
             o = self.options
-            self.outputs[pending.frame] = commit_outputs(self.scene, self.input_volume, pending, o.overlay, o.opacity,
-                                                         show=pending.frame == shown)
+            self.outputs[pending.frame] = commit_outputs(
+                self.scene, self.input_volume, pending, o.overlay, o.opacity, show=pending.frame == shown
+            )
         commit_indices(self.scene, self.input_volume, self._indices_table, replaced=list(self.outputs))
-        segmentations = {f: find_outputs(self.scene, self.input_volume, f).segmentation
-                          for f in segmented_frames(self.scene, self.input_volume)}
+        segmentations = {
+            f: find_outputs(self.scene, self.input_volume, f).segmentation
+            for f in segmented_frames(self.scene, self.input_volume)
+        }
         follow_frame(self.scene, segmentations, shown)  # the shown frame's segmentation only
         self._pending, self._indices_table, self._made = [], None, set()
 

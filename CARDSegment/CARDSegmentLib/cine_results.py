@@ -73,24 +73,50 @@ def indices_from_subjects(path: os.PathLike, ed: int, es: int) -> dict:
     p = Path(path)
     none = {"category": "", "straddles": None}
     if not p.is_file():
-        return {"ed": ed, "es": es, "nominal": None, "error": "the engine wrote no cardiac indices", "indices": [],
-                **none}
+        return {
+            "ed": ed,
+            "es": es,
+            "nominal": None,
+            "error": "the engine wrote no cardiac indices",
+            "indices": [],
+            **none,
+        }
     with open(p, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f)
         columns = reader.fieldnames or []
         row = next((r for r in reader if r.get("subject") == SUBJECT), None)
     if row is None:
-        return {"ed": ed, "es": es, "nominal": None, "error": "no cardiac indices for the ED and ES frames",
-                "indices": [], **none}
+        return {
+            "ed": ed,
+            "es": es,
+            "nominal": None,
+            "error": "no cardiac indices for the ED and ES frames",
+            "indices": [],
+            **none,
+        }
     names = [c for c in columns if f"{c}_low" in columns and f"{c}_high" in columns]
     error = (row.get("error") or "").strip()
-    indices = [{"name": n, "value": _number(row.get(n)), "low": _number(row.get(f"{n}_low")),
-                "high": _number(row.get(f"{n}_high"))} for n in names if not math.isnan(_number(row.get(n)))]
+    indices = [
+        {
+            "name": n,
+            "value": _number(row.get(n)),
+            "low": _number(row.get(f"{n}_low")),
+            "high": _number(row.get(f"{n}_high")),
+        }
+        for n in names
+        if not math.isnan(_number(row.get(n)))
+    ]
     nominal = _number(row.get("nominal"))
     category = str(row.get("LVEF_category") or "").strip()  # the engine leaves it out where it must
-    return {"ed": int(ed), "es": int(es), "nominal": None if math.isnan(nominal) else nominal, "error": error,
-            "indices": indices, "category": category,
-            "straddles": _flag(row.get("LVEF_straddles")) if category else None}
+    return {
+        "ed": int(ed),
+        "es": int(es),
+        "nominal": None if math.isnan(nominal) else nominal,
+        "error": error,
+        "indices": indices,
+        "category": category,
+        "straddles": _flag(row.get("LVEF_straddles")) if category else None,
+    }
 
 
 def make_indices_table(scene, input_volume, indices: dict):
@@ -99,8 +125,14 @@ def make_indices_table(scene, input_volume, indices: dict):
 
     name = scene.GenerateUniqueName(f"{input_volume.GetName()} CARD indices")
     table = scene.AddNewNodeByClass("vtkMRMLTableNode", name)
-    columns = {"index": vtk.vtkStringArray(), "label": vtk.vtkStringArray(), "value": vtk.vtkDoubleArray(),
-               "low": vtk.vtkDoubleArray(), "high": vtk.vtkDoubleArray(), "unit": vtk.vtkStringArray()}
+    columns = {
+        "index": vtk.vtkStringArray(),
+        "label": vtk.vtkStringArray(),
+        "value": vtk.vtkDoubleArray(),
+        "low": vtk.vtkDoubleArray(),
+        "high": vtk.vtkDoubleArray(),
+        "unit": vtk.vtkStringArray(),
+    }
     for key, arr in columns.items():
         arr.SetName(key)
     for item in indices["indices"]:
@@ -130,13 +162,22 @@ def read_indices(table) -> Optional[dict]:
     t = table.GetTable()
     rows = []
     for i in range(table.GetNumberOfRows()):
-        rows.append({"name": t.GetColumnByName("index").GetValue(i),
-                     **{k: float(t.GetColumnByName(k).GetValue(i)) for k in ("value", "low", "high")}})
+        rows.append(
+            {
+                "name": t.GetColumnByName("index").GetValue(i),
+                **{k: float(t.GetColumnByName(k).GetValue(i)) for k in ("value", "low", "high")},
+            }
+        )
     nominal = table.GetAttribute(NOMINAL_ATTRIBUTE)
-    return {"ed": int(table.GetAttribute(ED_ATTRIBUTE)), "es": int(table.GetAttribute(ES_ATTRIBUTE)),
-            "nominal": float(nominal) if nominal else None, "error": table.GetAttribute(ERROR_ATTRIBUTE) or "",
-            "indices": rows, "category": table.GetAttribute(CATEGORY_ATTRIBUTE) or "",
-            "straddles": _flag(table.GetAttribute(STRADDLES_ATTRIBUTE))}
+    return {
+        "ed": int(table.GetAttribute(ED_ATTRIBUTE)),
+        "es": int(table.GetAttribute(ES_ATTRIBUTE)),
+        "nominal": float(nominal) if nominal else None,
+        "error": table.GetAttribute(ERROR_ATTRIBUTE) or "",
+        "indices": rows,
+        "category": table.GetAttribute(CATEGORY_ATTRIBUTE) or "",
+        "straddles": _flag(table.GetAttribute(STRADDLES_ATTRIBUTE)),
+    }
 
 
 def commit_indices(scene, input_volume, table, replaced: List[int]) -> None:
@@ -179,8 +220,9 @@ def indices_lines(indices: Optional[dict], frame_label=str) -> List[str]:
     lines = [f"{head}; {level} from the bundle"]
     for item in indices["indices"]:
         unit = index_unit(item["name"])
-        lines.append(f"{index_label(item['name'])}: {_fmt(item['value'])} {unit} "
-                     f"({_fmt(item['low'])} to {_fmt(item['high'])})")
+        lines.append(
+            f"{index_label(item['name'])}: {_fmt(item['value'])} {unit} ({_fmt(item['low'])} to {_fmt(item['high'])})"
+        )
     category = category_line(indices)
     if category:
         names = [item["name"] for item in indices["indices"]]
@@ -192,8 +234,12 @@ def indices_lines(indices: Optional[dict], frame_label=str) -> List[str]:
 
 #: the cine export's CSV columns: a record kind and frame, the review's columns, the indices' (the
 #: LVEF category and straddle flag on the LVEF row, as ``subjects.csv`` has them)
-CINE_CSV_FIELDS = ("record", "frame") + CSV_FIELDS + ("index", "value", "low", "high", "unit", "nominal",
-                                                      "ed_frame", "es_frame") + CATEGORY_COLUMNS
+CINE_CSV_FIELDS = (
+    ("record", "frame")
+    + CSV_FIELDS
+    + ("index", "value", "low", "high", "unit", "nominal", "ed_frame", "es_frame")
+    + CATEGORY_COLUMNS
+)
 
 
 def cine_review_csv(frames: Dict[int, OutputNodes], indices: Optional[dict]) -> str:
@@ -210,10 +256,21 @@ def cine_review_csv(frames: Dict[int, OutputNodes], indices: Optional[dict]) -> 
     for item in (indices or {}).get("indices", []):
         category = (indices.get("category") or "") if item["name"] == "LVEF" else ""
         straddles = indices.get("straddles") if category else None
-        writer.writerow({"record": "index", "index": item["name"], "value": item["value"], "low": item["low"],
-                         "high": item["high"], "unit": index_unit(item["name"]), "nominal": indices["nominal"],
-                         "ed_frame": indices["ed"], "es_frame": indices["es"], "LVEF_category": category,
-                         "LVEF_straddles": "" if straddles is None else str(bool(straddles)).lower()})
+        writer.writerow(
+            {
+                "record": "index",
+                "index": item["name"],
+                "value": item["value"],
+                "low": item["low"],
+                "high": item["high"],
+                "unit": index_unit(item["name"]),
+                "nominal": indices["nominal"],
+                "ed_frame": indices["ed"],
+                "es_frame": indices["es"],
+                "LVEF_category": category,
+                "LVEF_straddles": "" if straddles is None else str(bool(straddles)).lower(),
+            }
+        )
     return out.getvalue()
 
 
@@ -223,15 +280,21 @@ def export_cine_review(scene, input_volume, frames: Dict[int, OutputNodes], path
     or non-finite number as ``null``, never a bare ``NaN``: :func:`~.review.json_text`), both UTF-8
     (the CSV without a byte-order mark) and written whole or not at all (:func:`~.review.write_text_atomic`)."""
     p = Path(path)
-    indices_nodes = [n for n in output_nodes_of(scene, input_volume, None)
-                     if n.GetAttribute("CARDSegment.Role") == "indices"]
+    indices_nodes = [
+        n for n in output_nodes_of(scene, input_volume, None) if n.GetAttribute("CARDSegment.Role") == "indices"
+    ]
     indices = read_indices(indices_nodes[0]) if indices_nodes else None
     if not any(o.review is not None for o in frames.values()) and indices is None:
         raise KeyError("no review table for this sequence")
     if p.suffix.lower() == ".json":
-        doc = {"frames": {str(f): review_document(o.review, read_report(o.report))
-                          for f, o in sorted(frames.items()) if o.review is not None},
-               "indices": indices}
+        doc = {
+            "frames": {
+                str(f): review_document(o.review, read_report(o.report))
+                for f, o in sorted(frames.items())
+                if o.review is not None
+            },
+            "indices": indices,
+        }
         write_text_atomic(p, json_text(doc))
     elif p.suffix.lower() == ".csv":
         write_text_atomic(p, cine_review_csv(frames, indices))

@@ -81,8 +81,9 @@ def installed_version(distribution: str) -> Optional[str]:
         return None
 
 
-def missing_requirements(find_spec: Callable = importlib.util.find_spec,
-                         version_of: Callable[[str], Optional[str]] = installed_version) -> List[Requirement]:
+def missing_requirements(
+    find_spec: Callable = importlib.util.find_spec, version_of: Callable[[str], Optional[str]] = installed_version
+) -> List[Requirement]:
     """The requirements that cannot be imported or are older than their minimum version."""
     missing = []
     for req in REQUIREMENTS:
@@ -100,8 +101,7 @@ def describe(missing: List[Requirement]) -> str:
     torch = any(r.module == "torch" for r in missing)
     text = f"CARDSegment needs these Python packages, which are not installed yet: {names}."
     if torch:
-        text += (" PyTorch is installed through the PyTorch extension and can take several minutes and"
-                 " a few gigabytes.")
+        text += " PyTorch is installed through the PyTorch extension and can take several minutes and a few gigabytes."
     return text + " Install them now?"
 
 
@@ -128,13 +128,14 @@ def torch_too_old(version_of: Callable[[str], Optional[str]] = installed_version
     have, need = version_of("torch"), requirement("torch").minimum
     if not have or is_new_enough(have, need):
         return None
-    return (f"PyTorch {have} is installed, but CARDSegment needs PyTorch {need} or later (for MONAI "
-            f"{requirement('monai').minimum} or later). Open the 'PyTorch Utils' module, uninstall PyTorch, "
-            "restart Slicer and click 'Segment & Calibrate' again: it installs a current PyTorch.")
+    return (
+        f"PyTorch {have} is installed, but CARDSegment needs PyTorch {need} or later (for MONAI "
+        f"{requirement('monai').minimum} or later). Open the 'PyTorch Utils' module, uninstall PyTorch, "
+        "restart Slicer and click 'Segment & Calibrate' again: it installs a current PyTorch."
+    )
 
 
-def pip_specs(missing: List[Requirement],
-              version_of: Callable[[str], Optional[str]] = installed_version) -> List[str]:
+def pip_specs(missing: List[Requirement], version_of: Callable[[str], Optional[str]] = installed_version) -> List[str]:
     """The ``pip install`` arguments for the missing requirements other than torch.
 
     When torch is installed, it is pinned to its installed version (``torch==2.5.1+cu124``), so that

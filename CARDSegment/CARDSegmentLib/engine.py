@@ -45,15 +45,24 @@ def engine_argv(command: proc.SegmentCommand) -> List[str]:
 
 def launch_key(command: proc.SegmentCommand) -> Tuple:
     """What a running engine must share with a run to serve it (else it is started again)."""
-    return (command.python_executable or proc.default_python_executable(), command.engine_dir,
-            tuple(sorted(command.extra_env.items())))
+    return (
+        command.python_executable or proc.default_python_executable(),
+        command.engine_dir,
+        tuple(sorted(command.extra_env.items())),
+    )
 
 
 def request_of(command: proc.SegmentCommand, rid: int) -> Dict[str, object]:
     """The JSON request for one run: the options :meth:`~.process.SegmentCommand.argv` passes."""
     command.argv()  # the same refusal of a wrong device or method as a one-shot run
-    request: Dict[str, object] = {"id": rid, "input": str(command.input_path), "output": str(command.output_dir),
-                                  "device": command.device, "method": command.method, "overwrite": True}
+    request: Dict[str, object] = {
+        "id": rid,
+        "input": str(command.input_path),
+        "output": str(command.output_dir),
+        "device": command.device,
+        "method": command.method,
+        "overwrite": True,
+    }
     if command.bundle_path:
         request["bundle"] = str(command.bundle_path)
     if command.threads:
@@ -120,9 +129,13 @@ def pipe_launcher(argv: List[str], env: Dict[str, str], cwd: Optional[str] = Non
 class EngineRun:
     """One segmentation through the :class:`Engine`, with :class:`~.process.CardsegRun`'s interface."""
 
-    def __init__(self, engine: "Engine", command: proc.SegmentCommand,
-                 on_progress: Optional[Callable[[proc.Progress], None]] = None,
-                 one_shot_launcher: Optional[proc.Launcher] = None):
+    def __init__(
+        self,
+        engine: "Engine",
+        command: proc.SegmentCommand,
+        on_progress: Optional[Callable[[proc.Progress], None]] = None,
+        one_shot_launcher: Optional[proc.Launcher] = None,
+    ):
         self.engine = engine
         self.command = command
         self.on_progress = on_progress
@@ -218,7 +231,7 @@ class EngineRun:
             self.progress.fraction = 1.0
         self.state, self.error = state, error
         self.finished_at = time.monotonic()
-        del self.log[:-proc.LOG_LINES]
+        del self.log[: -proc.LOG_LINES]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -258,14 +271,22 @@ class Engine:
     def busy(self) -> bool:
         return self.current is not None and self.current.running
 
-    def run(self, command: proc.SegmentCommand, on_progress: Optional[Callable[[proc.Progress], None]] = None,
-            one_shot_launcher: Optional[proc.Launcher] = None) -> EngineRun:
+    def run(
+        self,
+        command: proc.SegmentCommand,
+        on_progress: Optional[Callable[[proc.Progress], None]] = None,
+        one_shot_launcher: Optional[proc.Launcher] = None,
+    ) -> EngineRun:
         """A run of ``command`` through this engine (not started yet: call its ``start``);
         ``one_shot_launcher`` starts its fallback process (None: a real one)."""
         return EngineRun(self, command, on_progress, one_shot_launcher)
 
-    def run_factory(self, command: proc.SegmentCommand, launcher: Optional[proc.Launcher] = None,
-                    on_progress: Optional[Callable[[proc.Progress], None]] = None):
+    def run_factory(
+        self,
+        command: proc.SegmentCommand,
+        launcher: Optional[proc.Launcher] = None,
+        on_progress: Optional[Callable[[proc.Progress], None]] = None,
+    ):
         """``cine.RunFactory``'s signature: an :class:`EngineRun` for a plain ``cardseg segment``
         command, else (a subclass such as ``cardseg batch``'s, or an engine for this interpreter
         that never got ready) the one-shot :class:`~.process.CardsegRun` with ``launcher``."""
@@ -383,7 +404,7 @@ class Engine:
                     run.returncode = event.get("code")
                     run.finish(proc.FAILED, str(event.get("error") or "the engine failed"))
                 run = None
-        del self.log[:-proc.LOG_LINES]
+        del self.log[: -proc.LOG_LINES]
 
 
 def parse_event(line: str) -> Optional[dict]:

@@ -64,8 +64,9 @@ def image_dimensions(volume_node) -> Optional[Tuple[int, int, int]]:
 def adopt_geometry(node, input_volume, what: str) -> None:
     """Check that ``node`` lies on the input's grid, then give it the input's exact matrix."""
     if image_dimensions(node) != image_dimensions(input_volume):
-        raise OutputError(f"{what}: grid {image_dimensions(node)} differs from the input's "
-                          f"{image_dimensions(input_volume)}")
+        raise OutputError(
+            f"{what}: grid {image_dimensions(node)} differs from the input's {image_dimensions(input_volume)}"
+        )
     ref = ijk_to_ras(input_volume)
     diff = float(np.abs(ijk_to_ras(node) - ref).max())
     if diff > GEOMETRY_TOLERANCE_MM:

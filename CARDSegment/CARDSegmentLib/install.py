@@ -81,14 +81,17 @@ def _install_torch() -> None:
     try:
         import PyTorchUtils
     except ModuleNotFoundError:
-        raise DependencyDeclined("CARDSegment needs the PyTorch extension: install it with the Extensions Manager, "
-                                 "restart Slicer and try again.") from None
+        raise DependencyDeclined(
+            "CARDSegment needs the PyTorch extension: install it with the Extensions Manager, "
+            "restart Slicer and try again."
+        ) from None
     torch_logic = PyTorchUtils.PyTorchUtilsLogic()
     if not torch_logic.torchInstalled():
         own_dialogs = slicer_shows_install_dialogs(slicer_version())
-        with (contextlib.nullcontext() if own_dialogs else slicer.util.WaitCursor()):
-            torch = torch_logic.installTorch(askConfirmation=False,
-                                             torchVersionRequirement=deps.torch_version_requirement())
+        with contextlib.nullcontext() if own_dialogs else slicer.util.WaitCursor():
+            torch = torch_logic.installTorch(
+                askConfirmation=False, torchVersionRequirement=deps.torch_version_requirement()
+            )
         if torch is None:
             raise DependencyDeclined("PyTorch was not installed, so CARDSegment cannot segment yet.")
 
@@ -112,7 +115,8 @@ def ensure_dependencies(ask_confirmation: bool = True) -> None:
         raise DependencyDeclined(
             "Nothing was installed, so CARDSegment cannot segment yet. It needs: "
             + ", ".join(r.pip_spec for r in missing)
-            + ". Click 'Segment & Calibrate' again to install them.")
+            + ". Click 'Segment & Calibrate' again to install them."
+        )
     if any(r.module == "torch" for r in missing):
         _install_torch()
     others = deps.pip_specs(missing)  # the installed torch pinned: pip must not replace it

@@ -59,9 +59,17 @@ class JobOptions:
     def command(self, input_path, output_dir, kind=None) -> "proc.SegmentCommand":
         """The engine run these options ask for: ``kind`` (default ``SegmentCommand``) on ``input_path``."""
         return (kind or proc.SegmentCommand)(
-            input_path=str(input_path), output_dir=str(output_dir), bundle_path=self.bundle_path, device=self.device,
-            method=self.method, python_executable=self.python_executable, engine_dir=self.engine_dir,
-            threads=self.threads, batch_size=self.batch_size, review_map=self.review_map)
+            input_path=str(input_path),
+            output_dir=str(output_dir),
+            bundle_path=self.bundle_path,
+            device=self.device,
+            method=self.method,
+            python_executable=self.python_executable,
+            engine_dir=self.engine_dir,
+            threads=self.threads,
+            batch_size=self.batch_size,
+            review_map=self.review_map,
+        )
 
     def check(self) -> None:
         """Refuse a wrong device or method (ValueError naming it) before any file is written."""
@@ -71,9 +79,15 @@ class JobOptions:
 class SegmentationJob:
     """Segment and calibrate one input volume in a separate process, then load the results."""
 
-    def __init__(self, scene, input_volume, options: Optional[JobOptions] = None,
-                 launcher: Optional[proc.Launcher] = None,
-                 on_progress: Optional[Callable[[proc.Progress], None]] = None, run_factory=None):
+    def __init__(
+        self,
+        scene,
+        input_volume,
+        options: Optional[JobOptions] = None,
+        launcher: Optional[proc.Launcher] = None,
+        on_progress: Optional[Callable[[proc.Progress], None]] = None,
+        run_factory=None,
+    ):
         self.scene = scene
         self.input_volume = input_volume
         self.options = options or JobOptions()
@@ -98,8 +112,9 @@ class SegmentationJob:
         """The one-line error; a temporary path in it reads as what it held (the files are gone)."""
         volume = f"volume '{self.input_volume.GetName()}'" if self.input_volume is not None else "the input volume"
         names = {str(self.input_path): volume, str(self.output_dir): f"the results of {volume}"}
-        return proc.name_paths(self._error or (self.run.error if self.run is not None else None),
-                               names if self.work_dir else {})
+        return proc.name_paths(
+            self._error or (self.run.error if self.run is not None else None), names if self.work_dir else {}
+        )
 
     @property
     def progress(self) -> proc.Progress:
@@ -185,9 +200,15 @@ class SegmentationJob:
             if classes is None and self.options.bundle_path:
                 classes = bundle_classes(self.options.bundle_path)
             o = self.options
-            self.outputs = load_outputs(self.scene, self.input_volume, self.output_dir, classes=classes,
-                                        load_probabilities=o.load_probabilities, overlay=o.overlay,
-                                        opacity=o.opacity)
+            self.outputs = load_outputs(
+                self.scene,
+                self.input_volume,
+                self.output_dir,
+                classes=classes,
+                load_probabilities=o.load_probabilities,
+                overlay=o.overlay,
+                opacity=o.opacity,
+            )
         except Exception as exc:  # noqa: BLE001 - whatever broke, the scene is as before and one line says why
             message = one_line(exc)
             self._fail(message)
@@ -388,14 +409,16 @@ def engine_action(keep_warm: bool, engine_open: bool, engine_alive: bool, runnin
     return LEAVE_ENGINE if engine_alive else START_ENGINE
 
 
-def ready_to_warm_up(options: JobOptions, module_dir: os.PathLike, settings,
-                     missing: Optional[Callable[[], list]] = None) -> bool:
+def ready_to_warm_up(
+    options: JobOptions, module_dir: os.PathLike, settings, missing: Optional[Callable[[], list]] = None
+) -> bool:
     """Whether the engine may start before any click: the packages it needs are installed
     (``missing()``, default :func:`~.dependencies.missing_requirements`, is empty) and the
     research-use terms of ``options``' bundle need no agreement or were agreed (a click asks for
     both first; nothing is asked here)."""
     return not (missing or missing_requirements)() and ensure_acknowledged_for_bundle(
-        options.bundle_path, module_dir, settings, lambda title, text: False)
+        options.bundle_path, module_dir, settings, lambda title, text: False
+    )
 
 
 class EngineChoice:
@@ -432,8 +455,7 @@ class EngineChoice:
         Never raises: it runs when the module is entered. Starting only launches the process.
         """
         engine = logic.engine
-        action = engine_action(self.keep_warm, engine is not None, engine is not None and engine.alive,
-                               logic.isRunning)
+        action = engine_action(self.keep_warm, engine is not None, engine is not None and engine.alive, logic.isRunning)
         try:
             if action == STOP_ENGINE:
                 logic.closeEngine()

@@ -17,8 +17,20 @@ import numpy as np
 
 from . import terminology
 from .geometry import GEOMETRY_TOLERANCE_MM, adopt_geometry, ijk_to_ras
-from .outputs import (BUNDLE_ATTRIBUTE, METHOD_ATTRIBUTE, REPORT_REFERENCE, REVIEW_REFERENCE, ROLES, OutputError,
-                      OutputNodes, all_nodes, output_nodes_of, read_report, remove_node, tag_output)
+from .outputs import (
+    BUNDLE_ATTRIBUTE,
+    METHOD_ATTRIBUTE,
+    REPORT_REFERENCE,
+    REVIEW_REFERENCE,
+    ROLES,
+    OutputError,
+    OutputNodes,
+    all_nodes,
+    output_nodes_of,
+    read_report,
+    remove_node,
+    tag_output,
+)
 from .overlays import show_overlay, style_overlay
 from .region_outlines import load_region_outlines
 from .review import create_review_table
@@ -38,8 +50,10 @@ def _check_labelmap_grid(segmentation, input_volume) -> None:
         labelmap.GetImageToWorldMatrix(m)
         world = np.array([[m.GetElement(r, c) for c in range(4)] for r in range(4)])
         corner = np.array([labelmap.GetExtent()[0], labelmap.GetExtent()[2], labelmap.GetExtent()[4], 1.0])
-        if (np.abs(world[:3, :3] - ref[:3, :3]).max() > GEOMETRY_TOLERANCE_MM
-                or np.abs(world @ corner - ref @ corner).max() > GEOMETRY_TOLERANCE_MM):
+        if (
+            np.abs(world[:3, :3] - ref[:3, :3]).max() > GEOMETRY_TOLERANCE_MM
+            or np.abs(world @ corner - ref @ corner).max() > GEOMETRY_TOLERANCE_MM
+        ):
             raise OutputError("segmentation: its grid is not the input volume's")
 
 
@@ -103,16 +117,32 @@ def _text_node(scene, name: str, text: str):
 
 def output_names(base: str) -> Dict[str, str]:
     """The node name of each output role for an input volume named ``base``."""
-    return {"segmentation": f"{base} CARD segmentation", "disagreement": f"{base} disagreement",
-            "temperature": f"{base} temperature", "probabilities": f"{base} probabilities",
-            "report": f"{base} CARD report", "review": f"{base} CARD review", "regions": f"{base} CARD regions"}
+    return {
+        "segmentation": f"{base} CARD segmentation",
+        "disagreement": f"{base} disagreement",
+        "temperature": f"{base} temperature",
+        "probabilities": f"{base} probabilities",
+        "report": f"{base} CARD report",
+        "review": f"{base} CARD review",
+        "regions": f"{base} CARD regions",
+    }
 
 
-def _make_nodes(scene, input_volume, out_dir: Path, report: dict, names: Dict[str, str], new: OutputNodes,
-                classes: Optional[List[dict]], load_probabilities: bool, frame: Optional[int] = None) -> None:
+def _make_nodes(
+    scene,
+    input_volume,
+    out_dir: Path,
+    report: dict,
+    names: Dict[str, str],
+    new: OutputNodes,
+    classes: Optional[List[dict]],
+    load_probabilities: bool,
+    frame: Optional[int] = None,
+) -> None:
     """Fill ``new`` with the nodes of one output folder (on error, what was made stays in ``new``)."""
-    new.segmentation = load_segmentation(scene, input_volume, out_dir / "segmentation.seg.nrrd",
-                                         scene.GenerateUniqueName(names["segmentation"]), classes)
+    new.segmentation = load_segmentation(
+        scene, input_volume, out_dir / "segmentation.seg.nrrd", scene.GenerateUniqueName(names["segmentation"]), classes
+    )
     for role in ("disagreement", "temperature"):
         path = out_dir / f"{role}.nii.gz"
         if path.is_file():
@@ -123,20 +153,21 @@ def _make_nodes(scene, input_volume, out_dir: Path, report: dict, names: Dict[st
         path = out_dir / "probabilities.nii.gz"
         if not path.is_file():
             raise OutputError(f"the engine wrote no {path.name}")
-        new.probabilities = load_scalar(scene, input_volume, path,
-                                        scene.GenerateUniqueName(names["probabilities"]), "vtkMRMLVectorVolumeNode")
+        new.probabilities = load_scalar(
+            scene, input_volume, path, scene.GenerateUniqueName(names["probabilities"]), "vtkMRMLVectorVolumeNode"
+        )
         components = [str(c.get("name")) for c in (classes or [])]
         new.probabilities.SetAttribute("CARDSegment.Components", json.dumps(components))
     new.report = _text_node(scene, scene.GenerateUniqueName(names["report"]), json.dumps(report, indent=1))
     new.segmentation.SetNodeReferenceID(REPORT_REFERENCE, new.report.GetID())
     if report.get("method") == "card":
-        new.review = create_review_table(scene, report.get("regions") or [],
-                                         scene.GenerateUniqueName(names["review"]))
+        new.review = create_review_table(scene, report.get("regions") or [], scene.GenerateUniqueName(names["review"]))
         new.segmentation.SetNodeReferenceID(REVIEW_REFERENCE, new.review.GetID())
         path = out_dir / "regions.nii.gz"
         if path.is_file():  # the regions' own voxels, outlined (not their bounding boxes)
-            new.regions = load_region_outlines(scene, input_volume, path, scene.GenerateUniqueName(names["regions"]),
-                                               report.get("regions") or [])
+            new.regions = load_region_outlines(
+                scene, input_volume, path, scene.GenerateUniqueName(names["regions"]), report.get("regions") or []
+            )
     bundle = (report.get("bundle") or {}).get("id", "")
     for role in ROLES:
         node = getattr(new, role)
@@ -161,9 +192,15 @@ def frame_base_name(name: str, frame: Optional[int]) -> str:
     return base if frame is None else f"{base} frame {int(frame)}"
 
 
-def prepare_outputs(scene, input_volume, output_dir: os.PathLike, classes: Optional[List[dict]] = None,
-                    load_probabilities: bool = False, base_name: Optional[str] = None,
-                    frame: Optional[int] = None) -> PendingOutputs:
+def prepare_outputs(
+    scene,
+    input_volume,
+    output_dir: os.PathLike,
+    classes: Optional[List[dict]] = None,
+    load_probabilities: bool = False,
+    base_name: Optional[str] = None,
+    frame: Optional[int] = None,
+) -> PendingOutputs:
     """Make the nodes of one ``cardseg segment`` output folder beside the earlier ones.
 
     On any error every node made on the way is removed again (the scene is as it was) and the
@@ -201,8 +238,9 @@ def discard_outputs(scene, pending: PendingOutputs, existing: Optional[set] = No
                 scene.RemoveNode(node)
 
 
-def commit_outputs(scene, input_volume, pending: PendingOutputs, overlay: str = "disagreement",
-                   opacity: float = 0.5, show: bool = True) -> OutputNodes:
+def commit_outputs(
+    scene, input_volume, pending: PendingOutputs, overlay: str = "disagreement", opacity: float = 0.5, show: bool = True
+) -> OutputNodes:
     """Put ``pending``'s nodes in place of this module's earlier outputs for the same input and frame
     (other frames' outputs stay), give them the freed names, and (``show``) show the overlay."""
     new = pending.new
@@ -219,9 +257,17 @@ def commit_outputs(scene, input_volume, pending: PendingOutputs, overlay: str = 
     return new
 
 
-def load_outputs(scene, input_volume, output_dir: os.PathLike, classes: Optional[List[dict]] = None,
-                 load_probabilities: bool = False, overlay: str = "disagreement", opacity: float = 0.5,
-                 base_name: Optional[str] = None, frame: Optional[int] = None) -> OutputNodes:
+def load_outputs(
+    scene,
+    input_volume,
+    output_dir: os.PathLike,
+    classes: Optional[List[dict]] = None,
+    load_probabilities: bool = False,
+    overlay: str = "disagreement",
+    opacity: float = 0.5,
+    base_name: Optional[str] = None,
+    frame: Optional[int] = None,
+) -> OutputNodes:
     """Make nodes from one ``cardseg segment`` output folder and replace the previous ones.
 
     The new nodes are all made first; only when every one of them is in place are this module's

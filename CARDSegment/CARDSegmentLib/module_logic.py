@@ -33,8 +33,13 @@ POLL_INTERVAL_MS = 200
 class ModuleLogic:
     """Starts and polls runs (through the given timer) and calls the library for everything in the scene."""
 
-    def __init__(self, moduleDir: str, scene: Callable[[], object], makeTimer: Callable[[], object],
-                 busy: Callable[[], ContextManager]) -> None:
+    def __init__(
+        self,
+        moduleDir: str,
+        scene: Callable[[], object],
+        makeTimer: Callable[[], object],
+        busy: Callable[[], ContextManager],
+    ) -> None:
         self.moduleDir = moduleDir
         self._scene, self._makeTimer, self._busy = scene, makeTimer, busy
         self.job: Optional[SegmentationJob] = None
@@ -71,8 +76,13 @@ class ModuleLogic:
     def isRunning(self) -> bool:
         return self._monitor is not None and not self._monitor.finished
 
-    def start(self, inputVolume, options: JobOptions, onProgress: Optional[Callable] = None,
-              onFinished: Optional[Callable] = None) -> None:
+    def start(
+        self,
+        inputVolume,
+        options: JobOptions,
+        onProgress: Optional[Callable] = None,
+        onFinished: Optional[Callable] = None,
+    ) -> None:
         """Start a run in a separate process; a timer polls it; the scene changes only at the end.
 
         ``onFinished(state, error)`` is called exactly once: state ``loaded``, ``failed`` (with a
@@ -103,11 +113,25 @@ class ModuleLogic:
         :class:`SegmentationJob` (a plain volume, as before). Raises ValueError for impossible frames."""
         cine = cine_of(self.currentScene, inputVolume)
         if cine is None:
-            return SegmentationJob(self.currentScene, inputVolume, options, launcher=self.launcher,
-                                   on_progress=onProgress, run_factory=self.segmentRunFactory(options))
+            return SegmentationJob(
+                self.currentScene,
+                inputVolume,
+                options,
+                launcher=self.launcher,
+                on_progress=onProgress,
+                run_factory=self.segmentRunFactory(options),
+            )
         plan = frame_plan(FrameMode(options.frame_mode), cine.count, cine.shown, options.ed_frame, options.es_frame)
-        return CineJob(self.currentScene, inputVolume, cine, plan, options, launcher=self.launcher,
-                       on_progress=onProgress, run_factory=self.runFactory)
+        return CineJob(
+            self.currentScene,
+            inputVolume,
+            cine,
+            plan,
+            options,
+            launcher=self.launcher,
+            on_progress=onProgress,
+            run_factory=self.runFactory,
+        )
 
     def segmentRunFactory(self, options: JobOptions):
         """The warm engine's run factory when the user keeps it warm (and no test launcher is
@@ -259,12 +283,14 @@ class ModuleLogic:
             review = find_outputs(self.currentScene, inputVolume).review
             return review is not None and has_decisions(review)
         try:
-            plan = frame_plan(FrameMode(options.frame_mode), cine.count, cine.shown, options.ed_frame,
-                              options.es_frame)
+            plan = frame_plan(FrameMode(options.frame_mode), cine.count, cine.shown, options.ed_frame, options.es_frame)
         except ValueError:
             return False
-        return any(o.review is not None and has_decisions(o.review)
-                   for f, o in self.frameOutputs(inputVolume).items() if f in plan.frames)
+        return any(
+            o.review is not None and has_decisions(o.review)
+            for f, o in self.frameOutputs(inputVolume).items()
+            if f in plan.frames
+        )
 
     def followFrame(self, inputVolume, overlay: str, opacity: float) -> None:
         """The browser moved: show that frame's segmentation, region outlines and overlay (when it
@@ -304,8 +330,9 @@ class ModuleLogic:
             if outputs.regions is not None:
                 highlight_region(outputs.regions, None)
 
-    def setRegionStatus(self, inputVolume, regionId: int, status: str, note: Optional[str] = None,
-                        frame: Optional[int] = None) -> None:
+    def setRegionStatus(
+        self, inputVolume, regionId: int, status: str, note: Optional[str] = None, frame: Optional[int] = None
+    ) -> None:
         outputs = self.outputs(inputVolume) if frame is None else self._frameOutputs(inputVolume, frame)
         set_region_status(outputs.review, regionId, status, note)
 

@@ -28,8 +28,17 @@ REVIEW_REFERENCE = "CARDSegment.Review"
 BUNDLE_ATTRIBUTE = "CARDSegment.Bundle"
 METHOD_ATTRIBUTE = "CARDSegment.Method"
 FRAME_ATTRIBUTE = "CARDSegment.Frame"
-ROLES = ("segmentation", "disagreement", "temperature", "probabilities", "report", "review", "roi", "indices",
-         "regions")
+ROLES = (
+    "segmentation",
+    "disagreement",
+    "temperature",
+    "probabilities",
+    "report",
+    "review",
+    "roi",
+    "indices",
+    "regions",
+)
 
 
 class OutputError(RuntimeError):
@@ -105,15 +114,18 @@ def output_nodes_of(scene, input_volume, frame=None) -> List[object]:
     (None: the frameless ones; :data:`ALL_FRAMES`: all)."""
     if input_volume is None or input_volume.GetID() is None:
         return []
-    return [n for n in all_nodes(scene)
-            if n.GetAttribute(ROLE_ATTRIBUTE) in ROLES and n.GetNodeReferenceID(INPUT_REFERENCE) == input_volume.GetID()
-            and (frame == ALL_FRAMES or frame_of(n) == frame)]
+    return [
+        n
+        for n in all_nodes(scene)
+        if n.GetAttribute(ROLE_ATTRIBUTE) in ROLES
+        and n.GetNodeReferenceID(INPUT_REFERENCE) == input_volume.GetID()
+        and (frame == ALL_FRAMES or frame_of(n) == frame)
+    ]
 
 
 def segmented_frames(scene, input_volume) -> List[int]:
     """The frames of ``input_volume``'s sequence that have outputs, in order."""
-    return sorted({f for f in (frame_of(n) for n in output_nodes_of(scene, input_volume, ALL_FRAMES))
-                   if f is not None})
+    return sorted({f for f in (frame_of(n) for n in output_nodes_of(scene, input_volume, ALL_FRAMES)) if f is not None})
 
 
 def find_outputs(scene, input_volume, frame: Optional[int] = None) -> OutputNodes:
@@ -131,8 +143,10 @@ def remove_node(scene, node) -> None:
     if node is None or not scene.IsNodePresent(node):
         return
     owned = []
-    for getter, count in (("GetNthDisplayNode", "GetNumberOfDisplayNodes"),
-                          ("GetNthStorageNode", "GetNumberOfStorageNodes")):
+    for getter, count in (
+        ("GetNthDisplayNode", "GetNumberOfDisplayNodes"),
+        ("GetNthStorageNode", "GetNumberOfStorageNodes"),
+    ):
         if hasattr(node, count):
             owned += [getattr(node, getter)(i) for i in range(getattr(node, count)())]
     scene.RemoveNode(node)

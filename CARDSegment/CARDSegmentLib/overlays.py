@@ -144,8 +144,9 @@ def style_overlay(scene, node, role: str, report: Optional[dict]) -> None:
         legend.SetVisibility(False)
 
 
-def show_overlay(scene, input_volume, outputs: OutputNodes, overlay: str = "disagreement",
-                 opacity: float = 0.5) -> None:
+def show_overlay(
+    scene, input_volume, outputs: OutputNodes, overlay: str = "disagreement", opacity: float = 0.5
+) -> None:
     """Input as background of every slice view, the chosen map as foreground; its legend only.
 
     ``overlay`` "none" (or a map this run did not make) clears the foreground of the views that

@@ -148,11 +148,17 @@ def region_table(rows) -> Tuple[Tuple[str, ...], List[Tuple[Tuple[Optional[int],
     headers = (("Frame",) if framed else ()) + REGION_COLUMNS
     out = []
     for row in rows:
-        cells = (str(row["region"]), row["status"], p_error_text(row.get("p_error")),
-                 f"{row['volume_mm3'] / 1000.0:.2f}",
-                 f"{row['mean_disagreement']:.3f}", row["classes"])
-        out.append(((row.get("frame"), row["region"]), ((str(row.get("frame")),) if framed else ()) + cells,
-                    row["note"]))
+        cells = (
+            str(row["region"]),
+            row["status"],
+            p_error_text(row.get("p_error")),
+            f"{row['volume_mm3'] / 1000.0:.2f}",
+            f"{row['mean_disagreement']:.3f}",
+            row["classes"],
+        )
+        out.append(
+            ((row.get("frame"), row["region"]), ((str(row.get("frame")),) if framed else ()) + cells, row["note"])
+        )
     return headers, out
 
 

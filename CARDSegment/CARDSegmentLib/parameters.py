@@ -52,8 +52,9 @@ class Overlay(enum.Enum):
 
 def bundle_path(parameter_node, module_dir: str) -> str:
     """The bundle folder the parameters choose (raises ``BundleChoiceError`` when unusable)."""
-    return str(resolve_bundle(parameter_node.bundleSource == BundleSource.SHIPPED, parameter_node.bundleFolder,
-                              module_dir))
+    return str(
+        resolve_bundle(parameter_node.bundleSource == BundleSource.SHIPPED, parameter_node.bundleFolder, module_dir)
+    )
 
 
 def job_options(parameter_node, module_dir: str) -> JobOptions:

@@ -71,10 +71,26 @@ class SegmentCommand:
             raise ValueError(f"device must be one of {DEVICE_CHOICES}, not {self.device!r}")
         if self.method not in METHOD_CHOICES:
             raise ValueError(f"method must be one of {METHOD_CHOICES}, not {self.method!r}")
-        args = [self.python_executable or default_python_executable(), "-m", "cardseg", *subcommand,
-                "-o", str(self.output_dir), "--progress", "json", "--device", self.device, "--method", self.method]
-        for flag, value, kind in (("--bundle", self.bundle_path, str), ("--threads", self.threads, int),
-                                  ("--batch-size", self.batch_size, int), ("--review-map", self.review_map, str)):
+        args = [
+            self.python_executable or default_python_executable(),
+            "-m",
+            "cardseg",
+            *subcommand,
+            "-o",
+            str(self.output_dir),
+            "--progress",
+            "json",
+            "--device",
+            self.device,
+            "--method",
+            self.method,
+        ]
+        for flag, value, kind in (
+            ("--bundle", self.bundle_path, str),
+            ("--threads", self.threads, int),
+            ("--batch-size", self.batch_size, int),
+            ("--review-map", self.review_map, str),
+        ):
             args += [flag, str(kind(value))] if value else []
         return args
 
@@ -131,7 +147,7 @@ def extract_error(lines: Sequence[str], returncode: Optional[int]) -> str:
     for line in reversed(lines):
         text = line.strip()
         if text.startswith(ERROR_PREFIX):
-            return text[len(ERROR_PREFIX):].strip()
+            return text[len(ERROR_PREFIX) :].strip()
     others = [ln.strip() for ln in lines if ln.strip() and parse_progress_line(ln) is None]
     if returncode is not None and returncode < 0:
         try:
@@ -149,8 +165,11 @@ def name_paths(message: Optional[str], names: Dict[str, str]) -> Optional[str]:
     label, longest first: ``PATH`` reads ``LABEL``, ``PATH/a/b.json`` reads ``a/b.json of LABEL``."""
     for path in sorted(names, key=len, reverse=True):
         for text in {path, os.path.realpath(path)}:
-            message = message and re.sub(re.escape(text) + r"(?:[/\\]([^\s:;,'\"]*[^\s:;,'\".]))?(?![\w-]|\.\w)", lambda m: (
-                f"{m.group(1)} of {names[path]}" if m.group(1) else names[path]), message)
+            message = message and re.sub(
+                re.escape(text) + r"(?:[/\\]([^\s:;,'\"]*[^\s:;,'\".]))?(?![\w-]|\.\w)",
+                lambda m: f"{m.group(1)} of {names[path]}" if m.group(1) else names[path],
+                message,
+            )
     return message
 
 
@@ -188,13 +207,25 @@ class PopenHandle(ProcessHandle):
             kwargs["creationflags"] = getattr(subprocess, "CREATE_NO_WINDOW", 0)
         else:
             kwargs["start_new_session"] = True  # its own process group: cancel ends all of it
-        self._proc = subprocess.Popen(argv, env=env, cwd=cwd, stdin=stdin, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, encoding="utf-8", errors="replace",
-                                      bufsize=1, **kwargs)
+        self._proc = subprocess.Popen(
+            argv,
+            env=env,
+            cwd=cwd,
+            stdin=stdin,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            bufsize=1,
+            **kwargs,
+        )
         self._queue: "queue.Queue[Tuple[str, str]]" = queue.Queue()
         self._exited_at: Optional[float] = None
-        self._readers = [threading.Thread(target=self._pump, args=(name, stream), daemon=True)
-                         for name, stream in (("stdout", self._proc.stdout), ("stderr", self._proc.stderr))]
+        self._readers = [
+            threading.Thread(target=self._pump, args=(name, stream), daemon=True)
+            for name, stream in (("stdout", self._proc.stdout), ("stderr", self._proc.stderr))
+        ]
         for t in self._readers:
             t.start()
 
@@ -247,8 +278,14 @@ def run_quietly(argv: List[str], timeout: float = 30.0) -> int:
     """Run a short helper command without a console window; its exit status (-1 if it cannot run)."""
     flags = getattr(subprocess, "CREATE_NO_WINDOW", 0) if os.name == "nt" else 0
     try:
-        return subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              timeout=timeout, creationflags=flags).returncode
+        return subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=timeout,
+            creationflags=flags,
+        ).returncode
     except (OSError, subprocess.SubprocessError):
         return -1
 
@@ -258,8 +295,9 @@ def tree_kill_command(pid: int) -> List[str]:
     return ["taskkill", "/F", "/T", "/PID", str(int(pid))]
 
 
-def kill_process_tree(proc: subprocess.Popen, windows: Optional[bool] = None,
-                      run_command: Callable[[List[str]], int] = run_quietly) -> None:
+def kill_process_tree(
+    proc: subprocess.Popen, windows: Optional[bool] = None, run_command: Callable[[List[str]], int] = run_quietly
+) -> None:
     """End ``proc`` and every process it started.
 
     PythonSlicer is a launcher that starts the real interpreter as its child, so ending the
@@ -305,8 +343,12 @@ class CardsegRun:
     'succeeded'
     """
 
-    def __init__(self, command: SegmentCommand, launcher: Optional[Launcher] = None,
-                 on_progress: Optional[Callable[[Progress], None]] = None):
+    def __init__(
+        self,
+        command: SegmentCommand,
+        launcher: Optional[Launcher] = None,
+        on_progress: Optional[Callable[[Progress], None]] = None,
+    ):
         self.command = command
         self.launcher = launcher or subprocess_launcher
         self.on_progress = on_progress
@@ -393,8 +435,9 @@ class CardsegRun:
                 continue
             stage, done, total = parsed
             spans = stage_spans(self.command.method, self.command.review_map)
-            self.progress = Progress(stage, done, total, overall_fraction(stage, done, total, self.progress.fraction,
-                                                                          spans))
+            self.progress = Progress(
+                stage, done, total, overall_fraction(stage, done, total, self.progress.fraction, spans)
+            )
             if self.on_progress is not None:
                 self.on_progress(self.progress)
         if len(self.log) > LOG_LINES:

@@ -112,4 +112,3 @@ def highlight_region(node, region_id: Optional[int]) -> Optional[str]:
     else:
         node.SetAttribute(SELECTED_ATTRIBUTE, str(int(region_id)))
     return selected
-

@@ -65,7 +65,9 @@ def _row_values(region: dict) -> Dict[str, object]:
         "max_disagreement": float(region.get("max_disagreement", 0.0)),
         "summed_disagreement": float(region.get("summed_disagreement", 0.0)),
         "classes": ", ".join(str(c) for c in region.get("classes", [])),
-        "centroid_r": ras[0], "centroid_a": ras[1], "centroid_s": ras[2],
+        "centroid_r": ras[0],
+        "centroid_a": ras[1],
+        "centroid_s": ras[2],
         "bbox_ijk": " ".join(str(int(v)) for pair in bbox for v in pair),
         "note": "",
     }
@@ -111,8 +113,11 @@ def review_rows(table) -> List[Dict[str, object]]:
     if table is None:
         return []
     n = table.GetNumberOfRows()
-    cols = {name: (_column(table, name), kind) for name, kind, _ in COLUMNS
-            if name not in OPTIONAL_COLUMNS or table.GetTable().GetColumnByName(name) is not None}
+    cols = {
+        name: (_column(table, name), kind)
+        for name, kind, _ in COLUMNS
+        if name not in OPTIONAL_COLUMNS or table.GetTable().GetColumnByName(name) is not None
+    }
     rows = [{name: _value(col, i, kind) for name, (col, kind) in cols.items()} for i in range(n)]
     for row in rows:
         for name in OPTIONAL_COLUMNS:
@@ -195,22 +200,47 @@ def review_document(table, report: Optional[dict]) -> dict:
         region["note"] = row["note"] if row else ""
         regions.append(region)
     for rid, row in sorted(rows.items()):  # regions known only to the table (no report available)
-        regions.append({"id": rid, "status": row["status"], "note": row["note"],
-                        "p_error": None if row["p_error"] != row["p_error"] else row["p_error"],
-                        "voxels": row["voxels"],
-                        "volume_mm3": row["volume_mm3"], "mean_disagreement": row["mean_disagreement"],
-                        "max_disagreement": row["max_disagreement"],
-                        "summed_disagreement": row["summed_disagreement"],
-                        "classes": [c for c in row["classes"].split(", ") if c],
-                        "centroid_lps": lps_to_ras([row["centroid_r"], row["centroid_a"], row["centroid_s"]])})
+        regions.append(
+            {
+                "id": rid,
+                "status": row["status"],
+                "note": row["note"],
+                "p_error": None if row["p_error"] != row["p_error"] else row["p_error"],
+                "voxels": row["voxels"],
+                "volume_mm3": row["volume_mm3"],
+                "mean_disagreement": row["mean_disagreement"],
+                "max_disagreement": row["max_disagreement"],
+                "summed_disagreement": row["summed_disagreement"],
+                "classes": [c for c in row["classes"].split(", ") if c],
+                "centroid_lps": lps_to_ras([row["centroid_r"], row["centroid_a"], row["centroid_s"]]),
+            }
+        )
     report["regions"] = regions
     report["review"] = review_counts(table)
     return report
 
 
-CSV_FIELDS = ("region", "status", "p_error", "note", "voxels", "volume_mm3", "mean_disagreement",
-              "max_disagreement", "summed_disagreement", "classes", "centroid_l", "centroid_p", "centroid_s", "bbox_ijk",
-              "volume_agreement", "out_of_domain", "method", "bundle", "input")
+CSV_FIELDS = (
+    "region",
+    "status",
+    "p_error",
+    "note",
+    "voxels",
+    "volume_mm3",
+    "mean_disagreement",
+    "max_disagreement",
+    "summed_disagreement",
+    "classes",
+    "centroid_l",
+    "centroid_p",
+    "centroid_s",
+    "bbox_ijk",
+    "volume_agreement",
+    "out_of_domain",
+    "method",
+    "bundle",
+    "input",
+)
 
 
 def spreadsheet_safe(value):
@@ -232,19 +262,32 @@ def review_csv(table, report: Optional[dict]) -> str:
     for region in doc["regions"]:
         lps = region.get("centroid_lps") or ["", "", ""]
         bbox = region.get("bbox_ijk")
-        writer.writerow({key: spreadsheet_safe(value) for key, value in {
-            "region": region.get("id"), "status": region.get("status"), "p_error": region.get("p_error"),
-            "note": region.get("note", ""),
-            "voxels": region.get("voxels"), "volume_mm3": region.get("volume_mm3"),
-            "mean_disagreement": region.get("mean_disagreement"), "max_disagreement": region.get("max_disagreement"),
-            "summed_disagreement": region.get("summed_disagreement"),
-            "classes": " ".join(region.get("classes") or []),
-            "centroid_l": lps[0], "centroid_p": lps[1], "centroid_s": lps[2],
-            "bbox_ijk": " ".join(str(v) for pair in bbox for v in pair) if bbox else "",
-            "volume_agreement": doc.get("agreement"), "out_of_domain": doc.get("out_of_domain"),
-            "method": doc.get("method"), "bundle": (doc.get("bundle") or {}).get("id"),
-            "input": doc.get("input_node") or doc.get("input"),
-        }.items()})
+        writer.writerow(
+            {
+                key: spreadsheet_safe(value)
+                for key, value in {
+                    "region": region.get("id"),
+                    "status": region.get("status"),
+                    "p_error": region.get("p_error"),
+                    "note": region.get("note", ""),
+                    "voxels": region.get("voxels"),
+                    "volume_mm3": region.get("volume_mm3"),
+                    "mean_disagreement": region.get("mean_disagreement"),
+                    "max_disagreement": region.get("max_disagreement"),
+                    "summed_disagreement": region.get("summed_disagreement"),
+                    "classes": " ".join(region.get("classes") or []),
+                    "centroid_l": lps[0],
+                    "centroid_p": lps[1],
+                    "centroid_s": lps[2],
+                    "bbox_ijk": " ".join(str(v) for pair in bbox for v in pair) if bbox else "",
+                    "volume_agreement": doc.get("agreement"),
+                    "out_of_domain": doc.get("out_of_domain"),
+                    "method": doc.get("method"),
+                    "bundle": (doc.get("bundle") or {}).get("id"),
+                    "input": doc.get("input_node") or doc.get("input"),
+                }.items()
+            }
+        )
     return out.getvalue()
 
 

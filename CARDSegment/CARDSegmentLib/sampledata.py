@@ -46,10 +46,18 @@ class SampleFile:
 
 #: the shipped files and their checksums
 SAMPLE_FILES = (
-    SampleFile("CARDSegmentPhantom.nrrd", "CARDSegmentPhantom", "VolumeFile",
-               "3f1c4f5febb97a15d211fb3457200df74b929f0afe42923d9bd66981d4abf893"),
-    SampleFile("CARDSegmentPhantom-truth.seg.nrrd", "CARDSegmentPhantom truth", "SegmentationFile",
-               "b5c0539fae9f61c709148d87e54a71e40e5774ca7bc20ec15ac3a66a6e33cb76"),
+    SampleFile(
+        "CARDSegmentPhantom.nrrd",
+        "CARDSegmentPhantom",
+        "VolumeFile",
+        "3f1c4f5febb97a15d211fb3457200df74b929f0afe42923d9bd66981d4abf893",
+    ),
+    SampleFile(
+        "CARDSegmentPhantom-truth.seg.nrrd",
+        "CARDSegmentPhantom truth",
+        "SegmentationFile",
+        "b5c0539fae9f61c709148d87e54a71e40e5774ca7bc20ec15ac3a66a6e33cb76",
+    ),
 )
 
 
@@ -94,8 +102,9 @@ def register_sample_data(module_dir: os.PathLike, register: Optional[Callable[..
     warning in the log, when the files are not in the module folder (a build that missed them)."""
     missing = missing_files(module_dir)
     if missing:
-        logging.warning("CARDSegment: sample data not registered, missing in %s: %s",
-                        sample_folder(module_dir), ", ".join(missing))
+        logging.warning(
+            "CARDSegment: sample data not registered, missing in %s: %s", sample_folder(module_dir), ", ".join(missing)
+        )
         return False
     if register is None:
         import SampleData  # Slicer's own module

@@ -43,7 +43,7 @@ MAKE_INPUTS_SCRIPT = (
 
 
 def shipped_networks(module_dir: str) -> Tuple[str, str]:
-    """"arch:size" of the shipped bundle's primary and reference networks."""
+    """ "arch:size" of the shipped bundle's primary and reference networks."""
     shipped = shipped_bundle_dir(module_dir)
     if not (shipped / "bundle.json").is_file():
         return SHIPPED_NETWORKS
@@ -56,8 +56,12 @@ def make_inputs(folder: str, module_dir: str) -> Tuple[str, str]:
     written by the engine in PythonSlicer: (bundle folder, volume file)."""
     primary, reference = shipped_networks(module_dir)
     env = SegmentCommand("", "", engine_dir=module_dir).env()
-    subprocess.run([default_python_executable(), "-c", MAKE_INPUTS_SCRIPT, folder, primary, reference], env=env,
-                   check=True, timeout=600)
+    subprocess.run(
+        [default_python_executable(), "-c", MAKE_INPUTS_SCRIPT, folder, primary, reference],
+        env=env,
+        check=True,
+        timeout=600,
+    )
     return os.path.join(folder, "bundle"), os.path.join(folder, "input.nrrd")
 
 
@@ -101,8 +105,9 @@ def segment_synthetic_volume(test, scene, make_logic: Callable, load_volume: Cal
     input_mtime = volume.GetImageData().GetMTime()
 
     logic = make_logic()
-    options = JobOptions(bundle_path=bundle, device="cpu", method="card", load_probabilities=True,
-                         engine_dir=logic.moduleDir)
+    options = JobOptions(
+        bundle_path=bundle, device="cpu", method="card", load_probabilities=True, engine_dir=logic.moduleDir
+    )
     test.delayDisplay("Segmenting (separate process)")
     outputs = logic.runSync(volume, options, timeout=900)
 

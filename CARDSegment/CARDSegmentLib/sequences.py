@@ -147,8 +147,7 @@ def frame_plan(mode: FrameMode, count: int, shown: int, ed_frame: int = AUTO, es
     return FramePlan(tuple(range(count)), ed, es, indices=True)
 
 
-def pick_ed_es(lv_volumes: Mapping[int, float], ed: Optional[int] = None,
-               es: Optional[int] = None) -> Tuple[int, int]:
+def pick_ed_es(lv_volumes: Mapping[int, float], ed: Optional[int] = None, es: Optional[int] = None) -> Tuple[int, int]:
     """``(ED, ES)`` frames: the set ones kept, the others from the LV volume curve.
 
     lv_volumes: ``{frame: LV volume (ml)}`` of the segmented frames. ED = the frame of the largest

@@ -14,16 +14,25 @@ Spans = Dict[str, Tuple[float, float]]
 
 #: how much of the progress bar each engine stage fills (the rest is unknown stages)
 STAGE_SPANS: Spans = {
-    "export-onnx": (0.0, 0.03), "prepare-torch": (0.0, 0.03), "read": (0.0, 0.05),
+    "export-onnx": (0.0, 0.03),
+    "prepare-torch": (0.0, 0.03),
+    "read": (0.0, 0.05),
     # the shipped bundle's flipped copies (two diffusion steps each) take ~1.1x the trajectory (flip_cost.json)
-    "trajectory": (0.05, 0.46), "trajectory-moved": (0.46, 0.46), "flips": (0.46, 0.92),  # moved grid: holds
+    "trajectory": (0.05, 0.46),
+    "trajectory-moved": (0.46, 0.46),
+    "flips": (0.46, 0.92),  # moved grid: holds
     "write": (0.92, 1.0),
-    "hashing": (0.0, 0.02), "cases": (0.02, 1.0),  # cardseg batch (a cine sequence's frames) counts frames
+    "hashing": (0.0, 0.02),
+    "cases": (0.02, 1.0),  # cardseg batch (a cine sequence's frames) counts frames
 }
 #: a run that skips the flipped copies (``--method uc``, or a review map other than ``tac_flips``):
 #: the trajectory fills what they would have
-NO_FLIP_SPANS: Spans = {**STAGE_SPANS, "trajectory": (0.05, 0.92), "trajectory-moved": (0.92, 0.92),
-                        "flips": (0.92, 0.92)}
+NO_FLIP_SPANS: Spans = {
+    **STAGE_SPANS,
+    "trajectory": (0.05, 0.92),
+    "trajectory-moved": (0.92, 0.92),
+    "flips": (0.92, 0.92),
+}
 #: the review maps whose rule runs the flipped copies (cardseg.method.flips.needs_flips)
 FLIP_MAPS = ("tac_flips",)
 STAGE_TEXT = {

@@ -36,7 +36,9 @@ def agreement_summary(report: Optional[dict]) -> Summary:
     # which of the bundle's rules cut them (report.json's review_map: e.g. the panel's Fast review ran the TAC rule)
     text += f" (from the {report['review_map']})." if report.get("review_map") else "."
     if report.get("out_of_domain"):
-        text = ("Warning: the agreement score is below the bundle's out-of-domain threshold; this image may "
-                "be unlike the training data, so check the whole segmentation. " + text)
+        text = (
+            "Warning: the agreement score is below the bundle's out-of-domain threshold; this image may "
+            "be unlike the training data, so check the whole segmentation. " + text
+        )
         return Summary(text, warning=True, agreement=agr)
     return Summary(text, agreement=agr)

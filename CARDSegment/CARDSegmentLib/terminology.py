@@ -45,8 +45,7 @@ def segment_terminology(name: str) -> Optional[str]:
         return None
     value, meaning = code
     context = MODULE_CONTEXT if value in MODULE_ONLY_CODES else TERMINOLOGY_CONTEXT
-    return (f"{context}~SCT^123037004^Anatomical Structure~SCT^{value}^{meaning}~^^~"
-            f"{ANATOMIC_CONTEXT}~^^~^^")
+    return f"{context}~SCT^123037004^Anatomical Structure~SCT^{value}^{meaning}~^^~{ANATOMIC_CONTEXT}~^^~^^"
 
 
 def register_module_terminology(terminologies_logic, module_dir: str) -> bool:

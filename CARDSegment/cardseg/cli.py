@@ -17,18 +17,20 @@ from cardseg.bundle.review_rules import REVIEW_MAP_HELP
 from cardseg.plugins import plugin_commands, run_plugin
 from cardseg.plugins import plugin_help as describe_plugin
 
-BACKEND_HELP = ("what runs the networks: torch (a TorchScript program made from the bundle's networks on the first "
-                "run, checked and cached like the ONNX model; CPU or CUDA), onnx (ONNX Runtime on the CPU, about 1.5x faster "
-                "end to end, same segmentation up to float rounding; needs the [speed] extra; the model is exported "
-                "from the bundle's weights on the first run and cached in $CARDSEG_CACHE_DIR or ~/.cache/cardseg), "
-                "or auto: onnx on the CPU when the [speed] extra is installed, else torch "
-                "(default: $CARDSEG_BACKEND, else auto)")
+BACKEND_HELP = (
+    "what runs the networks: torch (a TorchScript program made from the bundle's networks on the first "
+    "run, checked and cached like the ONNX model; CPU or CUDA), onnx (ONNX Runtime on the CPU, about 1.5x faster "
+    "end to end, same segmentation up to float rounding; needs the [speed] extra; the model is exported "
+    "from the bundle's weights on the first run and cached in $CARDSEG_CACHE_DIR or ~/.cache/cardseg), "
+    "or auto: onnx on the CPU when the [speed] extra is installed, else torch "
+    "(default: $CARDSEG_BACKEND, else auto)"
+)
 
 
 #: what ``cardseg synth`` writes: single-file formats SimpleITK writes, and the volume's limits
 SYNTH_SUFFIXES = (".nii.gz", ".nii", ".nrrd", ".mha")
 SYNTH_MAX_SLICES = 400  # 400 x 192 x 176 voxels stays under cardseg.io.limits.MAX_VOLUME_VOXELS
-SYNTH_MAX_SEED = 2 ** 32 - 1
+SYNTH_MAX_SEED = 2**32 - 1
 
 
 def build_parser(plugin_help: bool = False, plugins: Optional[dict] = None) -> argparse.ArgumentParser:
@@ -40,91 +42,182 @@ def build_parser(plugin_help: bool = False, plugins: Optional[dict] = None) -> a
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    p = sub.add_parser("segment", help="segment a volume and calibrate its confidence",
-                       formatter_class=DefaultsHelpFormatter,
-                       description="Segment INPUT into OUTDIR: labels, calibrated probabilities, disagreement and "
-                                   "temperature maps, flagged regions and a report. Everything is checked before any "
-                                   "work; bad input ends with one line and exit code 2, nothing written.")
-    p.add_argument("input", metavar="INPUT",
-                   help="NIfTI (.nii/.nii.gz), NRRD, MetaImage (.mha/.mhd), a DICOM series folder, or a 2D "
-                        "PNG/JPEG/BMP/TIFF with --spacing; slices are the image's third axis")
-    p.add_argument("-o", "--output", metavar="OUTDIR", required=True,
-                   help="output folder: new, empty, or one an earlier cardseg run wrote (with --overwrite)")
+    p = sub.add_parser(
+        "segment",
+        help="segment a volume and calibrate its confidence",
+        formatter_class=DefaultsHelpFormatter,
+        description="Segment INPUT into OUTDIR: labels, calibrated probabilities, disagreement and "
+        "temperature maps, flagged regions and a report. Everything is checked before any "
+        "work; bad input ends with one line and exit code 2, nothing written.",
+    )
+    p.add_argument(
+        "input",
+        metavar="INPUT",
+        help="NIfTI (.nii/.nii.gz), NRRD, MetaImage (.mha/.mhd), a DICOM series folder, or a 2D "
+        "PNG/JPEG/BMP/TIFF with --spacing; slices are the image's third axis",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="OUTDIR",
+        required=True,
+        help="output folder: new, empty, or one an earlier cardseg run wrote (with --overwrite)",
+    )
     p.add_argument("--bundle", metavar="PATH", help="model bundle folder (default: $CARDSEG_BUNDLE or the shipped one)")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                   help="where the networks run; auto: CUDA when torch sees a GPU, else CPU")
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=["auto", "cpu", "cuda"],
+        help="where the networks run; auto: CUDA when torch sees a GPU, else CPU",
+    )
     p.add_argument("--batch-size", type=int, default=8, metavar="N", help="slices per network call")
-    p.add_argument("--method", default="card", choices=["card", "uc"],
-                   help="card: calibrated by trajectory agreement; uc: primary only, uncalibrated")
+    p.add_argument(
+        "--method",
+        default="card",
+        choices=["card", "uc"],
+        help="card: calibrated by trajectory agreement; uc: primary only, uncalibrated",
+    )
     p.add_argument("--frame", type=int, metavar="N", help="frame (phase) of a 4D or cine DICOM image, 0-based")
-    p.add_argument("--spacing", metavar="SX,SY[,SZ]",
-                   help="pixel spacing in mm, replacing the file's (needed for PNG/JPEG/BMP/TIFF)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace OUTDIR if it holds only an earlier cardseg run's results (never anything else)")
+    p.add_argument(
+        "--spacing",
+        metavar="SX,SY[,SZ]",
+        help="pixel spacing in mm, replacing the file's (needed for PNG/JPEG/BMP/TIFF)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace OUTDIR if it holds only an earlier cardseg run's results (never anything else)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar, no summary line")
-    p.add_argument("--progress", default="bar", choices=["bar", "json", "none"],
-                   help="bar: a progress bar on stderr; json: one {stage, done, total} object per line on stderr; "
-                        "the summary line goes to stdout either way")
-    p.add_argument("--threads", type=int, metavar="N",
-                   help="CPU threads of each network (default: the CPUs this process may use: its affinity mask, "
-                        "capped by the cgroup CPU quota); with ONNX Runtime and N >= 2 the reference runs beside "
-                        "the primary, each with N threads")
+    p.add_argument(
+        "--progress",
+        default="bar",
+        choices=["bar", "json", "none"],
+        help="bar: a progress bar on stderr; json: one {stage, done, total} object per line on stderr; "
+        "the summary line goes to stdout either way",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="CPU threads of each network (default: the CPUs this process may use: its affinity mask, "
+        "capped by the cgroup CPU quota); with ONNX Runtime and N >= 2 the reference runs beside "
+        "the primary, each with N threads",
+    )
     p.add_argument("--backend", choices=["auto", "torch", "onnx"], help=BACKEND_HELP)
     p.add_argument("--review-map", metavar="MAP", help=REVIEW_MAP_HELP)
 
-    p = sub.add_parser("batch", help="segment many cases: cohort table, resume, triage report, optional Ray",
-                       formatter_class=DefaultsHelpFormatter,
-                       description="Segment every case into OUTDIR/<case>/ exactly as 'segment' does, with the model "
-                                   "loaded once per worker; write cohort.csv (and cohort.parquet with pyarrow), "
-                                   "subjects.csv (cardiac indices with intervals for subjects with ED and ES cases) "
-                                   "and triage.html. A bad case gets its one-line error in the table and the batch "
-                                   "goes on (exit code 1 at the end); a rerun skips finished cases (keyed by the "
-                                   "input's content and the bundle). Refusals before any work: one line, exit 2.")
-    p.add_argument("inputs", nargs="*", metavar="INPUT",
-                   help="image files, folders (their image files and DICOM series sub-folders; a folder of DICOM "
-                        "files is one case) or glob patterns (quote them; ** recurses); or use --manifest")
-    p.add_argument("-o", "--output", metavar="OUTDIR", required=True,
-                   help="batch folder: new, empty, or an earlier batch's (resumed); any other folder is refused")
-    p.add_argument("--manifest", metavar="CSV",
-                   help="cases from a CSV with the header case,path,frame,phase,subject (case and path required; "
-                        "phase ED or ES; relative paths from the CSV's folder)")
-    p.add_argument("--bundle", metavar="PATH",
-                   help="model bundle folder; without it: $CARDSEG_BUNDLE, else the shipped one")
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"],
-                   help="where the networks run; auto: CUDA when torch sees a GPU, else CPU")
+    p = sub.add_parser(
+        "batch",
+        help="segment many cases: cohort table, resume, triage report, optional Ray",
+        formatter_class=DefaultsHelpFormatter,
+        description="Segment every case into OUTDIR/<case>/ exactly as 'segment' does, with the model "
+        "loaded once per worker; write cohort.csv (and cohort.parquet with pyarrow), "
+        "subjects.csv (cardiac indices with intervals for subjects with ED and ES cases) "
+        "and triage.html. A bad case gets its one-line error in the table and the batch "
+        "goes on (exit code 1 at the end); a rerun skips finished cases (keyed by the "
+        "input's content and the bundle). Refusals before any work: one line, exit 2.",
+    )
+    p.add_argument(
+        "inputs",
+        nargs="*",
+        metavar="INPUT",
+        help="image files, folders (their image files and DICOM series sub-folders; a folder of DICOM "
+        "files is one case) or glob patterns (quote them; ** recurses); or use --manifest",
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        metavar="OUTDIR",
+        required=True,
+        help="batch folder: new, empty, or an earlier batch's (resumed); any other folder is refused",
+    )
+    p.add_argument(
+        "--manifest",
+        metavar="CSV",
+        help="cases from a CSV with the header case,path,frame,phase,subject (case and path required; "
+        "phase ED or ES; relative paths from the CSV's folder)",
+    )
+    p.add_argument(
+        "--bundle", metavar="PATH", help="model bundle folder; without it: $CARDSEG_BUNDLE, else the shipped one"
+    )
+    p.add_argument(
+        "--device",
+        default="auto",
+        choices=["auto", "cpu", "cuda"],
+        help="where the networks run; auto: CUDA when torch sees a GPU, else CPU",
+    )
     p.add_argument("--batch-size", type=int, default=8, metavar="N", help="slices per network call")
-    p.add_argument("--method", default="card", choices=["card", "uc"],
-                   help="card: calibrated by trajectory agreement; uc: primary only, uncalibrated")
-    p.add_argument("--frame", type=int, metavar="N",
-                   help="frame (phase) of 4D or cine DICOM inputs, 0-based; a manifest's frame column overrides it")
-    p.add_argument("--spacing", metavar="SX,SY[,SZ]",
-                   help="pixel spacing in mm for every case, replacing the files' (needed for PNG/JPEG/BMP/TIFF)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="recompute every case, replacing the case folders cardseg wrote (never anything else); "
-                        "needed to reuse an OUTDIR made with another bundle or method")
+    p.add_argument(
+        "--method",
+        default="card",
+        choices=["card", "uc"],
+        help="card: calibrated by trajectory agreement; uc: primary only, uncalibrated",
+    )
+    p.add_argument(
+        "--frame",
+        type=int,
+        metavar="N",
+        help="frame (phase) of 4D or cine DICOM inputs, 0-based; a manifest's frame column overrides it",
+    )
+    p.add_argument(
+        "--spacing",
+        metavar="SX,SY[,SZ]",
+        help="pixel spacing in mm for every case, replacing the files' (needed for PNG/JPEG/BMP/TIFF)",
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="recompute every case, replacing the case folders cardseg wrote (never anything else); "
+        "needed to reuse an OUTDIR made with another bundle or method",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar, no summary line")
-    p.add_argument("--progress", default="bar", choices=["bar", "json", "none"],
-                   help="bar: a progress bar over cases on stderr with ETA and cases/min; json: one "
-                        "{stage, done, total} object per line on stderr")
-    p.add_argument("--threads", type=int, metavar="N",
-                   help="CPU threads per worker; without it: the CPUs this process may use (affinity, cgroup "
-                        "quota) shared out among the workers (with --ray: the worker's CPUs)")
-    p.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="worker processes on this machine, one model each, the CPUs shared out among them (with "
-                        "--threads: that many each); more than one gets more cases through a multi-core CPU")
-    p.add_argument("--ray", metavar="ADDRESS",
-                   help="run the cases on a Ray cluster: auto (the one this machine belongs to), HOST:PORT, "
-                        "ray://HOST:PORT, or local (start one here); needs the [cluster] extra and a filesystem "
-                        "every node sees inputs and OUTDIR on at the same paths")
-    p.add_argument("--ray-workers", type=int, metavar="N",
-                   help="Ray actors, one model each; without it: one per GPU, else the cluster's CPUs / CPUs per worker")
+    p.add_argument(
+        "--progress",
+        default="bar",
+        choices=["bar", "json", "none"],
+        help="bar: a progress bar over cases on stderr with ETA and cases/min; json: one "
+        "{stage, done, total} object per line on stderr",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        metavar="N",
+        help="CPU threads per worker; without it: the CPUs this process may use (affinity, cgroup "
+        "quota) shared out among the workers (with --ray: the worker's CPUs)",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="worker processes on this machine, one model each, the CPUs shared out among them (with "
+        "--threads: that many each); more than one gets more cases through a multi-core CPU",
+    )
+    p.add_argument(
+        "--ray",
+        metavar="ADDRESS",
+        help="run the cases on a Ray cluster: auto (the one this machine belongs to), HOST:PORT, "
+        "ray://HOST:PORT, or local (start one here); needs the [cluster] extra and a filesystem "
+        "every node sees inputs and OUTDIR on at the same paths",
+    )
+    p.add_argument(
+        "--ray-workers",
+        type=int,
+        metavar="N",
+        help="Ray actors, one model each; without it: one per GPU, else the cluster's CPUs / CPUs per worker",
+    )
     p.add_argument("--ray-cpus-per-worker", type=float, default=1.0, metavar="C", help="CPUs each Ray actor asks for")
-    p.add_argument("--backend", choices=["auto", "torch", "onnx"],
-                   help=BACKEND_HELP + " (with --ray: torch)")
+    p.add_argument("--backend", choices=["auto", "torch", "onnx"], help=BACKEND_HELP + " (with --ray: torch)")
     p.add_argument("--review-map", metavar="MAP", help=REVIEW_MAP_HELP)
     p.add_argument("--no-report", action="store_true", help="do not write triage.html")
-    p.add_argument("--report-thumbnails", type=int, default=200, metavar="N",
-                   help="thumbnails in triage.html for the N least trusted cases (the rest are listed without)")
+    p.add_argument(
+        "--report-thumbnails",
+        type=int,
+        default=200,
+        metavar="N",
+        help="thumbnails in triage.html for the N least trusted cases (the rest are listed without)",
+    )
 
     sub.add_parser("sizes", help="parameter count of every network size")
 
@@ -133,9 +226,13 @@ def build_parser(plugin_help: bool = False, plugins: Optional[dict] = None) -> a
 
     p = sub.add_parser("init-bundle", help="write an untrained (random, seeded) bundle, e.g. for tests")
     p.add_argument("output", metavar="OUTDIR")
-    p.add_argument("--primary", default="time-unet:tiny", help="ARCH:SIZE, e.g. time-swinunetr:base, discriminative:unet")
+    p.add_argument(
+        "--primary", default="time-unet:tiny", help="ARCH:SIZE, e.g. time-swinunetr:base, discriminative:unet"
+    )
     p.add_argument("--reference", default="time-unet:micro", help="ARCH:SIZE, as --primary")
-    p.add_argument("--input-size", type=int, default=64, help="network grid side in pixels (SwinUNETR: a multiple of 32)")
+    p.add_argument(
+        "--input-size", type=int, default=64, help="network grid side in pixels (SwinUNETR: a multiple of 32)"
+    )
     p.add_argument("--spacing", type=float, default=3.0, help="network pixel spacing in mm")
     p.add_argument("--seed", type=int, default=0, help="random seed, 0 to 2^32-1")
     p.add_argument("--overwrite", action="store_true")
@@ -224,17 +321,36 @@ def cmd_segment(a) -> int:
     device = settle_device(a.device, lookup, threads)
     progress = make_progress(a.progress, a.quiet)
     try:
-        bundle = load_bundle(bundle_root, device=device, backend=a.backend, progress=progress, prepared=True,
-                             checked=checked, onnx_lookup=lookup, threads=threads)
+        bundle = load_bundle(
+            bundle_root,
+            device=device,
+            backend=a.backend,
+            progress=progress,
+            prepared=True,
+            checked=checked,
+            onnx_lookup=lookup,
+            threads=threads,
+        )
     finally:
         progress.close()
     if not a.quiet:
         for note in bundle.notes:
             print(f"cardseg: note: {note}", file=sys.stderr)
     try:
-        r = segment_file(a.input, out, bundle, method=a.method, device=device, batch_size=a.batch_size,
-                         frame=a.frame, spacing=spacing, overwrite=a.overwrite, progress=progress, volume=volume,
-                         t_start=t_start)
+        r = segment_file(
+            a.input,
+            out,
+            bundle,
+            method=a.method,
+            device=device,
+            batch_size=a.batch_size,
+            frame=a.frame,
+            spacing=spacing,
+            overwrite=a.overwrite,
+            progress=progress,
+            volume=volume,
+            t_start=t_start,
+        )
     finally:
         progress.close()  # before any error line, so that it never shares a line with a half bar
     if not a.quiet:
@@ -242,8 +358,10 @@ def cmd_segment(a) -> int:
         agr = "" if r["agreement"] is None else f", agreement {r['agreement']:.3f}"
         ood = " (OUT OF DOMAIN)" if r.get("out_of_domain") else ""
         nreg = len(r["regions"])
-        print(f"{out}: {n} slice{'s' if n != 1 else ''}, method {a.method}{agr}{ood}, "
-              f"{nreg} flagged region{'s' if nreg != 1 else ''}, {time.perf_counter() - t_start:.1f} s")
+        print(
+            f"{out}: {n} slice{'s' if n != 1 else ''}, method {a.method}{agr}{ood}, "
+            f"{nreg} flagged region{'s' if nreg != 1 else ''}, {time.perf_counter() - t_start:.1f} s"
+        )
     return 0
 
 
@@ -260,8 +378,9 @@ def cmd_sizes(a) -> int:
     def count(arch: str, size: str) -> int:
         return count_parameters(build_network({"arch": arch, "size": size, "num_classes": 4}))
 
-    rows = [(f"time-swinunetr:{size} (feature_size {fs})", count("time-swinunetr", size))
-            for size, fs in SWIN_SIZES.items()]
+    rows = [
+        (f"time-swinunetr:{size} (feature_size {fs})", count("time-swinunetr", size)) for size, fs in SWIN_SIZES.items()
+    ]
     rows += [(f"time-unet:{size}", count("time-unet", size)) for size in UNET_SIZES]
     width = max(len(name) for name, _ in rows)
     print(f"{'network':{width}s} {'parameters':>12s}")
@@ -365,8 +484,15 @@ def cmd_serve(a) -> int:
     return serve(a, build_parser, _check_segment_args, _check_backend)
 
 
-COMMANDS = {"segment": cmd_segment, "batch": cmd_batch, "sizes": cmd_sizes, "info": cmd_info, "init-bundle": cmd_init_bundle,
-            "synth": cmd_synth, "serve": cmd_serve}
+COMMANDS = {
+    "segment": cmd_segment,
+    "batch": cmd_batch,
+    "sizes": cmd_sizes,
+    "info": cmd_info,
+    "init-bundle": cmd_init_bundle,
+    "synth": cmd_synth,
+    "serve": cmd_serve,
+}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

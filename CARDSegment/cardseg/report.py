@@ -16,7 +16,11 @@ from cardseg.review.regions import flagged_regions
 
 
 #: what report.json's ``review_map`` calls the map the flagged regions are cut from (``regions.map``)
-REVIEW_MAP_NAMES = {"tac": "TAC", "tac_flips": "TAC + flip disagreement", "error_probability": "voxel error probability"}
+REVIEW_MAP_NAMES = {
+    "tac": "TAC",
+    "tac_flips": "TAC + flip disagreement",
+    "error_probability": "voxel error probability",
+}
 
 
 def agreement_roi_px(bundle: Bundle) -> int:
@@ -30,8 +34,16 @@ def agreement_of(tac, labels, bundle: Bundle) -> Optional[float]:
     return agreement_report(tac, labels, agreement_roi_px(bundle), bundle.class_names)["agreement"]
 
 
-def build_report(result: Any, volume: Volume, bundle: Bundle, method: str, device, timings,
-                 grid_offset: tuple = (0.0, 0.0), recentring: Optional[dict] = None) -> dict:
+def build_report(
+    result: Any,
+    volume: Volume,
+    bundle: Bundle,
+    method: str,
+    device,
+    timings,
+    grid_offset: tuple = (0.0, 0.0),
+    recentring: Optional[dict] = None,
+) -> dict:
     """``report.json`` of one run (README, "cardseg segment") from ``result``, a
     :class:`cardseg.segment.SegmentationResult` (not imported: ``segment`` imports this module):
     volumes, agreement, flagged regions (which also fills ``result.region_ranks``), the calibration, where the network grid lay
@@ -54,12 +66,17 @@ def build_report(result: Any, volume: Volume, bundle: Bundle, method: str, devic
         "class_volumes_ml": {n: float(counts[i] * voxel_ml) for i, n in enumerate(names) if i > 0},
         "shape_zyx": list(volume.shape),
         "spacing_xyz": [float(s) for s in volume.spacing],
-        "field_of_view": {"recentred": any(float(o) != 0.0 for o in grid_offset),
-                          "offset_mm": offset_mm(grid_offset, volume.spacing[:2]),
-                          "tried": None if recentring is None else {
-                              "offset_mm": offset_mm(recentring["offset"], volume.spacing[:2]),
-                              "agreement_centred": recentring["agreement_centred"],
-                              "agreement_moved": recentring["agreement_moved"]}},
+        "field_of_view": {
+            "recentred": any(float(o) != 0.0 for o in grid_offset),
+            "offset_mm": offset_mm(grid_offset, volume.spacing[:2]),
+            "tried": None
+            if recentring is None
+            else {
+                "offset_mm": offset_mm(recentring["offset"], volume.spacing[:2]),
+                "agreement_centred": recentring["agreement_centred"],
+                "agreement_moved": recentring["agreement_moved"],
+            },
+        },
         "timings_s": timings,
         "device": str(device),
         "backend": getattr(bundle, "backend", "torch"),
@@ -71,14 +88,22 @@ def build_report(result: Any, volume: Volume, bundle: Bundle, method: str, devic
         if threshold is not None and report["agreement"] is not None:
             report["out_of_domain"] = bool(report["agreement"] < float(threshold))
         report["regions"], result.region_ranks = flagged_regions(
-            result.disagreement, result.labels, cfg["regions"], volume.ijk_to_lps(), volume.spacing, names,
-            result.field_of_view, result.flips)
+            result.disagreement,
+            result.labels,
+            cfg["regions"],
+            volume.ijk_to_lps(),
+            volume.spacing,
+            names,
+            result.field_of_view,
+            result.flips,
+        )
         kind = cfg["regions"].get("map", "tac")
         report["review_map"] = REVIEW_MAP_NAMES.get(kind, kind)
         # without a region model regions are ranked by the review map summed inside them ("summed_map",
         # as the bundle's rule names it; for the TAC rule that is each region's summed_disagreement)
-        report["region_ranking"] = cfg["regions"].get("ranking", "p_error") if cfg["regions"].get("model") \
-            else "summed_map"
+        report["region_ranking"] = (
+            cfg["regions"].get("ranking", "p_error") if cfg["regions"].get("model") else "summed_map"
+        )
         # the disagreement the overlays show brightest: what the bundle's validation volumes reach
         report["disagreement_display_max"] = cfg["regions"].get("display_max_disagreement")
         report["calibration"] = bundle.calibrator.to_dict()

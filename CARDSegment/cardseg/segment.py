@@ -29,8 +29,7 @@ from cardseg.base.progress import Progress
 from cardseg.bundle.loading import Bundle
 from cardseg.io.outdir import OutputWriter, check_output
 from cardseg.io.field_of_view import keep_moved, recentre_margin, recentre_offset
-from cardseg.io.preprocess import (SliceGrid, network_to_slices, normalize_slice, resample_to_network,
-                                  slices_to_network)
+from cardseg.io.preprocess import SliceGrid, network_to_slices, normalize_slice, resample_to_network, slices_to_network
 from cardseg.io.volume import Volume
 from cardseg.io.written import IncompleteWrite, verify_seg_nrrd, write_image, write_seg_nrrd, write_text
 from cardseg.method.calibration import CARD, Uncalibrated, temperature_scale
@@ -68,13 +67,19 @@ WRITE_THREADS = 4
 def normalized_slices(volume: Volume, bundle: Bundle) -> np.ndarray:
     """The volume's slices scaled to ``[0, 1]`` as the bundle's preprocessing says: ``(Z, Y, X)``."""
     pre = bundle.config["preprocessing"]
-    return np.stack([normalize_slice(s, pre.get("low_percentile", 0.5), pre.get("high_percentile", 99.5))
-                     for s in volume.array]).astype(np.float32)
+    return np.stack(
+        [normalize_slice(s, pre.get("low_percentile", 0.5), pre.get("high_percentile", 99.5)) for s in volume.array]
+    ).astype(np.float32)
 
 
 def slice_grid(shape_yx: tuple, spacing_xy: tuple, bundle: Bundle, offset: tuple = (0.0, 0.0)) -> SliceGrid:
-    return SliceGrid(tuple(shape_yx), tuple(map(float, spacing_xy)), float(bundle.config["pixel_spacing_mm"]),
-                     int(bundle.config["input_size"]), tuple(map(float, offset)))
+    return SliceGrid(
+        tuple(shape_yx),
+        tuple(map(float, spacing_xy)),
+        float(bundle.config["pixel_spacing_mm"]),
+        int(bundle.config["input_size"]),
+        tuple(map(float, offset)),
+    )
 
 
 def network_inputs(volume: Volume, bundle: Bundle) -> tuple:
@@ -110,10 +115,18 @@ class SliceTrajectory:
 _VOLUME_NUMBERS = itertools.count()
 
 
-def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle, method: str = "card",
-                         device: "torch.device | str" = "cpu", batch_size: int = 8,
-                         progress: Optional[Progress] = None, with_reference: bool = False,
-                         keep_step_js: bool = False, recentre: Optional[bool] = None) -> SliceTrajectory:
+def trajectory_on_slices(
+    slices01: np.ndarray,
+    spacing_xy: tuple,
+    bundle: Bundle,
+    method: str = "card",
+    device: "torch.device | str" = "cpu",
+    batch_size: int = 8,
+    progress: Optional[Progress] = None,
+    with_reference: bool = False,
+    keep_step_js: bool = False,
+    recentre: Optional[bool] = None,
+) -> SliceTrajectory:
     """Run the trajectory on normalised slices and bring the results back to their grid.
 
     slices01: ``(Z, Y, X)`` scaled to ``[0, 1]`` (:func:`normalized_slices`, perhaps perturbed by the caller);
@@ -131,17 +144,35 @@ def trajectory_on_slices(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle
     if (with_reference or keep_step_js) and method != "card":
         raise ValueError("with_reference and keep_step_js need method 'card'")
     progress = progress or Progress()
-    margin = (recentre_margin(bundle.config, recentre) if method in METHODS + ("logit-mix",)
-              and bundle.reference is not None else None)
+    margin = (
+        recentre_margin(bundle.config, recentre)
+        if method in METHODS + ("logit-mix",) and bundle.reference is not None
+        else None
+    )
     run_method = "card" if margin is not None else method  # uc, logit-mix too: card's agreement chooses the grid
     volume = next(_VOLUME_NUMBERS)  # one volume however many grids it runs on (CUDA graphs: run_graphed)
 
     def run(offset=(0.0, 0.0), stage="trajectory", how=run_method):
-        return run_on_grid(slice_grid(slices01.shape[1:], spacing_xy, bundle, offset), slices01, bundle, how,
-                           device, batch_size, progress, with_reference, keep_step_js, volume, stage)
+        return run_on_grid(
+            slice_grid(slices01.shape[1:], spacing_xy, bundle, offset),
+            slices01,
+            bundle,
+            how,
+            device,
+            batch_size,
+            progress,
+            with_reference,
+            keep_step_js,
+            volume,
+            stage,
+        )
+
     out = run()
-    offset = None if margin is None else recentre_offset(arrays.to_numpy(arrays.argmax(out.logits, axis=1)), out.fov,
-                                                         spacing_xy, margin_mm=margin)
+    offset = (
+        None
+        if margin is None
+        else recentre_offset(arrays.to_numpy(arrays.argmax(out.logits, axis=1)), out.fov, spacing_xy, margin_mm=margin)
+    )
     if offset is not None:
         centred = run_agreement(out, bundle)
         moved = run(offset, "trajectory-moved")
@@ -160,9 +191,19 @@ def run_agreement(traj: SliceTrajectory, bundle: Bundle) -> Optional[float]:
     return agreement_of(arrays.to_numpy(traj.tac), arrays.to_numpy(arrays.argmax(traj.logits, axis=1)), bundle)
 
 
-def run_on_grid(grid: SliceGrid, slices01: np.ndarray, bundle: Bundle, method: str, device, batch_size: int,
-                 progress: Progress, with_reference: bool, keep_step_js: bool, volume: Optional[int] = None,
-                 stage: str = "trajectory") -> SliceTrajectory:
+def run_on_grid(
+    grid: SliceGrid,
+    slices01: np.ndarray,
+    bundle: Bundle,
+    method: str,
+    device,
+    batch_size: int,
+    progress: Progress,
+    with_reference: bool,
+    keep_step_js: bool,
+    volume: Optional[int] = None,
+    stage: str = "trajectory",
+) -> SliceTrajectory:
     """:func:`trajectory_on_slices` on one network grid (``volume``: its number for CUDA graphs; ``stage``:
     the progress stage's name)."""
     x = resample_to_network(slices01, grid)
@@ -184,32 +225,55 @@ def run_on_grid(grid: SliceGrid, slices01: np.ndarray, bundle: Bundle, method: s
     js_out: Dict[int, list] = {t: [] for t in steps} if keep_step_js else {}
 
     weights: dict = {}  # the grid's interpolation matrices, made (and moved to the device) once
+
     def back(maps) -> np.ndarray:  # (B, C, N, N) on the network grid -> (B, C, Y, X) numpy
         return arrays.to_numpy(network_to_slices(maps, grid, weights))  # a GPU tensor is resampled on the GPU
 
     # torch networks on a GPU: a batch's whole trajectory as one replayed CUDA graph (gpu_exec.run_graphed)
     mode = method if method in ("card", "logit-mix") else "uc"
-    graphed = (to_device is not None and _device_type(device) == "cuda" and mode in ("card", "uc")
-               and not (with_reference or keep_step_js))
+    graphed = (
+        to_device is not None
+        and _device_type(device) == "cuda"
+        and mode in ("card", "uc")
+        and not (with_reference or keep_step_js)
+    )
     if graphed:
         from cardseg.method.gpu_exec import run_graphed
 
         volume = next(_VOLUME_NUMBERS) if volume is None else volume  # captured once a grid serves a second volume
     for b in range(nb):
-        xb = x[b * batch_size:(b + 1) * batch_size]
+        xb = x[b * batch_size : (b + 1) * batch_size]
         xb = to_device(xb) if to_device else xb
         res = None
         if graphed:
-            res = run_graphed(bundle.primary, bundle.reference, xb, steps, bundle.num_classes, mode=mode,
-                              schedule=bundle.schedule, tac_steps=tac_steps, batch_size=min(batch_size, x.shape[0]),
-                              volume=volume)
+            res = run_graphed(
+                bundle.primary,
+                bundle.reference,
+                xb,
+                steps,
+                bundle.num_classes,
+                mode=mode,
+                schedule=bundle.schedule,
+                tac_steps=tac_steps,
+                batch_size=min(batch_size, x.shape[0]),
+                volume=volume,
+            )
             if res is not None:
                 progress.advance(len(steps))
         if res is None:
-            res = run_trajectory(bundle.primary, xb, steps, bundle.num_classes,
-                                 reference=bundle.reference, mode=mode,
-                                 schedule=bundle.schedule, tac_steps=tac_steps, keep_steps=keep_step_js,
-                                 on_step=lambda t: progress.advance(1), overlap=overlap)
+            res = run_trajectory(
+                bundle.primary,
+                xb,
+                steps,
+                bundle.num_classes,
+                reference=bundle.reference,
+                mode=mode,
+                schedule=bundle.schedule,
+                tac_steps=tac_steps,
+                keep_steps=keep_step_js,
+                on_step=lambda t: progress.advance(1),
+                overlap=overlap,
+            )
         if res.tac is None:
             part = back(res.logits)
         else:  # logits and TAC resampled and brought to the host together: one matmul pair, one copy
@@ -218,7 +282,7 @@ def run_on_grid(grid: SliceGrid, slices01: np.ndarray, bundle: Bundle, method: s
             part = part[:, :-1]
         if logits_all is None:
             logits_all = np.empty((x.shape[0],) + part.shape[1:], dtype=np.float32)
-        logits_all[b * batch_size:b * batch_size + part.shape[0]] = part
+        logits_all[b * batch_size : b * batch_size + part.shape[0]] = part
         del part
         if with_reference:
             ref_out.append(back(res.reference_logits))
@@ -238,8 +302,9 @@ def run_on_grid(grid: SliceGrid, slices01: np.ndarray, bundle: Bundle, method: s
     if not bundle.takes_numpy:  # CPU tensors, sharing the arrays' memory
         import torch
 
-        out.logits, out.tac, out.reference_logits = (None if v is None else torch.from_numpy(v)
-                                                     for v in (out.logits, out.tac, out.reference_logits))
+        out.logits, out.tac, out.reference_logits = (
+            None if v is None else torch.from_numpy(v) for v in (out.logits, out.tac, out.reference_logits)
+        )
         out.step_js = {t: torch.from_numpy(v) for t, v in out.step_js.items()}
     return out
 
@@ -251,8 +316,14 @@ def _outside_to_background(logits: np.ndarray, outside: np.ndarray) -> np.ndarra
     return logits
 
 
-def run_networks(volume: Volume, bundle: Bundle, method: str = "card", device: "torch.device | str" = "cpu",
-                 batch_size: int = 8, progress: Optional[Progress] = None) -> tuple:
+def run_networks(
+    volume: Volume,
+    bundle: Bundle,
+    method: str = "card",
+    device: "torch.device | str" = "cpu",
+    batch_size: int = 8,
+    progress: Optional[Progress] = None,
+) -> tuple:
     """The part of :func:`segment_volume` that runs the networks (on ``device``): ``(SliceTrajectory, timings)``,
     timings holding the seconds of ``preprocess``, ``trajectory`` (and ``flips``: :mod:`cardseg.method.flips`).
     :func:`finish_volume` does the rest on the CPU (a batch: on other threads while the networks run the next case)."""
@@ -273,19 +344,29 @@ def run_networks(volume: Volume, bundle: Bundle, method: str = "card", device: "
     return traj, timings
 
 
-def flip_disagreement_map(slices01: np.ndarray, spacing_xy: tuple, bundle: Bundle, traj: SliceTrajectory,
-                          device="cpu", batch_size: int = 8, progress: Optional[Progress] = None) -> np.ndarray:
+def flip_disagreement_map(
+    slices01: np.ndarray,
+    spacing_xy: tuple,
+    bundle: Bundle,
+    traj: SliceTrajectory,
+    device="cpu",
+    batch_size: int = 8,
+    progress: Optional[Progress] = None,
+) -> np.ndarray:
     """:func:`cardseg.method.flips.flip_map` of ``traj``: the primary alone on each flipped copy of ``slices01``, on
     its own steps (``copies_config``; one volume for CUDA graphs: a one-shot run's copies do not capture one)."""
     volume, bundle = next(_VOLUME_NUMBERS), replace(bundle, config=copies_config(bundle.config))
+
     def run_copy(s, offset, prog):
         grid = slice_grid(s.shape[1:], spacing_xy, bundle, offset)
         return run_on_grid(grid, s, bundle, "uc", device, batch_size, prog, False, False, volume, FLIP_STAGE).logits
+
     return flip_map(slices01, traj, run_copy, -(-slices01.shape[0] // batch_size) * len(bundle.sampled_steps), progress)
 
 
-def finish_volume(traj: SliceTrajectory, volume: Volume, bundle: Bundle, method: str, device,
-                  timings: Dict[str, float]) -> SegmentationResult:
+def finish_volume(
+    traj: SliceTrajectory, volume: Volume, bundle: Bundle, method: str, device, timings: Dict[str, float]
+) -> SegmentationResult:
     """Labels, calibrated probabilities (``card``: temperature Eq. 8, Eq. 4), report: from :func:`run_networks`."""
     logits, tac, fov = traj.logits, traj.tac, traj.fov
     t0 = time.perf_counter()
@@ -307,14 +388,27 @@ def finish_volume(traj: SliceTrajectory, volume: Volume, bundle: Bundle, method:
     probs = np.ascontiguousarray(np.exp(probs, out=probs).transpose(0, 2, 3, 1))
     timings["postprocess"] = time.perf_counter() - t0
 
-    result = SegmentationResult(labels=labels, probabilities=probs, logits=arrays.to_numpy(logits), flips=traj.flips,
-                                disagreement=disagreement, temperature=temperature, field_of_view=fov)
+    result = SegmentationResult(
+        labels=labels,
+        probabilities=probs,
+        logits=arrays.to_numpy(logits),
+        flips=traj.flips,
+        disagreement=disagreement,
+        temperature=temperature,
+        field_of_view=fov,
+    )
     result.report = build_report(result, volume, bundle, method, device, timings, traj.offset, traj.recentring)
     return result
 
 
-def segment_volume(volume: Volume, bundle: Bundle, method: str = "card", device: "torch.device | str" = "cpu",
-                   batch_size: int = 8, progress: Optional[Progress] = None) -> SegmentationResult:
+def segment_volume(
+    volume: Volume,
+    bundle: Bundle,
+    method: str = "card",
+    device: "torch.device | str" = "cpu",
+    batch_size: int = 8,
+    progress: Optional[Progress] = None,
+) -> SegmentationResult:
     """Run the method on every slice of ``volume`` and bring the results back to its grid (numpy
     throughout with ONNX Runtime networks, torch tensors with torch networks):
     :func:`run_networks`, then :func:`finish_volume`."""
@@ -322,8 +416,15 @@ def segment_volume(volume: Volume, bundle: Bundle, method: str = "card", device:
     return finish_volume(traj, volume, bundle, method, device, timings)
 
 
-def write_outputs(result: SegmentationResult, volume: Volume, bundle: Bundle, outdir: os.PathLike,
-                  overwrite: bool = False, progress: Optional[Progress] = None, writer: Optional[OutputWriter] = None) -> Path:
+def write_outputs(
+    result: SegmentationResult,
+    volume: Volume,
+    bundle: Bundle,
+    outdir: os.PathLike,
+    overwrite: bool = False,
+    progress: Optional[Progress] = None,
+    writer: Optional[OutputWriter] = None,
+) -> Path:
     """Write every output into a temporary folder, then move it into ``outdir`` in one step.
 
     The folder rules (stamp, what ``overwrite`` may replace, lock, clean-up) are
@@ -356,16 +457,29 @@ def write_outputs(result: SegmentationResult, volume: Volume, bundle: Bundle, ou
         if isinstance(exc, IncompleteWrite):  # name the file where the user will look for it
             raise IncompleteWrite(writer.out / name, exc.strerror) from None
         if isinstance(exc, OSError):  # e.g. EFBIG or ENOSPC raised by a Python writer
-            raise IncompleteWrite(writer.out / name, f"could not be written completely ({exc.strerror or exc})") from None
+            raise IncompleteWrite(
+                writer.out / name, f"could not be written completely ({exc.strerror or exc})"
+            ) from None
         if exc is not None:
             raise exc
     return writer.commit()
 
 
-def segment_file(input_path: os.PathLike, out: os.PathLike, bundle: Bundle, *, method: str = "card",
-                 device: "torch.device | str" = "cpu", batch_size: int = 8, frame: Optional[int] = None,
-                 spacing: Optional[tuple] = None, overwrite: bool = False, progress: Optional[Progress] = None,
-                 volume: Optional[Volume] = None, t_start: Optional[float] = None) -> dict:
+def segment_file(
+    input_path: os.PathLike,
+    out: os.PathLike,
+    bundle: Bundle,
+    *,
+    method: str = "card",
+    device: "torch.device | str" = "cpu",
+    batch_size: int = 8,
+    frame: Optional[int] = None,
+    spacing: Optional[tuple] = None,
+    overwrite: bool = False,
+    progress: Optional[Progress] = None,
+    volume: Optional[Volume] = None,
+    t_start: Optional[float] = None,
+) -> dict:
     """One case, the one path every run takes (``cardseg segment``, ``cardseg batch``, Slicer):
     check the output folder, read and check the input (unless ``volume`` was read already), take
     the folder's lock, segment, write atomically. Returns the report; raises
@@ -377,14 +491,31 @@ def segment_file(input_path: os.PathLike, out: os.PathLike, bundle: Bundle, *, m
     t_start = time.perf_counter() if t_start is None else t_start
     out, volume = read_case(input_path, out, frame=frame, spacing=spacing, overwrite=overwrite, volume=volume)
     with OutputWriter(out, overwrite, version=__version__) as writer:
-        result = compute_case(volume, bundle, input_path, method=method, device=device, batch_size=batch_size,
-                              frame=frame, spacing=spacing, progress=progress, t_start=t_start)
+        result = compute_case(
+            volume,
+            bundle,
+            input_path,
+            method=method,
+            device=device,
+            batch_size=batch_size,
+            frame=frame,
+            spacing=spacing,
+            progress=progress,
+            t_start=t_start,
+        )
         write_outputs(result, volume, bundle, out, overwrite, progress, writer=writer)
     return result.report
 
 
-def read_case(input_path: os.PathLike, out: os.PathLike, *, frame: Optional[int] = None,
-              spacing: Optional[tuple] = None, overwrite: bool = False, volume: Optional[Volume] = None):
+def read_case(
+    input_path: os.PathLike,
+    out: os.PathLike,
+    *,
+    frame: Optional[int] = None,
+    spacing: Optional[tuple] = None,
+    overwrite: bool = False,
+    volume: Optional[Volume] = None,
+):
     """``(out, volume)``: the output folder checked (:func:`cardseg.io.outdir.check_output`) and the
     input read and checked (unless ``volume`` is given); nothing is written."""
     from cardseg.io.volume import read_volume
@@ -395,22 +526,51 @@ def read_case(input_path: os.PathLike, out: os.PathLike, *, frame: Optional[int]
     return out, volume
 
 
-def compute_case(volume: Volume, bundle: Bundle, input_path: os.PathLike, *, method: str = "card",
-                 device: "torch.device | str" = "cpu", batch_size: int = 8, frame: Optional[int] = None,
-                 spacing: Optional[tuple] = None, progress: Optional[Progress] = None,
-                 t_start: Optional[float] = None) -> SegmentationResult:
+def compute_case(
+    volume: Volume,
+    bundle: Bundle,
+    input_path: os.PathLike,
+    *,
+    method: str = "card",
+    device: "torch.device | str" = "cpu",
+    batch_size: int = 8,
+    frame: Optional[int] = None,
+    spacing: Optional[tuple] = None,
+    progress: Optional[Progress] = None,
+    t_start: Optional[float] = None,
+) -> SegmentationResult:
     """:func:`segment_volume` plus the report's fields about the input (path, frame, slices,
     given spacing, reader notes, total seconds since ``t_start``): :func:`run_networks`, then
     :func:`finish_case`."""
     t_start = time.perf_counter() if t_start is None else t_start
     traj, timings = run_networks(volume, bundle, method, device, batch_size, progress)
-    return finish_case(traj, timings, volume, bundle, input_path, method=method, device=device, frame=frame,
-                       spacing=spacing, t_start=t_start)
+    return finish_case(
+        traj,
+        timings,
+        volume,
+        bundle,
+        input_path,
+        method=method,
+        device=device,
+        frame=frame,
+        spacing=spacing,
+        t_start=t_start,
+    )
 
 
-def finish_case(traj: SliceTrajectory, timings: Dict[str, float], volume: Volume, bundle: Bundle,
-                input_path: os.PathLike, *, method: str, device, frame: Optional[int], spacing: Optional[tuple],
-                t_start: float) -> SegmentationResult:
+def finish_case(
+    traj: SliceTrajectory,
+    timings: Dict[str, float],
+    volume: Volume,
+    bundle: Bundle,
+    input_path: os.PathLike,
+    *,
+    method: str,
+    device,
+    frame: Optional[int],
+    spacing: Optional[tuple],
+    t_start: float,
+) -> SegmentationResult:
     """The second half of :func:`compute_case` (:func:`finish_volume` and the input's fields)."""
     result = finish_volume(traj, volume, bundle, method, device, timings)
     result.report["input"] = os.path.abspath(input_path)
@@ -433,11 +593,13 @@ def output_files(result: SegmentationResult) -> list:
 def write_one(name: str, path: Path, result: SegmentationResult, volume: Volume, bundle: Bundle) -> None:
     """Write one output and prove it complete (:mod:`cardseg.io.written`): a short write raises
     :class:`~cardseg.io.written.IncompleteWrite` instead of leaving a truncated file behind."""
-    images = {"segmentation.nii.gz": lambda: volume.to_image(result.labels),
-              "probabilities.nii.gz": lambda: volume.to_image(result.probabilities, is_vector=True),
-              "disagreement.nii.gz": lambda: volume.to_image(result.disagreement),
-              "temperature.nii.gz": lambda: volume.to_image(result.temperature),
-              "regions.nii.gz": lambda: volume.to_image(result.region_ranks)}
+    images = {
+        "segmentation.nii.gz": lambda: volume.to_image(result.labels),
+        "probabilities.nii.gz": lambda: volume.to_image(result.probabilities, is_vector=True),
+        "disagreement.nii.gz": lambda: volume.to_image(result.disagreement),
+        "temperature.nii.gz": lambda: volume.to_image(result.temperature),
+        "regions.nii.gz": lambda: volume.to_image(result.region_ranks),
+    }
     if name in images:
         write_image(images[name](), path)
     elif name == "segmentation.seg.nrrd":

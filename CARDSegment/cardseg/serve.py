@@ -89,19 +89,37 @@ UNEXPECTED = 3
 
 def add_serve_parser(sub) -> None:
     """Register ``cardseg serve`` on the CLI's subparsers."""
-    p = sub.add_parser("serve", help="a warm engine: segment requests read as JSON lines on stdin (the Slicer module)",
-                       formatter_class=DefaultsHelpFormatter,
-                       description="Load the bundle once, then segment one volume per JSON line read on stdin "
-                                   "exactly as 'segment' does, answering with JSON lines on stdout (progress, then "
-                                   "one result per request). The protocol is described in cardseg/serve.py.")
-    p.add_argument("--bundle", metavar="PATH", help="bundle loaded at start and used by requests that name none "
-                   "(default: $CARDSEG_BUNDLE or the shipped one)%(default).0s")  # .0s: no '(default: None)' after it
-    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="device of requests that name none")
-    p.add_argument("--backend", choices=["auto", "torch", "onnx"],
-                   help="backend of requests that name none ($CARDSEG_BACKEND, else auto)%(default).0s")
-    p.add_argument("--threads", type=int, metavar="N", help="CPU threads of requests naming none (the CPUs usable)%(default).0s")
-    p.add_argument("--eof", default="stop", choices=["stop", "finish"],
-                   help="at the end of input: stop at once (a client that went away), or finish the requests read")
+    p = sub.add_parser(
+        "serve",
+        help="a warm engine: segment requests read as JSON lines on stdin (the Slicer module)",
+        formatter_class=DefaultsHelpFormatter,
+        description="Load the bundle once, then segment one volume per JSON line read on stdin "
+        "exactly as 'segment' does, answering with JSON lines on stdout (progress, then "
+        "one result per request). The protocol is described in cardseg/serve.py.",
+    )
+    p.add_argument(
+        "--bundle",
+        metavar="PATH",
+        help="bundle loaded at start and used by requests that name none "
+        "(default: $CARDSEG_BUNDLE or the shipped one)%(default).0s",
+    )  # .0s: no '(default: None)' after it
+    p.add_argument(
+        "--device", default="auto", choices=["auto", "cpu", "cuda"], help="device of requests that name none"
+    )
+    p.add_argument(
+        "--backend",
+        choices=["auto", "torch", "onnx"],
+        help="backend of requests that name none ($CARDSEG_BACKEND, else auto)%(default).0s",
+    )
+    p.add_argument(
+        "--threads", type=int, metavar="N", help="CPU threads of requests naming none (the CPUs usable)%(default).0s"
+    )
+    p.add_argument(
+        "--eof",
+        default="stop",
+        choices=["stop", "finish"],
+        help="at the end of input: stop at once (a client that went away), or finish the requests read",
+    )
     p.add_argument("--no-preload", action="store_true", help="load the bundle with the first request, not at start")
 
 
@@ -193,8 +211,12 @@ class LoadedBundle:
             sys.modules["torch"].set_num_threads(int(threads))
         files = fingerprint(root, self.bundle.config) if self.bundle is not None else None
         same_threads = self.bundle is not None and (not self.bundle.takes_numpy or self.threads == int(threads))
-        if same_threads and files == self.files and self.key[0] == str(root.resolve()) \
-                and self.key[2:] == (str(device), backend):
+        if (
+            same_threads
+            and files == self.files
+            and self.key[0] == str(root.resolve())
+            and self.key[2:] == (str(device), backend)
+        ):
             check_method(root, self.bundle.config, method)
             return self.bundle, False, self.device
         checked = check_bundle(bundle_arg)
@@ -207,8 +229,16 @@ class LoadedBundle:
         lookup = start_cpu_lookup(checked.config, checked.weights, backend, str(device), threads)
         device = settle_device(str(device), lookup, threads)  # torch only when the sessions are not all cached
         self.bundle = self.key = self.files = None  # a failed load leaves nothing stale behind
-        bundle = load_bundle(checked.root, device=device, backend=backend, progress=progress, prepared=True,
-                             checked=checked, onnx_lookup=lookup, threads=threads)
+        bundle = load_bundle(
+            checked.root,
+            device=device,
+            backend=backend,
+            progress=progress,
+            prepared=True,
+            checked=checked,
+            onnx_lookup=lookup,
+            threads=threads,
+        )
         for note in bundle.notes:
             print(f"cardseg: note: {note}", file=sys.stderr)
         self.bundle, self.key, self.files, self.device, self.threads = bundle, key, files, device, int(threads)
@@ -218,8 +248,13 @@ class LoadedBundle:
         if self.bundle is None:
             return None
         b = self.bundle
-        return {"id": b.ident, "path": str(b.path), "backend": b.backend, "device": self.key[2],
-                "checksums": dict(b.checksums)}
+        return {
+            "id": b.ident,
+            "path": str(b.path),
+            "backend": b.backend,
+            "device": self.key[2],
+            "checksums": dict(b.checksums),
+        }
 
 
 def fingerprint(root: Path, config: dict) -> Optional[tuple]:
@@ -246,8 +281,14 @@ class Engine:
     :mod:`cardseg.cli`, handed in so that this module does not import the CLI).
     """
 
-    def __init__(self, defaults: argparse.Namespace, protocol: Protocol, make_parser: Callable,
-                 check_segment: Callable, check_backend: Callable):
+    def __init__(
+        self,
+        defaults: argparse.Namespace,
+        protocol: Protocol,
+        make_parser: Callable,
+        check_segment: Callable,
+        check_backend: Callable,
+    ):
         self.defaults = defaults
         self.protocol = protocol
         self.parser = make_parser()
@@ -308,22 +349,52 @@ class Engine:
         check_output(a.output, a.overwrite, inputs=[a.input])
         check_review_map(a.bundle, a.review_map)  # before any network loads
         progress = JsonProgress(self.protocol.stream)
-        bundle, loaded_now, device = self.loaded.get(a.bundle, a.device, a.backend, a.method, progress,
-                                                     a.threads or default_threads())
+        bundle, loaded_now, device = self.loaded.get(
+            a.bundle, a.device, a.backend, a.method, progress, a.threads or default_threads()
+        )
         bundle = with_review_map(bundle, a.review_map)
-        report = segment_file(a.input, a.output, bundle, method=a.method, device=device, batch_size=a.batch_size,
-                              frame=a.frame, spacing=spacing, overwrite=a.overwrite, progress=progress, t_start=t0)
+        report = segment_file(
+            a.input,
+            a.output,
+            bundle,
+            method=a.method,
+            device=device,
+            batch_size=a.batch_size,
+            frame=a.frame,
+            spacing=spacing,
+            overwrite=a.overwrite,
+            progress=progress,
+            t_start=t0,
+        )
         out = Path(os.path.realpath(os.path.abspath(a.output)))
         files = sorted(p.name for p in out.iterdir() if p.is_file() and not p.name.startswith("."))
-        return {"event": "result", "id": request.get("id"), "ok": True, "output": str(out), "files": files,
-                "slices": report["slices"], "agreement": report["agreement"], "out_of_domain": report["out_of_domain"],
-                "regions": len(report["regions"]), "timings_s": report["timings_s"], "backend": report["backend"],
-                "device": report["device"], "loaded_bundle": loaded_now, "notes": list(bundle.notes),
-                "seconds": time.perf_counter() - t0}
+        return {
+            "event": "result",
+            "id": request.get("id"),
+            "ok": True,
+            "output": str(out),
+            "files": files,
+            "slices": report["slices"],
+            "agreement": report["agreement"],
+            "out_of_domain": report["out_of_domain"],
+            "regions": len(report["regions"]),
+            "timings_s": report["timings_s"],
+            "backend": report["backend"],
+            "device": report["device"],
+            "loaded_bundle": loaded_now,
+            "notes": list(bundle.notes),
+            "seconds": time.perf_counter() - t0,
+        }
 
     def status(self, request: dict) -> dict:
-        return {"event": "status", "id": request.get("id"), "pid": os.getpid(), "requests": self.requests,
-                "bundle": self.loaded.describe(), "modules": {m: m in sys.modules for m in WATCHED_MODULES}}
+        return {
+            "event": "status",
+            "id": request.get("id"),
+            "pid": os.getpid(),
+            "requests": self.requests,
+            "bundle": self.loaded.describe(),
+            "modules": {m: m in sys.modules for m in WATCHED_MODULES},
+        }
 
     def handle(self, line: str) -> bool:
         """Answer one input line; False when it asks the engine to end."""
@@ -338,7 +409,9 @@ class Engine:
             return True
         op = request.get("op", "segment")
         if op not in OPS:
-            self.protocol.send(error_event(request.get("id"), f"unknown op {json.dumps(op)} (ops: {', '.join(OPS)})", 2))
+            self.protocol.send(
+                error_event(request.get("id"), f"unknown op {json.dumps(op)} (ops: {', '.join(OPS)})", 2)
+            )
             return True
         if op == "exit":
             return False
@@ -392,8 +465,10 @@ def option_text(name: str, value) -> str:
     if name == "spacing" and isinstance(value, list):
         value = ",".join(str(v) for v in value)
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise CardsegError(f"{name!r} must be a {'number' if name in ('frame', 'batch_size', 'threads') else 'text'}, "
-                           f"got {json.dumps(value)}")
+        raise CardsegError(
+            f"{name!r} must be a {'number' if name in ('frame', 'batch_size', 'threads') else 'text'}, "
+            f"got {json.dumps(value)}"
+        )
     return str(value)
 
 
@@ -421,9 +496,17 @@ def serve(a: argparse.Namespace, make_parser: Callable, check_segment: Callable,
                 engine = Engine(a, protocol, make_parser, check_segment, check_backend)
                 error = None if a.no_preload else engine.preload()
                 b = engine.loaded.describe()
-                protocol.send({"event": "ready", "protocol": PROTOCOL, "pid": os.getpid(),
-                               "bundle": b and b["path"], "backend": b and b["backend"], "device": b and b["device"],
-                               "error": error})
+                protocol.send(
+                    {
+                        "event": "ready",
+                        "protocol": PROTOCOL,
+                        "pid": os.getpid(),
+                        "bundle": b and b["path"],
+                        "backend": b and b["backend"],
+                        "device": b and b["device"],
+                        "error": error,
+                    }
+                )
                 reader = StdinReader(sys.stdin.buffer, on_eof)
                 while True:
                     line = reader.get()

@@ -60,8 +60,9 @@ def bundle_classes() -> list:
 
 def segment(image: Path, out_dir: Path, python: str) -> dict:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(MODULE_DIR), os.environ.get("PYTHONPATH")])))
-    subprocess.run([python, "-m", "cardseg", "segment", str(image), "-o", str(out_dir), "--progress", "none"],
-                   env=env, check=True)
+    subprocess.run(
+        [python, "-m", "cardseg", "segment", str(image), "-o", str(out_dir), "--progress", "none"], env=env, check=True
+    )
     return json.loads((out_dir / "report.json").read_text(encoding="utf-8"))
 
 
@@ -73,12 +74,22 @@ def read(path: Path):
 
 def reduced_report(report: dict) -> dict:
     """What the screenshots show, from the run's report.json (no local paths)."""
-    keep = ("method", "agreement", "agreement_per_slice", "out_of_domain", "class_volumes_ml", "backend", "device",
-            "disagreement_display_max")
+    keep = (
+        "method",
+        "agreement",
+        "agreement_per_slice",
+        "out_of_domain",
+        "class_volumes_ml",
+        "backend",
+        "device",
+        "disagreement_display_max",
+    )
     out = {k: report[k] for k in keep if k in report}
     out["bundle"] = {k: report["bundle"][k] for k in ("id", "checksums")}
-    out["regions"] = [{k: r[k] for k in ("id", "p_error", "voxels", "volume_mm3", "bbox_ijk", "classes",
-                                         "mean_disagreement")} for r in report["regions"]]
+    out["regions"] = [
+        {k: r[k] for k in ("id", "p_error", "voxels", "volume_mm3", "bbox_ijk", "classes", "mean_disagreement")}
+        for r in report["regions"]
+    ]
     out["input"] = "CARDSegment/Resources/SampleData/" + sampledata.SAMPLE_FILES[0].file_name
     return out
 
@@ -88,8 +99,12 @@ def crop_box(seg, margin: int = 22):
     import numpy as np
 
     ys, xs = np.nonzero(seg.max(axis=0))
-    return (max(ys.min() - margin, 0), min(ys.max() + margin + 1, seg.shape[1]),
-            max(xs.min() - margin, 0), min(xs.max() + margin + 1, seg.shape[2]))
+    return (
+        max(ys.min() - margin, 0),
+        min(ys.max() + margin + 1, seg.shape[1]),
+        max(xs.min() - margin, 0),
+        min(xs.max() + margin + 1, seg.shape[2]),
+    )
 
 
 def grey_window(image):
@@ -99,8 +114,9 @@ def grey_window(image):
     return float(lo), float(hi)
 
 
-def draw_slice(ax, img, window, seg=None, dis=None, regions=None, classes=(), fill_seg=False, labels=None,
-               dis_window=(0.0, LN2)):
+def draw_slice(
+    ax, img, window, seg=None, dis=None, regions=None, classes=(), fill_seg=False, labels=None, dis_window=(0.0, LN2)
+):
     """One slice (already cropped): image, then segmentation (filled or outlined), disagreement,
     region outlines with ``labels`` {rank: text}."""
     import numpy as np
@@ -112,13 +128,23 @@ def draw_slice(ax, img, window, seg=None, dis=None, regions=None, classes=(), fi
             if value == 0 or not (seg == value).any():
                 continue
             if fill_seg:
-                ax.imshow(np.ma.masked_where(seg != value, seg), cmap=ListedColormap([cls["color"]]), alpha=0.5,
-                          interpolation="nearest")
+                ax.imshow(
+                    np.ma.masked_where(seg != value, seg),
+                    cmap=ListedColormap([cls["color"]]),
+                    alpha=0.5,
+                    interpolation="nearest",
+                )
             else:
                 ax.contour(seg == value, levels=[0.5], colors=[cls["color"]], linewidths=1.4)
     if dis is not None:
-        shown = ax.imshow(np.ma.masked_less(dis, SHOW_ABOVE), cmap="inferno", vmin=dis_window[0], vmax=dis_window[1], alpha=0.85,
-                          interpolation="nearest")
+        shown = ax.imshow(
+            np.ma.masked_less(dis, SHOW_ABOVE),
+            cmap="inferno",
+            vmin=dis_window[0],
+            vmax=dis_window[1],
+            alpha=0.85,
+            interpolation="nearest",
+        )
     else:
         shown = None
     if regions is not None:
@@ -126,9 +152,17 @@ def draw_slice(ax, img, window, seg=None, dis=None, regions=None, classes=(), fi
             ax.contour(regions == rank, levels=[0.5], colors=[REGION_COLOUR], linewidths=0.9, linestyles="--")
             if labels and rank in labels:
                 ys, xs = np.nonzero(regions == rank)
-                ax.text(xs.min(), max(ys.min() - 2, 0), labels[rank], color=REGION_COLOUR, fontsize=8,
-                        va="bottom", fontweight="bold", clip_on=True,
-                        bbox=dict(facecolor="black", alpha=0.6, pad=1, linewidth=0))
+                ax.text(
+                    xs.min(),
+                    max(ys.min() - 2, 0),
+                    labels[rank],
+                    color=REGION_COLOUR,
+                    fontsize=8,
+                    va="bottom",
+                    fontweight="bold",
+                    clip_on=True,
+                    bbox=dict(facecolor="black", alpha=0.6, pad=1, linewidth=0),
+                )
     ax.set_xticks([])
     ax.set_yticks([])
     return shown
@@ -146,7 +180,9 @@ def save_small(fig, path: Path) -> int:
     picture = Image.open(buf).convert("RGB")
     picture.save(path, optimize=True)
     if path.stat().st_size > MAX_BYTES:
-        picture.quantize(colors=256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE).save(path, optimize=True)
+        picture.quantize(colors=256, method=Image.Quantize.FASTOCTREE, dither=Image.Dither.NONE).save(
+            path, optimize=True
+        )
     return path.stat().st_size
 
 
@@ -167,9 +203,11 @@ def render(sample: Path, out_dir: Path, report: dict, classes: list) -> None:
     p_error = {i + 1: r["p_error"] for i, r in enumerate(report["regions"])}
     labels = {rank: f"#{rank} p={p:.2f}" for rank, p in p_error.items()}
     bundle = report["bundle"]["id"]
-    headline = (f"CARDSegment, bundle {bundle}, on the synthetic phantom (sample data): agreement "
-                f"{report['agreement']:.3f}, {len(report['regions'])} flagged region{'' if len(report['regions']) == 1 else 's'}, "
-                f"out of domain: {'yes' if report['out_of_domain'] else 'no'}")
+    headline = (
+        f"CARDSegment, bundle {bundle}, on the synthetic phantom (sample data): agreement "
+        f"{report['agreement']:.3f}, {len(report['regions'])} flagged region{'' if len(report['regions']) == 1 else 's'}, "
+        f"out of domain: {'yes' if report['out_of_domain'] else 'no'}"
+    )
     legend = [Patch(color=c["color"], label=c["name"]) for c in classes[1:]]
     dis_window = overlay_range("disagreement", report)  # the module's own window and legend
 
@@ -182,7 +220,9 @@ def render(sample: Path, out_dir: Path, report: dict, classes: list) -> None:
     axes[1].legend(handles=legend, loc="lower left", fontsize=8, framealpha=0.8)
     axes[1].set_title("segmentation")
     shown = draw_slice(axes[2], img[k], window, dis=dis[k], dis_window=dis_window)
-    fig.colorbar(shown, ax=axes[2], fraction=0.046, pad=0.02).set_label(overlay_title("disagreement", report).replace(" (", "\n("), fontsize=8)
+    fig.colorbar(shown, ax=axes[2], fraction=0.046, pad=0.02).set_label(
+        overlay_title("disagreement", report).replace(" (", "\n("), fontsize=8
+    )
     axes[2].set_title("disagreement (hidden below 0.01)")
     draw_slice(axes[3], img[k], window, seg=seg[k], regions=regions[k], classes=classes, labels=labels)
     axes[3].set_title("flagged regions, most likely error first")
@@ -200,18 +240,28 @@ def render(sample: Path, out_dir: Path, report: dict, classes: list) -> None:
     grid = fig.add_gridspec(rows, cols + 2)
     for z in range(n):
         ax = fig.add_subplot(grid[z // cols, z % cols])
-        draw_slice(ax, img[z], window, seg=seg[z], dis=dis[z], regions=regions[z], classes=classes,
-                   dis_window=dis_window)
+        draw_slice(
+            ax, img[z], window, seg=seg[z], dis=dis[z], regions=regions[z], classes=classes, dis_window=dis_window
+        )
         ax.set_title(f"slice {z + 1}" + (" (base)" if z == 0 else " (apex)" if z == n - 1 else ""), fontsize=9)
     table = fig.add_subplot(grid[:, cols:])
     table.axis("off")
     lines = ["Flagged regions (review first: #1)", ""]
-    lines += [f"#{i + 1}  p_error {r['p_error']:.2f}  {r['volume_mm3'] / 1000:.1f} ml  slices "
-              f"{r['bbox_ijk'][2][0] + 1}-{r['bbox_ijk'][2][1] + 1}" for i, r in enumerate(report["regions"])]
+    lines += [
+        f"#{i + 1}  p_error {r['p_error']:.2f}  {r['volume_mm3'] / 1000:.1f} ml  slices "
+        f"{r['bbox_ijk'][2][0] + 1}-{r['bbox_ijk'][2][1] + 1}"
+        for i, r in enumerate(report["regions"])
+    ]
     lines += ["", "Class volumes (ml)"]
     lines += [f"{name}: {ml:.1f}" for name, ml in report["class_volumes_ml"].items()]
-    lines += ["", f"agreement {report['agreement']:.3f}", f"bundle {bundle}",
-              "outlines: segmentation", "colour: disagreement", "green dashes: flagged regions"]
+    lines += [
+        "",
+        f"agreement {report['agreement']:.3f}",
+        f"bundle {bundle}",
+        "outlines: segmentation",
+        "colour: disagreement",
+        "green dashes: flagged regions",
+    ]
     table.text(0.0, 1.0, "\n".join(lines), va="top", family="monospace", fontsize=9)
     table.legend(handles=legend, loc="lower left", fontsize=8)
     fig.suptitle(headline, fontsize=10)
@@ -223,8 +273,11 @@ def render(sample: Path, out_dir: Path, report: dict, classes: list) -> None:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--write-sample-data", action="store_true",
-                        help="rewrite the sample data (CARDSegment/Resources/SampleData) first")
+    parser.add_argument(
+        "--write-sample-data",
+        action="store_true",
+        help="rewrite the sample data (CARDSegment/Resources/SampleData) first",
+    )
     parser.add_argument("--python", default=sys.executable, help="the Python that runs cardseg segment")
     a = parser.parse_args(argv)
     classes = bundle_classes()

@@ -60,8 +60,15 @@ def _stage_times(worker, src: Path, out: Path) -> dict:
     t["read"] = time.perf_counter() - t0
     with OutputWriter(out, version=__version__) as writer:
         t0 = time.perf_counter()
-        result = segment.compute_case(volume, worker.bundle, src, method=worker.method, device=worker.device,
-                                      batch_size=worker.batch_size, progress=Progress())
+        result = segment.compute_case(
+            volume,
+            worker.bundle,
+            src,
+            method=worker.method,
+            device=worker.device,
+            batch_size=worker.batch_size,
+            progress=Progress(),
+        )
         compute = time.perf_counter() - t0
         t["trajectory"] = network_seconds(result.report["timings_s"])
         t["postprocess, agreement, regions"] = compute - t["trajectory"] - result.report["timings_s"]["preprocess"]
@@ -124,29 +131,46 @@ def main(argv=None) -> int:
         runs = {"sequential": [], "overlapped": []}
         for r in range(a.repeats):
             for mode in ("overlapped", "sequential"):
-                jobs = [Job(case=f"c{i}", path=str(src), out=str(work / f"{mode}-{r}" / f"c{i}"))
-                        for i in range(a.cases)]
+                jobs = [
+                    Job(case=f"c{i}", path=str(src), out=str(work / f"{mode}-{r}" / f"c{i}")) for i in range(a.cases)
+                ]
                 wall, traj = _schedule(worker, jobs, mode == "overlapped", a.finishers)
-                runs[mode].append({"wall_s": wall, "per_case_s": wall / a.cases,
-                                   "trajectory_per_case_s": statistics.mean(traj)})
+                runs[mode].append(
+                    {"wall_s": wall, "per_case_s": wall / a.cases, "trajectory_per_case_s": statistics.mean(traj)}
+                )
                 shutil.rmtree(work / f"{mode}-{r}", ignore_errors=True)
         best = {m: min(v, key=lambda x: x["per_case_s"]) for m, v in runs.items()}
-        case_total = stages["read"] + stages["preprocess"] + stages["trajectory"] + \
-            stages["postprocess, agreement, regions"] + stages["write"]
+        case_total = (
+            stages["read"]
+            + stages["preprocess"]
+            + stages["trajectory"]
+            + stages["postprocess, agreement, regions"]
+            + stages["write"]
+        )
         result = {
-            "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
-                        "load_average_at_end": os.getloadavg()},
-            "device": str(worker.device), "backend": worker.bundle.backend, "threads": a.threads,
+            "machine": {
+                "cpus": os.cpu_count(),
+                "platform": platform.platform(),
+                "python": sys.version.split()[0],
+                "load_average_at_end": os.getloadavg(),
+            },
+            "device": str(worker.device),
+            "backend": worker.bundle.backend,
+            "threads": a.threads,
             "input": "cardseg synth phantom (10 x 192 x 176)" if not a.input else str(a.input),
-            "cases": a.cases, "repeats": a.repeats,
-            "one_case_stages_s": stages, "write_share_of_case": stages["write"] / case_total,
+            "cases": a.cases,
+            "repeats": a.repeats,
+            "one_case_stages_s": stages,
+            "write_share_of_case": stages["write"] / case_total,
             "runs": runs,
             "finishers": a.finishers or default_finishers(),
-            "ratio_per_case_wall_to_trajectory": {m: b["per_case_s"] / b["trajectory_per_case_s"]
-                                                  for m, b in best.items()},
+            "ratio_per_case_wall_to_trajectory": {
+                m: b["per_case_s"] / b["trajectory_per_case_s"] for m, b in best.items()
+            },
             # the same wall against the trajectory of the case-after-case runs, where nothing runs beside it
             "ratio_per_case_wall_to_sequential_trajectory": {
-                m: b["per_case_s"] / best["sequential"]["trajectory_per_case_s"] for m, b in best.items()},
+                m: b["per_case_s"] / best["sequential"]["trajectory_per_case_s"] for m, b in best.items()
+            },
             "goal": "cardseg batch: marginal per-case wall at most 1.25x the per-case trajectory",
         }
         text = json.dumps(result, indent=2)

@@ -30,8 +30,9 @@ def main() -> None:
     ap.add_argument("--input", help="volume file (default: the cardseg synth phantom)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--backend", default="auto", help="torch, onnx or auto (as cardseg segment: ONNX Runtime "
-                                                       "when installed)")
+    ap.add_argument(
+        "--backend", default="auto", help="torch, onnx or auto (as cardseg segment: ONNX Runtime when installed)"
+    )
     ap.add_argument("--json", help="also write the figures to this JSON file")
     a = ap.parse_args()
 
@@ -48,8 +49,10 @@ def main() -> None:
     regions = bundle.config["regions"]
     rules = review_rules(bundle.config)  # the rule --review-map tac runs: the newest TAC rule of the chain
     if regions.get("map") != "tac_flips" or "tac" not in rules:
-        raise SystemExit("flip_cost: the bundle must cut its regions from TAC + flips and keep a TAC rule among "
-                         "its earlier ones (regions.previous...)")
+        raise SystemExit(
+            "flip_cost: the bundle must cut its regions from TAC + flips and keep a TAC rule among "
+            "its earlier ones (regions.previous...)"
+        )
     plain = copy.deepcopy(choose_review_map(bundle.config, "tac")["regions"])
     volume = read_volume(a.input) if a.input else synthetic_cine_volume(shape=(10, 192, 176), seed=0)[0]
 
@@ -60,8 +63,12 @@ def main() -> None:
         wall = time.perf_counter() - t0
         bundle.config["regions"] = regions
         t = res.report["timings_s"]
-        return {"wall_s": wall, "trajectory_s": t["trajectory"], "flips_s": t.get("flips", 0.0),
-                "regions": len(res.report["regions"])}
+        return {
+            "wall_s": wall,
+            "trajectory_s": t["trajectory"],
+            "flips_s": t.get("flips", 0.0),
+            "regions": len(res.report["regions"]),
+        }
 
     modes = ("card, TAC + flips", "card, TAC rule", "uc")
     for m in modes:
@@ -78,17 +85,25 @@ def main() -> None:
 
     result = {
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0]},
-        "bundle": bundle.ident, "backend": bundle.backend, "threads": a.threads,
-        "volume_shape_zyx": list(volume.shape), "rounds": a.rounds,
-        "load_average_before": load_before, "load_average_after": load_after,
+        "bundle": bundle.ident,
+        "backend": bundle.backend,
+        "threads": a.threads,
+        "volume_shape_zyx": list(volume.shape),
+        "rounds": a.rounds,
+        "load_average_before": load_before,
+        "load_average_after": load_after,
         "median": {m: {k: med(m, k) for k in ("wall_s", "trajectory_s", "flips_s")} for m in modes},
         "ratio_median": {
             "card_flips_over_card_tac_rule": statistics.median(
-                rd["card, TAC + flips"]["wall_s"] / rd["card, TAC rule"]["wall_s"] for rd in rounds),
+                rd["card, TAC + flips"]["wall_s"] / rd["card, TAC rule"]["wall_s"] for rd in rounds
+            ),
             "flips_over_trajectory": statistics.median(
-                rd["card, TAC + flips"]["flips_s"] / rd["card, TAC + flips"]["trajectory_s"] for rd in rounds),
+                rd["card, TAC + flips"]["flips_s"] / rd["card, TAC + flips"]["trajectory_s"] for rd in rounds
+            ),
             "card_flips_over_uc": statistics.median(
-                rd["card, TAC + flips"]["wall_s"] / rd["uc"]["wall_s"] for rd in rounds)},
+                rd["card, TAC + flips"]["wall_s"] / rd["uc"]["wall_s"] for rd in rounds
+            ),
+        },
         "rounds_detail": rounds,
     }
     print(json.dumps({k: result[k] for k in ("median", "ratio_median")}, indent=1))

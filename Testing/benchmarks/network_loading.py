@@ -86,18 +86,38 @@ def main(argv=None) -> int:
         for way in WAYS:
             runs = []
             for _ in range(a.repeats):
-                p = subprocess.run([sys.executable, "-c", TIMED, way, tmp, a.bundle], env=env, check=True,
-                                   capture_output=True, text=True)
+                p = subprocess.run(
+                    [sys.executable, "-c", TIMED, way, tmp, a.bundle],
+                    env=env,
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
                 torch_s, ready_s, monai = p.stdout.split()
                 runs.append((float(torch_s), float(ready_s), monai == "True"))
             best = min(runs, key=lambda r: r[1])
-            figures[way] = {"import_torch_s": min(r[0] for r in runs), "networks_ready_s": best[1],
-                            "monai_imported": best[2], "runs": runs}
-            print(f"{way:14s} networks ready {best[1]:.2f} s after torch (import torch {figures[way]['import_torch_s']:.2f} s)"
-                  f"{', MONAI imported' if best[2] else ''}")
-    result = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
-                          "load_average_at_end": os.getloadavg()},
-              "bundle": a.bundle or "shipped default", "threads": a.threads, "repeats": a.repeats, "ways": figures}
+            figures[way] = {
+                "import_torch_s": min(r[0] for r in runs),
+                "networks_ready_s": best[1],
+                "monai_imported": best[2],
+                "runs": runs,
+            }
+            print(
+                f"{way:14s} networks ready {best[1]:.2f} s after torch (import torch {figures[way]['import_torch_s']:.2f} s)"
+                f"{', MONAI imported' if best[2] else ''}"
+            )
+    result = {
+        "machine": {
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": sys.version.split()[0],
+            "load_average_at_end": os.getloadavg(),
+        },
+        "bundle": a.bundle or "shipped default",
+        "threads": a.threads,
+        "repeats": a.repeats,
+        "ways": figures,
+    }
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(result, indent=2) + "\n")

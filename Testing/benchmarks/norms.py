@@ -42,8 +42,10 @@ def main() -> None:
             x = torch.randn(10, c, side, side)
             inst, group = nn.InstanceNorm2d(c), nn.GroupNorm(c, c, affine=False)
             ti, tg = least(lambda: inst(x), a.repeats), least(lambda: group(x), a.repeats)
-            print(f"(10, {c:3d}, {side:3d}, {side:3d})  instance {1e3 * ti:7.2f} ms  group {1e3 * tg:7.2f} ms  "
-                  f"{ti / tg:4.1f}x")
+            print(
+                f"(10, {c:3d}, {side:3d}, {side:3d})  instance {1e3 * ti:7.2f} ms  group {1e3 * tg:7.2f} ms  "
+                f"{ti / tg:4.1f}x"
+            )
 
         from cardseg.bundle.folder import read_config, resolve_bundle_path
         from cardseg.bundle.loading import load_network
@@ -65,13 +67,25 @@ def main() -> None:
         steps = config["diffusion"]["sampled_steps"]
         sched = CategoricalSchedule(config["diffusion"]["num_steps"])
         for label, pair in (("instance norm (as built)", nets), ("group norm (engine)", fast)):
-            run = lambda: run_trajectory(pair["primary"], image, steps, k, reference=pair["reference"],  # noqa: E731
-                                         mode="card", schedule=sched)
+
+            def run():
+                return run_trajectory(
+                    pair["primary"],
+                    image,
+                    steps,
+                    k,
+                    reference=pair["reference"],  # noqa: E731
+                    mode="card",
+                    schedule=sched,
+                )
+
             print(f"card trajectory, 10 slices, {label}: {least(run, max(1, a.repeats // 5)):.2f} s")
         r1 = run_trajectory(nets["primary"], image, steps, k, reference=nets["reference"], mode="card", schedule=sched)
         r2 = run_trajectory(fast["primary"], image, steps, k, reference=fast["reference"], mode="card", schedule=sched)
-        print(f"largest logit difference {float((r1.logits - r2.logits).abs().max()):.2e}, "
-              f"TAC {float((r1.tac - r2.tac).abs().max()):.2e}")
+        print(
+            f"largest logit difference {float((r1.logits - r2.logits).abs().max()):.2e}, "
+            f"TAC {float((r1.tac - r2.tac).abs().max()):.2e}"
+        )
 
 
 if __name__ == "__main__":

@@ -42,16 +42,25 @@ def main() -> None:
     ap.add_argument("--input-size", type=int, default=128)
     ap.add_argument("--spacing", type=float, default=1.5)
     ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--rounds", "--repeats", dest="repeats", type=int, default=7,
-                    help="interleaved rounds (each: uc, card, [card not overlapped], forwards alone)")
+    ap.add_argument(
+        "--rounds",
+        "--repeats",
+        dest="repeats",
+        type=int,
+        default=7,
+        help="interleaved rounds (each: uc, card, [card not overlapped], forwards alone)",
+    )
     ap.add_argument("--device", default="auto")
     ap.add_argument("--threads", type=int)
     ap.add_argument("--backend", default="torch", choices=["torch", "onnx"], help="onnx: needs the [speed] extra")
     ap.add_argument("--json", help="also write the figures to this JSON file")
-    ap.add_argument("--paper-scale", action="store_true",
-                    help="the paper's timing instead: time-SwinUNETR base (40.5M) primary alone vs with a Mini "
-                         "reference, 5 steps on a batch of 32 slices of 256 x 256, random weights (the GPU run's "
-                         "engine check, Training/gpu/run.py)")
+    ap.add_argument(
+        "--paper-scale",
+        action="store_true",
+        help="the paper's timing instead: time-SwinUNETR base (40.5M) primary alone vs with a Mini "
+        "reference, 5 steps on a batch of 32 slices of 256 x 256, random weights (the GPU run's "
+        "engine check, Training/gpu/run.py)",
+    )
     a = ap.parse_args()
     if a.paper_scale:
         import json
@@ -90,7 +99,7 @@ def main() -> None:
     z = volume.shape[0]
 
     x, _ = network_inputs(volume, bundle)
-    batches = [x[i:i + a.batch_size].to(device) for i in range(0, z, a.batch_size)]
+    batches = [x[i : i + a.batch_size].to(device) for i in range(0, z, a.batch_size)]
     overlaps = bool(getattr(bundle.reference, "overlap_safe", False)) and device.type == "cpu"
 
     def timed(method: str, overlap: bool = True) -> float:
@@ -107,8 +116,9 @@ def main() -> None:
         out = []
         with torch.no_grad():
             for xb in batches:
-                state = torch.full((xb.shape[0], bundle.num_classes, *xb.shape[2:]), 1.0 / bundle.num_classes,
-                                   device=device)
+                state = torch.full(
+                    (xb.shape[0], bundle.num_classes, *xb.shape[2:]), 1.0 / bundle.num_classes, device=device
+                )
                 t = torch.full((xb.shape[0],), 49, dtype=torch.long, device=device)
                 t0 = time.perf_counter()
                 net(xb, state, t)
@@ -130,9 +140,10 @@ def main() -> None:
         for i, xb in enumerate(batches):
             if (role, i) not in captured:
                 xin = xb.new_zeros((a.batch_size,) + tuple(xb.shape[1:]))
-                xin[:xb.shape[0]] = xb
-                state = torch.full((a.batch_size, bundle.num_classes, *xb.shape[2:]), 1.0 / bundle.num_classes,
-                                   device=device)
+                xin[: xb.shape[0]] = xb
+                state = torch.full(
+                    (a.batch_size, bundle.num_classes, *xb.shape[2:]), 1.0 / bundle.num_classes, device=device
+                )
                 t = torch.full((a.batch_size,), 49, dtype=torch.long, device=device)
                 side = torch.cuda.Stream(device=device)
                 side.wait_stream(torch.cuda.current_stream(device))
@@ -158,9 +169,17 @@ def main() -> None:
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         for xb in batches:
-            run_graphed(bundle.primary, bundle.reference, xb, bundle.sampled_steps, bundle.num_classes, mode=method,
-                        schedule=bundle.schedule, tac_steps=bundle.tac_steps if method == "card" else None,
-                        batch_size=a.batch_size)
+            run_graphed(
+                bundle.primary,
+                bundle.reference,
+                xb,
+                bundle.sampled_steps,
+                bundle.num_classes,
+                mode=method,
+                schedule=bundle.schedule,
+                tac_steps=bundle.tac_steps if method == "card" else None,
+                batch_size=a.batch_size,
+            )
         torch.cuda.synchronize()
         return time.perf_counter() - t0
 
@@ -176,11 +195,16 @@ def main() -> None:
                 eager = segment_volume(volume, bundle, method=method, device=device, batch_size=a.batch_size)
             finally:
                 os.environ["CARDSEG_CUDA_GRAPHS"] = "1"
-            row = {"labels_equal_fraction": float(np.mean(np.asarray(graphed.labels) == np.asarray(eager.labels))),
-                   "max_abs_probability_diff": float(np.abs(np.asarray(graphed.probabilities)
-                                                            - np.asarray(eager.probabilities)).max())}
+            row = {
+                "labels_equal_fraction": float(np.mean(np.asarray(graphed.labels) == np.asarray(eager.labels))),
+                "max_abs_probability_diff": float(
+                    np.abs(np.asarray(graphed.probabilities) - np.asarray(eager.probabilities)).max()
+                ),
+            }
             if method == "card":
-                row["max_abs_tac_diff"] = float(np.abs(np.asarray(graphed.disagreement) - np.asarray(eager.disagreement)).max())
+                row["max_abs_tac_diff"] = float(
+                    np.abs(np.asarray(graphed.disagreement) - np.asarray(eager.disagreement)).max()
+                )
             res[method] = row
         return res
 
@@ -196,12 +220,25 @@ def main() -> None:
     for r in range(a.repeats):
         row = {k: timed("card" if k != "uc" else "uc", overlap=k != "card_sequential") for k in kinds}
         fp, fr = forwards(bundle.primary), forwards(bundle.reference)
-        row.update({"primary_forwards": fp, "reference_forwards": fr, "floor": 1 + sum(fr) / sum(fp),
-                    "floor_batch8": 1 + fr[0] / fp[0], "load_average": os.getloadavg()[0]})
+        row.update(
+            {
+                "primary_forwards": fp,
+                "reference_forwards": fr,
+                "floor": 1 + sum(fr) / sum(fp),
+                "floor_batch8": 1 + fr[0] / fp[0],
+                "load_average": os.getloadavg()[0],
+            }
+        )
         if graph_floor:  # the engine runs graphs here: so is its floor (the eager one stays beside it)
             gp, gr = forwards_graphed("primary", bundle.primary), forwards_graphed("reference", bundle.reference)
-            row.update({"primary_forwards_graphed": gp, "reference_forwards_graphed": gr,
-                        "floor_eager_forwards": row["floor"], "floor": 1 + sum(gr) / sum(gp)})
+            row.update(
+                {
+                    "primary_forwards_graphed": gp,
+                    "reference_forwards_graphed": gr,
+                    "floor_eager_forwards": row["floor"],
+                    "floor": 1 + sum(gr) / sum(gp),
+                }
+            )
             # the graphs' replays alone (every batch of the volume), without the resampling and copies around them
             try:
                 for m in ("uc", "card"):
@@ -212,9 +249,12 @@ def main() -> None:
         for k in kinds[1:]:
             row[f"{k}_over_uc"] = row[k] / row["uc"]
         rounds.append(row)
-        print(f"round {r + 1}: " + ", ".join(f"{k} {row[k]:.3f} s" for k in kinds)
-              + f"; card/uc {row['card_over_uc']:.3f}, floor {row['floor']:.3f} (load {row['load_average']:.2f})",
-              flush=True)
+        print(
+            f"round {r + 1}: "
+            + ", ".join(f"{k} {row[k]:.3f} s" for k in kinds)
+            + f"; card/uc {row['card_over_uc']:.3f}, floor {row['floor']:.3f} (load {row['load_average']:.2f})",
+            flush=True,
+        )
     if overlaps:
         bundle.reference.overlap_safe = True  # as the session was made (overlaps is True only then)
     load_after = os.getloadavg()
@@ -226,15 +266,21 @@ def main() -> None:
             return count_parameters(net)
         return bundle.config["networks"][role]["parameters"]
 
-    print(f"bundle {bundle.ident}: primary {params('primary'):,d} params, "
-          f"reference {params('reference'):,d} params, grid {bundle.config['input_size']}px")
-    print(f"device {device}, backend {bundle.backend}, threads {torch.get_num_threads()}, volume {z} slices, "
-          f"batch {a.batch_size}, {len(bundle.sampled_steps)} steps, {a.repeats} rounds, load average "
-          f"{load_before[0]:.2f} before, {load_after[0]:.2f} after")
+    print(
+        f"bundle {bundle.ident}: primary {params('primary'):,d} params, "
+        f"reference {params('reference'):,d} params, grid {bundle.config['input_size']}px"
+    )
+    print(
+        f"device {device}, backend {bundle.backend}, threads {torch.get_num_threads()}, volume {z} slices, "
+        f"batch {a.batch_size}, {len(bundle.sampled_steps)} steps, {a.repeats} rounds, load average "
+        f"{load_before[0]:.2f} before, {load_after[0]:.2f} after"
+    )
     print(f"trajectory uc {med['uc']:.3f} s, card {med['card']:.3f} s (medians)")
-    print(f"card/uc trajectory: {med['card_over_uc']:.3f}x, floor 1 + t_ref/t_primary {med['floor']:.3f}x "
-          f"(batch 8 alone {med['floor_batch8']:.3f}x): {med['card_over_uc'] - med['floor']:+.3f} "
-          f"(goal: within 0.05; medians of the per-round figures)")
+    print(
+        f"card/uc trajectory: {med['card_over_uc']:.3f}x, floor 1 + t_ref/t_primary {med['floor']:.3f}x "
+        f"(batch 8 alone {med['floor_batch8']:.3f}x): {med['card_over_uc'] - med['floor']:+.3f} "
+        f"(goal: within 0.05; medians of the per-round figures)"
+    )
     if overlaps:
         print(f"card with the reference after the primary (not overlapped): {med['card_sequential_over_uc']:.3f}x")
     agreement = agreement_with_eager() if graph_floor else None
@@ -244,20 +290,34 @@ def main() -> None:
         import json
         import platform
 
-        figures = {"bundle": bundle.ident, "device": str(device), "backend": bundle.backend,
-                   "threads": torch.get_num_threads(), "slices": z, "batch_size": a.batch_size, "rounds": a.repeats,
-                   "overlapped_reference": overlaps, "cuda_graphs": graph_floor,
-                   "torch": torch.__version__,
-                   "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-                   "graphed_vs_eager": agreement,
-                   "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
-                               "load_average_before": load_before, "load_average_after": load_after},
-                   "rounds_measured": rounds, "medians": med,
-                   "trajectory_s": {"uc": med["uc"], "card": med["card"]},
-                   "card_over_uc_trajectory": med["card_over_uc"], "floor": med["floor"],
-                   "over_floor": med["card_over_uc"] - med["floor"],
-                   "goal": "card/uc trajectory within 0.05 of the floor measured in the same run",
-                   "goal_met": med["card_over_uc"] <= med["floor"] + 0.05}
+        figures = {
+            "bundle": bundle.ident,
+            "device": str(device),
+            "backend": bundle.backend,
+            "threads": torch.get_num_threads(),
+            "slices": z,
+            "batch_size": a.batch_size,
+            "rounds": a.repeats,
+            "overlapped_reference": overlaps,
+            "cuda_graphs": graph_floor,
+            "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "graphed_vs_eager": agreement,
+            "machine": {
+                "cpus": os.cpu_count(),
+                "platform": platform.platform(),
+                "load_average_before": load_before,
+                "load_average_after": load_after,
+            },
+            "rounds_measured": rounds,
+            "medians": med,
+            "trajectory_s": {"uc": med["uc"], "card": med["card"]},
+            "card_over_uc_trajectory": med["card_over_uc"],
+            "floor": med["floor"],
+            "over_floor": med["card_over_uc"] - med["floor"],
+            "goal": "card/uc trajectory within 0.05 of the floor measured in the same run",
+            "goal_met": med["card_over_uc"] <= med["floor"] + 0.05,
+        }
         with open(a.json, "w") as f:
             f.write(json.dumps(figures, indent=2) + "\n")
     tmp.cleanup()

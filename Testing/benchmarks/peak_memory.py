@@ -23,8 +23,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-CONFIGS = (("onnx-first-run", "onnx", "card"), ("torch", "torch", "card"), ("onnx", "onnx", "card"),
-           ("torch-uc", "torch", "uc"))
+CONFIGS = (
+    ("onnx-first-run", "onnx", "card"),
+    ("torch", "torch", "card"),
+    ("onnx", "onnx", "card"),
+    ("torch-uc", "torch", "uc"),
+)
 
 
 def peak_kib(cmd, env) -> int:
@@ -62,16 +66,47 @@ def main(argv=None) -> int:
         rows = []
         for name, backend, method in CONFIGS:
             out = work / f"out-{name}"
-            kib = peak_kib([sys.executable, "-m", "cardseg", "segment", str(src), "-o", str(out), "--backend", backend,
-                            "--method", method, "--threads", str(a.threads), "--progress", "none", "--quiet"], env)
-            rows.append({"run": name, "backend": backend, "method": method, "peak_rss_mib": round(kib / 1024, 1),
-                         "peak_rss_gb": round(kib * 1024 / 1e9, 2)})
+            kib = peak_kib(
+                [
+                    sys.executable,
+                    "-m",
+                    "cardseg",
+                    "segment",
+                    str(src),
+                    "-o",
+                    str(out),
+                    "--backend",
+                    backend,
+                    "--method",
+                    method,
+                    "--threads",
+                    str(a.threads),
+                    "--progress",
+                    "none",
+                    "--quiet",
+                ],
+                env,
+            )
+            rows.append(
+                {
+                    "run": name,
+                    "backend": backend,
+                    "method": method,
+                    "peak_rss_mib": round(kib / 1024, 1),
+                    "peak_rss_gb": round(kib * 1024 / 1e9, 2),
+                }
+            )
             print(f"{name:16s} {kib / 1024:8.1f} MiB")
             shutil.rmtree(out, ignore_errors=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    result = {"volume": [a.slices, a.size, a.size], "voxels": a.slices * a.size * a.size, "threads": a.threads,
-              "machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, "rows": rows}
+    result = {
+        "volume": [a.slices, a.size, a.size],
+        "voxels": a.slices * a.size * a.size,
+        "threads": a.threads,
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+        "rows": rows,
+    }
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(json.dumps(result, indent=2) + "\n")

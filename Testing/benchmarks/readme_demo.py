@@ -51,9 +51,12 @@ def main(argv=None) -> int:
         env = {**os.environ, "CARDSEG_CACHE_DIR": os.environ.get("CARDSEG_CACHE_DIR", str(Path(tmp) / "cache"))}
         work = Path(tmp) / "work"
         work.mkdir()
-        record = {"commands": ["cardseg synth demo.nii.gz", "cardseg segment demo.nii.gz -o demo-out"],
-                  "date": time.strftime("%Y-%m-%d"), "python": platform.python_version(),
-                  **run_demo(work, env)}
+        record = {
+            "commands": ["cardseg synth demo.nii.gz", "cardseg segment demo.nii.gz -o demo-out"],
+            "date": time.strftime("%Y-%m-%d"),
+            "python": platform.python_version(),
+            **run_demo(work, env),
+        }
     text = json.dumps(record, indent=2) + "\n"
     if a.json:
         a.json.write_text(text)

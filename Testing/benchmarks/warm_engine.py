@@ -54,8 +54,12 @@ CARDSEG = [sys.executable, "-m", "cardseg"]
 
 def one_shot(src: Path, out: Path, opts: list, env: dict) -> dict:
     t0 = time.perf_counter()
-    proc = subprocess.run(CARDSEG + ["segment", str(src), "-o", str(out), "--progress", "none", *opts],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        CARDSEG + ["segment", str(src), "-o", str(out), "--progress", "none", *opts],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"warm_engine: cardseg segment failed:\n{proc.stderr[-2000:]}")
@@ -68,8 +72,15 @@ class Engine:
 
     def __init__(self, opts: list, env: dict):
         self.t_start = time.perf_counter()
-        self.proc = subprocess.Popen(CARDSEG + ["serve", *opts], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.DEVNULL, text=True, bufsize=1, env=env)
+        self.proc = subprocess.Popen(
+            CARDSEG + ["serve", *opts],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+            env=env,
+        )
         self.ready = self.event()
         self.t_ready = time.perf_counter()
         if self.ready.get("error"):
@@ -92,9 +103,14 @@ class Engine:
         wall = time.perf_counter() - t0
         if not result.get("ok"):
             raise SystemExit(f"warm_engine: a request failed: {result.get('error')}")
-        return {"wall_s": wall, "t_sent": t0,
-                "trajectory_s": network_seconds(result["timings_s"]),
-                "timings_s": result["timings_s"], "engine_s": result["seconds"], "loaded_bundle": result["loaded_bundle"]}
+        return {
+            "wall_s": wall,
+            "t_sent": t0,
+            "trajectory_s": network_seconds(result["timings_s"]),
+            "timings_s": result["timings_s"],
+            "engine_s": result["seconds"],
+            "loaded_bundle": result["loaded_bundle"],
+        }
 
     def modules(self) -> dict:
         """Which of torch, MONAI and ONNX Runtime the engine has imported (its ``status`` event)."""
@@ -124,23 +140,30 @@ def batch_run(src: Path, n: int, out: Path, opts: list, env: dict) -> dict:
     for i in range(n):
         shutil.copyfile(src, cases / f"case{i}{''.join(src.suffixes)}")
     t0 = time.perf_counter()
-    proc = subprocess.run(CARDSEG + ["batch", str(cases), "-o", str(out), "--quiet", *opts],
-                          capture_output=True, text=True, env=env)
+    proc = subprocess.run(
+        CARDSEG + ["batch", str(cases), "-o", str(out), "--quiet", *opts], capture_output=True, text=True, env=env
+    )
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"warm_engine: cardseg batch failed:\n{proc.stderr[-2000:]}")
     reports = [json.loads((out / f"case{i}" / "report.json").read_text()) for i in range(n)]
     trajectories = sum(network_seconds(rep["timings_s"]) for rep in reports)
-    return {"wall_s": wall, "cases": n, "trajectories_s": trajectories, "wall_less_trajectories_s": wall - trajectories,
-            "backend": sorted({rep["backend"] for rep in reports})}
+    return {
+        "wall_s": wall,
+        "cases": n,
+        "trajectories_s": trajectories,
+        "wall_less_trajectories_s": wall - trajectories,
+        "backend": sorted({rep["backend"] for rep in reports}),
+    }
 
 
 def median(values):
     return statistics.median(values) if values else None
 
 
-def one_round(r: int, src: Path, work: Path, opts: list, env: dict, n_requests: int, batch_cases: int,
-              tag: str = "") -> dict:
+def one_round(
+    r: int, src: Path, work: Path, opts: list, env: dict, n_requests: int, batch_cases: int, tag: str = ""
+) -> dict:
     """One round for one checkout: a one-shot run, a fresh engine and its requests, a batch."""
     single = one_shot(src, work / f"one-shot{tag}-{r}", opts, env)
     engine = Engine(opts, env)
@@ -161,13 +184,19 @@ def one_round(r: int, src: Path, work: Path, opts: list, env: dict, n_requests: 
     if batch_cases:
         out["batch"] = batch_run(src, batch_cases, work / f"batch{tag}-{r}", opts, env)
     second = requests[1]
-    batch = (f"; batch of {batch_cases} {out['batch']['wall_s']:.2f} s (trajectories "
-             f"{out['batch']['trajectories_s']:.2f})" if batch_cases else "")
-    print(f"round {r + 1}{tag}: one-shot {single['wall_s']:.2f} s (trajectory {single['trajectory_s']:.2f}); "
-          f"engine ready after {out['engine_start_to_ready_s']:.2f} s; first request "
-          f"{first['wall_s']:.2f} s (trajectory {first['trajectory_s']:.2f}, {out['first_request_from_start_s']:.2f} s "
-          f"from start), second {second['wall_s']:.2f} s (trajectory {second['trajectory_s']:.2f}, ratio "
-          f"{second['wall_s'] / second['trajectory_s']:.3f}){batch}; engine modules {modules}", flush=True)
+    batch = (
+        f"; batch of {batch_cases} {out['batch']['wall_s']:.2f} s (trajectories {out['batch']['trajectories_s']:.2f})"
+        if batch_cases
+        else ""
+    )
+    print(
+        f"round {r + 1}{tag}: one-shot {single['wall_s']:.2f} s (trajectory {single['trajectory_s']:.2f}); "
+        f"engine ready after {out['engine_start_to_ready_s']:.2f} s; first request "
+        f"{first['wall_s']:.2f} s (trajectory {first['trajectory_s']:.2f}, {out['first_request_from_start_s']:.2f} s "
+        f"from start), second {second['wall_s']:.2f} s (trajectory {second['trajectory_s']:.2f}, ratio "
+        f"{second['wall_s'] / second['trajectory_s']:.3f}){batch}; engine modules {modules}",
+        flush=True,
+    )
     return out
 
 
@@ -181,8 +210,9 @@ def figures(rounds: list) -> tuple:
         "first_request_wall_s": [r["requests"][0]["wall_s"] for r in rounds],
         "first_request_from_start_s": [r["first_request_from_start_s"] for r in rounds],
         "first_request_trajectory_s": [r["requests"][0]["trajectory_s"] for r in rounds],
-        "first_request_from_start_less_trajectory_s": [r["first_request_from_start_s"] - r["requests"][0]["trajectory_s"]
-                                                       for r in rounds],
+        "first_request_from_start_less_trajectory_s": [
+            r["first_request_from_start_s"] - r["requests"][0]["trajectory_s"] for r in rounds
+        ],
         "first_request_ratio": [r["requests"][0]["wall_s"] / r["requests"][0]["trajectory_s"] for r in rounds],
         "second_request_wall_s": [r["requests"][1]["wall_s"] for r in rounds],
         "second_request_trajectory_s": [r["requests"][1]["trajectory_s"] for r in rounds],
@@ -209,8 +239,13 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--requests", type=int, default=3, help="requests per engine (at least 2)")
     ap.add_argument("--batch-cases", type=int, default=0, help="also time a cardseg batch over N copies per round")
-    ap.add_argument("--code", action="append", default=[], metavar="LABEL=REPO",
-                    help="run cardseg from REPO/CARDSegment (repeatable: the checkouts alternate in each round)")
+    ap.add_argument(
+        "--code",
+        action="append",
+        default=[],
+        metavar="LABEL=REPO",
+        help="run cardseg from REPO/CARDSegment (repeatable: the checkouts alternate in each round)",
+    )
     ap.add_argument("--json", help="write the figures here")
     ap.add_argument("--note", default="", help="a remark stored with the result (e.g. that the machine was shared)")
     a = ap.parse_args(argv)
@@ -224,10 +259,17 @@ def main(argv=None) -> int:
         codes.append((label, Path(repo).resolve()))
     work = Path(tempfile.mkdtemp(prefix="cardseg-warm-"))
     env = {**os.environ, "CARDSEG_CACHE_DIR": str(work / "model-cache"), "PYTHONUNBUFFERED": "1"}
-    envs = {"": env} if not codes else {
-        label: {**env, "PYTHONPATH": os.pathsep.join([str(repo / "CARDSegment")]
-                                                     + [p for p in [env.get("PYTHONPATH")] if p])}
-        for label, repo in codes}
+    envs = (
+        {"": env}
+        if not codes
+        else {
+            label: {
+                **env,
+                "PYTHONPATH": os.pathsep.join([str(repo / "CARDSegment")] + [p for p in [env.get("PYTHONPATH")] if p]),
+            }
+            for label, repo in codes
+        }
+    )
     opts = []
     for flag, value in (("--bundle", a.bundle), ("--backend", a.backend), ("--threads", a.threads)):
         if value is not None:
@@ -242,30 +284,40 @@ def main(argv=None) -> int:
         rounds = {label: [] for label in envs}
         labels = list(envs)
         for r in range(a.rounds):
-            for label in (labels if r % 2 == 0 else labels[::-1]):
-                rounds[label].append(one_round(r, src, work, opts, envs[label], a.requests, a.batch_cases,
-                                               f"-{label}" if label else ""))
+            for label in labels if r % 2 == 0 else labels[::-1]:
+                rounds[label].append(
+                    one_round(r, src, work, opts, envs[label], a.requests, a.batch_cases, f"-{label}" if label else "")
+                )
         per_code = {label: figures(rs) for label, rs in rounds.items()}
         result = {
             "what": "warm engine (cardseg serve) against one-shot cardseg segment, one run",
             "input": "cardseg synth phantom, 10 x 192 x 176" if not a.input else str(a.input),
             "options": opts or ["(cardseg defaults)"],
             "backend": json.loads((work / "warm-up-0" / "report.json").read_text())["backend"],
-            "rounds": a.rounds, "requests_per_engine": a.requests, "batch_cases": a.batch_cases,
-            "machine": {"cpus": os.cpu_count(), "usable_cpus": len(os.sched_getaffinity(0))
-                        if hasattr(os, "sched_getaffinity") else None, "python": platform.python_version(),
-                        "load_average_before": list(load_before), "load_average_after": list(os.getloadavg())},
+            "rounds": a.rounds,
+            "requests_per_engine": a.requests,
+            "batch_cases": a.batch_cases,
+            "machine": {
+                "cpus": os.cpu_count(),
+                "usable_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+                "python": platform.python_version(),
+                "load_average_before": list(load_before),
+                "load_average_after": list(os.getloadavg()),
+            },
             "note": a.note,
         }
         if not codes:
             with_kind, summary = per_code[""]
-            result.update({"summary_median": summary, "per_round": with_kind, "warm_up_run": warm[""],
-                           "raw": rounds[""]})
+            result.update(
+                {"summary_median": summary, "per_round": with_kind, "warm_up_run": warm[""], "raw": rounds[""]}
+            )
         else:
             result["code"] = {label: str(repo) for label, repo in codes}
             result["summary_median"] = {label: per_code[label][1] for label in labels}
-            result["by_code"] = {label: {"per_round": per_code[label][0], "warm_up_run": warm[label],
-                                         "raw": rounds[label]} for label in labels}
+            result["by_code"] = {
+                label: {"per_round": per_code[label][0], "warm_up_run": warm[label], "raw": rounds[label]}
+                for label in labels
+            }
         print(json.dumps(result["summary_median"], indent=2))
         if a.json:
             Path(a.json).parent.mkdir(parents=True, exist_ok=True)

@@ -54,8 +54,12 @@ from cardseg.method.flips import network_seconds
 # --------------------------------------------------------------------------------------------
 # the instrumented child: ``whole_run.py --child OUT.json -- segment ARGS...``
 # --------------------------------------------------------------------------------------------
-IMPORT_GROUPS = {"torch": "import torch", "monai": "import MONAI", "onnxruntime": "import onnxruntime",
-                 "onnx": "import onnxruntime"}
+IMPORT_GROUPS = {
+    "torch": "import torch",
+    "monai": "import MONAI",
+    "onnxruntime": "import onnxruntime",
+    "onnx": "import onnxruntime",
+}
 OTHER_IMPORTS = "import engine + numpy/SciPy/SimpleITK/..."
 
 
@@ -123,17 +127,24 @@ def _child(out_json: str, argv: list) -> int:
     wrap(cardseg.io.volume, "read_volume", "read + input checks")
     # wrapped when the run itself imports them, so that every module (torch, when a run imports
     # it) is imported when and where the plain run imports it (the ONNX sessions open on a thread meanwhile)
-    late.update({"cardseg.bundle.loading": [("load_bundle", "bundle load")],
-                 "cardseg.bundle.onnx_backend": [("all_found", "waiting for the ONNX sessions")],
-                 "cardseg.segment": [("run_trajectory", "networks (run_trajectory)"),
-                                     ("resample_to_network", "resampling to/from the network grid"),
-                                     ("network_to_slices", "resampling to/from the network grid"),
-                                     ("build_report", "agreement + flagged regions (report)"),
-                                     ("write_outputs", "writing")]})
+    late.update(
+        {
+            "cardseg.bundle.loading": [("load_bundle", "bundle load")],
+            "cardseg.bundle.onnx_backend": [("all_found", "waiting for the ONNX sessions")],
+            "cardseg.segment": [
+                ("run_trajectory", "networks (run_trajectory)"),
+                ("resample_to_network", "resampling to/from the network grid"),
+                ("network_to_slices", "resampling to/from the network grid"),
+                ("build_report", "agreement + flagged regions (report)"),
+                ("write_outputs", "writing"),
+            ],
+        }
+    )
     rc = cardseg.cli.main(argv)
     builtins.__import__ = original
-    Path(out_json).write_text(json.dumps({"rc": rc, "imports": imports, "phases": phases,
-                                          "child_s": time.perf_counter() - t_child}))
+    Path(out_json).write_text(
+        json.dumps({"rc": rc, "imports": imports, "phases": phases, "child_s": time.perf_counter() - t_child})
+    )
     # the plain run ends with os._exit (cardseg.cli.console_main): so does this one, or the row
     # "python start/exit" would hold the interpreter's teardown of torch that no plain run pays
     sys.stdout.flush()
@@ -172,11 +183,25 @@ def _best(xs):
 
 
 STAGES_FROM_REPORT = ("preprocess", "postprocess")
-ROW_ORDER = ["python start/exit", "import torch", "import MONAI", "import onnxruntime", OTHER_IMPORTS,
-             "checks (options, OUTDIR, bundle)", "read + input checks", "waiting for the ONNX sessions", "bundle load",
-             "normalise (preprocess)",
-             "resampling to/from the network grid", "networks (run_trajectory)", "trajectory: rest",
-             "postprocess (calibration, softmax)", "agreement + flagged regions (report)", "writing", "rest"]
+ROW_ORDER = [
+    "python start/exit",
+    "import torch",
+    "import MONAI",
+    "import onnxruntime",
+    OTHER_IMPORTS,
+    "checks (options, OUTDIR, bundle)",
+    "read + input checks",
+    "waiting for the ONNX sessions",
+    "bundle load",
+    "normalise (preprocess)",
+    "resampling to/from the network grid",
+    "networks (run_trajectory)",
+    "trajectory: rest",
+    "postprocess (calibration, softmax)",
+    "agreement + flagged regions (report)",
+    "writing",
+    "rest",
+]
 
 
 def breakdown(wall: float, child: dict, report: dict) -> dict:
@@ -186,15 +211,23 @@ def breakdown(wall: float, child: dict, report: dict) -> dict:
     rows = {"python start/exit": wall - child["child_s"]}
     for g in ("import torch", "import MONAI", "import onnxruntime", OTHER_IMPORTS):
         rows[g] = child["imports"].get(g, 0.0)
-    for k in ("checks (options, OUTDIR, bundle)", "read + input checks", "waiting for the ONNX sessions", "bundle load",
-              "resampling to/from the network grid", "networks (run_trajectory)",
-              "agreement + flagged regions (report)", "writing"):
+    for k in (
+        "checks (options, OUTDIR, bundle)",
+        "read + input checks",
+        "waiting for the ONNX sessions",
+        "bundle load",
+        "resampling to/from the network grid",
+        "networks (run_trajectory)",
+        "agreement + flagged regions (report)",
+        "writing",
+    ):
         rows[k] = ph.get(k, 0.0)
     rows["normalise (preprocess)"] = t["preprocess"]
     rows["postprocess (calibration, softmax)"] = t["postprocess"]
     # the networks' time: the trajectory and, for a bundle whose review map needs them, the flipped copies' runs
-    rows["trajectory: rest"] = network_seconds(t) - rows["resampling to/from the network grid"] - \
-        rows["networks (run_trajectory)"]
+    rows["trajectory: rest"] = (
+        network_seconds(t) - rows["resampling to/from the network grid"] - rows["networks (run_trajectory)"]
+    )
     rows["rest"] = wall - sum(rows.values())
     return rows
 
@@ -202,20 +235,25 @@ def breakdown(wall: float, child: dict, report: dict) -> dict:
 def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--child":
         sep = sys.argv.index("--")
-        sys.exit(_child(sys.argv[2], sys.argv[sep + 1:]))
+        sys.exit(_child(sys.argv[2], sys.argv[sep + 1 :]))
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--input", help="volume file (default: a cardseg synth phantom, 10 slices)")
     ap.add_argument("--bundle", help="bundle folder (default: the shipped one)")
-    ap.add_argument("--backend", default="auto", choices=["auto", "torch", "onnx"],
-                    help="passed to every run (auto: cardseg's default, onnx on a CPU when the [speed] extra is there)")
+    ap.add_argument(
+        "--backend",
+        default="auto",
+        choices=["auto", "torch", "onnx"],
+        help="passed to every run (auto: cardseg's default, onnx on a CPU when the [speed] extra is there)",
+    )
     ap.add_argument("--repeats", type=int, default=5, help="runs of each kind per method (the least counts)")
     ap.add_argument("--cases", type=int, default=8, help="copies of the volume for batch against loop (0: skip)")
     ap.add_argument("--batch-repeats", type=int, default=2, help="rounds of loop + batch (least of them)")
     ap.add_argument("--threads", type=int, help="--threads for every run (default: torch's choice)")
     ap.add_argument("--device", help="--device for every run (default: cardseg's, auto)")
     ap.add_argument("--batch-size", type=int, default=8)
-    ap.add_argument("--batch-workers", type=int, default=1,
-                    help="cardseg batch --workers N (with --threads T: T // N threads each)")
+    ap.add_argument(
+        "--batch-workers", type=int, default=1, help="cardseg batch --workers N (with --threads T: T // N threads each)"
+    )
     ap.add_argument("--json", help="write every measurement here")
     a = ap.parse_args()
 
@@ -244,8 +282,9 @@ def main() -> None:
             return ["segment", str(inp), "-o", str(out), "--method", method] + common
 
         load_before = _load()
-        print(f"load average before: {load_before}; {os.cpu_count()} CPUs; backend {a.backend}; input {inp}",
-              flush=True)
+        print(
+            f"load average before: {load_before}; {os.cpu_count()} CPUs; backend {a.backend}; input {inp}", flush=True
+        )
         for m in ("uc", "card"):  # warm-up: OS file cache, the ONNX model cache
             _run(cs + seg_args(m, tmp / f"warm-{m}"), env)
         res = {m: {"plain_wall": [], "plain_timings": [], "rows": []} for m in ("uc", "card")}
@@ -258,14 +297,17 @@ def main() -> None:
                 res[m]["plain_timings"].append(rep["timings_s"])
                 out = tmp / f"inst-{m}"
                 cj = tmp / f"child-{m}.json"
-                w = _run([sys.executable, str(Path(__file__).resolve()), "--child", str(cj), "--"] + seg_args(m, out),
-                         env)
+                w = _run(
+                    [sys.executable, str(Path(__file__).resolve()), "--child", str(cj), "--"] + seg_args(m, out), env
+                )
                 child = json.loads(cj.read_text())
                 rep = json.loads((out / "report.json").read_text())
                 res[m]["rows"].append(breakdown(w, child, rep))
-                print(f"  repeat {r + 1}: {m:4s} plain {res[m]['plain_wall'][-1]:.2f} s "
-                      f"(trajectory {res[m]['plain_timings'][-1]['trajectory']:.2f} s), instrumented {w:.2f} s",
-                      flush=True)
+                print(
+                    f"  repeat {r + 1}: {m:4s} plain {res[m]['plain_wall'][-1]:.2f} s "
+                    f"(trajectory {res[m]['plain_timings'][-1]['trajectory']:.2f} s), instrumented {w:.2f} s",
+                    flush=True,
+                )
 
         batch = None
         if a.cases > 0:
@@ -276,18 +318,27 @@ def main() -> None:
             loop_walls, batch_walls, no_report_walls = [], [], []
             for r in range(a.batch_repeats):
                 for f in sorted(cases.iterdir()):
-                    loop_walls.append(_run(cs + ["segment", str(f), "-o", str(tmp / "loop" / f.name.split('.')[0])]
-                                           + common, env))
+                    loop_walls.append(
+                        _run(cs + ["segment", str(f), "-o", str(tmp / "loop" / f.name.split(".")[0])] + common, env)
+                    )
                 for walls, extra in ((batch_walls, []), (no_report_walls, ["--no-report"])):
                     out = tmp / f"batch-{r}-{len(extra)}"
                     walls.append(_run(cs + ["batch", str(cases), "-o", str(out)] + batch_common + extra, env))
                     shutil.rmtree(out)
             # the loop: --cases times its least case (the fairest to the loop); the batch: its least run
             loop_s, bw, bw_nr = a.cases * min(loop_walls), min(batch_walls), min(no_report_walls)
-            batch = {"cases": a.cases, "loop_walls": loop_walls, "batch_walls": batch_walls,
-                     "no_report_walls": no_report_walls, "loop_s": loop_s, "batch_s": bw, "batch_no_report_s": bw_nr,
-                     "loop_cases_per_min": a.cases / loop_s * 60, "batch_cases_per_min": a.cases / bw * 60,
-                     "batch_no_report_cases_per_min": a.cases / bw_nr * 60}
+            batch = {
+                "cases": a.cases,
+                "loop_walls": loop_walls,
+                "batch_walls": batch_walls,
+                "no_report_walls": no_report_walls,
+                "loop_s": loop_s,
+                "batch_s": bw,
+                "batch_no_report_s": bw_nr,
+                "loop_cases_per_min": a.cases / loop_s * 60,
+                "batch_cases_per_min": a.cases / bw * 60,
+                "batch_no_report_cases_per_min": a.cases / bw_nr * 60,
+            }
         load_after = _load()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -307,13 +358,17 @@ def main() -> None:
     print(f"| **whole run, instrumented (fastest run)** | {inst['uc']:.3f} | {inst['card']:.3f} |")
     print(f"| **whole run, plain `cardseg segment`** (least of {a.repeats}) | {wall['uc']:.3f} | {wall['card']:.3f} |")
     print(f"| `timings_s.trajectory` of the plain runs (least) | {traj['uc']:.3f} | {traj['card']:.3f} |")
-    print(f"| plain whole run, median of {a.repeats} | {statistics.median(res['uc']['plain_wall']):.3f} | "
-          f"{statistics.median(res['card']['plain_wall']):.3f} |")
+    print(
+        f"| plain whole run, median of {a.repeats} | {statistics.median(res['uc']['plain_wall']):.3f} | "
+        f"{statistics.median(res['card']['plain_wall']):.3f} |"
+    )
     # issue 25's goal: a whole run at most its trajectory + 1.5 s (each run against its own trajectory)
     over = {m: [w - network_seconds(t) for w, t in zip(res[m]["plain_wall"], res[m]["plain_timings"])] for m in res}
     for m in ("uc", "card"):
-        print(f"whole run - its trajectory, {m}: least {min(over[m]):.2f} s, median {statistics.median(over[m]):.2f} s "
-              f"(goal <= 1.5 s); of which importing torch {med[m]['import torch']:.2f} s")
+        print(
+            f"whole run - its trajectory, {m}: least {min(over[m]):.2f} s, median {statistics.median(over[m]):.2f} s "
+            f"(goal <= 1.5 s); of which importing torch {med[m]['import torch']:.2f} s"
+        )
     r1 = wall["card"] / wall["uc"]
     print(f"\nwhole-run card / uc: {r1:.2f}x (goal <= 1.10)")
     for m in ("uc", "card"):
@@ -321,27 +376,46 @@ def main() -> None:
     r3 = None
     if batch:
         r3 = batch["batch_cases_per_min"] / batch["loop_cases_per_min"]
-        print(f"batch {batch['cases']} cases: {batch['batch_s']:.1f} s ({batch['batch_cases_per_min']:.1f} cases/min); "
-              f"loop of cardseg segment: {batch['loop_s']:.1f} s ({batch['loop_cases_per_min']:.1f} cases/min); "
-              f"throughput batch / loop: {r3:.2f}x (goal >= 3)")
-        print(f"  the same batch with --no-report (no triage.html): {batch['batch_no_report_s']:.1f} s "
-              f"({batch['batch_no_report_cases_per_min']:.1f} cases/min), "
-              f"{batch['batch_no_report_cases_per_min'] / batch['loop_cases_per_min']:.2f}x the loop")
+        print(
+            f"batch {batch['cases']} cases: {batch['batch_s']:.1f} s ({batch['batch_cases_per_min']:.1f} cases/min); "
+            f"loop of cardseg segment: {batch['loop_s']:.1f} s ({batch['loop_cases_per_min']:.1f} cases/min); "
+            f"throughput batch / loop: {r3:.2f}x (goal >= 3)"
+        )
+        print(
+            f"  the same batch with --no-report (no triage.html): {batch['batch_no_report_s']:.1f} s "
+            f"({batch['batch_no_report_cases_per_min']:.1f} cases/min), "
+            f"{batch['batch_no_report_cases_per_min'] / batch['loop_cases_per_min']:.2f}x the loop"
+        )
     if a.json:
-        Path(a.json).write_text(json.dumps({"backend": a.backend, "device": a.device or "auto",
-                                            "load_before": load_before, "load_after": load_after,
-                                            "cpus": os.cpu_count(), "results": res,
-                                            # the least of the repeats per row (the key's name is historical)
-                                            "median_rows": med,
-                                            "row_medians": {m: {k: statistics.median(rw[k] for rw in res[m]["rows"])
-                                                                for k in ROW_ORDER} for m in res},
-                                            "plain_wall": wall, "trajectory": traj, "batch": batch,
-                                            "whole_minus_trajectory_s": {m: {"runs": over[m], "least": min(over[m]),
-                                                                             "median": statistics.median(over[m])}
-                                                                         for m in over},
-                                            "ratios": {"card_over_uc": r1,
-                                                       "whole_over_trajectory": {m: wall[m] / traj[m] for m in wall},
-                                                       "batch_over_loop": r3}}, indent=2))
+        Path(a.json).write_text(
+            json.dumps(
+                {
+                    "backend": a.backend,
+                    "device": a.device or "auto",
+                    "load_before": load_before,
+                    "load_after": load_after,
+                    "cpus": os.cpu_count(),
+                    "results": res,
+                    # the least of the repeats per row (the key's name is historical)
+                    "median_rows": med,
+                    "row_medians": {
+                        m: {k: statistics.median(rw[k] for rw in res[m]["rows"]) for k in ROW_ORDER} for m in res
+                    },
+                    "plain_wall": wall,
+                    "trajectory": traj,
+                    "batch": batch,
+                    "whole_minus_trajectory_s": {
+                        m: {"runs": over[m], "least": min(over[m]), "median": statistics.median(over[m])} for m in over
+                    },
+                    "ratios": {
+                        "card_over_uc": r1,
+                        "whole_over_trajectory": {m: wall[m] / traj[m] for m in wall},
+                        "batch_over_loop": r3,
+                    },
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

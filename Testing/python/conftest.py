@@ -72,7 +72,9 @@ def tiny_bundle(tmp_path_factory) -> Path:
     from cardseg.bundle.scaffold import init_bundle
 
     path = tmp_path_factory.mktemp("bundles") / "tiny"
-    init_bundle(path, primary="time-unet:tiny", reference="time-unet:micro", input_size=64, pixel_spacing_mm=3.0, seed=1)
+    init_bundle(
+        path, primary="time-unet:tiny", reference="time-unet:micro", input_size=64, pixel_spacing_mm=3.0, seed=1
+    )
     return path
 
 
@@ -186,10 +188,10 @@ def blob_error_maps(seed: int, case: str, decoy_tac=(0.06, 0.09)):
     pred = truth.copy()
     tac = rng.uniform(0, 0.01, truth.shape).astype(np.float32)
     for z, (y, x) in ((0, (12, 12)), (2, (26, 24))):
-        pred[z, y:y + 8, x:x + 8] = 2
-        tac[z, y - 1:y + 9, x - 1:x + 9] = rng.uniform(0.3, 0.5)
+        pred[z, y : y + 8, x : x + 8] = 2
+        tac[z, y - 1 : y + 9, x - 1 : x + 9] = rng.uniform(0.3, 0.5)
     for z, (y, x) in ((1, (30, 12)), (3, (14, 30))):
-        tac[z, y:y + 6, x:x + 6] = rng.uniform(*decoy_tac)
+        tac[z, y : y + 6, x : x + 6] = rng.uniform(*decoy_tac)
     return VolumeMaps(case, "clean", pred, truth, tac, (1.5, 1.5, 8.0))
 
 

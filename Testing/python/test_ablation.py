@@ -33,12 +33,23 @@ def _case(seed, condition="spike"):
     return res
 
 
-CONFIG = {"calibration": {"tau_min": 1.0, "tau_max": 3.0, "w_b": 0.05, "w_k": 0.02,
-                          "fit": {"tac_step_sets": {"params": {
-                              "last": {"tau_min": 1.0, "tau_max": 5.0, "w_b": 0.1, "w_k": 0.01, "steps": [0]},
-                              "mid": {"tau_min": 1.2, "tau_max": 2.0, "w_b": 0.0, "w_k": 0.05,
-                                      "steps": [24, 12, 0]}}}}},
-          "baselines": {"ts": {"method": "ts", "temperature": 1.7}}}
+CONFIG = {
+    "calibration": {
+        "tau_min": 1.0,
+        "tau_max": 3.0,
+        "w_b": 0.05,
+        "w_k": 0.02,
+        "fit": {
+            "tac_step_sets": {
+                "params": {
+                    "last": {"tau_min": 1.0, "tau_max": 5.0, "w_b": 0.1, "w_k": 0.01, "steps": [0]},
+                    "mid": {"tau_min": 1.2, "tau_max": 2.0, "w_b": 0.0, "w_k": 0.05, "steps": [24, 12, 0]},
+                }
+            }
+        },
+    },
+    "baselines": {"ts": {"method": "ts", "temperature": 1.7}},
+}
 
 
 def _by_hand(results, temperature):
@@ -106,14 +117,47 @@ def test_missing_inputs_leave_rows_out_not_invented():
 def test_ablate_command_reads_the_evaluation_cache(tiny_bundle, tmp_path, monkeypatch):
     bundle = tmp_path / "bundle"
     shutil.copytree(tiny_bundle, bundle)
-    update_config(bundle, {"calibration": {"method": "card", "tau_min": 1.0, "tau_max": 4.0, "w_b": 0.05,
-                                           "w_k": 0.01, "fitted": True},
-                           "baselines": {"uc": {"method": "uc"}, "ts": {"method": "ts", "temperature": 1.5}}})
+    update_config(
+        bundle,
+        {
+            "calibration": {"method": "card", "tau_min": 1.0, "tau_max": 4.0, "w_b": 0.05, "w_k": 0.01, "fitted": True},
+            "baselines": {"uc": {"method": "uc"}, "ts": {"method": "ts", "temperature": 1.5}},
+        },
+    )
     cache = tmp_path / "cache"
-    common = ["--bundle", str(bundle), "--data", str(ACDC), "--split", "val", "--max-cases", "1", "--cache",
-              str(cache), "--quiet", "--threads", "2"]
-    assert main(["evaluate", *common, "--conditions", "spike", "--methods", "uc,ts,card", "--no-review",
-                 "--panel", "none", "--out", str(tmp_path / "ev")]) == 0
+    common = [
+        "--bundle",
+        str(bundle),
+        "--data",
+        str(ACDC),
+        "--split",
+        "val",
+        "--max-cases",
+        "1",
+        "--cache",
+        str(cache),
+        "--quiet",
+        "--threads",
+        "2",
+    ]
+    assert (
+        main(
+            [
+                "evaluate",
+                *common,
+                "--conditions",
+                "spike",
+                "--methods",
+                "uc,ts,card",
+                "--no-review",
+                "--panel",
+                "none",
+                "--out",
+                str(tmp_path / "ev"),
+            ]
+        )
+        == 0
+    )
     calls = []
     real = ce.run_case
     monkeypatch.setattr(ce, "run_case", lambda *a, **k: calls.append(k.get("mode")) or real(*a, **k))

@@ -48,17 +48,18 @@ def run_cli(args, env_stderr=False):
     return rc, out.getvalue(), err.getvalue()
 
 
-
 def fake_indices(ed_dir, es_dir, config):
     """A stand-in for cardseg.cohort.indices.indices_from_folders: values from the two reports, so that the
     test sees which folders were used for ED and ES."""
     ed = json.loads((Path(ed_dir) / "report.json").read_text())["class_volumes_ml"]
     es = json.loads((Path(es_dir) / "report.json").read_text())["class_volumes_ml"]
     edv, esv = ed["LV"], es["LV"]
-    return {"LVEDV_ml": {"value": edv, "low": edv - 1.0, "high": edv + 1.0},
-            "LVESV_ml": {"value": esv, "low": esv - 1.0, "high": esv + 1.0},
-            "LVEF": {"value": 100.0 * (edv - esv) / edv, "low": 1.0, "high": 99.0},
-            "nominal": 0.9}
+    return {
+        "LVEDV_ml": {"value": edv, "low": edv - 1.0, "high": edv + 1.0},
+        "LVESV_ml": {"value": esv, "low": esv - 1.0, "high": esv + 1.0},
+        "LVEF": {"value": 100.0 * (edv - esv) / edv, "low": 1.0, "high": 99.0},
+        "nominal": 0.9,
+    }
 
 
 # --------------------------------------------------------------------------------------------
@@ -77,10 +78,14 @@ MANIFEST_ERRORS = {
     "case not a folder name": ("case,path\n../a,x.nii.gz\n", "cannot be a folder name"),
     "reserved case name": ("case,path\ncohort.csv,x.nii.gz\n", "is reserved"),
     "empty path": ("case,path\na,\n", "line 2: case a: empty path"),
-    "phase without subject": ("case,path,phase,subject\na,x.nii.gz,ED,\n",
-                              "line 2: phase ED without a subject; the cardiac indices pair"),
-    "two ED for one subject": ("case,path,phase,subject\na,x.nii.gz,ED,s1\nb,y.nii.gz,ed,s1\n",
-                               "subject 's1' has two ED cases"),
+    "phase without subject": (
+        "case,path,phase,subject\na,x.nii.gz,ED,\n",
+        "line 2: phase ED without a subject; the cardiac indices pair",
+    ),
+    "two ED for one subject": (
+        "case,path,phase,subject\na,x.nii.gz,ED,s1\nb,y.nii.gz,ed,s1\n",
+        "subject 's1' has two ED cases",
+    ),
     "duplicate column": ("case,path,path\na,x,y\n", "line 1: manifest column(s) path appear more than once"),
     "header only": ("case,path\n", "lists no case"),
     "empty file": ("", "empty manifest"),
@@ -93,8 +98,9 @@ def test_manifest_refusals(tmp_path, tiny_bundle, name):
     manifest = tmp_path / "cases.csv"
     manifest.write_text(text)
     out = tmp_path / "out"
-    rc, stdout, stderr = run_cli(["batch", "--manifest", str(manifest), "-o", str(out), "--bundle", str(tiny_bundle),
-                                  "--progress", "none"])
+    rc, stdout, stderr = run_cli(
+        ["batch", "--manifest", str(manifest), "-o", str(out), "--bundle", str(tiny_bundle), "--progress", "none"]
+    )
     assert rc == 2
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("cardseg: error: "), stderr
@@ -105,11 +111,14 @@ def test_manifest_refusals(tmp_path, tiny_bundle, name):
 def test_manifest_parsing(tmp_path):
     (tmp_path / "data").mkdir()
     manifest = tmp_path / "data" / "m.csv"
-    manifest.write_text("\ufeffsubject, path ,case,phase,frame\n"  # BOM (Excel), spaces, any column order
-                        "s1,a.nii.gz,s1_ed,ed,\n"
-                        "s1,/abs/b.nii.gz,s1_es,ES,7\n"
-                        "\n"
-                        ",c.nii.gz,other,,\n", encoding="utf-8")
+    manifest.write_text(
+        "\ufeffsubject, path ,case,phase,frame\n"  # BOM (Excel), spaces, any column order
+        "s1,a.nii.gz,s1_ed,ed,\n"
+        "s1,/abs/b.nii.gz,s1_es,ES,7\n"
+        "\n"
+        ",c.nii.gz,other,,\n",
+        encoding="utf-8",
+    )
     cases = read_manifest(manifest, default_frame=2)
     assert [c.name for c in cases] == ["s1_ed", "s1_es", "other"]
     assert cases[0].path == str(tmp_path / "data" / "a.nii.gz")  # relative to the manifest's folder
@@ -179,21 +188,32 @@ def cohort(tmp_path_factory, tiny_bundle, synthetic_volume):
     (root / "in" / "broken.nii.gz").write_bytes(b"\x1f\x8b not really gzip")
     write_case(root / "in" / "p2_es.nii.gz", vol, 2)
     manifest = root / "cases.csv"
-    manifest.write_text("case,path,phase,subject\n"
-                        "p1_ed,in/p1_ed.nii.gz,ED,p1\n"
-                        "p1_es,in/p1_es.nii.gz,ES,p1\n"
-                        "p2_ed,in/broken.nii.gz,ED,p2\n"
-                        "p2_es,in/p2_es.nii.gz,ES,p2\n"
-                        "p3_ed,in/p3_missing.nii.gz,ED,p3\n")
+    manifest.write_text(
+        "case,path,phase,subject\n"
+        "p1_ed,in/p1_ed.nii.gz,ED,p1\n"
+        "p1_es,in/p1_es.nii.gz,ES,p1\n"
+        "p2_ed,in/broken.nii.gz,ED,p2\n"
+        "p2_es,in/p2_es.nii.gz,ES,p2\n"
+        "p3_ed,in/p3_missing.nii.gz,ED,p3\n"
+    )
     out = root / "out"
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cohort_batch, "indices_function", lambda: fake_indices)
         t0 = time.perf_counter()
-        rc, stdout, stderr = run_cli(["batch", "--manifest", str(manifest), "-o", str(out), "--bundle",
-                                      str(tiny_bundle), "--progress", "json"])
+        rc, stdout, stderr = run_cli(
+            ["batch", "--manifest", str(manifest), "-o", str(out), "--bundle", str(tiny_bundle), "--progress", "json"]
+        )
         seconds = time.perf_counter() - t0
-    return {"root": root, "out": out, "rc": rc, "stdout": stdout, "stderr": stderr, "manifest": manifest,
-            "seconds": seconds, "bundle": tiny_bundle}
+    return {
+        "root": root,
+        "out": out,
+        "rc": rc,
+        "stdout": stdout,
+        "stderr": stderr,
+        "manifest": manifest,
+        "seconds": seconds,
+        "bundle": tiny_bundle,
+    }
 
 
 def test_failing_case_does_not_stop_the_batch(cohort):
@@ -214,12 +234,40 @@ def test_failing_case_does_not_stop_the_batch(cohort):
 def test_cohort_table_columns(cohort):
     with open(cohort["out"] / "cohort.csv", newline="") as f:
         header = next(csv.reader(f))
-    assert header == ["case", "subject", "phase", "frame", "input", "input_sha256", "status", "error", "reused",
-                      "output", "method", "slices", "grid_moved", "grid_offset_mm", "agreement", "out_of_domain",
-                      "no_foreground",
-                      "flagged_regions", "flagged_volume_ml", "region1_ml", "region1_p_error", "region2_ml",
-                      "region2_p_error", "region3_ml", "region3_p_error", "volume_RV_ml", "volume_MYO_ml", "volume_LV_ml", "time_total_s",
-                      "time_preprocess_s", "time_trajectory_s", "time_postprocess_s"]
+    assert header == [
+        "case",
+        "subject",
+        "phase",
+        "frame",
+        "input",
+        "input_sha256",
+        "status",
+        "error",
+        "reused",
+        "output",
+        "method",
+        "slices",
+        "grid_moved",
+        "grid_offset_mm",
+        "agreement",
+        "out_of_domain",
+        "no_foreground",
+        "flagged_regions",
+        "flagged_volume_ml",
+        "region1_ml",
+        "region1_p_error",
+        "region2_ml",
+        "region2_p_error",
+        "region3_ml",
+        "region3_p_error",
+        "volume_RV_ml",
+        "volume_MYO_ml",
+        "volume_LV_ml",
+        "time_total_s",
+        "time_preprocess_s",
+        "time_trajectory_s",
+        "time_postprocess_s",
+    ]
     rows = {r["case"]: r for r in read_csv(cohort["out"] / "cohort.csv")}
     r = rows["p1_es"]
     report = json.loads((cohort["out"] / "p1_es" / "report.json").read_text())
@@ -261,9 +309,24 @@ def test_subjects_table(cohort):
     rows = {r["subject"]: r for r in read_csv(cohort["out"] / "subjects.csv")}
     with open(cohort["out"] / "subjects.csv", newline="") as f:
         header = next(csv.reader(f))
-    assert header == ["subject", "ed_case", "es_case", "nominal", "LVEDV_ml", "LVEDV_ml_low", "LVEDV_ml_high",
-                      "LVESV_ml", "LVESV_ml_low", "LVESV_ml_high", "LVEF", "LVEF_low", "LVEF_high", "LVEF_category",
-                      "LVEF_straddles", "error"]
+    assert header == [
+        "subject",
+        "ed_case",
+        "es_case",
+        "nominal",
+        "LVEDV_ml",
+        "LVEDV_ml_low",
+        "LVEDV_ml_high",
+        "LVESV_ml",
+        "LVESV_ml_low",
+        "LVESV_ml_high",
+        "LVEF",
+        "LVEF_low",
+        "LVEF_high",
+        "LVEF_category",
+        "LVEF_straddles",
+        "error",
+    ]
     assert list(rows) == ["p1", "p2", "p3"]
     ed = json.loads((cohort["out"] / "p1_ed" / "report.json").read_text())["class_volumes_ml"]["LV"]
     es = json.loads((cohort["out"] / "p1_es" / "report.json").read_text())["class_volumes_ml"]["LV"]
@@ -294,8 +357,21 @@ def test_batch_stamp_and_settings_change(cohort, tiny_bundle):
     stamp = json.loads((cohort["out"] / BATCH_STAMP).read_text())
     assert stamp["tool"] == "cardseg-batch" and stamp["settings"]["method"] == "card"
     before = sorted(p.name for p in cohort["out"].iterdir())
-    rc, _, stderr = run_cli(["batch", "--manifest", str(cohort["manifest"]), "-o", str(cohort["out"]), "--bundle",
-                             str(tiny_bundle), "--method", "uc", "--progress", "none"])
+    rc, _, stderr = run_cli(
+        [
+            "batch",
+            "--manifest",
+            str(cohort["manifest"]),
+            "-o",
+            str(cohort["out"]),
+            "--bundle",
+            str(tiny_bundle),
+            "--method",
+            "uc",
+            "--progress",
+            "none",
+        ]
+    )
     assert rc == 2 and "use --overwrite" in stderr and len(stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in cohort["out"].iterdir()) == before
 
@@ -304,12 +380,23 @@ def test_rerun_retries_only_the_failed_cases(cohort, tiny_bundle):
     mtimes = {c: (cohort["out"] / c / "report.json").stat().st_mtime_ns for c in ("p1_ed", "p1_es", "p2_es")}
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(cohort_batch, "indices_function", lambda: fake_indices)
-        result = run_batch(BatchOptions(manifest=str(cohort["manifest"]), output=str(cohort["out"]),
-                                            bundle=str(tiny_bundle), progress="none", report=False))
+        result = run_batch(
+            BatchOptions(
+                manifest=str(cohort["manifest"]),
+                output=str(cohort["out"]),
+                bundle=str(tiny_bundle),
+                progress="none",
+                report=False,
+            )
+        )
     assert result.computed == 0 and result.reused == 3
     assert [(r["case"], r["status"], r["reused"]) for r in result.rows] == [
-        ("p1_ed", "ok", True), ("p1_es", "ok", True), ("p2_ed", "error", False), ("p2_es", "ok", True),
-        ("p3_ed", "error", False)]
+        ("p1_ed", "ok", True),
+        ("p1_es", "ok", True),
+        ("p2_ed", "error", False),
+        ("p2_es", "ok", True),
+        ("p3_ed", "error", False),
+    ]
     assert "broken.nii.gz" in result.rows[2]["error"]
     assert {c: (cohort["out"] / c / "report.json").stat().st_mtime_ns for c in mtimes} == mtimes
     assert [r["subject"] for r in result.subjects] == ["p1", "p2", "p3"]
@@ -323,9 +410,26 @@ def test_resume_after_kill(tmp_path, tiny_bundle, synthetic_volume):
     inputs = [write_case(tmp_path / "in" / f"c{i}.nii.gz", vol, i) for i in range(4)]
     out = tmp_path / "out"
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "cardseg", "batch", str(tmp_path / "in"), "-o", str(out),
-                             "--bundle", str(tiny_bundle), "--progress", "none", "--threads", "1"],
-                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cardseg",
+            "batch",
+            str(tmp_path / "in"),
+            "-o",
+            str(out),
+            "--bundle",
+            str(tiny_bundle),
+            "--progress",
+            "none",
+            "--threads",
+            "1",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     state = out / STATE_FILE
     deadline = time.time() + 240
     try:
@@ -344,8 +448,11 @@ def test_resume_after_kill(tmp_path, tiny_bundle, synthetic_volume):
     mtime = (out / first / "report.json").stat().st_mtime_ns
     assert not (out / COHORT_CSV).exists()  # killed before the table
 
-    result = run_batch(BatchOptions(inputs=[str(tmp_path / "in")], output=str(out), bundle=str(tiny_bundle),
-                                        progress="none", report=False))
+    result = run_batch(
+        BatchOptions(
+            inputs=[str(tmp_path / "in")], output=str(out), bundle=str(tiny_bundle), progress="none", report=False
+        )
+    )
     rows = {r["case"]: r for r in result.rows}
     assert [(r["case"], r["status"], r.get("error")) for r in result.rows] == [(f"c{i}", "ok", "") for i in range(4)]
     assert (out / first / "report.json").stat().st_mtime_ns == mtime  # not recomputed
@@ -355,8 +462,11 @@ def test_resume_after_kill(tmp_path, tiny_bundle, synthetic_volume):
     assert rows[first]["agreement"] == json.loads((out / first / "report.json").read_text())["agreement"]
 
     # a third run computes nothing and does not even load the model
-    again = run_batch(BatchOptions(inputs=[str(tmp_path / "in")], output=str(out), bundle=str(tiny_bundle),
-                                       progress="none", report=False))
+    again = run_batch(
+        BatchOptions(
+            inputs=[str(tmp_path / "in")], output=str(out), bundle=str(tiny_bundle), progress="none", report=False
+        )
+    )
     assert again.computed == 0 and again.reused == 4 and again.worker_loads == 0
     table = read_csv(out / COHORT_CSV)
     assert [r["reused"] for r in table] == ["true"] * 4
@@ -364,8 +474,11 @@ def test_resume_after_kill(tmp_path, tiny_bundle, synthetic_volume):
     # the key is the content: a changed input is recomputed, the others are not
     write_case(inputs[2], vol, 9)
     mtimes = {c: (out / c / "report.json").stat().st_mtime_ns for c in ("c0", "c1", "c3")}
-    third = run_batch(BatchOptions(inputs=[str(tmp_path / "in")], output=str(out), bundle=str(tiny_bundle),
-                                       progress="none", report=False))
+    third = run_batch(
+        BatchOptions(
+            inputs=[str(tmp_path / "in")], output=str(out), bundle=str(tiny_bundle), progress="none", report=False
+        )
+    )
     assert third.computed == 1 and [r["reused"] for r in third.rows] == [True, True, False, True]
     assert {c: (out / c / "report.json").stat().st_mtime_ns for c in mtimes} == mtimes
     assert third.rows[2]["input_sha256"] == content_hash(inputs[2])
@@ -392,8 +505,9 @@ def test_a_parquet_table_that_cannot_be_written_names_its_file(tmp_path, monkeyp
 # --------------------------------------------------------------------------------------------
 # a resume whose cases have no subject any more: the earlier subjects.csv goes, the report follows
 # --------------------------------------------------------------------------------------------
-def test_resume_without_subjects_drops_the_batchs_own_subjects_table(tmp_path, tiny_bundle, synthetic_volume,
-                                                                     monkeypatch):
+def test_resume_without_subjects_drops_the_batchs_own_subjects_table(
+    tmp_path, tiny_bundle, synthetic_volume, monkeypatch
+):
     import re
 
     from cardseg.cohort.triage import write_report
@@ -410,16 +524,16 @@ def test_resume_without_subjects_drops_the_batchs_own_subjects_table(tmp_path, t
     def straddling() -> str:
         return re.search(r'id="n-straddling">([^<]*)<', (out / "triage.html").read_text()).group(1)
 
-    first = run_batch(BatchOptions(manifest=str(with_subjects), output=str(out), bundle=str(tiny_bundle),
-                                   progress="none"))
+    first = run_batch(
+        BatchOptions(manifest=str(with_subjects), output=str(out), bundle=str(tiny_bundle), progress="none")
+    )
     assert "subjects.csv" in first.files and (out / "subjects.csv").is_file() and straddling() == "1"
     # the report counts only the subjects of the rows it shows, whatever subjects.csv still holds
     rows = [dict(r, subject="", phase="") for r in read_csv(out / "cohort.csv")]
     write_report(out, rows=rows)
     assert straddling() == "0"
 
-    second = run_batch(BatchOptions(manifest=str(without), output=str(out), bundle=str(tiny_bundle),
-                                    progress="none"))
+    second = run_batch(BatchOptions(manifest=str(without), output=str(out), bundle=str(tiny_bundle), progress="none"))
     assert second.reused == 2 and "subjects.csv" not in second.files and second.subjects == []
     assert not (out / "subjects.csv").exists() and straddling() == "0"
 

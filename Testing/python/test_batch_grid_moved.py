@@ -32,15 +32,17 @@ def test_the_cells_come_from_the_reports_field_of_view():
     assert (failed["grid_moved"], failed["grid_offset_mm"]) == (None, None)
 
 
-def test_a_case_on_a_moved_grid_is_marked_in_the_table_and_counted(tmp_path, tiny_bundle, synthetic_volume,
-                                                                   monkeypatch):
+def test_a_case_on_a_moved_grid_is_marked_in_the_table_and_counted(
+    tmp_path, tiny_bundle, synthetic_volume, monkeypatch
+):
     from cardseg.cli import main
 
     vol, _ = synthetic_volume
     (tmp_path / "in").mkdir()
     for i, name in enumerate(("a", "b")):
-        sitk.WriteImage(vol.to_image(np.roll(vol.array, 3 * i, axis=2).astype(np.float32)),
-                        str(tmp_path / "in" / f"{name}.nii.gz"))
+        sitk.WriteImage(
+            vol.to_image(np.roll(vol.array, 3 * i, axis=2).astype(np.float32)), str(tmp_path / "in" / f"{name}.nii.gz")
+        )
     monkeypatch.setenv("CARDSEG_RECENTRE", "1")
     monkeypatch.setattr(segment, "recentre_offset", lambda *a, **k: (4.0, -3.0))  # the check fires on both
     kept = iter([True, False])  # the first case keeps the moved run, the second the centred one
@@ -48,8 +50,19 @@ def test_a_case_on_a_moved_grid_is_marked_in_the_table_and_counted(tmp_path, tin
     out = tmp_path / "out"
     stdout = io.StringIO()
     with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(io.StringIO()):
-        rc = main(["batch", str(tmp_path / "in" / "a.nii.gz"), str(tmp_path / "in" / "b.nii.gz"), "-o", str(out),
-                   "--bundle", str(tiny_bundle), "--progress", "none"])
+        rc = main(
+            [
+                "batch",
+                str(tmp_path / "in" / "a.nii.gz"),
+                str(tmp_path / "in" / "b.nii.gz"),
+                "-o",
+                str(out),
+                "--bundle",
+                str(tiny_bundle),
+                "--progress",
+                "none",
+            ]
+        )
     assert rc == 0
     rows = {r["case"]: r for r in read_csv(out / COHORT_CSV)}
     fov = {c: json.loads((out / c / "report.json").read_text())["field_of_view"] for c in rows}

@@ -28,8 +28,11 @@ def _earlier_batch(tmp_path, tiny_bundle, synthetic_volume, monkeypatch):
     two.write_text("case,path,phase,subject\ned,in/ed.nii.gz,ED,s1\nes,in/es.nii.gz,ES,s1\n")
     three = tmp_path / "three.csv"
     three.write_text(two.read_text() + "late,in/late.nii.gz,,\n")
-    monkeypatch.setattr(cohort_batch, "indices_function",
-                        lambda: (lambda ed, es, config: {"LVEF": {"value": 50.0, "low": 40.0, "high": 60.0}}))
+    monkeypatch.setattr(
+        cohort_batch,
+        "indices_function",
+        lambda: lambda ed, es, config: {"LVEF": {"value": 50.0, "low": 40.0, "high": 60.0}},
+    )
     out = tmp_path / "out"
     common = ["-o", str(out), "--bundle", str(tiny_bundle), "--progress", "none"]
     assert _run(["batch", "--manifest", str(two), *common])[0] == 0
@@ -37,8 +40,9 @@ def _earlier_batch(tmp_path, tiny_bundle, synthetic_volume, monkeypatch):
     return out, ["batch", "--manifest", str(three), *common], earlier
 
 
-def test_an_interrupt_before_any_case_finished_keeps_the_earlier_subjects_and_page(tmp_path, tiny_bundle,
-                                                                                     synthetic_volume, monkeypatch):
+def test_an_interrupt_before_any_case_finished_keeps_the_earlier_subjects_and_page(
+    tmp_path, tiny_bundle, synthetic_volume, monkeypatch
+):
     out, args, earlier = _earlier_batch(tmp_path, tiny_bundle, synthetic_volume, monkeypatch)
     with monkeypatch.context() as mp:  # SIGTERM as the first case of this run starts
         mp.setattr(pipeline, "run_overlapped", _sigterm)
@@ -54,8 +58,7 @@ def test_an_interrupt_before_any_case_finished_keeps_the_earlier_subjects_and_pa
     assert [r["status"] for r in read_csv(out / COHORT_CSV)] == ["ok", "ok", "ok"]
 
 
-def test_a_case_written_but_not_yet_reported_counts_as_a_change(tmp_path, tiny_bundle, synthetic_volume,
-                                                                monkeypatch):
+def test_a_case_written_but_not_yet_reported_counts_as_a_change(tmp_path, tiny_bundle, synthetic_volume, monkeypatch):
     """SIGTERM after the new case's folder was written, as its result is recorded: its row is still
     'pending', but the folders changed, so the earlier run's files go (as before)."""
     out, args, _ = _earlier_batch(tmp_path, tiny_bundle, synthetic_volume, monkeypatch)
@@ -71,9 +74,10 @@ def test_a_case_written_but_not_yet_reported_counts_as_a_change(tmp_path, tiny_b
 def test_the_line_names_what_was_kept():
     exc = KeyboardInterrupt()
     exc.batch_left = cohort_batch._Left(pending=1, table=True, missing=[], removed=[], kept=[SUBJECTS_CSV])
-    assert cohort_batch.interrupted_line("interrupted", exc) == \
-        ("cardseg: interrupted; 1 unfinished case is 'pending' in cohort.csv, the earlier run's subjects.csv is kept "
-         "(no case of this run finished: it still describes the case folders); run the same command again to resume")
+    assert cohort_batch.interrupted_line("interrupted", exc) == (
+        "cardseg: interrupted; 1 unfinished case is 'pending' in cohort.csv, the earlier run's subjects.csv is kept "
+        "(no case of this run finished: it still describes the case folders); run the same command again to resume"
+    )
 
 
 def test_with_ray_an_interrupt_never_keeps_the_earlier_tables(tmp_path, tiny_bundle, synthetic_volume, monkeypatch):
@@ -93,8 +97,9 @@ def test_with_ray_an_interrupt_never_keeps_the_earlier_tables(tmp_path, tiny_bun
     assert not (out / SUBJECTS_CSV).exists() and not (out / TRIAGE_HTML).exists()
 
 
-def test_an_interrupt_removes_them_when_this_run_dropped_an_earlier_case(tmp_path, tiny_bundle, synthetic_volume,
-                                                                         monkeypatch):
+def test_an_interrupt_removes_them_when_this_run_dropped_an_earlier_case(
+    tmp_path, tiny_bundle, synthetic_volume, monkeypatch
+):
     """The earlier subjects.csv and triage.html list the case 'es', which this run's cohort.csv no
     longer lists: even with no case folder changed they would describe another cohort, so they go."""
     out, args, _ = _earlier_batch(tmp_path, tiny_bundle, synthetic_volume, monkeypatch)

@@ -15,8 +15,7 @@ import SimpleITK as sitk
 from cardseg.cohort import pipeline
 from cardseg.cohort.worker import CaseWorker, Job
 
-OUTPUTS = ("segmentation.nii.gz", "probabilities.nii.gz", "disagreement.nii.gz", "temperature.nii.gz",
-           "regions.nii.gz")
+OUTPUTS = ("segmentation.nii.gz", "probabilities.nii.gz", "disagreement.nii.gz", "temperature.nii.gz", "regions.nii.gz")
 
 
 def _cases(tmp_path: Path, vol, n: int, bad: int = -1) -> list:
@@ -120,8 +119,9 @@ def test_the_next_case_is_read_and_the_last_written_while_one_computes(worker, s
     assert [r["status"] for r in seen] == ["ok"] * 3
 
 
-def test_several_finishers_finish_cases_at_once_and_report_them_in_order(worker, synthetic_volume, tmp_path,
-                                                                        monkeypatch):
+def test_several_finishers_finish_cases_at_once_and_report_them_in_order(
+    worker, synthetic_volume, tmp_path, monkeypatch
+):
     """With 3 finishing threads, cases 0, 1 and 2 are finished at the same time (each waits for
     the others to start), the networks go on meanwhile, and the results still come in order; the
     outputs equal a lone run's."""
@@ -158,8 +158,9 @@ def test_default_finishers_grow_with_the_cpus():
 
 
 @pytest.mark.parametrize("finishers", [1, 3])
-def test_an_interrupt_reports_the_finished_case_and_leaves_no_partial_output(worker, synthetic_volume, tmp_path,
-                                                                             monkeypatch, finishers):
+def test_an_interrupt_reports_the_finished_case_and_leaves_no_partial_output(
+    worker, synthetic_volume, tmp_path, monkeypatch, finishers
+):
     from cardseg import segment
 
     vol, _ = synthetic_volume
@@ -180,7 +181,8 @@ def test_an_interrupt_reports_the_finished_case_and_leaves_no_partial_output(wor
 
 
 def test_an_interrupt_while_waiting_for_a_finisher_loses_no_case_and_leaves_no_writer_open(
-        worker, synthetic_volume, tmp_path, monkeypatch, request):
+    worker, synthetic_volume, tmp_path, monkeypatch, request
+):
     """Ctrl-C lands while the main thread waits for case 0's finishing (case 1 computed and handed
     over): both are finished and reported, in order, nothing of case 2 is made, and no temporary
     folder or lock is left in the output folder."""
@@ -225,8 +227,9 @@ def test_an_interrupt_while_waiting_for_a_finisher_loses_no_case_and_leaves_no_w
         assert (Path(job.out) / "report.json").is_file()
 
 
-def test_interrupts_inside_on_result_still_report_the_cases_finished_behind(worker, synthetic_volume, tmp_path,
-                                                                              monkeypatch):
+def test_interrupts_inside_on_result_still_report_the_cases_finished_behind(
+    worker, synthetic_volume, tmp_path, monkeypatch
+):
     """Ctrl-C lands while case 0 is being reported, and again while case 1 is, with cases 1 and 2
     finished behind: every case is still reported (none is dropped from the queue unreported),
     then the interrupt goes on."""

@@ -20,15 +20,15 @@ from conftest import read_csv, without_timings  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_bundle, synthetic_volume):
     vol, _ = synthetic_volume
     root = tmp_path_factory.mktemp("ray")
     for i in range(3):
         arr = np.roll(vol.array, 4 * i, axis=1) * (1.0 + 0.1 * i)
-        sitk.WriteImage(vol.to_image(arr.astype(np.float32)), str(root / "in" / f"c{i}.nii.gz")) \
-            if (root / "in").mkdir(exist_ok=True) is None else None
+        sitk.WriteImage(vol.to_image(arr.astype(np.float32)), str(root / "in" / f"c{i}.nii.gz")) if (root / "in").mkdir(
+            exist_ok=True
+        ) is None else None
     (root / "in" / "c1b_broken.nii.gz").write_bytes(b"garbage")
     inputs = [str(root / "in")]
     common = dict(inputs=inputs, bundle=str(tiny_bundle), progress="none", threads=1, report=False)
@@ -46,8 +46,10 @@ def runs(tmp_path_factory, tiny_bundle, synthetic_volume):
         again = run_batch(BatchOptions(output=str(root / "ray"), ray="auto", ray_workers=2, **rerun))
     finally:
         ray.shutdown()
-    print(f"local {t1 - t0:.1f} s, ray.init {t2 - t1:.1f} s, ray batch {t3 - t2:.1f} s, rerun "
-          f"{time.perf_counter() - t3:.1f} s")
+    print(
+        f"local {t1 - t0:.1f} s, ray.init {t2 - t1:.1f} s, ray batch {t3 - t2:.1f} s, rerun "
+        f"{time.perf_counter() - t3:.1f} s"
+    )
     return {"root": root, "local": local, "ray": remote, "again": again, "tables": tables}
 
 

@@ -23,6 +23,7 @@ from conftest import read_csv, run_cli_quiet, sigterm_now
 
 # ----------------------------------------------------------------------------- the writer's cost per case
 
+
 def _count_listings(monkeypatch, folder: Path) -> list:
     """Every listing of ``folder`` (os.listdir, os.scandir, and Path.iterdir through them) is recorded."""
     seen = []
@@ -91,6 +92,7 @@ def test_a_writer_still_cleans_its_own_leftovers_and_after_a_while_the_folder(tm
 
 # ----------------------------------------------------------------------------- two workers, one OUTDIR
 
+
 def test_cleaning_skips_a_temporary_folder_that_another_worker_moves_into_place(tmp_path, monkeypatch):
     """Between the listing and the look inside, another worker renames its temporary folder into
     place: the entry is skipped, no FileNotFoundError (it failed a case at random with --workers 2)."""
@@ -114,8 +116,9 @@ def test_cleaning_skips_a_temporary_folder_that_another_worker_moves_into_place(
 _run, _sigterm = run_cli_quiet, sigterm_now
 
 
-def test_an_interrupted_batch_leaves_no_stale_subjects_or_triage_page(tmp_path, tiny_bundle, synthetic_volume,
-                                                                        monkeypatch):
+def test_an_interrupted_batch_leaves_no_stale_subjects_or_triage_page(
+    tmp_path, tiny_bundle, synthetic_volume, monkeypatch
+):
     from cardseg.cohort import triage
 
     vol, _ = synthetic_volume
@@ -126,8 +129,11 @@ def test_an_interrupted_batch_leaves_no_stale_subjects_or_triage_page(tmp_path, 
     two = tmp_path / "two.csv"
     two.write_text("case,path,phase,subject\ned,in/ed.nii.gz,ED,s1\nes,in/es.nii.gz,ES,s1\n")
     out = tmp_path / "out"
-    monkeypatch.setattr(cohort_batch, "indices_function",
-                        lambda: (lambda ed, es, config: {"LVEF": {"value": 50.0, "low": 40.0, "high": 60.0}}))
+    monkeypatch.setattr(
+        cohort_batch,
+        "indices_function",
+        lambda: lambda ed, es, config: {"LVEF": {"value": 50.0, "low": 40.0, "high": 60.0}},
+    )
     args = ["batch", "--manifest", str(two), "-o", str(out), "--bundle", str(tiny_bundle), "--progress", "none"]
     assert _run(args)[0] == 0
     assert (out / SUBJECTS_CSV).is_file() and (out / TRIAGE_HTML).is_file()
@@ -149,8 +155,9 @@ def test_an_interrupted_batch_leaves_no_stale_subjects_or_triage_page(tmp_path, 
     three.write_text(two.read_text() + "late,in/late.nii.gz,,\n")
     with monkeypatch.context() as mp:
         mp.setattr(cohort_batch, "append_state", _sigterm)
-        rc, err = _run(["batch", "--manifest", str(three), "-o", str(out), "--bundle", str(tiny_bundle),
-                        "--progress", "none"])
+        rc, err = _run(
+            ["batch", "--manifest", str(three), "-o", str(out), "--bundle", str(tiny_bundle), "--progress", "none"]
+        )
     assert rc == 143 and err.count("\n") == 1, err
     assert "1 unfinished case is 'pending' in cohort.csv" in err and "to resume" in err, err
     assert "subjects.csv and triage.html were not written" in err, err
@@ -159,16 +166,26 @@ def test_an_interrupted_batch_leaves_no_stale_subjects_or_triage_page(tmp_path, 
     assert [r["status"] for r in read_csv(out / COHORT_CSV)] == ["ok", "ok", "pending"]
 
 
-def test_a_sigterm_during_the_state_append_agrees_with_the_state_file(tmp_path, tiny_bundle, synthetic_volume,
-                                                                        monkeypatch):
+def test_a_sigterm_during_the_state_append_agrees_with_the_state_file(
+    tmp_path, tiny_bundle, synthetic_volume, monkeypatch
+):
     """A case is finished exactly when its state line is in the state file: a SIGTERM that lands
     after the line was written (during its fsync) leaves the case 'ok' in cohort.csv, and one that
     lands before leaves it 'pending'; either way a second run agrees with the table."""
     vol, _ = synthetic_volume
     (tmp_path / "in").mkdir()
     sitk.WriteImage(vol.to_image(vol.array.astype(np.float32)), str(tmp_path / "in" / "a.nii.gz"))
-    args = ["batch", str(tmp_path / "in"), "-o", str(tmp_path / "out"), "--bundle", str(tiny_bundle),
-            "--progress", "none", "--no-report"]
+    args = [
+        "batch",
+        str(tmp_path / "in"),
+        "-o",
+        str(tmp_path / "out"),
+        "--bundle",
+        str(tiny_bundle),
+        "--progress",
+        "none",
+        "--no-report",
+    ]
 
     def after_the_line(out, record):
         append_state(out, record)
@@ -187,21 +204,44 @@ def test_a_sigterm_during_the_state_append_agrees_with_the_state_file(tmp_path, 
 def test_ctrl_c_says_what_the_batch_left(tmp_path):
     """The line after Ctrl-C: before OUTDIR is written, and after, as after SIGTERM."""
     exc = KeyboardInterrupt()
-    assert cohort_batch.interrupted_line("interrupted", exc) == \
-        "cardseg: interrupted before the cases ran; nothing was written into OUTDIR"
+    assert (
+        cohort_batch.interrupted_line("interrupted", exc)
+        == "cardseg: interrupted before the cases ran; nothing was written into OUTDIR"
+    )
     exc.batch_left = cohort_batch._Left(pending=2, table=True, missing=[SUBJECTS_CSV], removed=[])
-    assert cohort_batch.interrupted_line("interrupted", exc) == \
-        ("cardseg: interrupted; 2 unfinished cases are 'pending' in cohort.csv, subjects.csv was not written; "
-         "run the same command again to resume")
+    assert cohort_batch.interrupted_line("interrupted", exc) == (
+        "cardseg: interrupted; 2 unfinished cases are 'pending' in cohort.csv, subjects.csv was not written; "
+        "run the same command again to resume"
+    )
 
 
 # ----------------------------------------------------------------------------- names, state, hashes
 
+
 def test_case_names_are_the_same_as_before():
-    paths = [Path(p) for p in ("/d/a/x/scan.nii.gz", "/d/b/x/scan.nii.gz", "/d/c/Scan.nii.gz", "/d/other.nii.gz",
-                               "/d/e/cohort.csv", "/d/p1/cine_ED.nii", "/d/p2/cine_ED.nii", "/d/x y/z.mha")]
-    assert _case_names(paths) == ["a_x_scan", "b_x_scan", "c_Scan", "other", "case_cohort.csv", "p1_cine_ED",
-                                  "p2_cine_ED", "z"]
+    paths = [
+        Path(p)
+        for p in (
+            "/d/a/x/scan.nii.gz",
+            "/d/b/x/scan.nii.gz",
+            "/d/c/Scan.nii.gz",
+            "/d/other.nii.gz",
+            "/d/e/cohort.csv",
+            "/d/p1/cine_ED.nii",
+            "/d/p2/cine_ED.nii",
+            "/d/x y/z.mha",
+        )
+    ]
+    assert _case_names(paths) == [
+        "a_x_scan",
+        "b_x_scan",
+        "c_Scan",
+        "other",
+        "case_cohort.csv",
+        "p1_cine_ED",
+        "p2_cine_ED",
+        "z",
+    ]
     assert _case_names([Path(f"/d/s{i}.nii.gz") for i in range(3)]) == ["s0", "s1", "s2"]
 
 
@@ -253,8 +293,11 @@ def test_an_input_that_several_cases_share_is_hashed_once(tmp_path, monkeypatch)
     other.write_bytes(b"other")
     calls = []
     monkeypatch.setattr(cohort_batch, "content_hash", lambda p: calls.append(str(p)) or f"h-{Path(p).name}")
-    cases = [Case("s1_ed", str(cine), frame=0, phase="ED", subject="s1"),
-             Case("s1_es", str(cine), frame=9, phase="ES", subject="s1"), Case("x", str(other))]
+    cases = [
+        Case("s1_ed", str(cine), frame=0, phase="ED", subject="s1"),
+        Case("s1_es", str(cine), frame=9, phase="ES", subject="s1"),
+        Case("x", str(other)),
+    ]
     hashes = cohort_batch._hash_inputs(cases, CaseProgress("none", True), 2)
     assert hashes == {"s1_ed": "h-cine.nii.gz", "s1_es": "h-cine.nii.gz", "x": "h-other.nii.gz"}
     assert list(hashes) == ["s1_ed", "s1_es", "x"] and sorted(calls) == sorted([str(cine), str(other)])
@@ -275,6 +318,17 @@ def test_a_batch_without_report_removes_the_earlier_runs_page(tmp_path, tiny_bun
     user_page = tmp_path / "mine" / TRIAGE_HTML  # a page cardseg did not write is never removed
     user_page.parent.mkdir()
     user_page.write_text("mine")
-    assert _run(["batch", str(tmp_path / "in"), "-o", str(user_page.parent), "--bundle", str(tiny_bundle),
-                 "--progress", "none", "--no-report"])[0] in (0, 2)
+    assert _run(
+        [
+            "batch",
+            str(tmp_path / "in"),
+            "-o",
+            str(user_page.parent),
+            "--bundle",
+            str(tiny_bundle),
+            "--progress",
+            "none",
+            "--no-report",
+        ]
+    )[0] in (0, 2)
     assert user_page.read_text() == "mine"

@@ -27,7 +27,6 @@ from conftest import read_csv, without_timings
 pytestmark = pytest.mark.slow
 
 
-
 @pytest.fixture(scope="module")
 def inputs(tmp_path_factory, synthetic_volume):
     vol, _ = synthetic_volume
@@ -67,8 +66,17 @@ def test_one_bundle_load_per_worker_process(runs):
 
 
 def test_rerun_reuses_the_cases_without_starting_workers(runs, tiny_bundle, inputs):
-    again = run_batch(BatchOptions(inputs=[str(inputs / "c?.nii.gz")], output=str(runs["root"] / "two"),
-                                       bundle=str(tiny_bundle), progress="none", threads=1, report=False, workers=2))
+    again = run_batch(
+        BatchOptions(
+            inputs=[str(inputs / "c?.nii.gz")],
+            output=str(runs["root"] / "two"),
+            bundle=str(tiny_bundle),
+            progress="none",
+            threads=1,
+            report=False,
+            workers=2,
+        )
+    )
     assert again.computed == 0 and again.reused == 4 and again.worker_loads == 0
 
 
@@ -97,22 +105,47 @@ def test_a_dying_worker_fails_only_its_cases(tmp_path, tiny_bundle, inputs):
     assert sum(r["status"] == "ok" for r in results) >= 2
 
 
-@pytest.mark.parametrize("sig, group, code", [(signal.SIGINT, True, 130), (signal.SIGTERM, False, 143),
-                                             (signal.SIGTERM, True, 143)])
-def test_an_interrupt_while_cases_are_written_leaves_nothing_half_written(tmp_path, tiny_bundle, inputs, sig, group,
-                                                                          code):
+@pytest.mark.parametrize(
+    "sig, group, code", [(signal.SIGINT, True, 130), (signal.SIGTERM, False, 143), (signal.SIGTERM, True, 143)]
+)
+def test_an_interrupt_while_cases_are_written_leaves_nothing_half_written(
+    tmp_path, tiny_bundle, inputs, sig, group, code
+):
     """Ctrl-C to the process group, or SIGTERM to the batch process alone, while the workers write
     cases: each worker's case cleans up (no temporary folder, no lock) and the exit status is 130 or 143."""
     out = tmp_path / "out"
-    proc = subprocess.Popen([sys.executable, "-m", "cardseg", "batch", str(inputs), "-o", str(out), "--bundle",
-                             str(tiny_bundle), "--workers", "2", "--threads", "1", "--progress", "none"],
-                            env=dict(os.environ, OMP_NUM_THREADS="1"), start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # even under `nohup`
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cardseg",
+            "batch",
+            str(inputs),
+            "-o",
+            str(out),
+            "--bundle",
+            str(tiny_bundle),
+            "--workers",
+            "2",
+            "--threads",
+            "1",
+            "--progress",
+            "none",
+        ],
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # even under `nohup`
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 240
-        while time.time() < deadline and proc.poll() is None and not (
-                out.is_dir() and any(n.endswith(".cardseg-tmp") for n in os.listdir(out))):
+        while (
+            time.time() < deadline
+            and proc.poll() is None
+            and not (out.is_dir() and any(n.endswith(".cardseg-tmp") for n in os.listdir(out)))
+        ):
             time.sleep(0.01)
         assert proc.poll() is None, "the batch ended before the test could stop it: " + proc.stderr.read()
         (os.killpg if group else os.kill)(proc.pid, sig)
@@ -126,14 +159,21 @@ def test_an_interrupt_while_cases_are_written_leaves_nothing_half_written(tmp_pa
     assert "pending" in {r["status"] for r in read_csv(out / COHORT_CSV)}
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--workers", "0"], "--workers must be at least 1, got 0"),
-    (["--workers", "2", "--ray", "local"], "--workers is for this machine; with --ray use --ray-workers"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--workers", "0"], "--workers must be at least 1, got 0"),
+        (["--workers", "2", "--ray", "local"], "--workers is for this machine; with --ray use --ray-workers"),
+    ],
+)
 def test_worker_options_are_refused_in_one_line(tmp_path, tiny_bundle, inputs, extra, message):
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, "-m", "cardseg", "batch", str(inputs), "-o", str(out), "--bundle",
-                        str(tiny_bundle), *extra], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "cardseg", "batch", str(inputs), "-o", str(out), "--bundle", str(tiny_bundle), *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 2 and p.stderr.strip() == f"cardseg: error: {message}"
     assert not out.exists()
 
@@ -142,9 +182,28 @@ def test_python_dash_m_cardseg_runs_workers(tmp_path, tiny_bundle, inputs):
     """``python -m cardseg batch --workers 2``: the spawned workers import cardseg.__main__ without
     running the command again."""
     out = tmp_path / "out"
-    p = subprocess.run([sys.executable, "-m", "cardseg", "batch", str(inputs / "c?.nii.gz"), "-o", str(out),
-                        "--bundle", str(tiny_bundle), "--workers", "2", "--threads", "1", "--quiet", "--no-report"],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cardseg",
+            "batch",
+            str(inputs / "c?.nii.gz"),
+            "-o",
+            str(out),
+            "--bundle",
+            str(tiny_bundle),
+            "--workers",
+            "2",
+            "--threads",
+            "1",
+            "--quiet",
+            "--no-report",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr
     assert [r["status"] for r in read_csv(out / COHORT_CSV)] == ["ok"] * 4
 
@@ -191,8 +250,9 @@ class FakePool:
 
 
 @pytest.mark.parametrize("after, said_waiting, killed", [(0.05, False, False), (0.6, True, False), (5.0, True, True)])
-def test_a_stop_says_when_it_waits_for_the_workers_and_kills_them_after_the_grace(monkeypatch, capsys, after,
-                                                                                said_waiting, killed):
+def test_a_stop_says_when_it_waits_for_the_workers_and_kills_them_after_the_grace(
+    monkeypatch, capsys, after, said_waiting, killed
+):
     from cardseg.cohort import local_pool
 
     monkeypatch.setattr(local_pool, "STOP_NOTICE_S", 0.3)

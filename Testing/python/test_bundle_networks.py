@@ -17,8 +17,18 @@ def test_bundle_loads_with_verified_checksums(tiny_bundle):
     assert b.sampled_steps == [49, 37, 24, 12, 0]
     assert set(b.checksums) == {"primary.safetensors", "reference.safetensors"}
     cfg = b.config
-    for key in ("schema_version", "id", "pixel_spacing_mm", "input_size", "preprocessing", "diffusion",
-                "calibration", "regions", "agreement", "provenance"):
+    for key in (
+        "schema_version",
+        "id",
+        "pixel_spacing_mm",
+        "input_size",
+        "preprocessing",
+        "diffusion",
+        "calibration",
+        "regions",
+        "agreement",
+        "provenance",
+    ):
         assert key in cfg
     assert cfg["agreement"]["roi_dilation_px"] == 10 and cfg["agreement"]["out_of_domain_threshold"] is None
     assert not b.primary.training
@@ -101,10 +111,13 @@ def test_saved_bundle_files_get_the_usual_modes(tiny_bundle):
         assert f.stat().st_mode & 0o777 == 0o666 & ~umask, f.name
 
 
-@pytest.mark.parametrize("spec", [
-    {"arch": "time-swinunetr", "size": "mini"},
-    {"arch": "time-unet", "size": "micro"},
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"arch": "time-swinunetr", "size": "mini"},
+        {"arch": "time-unet", "size": "micro"},
+    ],
+)
 def test_denoisers_use_image_state_and_step(spec):
     torch.manual_seed(0)
     net = build_network({**spec, "num_classes": 4}).eval()
@@ -120,8 +133,10 @@ def test_denoisers_use_image_state_and_step(spec):
 
 
 def test_size_registry_spans_the_paper_sweep():
-    counts = {s: count_parameters(build_network({"arch": "time-swinunetr", "size": s, "num_classes": 4}))
-              for s in ("mini", "base")}
+    counts = {
+        s: count_parameters(build_network({"arch": "time-swinunetr", "size": s, "num_classes": 4}))
+        for s in ("mini", "base")
+    }
     assert 1.5e6 < counts["mini"] < 1.9e6  # paper's Mini reference: 1.74M
     assert 35e6 < counts["base"] < 42e6  # paper's primary: 37.21M
     assert list(SWIN_SIZES) == ["mini", "tiny", "small", "base", "large"]

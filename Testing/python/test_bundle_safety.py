@@ -28,7 +28,6 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import SimpleITK as sitk
 import torch
@@ -47,8 +46,9 @@ def small_bundle(tmp_path_factory) -> Path:
     from cardseg.bundle.scaffold import init_bundle
 
     path = tmp_path_factory.mktemp("safety") / "small"
-    init_bundle(path, primary="time-unet:micro", reference="time-unet:micro", input_size=32, pixel_spacing_mm=3.0,
-                seed=4)
+    init_bundle(
+        path, primary="time-unet:micro", reference="time-unet:micro", input_size=32, pixel_spacing_mm=3.0, seed=4
+    )
     return path
 
 
@@ -72,6 +72,7 @@ def _one(value):
     def edit(state):
         name = sorted(state)[len(state) // 2]
         state[name].view(-1)[state[name].numel() // 2] = value
+
     return edit
 
 
@@ -79,11 +80,16 @@ def _every(value):
     def edit(state):
         for t in state.values():
             t.fill_(value)
+
     return edit
 
 
-BREAKAGES = {"one NaN": _one(float("nan")), "one +inf": _one(float("inf")), "one -inf": _one(float("-inf")),
-             "all NaN": _every(float("nan"))}
+BREAKAGES = {
+    "one NaN": _one(float("nan")),
+    "one +inf": _one(float("inf")),
+    "one -inf": _one(float("-inf")),
+    "all NaN": _every(float("nan")),
+}
 
 
 @pytest.mark.parametrize("role", ["primary", "reference"])
@@ -107,9 +113,18 @@ def test_non_finite_weights_are_refused_by_every_loader(small_bundle, tmp_path, 
     load_bundle(_rewrite(small_bundle, tmp_path / "good", role, dtype, lambda state: None), backend="torch")
 
 
-@pytest.mark.parametrize("stored,declared,refused", [
-    (torch.int32, "float16", True), (torch.float32, "float16", True), (torch.float16, "float32", True),
-    (torch.int64, None, True), (torch.uint8, None, True), (torch.float32, None, False), (torch.float16, "float16", False)])
+@pytest.mark.parametrize(
+    "stored,declared,refused",
+    [
+        (torch.int32, "float16", True),
+        (torch.float32, "float16", True),
+        (torch.float16, "float32", True),
+        (torch.int64, None, True),
+        (torch.uint8, None, True),
+        (torch.float32, None, False),
+        (torch.float16, "float16", False),
+    ],
+)
 def test_weights_stored_in_another_dtype_than_declared_are_refused(small_bundle, tmp_path, stored, declared, refused):
     """An int32 copy of the weights with a matching checksum was loaded (cast) and ran: garbage, exit 0."""
     from safetensors.torch import load_file, save_file
@@ -132,8 +147,9 @@ def test_weights_stored_in_another_dtype_than_declared_are_refused(small_bundle,
     want = f"bundle.json's dtype {declared}" if declared else "a floating-point dtype"
     with pytest.raises(CardsegError, match=rf"^{path}: tensor \".+\" is stored as [A-Z0-9]+, not as {want}; "):
         check_bundle_folder(bad)
-    r = subprocess.run([sys.executable, "-m", "cardseg", "info", "--bundle", str(bad)], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "cardseg", "info", "--bundle", str(bad)], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "stored as" in r.stderr, r.stderr
 
 
@@ -141,9 +157,12 @@ FLOAT_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64, tor
 
 
 @settings(max_examples=60, deadline=None)
-@given(dtype=st.sampled_from(FLOAT_DTYPES), sizes=st.lists(st.integers(0, 40), min_size=1, max_size=4),
-       spots=st.lists(st.tuples(st.integers(0, 10_000), st.sampled_from(["nan", "inf", "-inf", "big"])), max_size=5),
-       seed=st.integers(0, 2 ** 16))
+@given(
+    dtype=st.sampled_from(FLOAT_DTYPES),
+    sizes=st.lists(st.integers(0, 40), min_size=1, max_size=4),
+    spots=st.lists(st.tuples(st.integers(0, 10_000), st.sampled_from(["nan", "inf", "-inf", "big"])), max_size=5),
+    seed=st.integers(0, 2**16),
+)
 def test_the_bit_check_counts_exactly_what_torch_calls_non_finite(dtype, sizes, spots, seed):
     """Any float dtype safetensors can hold, any tensor sizes (empty ones too), NaN and infinities
     anywhere, large finite values that are not refused: the count matches ``torch.isfinite``."""
@@ -190,9 +209,26 @@ def test_segment_refuses_a_nan_bundle_before_anything_runs(small_bundle, tmp_pat
     env = {**os.environ, "CARDSEG_CACHE_DIR": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
     for backend in ("auto", "torch"):
         out = tmp_path / f"out-{backend}"
-        r = subprocess.run([sys.executable, "-m", "cardseg", "segment", str(tmp_path / "in.nii.gz"), "-o", str(out),
-                            "--bundle", str(bad), "--backend", backend, "--quiet"],
-                           capture_output=True, text=True, timeout=300, env=env)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "cardseg",
+                "segment",
+                str(tmp_path / "in.nii.gz"),
+                "-o",
+                str(out),
+                "--bundle",
+                str(bad),
+                "--backend",
+                backend,
+                "--quiet",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=env,
+        )
         assert r.returncode == 2, r.stderr
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("cardseg: error: ") and "NaN" in lines[0], r.stderr
@@ -208,8 +244,11 @@ def test_save_bundle_refuses_weights_that_are_or_become_non_finite(tmp_path):
         with torch.no_grad():
             next(src.primary.parameters()).view(-1)[0] = value
         dest = tmp_path / f"out-{fp16}"
-        with pytest.raises(CardsegError, match=r"primary network's tensor .* holds 1 NaN or infinite value as "
-                                               r"(float16|float32) .*; not saved$"):
+        with pytest.raises(
+            CardsegError,
+            match=r"primary network's tensor .* holds 1 NaN or infinite value as "
+            r"(float16|float32) .*; not saved$",
+        ):
             save_bundle(dest, src.config, src.primary, src.reference, fp16=fp16)
         assert not dest.exists() and not list(tmp_path.glob(".bundle-*"))
     with torch.no_grad():
@@ -275,24 +314,45 @@ def _rewrite_nothing(tmp_path: Path) -> Path:
 
 #: (method block, parameter, values refused, values accepted); ranges from calibration_schema
 CAL_CASES = [
-    ({"method": "card", "tau_min": 1.0, "tau_max": 3.0, "w_b": 0.1, "w_k": 0.05}, "tau_max",
-     [1e39, 1000.5, 10 ** 400, 0.5], [1000.0, 1.0]),
-    ({"method": "card", "tau_min": 1.0, "tau_max": 1000.0, "w_b": 0.1, "w_k": 0.05}, "tau_min",
-     [0.99, 1000.5, -1e39], [1.0, 1000.0]),
-    ({"method": "card", "tau_min": 1.0, "tau_max": 3.0, "w_b": 0.1, "w_k": 0.05}, "w_b",
-     [-1e-9, 0.7, 1e39], [0.0, math.log(2.0)]),
-    ({"method": "card", "tau_min": 1.0, "tau_max": 3.0, "w_b": 0.1, "w_k": 0.05}, "w_k",
-     [0.0, 1e-320, 9e-7, 0.7, 1e39], [1e-6, math.log(2.0)]),
+    (
+        {"method": "card", "tau_min": 1.0, "tau_max": 3.0, "w_b": 0.1, "w_k": 0.05},
+        "tau_max",
+        [1e39, 1000.5, 10**400, 0.5],
+        [1000.0, 1.0],
+    ),
+    (
+        {"method": "card", "tau_min": 1.0, "tau_max": 1000.0, "w_b": 0.1, "w_k": 0.05},
+        "tau_min",
+        [0.99, 1000.5, -1e39],
+        [1.0, 1000.0],
+    ),
+    (
+        {"method": "card", "tau_min": 1.0, "tau_max": 3.0, "w_b": 0.1, "w_k": 0.05},
+        "w_b",
+        [-1e-9, 0.7, 1e39],
+        [0.0, math.log(2.0)],
+    ),
+    (
+        {"method": "card", "tau_min": 1.0, "tau_max": 3.0, "w_b": 0.1, "w_k": 0.05},
+        "w_k",
+        [0.0, 1e-320, 9e-7, 0.7, 1e39],
+        [1e-6, math.log(2.0)],
+    ),
     ({"method": "ts", "temperature": 1.0}, "temperature", [0.0, 0.009, 1000.5, 1e39, -1.0], [0.01, 1000.0]),
-    ({"method": "ets", "temperature": 1.0, "w0": 1.0, "w1": 0.0, "w2": 0.0}, "temperature",
-     [0.009, 1e39], [0.01, 1000.0]),
+    (
+        {"method": "ets", "temperature": 1.0, "w0": 1.0, "w1": 0.0, "w2": 0.0},
+        "temperature",
+        [0.009, 1e39],
+        [0.01, 1000.0],
+    ),
     ({"method": "hts", "w": 0.1, "b": 0.8}, "w", [-100.5, 100.5, 1e39], [-100.0, 100.0]),
     ({"method": "hts", "w": 0.1, "b": 0.8}, "b", [-100.5, 100.5, -1e39], [-100.0, 100.0]),
 ]
 
 
-@pytest.mark.parametrize("block, name, refused, accepted", CAL_CASES,
-                         ids=[f"{c[0]['method']}.{c[1]}" for c in CAL_CASES])
+@pytest.mark.parametrize(
+    "block, name, refused, accepted", CAL_CASES, ids=[f"{c[0]['method']}.{c[1]}" for c in CAL_CASES]
+)
 @pytest.mark.parametrize("where", ["calibration", "baselines"])
 def test_calibration_settings_have_closed_ranges(small_bundle, block, name, refused, accepted, where):
     from cardseg.bundle.folder import read_config
@@ -336,12 +396,15 @@ def test_calibrators_stay_finite_at_the_corners_of_their_ranges():
     from cardseg.method.calibration import calibrator_from_dict
 
     g = torch.Generator().manual_seed(0)
-    logits = torch.cat([torch.randn(1, 4, 64, generator=g) * 6e4, torch.zeros(1, 4, 8),
-                        torch.full((1, 4, 8), 65504.0)], dim=2)
+    logits = torch.cat(
+        [torch.randn(1, 4, 64, generator=g) * 6e4, torch.zeros(1, 4, 8), torch.full((1, 4, 8), 65504.0)], dim=2
+    )
     tac = torch.linspace(0, math.log(2.0), logits.shape[2]).unsqueeze(0)
     ln2 = math.log(2.0)
-    blocks = [{"method": "card", "tau_min": a, "tau_max": max(a, b), "w_b": wb, "w_k": wk}
-              for a, b, wb, wk in itertools.product(TAU_RANGE, TAU_RANGE, (0.0, ln2), (W_K_RANGE[0], ln2))]
+    blocks = [
+        {"method": "card", "tau_min": a, "tau_max": max(a, b), "w_b": wb, "w_k": wk}
+        for a, b, wb, wk in itertools.product(TAU_RANGE, TAU_RANGE, (0.0, ln2), (W_K_RANGE[0], ln2))
+    ]
     blocks += [{"method": "ts", "temperature": t} for t in TEMPERATURE_RANGE]
     blocks += [{"method": "ets", "temperature": t, "w0": 0.0, "w1": 0.5, "w2": 0.5} for t in TEMPERATURE_RANGE]
     blocks += [{"method": "hts", "w": w, "b": b} for w, b in itertools.product(HTS_RANGE, HTS_RANGE)]
@@ -351,7 +414,7 @@ def test_calibrators_stay_finite_at_the_corners_of_their_ranges():
         assert torch.allclose(p.sum(1), torch.ones(1, logits.shape[2]), atol=1e-4), block
 
 
-@pytest.mark.parametrize("key, value", [("num_steps", 10_001), ("num_steps", 10 ** 12), ("s", 1.5), ("s", 1e39)])
+@pytest.mark.parametrize("key, value", [("num_steps", 10_001), ("num_steps", 10**12), ("s", 1.5), ("s", 1e39)])
 def test_diffusion_settings_are_bounded(small_bundle, key, value):
     from cardseg.bundle.folder import read_config
     from cardseg.bundle.schema import validate_config
@@ -363,6 +426,7 @@ def test_diffusion_settings_are_bounded(small_bundle, key, value):
 
 
 # --- the ONNX cache -------------------------------------------------------------------------------
+
 
 def _no_hang(fn, seconds=60):
     """``fn()``'s result, or a test failure when it blocks (a daemon thread, so the run goes on)."""
@@ -395,8 +459,10 @@ def test_a_fifo_in_the_cache_is_a_miss_not_a_hang(small_bundle, tmp_path, which)
     """In a child process with a deadline: the old code blocked forever opening the FIFO."""
     cache = tmp_path / "cache"
     env = {**os.environ, "CARDSEG_CACHE_DIR": str(cache), "OMP_NUM_THREADS": "1"}
-    code = ("import sys; from cardseg.bundle.loading import load_bundle; "
-            "b = load_bundle(sys.argv[1], backend='onnx'); print(b.backend, b.primary.source)")
+    code = (
+        "import sys; from cardseg.bundle.loading import load_bundle; "
+        "b = load_bundle(sys.argv[1], backend='onnx'); print(b.backend, b.primary.source)"
+    )
     run = [sys.executable, "-c", code, str(small_bundle)]
     subprocess.run(run, check=True, timeout=300, env=env, capture_output=True)
     (entry,) = (cache / "models").glob(f"primary-*.{which}")
@@ -455,11 +521,18 @@ def test_stale_temporaries_are_removed_by_any_load_and_nothing_else(small_bundle
     models = tmp_path / "cache" / "models"
     models.mkdir(parents=True)
     dead, old = _dead_pid(), time.time() - 60
-    gone = [models / f"cardseg-onnx-tmp-{dead}-abc_12.onnx", systmp / f"cardseg-onnx-tmp-{dead}-x9.onnx",
-            models / f"cardseg-onnx-tmp-{os.getpid()}-old.json"]
-    kept = [models / f"cardseg-onnx-tmp-{os.getpid()}-live.onnx",  # a running export
-            models / f"cardseg-onnx-tmp-{dead}-fresh.onnx",  # its rename may be in flight
-            models / "primary-0123.onnx", models / "notes.txt", systmp / f"other-{dead}.onnx"]
+    gone = [
+        models / f"cardseg-onnx-tmp-{dead}-abc_12.onnx",
+        systmp / f"cardseg-onnx-tmp-{dead}-x9.onnx",
+        models / f"cardseg-onnx-tmp-{os.getpid()}-old.json",
+    ]
+    kept = [
+        models / f"cardseg-onnx-tmp-{os.getpid()}-live.onnx",  # a running export
+        models / f"cardseg-onnx-tmp-{dead}-fresh.onnx",  # its rename may be in flight
+        models / "primary-0123.onnx",
+        models / "notes.txt",
+        systmp / f"other-{dead}.onnx",
+    ]
     for p in gone + kept:
         p.write_bytes(b"x" * 10)
     for p in gone[:2] + kept[:1] + kept[2:]:
@@ -482,8 +555,10 @@ def test_an_export_killed_half_way_leaves_a_temporary_the_next_run_removes(small
     cache, systmp = tmp_path / "cache", tmp_path / "systmp"
     systmp.mkdir()
     env = {**os.environ, "CARDSEG_CACHE_DIR": str(cache), "TMPDIR": str(systmp), "OMP_NUM_THREADS": "1"}
-    code = ("import os, sys, onnx; onnx.load_from_string = lambda *a, **k: os._exit(9); "
-            "from cardseg.bundle.loading import load_bundle; load_bundle(sys.argv[1], backend='onnx')")
+    code = (
+        "import os, sys, onnx; onnx.load_from_string = lambda *a, **k: os._exit(9); "
+        "from cardseg.bundle.loading import load_bundle; load_bundle(sys.argv[1], backend='onnx')"
+    )
     r = subprocess.run([sys.executable, "-c", code, str(small_bundle)], timeout=300, env=env, capture_output=True)
     assert r.returncode == 9, r.stderr
     ours = lambda: [p for p in [*cache.rglob("*"), *systmp.rglob("cardseg*")] if p.is_file()]  # noqa: E731
@@ -507,7 +582,10 @@ def test_auto_refuses_a_network_whose_finite_weights_give_non_finite_logits(smal
     monkeypatch.setenv("CARDSEG_CACHE_DIR", str(tmp_path / "cache"))
     bad = _rewrite(small_bundle, tmp_path / "bad", "primary", "float32", _every(value))
     for backend in ("auto", "onnx"):
-        with pytest.raises(CardsegError, match=rf"^{bad}: the primary network gives NaN or infinite logits on a "
-                                               r"probe input; the weights are broken"):
+        with pytest.raises(
+            CardsegError,
+            match=rf"^{bad}: the primary network gives NaN or infinite logits on a "
+            r"probe input; the weights are broken",
+        ):
             load_bundle(bad, backend=backend)
     assert not list((tmp_path / "cache").glob("models/*.onnx"))

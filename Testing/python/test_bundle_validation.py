@@ -61,8 +61,11 @@ def _copy(tiny_bundle: Path, dest: Path) -> Path:
 
 def _snapshot(folder: Path) -> dict:
     """Every file below ``folder`` with its bytes (symlinks as their targets)."""
-    return {str(p.relative_to(folder)): (os.readlink(p) if p.is_symlink() else p.read_bytes())
-            for p in sorted(folder.rglob("*")) if p.is_file() or p.is_symlink()}
+    return {
+        str(p.relative_to(folder)): (os.readlink(p) if p.is_symlink() else p.read_bytes())
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() or p.is_symlink()
+    }
 
 
 class _Touch:
@@ -100,8 +103,10 @@ def test_shipped_and_tiny_bundles_pass(tiny_bundle):
 
 
 def test_check_bundle_folder_is_torch_free():
-    code = ("import sys; from cardseg.bundle.folder import check_bundle_folder; check_bundle_folder(); "
-            "assert 'torch' not in sys.modules and 'numpy' not in sys.modules, sorted(sys.modules)")
+    code = (
+        "import sys; from cardseg.bundle.folder import check_bundle_folder; check_bundle_folder(); "
+        "assert 'torch' not in sys.modules and 'numpy' not in sys.modules, sorted(sys.modules)"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
 
@@ -114,20 +119,23 @@ BREAKAGES = [
     (("id", "version"), DROP, "id.version is missing"),
     (("classes",), [{"name": "background"}], "classes must be a list of at least 2"),
     (("classes", 2, "name"), DROP, "classes[2].name is missing"),
-    (("classes", 3, "name"), "RV", "classes[3].name repeats the class name \"RV\""),
+    (("classes", 3, "name"), "RV", 'classes[3].name repeats the class name "RV"'),
     (("classes", 1, "color"), [0.1, 0.2], "classes[1].color must be 3 numbers in [0, 1]"),
     (("classes", 1, "color"), [0.1, 0.2, 1.5], "classes[1].color[2] must be in [0, 1] (got 1.5)"),
     (("image_channels",), 3, "image_channels must be 1"),
     (("image_channels",), DROP, "image_channels is missing"),
     (("pixel_spacing_mm",), 0, "pixel_spacing_mm must be in [0.1, 20] (got 0)"),
-    (("pixel_spacing_mm",), "3", "pixel_spacing_mm must be a number (got \"3\")"),
+    (("pixel_spacing_mm",), "3", 'pixel_spacing_mm must be a number (got "3")'),
     (("pixel_spacing_mm",), float("nan"), "pixel_spacing_mm must be finite"),
     (("input_size",), 0, "input_size must be in [16, 1024] (got 0)"),
     (("input_size",), 64.0, "input_size must be an integer (got 64.0)"),
     (("input_size",), True, "input_size must be an integer (got true)"),
     (("preprocessing",), DROP, "preprocessing is missing"),
-    (("preprocessing", "normalization"), "volume-zscore",
-     "preprocessing.normalization must be one of slice-percentile"),
+    (
+        ("preprocessing", "normalization"),
+        "volume-zscore",
+        "preprocessing.normalization must be one of slice-percentile",
+    ),
     (("preprocessing", "low_percentile"), DROP, "preprocessing.low_percentile is missing"),
     (("preprocessing", "low_percentile"), 99.6, "preprocessing.high_percentile must be > low_percentile (99.6)"),
     (("preprocessing", "high_percentile"), 101, "preprocessing.high_percentile must be in [0, 100] (got 101)"),
@@ -167,24 +175,37 @@ BREAKAGES = [
     (("calibration", "temperature"), 2.0, "calibration.temperature is not a parameter of the card calibration"),
     (("calibration",), {"method": "ts"}, "calibration.temperature is missing"),
     (("calibration",), {"method": "ts", "temperature": 0}, "calibration.temperature must be in [0.01, 1000] (got 0)"),
-    (("calibration",), {"method": "ets", "temperature": 1.0, "w0": 0.5, "w1": 0.2, "w2": 0.2},
-     "calibration weights w0 + w1 + w2 must sum to 1"),
-    (("calibration",), {"method": "ets", "temperature": 1.0, "w0": 1.5, "w1": -0.5, "w2": 0.0},
-     "calibration.w0 must be in [0, 1] (got 1.5)"),
+    (
+        ("calibration",),
+        {"method": "ets", "temperature": 1.0, "w0": 0.5, "w1": 0.2, "w2": 0.2},
+        "calibration weights w0 + w1 + w2 must sum to 1",
+    ),
+    (
+        ("calibration",),
+        {"method": "ets", "temperature": 1.0, "w0": 1.5, "w1": -0.5, "w2": 0.0},
+        "calibration.w0 must be in [0, 1] (got 1.5)",
+    ),
     (("calibration",), {"method": "hts", "w": 0.1}, "calibration.b is missing"),
     (("calibration",), {"method": "hts", "w": 0.1, "b": "x"}, "calibration.b must be a number"),
-    (("calibration", "tac_steps"), [5],
-     "calibration.tac_steps[0] must be one of the sampled steps [49, 37, 24, 12, 0]"),
+    (
+        ("calibration", "tac_steps"),
+        [5],
+        "calibration.tac_steps[0] must be one of the sampled steps [49, 37, 24, 12, 0]",
+    ),
     (("calibration", "tac_steps"), [], "calibration.tac_steps must be null or a non-empty list"),
     (("calibration", "fitted"), "yes", "calibration.fitted must be true or false"),
     (("baselines",), {"ts": {"method": "ts", "temperature": -1}}, "baselines.ts.temperature must be in [0.01, 1000]"),
-    (("baselines",), {"ts": {"method": "hts", "w": 0.1, "b": 0.8}}, "baselines.ts.method must be \"ts\""),
+    (("baselines",), {"ts": {"method": "hts", "w": 0.1, "b": 0.8}}, 'baselines.ts.method must be "ts"'),
     (("regions",), DROP, "regions is missing"),
     (("regions", "flag_threshold"), 0.8, "regions.flag_threshold must be in [0, ln 2"),
     (("regions", "flag_threshold"), -0.1, "regions.flag_threshold must be in [0, ln 2"),
     (("regions", "min_voxels"), 0, "regions.min_voxels must be >= 1 (got 0)"),
     (("regions", "map"), "entropy", "regions.map must be one of tac, tac_flips, error_probability"),
-    (("regions", "map"), "error_probability", "regions.voxel_model must be a fitted voxel model for the error_probability map"),
+    (
+        ("regions", "map"),
+        "error_probability",
+        "regions.voxel_model must be a fitted voxel model for the error_probability map",
+    ),
     (("regions", "ranking"), "size", "regions.ranking must be one of p_error, p_error_per_ml, summed_map"),
     (("regions", "fill_holes"), "yes", "regions.fill_holes must be true or false"),
     (("regions", "grow_threshold"), 0.9, "regions.grow_threshold must be in"),
@@ -196,8 +217,11 @@ BREAKAGES = [
 ]
 
 
-@pytest.mark.parametrize("path, value, message", BREAKAGES,
-                         ids=[".".join(map(str, p)) + f"={'DROP' if v is DROP else v!r}"[:40] for p, v, _ in BREAKAGES])
+@pytest.mark.parametrize(
+    "path, value, message",
+    BREAKAGES,
+    ids=[".".join(map(str, p)) + f"={'DROP' if v is DROP else v!r}"[:40] for p, v, _ in BREAKAGES],
+)
 def test_each_single_breakage_is_refused_in_one_line(tiny_bundle, path, value, message):
     cfg = _edit(read_config(tiny_bundle), path, value)
     with pytest.raises(CardsegError) as info:
@@ -211,9 +235,15 @@ def test_not_an_object_and_optional_keys(tiny_bundle):
     with pytest.raises(CardsegError, match="must hold a JSON object"):
         validate_config([1, 2], tiny_bundle)
     cfg = read_config(tiny_bundle)
-    for path, value in ((("provenance",), DROP), (("baselines",), None), (("calibration", "tac_steps"), None),
-                        (("calibration", "tac_steps"), [12, 0]), (("agreement", "out_of_domain_threshold"), DROP),
-                        (("classes", 1, "color"), DROP), (("preprocessing", "pad_value"), DROP)):
+    for path, value in (
+        (("provenance",), DROP),
+        (("baselines",), None),
+        (("calibration", "tac_steps"), None),
+        (("calibration", "tac_steps"), [12, 0]),
+        (("agreement", "out_of_domain_threshold"), DROP),
+        (("classes", 1, "color"), DROP),
+        (("preprocessing", "pad_value"), DROP),
+    ):
         validate_config(_edit(cfg, path, value), tiny_bundle)
     assert validate_config(cfg, tiny_bundle, label="somewhere/bundle.json") is cfg
     with pytest.raises(CardsegError, match=r"^somewhere/bundle.json: input_size"):
@@ -224,8 +254,13 @@ def test_every_fitted_calibrator_round_trips_through_the_schema(tiny_bundle):
     from cardseg.method.calibration import REGISTRY
 
     cfg = read_config(tiny_bundle)
-    fitted = {"card": {"tau_min": 1.0, "tau_max": 5.0, "w_b": 0.0, "w_k": 0.01}, "ts": {"temperature": 1.7},
-              "ets": {"temperature": 2.0, "w0": 0.7, "w1": 0.2, "w2": 0.1}, "hts": {"w": -0.3, "b": 1.2}, "uc": {}}
+    fitted = {
+        "card": {"tau_min": 1.0, "tau_max": 5.0, "w_b": 0.0, "w_k": 0.01},
+        "ts": {"temperature": 1.7},
+        "ets": {"temperature": 2.0, "w0": 0.7, "w1": 0.2, "w2": 0.1},
+        "hts": {"w": -0.3, "b": 1.2},
+        "uc": {},
+    }
     for method, params in fitted.items():
         cal = REGISTRY[method](**params).to_dict()
         validate_config({**cfg, "calibration": {**cal, "fitted": True}, "baselines": {method: cal}}, tiny_bundle)
@@ -239,11 +274,13 @@ def test_error_probability_regions_are_checked_as_probabilities(tiny_bundle):
     assert rule["map"] == "error_probability" and rule["voxel_model"]["coef"]
     cfg = _edit(read_config(tiny_bundle), ("regions",), {**rule, "flag_threshold": 0.9, "grow_threshold": 0.8})
     validate_config(cfg, tiny_bundle)  # above ln 2: fine for a probability
-    for path, value, message in ((("regions", "flag_threshold"), 1.2, "regions.flag_threshold must be in [0, 1]"),
-                                 (("regions", "voxel_model", "coef"), [0.1], "regions.voxel_model.coef must be a list"),
-                                 (("regions", "voxel_model", "kind"), "tree", "regions.voxel_model must be null or a"),
-                                 (("regions", "model", "platt"), [1.0], "regions.model.platt must be null or [a, b]"),
-                                 (("regions", "model", "platt"), [-1.0, 0.0], "regions.model.platt[0] must be > 0")):
+    for path, value, message in (
+        (("regions", "flag_threshold"), 1.2, "regions.flag_threshold must be in [0, 1]"),
+        (("regions", "voxel_model", "coef"), [0.1], "regions.voxel_model.coef must be a list"),
+        (("regions", "voxel_model", "kind"), "tree", "regions.voxel_model must be null or a"),
+        (("regions", "model", "platt"), [1.0], "regions.model.platt must be null or [a, b]"),
+        (("regions", "model", "platt"), [-1.0, 0.0], "regions.model.platt[0] must be > 0"),
+    ):
         with pytest.raises(CardsegError) as info:
             validate_config(_edit(cfg, path, value), tiny_bundle)
         assert message in str(info.value), str(info.value)
@@ -259,7 +296,9 @@ def test_name_lists_are_in_sync_with_the_engine():
     assert set(calibration_schema.CALIBRATION_PARAMS) == set(REGISTRY)
     from cardseg.review import error_map, regions
 
-    assert bundle_schema.REGION_FEATURES == regions.FEATURES and bundle_schema.VOXEL_FEATURES == error_map.VOXEL_FEATURES
+    assert (
+        bundle_schema.REGION_FEATURES == regions.FEATURES and bundle_schema.VOXEL_FEATURES == error_map.VOXEL_FEATURES
+    )
     assert bundle_schema.REGION_MAPS == regions.MAPS and bundle_schema.REGION_RANKINGS == regions.RANKINGS
     for method, cls in REGISTRY.items():
         assert tuple(cls().params()) == calibration_schema.CALIBRATION_PARAMS[method], method
@@ -310,17 +349,20 @@ def _safetensors_bytes(header: dict, data: bytes) -> bytes:
     return len(raw).to_bytes(8, "little") + raw + data
 
 
-@pytest.mark.parametrize("content, why", [
-    (b"", "no valid header length"),
-    (b"\x80\x04\x95" + b"\x00" * 40, "no valid header length"),  # a plain pickle
-    ((6).to_bytes(8, "little") + b"[1, 2]", "not a JSON object"),
-    ((4).to_bytes(8, "little") + b"{no ", "not JSON"),
-    (_safetensors_bytes({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b""), "outside the file"),
-    (_safetensors_bytes({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, bytes(8)), "does not match"),
-    (_safetensors_bytes({"w": {"dtype": "X9", "shape": [2], "data_offsets": [0, 8]}}, bytes(8)), "unknown dtype"),
-    (_safetensors_bytes({"w": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, bytes(8)), "bad shape"),
-    (_safetensors_bytes({"w": [1]}, bytes(8)), "entry is not an object"),
-])
+@pytest.mark.parametrize(
+    "content, why",
+    [
+        (b"", "no valid header length"),
+        (b"\x80\x04\x95" + b"\x00" * 40, "no valid header length"),  # a plain pickle
+        ((6).to_bytes(8, "little") + b"[1, 2]", "not a JSON object"),
+        ((4).to_bytes(8, "little") + b"{no ", "not JSON"),
+        (_safetensors_bytes({"w": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b""), "outside the file"),
+        (_safetensors_bytes({"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 8]}}, bytes(8)), "does not match"),
+        (_safetensors_bytes({"w": {"dtype": "X9", "shape": [2], "data_offsets": [0, 8]}}, bytes(8)), "unknown dtype"),
+        (_safetensors_bytes({"w": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}}, bytes(8)), "bad shape"),
+        (_safetensors_bytes({"w": [1]}, bytes(8)), "entry is not an object"),
+    ],
+)
 def test_safetensors_header_parser_refuses_what_is_not_safetensors(tmp_path, content, why):
     path = tmp_path / "w.safetensors"
     path.write_bytes(content)
@@ -349,17 +391,21 @@ def test_a_class_count_mismatch_is_named_before_loading(tiny_bundle, tmp_path, c
     _write_config(bundle, {**cfg, "classes": names})
     with pytest.raises(CardsegError) as info:
         load_bundle(bundle)
-    assert str(info.value) == (f"{bundle}: bundle.json lists {classes} classes but primary.safetensors holds a "
-                               f"network for {held} classes")
+    assert str(info.value) == (
+        f"{bundle}: bundle.json lists {classes} classes but primary.safetensors holds a network for {held} classes"
+    )
 
 
 def test_other_shape_mismatches_name_the_tensor(tiny_bundle, tmp_path):
     bundle = _copy(tiny_bundle, tmp_path / "b")
     cfg = read_config(bundle)
     _write_config(bundle, _edit(cfg, ("networks", "reference", "size"), "tiny"))  # the file holds a micro U-Net
-    with pytest.raises(CardsegError, match=r"reference.safetensors: weights do not fit the time-unet:tiny network "
-                                           r"that bundle.json describes \(tensor '.*' has shape \[.*\], the network "
-                                           r"needs \[.*\]\)$"):
+    with pytest.raises(
+        CardsegError,
+        match=r"reference.safetensors: weights do not fit the time-unet:tiny network "
+        r"that bundle.json describes \(tensor '.*' has shape \[.*\], the network "
+        r"needs \[.*\]\)$",
+    ):
         load_bundle(bundle)
     _write_config(bundle, _edit(cfg, ("networks", "reference", "size"), "small"))  # one level more
     with pytest.raises(CardsegError, match=r"reference.safetensors: weights do not fit .*is missing"):
@@ -468,9 +514,13 @@ def test_segment_subprocess_refuses_broken_bundles(tiny_bundle, rotated_nifti, t
     """The real ``python -m cardseg`` process: exit code 2, one line on stderr, nothing written."""
     bundle, before = _broken_copy(tiny_bundle, tmp_path, kind)
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "cardseg", "segment", str(rotated_nifti), "-o", str(out),
-                           "--bundle", str(bundle)], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "cardseg", "segment", str(rotated_nifti), "-o", str(out), "--bundle", str(bundle)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 2, proc.stderr
     _assert_refused(proc.stderr, CLI_CASES[kind], out, bundle, before)
     assert not (tmp_path / "unpickled").exists()
@@ -493,9 +543,13 @@ def _strings(value):
 
 
 def test_shipped_bundle_records_no_machine_paths():
-    bad = [s for s in _strings(read_config(SHIPPED))
-           if s.startswith(("/", "\\", "~")) or re.match(r"[A-Za-z]:[\\/]", s)
-           or any(part in s for part in ("/root", "/work", "/home", "/Users", "/tmp"))]
+    bad = [
+        s
+        for s in _strings(read_config(SHIPPED))
+        if s.startswith(("/", "\\", "~"))
+        or re.match(r"[A-Za-z]:[\\/]", s)
+        or any(part in s for part in ("/root", "/work", "/home", "/Users", "/tmp"))
+    ]
     assert bad == []
 
 

@@ -1,5 +1,6 @@
 """Every cache of network outputs is keyed by what shapes them: moving the grid (recentring), the
 grid, the steps or the weights never reuses old arrays (cardseg_train.cache_identity)."""
+
 import copy
 from types import SimpleNamespace
 
@@ -10,24 +11,34 @@ from cardseg_train.cache_identity import maps_identity
 
 
 def fake_bundle(**config_changes):
-    config = {"input_size": 128, "pixel_spacing_mm": 1.75, "preprocessing": {"clip": [0.5, 99.5]},
-              "diffusion": {"sampled_steps": [999, 750, 500, 250, 0]}, "calibration": {"method": "card"},
-              "agreement": {"roi_dilation_px": 10}}
+    config = {
+        "input_size": 128,
+        "pixel_spacing_mm": 1.75,
+        "preprocessing": {"clip": [0.5, 99.5]},
+        "diffusion": {"sampled_steps": [999, 750, 500, 250, 0]},
+        "calibration": {"method": "card"},
+        "agreement": {"roi_dilation_px": 10},
+    }
     for key, value in config_changes.items():
         config[key] = value
-    return SimpleNamespace(config=config, checksums={"primary": "a" * 64, "reference": "b" * 64},
-                           sampled_steps=config["diffusion"]["sampled_steps"], tac_steps=None)
+    return SimpleNamespace(
+        config=config,
+        checksums={"primary": "a" * 64, "reference": "b" * 64},
+        sampled_steps=config["diffusion"]["sampled_steps"],
+        tac_steps=None,
+    )
 
 
 def keys(bundle):
     """The cache key of each tool for one bundle (the same other settings throughout)."""
     ev = calibration_eval.evaluation_settings("/data", "val", 0, 1.0, bundle)
-    return {"evaluate": calibration_eval.CaseCache.make_key(bundle.checksums, ev),
-            "review": review_data.cache_key(bundle, "val", 0),
-            "indices_fit": indices_fit.cache_key(bundle, {"split": "val"}),
-            "evidence": indices_evidence.evidence_key(bundle, {"split": "val"}),
-            "pool": calibrate.pool_key(bundle.checksums,
-                                       calibrate.pool_settings(bundle, "/data", ["clean"], 1, 0, 1000))}
+    return {
+        "evaluate": calibration_eval.CaseCache.make_key(bundle.checksums, ev),
+        "review": review_data.cache_key(bundle, "val", 0),
+        "indices_fit": indices_fit.cache_key(bundle, {"split": "val"}),
+        "evidence": indices_evidence.evidence_key(bundle, {"split": "val"}),
+        "pool": calibrate.pool_key(bundle.checksums, calibrate.pool_settings(bundle, "/data", ["clean"], 1, 0, 1000)),
+    }
 
 
 @pytest.fixture(autouse=True)
@@ -39,13 +50,16 @@ def test_same_bundle_same_keys():
     assert keys(fake_bundle()) == keys(fake_bundle())
 
 
-@pytest.mark.parametrize("change", [
-    {"field_of_view": {"recentre": True}},
-    {"input_size": 96},
-    {"pixel_spacing_mm": 1.5},
-    {"preprocessing": {"clip": [1.0, 99.0]}},
-    {"diffusion": {"sampled_steps": [999, 750, 500, 250, 0], "schedule": "linear"}},
-])
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"field_of_view": {"recentre": True}},
+        {"input_size": 96},
+        {"pixel_spacing_mm": 1.5},
+        {"preprocessing": {"clip": [1.0, 99.0]}},
+        {"diffusion": {"sampled_steps": [999, 750, 500, 250, 0], "schedule": "linear"}},
+    ],
+)
 def test_what_shapes_the_maps_changes_every_key(change):
     before, after = keys(fake_bundle()), keys(fake_bundle(**change))
     assert all(before[k] != after[k] for k in before), change

@@ -8,9 +8,16 @@ import torch.nn.functional as F
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from cardseg.method.calibration import (REGISTRY, EnsembleTemperatureScaling, EntropyTemperatureScaling,
-                                        TemperatureScaling, Uncalibrated, calibrator_from_dict, entropy_temperature,
-                                        normalized_log_entropy)
+from cardseg.method.calibration import (
+    REGISTRY,
+    EnsembleTemperatureScaling,
+    EntropyTemperatureScaling,
+    TemperatureScaling,
+    Uncalibrated,
+    calibrator_from_dict,
+    entropy_temperature,
+    normalized_log_entropy,
+)
 
 
 def test_ets_is_the_stated_mixture():
@@ -61,8 +68,15 @@ def test_hts_temperature_formula():
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.floats(-3, 3), st.floats(-3, 3), st.floats(0.05, 20), st.floats(0, 1), st.floats(0, 1),
-       st.integers(0, 10_000), st.floats(0.3, 40))
+@given(
+    st.floats(-3, 3),
+    st.floats(-3, 3),
+    st.floats(0.05, 20),
+    st.floats(0, 1),
+    st.floats(0, 1),
+    st.integers(0, 10_000),
+    st.floats(0.3, 40),
+)
 def test_ets_and_hts_keep_the_label_and_normalise(w, b, t, a0, a1, seed, scale):
     g = torch.Generator().manual_seed(seed)
     z = scale * torch.randn(2, 4, 3, 3, generator=g, dtype=torch.float64)

@@ -11,8 +11,12 @@ from scipy import ndimage
 pytest.importorskip("torchio")
 
 from cardseg.bundle.scaffold import synthetic_cine_volume  # noqa: E402
-from cardseg_train.corruptions import (CORRUPTIONS, corrupt_labelled_volume, corrupt_volume,  # noqa: E402
-                                       corruption_params)
+from cardseg_train.corruptions import (
+    CORRUPTIONS,
+    corrupt_labelled_volume,
+    corrupt_volume,  # noqa: E402
+    corruption_params,
+)
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +68,17 @@ def test_motion_is_in_plane_ringing_not_a_shift(clean):
 
     z = 2
     slice_img = tio.ScalarImage(tensor=torch.from_numpy(a[z].T.copy())[None, :, :, None])
-    moved = tio.Motion(degrees=np.array([[0.0, 0.0, 4.0]]), translation=np.array([[3.0, -2.0, 0.0]]),
-                       times=np.array([0.5]), image_interpolation="linear")(slice_img).data[0, :, :, 0].numpy().T
+    moved = (
+        tio.Motion(
+            degrees=np.array([[0.0, 0.0, 4.0]]),
+            translation=np.array([[3.0, -2.0, 0.0]]),
+            times=np.array([0.5]),
+            image_interpolation="linear",
+        )(slice_img)
+        .data[0, :, :, 0]
+        .numpy()
+        .T
+    )
     assert max_ncc(a[z], moved) > 0.995
 
 
@@ -162,11 +175,16 @@ def test_tio3d_protocol_is_torchio_default_seeded_per_case(clean, kind):
 
     from cardseg_train.corruptions import corruption_rng
 
-    cls = {"bias_field": tio.RandomBiasField, "motion": tio.RandomMotion, "ghosting": tio.RandomGhosting,
-           "spike": tio.RandomSpike}[kind]
-    seed = int(corruption_rng("patient001_frame01", f"tio3d:{kind}", 0).integers(0, 2 ** 63 - 1))
-    image = tio.ScalarImage(tensor=torch.from_numpy(a.transpose(2, 1, 0).copy())[None],
-                            affine=np.diag([*map(float, vol.spacing), 1.0]))
+    cls = {
+        "bias_field": tio.RandomBiasField,
+        "motion": tio.RandomMotion,
+        "ghosting": tio.RandomGhosting,
+        "spike": tio.RandomSpike,
+    }[kind]
+    seed = int(corruption_rng("patient001_frame01", f"tio3d:{kind}", 0).integers(0, 2**63 - 1))
+    image = tio.ScalarImage(
+        tensor=torch.from_numpy(a.transpose(2, 1, 0).copy())[None], affine=np.diag([*map(float, vol.spacing), 1.0])
+    )
     torch.manual_seed(seed)
     by_hand = cls()(tio.Subject(image=image))["image"].data[0].numpy().transpose(2, 1, 0)
     torch.set_rng_state(state)
@@ -186,7 +204,11 @@ def test_tio3d_conditions_are_named_and_cached_apart(clean):
     from cardseg_train.evaluation import LabelledVolume
 
     vol, lab = clean
-    assert set(CONDITIONS) < set(ALL_CONDITIONS) and "tio3d:spike" in ALL_CONDITIONS and "tio3d:clean" not in ALL_CONDITIONS
+    assert (
+        set(CONDITIONS) < set(ALL_CONDITIONS)
+        and "tio3d:spike" in ALL_CONDITIONS
+        and "tio3d:clean" not in ALL_CONDITIONS
+    )
     item = LabelledVolume("p1_f1", "p1", vol, lab)
     a, b = condition_volume(item, "spike"), condition_volume(item, "tio3d:spike")
     assert a.case == "p1_f1:spike" and b.case == "p1_f1:tio3d:spike"

@@ -12,8 +12,14 @@ from cardseg.method.calibration import CARD, EnsembleTemperatureScaling, Entropy
 from cardseg_train.calibration_fit import FITTERS, fit_calibrator, fit_card, fit_ets, fit_hts, fit_ts, pool_nll
 from cardseg_train.calibration_objectives import card_objective, ets_objective, hts_objective, log_entropy
 from cardseg_train.calibration_perturb import PERTURBATIONS, apply_perturbation, perturb_image, perturbation_params
-from cardseg_train.calibration_pool import (PoolItem, concat_pool, ood_agreement_threshold, pixel_flag_threshold,
-                                            pool_item, pool_thresholds)
+from cardseg_train.calibration_pool import (
+    PoolItem,
+    concat_pool,
+    ood_agreement_threshold,
+    pixel_flag_threshold,
+    pool_item,
+    pool_thresholds,
+)
 
 TRUE_CARD = (1.0, 7.0, 0.2, 0.04)
 
@@ -204,9 +210,11 @@ def test_threshold_rules():
     tac = np.linspace(0.0, 0.5, 1001)
     assert pixel_flag_threshold(tac) == pytest.approx(0.495)
     assert ood_agreement_threshold([0.93, 0.88, None, 0.91]) == pytest.approx(0.87)
-    pool = [PoolItem(np.zeros((4, 3)), np.zeros(3), np.array([0.1, 0.2, 0.3]), variant="clean", agreement=0.9),
-            PoolItem(np.zeros((4, 3)), np.zeros(3), np.array([0.6, 0.6, 0.6]), variant="noise", agreement=0.5),
-            PoolItem(np.zeros((4, 2)), np.zeros(2), np.array([0.0, 0.4]), variant="clean", agreement=0.95)]
+    pool = [
+        PoolItem(np.zeros((4, 3)), np.zeros(3), np.array([0.1, 0.2, 0.3]), variant="clean", agreement=0.9),
+        PoolItem(np.zeros((4, 3)), np.zeros(3), np.array([0.6, 0.6, 0.6]), variant="noise", agreement=0.5),
+        PoolItem(np.zeros((4, 2)), np.zeros(2), np.array([0.0, 0.4]), variant="clean", agreement=0.95),
+    ]
     th = pool_thresholds(pool, quantile=1.0)
     assert th == {"flag_threshold": pytest.approx(0.4), "out_of_domain_threshold": pytest.approx(0.89)}
     with pytest.raises(ValueError):
@@ -262,8 +270,13 @@ def test_tac_step_subsets_from_kept_step_js_match_the_engine(tiny_bundle, tmp_pa
     path = tmp_path / "b"
     shutil.copytree(tiny_bundle, path)
     bundle = load_bundle(path)
-    it = build_pool(bundle, [LabelledVolume("s_frame01", "s", vol, lab)], variants=("clean",), roi_radius=3,
-                    max_pixels_per_item=None)[0]
+    it = build_pool(
+        bundle,
+        [LabelledVolume("s_frame01", "s", vol, lab)],
+        variants=("clean",),
+        roi_radius=3,
+        max_pixels_per_item=None,
+    )[0]
     assert it.steps == bundle.sampled_steps and it.step_js.shape == (5, it.labels.size)
     assert np.allclose(it.step_js.mean(axis=0), it.tac, atol=1e-6)  # TAC = mean of the per-step JS (Eq. 7)
     last = pool_with_tac_steps([it], [0])[0]

@@ -49,7 +49,9 @@ def test_summarize_case_keeps_roi_pixels_dice_and_slice_agreement():
     assert res.logits.shape == (4, int(roi.sum())) and res.labels.shape == res.tac.shape == (int(roi.sum()),)
     assert np.array_equal(res.labels, lab[roi]) and np.allclose(res.tac, tac[roi])
     pred = logits.argmax(1)
-    assert res.dice["LV"] == pytest.approx(2 * ((pred == 3) & (lab == 3)).sum() / ((pred == 3).sum() + (lab == 3).sum()))
+    assert res.dice["LV"] == pytest.approx(
+        2 * ((pred == 3) & (lab == 3)).sum() / ((pred == 3).sum() + (lab == 3).sum())
+    )
     assert math.isnan(res.dice["RV"])  # absent from both
     assert res.slice_index == [1, 2]  # slice 0 has no ground-truth foreground
     assert res.slice_agreement[0] == pytest.approx(agreement_score(tac[1], roi[1]))
@@ -76,8 +78,11 @@ def test_case_cache_round_trip_and_key(tmp_path):
     assert back.meta() == json.loads(json.dumps(res.meta()))
     assert not list(tmp_path.rglob("*.tmp*"))
     k = ce.CaseCache.make_key({"primary": "a"}, {"seed": 0})
-    assert k != ce.CaseCache.make_key({"primary": "b"}, {"seed": 0}) != ce.CaseCache.make_key({"primary": "a"},
-                                                                                               {"seed": 1})
+    assert (
+        k
+        != ce.CaseCache.make_key({"primary": "b"}, {"seed": 0})
+        != ce.CaseCache.make_key({"primary": "a"}, {"seed": 1})
+    )
 
 
 def _results():
@@ -90,8 +95,11 @@ def _results():
 
 def test_calibration_table_pools_pixels_and_card_wins_where_tac_marks_the_errors():
     results = _results()
-    cals = {"uc": Uncalibrated(), "ts": TemperatureScaling(2.0),
-            "card": CARD(tau_min=1.0, tau_max=30.0, w_b=0.2, w_k=0.02)}
+    cals = {
+        "uc": Uncalibrated(),
+        "ts": TemperatureScaling(2.0),
+        "card": CARD(tau_min=1.0, tau_max=30.0, w_b=0.2, w_k=0.02),
+    }
     t = ce.calibration_table(results, cals, NAMES)
     assert t["conditions"] == ["clean", "motion"] and t["volumes"] == 2
     # pooled NLL equals the metric on the concatenated pixels
@@ -101,8 +109,9 @@ def test_calibration_table_pools_pixels_and_card_wins_where_tac_marks_the_errors
     ref = calibration_metrics(p, y)
     assert t["pooled"]["clean"]["ts"]["nll"] == pytest.approx(ref["nll"], rel=1e-5)
     assert t["pooled"]["clean"]["ts"]["ece"] == pytest.approx(ref["ece"], rel=1e-5)
-    assert t["mean_nll"]["ts"] == pytest.approx((t["pooled"]["clean"]["ts"]["nll"]
-                                                 + t["pooled"]["motion"]["ts"]["nll"]) / 2)
+    assert t["mean_nll"]["ts"] == pytest.approx(
+        (t["pooled"]["clean"]["ts"]["nll"] + t["pooled"]["motion"]["ts"]["nll"]) / 2
+    )
     assert t["artifacts_only_nll"]["ts"] == pytest.approx(t["pooled"]["motion"]["ts"]["nll"])
     # CARD's pooled NLL: each ROI pixel's logits divided by Eq. 8's temperature of its own TAC,
     # computed here by hand from the parameters
@@ -157,12 +166,18 @@ def test_bundle_calibrators_need_fitted_values(tiny_bundle):
 def _fitted_copy(tiny_bundle, tmp_path):
     bundle = tmp_path / "bundle"
     shutil.copytree(tiny_bundle, bundle)
-    update_config(bundle, {"calibration": {"method": "card", "tau_min": 1.0, "tau_max": 4.0, "w_b": 0.05,
-                                           "w_k": 0.01, "fitted": True},
-                           "baselines": {"uc": {"method": "uc"}, "ts": {"method": "ts", "temperature": 1.5},
-                                         "ets": {"method": "ets", "temperature": 1.5, "w0": 0.8, "w1": 0.1,
-                                                 "w2": 0.1},
-                                         "hts": {"method": "hts", "w": 0.1, "b": 0.8}}})
+    update_config(
+        bundle,
+        {
+            "calibration": {"method": "card", "tau_min": 1.0, "tau_max": 4.0, "w_b": 0.05, "w_k": 0.01, "fitted": True},
+            "baselines": {
+                "uc": {"method": "uc"},
+                "ts": {"method": "ts", "temperature": 1.5},
+                "ets": {"method": "ets", "temperature": 1.5, "w0": 0.8, "w1": 0.1, "w2": 0.1},
+                "hts": {"method": "hts", "w": 0.1, "b": 0.8},
+            },
+        },
+    )
     return bundle
 
 
@@ -171,11 +186,16 @@ def test_evaluate_refuses_bad_arguments_before_any_work(tiny_bundle, tmp_path, c
     import sys
 
     out = tmp_path / "ev"
-    for extra, msg in ((["--conditions", "clean,fog"], "unknown condition fog"),
-                       (["--methods", "card,platt"], "unknown method platt"),
-                       (["--panel", "x:haze"], "unknown --panel condition haze")):
-        proc = subprocess.run([sys.executable, "-m", "cardseg", "evaluate", "--bundle", str(tiny_bundle), "--out",
-                               str(out), *extra], capture_output=True, text=True)
+    for extra, msg in (
+        (["--conditions", "clean,fog"], "unknown condition fog"),
+        (["--methods", "card,platt"], "unknown method platt"),
+        (["--panel", "x:haze"], "unknown --panel condition haze"),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "cardseg", "evaluate", "--bundle", str(tiny_bundle), "--out", str(out), *extra],
+            capture_output=True,
+            text=True,
+        )
         assert proc.returncode == 2 and msg in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not out.exists()
 
@@ -184,8 +204,26 @@ def test_evaluate_refuses_bad_arguments_before_any_work(tiny_bundle, tmp_path, c
 def test_evaluate_command_end_to_end_and_resume(tiny_bundle, tmp_path, monkeypatch):
     bundle = _fitted_copy(tiny_bundle, tmp_path)
     out, cache = tmp_path / "ev", tmp_path / "cache"
-    args = ["evaluate", "--bundle", str(bundle), "--data", str(ACDC), "--split", "val", "--out", str(out),
-            "--max-cases", "2", "--conditions", "clean,spike", "--cache", str(cache), "--quiet", "--threads", "2"]
+    args = [
+        "evaluate",
+        "--bundle",
+        str(bundle),
+        "--data",
+        str(ACDC),
+        "--split",
+        "val",
+        "--out",
+        str(out),
+        "--max-cases",
+        "2",
+        "--conditions",
+        "clean,spike",
+        "--cache",
+        str(cache),
+        "--quiet",
+        "--threads",
+        "2",
+    ]
     assert main(args) == 0
     t = json.loads((out / "calibration.json").read_text(encoding="utf-8"))
     assert t["conditions"] == ["clean", "spike"] and t["methods"] == list(ce.METHODS) and t["volumes"] == 2
@@ -212,8 +250,9 @@ def test_method_names_come_from_the_calibrators_and_the_segmentor():
     cals = {"uc": Uncalibrated(), "ts": TemperatureScaling(2.0), "card": CARD(1.0, 3.0, 0.1, 0.05)}
     on_primary = ce.calibration_table(results, cals, NAMES)
     assert on_primary["labels"] == {"uc": "Primary (UC)", "ts": "Primary+TS", "card": "CARD"}
-    plain = ce.calibration_table(results, {"uc": Uncalibrated(), "ts": TemperatureScaling(2.0)}, NAMES,
-                                 segmentor="deterministic")
+    plain = ce.calibration_table(
+        results, {"uc": Uncalibrated(), "ts": TemperatureScaling(2.0)}, NAMES, segmentor="deterministic"
+    )
     assert plain["labels"] == {"uc": "UC", "ts": "TS"}
     text = markdown_table(plain)
     assert "| TS |" in text and "Primary+TS" not in text

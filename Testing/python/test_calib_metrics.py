@@ -8,8 +8,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cardseg.metrics.calibration import (CalibrationAccumulator, ace, adaptive_bins, calibration_metrics, ece, nll,
-                                         reliability_diagram, roi_pixels, sce)
+from cardseg.metrics.calibration import (
+    CalibrationAccumulator,
+    ace,
+    adaptive_bins,
+    calibration_metrics,
+    ece,
+    nll,
+    reliability_diagram,
+    roi_pixels,
+    sce,
+)
 
 # five pixels, three classes (worked by hand in test_ece_by_hand)
 P5 = np.array([[0.9, 0.05, 0.05], [0.85, 0.1, 0.05], [0.2, 0.5, 0.3], [0.3, 0.3, 0.4], [0.1, 0.45, 0.45]])
@@ -114,8 +123,11 @@ def calibrated_groups(draw):
     """Groups of m pixels sharing one probability vector c/m whose labels follow c exactly."""
     k = draw(st.integers(2, 4))
     m = draw(st.integers(1, 12))
-    groups = draw(st.lists(st.lists(st.integers(0, 12), min_size=k, max_size=k).filter(lambda c: sum(c) > 0),
-                           min_size=1, max_size=8))
+    groups = draw(
+        st.lists(
+            st.lists(st.integers(0, 12), min_size=k, max_size=k).filter(lambda c: sum(c) > 0), min_size=1, max_size=8
+        )
+    )
     probs, labels = [], []
     for c in groups:
         c = np.asarray(c, float)

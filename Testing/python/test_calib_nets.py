@@ -17,8 +17,15 @@ from cardseg.method import calibrator_arch
 from cardseg.bundle.loading import load_bundle, update_config
 from cardseg.bundle.folder import read_config
 from cardseg.bundle.schema import validate_config
-from cardseg.method.calibration import (CalibNet, LocalTemperatureScaling, ParameterizedTemperatureScaling, REGISTRY,
-                                        TemperatureScaling, Uncalibrated, calibrator_from_dict)
+from cardseg.method.calibration import (
+    CalibNet,
+    LocalTemperatureScaling,
+    ParameterizedTemperatureScaling,
+    REGISTRY,
+    TemperatureScaling,
+    Uncalibrated,
+    calibrator_from_dict,
+)
 from cardseg.method.calibration.netbase import TEMPERATURE_FLOOR
 from cardseg.base.errors import CardsegError
 from cardseg_train.calibration_fit import fit_calibrator, fit_ts, pool_nll
@@ -38,8 +45,11 @@ NETS = (ParameterizedTemperatureScaling, LocalTemperatureScaling, CalibNet)
 def _inputs(b=2, k=4, h=9, w=11, seed=0, scale=8.0):
     g = torch.Generator().manual_seed(seed)
     z = scale * torch.randn(b, k, h, w, generator=g, dtype=torch.float64)
-    return z, {"image": torch.rand(b, h, w, generator=g), "aug_mean": z.float() + torch.randn(b, k, h, w, generator=g),
-               "aug_std": torch.rand(b, k, h, w, generator=g)}
+    return z, {
+        "image": torch.rand(b, h, w, generator=g),
+        "aug_mean": z.float() + torch.randn(b, k, h, w, generator=g),
+        "aug_std": torch.rand(b, k, h, w, generator=g),
+    }
 
 
 def _randomised(cls, seed):
@@ -55,8 +65,10 @@ def _randomised(cls, seed):
 
 def _with(cal_cls, arch, tensors):
     """A calibrator from hand-set tensors (``{name: nested list}``), through the stored form."""
-    weights = {name: {"shape": list(torch.tensor(v).shape), "values": torch.tensor(v).reshape(-1).tolist()}
-               for name, v in tensors.items()}
+    weights = {
+        name: {"shape": list(torch.tensor(v).shape), "values": torch.tensor(v).reshape(-1).tolist()}
+        for name, v in tensors.items()
+    }
     return calibrator_from_dict({"method": cal_cls.name, "arch": arch, "weights": weights})
 
 
@@ -86,8 +98,10 @@ def pixel_pool(n=40_000, items=8, patients=4, k=4, seed=0):
     u = rng.normal(0.0, 1.0, (n, k))
     y = _draw_labels(u, rng)
     z = u * np.where(rng.random(n) < 0.5, 1.0, 6.0)[:, None]
-    return [PoolItem(z[i::items].T, y[i::items], np.zeros(len(y[i::items])), case=f"c{i}", patient=f"p{i % patients}")
-            for i in range(items)]
+    return [
+        PoolItem(z[i::items].T, y[i::items], np.zeros(len(y[i::items])), case=f"c{i}", patient=f"p{i % patients}")
+        for i in range(items)
+    ]
 
 
 def spatial_pool(items=10, patients=5, k=4, z=2, size=48, seed=0, augmentations=3):
@@ -151,8 +165,11 @@ def test_untrained_is_the_identity_and_a_constant_bias_is_a_constant_temperature
 def test_pts_matches_a_hand_computed_value():
     # one hidden unit h = relu(z(1) - z(2)) of the sorted logits, then o = 1 + 0.5 h, T = |o|
     arch = {"num_classes": 3, "top_k": 3, "hidden": 1, "layers": 1}
-    cal = _with(ParameterizedTemperatureScaling, arch, {"hidden.0.weight": [[1.0, -1.0, 0.0]], "hidden.0.bias": [0.0],
-                                                        "out.weight": [[0.5]], "out.bias": [1.0]})
+    cal = _with(
+        ParameterizedTemperatureScaling,
+        arch,
+        {"hidden.0.weight": [[1.0, -1.0, 0.0]], "hidden.0.bias": [0.0], "out.weight": [[0.5]], "out.bias": [1.0]},
+    )
     # logits enter divided by 10: pixel a = (0, 3, 1): sorted (3, 1, 0), h = 0.2, T = 1.1;
     # pixel b = (-2, -2, 4): sorted (4, -2, -2), h = 0.6, T = 1.3
     z = torch.tensor([[[0.0, -2.0], [3.0, -2.0], [1.0, 4.0]]], dtype=torch.float64)  # (1, K=3, 2 pixels)
@@ -161,11 +178,17 @@ def test_pts_matches_a_hand_computed_value():
     assert got[0] == pytest.approx(_log_softmax([0 / 1.1, 3 / 1.1, 1 / 1.1]), abs=1e-6)
     assert got[1] == pytest.approx(_log_softmax([-2 / 1.3, -2 / 1.3, 4 / 1.3]), abs=1e-6)
     # a negative raw output gives its absolute value; a zero one the floor
-    neg = _with(ParameterizedTemperatureScaling, arch, {"hidden.0.weight": [[0.0, 0.0, 0.0]], "hidden.0.bias": [0.0],
-                                                        "out.weight": [[0.0]], "out.bias": [-4.0]})
+    neg = _with(
+        ParameterizedTemperatureScaling,
+        arch,
+        {"hidden.0.weight": [[0.0, 0.0, 0.0]], "hidden.0.bias": [0.0], "out.weight": [[0.0]], "out.bias": [-4.0]},
+    )
     assert neg.temperature(z)[0].tolist() == pytest.approx([4.0, 4.0])
-    zero = _with(ParameterizedTemperatureScaling, arch, {"hidden.0.weight": [[0.0, 0.0, 0.0]], "hidden.0.bias": [0.0],
-                                                         "out.weight": [[0.0]], "out.bias": [0.0]})
+    zero = _with(
+        ParameterizedTemperatureScaling,
+        arch,
+        {"hidden.0.weight": [[0.0, 0.0, 0.0]], "hidden.0.bias": [0.0], "out.weight": [[0.0]], "out.bias": [0.0]},
+    )
     assert zero.temperature(z)[0].tolist() == pytest.approx([TEMPERATURE_FLOOR] * 2)
     assert torch.equal(zero.probabilities(z).argmax(dim=1), z.argmax(dim=1))
 
@@ -184,8 +207,10 @@ def test_lts_is_the_authors_tree_with_their_start():
     # 9 single-channel 5 x 5 nodes: 4 leaves and 3 gates on the logits, the image's leaf and gate
     assert cal.parameter_count() == 8 * (4 * 25 + 1) + (25 + 1) == 834
     convs = [m for m in cal.net.modules() if isinstance(m, torch.nn.Conv2d)]
-    assert len(convs) == 9 and all(c.out_channels == 1 and c.kernel_size == (5, 5) and c.dilation == (2, 2)
-                                   and c.padding_mode == "reflect" for c in convs)
+    assert len(convs) == 9 and all(
+        c.out_channels == 1 and c.kernel_size == (5, 5) and c.dilation == (2, 2) and c.padding_mode == "reflect"
+        for c in convs
+    )
     assert sorted(c.in_channels for c in convs) == [1] + [4] * 8
     z, inputs = _inputs(seed=7)
     # the authors' zero initialisation: every leaf 1, T = ReLU(1 + 1) = 2 everywhere
@@ -202,7 +227,9 @@ def test_lts_matches_hand_computed_values():
     image = torch.tensor([[[0.0, 0.5], [1.0, 0.25]]])
     z = torch.tensor([[[[2.0, -1.0], [0.0, 3.0]], [[0.0, 1.0], [4.0, -3.0]]]], dtype=torch.float64)
     arch = {"num_classes": 2, "kernel": 1, "dilation": 1}
-    cal = _with(LocalTemperatureScaling, arch, _lts_state(**{"image_leaf.weight": [[[[2.0]]]], "image_gate.bias": [-40.0]}))
+    cal = _with(
+        LocalTemperatureScaling, arch, _lts_state(**{"image_leaf.weight": [[[[2.0]]]], "image_gate.bias": [-40.0]})
+    )
     t = [[2.0, 3.0], [4.0, 2.5]]
     assert cal.temperature(z, image=image)[0].reshape(-1).tolist() == pytest.approx([v for row in t for v in row])
     lp = cal.log_probs(z, image=image)
@@ -212,30 +239,55 @@ def test_lts_matches_hand_computed_values():
             assert lp[0, :, y, x].tolist() == pytest.approx(want, abs=1e-6)
     # the image gate open (bias 40), the logit gates at 1/2: the four leaves weigh 1/4 each; leaf 0
     # reads z0 / 10 with weight 4 (leaf 1 + 0.4 z0), so T = 1 + 1 + 0.1 z0
-    cal = _with(LocalTemperatureScaling, arch, _lts_state(**{"leaves.0.weight": [[[[4.0]], [[0.0]]]],
-                                                              "image_gate.bias": [40.0]}))
+    cal = _with(
+        LocalTemperatureScaling,
+        arch,
+        _lts_state(**{"leaves.0.weight": [[[[4.0]], [[0.0]]]], "image_gate.bias": [40.0]}),
+    )
     want = 2.0 + 0.1 * z[0, 0].float()
     assert torch.allclose(cal.temperature(z, image=image)[0], want, atol=1e-5)
     # a gate picks a leaf: gate 0 open (bias 40) and gate 2 open keep leaf 0 only, whose bias is 3
-    cal = _with(LocalTemperatureScaling, arch, _lts_state(**{"leaves.0.bias": [3.0], "leaves.1.bias": [9.0],
-                                                              "gates.0.bias": [40.0], "gates.2.bias": [40.0],
-                                                              "image_gate.bias": [40.0]}))
+    cal = _with(
+        LocalTemperatureScaling,
+        arch,
+        _lts_state(
+            **{
+                "leaves.0.bias": [3.0],
+                "leaves.1.bias": [9.0],
+                "gates.0.bias": [40.0],
+                "gates.2.bias": [40.0],
+                "image_gate.bias": [40.0],
+            }
+        ),
+    )
     assert torch.allclose(cal.temperature(z, image=image), torch.full((1, 2, 2), 5.0), atol=1e-5)
     # a 3 x 3 node of dilation 2 on the image that reads 2 rows up, reflect padding:
     # T(y, x) = 2 + image(|y - 2|, x)
     w = torch.zeros(1, 1, 3, 3)
     w[0, 0, 0, 1] = 1.0
     arch3 = {"num_classes": 2, "kernel": 3, "dilation": 2}
-    cal = _with(LocalTemperatureScaling, arch3,
-                _lts_state(size=3, **{"image_leaf.weight": w.tolist(), "image_gate.bias": [-40.0]}))
+    cal = _with(
+        LocalTemperatureScaling,
+        arch3,
+        _lts_state(size=3, **{"image_leaf.weight": w.tolist(), "image_gate.bias": [-40.0]}),
+    )
     image = torch.arange(20, dtype=torch.float32).reshape(1, 5, 4) / 20
     want = 2.0 + image[0, [2, 1, 0, 1, 2]]
     assert torch.allclose(cal.temperature(torch.zeros(1, 2, 5, 4), image=image)[0], want, atol=1e-6)
 
 
 def test_calibnet_matches_hand_computed_values():
-    base = CalibNet({"num_classes": 2, "branch": 1, "hidden": 1, "reduction": 1, "dae_hidden": 1,
-                     "dae_dilations": [1], "augmentations": 2})
+    base = CalibNet(
+        {
+            "num_classes": 2,
+            "branch": 1,
+            "hidden": 1,
+            "reduction": 1,
+            "dae_hidden": 1,
+            "dae_dilations": [1],
+            "augmentations": 2,
+        }
+    )
     arch = dict(base.arch)
     centre = [[[[0.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]]]
     # image branch = relu(image); the SE block with zero weights scales by sigmoid(0) = 1/2;
@@ -243,9 +295,15 @@ def test_calibnet_matches_hand_computed_values():
     # the shape prior have zero weights.
     head = torch.zeros(1, 5, 3, 3)
     head[0, 0, 1, 1] = 1.0  # reads the image branch's channel only
-    state = _zero_state(base, **{"branches.0.weight": centre, "head.weight": head.tolist(),
-                                 "out.weight": [[[[0.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 0.0]]]],
-                                 "out.bias": [1.0]})
+    state = _zero_state(
+        base,
+        **{
+            "branches.0.weight": centre,
+            "head.weight": head.tolist(),
+            "out.weight": [[[[0.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 0.0]]]],
+            "out.bias": [1.0],
+        },
+    )
     cal = _with(CalibNet, arch, state)
     image = torch.tensor([[[0.0, 0.2, 0.4], [0.6, 0.8, 1.0]]])
     z = torch.tensor([[[[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], [[0.0, 0.0, 0.0], [0.0, 0.0, 0.0]]]], dtype=torch.float64)
@@ -303,17 +361,30 @@ def test_malformed_parameters_are_refused_by_the_engine():
 # bundle.json: the schema
 
 
-@pytest.mark.parametrize("arch", [
-    {"method": "pts", "num_classes": 5, "top_k": 3, "hidden": 7, "layers": 3},
-    {"method": "lts", "num_classes": 3, "kernel": 3, "dilation": 3},
-    {"method": "calibnet", "num_classes": 6, "branch": 3, "hidden": 5, "reduction": 4, "dae_hidden": 6,
-     "dae_dilations": [2, 4], "augmentations": 5},
-])
+@pytest.mark.parametrize(
+    "arch",
+    [
+        {"method": "pts", "num_classes": 5, "top_k": 3, "hidden": 7, "layers": 3},
+        {"method": "lts", "num_classes": 3, "kernel": 3, "dilation": 3},
+        {
+            "method": "calibnet",
+            "num_classes": 6,
+            "branch": 3,
+            "hidden": 5,
+            "reduction": 4,
+            "dae_hidden": 6,
+            "dae_dilations": [2, 4],
+            "augmentations": 5,
+        },
+    ],
+)
 def test_schema_shapes_are_in_step_with_the_modules(arch):
     arch = dict(arch)
     method = arch.pop("method")
     cal = REGISTRY[method](arch)
-    assert {k: list(v.shape) for k, v in cal.net.state_dict().items()} == calibrator_arch.net_weight_shapes(method, arch)
+    assert {k: list(v.shape) for k, v in cal.net.state_dict().items()} == calibrator_arch.net_weight_shapes(
+        method, arch
+    )
     assert set(cal.arch_defaults) == set(calibrator_arch.NET_CALIBRATOR_ARCH[method])
 
 
@@ -326,25 +397,39 @@ def test_schema_accepts_the_fitted_forms(tiny_bundle):
     validate_config({**cfg, "baselines": _fitted_forms()}, tiny_bundle)
 
 
-@pytest.mark.parametrize("edit, message", [
-    (lambda d: d["pts"]["weights"]["out.bias"].update(values=[float("nan")]),
-     "baselines.pts.weights.out.bias.values[0] must be a finite number"),
-    (lambda d: d["pts"]["weights"]["out.bias"].update(values=[1.0, 2.0]),
-     "baselines.pts.weights.out.bias.values must be a list of 1 numbers (got 2 values)"),
-    (lambda d: d["lts"]["weights"]["gates.1.weight"].update(shape=[1, 8, 3, 3]),
-     "baselines.lts.weights.gates.1.weight.shape must be [1, 4, 5, 5]"),
-    (lambda d: d["lts"]["weights"].pop("leaves.1.bias"), "baselines.lts.weights.leaves.1.bias is missing"),
-    (lambda d: d["lts"]["arch"].update(hidden=8), "baselines.lts.arch.hidden is not a setting"),
-    (lambda d: d["lts"]["weights"].update({"extra.weight": {"shape": [1], "values": [0.0]}}),
-     "baselines.lts.weights.extra.weight is not a tensor of this lts network"),
-    (lambda d: d["lts"]["arch"].update(kernel=4), "baselines.lts.arch.kernel must be odd"),
-    (lambda d: d["pts"]["arch"].update(top_k=5), "baselines.pts.arch.top_k must be <= num_classes"),
-    (lambda d: d["calibnet"]["arch"].update(dae_dilations=[]), "baselines.calibnet.arch.dae_dilations must be a list"),
-    (lambda d: d["calibnet"]["arch"].pop("augmentations"), "baselines.calibnet.arch.augmentations is missing"),
-    (lambda d: d["calibnet"]["arch"].update(depth=2), "baselines.calibnet.arch.depth is not a setting"),
-    (lambda d: d["calibnet"].pop("weights"), "baselines.calibnet.weights is missing"),
-    (lambda d: d["pts"].update(weights=[1, 2]), "baselines.pts.weights must be an object of tensors"),
-])
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (
+            lambda d: d["pts"]["weights"]["out.bias"].update(values=[float("nan")]),
+            "baselines.pts.weights.out.bias.values[0] must be a finite number",
+        ),
+        (
+            lambda d: d["pts"]["weights"]["out.bias"].update(values=[1.0, 2.0]),
+            "baselines.pts.weights.out.bias.values must be a list of 1 numbers (got 2 values)",
+        ),
+        (
+            lambda d: d["lts"]["weights"]["gates.1.weight"].update(shape=[1, 8, 3, 3]),
+            "baselines.lts.weights.gates.1.weight.shape must be [1, 4, 5, 5]",
+        ),
+        (lambda d: d["lts"]["weights"].pop("leaves.1.bias"), "baselines.lts.weights.leaves.1.bias is missing"),
+        (lambda d: d["lts"]["arch"].update(hidden=8), "baselines.lts.arch.hidden is not a setting"),
+        (
+            lambda d: d["lts"]["weights"].update({"extra.weight": {"shape": [1], "values": [0.0]}}),
+            "baselines.lts.weights.extra.weight is not a tensor of this lts network",
+        ),
+        (lambda d: d["lts"]["arch"].update(kernel=4), "baselines.lts.arch.kernel must be odd"),
+        (lambda d: d["pts"]["arch"].update(top_k=5), "baselines.pts.arch.top_k must be <= num_classes"),
+        (
+            lambda d: d["calibnet"]["arch"].update(dae_dilations=[]),
+            "baselines.calibnet.arch.dae_dilations must be a list",
+        ),
+        (lambda d: d["calibnet"]["arch"].pop("augmentations"), "baselines.calibnet.arch.augmentations is missing"),
+        (lambda d: d["calibnet"]["arch"].update(depth=2), "baselines.calibnet.arch.depth is not a setting"),
+        (lambda d: d["calibnet"].pop("weights"), "baselines.calibnet.weights is missing"),
+        (lambda d: d["pts"].update(weights=[1, 2]), "baselines.pts.weights must be an object of tensors"),
+    ],
+)
 def test_schema_refuses_a_malformed_network_in_one_line(tiny_bundle, edit, message):
     cfg = read_config(tiny_bundle)
     baselines = _fitted_forms()
@@ -360,7 +445,7 @@ def test_schema_refuses_a_network_fitted_for_other_classes_or_as_the_bundle_cali
     three = ParameterizedTemperatureScaling({"num_classes": 3, "top_k": 3, "hidden": 5, "layers": 2}).to_dict()
     with pytest.raises(CardsegError, match="baselines.pts.arch.num_classes must be the bundle's class count 4"):
         validate_config({**cfg, "baselines": {"pts": three}}, tiny_bundle)
-    with pytest.raises(CardsegError, match="calibration.method \"lts\" is a comparison baseline"):
+    with pytest.raises(CardsegError, match='calibration.method "lts" is a comparison baseline'):
         validate_config({**cfg, "calibration": {**LocalTemperatureScaling().to_dict(), "fitted": True}}, tiny_bundle)
 
 
@@ -417,12 +502,15 @@ def crops_pool():
     return spatial_pool(seed=0), [it.spatial for it in spatial_pool(items=6, patients=3, seed=9)]
 
 
-@pytest.mark.parametrize("method, options, gain", [
-    # the LTS tree reads the image through one linear node: it can only ramp T with the image,
-    # not step it as the pool does, so it gains less than CalibNet's nonlinear branches
-    ("lts", {"kernel": 3, "dilation": 2, "lr": 3e-2}, 0.03),
-    ("calibnet", {"branch": 2, "hidden": 4, "dae_steps": 20}, 0.05),
-])
+@pytest.mark.parametrize(
+    "method, options, gain",
+    [
+        # the LTS tree reads the image through one linear node: it can only ramp T with the image,
+        # not step it as the pool does, so it gains less than CalibNet's nonlinear branches
+        ("lts", {"kernel": 3, "dilation": 2, "lr": 3e-2}, 0.03),
+        ("calibnet", {"branch": 2, "hidden": 4, "dae_steps": 20}, 0.05),
+    ],
+)
 def test_spatial_fitters_lower_the_nll_where_the_image_says_how_much(crops_pool, method, options, gain):
     pool, fresh = crops_pool
     info = {}
@@ -536,9 +624,22 @@ def test_fit_calibration_refuses_an_unknown_baseline_in_one_line(tiny_bundle, tm
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "cardseg", "fit-calibration", "--bundle", str(tiny_bundle),
-                           "--data", str(tmp_path / "nowhere"), "--baselines", "ts,platt"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cardseg",
+            "fit-calibration",
+            "--bundle",
+            str(tiny_bundle),
+            "--data",
+            str(tmp_path / "nowhere"),
+            "--baselines",
+            "ts,platt",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and "unknown baseline platt" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
 
@@ -553,10 +654,30 @@ def test_fit_calibration_and_evaluate_with_the_network_baselines(tiny_bundle, tm
     shutil.copytree(tiny_bundle, bundle)
     real = calibrate.acdc_h5_volumes
     monkeypatch.setattr(calibrate, "acdc_h5_volumes", lambda data, split: real(data, split)[:2])  # keep it quick
-    monkeypatch.setattr(calibrate, "NET_FIT_OPTIONS", {"pts": {"max_epochs": 2}, "lts": {"max_epochs": 1},
-                                                       "calibnet": {"max_epochs": 1, "dae_steps": 3}})
-    assert main(["fit-calibration", "--bundle", str(bundle), "--data", str(ACDC), "--max-pixels", "2000",
-                 "--cache", str(tmp_path / "cache"), "--baselines", "ts,pts,lts,calibnet", "--quiet"]) == 0
+    monkeypatch.setattr(
+        calibrate,
+        "NET_FIT_OPTIONS",
+        {"pts": {"max_epochs": 2}, "lts": {"max_epochs": 1}, "calibnet": {"max_epochs": 1, "dae_steps": 3}},
+    )
+    assert (
+        main(
+            [
+                "fit-calibration",
+                "--bundle",
+                str(bundle),
+                "--data",
+                str(ACDC),
+                "--max-pixels",
+                "2000",
+                "--cache",
+                str(tmp_path / "cache"),
+                "--baselines",
+                "ts,pts,lts,calibnet",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     cfg = read_config(bundle)
     assert set(cfg["baselines"]) == {"uc", "ts", "pts", "lts", "calibnet"}
     fit = cfg["calibration"]["fit"]
@@ -565,9 +686,34 @@ def test_fit_calibration_and_evaluate_with_the_network_baselines(tiny_bundle, tm
     assert fit["pool_nll_crops"]["ts"] < fit["pool_nll_crops"]["uc"]
     assert fit["baseline_fits"]["calibnet"]["shape_prior"]["source"] == "given label maps"
     out = tmp_path / "ev"
-    assert main(["evaluate", "--bundle", str(bundle), "--data", str(ACDC), "--split", "val", "--out", str(out),
-                 "--max-cases", "1", "--conditions", "clean", "--methods", "uc,ts,pts,lts,calibnet,card",
-                 "--cache", str(tmp_path / "evcache"), "--no-review", "--panel", "none", "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "evaluate",
+                "--bundle",
+                str(bundle),
+                "--data",
+                str(ACDC),
+                "--split",
+                "val",
+                "--out",
+                str(out),
+                "--max-cases",
+                "1",
+                "--conditions",
+                "clean",
+                "--methods",
+                "uc,ts,pts,lts,calibnet,card",
+                "--cache",
+                str(tmp_path / "evcache"),
+                "--no-review",
+                "--panel",
+                "none",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     table = json.loads((out / "calibration.json").read_text(encoding="utf-8"))
     assert set(table["mean_nll"]) == {"uc", "ts", "pts", "lts", "calibnet", "card"}
     assert "Primary+CalibNet" in (out / "calibration.md").read_text(encoding="utf-8")

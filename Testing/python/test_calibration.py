@@ -5,8 +5,15 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from cardseg.method.calibration import (CARD, REGISTRY, TemperatureScaling, Uncalibrated, calibrator_from_dict,
-                                        temperature_field, temperature_scale)
+from cardseg.method.calibration import (
+    CARD,
+    REGISTRY,
+    TemperatureScaling,
+    Uncalibrated,
+    calibrator_from_dict,
+    temperature_field,
+    temperature_scale,
+)
 
 LN2 = math.log(2)
 

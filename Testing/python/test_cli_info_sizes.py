@@ -20,14 +20,15 @@ def test_sizes_is_one_aligned_table_of_every_network(capsys):
     assert {len(line) for line in [header, *rows]} == {len(header)}  # the numbers end in one column
     name_end = header.index("parameters") - 1
     for line in rows:  # each name fits before the number column (one space at least)
-        assert line[:name_end].rstrip() and line[len(line.rstrip().rsplit(" ", 1)[0]):].strip()
+        assert line[:name_end].rstrip() and line[len(line.rstrip().rsplit(" ", 1)[0]) :].strip()
     micro = next(line for line in rows if line.startswith("time-unet:micro"))
     n = count_parameters(build_network({"arch": "time-unet", "size": "micro", "num_classes": 4}))
     assert micro.split()[-1] == f"{n:,d}"
 
 
 def test_an_empty_bundle_path_is_refused_not_taken_for_the_default():
-    r = subprocess.run([sys.executable, "-m", "cardseg", "info", "--bundle", ""], capture_output=True, text=True,
-                       timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "cardseg", "info", "--bundle", ""], capture_output=True, text=True, timeout=120
+    )
     assert r.returncode == 2 and r.stdout == ""
     assert r.stderr.strip() == "cardseg: error: the bundle path is empty (leave --bundle out for the default bundle)"

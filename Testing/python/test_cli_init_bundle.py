@@ -29,41 +29,58 @@ def _refused(capsys, tmp_path: Path, args) -> str:
 
 
 @pytest.mark.parametrize("option", ["--primary", "--reference"])
-@pytest.mark.parametrize("value,allowed", [
-    ("nosuch:tiny", ARCHES),
-    ("", ARCHES),
-    ("time-unet:huge", tuple(UNET_SIZES)),
-    ("time-swinunetr:huge", tuple(SWIN_SIZES)),
-    ("discriminative:tiny", DISCRIMINATIVE_BACKBONES),
-    ("discriminative:unet-small", DISCRIMINATIVE_BACKBONES),
-    ("discriminative:swinunetr-huge", tuple(SWIN_SIZES)),
-])
+@pytest.mark.parametrize(
+    "value,allowed",
+    [
+        ("nosuch:tiny", ARCHES),
+        ("", ARCHES),
+        ("time-unet:huge", tuple(UNET_SIZES)),
+        ("time-swinunetr:huge", tuple(SWIN_SIZES)),
+        ("discriminative:tiny", DISCRIMINATIVE_BACKBONES),
+        ("discriminative:unet-small", DISCRIMINATIVE_BACKBONES),
+        ("discriminative:swinunetr-huge", tuple(SWIN_SIZES)),
+    ],
+)
 def test_an_unknown_network_names_the_option_and_the_allowed_values(tmp_path, capsys, option, value, allowed):
     line = _refused(capsys, tmp_path, [option, value])
     assert f"{option} {value}" in line
     assert ", ".join(allowed) in line
 
 
-@pytest.mark.parametrize("seed", ["99999999999999999999", "-1", str(2 ** 64)])
+@pytest.mark.parametrize("seed", ["99999999999999999999", "-1", str(2**64)])
 def test_a_seed_out_of_range_is_refused(tmp_path, capsys, seed):
     line = _refused(capsys, tmp_path, ["--seed", seed])
     assert "--seed" in line and seed in line
 
 
-@pytest.mark.parametrize("args,multiple", [
-    (["--input-size", "50"], 8),                                    # time-unet:tiny: 3 poolings
-    (["--primary", "time-unet:medium", "--input-size", "40"], 16),  # 4 poolings
-    (["--primary", "time-swinunetr:mini", "--input-size", "48"], 32),
-    (["--reference", "discriminative:swinunetr-mini", "--input-size", "72"], 32),
-])
+@pytest.mark.parametrize(
+    "args,multiple",
+    [
+        (["--input-size", "50"], 8),  # time-unet:tiny: 3 poolings
+        (["--primary", "time-unet:medium", "--input-size", "40"], 16),  # 4 poolings
+        (["--primary", "time-swinunetr:mini", "--input-size", "48"], 32),
+        (["--reference", "discriminative:swinunetr-mini", "--input-size", "72"], 32),
+    ],
+)
 def test_an_input_size_the_networks_cannot_take_is_refused(tmp_path, capsys, args, multiple):
     line = _refused(capsys, tmp_path, args)
     assert "--input-size" in line and f"multiple of {multiple}" in line
 
 
-@pytest.mark.parametrize("args", [["--input-size", "0"], ["--input-size", "-64"], ["--input-size", "8"],
-                                  ["--input-size", "2048"], ["--spacing", "0"], ["--spacing", "-1"],
-                                  ["--spacing", "nan"], ["--spacing", "inf"], ["--spacing", "50"]])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--input-size", "0"],
+        ["--input-size", "-64"],
+        ["--input-size", "8"],
+        ["--input-size", "2048"],
+        ["--spacing", "0"],
+        ["--spacing", "-1"],
+        ["--spacing", "nan"],
+        ["--spacing", "inf"],
+        ["--spacing", "50"],
+    ],
+)
 def test_a_size_or_spacing_out_of_range_names_the_option(tmp_path, capsys, args):
     line = _refused(capsys, tmp_path, args)
     assert f"{args[0]} must be" in line

@@ -14,14 +14,20 @@ def cardseg(*args):
     return p.returncode, p.stdout, p.stderr
 
 
-@pytest.mark.parametrize("args, message", [
-    (["segment", "scan.nii.gz"], "the following arguments are required: -o/--output (see cardseg segment --help)"),
-    (["segment", "scan.nii.gz", "-o", "out", "--progress", "bogus"], "argument --progress: invalid choice: 'bogus'"),
-    (["batch", "x.nii.gz", "-o", "out", "--workers", "two"], "argument --workers: invalid int value: 'two'"),
-    (["bogus"], "argument COMMAND: invalid choice: 'bogus'"),
-    (["fit-review", "--bogus"], "unrecognized arguments: --bogus (see cardseg fit-review --help)"),
-    (["train", "--role", "nope"], "argument --role: invalid choice: 'nope'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["segment", "scan.nii.gz"], "the following arguments are required: -o/--output (see cardseg segment --help)"),
+        (
+            ["segment", "scan.nii.gz", "-o", "out", "--progress", "bogus"],
+            "argument --progress: invalid choice: 'bogus'",
+        ),
+        (["batch", "x.nii.gz", "-o", "out", "--workers", "two"], "argument --workers: invalid int value: 'two'"),
+        (["bogus"], "argument COMMAND: invalid choice: 'bogus'"),
+        (["fit-review", "--bogus"], "unrecognized arguments: --bogus (see cardseg fit-review --help)"),
+        (["train", "--role", "nope"], "argument --role: invalid choice: 'nope'"),
+    ],
+)
 def test_a_refused_option_is_one_line(tmp_path, args, message):
     code, out, err = cardseg(*args)
     lines = err.strip().splitlines()
@@ -38,14 +44,21 @@ def test_help_states_each_default_once():
         assert "(default: None)" not in text and "(default: False)" not in text, name
         flat = " ".join(text.split())
         start = flat.index("--bundle PATH ", flat.index("options:"))
-        bundle = flat[start:flat.index(" --", start + 5)]  # the --bundle help
+        bundle = flat[start : flat.index(" --", start + 5)]  # the --bundle help
         assert "$CARDSEG_BUNDLE" in bundle and bundle.count("default") <= 1, (name, bundle)
     seg = " ".join(sub["segment"].format_help().split())
     assert "slices per network call (default: 8)" in seg  # a real default is still stated
 
 
-@pytest.mark.parametrize("module", ["cardseg_train.indices_fit", "cardseg_train.reference_maps",
-                                    "cardseg_train.indices_evidence", "cardseg.cohort.triage"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "cardseg_train.indices_fit",
+        "cardseg_train.reference_maps",
+        "cardseg_train.indices_evidence",
+        "cardseg.cohort.triage",
+    ],
+)
 def test_the_python_m_tools_refuse_an_option_in_one_line(module):
     p = subprocess.run([sys.executable, "-m", module, "--bogus"], capture_output=True, text=True, timeout=300)
     lines = p.stderr.strip().splitlines()

@@ -17,8 +17,10 @@ def test_training_commands_are_registered_entry_points():
 
 
 def test_engine_commands_do_not_import_the_training_package():
-    code = ("import sys\nfrom cardseg import cli\nrc = cli.main(['sizes'])\n"
-            "assert rc == 0, rc\nassert 'cardseg_train' not in sys.modules, 'engine imported cardseg_train'\n")
+    code = (
+        "import sys\nfrom cardseg import cli\nrc = cli.main(['sizes'])\n"
+        "assert rc == 0, rc\nassert 'cardseg_train' not in sys.modules, 'engine imported cardseg_train'\n"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
@@ -57,6 +59,7 @@ class _NeedsLater:
     def load(self):
         def command(args):
             raise ModuleNotFoundError(f"No module named '{self.missing}'", name=self.missing)
+
         return command
 
 

@@ -30,7 +30,7 @@ def _refused(capsys, argv) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("slices", [0, -1, -3, -(2 ** 40), SYNTH_MAX_SLICES + 1, 10 ** 9])
+@pytest.mark.parametrize("slices", [0, -1, -3, -(2**40), SYNTH_MAX_SLICES + 1, 10**9])
 def test_slices_out_of_range_are_refused(tmp_path, capsys, slices):
     before = _snapshot(tmp_path)
     line = _refused(capsys, ["synth", str(tmp_path / "a.nii.gz"), "--slices", str(slices)])
@@ -38,14 +38,15 @@ def test_slices_out_of_range_are_refused(tmp_path, capsys, slices):
     assert _snapshot(tmp_path) == before
 
 
-@pytest.mark.parametrize("seed", [-1, 2 ** 32, -(2 ** 63)])
+@pytest.mark.parametrize("seed", [-1, 2**32, -(2**63)])
 def test_seed_out_of_range_is_refused(tmp_path, capsys, seed):
     line = _refused(capsys, ["synth", str(tmp_path / "a.nii.gz"), "--seed", str(seed), "--slices", "1"])
     assert "--seed" in line and not list(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("name", [".", "sub", "sub/", "x.nii.gz-folder/../sub", "a.txt", "a", "nodir/a.nii.gz",
-                                  "dir.nii.gz"])
+@pytest.mark.parametrize(
+    "name", [".", "sub", "sub/", "x.nii.gz-folder/../sub", "a.txt", "a", "nodir/a.nii.gz", "dir.nii.gz"]
+)
 @pytest.mark.parametrize("overwrite", [False, True])
 @pytest.mark.parametrize("as_labels", [False, True])
 def test_output_that_is_not_a_new_image_file_is_refused(tmp_path, capsys, monkeypatch, name, overwrite, as_labels):
@@ -107,8 +108,13 @@ def test_a_write_cut_short_fails_and_keeps_the_old_file(tmp_path, suffix):
 
     out = tmp_path / f"v{suffix}"
     out.write_bytes(b"old")
-    r = subprocess.run([sys.executable, "-m", "cardseg", "synth", str(out), "--overwrite"], capture_output=True,
-                       text=True, timeout=300, preexec_fn=_limit_file_size)
+    r = subprocess.run(
+        [sys.executable, "-m", "cardseg", "synth", str(out), "--overwrite"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_limit_file_size,
+    )
     assert r.returncode == 1 and r.returncode != -signal.SIGXFSZ, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"cardseg: error: {out}"), r.stderr

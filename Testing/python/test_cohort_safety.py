@@ -45,21 +45,42 @@ def write_case(path: Path, vol, variant: int) -> Path:
 
 
 def cli(args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "cardseg", *args], env=ENV, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "cardseg", *args], env=ENV, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def opts(inputs, out, bundle, **kw):
-    return BatchOptions(inputs=[str(i) for i in inputs], output=str(out), bundle=str(bundle), progress="none",
-                        threads=1, report=False, **kw)
+    return BatchOptions(
+        inputs=[str(i) for i in inputs],
+        output=str(out),
+        bundle=str(bundle),
+        progress="none",
+        threads=1,
+        report=False,
+        **kw,
+    )
 
 
 # --------------------------------------------------------------------------------------------
 # item 4: a case folder is reused only while it holds exactly what the batch wrote
 # --------------------------------------------------------------------------------------------
 def _segment_other_input(folder: Path, inputs, bundle):
-    r = cli(["segment", str(inputs[1]), "-o", str(folder), "--bundle", str(bundle), "--overwrite", "--progress",
-             "none", "--threads", "1"])
+    r = cli(
+        [
+            "segment",
+            str(inputs[1]),
+            "-o",
+            str(folder),
+            "--bundle",
+            str(bundle),
+            "--overwrite",
+            "--progress",
+            "none",
+            "--threads",
+            "1",
+        ]
+    )
     assert r.returncode == 0, r.stderr
 
 
@@ -82,8 +103,10 @@ def _old_state_line(folder: Path, inputs, bundle):  # a state line without the o
     state.write_text("".join(json.dumps(r) + "\n" for r in lines))
 
 
-@pytest.mark.parametrize("tamper,recomputed", [(_segment_other_input, True), (_old_state_line, True),
-                                               (_edit_report, False), (_swap_output, False)])
+@pytest.mark.parametrize(
+    "tamper,recomputed",
+    [(_segment_other_input, True), (_old_state_line, True), (_edit_report, False), (_swap_output, False)],
+)
 def test_tampered_case_folder_is_never_reused(tmp_path, tiny_bundle, synthetic_volume, tamper, recomputed):
     """cardseg's own output in the folder is computed again; files changed by hand are never
     reused nor deleted: the case fails in one line naming them (segment's ownership rule)."""
@@ -187,10 +210,17 @@ def test_glob_walk_is_bounded(tmp_path, monkeypatch):
         walk.bounded_glob(str(tmp_path / "**"))
 
 
-_NAMES = st.lists(st.sampled_from(["a", "bb", ".h", "x.nii.gz", "y.nrrd", "sub/z.nii.gz", "sub/deep/w.nii.gz",
-                                   "b/.hid/v.nii.gz", "b/q.mha"]), min_size=1, max_size=6, unique=True)
-_PATTERNS = st.sampled_from(["*", "**", "**/*.nii.gz", "*/*.nii.gz", "sub/**", "**/deep/*", "?.nii.gz", "[ab]",
-                             "b/*", "**/*"])
+_NAMES = st.lists(
+    st.sampled_from(
+        ["a", "bb", ".h", "x.nii.gz", "y.nrrd", "sub/z.nii.gz", "sub/deep/w.nii.gz", "b/.hid/v.nii.gz", "b/q.mha"]
+    ),
+    min_size=1,
+    max_size=6,
+    unique=True,
+)
+_PATTERNS = st.sampled_from(
+    ["*", "**", "**/*.nii.gz", "*/*.nii.gz", "sub/**", "**/deep/*", "?.nii.gz", "[ab]", "b/*", "**/*"]
+)
 
 
 @settings(max_examples=40, deadline=None)
@@ -215,14 +245,21 @@ def test_bounded_glob_equals_glob_without_loops(names, pattern):
 # --------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("method,agreement", [("card", None), ("card", 0.99), ("uc", None)])
 def test_no_foreground_is_counted_and_ranked_first(method, agreement):
-    report = {"method": method, "agreement": agreement, "out_of_domain": None, "regions": [], "slices": 4,
-              "class_volumes_ml": {"RV": 0.0, "MYO": 0.0, "LV": 0.0}}
+    report = {
+        "method": method,
+        "agreement": agreement,
+        "out_of_domain": None,
+        "regions": [],
+        "slices": 4,
+        "class_volumes_ml": {"RV": 0.0, "MYO": 0.0, "LV": 0.0},
+    }
     empty = cohort_row(Case("empty", "/x/empty.nii.gz"), "ok", report=report)
     assert empty["no_foreground"] is True and empty["out_of_domain"] is True
     good = dict(report, agreement=0.5, out_of_domain=True, class_volumes_ml={"RV": 1.0, "MYO": 2.0, "LV": 3.0})
     ood = cohort_row(Case("ood", "/x/ood.nii.gz"), "ok", report=good)
-    uc = cohort_row(Case("uc", "/x/uc.nii.gz"), "ok", report=dict(good, method="uc", agreement=None,
-                                                                    out_of_domain=None))
+    uc = cohort_row(
+        Case("uc", "/x/uc.nii.gz"), "ok", report=dict(good, method="uc", agreement=None, out_of_domain=None)
+    )
     failed = cohort_row(Case("failed", "/x/f.nii.gz"), "error", "boom")
     rows = [uc, ood, empty, failed]
     assert [r["case"] for r in T.rank_cases(rows)] == ["failed", "empty", "ood", "uc"]
@@ -271,9 +308,14 @@ def _alive(pid: int) -> bool:
 
 def _terminate_batch(args, out: Path, tmpdir: str, min_children: int):
     env = dict(ENV, TMPDIR=tmpdir)
-    proc = subprocess.Popen([sys.executable, "-m", "cardseg", "batch", *args, "-o", str(out), "--progress", "none",
-                             "--threads", "1"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cardseg", "batch", *args, "-o", str(out), "--progress", "none", "--threads", "1"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.time() + 240
         while time.time() < deadline and proc.poll() is None:
@@ -297,14 +339,16 @@ def _terminate_batch(args, out: Path, tmpdir: str, min_children: int):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("extra,min_children", [([], 0), (["--workers", "2"], 3)])
-def test_sigterm_writes_the_pending_table_and_ends_the_workers(tmp_path, tiny_bundle, synthetic_volume, extra,
-                                                                min_children):
+def test_sigterm_writes_the_pending_table_and_ends_the_workers(
+    tmp_path, tiny_bundle, synthetic_volume, extra, min_children
+):
     vol, _ = synthetic_volume
     for i in range(10):
         write_case(tmp_path / "in" / f"c{i}.nii.gz", vol, i)
     out = tmp_path / "out"
-    rc, stderr, left = _terminate_batch([str(tmp_path / "in"), "--bundle", str(tiny_bundle), *extra], out,
-                                        str(tmp_path), min_children)
+    rc, stderr, left = _terminate_batch(
+        [str(tmp_path / "in"), "--bundle", str(tiny_bundle), *extra], out, str(tmp_path), min_children
+    )
     assert rc == 143 and "terminated" in stderr and "Traceback" not in stderr, stderr
     assert left == [], f"processes still running after the batch ended: {left}"
     rows = read_table(out / COHORT_CSV)
@@ -323,8 +367,9 @@ def test_sigterm_during_ray_local_leaves_no_bundle_folder(tiny_bundle, synthetic
         for i in range(12):
             write_case(Path(tmp) / "in" / f"c{i}.nii.gz", vol, i)
         out = Path(tmp) / "out"
-        rc, stderr, left = _terminate_batch([str(Path(tmp) / "in"), "--bundle", str(tiny_bundle), "--ray", "local",
-                                             "--ray-workers", "2"], out, tmp, 1)
+        rc, stderr, left = _terminate_batch(
+            [str(Path(tmp) / "in"), "--bundle", str(tiny_bundle), "--ray", "local", "--ray-workers", "2"], out, tmp, 1
+        )
         assert rc == 143 and "terminated" in stderr, stderr
         assert not glob.glob(os.path.join(tmp, "cardseg-bundle-*"))
         assert left == [], f"processes still running after the batch ended: {left}"
@@ -337,8 +382,12 @@ def test_sigterm_during_ray_local_leaves_no_bundle_folder(tiny_bundle, synthetic
 # item 12: no CSV cell is a formula
 # --------------------------------------------------------------------------------------------
 @settings(max_examples=200, deadline=None)
-@given(st.text(max_size=12) | st.sampled_from(["=HYPERLINK(\"http://x\",\"y\")", "+1+1", "-2-3", "@SUM(A1)",
-                                                "\t=1", "'=1", "-1.5", "+3", "'", "-inf"]))
+@given(
+    st.text(max_size=12)
+    | st.sampled_from(
+        ['=HYPERLINK("http://x","y")', "+1+1", "-2-3", "@SUM(A1)", "\t=1", "'=1", "-1.5", "+3", "'", "-inf"]
+    )
+)
 def test_safe_cell_never_starts_a_formula_and_reads_back(text):
     cell = safe_cell(text)
     assert read_cell(cell) == text
@@ -346,7 +395,7 @@ def test_safe_cell_never_starts_a_formula_and_reads_back(text):
         float(cell)  # only a plain number may start so
 
 
-@pytest.mark.parametrize("subject", ["=HYPERLINK(\"http://evil\",\"click\")", "+cmd|' /C calc'!A0", "-1+1", "@SUM(1)"])
+@pytest.mark.parametrize("subject", ['=HYPERLINK("http://evil","click")', "+cmd|' /C calc'!A0", "-1+1", "@SUM(1)"])
 def test_cohort_and_subject_tables_neutralise_formulas(tmp_path, subject):
     rows = [cohort_row(Case("c0", "/in/c0.nii.gz", subject=subject, phase="ED"), "error", subject)]
     write_table(tmp_path / "cohort.csv", rows, table_columns(rows))

@@ -73,10 +73,13 @@ def _manifest(folder: Path, text: str) -> Path:
     return path
 
 
-@pytest.mark.parametrize("rows", [
-    "a,img.nii.gz,,ED,s\nb,img.nii.gz,,ES,s\n",
-    "a,img.nii.gz,3,ED,s\nb,./sub/../img.nii.gz,3,ES,s\n",
-])
+@pytest.mark.parametrize(
+    "rows",
+    [
+        "a,img.nii.gz,,ED,s\nb,img.nii.gz,,ES,s\n",
+        "a,img.nii.gz,3,ED,s\nb,./sub/../img.nii.gz,3,ES,s\n",
+    ],
+)
 def test_a_subject_whose_ed_and_es_are_one_image_is_refused(tmp_path, rows):
     m = _manifest(tmp_path, "case,path,frame,phase,subject\n" + rows)
     with pytest.raises(CardsegError, match=r"subject 's': ED \(a, line 2\) and ES \(b, line 3\) are the same image"):
@@ -102,8 +105,9 @@ def test_relative_paths_are_read_from_the_folder_the_manifest_is_reached_in(tmp_
     assert read_manifest(link)[0].path == str(tmp_path / "study" / "img.nii.gz")
 
 
-def test_a_batch_writes_the_problem_in_subjects_csv_and_shows_it_on_the_triage_page(tmp_path, tiny_bundle,
-                                                                                   synthetic_volume, monkeypatch):
+def test_a_batch_writes_the_problem_in_subjects_csv_and_shows_it_on_the_triage_page(
+    tmp_path, tiny_bundle, synthetic_volume, monkeypatch
+):
     """End to end with the indices swapped in: the page showed the numbers and no word of the problem."""
     import html
 
@@ -122,8 +126,9 @@ def test_a_batch_writes_the_problem_in_subjects_csv_and_shows_it_on_the_triage_p
     manifest.write_text("case,path,phase,subject\ned,in/ed.nii.gz,ED,s1\nes,in/es.nii.gz,ES,s1\n")
 
     def swapped(ed_dir, es_dir, config):
-        return ix.subject_intervals(ix.cardiac_indices({"LV": 60.0, "RV": 80.0, "MYO": 90.0},
-                                                       {"LV": 150.0, "RV": 60.0, "MYO": 90.0}), BLOCK)
+        return ix.subject_intervals(
+            ix.cardiac_indices({"LV": 60.0, "RV": 80.0, "MYO": 90.0}, {"LV": 150.0, "RV": 60.0, "MYO": 90.0}), BLOCK
+        )
 
     monkeypatch.setattr(cohort_batch, "indices_function", lambda: swapped)
     out = tmp_path / "out"

@@ -17,18 +17,30 @@ CONDS = ["clean", "spike"]
 
 def _table(methods, nll, volumes=4, split="test"):
     """A calibration.json as evaluate writes it, with NLL nll[method][condition]."""
-    pooled = {c: {m: {"ece": 0.01 * (i + 1), "sce": 0.02, "ace": 0.03, "nll": nll[m][j], "n": 100}
-                  for i, m in enumerate(methods)} for j, c in enumerate(CONDS)}
-    return {"conditions": CONDS, "methods": list(methods), "volumes": volumes, "pooled": pooled,
-            "settings": {"split": split, "seed": 0, "cases": [f"c{i}" for i in range(volumes)]},
-            "segmentation": {"clean": {"dice": {"mean": 0.9}}}}
+    pooled = {
+        c: {
+            m: {"ece": 0.01 * (i + 1), "sce": 0.02, "ace": 0.03, "nll": nll[m][j], "n": 100}
+            for i, m in enumerate(methods)
+        }
+        for j, c in enumerate(CONDS)
+    }
+    return {
+        "conditions": CONDS,
+        "methods": list(methods),
+        "volumes": volumes,
+        "pooled": pooled,
+        "settings": {"split": split, "seed": 0, "cases": [f"c{i}" for i in range(volumes)]},
+        "segmentation": {"clean": {"dice": {"mean": 0.9}}},
+    }
 
 
 def _sources():
-    conv = _table(["uc", "ts", "ets", "hts"], {"uc": [0.9, 1.5], "ts": [0.4, 0.8], "ets": [0.35, 0.75],
-                                               "hts": [0.36, 0.7]})
-    card = _table(["uc", "ets", "hts", "card"], {"uc": [0.8, 1.2], "ets": [0.3, 0.6], "hts": [0.31, 0.62],
-                                                 "card": [0.25, 0.45]})
+    conv = _table(
+        ["uc", "ts", "ets", "hts"], {"uc": [0.9, 1.5], "ts": [0.4, 0.8], "ets": [0.35, 0.75], "hts": [0.36, 0.7]}
+    )
+    card = _table(
+        ["uc", "ets", "hts", "card"], {"uc": [0.8, 1.2], "ets": [0.3, 0.6], "hts": [0.31, 0.62], "card": [0.25, 0.45]}
+    )
     return {"conventional": conv, "card": card}
 
 
@@ -65,8 +77,20 @@ def test_cli_writes_table_json_and_figure(tmp_path, capsys):
         (tmp_path / name).mkdir()
         (tmp_path / name / "calibration.json").write_text(json.dumps(t))
     out = tmp_path / "cmp"
-    assert main(["compare", "--card", str(tmp_path / "card"), "--conventional", str(tmp_path / "conventional"),
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                "--card",
+                str(tmp_path / "card"),
+                "--conventional",
+                str(tmp_path / "conventional"),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     back = json.loads((out / "comparison.json").read_text())
     assert [r["label"] for r in back["rows"]][-1] == "CARD"
     assert (out / "comparison.md").read_text().startswith("# ")
@@ -77,9 +101,21 @@ def test_cli_writes_table_json_and_figure(tmp_path, capsys):
 
 def _with_per_volume(t: dict, shift: float) -> dict:
     """Per-volume NLL sums (4 volumes, 2 patients) whose pooled value is the table's, + shift per volume."""
-    t["per_volume"] = {c: {m: [{"case": f"c{i}", "patient": f"p{i // 2}", "n": 25,
-                                "nll_sum": 25 * (t["pooled"][c][m]["nll"] + shift * (i - 1.5))} for i in range(4)]
-                           for m in t["methods"]} for c in t["conditions"]}
+    t["per_volume"] = {
+        c: {
+            m: [
+                {
+                    "case": f"c{i}",
+                    "patient": f"p{i // 2}",
+                    "n": 25,
+                    "nll_sum": 25 * (t["pooled"][c][m]["nll"] + shift * (i - 1.5)),
+                }
+                for i in range(4)
+            ]
+            for m in t["methods"]
+        }
+        for c in t["conditions"]
+    }
     return t
 
 
@@ -119,7 +155,9 @@ def _write(folder, table, roi=None):
 def test_sources_in_different_rois_are_refused():
     src = _sources()
     src["card"]["roi"] = "square10"  # conventional has none recorded: an old disk10 evaluation
-    with pytest.raises(CardsegError, match="different ROIs .'disk10' vs 'square10'|different ROIs .'square10' vs 'disk10'"):
+    with pytest.raises(
+        CardsegError, match="different ROIs .'disk10' vs 'square10'|different ROIs .'square10' vs 'disk10'"
+    ):
         comparison_table(src)
     src["conventional"]["roi"] = "square10"
     assert comparison_table(src)["roi"] == "square10"
@@ -137,8 +175,24 @@ def test_cli_compares_in_each_roi_from_the_roi_subfolders(tmp_path, capsys):
         _write(tmp_path / name / "roi-square10", sq, "square10")
     _write(tmp_path / "alea", _table(["uc"], {"uc": [0.5, 0.9]}), None)  # an old disk10-only evaluation
     out = tmp_path / "cmp"
-    assert main(["compare", "--card", str(tmp_path / "card"), "--conventional", str(tmp_path / "conventional"),
-                 "--aleatoric", str(tmp_path / "alea"), "--roi", "disk10,square10", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "compare",
+                "--card",
+                str(tmp_path / "card"),
+                "--conventional",
+                str(tmp_path / "conventional"),
+                "--aleatoric",
+                str(tmp_path / "alea"),
+                "--roi",
+                "disk10,square10",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     disk = json.loads((out / "comparison.json").read_text())
     square = json.loads((out / "roi-square10" / "comparison.json").read_text())
     assert disk["roi"] == "disk10" and square["roi"] == "square10"

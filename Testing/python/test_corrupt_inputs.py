@@ -50,26 +50,39 @@ def originals(tmp_path_factory, synthetic_volume):
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(fmt=st.sampled_from(FORMATS), kind=st.sampled_from(["truncate", "flip"]),
-       where=st.floats(0.0, 1.0, exclude_max=True), xor=st.integers(1, 255))
+@given(
+    fmt=st.sampled_from(FORMATS),
+    kind=st.sampled_from(["truncate", "flip"]),
+    where=st.floats(0.0, 1.0, exclude_max=True),
+    xor=st.integers(1, 255),
+)
 def test_corrupt_files_are_refused_in_one_line(originals, tiny_bundle, tmp_path_factory, fmt, kind, where, xor):
     data = originals[fmt]
     if kind == "flip" and fmt not in COMPRESSED:
         kind = "truncate"  # a changed raw voxel is just another image: only checksums can tell
     if kind == "truncate":
-        bad = data[:int(where * len(data))]
+        bad = data[: int(where * len(data))]
     else:
         start = _payload_start(fmt, data)
         i = start + int(where * (len(data) - start))
-        bad = data[:i] + bytes([data[i] ^ xor]) + data[i + 1:]
+        bad = data[:i] + bytes([data[i] ^ xor]) + data[i + 1 :]
     work = tmp_path_factory.mktemp("case")
     path = work / f"bad.{fmt.split('-')[0]}"
     path.write_bytes(bad)
-    args = [sys.executable, "-m", "cardseg", "segment", str(path), "-o", str(work / "out"), "--bundle", str(tiny_bundle)]
+    args = [
+        sys.executable,
+        "-m",
+        "cardseg",
+        "segment",
+        str(path),
+        "-o",
+        str(work / "out"),
+        "--bundle",
+        str(tiny_bundle),
+    ]
     if fmt == "png":
         args += ["--spacing", "1.5,1.5"]
-    proc = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                          timeout=120)
+    proc = subprocess.run(args, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=120)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, (fmt, kind, len(bad), proc.stderr)
     assert len(lines) == 1 and lines[0].startswith("cardseg: error:"), (fmt, kind, proc.stderr)
@@ -92,17 +105,23 @@ def test_detached_and_unusual_headers_are_read_or_refused_in_one_line(tmp_path, 
     z, y, x = vol.shape
     (tmp_path / "d.nhdr").write_text(
         f"NRRD0004\ntype: float\ndimension: 3\nsizes: {x} {y} {z}\nspacings: 1.5 1.5 8\nendian: little\n"
-        "encoding: raw\ndata file: my scan.raw\n", encoding="ascii")
+        "encoding: raw\ndata file: my scan.raw\n",
+        encoding="ascii",
+    )
     assert np.array_equal(read_volume(tmp_path / "d.nhdr").array, vol.array)
     # MetaImage with HeaderSize = -1: the data are the file's last bytes
     (tmp_path / "m.raw").write_bytes(b"junk header bytes" + np.ascontiguousarray(vol.array, "<f4").tobytes())
     (tmp_path / "m.mhd").write_text(
         f"ObjectType = Image\nNDims = 3\nDimSize = {x} {y} {z}\nElementSpacing = 1.5 1.5 8\n"
-        "ElementType = MET_FLOAT\nHeaderSize = -1\nElementDataFile = m.raw\n", encoding="ascii")
+        "ElementType = MET_FLOAT\nHeaderSize = -1\nElementDataFile = m.raw\n",
+        encoding="ascii",
+    )
     assert np.array_equal(read_volume(tmp_path / "m.mhd").array, vol.array)
     # junk in a header field: one line, not a traceback
     (tmp_path / "bad.mhd").write_text(
         f"ObjectType = Image\nNDims = 3\nDimSize = {x} {y} {z}\nElementSpacing = 1.5 1.5 8 ;\n"
-        "ElementType = MET_FLOAT\nElementDataFile = m.raw\n", encoding="ascii")
+        "ElementType = MET_FLOAT\nElementDataFile = m.raw\n",
+        encoding="ascii",
+    )
     with pytest.raises(CardsegError, match="bad.mhd"):
         read_volume(tmp_path / "bad.mhd")

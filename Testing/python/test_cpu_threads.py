@@ -28,24 +28,28 @@ def machine(monkeypatch, tmp_path):
                 quota.unlink()
         else:
             quota.write_text(cpu_max)
+
     return set_
 
 
-@pytest.mark.parametrize("affinity,cpu_max,expected", [
-    (8, None, 8),                      # pinned to 8 of 64 cores, no quota
-    (64, "max 100000\n", 64),          # no quota
-    (64, "200000 100000\n", 2),        # a container of 2 CPUs on a 64-core host
-    (64, "150000 100000\n", 2),        # 1.5 CPUs: rounded up
-    (64, "50000 100000\n", 1),         # half a CPU: still one thread
-    (2, "800000 100000\n", 2),         # the affinity mask is the smaller
-    (1, None, 1),
-    (16, "garbage\n", 16),             # malformed: ignored
-    (16, "0 100000\n", 16),
-    (16, "-1 100000\n", 16),
-    (16, "100000 0\n", 16),
-    (16, "nan 100000\n", 16),
-    (16, "", 16),
-])
+@pytest.mark.parametrize(
+    "affinity,cpu_max,expected",
+    [
+        (8, None, 8),  # pinned to 8 of 64 cores, no quota
+        (64, "max 100000\n", 64),  # no quota
+        (64, "200000 100000\n", 2),  # a container of 2 CPUs on a 64-core host
+        (64, "150000 100000\n", 2),  # 1.5 CPUs: rounded up
+        (64, "50000 100000\n", 1),  # half a CPU: still one thread
+        (2, "800000 100000\n", 2),  # the affinity mask is the smaller
+        (1, None, 1),
+        (16, "garbage\n", 16),  # malformed: ignored
+        (16, "0 100000\n", 16),
+        (16, "-1 100000\n", 16),
+        (16, "100000 0\n", 16),
+        (16, "nan 100000\n", 16),
+        (16, "", 16),
+    ],
+)
 def test_usable_cpus_follow_affinity_and_quota_not_cpu_count(machine, affinity, cpu_max, expected):
     machine(affinity, cpu_max)
     assert cpus.usable_cpus() == expected
@@ -77,13 +81,27 @@ def _segment(tiny_bundle, synthetic_volume, tmp_path, *extra):
 
     src = tmp_path / "in.nii.gz"
     sitk.WriteImage(vol.to_image(), str(src))
-    return main(["segment", str(src), "-o", str(tmp_path / "out"), "--bundle", str(tiny_bundle),
-                 "--device", "cpu", "--progress", "none", *extra])
+    return main(
+        [
+            "segment",
+            str(src),
+            "-o",
+            str(tmp_path / "out"),
+            "--bundle",
+            str(tiny_bundle),
+            "--device",
+            "cpu",
+            "--progress",
+            "none",
+            *extra,
+        ]
+    )
 
 
 @pytest.mark.parametrize("given,expected", [(None, 3), ("1", 1)])
-def test_segment_sets_torch_threads_from_the_usable_cpus(machine, restore_threads, tiny_bundle, synthetic_volume,
-                                                         tmp_path, given, expected):
+def test_segment_sets_torch_threads_from_the_usable_cpus(
+    machine, restore_threads, tiny_bundle, synthetic_volume, tmp_path, given, expected
+):
     machine(64, "300000 100000\n")
     torch.set_num_threads(7)
     extra = ["--backend", "torch"] + (["--threads", given] if given else [])
@@ -92,8 +110,9 @@ def test_segment_sets_torch_threads_from_the_usable_cpus(machine, restore_thread
 
 
 @pytest.mark.parametrize("backend,quiet,notes", [("auto", False, 1), ("auto", True, 0), ("torch", False, 0)])
-def test_auto_without_the_speed_extra_says_how_to_get_it(monkeypatch, restore_threads, tiny_bundle, synthetic_volume,
-                                                         tmp_path, capsys, backend, quiet, notes):
+def test_auto_without_the_speed_extra_says_how_to_get_it(
+    monkeypatch, restore_threads, tiny_bundle, synthetic_volume, tmp_path, capsys, backend, quiet, notes
+):
     import cardseg.bundle.onnx_backend as ob
 
     monkeypatch.setattr(ob, "available", lambda: "--backend onnx needs onnxruntime (pip install 'cardsegment[speed]')")

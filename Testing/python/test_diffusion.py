@@ -6,8 +6,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cardseg.method.diffusion import (CategoricalSchedule, cosine_alpha_bar, default_sampling_steps, one_hot,
-                                      uniform_state)
+from cardseg.method.diffusion import (
+    CategoricalSchedule,
+    cosine_alpha_bar,
+    default_sampling_steps,
+    one_hot,
+    uniform_state,
+)
 
 
 def test_cosine_schedule_decreases_from_near_one_to_zero():
@@ -18,7 +23,10 @@ def test_cosine_schedule_decreases_from_near_one_to_zero():
     assert abar[-1] == 0.0
     # the cosine form, normalised at time 0
     s = 0.008
-    f = lambda tau: math.cos((tau + s) / (1 + s) * math.pi / 2) ** 2
+
+    def f(tau):
+        return math.cos((tau + s) / (1 + s) * math.pi / 2) ** 2
+
     assert abs(float(abar[24]) - f(25 / 50) / f(0)) < 1e-12
 
 

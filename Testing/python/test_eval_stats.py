@@ -14,9 +14,16 @@ from cardseg_train import eval_stats as es
 
 def _per_volume(values: dict, patients=("p1", "p1", "p2", "p2", "p3", "p3"), n=100) -> dict:
     """values[condition][method] = per-volume mean NLLs (one per entry of ``patients``)."""
-    return {c: {m: [{"case": f"{p}_f{i}", "patient": p, "n": n, "nll_sum": v * n}
-                    for i, (p, v) in enumerate(zip(patients, vals))] for m, vals in per.items()}
-            for c, per in values.items()}
+    return {
+        c: {
+            m: [
+                {"case": f"{p}_f{i}", "patient": p, "n": n, "nll_sum": v * n}
+                for i, (p, v) in enumerate(zip(patients, vals))
+            ]
+            for m, vals in per.items()
+        }
+        for c, per in values.items()
+    }
 
 
 def test_volume_sums_group_a_patients_volumes():
@@ -31,8 +38,13 @@ def test_bootstrap_pairs_methods_and_brackets_the_full_sample():
     rng = np.random.default_rng(0)
     base = rng.uniform(0.2, 0.6, size=12)
     patients = [f"p{i // 2}" for i in range(12)]
-    pv = _per_volume({"clean": {"card": list(base), "ts": list(base + 0.05)},
-                      "spike": {"card": list(base * 2), "ts": list(base * 2 + 0.05)}}, patients)
+    pv = _per_volume(
+        {
+            "clean": {"card": list(base), "ts": list(base + 0.05)},
+            "spike": {"card": list(base * 2), "ts": list(base * 2 + 0.05)},
+        },
+        patients,
+    )
     out = es.bootstrap_block_nll(pv, ["clean", "spike"], ["card", "ts"], resamples=500)
     full_card = np.mean([base.mean(), 2 * base.mean()])
     lo, hi = out["block_nll"]["card"]
@@ -90,7 +102,10 @@ def test_calibration_table_square_roi_and_per_volume_sums(tmp_path):
         logits = rng.normal(size=(2, 4, 40, 40)).astype(np.float32) + 3 * np.eye(4)[lab].transpose(0, 3, 1, 2)
         tac = rng.uniform(0, 0.3, size=(2, 40, 40)).astype(np.float32)
         results.append(ce.summarize_case(f"p{i // 2}_f{i}", f"p{i // 2}", "clean", logits, tac, lab, names))
-    cals = {"uc": calibrator_from_dict({"method": "uc"}), "ts": calibrator_from_dict({"method": "ts", "temperature": 2.0})}
+    cals = {
+        "uc": calibrator_from_dict({"method": "uc"}),
+        "ts": calibrator_from_dict({"method": "ts", "temperature": 2.0}),
+    }
     disk = ce.calibration_table(results, cals, names, ["clean"])
     square = ce.calibration_table(results, cals, names, ["clean"], roi="square10")
     assert square["roi"] == "square10" and disk["roi"] == "disk10"

@@ -27,8 +27,10 @@ def test_evaluate_dice_on_a_perfect_and_a_blank_prediction(tiny_bundle):
     rows = evaluate_dice(bundle, [LabelledVolume("syn", "p", vol, lab)])
     assert set(rows[0]) == {"case", "patient", "RV", "MYO", "LV", "mean"}
     assert all(0.0 <= rows[0][k] <= 1.0 for k in ("RV", "MYO", "LV"))
-    s = summarize(rows + [{"case": "x", "patient": "q", "RV": 1.0, "MYO": 1.0, "LV": float("nan"), "mean": 1.0}],
-                  bundle.class_names)
+    s = summarize(
+        rows + [{"case": "x", "patient": "q", "RV": 1.0, "MYO": 1.0, "LV": float("nan"), "mean": 1.0}],
+        bundle.class_names,
+    )
     assert s["LV"] == pytest.approx(rows[0]["LV"])  # NaN (class absent) is skipped
     assert s["RV"] == pytest.approx((rows[0]["RV"] + 1) / 2)
 
@@ -41,8 +43,21 @@ def test_acdc_validation_volumes_and_evaluate_command(tiny_bundle, tmp_path):
     assert not test_ids & {v.patient for v in vols}
     v = vols[0]
     assert v.volume.array.shape == v.labels.shape and set(np.unique(v.labels)) <= {0, 1, 2, 3}
-    code = main(["evaluate", "--bundle", str(tiny_bundle), "--data", str(ACDC), "--split", "val", "--out",
-                 str(tmp_path / "ev"), "--dice-only", "--quiet"])
+    code = main(
+        [
+            "evaluate",
+            "--bundle",
+            str(tiny_bundle),
+            "--data",
+            str(ACDC),
+            "--split",
+            "val",
+            "--out",
+            str(tmp_path / "ev"),
+            "--dice-only",
+            "--quiet",
+        ]
+    )
     assert code == 0
     rep = json.loads((tmp_path / "ev" / "dice.json").read_text(encoding="utf-8"))
     assert len(rep["volumes"]) == 20 and 0 <= rep["summary"]["mean"] <= 1
@@ -56,7 +71,8 @@ def test_learning_curve_plot_from_a_run_log(tmp_path):
     run.mkdir()
     (run / "log.csv").write_text(
         "step,lr,loss,val_dice,val_dice_RV,val_dice_MYO,val_dice_LV\n"
-        "50,1e-4,2.0,,,,\n100,1e-4,1.5,0.5,0.4,0.5,0.6\n150,1e-4,1.2,,,,\n200,1e-4,1.0,0.7,0.6,0.7,0.8\n")
+        "50,1e-4,2.0,,,,\n100,1e-4,1.5,0.5,0.4,0.5,0.6\n150,1e-4,1.2,,,,\n200,1e-4,1.0,0.7,0.6,0.7,0.8\n"
+    )
     rows = read_log(run)
     assert rows[0] == {"step": 50.0, "lr": 1e-4, "loss": 2.0} and rows[3]["val_dice_LV"] == 0.8
     png = plot_learning_curve([run], tmp_path / "curve.png")

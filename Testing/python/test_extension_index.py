@@ -23,17 +23,36 @@ SCREENSHOTS = REPO / "Resources" / "Screenshots"
 SHIPPED_BUNDLE = REPO / "CARDSegment" / "cardseg" / "bundles" / "acdc"
 
 #: the catalog entry schema (v1.0.1): every key it allows, and the required ones
-SCHEMA_URL = "https://raw.githubusercontent.com/Slicer/Slicer/main/Schemas/slicer-extension-catalog-entry-schema-v1.0.1.json#"
-ENTRY_TYPES = {"$schema": str, "category": str, "scm_url": str, "scm_revision": str, "scm_type": str,
-               "build_dependencies": list, "build_subdirectory": str, "enabled": bool, "tier": int}
+SCHEMA_URL = (
+    "https://raw.githubusercontent.com/Slicer/Slicer/main/Schemas/slicer-extension-catalog-entry-schema-v1.0.1.json#"
+)
+ENTRY_TYPES = {
+    "$schema": str,
+    "category": str,
+    "scm_url": str,
+    "scm_revision": str,
+    "scm_type": str,
+    "build_dependencies": list,
+    "build_subdirectory": str,
+    "enabled": bool,
+    "tier": int,
+}
 ENTRY_REQUIRED = {"$schema", "category", "scm_url"}
 #: a few of the categories the index accepts (its list has about 60), the ones that fit this module
 KNOWN_CATEGORIES = {"Segmentation", "Cardiac", "Quantification", "Analysis"}
 #: what the index's size check allows
 MAX_REPOSITORY_MB = 100
 #: what the extension template and the wizard write, and what this project had before
-PLACEHOLDER_CONTRIBUTORS = {"cardsegment authors", "john doe", "jane roe", "joe bloggs", "anyware corp.",
-                            "anyware corp", "superware", "nowhere"}
+PLACEHOLDER_CONTRIBUTORS = {
+    "cardsegment authors",
+    "john doe",
+    "jane roe",
+    "joe bloggs",
+    "anyware corp.",
+    "anyware corp",
+    "superware",
+    "nowhere",
+}
 MAX_SCREENSHOT_BYTES = 300 * 1024
 
 
@@ -57,7 +76,7 @@ def entry():
 
 
 def github_repo(url: str) -> str:
-    """"owner/name" of a github.com or raw.githubusercontent.com URL."""
+    """ "owner/name" of a github.com or raw.githubusercontent.com URL."""
     parts = urlsplit(url).path.strip("/").split("/")
     return f"{parts[0]}/{parts[1].removesuffix('.git')}"
 
@@ -66,8 +85,9 @@ def raw_file(url: str, homepage: str, branch: str) -> Path:
     """The repository file a raw.githubusercontent.com URL names, after checking that it points into
     the homepage's repository on ``branch``."""
     split = urlsplit(url)
-    assert split.scheme == "https" and split.netloc == "raw.githubusercontent.com", \
+    assert split.scheme == "https" and split.netloc == "raw.githubusercontent.com", (
         f"{url}: not a raw download URL (the index needs the file itself, not its web page)"
+    )
     parts = split.path.strip("/").split("/")
     assert github_repo(url) == github_repo(homepage), f"{url}: not in the homepage's repository {homepage}"
     assert parts[2] == branch, f"{url}: branch {parts[2]}, the index entry builds {branch}"
@@ -87,18 +107,24 @@ def png_size(path: Path):
 
 
 def test_cmake_settings_reads_only_the_strict_form():
-    text = ('set(EXTENSION_CATEGORY "Segmentation")\n# set(EXTENSION_HOMEPAGE "commented")\n'
-            'set(EXTENSION_ICONURL\n  "https://x/y.png")\nset(EXTENSION_SCREENSHOTURLS "a.png" CACHE STRING "")\n')
+    text = (
+        'set(EXTENSION_CATEGORY "Segmentation")\n# set(EXTENSION_HOMEPAGE "commented")\n'
+        'set(EXTENSION_ICONURL\n  "https://x/y.png")\nset(EXTENSION_SCREENSHOTURLS "a.png" CACHE STRING "")\n'
+    )
     assert cmake_settings(text) == {"EXTENSION_CATEGORY": "Segmentation", "EXTENSION_ICONURL": "https://x/y.png"}
 
 
 def test_raw_file_refuses_web_pages_other_repositories_and_branches():
     home = "https://github.com/cardsegment/CARDSegment"
-    assert raw_file("https://raw.githubusercontent.com/cardsegment/CARDSegment/main/Resources/a.png", home,
-                    "main") == REPO / "Resources" / "a.png"
-    for url in ("https://github.com/cardsegment/CARDSegment/blob/main/Resources/a.png",
-                "https://raw.githubusercontent.com/someone/CARDSegment/main/Resources/a.png",
-                "https://raw.githubusercontent.com/cardsegment/CARDSegment/dev/Resources/a.png"):
+    assert (
+        raw_file("https://raw.githubusercontent.com/cardsegment/CARDSegment/main/Resources/a.png", home, "main")
+        == REPO / "Resources" / "a.png"
+    )
+    for url in (
+        "https://github.com/cardsegment/CARDSegment/blob/main/Resources/a.png",
+        "https://raw.githubusercontent.com/someone/CARDSegment/main/Resources/a.png",
+        "https://raw.githubusercontent.com/cardsegment/CARDSegment/dev/Resources/a.png",
+    ):
         with pytest.raises(AssertionError):
             raw_file(url, home, "main")
 
@@ -185,8 +211,9 @@ def test_screenshots_come_from_the_shipped_bundle():
     bundle = json.loads((SHIPPED_BUNDLE / "bundle.json").read_text(encoding="utf-8"))
     assert report["bundle"]["id"] == f"{bundle['id']['name']}-{bundle['id']['version']}"
     for name, digest in report["bundle"]["checksums"].items():
-        assert hashlib.sha256((SHIPPED_BUNDLE / name).read_bytes()).hexdigest() == digest, \
+        assert hashlib.sha256((SHIPPED_BUNDLE / name).read_bytes()).hexdigest() == digest, (
             f"{name} changed since the screenshots were made: run Resources/Screenshots/make_screenshots.py"
+        )
     assert (REPO / report["input"]).is_file() and "SampleData" in report["input"]
 
 
@@ -218,4 +245,4 @@ def test_tracked_files_fit_the_index_size_limit():
         pytest.skip("not a git checkout")
     files = [REPO / f for f in out.decode("utf-8").split("\0") if f]
     total = sum(f.stat().st_size for f in files if f.is_file())
-    assert total < MAX_REPOSITORY_MB * 1024 * 1024, f"{total / 2 ** 20:.1f} MB tracked"
+    assert total < MAX_REPOSITORY_MB * 1024 * 1024, f"{total / 2**20:.1f} MB tracked"

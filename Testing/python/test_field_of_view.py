@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 
 from cardseg.base.errors import CardsegError
-from cardseg.io.field_of_view import (MARGIN_MM, fov_edge, largest_heart, offset_mm, recentre_margin,
-                                      recentre_offset)
+from cardseg.io.field_of_view import MARGIN_MM, fov_edge, largest_heart, offset_mm, recentre_margin, recentre_offset
 from cardseg.io.preprocess import SliceGrid, network_to_slices, resample_to_network
 
 
 def test_a_zero_offset_is_the_centred_grid_bit_for_bit():
     centred = SliceGrid((200, 170), (1.3, 1.1), 1.4, 64)
     zero = SliceGrid((200, 170), (1.3, 1.1), 1.4, 64, (0.0, 0.0))
-    for a, b in zip(centred.to_network_grid() + centred.from_network_grid(),
-                    zero.to_network_grid() + zero.from_network_grid()):
+    for a, b in zip(
+        centred.to_network_grid() + centred.from_network_grid(), zero.to_network_grid() + zero.from_network_grid()
+    ):
         assert np.array_equal(a, b)
     assert np.array_equal(centred.field_of_view(), zero.field_of_view())
 
@@ -45,9 +45,9 @@ def test_the_edge_is_where_the_image_goes_on_beyond_the_grid():
 
 
 def _labels_with_blob(shape, centre, radius, value=3):
-    z, y, x = np.ogrid[:shape[0], :shape[1], :shape[2]]
+    z, y, x = np.ogrid[: shape[0], : shape[1], : shape[2]]
     lab = np.zeros(shape, np.uint8)
-    lab[((y - centre[0]) ** 2 + (x - centre[1]) ** 2 <= radius ** 2) & (z >= 0)] = value
+    lab[((y - centre[0]) ** 2 + (x - centre[1]) ** 2 <= radius**2) & (z >= 0)] = value
     return lab
 
 
@@ -96,8 +96,11 @@ def test_the_bundle_schema_checks_the_field_of_view_block(tiny_bundle):
 
     config = json.loads((tiny_bundle / "bundle.json").read_text())
     validate_config({**config, "field_of_view": {"recentre": True, "margin_mm": 12.5}}, tiny_bundle)
-    for bad, word in (({"recentre": "yes"}, "field_of_view.recentre"), ({"recentre": True, "margin_mm": 0}, "margin_mm"),
-                      ({"recentre": True, "margin_mm": 500}, "margin_mm")):
+    for bad, word in (
+        ({"recentre": "yes"}, "field_of_view.recentre"),
+        ({"recentre": True, "margin_mm": 0}, "margin_mm"),
+        ({"recentre": True, "margin_mm": 500}, "margin_mm"),
+    ):
         with pytest.raises(CardsegError, match=word):
             validate_config({**config, "field_of_view": bad}, tiny_bundle)
 
@@ -112,8 +115,8 @@ def off_centre_phantom():
     z, y, x = vol.array.shape
     img = np.zeros((3, 320, 320), np.float32)
     lab = np.zeros((3, 320, 320), np.uint8)
-    img[:, 20:20 + y, 20:20 + x] = vol.array[z // 2 - 1:z // 2 + 2]
-    lab[:, 20:20 + y, 20:20 + x] = truth[z // 2 - 1:z // 2 + 2]
+    img[:, 20 : 20 + y, 20 : 20 + x] = vol.array[z // 2 - 1 : z // 2 + 2]
+    lab[:, 20 : 20 + y, 20 : 20 + x] = truth[z // 2 - 1 : z // 2 + 2]
     return dataclasses.replace(vol, array=img), lab
 
 
@@ -155,21 +158,38 @@ def test_the_study_counts_how_often_the_kept_run_had_the_higher_dice():
     def run(dice, agreement):
         return {"dice": [dice], "mean_dice": dice, "agreement": agreement}
 
-    rows = [{"case": "a", "centred": run(0.9, 0.99), "fired": False},
-            {"case": "b", "centred": run(0.6, 0.96), "fired": True, "offset_mm": [-30.0, 5.0],
-             "moved": run(0.9, 0.98), "kept": "moved"},
-            {"case": "c", "centred": run(0.9, 0.98), "fired": True, "offset_mm": [10.0, 0.0],
-             "moved": run(0.8, 0.99), "kept": "moved"}]
+    rows = [
+        {"case": "a", "centred": run(0.9, 0.99), "fired": False},
+        {
+            "case": "b",
+            "centred": run(0.6, 0.96),
+            "fired": True,
+            "offset_mm": [-30.0, 5.0],
+            "moved": run(0.9, 0.98),
+            "kept": "moved",
+        },
+        {
+            "case": "c",
+            "centred": run(0.9, 0.98),
+            "fired": True,
+            "offset_mm": [10.0, 0.0],
+            "moved": run(0.8, 0.99),
+            "kept": "moved",
+        },
+    ]
     s = summary(rows)
     assert (s["volumes"], s["fired"], s["kept_moved"], s["kept_the_higher_dice"]) == (3, 2, 2, 1)
-    assert s["mean_dice_centred"] == pytest.approx(0.8) and s["mean_dice_with_recentring"] == pytest.approx(0.8667, abs=1e-4)
+    assert s["mean_dice_centred"] == pytest.approx(0.8) and s["mean_dice_with_recentring"] == pytest.approx(
+        0.8667, abs=1e-4
+    )
     text = markdown({"bundle": "x-1", "split": "val", "margin_mm": 15.0, "rows": rows, "summary": s})
     assert "fired on 2 of 3" in text and "| b | -30.0, +5.0 |" in text
 
 
 @pytest.mark.parametrize("moved_agrees_more", [False, True])
-def test_the_engine_keeps_the_run_that_agrees_more_and_uc_keeps_the_same_grid(tiny_bundle, synthetic_volume,
-                                                                               monkeypatch, moved_agrees_more):
+def test_the_engine_keeps_the_run_that_agrees_more_and_uc_keeps_the_same_grid(
+    tiny_bundle, synthetic_volume, monkeypatch, moved_agrees_more
+):
     """Forced outcomes on the tiny bundle: the move is tried once, on the same volume number (CUDA graphs
     count volumes), under its own progress stage; the kept run follows the agreement; uc returns card's grid
     and labels without disagreement."""
@@ -181,12 +201,16 @@ def test_the_engine_keeps_the_run_that_agrees_more_and_uc_keeps_the_same_grid(ti
     bundle.config["field_of_view"] = {"recentre": True}
     volume, _ = synthetic_volume
     monkeypatch.setattr(segment, "recentre_offset", lambda *a, **k: (4.0, -3.0))
-    monkeypatch.setattr(segment, "run_agreement",
-                        lambda traj, b: (0.95 if moved_agrees_more else 0.85) if traj.offset != (0.0, 0.0) else 0.9)
+    monkeypatch.setattr(
+        segment,
+        "run_agreement",
+        lambda traj, b: (0.95 if moved_agrees_more else 0.85) if traj.offset != (0.0, 0.0) else 0.9,
+    )
     calls = []
     real = segment.run_on_grid
-    monkeypatch.setattr(segment, "run_on_grid", lambda grid, *a: calls.append((grid.offset, a[2], a[-2], a[-1]))
-                        or real(grid, *a))
+    monkeypatch.setattr(
+        segment, "run_on_grid", lambda grid, *a: calls.append((grid.offset, a[2], a[-2], a[-1])) or real(grid, *a)
+    )
     stages = []
 
     class Stages(Progress):
@@ -197,8 +221,11 @@ def test_the_engine_keeps_the_run_that_agrees_more_and_uc_keeps_the_same_grid(ti
     card = segment.trajectory_on_slices(s01, volume.spacing[:2], bundle, "card", progress=Stages())
     assert [c[0] for c in calls] == [(0.0, 0.0), (4.0, -3.0)] and calls[0][2] == calls[1][2]  # one volume number
     assert stages == ["trajectory", "trajectory-moved"]
-    assert card.recentring == {"offset": (4.0, -3.0), "agreement_centred": 0.9,
-                               "agreement_moved": 0.95 if moved_agrees_more else 0.85}
+    assert card.recentring == {
+        "offset": (4.0, -3.0),
+        "agreement_centred": 0.9,
+        "agreement_moved": 0.95 if moved_agrees_more else 0.85,
+    }
     assert card.offset == ((4.0, -3.0) if moved_agrees_more else (0.0, 0.0))
     calls.clear()
     uc = segment.trajectory_on_slices(s01, volume.spacing[:2], bundle, "uc")

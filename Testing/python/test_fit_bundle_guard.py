@@ -21,11 +21,13 @@ def shipped_untouched():
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_fit_without_a_named_bundle_is_refused_before_any_work(command, capsys, tmp_path, monkeypatch,
-                                                               shipped_untouched):
+def test_fit_without_a_named_bundle_is_refused_before_any_work(
+    command, capsys, tmp_path, monkeypatch, shipped_untouched
+):
     monkeypatch.delenv(ENV_VAR, raising=False)
-    line = refused(capsys, [command, "--data", str(tmp_path / "no-data")], f"cardseg {command}", "--bundle",
-                   str(SHIPPED.parent))
+    line = refused(
+        capsys, [command, "--data", str(tmp_path / "no-data")], f"cardseg {command}", "--bundle", str(SHIPPED.parent)
+    )
     assert "no-data" not in line  # refused before the data were looked at
 
 
@@ -46,8 +48,9 @@ def test_a_dry_run_or_a_named_bundle_passes_the_guard(command, tmp_path, monkeyp
 
 def test_fit_indices_measurement_only_needs_no_named_bundle(tmp_path, monkeypatch, shipped_untouched):
     monkeypatch.delenv(ENV_VAR, raising=False)
-    rc, err = run_cli_quiet(["fit-indices", "--no-fit", "--measure-test", str(tmp_path / "m"),
-                             "--data", str(tmp_path / "no-data")])
+    rc, err = run_cli_quiet(
+        ["fit-indices", "--no-fit", "--measure-test", str(tmp_path / "m"), "--data", str(tmp_path / "no-data")]
+    )
     assert rc == 2 and "writes its fit" not in err
 
 

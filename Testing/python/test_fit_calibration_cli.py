@@ -16,8 +16,12 @@ from conftest import ACDC
 
 def test_pool_cache_round_trip(tmp_path):
     rng = np.random.default_rng(0)
-    pool = [PoolItem(rng.normal(size=(4, 50)), rng.integers(0, 4, 50), rng.random(50), case=f"c{i}",
-                     variant=v, agreement=0.9) for i, v in enumerate(["clean", "gamma"])]
+    pool = [
+        PoolItem(
+            rng.normal(size=(4, 50)), rng.integers(0, 4, 50), rng.random(50), case=f"c{i}", variant=v, agreement=0.9
+        )
+        for i, v in enumerate(["clean", "gamma"])
+    ]
     calibrate.save_pool(pool, tmp_path / "p.npz")
     back = calibrate.load_pool(tmp_path / "p.npz")
     assert [(b.case, b.variant, b.agreement) for b in back] == [("c0", "clean", 0.9), ("c1", "gamma", 0.9)]
@@ -33,8 +37,24 @@ def test_fit_calibration_writes_fitted_values_only_into_bundle_json(tiny_bundle,
     weights = {p.name: p.read_bytes() for p in bundle.glob("*.safetensors")}
     real = calibrate.acdc_h5_volumes
     monkeypatch.setattr(calibrate, "acdc_h5_volumes", lambda data, split: real(data, split)[:2])  # keep it quick
-    assert main(["fit-calibration", "--bundle", str(bundle), "--data", str(ACDC), "--max-pixels", "3000",
-                 "--cache", str(tmp_path / "cache"), "--tac-steps", "auto"]) == 0
+    assert (
+        main(
+            [
+                "fit-calibration",
+                "--bundle",
+                str(bundle),
+                "--data",
+                str(ACDC),
+                "--max-pixels",
+                "3000",
+                "--cache",
+                str(tmp_path / "cache"),
+                "--tac-steps",
+                "auto",
+            ]
+        )
+        == 0
+    )
     cfg = read_config(bundle)
     sets = cfg["calibration"]["fit"]["tac_step_sets"]
     assert set(sets["pool_nll"]) == {"all", "mid", "last"}
@@ -52,5 +72,20 @@ def test_fit_calibration_writes_fitted_values_only_into_bundle_json(tiny_bundle,
     assert load_bundle(bundle).calibrator.tau_max == cal["tau_max"]
     # a second run reuses the cached pool
     assert len(list((tmp_path / "cache").glob("pool-*.npz"))) == 1
-    assert main(["fit-calibration", "--bundle", str(bundle), "--data", str(ACDC), "--max-pixels", "3000",
-                 "--cache", str(tmp_path / "cache"), "--dry-run"]) == 0
+    assert (
+        main(
+            [
+                "fit-calibration",
+                "--bundle",
+                str(bundle),
+                "--data",
+                str(ACDC),
+                "--max-pixels",
+                "3000",
+                "--cache",
+                str(tmp_path / "cache"),
+                "--dry-run",
+            ]
+        )
+        == 0
+    )

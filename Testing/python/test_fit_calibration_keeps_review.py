@@ -15,11 +15,23 @@ from cardseg_train import calibrate, calibration_fit
 from cardseg_train.calibration_pool import PoolItem
 
 #: the shipped bundle's regions keys as fit-review writes them (values of a small rule)
-REVIEW_BLOCK = {"map": "tac", "connectivity": "3d", "fill_holes": True, "smooth_px": 0.0, "merge_px": 0,
-                "min_voxels": 10, "neighbourhood_px": 10, "ranking": "p_error", "max_regions": 6,
-                "flag_threshold": 0.06, "grow_threshold": 0.036, "max_ml": 120.0, "model": None,
-                "fit": {"objective": "substantial errors covered by the first 3 regions", "split": "val"},
-                "previous": {"flag_threshold": 0.1}}
+REVIEW_BLOCK = {
+    "map": "tac",
+    "connectivity": "3d",
+    "fill_holes": True,
+    "smooth_px": 0.0,
+    "merge_px": 0,
+    "min_voxels": 10,
+    "neighbourhood_px": 10,
+    "ranking": "p_error",
+    "max_regions": 6,
+    "flag_threshold": 0.06,
+    "grow_threshold": 0.036,
+    "max_ml": 120.0,
+    "model": None,
+    "fit": {"objective": "substantial errors covered by the first 3 regions", "split": "val"},
+    "previous": {"flag_threshold": 0.1},
+}
 
 
 def synthetic_pool(n: int = 400, seed: int = 0):
@@ -35,8 +47,11 @@ def synthetic_pool(n: int = 400, seed: int = 0):
         wrong = rng.random(n) < 20 * tac
         shown = np.where(wrong, (labels + 1) % 4, labels)
         logits[shown, np.arange(n)] += 6.0
-        items.append(PoolItem(logits, labels, tac, case=f"c{i // 2}", variant=variant, agreement=0.9 - 0.01 * i,
-                              patient=f"p{i // 2}"))
+        items.append(
+            PoolItem(
+                logits, labels, tac, case=f"c{i // 2}", variant=variant, agreement=0.9 - 0.01 * i, patient=f"p{i // 2}"
+            )
+        )
     return items
 
 

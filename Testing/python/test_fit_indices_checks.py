@@ -26,64 +26,140 @@ def test_measure_test_given_a_file_is_refused_before_the_fit(bundle, tmp_path, c
     target = tmp_path / "f"
     target.write_text("mine")
     before = files_of(bundle)
-    refused(capsys, ["fit-indices", "--bundle", str(bundle), "--data", str(tmp_path / "no-data"),
-                      "--cache", str(tmp_path / "cache"), "--measure-test", str(target)],
-            f"--measure-test {target}: exists and is not a folder")
+    refused(
+        capsys,
+        [
+            "fit-indices",
+            "--bundle",
+            str(bundle),
+            "--data",
+            str(tmp_path / "no-data"),
+            "--cache",
+            str(tmp_path / "cache"),
+            "--measure-test",
+            str(target),
+        ],
+        f"--measure-test {target}: exists and is not a folder",
+    )
     assert files_of(bundle) == before and target.read_text() == "mine"
     assert not (tmp_path / "cache").exists()
 
 
-BAD = [(["--threads", "-1"], "--threads"), (["--threads", "0"], "--threads"), (["--batch-size", "0"], "--batch-size"),
-       (["--h5-spacing", "0"], "--h5-spacing"), (["--h5-spacing", "-1"], "--h5-spacing"),
-       (["--h5-spacing", "nan"], "--h5-spacing")]
-COMMANDS = [["fit-indices", "--dry-run"], ["fit-indices"], ["fit-review"], ["fit-calibration"],
-            ["evaluate", "--out", "OUT"], ["ablate", "--out", "OUT"]]
+BAD = [
+    (["--threads", "-1"], "--threads"),
+    (["--threads", "0"], "--threads"),
+    (["--batch-size", "0"], "--batch-size"),
+    (["--h5-spacing", "0"], "--h5-spacing"),
+    (["--h5-spacing", "-1"], "--h5-spacing"),
+    (["--h5-spacing", "nan"], "--h5-spacing"),
+]
+COMMANDS = [
+    ["fit-indices", "--dry-run"],
+    ["fit-indices"],
+    ["fit-review"],
+    ["fit-calibration"],
+    ["evaluate", "--out", "OUT"],
+    ["ablate", "--out", "OUT"],
+]
 
 
 #: every command with every bad value of an option it has (fit-review and fit-calibration: no --h5-spacing)
-CASES = [(c, bad, option) for c in COMMANDS for bad, option in BAD
-         if option != "--h5-spacing" or c[0] not in ("fit-review", "fit-calibration")]
+CASES = [
+    (c, bad, option)
+    for c in COMMANDS
+    for bad, option in BAD
+    if option != "--h5-spacing" or c[0] not in ("fit-review", "fit-calibration")
+]
 
 
 @pytest.mark.parametrize("command, bad, option", CASES, ids=lambda x: " ".join(x) if isinstance(x, list) else x)
 def test_bad_compute_options_are_refused_up_front(bundle, tmp_path, capsys, command, bad, option):
     command = [c.replace("OUT", str(tmp_path / "out")) for c in command]
     before = files_of(bundle)
-    refused(capsys, [*command, "--bundle", str(bundle), "--data", str(tmp_path / "no-data"),
-                      "--cache", str(tmp_path / "cache"), *bad], option)
+    refused(
+        capsys,
+        [
+            *command,
+            "--bundle",
+            str(bundle),
+            "--data",
+            str(tmp_path / "no-data"),
+            "--cache",
+            str(tmp_path / "cache"),
+            *bad,
+        ],
+        option,
+    )
     assert files_of(bundle) == before
     assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
 
 
-@pytest.mark.parametrize("command", [["fit-indices"], ["fit-review"], ["fit-calibration"],
-                                     ["evaluate", "--out", "OUT"], ["ablate", "--out", "OUT"]],
-                         ids=lambda c: c[0])
+@pytest.mark.parametrize(
+    "command",
+    [["fit-indices"], ["fit-review"], ["fit-calibration"], ["evaluate", "--out", "OUT"], ["ablate", "--out", "OUT"]],
+    ids=lambda c: c[0],
+)
 def test_a_cache_that_is_a_file_is_refused_up_front(bundle, tmp_path, capsys, command):
     command = [c.replace("OUT", str(tmp_path / "out")) for c in command]
     cache = tmp_path / "cache-file"
     cache.write_text("mine")
     before = files_of(bundle)
-    refused(capsys, [*command, "--bundle", str(bundle), "--data", str(tmp_path / "no-data"), "--cache", str(cache)],
-            f"--cache {cache}: exists and is not a folder")
+    refused(
+        capsys,
+        [*command, "--bundle", str(bundle), "--data", str(tmp_path / "no-data"), "--cache", str(cache)],
+        f"--cache {cache}: exists and is not a folder",
+    )
     assert files_of(bundle) == before and cache.read_text() == "mine"
 
 
 def test_evaluates_review_cache_is_checked_too(bundle, tmp_path, capsys):
     cache = tmp_path / "review-file"
     cache.write_text("mine")
-    refused(capsys, ["evaluate", "--bundle", str(bundle), "--data", str(tmp_path / "no-data"), "--out",
-                      str(tmp_path / "out"), "--cache", "", "--review-cache", str(cache)], "--review-cache")
+    refused(
+        capsys,
+        [
+            "evaluate",
+            "--bundle",
+            str(bundle),
+            "--data",
+            str(tmp_path / "no-data"),
+            "--out",
+            str(tmp_path / "out"),
+            "--cache",
+            "",
+            "--review-cache",
+            str(cache),
+        ],
+        "--review-cache",
+    )
 
 
-@pytest.mark.parametrize("command, bad", [(["fit-calibration"], ["--draws", "0"]),
-                                          (["fit-calibration"], ["--max-pixels", "0"]),
-                                          (["ablate", "--out", "OUT"], ["--max-cases", "0"]),
-                                          (["evaluate", "--out", "OUT"], ["--max-cases", "-1"])],
-                         ids=lambda c: " ".join(c))
+@pytest.mark.parametrize(
+    "command, bad",
+    [
+        (["fit-calibration"], ["--draws", "0"]),
+        (["fit-calibration"], ["--max-pixels", "0"]),
+        (["ablate", "--out", "OUT"], ["--max-cases", "0"]),
+        (["evaluate", "--out", "OUT"], ["--max-cases", "-1"]),
+    ],
+    ids=lambda c: " ".join(c),
+)
 def test_counts_are_refused_up_front(bundle, tmp_path, capsys, command, bad):
     command = [c.replace("OUT", str(tmp_path / "out")) for c in command]
-    refused(capsys, [*command, "--bundle", str(bundle), "--data", str(tmp_path / "no-data"),
-                      "--cache", str(tmp_path / "cache"), *bad], bad[0])
+    refused(
+        capsys,
+        [
+            *command,
+            "--bundle",
+            str(bundle),
+            "--data",
+            str(tmp_path / "no-data"),
+            "--cache",
+            str(tmp_path / "cache"),
+            *bad,
+        ],
+        bad[0],
+    )
     assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
 
 
@@ -107,12 +183,20 @@ def _volume(patient, phase, rng):
     truth[:, 13:17, 13:17] = 3
     labels = truth.copy()
     rv, lv = ((2, 8), (12, 18)) if ed else ((3, 7), (13, 17))  # rows = columns of each blob
-    labels[:, rv[0]:rv[1], rv[1]:rv[1] + int(rng.integers(0, 3))] = 1  # the RV a little too wide
-    labels[:, lv[0]:lv[1], lv[1]:lv[1] + int(rng.integers(0, 3))] = 3  # the LV too, into the myocardium
+    labels[:, rv[0] : rv[1], rv[1] : rv[1] + int(rng.integers(0, 3))] = 1  # the RV a little too wide
+    labels[:, lv[0] : lv[1], lv[1] : lv[1] + int(rng.integers(0, 3))] = 3  # the LV too, into the myocardium
     probs = np.eye(4, dtype=np.float32)[labels] * 0.7 + rng.uniform(0.0, 0.3, (*labels.shape, 4)).astype(np.float32)
     probs /= probs.sum(-1, keepdims=True)
-    return VolumeArrays(f"{patient}_frame0{1 if phase == 'ED' else 2}", patient, phase, (1.5, 1.5, 10.0), labels,
-                        probs, rng.uniform(0.0, 0.3, labels.shape).astype(np.float32), truth)
+    return VolumeArrays(
+        f"{patient}_frame0{1 if phase == 'ED' else 2}",
+        patient,
+        phase,
+        (1.5, 1.5, 10.0),
+        labels,
+        probs,
+        rng.uniform(0.0, 0.3, labels.shape).astype(np.float32),
+        truth,
+    )
 
 
 def _volumes(patients, missing):
@@ -155,8 +239,13 @@ def test_fit_indices_names_the_patient_missing_a_frame(bundle, tmp_path, capsys,
 
     monkeypatch.setattr(indices_evidence, "evidence_volumes", evidence)
     before = files_of(bundle)
-    refused(capsys, ["fit-indices", "--bundle", str(bundle), "--data", str(tmp_path / "no-data"), "--cache", "",
-                      "--level", "0.5"], "v2", "ES", "frame02")
+    refused(
+        capsys,
+        ["fit-indices", "--bundle", str(bundle), "--data", str(tmp_path / "no-data"), "--cache", "", "--level", "0.5"],
+        "v2",
+        "ES",
+        "frame02",
+    )
     assert files_of(bundle) == before
 
 
@@ -168,8 +257,23 @@ def test_fit_indices_warns_naming_the_patient_and_fits_the_rest(bundle, tmp_path
         return list(_volumes(patients, {("v2", "ED")} if split == "val" else set()))
 
     monkeypatch.setattr(indices_evidence, "evidence_volumes", evidence)
-    assert cardseg.cli.main(["fit-indices", "--bundle", str(bundle), "--data", str(tmp_path / "no-data"),
-                             "--cache", "", "--level", "0.5", "--dry-run"]) == 0
+    assert (
+        cardseg.cli.main(
+            [
+                "fit-indices",
+                "--bundle",
+                str(bundle),
+                "--data",
+                str(tmp_path / "no-data"),
+                "--cache",
+                "",
+                "--level",
+                "0.5",
+                "--dry-run",
+            ]
+        )
+        == 0
+    )
     cap = capsys.readouterr()
     warnings = [line for line in cap.err.splitlines() if "warning" in line]
     assert len(warnings) == 1 and "v2 (no ED frame, frame01)" in warnings[0], cap.err

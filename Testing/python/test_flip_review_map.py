@@ -74,6 +74,7 @@ def test_the_streamed_disagreement_is_the_generalised_js_and_starts_afresh():
 def _runner(position_dependent: bool, calls: list):
     """A fake primary: logits of class k = k x intensity (flip-equivariant), plus a ramp along
     the columns when ``position_dependent`` (a network that reads absolute position)."""
+
     def run(s, offset=(0.0, 0.0), prog=None):
         calls.append(tuple(offset))
         k = np.arange(3, dtype=np.float32)[None, :, None, None]
@@ -83,6 +84,7 @@ def _runner(position_dependent: bool, calls: list):
         if prog is not None:
             prog.advance(5)
         return logits
+
     return run
 
 
@@ -126,8 +128,9 @@ def flip_bundle(tiny_bundle, tmp_path_factory):
     return path
 
 
-def test_the_engine_cuts_regions_from_tac_plus_flips_and_changes_nothing_else(tiny_bundle, flip_bundle,
-                                                                             synthetic_volume):
+def test_the_engine_cuts_regions_from_tac_plus_flips_and_changes_nothing_else(
+    tiny_bundle, flip_bundle, synthetic_volume
+):
     from cardseg.bundle.loading import load_bundle
     from cardseg.review.regions import flagged_regions
     from cardseg.segment import normalized_slices, segment_volume, trajectory_on_slices
@@ -163,12 +166,20 @@ def test_the_engine_cuts_regions_from_tac_plus_flips_and_changes_nothing_else(ti
 
     # the regions are cut from TAC + flips, as flagged_regions says for that map
     settings = fb.config["regions"]
-    regions, ranks = flagged_regions(b.disagreement, b.labels, settings, vol.ijk_to_lps(), vol.spacing,
-                                     fb.class_names, b.field_of_view, b.flips)
+    regions, ranks = flagged_regions(
+        b.disagreement, b.labels, settings, vol.ijk_to_lps(), vol.spacing, fb.class_names, b.field_of_view, b.flips
+    )
     assert np.array_equal(ranks, b.region_ranks) and regions == b.report["regions"]
     assert regions, "the test needs flagged regions"
-    tac_only, _ = flagged_regions(b.disagreement, b.labels, {**settings, "map": "tac"}, vol.ijk_to_lps(),
-                                  vol.spacing, fb.class_names, b.field_of_view)
+    tac_only, _ = flagged_regions(
+        b.disagreement,
+        b.labels,
+        {**settings, "map": "tac"},
+        vol.ijk_to_lps(),
+        vol.spacing,
+        fb.class_names,
+        b.field_of_view,
+    )
     assert tac_only != regions
     with pytest.raises(ValueError, match="tac_flips"):
         flagged_regions(b.disagreement, b.labels, settings, vol.ijk_to_lps(), vol.spacing, fb.class_names)
@@ -213,7 +224,8 @@ def test_the_slicer_panel_names_and_places_every_stage_a_flip_run_reports(flip_b
     assert done < half < proc.overall_fraction(flips.STAGE, 30, 30, half) <= proc.overall_fraction("write", 0, 7, half)
     # the flipped runs take most of the networks' time: most of the bar (flip_cost.json's ratio)
     ratio = json.loads((Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "flip_cost.json").read_text())[
-        "ratio_median"]["flips_over_trajectory"]
+        "ratio_median"
+    ]["flips_over_trajectory"]
     span = proc.STAGE_SPANS[flips.STAGE][1] - proc.STAGE_SPANS[flips.STAGE][0]
     trajectory = proc.STAGE_SPANS["trajectory"][1] - proc.STAGE_SPANS["trajectory"][0]
     assert span / trajectory == pytest.approx(ratio, rel=0.25)
@@ -245,8 +257,9 @@ def test_the_shipped_bundle_is_its_releases_frozen_candidate():
     for block in ("calibration", "agreement", "baselines", "indices"):
         assert cfg[block] == recorded[block], block
     fitted_on = cfg["indices"]["calibration"]
-    assert {k: fitted_on[k] for k in ("tau_min", "tau_max", "w_b", "w_k")} == \
-        {k: cfg["calibration"][k] for k in ("tau_min", "tau_max", "w_b", "w_k")}
+    assert {k: fitted_on[k] for k in ("tau_min", "tau_max", "w_b", "w_k")} == {
+        k: cfg["calibration"][k] for k in ("tau_min", "tau_max", "w_b", "w_k")
+    }
     assert fitted_on["weights"] == {p.name: sha256_file(p) for p in sorted(checked.root.glob("*.safetensors"))}
     regions = cfg["regions"]
     fit = json.loads((release / "review" / "review_fit.json").read_text())
@@ -259,8 +272,7 @@ def test_the_shipped_bundle_is_its_releases_frozen_candidate():
     assert chain[-1] == "tac" and list(review_rules(cfg)) == ["tac_flips", "tac"], chain
 
 
-def test_on_a_moved_grid_each_flipped_copy_runs_on_the_mirrored_moved_grid(flip_bundle, synthetic_volume,
-                                                                           monkeypatch):
+def test_on_a_moved_grid_each_flipped_copy_runs_on_the_mirrored_moved_grid(flip_bundle, synthetic_volume, monkeypatch):
     """When the run kept a grid moved onto the heart, the flipped copies run on that grid mirrored
     (not on the centred one): the engine's map equals the primary's own runs on explicitly mirrored
     grids, and differs from runs on the centred grid; the three copies share one volume number."""
@@ -274,8 +286,9 @@ def test_on_a_moved_grid_each_flipped_copy_runs_on_the_mirrored_moved_grid(flip_
     monkeypatch.setattr(segment, "run_agreement", lambda traj, b: 0.99 if traj.offset != (0.0, 0.0) else 0.5)
     calls = []
     real = segment.run_on_grid
-    monkeypatch.setattr(segment, "run_on_grid", lambda grid, *a: calls.append((grid.offset, a[-2], a[-1]))
-                        or real(grid, *a))
+    monkeypatch.setattr(
+        segment, "run_on_grid", lambda grid, *a: calls.append((grid.offset, a[-2], a[-1])) or real(grid, *a)
+    )
     result = segment.segment_volume(vol, bundle, "card")
     assert result.report["field_of_view"]["recentred"] is True
     copies = [c for c in calls if c[2] == flips.STAGE]
@@ -285,12 +298,36 @@ def test_on_a_moved_grid_each_flipped_copy_runs_on_the_mirrored_moved_grid(flip_
 
     def map_on(offset_of):
         traj = SimpleNamespace(logits=None, offset=(6.0, -5.0), fov=result.field_of_view)
-        plain = real(segment.slice_grid(slices01.shape[1:], vol.spacing[:2], bundle, (6.0, -5.0)), slices01, bundle,
-                     "uc", "cpu", 8, Progress(), False, False)
+        plain = real(
+            segment.slice_grid(slices01.shape[1:], vol.spacing[:2], bundle, (6.0, -5.0)),
+            slices01,
+            bundle,
+            "uc",
+            "cpu",
+            8,
+            Progress(),
+            False,
+            False,
+        )
         traj.logits = plain.logits
-        return flips.flip_map(slices01, traj, lambda s, off, prog: real(
-            segment.slice_grid(s.shape[1:], vol.spacing[:2], bundle, offset_of(off)), s, bundle, "uc", "cpu", 8,
-            prog, False, False).logits, 1)
+        return flips.flip_map(
+            slices01,
+            traj,
+            lambda s, off, prog: (
+                real(
+                    segment.slice_grid(s.shape[1:], vol.spacing[:2], bundle, offset_of(off)),
+                    s,
+                    bundle,
+                    "uc",
+                    "cpu",
+                    8,
+                    prog,
+                    False,
+                    False,
+                ).logits
+            ),
+            1,
+        )
 
     assert np.allclose(result.flips, map_on(lambda off: off), atol=1e-5)
     assert not np.allclose(result.flips, map_on(lambda off: (0.0, 0.0)), atol=1e-3)
@@ -358,8 +395,15 @@ def arrays_softmax(logits):
     return e / e.sum(axis=1, keepdims=True)
 
 
-@pytest.mark.parametrize("steps, problem", [([0, 49], "distinct and in decreasing order"), ([], "non-empty list"),
-                                            ([50], r"regions.flip_steps\[0\]"), ("49", "non-empty list")])
+@pytest.mark.parametrize(
+    "steps, problem",
+    [
+        ([0, 49], "distinct and in decreasing order"),
+        ([], "non-empty list"),
+        ([50], r"regions.flip_steps\[0\]"),
+        ("49", "non-empty list"),
+    ],
+)
 def test_the_schema_refuses_flip_steps_a_run_cannot_take(tiny_bundle, steps, problem):
     from cardseg.base.errors import CardsegError
     from cardseg.bundle.schema import validate_config
@@ -372,15 +416,17 @@ def test_the_schema_refuses_flip_steps_a_run_cannot_take(tiny_bundle, steps, pro
     validate_config(config, tiny_bundle)
 
 
-def test_cached_review_maps_are_keyed_by_the_copies_steps_only_when_they_are_their_own(flip_bundle,
-                                                                                      two_step_flip_bundle):
+def test_cached_review_maps_are_keyed_by_the_copies_steps_only_when_they_are_their_own(
+    flip_bundle, two_step_flip_bundle
+):
     from cardseg.bundle.loading import load_bundle
     from cardseg.review.regions import describe_rule
     from cardseg_train.review_data import cache_key
 
     full, short = load_bundle(flip_bundle, device="cpu"), load_bundle(two_step_flip_bundle, device="cpu")
-    same = dataclasses.replace(short, config={**short.config, "regions": {**short.config["regions"],
-                                                                          "flip_steps": full.sampled_steps}})
+    same = dataclasses.replace(
+        short, config={**short.config, "regions": {**short.config["regions"], "flip_steps": full.sampled_steps}}
+    )
     assert cache_key(full, "val") == cache_key(same, "val") != cache_key(short, "val")
     assert "(the flipped copies on steps 49, 0)" in describe_rule(short.config["regions"])
     assert "flipped copies on steps" not in describe_rule(full.config["regions"])

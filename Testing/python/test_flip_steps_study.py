@@ -45,7 +45,8 @@ def test_the_study_compares_the_copies_steps_on_the_engine_s_own_maps(flips_bund
     own = smoothed(engine.disagreement + engine.flips, 2.0)
     from cardseg_train.reference_maps import map_quality
 
-    assert map_quality([engine.labels], [item.labels], [own])["auroc"] == pytest.approx(rows["49, 37, 24, 12, 0"]["auroc"],
-                                                                                          abs=1e-6)
+    assert map_quality([engine.labels], [item.labels], [own])["auroc"] == pytest.approx(
+        rows["49, 37, 24, 12, 0"]["auroc"], abs=1e-6
+    )
     text = fss.markdown({"bundle": "tiny", "split": "val", **res})
     assert "| 49, 0 | 6 |" in text and "| 49, 37, 24, 12, 0 | 15 |" in text

@@ -50,9 +50,11 @@ def test_subject_errors_are_value_minus_truth_and_zero_for_the_truth():
     names = ["background", "RV", "MYO", "LV"]
     ed, es = _heart(lv=10), _heart(lv=6)
     smaller = _heart(lv=5)  # the segmentation misses part of the ES LV: its LVEF comes out higher
-    frames = {"p1_frame01": {"plain": ed, "flip mean": ed, "truth": ed},
-              "p1_frame02": {"plain": es, "flip mean": smaller, "truth": es},
-              "p2_frame01": {"plain": ed, "flip mean": ed, "truth": ed}}  # no ES: left out
+    frames = {
+        "p1_frame01": {"plain": ed, "flip mean": ed, "truth": ed},
+        "p1_frame02": {"plain": es, "flip mean": smaller, "truth": es},
+        "p2_frame01": {"plain": ed, "flip mean": ed, "truth": ed},
+    }  # no ES: left out
     block = {"volumes": {"islands": ["LV", "RV"], "gaps": ["LV", "RV"], "gap_fraction": 0.25}}
     err = fs.subject_errors(frames, block, names, lambda case: (1.5, 1.5, 10.0))
     assert list(err["plain"]) == ["p1"] and err["plain"]["p1"] == {"LVEF": 0.0, "RVEF": 0.0}
@@ -73,7 +75,9 @@ def test_the_study_end_to_end_on_a_tiny_bundle(tiny_bundle, tmp_path):
         vol, lab = synthetic_cine_volume(shape=(2, 64, 56), spacing=(2.0, 2.0, 8.0), seed=seed)
         cases.append(LabelledVolume(f"s_{frame}", "s", vol, lab))
     logits, tac = fs.flipped_runs(bundle, normalized_slices(cases[0].volume, bundle), cases[0].volume.spacing[:2])
-    plain = trajectory_on_slices(normalized_slices(cases[0].volume, bundle), cases[0].volume.spacing[:2], bundle, "card")
+    plain = trajectory_on_slices(
+        normalized_slices(cases[0].volume, bundle), cases[0].volume.spacing[:2], bundle, "card"
+    )
     assert logits.shape[0] == 4 and np.allclose(logits[0], np.asarray(plain.logits), atol=1e-5)
     assert np.allclose(tac[0], np.asarray(plain.tac), atol=1e-6)
     result = fs.run_study(bundle, cases, log=lambda s: None, regions=False)
@@ -91,6 +95,12 @@ def test_the_region_rule_fit_finds_the_blobs_held_out():
     rule = fs.region_rule(maps, (0.2,))
     assert rule["flag_grid"] == [0.2] and rule["held_out"]["covered_top3"] == 1.0
     assert rule["held_out"]["median_burden_top3"] <= 0.10 and rule["settings"]["flag_threshold"] in (0.175, 0.2, 0.225)
-    text = fs.markdown({"bundle": "b", "split": "val", "volumes": 4,
-                        "summary": {"segmentations": {}, "maps": {}, "regions": {"TAC (shipped)": rule}}})
+    text = fs.markdown(
+        {
+            "bundle": "b",
+            "split": "val",
+            "volumes": 4,
+            "summary": {"segmentations": {}, "maps": {}, "regions": {"TAC (shipped)": rule}},
+        }
+    )
     assert "| TAC (shipped) | 0.2 | flag " in text and "| 1.000 |" in text

@@ -19,9 +19,13 @@ DATA_NAMES = {"ACDC", "HAS_ACDC"}
 def _skips_without_data(fn: ast.FunctionDef, source: str, module_marks: str) -> bool:
     decorators = " ".join(ast.get_source_segment(source, d) or "" for d in fn.decorator_list)
     body = ast.get_source_segment(source, fn) or ""
-    return ("needs_acdc" in decorators or any(n in decorators for n in DATA_NAMES) and "skip" in decorators
-            or re.search(r"if not \(?(HAS_)?ACDC.*\n\s+pytest\.skip\(", body) is not None
-            or "needs_acdc" in module_marks)
+    return (
+        "needs_acdc" in decorators
+        or any(n in decorators for n in DATA_NAMES)
+        and "skip" in decorators
+        or re.search(r"if not \(?(HAS_)?ACDC.*\n\s+pytest\.skip\(", body) is not None
+        or "needs_acdc" in module_marks
+    )
 
 
 def _uses_data(fn: ast.FunctionDef) -> bool:
@@ -32,10 +36,19 @@ def _uses_data(fn: ast.FunctionDef) -> bool:
 def test_every_test_reading_acdc_skips_without_it(path):
     source = path.read_text(encoding="utf-8")
     tree = ast.parse(source)
-    marks = "".join(ast.get_source_segment(source, n) or "" for n in tree.body
-                    if isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in n.targets))
-    bad = [fn.name for fn in ast.walk(tree) if isinstance(fn, ast.FunctionDef) and fn.name.startswith("test_")
-           and _uses_data(fn) and not _skips_without_data(fn, source, marks)]
+    marks = "".join(
+        ast.get_source_segment(source, n) or ""
+        for n in tree.body
+        if isinstance(n, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in n.targets)
+    )
+    bad = [
+        fn.name
+        for fn in ast.walk(tree)
+        if isinstance(fn, ast.FunctionDef)
+        and fn.name.startswith("test_")
+        and _uses_data(fn)
+        and not _skips_without_data(fn, source, marks)
+    ]
     assert not bad, f"{path.name}: {bad} read ../shared/data/acdc without skipping where it is absent (use needs_acdc)"
 
 

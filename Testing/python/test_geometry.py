@@ -29,7 +29,7 @@ SHAPE = (4, 40, 36)  # (Z, Y, X)
 def reference() -> sitk.Image:
     """The small oblique, anisotropic volume every format encodes."""
     rng = np.random.default_rng(7)
-    zz, yy, xx = np.mgrid[0:SHAPE[0], 0:SHAPE[1], 0:SHAPE[2]]
+    zz, yy, xx = np.mgrid[0 : SHAPE[0], 0 : SHAPE[1], 0 : SHAPE[2]]
     blob = 800.0 * np.exp(-((yy - 20) ** 2 + (xx - 18) ** 2) / 60.0) + 30 * zz
     img = sitk.GetImageFromArray((blob + rng.normal(0, 20, SHAPE)).astype(np.int16))
     img.SetSpacing(SPACING)
@@ -51,10 +51,19 @@ def _element(group: int, elem: int, vr: str, value) -> bytes:
     return head + struct.pack("<H", len(raw)) + raw
 
 
-def dicom_slice(pixels: np.ndarray, position, orientation, pixel_spacing="1.4\\1.6", thickness=None,
-                between=None, instance=1, series="1.2.826.0.1.3680043.2.1125.9.1") -> bytes:
+def dicom_slice(
+    pixels: np.ndarray,
+    position,
+    orientation,
+    pixel_spacing="1.4\\1.6",
+    thickness=None,
+    between=None,
+    instance=1,
+    series="1.2.826.0.1.3680043.2.1125.9.1",
+) -> bytes:
     """One explicit-VR little-endian MR file; a tag given as ``None`` is left out. ``position``
     and ``orientation`` are sequences of numbers or the raw DS text."""
+
     def ds(v):
         if isinstance(v, str) or v is None:
             return v
@@ -62,17 +71,35 @@ def dicom_slice(pixels: np.ndarray, position, orientation, pixel_spacing="1.4\\1
 
     sop = f"{series}.{instance}"
     rows, cols = pixels.shape
-    meta = (_element(2, 1, "OB", b"\0\1") + _element(2, 2, "UI", "1.2.840.10008.5.1.4.1.1.4")
-            + _element(2, 3, "UI", sop) + _element(2, 0x10, "UI", "1.2.840.10008.1.2.1"))
+    meta = (
+        _element(2, 1, "OB", b"\0\1")
+        + _element(2, 2, "UI", "1.2.840.10008.5.1.4.1.1.4")
+        + _element(2, 3, "UI", sop)
+        + _element(2, 0x10, "UI", "1.2.840.10008.1.2.1")
+    )
     us = lambda v: struct.pack("<H", v)  # noqa: E731
-    tags = [(8, 0x16, "UI", "1.2.840.10008.5.1.4.1.1.4"), (8, 0x18, "UI", sop), (8, 0x60, "CS", "MR"),
-            (0x18, 0x50, "DS", ds(thickness)), (0x18, 0x88, "DS", ds(between)),
-            (0x20, 0x0D, "UI", "1.2.826.0.1.3680043.2.1125.9.0"), (0x20, 0x0E, "UI", series),
-            (0x20, 0x13, "IS", str(instance)), (0x20, 0x32, "DS", ds(position)), (0x20, 0x37, "DS", ds(orientation)),
-            (0x28, 0x02, "US", us(1)), (0x28, 0x04, "CS", "MONOCHROME2"), (0x28, 0x10, "US", us(rows)),
-            (0x28, 0x11, "US", us(cols)), (0x28, 0x30, "DS", pixel_spacing), (0x28, 0x100, "US", us(16)),
-            (0x28, 0x101, "US", us(16)), (0x28, 0x102, "US", us(15)), (0x28, 0x103, "US", us(1)),
-            (0x7FE0, 0x10, "OW", np.ascontiguousarray(pixels, dtype="<i2").tobytes())]
+    tags = [
+        (8, 0x16, "UI", "1.2.840.10008.5.1.4.1.1.4"),
+        (8, 0x18, "UI", sop),
+        (8, 0x60, "CS", "MR"),
+        (0x18, 0x50, "DS", ds(thickness)),
+        (0x18, 0x88, "DS", ds(between)),
+        (0x20, 0x0D, "UI", "1.2.826.0.1.3680043.2.1125.9.0"),
+        (0x20, 0x0E, "UI", series),
+        (0x20, 0x13, "IS", str(instance)),
+        (0x20, 0x32, "DS", ds(position)),
+        (0x20, 0x37, "DS", ds(orientation)),
+        (0x28, 0x02, "US", us(1)),
+        (0x28, 0x04, "CS", "MONOCHROME2"),
+        (0x28, 0x10, "US", us(rows)),
+        (0x28, 0x11, "US", us(cols)),
+        (0x28, 0x30, "DS", pixel_spacing),
+        (0x28, 0x100, "US", us(16)),
+        (0x28, 0x101, "US", us(16)),
+        (0x28, 0x102, "US", us(15)),
+        (0x28, 0x103, "US", us(1)),
+        (0x7FE0, 0x10, "OW", np.ascontiguousarray(pixels, dtype="<i2").tobytes()),
+    ]
     body = b"".join(_element(g, e, vr, v) for g, e, vr, v in tags if v is not None)
     return b"\0" * 128 + b"DICM" + _element(2, 0, "UL", struct.pack("<I", len(meta))) + meta + body
 
@@ -87,7 +114,8 @@ def write_dicom(folder: Path, img: sitk.Image, slices=None, **tags) -> Path:
     tags.setdefault("pixel_spacing", f"{sy!r}\\{sx!r}")
     for k in range(a.shape[0] if slices is None else slices):
         (folder / f"IM{k + 1:04d}.dcm").write_bytes(
-            dicom_slice(a[k], img.TransformIndexToPhysicalPoint((0, 0, k)), instance=k + 1, **tags))
+            dicom_slice(a[k], img.TransformIndexToPhysicalPoint((0, 0, k)), instance=k + 1, **tags)
+        )
     return folder
 
 
@@ -101,13 +129,21 @@ def segment(tmp_path: Path, bundle: Path, source: Path, *extra) -> int:
 def corners(img: sitk.Image) -> np.ndarray:
     """LPS (mm) of the centres of the 8 corner voxels of a 3D image."""
     size = img.GetSize()[:3]
-    return np.array([img.TransformContinuousIndexToPhysicalPoint([float(c) for c in idx])
-                     for idx in itertools.product(*[(0, s - 1) for s in size])])
+    return np.array(
+        [
+            img.TransformContinuousIndexToPhysicalPoint([float(c) for c in idx])
+            for idx in itertools.product(*[(0, s - 1) for s in size])
+        ]
+    )
 
 
 def _corners_of(matrix: np.ndarray, size) -> np.ndarray:
-    return np.array([matrix[:3, :3] @ np.asarray(idx, dtype=float) + matrix[:3, 3]
-                     for idx in itertools.product(*[(0, s - 1) for s in size])])
+    return np.array(
+        [
+            matrix[:3, :3] @ np.asarray(idx, dtype=float) + matrix[:3, 3]
+            for idx in itertools.product(*[(0, s - 1) for s in size])
+        ]
+    )
 
 
 def nifti_grids(path: Path):
@@ -127,9 +163,13 @@ def nifti_grids(path: Path):
     if qform_code > 0:
         b, c, d, x, y, z = struct.unpack("<6f", h[256:280])
         a = np.sqrt(max(0.0, 1.0 - (b * b + c * c + d * d)))
-        r = np.array([[a * a + b * b - c * c - d * d, 2 * (b * c - a * d), 2 * (b * d + a * c)],
-                      [2 * (b * c + a * d), a * a + c * c - b * b - d * d, 2 * (c * d - a * b)],
-                      [2 * (b * d - a * c), 2 * (c * d + a * b), a * a + d * d - c * c - b * b]])
+        r = np.array(
+            [
+                [a * a + b * b - c * c - d * d, 2 * (b * c - a * d), 2 * (b * d + a * c)],
+                [2 * (b * c + a * d), a * a + c * c - b * b - d * d, 2 * (c * d - a * b)],
+                [2 * (b * d - a * c), 2 * (c * d + a * b), a * a + d * d - c * c - b * b],
+            ]
+        )
         qfac = -1.0 if pixdim[0] < 0 else 1.0
         m = np.eye(4)
         m[:3, :3] = r @ np.diag([pixdim[1], pixdim[2], qfac * pixdim[3]])
@@ -203,10 +243,13 @@ def test_a_dicom_series_comes_back_on_its_own_grid(tmp_path, tiny_bundle):
 
 
 @pytest.mark.parametrize("as_folder", [False, True])
-@pytest.mark.parametrize("tags, source", [
-    ({"thickness": 8.0}, "SliceThickness (0018,0050)"),
-    ({"thickness": 5.0, "between": 8.0}, "SpacingBetweenSlices (0018,0088)"),
-])
+@pytest.mark.parametrize(
+    "tags, source",
+    [
+        ({"thickness": 8.0}, "SliceThickness (0018,0050)"),
+        ({"thickness": 5.0, "between": 8.0}, "SpacingBetweenSlices (0018,0088)"),
+    ],
+)
 def test_one_dicom_slice_takes_its_spacing_from_a_named_tag(tmp_path, tiny_bundle, tags, source, as_folder):
     series = write_dicom(tmp_path / "one", reference(), slices=1, **tags)
     src = series if as_folder else series / "IM0001.dcm"
@@ -252,18 +295,22 @@ def refused(capsys, code: int, *expect):
 
 def _skewed_nrrd(path: Path) -> Path:
     a = sitk.GetArrayFromImage(reference()).astype("<i2")
-    header = ("NRRD0004\ntype: short\ndimension: 3\nspace: left-posterior-superior\nsizes: 36 40 4\n"
-              "space directions: (1.6,0,0) (0.5,1.3,0) (0,0,8)\nkinds: domain domain domain\nendian: little\n"
-              "encoding: raw\nspace origin: (-40.5,12.25,7)\n\n")
+    header = (
+        "NRRD0004\ntype: short\ndimension: 3\nspace: left-posterior-superior\nsizes: 36 40 4\n"
+        "space directions: (1.6,0,0) (0.5,1.3,0) (0,0,8)\nkinds: domain domain domain\nendian: little\n"
+        "encoding: raw\nspace origin: (-40.5,12.25,7)\n\n"
+    )
     path.write_bytes(header.encode() + a.tobytes())
     return path
 
 
 def _skewed_mha(path: Path) -> Path:
     a = sitk.GetArrayFromImage(reference()).astype("<i2")
-    header = ("ObjectType = Image\nNDims = 3\nTransformMatrix = 1 0 0 0.34202 0.93969 0 0 0 1\n"
-              "Offset = -40.5 12.25 7\nElementSpacing = 1.6 1.4 8\nDimSize = 36 40 4\nElementType = MET_SHORT\n"
-              "ElementDataFile = LOCAL\n")
+    header = (
+        "ObjectType = Image\nNDims = 3\nTransformMatrix = 1 0 0 0.34202 0.93969 0 0 0 1\n"
+        "Offset = -40.5 12.25 7\nElementSpacing = 1.6 1.4 8\nDimSize = 36 40 4\nElementType = MET_SHORT\n"
+        "ElementDataFile = LOCAL\n"
+    )
     path.write_bytes(header.encode() + a.tobytes())
     return path
 
@@ -278,13 +325,26 @@ def _nifti(path: Path, edit) -> Path:
 
 def _srow(head: bytearray, i: int, j: int, value: float) -> None:
     at = 280 + 16 * i + 4 * j
-    head[at:at + 4] = struct.pack("<f", value)
+    head[at : at + 4] = struct.pack("<f", value)
 
 
-@pytest.mark.parametrize("case", ["no-pixel-spacing-series", "no-pixel-spacing-file", "one-slice-file",
-                                  "one-slice-folder", "iop-not-unit", "iop-skewed", "nrrd-skewed", "mha-skewed",
-                                  "nifti-sform-skewed", "nifti-sform-scaled", "nifti-vox-offset-0",
-                                  "nifti-vox-offset-inside"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "no-pixel-spacing-series",
+        "no-pixel-spacing-file",
+        "one-slice-file",
+        "one-slice-folder",
+        "iop-not-unit",
+        "iop-skewed",
+        "nrrd-skewed",
+        "mha-skewed",
+        "nifti-sform-skewed",
+        "nifti-sform-scaled",
+        "nifti-vox-offset-0",
+        "nifti-vox-offset-inside",
+    ],
+)
 def test_what_cannot_be_placed_faithfully_is_refused_naming_the_field(tmp_path, tiny_bundle, capsys, case):
     img = reference()
     if case == "no-pixel-spacing-series":
@@ -329,8 +389,12 @@ def test_missing_dicom_spacings_may_be_given_by_the_user(tmp_path, tiny_bundle):
 
 
 @settings(max_examples=40, deadline=None)
-@given(axis=st.tuples(*[st.floats(-1, 1) for _ in range(3)]).filter(lambda v: np.linalg.norm(v) > 0.1),
-       angle=st.floats(-3.1, 3.1), skew=st.floats(-3e-4, 3e-4), stretch=st.floats(1 - 3e-4, 1 + 3e-4))
+@given(
+    axis=st.tuples(*[st.floats(-1, 1) for _ in range(3)]).filter(lambda v: np.linalg.norm(v) > 0.1),
+    angle=st.floats(-3.1, 3.1),
+    skew=st.floats(-3e-4, 3e-4),
+    stretch=st.floats(1 - 3e-4, 1 + 3e-4),
+)
 def test_a_direction_is_accepted_exactly_when_orthonormal_within_the_tolerance(axis, angle, skew, stretch):
     from cardseg.io.limits import DIRECTION_TOLERANCE, nearest_orthonormal
 

@@ -38,8 +38,9 @@ class StandInGraph:
     def __call__(self, image):
         assert tuple(image.shape) == self.shape, "a graph only ever sees the shape it was captured for"
         primary, reference, steps, k, mode, schedule, tac_steps = self.args
-        return run_trajectory(primary, image, steps, k, reference=reference, mode=mode, schedule=schedule,
-                              tac_steps=tac_steps)
+        return run_trajectory(
+            primary, image, steps, k, reference=reference, mode=mode, schedule=schedule, tac_steps=tac_steps
+        )
 
 
 def _nets(seed=0):
@@ -61,10 +62,12 @@ def test_short_batches_are_padded_and_sliced_back_to_the_eager_result(mode, tac_
     sched = CategoricalSchedule()
     x = torch.rand(8, 1, 32, 32)
     for b in (8, 3, 1):  # a full batch first, then two shorter ones: the same graph serves all three
-        got = gpu_exec.run_graphed(p, r, x[:b], STEPS, K, mode=mode, schedule=sched, tac_steps=tac_steps,
-                                   batch_size=8, factory=StandInGraph)
-        want = run_trajectory(p, x[:b], STEPS, K, reference=r if mode == "card" else None, mode=mode,
-                              schedule=sched, tac_steps=tac_steps)
+        got = gpu_exec.run_graphed(
+            p, r, x[:b], STEPS, K, mode=mode, schedule=sched, tac_steps=tac_steps, batch_size=8, factory=StandInGraph
+        )
+        want = run_trajectory(
+            p, x[:b], STEPS, K, reference=r if mode == "card" else None, mode=mode, schedule=sched, tac_steps=tac_steps
+        )
         assert got.logits.shape == (b, K, 32, 32)
         torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-5)
         if mode == "card":
@@ -84,8 +87,9 @@ def test_one_graph_per_mode_grid_and_reference():
     _, r2 = _nets(seed=1)
     x = torch.rand(4, 1, 32, 32)
     for ref, mode, grid in ((r, "card", 32), (r, "card", 32), (r, "uc", 32), (r2, "card", 32), (r, "card", 16)):
-        gpu_exec.run_graphed(p, ref, torch.rand(2, 1, grid, grid), STEPS, K, mode=mode, batch_size=4,
-                             factory=StandInGraph)
+        gpu_exec.run_graphed(
+            p, ref, torch.rand(2, 1, grid, grid), STEPS, K, mode=mode, batch_size=4, factory=StandInGraph
+        )
     assert len(StandInGraph.built) == 4
     gpu_exec.run_graphed(p, r, x, STEPS, K, mode="card", batch_size=4, factory=StandInGraph)
     assert len(StandInGraph.built) == 4
@@ -117,8 +121,9 @@ def test_a_graph_is_captured_once_its_grid_serves_a_second_volume(monkeypatch):
     x = torch.rand(3, 1, 32, 32)
 
     def call(volume, mode="card", grid=32):
-        return gpu_exec.run_graphed(p, r, torch.rand(3, 1, grid, grid), STEPS, K, mode=mode, batch_size=4,
-                                    volume=volume, factory=StandInGraph)
+        return gpu_exec.run_graphed(
+            p, r, torch.rand(3, 1, grid, grid), STEPS, K, mode=mode, batch_size=4, volume=volume, factory=StandInGraph
+        )
 
     assert gpu_exec.cuda_graphs_mode() == "reuse"
     assert call(10) is None and call(10) is None  # two batches of the first volume: eager
@@ -126,8 +131,12 @@ def test_a_graph_is_captured_once_its_grid_serves_a_second_volume(monkeypatch):
     got = call(11)  # the same grid in another volume: captured and replayed
     assert got is not None and len(StandInGraph.built) == 1
     want = run_trajectory(p, x, STEPS, K, reference=r, mode="card")
-    torch.testing.assert_close(gpu_exec.run_graphed(p, r, x, STEPS, K, mode="card", batch_size=4, volume=10,
-                                                    factory=StandInGraph).logits, want.logits, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        gpu_exec.run_graphed(p, r, x, STEPS, K, mode="card", batch_size=4, volume=10, factory=StandInGraph).logits,
+        want.logits,
+        rtol=1e-5,
+        atol=1e-5,
+    )
     assert len(StandInGraph.built) == 1  # once captured, every volume replays it, the first one too
     # another key (mode, grid) keeps its own count
     assert call(11, mode="uc") is None and call(12, grid=16) is None
@@ -138,8 +147,9 @@ def test_a_graph_is_captured_once_its_grid_serves_a_second_volume(monkeypatch):
     monkeypatch.setenv(gpu_exec.GRAPHS_ENV, "always")
     assert gpu_exec.cuda_graphs_mode() == "always"
     p2, _ = _nets(seed=2)
-    assert gpu_exec.run_graphed(p2, r, x, STEPS, K, mode="card", batch_size=4, volume=20,
-                                factory=StandInGraph) is not None
+    assert (
+        gpu_exec.run_graphed(p2, r, x, STEPS, K, mode="card", batch_size=4, volume=20, factory=StandInGraph) is not None
+    )
     assert len(StandInGraph.built) == 4
 
 
@@ -226,8 +236,15 @@ def test_a_real_cuda_graph_gives_the_eager_outputs(mode):
 _HAVE_ONNX = importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
 
 
-@pytest.mark.parametrize("backend", ["torch", pytest.param("onnx", marks=pytest.mark.skipif(
-    not _HAVE_ONNX, reason="needs onnxruntime and onnx (the [speed] extra)"))])
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "torch",
+        pytest.param(
+            "onnx", marks=pytest.mark.skipif(not _HAVE_ONNX, reason="needs onnxruntime and onnx (the [speed] extra)")
+        ),
+    ],
+)
 def test_logits_and_tac_come_back_as_if_resampled_one_by_one(tiny_bundle, backend):
     """``trajectory_on_slices`` resamples a batch's logits and TAC in one call: each equals the
     batch's own trajectory resampled on its own (11 slices at batch 4: a short last batch)."""
@@ -242,11 +259,19 @@ def test_logits_and_tac_come_back_as_if_resampled_one_by_one(tiny_bundle, backen
     x = resample_to_network(slices, grid)
     fov = grid.field_of_view()
     for start in range(0, 11, 4):
-        xb = x[start:start + 4] if bundle.takes_numpy else torch.from_numpy(x[start:start + 4])
-        res = run_trajectory(bundle.primary, xb, bundle.sampled_steps, bundle.num_classes, reference=bundle.reference,
-                             mode="card", schedule=bundle.schedule, tac_steps=bundle.tac_steps)
+        xb = x[start : start + 4] if bundle.takes_numpy else torch.from_numpy(x[start : start + 4])
+        res = run_trajectory(
+            bundle.primary,
+            xb,
+            bundle.sampled_steps,
+            bundle.num_classes,
+            reference=bundle.reference,
+            mode="card",
+            schedule=bundle.schedule,
+            tac_steps=bundle.tac_steps,
+        )
         logits = np.asarray(network_to_slices(res.logits, grid))
         tac = np.asarray(network_to_slices(res.tac[:, None], grid))[:, 0]
-        np.testing.assert_allclose(np.asarray(got.logits)[start:start + 4][:, :, fov], logits[:, :, fov], atol=1e-6)
-        np.testing.assert_allclose(np.asarray(got.tac)[start:start + 4][:, fov], tac[:, fov], atol=1e-7)
-        assert not np.asarray(got.tac)[start:start + 4][:, ~fov].any()
+        np.testing.assert_allclose(np.asarray(got.logits)[start : start + 4][:, :, fov], logits[:, :, fov], atol=1e-6)
+        np.testing.assert_allclose(np.asarray(got.tac)[start : start + 4][:, fov], tac[:, fov], atol=1e-7)
+        assert not np.asarray(got.tac)[start : start + 4][:, ~fov].any()

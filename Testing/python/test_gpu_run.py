@@ -36,17 +36,66 @@ from gpu import jobs as gpu_jobs  # noqa: E402
 def smoke(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gpu")
     pack, out = tmp / "pack", tmp / "out"
-    subprocess.run([sys.executable, str(GPU / "build_pack.py"), "--data", "synthetic", "--out", str(pack),
-                    "--input-size", "64", "--spacing", "3.0", "--no-wheels"], check=True, cwd=ROOT)
-    proc = subprocess.run([sys.executable, str(GPU / "run.py"), "--pack", str(pack), "--out", str(out), "--smoke",
-                           "--budget-s", "5", "--batch-size", "2"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+    subprocess.run(
+        [
+            sys.executable,
+            str(GPU / "build_pack.py"),
+            "--data",
+            "synthetic",
+            "--out",
+            str(pack),
+            "--input-size",
+            "64",
+            "--spacing",
+            "3.0",
+            "--no-wheels",
+        ],
+        check=True,
+        cwd=ROOT,
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(GPU / "run.py"),
+            "--pack",
+            str(pack),
+            "--out",
+            str(out),
+            "--smoke",
+            "--budget-s",
+            "5",
+            "--batch-size",
+            "2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     sweep = tmp / "sweep"  # the capacity-sweep references and the Dual control's second member, a call of their own
-    proc = subprocess.run([sys.executable, str(GPU / "run.py"), "--pack", str(pack), "--out", str(sweep), "--smoke",
-                           "--budget-s", "3", "--batch-size", "2", "--no-checks", "--jobs",
-                           "reference_unet_micro,reference_unet_small,deterministic_b,primary_focus,primary_focus_all"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(GPU / "run.py"),
+            "--pack",
+            str(pack),
+            "--out",
+            str(sweep),
+            "--smoke",
+            "--budget-s",
+            "3",
+            "--batch-size",
+            "2",
+            "--no-checks",
+            "--jobs",
+            "reference_unet_micro,reference_unet_small,deterministic_b,primary_focus,primary_focus_all",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return pack, out, tmp, sweep
 
@@ -69,7 +118,7 @@ def test_run_returns_what_the_device_allows(smoke):
     files = sorted(p for p in out.iterdir())
     assert all(p.is_file() for p in files)
     assert len(files) <= 8, [p.name for p in files]
-    assert all(p.stat().st_size < 16 * 2 ** 20 for p in files)
+    assert all(p.stat().st_size < 16 * 2**20 for p in files)
     # a smoke run saves one checkpoint per job: only the first of a reference's files is written
     expected = {"engine.json", "log.jsonl"} | {gpu_jobs.JOB_FILES[job][0] for job in gpu_jobs.DEFAULT_JOBS}
     assert expected <= {p.name for p in files}
@@ -139,18 +188,25 @@ def test_lr_follows_the_time_budget():
 
 
 def test_missing_pack_is_one_line_exit_2(tmp_path):
-    proc = subprocess.run([sys.executable, str(GPU / "run.py"), "--pack", str(tmp_path / "nope"), "--out",
-                           str(tmp_path / "o")], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(GPU / "run.py"), "--pack", str(tmp_path / "nope"), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "pack.json" in proc.stderr
 
 
 def test_reference_sweep_grid_and_heat_map(tmp_path):
     choose = _load("choose_reference")
-    rows = {"reference-unet-s500": {"card_nll": 0.31, "parameters": 162_000},
-            "reference-unet-s2000": {"card_nll": 0.29, "parameters": 162_000},
-            "reference-mini-s500": {"card_nll": 0.33, "parameters": 1_640_000},
-            "reference-micro-s2000": {"card_nll": 0.30, "parameters": 41_000}, "not-a-candidate": {"card_nll": 0.1}}
+    rows = {
+        "reference-unet-s500": {"card_nll": 0.31, "parameters": 162_000},
+        "reference-unet-s2000": {"card_nll": 0.29, "parameters": 162_000},
+        "reference-mini-s500": {"card_nll": 0.33, "parameters": 1_640_000},
+        "reference-micro-s2000": {"card_nll": 0.30, "parameters": 41_000},
+        "not-a-candidate": {"card_nll": 0.1},
+    }
     caps, steps, grid = choose.sweep_grid(rows)
     assert caps == ["micro", "unet", "mini"] and steps == [500, 2000]  # by capacity, then by length
     assert np.isnan(grid[0, 0]) and grid[1, 1] == 0.29 and grid[2, 0] == 0.33 and np.isnan(grid[2, 1])
@@ -176,16 +232,24 @@ def test_cached_primary_pass_gives_the_trajectorys_own_tac(tmp_path):
     lab = np.zeros((3, 32, 32), np.int64)
     lab[:, 10:20, 12:22] = rng.integers(1, 4, (3, 10, 10))
     steps = default_sampling_steps(50, 5)
-    items = choose.primary_pass(primary, [("p1", lab)], {("p1", "clean"): img}, ["clean"], steps, max_pixels=200,
-                                batch_size=2)
+    items = choose.primary_pass(
+        primary, [("p1", lab)], {("p1", "clean"): img}, ["clean"], steps, max_pixels=200, batch_size=2
+    )
     path = tmp_path / "c" / "primary.npz"
     key = {"primary": "abc", "steps": steps}
     choose.save_items(items, path, key)
     assert choose.load_items(path, {**key, "primary": "other"}) is None  # other settings: not reused
     items = choose.load_items(path, key)
     pool = choose.candidate_pool(reference, items, {("p1", "clean"): img}, steps, batch_size=2)
-    res = run_trajectory(primary, torch.from_numpy(img)[:, None], steps, 4, reference=reference, mode="card",
-                         schedule=CategoricalSchedule(50))
+    res = run_trajectory(
+        primary,
+        torch.from_numpy(img)[:, None],
+        steps,
+        4,
+        reference=reference,
+        mode="card",
+        schedule=CategoricalSchedule(50),
+    )
     px = items[0]["pixels"]
     assert px.size == 200 and len(np.unique(px)) == 200
     np.testing.assert_allclose(pool[0].tac, res.tac.numpy().reshape(-1)[px], atol=1e-6)
@@ -207,13 +271,28 @@ def test_sweep_reuses_the_primary_pass_and_merges_an_earlier_choice(smoke, tmp_p
     assert json.loads((tmp_path / "runs" / "primary" / "config.json").read_text())["p_focus"] == 0.0
     refs = sorted(str(r) for r in runs if r.name.startswith("reference-"))
     assert len(refs) >= 2
-    args = ["--primary", str(tmp_path / "runs" / "primary"), "--pack", str(pack), "--variants", "clean",
-            "--cache", str(tmp_path / "cache"), "--batch-size", "8"]
+    args = [
+        "--primary",
+        str(tmp_path / "runs" / "primary"),
+        "--pack",
+        str(pack),
+        "--variants",
+        "clean",
+        "--cache",
+        str(tmp_path / "cache"),
+        "--batch-size",
+        "8",
+    ]
     assert choose.main(args + ["--candidates", refs[0], "--out", str(tmp_path / "first.json")]) == 0
     assert list((tmp_path / "cache").glob("primary-*.npz"))
     capsys.readouterr()
-    assert choose.main(args + ["--candidates", refs[1], "--merge", str(tmp_path / "first.json"),
-                               "--out", str(tmp_path / "both.json")]) == 0
+    assert (
+        choose.main(
+            args
+            + ["--candidates", refs[1], "--merge", str(tmp_path / "first.json"), "--out", str(tmp_path / "both.json")]
+        )
+        == 0
+    )
     assert "from " in capsys.readouterr().out  # the primary did not run again
     first = json.loads((tmp_path / "first.json").read_text())["candidates"]
     both = json.loads((tmp_path / "both.json").read_text())
@@ -234,8 +313,9 @@ def test_the_gpu_runs_focused_inputs_match_the_recipe():
     lab = torch.zeros(64, 32, 32, dtype=torch.long)
     lab[:, 8:20, 6:16] = 3
     steps = [49, 37, 24, 12, 0]
-    img, x_t, t = noisy_inputs(sched, torch.rand(64, 1, 32, 32), lab, k, p_uniform=0.0, p_uncond=0.0,
-                               p_focus=1.0, focus_steps=steps)
+    img, x_t, t = noisy_inputs(
+        sched, torch.rand(64, 1, 32, 32), lab, k, p_uniform=0.0, p_uncond=0.0, p_focus=1.0, focus_steps=steps
+    )
     assert set(t.tolist()) <= set(steps) and (t == 49).any()
     assert torch.allclose(x_t[t == 49], torch.full_like(x_t[t == 49], 0.25))
     assert set(x_t[t != 49].unique().tolist()) <= {0.0, 1.0}

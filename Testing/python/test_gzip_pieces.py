@@ -49,8 +49,10 @@ def test_pieces_cost_little_size_against_one_stream(tmp_path, monkeypatch):
     written._gzip_file(tmp_path / "x.raw", tmp_path / "x.gz")
     primed = (tmp_path / "x.gz").stat().st_size
     one = len(gzip.compress(data, compresslevel=written.GZIP_LEVEL, mtime=0))
-    pieces = [data[i:i + written.PIECE_BYTES] for i in range(0, len(data), written.PIECE_BYTES)]
-    unprimed = sum(len(written._deflate(p, b"", written.GZIP_LEVEL, i == len(pieces) - 1)) for i, p in enumerate(pieces))
+    pieces = [data[i : i + written.PIECE_BYTES] for i in range(0, len(data), written.PIECE_BYTES)]
+    unprimed = sum(
+        len(written._deflate(p, b"", written.GZIP_LEVEL, i == len(pieces) - 1)) for i, p in enumerate(pieces)
+    )
     assert primed <= 1.03 * one and primed < 0.7 * unprimed  # 19 pieces: their block ends cost 1 %
 
 

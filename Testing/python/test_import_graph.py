@@ -28,15 +28,17 @@ AREAS: Dict[str, List[Tuple[Path, str]]] = {
     "training": [(ROOT / "Training", "cardseg_train"), (ROOT / "Training", "gpu")],
 }
 
-MAX_LINES = 450
+#: counted as ``ruff format`` lays the code out (its one argument a line in long calls adds about
+#: a third to what the hand-wrapped code had at 450)
+MAX_LINES = 650
 
 #: the engine's layers, lowest first: a module may import its own layer and the layers listed
 #: for it, nothing else (``cardseg/__init__.py`` holds only the version and belongs to ``base``)
 ENGINE_LAYERS: Dict[str, Set[str]] = {
-    "base": set(),                       # errors, progress, file helpers, shared option checks
-    "method": {"base"},                  # the paper: diffusion, trajectory, calibrators, networks
-    "metrics": {"base", "method"},       # segmentation and calibration metrics of the method's outputs
-    "io": {"base"},                      # formats, headers, DICOM, volume, slice grid, output folders
+    "base": set(),  # errors, progress, file helpers, shared option checks
+    "method": {"base"},  # the paper: diffusion, trajectory, calibrators, networks
+    "metrics": {"base", "method"},  # segmentation and calibration metrics of the method's outputs
+    "io": {"base"},  # formats, headers, DICOM, volume, slice grid, output folders
     "bundle": {"base", "method", "metrics", "io"},
     "review": {"base", "method", "metrics", "io", "bundle"},
     "segment": {"base", "method", "metrics", "io", "bundle", "review"},
@@ -98,8 +100,7 @@ def find_modules() -> Dict[str, Module]:
                 if any(p.startswith(".") or p == "__pycache__" for p in parts):
                     continue
                 name = ".".join(parts)
-                modules[name] = Module(name, path, is_package, area,
-                                       len(path.read_text(encoding="utf-8").splitlines()))
+                modules[name] = Module(name, path, is_package, area, len(path.read_text(encoding="utf-8").splitlines()))
     return modules
 
 
@@ -271,8 +272,9 @@ def test_the_graph_reads_lazy_relative_and_submodule_imports(tmp_path, monkeypat
     modules = find_modules()
     imports = read_imports(modules)
     assert find_cycles(import_graph(imports)) == [["pkg.a", "pkg.sub.b", "pkg.a"]]
-    assert [(i.source, i.target, i.names) for i in imports if i.names == ["_hidden"]] == [("pkg.sub.b", "pkg",
-                                                                                           ["_hidden"])]
+    assert [(i.source, i.target, i.names) for i in imports if i.names == ["_hidden"]] == [
+        ("pkg.sub.b", "pkg", ["_hidden"])
+    ]
 
 
 @pytest.mark.parametrize("area", list(AREAS))
@@ -294,11 +296,15 @@ def test_engine_arrows_point_down(project):
             continue
         target = engine_layer(imp.target)
         if layer == "unknown" or target == "unknown":
-            wrong.append(f"{imp.source}:{imp.lineno} -> {imp.target}: a module outside the declared layers "
-                         "(add its package to ENGINE_LAYERS)")
+            wrong.append(
+                f"{imp.source}:{imp.lineno} -> {imp.target}: a module outside the declared layers "
+                "(add its package to ENGINE_LAYERS)"
+            )
         elif target != layer and target not in ENGINE_LAYERS[layer]:
-            wrong.append(f"{imp.source}:{imp.lineno} ({layer}) imports {imp.target} ({target}), a layer above "
-                         f"or beside it; {layer} may import {', '.join(sorted(ENGINE_LAYERS[layer])) or 'nothing'}")
+            wrong.append(
+                f"{imp.source}:{imp.lineno} ({layer}) imports {imp.target} ({target}), a layer above "
+                f"or beside it; {layer} may import {', '.join(sorted(ENGINE_LAYERS[layer])) or 'nothing'}"
+            )
     assert not wrong, "engine imports against the layers:\n" + "\n".join("  " + w for w in sorted(wrong))
 
 
@@ -314,13 +320,16 @@ def test_no_private_name_from_another_module(project, area):
             private.append(f"module {imp.target}")
         if private:
             wrong.append(f"{imp.source}:{imp.lineno} takes {', '.join(private)} from {imp.target}")
-    assert not wrong, (f"private names imported across modules in the {area} (make them public where they "
-                       "are shared, or move them):\n" + "\n".join("  " + w for w in sorted(wrong)))
+    assert not wrong, (
+        f"private names imported across modules in the {area} (make them public where they "
+        "are shared, or move them):\n" + "\n".join("  " + w for w in sorted(wrong))
+    )
 
 
 @pytest.mark.parametrize("area", list(AREAS))
 def test_no_module_above_the_size_limit(project, area):
     modules, _ = project
     long = sorted((m.lines, m.name) for m in modules.values() if m.area == area and m.lines > MAX_LINES)
-    assert not long, (f"modules above {MAX_LINES} lines in the {area}:\n"
-                      + "\n".join(f"  {name}: {lines}" for lines, name in long[::-1]))
+    assert not long, f"modules above {MAX_LINES} lines in the {area}:\n" + "\n".join(
+        f"  {name}: {lines}" for lines, name in long[::-1]
+    )

@@ -66,8 +66,9 @@ def test_coverage_and_width_on_gaussian_errors_match_theory(level):
 def test_coverage_holds_for_a_skewed_shape_learnt_from_a_rescaled_pool():
     """The pool comes from other sources (another location and scale): only its shape is used."""
     rng = np.random.default_rng(5)
-    pool = ii.standardised_pool({"train": 0.3 * rng.gamma(2.0, size=400) - 7.0,
-                                 "perturbed": 4.0 * rng.gamma(2.0, size=300) + 1.0})
+    pool = ii.standardised_pool(
+        {"train": 0.3 * rng.gamma(2.0, size=400) - 7.0, "perturbed": 4.0 * rng.gamma(2.0, size=300) + 1.0}
+    )
     draw = lambda r, k: 3.0 * (r.gamma(2.0, size=k) - 2.0) - 1.0  # noqa: E731  (same shape, other mu, sigma)
     cover, _ = simulate(draw, 10, 0.9, ii.pivot_quantile(pool, 10, 0.9), trials=2000, seed=6)
     assert abs(cover - 0.9) < 0.035
@@ -135,8 +136,10 @@ def test_split_check_recovers_coverage_and_width_of_a_known_distribution():
     plain = ii.split_check(hetero, shape, n, 0.9, repeats=400, seed=1)
     assert abs(plain["coverage"] - 0.9) < 0.05
     small, large = u < np.median(u), u >= np.median(u)
-    by_u = [ii.split_check(hetero[m], shape, n, 0.9, unit_scale=u[m], repeats=200, seed=2)["coverage"]
-            for m in (small, large)]
+    by_u = [
+        ii.split_check(hetero[m], shape, n, 0.9, unit_scale=u[m], repeats=200, seed=2)["coverage"]
+        for m in (small, large)
+    ]
     assert by_u == pytest.approx([0.9, 0.9], abs=0.04)
     with pytest.raises(ValueError, match="split check"):
         ii.split_check(e[:11], shape, n, 0.9)
@@ -155,10 +158,21 @@ def test_leave_one_out_with_a_unit_scale_by_hand():
 # --------------------------------------------------------------------------------------------
 # categories
 # --------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("ef, name", [
-    (0.0, "reduced"), (40.0, "reduced"), (40.49, "reduced"), (40.5, "mildly reduced"), (41.0, "mildly reduced"),
-    (49.0, "mildly reduced"), (49.49, "mildly reduced"), (49.5, "preserved"), (50.0, "preserved"),
-    (100.0, "preserved")])
+@pytest.mark.parametrize(
+    "ef, name",
+    [
+        (0.0, "reduced"),
+        (40.0, "reduced"),
+        (40.49, "reduced"),
+        (40.5, "mildly reduced"),
+        (41.0, "mildly reduced"),
+        (49.0, "mildly reduced"),
+        (49.49, "mildly reduced"),
+        (49.5, "preserved"),
+        (50.0, "preserved"),
+        (100.0, "preserved"),
+    ],
+)
 def test_lvef_category_at_the_thresholds(ef, name):
     assert cat.lvef_category(ef) == name
 
@@ -169,15 +183,18 @@ def test_whole_percent_rounds_half_up():
         cat.whole_percent(float("nan"))
 
 
-@pytest.mark.parametrize("low, high, label, straddles", [
-    (38.2, 46.0, "LVEF 38-46%: reduced or mildly reduced", True),
-    (35.0, 40.49, "LVEF 35-40%: reduced", False),
-    (35.0, 40.5, "LVEF 35-41%: reduced or mildly reduced", True),
-    (41.0, 49.4, "LVEF 41-49%: mildly reduced", False),
-    (44.0, 49.5, "LVEF 44-50%: mildly reduced or preserved", True),
-    (30.0, 70.0, "LVEF 30-70%: reduced, mildly reduced or preserved", True),
-    (55.2, 55.4, "LVEF 55%: preserved", False),
-])
+@pytest.mark.parametrize(
+    "low, high, label, straddles",
+    [
+        (38.2, 46.0, "LVEF 38-46%: reduced or mildly reduced", True),
+        (35.0, 40.49, "LVEF 35-40%: reduced", False),
+        (35.0, 40.5, "LVEF 35-41%: reduced or mildly reduced", True),
+        (41.0, 49.4, "LVEF 41-49%: mildly reduced", False),
+        (44.0, 49.5, "LVEF 44-50%: mildly reduced or preserved", True),
+        (30.0, 70.0, "LVEF 30-70%: reduced, mildly reduced or preserved", True),
+        (55.2, 55.4, "LVEF 55%: preserved", False),
+    ],
+)
 def test_interval_label_and_straddling(low, high, label, straddles):
     assert cat.category_label(low, high) == label
     assert cat.straddles(low, high) is straddles

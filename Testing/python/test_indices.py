@@ -20,8 +20,16 @@ from conftest import ACDC, assert_figure
 
 NAMES = ["background", "RV", "MYO", "LV"]
 #: a fitted model per index: relative errors for volumes and mass, points for EF
-MODELS = {n: {"bias": 0.01 if n in ix.RELATIVE else 0.5, "sd": 0.05 if n in ix.RELATIVE else 3.0, "pivot": 2.0,
-              "half_width": 0.1 if n in ix.RELATIVE else 6.0, "n": 10} for n in ix.INDEX_NAMES}
+MODELS = {
+    n: {
+        "bias": 0.01 if n in ix.RELATIVE else 0.5,
+        "sd": 0.05 if n in ix.RELATIVE else 3.0,
+        "pivot": 2.0,
+        "half_width": 0.1 if n in ix.RELATIVE else 6.0,
+        "n": 10,
+    }
+    for n in ix.INDEX_NAMES
+}
 
 
 # --------------------------------------------------------------------------------------------
@@ -44,8 +52,19 @@ def test_indices_formulas():
     es = {"LV": 60.0, "RV": 80.0, "MYO": 110.0}
     out = ix.cardiac_indices(ed, es)
     assert list(out) == list(ix.INDEX_NAMES)
-    assert out == pytest.approx({"LVEDV_ml": 150, "LVESV_ml": 60, "LVSV_ml": 90, "LVEF": 60.0, "RVEDV_ml": 160,
-                                 "RVESV_ml": 80, "RVSV_ml": 80, "RVEF": 50.0, "LVM_g": 105.0})
+    assert out == pytest.approx(
+        {
+            "LVEDV_ml": 150,
+            "LVESV_ml": 60,
+            "LVSV_ml": 90,
+            "LVEF": 60.0,
+            "RVEDV_ml": 160,
+            "RVESV_ml": 80,
+            "RVSV_ml": 80,
+            "RVEF": 50.0,
+            "LVM_g": 105.0,
+        }
+    )
     assert math.isnan(ix.cardiac_indices({"LV": 0.0, "RV": 1.0, "MYO": 1.0}, es)["LVEF"])
 
 
@@ -95,16 +114,19 @@ def test_volume_spread_by_hand():
     p[1, 2, 2] = [0.9, 0.1]
     assert ix.volume_spread(labels, p, np.zeros_like(d), spacing, 0.1) == pytest.approx([0.001, 0.001])
     # certain voxels carry no spread, wherever the disagreement is
-    assert ix.volume_spread(labels, _onehot(labels, 2), np.full((2, 4, 4), 0.6, np.float32), spacing, 0.1) \
-        == pytest.approx([0.0, 0.0])
+    assert ix.volume_spread(
+        labels, _onehot(labels, 2), np.full((2, 4, 4), 0.6, np.float32), spacing, 0.1
+    ) == pytest.approx([0.0, 0.0])
 
 
 # --------------------------------------------------------------------------------------------
 # intervals from a fitted block
 # --------------------------------------------------------------------------------------------
 def _block(models=MODELS, volumes=None):
-    config = {"calibration": {"method": "card", "tau_min": 1.0, "tau_max": 3.0, "w_b": 0.1, "w_k": 0.05},
-              "networks": {}}
+    config = {
+        "calibration": {"method": "card", "tau_min": 1.0, "tau_max": 3.0, "w_b": 0.1, "w_k": 0.05},
+        "networks": {},
+    }
     return ix.make_block(config, models, 0.9, 0.1, volumes=volumes)
 
 
@@ -179,14 +201,22 @@ def test_fit_block_and_measure_on_a_synthetic_problem():
             ed = {"LV": rng.uniform(100, 200), "RV": rng.uniform(100, 200), "MYO": rng.uniform(60, 120)}
             es = {"LV": ed["LV"] * rng.uniform(0.3, 0.6), "RV": ed["RV"] * rng.uniform(0.3, 0.6), "MYO": ed["MYO"]}
             values = ix.cardiac_indices(ed, es)
-            truth = {n_: (v * (1 + scale * 0.05 * rng.standard_normal()) if n_ in ix.RELATIVE
-                          else v + 1.0 + scale * 3.0 * rng.standard_normal()) for n_, v in values.items()}
+            truth = {
+                n_: (
+                    v * (1 + scale * 0.05 * rng.standard_normal())
+                    if n_ in ix.RELATIVE
+                    else v + 1.0 + scale * 3.0 * rng.standard_normal()
+                )
+                for n_, v in values.items()
+            }
             out.append(Subject(f"{group}{i}", values, truth, {n_: 1.0 for n_ in ix.INDEX_NAMES}, group))
         return out
 
     val, pool, test = subjects(120, 1.0, "val"), subjects(60, 0.3, "train:clean"), subjects(2000, 1.0, "test")
-    config = {"calibration": {"method": "card", "tau_min": 1.0, "tau_max": 3.0, "w_b": 0.1, "w_k": 0.05},
-              "networks": {}}
+    config = {
+        "calibration": {"method": "card", "tau_min": 1.0, "tau_max": 3.0, "w_b": 0.1, "w_k": 0.05},
+        "networks": {},
+    }
     block = fit_block(val, pool, config, 0.8, 0.1, {"split": "val"})
     assert block["fit"]["subjects"] == 120 and block["fit"]["pool_subjects"] == {"train:clean": 60}
     assert block["models"]["LVEF"]["errors"] == "absolute" and block["models"]["LVEDV_ml"]["errors"] == "relative"
@@ -203,8 +233,13 @@ def test_fit_block_and_measure_on_a_synthetic_problem():
 def _rows(errors, widths=None):
     """Measurement rows with LVEF errors ``value - truth`` and interval widths (centred on the value)."""
     widths = widths if widths is not None else [4.0] * len(errors)
-    return [{"patient": f"p{i:02d}", "LVEF": {"value": 50.0 + d, "truth": 50.0, "low": 50.0 + d - w / 2,
-                                               "high": 50.0 + d + w / 2}} for i, (d, w) in enumerate(zip(errors, widths))]
+    return [
+        {
+            "patient": f"p{i:02d}",
+            "LVEF": {"value": 50.0 + d, "truth": 50.0, "low": 50.0 + d - w / 2, "high": 50.0 + d + w / 2},
+        }
+        for i, (d, w) in enumerate(zip(errors, widths))
+    ]
 
 
 def test_mae_bootstrap_interval_and_paired_difference_by_hand():
@@ -255,10 +290,18 @@ def test_spread_threshold_is_a_tac_value():
     assert ix.spread_tac_threshold({"regions": {"map": "tac", "flag_threshold": 0.12}}) == 0.12
     for other in ("error_probability", "tac_flips"):
         assert ix.spread_tac_threshold({"regions": {"map": other, "flag_threshold": 0.2}}) == ix.SPREAD_TAC_THRESHOLD
-    assert ix.spread_tac_threshold({"regions": {"map": "tac_flips", "flag_threshold": 0.2},
-                                    "indices": {"spread": {"flag_threshold": 0.06}}}) == 0.06
-    assert ix.spread_tac_threshold({"regions": {"map": "tac", "flag_threshold": 0.12},
-                                    "indices": {"spread": {"flag_threshold": 0.06}}}) == 0.06
+    assert (
+        ix.spread_tac_threshold(
+            {"regions": {"map": "tac_flips", "flag_threshold": 0.2}, "indices": {"spread": {"flag_threshold": 0.06}}}
+        )
+        == 0.06
+    )
+    assert (
+        ix.spread_tac_threshold(
+            {"regions": {"map": "tac", "flag_threshold": 0.12}, "indices": {"spread": {"flag_threshold": 0.06}}}
+        )
+        == 0.06
+    )
     assert ix.spread_tac_threshold({}) == ix.SPREAD_TAC_THRESHOLD
     assert 0.0 < ix.SPREAD_TAC_THRESHOLD < math.log(2)
     # the shipped bundle: its spread uses the threshold its indices were fitted with
@@ -280,17 +323,40 @@ def folders(tmp_path_factory, tiny_bundle):
     for phase, seed in (("ed", 11), ("es", 12)):
         vol, _ = synthetic_cine_volume(shape=(3, 72, 64), spacing=(1.6, 1.4, 8.0), seed=seed)
         sitk.WriteImage(vol.to_image(), str(root / f"{phase}.nii.gz"))
-        assert main(["segment", str(root / f"{phase}.nii.gz"), "-o", str(root / phase), "--bundle", str(bundle),
-                     "--quiet"]) == 0
-    assert main(["segment", str(root / "es.nii.gz"), "-o", str(root / "uc"), "--bundle", str(bundle), "--quiet",
-                 "--method", "uc"]) == 0
+        assert (
+            main(
+                ["segment", str(root / f"{phase}.nii.gz"), "-o", str(root / phase), "--bundle", str(bundle), "--quiet"]
+            )
+            == 0
+        )
+    assert (
+        main(
+            [
+                "segment",
+                str(root / "es.nii.gz"),
+                "-o",
+                str(root / "uc"),
+                "--bundle",
+                str(bundle),
+                "--quiet",
+                "--method",
+                "uc",
+            ]
+        )
+        == 0
+    )
     return root, bundle
 
 
 def _fit_block_into(bundle, models=MODELS):
     cfg = read_config(bundle)
-    block = ix.make_block(cfg, models, 0.9, cfg["regions"]["flag_threshold"],
-                          fit={"split": "synthetic", "subjects": 0, "date": "2026-01-01"})
+    block = ix.make_block(
+        cfg,
+        models,
+        0.9,
+        cfg["regions"]["flag_threshold"],
+        fit={"split": "synthetic", "subjects": 0, "date": "2026-01-01"},
+    )
     return update_config(bundle, {"indices": block})
 
 
@@ -378,10 +444,12 @@ def test_schema_checks_the_block(tiny_bundle, tmp_path):
     cfg = _fit_block_into(bundle)
     scales = cfg["indices"]["scales"]
     assert scales == {n: m["half_width"] for n, m in MODELS.items()}
-    for change, message in (({"nominal": 1.0}, "indices.nominal"),
-                            ({"scales": {**scales, "LVM_g": 0.0}}, "indices.scales.LVM_g"),
-                            ({"scales": {}}, "indices.scales must hold one scale per index family"),
-                            ({"spread": {"model": "x", "flag_threshold": 0.9}}, "indices.spread.flag_threshold")):
+    for change, message in (
+        ({"nominal": 1.0}, "indices.nominal"),
+        ({"scales": {**scales, "LVM_g": 0.0}}, "indices.scales.LVM_g"),
+        ({"scales": {}}, "indices.scales must hold one scale per index family"),
+        ({"spread": {"model": "x", "flag_threshold": 0.9}}, "indices.spread.flag_threshold"),
+    ):
         with pytest.raises(CardsegError, match=message):
             update_config(bundle, {"indices": {**cfg["indices"], **change}})
     assert read_config(bundle)["indices"]["scales"] == scales  # a refused change leaves the file as it was
@@ -400,8 +468,24 @@ def test_fit_indices_command(tiny_bundle, tmp_path, monkeypatch):
     # three patients (both frames) per split, the training pool included, keeps it quick
     monkeypatch.setattr(evaluation, "acdc_h5_volumes", lambda data, split, spacing=1.5: real(data, split, spacing)[:6])
     out = tmp_path / "measured"
-    assert main(["fit-indices", "--bundle", str(bundle), "--data", str(ACDC), "--level", "0.5",
-                 "--cache", str(tmp_path / "cache"), "--measure-test", str(out)]) == 0
+    assert (
+        main(
+            [
+                "fit-indices",
+                "--bundle",
+                str(bundle),
+                "--data",
+                str(ACDC),
+                "--level",
+                "0.5",
+                "--cache",
+                str(tmp_path / "cache"),
+                "--measure-test",
+                str(out),
+            ]
+        )
+        == 0
+    )
     block = read_config(bundle)["indices"]
     assert block["nominal"] == 0.5 and block["fit"]["split"] == "val" and block["fit"]["subjects"] == 3
     assert block["fit"]["pool_subjects"] == {"train:clean": 3} and block["method"] == ix.METHOD
@@ -415,20 +499,65 @@ def test_fit_indices_command(tiny_bundle, tmp_path, monkeypatch):
     # cached: a measurement with the stored fit runs without segmenting again
     n = len(list((tmp_path / "cache").rglob("*.npz")))
     assert n == 18  # 6 validation, 6 training (under cache/evidence), 6 test volumes
-    assert main(["fit-indices", "--bundle", str(bundle), "--data", str(ACDC), "--cache", str(tmp_path / "cache"),
-                 "--measure-test", str(out), "--no-fit"]) == 0
+    assert (
+        main(
+            [
+                "fit-indices",
+                "--bundle",
+                str(bundle),
+                "--data",
+                str(ACDC),
+                "--cache",
+                str(tmp_path / "cache"),
+                "--measure-test",
+                str(out),
+                "--no-fit",
+            ]
+        )
+        == 0
+    )
     assert len(list((tmp_path / "cache").rglob("*.npz"))) == n
     # measured again beside the first measurement: the same block on the same patients differs by nothing
     from cardseg_train.indices_fit import main as fit_main
 
     again = tmp_path / "again"
-    assert fit_main(["--bundle", str(bundle), "--data", str(ACDC), "--cache", str(tmp_path / "cache"), "--no-fit",
-                     "--measure-test", str(again), "--previous", str(out)]) == 0
+    assert (
+        fit_main(
+            [
+                "--bundle",
+                str(bundle),
+                "--data",
+                str(ACDC),
+                "--cache",
+                str(tmp_path / "cache"),
+                "--no-fit",
+                "--measure-test",
+                str(again),
+                "--previous",
+                str(out),
+            ]
+        )
+        == 0
+    )
     second = json.loads((again / "indices.json").read_text())
     lo, hi = second["indices"]["LVEF"]["mae_ci95"]
     assert lo <= second["indices"]["LVEF"]["mae"] <= hi
     diff = second["versus_previous"]["differences"]["LVEF"]
     assert diff["patients"] == 3 and diff["mae"]["difference"] == 0.0 and diff["mae"]["ci95"] == [0.0, 0.0]
     assert "Against the previous measurement" in (again / "indices.md").read_text()
-    assert fit_main(["--bundle", str(bundle), "--data", str(ACDC), "--no-fit", "--measure-test", str(again),
-                     "--previous", str(tmp_path / "nowhere")]) == 2
+    assert (
+        fit_main(
+            [
+                "--bundle",
+                str(bundle),
+                "--data",
+                str(ACDC),
+                "--no-fit",
+                "--measure-test",
+                str(again),
+                "--previous",
+                str(tmp_path / "nowhere"),
+            ]
+        )
+        == 2
+    )

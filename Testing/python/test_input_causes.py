@@ -14,8 +14,9 @@ import SimpleITK as sitk
 
 
 def cardseg(*args):
-    p = subprocess.run([sys.executable, "-m", "cardseg", *[str(a) for a in args]], capture_output=True, text=True,
-                       timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "cardseg", *[str(a) for a in args]], capture_output=True, text=True, timeout=300
+    )
     return p.returncode, p.stderr.strip()
 
 
@@ -39,8 +40,10 @@ def test_a_sheared_nifti_says_why_it_cannot_be_read(tmp_path):
     code, err = cardseg("segment", sheared_nifti(tmp_path / "shear.nii.gz"), "-o", tmp_path / "out")
     assert code == 2 and "\n" not in err
     # ITK refuses it ("only supports orthonormal direction cosines"); cardseg names the header's fault instead
-    assert err.startswith(f"cardseg: error: {tmp_path / 'shear.nii.gz'}: NIfTI sform (srow_x/y/z) is skewed: its axes "
-                          "are 18.4 degrees from orthogonal")
+    assert err.startswith(
+        f"cardseg: error: {tmp_path / 'shear.nii.gz'}: NIfTI sform (srow_x/y/z) is skewed: its axes "
+        "are 18.4 degrees from orthogonal"
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -55,8 +58,10 @@ def test_a_file_without_read_permission_says_so(tmp_path):
 def test_a_wrong_spacing_given_on_the_command_line_is_named_as_given(tmp_path):
     scan = small_nifti(tmp_path / "scan.nii.gz")
     code, err = cardseg("segment", scan, "-o", tmp_path / "out", "--spacing", "0,0")
-    assert (code, err) == (2, "cardseg: error: --spacing '0,0': axis i (x) 0 mm is outside the plausible range "
-                              "0.05-10 mm for MRI")
+    assert (code, err) == (
+        2,
+        "cardseg: error: --spacing '0,0': axis i (x) 0 mm is outside the plausible range 0.05-10 mm for MRI",
+    )
     code, err = cardseg("segment", scan, "-o", tmp_path / "out", "--spacing", "1.5,1.5,0")  # the header's z is fine
     assert code == 2 and "axis k (slice) 0 mm is outside" in err and "give the right one" not in err
     assert not (tmp_path / "out").exists()
@@ -84,8 +89,9 @@ def test_a_4d_image_without_a_frame_names_both_ways_to_choose_one(tmp_path):
     img = sitk.JoinSeries([sitk.ReadImage(str(small_nifti(tmp_path / f"f{i}.nii.gz"))) for i in range(3)])
     sitk.WriteImage(img, str(tmp_path / "cine.nii.gz"))
     code, err = cardseg("segment", tmp_path / "cine.nii.gz", "-o", tmp_path / "out")
-    assert code == 2 and err.endswith("4D image with 3 frames; choose one with --frame N or a batch manifest's "
-                                      "frame column (0..2)")
+    assert code == 2 and err.endswith(
+        "4D image with 3 frames; choose one with --frame N or a batch manifest's frame column (0..2)"
+    )
 
 
 def test_a_symbolic_link_loop_is_named_as_such(tmp_path):
@@ -93,5 +99,7 @@ def test_a_symbolic_link_loop_is_named_as_such(tmp_path):
     (tmp_path / "b.nii.gz").symlink_to(tmp_path / "a.nii.gz")
     for command in ("batch", "segment"):  # one wording for both
         code, err = cardseg(command, tmp_path / "a.nii.gz", "-o", tmp_path / "out")
-        assert (code, err) == (2, f"cardseg: error: {tmp_path / 'a.nii.gz'}: cannot be read (Too many levels of "
-                                  "symbolic links)")
+        assert (code, err) == (
+            2,
+            f"cardseg: error: {tmp_path / 'a.nii.gz'}: cannot be read (Too many levels of symbolic links)",
+        )

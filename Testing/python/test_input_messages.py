@@ -61,11 +61,15 @@ def test_nan_and_infinite_are_still_called_so(tmp_path, capsys, value):
 def _headers(tmp_path: Path, target: str) -> dict:
     """Image headers whose data file is ``target`` (a name in ``tmp_path`` or an absolute path)."""
     nhdr = tmp_path / "a.nhdr"
-    nhdr.write_text("NRRD0004\ntype: float\ndimension: 3\nsizes: 24 24 3\nspacings: 1.5 1.5 8\nencoding: raw\n"
-                    f"endian: little\ndata file: {target}\n")
+    nhdr.write_text(
+        "NRRD0004\ntype: float\ndimension: 3\nsizes: 24 24 3\nspacings: 1.5 1.5 8\nencoding: raw\n"
+        f"endian: little\ndata file: {target}\n"
+    )
     mhd = tmp_path / "b.mhd"
-    mhd.write_text("ObjectType = Image\nNDims = 3\nDimSize = 24 24 3\nElementSpacing = 1.5 1.5 8\n"
-                   f"ElementType = MET_FLOAT\nElementDataFile = {target}\n")
+    mhd.write_text(
+        "ObjectType = Image\nNDims = 3\nDimSize = 24 24 3\nElementSpacing = 1.5 1.5 8\n"
+        f"ElementType = MET_FLOAT\nElementDataFile = {target}\n"
+    )
     return {"nrrd": nhdr, "mhd": mhd}
 
 
@@ -84,12 +88,17 @@ def _special(tmp_path: Path, kind: str) -> str:
 def _run(args, cwd) -> subprocess.CompletedProcess:
     """The CLI in a child process, bounded in time (an input that blocks must not hang the suite)."""
     env = dict(os.environ, PYTHONWARNINGS="error::RuntimeWarning")
-    return subprocess.run([sys.executable, "-m", "cardseg"] + args, cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "cardseg"] + args, cwd=cwd, env=env, capture_output=True, text=True, timeout=120
+    )
 
 
-CASES = [(fmt, kind) for fmt in ("nrrd", "mhd", "analyze") for kind in ("FIFO", "character device", "folder", "missing")
-         if (fmt, kind) != ("analyze", "character device")]  # a pair's .img lies beside its .hdr
+CASES = [
+    (fmt, kind)
+    for fmt in ("nrrd", "mhd", "analyze")
+    for kind in ("FIFO", "character device", "folder", "missing")
+    if (fmt, kind) != ("analyze", "character device")
+]  # a pair's .img lies beside its .hdr
 
 
 @pytest.mark.parametrize("fmt,kind", CASES)
@@ -139,13 +148,28 @@ def test_result_cut_short_while_replaced_is_named_so(tmp_path, capsys, tiny_bund
     src = tmp_path / "in.nii.gz"
     sitk.WriteImage(vol.to_image(), str(src))
     out = tmp_path / "out"
-    argv = ["segment", str(src), "-o", str(out), "--bundle", str(tiny_bundle), "--backend", "torch",
-            "--progress", "none", "--quiet"]
+    argv = [
+        "segment",
+        str(src),
+        "-o",
+        str(out),
+        "--bundle",
+        str(tiny_bundle),
+        "--backend",
+        "torch",
+        "--progress",
+        "none",
+        "--quiet",
+    ]
     assert main(argv) == 0
     stamp = json.loads((out / STAMP).read_text(encoding="utf-8"))
     names = sorted(stamp["files"])
-    interim = {"tool": "cardseg", "version": stamp.get("version", ""), "files": {},
-               "replacing": {n: [stamp["files"][n]] for n in names}}
+    interim = {
+        "tool": "cardseg",
+        "version": stamp.get("version", ""),
+        "files": {},
+        "replacing": {n: [stamp["files"][n]] for n in names},
+    }
     (out / STAMP).write_text(json.dumps(interim), encoding="utf-8")
     before = {n: (out / n).read_bytes() for n in names}
     capsys.readouterr()

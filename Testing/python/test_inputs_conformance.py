@@ -40,13 +40,19 @@ def _nrrd_cine(path: Path, list_first: bool = True, kind: str = "list", extra: s
     dirs = " ".join("(" + ",".join(repr(float(v)) for v in d[:, i]) + ")" for i in range(3))
     z, y, x = frames.shape[1:]
     if list_first:
-        sizes, kinds, dirs, data = f"{FRAMES} {x} {y} {z}", f"{kind} domain domain domain", "none " + dirs, \
-            np.moveaxis(frames, 0, -1)
+        sizes, kinds, dirs, data = (
+            f"{FRAMES} {x} {y} {z}",
+            f"{kind} domain domain domain",
+            "none " + dirs,
+            np.moveaxis(frames, 0, -1),
+        )
     else:
         sizes, kinds, dirs, data = f"{x} {y} {z} {FRAMES}", f"domain domain domain {kind}", dirs + " none", frames
     origin = "(" + ",".join(repr(float(v)) for v in img.GetOrigin()) + ")"
-    header = (f"NRRD0004\n{extra}type: short\ndimension: 4\nspace: left-posterior-superior\nsizes: {sizes}\n"
-              f"space directions: {dirs}\nkinds: {kinds}\nendian: little\nencoding: raw\nspace origin: {origin}\n\n")
+    header = (
+        f"NRRD0004\n{extra}type: short\ndimension: 4\nspace: left-posterior-superior\nsizes: {sizes}\n"
+        f"space directions: {dirs}\nkinds: {kinds}\nendian: little\nencoding: raw\nspace origin: {origin}\n\n"
+    )
     path.write_bytes(header.encode() + np.ascontiguousarray(data, dtype="<i2").tobytes())
     return path
 
@@ -68,11 +74,14 @@ def _error(path, **kw) -> str:
         read_image(path, **kw)
     msg = str(exc.value)
     assert "\n" not in msg and msg.startswith(str(path)), msg
-    return msg[len(str(path)):]
+    return msg[len(str(path)) :]
 
 
-@pytest.mark.parametrize("list_first, kind", [(True, "list"), (False, "list"), (False, "time"), (True, "time")],
-                         ids=["list-axis-first", "list-axis-last", "time-axis-last", "time-axis-first"])
+@pytest.mark.parametrize(
+    "list_first, kind",
+    [(True, "list"), (False, "list"), (False, "time"), (True, "time")],
+    ids=["list-axis-first", "list-axis-last", "time-axis-last", "time-axis-first"],
+)
 def test_a_nrrd_cine_is_read_frame_by_frame_as_a_4d_nifti_is(tmp_path, list_first, kind):
     nrrd, nifti = _nrrd_cine(tmp_path / "cine.nrrd", list_first, kind), _nifti_cine(tmp_path / "cine.nii.gz")
     for f in range(FRAMES):
@@ -89,10 +98,18 @@ def test_a_nrrd_cine_is_read_frame_by_frame_as_a_4d_nifti_is(tmp_path, list_firs
 
 def test_a_nrrd_cine_without_frame_is_refused_by_the_command(tmp_path, capsys):
     src = _nrrd_cine(tmp_path / "cine.nrrd")
-    refused(capsys, ["segment", str(src), "-o", str(tmp_path / "out"), "--progress", "none"],
-            str(src), f"4D image with {FRAMES} frames", "--frame")
-    refused(capsys, ["segment", str(src), "-o", str(tmp_path / "out"), "--progress", "none", "--frame", "7"],
-            "--frame 7 is out of range (0..2)")
+    refused(
+        capsys,
+        ["segment", str(src), "-o", str(tmp_path / "out"), "--progress", "none"],
+        str(src),
+        f"4D image with {FRAMES} frames",
+        "--frame",
+    )
+    refused(
+        capsys,
+        ["segment", str(src), "-o", str(tmp_path / "out"), "--progress", "none", "--frame", "7"],
+        "--frame 7 is out of range (0..2)",
+    )
 
 
 @pytest.mark.parametrize("kind", ["vector", "RGB-color", "3-vector"])
@@ -107,7 +124,8 @@ def test_an_rgb_png_stays_refused_as_not_grey_level(tmp_path):
     sitk.WriteImage(sitk.GetImageFromArray(rgb, isVector=True), str(tmp_path / "c.png"))
     for kw in ({}, {"frame": 0}):
         assert "unsupported pixel type vector of 8-bit unsigned integer" in _error(
-            tmp_path / "c.png", spacing=(1.0, 1.0), **kw)
+            tmp_path / "c.png", spacing=(1.0, 1.0), **kw
+        )
 
 
 # ----------------------------------------------------------------------------- DICOM
@@ -122,8 +140,9 @@ def _series(folder: Path, drift) -> Path:
     folder.mkdir()
     for k in range(a.shape[0]):
         pos = np.asarray(img.TransformIndexToPhysicalPoint((0, 0, k))) + k * (drift[0] * d[:, 0] + drift[1] * d[:, 1])
-        (folder / f"IM{k + 1:04d}.dcm").write_bytes(dicom_slice(
-            a[k], pos, [*d[:, 0], *d[:, 1]], pixel_spacing=f"{sy!r}\\{sx!r}", instance=k + 1))
+        (folder / f"IM{k + 1:04d}.dcm").write_bytes(
+            dicom_slice(a[k], pos, [*d[:, 0], *d[:, 1]], pixel_spacing=f"{sy!r}\\{sx!r}", instance=k + 1)
+        )
     return folder
 
 
@@ -155,26 +174,34 @@ def _nifti(path: Path, edit, spacing_scale: float = 1.0) -> Path:
 
 
 def _add(head: bytearray, at: int, delta: float) -> None:
-    head[at:at + 4] = struct.pack("<f", struct.unpack("<f", head[at:at + 4])[0] + delta)
+    head[at : at + 4] = struct.pack("<f", struct.unpack("<f", head[at : at + 4])[0] + delta)
 
 
-@pytest.mark.parametrize("edit", [
-    lambda h: _add(h, 268, 50.0),  # qoffset_x
-    lambda h: _add(h, 280 + 16 * 2 + 12, -0.01),  # srow_z[3]
-    lambda h: _add(h, 256, 0.2),  # quatern_b: the qform turned
-    lambda h: h.__setitem__(slice(76, 80), struct.pack("<f", -1.0)),  # qfac: the qform mirrored
-], ids=["origin-50mm", "origin-0.01mm", "turned", "mirrored"])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda h: _add(h, 268, 50.0),  # qoffset_x
+        lambda h: _add(h, 280 + 16 * 2 + 12, -0.01),  # srow_z[3]
+        lambda h: _add(h, 256, 0.2),  # quatern_b: the qform turned
+        lambda h: h.__setitem__(slice(76, 80), struct.pack("<f", -1.0)),  # qfac: the qform mirrored
+    ],
+    ids=["origin-50mm", "origin-0.01mm", "turned", "mirrored"],
+)
 def test_a_nifti_whose_sform_and_qform_disagree_is_refused(tmp_path, edit):
     msg = _error(_nifti(tmp_path / "x.nii", edit))
     assert "sform and qform" in msg and "disagree" in msg and "code to 0" in msg, msg
 
 
-@pytest.mark.parametrize("edit", [
-    lambda h: None,
-    lambda h: h.__setitem__(slice(254, 256), struct.pack("<h", 2)),  # sform code 2, qform code 1, alike
-    lambda h: _add(h, 268, 2e-5),  # float rounding
-    lambda h: h.__setitem__(slice(252, 254), struct.pack("<h", 0)) or _add(h, 268, 50.0),  # qform unset
-], ids=["alike", "sform-code-2", "rounding", "qform-code-0"])
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda h: None,
+        lambda h: h.__setitem__(slice(254, 256), struct.pack("<h", 2)),  # sform code 2, qform code 1, alike
+        lambda h: _add(h, 268, 2e-5),  # float rounding
+        lambda h: h.__setitem__(slice(252, 254), struct.pack("<h", 0)) or _add(h, 268, 50.0),  # qform unset
+    ],
+    ids=["alike", "sform-code-2", "rounding", "qform-code-0"],
+)
 def test_a_nifti_whose_sform_and_qform_agree_is_read(tmp_path, edit):
     img = read_image(_nifti(tmp_path / "x.nii", edit))
     assert np.allclose(img.GetOrigin(), reference().GetOrigin(), atol=1e-3)
@@ -244,8 +271,10 @@ def test_a_2d_nrrd_cine_with_a_time_axis_is_frames_not_slices(tmp_path):
     """A NRRD of two space axes and a time axis: frames to choose with --frame, never slices 1 mm apart."""
     data = (np.arange(5 * 64 * 64) % 1000).astype("<i2").reshape(5, 64, 64)
     path = tmp_path / "cine2d.nrrd"
-    header = ("NRRD0004\ntype: short\ndimension: 3\nsizes: 64 64 5\nkinds: domain domain time\nendian: little\n"
-              "encoding: raw\nspacings: 1.5 1.5 nan\n\n")
+    header = (
+        "NRRD0004\ntype: short\ndimension: 3\nsizes: 64 64 5\nkinds: domain domain time\nendian: little\n"
+        "encoding: raw\nspacings: 1.5 1.5 nan\n\n"
+    )
     path.write_bytes(header.encode() + data.tobytes())
     with pytest.raises(CardsegError, match="5 frames"):
         read_image(path)
@@ -292,16 +321,19 @@ def test_a_time_axis_nrrd_cine_with_comments_and_key_value_pairs_honours_frame(t
 def _scale_sform_x(h: bytearray) -> None:
     for row in range(3):  # srow_x/y/z[0]: the first axis 1.25 times longer than pixdim[1] says
         at = 280 + 16 * row
-        h[at:at + 4] = struct.pack("<f", 1.25 * struct.unpack("<f", h[at:at + 4])[0])
+        h[at : at + 4] = struct.pack("<f", 1.25 * struct.unpack("<f", h[at : at + 4])[0])
 
 
-@pytest.mark.parametrize("code, scale, unit", [(2, 1.0, "mm"), (1, 1e-3, "m"), (3, 1e3, "micrometre")],
-                         ids=["mm", "metres", "micrometres"])
+@pytest.mark.parametrize(
+    "code, scale, unit", [(2, 1.0, "mm"), (1, 1e-3, "m"), (3, 1e3, "micrometre")], ids=["mm", "metres", "micrometres"]
+)
 def test_a_nifti_sform_against_pixdim_refusal_names_the_unit_of_the_file(tmp_path, code, scale, unit):
     src = _nifti(tmp_path / "x.nii", lambda h: _unit(code)(h) or _scale_sform_x(h), spacing_scale=scale)
     msg = _error(src)
-    sform, pixdim = (f"{2 * scale:g}, {1.4 * scale:g}, {8 * scale:g} {unit}",
-                     f"{1.6 * scale:g}, {1.4 * scale:g}, {8 * scale:g} {unit}")
+    sform, pixdim = (
+        f"{2 * scale:g}, {1.4 * scale:g}, {8 * scale:g} {unit}",
+        f"{1.6 * scale:g}, {1.4 * scale:g}, {8 * scale:g} {unit}",
+    )
     if unit != "mm":
         sform, pixdim = sform + " (2, 1.4, 8 mm)", pixdim + " (1.6, 1.4, 8 mm)"
     assert f"sform (srow_x/y/z) scales the axes by {sform} but pixdim says {pixdim}" in msg, msg

@@ -20,8 +20,14 @@ def _randomise_affine(net: nn.Module) -> None:
                 m.bias.copy_(0.3 * torch.randn(m.bias.shape, generator=g))
 
 
-@pytest.mark.parametrize("spec", [{"arch": "time-swinunetr", "size": "mini"}, {"arch": "time-unet", "size": "tiny"},
-                                  {"arch": "discriminative", "backbone": "unet"}])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"arch": "time-swinunetr", "size": "mini"},
+        {"arch": "time-unet", "size": "tiny"},
+        {"arch": "discriminative", "backbone": "unet"},
+    ],
+)
 def test_group_norm_rewrite_keeps_the_logits(spec):
     torch.manual_seed(0)
     net = build_network({**spec, "num_classes": 4}).eval()
@@ -29,8 +35,11 @@ def test_group_norm_rewrite_keeps_the_logits(spec):
     n_instance = sum(isinstance(m, nn.InstanceNorm2d) for m in net.modules())
     assert n_instance > 0
     x = torch.rand(2, 1, 64, 64)
-    args = (x,) if spec["arch"] == "discriminative" else (x, torch.softmax(torch.randn(2, 4, 64, 64), 1),
-                                                          torch.tensor([49, 12]))
+    args = (
+        (x,)
+        if spec["arch"] == "discriminative"
+        else (x, torch.softmax(torch.randn(2, 4, 64, 64), 1), torch.tensor([49, 12]))
+    )
     with torch.no_grad():
         before = net(*args)
         assert instance_to_group_norm(net) == n_instance

@@ -31,11 +31,18 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 def run(args, limit=None, timeout=300):
     """``cardseg ARGS`` in a subprocess, its files cut at ``limit`` bytes (RLIMIT_FSIZE)."""
+
     def cut():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    proc = subprocess.run([sys.executable, "-m", "cardseg", *map(str, args)], capture_output=True, text=True,
-                          env=ENV, timeout=timeout, preexec_fn=cut if limit else None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cardseg", *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=timeout,
+        preexec_fn=cut if limit else None,
+    )
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -71,20 +78,41 @@ def cut_limit(sizes: dict, name: str) -> int:
 
 # ----------------------------------------------------------------------------- item 1
 
+
 @pytest.mark.parametrize("cut_in", ["segmentation.nii.gz", "segmentation.seg.nrrd", "probabilities.nii.gz"])
-def test_a_write_cut_by_a_file_size_limit_fails_and_keeps_the_earlier_result(tmp_path, scan, tiny_bundle, sizes,
-                                                                              cut_in):
+def test_a_write_cut_by_a_file_size_limit_fails_and_keeps_the_earlier_result(
+    tmp_path, scan, tiny_bundle, sizes, cut_in
+):
     """Any file cut short (at a limit under that file's size, so that file or a larger one is
     cut): exit 1, one line, nothing committed, nothing left over."""
     limit = cut_limit(sizes, cut_in)
     out = tmp_path / "out"
-    assert_write_failure(run(["segment", scan, "-o", out, "--bundle", tiny_bundle, "--backend", "torch",
-                              "--progress", "none"], limit))
+    assert_write_failure(
+        run(["segment", scan, "-o", out, "--bundle", tiny_bundle, "--backend", "torch", "--progress", "none"], limit)
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     assert run(["segment", scan, "-o", out, "--bundle", tiny_bundle, "--backend", "torch", "--quiet"])[0] == 0
     before = files_of(out)
-    assert_write_failure(run(["segment", scan, "-o", out, "--bundle", tiny_bundle, "--backend", "torch",
-                              "--overwrite", "--method", "uc", "--progress", "none"], limit))
+    assert_write_failure(
+        run(
+            [
+                "segment",
+                scan,
+                "-o",
+                out,
+                "--bundle",
+                tiny_bundle,
+                "--backend",
+                "torch",
+                "--overwrite",
+                "--method",
+                "uc",
+                "--progress",
+                "none",
+            ],
+            limit,
+        )
+    )
     assert files_of(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
 
@@ -113,8 +141,9 @@ def test_write_image_needs_room_for_the_compressed_file_only(tmp_path):
         def cut():
             resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-        return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=ENV, timeout=120,
-                              preexec_fn=cut)
+        return subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, text=True, env=ENV, timeout=120, preexec_fn=cut
+        )
 
     p = limited(256 * 1024)
     assert p.returncode == 0 and "ok (16, 128, 128) 0.0" in p.stdout, p.stdout + p.stderr
@@ -137,7 +166,7 @@ def test_write_image_refuses_a_truncated_file_in_every_form(tmp_path, synthetic_
         path.write_bytes(data[:cut])
         with pytest.raises(IncompleteWrite):
             verify_image(img, path)
-    path.write_bytes(data[:len(data) // 2] + bytes([data[len(data) // 2] ^ 1]) + data[len(data) // 2 + 1:])
+    path.write_bytes(data[: len(data) // 2] + bytes([data[len(data) // 2] ^ 1]) + data[len(data) // 2 + 1 :])
     with pytest.raises(IncompleteWrite):
         verify_image(img, path)
     path.write_bytes(data)
@@ -174,6 +203,7 @@ def test_a_batch_records_a_cut_case_as_failed_and_runs_it_again(tmp_path, scan, 
 
 # ----------------------------------------------------------------------------- item 2
 
+
 @pytest.fixture()
 def mount(tmp_path, monkeypatch):
     """``tmp_path/mnt`` behaves as a mount point: it cannot be renamed, and no rename crosses
@@ -193,6 +223,7 @@ def mount(tmp_path, monkeypatch):
             if inside(src) != inside(dst):
                 raise OSError(errno.EXDEV, "Invalid cross-device link", os.fspath(src))
             return real(src, dst, *a, **k)
+
         return move
 
     monkeypatch.setattr(os, "replace", guarded(real_replace))
@@ -206,8 +237,9 @@ def segment(*args):
     return main(["segment", *map(str, args), "--backend", "torch", "--quiet"])
 
 
-def test_a_mount_point_is_filled_and_replaced_in_place_without_losing_files(tmp_path, mount, scan, tiny_bundle,
-                                                                          monkeypatch, capsys):
+def test_a_mount_point_is_filled_and_replaced_in_place_without_losing_files(
+    tmp_path, mount, scan, tiny_bundle, monkeypatch, capsys
+):
     from cardseg import segment as seg
 
     inode = mount.stat().st_ino
@@ -228,7 +260,10 @@ def test_a_mount_point_is_filled_and_replaced_in_place_without_losing_files(tmp_
     assert segment(scan, "-o", mount, "--bundle", tiny_bundle, "--overwrite", "--method", "uc") == 0
     stamp = json.loads((mount / ".cardseg-output.json").read_text())
     assert sorted(stamp["files"]) == sorted(p.name for p in mount.iterdir() if p.name != ".cardseg-output.json")
-    assert "disagreement.nii.gz" not in stamp["files"] and json.loads((mount / "report.json").read_text())["method"] == "uc"
+    assert (
+        "disagreement.nii.gz" not in stamp["files"]
+        and json.loads((mount / "report.json").read_text())["method"] == "uc"
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mnt"]
     capsys.readouterr()
 
@@ -417,6 +452,7 @@ def test_the_stamp_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------- item 3
 
+
 def _foreign(kind: str, d: Path, bundle: Path) -> Path:
     import shutil
 
@@ -474,15 +510,35 @@ def test_a_batch_cleans_what_a_killed_run_left_beside_its_outdir(tmp_path, tiny_
     inputs = tmp_path / "in"
     inputs.mkdir()
     (inputs / "a.nii.gz").write_bytes(rotated_nifti.read_bytes())
-    proc = subprocess.run([sys.executable, "-m", "cardseg", "batch", str(inputs), "-o", str(tmp_path / "cohort"),
-                           "--bundle", str(tiny_bundle), "--progress", "none", "--backend", "torch", "--no-report"],
-                          env=ENV, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cardseg",
+            "batch",
+            str(inputs),
+            "-o",
+            str(tmp_path / "cohort"),
+            "--bundle",
+            str(tiny_bundle),
+            "--progress",
+            "none",
+            "--backend",
+            "torch",
+            "--no-report",
+        ],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-1500:]
     assert not (tmp_path / ".x.cardseg-tmp").exists() and not (tmp_path / ".x.cardseg.lock").exists()
 
 
-def test_a_second_interrupt_while_files_are_written_waits_for_them_and_leaves_nothing(tmp_path, scan, tiny_bundle,
-                                                                                    monkeypatch):
+def test_a_second_interrupt_while_files_are_written_waits_for_them_and_leaves_nothing(
+    tmp_path, scan, tiny_bundle, monkeypatch
+):
     """Ctrl-C while a case's files are written (more files than write threads, so some are
     cancelled unstarted), then Ctrl-C again while the writer waits for the files already started:
     the interrupt still ends the run, but only once no write thread is left, so the temporary
@@ -523,8 +579,7 @@ def test_a_second_interrupt_while_files_are_written_waits_for_them_and_leaves_no
     monkeypatch.setattr(seg, "write_one", slow_write)
     monkeypatch.setattr(seg, "as_completed", first_interrupt)
     monkeypatch.setattr(seg, "ThreadPoolExecutor", Pool)
-    assert len(seg.output_files(seg.segment_volume(seg.read_case(scan, tmp_path / "x")[1], bundle))) \
-        > seg.WRITE_THREADS
+    assert len(seg.output_files(seg.segment_volume(seg.read_case(scan, tmp_path / "x")[1], bundle))) > seg.WRITE_THREADS
     with pytest.raises(KeyboardInterrupt):
         seg.segment_file(scan, tmp_path / "out", bundle, method="card")
     assert shutdowns[0] >= 1 and len(shutdowns) == 2  # the second interrupt came while files were being written

@@ -2,7 +2,6 @@
 evaluation and the calibration pool treat them the same way (one rule: ``CARD.temperature``)."""
 
 import numpy as np
-import pytest
 import torch
 
 from cardseg.method.calibration import CARD
@@ -93,8 +92,14 @@ def test_the_calibration_pool_keeps_no_pixel_outside_the_view(tiny_bundle, monke
         return logits, tac, step_js, offset, fov & cut
 
     monkeypatch.setattr(cp, "engine_card_outputs", narrower)
-    item = cp.build_pool(bundle, [LabelledVolume("s_frame01", "s", vol, lab)], variants=("clean",), roi_radius=3,
-                         max_pixels_per_item=None, spatial=True)[0]
+    item = cp.build_pool(
+        bundle,
+        [LabelledVolume("s_frame01", "s", vol, lab)],
+        variants=("clean",),
+        roi_radius=3,
+        max_pixels_per_item=None,
+        spatial=True,
+    )[0]
     roi = roi_mask(lab > 0, 3)
     assert (roi & ~cut).any() and item.labels.size == int((roi & cut).sum())
     z0, z1, y0, y1, x0, x1 = item.spatial.box  # the spatial baselines' crop holds the same pixels
@@ -106,8 +111,16 @@ def test_the_review_measures_card_entropy_uses_tau_min_outside_the_view(tmp_path
     from cardseg_train import review_data as rd
 
     logits, tac, lab, fov = _case()
-    maps = rd.VolumeMaps("p_f1", "clean", logits.argmax(1).astype(np.uint8), lab, tac, (1.5, 1.5, 8.0),
-                         logits.astype(np.float16), fov=fov)
+    maps = rd.VolumeMaps(
+        "p_f1",
+        "clean",
+        logits.argmax(1).astype(np.uint8),
+        lab,
+        tac,
+        (1.5, 1.5, 8.0),
+        logits.astype(np.float16),
+        fov=fov,
+    )
     path = tmp_path / "m.npz"
     rd._save(path, maps)  # noqa: SLF001 - the cache's own round trip
     back = rd._load(path)  # noqa: SLF001

@@ -78,7 +78,9 @@ def test_the_consistency_file_and_table_from_a_written_review(tmp_path):
     src.write_text(json.dumps(t))
     out = json.loads(write_p_error_consistency(str(src), str(tmp_path / "c.json")).read_text())
     assert out["from_bins"] is True
-    assert set(out["bundle"]) == {"clean", "spike", "all conditions"} and out["bundle"]["all conditions"]["regions"] == 160
+    assert (
+        set(out["bundle"]) == {"clean", "spike", "all conditions"} and out["bundle"]["all conditions"]["regions"] == 160
+    )
     assert out["bundle"]["all conditions"]["consistency_p"] < 0.01
     assert out["previous"]["clean"]["ece"] == pytest.approx(t["previous"]["clean"]["reliability"]["ece"])
     table = "\n".join(p_error_lines({"bundle": t["bundle"]}))
@@ -101,11 +103,11 @@ def test_an_evaluation_keeps_its_regions_values_and_reports_them_pooled():
     maps = []
     for i, cond in enumerate(("clean", "clean", "spike", "spike")):
         pred = np.zeros((4, 96, 96), np.uint8)
-        pred[:, (yy - 48) ** 2 + (xx - 40) ** 2 < 15 ** 2] = 2
-        pred[:, (yy - 48) ** 2 + (xx - 40) ** 2 < 9 ** 2] = 3
-        pred[:, (yy - 48) ** 2 + (xx - 66) ** 2 < 10 ** 2] = 1
+        pred[:, (yy - 48) ** 2 + (xx - 40) ** 2 < 15**2] = 2
+        pred[:, (yy - 48) ** 2 + (xx - 40) ** 2 < 9**2] = 3
+        pred[:, (yy - 48) ** 2 + (xx - 66) ** 2 < 10**2] = 1
         truth = pred.copy()
-        truth[1:3, 30:44, 60 + i:76 + i] = 1  # a missed piece of RV
+        truth[1:3, 30:44, 60 + i : 76 + i] = 1  # a missed piece of RV
         tac = ndimage.gaussian_filter(rng.random((4, 96, 96)).astype(np.float32), (0, 3, 3)) * 0.3
         tac[1:3, 28:46, 58:78] += 0.15
         flips = rng.uniform(0.0, 0.01, tac.shape).astype(np.float32)  # the shipped rule cuts TAC + flips

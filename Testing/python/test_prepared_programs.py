@@ -21,8 +21,10 @@ from cardseg.base.errors import CardsegError
 HAVE_ONNX = importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
 
 #: runs ``cardseg`` in a child process and reports whether MONAI was imported
-CHILD = ("import sys, json; from cardseg.cli import main; rc = main(sys.argv[1:]); "
-         "print(json.dumps({'rc': rc, 'monai': 'monai' in sys.modules}))")
+CHILD = (
+    "import sys, json; from cardseg.cli import main; rc = main(sys.argv[1:]); "
+    "print(json.dumps({'rc': rc, 'monai': 'monai' in sys.modules}))"
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +33,9 @@ def swin_bundle(tmp_path_factory) -> Path:
     from cardseg.bundle.scaffold import init_bundle
 
     path = tmp_path_factory.mktemp("programs") / "swin"
-    init_bundle(path, primary="time-swinunetr:mini", reference="time-unet:micro", input_size=64,
-                pixel_spacing_mm=3.0, seed=4)
+    init_bundle(
+        path, primary="time-swinunetr:mini", reference="time-unet:micro", input_size=64, pixel_spacing_mm=3.0, seed=4
+    )
     return path
 
 
@@ -47,7 +50,9 @@ def _array(folder: Path, name: str) -> np.ndarray:
     return sitk.GetArrayFromImage(sitk.ReadImage(str(folder / name)))
 
 
-def test_second_torch_run_imports_no_monai_and_matches_the_eager_networks(swin_bundle, phantom_file, model_cache, tmp_path):
+def test_second_torch_run_imports_no_monai_and_matches_the_eager_networks(
+    swin_bundle, phantom_file, model_cache, tmp_path
+):
     common = [str(phantom_file), "--bundle", str(swin_bundle), "--backend", "torch", "--quiet"]
     first = _child(["segment", *common, "-o", str(tmp_path / "first")])
     assert first == {"rc": 0, "monai": True}  # the first run builds the networks and prepares them
@@ -160,11 +165,13 @@ def test_the_key_depends_on_weights_device_and_norm_rewrite():
     spec = {"arch": "time-unet", "size": "tiny", "file": "x", "sha256": "y"}
     base = program_key("a" * 64, spec, 4, 1, 64, torch.device("cpu"), True)
     assert base == program_key("a" * 64, dict(spec, sha256="other", file="z"), 4, 1, 64, torch.device("cpu"), True)
-    others = {program_key("b" * 64, spec, 4, 1, 64, torch.device("cpu"), True),
-              program_key("a" * 64, spec, 4, 1, 64, torch.device("cuda", 0), True),
-              program_key("a" * 64, spec, 4, 1, 64, torch.device("cpu"), False),
-              program_key("a" * 64, dict(spec, size="micro"), 4, 1, 64, torch.device("cpu"), True),
-              program_key("a" * 64, spec, 3, 1, 64, torch.device("cpu"), True)}
+    others = {
+        program_key("b" * 64, spec, 4, 1, 64, torch.device("cpu"), True),
+        program_key("a" * 64, spec, 4, 1, 64, torch.device("cuda", 0), True),
+        program_key("a" * 64, spec, 4, 1, 64, torch.device("cpu"), False),
+        program_key("a" * 64, dict(spec, size="micro"), 4, 1, 64, torch.device("cpu"), True),
+        program_key("a" * 64, spec, 3, 1, 64, torch.device("cpu"), True),
+    }
     assert base not in others and len(others) == 5
 
 
@@ -175,6 +182,20 @@ def test_weights_are_verified_once_per_segment_run(swin_bundle, phantom_file, mo
     calls = []
     real = folder.verify_weights
     monkeypatch.setattr(folder, "verify_weights", lambda *a: calls.append(a) or real(*a))
-    assert main(["segment", str(phantom_file), "--bundle", str(swin_bundle), "--backend", "torch", "--quiet",
-                 "-o", str(tmp_path / "out")]) == 0
+    assert (
+        main(
+            [
+                "segment",
+                str(phantom_file),
+                "--bundle",
+                str(swin_bundle),
+                "--backend",
+                "torch",
+                "--quiet",
+                "-o",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 0
+    )
     assert len(calls) == 1

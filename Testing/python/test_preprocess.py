@@ -5,8 +5,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import ndimage
 
-from cardseg.io.preprocess import (SliceGrid, interpolation_matrix, network_to_slices, normalize_slice,
-                                   resample_to_network, slices_to_network)
+from cardseg.io.preprocess import (
+    SliceGrid,
+    interpolation_matrix,
+    network_to_slices,
+    normalize_slice,
+    resample_to_network,
+    slices_to_network,
+)
 
 
 def test_normalize_slice_range_and_constant():
@@ -68,8 +74,15 @@ def _grid_sample_grids(grid: SliceGrid):
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(16, 90), st.integers(16, 90), st.floats(0.5, 2.5), st.floats(0.5, 2.5), st.floats(0.8, 2.0),
-       st.integers(16, 64), st.integers(0, 1000))
+@given(
+    st.integers(16, 90),
+    st.integers(16, 90),
+    st.floats(0.5, 2.5),
+    st.floats(0.5, 2.5),
+    st.floats(0.8, 2.0),
+    st.integers(16, 64),
+    st.integers(0, 1000),
+)
 def test_resampling_is_grid_samples_bilinear_with_zeros_in_and_border_out(ny, nx, sx, sy, s, n, seed):
     """The numpy resampling computes what torch's grid_sample (align_corners=True) does: zeros
     padding onto the network grid (after the same anti-aliasing), border padding back."""
@@ -79,14 +92,26 @@ def test_resampling_is_grid_samples_bilinear_with_zeros_in_and_border_out(ny, nx
     to_net, to_slice = _grid_sample_grids(grid)
     sigma = grid.antialias_sigma()
     blurred = resample_to_network(slices, grid)
-    smooth = np.stack([ndimage.gaussian_filter(a, sigma=sigma, mode="nearest") for a in slices]) if max(sigma) else slices
+    smooth = (
+        np.stack([ndimage.gaussian_filter(a, sigma=sigma, mode="nearest") for a in slices]) if max(sigma) else slices
+    )
     # the float32 grids of the torch implementation this module replaced: equal to float32 rounding
-    expect = F.grid_sample(torch.from_numpy(smooth.astype(np.float32))[:, None], to_net.float().expand(2, -1, -1, -1),
-                           mode="bilinear", padding_mode="zeros", align_corners=True).numpy()
+    expect = F.grid_sample(
+        torch.from_numpy(smooth.astype(np.float32))[:, None],
+        to_net.float().expand(2, -1, -1, -1),
+        mode="bilinear",
+        padding_mode="zeros",
+        align_corners=True,
+    ).numpy()
     assert np.abs(blurred - expect).max() < 1e-6
     maps = rng.normal(0, 10, (2, 3, n, n)).astype(np.float32)
-    expect = F.grid_sample(torch.from_numpy(maps), to_slice.float().expand(2, -1, -1, -1), mode="bilinear",
-                           padding_mode="border", align_corners=True).numpy()
+    expect = F.grid_sample(
+        torch.from_numpy(maps),
+        to_slice.float().expand(2, -1, -1, -1),
+        mode="bilinear",
+        padding_mode="border",
+        align_corners=True,
+    ).numpy()
     assert np.abs(network_to_slices(maps, grid) - expect).max() < 2e-5
 
 
@@ -97,16 +122,28 @@ def test_slices_to_network_is_the_numpy_resampling_as_a_tensor():
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(8, 90), st.integers(8, 90), st.floats(0.5, 2.5), st.floats(0.5, 2.5), st.floats(0.8, 2.0),
-       st.integers(8, 64), st.integers(0, 1000))
+@given(
+    st.integers(8, 90),
+    st.integers(8, 90),
+    st.floats(0.5, 2.5),
+    st.floats(0.5, 2.5),
+    st.floats(0.8, 2.0),
+    st.integers(8, 64),
+    st.integers(0, 1000),
+)
 def test_label_resampling_is_grid_samples_nearest_to_the_voxel(ny, nx, sx, sy, s, n, seed):
     """Labels go onto the network grid exactly as torch's nearest grid_sample put them (float32
     positions, ties rounded half to even): the labels the shipped models were trained on."""
     grid = SliceGrid((ny, nx), (sx, sy), s, n)
     labels = np.random.default_rng(seed).integers(0, 4, (2, ny, nx)).astype(np.float32)
     to_net, _ = _grid_sample_grids(grid)
-    expect = F.grid_sample(torch.from_numpy(labels)[:, None], to_net.float().expand(2, -1, -1, -1), mode="nearest",
-                           padding_mode="zeros", align_corners=True).numpy()
+    expect = F.grid_sample(
+        torch.from_numpy(labels)[:, None],
+        to_net.float().expand(2, -1, -1, -1),
+        mode="nearest",
+        padding_mode="zeros",
+        align_corners=True,
+    ).numpy()
     assert np.array_equal(resample_to_network(labels, grid, mode="nearest"), expect)
 
 
@@ -145,8 +182,10 @@ def test_a_kept_cache_makes_the_interpolation_matrices_once_per_grid_and_device(
     cache = {}
     for _ in range(3):
         for part in (maps[:2], maps[2:]):
-            assert np.array_equal(network_to_slices(part, grid, cache), expect[id(grid)][:part.shape[0]]
-                                  if part.shape[0] == 2 else expect[id(grid)][2:])
+            assert np.array_equal(
+                network_to_slices(part, grid, cache),
+                expect[id(grid)][: part.shape[0]] if part.shape[0] == 2 else expect[id(grid)][2:],
+            )
     assert len(built) == 2  # rows and columns, once
     assert np.array_equal(network_to_slices(maps, other, cache), expect[id(other)])
     assert len(built) == 4

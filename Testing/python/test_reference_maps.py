@@ -23,9 +23,9 @@ def _volume(seed: int):
     """A predicted heart (three discs on 3 slices) and a truth missing two 8 x 8 pieces of it."""
     yy, xx = np.mgrid[:64, :64]
     pred = np.zeros((3, 64, 64), np.uint8)
-    pred[:, (yy - 32) ** 2 + (xx - 24) ** 2 < 12 ** 2] = 2
-    pred[:, (yy - 32) ** 2 + (xx - 24) ** 2 < 7 ** 2] = 3
-    pred[:, (yy - 32) ** 2 + (xx - 44) ** 2 < 8 ** 2] = 1
+    pred[:, (yy - 32) ** 2 + (xx - 24) ** 2 < 12**2] = 2
+    pred[:, (yy - 32) ** 2 + (xx - 24) ** 2 < 7**2] = 3
+    pred[:, (yy - 32) ** 2 + (xx - 44) ** 2 < 8**2] = 1
     truth = pred.copy()
     truth[1, 28:36, 40:48] = 0
     truth[2, 28:36, 20:28] = 0
@@ -47,21 +47,34 @@ def test_a_map_on_the_errors_beats_a_random_one():
     for p, t in vols:
         wrong = p != t
         from scipy import ndimage
+
         rims.append((ndimage.binary_dilation(wrong, structure=np.ones((1, 3, 3), bool)) & ~wrong).astype(np.float32))
     assert map_quality([p for p, _ in vols], [t for _, t in vols], rims)["covered"]["0.05"] == 0.0
 
 
 def test_a_swapped_reference_keeps_the_primary_and_the_calibration(tmp_path):
     runs = {}
-    for name, role, seed, extra in (("primary", "primary", 0, []), ("ref-a", "reference", 1, []),
-                                    ("ref-b", "reference", 2, []), ("plain", "deterministic", 3, []),
-                                    ("ref-t", "reference", 4, ["--num-steps", "20"])):
+    for name, role, seed, extra in (
+        ("primary", "primary", 0, []),
+        ("ref-a", "reference", 1, []),
+        ("ref-b", "reference", 2, []),
+        ("plain", "deterministic", 3, []),
+        ("ref-t", "reference", 4, ["--num-steps", "20"]),
+    ):
         runs[name] = tmp_path / name
-        assert cardseg.cli.main(["train", *SMOKE, "--role", role, "--steps", "2", "--seed", str(seed), *extra,
-                                 "--out", str(runs[name])]) == 0
+        assert (
+            cardseg.cli.main(
+                ["train", *SMOKE, "--role", role, "--steps", "2", "--seed", str(seed), *extra, "--out", str(runs[name])]
+            )
+            == 0
+        )
     bundle = tmp_path / "bundle"
-    assert cardseg.cli.main(["train", "export", "--primary", str(runs["primary"]), "--reference", str(runs["ref-a"]),
-                             "-o", str(bundle)]) == 0
+    assert (
+        cardseg.cli.main(
+            ["train", "export", "--primary", str(runs["primary"]), "--reference", str(runs["ref-a"]), "-o", str(bundle)]
+        )
+        == 0
+    )
     swapped = swap_reference(bundle, runs["ref-b"], tmp_path / "swapped", version="9.9.9")
     a, b = check_bundle(bundle), check_bundle(swapped)
     assert a.config["calibration"] == b.config["calibration"] and a.config["input_size"] == b.config["input_size"]
@@ -98,11 +111,19 @@ def test_a_swapped_primary_keeps_the_reference_and_drops_the_old_primarys_rules(
     runs = {}
     for name, role, seed in (("primary", "primary", 0), ("primary-b", "primary", 5), ("ref-a", "reference", 1)):
         runs[name] = tmp_path / name
-        assert cardseg.cli.main(["train", *SMOKE, "--role", role, "--steps", "2", "--seed", str(seed),
-                                 "--out", str(runs[name])]) == 0
+        assert (
+            cardseg.cli.main(
+                ["train", *SMOKE, "--role", role, "--steps", "2", "--seed", str(seed), "--out", str(runs[name])]
+            )
+            == 0
+        )
     bundle = tmp_path / "bundle"
-    assert cardseg.cli.main(["train", "export", "--primary", str(runs["primary"]), "--reference", str(runs["ref-a"]),
-                             "-o", str(bundle)]) == 0
+    assert (
+        cardseg.cli.main(
+            ["train", "export", "--primary", str(runs["primary"]), "--reference", str(runs["ref-a"]), "-o", str(bundle)]
+        )
+        == 0
+    )
     import json
 
     config = json.loads((bundle / "bundle.json").read_text())
@@ -152,8 +173,9 @@ def test_the_command_refuses_a_non_diffusion_candidate_before_any_work(tmp_path,
     plain, ref = tmp_path / "plain", tmp_path / "ref"
     assert cardseg.cli.main(["train", *SMOKE, "--role", "deterministic", "--steps", "1", "--out", str(plain)]) == 0
     assert cardseg.cli.main(["train", *SMOKE, "--role", "reference", "--steps", "1", "--out", str(ref)]) == 0
-    rc = main(["--bundle", str(tmp_path / "no-bundle"), "--candidates", str(ref), str(plain),
-               "--out", str(tmp_path / "out")])
+    rc = main(
+        ["--bundle", str(tmp_path / "no-bundle"), "--candidates", str(ref), str(plain), "--out", str(tmp_path / "out")]
+    )
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.count("\n") == 0 and "not a diffusion reference run" in err and "plain" in err
     assert not (tmp_path / "out").exists()
@@ -165,9 +187,15 @@ def test_export_refuses_runs_that_do_not_share_the_grid_or_horizon(tmp_path, cap
 
     prim, ref = tmp_path / "p", tmp_path / "r"
     assert cardseg.cli.main(["train", *SMOKE, "--role", "primary", "--steps", "1", "--out", str(prim)]) == 0
-    assert cardseg.cli.main(["train", *SMOKE, "--role", "reference", "--steps", "1", "--num-steps", "20",
-                             "--out", str(ref)]) == 0
-    rc = cardseg.cli.main(["train", "export", "--primary", str(prim), "--reference", str(ref), "-o", str(tmp_path / "b")])
+    assert (
+        cardseg.cli.main(
+            ["train", *SMOKE, "--role", "reference", "--steps", "1", "--num-steps", "20", "--out", str(ref)]
+        )
+        == 0
+    )
+    rc = cardseg.cli.main(
+        ["train", "export", "--primary", str(prim), "--reference", str(ref), "-o", str(tmp_path / "b")]
+    )
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "differ in num_steps (50 vs 20)" in err and not (tmp_path / "b").exists()
     assert {"num_steps", "sampled_steps", "classes", "spacing", "input_size"} <= set(SHARED)
@@ -187,7 +215,9 @@ def test_export_overwrites_a_bundle_but_never_a_folder_of_other_files(tmp_path, 
     assert cardseg.cli.main([*export, str(docs)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("cardseg: error:") and "\n" not in err
-    assert sorted(p.name for p in docs.iterdir()) == ["thesis.txt"] and (docs / "thesis.txt").read_text() == "three years"
+    assert (
+        sorted(p.name for p in docs.iterdir()) == ["thesis.txt"] and (docs / "thesis.txt").read_text() == "three years"
+    )
     bundle = tmp_path / "bundle"
     assert cardseg.cli.main([*export, str(bundle)]) == 0
     assert cardseg.cli.main([*export, str(bundle)]) == 0  # its own bundle: replaced
@@ -201,8 +231,7 @@ def test_replot_of_a_file_that_is_not_a_result_is_one_line(tmp_path, capsys, con
     replot = tmp_path / "reference_maps.json"
     if content is not None:
         replot.write_text(content)
-    rc = main(["--bundle", str(tmp_path / "no-bundle"), "--replot", str(replot),
-               "--out", str(tmp_path / "out")])
+    rc = main(["--bundle", str(tmp_path / "no-bundle"), "--replot", str(replot), "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.count("\n") == 0 and "--replot" in err and "not a reference_maps.json" in err, err
     assert not (tmp_path / "out").exists()

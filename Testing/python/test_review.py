@@ -98,8 +98,14 @@ def test_error_model_ranks_and_refuses_a_malformed_model():
     bad = {**model.to_dict(), "features": list(FEATURES)[:-1]}
     with pytest.raises(CardsegError, match="regions.model"):
         ErrorModel.from_dict(bad)
-    regs, ranks = flagged_regions(tac, pred, {"flag_threshold": 0.1, "min_voxels": 1, "model": model.to_dict(),
-                                              "max_regions": 1}, np.eye(4), (1, 1, 1), ["bg"])
+    regs, ranks = flagged_regions(
+        tac,
+        pred,
+        {"flag_threshold": 0.1, "min_voxels": 1, "model": model.to_dict(), "max_regions": 1},
+        np.eye(4),
+        (1, 1, 1),
+        ["bg"],
+    )
     assert len(regs) == 1 and regs[0]["p_error"] == pytest.approx(float(model.probability(f)[0]))
     assert (ranks == 1).sum() == 4 and ranks.max() == 1  # the capped region is not in the map
 
@@ -112,8 +118,21 @@ def test_bundle_without_a_region_model_is_refused_in_one_line(tiny_bundle, rotat
     cfg = json.loads((bundle / "bundle.json").read_text(encoding="utf-8"))
     del cfg["regions"]["model"]
     (bundle / "bundle.json").write_text(json.dumps(cfg), encoding="utf-8")
-    proc = subprocess.run([sys.executable, "-m", "cardseg", "segment", str(rotated_nifti), "-o", str(tmp_path / "o"),
-                           "--bundle", str(bundle)], capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cardseg",
+            "segment",
+            str(rotated_nifti),
+            "-o",
+            str(tmp_path / "o"),
+            "--bundle",
+            str(bundle),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "regions.model" in proc.stderr
     assert not (tmp_path / "o").exists()
 
@@ -130,8 +149,9 @@ def test_regions_map_agrees_with_the_report(tiny_bundle, rotated_nifti, tmp_path
     shutil.copytree(tiny_bundle, bundle)
     coef = np.linspace(-1, 1, len(FEATURES))
     model = ErrorModel(np.zeros(len(FEATURES)), np.ones(len(FEATURES)), coef, 0.3)
-    update_config(bundle, {"regions": {"flag_threshold": 0.0, "min_voxels": 3, "max_regions": 4,
-                                       "model": model.to_dict()}})
+    update_config(
+        bundle, {"regions": {"flag_threshold": 0.0, "min_voxels": 3, "max_regions": 4, "model": model.to_dict()}}
+    )
     assert main(["segment", str(rotated_nifti), "-o", str(tmp_path / "o"), "--bundle", str(bundle), "--quiet"]) == 0
     rep = json.loads((tmp_path / "o" / "report.json").read_text(encoding="utf-8"))
     img = sitk.ReadImage(str(tmp_path / "o" / "regions.nii.gz"))
@@ -174,7 +194,15 @@ def test_region_features_are_each_regions_own_statistics(seed, with_fov):
     for i in range(n):
         m = lab == i + 1
         v = tac[m]
-        want = (np.log1p(v.sum()), v.max(), v.mean(), np.log(m.sum()), m.any(axis=(1, 2)).sum(),
-                (pred[m] > 0).mean(), np.unique(pred[m]).size, end_position(np.nonzero(m)[0].mean(), shape[0]),
-                inside_fov[m].mean())
+        want = (
+            np.log1p(v.sum()),
+            v.max(),
+            v.mean(),
+            np.log(m.sum()),
+            m.any(axis=(1, 2)).sum(),
+            (pred[m] > 0).mean(),
+            np.unique(pred[m]).size,
+            end_position(np.nonzero(m)[0].mean(), shape[0]),
+            inside_fov[m].mean(),
+        )
         np.testing.assert_allclose(got[i], want, rtol=1e-12, atol=1e-12)

@@ -89,7 +89,7 @@ def test_voxel_baselines_flag_the_same_number_of_voxels():
     boundary = cv.predicted_boundary(pred)
     rnd = cv.random_voxels(boundary, 50, rng)
     assert rnd.sum() == 50 and not (rnd & ~boundary).any()
-    assert cv.random_voxels(boundary, 10 ** 6, rng).sum() == boundary.sum()  # capped at the support
+    assert cv.random_voxels(boundary, 10**6, rng).sum() == boundary.sum()  # capped at the support
 
 
 def test_random_regions_keep_sizes_and_stay_on_their_slices():
@@ -118,8 +118,13 @@ def test_detection_scores_match_hand_computed_areas():
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 10 ** 6), cap=st.integers(1, 60), conn=st.sampled_from(["3d", "slice"]),
-       grow=st.sampled_from([None, 0.1]), fill=st.booleans())
+@given(
+    seed=st.integers(0, 10**6),
+    cap=st.integers(1, 60),
+    conn=st.sampled_from(["3d", "slice"]),
+    grow=st.sampled_from([None, 0.1]),
+    fill=st.booleans(),
+)
 def test_a_region_never_exceeds_its_cap(seed, cap, conn, grow, fill):
     rng = np.random.default_rng(seed)
     tac = rng.uniform(0, 0.4, (3, 24, 24)).astype(np.float32)
@@ -139,8 +144,15 @@ def test_the_ml_cap_holds_in_the_engine_regions():
     spacing = (1.5, 1.5, 8.0)  # 18 mm3 a voxel
     cap = cap_voxels_of(1.0, spacing)
     assert cap == 55
-    s = {"flag_threshold": 0.1, "min_voxels": 1, "max_ml": 1.0, "model": None, "connectivity": "3d",
-         "neighbourhood_px": 2, "smooth_px": 1.0}
+    s = {
+        "flag_threshold": 0.1,
+        "min_voxels": 1,
+        "max_ml": 1.0,
+        "model": None,
+        "connectivity": "3d",
+        "neighbourhood_px": 2,
+        "smooth_px": 1.0,
+    }
     lab, n = form_regions(tac, pred, s, spacing)
     assert n == 1 and (lab > 0).sum() == cap
     near = cv.heart_neighbourhood(pred, 2)
@@ -155,8 +167,12 @@ def test_bad_region_settings_are_refused_in_one_line():
     tac = np.zeros((1, 8, 8), np.float32)
     pred = np.zeros((1, 8, 8), np.uint8)
     base = {"flag_threshold": 0.1, "min_voxels": 1}
-    for bad, word in (({"max_ml": 0}, "max_ml"), ({"ranking": "size"}, "ranking"), ({"smooth_px": -1}, "smooth_px"),
-                      ({"grow_threshold": 0.2}, "grow_threshold")):
+    for bad, word in (
+        ({"max_ml": 0}, "max_ml"),
+        ({"ranking": "size"}, "ranking"),
+        ({"smooth_px": -1}, "smooth_px"),
+        ({"grow_threshold": 0.2}, "grow_threshold"),
+    ):
         with pytest.raises(CardsegError, match=word) as e:
             form_regions(tac, pred, {**base, **bad}, (1, 1, 1))
         assert "\n" not in str(e.value)

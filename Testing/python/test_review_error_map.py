@@ -9,8 +9,16 @@ import pytest
 from cardseg.base.errors import CardsegError
 from cardseg.review import coverage as cv
 from cardseg.review.error_map import VOXEL_FEATURES, boundary_distance, error_probability, voxel_features
-from cardseg.review.regions import (FEATURES, ErrorModel, feature_map, flagged_regions, form_regions, rank_regions,
-                                    region_features, region_labels)
+from cardseg.review.regions import (
+    FEATURES,
+    ErrorModel,
+    feature_map,
+    flagged_regions,
+    form_regions,
+    rank_regions,
+    region_features,
+    region_labels,
+)
 
 from conftest import blob_error_maps
 
@@ -76,8 +84,15 @@ def test_error_map_rule_needs_a_voxel_model_and_respects_its_cap():
     pred = heart()
     tac = np.zeros(pred.shape, np.float32)
     tac[1:4, 12:28, 12:28] = 0.5
-    base = {"map": "error_probability", "flag_threshold": 0.3, "grow_threshold": 0.15, "min_voxels": 1,
-            "neighbourhood_px": 5, "fill_holes": True, "max_ml": 0.2}
+    base = {
+        "map": "error_probability",
+        "flag_threshold": 0.3,
+        "grow_threshold": 0.15,
+        "min_voxels": 1,
+        "neighbourhood_px": 5,
+        "fill_holes": True,
+        "max_ml": 0.2,
+    }
     with pytest.raises(CardsegError, match="voxel_model"):
         form_regions(tac, pred, base, (1.0, 1.0, 1.0))
     settings = {**base, "voxel_model": voxel_model({"log_tac_s2": 2.0}, 3.0).to_dict()}
@@ -88,8 +103,9 @@ def test_error_map_rule_needs_a_voxel_model_and_respects_its_cap():
     assert np.array_equal(form_regions(tac, pred, settings, (1.0, 1.0, 1.0), score)[0], lab)
     with pytest.raises(CardsegError, match="regions.voxel_model"):
         feature_map(tac, pred, {**settings, "voxel_model": voxel_model({}).to_dict() | {"features": ["x"]}})
-    regs, ranks = flagged_regions(tac, pred, {**settings, "ranking": "summed_map"}, np.eye(4), (1.0, 1.0, 1.0),
-                                  ["bg", "RV", "MYO", "LV"])
+    regs, ranks = flagged_regions(
+        tac, pred, {**settings, "ranking": "summed_map"}, np.eye(4), (1.0, 1.0, 1.0), ["bg", "RV", "MYO", "LV"]
+    )
     assert [r["id"] for r in regs] == list(range(1, len(regs) + 1)) and int(ranks.max()) == len(regs)
 
 
@@ -126,14 +142,22 @@ def test_bootstrap_intervals_of_the_covered_fraction():
     from cardseg_train.review_measure import covered_intervals
 
     def vol(case, errors, covered, base):
-        return {"case": case, "errors": errors, "covered_k": [0, covered, covered, covered],
-                "same_burden": {"tac": base}}
+        return {
+            "case": case,
+            "errors": errors,
+            "covered_k": [0, covered, covered, covered],
+            "same_burden": {"tac": base},
+        }
 
     same = [vol(f"patient{i:03d}_frame01", 4, 2, 1) for i in range(5)]
     ci = covered_intervals(same, resamples=200)
     assert ci["covered_top3"] == pytest.approx([0.5, 0.5]) and ci["same_burden"]["tac"] == pytest.approx([0.25, 0.25])
-    mixed = [vol("patient001_frame01", 4, 4, 0), vol("patient001_frame02", 4, 4, 0),
-             vol("patient002_frame01", 4, 0, 4), vol("patient003_frame01", 4, 2, 2)]
+    mixed = [
+        vol("patient001_frame01", 4, 4, 0),
+        vol("patient001_frame02", 4, 4, 0),
+        vol("patient002_frame01", 4, 0, 4),
+        vol("patient003_frame01", 4, 2, 2),
+    ]
     ci = covered_intervals(mixed, resamples=2000)
     lo, hi = ci["covered_top3"]
     assert ci["patients"] == 3 and ci["resamples"] == 2000

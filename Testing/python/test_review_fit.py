@@ -14,8 +14,13 @@ from conftest import blob_error_maps
 
 def test_selection_prefers_the_rule_that_covers_the_errors_and_p_error_ranks_them_first():
     maps = [blob_error_maps(i, f"patient{i:03d}_frame01") for i in range(6)]
-    grid = {"smooth_px": (0.0,), "connectivity": ("slice",), "flag_threshold": (0.05, 0.2), "max_ml": (None,),
-            "ranking": ("p_error",)}
+    grid = {
+        "smooth_px": (0.0,),
+        "connectivity": ("slice",),
+        "flag_threshold": (0.05, 0.2),
+        "max_ml": (None,),
+        "ranking": ("p_error",),
+    }
     res = select_settings(maps, grid=grid, max_regions=6, max_burden=1.0)
     cands = {c["flag_threshold"]: c for c in res["candidates"]}
     assert cands[0.05]["covered_all"] == pytest.approx(1.0) and cands[0.2]["covered_all"] == pytest.approx(1.0)
@@ -34,8 +39,13 @@ def test_burden_cap_excludes_rules_that_cover_the_heart():
     maps = [blob_error_maps(i, f"patient{i:03d}_frame01") for i in range(4)]
     for m in maps:
         m.tac[:, 9:39, 9:39] = np.maximum(m.tac[:, 9:39, 9:39], 0.03)  # a weak band over the whole heart
-    grid = {"smooth_px": (0.0,), "connectivity": ("3d",), "flag_threshold": (0.02, 0.1), "max_ml": (None,),
-            "ranking": ("p_error",)}
+    grid = {
+        "smooth_px": (0.0,),
+        "connectivity": ("3d",),
+        "flag_threshold": (0.02, 0.1),
+        "max_ml": (None,),
+        "ranking": ("p_error",),
+    }
     res = select_settings(maps, grid=grid, max_burden=0.3)
     assert res["settings"]["flag_threshold"] == 0.1  # 0.02 would make one region of the whole heart
 
@@ -76,8 +86,9 @@ def test_maps_are_cached_and_reused(tiny_bundle, synthetic_volume, tmp_path, mon
     assert np.allclose(again[1].tac, first[1].tac, atol=1e-3)  # stored as float16
 
 
-def test_flip_maps_are_collected_as_the_engine_computes_them_and_cached_beside(tiny_bundle, synthetic_volume,
-                                                                               tmp_path, monkeypatch):
+def test_flip_maps_are_collected_as_the_engine_computes_them_and_cached_beside(
+    tiny_bundle, synthetic_volume, tmp_path, monkeypatch
+):
     from cardseg.bundle.loading import load_bundle
     from cardseg.segment import normalized_slices, trajectory_on_slices, flip_disagreement_map
     from cardseg_train import review_data
@@ -126,8 +137,10 @@ def test_review_maps_under_the_calibration_pools_perturbations(tiny_bundle, synt
     assert np.allclose(gamma.tac, np.asarray(expected.tac), atol=1e-3)  # float16 cache
     assert not np.allclose(gamma.tac, clean.tac, atol=1e-3)
     assert np.array_equal(gamma.truth, clean.truth) and gamma.condition == "pool:gamma"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["patient900_frame01__clean.npz",
-                                                          "patient900_frame01__pool-gamma.npz"]  # no ':' in names
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "patient900_frame01__clean.npz",
+        "patient900_frame01__pool-gamma.npz",
+    ]  # no ':' in names
     with pytest.raises(ValueError, match="unknown pool perturbation 'blur'"):
         review_data.compute_maps(bundle, item, "pool:blur")
 
@@ -136,12 +149,24 @@ def test_the_second_pass_searches_around_the_winner_and_never_does_worse():
     from cardseg_train.review_fit import refine_grid, two_pass
 
     maps = [blob_error_maps(i, f"patient{i:03d}_frame01") for i in range(4)]
-    grid = refine_grid({"smooth_px": 0.0, "connectivity": "slice", "flag_threshold": 0.08, "max_ml": 2.0,
-                        "ranking": "p_error"})
+    grid = refine_grid(
+        {"smooth_px": 0.0, "connectivity": "slice", "flag_threshold": 0.08, "max_ml": 2.0, "ranking": "p_error"}
+    )
     assert grid["flag_threshold"] == (0.07, 0.08, 0.09) and grid["max_ml"] == (2.0, 3.0, 4.0)
-    first = select_settings(maps, grid={"smooth_px": (0.0,), "connectivity": ("slice",), "flag_threshold": (0.2,),
-                                        "max_ml": (0.1,), "ranking": ("p_error",)}, max_burden=1.0)
+    first = select_settings(
+        maps,
+        grid={
+            "smooth_px": (0.0,),
+            "connectivity": ("slice",),
+            "flag_threshold": (0.2,),
+            "max_ml": (0.1,),
+            "ranking": ("p_error",),
+        },
+        max_burden=1.0,
+    )
     res = two_pass(maps, first=first)
     assert {c["pass"] for c in res["candidates"]} == {1, 2}
-    assert res["validation"]["cross_validated"]["covered_top3"] >= first["validation"]["cross_validated"]["covered_top3"]
+    assert (
+        res["validation"]["cross_validated"]["covered_top3"] >= first["validation"]["cross_validated"]["covered_top3"]
+    )
     assert res["settings"]["max_ml"] in (0.1, 0.15, 0.2)

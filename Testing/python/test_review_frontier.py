@@ -13,8 +13,13 @@ from cardseg_train.review_fit import volume_errors, volume_regions
 from conftest import blob_error_maps
 
 #: a small variant grid: two flags, an ml cap and two share caps, both rankings
-SMALL = {"neighbourhood_px": (10,), "smooth_px": (0.0,), "flag_threshold": (0.1, 0.2),
-         "cap": (("ml", 30.0), ("share", 0.02), ("share", 0.005)), "ranking": ("p_error", "p_error_per_ml")}
+SMALL = {
+    "neighbourhood_px": (10,),
+    "smooth_px": (0.0,),
+    "flag_threshold": (0.1, 0.2),
+    "cap": (("ml", 30.0), ("share", 0.02), ("share", 0.005)),
+    "ranking": ("p_error", "p_error_per_ml"),
+}
 
 
 def _maps():
@@ -29,8 +34,9 @@ def test_the_resampled_burden_reads_patients_not_volumes():
     median = float(np.median([0.05, 0.05, 0.1, 0.1, 0.3, 0.3]))
     assert spread > median  # the 90% quantile lies above the plain median when one patient is heavy
     assert spread == pytest.approx(0.3)  # with three patients, the heavy one is drawn twice often enough
-    low = rf.resampled_burden(["a", "a", "b", "b", "c", "c"], [0.05, 0.05, 0.1, 0.1, 0.3, 0.3], draws=2000,
-                              quantile=0.1)
+    low = rf.resampled_burden(
+        ["a", "a", "b", "b", "c", "c"], [0.05, 0.05, 0.1, 0.1, 0.3, 0.3], draws=2000, quantile=0.1
+    )
     assert low == pytest.approx(0.05)
     # a patient's volumes move together: two heavy volumes of one patient weigh as one patient's draw
     assert rf.resampled_burden(["a", "b", "b", "b"], [0.0, 1.0, 1.0, 1.0], draws=2000, quantile=0.1) == 0.0
@@ -50,10 +56,12 @@ def test_a_share_cap_follows_the_volumes_heart_and_no_region_exceeds_it():
 
 
 def test_the_frontier_keeps_the_most_covered_within_each_budget():
-    rows = [{"covered_top3": 0.5, "median_burden_top3": 0.04, "resampled_burden": 0.12, "id": 1},
-            {"covered_top3": 0.7, "median_burden_top3": 0.09, "resampled_burden": 0.2, "id": 2},
-            {"covered_top3": 0.7, "median_burden_top3": 0.08, "resampled_burden": 0.11, "id": 3},
-            {"covered_top3": 0.9, "median_burden_top3": 0.3, "resampled_burden": 0.35, "id": 4}]
+    rows = [
+        {"covered_top3": 0.5, "median_burden_top3": 0.04, "resampled_burden": 0.12, "id": 1},
+        {"covered_top3": 0.7, "median_burden_top3": 0.09, "resampled_burden": 0.2, "id": 2},
+        {"covered_top3": 0.7, "median_burden_top3": 0.08, "resampled_burden": 0.11, "id": 3},
+        {"covered_top3": 0.9, "median_burden_top3": 0.3, "resampled_burden": 0.35, "id": 4},
+    ]
     f = rf.frontier(rows, "median_burden_top3", (0.03, 0.05, 0.1, 0.5))
     assert [x["variant"] and x["variant"]["id"] for x in f] == [None, 1, 3, 4]  # a tie goes to the lighter
     assert [x["covered_top3"] for x in f] == [None, 0.5, 0.7, 0.9]
@@ -75,10 +83,13 @@ def test_the_study_scores_each_variant_and_the_frontier_takes_the_lightest_that_
     for r in t["variants"]:
         by_cap.setdefault(tuple(r["cap"]), []).append(r)
     heart = int((maps[0].pred > 0).sum())
-    assert all(r["covered_top3"] == 1.0 and r["median_burden_top3"] == pytest.approx(200 / heart)
-               for r in by_cap[("ml", 30.0)])
-    assert all(r["covered_top3"] == 1.0 and r["median_burden_top3"] == pytest.approx(2 * 62 / heart)
-               for r in by_cap[("share", 0.02)])
+    assert all(
+        r["covered_top3"] == 1.0 and r["median_burden_top3"] == pytest.approx(200 / heart) for r in by_cap[("ml", 30.0)]
+    )
+    assert all(
+        r["covered_top3"] == 1.0 and r["median_burden_top3"] == pytest.approx(2 * 62 / heart)
+        for r in by_cap[("share", 0.02)]
+    )
     assert all(r["covered_top3"] == 0.0 and r["median_burden_top3"] <= 3 * 0.005 for r in by_cap[("share", 0.005)])
     assert all(r["resampled_burden"] == pytest.approx(r["median_burden_top3"]) for r in t["variants"])  # alike volumes
     fm = {f["budget"]: f for f in t["frontier"]["median"]}
@@ -87,8 +98,14 @@ def test_the_study_scores_each_variant_and_the_frontier_takes_the_lightest_that_
     w = t["within_target_burden"]
     assert w["cap=ml"] == {"covered_top3": 1.0, "median_burden_top3": pytest.approx(200 / heart)}
     assert w["cap=share"] == {"covered_top3": 1.0, "median_burden_top3": pytest.approx(2 * 62 / heart)}
-    assert set(w) == {"neighbourhood_px=10", "smooth_px=0", "cap=ml", "cap=share", "ranking=p_error",
-                      "ranking=p_error_per_ml"}
+    assert set(w) == {
+        "neighbourhood_px=10",
+        "smooth_px=0",
+        "cap=ml",
+        "cap=share",
+        "ranking=p_error",
+        "ranking=p_error_per_ml",
+    }
     md = rf.markdown(t, "t")
     assert "| cap=share | 100.0% | 4.0% |" in md
     assert "| 5.0% | 100.0% | flag 0.1, smooth 0 px, neighbourhood 10 px, cap 2% of the heart, by p_error |" in md
@@ -107,8 +124,11 @@ def test_the_command_writes_its_three_files(tmp_path, monkeypatch):
     monkeypatch.setattr(rd, "collect_maps", lambda *a, **k: maps)
     out = tmp_path / "f"
     assert rf.main(["--out", str(out), "--draws", "50", "--cache", ""]) == 0
-    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == \
-        ["frontier.json", "frontier.md", "frontier.png"]
+    assert sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) == [
+        "frontier.json",
+        "frontier.md",
+        "frontier.png",
+    ]
     rec = json.loads((out / "frontier.json").read_text())
     assert rec["map"] == "tac_flips" and len(rec["variants"]) == 12  # the shipped bundle's rule map
     assert rec["shipped_rule_held_out"]["covered_top3"] is not None

@@ -18,8 +18,14 @@ from conftest import MODULE_DIR, files_of, read_csv, refused, run_cli_quiet
 
 #: the TAC rule kept under the flip rule of the test bundle: thresholds low enough that an untrained
 #: pair of networks gives regions
-TAC_RULE = {"map": "tac", "flag_threshold": 0.01, "grow_threshold": 0.005, "min_voxels": 5, "max_ml": 3.0,
-            "smooth_px": 0.0}
+TAC_RULE = {
+    "map": "tac",
+    "flag_threshold": 0.01,
+    "grow_threshold": 0.005,
+    "min_voxels": 5,
+    "max_ml": 3.0,
+    "smooth_px": 0.0,
+}
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +36,16 @@ def two_rule_bundle(tiny_bundle, tmp_path_factory):
     config = json.loads((path / "bundle.json").read_text())
     earlier = {k: v for k, v in config["regions"].items() if k != "display_max_disagreement"}
     earlier.update(TAC_RULE)
-    config["regions"].update({"map": "tac_flips", "flag_threshold": 0.02, "smooth_px": 1.0, "max_ml": 2.0,
-                              "display_max_disagreement": 0.3, "previous": earlier})
+    config["regions"].update(
+        {
+            "map": "tac_flips",
+            "flag_threshold": 0.02,
+            "smooth_px": 1.0,
+            "max_ml": 2.0,
+            "display_max_disagreement": 0.3,
+            "previous": earlier,
+        }
+    )
     (path / "bundle.json").write_text(json.dumps(config, indent=1))
     return path
 
@@ -68,8 +82,11 @@ def test_choosing_the_earlier_rule_replaces_only_the_regions_block(two_rule_bund
 
 def test_a_map_no_rule_uses_and_a_broken_earlier_rule_are_refused(two_rule_bundle):
     config = _config(two_rule_bundle)
-    with pytest.raises(CardsegError, match=r"no flagged-region rule on the map 'error_probability' "
-                                           r"\(--review-map: tac_flips, tac\)"):
+    with pytest.raises(
+        CardsegError,
+        match=r"no flagged-region rule on the map 'error_probability' "
+        r"\(--review-map: tac_flips, tac\)",
+    ):
         choose_review_map(config, "error_probability", "bundle x")
     config["regions"]["previous"]["flag_threshold"] = 2.0  # beyond ln 2 for the TAC
     with pytest.raises(CardsegError, match=r"its earlier rule on the map 'tac'.*flag_threshold must be in \[0, ln 2"):
@@ -83,13 +100,16 @@ def test_the_shipped_bundle_offers_its_tac_rule():
     rules = review_rules(checked.config)
     assert list(rules) == ["tac_flips", "tac"]
     fast = with_review_map(checked, "tac")
-    assert fast.config["regions"] == {**rules["tac"],
-                                      "display_max_disagreement": checked.config["regions"]["display_max_disagreement"]}
+    assert fast.config["regions"] == {
+        **rules["tac"],
+        "display_max_disagreement": checked.config["regions"]["display_max_disagreement"],
+    }
     assert fast.weights is checked.weights and fast.root == checked.root  # checked once, shared
 
 
 def test_segment_with_the_earlier_rule_is_the_same_run_with_the_tac_rule_and_no_flipped_runs(
-        two_rule_bundle, phantom_file, tmp_path, model_cache):
+    two_rule_bundle, phantom_file, tmp_path, model_cache
+):
     """The segmentation and its maps are byte for byte those of the bundle's own rule; the regions
     are those a bundle whose own rule is the TAC one gives; no flipped run is made."""
     import SimpleITK as sitk
@@ -102,9 +122,11 @@ def test_segment_with_the_earlier_rule_is_the_same_run_with_the_tac_rule_and_no_
 
     common = [str(phantom_file), "--backend", "torch", "--progress", "none", "--quiet"]
     outs = {}
-    for name, extra in (("own", ["--bundle", str(two_rule_bundle)]),
-                        ("fast", ["--bundle", str(two_rule_bundle), "--review-map", "tac"]),
-                        ("tac", ["--bundle", str(tac_bundle)])):
+    for name, extra in (
+        ("own", ["--bundle", str(two_rule_bundle)]),
+        ("fast", ["--bundle", str(two_rule_bundle), "--review-map", "tac"]),
+        ("tac", ["--bundle", str(tac_bundle)]),
+    ):
         outs[name] = tmp_path / name
         assert run_cli_quiet(["segment", *common, "-o", str(outs[name]), *extra])[0] == 0
     reports = {n: json.loads((p / "report.json").read_text()) for n, p in outs.items()}
@@ -122,22 +144,38 @@ def test_segment_with_the_earlier_rule_is_the_same_run_with_the_tac_rule_and_no_
     assert reports["fast"]["regions"] != reports["own"]["regions"]
 
 
-def test_segment_refuses_an_unknown_review_map_before_writing_anything(two_rule_bundle, phantom_file, tmp_path,
-                                                                       capsys):
+def test_segment_refuses_an_unknown_review_map_before_writing_anything(two_rule_bundle, phantom_file, tmp_path, capsys):
     out = tmp_path / "out"
     before = files_of(tmp_path)
-    refused(capsys, ["segment", str(phantom_file), "-o", str(out), "--bundle", str(two_rule_bundle),
-                     "--review-map", "flips"], "no flagged-region rule on the map 'flips'", "tac_flips, tac")
+    refused(
+        capsys,
+        ["segment", str(phantom_file), "-o", str(out), "--bundle", str(two_rule_bundle), "--review-map", "flips"],
+        "no flagged-region rule on the map 'flips'",
+        "tac_flips, tac",
+    )
     assert not out.exists() and files_of(tmp_path) == before
 
 
-def test_batch_runs_the_chosen_rule_and_keys_its_cases_by_it(two_rule_bundle, phantom_file, tmp_path, capsys,
-                                                             model_cache):
+def test_batch_runs_the_chosen_rule_and_keys_its_cases_by_it(
+    two_rule_bundle, phantom_file, tmp_path, capsys, model_cache
+):
     """A batch run with the TAC rule writes that rule's regions; the same OUTDIR with the bundle's
     own rule is another batch (refused without --overwrite, every case recomputed with it)."""
     out = tmp_path / "batch"
-    base = ["batch", str(phantom_file), "-o", str(out), "--bundle", str(two_rule_bundle), "--backend", "torch",
-            "--progress", "none", "--quiet", "--no-report"]
+    base = [
+        "batch",
+        str(phantom_file),
+        "-o",
+        str(out),
+        "--bundle",
+        str(two_rule_bundle),
+        "--backend",
+        "torch",
+        "--progress",
+        "none",
+        "--quiet",
+        "--no-report",
+    ]
     assert run_cli_quiet(base + ["--review-map", "tac"])[0] == 0
     case = next(p for p in out.iterdir() if p.is_dir())
     assert json.loads((case / "report.json").read_text())["review_map"] == "TAC"
@@ -148,11 +186,24 @@ def test_batch_runs_the_chosen_rule_and_keys_its_cases_by_it(two_rule_bundle, ph
     assert len(read_csv(out / "cohort.csv")) == 1
 
 
-def test_batch_refuses_an_unknown_map_and_a_uc_batch_is_keyed_without_the_rule(two_rule_bundle, phantom_file,
-                                                                                tmp_path, capsys, model_cache):
+def test_batch_refuses_an_unknown_map_and_a_uc_batch_is_keyed_without_the_rule(
+    two_rule_bundle, phantom_file, tmp_path, capsys, model_cache
+):
     out = tmp_path / "batch"
-    base = ["batch", str(phantom_file), "-o", str(out), "--bundle", str(two_rule_bundle), "--backend", "torch",
-            "--progress", "none", "--quiet", "--no-report"]
+    base = [
+        "batch",
+        str(phantom_file),
+        "-o",
+        str(out),
+        "--bundle",
+        str(two_rule_bundle),
+        "--backend",
+        "torch",
+        "--progress",
+        "none",
+        "--quiet",
+        "--no-report",
+    ]
     refused(capsys, base + ["--review-map", "nope"], "no flagged-region rule on the map 'nope'")
     assert not out.exists()
     # uc cuts no regions: the rule does not change its cases, so the same batch resumes either way
@@ -169,9 +220,31 @@ def test_batch_workers_in_their_own_processes_run_the_chosen_rule(two_rule_bundl
         inputs.append(tmp_path / f"v{seed}.nii.gz")
         assert run_cli_quiet(["synth", str(inputs[-1]), "--seed", str(seed), "--slices", "2"])[0] == 0
     out = tmp_path / "batch"
-    assert run_cli_quiet(["batch", *map(str, inputs), "-o", str(out), "--bundle", str(two_rule_bundle),
-                          "--backend", "torch", "--progress", "none", "--quiet", "--no-report", "--workers", "2",
-                          "--threads", "1", "--review-map", "tac"])[0] == 0
+    assert (
+        run_cli_quiet(
+            [
+                "batch",
+                *map(str, inputs),
+                "-o",
+                str(out),
+                "--bundle",
+                str(two_rule_bundle),
+                "--backend",
+                "torch",
+                "--progress",
+                "none",
+                "--quiet",
+                "--no-report",
+                "--workers",
+                "2",
+                "--threads",
+                "1",
+                "--review-map",
+                "tac",
+            ]
+        )[0]
+        == 0
+    )
     reports = [json.loads(p.read_text()) for p in sorted(out.glob("*/report.json"))]
     assert len(reports) == 2 and all(r["review_map"] == "TAC" and "flips" not in r["timings_s"] for r in reports)
 
@@ -183,8 +256,12 @@ def test_batch_refuses_card_with_a_bundle_not_calibrated_by_card(tiny_bundle, ph
     config["calibration"] = {"method": "ts", "temperature": 1.5}
     (bundle / "bundle.json").write_text(json.dumps(config, indent=1))
     out = tmp_path / "batch"
-    refused(capsys, ["batch", str(phantom_file), "-o", str(out), "--bundle", str(bundle)], "calibrated by 'ts'",
-            "--method uc")
+    refused(
+        capsys,
+        ["batch", str(phantom_file), "-o", str(out), "--bundle", str(bundle)],
+        "calibrated by 'ts'",
+        "--method uc",
+    )
     assert not out.exists()
 
 
@@ -197,8 +274,10 @@ def test_serve_takes_the_review_map_per_request(two_rule_bundle, phantom_file, t
 
     defaults = cli.build_parser().parse_args(["serve", "--bundle", str(two_rule_bundle), "--backend", "torch"])
     engine = Engine(defaults, Protocol(io.StringIO()), cli.build_parser, cli._check_segment_args, cli._check_backend)
-    results = [engine.segment({"id": i, "input": str(phantom_file), "output": str(tmp_path / f"o{i}"), **extra}, 0.0)
-               for i, extra in enumerate(({}, {"review_map": "tac"}))]
+    results = [
+        engine.segment({"id": i, "input": str(phantom_file), "output": str(tmp_path / f"o{i}"), **extra}, 0.0)
+        for i, extra in enumerate(({}, {"review_map": "tac"}))
+    ]
     assert results[0]["loaded_bundle"] and not results[1]["loaded_bundle"]
     assert "flips" in results[0]["timings_s"] and "flips" not in results[1]["timings_s"]
     assert json.loads((tmp_path / "o1" / "report.json").read_text())["review_map"] == "TAC"
@@ -236,10 +315,19 @@ def test_the_panel_passes_fast_review_to_one_shot_runs_and_to_the_warm_engine():
     engine, parameters, proc = _slicer_lib()
     from types import SimpleNamespace
 
-    node = SimpleNamespace(bundleSource=parameters.BundleSource.SHIPPED, bundleFolder="", device=parameters.Device.AUTO,
-                           method=parameters.Method.CARD, fastReview=True, loadProbabilities=False,
-                           overlay=parameters.Overlay.DISAGREEMENT, overlayOpacity=0.5,
-                           frameMode=parameters.FrameMode.SHOWN, edFrame=-1, esFrame=-1)
+    node = SimpleNamespace(
+        bundleSource=parameters.BundleSource.SHIPPED,
+        bundleFolder="",
+        device=parameters.Device.AUTO,
+        method=parameters.Method.CARD,
+        fastReview=True,
+        loadProbabilities=False,
+        overlay=parameters.Overlay.DISAGREEMENT,
+        overlayOpacity=0.5,
+        frameMode=parameters.FrameMode.SHOWN,
+        edFrame=-1,
+        esFrame=-1,
+    )
     options = parameters.job_options(node, str(MODULE_DIR))
     assert options.review_map == "tac"
     node.method = parameters.Method.UNCALIBRATED
@@ -270,7 +358,9 @@ def test_a_run_without_flipped_copies_gives_the_trajectory_the_bar():
     assert proc.overall_fraction("trajectory", 1, 1, 0.0, fast) == pytest.approx(flips_end)
     half = proc.overall_fraction("trajectory", 5, 10, 0.0, fast)
     assert proc.overall_fraction("write", 0, 7, half, fast) == pytest.approx(0.92)  # no jump left
-    assert proc.overall_fraction("trajectory", 5, 10, 0.0) == proc.overall_fraction("trajectory", 5, 10, 0.0, with_flips)
+    assert proc.overall_fraction("trajectory", 5, 10, 0.0) == proc.overall_fraction(
+        "trajectory", 5, 10, 0.0, with_flips
+    )
 
 
 def test_the_panel_binds_fast_review_to_the_parameter_node():
@@ -291,7 +381,8 @@ def test_info_lists_the_earlier_rules_a_run_can_choose(two_rule_bundle, tiny_bun
     lines = capsys.readouterr().out.splitlines()
     assert any(ln.startswith("  flagged regions: cut from the TAC + flip disagreement") for ln in lines)
     assert [ln for ln in lines if "--review-map" in ln] == [
-        next(ln for ln in lines if ln.startswith("  with --review-map tac: cut from the TAC: seeds above 0.01"))]
+        next(ln for ln in lines if ln.startswith("  with --review-map tac: cut from the TAC: seeds above 0.01"))
+    ]
     assert cardseg.cli.main(["info", "--bundle", str(tiny_bundle)]) == 0
     assert "--review-map" not in capsys.readouterr().out  # one rule: nothing to choose
 
@@ -317,4 +408,7 @@ def test_the_panel_says_which_map_the_regions_were_cut_from():
     assert agreement_summary(report).text == "Agreement 0.980 (lowest slice 1: 0.970); 2 flagged regions."
     fast = agreement_summary({**report, "review_map": "TAC"}).text
     assert fast == "Agreement 0.980 (lowest slice 1: 0.970); 2 flagged regions (from the TAC)."
-    assert "(from the TAC + flip disagreement)" in agreement_summary({**report, "review_map": "TAC + flip disagreement"}).text
+    assert (
+        "(from the TAC + flip disagreement)"
+        in agreement_summary({**report, "review_map": "TAC + flip disagreement"}).text
+    )

@@ -15,8 +15,13 @@ from conftest import blob_error_maps
 
 
 #: one candidate setting (the grid search itself is review_fit's and test_review_fit's)
-ONE = {"smooth_px": (0.0,), "connectivity": ("3d",), "flag_threshold": (0.1,), "max_ml": (30.0,),
-       "ranking": ("p_error",)}
+ONE = {
+    "smooth_px": (0.0,),
+    "connectivity": ("3d",),
+    "flag_threshold": (0.1,),
+    "max_ml": (30.0,),
+    "ranking": ("p_error",),
+}
 
 
 def _rule(maps) -> dict:
@@ -26,8 +31,12 @@ def _rule(maps) -> dict:
 
 
 def _maps(condition: str, decoy_tac):
-    return [dataclasses.replace(blob_error_maps(i, f"patient{i:03d}_frame0{1 + i % 2}", decoy_tac=decoy_tac),
-                                condition=condition) for i in range(6)]
+    return [
+        dataclasses.replace(
+            blob_error_maps(i, f"patient{i:03d}_frame0{1 + i % 2}", decoy_tac=decoy_tac), condition=condition
+        )
+        for i in range(6)
+    ]
 
 
 def test_a_pooled_p_error_is_calibrated_where_a_clean_one_is_not():

@@ -16,14 +16,23 @@ from conftest import blob_error_maps
 
 
 def _fit(top3: float, every: float, name: str) -> dict:
-    return {"settings": {"map": name}, "model": None, "candidates": [{"flag_threshold": top3}],
-            "validation": {"cross_validated": {"covered_top3": top3, "covered_all": every, "median_burden_top3": 0.08}}}
+    return {
+        "settings": {"map": name},
+        "model": None,
+        "candidates": [{"flag_threshold": top3}],
+        "validation": {"cross_validated": {"covered_top3": top3, "covered_all": every, "median_burden_top3": 0.08}},
+    }
 
 
-@pytest.mark.parametrize("tac, errmap, flips, want", [((0.41, 0.47), (0.32, 0.36), (0.40, 0.50), "tac"),
-                                                      ((0.35, 0.40), (0.39, 0.40), (0.30, 0.40), "error-map"),
-                                                      ((0.39, 0.45), (0.39, 0.40), (0.58, 0.60), "tac-flips"),
-                                                      ((0.39, 0.45), (0.39, 0.40), (0.2, 0.3), "tac")])  # a tie
+@pytest.mark.parametrize(
+    "tac, errmap, flips, want",
+    [
+        ((0.41, 0.47), (0.32, 0.36), (0.40, 0.50), "tac"),
+        ((0.35, 0.40), (0.39, 0.40), (0.30, 0.40), "error-map"),
+        ((0.39, 0.45), (0.39, 0.40), (0.58, 0.60), "tac-flips"),
+        ((0.39, 0.45), (0.39, 0.40), (0.2, 0.3), "tac"),
+    ],
+)  # a tie
 def test_auto_keeps_the_family_that_covers_more_held_out(tac, errmap, flips, want):
     calls = []
 
@@ -31,13 +40,19 @@ def test_auto_keeps_the_family_that_covers_more_held_out(tac, errmap, flips, wan
         def fit(maps, progress=None):
             calls.append(name)
             return _fit(*figures, name)
+
         return fit
 
-    fitters = {"tac": fitter("tac", tac), "error-map": fitter("error-map", errmap),
-               "tac-flips": fitter("tac-flips", flips)}
+    fitters = {
+        "tac": fitter("tac", tac),
+        "error-map": fitter("error-map", errmap),
+        "tac-flips": fitter("tac-flips", flips),
+    }
     fit = rr.choose_rule([], "auto", fitters=fitters)
     assert fit["rule"] == want and fit["settings"]["map"] == want and sorted(calls) == ["error-map", "tac", "tac-flips"]
-    assert fit["families"]["tac"]["covered_top3"] == tac[0] and fit["families"]["error-map"]["covered_top3"] == errmap[0]
+    assert (
+        fit["families"]["tac"]["covered_top3"] == tac[0] and fit["families"]["error-map"]["covered_top3"] == errmap[0]
+    )
     assert sorted(c["rule"] for c in fit["candidates"]) == ["error-map", "tac", "tac-flips"]
     calls.clear()
     only = rr.choose_rule([], "error-map", fitters=fitters)
@@ -54,14 +69,23 @@ def test_a_tac_rule_fit_makes_a_block_the_engine_reproduces(tiny_bundle, tmp_pat
     assert fit["rule"] == "tac" and fit["settings"]["map"] == "tac"
     v = fit["validation"]["cross_validated"]
     assert v["substantial_errors"] == 12 and v["covered_top3"] == pytest.approx(1.0)
-    old = {"map": "error_probability", "flag_threshold": 0.1, "grow_threshold": 0.05, "fill_holes": True,
-           "max_ml": 50.0, "voxel_model": {"kind": "logistic"}, "model": None}
+    old = {
+        "map": "error_probability",
+        "flag_threshold": 0.1,
+        "grow_threshold": 0.05,
+        "fill_holes": True,
+        "max_ml": 50.0,
+        "voxel_model": {"kind": "logistic"},
+        "model": None,
+    }
     block = rr.regions_block(fit, old, len(maps), 1.0)
     assert block["map"] == "tac" and block["voxel_model"] is None and block["fit"]["rule_family"] == "tac"
     # fit-review merges the block into the old one (update_config): nothing of the old rule may remain
     bundle = shutil.copytree(tiny_bundle, tmp_path / "b")
-    config = update_config(bundle, {"regions": {"map": "tac", "flag_threshold": 0.1, "grow_threshold": 0.05,
-                                                "fill_holes": True, "max_ml": 50.0}})  # an old rule that fills holes
+    config = update_config(
+        bundle,
+        {"regions": {"map": "tac", "flag_threshold": 0.1, "grow_threshold": 0.05, "fill_holes": True, "max_ml": 50.0}},
+    )  # an old rule that fills holes
     assert config["regions"]["fill_holes"] is True
     merged = update_config(bundle, {"regions": block})["regions"]  # a plain merge: the block's keys win
     assert merged["fill_holes"] is False and merged["voxel_model"] is None
@@ -132,13 +156,21 @@ def test_info_says_how_the_bundle_cuts_its_regions(tiny_bundle, capsys):
     from cardseg.cli import main
     from cardseg.review.regions import describe_rule
 
-    errmap = {"map": "error_probability", "flag_threshold": 0.2, "grow_threshold": 0.1, "max_ml": 50.0,
-              "max_regions": 6, "ranking": "summed_map", "model": {"platt": [1.0, 0.0]}}
+    errmap = {
+        "map": "error_probability",
+        "flag_threshold": 0.2,
+        "grow_threshold": 0.1,
+        "max_ml": 50.0,
+        "max_regions": 6,
+        "ranking": "summed_map",
+        "model": {"platt": [1.0, 0.0]},
+    }
     line = describe_rule(errmap)
     assert line.startswith("cut from the error-probability map: seeds above 0.2, grown above 0.1, 3d, up to 50 ml")
     assert "ranked by summed map" in line and line.endswith("with a Platt step")
-    tac = describe_rule({"map": "tac", "smooth_px": 2.0, "flag_threshold": 0.05, "ranking": "p_error",
-                         "model": {"coef": [1.0]}})
+    tac = describe_rule(
+        {"map": "tac", "smooth_px": 2.0, "flag_threshold": 0.05, "ranking": "p_error", "model": {"coef": [1.0]}}
+    )
     assert tac.startswith("cut from the TAC, smoothed 2 px: seeds above 0.05, 3d") and "Platt" not in tac
     assert describe_rule({"flag_threshold": 0.1, "model": None}).endswith("no p_error model (ranked by the summed map)")
     assert main(["info", "--bundle", str(tiny_bundle)]) == 0
@@ -212,8 +244,14 @@ def test_fit_review_makes_its_maps_with_the_steps_asked_and_the_replaced_rule_ke
     assert "flip_steps" not in block["previous"] and "flip_steps" not in old  # the replaced rule ran on all steps
 
 
-@pytest.mark.parametrize("text, problem", [("0,49", "distinct and in decreasing order"), ("a", "separated by commas"),
-                                           ("50", r"--flip-steps\[0\] must be in \[0, 49\]")])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("0,49", "distinct and in decreasing order"),
+        ("a", "separated by commas"),
+        ("50", r"--flip-steps\[0\] must be in \[0, 49\]"),
+    ],
+)
 def test_fit_review_refuses_flip_steps_the_bundle_cannot_run(tiny_bundle, text, problem, capsys):
     from cardseg_train.cli_fit import cmd_fit_review
     from cardseg.base.errors import CardsegError

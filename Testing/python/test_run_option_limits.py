@@ -18,22 +18,46 @@ from cardseg.cohort.options import BatchOptions
 
 
 def cardseg(*args):
-    p = subprocess.run([sys.executable, "-m", "cardseg", *[str(a) for a in args]], capture_output=True, text=True,
-                       timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "cardseg", *[str(a) for a in args]], capture_output=True, text=True, timeout=300
+    )
     return p.returncode, p.stderr.strip()
 
 
-@pytest.mark.parametrize("command, extra, message", [
-    ("segment", ["--threads", str(MAX_THREADS + 1)], f"--threads must be 1 to {MAX_THREADS}, got {MAX_THREADS + 1}"),
-    ("batch", ["--threads", "100000"], f"--threads must be 1 to {MAX_THREADS}, got 100000"),
-    ("batch", ["--ray", "local", "--ray-cpus-per-worker", "nan"], "--ray-cpus-per-worker must be a number above 0, got nan"),
-    ("batch", ["--ray", "local", "--ray-cpus-per-worker", "inf"], "--ray-cpus-per-worker must be a number above 0, got inf"),
-    ("batch", ["--ray", "local", "--ray-cpus-per-worker", "0"], "--ray-cpus-per-worker must be a number above 0, got 0.0"),
-    ("batch", ["--ray-workers", "2"], "--ray-workers is for a Ray cluster (--ray ADDRESS or --ray local); on this "
-                                      "machine use --workers N"),
-])
-def test_unreasonable_numbers_are_refused_before_any_work(tmp_path, tiny_bundle, rotated_nifti, command, extra,
-                                                           message):
+@pytest.mark.parametrize(
+    "command, extra, message",
+    [
+        (
+            "segment",
+            ["--threads", str(MAX_THREADS + 1)],
+            f"--threads must be 1 to {MAX_THREADS}, got {MAX_THREADS + 1}",
+        ),
+        ("batch", ["--threads", "100000"], f"--threads must be 1 to {MAX_THREADS}, got 100000"),
+        (
+            "batch",
+            ["--ray", "local", "--ray-cpus-per-worker", "nan"],
+            "--ray-cpus-per-worker must be a number above 0, got nan",
+        ),
+        (
+            "batch",
+            ["--ray", "local", "--ray-cpus-per-worker", "inf"],
+            "--ray-cpus-per-worker must be a number above 0, got inf",
+        ),
+        (
+            "batch",
+            ["--ray", "local", "--ray-cpus-per-worker", "0"],
+            "--ray-cpus-per-worker must be a number above 0, got 0.0",
+        ),
+        (
+            "batch",
+            ["--ray-workers", "2"],
+            "--ray-workers is for a Ray cluster (--ray ADDRESS or --ray local); on this machine use --workers N",
+        ),
+    ],
+)
+def test_unreasonable_numbers_are_refused_before_any_work(
+    tmp_path, tiny_bundle, rotated_nifti, command, extra, message
+):
     out = tmp_path / "out"
     code, err = cardseg(command, rotated_nifti, "-o", out, "--bundle", tiny_bundle, *extra)
     assert code == 2 and err == f"cardseg: error: {message}"
@@ -50,8 +74,11 @@ def test_an_actor_bigger_than_every_node_is_refused_here_and_warned_elsewhere(mo
     monkeypatch.setattr(cluster, "ray", fake_ray(2, 4, dead=[64]))
     cluster.check_capacity(4, "local")  # fits the largest live node
     cluster.check_capacity(0.5, "auto")
-    with pytest.raises(CardsegError, match=r"^--ray-cpus-per-worker 8: no node of the Ray cluster has that many "
-                                           r"CPUs \(the largest has 4\)$"):
+    with pytest.raises(
+        CardsegError,
+        match=r"^--ray-cpus-per-worker 8: no node of the Ray cluster has that many "
+        r"CPUs \(the largest has 4\)$",
+    ):
         cluster.check_capacity(8, "local")  # a dead node's CPUs do not count
     assert capsys.readouterr().err == ""
     cluster.check_capacity(8, "ray://head:10001")  # an autoscaler may add such a node: a warning only
@@ -67,8 +94,16 @@ def test_a_local_cluster_too_small_for_one_actor_writes_nothing(monkeypatch, tmp
     monkeypatch.setattr(cluster, "disconnect", lambda started: events.append(("disconnect", started)))
     out = tmp_path / "out"
     with pytest.raises(CardsegError, match="no node of the Ray cluster has that many CPUs"):
-        run_batch(BatchOptions(inputs=[str(rotated_nifti)], output=str(out), bundle=str(tiny_bundle), ray="local",
-                               ray_cpus_per_worker=3, progress="none"))
+        run_batch(
+            BatchOptions(
+                inputs=[str(rotated_nifti)],
+                output=str(out),
+                bundle=str(tiny_bundle),
+                ray="local",
+                ray_cpus_per_worker=3,
+                progress="none",
+            )
+        )
     assert events == [("connect", "local"), ("disconnect", True)]
     assert not out.exists()
 
@@ -77,8 +112,11 @@ def test_synth_into_a_folder_that_cannot_be_written_is_refused_in_one_line(tmp_p
     """/proc stands for a read-only folder also when the tests run as root (who may write into a
     folder without write permission)."""
     code, err = cardseg("synth", "/proc/cardseg-synth.nii.gz")
-    assert code == 2 and err.startswith("cardseg: error: /proc/cardseg-synth.nii.gz: cannot write there (/proc is "
-                                        "not writable") and "\n" not in err
+    assert (
+        code == 2
+        and err.startswith("cardseg: error: /proc/cardseg-synth.nii.gz: cannot write there (/proc is not writable")
+        and "\n" not in err
+    )
     code, err = cardseg("synth", tmp_path / "ok.nii.gz", "--labels", "/proc/cardseg-labels.nii.gz")
     assert code == 2 and "cannot write there" in err and not (tmp_path / "ok.nii.gz").exists()
 
@@ -106,7 +144,6 @@ def test_an_existing_output_folder_that_cannot_be_written_is_refused(monkeypatch
     assert sorted(p.name for p in tmp_path.iterdir()) == ["readonly"]
 
 
-
 def test_a_probe_file_left_behind_never_bars_a_result_folder(tmp_path):
     """A probe file is cardseg's own (a run killed between making and removing it): an earlier
     result folder holding one is still replaced with --overwrite, and a foreign folder is refused
@@ -128,16 +165,14 @@ def test_a_probe_file_left_behind_never_bars_a_result_folder(tmp_path):
     assert sorted(p.name for p in foreign.iterdir()) == ["holiday.jpg"]
 
 
-def test_a_batch_folder_with_a_killed_runs_probe_is_resumed_and_the_probe_removed(tmp_path, tiny_bundle,
-                                                                                   rotated_nifti):
+def test_a_batch_folder_with_a_killed_runs_probe_is_resumed_and_the_probe_removed(tmp_path, tiny_bundle, rotated_nifti):
     """A run killed between making and removing its probe file leaves it in OUTDIR: the next run
     neither calls it a foreign file nor leaves it there once it is stale (a fresh one may be a live
     run's, it is only ignored)."""
     from cardseg.base.files import PROBE_PREFIX, PROBE_STALE_S
 
     out = tmp_path / "out"
-    options = dict(inputs=[str(rotated_nifti)], output=str(out), bundle=str(tiny_bundle), progress="none",
-                   report=False)
+    options = dict(inputs=[str(rotated_nifti)], output=str(out), bundle=str(tiny_bundle), progress="none", report=False)
     run_batch(BatchOptions(**options))
     stale, fresh = out / f"{PROBE_PREFIX}old", out / f"{PROBE_PREFIX}new"
     stale.write_bytes(b"")

@@ -25,8 +25,13 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
 def cli(*args, timeout=300):
-    proc = subprocess.run([sys.executable, "-m", "cardseg", "segment", *[str(a) for a in args]],
-                          capture_output=True, text=True, env=ENV, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cardseg", "segment", *[str(a) for a in args]],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=timeout,
+    )
     return proc.returncode, proc.stdout, proc.stderr
 
 
@@ -106,8 +111,9 @@ def test_a_folder_cardseg_did_not_write_is_never_replaced(tmp_path, scan, tiny_b
     (home / "docs" / "thesis.tex").write_text("years of work")
     (home / ".bashrc").write_text("export X=1")
     before = files_of(home)
-    assert_refused(cli(scan / "scan.nii.gz", "-o", home, "--overwrite", "--bundle", tiny_bundle),
-                   "not written by cardseg")
+    assert_refused(
+        cli(scan / "scan.nii.gz", "-o", home, "--overwrite", "--bundle", tiny_bundle), "not written by cardseg"
+    )
     assert files_of(home) == before
 
 
@@ -117,12 +123,12 @@ def test_overwrite_replaces_only_a_pure_cardseg_result(tmp_path, scan, tiny_bund
     assert code == 0, err
     stamp = json.loads((out / ".cardseg-output.json").read_text(encoding="utf-8"))
     assert stamp["tool"] == "cardseg" and set(stamp["files"]) == {p.name for p in out.iterdir()} - {
-        ".cardseg-output.json"}
+        ".cardseg-output.json"
+    }
     assert_refused(cli(scan / "scan.nii.gz", "-o", out, "--bundle", tiny_bundle), "--overwrite")
     (out / "my-measurements.csv").write_text("LV,123\n")  # the user added a file of their own
     before = files_of(out)
-    assert_refused(cli(scan / "scan.nii.gz", "-o", out, "--overwrite", "--bundle", tiny_bundle),
-                   "my-measurements.csv")
+    assert_refused(cli(scan / "scan.nii.gz", "-o", out, "--overwrite", "--bundle", tiny_bundle), "my-measurements.csv")
     assert files_of(out) == before
     (out / "my-measurements.csv").unlink()
     assert cli(scan / "scan.nii.gz", "-o", out, "--overwrite", "--quiet", "--bundle", tiny_bundle)[0] == 0
@@ -131,8 +137,14 @@ def test_overwrite_replaces_only_a_pure_cardseg_result(tmp_path, scan, tiny_bund
 
 def test_outputs_have_the_users_normal_modes(tmp_path, scan, tiny_bundle):
     out = tmp_path / "a" / "b" / "result"
-    proc = subprocess.run(f"umask 022 && {sys.executable} -m cardseg segment {scan / 'scan.nii.gz'} -o {out} "
-                          f"--quiet --bundle {tiny_bundle}", shell=True, env=ENV, capture_output=True, text=True)
+    proc = subprocess.run(
+        f"umask 022 && {sys.executable} -m cardseg segment {scan / 'scan.nii.gz'} -o {out} "
+        f"--quiet --bundle {tiny_bundle}",
+        shell=True,
+        env=ENV,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr
     for folder in (tmp_path / "a", tmp_path / "a" / "b", out):
         assert folder.stat().st_mode & 0o777 == 0o755, folder
@@ -151,8 +163,22 @@ def _wait_for(pred, timeout=120.0):
 
 def test_a_killed_run_leaves_nothing_that_the_next_run_does_not_clean(tmp_path, scan, tiny_bundle):
     out = tmp_path / "result"
-    proc = subprocess.Popen([sys.executable, "-m", "cardseg", "segment", str(scan / "scan.nii.gz"), "-o", str(out),
-                             "--bundle", str(tiny_bundle), "--quiet"], env=ENV, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cardseg",
+            "segment",
+            str(scan / "scan.nii.gz"),
+            "-o",
+            str(out),
+            "--bundle",
+            str(tiny_bundle),
+            "--quiet",
+        ],
+        env=ENV,
+        stderr=subprocess.DEVNULL,
+    )
     tmp = tmp_path / ".result.cardseg-tmp"
     assert _wait_for(tmp.exists), "the run never started writing"
     proc.send_signal(signal.SIGKILL)
@@ -173,15 +199,34 @@ def test_the_loser_of_a_race_fails_with_one_line(tmp_path, scan, tiny_bundle):
     lock = FileLock(tmp_path / ".result.cardseg.lock")  # another run holds the folder
     assert lock.acquire()
     try:
-        assert_refused(cli(scan / "scan.nii.gz", "-o", out, "--overwrite", "--bundle", tiny_bundle),
-                       "another cardseg run")
+        assert_refused(
+            cli(scan / "scan.nii.gz", "-o", out, "--overwrite", "--bundle", tiny_bundle), "another cardseg run"
+        )
     finally:
         lock.release()
     assert files_of(out) == before
     # two real runs at once: each either succeeds or loses with the one line; one result stands
-    procs = [subprocess.Popen([sys.executable, "-m", "cardseg", "segment", str(scan / "scan.nii.gz"), "-o", str(out),
-                               "--overwrite", "--quiet", "--bundle", str(tiny_bundle)], env=ENV, text=True,
-                              stderr=subprocess.PIPE) for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "cardseg",
+                "segment",
+                str(scan / "scan.nii.gz"),
+                "-o",
+                str(out),
+                "--overwrite",
+                "--quiet",
+                "--bundle",
+                str(tiny_bundle),
+            ],
+            env=ENV,
+            text=True,
+            stderr=subprocess.PIPE,
+        )
+        for _ in range(2)
+    ]
     results = [(p.wait(), p.stderr.read()) for p in procs]
     assert any(code == 0 for code, _ in results)
     for code, err in results:
@@ -211,7 +256,7 @@ def test_something_appearing_at_the_output_meanwhile_is_not_replaced(tmp_path):
 def test_truncated_and_hollow_files_are_refused(tmp_path, scan, tiny_bundle):
     data = (scan / "scan.nii.gz").read_bytes()
     half = tmp_path / "half.nii.gz"
-    half.write_bytes(data[:len(data) // 2])
+    half.write_bytes(data[: len(data) // 2])
     assert_refused(cli(half, "-o", tmp_path / "o", "--bundle", tiny_bundle), "truncated")
     # a 1 KB file whose header declares 1024 x 1024 x 4
     small = sitk.GetImageFromArray(np.arange(4 * 16 * 16, dtype=np.int16).reshape(4, 16, 16))
@@ -236,7 +281,7 @@ def test_broken_or_incomplete_dicom_series_are_refused(tmp_path, synthetic_volum
     broken = tmp_path / "broken"
     files = write_dicom_series(broken, vol)
     data = files[2].read_bytes()
-    files[2].write_bytes(data[:len(data) // 2])
+    files[2].write_bytes(data[: len(data) // 2])
     assert_refused(cli(broken, "-o", tmp_path / "o", "--bundle", tiny_bundle), files[2].name)
     gap = tmp_path / "gap"
     write_dicom_series(gap, vol, skip={(1, 0)})
@@ -273,8 +318,9 @@ def test_a_tilted_dicom_series_keeps_its_geometry(tmp_path, synthetic_volume, ti
     assert np.allclose(seg.GetSpacing(), vol.spacing, atol=1e-3)
     ref = vol.to_image()
     ref.SetDirection(direction)
-    assert np.allclose(seg.TransformIndexToPhysicalPoint((3, 5, 2)), ref.TransformIndexToPhysicalPoint((3, 5, 2)),
-                       atol=1e-2)
+    assert np.allclose(
+        seg.TransformIndexToPhysicalPoint((3, 5, 2)), ref.TransformIndexToPhysicalPoint((3, 5, 2)), atol=1e-2
+    )
 
 
 def _nifti_with_pixdim(tmp_path, name, value):
@@ -329,8 +375,12 @@ def test_bad_output_locations_and_options_fail_before_any_work(tmp_path, scan, t
 
 
 def test_help_shows_defaults_and_text_for_every_option():
-    proc = subprocess.run([sys.executable, "-m", "cardseg", "segment", "--help"], capture_output=True, text=True,
-                          env={**ENV, "COLUMNS": "200"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "cardseg", "segment", "--help"],
+        capture_output=True,
+        text=True,
+        env={**ENV, "COLUMNS": "200"},
+    )
     text = proc.stdout
     assert proc.returncode == 0
     assert "default: 8" in text and "default: auto" in text and "default: card" in text
@@ -377,7 +427,7 @@ def test_an_error_while_writing_clears_the_bar_and_leaves_nothing(tmp_path, scan
     last = err.rstrip("\n").split("\n")[-1]
     screen = []  # what a terminal shows of that line: each carriage return writes over from column 0
     for part in last.split("\r"):
-        screen[:len(part)] = list(part)
+        screen[: len(part)] = list(part)
     assert "".join(screen).rstrip().startswith("cardseg: error:") and "disk full" in "".join(screen)
     assert "".join(screen).rstrip().endswith("(simulated)")  # no remnant of the bar after it
     assert sorted(p.name for p in tmp_path.iterdir()) == ["study"]
@@ -389,8 +439,10 @@ def test_a_result_edited_under_the_same_name_is_never_replaced(tmp_path, scan, t
     seg = out / "segmentation.seg.nrrd"
     seg.write_bytes(seg.read_bytes() + b"\n")  # corrected in Slicer and saved back under its name
     before = files_of(out)
-    assert_refused(cli(scan / "scan.nii.gz", "-o", out, "--overwrite", "--bundle", tiny_bundle),
-                   "segmentation.seg.nrrd changed after cardseg wrote it")
+    assert_refused(
+        cli(scan / "scan.nii.gz", "-o", out, "--overwrite", "--bundle", tiny_bundle),
+        "segmentation.seg.nrrd changed after cardseg wrote it",
+    )
     assert files_of(out) == before
 
 

@@ -29,7 +29,9 @@ sys.path.insert(0, str(REPO / "Resources" / "Screenshots"))
 import phantom_sample  # noqa: E402  (the maintainers' writer of the sample files)
 
 FOLDER = MODULE_DIR / "Resources" / "SampleData"
-CLASSES = json.loads((MODULE_DIR / "cardseg" / "bundles" / "acdc" / "bundle.json").read_text(encoding="utf-8"))["classes"]
+CLASSES = json.loads((MODULE_DIR / "cardseg" / "bundles" / "acdc" / "bundle.json").read_text(encoding="utf-8"))[
+    "classes"
+]
 
 
 def read_labels(path: Path):
@@ -110,8 +112,9 @@ def test_the_shipped_files_are_the_projects_phantom(tmp_path):
     for s, c in zip(segments, CLASSES[1:]):
         assert s["color"] == pytest.approx(c["color"])
     # the RV is gone from the apical slices, the LV pool and myocardium are on every slice
-    assert (labels[-1] == 1).sum() == 0 and all((labels[k] == 3).any() and (labels[k] == 2).any()
-                                                for k in range(labels.shape[0]))
+    assert (labels[-1] == 1).sum() == 0 and all(
+        (labels[k] == 3).any() and (labels[k] == 2).any() for k in range(labels.shape[0])
+    )
 
 
 def test_write_sample_files_writes_what_it_reports(tmp_path):

@@ -24,11 +24,27 @@ def outputs(tmp_path_factory, tiny_bundle, rotated_nifti):
     root = tmp_path_factory.mktemp("runs")
     bundle = root / "bundle"
     shutil.copytree(tiny_bundle, bundle)
-    update_config(bundle, {"regions": {"flag_threshold": 0.0, "min_voxels": 5},
-                           "agreement": {"out_of_domain_threshold": 0.999}})
+    update_config(
+        bundle, {"regions": {"flag_threshold": 0.0, "min_voxels": 5}, "agreement": {"out_of_domain_threshold": 0.999}}
+    )
     for method in ("card", "uc"):
-        assert run([rotated_nifti, "-o", root / method, "--bundle", bundle, "--method", method, "--quiet",
-                    "--batch-size", "3"]) == 0
+        assert (
+            run(
+                [
+                    rotated_nifti,
+                    "-o",
+                    root / method,
+                    "--bundle",
+                    bundle,
+                    "--method",
+                    method,
+                    "--quiet",
+                    "--batch-size",
+                    "3",
+                ]
+            )
+            == 0
+        )
     return root
 
 
@@ -39,12 +55,22 @@ def _read(path):
 def test_every_output_is_written_on_the_input_grid(outputs, rotated_nifti):
     ref = _read(rotated_nifti)
     card = outputs / "card"
-    names = {"segmentation.nii.gz", "segmentation.seg.nrrd", "probabilities.nii.gz", "disagreement.nii.gz",
-             "temperature.nii.gz", "regions.nii.gz", "report.json"}
+    names = {
+        "segmentation.nii.gz",
+        "segmentation.seg.nrrd",
+        "probabilities.nii.gz",
+        "disagreement.nii.gz",
+        "temperature.nii.gz",
+        "regions.nii.gz",
+        "report.json",
+    }
     stamp = {".cardseg-output.json"}
     assert {p.name for p in card.iterdir()} == names | stamp
     assert {p.name for p in (outputs / "uc").iterdir()} == (names | stamp) - {
-        "disagreement.nii.gz", "temperature.nii.gz", "regions.nii.gz"}
+        "disagreement.nii.gz",
+        "temperature.nii.gz",
+        "regions.nii.gz",
+    }
     for name in names - {"report.json"}:
         img = _read(card / name)
         assert img.GetSize() == ref.GetSize(), name
@@ -78,15 +104,32 @@ def test_disagreement_temperature_and_report(outputs):
     rep = json.loads((card / "report.json").read_text(encoding="utf-8"))
     cal = rep["calibration"]
     assert tau.min() >= cal["tau_min"] - 1e-6 and tau.max() <= cal["tau_max"] + 1e-6
-    for key in ("agreement", "agreement_per_slice", "agreement_per_class", "out_of_domain", "regions", "timings_s",
-                "device", "bundle"):
+    for key in (
+        "agreement",
+        "agreement_per_slice",
+        "agreement_per_class",
+        "out_of_domain",
+        "regions",
+        "timings_s",
+        "device",
+        "bundle",
+    ):
         assert key in rep
     assert 0 <= rep["agreement"] <= 1 and rep["out_of_domain"] is True  # threshold 0.999 set above
     assert len(rep["agreement_per_slice"]) == d.shape[0]
     assert rep["regions"], "flag threshold 0 must flag something"
     r0 = rep["regions"][0]
-    for key in ("id", "voxels", "volume_mm3", "centroid_ijk", "centroid_lps", "bbox_ijk", "mean_disagreement",
-                "max_disagreement", "classes"):
+    for key in (
+        "id",
+        "voxels",
+        "volume_mm3",
+        "centroid_ijk",
+        "centroid_lps",
+        "bbox_ijk",
+        "mean_disagreement",
+        "max_disagreement",
+        "classes",
+    ):
         assert key in r0
     sums = [r["summed_disagreement"] for r in rep["regions"]]
     assert sums == sorted(sums, reverse=True)
@@ -127,7 +170,9 @@ def test_4d_needs_a_frame_and_2d_is_one_slice(tiny_bundle, synthetic_volume, tmp
     sitk.WriteImage(four, str(tmp_path / "cine.nii.gz"))
     assert run([tmp_path / "cine.nii.gz", "-o", tmp_path / "o4", "--bundle", tiny_bundle, "--quiet"]) == 2
     assert not (tmp_path / "o4").exists()
-    assert run([tmp_path / "cine.nii.gz", "-o", tmp_path / "o4", "--bundle", tiny_bundle, "--quiet", "--frame", "2"]) == 0
+    assert (
+        run([tmp_path / "cine.nii.gz", "-o", tmp_path / "o4", "--bundle", tiny_bundle, "--quiet", "--frame", "2"]) == 0
+    )
     seg = _read(tmp_path / "o4" / "segmentation.nii.gz")
     assert seg.GetSize() == frames[0].GetSize()
     two = sitk.GetImageFromArray(vol.array[1])
@@ -152,7 +197,9 @@ def test_one_slice_outputs_as_the_readme_describes_them(tiny_bundle, synthetic_v
     assert seg.GetDimension() == 3 and seg.GetSize() == one.GetSize()
     assert np.allclose(seg.GetSpacing(), (1.3, 1.1, 7.0)) and np.allclose(seg.GetOrigin(), (4.0, -3.0, 21.0))
     prob = _read(tmp_path / "o1" / "probabilities.nii.gz")
-    assert prob.GetDimension() == 2 and prob.GetSize() == one.GetSize()[:2] and prob.GetNumberOfComponentsPerPixel() == 4
+    assert (
+        prob.GetDimension() == 2 and prob.GetSize() == one.GetSize()[:2] and prob.GetNumberOfComponentsPerPixel() == 4
+    )
     assert nib.load(str(tmp_path / "o1" / "probabilities.nii.gz")).shape == (*one.GetSize(), 1, 4)
 
 
@@ -200,8 +247,9 @@ def _bad_inputs(tmp, vol):
     rgb = sitk.GetImageFromArray(np.random.randint(0, 255, (30, 30, 3), np.uint8), isVector=True)
     sitk.WriteImage(rgb, str(tmp / "rgb.nrrd"))
     cases["rgb"] = (tmp / "rgb.nrrd", "unsupported pixel type")
-    cplx = sitk.RealAndImaginaryToComplex(sitk.GetImageFromArray(np.random.rand(2, 30, 30)),
-                                          sitk.GetImageFromArray(np.random.rand(2, 30, 30)))
+    cplx = sitk.RealAndImaginaryToComplex(
+        sitk.GetImageFromArray(np.random.rand(2, 30, 30)), sitk.GetImageFromArray(np.random.rand(2, 30, 30))
+    )
     sitk.WriteImage(cplx, str(tmp / "complex.mha"))
     cases["complex"] = (tmp / "complex.mha", "unsupported pixel type")
     sitk.WriteImage(vol.to_image(), str(tmp / "good.nii.gz"))
@@ -247,16 +295,21 @@ def test_bad_bundle_and_options(tiny_bundle, rotated_nifti, tmp_path, capsys):
 
 
 def test_command_line_process_error_is_one_line_without_traceback(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "cardseg", "segment", str(tmp_path / "missing.nii.gz"), "-o",
-                           str(tmp_path / "o")], capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cardseg", "segment", str(tmp_path / "missing.nii.gz"), "-o", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
     assert "no such file" in proc.stderr
 
 
 def test_json_progress_lines(tiny_bundle, rotated_nifti, tmp_path, capfd):
-    assert run([rotated_nifti, "-o", tmp_path / "o", "--bundle", tiny_bundle, "--progress", "json",
-                "--batch-size", "2"]) == 0
+    assert (
+        run([rotated_nifti, "-o", tmp_path / "o", "--bundle", tiny_bundle, "--progress", "json", "--batch-size", "2"])
+        == 0
+    )
     lines = [json.loads(ln) for ln in capfd.readouterr().err.splitlines() if ln.strip()]
     assert all(set(d) == {"stage", "done", "total"} for d in lines)
     traj = [d for d in lines if d["stage"] == "trajectory"]
@@ -280,15 +333,44 @@ def test_console_script_exits_quickly_with_everything_written(tmp_path, tiny_bun
     """``cardseg segment`` skips the interpreter's teardown (os._exit): what it printed to a pipe
     must still arrive, its files be complete, and its exit codes be the documented ones."""
     out = tmp_path / "o"
-    proc = subprocess.run([sys.executable, "-m", "cardseg", "segment", str(rotated_nifti), "-o", str(out),
-                           "--bundle", str(tiny_bundle), "--method", "uc", "--progress", "none"],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cardseg",
+            "segment",
+            str(rotated_nifti),
+            "-o",
+            str(out),
+            "--bundle",
+            str(tiny_bundle),
+            "--method",
+            "uc",
+            "--progress",
+            "none",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stderr[-1000:]
     assert str(out) in proc.stdout and "method uc" in proc.stdout  # the summary line, flushed before exit
     report = json.loads((out / "report.json").read_text())
     assert report["method"] == "uc"
     assert sitk.ReadImage(str(out / "segmentation.nii.gz")).GetSize() == sitk.ReadImage(str(rotated_nifti)).GetSize()
-    bad = subprocess.run([sys.executable, "-m", "cardseg", "segment", str(tmp_path / "missing.nii.gz"), "-o",
-                          str(tmp_path / "o2"), "--bundle", str(tiny_bundle)], capture_output=True, text=True)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cardseg",
+            "segment",
+            str(tmp_path / "missing.nii.gz"),
+            "-o",
+            str(tmp_path / "o2"),
+            "--bundle",
+            str(tiny_bundle),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "missing.nii.gz" in bad.stderr
     assert not (tmp_path / "o2").exists()

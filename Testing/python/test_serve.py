@@ -43,8 +43,16 @@ class Serve:
     """A ``cardseg serve`` child: send requests, read its protocol lines from stdout."""
 
     def __init__(self, *args: str, preexec_fn=None):
-        self.proc = subprocess.Popen(CARDSEG + ["serve", *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, bufsize=1, env=ENV, preexec_fn=preexec_fn)
+        self.proc = subprocess.Popen(
+            CARDSEG + ["serve", *args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+            env=ENV,
+            preexec_fn=preexec_fn,
+        )
         self.progress: list = []
 
     def send(self, obj) -> None:
@@ -75,9 +83,27 @@ class Serve:
 
 
 def run_one_shot(phantom: Path, out: Path, bundle: Path, backend: str) -> dict:
-    subprocess.run(CARDSEG + ["segment", str(phantom), "-o", str(out), "--bundle", str(bundle), "--backend", backend,
-                              "--progress", "none", "--threads", "1"], check=True, capture_output=True, timeout=600,
-                   env=ENV)
+    subprocess.run(
+        CARDSEG
+        + [
+            "segment",
+            str(phantom),
+            "-o",
+            str(out),
+            "--bundle",
+            str(bundle),
+            "--backend",
+            backend,
+            "--progress",
+            "none",
+            "--threads",
+            "1",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+        env=ENV,
+    )
     return json.loads((out / "report.json").read_text())
 
 
@@ -99,8 +125,13 @@ def test_one_process_many_requests(tmp_path, phantom, tiny_bundle):
         assert first["ok"] and first["id"] == "a" and first["loaded_bundle"] is False, first
         # a bad request gets one line, and the engine goes on
         bad = engine.ask({"id": "b", "input": str(tmp_path / "missing.nii.gz"), "output": str(tmp_path / "b")})
-        assert bad == {"event": "result", "id": "b", "ok": False, "code": 2,
-                       "error": f"{tmp_path / 'missing.nii.gz'}: no such file or folder"}
+        assert bad == {
+            "event": "result",
+            "id": "b",
+            "ok": False,
+            "code": 2,
+            "error": f"{tmp_path / 'missing.nii.gz'}: no such file or folder",
+        }
         wrong = engine.ask({"id": "c", "input": str(phantom), "output": str(tmp_path / "c"), "method": "nope"})
         assert not wrong["ok"] and "invalid choice: 'nope'" in wrong["error"] and not (tmp_path / "c").exists()
         assert "--help" not in wrong["error"]  # a request is JSON, not a command line: no CLI hint
@@ -174,8 +205,16 @@ def test_end_of_input_stops_a_running_request(tmp_path, tiny_bundle, sigint):
     # 200 slices at batch size 1: a thousand network calls, so even on a loaded machine the request is
     # still running when the engine reads the end of its input (48 slices could finish first)
     subprocess.run(CARDSEG + ["synth", str(big), "--slices", "200"], check=True, capture_output=True, timeout=120)
-    engine = Serve("--bundle", str(tiny_bundle), "--backend", "torch", "--threads", "1", "--no-preload",
-                   preexec_fn=_ignore_sigint if sigint == "ignored" else None)
+    engine = Serve(
+        "--bundle",
+        str(tiny_bundle),
+        "--backend",
+        "torch",
+        "--threads",
+        "1",
+        "--no-preload",
+        preexec_fn=_ignore_sigint if sigint == "ignored" else None,
+    )
     try:
         assert engine.event()["event"] == "ready"
         engine.send({"id": 1, "input": str(big), "output": str(tmp_path / "out"), "batch_size": 1})
@@ -211,9 +250,17 @@ def test_client_cancel_kills_the_engine_and_the_next_run_starts_another(tmp_path
     from CARDSegmentLib.engine import Engine
 
     def command(out: str, src: Path = phantom) -> proc.SegmentCommand:
-        return proc.SegmentCommand(str(src), str(tmp_path / out), bundle_path=str(tiny_bundle), method="card",
-                                   python_executable=sys.executable, engine_dir=str(MODULE_DIR), threads=1,
-                                   batch_size=1, extra_env={"OMP_NUM_THREADS": "1", "CARDSEG_BACKEND": "torch"})
+        return proc.SegmentCommand(
+            str(src),
+            str(tmp_path / out),
+            bundle_path=str(tiny_bundle),
+            method="card",
+            python_executable=sys.executable,
+            engine_dir=str(MODULE_DIR),
+            threads=1,
+            batch_size=1,
+            extra_env={"OMP_NUM_THREADS": "1", "CARDSEG_BACKEND": "torch"},
+        )
 
     engine = Engine()
     try:
@@ -273,19 +320,29 @@ def test_an_answer_holding_a_non_finite_number_is_still_strict_json():
     line = stream.getvalue()
     assert line.endswith("\n") and line.count("\n") == 1
     assert json.loads(line, parse_constant=lambda name: pytest.fail(name)) == {
-        "event": "result", "id": 3, "agreement": None, "volumes": [1.5, None]}
+        "event": "result",
+        "id": 3,
+        "agreement": None,
+        "volumes": [1.5, None],
+    }
 
 
 def test_nan_or_infinity_in_a_request_is_refused_and_every_answer_is_strict_json(tmp_path, tiny_bundle):
     """Python's json reads NaN/Infinity; the engine echoed such an id back as invalid JSON."""
+
     def strict(line: str) -> dict:
         return json.loads(line, parse_constant=lambda name: pytest.fail(f"{name} in an answer: {line}"))
 
     engine = Serve("--bundle", str(tiny_bundle), "--backend", "torch", "--no-preload")
     try:
         assert strict(engine.proc.stdout.readline())["event"] == "ready"
-        for bad in ('{"id": NaN, "op": "status"}', '{"id": [1, -Infinity]}', '{"op": "status", "x": Infinity}',
-                    '{"id": 1e999, "op": "status"}', '{"op": "status", "id": -1e400}'):
+        for bad in (
+            '{"id": NaN, "op": "status"}',
+            '{"id": [1, -Infinity]}',
+            '{"op": "status", "x": Infinity}',
+            '{"id": 1e999, "op": "status"}',
+            '{"op": "status", "id": -1e400}',
+        ):
             engine.send(bad)
             answer = strict(engine.proc.stdout.readline())
             assert answer["ok"] is False and answer["code"] == 2 and answer["id"] is None, answer
@@ -301,10 +358,17 @@ def test_nan_or_infinity_in_a_request_is_refused_and_every_answer_is_strict_json
 def test_requests_queued_when_the_input_ends_run_only_with_eof_finish(tmp_path, phantom, tiny_bundle, mode):
     """``--eof stop`` (the default): the requests still queued when the input ends never run (all
     three of them used to); ``--eof finish`` runs them all."""
-    lines = "".join(json.dumps({"id": i, "input": str(phantom), "output": str(tmp_path / f"o{i}")}) + "\n"
-                    for i in (1, 2, 3))
-    p = subprocess.run(CARDSEG + ["serve", "--bundle", str(tiny_bundle), "--backend", "torch", "--threads", "1",
-                                  "--eof", mode], input=lines, capture_output=True, text=True, env=ENV, timeout=600)
+    lines = "".join(
+        json.dumps({"id": i, "input": str(phantom), "output": str(tmp_path / f"o{i}")}) + "\n" for i in (1, 2, 3)
+    )
+    p = subprocess.run(
+        CARDSEG + ["serve", "--bundle", str(tiny_bundle), "--backend", "torch", "--threads", "1", "--eof", mode],
+        input=lines,
+        capture_output=True,
+        text=True,
+        env=ENV,
+        timeout=600,
+    )
     events = [json.loads(x) for x in p.stdout.splitlines() if '"event"' in x]
     done = [e["id"] for e in events if e["event"] == "result" and e["ok"]]
     assert p.returncode == 0 and events[-1] == {"event": "exit", "reason": "eof"}
@@ -315,7 +379,8 @@ def test_requests_queued_when_the_input_ends_run_only_with_eof_finish(tmp_path, 
 
 
 def test_help_says_each_default_once_and_never_none():
-    p = subprocess.run(CARDSEG + ["serve", "--help"], capture_output=True, text=True, env={**ENV, "COLUMNS": "200"},
-                       timeout=120)
+    p = subprocess.run(
+        CARDSEG + ["serve", "--help"], capture_output=True, text=True, env={**ENV, "COLUMNS": "200"}, timeout=120
+    )
     assert p.returncode == 0 and "(default: None)" not in p.stdout
     assert "(default: $CARDSEG_BUNDLE or the shipped one)" in p.stdout and "(default: stop)" in p.stdout

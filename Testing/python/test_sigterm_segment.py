@@ -22,14 +22,48 @@ def test_sigterm_mid_run_leaves_nothing_half_written(tmp_path, tiny_bundle, exis
     out = tmp_path / "out"
     before = None
     if existing:  # an earlier result that a --overwrite run is replacing
-        subprocess.run(CARDSEG + ["segment", str(src), "-o", str(out), "--bundle", str(tiny_bundle), "--method",
-                                  "uc", "--progress", "none", "--backend", "torch"], check=True, capture_output=True,
-                       timeout=300)
+        subprocess.run(
+            CARDSEG
+            + [
+                "segment",
+                str(src),
+                "-o",
+                str(out),
+                "--bundle",
+                str(tiny_bundle),
+                "--method",
+                "uc",
+                "--progress",
+                "none",
+                "--backend",
+                "torch",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=300,
+        )
         before = {p.name: p.read_bytes() for p in out.iterdir()}
-    cmd = CARDSEG + ["segment", str(src), "-o", str(out), "--bundle", str(tiny_bundle), "--progress", "json",
-                     "--backend", "torch", "--threads", "1"] + (["--overwrite"] if existing else [])
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = (
+        CARDSEG
+        + [
+            "segment",
+            str(src),
+            "-o",
+            str(out),
+            "--bundle",
+            str(tiny_bundle),
+            "--progress",
+            "json",
+            "--backend",
+            "torch",
+            "--threads",
+            "1",
+        ]
+        + (["--overwrite"] if existing else [])
+    )
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     seen = []
     deadline = time.time() + 240
     while time.time() < deadline:  # wait until the networks run, then stop it

@@ -25,7 +25,11 @@ def test_a_volume_above_the_limit_is_refused_with_the_note(tmp_path):
     big = sitk.Image(1024, 1024, MAX_VOLUME_VOXELS // (1024 * 1024) + 1, sitk.sitkUInt8)
     big.SetSpacing((0.3, 0.3, 5.0))
     sitk.WriteImage(big, str(tmp_path / "big.nii.gz"))
-    p = subprocess.run([sys.executable, "-m", "cardseg", "segment", str(tmp_path / "big.nii.gz"), "-o",
-                        str(tmp_path / "out")], capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [sys.executable, "-m", "cardseg", "segment", str(tmp_path / "big.nii.gz"), "-o", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 2 and p.stderr.strip().endswith(f"the limit is {MAX_VOLUME_VOXELS:,d} ({LIMIT_MEMORY_NOTE})")
     assert not (tmp_path / "out").exists()

@@ -26,8 +26,13 @@ from conftest import MODULE_DIR, slicer_core
 
 slicer = slicer_core()
 
-from test_slicer_module_panel import (FakeTimer, FakeWidget, fire_until_idle, make_scene,  # noqa: E402,F401
-                                      make_widget, module)
+from test_slicer_module_panel import (
+    FakeTimer,
+    FakeWidget,
+    fire_until_idle,
+    make_scene,  # noqa: E402,F401
+    make_widget,
+)
 
 
 import CARDSegmentLib as lib  # noqa: E402
@@ -122,8 +127,10 @@ def invented_block(config: dict) -> dict:
     from cardseg.cohort import indices as ix
 
     if "models" in inspect.signature(ix.make_block).parameters:
-        models = {n: {"bias": 0.01 * i, "sd": 0.1, "pivot": 1.7, "half_width": 0.17, "n": 20}
-                  for i, n in enumerate(ix.INDEX_NAMES)}
+        models = {
+            n: {"bias": 0.01 * i, "sd": 0.1, "pivot": 1.7, "half_width": 0.17, "n": 20}
+            for i, n in enumerate(ix.INDEX_NAMES)
+        }
         return ix.make_block(config, models, 0.9, 0.06)
     return ix.make_block(config, {f: 1.5 + 0.1 * i for i, f in enumerate(ix.FAMILIES)}, 0.9, 0.06)
 
@@ -134,8 +141,16 @@ def frame_paths(tmp_path_factory):
 
 
 def options_for(bundle, work_root, **kw):
-    return lib.JobOptions(bundle_path=str(bundle), device="cpu", method="card", engine_dir=str(MODULE_DIR),
-                          python_executable=sys.executable, threads=1, work_root=str(work_root), **kw)
+    return lib.JobOptions(
+        bundle_path=str(bundle),
+        device="cpu",
+        method="card",
+        engine_dir=str(MODULE_DIR),
+        python_executable=sys.executable,
+        threads=1,
+        work_root=str(work_root),
+        **kw,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -156,16 +171,26 @@ def real_run(tmp_path_factory, cine_bundle, frame_paths):
     assert job.wait(timeout=1800) == lib.SUCCEEDED, job.error
     assert len(job.runs) == 2  # the frames, then the indices on the same folder (every frame reused)
     outputs = job.finish()
-    return SimpleNamespace(scene=scene, cine=cine, job=job, outputs=outputs, progress=seen, bundle=cine_bundle,
-                           outdir=job.output_dir, logic=logic,
-                           config=json.loads((cine_bundle / "bundle.json").read_text(encoding="utf-8")))
+    return SimpleNamespace(
+        scene=scene,
+        cine=cine,
+        job=job,
+        outputs=outputs,
+        progress=seen,
+        bundle=cine_bundle,
+        outdir=job.output_dir,
+        logic=logic,
+        config=json.loads((cine_bundle / "bundle.json").read_text(encoding="utf-8")),
+    )
 
 
 def test_the_real_engine_segments_every_frame_and_picks_ed_and_es_from_the_lv_curve(real_run):
     r = real_run
     assert sorted(r.outputs) == [0, 1, 2]
-    lv = {f: json.loads((r.outdir / case_name(f) / "report.json").read_text())["class_volumes_ml"]["LV"]
-          for f in range(FRAMES)}
+    lv = {
+        f: json.loads((r.outdir / case_name(f) / "report.json").read_text())["class_volumes_ml"]["LV"]
+        for f in range(FRAMES)
+    }
     assert (r.job.ed, r.job.es) == (max(lv, key=lv.get), min(lv, key=lv.get))
     assert r.job.ed != r.job.es
     # progress counted frames
@@ -204,16 +229,20 @@ def test_the_indices_shown_are_cardseg_batchs_on_the_same_frames(real_run):
         for key in ("value", "low", "high"):
             assert item[key] == pytest.approx(expected[item["name"]][key], rel=1e-9, abs=1e-9, nan_ok=True)
     text = r.logic.indicesText(r.cine.proxy).splitlines()
-    assert text[0] == (f"ED frame {r.job.ed} ({40 * r.job.ed} ms), ES frame {r.job.es} ({40 * r.job.es} ms); "
-                       "90% intervals from the bundle")
+    assert text[0] == (
+        f"ED frame {r.job.ed} ({40 * r.job.ed} ms), ES frame {r.job.es} ({40 * r.job.es} ms); "
+        "90% intervals from the bundle"
+    )
     ef = expected["LVEF"]
     assert f"LV EF: {ef['value']:.1f} % ({ef['low']:.1f} to {ef['high']:.1f})" in text
     mass = expected["LVM_g"]
     assert f"LV mass: {mass['value']:.1f} g ({mass['low']:.1f} to {mass['high']:.1f})" in text
     # issue 26: the category the LVEF interval implies, in cardseg's own words, under the LV EF line
     label = category_label(ef["low"], ef["high"])
-    assert label.startswith("LVEF ") and (shown["category"], shown["straddles"]) == (label, straddles(ef["low"],
-                                                                                                    ef["high"]))
+    assert label.startswith("LVEF ") and (shown["category"], shown["straddles"]) == (
+        label,
+        straddles(ef["low"], ef["high"]),
+    )
     flag = " (interval straddles a threshold)" if shown["straddles"] else ""
     assert text[text.index(f"LV EF: {ef['value']:.1f} % ({ef['low']:.1f} to {ef['high']:.1f})") + 1] == label + flag
 
@@ -267,8 +296,13 @@ def replay(real_run, frame_paths, tmp_path):
     cine = add_sequence(scene, frame_paths)
     logic = ModuleLogic(str(MODULE_DIR), lambda: scene, FakeTimer, contextlib.nullcontext)
     logic.launcher = CopyingBatch(real_run.outdir)
-    return SimpleNamespace(scene=scene, cine=cine, logic=logic, real=real_run,
-                           options=lambda **kw: options_for(real_run.bundle, tmp_path, **kw))
+    return SimpleNamespace(
+        scene=scene,
+        cine=cine,
+        logic=logic,
+        real=real_run,
+        options=lambda **kw: options_for(real_run.bundle, tmp_path, **kw),
+    )
 
 
 def test_results_of_one_frame_survive_a_run_on_another(replay):
@@ -307,8 +341,10 @@ def test_the_review_covers_every_segmented_frame_and_exports_with_the_indices(re
     headers, cells = lib.region_table(rows)
     assert headers[0] == "Frame" and {key[0] for key, _, _ in cells} == {f for f, n in per_frame.items() if n}
     # each row's P(error) is its region's p_error in that frame's report.json ("-": the tiny bundle has no model)
-    reports = {f: {reg["id"]: reg for reg in json.loads(o.report.GetText())["regions"]}
-               for f, o in r.logic.frameOutputs(r.cine.proxy).items()}
+    reports = {
+        f: {reg["id"]: reg for reg in json.loads(o.report.GetText())["regions"]}
+        for f, o in r.logic.frameOutputs(r.cine.proxy).items()
+    }
     column = headers.index("P(error)")
     for (f, region), values, _ in cells:
         p = reports[f][region].get("p_error")
@@ -347,9 +383,20 @@ def write_subjects(path: Path, lvef, categories: bool = True) -> Path:
     from cardseg.cohort import subjects, tables
 
     value, low, high = lvef
-    row = {"subject": cine_results.SUBJECT, "ed_case": "frame000", "es_case": "frame002", "nominal": 0.9,
-           "LVEF": value, "LVEF_low": low, "LVEF_high": high, "LVEDV_ml": 150.0, "LVEDV_ml_low": 140.0,
-           "LVEDV_ml_high": 160.0, "error": "", **subjects.lvef_category_cells({"low": low, "high": high})}
+    row = {
+        "subject": cine_results.SUBJECT,
+        "ed_case": "frame000",
+        "es_case": "frame002",
+        "nominal": 0.9,
+        "LVEF": value,
+        "LVEF_low": low,
+        "LVEF_high": high,
+        "LVEDV_ml": 150.0,
+        "LVEDV_ml_low": 140.0,
+        "LVEDV_ml_high": 160.0,
+        "error": "",
+        **subjects.lvef_category_cells({"low": low, "high": high}),
+    }
     columns = subjects.subject_columns(["LVEDV_ml", "LVEF"])
     if not categories:
         columns = [c for c in columns if c not in subjects.CATEGORY_COLUMNS]
@@ -357,13 +404,16 @@ def write_subjects(path: Path, lvef, categories: bool = True) -> Path:
     return path
 
 
-@pytest.mark.parametrize("lvef, categories, line", [
-    ((42.3, 38.2, 46.4), True, "LVEF 38-46%: reduced or mildly reduced (interval straddles a threshold)"),
-    ((58.0, 52.6, 63.4), True, "LVEF 53-63%: preserved"),
-    ((30.0, 20.0, 40.49), True, "LVEF 20-40%: reduced"),  # 40.49 is 40 in whole percent: one category
-    ((45.0, 40.5, 49.5), True, "LVEF 41-50%: mildly reduced or preserved (interval straddles a threshold)"),
-    ((42.3, 38.2, 46.4), False, None),  # a subjects.csv from before the category columns
-])
+@pytest.mark.parametrize(
+    "lvef, categories, line",
+    [
+        ((42.3, 38.2, 46.4), True, "LVEF 38-46%: reduced or mildly reduced (interval straddles a threshold)"),
+        ((58.0, 52.6, 63.4), True, "LVEF 53-63%: preserved"),
+        ((30.0, 20.0, 40.49), True, "LVEF 20-40%: reduced"),  # 40.49 is 40 in whole percent: one category
+        ((45.0, 40.5, 49.5), True, "LVEF 41-50%: mildly reduced or preserved (interval straddles a threshold)"),
+        ((42.3, 38.2, 46.4), False, None),  # a subjects.csv from before the category columns
+    ],
+)
 def test_the_panel_shows_the_lvef_category_of_subjects_csv(tmp_path, lvef, categories, line):
     """Issue 26: the panel shows the category that cardseg batch's ``subjects.csv`` gives the LVEF
     interval and flags a straddling one; the table node keeps both and the export writes them."""
@@ -410,14 +460,18 @@ def what_is_shown(scene, frames):
     def visible(node):
         return node is not None and bool(node.GetDisplayNode().GetVisibility())
 
-    legends = {f: [color_legend(n, create=False) for n in (o.disagreement, o.temperature) if n is not None]
-               for f, o in frames.items()}
+    legends = {
+        f: [color_legend(n, create=False) for n in (o.disagreement, o.temperature) if n is not None]
+        for f, o in frames.items()
+    }
     maps = {n.GetID(): f for f, o in frames.items() for n in (o.disagreement, o.temperature) if n is not None}
     fronts = {maps.get(c.GetForegroundVolumeID()) for c in slice_composite_nodes(scene)}
-    return ({f for f, o in frames.items() if visible(o.segmentation)},
-            {f for f, o in frames.items() if visible(o.regions)},
-            {f for f, ls in legends.items() if any(legend is not None and legend.GetVisibility() for legend in ls)},
-            fronts)
+    return (
+        {f for f, o in frames.items() if visible(o.segmentation)},
+        {f for f, o in frames.items() if visible(o.regions)},
+        {f for f, ls in legends.items() if any(legend is not None and legend.GetVisibility() for legend in ls)},
+        fronts,
+    )
 
 
 def test_moving_the_frame_shows_that_frames_outlines_and_overlay_only(replay):
@@ -585,8 +639,19 @@ def test_a_plain_volume_works_as_before(module, real_run, tmp_path, rotated_nift
     widget._onParameterNodeModified()
     assert not widget.ui.cineGroupBox.visible
     assert widget.ui.indicesLabel.text == ""
-    headers, cells = lib.region_table([{"frame": None, "region": 1, "status": "pending", "volume_mm3": 1000.0,
-                                        "mean_disagreement": 0.1, "classes": "LV", "note": ""}])
+    headers, cells = lib.region_table(
+        [
+            {
+                "frame": None,
+                "region": 1,
+                "status": "pending",
+                "volume_mm3": 1000.0,
+                "mean_disagreement": 0.1,
+                "classes": "LV",
+                "note": "",
+            }
+        ]
+    )
     assert headers == ("#", "Status", "P(error)", "Volume (ml)", "Mean disagr.", "Classes")
     assert cells[0][1] == ("1", "pending", "-", "1.00", "0.100", "LV")  # a row without p_error
 
@@ -595,19 +660,26 @@ def test_the_region_table_shows_each_regions_p_error():
     """Issue 22: the panel's table has ``p_error`` (two decimals; "-" for a region without one and
     for a review table saved before the column existed), from the review table node."""
     scene = make_scene()
-    regions = [{"id": 1, "p_error": 0.4249, "volume_mm3": 10800.0, "mean_disagreement": 0.2, "classes": ["LV"]},
-               {"id": 2, "p_error": None, "volume_mm3": 900.0, "mean_disagreement": 0.1, "classes": ["RV", "MYO"]},
-               {"id": 3, "p_error": 0.996, "volume_mm3": 50.0, "mean_disagreement": 0.3, "classes": ["MYO"]}]
+    regions = [
+        {"id": 1, "p_error": 0.4249, "volume_mm3": 10800.0, "mean_disagreement": 0.2, "classes": ["LV"]},
+        {"id": 2, "p_error": None, "volume_mm3": 900.0, "mean_disagreement": 0.1, "classes": ["RV", "MYO"]},
+        {"id": 3, "p_error": 0.996, "volume_mm3": 50.0, "mean_disagreement": 0.3, "classes": ["MYO"]},
+    ]
     current = create_review_table(scene, regions, "current")
     older = create_review_table(scene, regions[:1], "older")
     older.RemoveColumn(list(COLUMN_NAMES).index("p_error"))
     assert older.GetTable().GetColumnByName("p_error") is None
-    rows = ([dict(row, frame=4) for row in lib.review_rows(current)]
-            + [dict(row, frame=5) for row in lib.review_rows(older)])
+    rows = [dict(row, frame=4) for row in lib.review_rows(current)] + [
+        dict(row, frame=5) for row in lib.review_rows(older)
+    ]
     headers, cells = lib.region_table(rows)
     assert headers == ("Frame", "#", "Status", "P(error)", "Volume (ml)", "Mean disagr.", "Classes")
-    assert [values[:4] for _, values, _ in cells] == [("4", "1", "pending", "0.42"), ("4", "2", "pending", "-"),
-                                                      ("4", "3", "pending", "1.00"), ("5", "1", "pending", "-")]
+    assert [values[:4] for _, values, _ in cells] == [
+        ("4", "1", "pending", "0.42"),
+        ("4", "2", "pending", "-"),
+        ("4", "3", "pending", "1.00"),
+        ("5", "1", "pending", "-"),
+    ]
     # the panel's QTableWidget gets the same cells, and the Status column is still found by name
     table = FakeWidget()
     status_column, keys = lib.fill_region_table(table, rows, lambda text: text)
@@ -702,9 +774,14 @@ def test_torch_is_installed_without_a_wait_cursor_over_slicers_dialog(monkeypatc
 @pytest.mark.skipif(not os.environ.get("SLICER_SOURCE"), reason="needs SLICER_SOURCE: a Slicer git checkout")
 def test_slicer_5_12_is_the_first_whose_pip_install_shows_its_own_dialogs():
     """The version rule of defect 5, checked against Slicer's source (tags v5.10.0 and v5.12.0)."""
+
     def show(tag, path):
-        return subprocess.run(["git", "-C", os.environ["SLICER_SOURCE"], "show", f"{tag}:{path}"],
-                              capture_output=True, text=True, check=True).stdout
+        return subprocess.run(
+            ["git", "-C", os.environ["SLICER_SOURCE"], "show", f"{tag}:{path}"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
 
     old = show("v5.10.0", "Base/Python/slicer/util.py")
     assert "def pip_install(requirements):" in old and "show_progress" not in old
@@ -712,7 +789,6 @@ def test_slicer_5_12_is_the_first_whose_pip_install_shows_its_own_dialogs():
     assert "show_progress: bool = True" in new and "blocking: bool = True" in new
     assert "When show_progress=True, an error dialog with the full log is shown before raising." in new
     assert install.OWN_DIALOGS_FROM == (5, 12)
-
 
 
 def test_one_highlighted_region_across_frames_and_none_once_the_selection_is_cleared(replay):
@@ -745,16 +821,21 @@ def test_a_subject_the_engine_found_implausible_shows_its_numbers_with_the_probl
     """subjects.csv keeps an implausible subject's numbers with its error: the panel shows both
     (before: 'No cardiac indices'); without numbers (no fitted intervals) it says so."""
     path = tmp_path / "subjects.csv"
-    path.write_text("subject,ed_case,es_case,nominal,RVEF,RVEF_low,RVEF_high,LVEF,LVEF_low,LVEF_high,"
-                    "LVEF_category,LVEF_straddles,error\n"
-                    f"{cine_results.SUBJECT},frame-000,frame-001,0.9,-5.0,-9.0,-1.0,60.0,56.0,64.0,"
-                    "LVEF 56-64%: preserved,false,RV ESV 80.0 ml (case frame-001) exceeds EDV 76.2 ml\n")
+    path.write_text(
+        "subject,ed_case,es_case,nominal,RVEF,RVEF_low,RVEF_high,LVEF,LVEF_low,LVEF_high,"
+        "LVEF_category,LVEF_straddles,error\n"
+        f"{cine_results.SUBJECT},frame-000,frame-001,0.9,-5.0,-9.0,-1.0,60.0,56.0,64.0,"
+        "LVEF 56-64%: preserved,false,RV ESV 80.0 ml (case frame-001) exceeds EDV 76.2 ml\n"
+    )
     shown = cine_results.indices_from_subjects(path, 0, 1)
     assert [i["name"] for i in shown["indices"]] == ["RVEF", "LVEF"] and shown["category"].startswith("LVEF 56-64%")
     lines = cine_results.indices_lines(shown)
     assert "LV EF: 60.0 % (56.0 to 64.0)" in lines and "LVEF 56-64%: preserved" in lines
     assert lines[-1] == "Check these numbers: RV ESV 80.0 ml (case frame-001) exceeds EDV 76.2 ml"
-    path.write_text("subject,ed_case,es_case,nominal,LVEF,LVEF_low,LVEF_high,error\n"
-                    f"{cine_results.SUBJECT},frame-000,frame-001,,,,,the bundle has no fitted intervals\n")
+    path.write_text(
+        "subject,ed_case,es_case,nominal,LVEF,LVEF_low,LVEF_high,error\n"
+        f"{cine_results.SUBJECT},frame-000,frame-001,,,,,the bundle has no fitted intervals\n"
+    )
     assert cine_results.indices_lines(cine_results.indices_from_subjects(path, 0, 1))[1:] == [
-        "No cardiac indices: the bundle has no fitted intervals"]
+        "No cardiac indices: the bundle has no fitted intervals"
+    ]

@@ -28,8 +28,12 @@ from test_slicer_cine import add_sequence, node_ids, options_for, show_frame  # 
 from test_slicer_module_panel import FakeTimer, make_scene  # noqa: E402
 
 # the fixtures of test_slicer_cine: the real run (once per module) and its replay
-cine_bundle, frame_paths, real_run, replay = (cine_tests.cine_bundle, cine_tests.frame_paths, cine_tests.real_run,
-                                              cine_tests.replay)
+cine_bundle, frame_paths, real_run, replay = (
+    cine_tests.cine_bundle,
+    cine_tests.frame_paths,
+    cine_tests.real_run,
+    cine_tests.replay,
+)
 
 
 def load_one_frame(r):
@@ -74,8 +78,10 @@ def test_a_failure_while_loading_removes_the_jobs_nodes_and_none_of_the_users(re
     shutil.rmtree(job.frame_dir(job.plan.frames[1]))  # the next frame's results cannot be read
     while not monitor.step():
         pass
-    assert monitor.outcome == (lib.FAILED, "the engine wrote no report.json in the results of frame 1 (40 ms) "
-                                            "of '7: SAX cine'")  # not the deleted temporary folder
+    assert monitor.outcome == (
+        lib.FAILED,
+        "the engine wrote no report.json in the results of frame 1 (40 ms) of '7: SAX cine'",
+    )  # not the deleted temporary folder
     assert all(r.scene.IsNodePresent(n) for n in mine)
     assert node_ids(r.scene) == before | {n.GetID() for n in mine}
 
@@ -116,14 +122,25 @@ def start_all_frames(scene, cine, launcher, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     outcomes = []
-    logic.start(cine.proxy, options_for(tmp_path / "no-bundle", work, frame_mode="all"),
-                onFinished=lambda s, e: outcomes.append((s, e)))
+    logic.start(
+        cine.proxy,
+        options_for(tmp_path / "no-bundle", work, frame_mode="all"),
+        onFinished=lambda s, e: outcomes.append((s, e)),
+    )
     return logic, work, outcomes
 
 
 ODD = {
-    "size": ([(3, 64, 56), (3, 72, 56), (3, 64, 56)], [(2.4, 2.4, 8.0)] * 3, "(56 x 72 x 3 voxels of 2.4 x 2.4 x 8 mm against 56 x 64 x 3 voxels"),
-    "spacing": ([(3, 64, 56)] * 3, [(2.4, 2.4, 8.0), (2.0, 2.0, 8.0), (2.4, 2.4, 8.0)], "(56 x 64 x 3 voxels of 2 x 2 x 8 mm against 56 x 64 x 3 voxels of 2.4"),
+    "size": (
+        [(3, 64, 56), (3, 72, 56), (3, 64, 56)],
+        [(2.4, 2.4, 8.0)] * 3,
+        "(56 x 72 x 3 voxels of 2.4 x 2.4 x 8 mm against 56 x 64 x 3 voxels",
+    ),
+    "spacing": (
+        [(3, 64, 56)] * 3,
+        [(2.4, 2.4, 8.0), (2.0, 2.0, 8.0), (2.4, 2.4, 8.0)],
+        "(56 x 64 x 3 voxels of 2 x 2 x 8 mm against 56 x 64 x 3 voxels of 2.4",
+    ),
 }
 
 
@@ -162,8 +179,9 @@ class RefusingBatch:
         out.mkdir(exist_ok=True)
         frame_file = manifest.parent / "frames" / "frame-001.nrrd"
         assert frame_file.is_file()
-        (out / "cohort.csv").write_text("case,status,error\nframe-000,ok,\n"
-                                        f"frame-001,error,{frame_file}: image is constant (0 everywhere)\n")
+        (out / "cohort.csv").write_text(
+            f"case,status,error\nframe-000,ok,\nframe-001,error,{frame_file}: image is constant (0 everywhere)\n"
+        )
         self.lines = [("stderr", "cardseg: error: 1 of 2 cases failed")]
         return self
 

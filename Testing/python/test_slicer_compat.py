@@ -47,30 +47,60 @@ APPLICATION_ONLY = {"mrmlScene", "parameterNodeWrapper", "ScriptedLoadableModule
 
 #: Qt names the module uses: Qt 5 API that Slicer 5.8 (Qt 5.15) and later have; a new one is
 #: added here after checking it there
-QT_NAMES = {"QTimer", "Qt.UserRole", "QTableWidgetItem", "QDir.homePath", "QFileDialog.getSaveFileName",
-            "QApplication.doubleClickInterval", "QSettings"}
+QT_NAMES = {
+    "QTimer",
+    "Qt.UserRole",
+    "QTableWidgetItem",
+    "QDir.homePath",
+    "QFileDialog.getSaveFileName",
+    "QApplication.doubleClickInterval",
+    "QSettings",
+}
 
 #: what Slicer v5.8.0 declares, for every Slicer name the module uses (generated from the v5.8.0
 #: tag by :func:`lookup_in_slicer_source`; see the module docstring)
 SLICER_5_8_0 = {
     "classes": {
-        "vtkMRMLColorLegendDisplayNode", "vtkMRMLColorTableNode", "vtkMRMLMarkupsROINode",
-        "vtkMRMLScalarVolumeNode", "vtkMRMLSegmentationNode", "vtkMRMLSegmentationStorageNode",
-        "vtkMRMLSliceCompositeNode", "vtkMRMLSliceNode", "vtkMRMLTableNode", "vtkMRMLTextNode",
-        "vtkMRMLVectorVolumeNode", "vtkMRMLVolumeArchetypeStorageNode", "vtkSlicerColorLogic",
-        "vtkMRMLSequenceBrowserNode", "vtkMRMLLabelMapVolumeNode", "vtkSlicerSegmentationsModuleLogic",
+        "vtkMRMLColorLegendDisplayNode",
+        "vtkMRMLColorTableNode",
+        "vtkMRMLMarkupsROINode",
+        "vtkMRMLScalarVolumeNode",
+        "vtkMRMLSegmentationNode",
+        "vtkMRMLSegmentationStorageNode",
+        "vtkMRMLSliceCompositeNode",
+        "vtkMRMLSliceNode",
+        "vtkMRMLTableNode",
+        "vtkMRMLTextNode",
+        "vtkMRMLVectorVolumeNode",
+        "vtkMRMLVolumeArchetypeStorageNode",
+        "vtkSlicerColorLogic",
+        "vtkMRMLSequenceBrowserNode",
+        "vtkMRMLLabelMapVolumeNode",
+        "vtkSlicerSegmentationsModuleLogic",
     },
     "util": {
-        "VTKObservationMixin", "WaitCursor", "childWidgetVariables", "confirmOkCancelDisplay", "errorDisplay",
-        "loadUI", "loadVolume", "mainWindow", "pip_install", "tryWithErrorDisplay", "warningDisplay",
+        "VTKObservationMixin",
+        "WaitCursor",
+        "childWidgetVariables",
+        "confirmOkCancelDisplay",
+        "errorDisplay",
+        "loadUI",
+        "loadVolume",
+        "mainWindow",
+        "pip_install",
+        "tryWithErrorDisplay",
+        "warningDisplay",
     },
     "modules": {
         "ScriptedLoadableModule": {
-            "ScriptedLoadableModule", "ScriptedLoadableModuleLogic", "ScriptedLoadableModuleTest",
+            "ScriptedLoadableModule",
+            "ScriptedLoadableModuleLogic",
+            "ScriptedLoadableModuleTest",
             "ScriptedLoadableModuleWidget",
         },
         "parameterNodeWrapper": {
-            "WithinRange", "parameterNodeWrapper",
+            "WithinRange",
+            "parameterNodeWrapper",
         },
     },
     "methods": {  # name: the classes that declare it in v5.8.0
@@ -95,11 +125,20 @@ SLICER_5_8_0 = {
         "Clear": ["vtkMRMLMeasurement", "vtkMRMLScene"],
         "CopyOrientation": ["vtkMRMLVolumeNode"],
         "CreateDefaultDisplayNodes": [
-            "vtkMRMLDiffusionTensorVolumeNode", "vtkMRMLDiffusionWeightedVolumeNode",
-            "vtkMRMLDisplayableNode", "vtkMRMLLabelMapVolumeNode", "vtkMRMLMarkupsFiducialNode",
-            "vtkMRMLMarkupsNode", "vtkMRMLMarkupsPlaneNode", "vtkMRMLMarkupsROINode", "vtkMRMLModelNode",
-            "vtkMRMLScalarVolumeNode", "vtkMRMLSegmentationNode", "vtkMRMLTransformNode",
-            "vtkMRMLVectorVolumeNode"],
+            "vtkMRMLDiffusionTensorVolumeNode",
+            "vtkMRMLDiffusionWeightedVolumeNode",
+            "vtkMRMLDisplayableNode",
+            "vtkMRMLLabelMapVolumeNode",
+            "vtkMRMLMarkupsFiducialNode",
+            "vtkMRMLMarkupsNode",
+            "vtkMRMLMarkupsPlaneNode",
+            "vtkMRMLMarkupsROINode",
+            "vtkMRMLModelNode",
+            "vtkMRMLScalarVolumeNode",
+            "vtkMRMLSegmentationNode",
+            "vtkMRMLTransformNode",
+            "vtkMRMLVectorVolumeNode",
+        ],
         "EndCloseEvent": ["vtkMRMLScene"],
         "EndModify": ["vtkMRMLMarkupsNode", "vtkMRMLNode"],
         "GenerateUniqueName": ["vtkMRMLScene"],
@@ -107,9 +146,13 @@ SLICER_5_8_0 = {
         "GetAttribute": ["vtkMRMLNode"],
         "GetDimensions": ["vtkMRMLSliceNode"],
         "GetDisplayNode": [
-            "vtkMRMLDisplayableHierarchyNode", "vtkMRMLDisplayableNode", "vtkMRMLTransformHandleWidget",
-            "vtkMRMLTransformHandleWidgetRepresentation", "vtkSlicerMarkupsInteractionWidget",
-            "vtkSlicerMarkupsInteractionWidgetRepresentation"],
+            "vtkMRMLDisplayableHierarchyNode",
+            "vtkMRMLDisplayableNode",
+            "vtkMRMLTransformHandleWidget",
+            "vtkMRMLTransformHandleWidgetRepresentation",
+            "vtkSlicerMarkupsInteractionWidget",
+            "vtkSlicerMarkupsInteractionWidgetRepresentation",
+        ],
         "GetFirstNodeByClass": ["vtkMRMLScene"],
         "GetFirstNodeByName": ["vtkMRMLScene"],
         "GetForegroundVolumeID": ["vtkMRMLSliceCompositeNode"],
@@ -123,9 +166,16 @@ SLICER_5_8_0 = {
             "vtkBinaryLabelmapToClosedSurfaceConversionRule",
             "vtkClosedSurfaceToBinaryLabelmapConversionRule",
             "vtkClosedSurfaceToFractionalLabelmapConversionRule",
-            "vtkFractionalLabelmapToClosedSurfaceConversionRule", "vtkMRMLMeasurement", "vtkMRMLNode",
-            "vtkMRMLViewLogic", "vtkSegment", "vtkSegmentationConversionParameters",
-            "vtkSegmentationConverterRule", "vtkTagTable", "vtkURIHandler"],
+            "vtkFractionalLabelmapToClosedSurfaceConversionRule",
+            "vtkMRMLMeasurement",
+            "vtkMRMLNode",
+            "vtkMRMLViewLogic",
+            "vtkSegment",
+            "vtkSegmentationConversionParameters",
+            "vtkSegmentationConverterRule",
+            "vtkTagTable",
+            "vtkURIHandler",
+        ],
         "GetNodeByID": ["vtkMRMLScene"],
         "GetNodeReferenceID": ["vtkMRMLNode"],
         "GetNodes": ["vtkMRMLScene"],
@@ -154,8 +204,11 @@ SLICER_5_8_0 = {
         "JumpSliceByCentering": ["vtkMRMLSliceNode"],
         "LoadTerminologyFromFile": ["vtkSlicerTerminologiesModuleLogic"],
         "Modified": [
-            "vtkMRMLAnnotationControlPointsNode", "vtkMRMLCommandLineModuleNode", "vtkMRMLFolderDisplayNode",
-            "vtkMRMLNode"],
+            "vtkMRMLAnnotationControlPointsNode",
+            "vtkMRMLCommandLineModuleNode",
+            "vtkMRMLFolderDisplayNode",
+            "vtkMRMLNode",
+        ],
         "NodeRemovedEvent": ["vtkMRMLScene"],
         "ReadData": ["vtkMRMLStorageNode"],
         "RemoveAttribute": ["vtkMRMLNode"],
@@ -169,11 +222,20 @@ SLICER_5_8_0 = {
         "SetAutoThreshold": ["vtkMRMLScalarVolumeDisplayNode"],
         "SetBackgroundVolumeID": ["vtkMRMLSliceCompositeNode"],
         "SetCenter": [
-            "vtkImageRectangularSource", "vtkMRMLMarkupsPlaneNode", "vtkMRMLMarkupsROINode",
-            "vtkMarkupsGlyphSource2D"],
+            "vtkImageRectangularSource",
+            "vtkMRMLMarkupsPlaneNode",
+            "vtkMRMLMarkupsROINode",
+            "vtkMarkupsGlyphSource2D",
+        ],
         "SetColor": [
-            "vtkMRMLColorTableNode", "vtkMRMLDisplayNode", "vtkMRMLPlotSeriesNode", "vtkMRMLROIListNode",
-            "vtkMRMLVolumePropertyNode", "vtkMarkupsGlyphSource2D", "vtkSegment"],
+            "vtkMRMLColorTableNode",
+            "vtkMRMLDisplayNode",
+            "vtkMRMLPlotSeriesNode",
+            "vtkMRMLROIListNode",
+            "vtkMRMLVolumePropertyNode",
+            "vtkMarkupsGlyphSource2D",
+            "vtkSegment",
+        ],
         "SetColumnDescription": ["vtkMRMLTableNode"],
         "SetColumnTitle": ["vtkMRMLTableNode"],
         "SetFileName": ["vtkITKImageWriter", "vtkMRMLStorageNode", "vtkTeemNRRDWriter"],
@@ -184,8 +246,15 @@ SLICER_5_8_0 = {
         "SetInterpolate": ["vtkMRMLScalarVolumeDisplayNode"],
         "SetLocked": ["vtkMRMLAnnotationNode", "vtkMRMLMarkupsNode", "vtkMRMLTableNode"],
         "SetName": [
-            "vtkMRMLMeasurement", "vtkMRMLNode", "vtkMRMLUnitNode", "vtkMRMLViewLogic", "vtkSegment",
-            "vtkSegmentationConversionParameters", "vtkTagTable", "vtkURIHandler"],
+            "vtkMRMLMeasurement",
+            "vtkMRMLNode",
+            "vtkMRMLUnitNode",
+            "vtkMRMLViewLogic",
+            "vtkSegment",
+            "vtkSegmentationConversionParameters",
+            "vtkTagTable",
+            "vtkURIHandler",
+        ],
         "SetNodeReferenceID": ["vtkMRMLNode"],
         "SetNumberOfColors": ["vtkMRMLColorTableNode"],
         "SetOpacity2DFill": ["vtkMRMLSegmentationDisplayNode"],
@@ -194,8 +263,11 @@ SLICER_5_8_0 = {
         "SetSelectedColor": ["vtkMRMLDisplayNode", "vtkMRMLROIListNode"],
         "SetSingleFile": ["vtkITKArchetypeImageSeriesReader", "vtkMRMLVolumeArchetypeStorageNode"],
         "SetSize": [
-            "vtkImageRectangularSource", "vtkMRMLColorLegendDisplayNode", "vtkMRMLMarkupsPlaneNode",
-            "vtkMRMLMarkupsROINode"],
+            "vtkImageRectangularSource",
+            "vtkMRMLColorLegendDisplayNode",
+            "vtkMRMLMarkupsPlaneNode",
+            "vtkMRMLMarkupsROINode",
+        ],
         "SetTag": ["vtkSegment"],
         "SetText": ["vtkMRMLAnnotationNode", "vtkMRMLTextNode"],
         "SetThreshold": ["vtkMRMLScalarVolumeDisplayNode", "vtkMRMLVolumeRenderingDisplayNode"],
@@ -271,8 +343,12 @@ def _guarded_in(tree: ast.Module) -> Set[str]:
     """Names behind a feature check: hasattr/getattr with the name, or a try that catches AttributeError."""
     guarded = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("hasattr", "getattr") \
-                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant):
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "id", None) in ("hasattr", "getattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+        ):
             guarded.add(str(node.args[1].value))
         if isinstance(node, ast.Try) and any(_catches_attribute_error(h) for h in node.handlers):
             for inner in node.body:
@@ -314,8 +390,12 @@ def collect_usage(paths: Iterable[Path] = None) -> Dict[str, Dict[str, Set[str]]
                         add("util", alias.name)
                     else:
                         add("modules", f"{node.module.split('.', 1)[1]}.{alias.name}")
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                    and _SLICER_CLASS.match(node.value) and not isinstance(parents.get(node), ast.JoinedStr):
+            elif (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and _SLICER_CLASS.match(node.value)
+                and not isinstance(parents.get(node), ast.JoinedStr)
+            ):
                 add("classes", node.value)
             elif isinstance(node, ast.Attribute) and not isinstance(parents.get(node), ast.Attribute):
                 root, attrs = _chain(node)
@@ -369,13 +449,15 @@ def test_the_collector_sees_what_the_module_uses(usage):
 
 def test_the_collector_finds_an_unguarded_newer_api(tmp_path):
     sample = tmp_path / "sample.py"
-    sample.write_text("import slicer\n"
-                      "def f(segment, node):\n"
-                      "    segment.SetTerminology('x')\n"
-                      "    if hasattr(node, 'GetNewThing'):\n"
-                      "        node.GetNewThing()\n"
-                      "    scene = slicer.mrmlScene.AddNewNodeByClass('vtkMRMLTextNode')\n"
-                      "    return f'vtkMRMLColorTableNodeFile{node}.txt'\n")
+    sample.write_text(
+        "import slicer\n"
+        "def f(segment, node):\n"
+        "    segment.SetTerminology('x')\n"
+        "    if hasattr(node, 'GetNewThing'):\n"
+        "        node.GetNewThing()\n"
+        "    scene = slicer.mrmlScene.AddNewNodeByClass('vtkMRMLTextNode')\n"
+        "    return f'vtkMRMLColorTableNodeFile{node}.txt'\n"
+    )
     found = collect_usage([sample])
     assert {"SetTerminology", "GetNewThing", "AddNewNodeByClass"} <= set(found["methods"])
     assert set(found["guarded"]) == {"GetNewThing"}
@@ -412,6 +494,7 @@ def test_every_slicer_name_is_in_slicer_5_8_or_feature_checked(usage):
 # ---------------------------------------------------------------------------------------------
 # against the installed slicer-core (CI: every release on PyPI, see run-slicer-compat.sh)
 
+
 @functools.lru_cache(maxsize=None)
 def _slicer_classes():
     return [getattr(slicer, n) for n in dir(slicer) if n.startswith("vtk") and isinstance(getattr(slicer, n), type)]
@@ -437,8 +520,12 @@ def _vtk_names() -> Set[str]:
     import vtkmodules.vtkCommonTransforms as transforms
 
     names = set()
-    classes = _slicer_classes() + [getattr(m, n) for m in (core, data, math_, transforms) for n in dir(m)
-                                   if n.startswith("vtk") and isinstance(getattr(m, n), type)]
+    classes = _slicer_classes() + [
+        getattr(m, n)
+        for m in (core, data, math_, transforms)
+        for n in dir(m)
+        if n.startswith("vtk") and isinstance(getattr(m, n), type)
+    ]
     for cls in classes:
         names |= set(dir(cls))
     return names
@@ -483,6 +570,7 @@ def test_slicer_5_8_methods_are_declared_by_slicer_classes_here_too():
 # ---------------------------------------------------------------------------------------------
 # repeating the lookup in Slicer's source (needs a Slicer git checkout)
 
+
 def declared_in_header(text: str, name: str) -> bool:
     """Whether a C++ header declares method (or enum value) ``name``; vtk(Get|Set)...Macro and
     vtkBooleanMacro declarations count."""
@@ -491,23 +579,34 @@ def declared_in_header(text: str, name: str) -> bool:
     for m in re.finditer(r"\bvtk(Get|Set)\w*Macro\s*\(\s*(\w+)", text):
         if m.group(1) + m.group(2) == name:
             return True
-    return any(m.group(1) + suffix == name for m in re.finditer(r"\bvtkBooleanMacro\s*\(\s*(\w+)", text)
-               for suffix in ("On", "Off"))
+    return any(
+        m.group(1) + suffix == name
+        for m in re.finditer(r"\bvtkBooleanMacro\s*\(\s*(\w+)", text)
+        for suffix in ("On", "Off")
+    )
 
 
 def lookup_in_slicer_source(git_dir: str, tag: str, usage) -> Dict[str, object]:
     """What ``tag`` of Slicer's repository declares of the names in ``usage`` (see SLICER_5_8_0)."""
+
     def show(path):
         return subprocess.run(["git", "-C", git_dir, "show", f"{tag}:{path}"], capture_output=True, text=True).stdout
 
-    files = subprocess.run(["git", "-C", git_dir, "ls-tree", "-r", "--name-only", tag], capture_output=True,
-                           text=True, check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "-C", git_dir, "ls-tree", "-r", "--name-only", tag], capture_output=True, text=True, check=True
+    ).stdout.split()
     headers = {Path(f).stem: f for f in files if f.endswith(".h") and Path(f).stem.startswith("vtk")}
     methods = {}
     slicer_defined = _slicer_defined_methods()
     for method in sorted(m for m in usage["methods"] if m in slicer_defined):
-        owners = sorted({k.__name__ for c in _slicer_classes() for k in c.__mro__
-                         if k.__module__.split(".")[0] == "slicer_core" and method in vars(k)})
+        owners = sorted(
+            {
+                k.__name__
+                for c in _slicer_classes()
+                for k in c.__mro__
+                if k.__module__.split(".")[0] == "slicer_core" and method in vars(k)
+            }
+        )
         found = [c for c in owners if c in headers and declared_in_header(show(headers[c]), method)]
         if found:
             methods[method] = found
@@ -515,8 +614,9 @@ def lookup_in_slicer_source(git_dir: str, tag: str, usage) -> Dict[str, object]:
     classes = {c for c in usage["classes"] if c in headers}
     modules = {"ScriptedLoadableModule": _top_level_names(show("Base/Python/slicer/ScriptedLoadableModule.py"))}
     package = "Base/Python/slicer/parameterNodeWrapper/"
-    modules["parameterNodeWrapper"] = set().union(*(_top_level_names(show(f)) for f in files
-                                                    if f.startswith(package) and f.endswith(".py")))
+    modules["parameterNodeWrapper"] = set().union(
+        *(_top_level_names(show(f)) for f in files if f.startswith(package) and f.endswith(".py"))
+    )
     used_modules = defaultdict(set)
     for dotted in usage["modules"]:
         module, name = dotted.split(".")
@@ -537,8 +637,10 @@ def test_the_frozen_lookup_matches_slicer_5_8_source(usage):
     assert {m: SLICER_5_8_0["methods"][m] for m in used_methods if m in SLICER_5_8_0["methods"]} == found["methods"]
     assert found["util"] == set(usage["util"]) & SLICER_5_8_0["util"]
     assert found["classes"] == set(usage["classes"]) & SLICER_5_8_0["classes"]
-    assert found["modules"] == {m: names & {u.split(".")[1] for u in usage["modules"] if u.startswith(m + ".")}
-                                for m, names in SLICER_5_8_0["modules"].items()}
+    assert found["modules"] == {
+        m: names & {u.split(".")[1] for u in usage["modules"] if u.startswith(m + ".")}
+        for m, names in SLICER_5_8_0["modules"].items()
+    }
 
 
 #: Slicer tags whose parameterNodeWrapper was read for the GUI binding (issue 24, defect 2): in
@@ -564,9 +666,12 @@ def test_the_panel_binds_the_gui_through_the_call_that_returns_a_tag():
 @pytest.mark.skipif(not os.environ.get("SLICER_SOURCE"), reason="needs SLICER_SOURCE: a Slicer git checkout")
 @pytest.mark.parametrize("tag", sorted(WRAPPER_TAGS))
 def test_connect_parameters_to_gui_returns_its_tag_in_slicer_source(tag):
-    show = subprocess.run(["git", "-C", os.environ["SLICER_SOURCE"], "show",
-                           f"{tag}:Base/Python/slicer/parameterNodeWrapper/wrapper.py"],
-                          capture_output=True, text=True, check=True).stdout
+    show = subprocess.run(
+        ["git", "-C", os.environ["SLICER_SOURCE"], "show", f"{tag}:Base/Python/slicer/parameterNodeWrapper/wrapper.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert _returns_a_value(show, "_connectParametersToGui")
     assert _returns_a_value(show, "_connectGui") is WRAPPER_TAGS[tag]
     assert 'checkedSetAttr(classtype, "connectParametersToGui", _connectParametersToGui)' in show
@@ -575,5 +680,6 @@ def test_connect_parameters_to_gui_returns_its_tag_in_slicer_source(tag):
 if __name__ == "__main__":  # print the lookup for a Slicer checkout: python test_slicer_compat.py /path/to/Slicer
     import pprint
 
-    pprint.pprint(lookup_in_slicer_source(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else SLICER_5_8,
-                                          collect_usage()))
+    pprint.pprint(
+        lookup_in_slicer_source(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else SLICER_5_8, collect_usage())
+    )

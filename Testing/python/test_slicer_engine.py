@@ -65,13 +65,30 @@ class FakeEngine(EngineHandle):
 
 def succeed(request):
     rid = request["id"]
-    return [[progress("trajectory", 0, 2)], [progress("trajectory", 1, 2), progress("trajectory", 2, 2)],
-            [progress("write", 7, 7), ("stdout", json.dumps({"event": "result", "id": rid, "ok": True, "slices": 3}))]]
+    return [
+        [progress("trajectory", 0, 2)],
+        [progress("trajectory", 1, 2), progress("trajectory", 2, 2)],
+        [progress("write", 7, 7), ("stdout", json.dumps({"event": "result", "id": rid, "ok": True, "slices": 3}))],
+    ]
 
 
 def refuse(request):
-    return [[("stdout", json.dumps({"event": "result", "id": request["id"], "ok": False, "code": 2,
-                                    "error": "in.nrrd: no such file or folder"}))]]
+    return [
+        [
+            (
+                "stdout",
+                json.dumps(
+                    {
+                        "event": "result",
+                        "id": request["id"],
+                        "ok": False,
+                        "code": 2,
+                        "error": "in.nrrd: no such file or folder",
+                    }
+                ),
+            )
+        ]
+    ]
 
 
 def crash(request):
@@ -99,10 +116,27 @@ def command(out="out", **kw):
 
 def test_the_request_carries_the_run_options():
     r = request_of(command(bundle_path="/b", device="cpu", method="uc", threads=3, batch_size=4), 7)
-    assert r == {"id": 7, "input": "in.nrrd", "output": "out", "device": "cpu", "method": "uc", "overwrite": True,
-                 "bundle": "/b", "threads": 3, "batch_size": 4}
-    assert engine_argv(command()) == ["/opt/Slicer/bin/PythonSlicer", "-m", "cardseg", "serve", "--eof", "stop",
-                                      "--device", "auto"]
+    assert r == {
+        "id": 7,
+        "input": "in.nrrd",
+        "output": "out",
+        "device": "cpu",
+        "method": "uc",
+        "overwrite": True,
+        "bundle": "/b",
+        "threads": 3,
+        "batch_size": 4,
+    }
+    assert engine_argv(command()) == [
+        "/opt/Slicer/bin/PythonSlicer",
+        "-m",
+        "cardseg",
+        "serve",
+        "--eof",
+        "stop",
+        "--device",
+        "auto",
+    ]
     assert engine_argv(command(bundle_path="/b", device="cpu"))[-4:] == ["--device", "cpu", "--bundle", "/b"]
 
 

@@ -91,7 +91,9 @@ def test_a_warm_run_hands_its_kill_to_the_background_and_frees_the_engine_at_onc
 def test_a_fallback_run_hands_its_one_shot_kill_to_the_background():
     engine = Engine(Launcher(lambda r: [[("stderr", "ImportError: no cardseg")], 1], ready=False))
     one_shots = []
-    run = engine.run(command(), one_shot_launcher=lambda argv, env, cwd: one_shots.append(OneShot(argv)) or one_shots[-1])
+    run = engine.run(
+        command(), one_shot_launcher=lambda argv, env, cwd: one_shots.append(OneShot(argv)) or one_shots[-1]
+    )
     run.start()
     while not one_shots:
         run.poll()
@@ -124,12 +126,14 @@ def test_cancel_runs_still_cleans_up_when_a_run_refuses_the_cancel():
 
 def options_in(work, **kw):
     kw.setdefault("device", "cpu")
-    return lib.JobOptions(engine_dir=str(MODULE_DIR), python_executable="/opt/Slicer/bin/PythonSlicer",
-                          work_root=str(work), **kw)
+    return lib.JobOptions(
+        engine_dir=str(MODULE_DIR), python_executable="/opt/Slicer/bin/PythonSlicer", work_root=str(work), **kw
+    )
 
 
 def test_cancel_with_the_engine_kept_warm_kills_it_deletes_the_files_and_the_next_click_works(
-        tmp_path, scene_and_volume):
+    tmp_path, scene_and_volume
+):
     scene, volume = scene_and_volume
     work = tmp_path / "work"
     work.mkdir()
@@ -141,8 +145,9 @@ def test_cancel_with_the_engine_kept_warm_kills_it_deletes_the_files_and_the_nex
         return engine
 
     timers = []
-    logic = ModuleLogic(str(MODULE_DIR), lambda: scene, lambda: timers.append(Timer()) or timers[-1],
-                        contextlib.nullcontext)
+    logic = ModuleLogic(
+        str(MODULE_DIR), lambda: scene, lambda: timers.append(Timer()) or timers[-1], contextlib.nullcontext
+    )
     logic.engine = Engine(gated)
     outcomes = []
     GatedEngine.gate.clear()
@@ -179,7 +184,9 @@ def test_run_sync_with_a_wrong_option_fails_in_one_line_and_leaves_no_folder(tmp
     assert list(work.iterdir()) == []
     assert logic.engine is None or logic.engine.starts == 0  # nothing was started either
     outcomes = []
-    logic.start(volume, options_in(work, keep_engine_warm=warm, **wrong), onFinished=lambda s, e: outcomes.append((s, e)))
+    logic.start(
+        volume, options_in(work, keep_engine_warm=warm, **wrong), onFinished=lambda s, e: outcomes.append((s, e))
+    )
     assert outcomes and outcomes[0][0] == lib.FAILED and outcomes[0][1].startswith(f"{name} must be one of")
     assert list(work.iterdir()) == []
 
@@ -206,8 +213,22 @@ class RefusingProcess(proc.ProcessHandle):
 
 
 def refuse_input(request):
-    return [[("stdout", json.dumps({"event": "result", "id": request["id"], "ok": False, "code": 2,
-                                    "error": f"{request['input']}: image is constant (0 everywhere)"}))]]
+    return [
+        [
+            (
+                "stdout",
+                json.dumps(
+                    {
+                        "event": "result",
+                        "id": request["id"],
+                        "ok": False,
+                        "code": 2,
+                        "error": f"{request['input']}: image is constant (0 everywhere)",
+                    }
+                ),
+            )
+        ]
+    ]
 
 
 class WritesNothing(RefusingProcess):
@@ -220,18 +241,22 @@ class WritesNothing(RefusingProcess):
         return 0
 
 
-@pytest.mark.parametrize("how, expected", [
-    ("one-shot", "volume 'cine': image is constant (0 everywhere)"),
-    ("warm", "volume 'cine': image is constant (0 everywhere)"),
-    ("no outputs", "the engine wrote no report.json in the results of volume 'cine'"),
-])
+@pytest.mark.parametrize(
+    "how, expected",
+    [
+        ("one-shot", "volume 'cine': image is constant (0 everywhere)"),
+        ("warm", "volume 'cine': image is constant (0 everywhere)"),
+        ("no outputs", "the engine wrote no report.json in the results of volume 'cine'"),
+    ],
+)
 def test_an_error_names_the_volume_not_the_deleted_temporary_file(tmp_path, scene_and_volume, how, expected):
     scene, volume = scene_and_volume
     work = tmp_path / "work"
     work.mkdir()
     timers = []
-    logic = ModuleLogic(str(MODULE_DIR), lambda: scene, lambda: timers.append(Timer()) or timers[-1],
-                        contextlib.nullcontext)
+    logic = ModuleLogic(
+        str(MODULE_DIR), lambda: scene, lambda: timers.append(Timer()) or timers[-1], contextlib.nullcontext
+    )
     if how == "warm":
         logic.engine = Engine(Launcher(refuse_input))
     else:

@@ -22,8 +22,17 @@ if str(MODULE_DIR) not in sys.path:
 
 from CARDSegmentLib import acknowledgement  # noqa: E402
 from CARDSegmentLib.engine import Engine, EngineHandle  # noqa: E402
-from CARDSegmentLib.jobs import (KEEP_ENGINE_WARM_KEY, LEAVE_ENGINE, START_ENGINE, STOP_ENGINE,  # noqa: E402
-                                 EngineChoice, JobOptions, engine_action, ready_to_warm_up, settings_flag)
+from CARDSegmentLib.jobs import (
+    KEEP_ENGINE_WARM_KEY,
+    LEAVE_ENGINE,
+    START_ENGINE,
+    STOP_ENGINE,  # noqa: E402
+    EngineChoice,
+    JobOptions,
+    engine_action,
+    ready_to_warm_up,
+    settings_flag,
+)
 from CARDSegmentLib.module_logic import ModuleLogic  # noqa: E402
 
 
@@ -100,9 +109,21 @@ def test_the_setting_defaults_to_on_and_is_kept_in_the_application_settings():
     assert EngineChoice(later, MODULE_DIR).keep_warm is True
 
 
-@pytest.mark.parametrize("value, expected", [(None, True), ("", True), (True, True), (False, False),
-                                             ("true", True), ("false", False), ("False", False), (1, True),
-                                             (0, False), ("0", False)])
+@pytest.mark.parametrize(
+    "value, expected",
+    [
+        (None, True),
+        ("", True),
+        (True, True),
+        (False, False),
+        ("true", True),
+        ("false", False),
+        ("False", False),
+        (1, True),
+        (0, False),
+        ("0", False),
+    ],
+)
 def test_settings_flag_reads_what_qsettings_gives_back(value, expected):
     assert settings_flag(value, True) is expected
 
@@ -119,16 +140,19 @@ def test_each_runs_options_follow_the_setting():
 # what to do, and doing it
 
 
-@pytest.mark.parametrize("keep, open_, alive, running, expected", [
-    (True, False, False, False, START_ENGINE),   # the module opens: start it
-    (True, True, False, False, START_ENGINE),    # it crashed: start again
-    (True, True, True, False, LEAVE_ENGINE),     # already warm
-    (False, True, True, False, STOP_ENGINE),     # turned off: free its memory now
-    (False, True, False, False, STOP_ENGINE),    # a crashed one is closed too
-    (False, False, False, False, LEAVE_ENGINE),
-    (True, False, False, True, LEAVE_ENGINE),    # a run is going: never disturbed
-    (False, True, True, True, LEAVE_ENGINE),
-])
+@pytest.mark.parametrize(
+    "keep, open_, alive, running, expected",
+    [
+        (True, False, False, False, START_ENGINE),  # the module opens: start it
+        (True, True, False, False, START_ENGINE),  # it crashed: start again
+        (True, True, True, False, LEAVE_ENGINE),  # already warm
+        (False, True, True, False, STOP_ENGINE),  # turned off: free its memory now
+        (False, True, False, False, STOP_ENGINE),  # a crashed one is closed too
+        (False, False, False, False, LEAVE_ENGINE),
+        (True, False, False, True, LEAVE_ENGINE),  # a run is going: never disturbed
+        (False, True, True, True, LEAVE_ENGINE),
+    ],
+)
 def test_engine_action(keep, open_, alive, running, expected):
     assert engine_action(keep, open_, alive, running) == expected
 

@@ -26,17 +26,44 @@ from CARDSegmentLib.outputs import OutputNodes  # noqa: E402
 
 NOTE = "wall \u2265 5 mm, \u00e9paisseur"
 REGIONS = [
-    {"id": 1, "p_error": 0.81, "voxels": 40, "volume_mm3": 720.0, "mean_disagreement": 0.2, "max_disagreement": 0.5,
-     "summed_disagreement": 8.0, "classes": ["MYO", "LV"], "centroid_lps": [1.0, 2.0, 3.0],
-     "bbox_ijk": [[1, 4], [2, 6], [0, 1]]},
-    {"id": 2, "p_error": None, "voxels": 90, "volume_mm3": 1620.0, "mean_disagreement": 0.1, "max_disagreement": 0.3,
-     "summed_disagreement": 9.0, "classes": ["RV"], "centroid_lps": [4.0, 5.0, 6.0],
-     "bbox_ijk": [[3, 9], [2, 8], [2, 3]]},
+    {
+        "id": 1,
+        "p_error": 0.81,
+        "voxels": 40,
+        "volume_mm3": 720.0,
+        "mean_disagreement": 0.2,
+        "max_disagreement": 0.5,
+        "summed_disagreement": 8.0,
+        "classes": ["MYO", "LV"],
+        "centroid_lps": [1.0, 2.0, 3.0],
+        "bbox_ijk": [[1, 4], [2, 6], [0, 1]],
+    },
+    {
+        "id": 2,
+        "p_error": None,
+        "voxels": 90,
+        "volume_mm3": 1620.0,
+        "mean_disagreement": 0.1,
+        "max_disagreement": 0.3,
+        "summed_disagreement": 9.0,
+        "classes": ["RV"],
+        "centroid_lps": [4.0, 5.0, 6.0],
+        "bbox_ijk": [[3, 9], [2, 8], [2, 3]],
+    },
 ]
 #: the indices of a cine run; RV EF's value is missing (NaN in the table node), as is its interval
-INDICES = {"ed": 0, "es": 1, "nominal": 0.9, "error": "", "category": "LVEF 52-60%: normal", "straddles": False,
-           "indices": [{"name": "LVEF", "value": 56.0, "low": 52.0, "high": 60.0},
-                       {"name": "RVEF", "value": float("nan"), "low": float("nan"), "high": float("inf")}]}
+INDICES = {
+    "ed": 0,
+    "es": 1,
+    "nominal": 0.9,
+    "error": "",
+    "category": "LVEF 52-60%: normal",
+    "straddles": False,
+    "indices": [
+        {"name": "LVEF", "value": 56.0, "low": 52.0, "high": 60.0},
+        {"name": "RVEF", "value": float("nan"), "low": float("nan"), "high": float("inf")},
+    ],
+}
 
 
 def volume_outputs(scene, note: str = NOTE) -> OutputNodes:
@@ -94,8 +121,23 @@ CHILD = textwrap.dedent("""
 def run_exports(out: Path, env=None, limit: int = 0) -> dict:
     """Every export (volume and cine, CSV and JSON) into ``out`` by a separate Python (under ``env``,
     with a file size ``limit`` when not 0): the child's encoding and each export's OSError errno."""
-    done = subprocess.run([sys.executable, "-X", "utf8=0", "-c", CHILD, str(Path(__file__).parent), str(MODULE_DIR),
-                           str(out), str(limit)], capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-X",
+            "utf8=0",
+            "-c",
+            CHILD,
+            str(Path(__file__).parent),
+            str(MODULE_DIR),
+            str(out),
+            str(limit),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -103,8 +145,14 @@ def run_exports(out: Path, env=None, limit: int = 0) -> dict:
 def test_exports_are_utf8_under_a_non_utf8_locale(tmp_path):
     """Under the C locale without UTF-8 mode (as Windows' cp1252, a note's "≥" has no byte there)
     every export is written, as UTF-8."""
-    env = {**os.environ, "LC_ALL": "C", "LANG": "C", "PYTHONCOERCECLOCALE": "0", "PYTHONUTF8": "0",
-           "PYTHONIOENCODING": "utf-8"}
+    env = {
+        **os.environ,
+        "LC_ALL": "C",
+        "LANG": "C",
+        "PYTHONCOERCECLOCALE": "0",
+        "PYTHONUTF8": "0",
+        "PYTHONIOENCODING": "utf-8",
+    }
     result = run_exports(tmp_path, env)
     if result["encoding"].lower().replace("-", "") == "utf8":
         pytest.skip("this platform's C locale is UTF-8: nothing to check")
@@ -152,6 +200,7 @@ def test_an_export_replaces_the_earlier_file_and_leaves_nothing_else(tmp_path, k
 
 def strict_loads(text: str):
     """json.loads that refuses NaN and Infinity, as strict JSON readers do."""
+
     def refuse(name):
         raise ValueError(f"not JSON: {name}")
 

@@ -83,8 +83,9 @@ def segment_mask(segment):
 
 def composite(scene, name):
     c = scene.GetNodesByClass("vtkMRMLSliceCompositeNode")
-    return next(c.GetItemAsObject(i) for i in range(c.GetNumberOfItems())
-                if c.GetItemAsObject(i).GetLayoutName() == name)
+    return next(
+        c.GetItemAsObject(i) for i in range(c.GetNumberOfItems()) if c.GetItemAsObject(i).GetLayoutName() == name
+    )
 
 
 def segments(seg_node):
@@ -110,8 +111,9 @@ def bundle(tmp_path_factory, tiny_bundle):
 
     path = tmp_path_factory.mktemp("slicer-bundle") / "bundle"
     shutil.copytree(tiny_bundle, path)
-    update_config(path, {"regions": {"flag_threshold": 0.1, "min_voxels": 5},
-                         "agreement": {"out_of_domain_threshold": 0.999}})
+    update_config(
+        path, {"regions": {"flag_threshold": 0.1, "min_voxels": 5}, "agreement": {"out_of_domain_threshold": 0.999}}
+    )
     return path
 
 
@@ -122,9 +124,17 @@ def run(tmp_path_factory, bundle, rotated_nifti):
     volume = load_input(scene, rotated_nifti)
     before = node_ids(scene)
     seen = []
-    options = lib.JobOptions(bundle_path=str(bundle), device="cpu", method="card", load_probabilities=True,
-                             engine_dir=str(MODULE_DIR), python_executable=sys.executable, threads=1,
-                             work_root=str(tmp_path_factory.mktemp("work")), keep_files=True)
+    options = lib.JobOptions(
+        bundle_path=str(bundle),
+        device="cpu",
+        method="card",
+        load_probabilities=True,
+        engine_dir=str(MODULE_DIR),
+        python_executable=sys.executable,
+        threads=1,
+        work_root=str(tmp_path_factory.mktemp("work")),
+        keep_files=True,
+    )
     job = lib.SegmentationJob(scene, volume, options, on_progress=seen.append)
     job.start()
     assert job.state == lib.RUNNING
@@ -132,10 +142,18 @@ def run(tmp_path_factory, bundle, rotated_nifti):
     state = job.wait(timeout=1800)  # seconds on an idle machine; generous for a loaded one
     assert state == lib.SUCCEEDED, job.error
     outputs = job.finish()
-    return SimpleNamespace(scene=scene, volume=volume, outputs=outputs, job=job, progress=seen,
-                           outdir=job.output_dir, bundle=bundle, input_path=rotated_nifti,
-                           report=json.loads((job.output_dir / "report.json").read_text(encoding="utf-8")),
-                           classes=json.loads((bundle / "bundle.json").read_text(encoding="utf-8"))["classes"])
+    return SimpleNamespace(
+        scene=scene,
+        volume=volume,
+        outputs=outputs,
+        job=job,
+        progress=seen,
+        outdir=job.output_dir,
+        bundle=bundle,
+        input_path=rotated_nifti,
+        report=json.loads((job.output_dir / "report.json").read_text(encoding="utf-8")),
+        classes=json.loads((bundle / "bundle.json").read_text(encoding="utf-8"))["classes"],
+    )
 
 
 @pytest.fixture
@@ -206,8 +224,9 @@ def test_outputs_have_exactly_the_input_geometry(run):
         lm.GetImageToWorldMatrix(m)
         world = np.array([[m.GetElement(r, c) for c in range(4)] for r in range(4)])
         ext = lm.GetExtent()
-        assert np.allclose(world @ np.array([ext[0], ext[2], ext[4], 1.0]), ref @ np.array([ext[0], ext[2], ext[4], 1.0]),
-                           atol=1e-6)
+        assert np.allclose(
+            world @ np.array([ext[0], ext[2], ext[4], 1.0]), ref @ np.array([ext[0], ext[2], ext[4], 1.0]), atol=1e-6
+        )
         assert np.allclose(world[:3, :3], ref[:3, :3], atol=1e-9)
         assert np.array_equal(segment_mask(segment), labels == value)
     assert len(np.unique(labels)) > 1
@@ -235,9 +254,11 @@ def test_flagged_regions_are_outlined_voxel_for_voxel(run):
         world = np.array([[m.GetElement(r, c) for c in range(4)] for r in range(4)])
         assert np.allclose(world[:3, :3], ref[:3, :3], atol=1e-9)
         e = lm.GetExtent()
-        assert np.allclose(world @ np.array([e[0], e[2], e[4], 1.0]), ref @ np.array([e[0], e[2], e[4], 1.0]), atol=1e-6)
+        assert np.allclose(
+            world @ np.array([e[0], e[2], e[4], 1.0]), ref @ np.array([e[0], e[2], e[4], 1.0]), atol=1e-6
+        )
         mask = np.zeros(regions.shape, bool)
-        mask[e[4]:e[5] + 1, e[2]:e[3] + 1, e[0]:e[1] + 1] = segment_mask(segment)
+        mask[e[4] : e[5] + 1, e[2] : e[3] + 1, e[0] : e[1] + 1] = segment_mask(segment)
         assert np.array_equal(mask, regions == k), k
         region = next(r for r in run.report["regions"] if int(r["id"]) == k)
         shown = f"p_error {float(region['p_error']):.2f}, " if region.get("p_error") is not None else ""
@@ -383,9 +404,11 @@ def test_overlays_are_transparent_where_the_networks_agree(fresh, run):
     # the temperature map hides the same voxels: its threshold is the temperature of that disagreement
     cal = run.report["calibration"]
     assert o.temperature.GetDisplayNode().GetLowerThreshold() == pytest.approx(
-        overlays.temperature_at(overlays.SHOWN_FROM_DISAGREEMENT, cal))
-    assert overlays.overlay_threshold("temperature", {"calibration": {"tau_min": 1.0, "tau_max": 3.0}})[0] == \
-        pytest.approx(1.0 + 2.0 * overlays.SHOWN_FROM_DISAGREEMENT / LN2)
+        overlays.temperature_at(overlays.SHOWN_FROM_DISAGREEMENT, cal)
+    )
+    assert overlays.overlay_threshold("temperature", {"calibration": {"tau_min": 1.0, "tau_max": 3.0}})[
+        0
+    ] == pytest.approx(1.0 + 2.0 * overlays.SHOWN_FROM_DISAGREEMENT / LN2)
 
 
 def _slice_view(scene):
@@ -453,8 +476,10 @@ def test_stock_colour_nodes_are_preferred_when_the_scene_has_them(run):
     o = lib.load_outputs(scene, volume, run.outdir)
     assert o.disagreement.GetDisplayNode().GetColorNodeID() == "vtkMRMLColorTableNodeFileInferno.txt"
     assert o.temperature.GetDisplayNode().GetColorNodeID() == "vtkMRMLColorTableNodeFileViridis.txt"
-    own = [scene.GetNodesByClass("vtkMRMLColorTableNode").GetItemAsObject(i)
-           for i in range(scene.GetNodesByClass("vtkMRMLColorTableNode").GetNumberOfItems())]
+    own = [
+        scene.GetNodesByClass("vtkMRMLColorTableNode").GetItemAsObject(i)
+        for i in range(scene.GetNodesByClass("vtkMRMLColorTableNode").GetNumberOfItems())
+    ]
     assert not [n for n in own if n.GetAttribute(colormaps.COLORMAP_ATTRIBUTE)]
 
 
@@ -489,8 +514,11 @@ def test_rerun_replaces_only_this_modules_outputs_for_that_input(run):
     assert first.roi is None  # the region is highlighted in its outline node: no box is made
     count_after_first = scene.GetNumberOfNodes()
     old_ids = {n.GetID() for n in first.nodes()}
-    old_display_ids = {first.segmentation.GetDisplayNodeID(), first.disagreement.GetDisplayNodeID(),
-                       first.regions.GetDisplayNodeID()}
+    old_display_ids = {
+        first.segmentation.GetDisplayNodeID(),
+        first.disagreement.GetDisplayNodeID(),
+        first.regions.GetDisplayNodeID(),
+    }
 
     again = lib.load_outputs(scene, volume, run.outdir, classes=run.classes)
     assert all(scene.GetNodeByID(i) is None for i in old_ids | old_display_ids)
@@ -582,8 +610,14 @@ def test_cancel_ends_the_process_and_leaves_the_scene_unchanged(run, tmp_path):
     scene = make_scene()
     volume = load_input(scene, run.input_path)
     ids = node_ids(scene)
-    options = lib.JobOptions(bundle_path=str(run.bundle), device="cpu", engine_dir=str(MODULE_DIR),
-                             python_executable=sys.executable, threads=1, work_root=str(tmp_path))
+    options = lib.JobOptions(
+        bundle_path=str(run.bundle),
+        device="cpu",
+        engine_dir=str(MODULE_DIR),
+        python_executable=sys.executable,
+        threads=1,
+        work_root=str(tmp_path),
+    )
     job = lib.SegmentationJob(scene, volume, options)
     job.start()
     work = job.work_dir
@@ -624,8 +658,10 @@ def test_a_failing_engine_gives_its_one_line_error(run, tmp_path):
     scene = make_scene()
     volume = load_input(scene, run.input_path)
     ids = node_ids(scene)
-    fake = ScriptedProcess(['{"stage": "read", "done": 0, "total": 1}',
-                            f"cardseg: error: {tmp_path}/b: not a bundle (no bundle.json)"], code=2)
+    fake = ScriptedProcess(
+        ['{"stage": "read", "done": 0, "total": 1}', f"cardseg: error: {tmp_path}/b: not a bundle (no bundle.json)"],
+        code=2,
+    )
     options = lib.JobOptions(bundle_path=f"{tmp_path}/b", device="cpu", work_root=str(tmp_path))
     job = lib.SegmentationJob(scene, volume, options, launcher=fake)
     job.start()
@@ -640,8 +676,12 @@ def test_a_run_whose_outputs_cannot_be_loaded_fails_cleanly(run, tmp_path):
     scene = make_scene()
     volume = load_input(scene, run.input_path)
     ids = node_ids(scene)
-    job = lib.SegmentationJob(scene, volume, lib.JobOptions(work_root=str(tmp_path)),
-                              launcher=ScriptedProcess(['{"stage": "write", "done": 6, "total": 6}'], code=0))
+    job = lib.SegmentationJob(
+        scene,
+        volume,
+        lib.JobOptions(work_root=str(tmp_path)),
+        launcher=ScriptedProcess(['{"stage": "write", "done": 6, "total": 6}'], code=0),
+    )
     job.start()
     assert job.wait(timeout=10) == lib.SUCCEEDED  # the process said it succeeded but wrote nothing
     with pytest.raises(lib.OutputError, match="report.json"):
@@ -673,8 +713,12 @@ def _drive(monitor, limit=200):
 def test_monitor_loads_a_finished_run(run, tmp_path):
     scene = make_scene()
     volume = load_input(scene, run.input_path)
-    job = lib.SegmentationJob(scene, volume, lib.JobOptions(bundle_path=str(run.bundle), work_root=str(tmp_path)),
-                              launcher=CopyingProcess(run.outdir))
+    job = lib.SegmentationJob(
+        scene,
+        volume,
+        lib.JobOptions(bundle_path=str(run.bundle), work_root=str(tmp_path)),
+        launcher=CopyingProcess(run.outdir),
+    )
     monitor = lib.JobMonitor(job)
     assert monitor.start() is False and not monitor.finished
     assert _drive(monitor) == ("loaded", None)
@@ -701,8 +745,12 @@ def test_an_unexpected_error_while_loading_ends_the_run_with_one_line(run, tmp_p
         def __exit__(self, *exc):
             return False
 
-    job = lib.SegmentationJob(scene, volume, lib.JobOptions(bundle_path=str(run.bundle), work_root=str(tmp_path)),
-                              launcher=CopyingProcess(run.outdir))
+    job = lib.SegmentationJob(
+        scene,
+        volume,
+        lib.JobOptions(bundle_path=str(run.bundle), work_root=str(tmp_path)),
+        launcher=CopyingProcess(run.outdir),
+    )
     monitor = lib.JobMonitor(job, busy=Busy)
     monitor.start()
     state, error = _drive(monitor)
@@ -784,7 +832,7 @@ def outline_masks(node, shape):
         segment = node.GetSegmentation().GetSegment(segment_id)
         e = segment.GetRepresentation("Binary labelmap").GetExtent()
         masks[k] = np.zeros(shape, bool)
-        masks[k][e[4]:e[5] + 1, e[2]:e[3] + 1, e[0]:e[1] + 1] = segment_mask(segment)
+        masks[k][e[4] : e[5] + 1, e[2] : e[3] + 1, e[0] : e[1] + 1] = segment_mask(segment)
     return masks
 
 
@@ -825,8 +873,11 @@ def test_selecting_a_region_highlights_its_outline_and_centres_the_views(fresh, 
     # no selection (or a region without voxels): every outline as loaded
     assert ro.highlight_region(o.regions, None) is None
     assert o.regions.GetAttribute(ro.SELECTED_ATTRIBUTE) is None
-    assert all(display.GetSegmentOpacity2DOutline(sid) == 1.0 and rgb(display.GetSegmentOverrideColor(sid))
-               == [-1.0, -1.0, -1.0] for sid in by_id.values())
+    assert all(
+        display.GetSegmentOpacity2DOutline(sid) == 1.0
+        and rgb(display.GetSegmentOverrideColor(sid)) == [-1.0, -1.0, -1.0]
+        for sid in by_id.values()
+    )
 
 
 def test_outputs_without_outlines_still_centre_the_views(fresh, run):
@@ -1006,8 +1057,26 @@ def test_uncalibrated_run_gives_a_segmentation_without_maps(run, tmp_path):
     from cardseg.cli import main
 
     out = tmp_path / "uc"
-    assert main(["segment", str(run.input_path), "-o", str(out), "--bundle", str(run.bundle), "--method", "uc",
-                 "--quiet", "--progress", "none", "--threads", "1"]) == 0
+    assert (
+        main(
+            [
+                "segment",
+                str(run.input_path),
+                "-o",
+                str(out),
+                "--bundle",
+                str(run.bundle),
+                "--method",
+                "uc",
+                "--quiet",
+                "--progress",
+                "none",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     scene = make_scene()
     volume = load_input(scene, run.input_path)
     o = lib.load_outputs(scene, volume, out, classes=run.classes)
@@ -1047,16 +1116,21 @@ def test_a_bundle_json_that_is_not_an_object_is_a_bundle_choice_error(tmp_path, 
 
     (tmp_path / "bundle.json").write_text(content, encoding="utf-8")
     never = SimpleNamespace(value=lambda key: None, setValue=lambda key, value: None)
-    for read in (lib.bundle_config, lib.bundle_classes, lib.bundle_label,
-                 lambda p: ensure_acknowledged_for_bundle(p, tmp_path / "module", never, lambda *a: True)):
+    for read in (
+        lib.bundle_config,
+        lib.bundle_classes,
+        lib.bundle_label,
+        lambda p: ensure_acknowledged_for_bundle(p, tmp_path / "module", never, lambda *a: True),
+    ):
         with pytest.raises(lib.BundleChoiceError) as caught:
             read(tmp_path)
         message = str(caught.value)
         assert "\n" not in message and str(tmp_path / "bundle.json") in message and f"JSON {kind}" in message
 
 
-@pytest.mark.parametrize("provenance", ["trained on ACDC", ["acdc"], 7, {"training": "acdc"},
-                                        {"training": {"primary": "acdc"}}])
+@pytest.mark.parametrize(
+    "provenance", ["trained on ACDC", ["acdc"], 7, {"training": "acdc"}, {"training": {"primary": "acdc"}}]
+)
 def test_a_bundle_with_a_provenance_that_is_not_an_object_is_asked_nothing_and_does_not_crash(tmp_path, provenance):
     from CARDSegmentLib.acknowledgement import ensure_acknowledged_for_bundle, research_only_sources
 
@@ -1064,8 +1138,10 @@ def test_a_bundle_with_a_provenance_that_is_not_an_object_is_asked_nothing_and_d
     (tmp_path / "bundle.json").write_text(json.dumps(config), encoding="utf-8")
     asked = []
     settings = SimpleNamespace(value=lambda key: None, setValue=lambda key, value: None)
-    assert ensure_acknowledged_for_bundle(tmp_path, tmp_path / "module", settings,
-                                          lambda *a: asked.append(a) or False) is True
+    assert (
+        ensure_acknowledged_for_bundle(tmp_path, tmp_path / "module", settings, lambda *a: asked.append(a) or False)
+        is True
+    )
     assert asked == []  # names no research-only data set
     assert research_only_sources(config, shipped=True) == [research_only_sources({}, shipped=True)[0]]
     assert lib.bundle_label(tmp_path) == "?"

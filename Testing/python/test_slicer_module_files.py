@@ -104,9 +104,14 @@ def test_cmakelists_lists_every_script_and_resource_of_the_module_folder():
     for name in listed:
         assert (MODULE_DIR / name).is_file(), f"CMakeLists.txt lists {name}, which does not exist"
     assert all(s.endswith(".py") for s in scripts)
-    present = {p.relative_to(MODULE_DIR).as_posix() for p in MODULE_DIR.rglob("*")
-               if p.is_file() and p.suffix in LISTED_SUFFIXES and "__pycache__" not in p.parts
-               and p.parts[len(MODULE_DIR.parts)] != "Testing"}
+    present = {
+        p.relative_to(MODULE_DIR).as_posix()
+        for p in MODULE_DIR.rglob("*")
+        if p.is_file()
+        and p.suffix in LISTED_SUFFIXES
+        and "__pycache__" not in p.parts
+        and p.parts[len(MODULE_DIR.parts)] != "Testing"
+    }
     assert present - listed == set(), "files the built extension would miss"
     # the engine and the shipped bundles come in through globs, so new files need no edit
     assert "cardseg/*.py" in variables["CARDSEG_PYTHON_SCRIPTS__patterns"]
@@ -118,8 +123,11 @@ def test_cmakelists_lists_every_script_and_resource_of_the_module_folder():
 def test_every_shipped_bundle_file_is_a_resource(tmp_path):
     _, resources, variables = cmake_module_files()
     patterns = variables["CARDSEG_BUNDLE_FILES__patterns"]
-    bundle_files = {p.relative_to(MODULE_DIR).as_posix() for p in (MODULE_DIR / "cardseg" / "bundles").rglob("*")
-                    if p.is_file() and not p.name.startswith(".")}
+    bundle_files = {
+        p.relative_to(MODULE_DIR).as_posix()
+        for p in (MODULE_DIR / "cardseg" / "bundles").rglob("*")
+        if p.is_file() and not p.name.startswith(".")
+    }
     assert bundle_files <= set(resources)
     # the globs cover what pip ships as package data, and would pick up a default bundle
     suffixes = {p.rpartition("*")[2] for p in patterns}
@@ -131,8 +139,10 @@ def test_every_shipped_bundle_file_is_a_resource(tmp_path):
     for name in ("bundle.json", "primary.safetensors", "reference.safetensors", "README.md"):
         (fake / name).write_text("x")
     found = {f for pattern in patterns for f in _glob_recurse(tmp_path, pattern)}
-    assert found == {f"cardseg/bundles/acdc/{n}" for n in
-                     ("bundle.json", "primary.safetensors", "reference.safetensors", "README.md")}
+    assert found == {
+        f"cardseg/bundles/acdc/{n}"
+        for n in ("bundle.json", "primary.safetensors", "reference.safetensors", "README.md")
+    }
 
 
 def test_testing_folder_follows_slicer_convention():
@@ -170,7 +180,8 @@ def _module_tree():
 def parameter_fields():
     for node in _module_tree().body:
         if isinstance(node, ast.ClassDef) and any(
-                getattr(d, "id", None) == "parameterNodeWrapper" for d in node.decorator_list):
+            getattr(d, "id", None) == "parameterNodeWrapper" for d in node.decorator_list
+        ):
             return {stmt.target.id for stmt in node.body if isinstance(stmt, ast.AnnAssign)}
     raise AssertionError("no @parameterNodeWrapper class in CARDSegment.py")
 
@@ -196,10 +207,19 @@ def test_ui_binds_exactly_the_parameter_node_fields():
     assert widgets["CARDSegment"] == "qMRMLWidget"
     assert set(bound) | set(HAND_BOUND) == parameter_fields() and not set(bound) & set(HAND_BOUND)
     # each bound widget is of a kind Slicer's parameterNodeWrapper connects to that field's type
-    kinds = {"inputVolume": "qMRMLNodeComboBox", "bundleSource": "QComboBox",
-             "device": "QComboBox", "method": "QComboBox", "fastReview": "QCheckBox", "loadProbabilities": "QCheckBox",
-             "overlay": "QComboBox", "overlayOpacity": "ctkSliderWidget",
-             "frameMode": "QComboBox", "edFrame": "QSpinBox", "esFrame": "QSpinBox"}
+    kinds = {
+        "inputVolume": "qMRMLNodeComboBox",
+        "bundleSource": "QComboBox",
+        "device": "QComboBox",
+        "method": "QComboBox",
+        "fastReview": "QCheckBox",
+        "loadProbabilities": "QCheckBox",
+        "overlay": "QComboBox",
+        "overlayOpacity": "ctkSliderWidget",
+        "frameMode": "QComboBox",
+        "edFrame": "QSpinBox",
+        "esFrame": "QSpinBox",
+    }
     assert {field: widgets[name] for field, name in bound.items()} == kinds
     custom = {c.find("class").text for c in root.iter("customwidget")}
     assert {cls for cls in widgets.values() if not cls.startswith("Q")} <= custom
@@ -213,8 +233,13 @@ def test_bundle_folder_is_bound_by_hand_and_keeps_a_history():
     for field, (widget, signal) in HAND_BOUND.items():
         assert widgets[widget] == "ctkPathLineEdit"
         assert f'self.ui.{widget}.connect("{signal}"' in source
-    fields = {stmt.target.id: stmt for node in _module_tree().body if isinstance(node, ast.ClassDef)
-              for stmt in node.body if isinstance(stmt, ast.AnnAssign) and node.name == "CARDSegmentParameterNode"}
+    fields = {
+        stmt.target.id: stmt
+        for node in _module_tree().body
+        if isinstance(node, ast.ClassDef)
+        for stmt in node.body
+        if isinstance(stmt, ast.AnnAssign) and node.name == "CARDSegmentParameterNode"
+    }
     assert ast.unparse(fields["bundleFolder"].annotation) == "str"
     assert ast.literal_eval(fields["bundleFolder"].value) == ""
     box = next(w for w in root.iter("widget") if w.get("name") == "bundleFolderPathLineEdit")
@@ -259,7 +284,10 @@ def test_library_is_mrml_only(path):
     imported = _imports(path)
     assert not {m.split(".")[0] for m in imported} & {"qt", "ctk", "cardseg", "torch", "PythonQt"}
     assert not any("ScriptedLoadableModule" in m for m in imported)
-    names = {getattr(n, "id", None) or getattr(n, "attr", None) for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))}
+    names = {
+        getattr(n, "id", None) or getattr(n, "attr", None)
+        for n in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+    }
     assert not {n for n in names if n and ("ScriptedLoadableModule" in n or n in ("mrmlScene", "app"))}
 
 
@@ -284,8 +312,11 @@ def _dependencies_module():
 
 def test_package_list_matches_pyproject():
     from_module = _dependencies_module()
-    REQUIREMENTS, is_new_enough, missing_requirements = (from_module.REQUIREMENTS, from_module.is_new_enough,
-                                                         from_module.missing_requirements)
+    REQUIREMENTS, is_new_enough, missing_requirements = (
+        from_module.REQUIREMENTS,
+        from_module.is_new_enough,
+        from_module.missing_requirements,
+    )
     declared = _declared_dependencies()
     assert {r.distribution.lower(): r.minimum for r in REQUIREMENTS} == declared
     assert "einops" in declared  # MONAI's SwinUNETR imports it at run time; MONAI lists it as an extra only
@@ -363,13 +394,17 @@ def test_declared_torch_minimum_parsing():
 def test_old_torch_and_pip_pins():
     dependencies = _dependencies_module()
     versions = {"torch": "2.1.2+cu121"}
-    assert "2.1.2+cu121" in dependencies.torch_too_old(versions.get) and "PyTorch Utils" in \
-        dependencies.torch_too_old(versions.get)
+    assert "2.1.2+cu121" in dependencies.torch_too_old(versions.get) and "PyTorch Utils" in dependencies.torch_too_old(
+        versions.get
+    )
     assert dependencies.torch_too_old({"torch": "2.4.1"}.get) is None
     assert dependencies.torch_too_old({}.get) is None  # not installed: the PyTorch extension installs it
     missing = [dependencies.requirement(m) for m in ("torch", "monai", "einops")]
     # torch itself never goes to pip; an installed torch is pinned so pip keeps the extension's build
-    assert dependencies.pip_specs(missing, {"torch": "2.5.1+cu124"}.get) == ["monai>=1.5", "einops",
-                                                                              "torch==2.5.1+cu124"]
+    assert dependencies.pip_specs(missing, {"torch": "2.5.1+cu124"}.get) == [
+        "monai>=1.5",
+        "einops",
+        "torch==2.5.1+cu124",
+    ]
     assert dependencies.pip_specs(missing, {}.get) == ["monai>=1.5", "einops"]
     assert dependencies.pip_specs(missing[:1], {"torch": "2.5.1"}.get) == []

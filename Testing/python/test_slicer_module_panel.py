@@ -159,8 +159,12 @@ def _fake_scripted_module():
         def delayDisplay(self, message, msec=1000):
             self.messages = getattr(self, "messages", []) + [message]
 
-    for cls in (ScriptedLoadableModule, ScriptedLoadableModuleWidget, ScriptedLoadableModuleLogic,
-                ScriptedLoadableModuleTest):
+    for cls in (
+        ScriptedLoadableModule,
+        ScriptedLoadableModuleWidget,
+        ScriptedLoadableModuleLogic,
+        ScriptedLoadableModuleTest,
+    ):
         setattr(module, cls.__name__, cls)
     return module
 
@@ -225,8 +229,24 @@ def finished_run(tmp_path_factory, tiny_bundle, rotated_nifti):
     from cardseg.cli import main
 
     out = tmp_path_factory.mktemp("panel") / "out"
-    assert main(["segment", str(rotated_nifti), "-o", str(out), "--bundle", str(tiny_bundle), "--quiet",
-                 "--progress", "none", "--threads", "1"]) == 0
+    assert (
+        main(
+            [
+                "segment",
+                str(rotated_nifti),
+                "-o",
+                str(out),
+                "--bundle",
+                str(tiny_bundle),
+                "--quiet",
+                "--progress",
+                "none",
+                "--threads",
+                "1",
+            ]
+        )
+        == 0
+    )
     return out
 
 
@@ -257,10 +277,25 @@ def make_widget(module, volume=None):
     """The module's widget without setup(): stand-in widgets, a real Logic, a plain parameter node."""
     widget = module.CARDSegmentWidget()
     widget.logic = module.CARDSegmentLogic()
-    names = ("applyButton", "inputsCollapsibleButton", "statusLabel", "progressBar", "bundleFolderPathLineEdit",
-             "agreementLabel", "keepResultsButton", "exportButton", "regionsTable", "acceptButton",
-             "correctedButton", "rejectButton", "noteLineEdit", "cineGroupBox", "edFrameSpinBox", "esFrameSpinBox",
-             "indicesLabel")
+    names = (
+        "applyButton",
+        "inputsCollapsibleButton",
+        "statusLabel",
+        "progressBar",
+        "bundleFolderPathLineEdit",
+        "agreementLabel",
+        "keepResultsButton",
+        "exportButton",
+        "regionsTable",
+        "acceptButton",
+        "correctedButton",
+        "rejectButton",
+        "noteLineEdit",
+        "cineGroupBox",
+        "edFrameSpinBox",
+        "esFrameSpinBox",
+        "indicesLabel",
+    )
     widget.ui = types.SimpleNamespace(**{n: FakeWidget() for n in names})
     widget.ui.progressBar.maximum, widget.ui.progressBar.value = 100, 0
     widget.ui.bundleFolderPathLineEdit.currentPath = ""
@@ -368,8 +403,9 @@ def test_a_missing_pytorch_extension_is_said_in_a_plain_sentence(module, rotated
     monkeypatch.setattr(slicer.util, "pip_install", installed.append)
     widget = make_widget(module, load_volume(slicer.mrmlScene, rotated_nifti))
     widget.onApplyButton()
-    sentence = ("CARDSegment needs the PyTorch extension: install it with the Extensions Manager, "
-                "restart Slicer and try again.")
+    sentence = (
+        "CARDSegment needs the PyTorch extension: install it with the Extensions Manager, restart Slicer and try again."
+    )
     assert widget.ui.statusLabel.text == sentence and module.dialogs.warnings == [sentence]
     assert module.dialogs.errors == [] and installed == [] and not widget.logic.isRunning
     assert widget.ui.applyButton.enabled and widget.ui.inputsCollapsibleButton.enabled
@@ -409,8 +445,9 @@ def test_a_successful_run_through_the_panel(module, rotated_nifti, finished_run,
     assert not FakeTimer.made[-1].active
 
 
-def test_an_unexpected_error_while_loading_leaves_the_panel_idle_with_one_line(module, rotated_nifti, finished_run,
-                                                                               monkeypatch):
+def test_an_unexpected_error_while_loading_leaves_the_panel_idle_with_one_line(
+    module, rotated_nifti, finished_run, monkeypatch
+):
     """Slicer 5.8's missing vtkSegment.SetTerminology used to escape the timer's slot: the button
     stayed "Cancel", the inputs disabled, no message. Injected here, it becomes the one-line error."""
     volume = load_volume(slicer.mrmlScene, rotated_nifti)
@@ -512,8 +549,10 @@ def test_apply_with_a_malformed_bundle_json_says_so_or_runs(module, rotated_nift
     p.bundleSource, p.bundleFolder = module.BundleSource.FOLDER, str(tmp_path)
     widget.onApplyButton()
     if config.startswith("["):
-        assert module.dialogs.errors == [f"Cannot use this bundle: {tmp_path / 'bundle.json'}: not a bundle "
-                                         "description (a JSON list, where a JSON object was expected)"]
+        assert module.dialogs.errors == [
+            f"Cannot use this bundle: {tmp_path / 'bundle.json'}: not a bundle "
+            "description (a JSON list, where a JSON object was expected)"
+        ]
         assert not started and widget.ui.applyButton.enabled and not widget._preparing
     else:
         assert module.dialogs.errors == [] and len(started) == 1

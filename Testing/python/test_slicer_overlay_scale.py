@@ -54,8 +54,10 @@ def test_window_and_legend_follow_the_validation_maximum(scene):
     assert "0.180" in title and "validation" in title
 
 
-@pytest.mark.parametrize("report", [{}, {"disagreement_display_max": None}, {"disagreement_display_max": 2.0},
-                                    {"disagreement_display_max": "x"}])
+@pytest.mark.parametrize(
+    "report",
+    [{}, {"disagreement_display_max": None}, {"disagreement_display_max": 2.0}, {"disagreement_display_max": "x"}],
+)
 def test_without_a_usable_maximum_the_whole_range(scene, report):
     node = disagreement_node(scene, 0.5)
     overlays.style_overlay(scene, node, "disagreement", report)

@@ -8,8 +8,14 @@ import types
 
 import pytest
 
-from test_slicer_module_panel import (FakeTimer, FakeWidget, CopyingProcess, finished_run, fire_until_idle,  # noqa: F401
-                                      load_volume, make_widget, module, slicer)
+from test_slicer_module_panel import (
+    FakeWidget,
+    CopyingProcess,
+    fire_until_idle,  # noqa: F401
+    load_volume,
+    make_widget,
+    slicer,
+)
 
 import CARDSegmentLib as lib  # noqa: E402  (on sys.path through test_slicer_module_panel)
 from CARDSegmentLib import panel  # noqa: E402
@@ -62,8 +68,10 @@ def run_through_panel(module, widget):
 def composite_state(scene):
     from CARDSegmentLib.views import slice_composite_nodes
 
-    return [(c.GetBackgroundVolumeID(), c.GetForegroundVolumeID(), c.GetForegroundOpacity())
-            for c in slice_composite_nodes(scene)]
+    return [
+        (c.GetBackgroundVolumeID(), c.GetForegroundVolumeID(), c.GetForegroundOpacity())
+        for c in slice_composite_nodes(scene)
+    ]
 
 
 def set_views(scene, background, foreground, opacity):
@@ -215,8 +223,10 @@ def test_entering_and_leaving_keeps_one_set_of_bindings(module):
     for _ in range(3):
         widget.enter()
         assert len(p.guis) == 1
-        assert p.guis[widget._parameterNodeGuiTag] == {"device": widget.ui.deviceComboBox,
-                                                       "overlay": widget.ui.overlayComboBox}
+        assert p.guis[widget._parameterNodeGuiTag] == {
+            "device": widget.ui.deviceComboBox,
+            "overlay": widget.ui.overlayComboBox,
+        }
         widget.exit()
         assert p.guis == {}
 
@@ -263,8 +273,22 @@ def test_the_default_input_is_the_first_plain_volume(module):
 WINDOWS_FORBIDDEN = set('<>:"/\\|?*') | {chr(c) for c in range(32)}
 
 
-@pytest.mark.parametrize("name", ["7: SAX cine", 'a<b>c"d/e\\f|g?h*i', "cine\tES\n", "CON", "nul.cine", "...",
-                                  "", "  : ", "séquence cine", "x" * 400, "trailing. "])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "7: SAX cine",
+        'a<b>c"d/e\\f|g?h*i',
+        "cine\tES\n",
+        "CON",
+        "nul.cine",
+        "...",
+        "",
+        "  : ",
+        "séquence cine",
+        "x" * 400,
+        "trailing. ",
+    ],
+)
 def test_export_file_names_are_valid_everywhere(name):
     out = panel.safe_file_name(name)
     assert out and not (set(out) & WINDOWS_FORBIDDEN)
@@ -280,8 +304,12 @@ def test_the_export_dialog_proposes_a_valid_name(module, rotated_nifti, finished
     proposed = []
     qt = module.qt
     monkeypatch.setattr(qt, "QDir", types.SimpleNamespace(homePath=lambda: "/home/u"), raising=False)
-    monkeypatch.setattr(qt, "QFileDialog", types.SimpleNamespace(
-        getSaveFileName=lambda parent, title, default, filters: proposed.append(default) or ""), raising=False)
+    monkeypatch.setattr(
+        qt,
+        "QFileDialog",
+        types.SimpleNamespace(getSaveFileName=lambda parent, title, default, filters: proposed.append(default) or ""),
+        raising=False,
+    )
     monkeypatch.setattr(slicer.util, "mainWindow", lambda: None)
     widget.onExportButton()
     assert proposed == ["/home/u/7_ SAX cine-CARD-review.csv"]
@@ -291,8 +319,9 @@ def test_the_export_dialog_proposes_a_valid_name(module, rotated_nifti, finished
 # defect 12: elapsed time shown
 
 
-@pytest.mark.parametrize("seconds,text", [(None, ""), (-1, ""), (0.4, "0 s"), (42, "42 s"), (185, "3 min 05 s"),
-                                          (3725, "1 h 02 min")])
+@pytest.mark.parametrize(
+    "seconds,text", [(None, ""), (-1, ""), (0.4, "0 s"), (42, "42 s"), (185, "3 min 05 s"), (3725, "1 h 02 min")]
+)
 def test_elapsed_text(seconds, text):
     assert panel.elapsed_text(seconds) == text
 

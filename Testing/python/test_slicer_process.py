@@ -93,8 +93,15 @@ def test_command_rejects_unknown_choices(kw):
 
 def test_progress_lines_are_parsed_and_other_lines_ignored():
     assert proc.parse_progress_line('{"stage": "trajectory", "done": 3, "total": 10}\n') == ("trajectory", 3, 10)
-    for line in ("", "Traceback (most recent call last):", "cardseg: error: x", "{not json}", '{"done": 1}',
-                 '["stage"]', '{"stage": "read", "done": "many", "total": 1}'):
+    for line in (
+        "",
+        "Traceback (most recent call last):",
+        "cardseg: error: x",
+        "{not json}",
+        '{"done": 1}',
+        '["stage"]',
+        '{"stage": "read", "done": "many", "total": 1}',
+    ):
         assert proc.parse_progress_line(line) is None
 
 
@@ -118,8 +125,10 @@ def test_error_line_extraction():
     msg = proc.extract_error(tb, 1)
     assert msg.startswith("ModuleNotFoundError: No module named 'torch'") and "code 1" in msg
     assert "SIGKILL" in proc.extract_error([], -9)
-    assert proc.extract_error(['{"stage": "read", "done": 0, "total": 1}'], 3) == \
-        "the segmentation process exited with code 3"
+    assert (
+        proc.extract_error(['{"stage": "read", "done": 0, "total": 1}'], 3)
+        == "the segmentation process exited with code 3"
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -127,10 +136,12 @@ def test_error_line_extraction():
 
 
 def test_fake_run_reports_progress_and_succeeds():
-    batches = [[progress_line("read", 0, 1), progress_line("read", 1, 1)],
-               [("stdout", "some chatter"), progress_line("trajectory", 2, 5)],
-               [progress_line("trajectory", 5, 5), progress_line("write", 3, 6)],
-               [progress_line("write", 6, 6)]]
+    batches = [
+        [progress_line("read", 0, 1), progress_line("read", 1, 1)],
+        [("stdout", "some chatter"), progress_line("trajectory", 2, 5)],
+        [progress_line("trajectory", 5, 5), progress_line("write", 3, 6)],
+        [progress_line("write", 6, 6)],
+    ]
     launcher = FakeLauncher(FakeHandle(batches, code=0))
     seen = []
     run = proc.CardsegRun(command(engine_dir="/m"), launcher, on_progress=seen.append)
@@ -154,8 +165,10 @@ def test_fake_run_reports_progress_and_succeeds():
 
 
 def test_fake_run_failure_gives_the_one_line_error():
-    batches = [[progress_line("read", 0, 1)],
-               [("stderr", "cardseg: error: /in.nii.gz: 4D image with 30 frames; choose one with --frame N (0..29)")]]
+    batches = [
+        [progress_line("read", 0, 1)],
+        [("stderr", "cardseg: error: /in.nii.gz: 4D image with 30 frames; choose one with --frame N (0..29)")],
+    ]
     run = proc.CardsegRun(command(), FakeLauncher(FakeHandle(batches, code=2)))
     run.start()
     assert run.wait(timeout=5) == proc.FAILED
@@ -189,8 +202,14 @@ def test_a_launcher_that_cannot_start_fails_the_run():
 
 
 def test_real_engine_bad_input_gives_its_one_line_error(tmp_path):
-    cmd = proc.SegmentCommand(str(tmp_path / "missing.nii.gz"), str(tmp_path / "out"), python_executable=sys.executable,
-                              engine_dir=str(MODULE_DIR), device="cpu", threads=1)
+    cmd = proc.SegmentCommand(
+        str(tmp_path / "missing.nii.gz"),
+        str(tmp_path / "out"),
+        python_executable=sys.executable,
+        engine_dir=str(MODULE_DIR),
+        device="cpu",
+        threads=1,
+    )
     run = proc.CardsegRun(cmd)
     run.start()
     assert run.wait(timeout=900) == proc.FAILED, run.error  # generous: a loaded machine is slow to import torch
@@ -200,10 +219,12 @@ def test_real_engine_bad_input_gives_its_one_line_error(tmp_path):
 
 
 def test_real_cancel_ends_the_child_process(tmp_path):
-    script = ("import sys, time, json\n"
-              "for i in range(600):\n"
-              "    sys.stderr.write(json.dumps({'stage': 'trajectory', 'done': i, 'total': 600}) + '\\n')\n"
-              "    sys.stderr.flush(); time.sleep(0.1)\n")
+    script = (
+        "import sys, time, json\n"
+        "for i in range(600):\n"
+        "    sys.stderr.write(json.dumps({'stage': 'trajectory', 'done': i, 'total': 600}) + '\\n')\n"
+        "    sys.stderr.flush(); time.sleep(0.1)\n"
+    )
     fake_engine = tmp_path / "cardseg"
     fake_engine.mkdir()
     (fake_engine / "__init__.py").write_text("")
@@ -254,12 +275,14 @@ def _wait_gone(pid: int, seconds: float = 10.0) -> bool:
 
 def _launcher_engine(tmp_path):
     """A fake ``cardseg`` whose process starts a long-lived child of its own, like a launcher does."""
-    script = ("import subprocess, sys, time, json\n"
-              "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
-              "print('grandchild', child.pid, flush=True)\n"
-              "for i in range(600):\n"
-              "    sys.stderr.write(json.dumps({'stage': 'trajectory', 'done': i, 'total': 600}) + '\\n')\n"
-              "    sys.stderr.flush(); time.sleep(0.1)\n")
+    script = (
+        "import subprocess, sys, time, json\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "print('grandchild', child.pid, flush=True)\n"
+        "for i in range(600):\n"
+        "    sys.stderr.write(json.dumps({'stage': 'trajectory', 'done': i, 'total': 600}) + '\\n')\n"
+        "    sys.stderr.flush(); time.sleep(0.1)\n"
+    )
     engine = tmp_path / "cardseg"
     engine.mkdir()
     (engine / "__init__.py").write_text("")
@@ -345,8 +368,14 @@ def test_popen_handle_kills_through_the_tree_killer(monkeypatch):
     assert seen == [handle.pid] and handle._proc.poll() is not None
 
 
-@pytest.mark.parametrize("console", [{"PYTHONIOENCODING": "cp1252", "PYTHONUTF8": "0"},
-                                     {"PYTHONIOENCODING": "ascii"}, {"PYTHONIOENCODING": "latin-1:strict"}])
+@pytest.mark.parametrize(
+    "console",
+    [
+        {"PYTHONIOENCODING": "cp1252", "PYTHONUTF8": "0"},
+        {"PYTHONIOENCODING": "ascii"},
+        {"PYTHONIOENCODING": "latin-1:strict"},
+    ],
+)
 def test_non_ascii_errors_of_the_child_arrive_intact(console):
     """Issue 24 defect 8: whatever encoding the inherited environment gives the child (a Windows
     console code page under Slicer 5.8/5.10), its stderr reaches the panel as written."""
@@ -360,4 +389,4 @@ def test_non_ascii_errors_of_the_child_arrive_intact(console):
     while handle.returncode() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     lines = [line for _, line in handle.read_lines()]
-    assert proc.extract_error(lines, 2) == message[len("cardseg: error: "):]
+    assert proc.extract_error(lines, 2) == message[len("cardseg: error: ") :]

@@ -17,12 +17,30 @@ slicer = slicer_core()
 from CARDSegmentLib import review  # noqa: E402
 
 REGIONS = [
-    {"id": 1, "p_error": 0.81, "voxels": 40, "volume_mm3": 720.0, "mean_disagreement": 0.2, "max_disagreement": 0.5,
-     "summed_disagreement": 8.0, "classes": ["MYO", "LV"], "centroid_lps": [1.0, 2.0, 3.0],
-     "bbox_ijk": [[1, 4], [2, 6], [0, 1]]},
-    {"id": 2, "p_error": 0.35, "voxels": 90, "volume_mm3": 1620.0, "mean_disagreement": 0.1, "max_disagreement": 0.3,
-     "summed_disagreement": 9.0, "classes": ["RV"], "centroid_lps": [4.0, 5.0, 6.0],
-     "bbox_ijk": [[3, 9], [2, 8], [2, 3]]},
+    {
+        "id": 1,
+        "p_error": 0.81,
+        "voxels": 40,
+        "volume_mm3": 720.0,
+        "mean_disagreement": 0.2,
+        "max_disagreement": 0.5,
+        "summed_disagreement": 8.0,
+        "classes": ["MYO", "LV"],
+        "centroid_lps": [1.0, 2.0, 3.0],
+        "bbox_ijk": [[1, 4], [2, 6], [0, 1]],
+    },
+    {
+        "id": 2,
+        "p_error": 0.35,
+        "voxels": 90,
+        "volume_mm3": 1620.0,
+        "mean_disagreement": 0.1,
+        "max_disagreement": 0.3,
+        "summed_disagreement": 9.0,
+        "classes": ["RV"],
+        "centroid_lps": [4.0, 5.0, 6.0],
+        "bbox_ijk": [[3, 9], [2, 8], [2, 3]],
+    },
 ]
 
 
@@ -52,7 +70,7 @@ def test_regions_without_p_error_and_old_tables_read_as_unknown():
     assert review.review_document(table, None)["regions"][0]["p_error"] is None
 
 
-@pytest.mark.parametrize("note", ["=HYPERLINK(\"http://x\",\"y\")", "+1+1", "-2", "@SUM(A1)", "\tx", "'quoted", "plain"])
+@pytest.mark.parametrize("note", ['=HYPERLINK("http://x","y")', "+1+1", "-2", "@SUM(A1)", "\tx", "'quoted", "plain"])
 def test_exported_csv_never_holds_a_formula_and_reads_back(note):
     scene = slicer.vtkMRMLScene()
     table = review.create_review_table(scene, REGIONS)

@@ -34,8 +34,9 @@ def swin_bundle(tmp_path_factory) -> Path:
     from cardseg.bundle.scaffold import init_bundle
 
     path = tmp_path_factory.mktemp("speed") / "swin"
-    init_bundle(path, primary="time-swinunetr:mini", reference="time-unet:micro", input_size=64,
-                pixel_spacing_mm=3.0, seed=2)
+    init_bundle(
+        path, primary="time-swinunetr:mini", reference="time-unet:micro", input_size=64, pixel_spacing_mm=3.0, seed=2
+    )
     return path
 
 
@@ -145,9 +146,11 @@ def test_warm_start_imports_no_monai(swin_bundle, cache):
     from cardseg.bundle.loading import load_bundle
 
     load_bundle(swin_bundle, backend="onnx")  # warm the cache
-    code = ("import sys; from cardseg.bundle.loading import load_bundle; "
-            f"b = load_bundle({str(swin_bundle)!r}, backend='onnx'); "
-            "assert 'monai' not in sys.modules, 'monai imported'; print(b.primary.source)")
+    code = (
+        "import sys; from cardseg.bundle.loading import load_bundle; "
+        f"b = load_bundle({str(swin_bundle)!r}, backend='onnx'); "
+        "assert 'monai' not in sys.modules, 'monai imported'; print(b.primary.source)"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip().startswith(str(cache))
@@ -163,14 +166,35 @@ def test_segment_onnx_matches_torch_and_repeats_bit_for_bit(swin_bundle, cache, 
     outs = {}
     for name, backend in (("torch", "torch"), ("onnx", "onnx"), ("onnx2", "onnx")):
         outs[name] = tmp_path / name
-        assert main(["segment", str(inp), "-o", str(outs[name]), "--bundle", str(swin_bundle), "--quiet",
-                     "--backend", backend, "--batch-size", "3"]) == 0
+        assert (
+            main(
+                [
+                    "segment",
+                    str(inp),
+                    "-o",
+                    str(outs[name]),
+                    "--bundle",
+                    str(swin_bundle),
+                    "--quiet",
+                    "--backend",
+                    backend,
+                    "--batch-size",
+                    "3",
+                ]
+            )
+            == 0
+        )
 
     def arr(name, f):
         return sitk.GetArrayFromImage(sitk.ReadImage(str(outs[name] / f)))
 
-    files = ("segmentation.nii.gz", "probabilities.nii.gz", "disagreement.nii.gz", "temperature.nii.gz",
-             "regions.nii.gz")
+    files = (
+        "segmentation.nii.gz",
+        "probabilities.nii.gz",
+        "disagreement.nii.gz",
+        "temperature.nii.gz",
+        "regions.nii.gz",
+    )
     for f in files:  # the same backend twice: bit-identical
         assert np.array_equal(arr("onnx", f), arr("onnx2", f)), f
     p_t, p_o = arr("torch", "probabilities.nii.gz"), arr("onnx", "probabilities.nii.gz")
@@ -328,8 +352,24 @@ def test_batch_uses_the_backend_it_is_given(tmp_path, tiny_bundle, volume_file, 
     monkeypatch.setenv("CARDSEG_CACHE_DIR", str(tmp_path / "cache"))
     for backend, out in ((None, "auto"), ("torch", "torch")):
         extra = ["--backend", backend] if backend else []
-        assert main(["batch", str(volume_file), "-o", str(tmp_path / out), "--bundle", str(tiny_bundle), "--quiet",
-                     "--no-report", "--batch-size", "3", *extra]) == 0
+        assert (
+            main(
+                [
+                    "batch",
+                    str(volume_file),
+                    "-o",
+                    str(tmp_path / out),
+                    "--bundle",
+                    str(tiny_bundle),
+                    "--quiet",
+                    "--no-report",
+                    "--batch-size",
+                    "3",
+                    *extra,
+                ]
+            )
+            == 0
+        )
         (case,) = [p for p in (tmp_path / out).iterdir() if (p / "report.json").is_file()]
         assert json.loads((case / "report.json").read_text())["backend"] == (backend or "onnx")
 
@@ -350,7 +390,9 @@ def test_auto_survives_any_export_failure(tmp_path, tiny_bundle, monkeypatch):
     b = load_bundle(tiny_bundle, backend="auto")
     assert b.backend == "torch" and isinstance(b.reference, torch.nn.Module)
     assert b.notes == ["ONNX Runtime not used (RuntimeError: exporter exploded); the torch networks run instead"]
-    with pytest.raises(CardsegError, match=r"^ONNX Runtime failed \(RuntimeError: exporter exploded\); use --backend torch$"):
+    with pytest.raises(
+        CardsegError, match=r"^ONNX Runtime failed \(RuntimeError: exporter exploded\); use --backend torch$"
+    ):
         load_bundle(tiny_bundle, backend="onnx")
 
 
@@ -422,12 +464,15 @@ def test_a_network_that_ignores_the_step_runs_on_onnx_too(tmp_path, volume_file,
     from cardseg.cli import main
 
     bundle = tmp_path / "disc"
-    init_bundle(bundle, primary="discriminative:unet", reference="time-unet:micro", input_size=64,
-                pixel_spacing_mm=3.0, seed=1)
+    init_bundle(
+        bundle, primary="discriminative:unet", reference="time-unet:micro", input_size=64, pixel_spacing_mm=3.0, seed=1
+    )
     monkeypatch.setenv("CARDSEG_CACHE_DIR", str(tmp_path / "cache"))
     assert _segment(main, volume_file, tmp_path / "onnx", bundle, "--device", "cpu", "--backend", "onnx") == 0
     assert "ONNX Runtime not used" not in capsys.readouterr().err
     assert json.loads((tmp_path / "onnx" / "report.json").read_text())["backend"] == "onnx"
     assert _segment(main, volume_file, tmp_path / "torch", bundle, "--device", "cpu", "--backend", "torch") == 0
-    a, b = (sitk.GetArrayFromImage(sitk.ReadImage(str(tmp_path / d / "segmentation.nii.gz"))) for d in ("onnx", "torch"))
+    a, b = (
+        sitk.GetArrayFromImage(sitk.ReadImage(str(tmp_path / d / "segmentation.nii.gz"))) for d in ("onnx", "torch")
+    )
     assert (a != b).mean() < 1e-3  # the same segmentation up to near ties

@@ -28,8 +28,10 @@ HAVE_ONNX = importlib.util.find_spec("onnxruntime") is not None and importlib.ut
 needs_onnx = pytest.mark.skipif(not HAVE_ONNX, reason="needs onnxruntime and onnx (the [speed] extra)")
 
 #: runs ``cardseg`` in a child process and reports which heavy packages it imported
-CHILD = ("import sys, json; from cardseg.cli import main; rc = main(sys.argv[1:]); "
-         "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules, 'monai': 'monai' in sys.modules}))")
+CHILD = (
+    "import sys, json; from cardseg.cli import main; rc = main(sys.argv[1:]); "
+    "print(json.dumps({'rc': rc, 'torch': 'torch' in sys.modules, 'monai': 'monai' in sys.modules}))"
+)
 OUTPUTS = ("segmentation.nii.gz", "probabilities.nii.gz", "disagreement.nii.gz", "temperature.nii.gz")
 
 
@@ -132,8 +134,9 @@ def test_run_trajectory_on_numpy_equals_torch(mode, overlap):
 
 # --- the whole run -----------------------------------------------------------------------------
 def _child(args) -> dict:
-    p = subprocess.run([sys.executable, "-c", CHILD, *args], capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ))
+    p = subprocess.run(
+        [sys.executable, "-c", CHILD, *args], capture_output=True, text=True, timeout=600, env=dict(os.environ)
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -232,37 +235,56 @@ def test_the_gpu_driver_probe_follows_the_driver_library_and_rocm_device(monkeyp
 
 
 @needs_onnx
-def test_without_torch_a_cached_run_works_and_a_first_run_says_what_is_missing(tiny_bundle, phantom_file, model_cache,
-                                                                               tmp_path):
+def test_without_torch_a_cached_run_works_and_a_first_run_says_what_is_missing(
+    tiny_bundle, phantom_file, model_cache, tmp_path
+):
     """torch not installed (blocked in the child): ``--device auto`` with the models cached runs on
     the CPU; a first run, which must prepare the models, is one error line, exit 2, nothing written."""
-    blocked = "import sys; sys.modules['torch'] = None; " + CHILD.replace("'torch' in sys.modules",
-                                                                          "sys.modules.get('torch') is not None")
+    blocked = "import sys; sys.modules['torch'] = None; " + CHILD.replace(
+        "'torch' in sys.modules", "sys.modules.get('torch') is not None"
+    )
     args = [str(phantom_file), "--bundle", str(tiny_bundle), "--quiet"]
-    p = subprocess.run([sys.executable, "-c", blocked, "segment", *args, "-o", str(tmp_path / "first")],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-c", blocked, "segment", *args, "-o", str(tmp_path / "first")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert json.loads(p.stdout.strip().splitlines()[-1])["rc"] == 2
-    assert p.stderr.strip().startswith("cardseg: error: torch is not installed") and len(p.stderr.strip().splitlines()) == 1
+    assert (
+        p.stderr.strip().startswith("cardseg: error: torch is not installed")
+        and len(p.stderr.strip().splitlines()) == 1
+    )
     assert not (tmp_path / "first").exists()
     assert _child(["segment", *args, "--device", "cpu", "-o", str(tmp_path / "prepare")])["rc"] == 0
-    p = subprocess.run([sys.executable, "-c", blocked, "segment", *args, "-o", str(tmp_path / "cached")],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-c", blocked, "segment", *args, "-o", str(tmp_path / "cached")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads(p.stdout.strip().splitlines()[-1]) == {"rc": 0, "torch": False, "monai": False}
-    assert np.array_equal(_array(tmp_path / "prepare", "segmentation.nii.gz"),
-                          _array(tmp_path / "cached", "segmentation.nii.gz"))
+    assert np.array_equal(
+        _array(tmp_path / "prepare", "segmentation.nii.gz"), _array(tmp_path / "cached", "segmentation.nii.gz")
+    )
 
 
 def test_without_torch_and_onnxruntime_the_one_line_names_both(tiny_bundle, phantom_file, tmp_path):
     """Neither way to run installed (both blocked in the child): one error line that names torch and
     onnxruntime, exit 2, nothing written; on a device other than the CPU only torch is named."""
-    blocked = ("import sys; sys.modules['torch'] = None; sys.modules['onnxruntime'] = None; "
-               + CHILD.replace("'torch' in sys.modules", "sys.modules.get('torch') is not None"))
+    blocked = "import sys; sys.modules['torch'] = None; sys.modules['onnxruntime'] = None; " + CHILD.replace(
+        "'torch' in sys.modules", "sys.modules.get('torch') is not None"
+    )
     args = [str(phantom_file), "--bundle", str(tiny_bundle), "--quiet"]
     for device, both in (("cpu", True), ("auto", True), ("cuda", False)):
         out = tmp_path / f"run-{device}"
-        p = subprocess.run([sys.executable, "-c", blocked, "segment", *args, "--device", device, "-o", str(out)],
-                           capture_output=True, text=True, timeout=600)
+        p = subprocess.run(
+            [sys.executable, "-c", blocked, "segment", *args, "--device", device, "-o", str(out)],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         line = p.stderr.strip()
         assert json.loads(p.stdout.strip().splitlines()[-1])["rc"] == 2 and len(line.splitlines()) == 1, line
         assert line.startswith("cardseg: error: torch is not installed")
@@ -307,15 +329,22 @@ def _same_outputs(a: Path, b: Path, atol: float = 1e-5) -> None:
 def _serve(args, requests) -> list:
     """A ``cardseg serve`` child fed ``requests`` (``--eof finish``); its event lines."""
     lines = "".join(json.dumps(r) + "\n" for r in requests)
-    p = subprocess.run([sys.executable, "-m", "cardseg", "serve", "--eof", "finish", *args], input=lines,
-                       capture_output=True, text=True, timeout=600, env=dict(os.environ))
+    p = subprocess.run(
+        [sys.executable, "-m", "cardseg", "serve", "--eof", "finish", *args],
+        input=lines,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ),
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     return [e for e in map(json.loads, p.stdout.splitlines()) if "event" in e]
 
 
 @needs_onnx
-def test_cached_onnx_batch_and_serve_import_no_torch_and_equal_the_torch_backend(tiny_bundle, synthetic_volume,
-                                                                                 model_cache, tmp_path):
+def test_cached_onnx_batch_and_serve_import_no_torch_and_equal_the_torch_backend(
+    tiny_bundle, synthetic_volume, model_cache, tmp_path
+):
     cases = _cases(tmp_path / "cases", synthetic_volume)
     common = ["--bundle", str(tiny_bundle), "--threads", "2", "--quiet"]
     # a cold cache: the first batch exports the models (torch and MONAI imported) and works
@@ -346,13 +375,17 @@ def test_cached_onnx_batch_and_serve_import_no_torch_and_equal_the_torch_backend
             np.testing.assert_allclose(_array(folder, name), value, atol=1e-5, err_msg=name)
 
     # serve on the warm cache: the engine and its requests never import torch; a torch request then does
-    events = _serve(["--bundle", str(tiny_bundle), "--device", "cpu", "--threads", "2"], [
-        {"op": "status", "id": "s0"},
-        {"id": "a", "input": str(cases / "a.nii.gz"), "output": str(tmp_path / "serve-a")},
-        {"id": "b", "input": str(cases / "b.nii.gz"), "output": str(tmp_path / "serve-b"), "threads": 1},
-        {"op": "status", "id": "s1"},
-        {"id": "t", "input": str(cases / "a.nii.gz"), "output": str(tmp_path / "serve-t"), "backend": "torch"},
-        {"op": "status", "id": "s2"}])
+    events = _serve(
+        ["--bundle", str(tiny_bundle), "--device", "cpu", "--threads", "2"],
+        [
+            {"op": "status", "id": "s0"},
+            {"id": "a", "input": str(cases / "a.nii.gz"), "output": str(tmp_path / "serve-a")},
+            {"id": "b", "input": str(cases / "b.nii.gz"), "output": str(tmp_path / "serve-b"), "threads": 1},
+            {"op": "status", "id": "s1"},
+            {"id": "t", "input": str(cases / "a.nii.gz"), "output": str(tmp_path / "serve-t"), "backend": "torch"},
+            {"op": "status", "id": "s2"},
+        ],
+    )
     ready, s0, a, b, s1, t, s2 = events[:7]
     assert ready["event"] == "ready" and ready["error"] is None and ready["backend"] == "onnx"
     free = {"monai": False, "torch": False, "onnxruntime": True}
@@ -366,44 +399,80 @@ def test_cached_onnx_batch_and_serve_import_no_torch_and_equal_the_torch_backend
 
 @needs_onnx
 def test_a_cold_cache_engine_imports_torch_and_works(tiny_bundle, phantom_file, model_cache, tmp_path):
-    events = _serve(["--bundle", str(tiny_bundle), "--device", "cpu", "--threads", "2"], [
-        {"op": "status"}, {"input": str(phantom_file), "output": str(tmp_path / "cold")}])
+    events = _serve(
+        ["--bundle", str(tiny_bundle), "--device", "cpu", "--threads", "2"],
+        [{"op": "status"}, {"input": str(phantom_file), "output": str(tmp_path / "cold")}],
+    )
     ready, status, result = events[:3]
     assert ready["error"] is None and ready["backend"] == "onnx"
     assert status["modules"]["torch"] is True and result["ok"] and result["loaded_bundle"] is False
-    assert _child(["segment", str(phantom_file), "-o", str(tmp_path / "warm"), "--bundle", str(tiny_bundle),
-                   "--device", "cpu", "--threads", "2", "--quiet"]) == {"rc": 0, "torch": False, "monai": False}
+    assert _child(
+        [
+            "segment",
+            str(phantom_file),
+            "-o",
+            str(tmp_path / "warm"),
+            "--bundle",
+            str(tiny_bundle),
+            "--device",
+            "cpu",
+            "--threads",
+            "2",
+            "--quiet",
+        ]
+    ) == {"rc": 0, "torch": False, "monai": False}
     _same_outputs(tmp_path / "cold", tmp_path / "warm")
 
 
 @needs_onnx
-def test_without_torch_a_cached_batch_works_and_a_first_one_says_what_is_missing(tiny_bundle, synthetic_volume,
-                                                                                 model_cache, tmp_path):
+def test_without_torch_a_cached_batch_works_and_a_first_one_says_what_is_missing(
+    tiny_bundle, synthetic_volume, model_cache, tmp_path
+):
     cases = _cases(tmp_path / "cases", synthetic_volume)
-    blocked = "import sys; sys.modules['torch'] = None; " + CHILD.replace("'torch' in sys.modules",
-                                                                          "sys.modules.get('torch') is not None")
+    blocked = "import sys; sys.modules['torch'] = None; " + CHILD.replace(
+        "'torch' in sys.modules", "sys.modules.get('torch') is not None"
+    )
     args = ["batch", str(cases), "--bundle", str(tiny_bundle), "--quiet"]
-    p = subprocess.run([sys.executable, "-c", blocked, *args, "-o", str(tmp_path / "first")],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-c", blocked, *args, "-o", str(tmp_path / "first")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert json.loads(p.stdout.strip().splitlines()[-1])["rc"] == 2
-    assert p.stderr.strip().startswith("cardseg: error: torch is not installed") and len(p.stderr.strip().splitlines()) == 1
+    assert (
+        p.stderr.strip().startswith("cardseg: error: torch is not installed")
+        and len(p.stderr.strip().splitlines()) == 1
+    )
     assert not (tmp_path / "first").exists()
     assert _child([*args, "--device", "cpu", "-o", str(tmp_path / "prepare")])["rc"] == 0
-    p = subprocess.run([sys.executable, "-c", blocked, *args, "-o", str(tmp_path / "cached")],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [sys.executable, "-c", blocked, *args, "-o", str(tmp_path / "cached")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     assert json.loads(p.stdout.strip().splitlines()[-1]) == {"rc": 0, "torch": False, "monai": False}
     for case in ("a", "b"):
         _same_outputs(tmp_path / "prepare" / case, tmp_path / "cached" / case)
     # an engine without torch: a request that needs torch is refused in one line and the warm bundle stays
-    engine = ("import runpy, sys; sys.modules['torch'] = None; sys.argv[0] = 'cardseg'; "
-              "runpy.run_module('cardseg', run_name='__main__')")
-    requests = [{"id": "a", "input": str(cases / "a.nii.gz"), "output": str(tmp_path / "serve-a")},
-                {"id": "t", "input": str(cases / "a.nii.gz"), "output": str(tmp_path / "serve-t"), "backend": "torch"},
-                {"id": "b", "input": str(cases / "b.nii.gz"), "output": str(tmp_path / "serve-b")}]
-    p = subprocess.run([sys.executable, "-c", engine, "serve", "--eof", "finish", "--bundle", str(tiny_bundle),
-                        "--device", "cpu"], input="".join(json.dumps(r) + "\n" for r in requests),
-                       capture_output=True, text=True, timeout=600)
+    engine = (
+        "import runpy, sys; sys.modules['torch'] = None; sys.argv[0] = 'cardseg'; "
+        "runpy.run_module('cardseg', run_name='__main__')"
+    )
+    requests = [
+        {"id": "a", "input": str(cases / "a.nii.gz"), "output": str(tmp_path / "serve-a")},
+        {"id": "t", "input": str(cases / "a.nii.gz"), "output": str(tmp_path / "serve-t"), "backend": "torch"},
+        {"id": "b", "input": str(cases / "b.nii.gz"), "output": str(tmp_path / "serve-b")},
+    ]
+    p = subprocess.run(
+        [sys.executable, "-c", engine, "serve", "--eof", "finish", "--bundle", str(tiny_bundle), "--device", "cpu"],
+        input="".join(json.dumps(r) + "\n" for r in requests),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     events = {e.get("id"): e for e in map(json.loads, p.stdout.splitlines()) if e.get("event") == "result"}
     assert events["a"]["ok"] and events["b"]["ok"] and not events["t"]["ok"]
@@ -414,8 +483,7 @@ def test_without_torch_a_cached_batch_works_and_a_first_one_says_what_is_missing
 
 
 @needs_onnx
-def test_the_onnx_and_torch_backends_agree_where_the_first_step_has_near_ties(tiny_bundle, synthetic_volume,
-                                                                               tmp_path):
+def test_the_onnx_and_torch_backends_agree_where_the_first_step_has_near_ties(tiny_bundle, synthetic_volume, tmp_path):
     """The session's phantom, written to NIfTI and read back: on its first slice the untrained
     bundle's first step has classes within 1e-5 of each other, where the two backends' networks
     differ by about 1e-6. The reverse step takes the argmax of the prediction itself, so both

@@ -68,7 +68,9 @@ def test_cli_smoke_to_loadable_bundle(runs, tmp_path):
     ref = tmp_path / "ref"
     assert cardseg.cli.main(["train", *SMOKE, "--role", "reference", "--steps", "3", "--out", str(ref)]) == 0
     out = tmp_path / "bundle"
-    assert cardseg.cli.main(["train", "export", "--primary", str(straight), "--reference", str(ref), "-o", str(out)]) == 0
+    assert (
+        cardseg.cli.main(["train", "export", "--primary", str(straight), "--reference", str(ref), "-o", str(out)]) == 0
+    )
     b = load_bundle(out)
     cfg = b.config
     assert cfg["input_size"] == 64 and cfg["pixel_spacing_mm"] == 4.0 and b.sampled_steps == [49, 37, 24, 12, 0]
@@ -105,9 +107,22 @@ def test_first_step_from_uniform_state_segments(tmp_path):
     size, spacing = 32, 6.0
     train_ds = SliceDataset(synthetic_records(range(4), slices=6), spacing, size)
     val_ds = SliceDataset(synthetic_records([50], slices=6), spacing, size)
-    cfg = TrainConfig(data="synthetic", data_format="synthetic", network="time-unet:micro", input_size=size,
-                      spacing=spacing, steps=60, batch_size=8, lr=3e-3, warmup=10, log_interval=1000,
-                      val_interval=1000, p_uniform=0.3, augment=AugmentConfig.off(), seed=0)
+    cfg = TrainConfig(
+        data="synthetic",
+        data_format="synthetic",
+        network="time-unet:micro",
+        input_size=size,
+        spacing=spacing,
+        steps=60,
+        batch_size=8,
+        lr=3e-3,
+        warmup=10,
+        log_interval=1000,
+        val_interval=1000,
+        p_uniform=0.3,
+        augment=AugmentConfig.off(),
+        seed=0,
+    )
     summary = train(cfg, tmp_path / "uni", progress=False, train_data=train_ds, val_data=val_ds)
     assert summary["steps_done"] == 60
     net, _, _ = load_run_network(tmp_path / "uni", "last")
@@ -128,8 +143,18 @@ def test_stop_file_ends_a_run_cleanly(tmp_path):
     import time as _time
 
     out = tmp_path / "run"
-    cfg = TrainConfig(data="synthetic", network="time-unet:micro", input_size=32, spacing=6.0, steps=100000,
-                      batch_size=2, log_interval=1, val_interval=100000, val_max_volumes=1, warmup=1).resolve()
+    cfg = TrainConfig(
+        data="synthetic",
+        network="time-unet:micro",
+        input_size=32,
+        spacing=6.0,
+        steps=100000,
+        batch_size=2,
+        log_interval=1,
+        val_interval=100000,
+        val_max_volumes=1,
+        warmup=1,
+    ).resolve()
 
     def stopper():
         while not (out / "log.csv").exists():

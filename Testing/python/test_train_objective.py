@@ -121,7 +121,9 @@ def test_total_is_weighted_sum():
     total.backward()
     assert logits.grad is not None and torch.isfinite(logits.grad).all()
     only_ce, _ = DiffusionLoss(SCHED, LossWeights(kl=0, ce=1, dice=0, boundary=0))(logits, lab, x_t, _t(2, 20))
-    assert float(only_ce.detach()) == pytest.approx(float(torch.nn.functional.cross_entropy(logits, lab).detach()), rel=1e-6)
+    assert float(only_ce.detach()) == pytest.approx(
+        float(torch.nn.functional.cross_entropy(logits, lab).detach()), rel=1e-6
+    )
 
 
 # ---------------------------------------------------------------------------- training inputs
@@ -142,7 +144,11 @@ def test_uniform_start_and_image_dropout():
     im, x_t, t = make_training_inputs(SCHED, img, lab, K, p_uniform=1.0, p_uncond=1.0, generator=g)
     assert torch.equal(t, _t(6, 49)) and torch.allclose(x_t, torch.full_like(x_t, 0.25)) and float(im.abs().max()) == 0
     im, x_t, t = make_training_inputs(SCHED, img, lab, K, p_uniform=0.0, p_uncond=0.0, generator=g)
-    assert torch.equal(im, img) and torch.equal(x_t.sum(1), torch.ones(6, 32, 32)) and set(x_t.unique().tolist()) <= {0.0, 1.0}
+    assert (
+        torch.equal(im, img)
+        and torch.equal(x_t.sum(1), torch.ones(6, 32, 32))
+        and set(x_t.unique().tolist()) <= {0.0, 1.0}
+    )
 
 
 def test_focused_steps_are_the_samplers_and_its_first_step_starts_uniform():
@@ -150,8 +156,17 @@ def test_focused_steps_are_the_samplers_and_its_first_step_starts_uniform():
     uniform state (what inference starts from), others a one-hot x_t; p_focus 0 draws as before."""
     steps = [49, 37, 24, 12, 0]
     lab, img = _labels(64), torch.rand(64, 1, 32, 32)
-    _, x_t, t = make_training_inputs(SCHED, img, lab, K, p_uniform=0.0, p_uncond=0.0,
-                                     generator=torch.Generator().manual_seed(1), p_focus=1.0, focus_steps=steps)
+    _, x_t, t = make_training_inputs(
+        SCHED,
+        img,
+        lab,
+        K,
+        p_uniform=0.0,
+        p_uncond=0.0,
+        generator=torch.Generator().manual_seed(1),
+        p_focus=1.0,
+        focus_steps=steps,
+    )
     assert set(t.tolist()) == set(steps)
     top = t == 49
     assert torch.allclose(x_t[top], torch.full_like(x_t[top], 0.25))

@@ -41,7 +41,8 @@ def test_aleatoric_nll_is_cross_entropy_without_variance_and_rewards_variance_on
     # confidently wrong logits: variance lowers the loss (the head learns where it is unsure)
     wrong = torch.nn.functional.one_hot((labels + 1) % 4, 4).permute(0, 3, 1, 2).float() * 8.0
     assert float(aleatoric_nll(wrong, torch.full_like(wrong, 3.0), labels, 64)) < float(
-        aleatoric_nll(wrong, tiny, labels, 64))
+        aleatoric_nll(wrong, tiny, labels, 64)
+    )
 
 
 def test_losses_keep_the_diffusion_terms_and_weights():
@@ -50,7 +51,9 @@ def test_losses_keep_the_diffusion_terms_and_weights():
     labels = torch.randint(0, 4, (2, 16, 16))
     total, terms = SegmentationLoss()(logits, labels)
     assert set(terms) == {"ce", "dice", "boundary"}
-    assert float(total.detach()) == pytest.approx(float(terms["ce"] + terms["dice"] + 0.5 * terms["boundary"]), rel=1e-6)
+    assert float(total.detach()) == pytest.approx(
+        float(terms["ce"] + terms["dice"] + 0.5 * terms["boundary"]), rel=1e-6
+    )
     total.backward()
     assert logits.grad is not None and float(logits.grad.abs().sum()) > 0
     log_var = torch.zeros_like(logits, requires_grad=True)
@@ -70,15 +73,19 @@ def test_aleatoric_prediction_is_repeatable_and_a_distribution():
 
 
 def test_parse_network_for_plain_segmentors():
-    assert parse_network("discriminative:swinunetr-tiny") == {"arch": "discriminative", "backbone": "swinunetr",
-                                                              "feature_size": 24}
+    assert parse_network("discriminative:swinunetr-tiny") == {
+        "arch": "discriminative",
+        "backbone": "swinunetr",
+        "feature_size": 24,
+    }
     assert parse_network("discriminative:unet") == {"arch": "discriminative", "backbone": "unet"}
     with pytest.raises(ValueError, match="unknown SwinUNETR size"):
         parse_network("discriminative:swinunetr-huge")
 
 
-@pytest.mark.parametrize("role,cls", [("deterministic", "DiscriminativeSegmentor"),
-                                      ("aleatoric", "AleatoricSegmentor")])
+@pytest.mark.parametrize(
+    "role,cls", [("deterministic", "DiscriminativeSegmentor"), ("aleatoric", "AleatoricSegmentor")]
+)
 def test_cli_trains_each_role(tmp_path, role, cls):
     out = tmp_path / role
     assert cardseg.cli.main(["train", "--role", role, *SMOKE, "--steps", "3", "--out", str(out)]) == 0
@@ -89,8 +96,9 @@ def test_cli_trains_each_role(tmp_path, role, cls):
 
 
 def test_role_and_network_must_match(tmp_path, capsys):
-    rc = cardseg.cli.main(["train", "--role", "deterministic", "--size", "time-unet:tiny", *SMOKE,
-                           "--out", str(tmp_path / "x")])
+    rc = cardseg.cli.main(
+        ["train", "--role", "deterministic", "--size", "time-unet:tiny", *SMOKE, "--out", str(tmp_path / "x")]
+    )
     err = capsys.readouterr().err.strip()
     assert rc == 2 and err.count("\n") == 0 and "--role deterministic cannot train time-unet:tiny" in err
     assert not (tmp_path / "x").exists()

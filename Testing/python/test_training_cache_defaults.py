@@ -13,16 +13,22 @@ import pytest
 import cardseg.cli
 
 #: (parser factory, option attribute, folder under the cache root)
-PARSERS = [("cli_evaluate:evaluate_parser", "cache", "evaluate"),
-           ("cli_evaluate:evaluate_parser", "review_cache", "review"),
-           ("cli_compare:ablate_parser", "cache", "evaluate"),
-           ("cli_fit:review_fit_parser", "cache", "review"),
-           ("cli_fit:fit_parser", "cache", "calibration"),
-           ("cli_fit:fit_indices_parser", "cache", "indices")]
+PARSERS = [
+    ("cli_evaluate:evaluate_parser", "cache", "evaluate"),
+    ("cli_evaluate:evaluate_parser", "review_cache", "review"),
+    ("cli_compare:ablate_parser", "cache", "evaluate"),
+    ("cli_fit:review_fit_parser", "cache", "review"),
+    ("cli_fit:fit_parser", "cache", "calibration"),
+    ("cli_fit:fit_indices_parser", "cache", "indices"),
+]
 #: the python -m tools: (module, option, folder under the cache root)
-MODULES = [("indices_fit", "--cache", "indices"), ("indices_design", "--evidence-cache", "indices/evidence"),
-           ("indices_evidence", "--cache", "indices/evidence"), ("indices_rv", "--cache", "indices/evidence"),
-           ("reference_maps", "--cache", "review")]
+MODULES = [
+    ("indices_fit", "--cache", "indices"),
+    ("indices_design", "--evidence-cache", "indices/evidence"),
+    ("indices_evidence", "--cache", "indices/evidence"),
+    ("indices_rv", "--cache", "indices/evidence"),
+    ("reference_maps", "--cache", "review"),
+]
 
 
 def _parser(spec):

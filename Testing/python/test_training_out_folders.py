@@ -9,13 +9,18 @@ import pytest
 import cardseg.cli
 
 
-@pytest.mark.parametrize("command", [["evaluate", "--split", "val"], ["ablate", "--split", "val"],
-                                     ["compare", "--card", "nowhere"], ["fit-review"]])
+@pytest.mark.parametrize(
+    "command",
+    [["evaluate", "--split", "val"], ["ablate", "--split", "val"], ["compare", "--card", "nowhere"], ["fit-review"]],
+)
 def test_an_out_that_is_a_file_is_refused_before_any_work(tmp_path, capsys, command):
     afile = tmp_path / "afile"
     afile.write_text("mine")
-    for out, expected in ((afile, "exists and is not a folder"), (afile / "below", "is not a folder"),
-                          ("/proc/cardseg-out", "cannot write there")):
+    for out, expected in (
+        (afile, "exists and is not a folder"),
+        (afile / "below", "is not a folder"),
+        ("/proc/cardseg-out", "cannot write there"),
+    ):
         assert cardseg.cli.main([*command, "--out", str(out)]) == 2
         err = capsys.readouterr().err.strip()
         assert err.startswith(f"cardseg: error: --out {out}: ") and expected in err and "\n" not in err

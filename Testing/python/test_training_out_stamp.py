@@ -22,23 +22,43 @@ from conftest import ACDC, files_of, refused
 def _table(methods, segmentor):
     """A calibration.json as cardseg evaluate writes it (two conditions, four volumes)."""
     conds = ["clean", "spike"]
-    pooled = {c: {m: {"ece": 0.01 * (i + 1), "sce": 0.02, "ace": 0.03, "nll": 0.3 + 0.1 * i + j, "n": 100}
-                  for i, m in enumerate(methods)} for j, c in enumerate(conds)}
-    return {"conditions": conds, "methods": list(methods), "volumes": 4, "pooled": pooled, "segmentor": segmentor,
-            "settings": {"split": "test", "seed": 0, "cases": [f"c{i}" for i in range(4)]}}
+    pooled = {
+        c: {
+            m: {"ece": 0.01 * (i + 1), "sce": 0.02, "ace": 0.03, "nll": 0.3 + 0.1 * i + j, "n": 100}
+            for i, m in enumerate(methods)
+        }
+        for j, c in enumerate(conds)
+    }
+    return {
+        "conditions": conds,
+        "methods": list(methods),
+        "volumes": 4,
+        "pooled": pooled,
+        "segmentor": segmentor,
+        "settings": {"split": "test", "seed": 0, "cases": [f"c{i}" for i in range(4)]},
+    }
 
 
 def _sources():
-    return {"conventional": _table(["uc", "ts", "ets", "hts"], "deterministic"),
-            "card": _table(["uc", "ets", "hts", "card"], "diffusion")}
+    return {
+        "conventional": _table(["uc", "ts", "ets", "hts"], "deterministic"),
+        "card": _table(["uc", "ets", "hts", "card"], "diffusion"),
+    }
 
 
-@pytest.mark.parametrize("command, name", [
-    (["evaluate", "--split", "val"], "calibration.md"), (["evaluate", "--dice-only"], "dice.csv"),
-    (["evaluate", "--review-only"], "review.png"), (["evaluate", "--roi", "disk10,square10"],
-                                                    "roi-square10/reliability.png"),
-    (["evaluate", "--panel", "patient001_frame01"], "panel_patient001_frame01_clean.png"), (["ablate"], "ablation.json"),
-    (["compare", "--card", "nowhere"], "comparison_block_nll.png"), (["fit-review"], "review_fit.json")])
+@pytest.mark.parametrize(
+    "command, name",
+    [
+        (["evaluate", "--split", "val"], "calibration.md"),
+        (["evaluate", "--dice-only"], "dice.csv"),
+        (["evaluate", "--review-only"], "review.png"),
+        (["evaluate", "--roi", "disk10,square10"], "roi-square10/reliability.png"),
+        (["evaluate", "--panel", "patient001_frame01"], "panel_patient001_frame01_clean.png"),
+        (["ablate"], "ablation.json"),
+        (["compare", "--card", "nowhere"], "comparison_block_nll.png"),
+        (["fit-review"], "review_fit.json"),
+    ],
+)
 def test_a_users_file_of_a_name_the_command_writes_is_refused_before_any_work(tmp_path, capsys, command, name):
     out = tmp_path / "results"
     (out / name).parent.mkdir(parents=True)
@@ -55,8 +75,19 @@ def test_fit_indices_measure_folder_is_checked_too(tmp_path, capsys):
     out = tmp_path / "indices"
     out.mkdir()
     (out / "indices.md").write_text("my notes")
-    refused(capsys, ["fit-indices", "--bundle", str(tmp_path / "no-bundle"), "--data", str(tmp_path / "no-data"),
-                      "--measure-test", str(out)], f"--measure-test {out}: holds indices.md")
+    refused(
+        capsys,
+        [
+            "fit-indices",
+            "--bundle",
+            str(tmp_path / "no-bundle"),
+            "--data",
+            str(tmp_path / "no-data"),
+            "--measure-test",
+            str(out),
+        ],
+        f"--measure-test {out}: holds indices.md",
+    )
     assert files_of(out) == {"indices.md": b"my notes"}
 
 
@@ -64,8 +95,12 @@ def test_a_foreign_record_file_is_refused(tmp_path, capsys):
     out = tmp_path / "results"
     out.mkdir()
     (out / STAMP).write_text("[1, 2]")
-    refused(capsys, ["ablate", "--bundle", str(tmp_path / "no-bundle"), "--data", str(tmp_path / "no-data"),
-                      "--out", str(out)], STAMP, "not cardseg's record")
+    refused(
+        capsys,
+        ["ablate", "--bundle", str(tmp_path / "no-bundle"), "--data", str(tmp_path / "no-data"), "--out", str(out)],
+        STAMP,
+        "not cardseg's record",
+    )
     assert files_of(out) == {STAMP: b"[1, 2]"}
 
 
@@ -73,8 +108,18 @@ def _compare(tmp_path, out, *extra):
     for name, t in _sources().items():
         (tmp_path / name).mkdir(exist_ok=True)
         (tmp_path / name / "calibration.json").write_text(json.dumps(t))
-    return cardseg.cli.main(["compare", "--card", str(tmp_path / "card"), "--conventional",
-                             str(tmp_path / "conventional"), "--out", str(out), *extra])
+    return cardseg.cli.main(
+        [
+            "compare",
+            "--card",
+            str(tmp_path / "card"),
+            "--conventional",
+            str(tmp_path / "conventional"),
+            "--out",
+            str(out),
+            *extra,
+        ]
+    )
 
 
 def test_compare_records_what_it_wrote_reruns_and_never_touches_other_files(tmp_path, capsys):
@@ -171,8 +216,12 @@ def test_a_record_another_cardseg_command_wrote_keeps_its_entries(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "labels.nii.gz").write_bytes(b"segment's output")
-    engine = {"tool": "cardseg", "version": "0.1.0", "written": "2026-11-27T10:00:00+0000",
-              "files": {"labels.nii.gz": {"size": 16, "sha256": "x"}}}
+    engine = {
+        "tool": "cardseg",
+        "version": "0.1.0",
+        "written": "2026-11-27T10:00:00+0000",
+        "files": {"labels.nii.gz": {"size": 16, "sha256": "x"}},
+    }
     (out / STAMP).write_text(json.dumps(engine))
     with OutRecord(out, "cardseg test", ["a.txt"]).writing():
         atomic_write(out / "a.txt", b"new")
@@ -208,9 +257,32 @@ def test_links_and_folders_under_a_written_name_are_refused_even_with_overwrite(
 @pytest.mark.skipif(not (ACDC / "volumes").is_dir(), reason="ACDC data not present")
 def test_evaluate_records_every_file_it_writes_and_reruns(tiny_bundle, tmp_path, capsys):
     out = tmp_path / "ev"
-    argv = ["evaluate", "--bundle", str(tiny_bundle), "--data", str(ACDC), "--split", "val", "--max-cases", "1",
-            "--conditions", "clean", "--methods", "uc", "--roi", "disk10,square10", "--cache", str(tmp_path / "c1"),
-            "--review-cache", str(tmp_path / "c2"), "--quiet", "--threads", "2", "--out", str(out)]
+    argv = [
+        "evaluate",
+        "--bundle",
+        str(tiny_bundle),
+        "--data",
+        str(ACDC),
+        "--split",
+        "val",
+        "--max-cases",
+        "1",
+        "--conditions",
+        "clean",
+        "--methods",
+        "uc",
+        "--roi",
+        "disk10,square10",
+        "--cache",
+        str(tmp_path / "c1"),
+        "--review-cache",
+        str(tmp_path / "c2"),
+        "--quiet",
+        "--threads",
+        "2",
+        "--out",
+        str(out),
+    ]
     assert cardseg.cli.main(argv) == 0
     written = set(files_of(out)) - {STAMP}
     assert set(json.loads((out / STAMP).read_text())["files"]) == written
@@ -231,9 +303,15 @@ def _module_refused(capsys, main, argv, *words):
         assert w in err[0], err[0]
 
 
-@pytest.mark.parametrize("module, option, name", [
-    ("indices_fit", "--measure-test", "indices_coverage.png"), ("reference_maps", "--out", "reference_maps.md"),
-    ("indices_rv", "--out", "rv_slices.json"), ("indices_design", "--out", "design.md")])
+@pytest.mark.parametrize(
+    "module, option, name",
+    [
+        ("indices_fit", "--measure-test", "indices_coverage.png"),
+        ("reference_maps", "--out", "reference_maps.md"),
+        ("indices_rv", "--out", "rv_slices.json"),
+        ("indices_design", "--out", "design.md"),
+    ],
+)
 def test_the_python_m_tools_refuse_a_users_file_before_any_work(tmp_path, capsys, module, option, name):
     import importlib
 
@@ -319,11 +397,13 @@ def test_the_python_m_tools_refuse_in_one_line_when_the_writing_starts(tiny_bund
     rows = {"bundle's own": {"errors": 3, "auroc": 0.7, "auprc": 0.4, "covered": {"0.05": 0.2, "0.1": 0.3, "0.2": 0.5}}}
     (tmp_path / "rows.json").write_text(json.dumps({"rows": rows}))
     for main, argv, name in [
-            (indices_design.main, ["--evidence-cache", ""], "design.md"),
-            (indices_rv.main, ["--cache", ""], "rv_slices.md"),
-            (reference_maps.main, ["--replot", str(tmp_path / "rows.json")], "reference_maps.png")]:
+        (indices_design.main, ["--evidence-cache", ""], "design.md"),
+        (indices_rv.main, ["--cache", ""], "rv_slices.md"),
+        (reference_maps.main, ["--replot", str(tmp_path / "rows.json")], "reference_maps.png"),
+    ]:
         out = tmp_path / name.split(".")[0]
         _refuse_when_writing_starts(monkeypatch, out, name)
-        _module_refused(capsys, main, ["--bundle", str(tiny_bundle), *argv, "--out", str(out)],
-                        f"--out {out}: holds {name}")
+        _module_refused(
+            capsys, main, ["--bundle", str(tiny_bundle), *argv, "--out", str(out)], f"--out {out}: holds {name}"
+        )
         assert files_of(out) == {name: b"saved meanwhile"}

@@ -22,8 +22,12 @@ from cardseg.cohort.subjects import lvef_category_cells, subject_columns
 from cardseg.cohort.tables import read_table, table_columns, write_table
 from cardseg.cohort import triage as T
 
-BROWSERS = ("/usr/bin/chromium-headless-shell", "/usr/lib/chromium/chromium-headless-shell",
-            "/usr/lib/chromium/headless_shell", "/usr/bin/chromium")
+BROWSERS = (
+    "/usr/bin/chromium-headless-shell",
+    "/usr/lib/chromium/chromium-headless-shell",
+    "/usr/lib/chromium/headless_shell",
+    "/usr/bin/chromium",
+)
 
 
 def find_browser():
@@ -38,8 +42,16 @@ def find_browser():
 # the ranking rule
 # --------------------------------------------------------------------------------------------
 def row(case, status="ok", agreement="", ood="", regions="", volume="", method="card"):
-    return {"case": case, "status": status, "agreement": agreement, "out_of_domain": ood, "flagged_regions": regions,
-            "flagged_volume_ml": volume, "method": method, "error": "" if status == "ok" else "boom"}
+    return {
+        "case": case,
+        "status": status,
+        "agreement": agreement,
+        "out_of_domain": ood,
+        "flagged_regions": regions,
+        "flagged_volume_ml": volume,
+        "method": method,
+        "error": "" if status == "ok" else "boom",
+    }
 
 
 def test_ranking_rule():
@@ -57,10 +69,27 @@ def test_ranking_rule():
         row("no_threshold", agreement="0.94", ood="", regions="3", volume="2.0"),  # bundle without OOD threshold
     ]
     order = [r["case"] for r in T.rank_cases(rows)]
-    assert order == ["failed", "pending", "ood_low", "ood_high", "flagged_low", "no_threshold", "tie_more_regions",
-                     "flagged_high", "clean_low", "clean_high", "uc_case"]
-    assert [T.reason(r) for r in T.rank_cases(rows)][:6] == ["failed", "not run", "out of domain", "out of domain",
-                                                             "2 flagged regions", "3 flagged regions"]
+    assert order == [
+        "failed",
+        "pending",
+        "ood_low",
+        "ood_high",
+        "flagged_low",
+        "no_threshold",
+        "tie_more_regions",
+        "flagged_high",
+        "clean_low",
+        "clean_high",
+        "uc_case",
+    ]
+    assert [T.reason(r) for r in T.rank_cases(rows)][:6] == [
+        "failed",
+        "not run",
+        "out of domain",
+        "out of domain",
+        "2 flagged regions",
+        "3 flagged regions",
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -79,21 +108,38 @@ def report_dir(tmp_path_factory, tiny_bundle, synthetic_volume):
         sitk.WriteImage(vol.to_image(arr.astype(np.float32)), str(root / "in" / f"{name}.nii.gz"))
     (root / "in" / "delta.nii.gz").write_bytes(b"not an image")
     out = root / "out with space"
-    result = run_batch(BatchOptions(inputs=[str(root / "in")], output=str(out), bundle=str(tiny_bundle),
-                                        progress="none"))
+    result = run_batch(
+        BatchOptions(inputs=[str(root / "in")], output=str(out), bundle=str(tiny_bundle), progress="none")
+    )
     assert (out / TRIAGE_HTML).is_file()
     rows = {r["case"]: dict(r) for r in result.rows}
     rows["alpha"].update(agreement=0.97, out_of_domain=False, flagged_regions=0, flagged_volume_ml=0.0)
     rows["beta"].update(agreement=0.95, out_of_domain=True, flagged_regions=1, flagged_volume_ml=0.2)
-    rows["gamma"].update(agreement=0.91, out_of_domain=False, flagged_regions=3, flagged_volume_ml=1.5,
-                         subject="s1", phase="ED")
+    rows["gamma"].update(
+        agreement=0.91, out_of_domain=False, flagged_regions=3, flagged_volume_ml=1.5, subject="s1", phase="ED"
+    )
     columns = table_columns(list(rows.values()), ["RV", "MYO", "LV"])
     write_table(out / COHORT_CSV, list(rows.values()), columns)
-    write_table(out / SUBJECTS_CSV,
-                  [{"subject": "s1", "ed_case": "gamma", "es_case": "alpha", "nominal": 0.9, "LVEF": 57.25,
-                    "LVEF_low": 45.0, "LVEF_high": 64.75, "LVEDV_ml": 151.0, "LVEDV_ml_low": 140.0,
-                    "LVEDV_ml_high": 162.0, "error": "", **lvef_category_cells({"low": 45.0, "high": 64.75})}],
-                  subject_columns(["LVEDV_ml", "LVEF"]))
+    write_table(
+        out / SUBJECTS_CSV,
+        [
+            {
+                "subject": "s1",
+                "ed_case": "gamma",
+                "es_case": "alpha",
+                "nominal": 0.9,
+                "LVEF": 57.25,
+                "LVEF_low": 45.0,
+                "LVEF_high": 64.75,
+                "LVEDV_ml": 151.0,
+                "LVEDV_ml_low": 140.0,
+                "LVEDV_ml_high": 162.0,
+                "error": "",
+                **lvef_category_cells({"low": 45.0, "high": 64.75}),
+            }
+        ],
+        subject_columns(["LVEDV_ml", "LVEF"]),
+    )
     from cardseg.bundle.folder import check_bundle_folder
 
     _, config = check_bundle_folder(tiny_bundle)
@@ -112,6 +158,7 @@ def expected_order(out: Path):
             return (0, 0.0)
         tier = 1 if r["out_of_domain"] == "true" else (2 if int(r["flagged_regions"] or 0) > 0 else 3)
         return (tier, float(r["agreement"]))
+
     return [r["case"] for r in sorted(rows, key=key)]
 
 
@@ -234,8 +281,9 @@ def test_report_lists_the_first_regions_with_ml_and_p_error(report_dir, tmp_path
     write_table(out / COHORT_CSV, rows, list(rows[0]))
     html = T.write_report(out).read_text()
     cells = dict(re.findall(r'data-case="(\w+)".*?<td class="num regions">(.*?)</td>', html, re.S))
-    assert re.search(r"<ol class=\"top-regions\"[^>]*><li>12\.3 ml, p_error 0\.85</li><li>3\.0 ml</li></ol>",
-                     cells["gamma"])
+    assert re.search(
+        r"<ol class=\"top-regions\"[^>]*><li>12\.3 ml, p_error 0\.85</li><li>3\.0 ml</li></ol>", cells["gamma"]
+    )
     assert "top-regions" not in cells["alpha"] and "top-regions" not in cells["beta"]
     old = [{k: v for k, v in r.items() if not k.startswith("region")} for r in rows]
     write_table(out / COHORT_CSV, old, list(old[0]))
@@ -243,8 +291,14 @@ def test_report_lists_the_first_regions_with_ml_and_p_error(report_dir, tmp_path
 
 
 def test_top_regions_reads_the_cells_in_order():
-    row = {"region1_ml": "4.5", "region1_p_error": "0.7", "region2_ml": "2", "region2_p_error": "nan",
-           "region3_ml": "", "region3_p_error": "0.1"}
+    row = {
+        "region1_ml": "4.5",
+        "region1_p_error": "0.7",
+        "region2_ml": "2",
+        "region2_p_error": "nan",
+        "region3_ml": "",
+        "region3_p_error": "0.1",
+    }
     assert T.top_regions(row) == [(4.5, 0.7), (2.0, None)]
     assert T.top_regions({}) == []
 
@@ -252,10 +306,20 @@ def test_top_regions_reads_the_cells_in_order():
 def test_cohort_row_describes_the_first_three_regions():
     from cardseg.cohort.tables import top_region_cells
 
-    regions = [{"volume_mm3": 2500.0, "p_error": 0.9}, {"volume_mm3": 1000.0, "p_error": None},
-               {"volume_mm3": 500.0, "p_error": 0.2}, {"volume_mm3": 9999.0, "p_error": 0.99}]
+    regions = [
+        {"volume_mm3": 2500.0, "p_error": 0.9},
+        {"volume_mm3": 1000.0, "p_error": None},
+        {"volume_mm3": 500.0, "p_error": 0.2},
+        {"volume_mm3": 9999.0, "p_error": 0.99},
+    ]
     cells = top_region_cells(regions)
-    assert cells == {"region1_ml": 2.5, "region1_p_error": 0.9, "region2_ml": 1.0, "region2_p_error": None,
-                     "region3_ml": 0.5, "region3_p_error": 0.2}  # the fourth region is not described
+    assert cells == {
+        "region1_ml": 2.5,
+        "region1_p_error": 0.9,
+        "region2_ml": 1.0,
+        "region2_p_error": None,
+        "region3_ml": 0.5,
+        "region3_p_error": 0.2,
+    }  # the fourth region is not described
     assert all(v is None for v in top_region_cells(regions[:0]).values())
     assert top_region_cells(regions[:1])["region2_ml"] is None

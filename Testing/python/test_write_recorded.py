@@ -74,15 +74,19 @@ def test_the_python_m_tools_end_through_the_shared_helper(module):
     assert "write_json_and_markdown" in study_main.__code__.co_names
 
 
-def test_field_of_view_study_writes_its_record_and_refuses_a_file_saved_meanwhile(tiny_bundle, tmp_path, capsys,
-                                                                                 monkeypatch):
+def test_field_of_view_study_writes_its_record_and_refuses_a_file_saved_meanwhile(
+    tiny_bundle, tmp_path, capsys, monkeypatch
+):
     from cardseg_train import evaluation, field_of_view_study
     from cardseg_train.out_record import OutRecord
 
     centred = {"dice": [0.8, 0.7, 0.9], "mean_dice": 0.8, "agreement": 0.95}
     monkeypatch.setattr(evaluation, "acdc_h5_volumes", lambda data, split: [SimpleNamespace(case="v1")])
-    monkeypatch.setattr(field_of_view_study, "study_volume",
-                        lambda bundle, item, margin: {"case": item.case, "centred": centred, "fired": False})
+    monkeypatch.setattr(
+        field_of_view_study,
+        "study_volume",
+        lambda bundle, item, margin: {"case": item.case, "centred": centred, "fired": False},
+    )
     out = tmp_path / "fov"
     argv = ["--bundle", str(tiny_bundle), "--data", str(tmp_path), "--out", str(out)]
     assert field_of_view_study.main(argv) == 0, capsys.readouterr().err
@@ -102,6 +106,8 @@ def test_field_of_view_study_writes_its_record_and_refuses_a_file_saved_meanwhil
     assert field_of_view_study.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0] == "v1: -" and len(err) == 2, err  # the volume's progress line, then the one error line
-    assert err[1].startswith("field_of_view_study: error: --out ") and \
-        "field_of_view.md, which changed after cardseg wrote it" in err[1], err
+    assert (
+        err[1].startswith("field_of_view_study: error: --out ")
+        and "field_of_view.md, which changed after cardseg wrote it" in err[1]
+    ), err
     assert (out / "field_of_view.md").read_text() == "my edit"

@@ -41,9 +41,15 @@ from .eval_stats import BOOTSTRAP_RESAMPLES
 
 ROWS = ("Primary only", "Logit Mix", "Dual U-Net", "w/o Ref. Contrast", "TAC-last", "TAC-mid", "Proposed")
 #: the paper's Table II (spike): ECE, SCE, ACE in %
-PAPER = {"Primary only": (20.19, 10.10, 9.48), "Logit Mix": (19.62, 9.82, 9.03), "Dual U-Net": (19.22, 11.49, 11.10),
-         "w/o Ref. Contrast": (17.78, 9.02, 8.51), "TAC-last": (17.62, 8.96, 8.47), "TAC-mid": (17.45, 8.89, 8.42),
-         "Proposed": (13.81, 7.61, 7.42)}
+PAPER = {
+    "Primary only": (20.19, 10.10, 9.48),
+    "Logit Mix": (19.62, 9.82, 9.03),
+    "Dual U-Net": (19.22, 11.49, 11.10),
+    "w/o Ref. Contrast": (17.78, 9.02, 8.51),
+    "TAC-last": (17.62, 8.96, 8.47),
+    "TAC-mid": (17.45, 8.89, 8.42),
+    "Proposed": (13.81, 7.61, 7.42),
+}
 
 
 def step_set_calibrators(config: dict) -> Dict[str, tuple]:
@@ -65,10 +71,16 @@ def _metrics(pairs, pixels: Optional[VariantPixels] = None) -> dict:
     return acc.result()
 
 
-def ablation_table(card_results: Sequence[CaseResult], mix_results: Sequence[CaseResult], config: dict,
-                   dual_table: Optional[dict] = None, condition: str = "spike",
-                   resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0,
-                   dual_run: Optional[Tuple[Sequence[CaseResult], dict]] = None) -> dict:
+def ablation_table(
+    card_results: Sequence[CaseResult],
+    mix_results: Sequence[CaseResult],
+    config: dict,
+    dual_table: Optional[dict] = None,
+    condition: str = "spike",
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+    dual_run: Optional[Tuple[Sequence[CaseResult], dict]] = None,
+) -> dict:
     """Every row of :data:`ROWS` that the inputs allow, JSON-able.
 
     card_results / mix_results: the condition's cases from the card and logit-mix trajectories;
@@ -102,8 +114,11 @@ def ablation_table(card_results: Sequence[CaseResult], mix_results: Sequence[Cas
     if dual_run is not None:
         dual_cal = dual_run[1].get("calibration") or {}
         dual_card = CARD(**{key: dual_cal[key] for key in ("tau_min", "tau_max", "w_b", "w_k")})
-        measure("Dual U-Net", [r for r in dual_run[0] if r.condition == condition and r.labels.size],
-                lambda r: _probs(dual_card, r))
+        measure(
+            "Dual U-Net",
+            [r for r in dual_run[0] if r.condition == condition and r.labels.size],
+            lambda r: _probs(dual_card, r),
+        )
     elif dual_table is not None and "card" in dual_table.get("methods", ()):
         rows["Dual U-Net"] = {m: dual_table["pooled"][condition]["card"][m] for m in ("ece", "sce", "ace", "nll")}
     if ts is not None:
@@ -114,25 +129,47 @@ def ablation_table(card_results: Sequence[CaseResult], mix_results: Sequence[Cas
         if fitted is not None and steps:
             measure(label, card_results, lambda r, f=fitted, s=steps: _probs(f, r, r.tac_over(s)))
     measure("Proposed", card_results, lambda r: _probs(card, r))
-    ordered = [{"label": lab, **{m: float(rows[lab][m]) for m in ("ece", "sce", "ace", "nll")},
-                "paper_ece_sce_ace": PAPER[lab]} for lab in ROWS if lab in rows]
-    out = {"condition": condition, "volumes": len({r.case for r in card_results}), "rows": ordered,
-           "missing": [lab for lab in ROWS if lab not in rows]}
+    ordered = [
+        {
+            "label": lab,
+            **{m: float(rows[lab][m]) for m in ("ece", "sce", "ace", "nll")},
+            "paper_ece_sce_ace": PAPER[lab],
+        }
+        for lab in ROWS
+        if lab in rows
+    ]
+    out = {
+        "condition": condition,
+        "volumes": len({r.case for r in card_results}),
+        "rows": ordered,
+        "missing": [lab for lab in ROWS if lab not in rows],
+    }
     if resamples:
-        out["bootstrap"] = bootstrap_variants({lab: pixels[lab] for lab in ROWS if lab in pixels}, "Proposed",
-                                              resamples, seed, without=[lab for lab in ROWS
-                                                                        if lab in rows and lab not in pixels])
+        out["bootstrap"] = bootstrap_variants(
+            {lab: pixels[lab] for lab in ROWS if lab in pixels},
+            "Proposed",
+            resamples,
+            seed,
+            without=[lab for lab in ROWS if lab in rows and lab not in pixels],
+        )
     return out
 
 
 def markdown(t: dict, title: str = "") -> str:
-    lines = [f"# {title or 'Component ablation'} ({t['condition']})", "",
-             f"{t['volumes']} volumes under {t['condition']}; ECE / SCE / ACE in %, pooled over the ROI pixels; the "
-             "paper's Table II beside ours.", "",
-             "| Variant | ECE | SCE | ACE | NLL | paper ECE / SCE / ACE |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"# {title or 'Component ablation'} ({t['condition']})",
+        "",
+        f"{t['volumes']} volumes under {t['condition']}; ECE / SCE / ACE in %, pooled over the ROI pixels; the "
+        "paper's Table II beside ours.",
+        "",
+        "| Variant | ECE | SCE | ACE | NLL | paper ECE / SCE / ACE |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in t["rows"]:
-        lines.append(f"| {r['label']} | {100 * r['ece']:.2f} | {100 * r['sce']:.2f} | {100 * r['ace']:.2f} | "
-                     f"{r['nll']:.3f} | {' / '.join(f'{v:.2f}' for v in r['paper_ece_sce_ace'])} |")
+        lines.append(
+            f"| {r['label']} | {100 * r['ece']:.2f} | {100 * r['sce']:.2f} | {100 * r['ace']:.2f} | "
+            f"{r['nll']:.3f} | {' / '.join(f'{v:.2f}' for v in r['paper_ece_sce_ace'])} |"
+        )
     if t["missing"]:
         lines += ["", "Not computed: " + ", ".join(t["missing"]) + "."]
     lines += bootstrap_markdown(t.get("bootstrap"))

@@ -51,8 +51,8 @@ class VariantPixels:
         (multiplicity of each of ``patients``; a patient this variant lacks adds nothing)."""
         w = np.asarray(weights, dtype=np.float64)
         acc = [self.sums.get(p) for p in patients]
-        top = np.stack([a.top if a else np.zeros((3, self.n_bins)) for a in acc])            # (P, 3, M)
-        cls = np.stack([a.cls if a else np.zeros((self.k, 3, self.n_bins)) for a in acc])    # (P, K, 3, M)
+        top = np.stack([a.top if a else np.zeros((3, self.n_bins)) for a in acc])  # (P, 3, M)
+        cls = np.stack([a.cls if a else np.zeros((self.k, 3, self.n_bins)) for a in acc])  # (P, K, 3, M)
         n = np.array([a.n if a else 0 for a in acc], dtype=np.float64)
         nll_sum = np.array([a.nll_sum if a else 0.0 for a in acc])
         total = w @ n
@@ -74,16 +74,18 @@ class VariantPixels:
         owner = np.concatenate([np.full(c[2].size, c[0]) for c in chunks])
         gap_sum, gap_n = np.zeros(w.shape[0]), np.zeros(w.shape[0])
         for k in range(self.k):
-            g, m = weighted_adaptive_gaps(probs[:, k].astype(np.float64), (labels == k).astype(np.float64), owner,
-                                          w, self.n_bins)
+            g, m = weighted_adaptive_gaps(
+                probs[:, k].astype(np.float64), (labels == k).astype(np.float64), owner, w, self.n_bins
+            )
             gap_sum += g
             gap_n += m
         with np.errstate(invalid="ignore", divide="ignore"):
             return gap_sum / gap_n
 
 
-def weighted_adaptive_gaps(values: np.ndarray, hits: np.ndarray, owner: np.ndarray, weights: np.ndarray,
-                           n_bins: int = N_BINS):
+def weighted_adaptive_gaps(
+    values: np.ndarray, hits: np.ndarray, owner: np.ndarray, weights: np.ndarray, n_bins: int = N_BINS
+):
     """One class's equal-mass bins when pixel ``i`` counts ``weights[r, owner[i]]`` times.
 
     values, hits, owner ``(N,)`` (owner: patient index into ``weights (R, P)``, integer
@@ -105,8 +107,8 @@ def weighted_adaptive_gaps(values: np.ndarray, hits: np.ndarray, owner: np.ndarr
         """``(..., P)``: each patient's pixels among the first ``idx`` sorted ones."""
         return np.stack([np.searchsorted(i, idx, side="left") for i in pos], axis=-1)
 
-    total = weights @ np.array([i.size for i in pos], dtype=np.float64)                  # (R,)
-    target = np.floor(np.arange(1, n_bins)[None, :] * total[:, None] / n_bins)            # (R, M-1)
+    total = weights @ np.array([i.size for i in pos], dtype=np.float64)  # (R,)
+    target = np.floor(np.arange(1, n_bins)[None, :] * total[:, None] / n_bins)  # (R, M-1)
     target[total == 0] = -1  # a resample that drew none of these pixels: no edges, NaN below
     lo = np.zeros(target.shape, dtype=np.int64)
     hi = np.full(target.shape, n - 1, dtype=np.int64)
@@ -114,9 +116,9 @@ def weighted_adaptive_gaps(values: np.ndarray, hits: np.ndarray, owner: np.ndarr
         mid = (lo + hi) // 2
         above = (before(mid + 1) * weights[:, None, :]).sum(-1) > target
         lo, hi = np.where(above, lo, mid + 1), np.where(above, mid, hi)
-    cut = np.searchsorted(s, s[lo], side="left")                                          # first pixel >= edge
+    cut = np.searchsorted(s, s[lo], side="left")  # first pixel >= edge
     bounds = np.concatenate([np.zeros((resamples, 1), np.int64), cut, np.full((resamples, 1), n)], axis=1)
-    c = before(bounds)                                                                    # (R, M+1, P)
+    c = before(bounds)  # (R, M+1, P)
     count = (c * weights[:, None, :]).sum(-1)
     conf = sum(cum_s[p][c[..., p]] * weights[:, None, p] for p in range(patients))
     hit = sum(cum_t[p][c[..., p]] * weights[:, None, p] for p in range(patients))
@@ -127,33 +129,49 @@ def weighted_adaptive_gaps(values: np.ndarray, hits: np.ndarray, owner: np.ndarr
     return np.where(total > 0, gaps.sum(1), np.nan), full.sum(1).astype(np.float64)
 
 
-def bootstrap_variants(variants: Dict[str, VariantPixels], reference: str = "Proposed",
-                       resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0,
-                       without: Optional[Sequence[str]] = None) -> dict:
+def bootstrap_variants(
+    variants: Dict[str, VariantPixels],
+    reference: str = "Proposed",
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+    without: Optional[Sequence[str]] = None,
+) -> dict:
     """95 % patient-bootstrap intervals of every variant's ECE / SCE / ACE / NLL and of
     ``reference - variant`` (paired: the same draws for every variant). JSON-able.
 
     without: variants that have a value but no pixels (named, no interval)."""
     covered = {label: sorted(v.sums) for label, v in variants.items()}
     if len({tuple(c) for c in covered.values()}) > 1:
-        raise CardsegError("the ablation's variants cover different patients: no paired bootstrap ("
-                           + "; ".join(f"{label}: {', '.join(c)}" for label, c in covered.items()) + ")")
+        raise CardsegError(
+            "the ablation's variants cover different patients: no paired bootstrap ("
+            + "; ".join(f"{label}: {', '.join(c)}" for label, c in covered.items())
+            + ")"
+        )
     patients = next(iter(covered.values()), [])
     weights = resample_weights(len(patients), resamples, seed)
     boot = {label: v.samples(patients, weights) for label, v in variants.items()}
-    out = {"unit": "patient", "patients": len(patients), "resamples": int(resamples), "level": BOOTSTRAP_LEVEL,
-           "seed": int(seed), "metrics": list(METRICS),
-           "interval": {label: {m: interval(b[:, j]) for j, m in enumerate(METRICS)} for label, b in boot.items()},
-           "reference": reference if reference in boot else None, "difference": {},
-           "without_pixels": list(without or [])}
+    out = {
+        "unit": "patient",
+        "patients": len(patients),
+        "resamples": int(resamples),
+        "level": BOOTSTRAP_LEVEL,
+        "seed": int(seed),
+        "metrics": list(METRICS),
+        "interval": {label: {m: interval(b[:, j]) for j, m in enumerate(METRICS)} for label, b in boot.items()},
+        "reference": reference if reference in boot else None,
+        "difference": {},
+        "without_pixels": list(without or []),
+    }
     if reference in boot:
         for label, b in boot.items():
             if label != reference:
                 d = boot[reference] - b
                 out["difference"][label] = {m: interval(d[:, j]) for j, m in enumerate(METRICS)}
     # every ordered pair, for claims about the variants' order: pairwise[a][b] is a - b
-    out["pairwise"] = {a: {b: {m: interval(boot[a][:, j] - boot[b][:, j]) for j, m in enumerate(METRICS)}
-                           for b in boot if b != a} for a in boot}
+    out["pairwise"] = {
+        a: {b: {m: interval(boot[a][:, j] - boot[b][:, j]) for j, m in enumerate(METRICS)} for b in boot if b != a}
+        for a in boot
+    }
     return out
 
 
@@ -162,12 +180,16 @@ def bootstrap_markdown(bs: Optional[dict]) -> List[str]:
     if not bs:
         return []
     ref = bs.get("reference")
-    lines = ["", f"{100 * bs['level']:.0f}% intervals from a paired bootstrap over the {bs['patients']} patients "
-                 f"({bs['resamples']} resamples, the same draws for every variant; pooled metrics recomputed from "
-                 "each resample's pixels)" + (f", and ({ref} - variant) in the columns marked - (negative: {ref} "
-                                              "lower):" if ref else ":"), "",
-             "| Variant | ECE | SCE | ACE | NLL |" + (" - ECE | - SCE | - ACE | - NLL |" if ref else ""),
-             "|---|---|---|---|---|" + ("---|---|---|---|" if ref else "")]
+    lines = [
+        "",
+        f"{100 * bs['level']:.0f}% intervals from a paired bootstrap over the {bs['patients']} patients "
+        f"({bs['resamples']} resamples, the same draws for every variant; pooled metrics recomputed from "
+        "each resample's pixels)"
+        + (f", and ({ref} - variant) in the columns marked - (negative: {ref} lower):" if ref else ":"),
+        "",
+        "| Variant | ECE | SCE | ACE | NLL |" + (" - ECE | - SCE | - ACE | - NLL |" if ref else ""),
+        "|---|---|---|---|---|" + ("---|---|---|---|" if ref else ""),
+    ]
     pct = {"ece": 100.0, "sce": 100.0, "ace": 100.0, "nll": 1.0}
     dig = {"ece": 2, "sce": 2, "ace": 2, "nll": 3}
 
@@ -177,23 +199,38 @@ def bootstrap_markdown(bs: Optional[dict]) -> List[str]:
 
     for label, iv in bs["interval"].items():
         d = bs["difference"].get(label)
-        lines.append(f"| {label} | " + " | ".join(cell(iv[m], m) for m in METRICS) + " |"
-                     + ((" " + " | ".join(cell(d[m], m, True) for m in METRICS) + " |") if d else
-                        (" | | | |" if ref else "")))
+        lines.append(
+            f"| {label} | "
+            + " | ".join(cell(iv[m], m) for m in METRICS)
+            + " |"
+            + ((" " + " | ".join(cell(d[m], m, True) for m in METRICS) + " |") if d else (" | | | |" if ref else ""))
+        )
     labels = list(bs["interval"])
     if len(labels) > 1 and bs.get("pairwise"):
-        lines += ["", "Each variant against the one above it (row - row above; the paper's Table II orders them "
-                      "from worst to best):", "", "| Variant | minus | ECE | SCE | ACE | NLL |",
-                  "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "Each variant against the one above it (row - row above; the paper's Table II orders them "
+            "from worst to best):",
+            "",
+            "| Variant | minus | ECE | SCE | ACE | NLL |",
+            "|---|---|---|---|---|---|",
+        ]
         for above, label in zip(labels, labels[1:]):
             d = bs["pairwise"][label][above]
             lines.append(f"| {label} | {above} | " + " | ".join(cell(d[m], m, True) for m in METRICS) + " |")
     if bs.get("without_pixels"):
         lines.append("")
-        lines.append(f"No interval for {', '.join(bs['without_pixels'])}: its value is read from another "
-                     "evaluation's pooled table, which kept no pixels.")
+        lines.append(
+            f"No interval for {', '.join(bs['without_pixels'])}: its value is read from another "
+            "evaluation's pooled table, which kept no pixels."
+        )
     return lines
 
 
-__all__: Sequence[str] = ("METRICS", "VariantPixels", "weighted_adaptive_gaps", "bootstrap_variants",
-                          "bootstrap_markdown")
+__all__: Sequence[str] = (
+    "METRICS",
+    "VariantPixels",
+    "weighted_adaptive_gaps",
+    "bootstrap_variants",
+    "bootstrap_markdown",
+)

@@ -86,7 +86,9 @@ class BatchAugment:
         theta[:, :, 2] = shift
         return theta
 
-    def spatial(self, image: torch.Tensor, label: torch.Tensor, theta: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def spatial(
+        self, image: torch.Tensor, label: torch.Tensor, theta: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         grid = F.affine_grid(theta.to(image.device, torch.float32), list(image.shape), align_corners=False)
         img = F.grid_sample(image, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
         lab = F.grid_sample(label[:, None].float(), grid, mode="nearest", padding_mode="zeros", align_corners=False)
@@ -102,12 +104,18 @@ class BatchAugment:
             return v.to(dev, image.dtype).view(n, 1, 1, 1)
 
         x = image.clamp(0.0, 1.0)
-        gamma = torch.where(self._coin(n, c.p_gamma, g), self._uniform(n, *c.gamma, g), torch.ones(n, dtype=torch.float64))
+        gamma = torch.where(
+            self._coin(n, c.p_gamma, g), self._uniform(n, *c.gamma, g), torch.ones(n, dtype=torch.float64)
+        )
         x = x.pow(per_slice(gamma))
-        k = torch.where(self._coin(n, c.p_contrast, g), self._uniform(n, *c.contrast, g), torch.ones(n, dtype=torch.float64))
+        k = torch.where(
+            self._coin(n, c.p_contrast, g), self._uniform(n, *c.contrast, g), torch.ones(n, dtype=torch.float64)
+        )
         mean = x.mean(dim=(1, 2, 3), keepdim=True)
         x = (x - mean) * per_slice(k) + mean
-        sd = torch.where(self._coin(n, c.p_noise, g), self._uniform(n, *c.noise_std, g), torch.zeros(n, dtype=torch.float64))
+        sd = torch.where(
+            self._coin(n, c.p_noise, g), self._uniform(n, *c.noise_std, g), torch.zeros(n, dtype=torch.float64)
+        )
         noise = torch.randn(image.shape, generator=g, dtype=torch.float32).to(dev, image.dtype)
         x = x + noise * per_slice(sd)
         return x.clamp(0.0, 1.0)

@@ -7,6 +7,7 @@ was placed (the field-of-view recentring of :mod:`cardseg.io.field_of_view`, fro
 ``$CARDSEG_RECENTRE``). Every cache key includes :func:`maps_identity`, so that changing any of
 these never reuses old arrays.
 """
+
 from __future__ import annotations
 
 
@@ -18,10 +19,14 @@ def maps_identity(bundle) -> dict:
     c = bundle.config
     margin = recentre_margin(c)  # the grid trial keeps the run whose networks agree more (paper Eq. 5's ROI)
     fov = None if margin is None else {"margin_mm": margin, "agreement_roi_px": agreement_roi_px(bundle)}
-    identity = {"weights": dict(bundle.checksums), "grid": [c.get("input_size"), c.get("pixel_spacing_mm")],
-                "preprocessing": c.get("preprocessing"), "diffusion": c.get("diffusion"),  # schedule and sampled steps
-                "tac_steps": None if bundle.tac_steps is None else [int(t) for t in bundle.tac_steps],
-                "field_of_view": fov}
+    identity = {
+        "weights": dict(bundle.checksums),
+        "grid": [c.get("input_size"), c.get("pixel_spacing_mm")],
+        "preprocessing": c.get("preprocessing"),
+        "diffusion": c.get("diffusion"),  # schedule and sampled steps
+        "tac_steps": None if bundle.tac_steps is None else [int(t) for t in bundle.tac_steps],
+        "field_of_view": fov,
+    }
     from cardseg.method.flips import flip_steps
 
     if flip_steps(c) != bundle.sampled_steps:  # the flipped copies on steps of their own (keys of others unchanged)
@@ -33,5 +38,7 @@ def calibrated_identity(bundle) -> dict:
     """:func:`maps_identity` and the calibration that turns the maps into probabilities (its
     method, parameters and averaged steps): the key of cached calibrated outputs."""
     cal = bundle.config["calibration"]
-    return {**maps_identity(bundle),
-            "calibration": {k: cal.get(k) for k in ("method", "tau_min", "tau_max", "w_b", "w_k", "tac_steps")}}
+    return {
+        **maps_identity(bundle),
+        "calibration": {k: cal.get(k) for k in ("method", "tau_min", "tau_max", "w_b", "w_k", "tac_steps")},
+    }

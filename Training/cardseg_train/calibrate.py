@@ -58,6 +58,7 @@ def writable_changes(config: dict, changes: dict, root: Path) -> Tuple[dict, Dic
     it never costs the CARD fit; returns the changes kept and ``{baseline: the schema's one-line
     message}``. A refusal outside the baselines (CARD, thresholds) raises the schema's
     :class:`CardsegError`: nothing can be written then."""
+
     def problem(ch: dict) -> Optional[str]:
         try:
             validate_config(merge_config(config, ch), root)
@@ -88,13 +89,22 @@ def tac_step_set(name: str, sampled_steps: Sequence[int]) -> Optional[List[int]]
     raise ValueError(f"unknown TAC step set {name!r} (choose from {', '.join(TAC_STEP_SETS)})")
 
 
-def pool_settings(bundle, data, variants, draws: int, seed: int, max_pixels_per_item: int,
-                  spatial: Optional[dict] = None) -> dict:
+def pool_settings(
+    bundle, data, variants, draws: int, seed: int, max_pixels_per_item: int, spatial: Optional[dict] = None
+) -> dict:
     """Every setting that shapes a calibration pool: the data, the perturbations, the sampling and
     everything of the bundle that shapes its maps (:mod:`cardseg_train.cache_identity`)."""
-    settings = {"data": str(Path(data).resolve()), "split": "val", "variants": list(variants), "draws": draws,
-                "seed": seed, "max_pixels_per_item": max_pixels_per_item, "step_js": True, "roi": "in view",
-                "run": maps_identity(bundle)}
+    settings = {
+        "data": str(Path(data).resolve()),
+        "split": "val",
+        "variants": list(variants),
+        "draws": draws,
+        "seed": seed,
+        "max_pixels_per_item": max_pixels_per_item,
+        "step_js": True,
+        "roi": "in view",
+        "run": maps_identity(bundle),
+    }
     if spatial is not None:  # the crops of the spatial baselines
         settings["spatial"] = spatial
     return settings
@@ -113,8 +123,14 @@ def save_pool(pool: Sequence[PoolItem], path: Path) -> None:
         arrays[f"logits_{i}"], arrays[f"labels_{i}"], arrays[f"tac_{i}"] = it.logits, it.labels, it.tac
         if it.step_js is not None:
             arrays[f"step_js_{i}"] = it.step_js
-        meta = {"case": it.case, "variant": it.variant, "agreement": it.agreement, "steps": it.steps,
-                "step_roi_js": it.step_roi_js, "patient": it.patient}
+        meta = {
+            "case": it.case,
+            "variant": it.variant,
+            "agreement": it.agreement,
+            "steps": it.steps,
+            "step_roi_js": it.step_roi_js,
+            "patient": it.patient,
+        }
         if it.spatial is not None:
             sp_arrays, meta["spatial"] = spatial_arrays(it.spatial, f"_{i}")
             arrays.update(sp_arrays)
@@ -133,8 +149,13 @@ def load_pool(path: Path) -> List[PoolItem]:
         index = json.loads(bytes(f["index"]).decode())
         for i, meta in enumerate(index):
             sp_meta = meta.pop("spatial", None)
-            it = PoolItem(f[f"logits_{i}"], f[f"labels_{i}"], f[f"tac_{i}"],
-                          step_js=f[f"step_js_{i}"] if f"step_js_{i}" in f.files else None, **meta)
+            it = PoolItem(
+                f[f"logits_{i}"],
+                f[f"labels_{i}"],
+                f[f"tac_{i}"],
+                step_js=f[f"step_js_{i}"] if f"step_js_{i}" in f.files else None,
+                **meta,
+            )
             it.spatial = spatial_from_arrays(f, sp_meta, f"_{i}")
             pool.append(it)
     return pool
@@ -165,11 +186,22 @@ def shape_label_maps(data: str, margin: int = CROP_MARGIN, roi_radius: int = 10)
     return maps
 
 
-def fit_bundle_calibration(bundle_path: str, data: str, variants: Sequence[str] = POOL_VARIANTS, draws: int = 1,
-                           seed: int = 0, max_pixels_per_item: int = 30_000, cache_dir: Optional[str] = None,
-                           device="cpu", batch_size: int = 8, write: bool = True, tac_steps: str = "all",
-                           baselines: Sequence[str] = BASELINES, progress: Optional[Progress] = None,
-                           log: Callable[[str], None] = print) -> dict:
+def fit_bundle_calibration(
+    bundle_path: str,
+    data: str,
+    variants: Sequence[str] = POOL_VARIANTS,
+    draws: int = 1,
+    seed: int = 0,
+    max_pixels_per_item: int = 30_000,
+    cache_dir: Optional[str] = None,
+    device="cpu",
+    batch_size: int = 8,
+    write: bool = True,
+    tac_steps: str = "all",
+    baselines: Sequence[str] = BASELINES,
+    progress: Optional[Progress] = None,
+    log: Callable[[str], None] = print,
+) -> dict:
     """Fit CARD (and TS, ETS, HTS for the comparison) on the source-validation pool.
 
     Only ``val`` patients are used (never test, never corruptions). The pool is cached under
@@ -200,8 +232,15 @@ def fit_bundle_calibration(bundle_path: str, data: str, variants: Sequence[str] 
     spatial = any(m in SPATIAL_BASELINES for m in methods)
     augmentations = CALIBNET_AUGMENTATIONS if "calibnet" in methods else 0
     bundle = load_bundle(bundle_path, device=device)
-    settings = pool_settings(bundle, data, variants, draws, seed, max_pixels_per_item,
-                             {"margin": CROP_MARGIN, "augmentations": augmentations} if spatial else None)
+    settings = pool_settings(
+        bundle,
+        data,
+        variants,
+        draws,
+        seed,
+        max_pixels_per_item,
+        {"margin": CROP_MARGIN, "augmentations": augmentations} if spatial else None,
+    )
     cache = Path(cache_dir) / f"pool-{pool_key(bundle.checksums, settings)}.npz" if cache_dir else None
     t0 = time.perf_counter()
     if cache is not None and cache.is_file():
@@ -210,9 +249,19 @@ def fit_bundle_calibration(bundle_path: str, data: str, variants: Sequence[str] 
         pool_time = None
     else:
         cases = acdc_h5_volumes(data, "val")
-        pool = build_pool(bundle, cases, variants=variants, max_pixels_per_item=max_pixels_per_item, seed=seed,
-                          device=device, batch_size=batch_size, draws=draws, progress=log, spatial=spatial,
-                          augmentations=augmentations)
+        pool = build_pool(
+            bundle,
+            cases,
+            variants=variants,
+            max_pixels_per_item=max_pixels_per_item,
+            seed=seed,
+            device=device,
+            batch_size=batch_size,
+            draws=draws,
+            progress=log,
+            spatial=spatial,
+            augmentations=augmentations,
+        )
         pool_time = time.perf_counter() - t0
         log(f"pool: {len(pool)} items, {sum(it.labels.size for it in pool):,d} ROI pixels in {pool_time:.0f} s")
         if cache is not None:
@@ -243,8 +292,10 @@ def fit_bundle_calibration(bundle_path: str, data: str, variants: Sequence[str] 
         sub = pool if name == "all" and bundle.tac_steps is None else pool_with_tac_steps(pool, steps)
         card_fits[name] = (fit_calibrator("card", sub, info=info), sub, steps)
         step_set_nll[name] = pool_nll(card_fits[name][0], sub)
-        log(f"card  pool NLL {step_set_nll[name]:.4f}  TAC over {name} {steps or bundle.sampled_steps}  "
-            f"{card_fits[name][0]!r}  ({time.perf_counter() - t1:.1f} s)")
+        log(
+            f"card  pool NLL {step_set_nll[name]:.4f}  TAC over {name} {steps or bundle.sampled_steps}  "
+            f"{card_fits[name][0]!r}  ({time.perf_counter() - t1:.1f} s)"
+        )
     chosen = min(step_set_nll, key=step_set_nll.get)
     crops = [it.spatial for it in pool] if spatial else None
     fitted["card"], pool, chosen_steps = card_fits[chosen]
@@ -265,28 +316,48 @@ def fit_bundle_calibration(bundle_path: str, data: str, variants: Sequence[str] 
         "baseline_fits": net_info,
         "thresholds": thresholds,
         # the cache key above holds the resolved path; bundle.json records the data's name only
-        "pool": {**settings, "data": data_name(data, "acdc-h5"), "items": len(pool),
-                 "pixels": int(sum(it.labels.size for it in pool))},
-        "tac_steps": {"chosen": chosen, "steps": chosen_steps, "pool_nll": step_set_nll,
-                      # every set's own fit: the TAC-mid / TAC-last ablations apply them
-                      "params": {name: {**fit[0].params(), "steps": fit[2]} for name, fit in card_fits.items()}},
+        "pool": {
+            **settings,
+            "data": data_name(data, "acdc-h5"),
+            "items": len(pool),
+            "pixels": int(sum(it.labels.size for it in pool)),
+        },
+        "tac_steps": {
+            "chosen": chosen,
+            "steps": chosen_steps,
+            "pool_nll": step_set_nll,
+            # every set's own fit: the TAC-mid / TAC-last ablations apply them
+            "params": {name: {**fit[0].params(), "steps": fit[2]} for name, fit in card_fits.items()},
+        },
         "timings_s": {"pool": pool_time, "fit": fit_time},
     }
     changes = {
-        "calibration": {"method": "card", **fitted["card"].params(), "fitted": True, "tac_steps": chosen_steps,
-                        "fit": {"objective": "mean NLL over ROI pixels of the source-validation pool",
-                                "pool": summary["pool"], "pool_nll": nll_pixels,
-                                "tac_step_sets": summary["tac_steps"],
-                                **({"pool_nll_crops": nll_crops} if nll_crops is not None else {}),
-                                **({"baseline_fits": net_info} if net_info else {})}},
-        "agreement": {"out_of_domain_threshold": thresholds["out_of_domain_threshold"],
-                      "out_of_domain_rule": "lowest clean source-validation volume agreement minus 0.01"},
+        "calibration": {
+            "method": "card",
+            **fitted["card"].params(),
+            "fitted": True,
+            "tac_steps": chosen_steps,
+            "fit": {
+                "objective": "mean NLL over ROI pixels of the source-validation pool",
+                "pool": summary["pool"],
+                "pool_nll": nll_pixels,
+                "tac_step_sets": summary["tac_steps"],
+                **({"pool_nll_crops": nll_crops} if nll_crops is not None else {}),
+                **({"baseline_fits": net_info} if net_info else {}),
+            },
+        },
+        "agreement": {
+            "out_of_domain_threshold": thresholds["out_of_domain_threshold"],
+            "out_of_domain_rule": "lowest clean source-validation volume agreement minus 0.01",
+        },
         "baselines": summary["baselines"],
     }
     config = read_config(bundle.path)
     if regions_fitted(config):
-        log(f"regions: kept the rule fit-review fitted (flag_threshold {config['regions'].get('flag_threshold')}); "
-            f"this pool's TAC threshold {thresholds['flag_threshold']:.4g} not written")
+        log(
+            f"regions: kept the rule fit-review fitted (flag_threshold {config['regions'].get('flag_threshold')}); "
+            f"this pool's TAC threshold {thresholds['flag_threshold']:.4g} not written"
+        )
     else:
         changes["regions"] = {"flag_threshold": thresholds["flag_threshold"], "flag_rule": FLAG_RULE}
     changes, refused = writable_changes(config, changes, bundle.path)

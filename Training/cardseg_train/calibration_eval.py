@@ -50,16 +50,28 @@ from cardseg.method.agreement import agreement_score
 from cardseg.metrics.segmentation import mean_slice_lcc_ratio, roi_mask, roi_mask_square
 from cardseg.base.progress import Progress
 
-from .calibration_spatial import (SpatialItem, augmentation_stats, crop_roi_probs, engine_primary_logits,
-                                  spatial_arrays, spatial_from_arrays, spatial_item)
+from .calibration_spatial import (
+    SpatialItem,
+    augmentation_stats,
+    crop_roi_probs,
+    engine_primary_logits,
+    spatial_arrays,
+    spatial_from_arrays,
+    spatial_item,
+)
 from .corruptions import corrupt_labelled_volume, corruption_rng
 from .eval_stats import mean_finite as _mean
 from .eval_stats import pearson_r
 from .evaluation import LabelledVolume, dice_score
 
 #: condition name -> corruption kind (None: the volume as it is)
-CONDITIONS: Dict[str, Optional[str]] = {"clean": None, "bias": "bias_field", "motion": "motion",
-                                        "ghost": "ghosting", "spike": "spike"}
+CONDITIONS: Dict[str, Optional[str]] = {
+    "clean": None,
+    "bias": "bias_field",
+    "motion": "motion",
+    "ghost": "ghosting",
+    "spike": "spike",
+}
 #: every condition ``--conditions`` may name: the defaults above (the ``inplane`` corruption
 #: protocol) and the same four corruptions under the ``tio3d`` protocol (TorchIO's default 3D
 #: transforms, the paper's literal reading: :mod:`cardseg_train.corruptions`), as ``tio3d:<name>``
@@ -137,9 +149,19 @@ class CaseResult:
         return self.spatial is not None and (not augmentations or self.spatial.augmentations == augmentations)
 
     def meta(self) -> dict:
-        return {"case": self.case, "patient": self.patient, "condition": self.condition, "dice": self.dice,
-                "lcc": self.lcc, "lcc_reference": self.lcc_reference, "agreement": self.agreement, "slice_index": self.slice_index,
-                "slice_agreement": self.slice_agreement, "slice_dice": self.slice_dice, "js_steps": self.js_steps}
+        return {
+            "case": self.case,
+            "patient": self.patient,
+            "condition": self.condition,
+            "dice": self.dice,
+            "lcc": self.lcc,
+            "lcc_reference": self.lcc_reference,
+            "agreement": self.agreement,
+            "slice_index": self.slice_index,
+            "slice_agreement": self.slice_agreement,
+            "slice_dice": self.slice_dice,
+            "js_steps": self.js_steps,
+        }
 
 
 def condition_volume(item: LabelledVolume, condition: str, seed: int = 0) -> LabelledVolume:
@@ -158,10 +180,18 @@ def slice_dice(pred: np.ndarray, truth: np.ndarray, num_classes: int) -> float:
     return float(np.mean(scores)) if scores else float("nan")
 
 
-def summarize_case(case: str, patient: str, condition: str, logits: np.ndarray, tac: np.ndarray,
-                   labels: np.ndarray, class_names: Sequence[str], roi_radius: int = ROI_RADIUS,
-                   reference_logits: Optional[np.ndarray] = None,
-                   field_of_view: Optional[np.ndarray] = None) -> CaseResult:
+def summarize_case(
+    case: str,
+    patient: str,
+    condition: str,
+    logits: np.ndarray,
+    tac: np.ndarray,
+    labels: np.ndarray,
+    class_names: Sequence[str],
+    roi_radius: int = ROI_RADIUS,
+    reference_logits: Optional[np.ndarray] = None,
+    field_of_view: Optional[np.ndarray] = None,
+) -> CaseResult:
     """Reduce one volume's trajectory outputs to a :class:`CaseResult`.
 
     logits (and reference_logits, when given) ``(Z, K, Y, X)``, tac and labels ``(Z, Y, X)`` on
@@ -192,9 +222,18 @@ def summarize_case(case: str, patient: str, condition: str, logits: np.ndarray, 
     return res
 
 
-def run_case(bundle, item: LabelledVolume, condition: str, seed: int = 0, device="cpu", batch_size: int = 8,
-             roi_radius: int = ROI_RADIUS, spatial: bool = False, augmentations: int = 0,
-             mode: str = "card") -> CaseResult:
+def run_case(
+    bundle,
+    item: LabelledVolume,
+    condition: str,
+    seed: int = 0,
+    device="cpu",
+    batch_size: int = 8,
+    roi_radius: int = ROI_RADIUS,
+    spatial: bool = False,
+    augmentations: int = 0,
+    mode: str = "card",
+) -> CaseResult:
     """Corrupt (if asked), normalise as the engine does, run the dual trajectory, summarise.
 
     ``mode`` ``logit-mix`` runs the paper's Logit Mix ablation instead (the mixed logits, TAC 0).
@@ -210,15 +249,34 @@ def run_case(bundle, item: LabelledVolume, condition: str, seed: int = 0, device
     if mode == "logit-mix":
         traj = trajectory_on_slices(slices01, spacing, bundle, "logit-mix", device, batch_size)
         logits = traj.logits.numpy()
-        return summarize_case(item.case, item.patient, condition, logits, np.zeros(item.labels.shape, np.float32),
-                              item.labels, bundle.class_names, roi_radius)
+        return summarize_case(
+            item.case,
+            item.patient,
+            condition,
+            logits,
+            np.zeros(item.labels.shape, np.float32),
+            item.labels,
+            bundle.class_names,
+            roi_radius,
+        )
     if mode != "card":
         raise ValueError(f"run_case mode must be card or logit-mix, not {mode!r}")
-    traj = trajectory_on_slices(slices01, spacing, bundle, "card", device, batch_size, with_reference=True,
-                                keep_step_js=True)
+    traj = trajectory_on_slices(
+        slices01, spacing, bundle, "card", device, batch_size, with_reference=True, keep_step_js=True
+    )
     logits, tac = traj.logits.numpy(), traj.tac.numpy()
-    res = summarize_case(item.case, item.patient, condition, logits, tac, item.labels, bundle.class_names, roi_radius,
-                         reference_logits=traj.reference_logits.numpy(), field_of_view=traj.fov)
+    res = summarize_case(
+        item.case,
+        item.patient,
+        condition,
+        logits,
+        tac,
+        item.labels,
+        bundle.class_names,
+        roi_radius,
+        reference_logits=traj.reference_logits.numpy(),
+        field_of_view=traj.fov,
+    )
     roi = roi_mask(item.labels > 0, roi_radius)
     res.js_steps = [int(t) for t in traj.step_js]
     res.step_js = np.stack([traj.step_js[t].numpy()[roi] for t in res.js_steps]).astype(np.float16)
@@ -226,8 +284,12 @@ def run_case(bundle, item: LabelledVolume, condition: str, seed: int = 0, device
         res.spatial = spatial_item(logits, slices01, item.labels, roi, tac)
         if augmentations:
             res.spatial.aug_mean, res.spatial.aug_std = augmentation_stats(
-                engine_primary_logits(bundle, spacing, device, batch_size, traj.offset), slices01, res.spatial.box,
-                augmentations, corruption_rng(item.case, f"calibnet-aug:{condition}", seed))
+                engine_primary_logits(bundle, spacing, device, batch_size, traj.offset),
+                slices01,
+                res.spatial.box,
+                augmentations,
+                corruption_rng(item.case, f"calibnet-aug:{condition}", seed),
+            )
             res.spatial.augmentations = int(augmentations)
     return res
 
@@ -237,8 +299,13 @@ def evaluation_settings(data: str, split: str, seed: int, h5_spacing: float, bun
     the data and everything of the bundle that shapes the maps (:mod:`cardseg_train.cache_identity`)."""
     from .cache_identity import maps_identity
 
-    return {"data": str(Path(data).resolve()), "split": split, "seed": seed, "h5_spacing": h5_spacing,
-            **maps_identity(bundle)}
+    return {
+        "data": str(Path(data).resolve()),
+        "split": split,
+        "seed": seed,
+        "h5_spacing": h5_spacing,
+        **maps_identity(bundle),
+    }
 
 
 class CaseCache:
@@ -294,9 +361,19 @@ class CaseCache:
         tmp.replace(p)
 
 
-def run_cases(bundle, cases: Sequence[LabelledVolume], conditions: Sequence[str], cache: CaseCache, seed: int = 0,
-              device="cpu", batch_size: int = 8, progress: Optional[Progress] = None, spatial: bool = False,
-              augmentations: int = 0, mode: str = "card") -> List[CaseResult]:
+def run_cases(
+    bundle,
+    cases: Sequence[LabelledVolume],
+    conditions: Sequence[str],
+    cache: CaseCache,
+    seed: int = 0,
+    device="cpu",
+    batch_size: int = 8,
+    progress: Optional[Progress] = None,
+    spatial: bool = False,
+    augmentations: int = 0,
+    mode: str = "card",
+) -> List[CaseResult]:
     """Every (case, condition), from the cache where it is already there (resumable per case).
 
     ``spatial`` / ``augmentations`` (see :func:`crop_needs`): a cached result without the ROI box
@@ -308,8 +385,17 @@ def run_cases(bundle, cases: Sequence[LabelledVolume], conditions: Sequence[str]
         for condition in conditions:
             res = cache.load(item.case, condition)
             if res is None or ((spatial or augmentations) and not res.has_crops(augmentations)):
-                res = run_case(bundle, item, condition, seed, device, batch_size, spatial=spatial,
-                               augmentations=augmentations, mode=mode)
+                res = run_case(
+                    bundle,
+                    item,
+                    condition,
+                    seed,
+                    device,
+                    batch_size,
+                    spatial=spatial,
+                    augmentations=augmentations,
+                    mode=mode,
+                )
                 cache.save(res)
             out.append(res)
             progress.advance(1)
@@ -330,8 +416,9 @@ def bundle_calibrators(bundle, methods: Sequence[str] = METHODS) -> Dict[str, Ca
         elif m in baselines:
             out[m] = calibrator_from_dict(baselines[m])
         else:
-            raise CardsegError(f"{bundle.path}: bundle.json has no fitted {m!r} baseline "
-                               f"(run cardseg fit-calibration first)")
+            raise CardsegError(
+                f"{bundle.path}: bundle.json has no fitted {m!r} baseline (run cardseg fit-calibration first)"
+            )
     return out
 
 
@@ -354,8 +441,9 @@ def calibrated_probs(cal: Calibrator, res: CaseResult, tac: Optional[np.ndarray]
         if res.labels.size == 0:
             return np.zeros((0, res.logits.shape[0]), dtype=np.float32)
         if res.spatial is None:
-            raise CardsegError(f"{res.case} {res.condition}: no ROI box cached for {cal.name} (run_cases with "
-                               f"spatial=True)")
+            raise CardsegError(
+                f"{res.case} {res.condition}: no ROI box cached for {cal.name} (run_cases with spatial=True)"
+            )
         return crop_roi_probs(cal, res.spatial)
     z = torch.from_numpy(np.ascontiguousarray(res.logits, dtype=np.float32))[None]
     d = torch.from_numpy(np.ascontiguousarray(res.tac if tac is None else tac, dtype=np.float32))[None]
@@ -364,9 +452,14 @@ def calibrated_probs(cal: Calibrator, res: CaseResult, tac: Optional[np.ndarray]
     return cal.probabilities(z, d if cal.needs_tac else None)[0].T.numpy()
 
 
-def calibration_table(results: Sequence[CaseResult], calibrators: Dict[str, Calibrator], class_names: Sequence[str],
-                      conditions: Optional[Sequence[str]] = None, segmentor: str = "diffusion",
-                      roi: str = "disk10") -> dict:
+def calibration_table(
+    results: Sequence[CaseResult],
+    calibrators: Dict[str, Calibrator],
+    class_names: Sequence[str],
+    conditions: Optional[Sequence[str]] = None,
+    segmentor: str = "diffusion",
+    roi: str = "disk10",
+) -> dict:
     """Every metric of the report, JSON-able (see the module docstring for the definitions).
 
     ``segmentor``: what made the logits (a bundle's ``segmentor.kind``; ``diffusion`` for a CARD
@@ -401,8 +494,14 @@ def calibration_table(results: Sequence[CaseResult], calibrators: Dict[str, Cali
                     p, lab = p[sel], lab[sel]
                 acc.add(p, lab)
                 vols.append(calibration_metrics(p, lab))
-                sums.append({"case": r.case, "patient": r.patient, "n": int(lab.size),
-                             "nll_sum": float(vols[-1]["nll"]) * int(lab.size) if lab.size else 0.0})
+                sums.append(
+                    {
+                        "case": r.case,
+                        "patient": r.patient,
+                        "n": int(lab.size),
+                        "nll_sum": float(vols[-1]["nll"]) * int(lab.size) if lab.size else 0.0,
+                    }
+                )
             volume_sums[cond][m] = sums
             pooled[cond][m] = acc.result()
             per_volume[cond][m] = {key: float(np.mean([v[key] for v in vols])) for key in ("ece", "sce", "ace", "nll")}
@@ -411,16 +510,21 @@ def calibration_table(results: Sequence[CaseResult], calibrators: Dict[str, Cali
             confidence_hist[cond][m] = diag.count.tolist()
         dice = {name: _mean(r.dice[name] for r in rs) for name in class_names[1:]}
         dice["mean"] = _mean(_mean(r.dice.values()) for r in rs)
-        segmentation[cond] = {"dice": dice, "lcc": _mean(r.lcc for r in rs),
-                              "lcc_reference": _mean(r.lcc_reference for r in rs),
-                              "agreement": _mean(r.agreement for r in rs), "volumes": len(rs)}
+        segmentation[cond] = {
+            "dice": dice,
+            "lcc": _mean(r.lcc for r in rs),
+            "lcc_reference": _mean(r.lcc_reference for r in rs),
+            "agreement": _mean(r.agreement for r in rs),
+            "volumes": len(rs),
+        }
         xs = [a for r in rs for a in r.slice_agreement]
         ys = [d for r in rs for d in r.slice_dice]
         scatter[cond] = {"agreement": xs, "dice": ys, "r": pearson_r(xs, ys)}
     mean_nll = {m: float(np.mean([pooled[c][m]["nll"] for c in conditions])) for m in methods}
     corrupted = [c for c in conditions if c != "clean"]
-    artifacts_nll = ({m: float(np.mean([pooled[c][m]["nll"] for c in corrupted])) for m in methods}
-                     if corrupted else None)
+    artifacts_nll = (
+        {m: float(np.mean([pooled[c][m]["nll"] for c in corrupted])) for m in methods} if corrupted else None
+    )
     all_x = [a for c in conditions for a in scatter[c]["agreement"]]
     all_y = [d for c in conditions for d in scatter[c]["dice"]]
     post_hoc = [m for m in POST_HOC if m in methods]
@@ -429,14 +533,24 @@ def calibration_table(results: Sequence[CaseResult], calibrators: Dict[str, Cali
         best = min(post_hoc, key=lambda m: mean_nll[m])
         ratio = {"best_baseline": best, "card_over_best": mean_nll["card"] / mean_nll[best]}
     return {
-        "conditions": conditions, "methods": methods, "classes": list(class_names), "segmentor": segmentor,
+        "conditions": conditions,
+        "methods": methods,
+        "classes": list(class_names),
+        "segmentor": segmentor,
         "labels": {m: method_label(m, on_primary=segmentor == "diffusion") for m in methods},
         "volumes": len({r.case for r in results}),
-        "roi": roi, "pooled": pooled, "per_volume_mean": per_volume, "per_volume": volume_sums,
+        "roi": roi,
+        "pooled": pooled,
+        "per_volume_mean": per_volume,
+        "per_volume": volume_sums,
         "bootstrap": bootstrap_block_nll(volume_sums, conditions, methods),
-        "mean_nll": mean_nll, "artifacts_only_nll": artifacts_nll,
-        "lowest_mean_nll": min(methods, key=lambda m: mean_nll[m]), "card_vs_best_post_hoc": ratio,
-        "segmentation": segmentation, "agreement_vs_dice": {"r_all": pearson_r(all_x, all_y), "per_condition": scatter},
-        "reliability": reliability, "confidence_histogram": confidence_hist,
+        "mean_nll": mean_nll,
+        "artifacts_only_nll": artifacts_nll,
+        "lowest_mean_nll": min(methods, key=lambda m: mean_nll[m]),
+        "card_vs_best_post_hoc": ratio,
+        "segmentation": segmentation,
+        "agreement_vs_dice": {"r_all": pearson_r(all_x, all_y), "per_condition": scatter},
+        "reliability": reliability,
+        "confidence_histogram": confidence_hist,
         "calibrators": {m: cal.summary() for m, cal in calibrators.items()},
     }

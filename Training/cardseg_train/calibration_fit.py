@@ -38,11 +38,23 @@ import numpy as np
 from scipy import optimize
 
 from cardseg.bundle.calibration_schema import HTS_RANGE, W_K_RANGE
-from cardseg.method.calibration import (CARD, Calibrator, EnsembleTemperatureScaling, EntropyTemperatureScaling,
-                                        TemperatureScaling, Uncalibrated)
+from cardseg.method.calibration import (
+    CARD,
+    Calibrator,
+    EnsembleTemperatureScaling,
+    EntropyTemperatureScaling,
+    TemperatureScaling,
+    Uncalibrated,
+)
 
-from .calibration_objectives import (TEMPERATURE_BOUNDS, card_objective, ets_objective, fit_temperature,
-                                     hts_objective, log_entropy)
+from .calibration_objectives import (
+    TEMPERATURE_BOUNDS,
+    card_objective,
+    ets_objective,
+    fit_temperature,
+    hts_objective,
+    log_entropy,
+)
 from .calibration_pool import PoolItem, concat_pool
 
 LN2 = math.log(2.0)
@@ -66,7 +78,6 @@ CARD_GRID = {
 }
 
 
-
 def fit_uc(pool: Sequence[PoolItem]) -> Uncalibrated:
     return Uncalibrated()
 
@@ -82,11 +93,18 @@ def fit_ets(pool: Sequence[PoolItem]) -> EnsembleTemperatureScaling:
     z, y, _ = concat_pool(pool)
     t0 = fit_temperature(z, y)
     x0 = np.array([t0, 1.0, 0.0, 0.0])
-    res = optimize.minimize(ets_objective, x0, args=(z, y), jac=True, method="SLSQP",
-                            bounds=[TEMPERATURE_BOUNDS, (0.0, 1.0), (0.0, 1.0), (0.0, 1.0)],
-                            constraints=[{"type": "eq", "fun": lambda x: x[1:].sum() - 1.0,
-                                          "jac": lambda x: np.array([0.0, 1.0, 1.0, 1.0])}],
-                            options={"maxiter": 200, "ftol": 1e-10})
+    res = optimize.minimize(
+        ets_objective,
+        x0,
+        args=(z, y),
+        jac=True,
+        method="SLSQP",
+        bounds=[TEMPERATURE_BOUNDS, (0.0, 1.0), (0.0, 1.0), (0.0, 1.0)],
+        constraints=[
+            {"type": "eq", "fun": lambda x: x[1:].sum() - 1.0, "jac": lambda x: np.array([0.0, 1.0, 1.0, 1.0])}
+        ],
+        options={"maxiter": 200, "ftol": 1e-10},
+    )
     x = res.x if np.all(np.isfinite(res.x)) and ets_objective(res.x, z, y)[0] <= ets_objective(x0, z, y)[0] else x0
     w = np.clip(x[1:], 0.0, 1.0)
     w = w / w.sum()
@@ -99,8 +117,15 @@ def fit_hts(pool: Sequence[PoolItem], init: Tuple[float, float] = (0.1, 0.8)) ->
     z, y, _ = concat_pool(pool)
     ell = log_entropy(z)
     x0 = np.clip(np.asarray(init, float), *HTS_RANGE)
-    res = optimize.minimize(hts_objective, x0, args=(z, y, ell), jac=True, method="L-BFGS-B",
-                            bounds=[HTS_RANGE, HTS_RANGE], options={"maxiter": 500})
+    res = optimize.minimize(
+        hts_objective,
+        x0,
+        args=(z, y, ell),
+        jac=True,
+        method="L-BFGS-B",
+        bounds=[HTS_RANGE, HTS_RANGE],
+        options={"maxiter": 500},
+    )
     w, b = np.clip(res.x, *HTS_RANGE)  # L-BFGS-B keeps to its bounds; the clip only guards float rounding
     return EntropyTemperatureScaling(float(w), float(b))
 
@@ -123,8 +148,9 @@ def _card_grid(d: np.ndarray, scale: float) -> List[Tuple[float, float, float, f
     return points
 
 
-def fit_card(pool: Sequence[PoolItem], seed: int = 0, grid_pixels: int = CARD_GRID_PIXELS,
-             info: Optional[dict] = None) -> CARD:
+def fit_card(
+    pool: Sequence[PoolItem], seed: int = 0, grid_pixels: int = CARD_GRID_PIXELS, info: Optional[dict] = None
+) -> CARD:
     """CARD: coarse grid (on a subsample) → SLSQP on the whole pool (see the module docstring).
 
     ``info``, if given, is filled with the grid's best point, the SLSQP result and timings.
@@ -150,12 +176,15 @@ def fit_card(pool: Sequence[PoolItem], seed: int = 0, grid_pixels: int = CARD_GR
 
     t0 = time.perf_counter()
     x0 = start / sx
-    res = optimize.minimize(fun, x0, jac=True, method="SLSQP",
-                            bounds=[(1.0, TAU_MAX_BOUND), (1.0, TAU_MAX_BOUND), (0.0, LN2 / scale),
-                                    (w_k_min / scale, LN2 / scale)],
-                            constraints=[{"type": "ineq", "fun": lambda x: x[1] - x[0],
-                                          "jac": lambda x: np.array([-1.0, 1.0, 0.0, 0.0])}],
-                            options={"maxiter": 300, "ftol": 1e-10})
+    res = optimize.minimize(
+        fun,
+        x0,
+        jac=True,
+        method="SLSQP",
+        bounds=[(1.0, TAU_MAX_BOUND), (1.0, TAU_MAX_BOUND), (0.0, LN2 / scale), (w_k_min / scale, LN2 / scale)],
+        constraints=[{"type": "ineq", "fun": lambda x: x[1] - x[0], "jac": lambda x: np.array([-1.0, 1.0, 0.0, 0.0])}],
+        options={"maxiter": 300, "ftol": 1e-10},
+    )
     t_slsqp = time.perf_counter() - t0
     f0 = fun(x0)[0]
     x = res.x if np.all(np.isfinite(res.x)) and fun(res.x)[0] <= f0 else x0
@@ -165,15 +194,30 @@ def fit_card(pool: Sequence[PoolItem], seed: int = 0, grid_pixels: int = CARD_GR
     w_b = float(np.clip(p[2], 0.0, LN2))
     w_k = float(min(max(p[3], w_k_min), LN2))
     if info is not None:
-        info.update({"grid_points": len(grid), "grid_best": start.tolist(), "grid_pixels": int(zs.shape[0]),
-                     "grid_s": t_grid, "slsqp_s": t_slsqp, "slsqp_iterations": int(res.nit),
-                     "slsqp_message": str(res.message), "nll_start": float(f0), "nll": float(fun(x)[0]),
-                     "tac_scale": scale, "pixels": int(n)})
+        info.update(
+            {
+                "grid_points": len(grid),
+                "grid_best": start.tolist(),
+                "grid_pixels": int(zs.shape[0]),
+                "grid_s": t_grid,
+                "slsqp_s": t_slsqp,
+                "slsqp_iterations": int(res.nit),
+                "slsqp_message": str(res.message),
+                "nll_start": float(f0),
+                "nll": float(fun(x)[0]),
+                "tac_scale": scale,
+                "pixels": int(n),
+            }
+        )
     return CARD(tau_min, tau_max, w_b, w_k)
 
 
 FITTERS: Dict[str, Callable[[Sequence[PoolItem]], Calibrator]] = {
-    "uc": fit_uc, "ts": fit_ts, "ets": fit_ets, "hts": fit_hts, "card": fit_card,
+    "uc": fit_uc,
+    "ts": fit_ts,
+    "ets": fit_ets,
+    "hts": fit_hts,
+    "card": fit_card,
 }
 
 

@@ -55,8 +55,9 @@ GRAD_CLIP = 1.0
 # the held-out split and the training loop
 
 
-def holdout_split(pool: Sequence[PoolItem], fraction: float = HOLDOUT,
-                  seed: int = 0) -> Tuple[List[PoolItem], List[PoolItem], List[str]]:
+def holdout_split(
+    pool: Sequence[PoolItem], fraction: float = HOLDOUT, seed: int = 0
+) -> Tuple[List[PoolItem], List[PoolItem], List[str]]:
     """``(training items, held-out items, held-out names)``: whole patients (``patient``, else
     ``case``) when the pool has two or more, else whole items."""
     if len(pool) < 2:
@@ -78,9 +79,17 @@ def holdout_split(pool: Sequence[PoolItem], fraction: float = HOLDOUT,
     return train, test, sorted(held)
 
 
-def _train(cal: NetworkCalibrator, params: List[torch.nn.Parameter], epoch: Callable[[torch.optim.Optimizer], float],
-           held_nll: Callable[[], float], lr: float, max_epochs: int, patience: int,
-           progress: Optional[Progress], info: dict) -> None:
+def _train(
+    cal: NetworkCalibrator,
+    params: List[torch.nn.Parameter],
+    epoch: Callable[[torch.optim.Optimizer], float],
+    held_nll: Callable[[], float],
+    lr: float,
+    max_epochs: int,
+    patience: int,
+    progress: Optional[Progress],
+    info: dict,
+) -> None:
     """Adam over ``params`` (``epoch(optimizer)`` runs one pass, returns its mean training loss);
     keeps the state with the lowest held-out NLL (the start included), stops after ``patience``
     epochs without improvement; fills ``info``."""
@@ -107,9 +116,18 @@ def _train(cal: NetworkCalibrator, params: List[torch.nn.Parameter], epoch: Call
     progress.close()
     cal.net.load_state_dict(best_state)
     cal.net.eval().requires_grad_(False)
-    info.update({"epochs": len(curve) - 1, "best_epoch": best_epoch, "held_out_nll_start": start,
-                 "held_out_nll": best, "held_out_curve": curve, "train_loss_curve": losses, "lr": lr,
-                 "fit_s": time.perf_counter() - t0})
+    info.update(
+        {
+            "epochs": len(curve) - 1,
+            "best_epoch": best_epoch,
+            "held_out_nll_start": start,
+            "held_out_nll": best,
+            "held_out_curve": curve,
+            "train_loss_curve": losses,
+            "lr": lr,
+            "fit_s": time.perf_counter() - t0,
+        }
+    )
 
 
 def _clip(opt: torch.optim.Optimizer) -> None:
@@ -127,10 +145,22 @@ def _nll(logp: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 # PTS
 
 
-def fit_pts(pool: Sequence[PoolItem], seed: int = 0, holdout: float = HOLDOUT, hidden: int = 5, layers: int = 2,
-            top_k: Optional[int] = None, lr: float = 5e-3, max_epochs: int = 30, patience: int = 4,
-            batch_pixels: int = 8192, max_steps_per_epoch: int = 200, objective: str = "nll",
-            progress: Optional[Progress] = None, info: Optional[dict] = None) -> ParameterizedTemperatureScaling:
+def fit_pts(
+    pool: Sequence[PoolItem],
+    seed: int = 0,
+    holdout: float = HOLDOUT,
+    hidden: int = 5,
+    layers: int = 2,
+    top_k: Optional[int] = None,
+    lr: float = 5e-3,
+    max_epochs: int = 30,
+    patience: int = 4,
+    batch_pixels: int = 8192,
+    max_steps_per_epoch: int = 200,
+    objective: str = "nll",
+    progress: Optional[Progress] = None,
+    info: Optional[dict] = None,
+) -> ParameterizedTemperatureScaling:
     """PTS on the pool's ROI pixel vectors (see the module docstring).
 
     ``objective``: ``nll`` (the pool's objective, default) or ``mse`` (the authors' squared error
@@ -144,8 +174,9 @@ def fit_pts(pool: Sequence[PoolItem], seed: int = 0, holdout: float = HOLDOUT, h
     z_np, y_np, _ = concat_pool(train)
     t0 = fit_temperature(z_np, y_np)
     k = z_np.shape[1]
-    cal = ParameterizedTemperatureScaling({"num_classes": k, "top_k": top_k or k, "hidden": hidden, "layers": layers},
-                                          seed=seed)
+    cal = ParameterizedTemperatureScaling(
+        {"num_classes": k, "top_k": top_k or k, "hidden": hidden, "layers": layers}, seed=seed
+    )
     cal.set_constant_temperature(t0)
     z, y = torch.from_numpy(z_np.astype(np.float32)), torch.from_numpy(y_np)
     zh_np, yh_np, _ = concat_pool(held)
@@ -163,7 +194,7 @@ def fit_pts(pool: Sequence[PoolItem], seed: int = 0, holdout: float = HOLDOUT, h
         steps = min(math.ceil(y.numel() / batch_pixels), max_steps_per_epoch)
         total = 0.0
         for s in range(steps):
-            idx = order[s * batch_pixels:(s + 1) * batch_pixels]
+            idx = order[s * batch_pixels : (s + 1) * batch_pixels]
             opt.zero_grad()
             value = loss(z[idx], y[idx])
             value.backward()
@@ -177,8 +208,16 @@ def fit_pts(pool: Sequence[PoolItem], seed: int = 0, holdout: float = HOLDOUT, h
             lp = cal.log_probs(zh.double())
             return float(-lp[torch.arange(yh.numel()), yh].clamp_min(LOG_FLOOR).mean())
 
-    info.update({"t0": t0, "objective": objective, "held_out": names, "train_pixels": int(y.numel()),
-                 "held_out_pixels": int(yh.numel()), "seed": seed})
+    info.update(
+        {
+            "t0": t0,
+            "objective": objective,
+            "held_out": names,
+            "train_pixels": int(y.numel()),
+            "held_out_pixels": int(yh.numel()),
+            "seed": seed,
+        }
+    )
     _train(cal, list(cal.net.parameters()), epoch, held_nll, lr, max_epochs, patience, progress, info)
     return cal
 
@@ -191,9 +230,11 @@ def spatial_crops(pool: Sequence[PoolItem], method: str) -> List[SpatialItem]:
     """The crops of every item, or a ``ValueError`` saying what the pool lacks."""
     missing = [i for i, it in enumerate(pool) if it.spatial is None]
     if missing:
-        raise ValueError(f"{method} reads the image and the pixels' neighbourhoods, and {len(missing)} of the "
-                         f"{len(pool)} pool items hold ROI pixel vectors only: build the pool with spatial crops "
-                         f"(build_pool(..., spatial=True); cardseg fit-calibration --baselines ...,{method} does)")
+        raise ValueError(
+            f"{method} reads the image and the pixels' neighbourhoods, and {len(missing)} of the "
+            f"{len(pool)} pool items hold ROI pixel vectors only: build the pool with spatial crops "
+            f"(build_pool(..., spatial=True); cardseg fit-calibration --baselines ...,{method} does)"
+        )
     return [it.spatial for it in pool]
 
 
@@ -209,14 +250,24 @@ def _crop_batches(crops: Sequence[SpatialItem], slices: int) -> List[Tuple[int, 
     out = []
     for i, sp in enumerate(crops):
         for s in range(0, sp.labels.shape[0], slices):
-            if sp.roi[s:s + slices].any():
+            if sp.roi[s : s + slices].any():
                 out.append((i, s, min(s + slices, sp.labels.shape[0])))
     return out
 
 
-def _fit_on_crops(cal: NetworkCalibrator, params, train: Sequence[SpatialItem], held: Sequence[SpatialItem],
-                  seed: int, lr: float, max_epochs: int, patience: int, slices: int,
-                  progress: Optional[Progress], info: dict) -> None:
+def _fit_on_crops(
+    cal: NetworkCalibrator,
+    params,
+    train: Sequence[SpatialItem],
+    held: Sequence[SpatialItem],
+    seed: int,
+    lr: float,
+    max_epochs: int,
+    patience: int,
+    slices: int,
+    progress: Optional[Progress],
+    info: dict,
+) -> None:
     """Adam on the mean NLL over the ROI pixels of ``slices``-slice chunks of the training crops."""
     rng = np.random.default_rng(seed)
     batches = _crop_batches(train, slices)
@@ -228,9 +279,17 @@ def _fit_on_crops(cal: NetworkCalibrator, params, train: Sequence[SpatialItem], 
         for b in rng.permutation(len(batches)):
             i, s0, s1 = batches[int(b)]
             sp = train[i]
-            part = SpatialItem((0, 0, 0, 0, 0, 0), sp.logits[s0:s1], sp.image[s0:s1], sp.labels[s0:s1],
-                               sp.roi[s0:s1], None, None if sp.aug_mean is None else sp.aug_mean[s0:s1],
-                               None if sp.aug_std is None else sp.aug_std[s0:s1], sp.augmentations)
+            part = SpatialItem(
+                (0, 0, 0, 0, 0, 0),
+                sp.logits[s0:s1],
+                sp.image[s0:s1],
+                sp.labels[s0:s1],
+                sp.roi[s0:s1],
+                None,
+                None if sp.aug_mean is None else sp.aug_mean[s0:s1],
+                None if sp.aug_std is None else sp.aug_std[s0:s1],
+                sp.augmentations,
+            )
             roi = torch.from_numpy(part.roi)
             opt.zero_grad()
             lp = cal.log_probs(torch.from_numpy(part.logits), **crop_inputs(cal, part))
@@ -244,9 +303,19 @@ def _fit_on_crops(cal: NetworkCalibrator, params, train: Sequence[SpatialItem], 
     _train(cal, params, epoch, lambda: crop_nll(cal, held), lr, max_epochs, patience, progress, info)
 
 
-def fit_lts(pool: Sequence[PoolItem], seed: int = 0, holdout: float = HOLDOUT, kernel: int = 5, dilation: int = 2,
-            lr: float = 1e-2, max_epochs: int = 30, patience: int = 4, slices: int = 4,
-            progress: Optional[Progress] = None, info: Optional[dict] = None) -> LocalTemperatureScaling:
+def fit_lts(
+    pool: Sequence[PoolItem],
+    seed: int = 0,
+    holdout: float = HOLDOUT,
+    kernel: int = 5,
+    dilation: int = 2,
+    lr: float = 1e-2,
+    max_epochs: int = 30,
+    patience: int = 4,
+    slices: int = 4,
+    progress: Optional[Progress] = None,
+    info: Optional[dict] = None,
+) -> LocalTemperatureScaling:
     """LTS (the authors' tree of ``kernel x kernel`` convolutions of dilation ``dilation``) on the
     pool's spatial crops (see the module docstring). Its nodes are single linear convolutions whose
     weights travel further than a deep network's, hence a larger default step than CalibNet's."""
@@ -258,10 +327,18 @@ def fit_lts(pool: Sequence[PoolItem], seed: int = 0, holdout: float = HOLDOUT, k
     k = train_c[0].logits.shape[1]
     cal = LocalTemperatureScaling({"num_classes": k, "kernel": kernel, "dilation": dilation}, seed=seed)
     cal.set_constant_temperature(t0)
-    info.update({"t0": t0, "held_out": names, "train_pixels": sum(sp.pixels for sp in train_c),
-                 "held_out_pixels": sum(sp.pixels for sp in held_c), "seed": seed})
-    _fit_on_crops(cal, list(cal.net.parameters()), train_c, held_c, seed, lr, max_epochs, patience, slices,
-                  progress, info)
+    info.update(
+        {
+            "t0": t0,
+            "held_out": names,
+            "train_pixels": sum(sp.pixels for sp in train_c),
+            "held_out_pixels": sum(sp.pixels for sp in held_c),
+            "seed": seed,
+        }
+    )
+    _fit_on_crops(
+        cal, list(cal.net.parameters()), train_c, held_c, seed, lr, max_epochs, patience, slices, progress, info
+    )
     return cal
 
 
@@ -286,12 +363,12 @@ def corrupt_label_maps(labels: np.ndarray, k: int, rng: np.random.Generator) -> 
             for _ in range(int(rng.integers(1, 5))):
                 side = min(int(rng.integers(3, 13)), p)
                 y, x = (int(v) for v in rng.integers(0, p - side + 1, 2))
-                lab[i, y:y + side, x:x + side] = int(rng.integers(k))
+                lab[i, y : y + side, x : x + side] = int(rng.integers(k))
         side = int(rng.integers(8, 25))
         if rng.random() < 0.5 and p - side - 6 > 6:
             y, x = (int(v) for v in rng.integers(6, p - side - 5, 2))
             dy, dx = (int(v) for v in rng.integers(-6, 7, 2))
-            lab[i, y:y + side, x:x + side] = labels[i, y + dy:y + dy + side, x + dx:x + dx + side]
+            lab[i, y : y + side, x : x + side] = labels[i, y + dy : y + dy + side, x + dx : x + dx + side]
     onehot = np.moveaxis(np.eye(k, dtype=np.float32)[lab], -1, 1)
     scale = rng.uniform(2.0, 8.0, (b, 1, 1, 1)).astype(np.float32)
     sigma = rng.uniform(0.0, 1.5, (b, 1, 1, 1)).astype(np.float32)
@@ -308,13 +385,21 @@ def _label_patches(maps: Sequence[np.ndarray], n: int, size: int, rng: np.random
         h, w = m.shape
         y = int(rng.integers(0, max(h - size, 0) + 1))
         x = int(rng.integers(0, max(w - size, 0) + 1))
-        win = m[y:y + size, x:x + size]
-        out[i, :win.shape[0], :win.shape[1]] = win
+        win = m[y : y + size, x : x + size]
+        out[i, : win.shape[0], : win.shape[1]] = win
     return out
 
 
-def train_shape_prior(cal: CalibNet, maps: Sequence[np.ndarray], steps: int = 500, batch: int = 8, size: int = 64,
-                      lr: float = 3e-3, seed: int = 0, progress: Optional[Progress] = None) -> List[float]:
+def train_shape_prior(
+    cal: CalibNet,
+    maps: Sequence[np.ndarray],
+    steps: int = 500,
+    batch: int = 8,
+    size: int = 64,
+    lr: float = 3e-3,
+    seed: int = 0,
+    progress: Optional[Progress] = None,
+) -> List[float]:
     """Train CalibNet's shape prior (its ``dae``) to restore label maps from corrupted ones
     (cross-entropy, Adam); returns the loss per step. ``maps``: 2D source label maps."""
     maps = [np.asarray(m) for m in maps if np.asarray(m).any()]
@@ -342,11 +427,24 @@ def train_shape_prior(cal: CalibNet, maps: Sequence[np.ndarray], steps: int = 50
     return losses
 
 
-def fit_calibnet(pool: Sequence[PoolItem], shape_labels: Optional[Sequence[np.ndarray]] = None, seed: int = 0,
-                 holdout: float = HOLDOUT, branch: int = 4, hidden: int = 8, reduction: int = 4, dae_hidden: int = 8,
-                 dae_dilations: Sequence[int] = (1, 2, 4, 8), dae_steps: int = 500, lr: float = 3e-3,
-                 max_epochs: int = 30, patience: int = 4, slices: int = 4, progress: Optional[Progress] = None,
-                 info: Optional[dict] = None) -> CalibNet:
+def fit_calibnet(
+    pool: Sequence[PoolItem],
+    shape_labels: Optional[Sequence[np.ndarray]] = None,
+    seed: int = 0,
+    holdout: float = HOLDOUT,
+    branch: int = 4,
+    hidden: int = 8,
+    reduction: int = 4,
+    dae_hidden: int = 8,
+    dae_dilations: Sequence[int] = (1, 2, 4, 8),
+    dae_steps: int = 500,
+    lr: float = 3e-3,
+    max_epochs: int = 30,
+    patience: int = 4,
+    slices: int = 4,
+    progress: Optional[Progress] = None,
+    info: Optional[dict] = None,
+) -> CalibNet:
     """CalibNet on the pool's spatial crops with augmentation statistics (module docstring):
     the shape prior first (on ``shape_labels``, default the training crops' label slices), then
     the temperature network with the prior frozen."""
@@ -354,26 +452,48 @@ def fit_calibnet(pool: Sequence[PoolItem], shape_labels: Optional[Sequence[np.nd
     crops = spatial_crops(pool, "calibnet")
     counts = {sp.augmentations for sp in crops}
     if len(counts) != 1 or 0 in counts or any(sp.aug_mean is None for sp in crops):
-        raise ValueError("calibnet needs every crop with augmentation statistics over one number of augmentations "
-                         "(build_pool(..., spatial=True, augmentations=N))")
+        raise ValueError(
+            "calibnet needs every crop with augmentation statistics over one number of augmentations "
+            "(build_pool(..., spatial=True, augmentations=N))"
+        )
     train, held, names = holdout_split(pool, holdout, seed)
     train_c, held_c = [it.spatial for it in train], [it.spatial for it in held]
     k = train_c[0].logits.shape[1]
-    cal = CalibNet({"num_classes": k, "branch": branch, "hidden": hidden, "reduction": reduction,
-                    "dae_hidden": dae_hidden, "dae_dilations": list(dae_dilations), "augmentations": counts.pop()},
-                   seed=seed)
+    cal = CalibNet(
+        {
+            "num_classes": k,
+            "branch": branch,
+            "hidden": hidden,
+            "reduction": reduction,
+            "dae_hidden": dae_hidden,
+            "dae_dilations": list(dae_dilations),
+            "augmentations": counts.pop(),
+        },
+        seed=seed,
+    )
     own = shape_labels is None
     maps = [sp.labels[z] for sp in train_c for z in range(sp.labels.shape[0])] if own else list(shape_labels)
     t1 = time.perf_counter()
     dae_losses = train_shape_prior(cal, maps, dae_steps, seed=seed, progress=progress)
     t0 = _crop_temperature_start(train_c)
     cal.set_constant_temperature(t0)
-    info.update({"t0": t0, "held_out": names, "train_pixels": sum(sp.pixels for sp in train_c),
-                 "held_out_pixels": sum(sp.pixels for sp in held_c), "seed": seed,
-                 "shape_prior": {"maps": len(maps), "source": "training crops" if own else "given label maps",
-                                 "steps": dae_steps, "loss_first": dae_losses[0] if dae_losses else None,
-                                 "loss_last": float(np.mean(dae_losses[-20:])) if dae_losses else None,
-                                 "fit_s": time.perf_counter() - t1}})
+    info.update(
+        {
+            "t0": t0,
+            "held_out": names,
+            "train_pixels": sum(sp.pixels for sp in train_c),
+            "held_out_pixels": sum(sp.pixels for sp in held_c),
+            "seed": seed,
+            "shape_prior": {
+                "maps": len(maps),
+                "source": "training crops" if own else "given label maps",
+                "steps": dae_steps,
+                "loss_first": dae_losses[0] if dae_losses else None,
+                "loss_last": float(np.mean(dae_losses[-20:])) if dae_losses else None,
+                "fit_s": time.perf_counter() - t1,
+            },
+        }
+    )
     params = [p for name, p in cal.net.named_parameters() if not name.startswith("dae.")]
     _fit_on_crops(cal, params, train_c, held_c, seed, lr, max_epochs, patience, slices, progress, info)
     return cal

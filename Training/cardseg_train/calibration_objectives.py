@@ -90,6 +90,7 @@ def hts_objective(params: Sequence[float], z: np.ndarray, y: np.ndarray, ell: np
 def fit_temperature(z: np.ndarray, y: np.ndarray) -> float:
     """The scalar ``T`` minimising the mean NLL of ``Softmax(z / T)`` (bounded search on ``log T``)."""
     lo, hi = (math.log(v) for v in TEMPERATURE_BOUNDS)
-    res = optimize.minimize_scalar(lambda lt: scaled_nll(z, y, math.exp(lt))[0], bounds=(lo, hi), method="bounded",
-                                   options={"xatol": 1e-5})
+    res = optimize.minimize_scalar(
+        lambda lt: scaled_nll(z, y, math.exp(lt))[0], bounds=(lo, hi), method="bounded", options={"xatol": 1e-5}
+    )
     return float(math.exp(res.x))

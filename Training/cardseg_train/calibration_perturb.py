@@ -35,8 +35,9 @@ def perturbation_params(kind: str, rng: np.random.Generator) -> Dict[str, float]
     raise ValueError(f"unknown perturbation {kind!r} (choose from {', '.join(PERTURBATIONS)})")
 
 
-def apply_perturbation(img01: np.ndarray, kind: str, params: Dict[str, float],
-                       rng: Optional[np.random.Generator] = None) -> np.ndarray:
+def apply_perturbation(
+    img01: np.ndarray, kind: str, params: Dict[str, float], rng: Optional[np.random.Generator] = None
+) -> np.ndarray:
     """Apply a perturbation to an image scaled to ``[0, 1]`` (any shape); float32 result.
 
     contrast: ``clip(m + c (x - m), 0, 1)`` with m the image mean; gamma: ``clip(x, 0, 1) ** g``;

@@ -58,20 +58,33 @@ class PoolItem:
         self.labels = np.asarray(self.labels, dtype=np.int64).reshape(-1)
         self.tac = np.asarray(self.tac, dtype=np.float32).reshape(-1)
         if self.logits.ndim != 2 or self.logits.shape[1] != self.labels.shape[0] or self.tac.shape != self.labels.shape:
-            raise ValueError(f"PoolItem needs logits (K, n), labels (n,), tac (n,); got {self.logits.shape}, "
-                             f"{self.labels.shape}, {self.tac.shape}")
+            raise ValueError(
+                f"PoolItem needs logits (K, n), labels (n,), tac (n,); got {self.logits.shape}, "
+                f"{self.labels.shape}, {self.tac.shape}"
+            )
         if self.step_js is not None:
             self.step_js = np.asarray(self.step_js, dtype=np.float32)
             self.steps = [int(t) for t in (self.steps or [])]
             if self.step_js.shape != (len(self.steps), self.labels.shape[0]):
-                raise ValueError(f"PoolItem step_js must be (len(steps), n), got {self.step_js.shape} for "
-                                 f"{len(self.steps)} steps and n = {self.labels.shape[0]}")
+                raise ValueError(
+                    f"PoolItem step_js must be (len(steps), n), got {self.step_js.shape} for "
+                    f"{len(self.steps)} steps and n = {self.labels.shape[0]}"
+                )
 
 
-def pool_item(logits: np.ndarray, tac: np.ndarray, labels: np.ndarray, roi: np.ndarray,
-              rng: Optional[np.random.Generator] = None, max_pixels: Optional[int] = None, case: str = "",
-              variant: str = "clean", agreement: Optional[float] = None,
-              step_js: Optional[Dict[int, np.ndarray]] = None, step_roi_js: Optional[List[float]] = None) -> PoolItem:
+def pool_item(
+    logits: np.ndarray,
+    tac: np.ndarray,
+    labels: np.ndarray,
+    roi: np.ndarray,
+    rng: Optional[np.random.Generator] = None,
+    max_pixels: Optional[int] = None,
+    case: str = "",
+    variant: str = "clean",
+    agreement: Optional[float] = None,
+    step_js: Optional[Dict[int, np.ndarray]] = None,
+    step_roi_js: Optional[List[float]] = None,
+) -> PoolItem:
     """Gather the ROI pixels of a volume: logits ``(Z, K, Y, X)``, tac/labels/roi ``(Z, Y, X)``,
     step_js ``{t: (Z, Y, X)}`` (optional).
 
@@ -88,8 +101,9 @@ def pool_item(logits: np.ndarray, tac: np.ndarray, labels: np.ndarray, roi: np.n
         keep = np.sort(rng.choice(y.shape[0], size=max_pixels, replace=False))
         z, t, y = z[:, keep], t[keep], y[keep]
         js = None if js is None else js[:, keep]
-    return PoolItem(z, y, t, case=case, variant=variant, agreement=agreement, step_js=js, steps=steps,
-                    step_roi_js=step_roi_js)
+    return PoolItem(
+        z, y, t, case=case, variant=variant, agreement=agreement, step_js=js, steps=steps, step_roi_js=step_roi_js
+    )
 
 
 def pool_with_tac_steps(pool: Sequence[PoolItem], tac_steps: Optional[Sequence[int]]) -> List[PoolItem]:
@@ -121,8 +135,9 @@ def concat_pool(pool: Sequence[PoolItem]) -> Tuple[np.ndarray, np.ndarray, np.nd
     return z, y, d
 
 
-def engine_card_outputs(bundle, slices01: np.ndarray, spacing_xy: Tuple[float, float], device="cpu",
-                        batch_size: int = 8) -> Tuple[np.ndarray, np.ndarray, Dict[int, np.ndarray], tuple, np.ndarray]:
+def engine_card_outputs(
+    bundle, slices01: np.ndarray, spacing_xy: Tuple[float, float], device="cpu", batch_size: int = 8
+) -> Tuple[np.ndarray, np.ndarray, Dict[int, np.ndarray], tuple, np.ndarray]:
     """The dual trajectory on already normalised slices: ``(logits (Z, K, Y, X), tac (Z, Y, X),
     {t: JS (Z, Y, X)} for each sampled step, the network grid's offset, its field of view (Y, X)
     bool)`` (the grid the engine kept).
@@ -135,16 +150,33 @@ def engine_card_outputs(bundle, slices01: np.ndarray, spacing_xy: Tuple[float, f
     """
     from cardseg.segment import trajectory_on_slices
 
-    traj = trajectory_on_slices(np.asarray(slices01, dtype=np.float32), tuple(spacing_xy), bundle, "card", device,
-                                batch_size, keep_step_js=True)
-    return (traj.logits.numpy(), traj.tac.numpy(), {t: js.numpy() for t, js in traj.step_js.items()}, traj.offset,
-            traj.fov)
+    traj = trajectory_on_slices(
+        np.asarray(slices01, dtype=np.float32), tuple(spacing_xy), bundle, "card", device, batch_size, keep_step_js=True
+    )
+    return (
+        traj.logits.numpy(),
+        traj.tac.numpy(),
+        {t: js.numpy() for t, js in traj.step_js.items()},
+        traj.offset,
+        traj.fov,
+    )
 
 
-def build_pool(bundle, cases, variants: Sequence[str] = POOL_VARIANTS, roi_radius: int = 10,
-               max_pixels_per_item: Optional[int] = 30_000, seed: int = 0, device="cpu", batch_size: int = 8,
-               progress: Optional[Callable[[str], None]] = None, draws: int = 1, spatial: bool = False,
-               augmentations: int = 0, crop_margin: int = CROP_MARGIN) -> List[PoolItem]:
+def build_pool(
+    bundle,
+    cases,
+    variants: Sequence[str] = POOL_VARIANTS,
+    roi_radius: int = 10,
+    max_pixels_per_item: Optional[int] = 30_000,
+    seed: int = 0,
+    device="cpu",
+    batch_size: int = 8,
+    progress: Optional[Callable[[str], None]] = None,
+    draws: int = 1,
+    spatial: bool = False,
+    augmentations: int = 0,
+    crop_margin: int = CROP_MARGIN,
+) -> List[PoolItem]:
     """Run the dual trajectory on every case and variant and keep its ROI pixels.
 
     cases: :class:`~cardseg_train.evaluation.LabelledVolume` items (source validation only).
@@ -192,15 +224,32 @@ def build_pool(bundle, cases, variants: Sequence[str] = POOL_VARIANTS, roi_radiu
             agreement = agreement_score(tac, pred_roi)
             step_roi_js = [float(js[pred_roi].mean()) for js in step_js.values()] if pred_roi.any() else None
             in_view = roi & fov  # what the engine decides without the networks is no calibrator's to fit
-            pool.append(pool_item(logits, tac, case.labels, in_view, rng, max_pixels_per_item, case=case.case,
-                                  variant=variant, agreement=agreement, step_js=step_js, step_roi_js=step_roi_js))
+            pool.append(
+                pool_item(
+                    logits,
+                    tac,
+                    case.labels,
+                    in_view,
+                    rng,
+                    max_pixels_per_item,
+                    case=case.case,
+                    variant=variant,
+                    agreement=agreement,
+                    step_js=step_js,
+                    step_roi_js=step_roi_js,
+                )
+            )
             pool[-1].patient = str(getattr(case, "patient", "") or "")
             if spatial:
                 sp = spatial_item(logits, img, case.labels, in_view, tac, crop_margin)
                 if augmentations:
                     sp.aug_mean, sp.aug_std = augmentation_stats(
-                        engine_primary_logits(bundle, spacing, device, batch_size, offset), img, sp.box, augmentations,
-                        corruption_rng(case.case, f"calibnet-aug:{tag}", seed))
+                        engine_primary_logits(bundle, spacing, device, batch_size, offset),
+                        img,
+                        sp.box,
+                        augmentations,
+                        corruption_rng(case.case, f"calibnet-aug:{tag}", seed),
+                    )
                     sp.augmentations = int(augmentations)
                 pool[-1].spatial = sp
             if progress is not None:
@@ -230,5 +279,7 @@ def ood_agreement_threshold(volume_agreements: Sequence[float], margin: float = 
 def pool_thresholds(pool: Sequence[PoolItem], quantile: float = 0.99, margin: float = 0.01) -> Dict[str, float]:
     """Both thresholds from the ``clean`` items of a pool (keys as in ``bundle.json``)."""
     clean = [it for it in pool if it.variant == "clean"]
-    return {"flag_threshold": pixel_flag_threshold(np.concatenate([it.tac for it in clean]), quantile),
-            "out_of_domain_threshold": ood_agreement_threshold([it.agreement for it in clean], margin)}
+    return {
+        "flag_threshold": pixel_flag_threshold(np.concatenate([it.tac for it in clean]), quantile),
+        "out_of_domain_threshold": ood_agreement_threshold([it.agreement for it in clean], margin),
+    }

@@ -36,19 +36,25 @@ def markdown_table(t: dict, title: str = "") -> str:
     """The report as Markdown: the Table I form, NLL per condition, segmentation per condition."""
     conds, methods = t["conditions"], t["methods"]
     lines = [f"# {title}" if title else "# Calibration", ""]
-    lines += [f"{t['volumes']} volumes x {len(conds)} conditions. ECE / SCE / ACE in %, 10 bins, pooled over the "
-              "ROI pixels (ground truth dilated by 10 px per slice, at each volume's own grid); NLL is the mean over "
-              "ROI pixels. *Block NLL* is the paper's ACDC-C block: the mean of the per-condition NLLs over all "
-              f"{len(conds)} conditions, clean included, each weighing the same; *artifacts-only NLL* leaves clean "
-              "out.", ""]
+    lines += [
+        f"{t['volumes']} volumes x {len(conds)} conditions. ECE / SCE / ACE in %, 10 bins, pooled over the "
+        "ROI pixels (ground truth dilated by 10 px per slice, at each volume's own grid); NLL is the mean over "
+        "ROI pixels. *Block NLL* is the paper's ACDC-C block: the mean of the per-condition NLLs over all "
+        f"{len(conds)} conditions, clean included, each weighing the same; *artifacts-only NLL* leaves clean "
+        "out.",
+        "",
+    ]
     artifacts = t.get("artifacts_only_nll")
     head = "| Method | " + " | ".join(f"{c} ECE | {c} SCE | {c} ACE" for c in conds) + " | block NLL |"
     if artifacts:
         head += " artifacts-only NLL |"
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     for m in methods:
-        cells = [f"{format_value(t['pooled'][c][m]['ece'], 100, 2)} | {format_value(t['pooled'][c][m]['sce'], 100, 2)} | "
-                 f"{format_value(t['pooled'][c][m]['ace'], 100, 2)}" for c in conds]
+        cells = [
+            f"{format_value(t['pooled'][c][m]['ece'], 100, 2)} | {format_value(t['pooled'][c][m]['sce'], 100, 2)} | "
+            f"{format_value(t['pooled'][c][m]['ace'], 100, 2)}"
+            for c in conds
+        ]
         row = f"| {_label(t, m)} | " + " | ".join(cells) + f" | {format_value(t['mean_nll'][m])} |"
         if artifacts:
             row += f" {format_value(artifacts[m])} |"
@@ -57,27 +63,46 @@ def markdown_table(t: dict, title: str = "") -> str:
     head = "| Method | " + " | ".join(conds) + " | block (mean) |"
     lines += [head, "|" + "---|" * (len(conds) + 2)]
     for m in methods:
-        lines.append(f"| {_label(t, m)} | " + " | ".join(format_value(t["pooled"][c][m]["nll"]) for c in conds)
-                     + f" | {format_value(t['mean_nll'][m])} |")
+        lines.append(
+            f"| {_label(t, m)} | "
+            + " | ".join(format_value(t["pooled"][c][m]["nll"]) for c in conds)
+            + f" | {format_value(t['mean_nll'][m])} |"
+        )
     ratio = t.get("card_vs_best_post_hoc")
     lines += ["", f"Lowest block NLL: **{_label(t, t['lowest_mean_nll'])}**."]
     if ratio:
-        lines.append(f"CARD / best post-hoc baseline ({_label(t, ratio['best_baseline'])}): "
-                     f"**{ratio['card_over_best']:.3f}x** block NLL.")
+        lines.append(
+            f"CARD / best post-hoc baseline ({_label(t, ratio['best_baseline'])}): "
+            f"**{ratio['card_over_best']:.3f}x** block NLL."
+        )
     lines += bootstrap_lines(t)
     names = t["classes"][1:]
-    lines += ["", "Segmentation (primary, same for every method) per condition:", "",
-              "| Condition | " + " | ".join(f"Dice {n}" for n in names) + " | Dice mean | LCC ratio primary | "
-              "LCC ratio reference | agreement | r(agreement, slice Dice) |", "|" + "---|" * (len(names) + 6)]
+    lines += [
+        "",
+        "Segmentation (primary, same for every method) per condition:",
+        "",
+        "| Condition | " + " | ".join(f"Dice {n}" for n in names) + " | Dice mean | LCC ratio primary | "
+        "LCC ratio reference | agreement | r(agreement, slice Dice) |",
+        "|" + "---|" * (len(names) + 6),
+    ]
     for c in conds:
         s = t["segmentation"][c]
-        lines.append(f"| {c} | " + " | ".join(format_value(s["dice"][n]) for n in names) + f" | {format_value(s['dice']['mean'])} | "
-                     f"{format_value(s['lcc'])} | {format_value(s.get('lcc_reference'))} | {format_value(s['agreement'])} | "
-                     f"{format_value(t['agreement_vs_dice']['per_condition'][c]['r'])} |")
-    lines += ["", "LCC ratio: largest connected component over all foreground, per 2D slice, averaged over slices "
-              "with predicted foreground (paper Fig. 2a).",
-              "", f"Pearson r of slice agreement against slice Dice over all conditions: "
-                  f"{format_value(t['agreement_vs_dice']['r_all'])}.", ""]
+        lines.append(
+            f"| {c} | "
+            + " | ".join(format_value(s["dice"][n]) for n in names)
+            + f" | {format_value(s['dice']['mean'])} | "
+            f"{format_value(s['lcc'])} | {format_value(s.get('lcc_reference'))} | {format_value(s['agreement'])} | "
+            f"{format_value(t['agreement_vs_dice']['per_condition'][c]['r'])} |"
+        )
+    lines += [
+        "",
+        "LCC ratio: largest connected component over all foreground, per 2D slice, averaged over slices "
+        "with predicted foreground (paper Fig. 2a).",
+        "",
+        f"Pearson r of slice agreement against slice Dice over all conditions: "
+        f"{format_value(t['agreement_vs_dice']['r_all'])}.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -86,9 +111,19 @@ def csv_rows(t: dict):
     for c in t["conditions"]:
         for m in t["methods"]:
             p, v = t["pooled"][c][m], t["per_volume_mean"][c][m]
-            yield {"condition": c, "method": m, "ece": p["ece"], "sce": p["sce"], "ace": p["ace"], "nll": p["nll"],
-                   "pixels": p["n"], "ece_volume_mean": v["ece"], "sce_volume_mean": v["sce"],
-                   "ace_volume_mean": v["ace"], "nll_volume_mean": v["nll"]}
+            yield {
+                "condition": c,
+                "method": m,
+                "ece": p["ece"],
+                "sce": p["sce"],
+                "ace": p["ace"],
+                "nll": p["nll"],
+                "pixels": p["n"],
+                "ece_volume_mean": v["ece"],
+                "sce_volume_mean": v["sce"],
+                "ace_volume_mean": v["ace"],
+                "nll_volume_mean": v["nll"],
+            }
 
 
 def bootstrap_lines(t: dict) -> list:
@@ -97,18 +132,22 @@ def bootstrap_lines(t: dict) -> list:
     if not bs:
         return []
     ref = bs.get("reference")
-    lines = ["", f"Block NLL with {100 * bs['level']:.0f}% intervals from a paired bootstrap over the "
-                 f"{bs['patients']} patients ({bs['resamples']} resamples; every method on the same draws)"
-                 + (f", and {_label(t, ref)} against each method:" if ref else ":"), "",
-             "| Method | block NLL | interval | " + (f"{_label(t, ref)} - method | {_label(t, ref)} / method |"
-                                                    if ref else ""),
-             "|---|---|---|" + ("---|---|" if ref else "")]
+    lines = [
+        "",
+        f"Block NLL with {100 * bs['level']:.0f}% intervals from a paired bootstrap over the "
+        f"{bs['patients']} patients ({bs['resamples']} resamples; every method on the same draws)"
+        + (f", and {_label(t, ref)} against each method:" if ref else ":"),
+        "",
+        "| Method | block NLL | interval | "
+        + (f"{_label(t, ref)} - method | {_label(t, ref)} / method |" if ref else ""),
+        "|---|---|---|" + ("---|---|" if ref else ""),
+    ]
     for m in t["methods"]:
         lo, hi = bs["block_nll"][m]
         row = f"| {_label(t, m)} | {format_value(t['mean_nll'][m])} | {lo:.3f} to {hi:.3f} |"
         if ref:
             d, r = bs["difference"].get(m), bs["ratio"].get(m)
-            row += (f" {d[0]:+.3f} to {d[1]:+.3f} | {r[0]:.3f}x to {r[1]:.3f}x |" if d else " | |")
+            row += f" {d[0]:+.3f} to {d[1]:+.3f} | {r[0]:.3f}x to {r[1]:.3f}x |" if d else " | |"
         lines.append(row)
     return lines
 
@@ -142,8 +181,13 @@ def plot_nll_by_condition(t: dict, path: Path) -> Path:
     x = np.arange(len(conds))
     for i, m in enumerate(methods):
         vals = [t["pooled"][c][m]["nll"] for c in conds]
-        ax.bar(x + (i - (len(methods) - 1) / 2) * width, vals, width, label=f"{_label(t, m)} "
-               f"(mean {t['mean_nll'][m]:.3f})", color=f"C{i}")
+        ax.bar(
+            x + (i - (len(methods) - 1) / 2) * width,
+            vals,
+            width,
+            label=f"{_label(t, m)} (mean {t['mean_nll'][m]:.3f})",
+            color=f"C{i}",
+        )
     ax.set_xticks(x, conds)
     ax.set(ylabel="NLL (ROI pixels)", title="NLL per condition")
     ax.grid(axis="y", alpha=0.3)
@@ -157,8 +201,14 @@ def _condition_method_grid(t: dict, path: Path, draw, ylabel: str, row_height: f
     ``draw(ax, condition, method, column)`` fills a panel."""
     plt = pyplot()
     conds, methods = t["conditions"], t["methods"]
-    fig, axes = plt.subplots(len(conds), len(methods), figsize=(2.3 * len(methods), row_height * len(conds)),
-                             squeeze=False, sharex=True, sharey=True)
+    fig, axes = plt.subplots(
+        len(conds),
+        len(methods),
+        figsize=(2.3 * len(methods), row_height * len(conds)),
+        squeeze=False,
+        sharex=True,
+        sharey=True,
+    )
     for i, c in enumerate(conds):
         for j, m in enumerate(methods):
             ax = axes[i][j]
@@ -180,6 +230,7 @@ def _bin_centres(t: dict, c: str, m: str):
 
 def plot_reliability(t: dict, path: Path) -> Path:
     """Top-label reliability diagrams (accuracy per confidence bin, gap to the diagonal shaded)."""
+
     def draw(ax, c, m, j):
         d = t["reliability"][c][m]
         centres, w = _bin_centres(t, c, m)
@@ -196,6 +247,7 @@ def plot_reliability(t: dict, path: Path) -> Path:
 
 def plot_confidence_histograms(t: dict, path: Path) -> Path:
     """Share of ROI pixels per top-label confidence bin (log scale)."""
+
     def draw(ax, c, m, j):
         centres, w = _bin_centres(t, c, m)
         counts = np.asarray(t["confidence_histogram"][c][m], dtype=np.float64)
@@ -211,9 +263,14 @@ def plot_agreement_vs_dice(t: dict, path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(5.2, 4.2))
     for i, c in enumerate(t["conditions"]):
         s = t["agreement_vs_dice"]["per_condition"][c]
-        ax.scatter(s["agreement"], s["dice"], s=9, alpha=0.6, color=f"C{i}", label=f"{c} (r = {format_value(s['r'], 1, 2)})")
-    ax.set(xlabel="slice agreement (Eq. 5, ROI)", ylabel="slice Dice (mean over classes)",
-           title=f"agreement vs Dice, r = {format_value(t['agreement_vs_dice']['r_all'], 1, 2)}")
+        ax.scatter(
+            s["agreement"], s["dice"], s=9, alpha=0.6, color=f"C{i}", label=f"{c} (r = {format_value(s['r'], 1, 2)})"
+        )
+    ax.set(
+        xlabel="slice agreement (Eq. 5, ROI)",
+        ylabel="slice Dice (mean over classes)",
+        title=f"agreement vs Dice, r = {format_value(t['agreement_vs_dice']['r_all'], 1, 2)}",
+    )
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -223,10 +280,12 @@ def plot_agreement_vs_dice(t: dict, path: Path) -> Path:
 def write_figures(t: dict, out: Path) -> Dict[str, Path]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    return {"nll": plot_nll_by_condition(t, out / "nll_by_condition.png"),
-            "reliability": plot_reliability(t, out / "reliability.png"),
-            "histograms": plot_confidence_histograms(t, out / "confidence_histograms.png"),
-            "agreement": plot_agreement_vs_dice(t, out / "agreement_vs_dice.png")}
+    return {
+        "nll": plot_nll_by_condition(t, out / "nll_by_condition.png"),
+        "reliability": plot_reliability(t, out / "reliability.png"),
+        "histograms": plot_confidence_histograms(t, out / "confidence_histograms.png"),
+        "agreement": plot_agreement_vs_dice(t, out / "agreement_vs_dice.png"),
+    }
 
 
 def write_report(t: dict, out: Path, title: str = "") -> Dict[str, Path]:
@@ -234,8 +293,16 @@ def write_report(t: dict, out: Path, title: str = "") -> Dict[str, Path]:
     return {**write_tables(t, out, title), **write_figures(t, out)}
 
 
-def plot_case_panel(image: np.ndarray, truth: np.ndarray, primary: np.ndarray, reference: np.ndarray,
-                    tac: np.ndarray, path: Path, title: str = "", temperature: Optional[np.ndarray] = None) -> Path:
+def plot_case_panel(
+    image: np.ndarray,
+    truth: np.ndarray,
+    primary: np.ndarray,
+    reference: np.ndarray,
+    tac: np.ndarray,
+    path: Path,
+    title: str = "",
+    temperature: Optional[np.ndarray] = None,
+) -> Path:
     """Paper Fig. 4 for one 2D slice ``(Y, X)``: input with the ground-truth contour, primary and
     reference predictions, TAC map, primary error map (and CARD's temperature when given)."""
     plt = pyplot()

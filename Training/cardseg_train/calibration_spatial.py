@@ -64,10 +64,16 @@ class SpatialItem:
         self.labels = np.asarray(self.labels, dtype=np.uint8)
         self.roi = np.asarray(self.roi, dtype=bool)
         shape = self.labels.shape
-        if (self.logits.ndim != 4 or self.logits.shape[:1] + self.logits.shape[2:] != shape
-                or self.image.shape != shape or self.roi.shape != shape):
-            raise ValueError(f"SpatialItem needs logits (Z, K, h, w) and image/labels/roi (Z, h, w); got "
-                             f"{self.logits.shape}, {self.image.shape}, {shape}, {self.roi.shape}")
+        if (
+            self.logits.ndim != 4
+            or self.logits.shape[:1] + self.logits.shape[2:] != shape
+            or self.image.shape != shape
+            or self.roi.shape != shape
+        ):
+            raise ValueError(
+                f"SpatialItem needs logits (Z, K, h, w) and image/labels/roi (Z, h, w); got "
+                f"{self.logits.shape}, {self.image.shape}, {shape}, {self.roi.shape}"
+            )
         if self.tac is not None:
             self.tac = np.asarray(self.tac, dtype=np.float32).reshape(shape)
         for key in ("aug_mean", "aug_std"):
@@ -85,18 +91,36 @@ def crop_box(roi: np.ndarray, margin: int = CROP_MARGIN) -> Tuple[int, int, int,
     if zz.size == 0:
         raise ValueError("empty ROI: nothing to crop")
     z, y, x = roi.shape
-    return (int(zz.min()), int(zz.max()) + 1, max(int(yy.min()) - margin, 0), min(int(yy.max()) + 1 + margin, y),
-            max(int(xx.min()) - margin, 0), min(int(xx.max()) + 1 + margin, x))
+    return (
+        int(zz.min()),
+        int(zz.max()) + 1,
+        max(int(yy.min()) - margin, 0),
+        min(int(yy.max()) + 1 + margin, y),
+        max(int(xx.min()) - margin, 0),
+        min(int(xx.max()) + 1 + margin, x),
+    )
 
 
-def spatial_item(logits: np.ndarray, image: np.ndarray, labels: np.ndarray, roi: np.ndarray,
-                 tac: Optional[np.ndarray] = None, margin: int = CROP_MARGIN) -> SpatialItem:
+def spatial_item(
+    logits: np.ndarray,
+    image: np.ndarray,
+    labels: np.ndarray,
+    roi: np.ndarray,
+    tac: Optional[np.ndarray] = None,
+    margin: int = CROP_MARGIN,
+) -> SpatialItem:
     """Crop a volume's logits ``(Z, K, Y, X)``, image, labels, roi and tac ``(Z, Y, X)``."""
     box = crop_box(roi, margin)
     z0, z1, y0, y1, x0, x1 = box
     cut = (slice(z0, z1), slice(y0, y1), slice(x0, x1))
-    return SpatialItem(box, np.asarray(logits)[cut[0], :, cut[1], cut[2]], np.asarray(image)[cut],
-                       np.asarray(labels)[cut], np.asarray(roi)[cut], None if tac is None else np.asarray(tac)[cut])
+    return SpatialItem(
+        box,
+        np.asarray(logits)[cut[0], :, cut[1], cut[2]],
+        np.asarray(image)[cut],
+        np.asarray(labels)[cut],
+        np.asarray(roi)[cut],
+        None if tac is None else np.asarray(tac)[cut],
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,8 +135,13 @@ def calibnet_augmentation(img01: np.ndarray, j: int, rng: np.random.Generator) -
     return apply_perturbation(img01, kind, params, rng)
 
 
-def augmentation_stats(run_logits: Callable[[np.ndarray], np.ndarray], img01: np.ndarray,
-                       box: Sequence[int], n: int, rng: np.random.Generator) -> Tuple[np.ndarray, np.ndarray]:
+def augmentation_stats(
+    run_logits: Callable[[np.ndarray], np.ndarray],
+    img01: np.ndarray,
+    box: Sequence[int],
+    n: int,
+    rng: np.random.Generator,
+) -> Tuple[np.ndarray, np.ndarray]:
     """Mean and standard deviation ``(Z', K, h, w)`` over ``n`` augmentations of the primary's
     terminal logits inside ``box``.
 
@@ -130,8 +159,9 @@ def augmentation_stats(run_logits: Callable[[np.ndarray], np.ndarray], img01: np
     return stack.mean(axis=0), stack.std(axis=0)
 
 
-def engine_primary_logits(bundle, spacing_xy, device="cpu", batch_size: int = 8,
-                          offset: Tuple[float, float] = (0.0, 0.0)) -> Callable[[np.ndarray], np.ndarray]:
+def engine_primary_logits(
+    bundle, spacing_xy, device="cpu", batch_size: int = 8, offset: Tuple[float, float] = (0.0, 0.0)
+) -> Callable[[np.ndarray], np.ndarray]:
     """``slices01 (Z, Y, X)`` → the primary's terminal logits ``(Z, K, Y, X)`` (``uc``, no reference) on
     the network grid at ``offset`` (the clean run's: an augmented copy never chooses a grid of its own)."""
     from cardseg.base.progress import Progress
@@ -139,8 +169,17 @@ def engine_primary_logits(bundle, spacing_xy, device="cpu", batch_size: int = 8,
 
     def run(slices01: np.ndarray) -> np.ndarray:
         s01 = np.ascontiguousarray(slices01, dtype=np.float32)
-        traj = run_on_grid(slice_grid(s01.shape[1:], tuple(spacing_xy), bundle, offset), s01, bundle, "uc", device,
-                           batch_size, Progress(), False, False)
+        traj = run_on_grid(
+            slice_grid(s01.shape[1:], tuple(spacing_xy), bundle, offset),
+            s01,
+            bundle,
+            "uc",
+            device,
+            batch_size,
+            Progress(),
+            False,
+            False,
+        )
         return np.asarray(traj.logits)
 
     return run
@@ -156,11 +195,14 @@ def crop_inputs(cal: Calibrator, sp: SpatialItem) -> Dict[str, torch.Tensor]:
     for key in cal.needs_inputs:
         value = getattr(sp, key, None)
         if value is None:
-            raise ValueError(f"the {cal.name} calibration needs {key} and these crops have none "
-                             f"(rebuild them with augmentations for CalibNet)")
+            raise ValueError(
+                f"the {cal.name} calibration needs {key} and these crops have none "
+                f"(rebuild them with augmentations for CalibNet)"
+            )
         if key.startswith("aug_") and sp.augmentations != getattr(cal, "augmentations", sp.augmentations):
-            raise ValueError(f"{cal.name} was fitted with {cal.augmentations} augmentations, the crops hold "
-                             f"{sp.augmentations}")
+            raise ValueError(
+                f"{cal.name} was fitted with {cal.augmentations} augmentations, the crops hold {sp.augmentations}"
+            )
         out[key] = torch.from_numpy(np.ascontiguousarray(value))
     return out
 

@@ -22,40 +22,91 @@ from cardseg.base.errors import CardsegError
 
 #: command-line flag → TrainConfig field, for flags whose default is "the config's default"
 _FLAG_FIELDS = {
-    "data": "data", "data_format": "data_format", "role": "role", "size": "network", "spacing": "spacing",
-    "input_size": "input_size", "steps": "steps", "batch_size": "batch_size", "lr": "lr", "warmup": "warmup",
-    "lr_schedule": "lr_schedule", "p_uniform": "p_uniform", "p_uncond": "p_uncond", "p_focus": "p_focus",
+    "data": "data",
+    "data_format": "data_format",
+    "role": "role",
+    "size": "network",
+    "spacing": "spacing",
+    "input_size": "input_size",
+    "steps": "steps",
+    "batch_size": "batch_size",
+    "lr": "lr",
+    "warmup": "warmup",
+    "lr_schedule": "lr_schedule",
+    "p_uniform": "p_uniform",
+    "p_uncond": "p_uncond",
+    "p_focus": "p_focus",
     "seed": "seed",
-    "log_interval": "log_interval", "val_interval": "val_interval", "val_volumes": "val_max_volumes",
-    "val_batch_size": "val_batch_size", "val_fraction": "val_fraction", "time_budget": "time_budget_min",
-    "device": "device", "threads": "threads", "acdc_h5_spacing": "acdc_h5_spacing", "num_steps": "num_steps",
-    "max_train_patients": "max_train_patients", "max_train_slices": "max_train_slices",
+    "log_interval": "log_interval",
+    "val_interval": "val_interval",
+    "val_volumes": "val_max_volumes",
+    "val_batch_size": "val_batch_size",
+    "val_fraction": "val_fraction",
+    "time_budget": "time_budget_min",
+    "device": "device",
+    "threads": "threads",
+    "acdc_h5_spacing": "acdc_h5_spacing",
+    "num_steps": "num_steps",
+    "max_train_patients": "max_train_patients",
+    "max_train_slices": "max_train_slices",
 }
-_LOSS_FLAGS = {"w_kl": "kl", "w_ce": "ce", "w_dice": "dice", "w_boundary": "boundary", "boundary_radius": "boundary_radius"}
+_LOSS_FLAGS = {
+    "w_kl": "kl",
+    "w_ce": "ce",
+    "w_dice": "dice",
+    "w_boundary": "boundary",
+    "boundary_radius": "boundary_radius",
+}
 
 
 def train_parser() -> argparse.ArgumentParser:
     p = CommandLineParser(
         prog="cardseg train",
         description="Train a categorical-diffusion denoiser (primary or reference) into a run folder. "
-                    "'cardseg train export --help' builds a bundle from two runs.")
+        "'cardseg train export --help' builds a bundle from two runs.",
+    )
     g = p.add_argument_group("data")
-    g.add_argument("--data", metavar="PATH", help="dataset folder (ACDC HDF5 or NIfTI layout, or imagesTr/labelsTr "
-                   "pairs) or 'synthetic' (default ../shared/data/acdc)")
-    g.add_argument("--data-format", choices=["acdc-h5", "acdc-nifti", "pairs", "synthetic"],
-                   help="layout of --data (default: detected)")
-    g.add_argument("--val-fraction", type=float, metavar="F",
-                   help="patients held out for validation when the data has no split files (default 0.1)")
-    g.add_argument("--acdc-h5-spacing", type=float, metavar="MM",
-                   help="pixel size assumed for the geometry-less ACDC HDF5 files (default 1.5)")
-    g.add_argument("--classes", metavar="NAMES", help="comma-separated class names, background first "
-                   "(default background,RV,MYO,LV)")
+    g.add_argument(
+        "--data",
+        metavar="PATH",
+        help="dataset folder (ACDC HDF5 or NIfTI layout, or imagesTr/labelsTr "
+        "pairs) or 'synthetic' (default ../shared/data/acdc)",
+    )
+    g.add_argument(
+        "--data-format",
+        choices=["acdc-h5", "acdc-nifti", "pairs", "synthetic"],
+        help="layout of --data (default: detected)",
+    )
+    g.add_argument(
+        "--val-fraction",
+        type=float,
+        metavar="F",
+        help="patients held out for validation when the data has no split files (default 0.1)",
+    )
+    g.add_argument(
+        "--acdc-h5-spacing",
+        type=float,
+        metavar="MM",
+        help="pixel size assumed for the geometry-less ACDC HDF5 files (default 1.5)",
+    )
+    g.add_argument(
+        "--classes",
+        metavar="NAMES",
+        help="comma-separated class names, background first (default background,RV,MYO,LV)",
+    )
     g = p.add_argument_group("model")
-    g.add_argument("--role", choices=["primary", "reference", "deterministic", "aleatoric"],
-                   help="what the run is for (default primary): a diffusion denoiser of a bundle, or the plain "
-                        "(deterministic) or aleatoric segmentor of the conventional baselines")
-    g.add_argument("--size", metavar="ARCH:SIZE", help="network, e.g. time-swinunetr:mini (default) or time-unet:small; "
-                   "plain segmentors discriminative:swinunetr-tiny (their default) or discriminative:unet")
+    g.add_argument(
+        "--role",
+        choices=["primary", "reference", "deterministic", "aleatoric"],
+        help="what the run is for (default primary): a diffusion denoiser of a bundle, or the plain "
+        "(deterministic) or aleatoric segmentor of the conventional baselines",
+    )
+    g.add_argument(
+        "--size",
+        metavar="ARCH:SIZE",
+        help="network, e.g. time-swinunetr:mini (default) or time-unet:small; "
+        "plain segmentors discriminative:swinunetr-tiny (their default) or discriminative:unet",
+    )
     g.add_argument("--spacing", type=float, metavar="MM", help="network pixel size in mm (default 2.0)")
     g.add_argument("--input-size", type=int, metavar="N", help="network grid side (default 128)")
     g.add_argument("--num-steps", type=int, metavar="T", help="diffusion horizon (default 50)")
@@ -65,11 +116,19 @@ def train_parser() -> argparse.ArgumentParser:
     g.add_argument("--lr", type=float, help="Adam learning rate after warm-up (default 2e-4)")
     g.add_argument("--warmup", type=int, metavar="N", help="linear warm-up steps (default min(1000, steps/10))")
     g.add_argument("--lr-schedule", choices=["constant", "cosine"], help="after warm-up (default constant)")
-    g.add_argument("--p-uniform", type=float, metavar="P",
-                   help="probability of feeding the exact uniform state at t = T-1 (default 0.15)")
+    g.add_argument(
+        "--p-uniform",
+        type=float,
+        metavar="P",
+        help="probability of feeding the exact uniform state at t = T-1 (default 0.15)",
+    )
     g.add_argument("--p-uncond", type=float, metavar="P", help="probability of zeroing the image (default 0.2)")
-    g.add_argument("--p-focus", type=float, metavar="P",
-                   help="probability of drawing a slice's step from the sampler's own steps (default 0)")
+    g.add_argument(
+        "--p-focus",
+        type=float,
+        metavar="P",
+        help="probability of drawing a slice's step from the sampler's own steps (default 0)",
+    )
     g.add_argument("--w-kl", type=float, help="weight of the variational KL term (default 1)")
     g.add_argument("--w-ce", type=float, help="weight of the cross-entropy term (default 1)")
     g.add_argument("--w-dice", type=float, help="weight of the soft Dice term (default 1)")
@@ -80,7 +139,12 @@ def train_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("run")
     g.add_argument("--out", metavar="RUN_DIR", help="run folder (keep it out of git, e.g. runs/NAME)")
     g.add_argument("--resume", action="store_true", help="continue the run in --out from its last.pt")
-    g.add_argument("--time-budget", type=float, metavar="MINUTES", help="stop cleanly (validate, save) once this invocation has trained this long")
+    g.add_argument(
+        "--time-budget",
+        type=float,
+        metavar="MINUTES",
+        help="stop cleanly (validate, save) once this invocation has trained this long",
+    )
     g.add_argument("--log-interval", type=int, metavar="N", help="steps per log.csv row (default 50)")
     g.add_argument("--val-interval", type=int, metavar="N", help="steps between validations (default 500)")
     g.add_argument("--val-volumes", type=int, metavar="N", help="validate on the first N volumes only")
@@ -90,25 +154,46 @@ def train_parser() -> argparse.ArgumentParser:
     g.add_argument("--device", help="auto (default), cpu or cuda")
     g.add_argument("--amp", action="store_true", help="bfloat16 autocast on CUDA")
     g.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch")
-    g.add_argument("--smoke", action="store_true",
-                   help="a few steps on a few slices with a tiny network (seconds): checks the whole path")
+    g.add_argument(
+        "--smoke",
+        action="store_true",
+        help="a few steps on a few slices with a tiny network (seconds): checks the whole path",
+    )
     g.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
 
 def export_parser() -> argparse.ArgumentParser:
-    p = CommandLineParser(prog="cardseg train export",
-                                description="Assemble a bundle (safetensors, fp16) from a primary and a reference run.")
-    p.add_argument("--primary", required=True, metavar="RUN",
-                   help="primary run folder (a diffusion run trained with --role primary; or a plain segmentor run)")
-    p.add_argument("--reference", required=True, metavar="RUN",
-                   help="reference run folder (a diffusion run trained with --role reference, warned about when it "
-                        "has more parameters than the primary; or a plain segmentor run)")
+    p = CommandLineParser(
+        prog="cardseg train export",
+        description="Assemble a bundle (safetensors, fp16) from a primary and a reference run.",
+    )
+    p.add_argument(
+        "--primary",
+        required=True,
+        metavar="RUN",
+        help="primary run folder (a diffusion run trained with --role primary; or a plain segmentor run)",
+    )
+    p.add_argument(
+        "--reference",
+        required=True,
+        metavar="RUN",
+        help="reference run folder (a diffusion run trained with --role reference, warned about when it "
+        "has more parameters than the primary; or a plain segmentor run)",
+    )
     p.add_argument("-o", "--output", required=True, metavar="BUNDLE_DIR")
-    p.add_argument("--primary-checkpoint", default="best", choices=["best", "last"],
-                   help="default best (selected by validation Dice)")
-    p.add_argument("--reference-checkpoint", default="last", choices=["best", "last"],
-                   help="default last (the reference's length is fixed a priori, not selected)")
+    p.add_argument(
+        "--primary-checkpoint",
+        default="best",
+        choices=["best", "last"],
+        help="default best (selected by validation Dice)",
+    )
+    p.add_argument(
+        "--reference-checkpoint",
+        default="last",
+        choices=["best", "last"],
+        help="default last (the reference's length is fixed a priori, not selected)",
+    )
     p.add_argument("--name", default="acdc")
     p.add_argument("--version", default="0.1.0")
     p.add_argument("--fp32", action="store_true", help="keep float32 weights")
@@ -178,8 +263,10 @@ def cmd_train(argv: List[str]) -> int:
     summary = train(config, a.out, resume=a.resume, progress=not a.quiet)
     best = summary["best"]
     dice = "n/a" if best.get("dice") is None else f"{best['dice']:.4f} at step {best['step']}"
-    print(f"{a.out}: {summary['steps_done']} steps ({summary['stopped_by']}), {summary['elapsed_s']:.0f} s, "
-          f"best validation Dice {dice}")
+    print(
+        f"{a.out}: {summary['steps_done']} steps ({summary['stopped_by']}), {summary['elapsed_s']:.0f} s, "
+        f"best validation Dice {dice}"
+    )
     return 0
 
 
@@ -187,13 +274,23 @@ def cmd_export(argv: List[str]) -> int:
     from .export import export_bundle
 
     a = export_parser().parse_args(argv)
-    path = export_bundle(a.primary, a.reference, a.output, name=a.name, version=a.version,
-                         primary_checkpoint=a.primary_checkpoint, reference_checkpoint=a.reference_checkpoint,
-                         overwrite=a.overwrite, fp16=not a.fp32)
+    path = export_bundle(
+        a.primary,
+        a.reference,
+        a.output,
+        name=a.name,
+        version=a.version,
+        primary_checkpoint=a.primary_checkpoint,
+        reference_checkpoint=a.reference_checkpoint,
+        overwrite=a.overwrite,
+        fp16=not a.fp32,
+    )
     cfg = json.loads((Path(path) / "bundle.json").read_text(encoding="utf-8"))
     prov = cfg["provenance"]["training"]
-    print(f"wrote bundle {path}: primary {prov['primary']['network']} (step {prov['primary']['checkpoint_step']}), "
-          f"reference {prov['reference']['network']} (step {prov['reference']['checkpoint_step']})")
+    print(
+        f"wrote bundle {path}: primary {prov['primary']['network']} (step {prov['primary']['checkpoint_step']}), "
+        f"reference {prov['reference']['network']} (step {prov['reference']['checkpoint_step']})"
+    )
     return 0
 
 
@@ -210,6 +307,7 @@ def command_train(argv: List[str]) -> int:
 
 def _lazy(module: str, name: str):
     """A command of another CLI module of this package, imported only when it runs."""
+
     def run(argv: List[str]) -> int:
         import importlib
 
@@ -218,11 +316,15 @@ def _lazy(module: str, name: str):
     return run
 
 
-COMMANDS = {"train": command_train, "evaluate": _lazy("cli_evaluate", "command_evaluate"),
-            "fit-calibration": _lazy("cli_fit", "command_fit_calibration"),
-            "fit-review": _lazy("cli_fit", "command_fit_review"),
-            "fit-indices": _lazy("cli_fit", "command_fit_indices"),
-            "compare": _lazy("cli_compare", "command_compare"), "ablate": _lazy("cli_compare", "command_ablate")}
+COMMANDS = {
+    "train": command_train,
+    "evaluate": _lazy("cli_evaluate", "command_evaluate"),
+    "fit-calibration": _lazy("cli_fit", "command_fit_calibration"),
+    "fit-review": _lazy("cli_fit", "command_fit_review"),
+    "fit-indices": _lazy("cli_fit", "command_fit_indices"),
+    "compare": _lazy("cli_compare", "command_compare"),
+    "ablate": _lazy("cli_compare", "command_ablate"),
+}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

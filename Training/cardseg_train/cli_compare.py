@@ -15,8 +15,16 @@ from typing import List
 from cardseg.base.argparsing import CommandLineParser
 from cardseg.base.errors import CardsegError
 
-from .cli_options import (add_bundle_and_data, add_cache, add_compute, add_h5_spacing, add_overwrite, check_compute,
-                          comma_names, out_record)
+from .cli_options import (
+    add_bundle_and_data,
+    add_cache,
+    add_compute,
+    add_h5_spacing,
+    add_overwrite,
+    check_compute,
+    comma_names,
+    out_record,
+)
 
 ABLATION_FILES = ("ablation.md", "ablation.json", "ablation_ece.png")
 COMPARISON_FILES = ("comparison.md", "comparison.json", "comparison_block_nll.png")
@@ -26,15 +34,22 @@ def ablate_parser() -> argparse.ArgumentParser:
     p = CommandLineParser(
         prog="cardseg ablate",
         description="The paper's component ablation (Table II) under one condition: Primary only, Logit Mix, Dual "
-                    "U-Net, w/o Ref. Contrast, TAC-last, TAC-mid, Proposed (ECE/SCE/ACE). Reads cardseg evaluate's "
-                    "cache (run evaluate first, same --split/--seed); only Logit Mix runs trajectories of its own. "
-                    "TAC-last/mid need the bundle fitted with fit-calibration --tac-steps auto.")
+        "U-Net, w/o Ref. Contrast, TAC-last, TAC-mid, Proposed (ECE/SCE/ACE). Reads cardseg evaluate's "
+        "cache (run evaluate first, same --split/--seed); only Logit Mix runs trajectories of its own. "
+        "TAC-last/mid need the bundle fitted with fit-calibration --tac-steps auto.",
+    )
     add_bundle_and_data(p, bundle_help="the CARD bundle (default: $CARDSEG_BUNDLE or the shipped one)")
-    p.add_argument("--dual", metavar="DIR", help="evaluate --out of the Dual U-Net bundle (its card method): "
-                   "pooled numbers only, no interval")
-    p.add_argument("--dual-bundle", metavar="PATH",
-                   help="the Dual U-Net bundle itself: its card trajectories are run (or read from the cache) on the "
-                        "condition's cases, so its row gets the paired patient interval (instead of --dual)")
+    p.add_argument(
+        "--dual",
+        metavar="DIR",
+        help="evaluate --out of the Dual U-Net bundle (its card method): pooled numbers only, no interval",
+    )
+    p.add_argument(
+        "--dual-bundle",
+        metavar="PATH",
+        help="the Dual U-Net bundle itself: its card trajectories are run (or read from the cache) on the "
+        "condition's cases, so its row gets the paired patient interval (instead of --dual)",
+    )
     p.add_argument("--split", default="val", choices=["val", "test"])
     p.add_argument("--condition", default="spike", help="one of clean, bias, motion, ghost, spike (default spike)")
     p.add_argument("--out", required=True, metavar="DIR", help=f"writes {', '.join(ABLATION_FILES)} there")
@@ -80,26 +95,42 @@ def cmd_ablate(argv: List[str]) -> int:
         torch.set_num_threads(a.threads)
     device = resolve_device(a.device)
     bundle = load_bundle(a.bundle, device=device)
-    cases = acdc_h5_volumes(a.data, a.split, a.h5_spacing)[:a.max_cases]
+    cases = acdc_h5_volumes(a.data, a.split, a.h5_spacing)[: a.max_cases]
     settings = evaluation_settings(a.data, a.split, a.seed, a.h5_spacing, bundle)
     root = Path(a.cache) if a.cache else None
     progress = make_progress("bar", a.quiet)
-    card = run_cases(bundle, cases, [a.condition], CaseCache(root, CaseCache.make_key(bundle.checksums, settings)),
-                     a.seed, device, a.batch_size, progress)
+    card = run_cases(
+        bundle,
+        cases,
+        [a.condition],
+        CaseCache(root, CaseCache.make_key(bundle.checksums, settings)),
+        a.seed,
+        device,
+        a.batch_size,
+        progress,
+    )
     mix_key = CaseCache.make_key(bundle.checksums, {**settings, "mode": "logit-mix", "grid": "card's"})
-    mix = run_cases(bundle, cases, [a.condition], CaseCache(root, mix_key), a.seed, device, a.batch_size, progress,
-                    mode="logit-mix")
+    mix = run_cases(
+        bundle, cases, [a.condition], CaseCache(root, mix_key), a.seed, device, a.batch_size, progress, mode="logit-mix"
+    )
     dual_run = None
     if a.dual_bundle:  # the control's own trajectories, cached like evaluate's
         dual_bundle = load_bundle(a.dual_bundle, device=device)
         dual_settings = evaluation_settings(a.data, a.split, a.seed, a.h5_spacing, dual_bundle)
         dual_cache = CaseCache(root, CaseCache.make_key(dual_bundle.checksums, dual_settings))
-        dual_run = (run_cases(dual_bundle, cases, [a.condition], dual_cache, a.seed, device, a.batch_size, progress),
-                    dual_bundle.config)
+        dual_run = (
+            run_cases(dual_bundle, cases, [a.condition], dual_cache, a.seed, device, a.batch_size, progress),
+            dual_bundle.config,
+        )
     progress.close()
     table = ablation_table(card, mix, bundle.config, dual, a.condition, dual_run=dual_run)
-    table["settings"] = {"split": a.split, "seed": a.seed, "bundle": bundle.ident, "dual": a.dual,
-                         "dual_bundle": dual_run[1].get("id") if dual_run else None}
+    table["settings"] = {
+        "split": a.split,
+        "seed": a.seed,
+        "bundle": bundle.ident,
+        "dual": a.dual,
+        "dual_bundle": dual_run[1].get("id") if dual_run else None,
+    }
     out = Path(a.out)
     text = markdown(table, f"{bundle.ident}: component ablation on ACDC {a.split}")
     with record.writing():
@@ -122,20 +153,30 @@ def compare_parser() -> argparse.ArgumentParser:
     p = CommandLineParser(
         prog="cardseg compare",
         description="The paper's Table I from cardseg evaluate outputs: the conventional baselines (UC, TS, ETS, HTS, "
-                    "PTS, LTS, CalibNet) on a deterministic segmentor, Alea. on the aleatoric one, Primary+ETS, "
-                    "Primary+HTS and CARD on the diffusion primary; writes comparison.md/.json and a figure.")
+        "PTS, LTS, CalibNet) on a deterministic segmentor, Alea. on the aleatoric one, Primary+ETS, "
+        "Primary+HTS and CARD on the diffusion primary; writes comparison.md/.json and a figure.",
+    )
     p.add_argument("--card", metavar="DIR", help="evaluate --out of the CARD bundle (Primary+ETS, Primary+HTS, CARD)")
-    p.add_argument("--conventional", metavar="DIR",
-                   help="evaluate --out of the deterministic segmentor's plain bundle (methods uc,ts,ets,hts,pts,lts,"
-                        "calibnet)")
+    p.add_argument(
+        "--conventional",
+        metavar="DIR",
+        help="evaluate --out of the deterministic segmentor's plain bundle (methods uc,ts,ets,hts,pts,lts,calibnet)",
+    )
     p.add_argument("--aleatoric", metavar="DIR", help="evaluate --out of the aleatoric segmentor's plain bundle (uc)")
-    p.add_argument("--roi", metavar="ROI",
-                   help="comma-separated ROIs to compare in, the first written into OUT, each further one into "
-                        "OUT/roi-<name>/ (as cardseg evaluate --roi writes them); each source's tables in that ROI "
-                        "are its folder or its roi-<name>/ subfolder, and a source without them is left out and "
-                        "named. Default: the ROI the given folders hold")
-    p.add_argument("--out", required=True, metavar="DIR",
-                   help=f"writes {', '.join(COMPARISON_FILES)} there (and into roi-<name>/ for further ROIs)")
+    p.add_argument(
+        "--roi",
+        metavar="ROI",
+        help="comma-separated ROIs to compare in, the first written into OUT, each further one into "
+        "OUT/roi-<name>/ (as cardseg evaluate --roi writes them); each source's tables in that ROI "
+        "are its folder or its roi-<name>/ subfolder, and a source without them is left out and "
+        "named. Default: the ROI the given folders hold",
+    )
+    p.add_argument(
+        "--out",
+        required=True,
+        metavar="DIR",
+        help=f"writes {', '.join(COMPARISON_FILES)} there (and into roi-<name>/ for further ROIs)",
+    )
     add_overwrite(p)
     return p
 

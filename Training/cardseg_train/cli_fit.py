@@ -13,13 +13,24 @@ from typing import List
 from cardseg.base.argparsing import CommandLineParser
 from cardseg.base.errors import CardsegError
 
-from .cli_options import (DEFAULT_DATA, add_bundle_and_data, add_cache, add_compute, add_h5_spacing, add_overwrite,
-                          bundle_to_rewrite, check_compute, out_record)
+from .cli_options import (
+    DEFAULT_DATA,
+    add_bundle_and_data,
+    add_cache,
+    add_compute,
+    add_h5_spacing,
+    add_overwrite,
+    bundle_to_rewrite,
+    check_compute,
+    out_record,
+)
 
 
 #: --bundle of the fit commands: the bundle is rewritten in place (:func:`cli_options.bundle_to_rewrite`)
-REWRITTEN = ("bundle folder {what}; its bundle.json is rewritten in place. Needed unless $CARDSEG_BUNDLE names one "
-             "(the shipped bundle is fitted only when named, or read with --dry-run)")
+REWRITTEN = (
+    "bundle folder {what}; its bundle.json is rewritten in place. Needed unless $CARDSEG_BUNDLE names one "
+    "(the shipped bundle is fitted only when named, or read with --dry-run)"
+)
 
 
 def review_fit_parser() -> argparse.ArgumentParser:
@@ -28,32 +39,46 @@ def review_fit_parser() -> argparse.ArgumentParser:
     p = CommandLineParser(
         prog="cardseg fit-review",
         description="Choose how flagged regions are cut (from a fitted voxel error-probability map, logistic over "
-                    "the smoothed TAC and the prediction's geometry, from the TAC itself, or from the TAC plus the "
-                    "disagreement of the primary's runs on the volume's flipped copies: --rule; flag and grow "
-                    "thresholds, size cap) and fit the region error model p_error on the clean validation volumes, "
-                    "cross-fitted by patient, "
-                    "maximising the substantial errors covered (at least half their pixels) by the first 3 regions "
-                    "per volume (leave-one-patient-out) at a median burden of at most 10% of the predicted heart; "
-                    "writes bundle.json's regions block (the replaced rule kept as regions.previous). Test patients "
-                    "are never read.")
-    add_bundle_and_data(p, data_help=f"ACDC HDF5 folder, val split used (default {DEFAULT_DATA})",
-                        bundle_help=REWRITTEN.format(what="whose regions rule is fitted"))
+        "the smoothed TAC and the prediction's geometry, from the TAC itself, or from the TAC plus the "
+        "disagreement of the primary's runs on the volume's flipped copies: --rule; flag and grow "
+        "thresholds, size cap) and fit the region error model p_error on the clean validation volumes, "
+        "cross-fitted by patient, "
+        "maximising the substantial errors covered (at least half their pixels) by the first 3 regions "
+        "per volume (leave-one-patient-out) at a median burden of at most 10% of the predicted heart; "
+        "writes bundle.json's regions block (the replaced rule kept as regions.previous). Test patients "
+        "are never read.",
+    )
+    add_bundle_and_data(
+        p,
+        data_help=f"ACDC HDF5 folder, val split used (default {DEFAULT_DATA})",
+        bundle_help=REWRITTEN.format(what="whose regions rule is fitted"),
+    )
     add_cache(p, "review", "whole-volume map cache")
     p.add_argument("--out", metavar="DIR", help="also write the candidates' table (review_fit.json) here")
     add_overwrite(p)
     p.add_argument("--dry-run", action="store_true", help="fit and print, do not write bundle.json")
-    p.add_argument("--rule", default="auto", choices=RULES,
-                   help="region rule family: regions cut from a fitted voxel error map (error-map), from the TAC "
-                        "itself (tac), from the TAC plus the flipped runs' disagreement (tac-flips: three more primary "
-                        "runs a volume, here and in every run of the bundle), or all fitted and the one covering the "
-                        "most errors held out kept (default auto)")
-    p.add_argument("--flip-steps", metavar="T,T,...",
-                   help="diffusion steps the flipped copies run on for the new rule (tac-flips), e.g. 49,0; written "
-                        "into it as regions.flip_steps (default: the bundle's rule's, else its sampled steps)")
-    p.add_argument("--p-error-pool", action="store_true",
-                   help="fit p_error (not the rule) on the validation volumes under fit-calibration's perturbations "
-                        "(contrast, gamma, noise) as well as clean, so that it stays calibrated under a shift; "
-                        "three more map runs a volume (tac and tac-flips rules)")
+    p.add_argument(
+        "--rule",
+        default="auto",
+        choices=RULES,
+        help="region rule family: regions cut from a fitted voxel error map (error-map), from the TAC "
+        "itself (tac), from the TAC plus the flipped runs' disagreement (tac-flips: three more primary "
+        "runs a volume, here and in every run of the bundle), or all fitted and the one covering the "
+        "most errors held out kept (default auto)",
+    )
+    p.add_argument(
+        "--flip-steps",
+        metavar="T,T,...",
+        help="diffusion steps the flipped copies run on for the new rule (tac-flips), e.g. 49,0; written "
+        "into it as regions.flip_steps (default: the bundle's rule's, else its sampled steps)",
+    )
+    p.add_argument(
+        "--p-error-pool",
+        action="store_true",
+        help="fit p_error (not the rule) on the validation volumes under fit-calibration's perturbations "
+        "(contrast, gamma, noise) as well as clean, so that it stays calibrated under a shift; "
+        "three more map runs a volume (tac and tac-flips rules)",
+    )
     add_compute(p)
     return p
 
@@ -67,8 +92,9 @@ def parse_flip_steps(text: str, bundle_arg) -> List[int]:
         steps = [int(t) for t in text.split(",")]
     except ValueError:
         raise CardsegError(f"--flip-steps must be step indices separated by commas, e.g. 49,0 (got {text!r})") from None
-    return check_steps(steps, int(read_config(resolve_bundle_path(bundle_arg))["diffusion"]["num_steps"]),
-                       "--flip-steps")
+    return check_steps(
+        steps, int(read_config(resolve_bundle_path(bundle_arg))["diffusion"]["num_steps"]), "--flip-steps"
+    )
 
 
 def cmd_fit_review(argv: List[str]) -> int:
@@ -90,9 +116,17 @@ def cmd_fit_review(argv: List[str]) -> int:
     device = resolve_device(a.device)
     bundle = load_bundle(a.bundle, device=device)
     progress = make_progress("bar", a.quiet)
-    res = fit_bundle_review(bundle, a.data, Path(a.cache) if a.cache else None, device=device,
-                            batch_size=a.batch_size, progress=progress, rule=a.rule, flip_steps=flip_steps,
-                            pool=a.p_error_pool)
+    res = fit_bundle_review(
+        bundle,
+        a.data,
+        Path(a.cache) if a.cache else None,
+        device=device,
+        batch_size=a.batch_size,
+        progress=progress,
+        rule=a.rule,
+        flip_steps=flip_steps,
+        pool=a.p_error_pool,
+    )
     progress.close()
     if record:  # first, so that a refused bundle write loses nothing of the fit
         from .report_files import atomic_write
@@ -107,16 +141,24 @@ def cmd_fit_review(argv: List[str]) -> int:
     rule = {k: res["block"][k] for k in RULE_KEYS if k in res["block"]}
     fam = res["block"]["fit"].get("families_held_out", {})
     if len(fam) > 1:
-        print("rule families (held out): " + "; ".join(f"{k} top3 {f['covered_top3']:.2f} at {f['median_burden_top3']:.3f}"
-                                                         for k, f in fam.items()))
-    print(f"regions: {json.dumps(rule)}; validation (held out): top3 cover {v['covered_top3']:.2f} at median burden "
-          f"{v['median_burden_top3']:.3f}, all {v['covered_all']:.2f}, {v['regions_per_volume']:.1f} regions/volume, "
-          f"p_error ECE {v['region_ece']:.3f}" + (" (dry run)" if a.dry_run else f" -> {bundle.path}"))
+        print(
+            "rule families (held out): "
+            + "; ".join(f"{k} top3 {f['covered_top3']:.2f} at {f['median_burden_top3']:.3f}" for k, f in fam.items())
+        )
+    print(
+        f"regions: {json.dumps(rule)}; validation (held out): top3 cover {v['covered_top3']:.2f} at median burden "
+        f"{v['median_burden_top3']:.3f}, all {v['covered_all']:.2f}, {v['regions_per_volume']:.1f} regions/volume, "
+        f"p_error ECE {v['region_ece']:.3f}" + (" (dry run)" if a.dry_run else f" -> {bundle.path}")
+    )
     pool = res["block"]["fit"]["validation"].get("pool")
     if pool:
-        print("p_error ECE held out per condition, clean-fitted -> pool-fitted model: " + "; ".join(
-            f"{c} {_num(pool['clean_model'][c]['region_ece'])} -> {_num(pool['pooled_model'][c]['region_ece'])}"
-            for c in pool["pooled_model"]))
+        print(
+            "p_error ECE held out per condition, clean-fitted -> pool-fitted model: "
+            + "; ".join(
+                f"{c} {_num(pool['clean_model'][c]['region_ece'])} -> {_num(pool['pooled_model'][c]['region_ece'])}"
+                for c in pool["pooled_model"]
+            )
+        )
     return 0
 
 
@@ -128,27 +170,37 @@ def fit_parser() -> argparse.ArgumentParser:
     p = CommandLineParser(
         prog="cardseg fit-calibration",
         description="Fit CARD's temperature mapping {tau_min, tau_max, w_b, w_k} (and the TS/ETS/HTS baselines) by "
-                    "mean NLL on the source-validation pool (validation volumes plus contrast, gamma and noise "
-                    "perturbations), and the region/out-of-domain thresholds; writes them into bundle.json. A "
-                    "regions rule fitted by fit-review (regions.fit) is kept as it is; only a bundle without one gets "
-                    "this command's flag threshold. What would be written is checked against bundle.json's schema "
-                    "first (--dry-run too): a baseline it refuses is left out, the rest written, and the command "
-                    "exits 2 naming it.")
-    add_bundle_and_data(p, data_help="ACDC HDF5 folder (val split used)",
-                        bundle_help=REWRITTEN.format(what="to calibrate"))
+        "mean NLL on the source-validation pool (validation volumes plus contrast, gamma and noise "
+        "perturbations), and the region/out-of-domain thresholds; writes them into bundle.json. A "
+        "regions rule fitted by fit-review (regions.fit) is kept as it is; only a bundle without one gets "
+        "this command's flag threshold. What would be written is checked against bundle.json's schema "
+        "first (--dry-run too): a baseline it refuses is left out, the rest written, and the command "
+        "exits 2 naming it.",
+    )
+    add_bundle_and_data(
+        p, data_help="ACDC HDF5 folder (val split used)", bundle_help=REWRITTEN.format(what="to calibrate")
+    )
     p.add_argument("--draws", type=int, default=1, help="seeded draws of each perturbation per volume (default 1)")
     p.add_argument("--max-pixels", type=int, default=30000, help="ROI pixels kept per pool item (default 30000)")
     p.add_argument("--seed", type=int, default=0)
     add_cache(p, "calibration", "pool cache folder")
-    p.add_argument("--tac-steps", default="all", choices=["all", "mid", "last", "auto"],
-                   help="steps the TAC averages: all sampled steps (paper, default), the last three, the last one, "
-                        "or auto: the one of these with the lowest CARD NLL on the validation pool")
-    p.add_argument("--baselines", default="ts,ets,hts", metavar="NAMES",
-                   help="comma-separated baselines to fit beside CARD, from ts, ets, hts, pts, lts, calibnet (default "
-                        "ts,ets,hts; uc is always written). pts fits on the pool's pixels; lts and calibnet need the "
-                        "image around each pixel, so the pool is built (and cached) with crops, and calibnet also "
-                        "runs the primary on 4 augmentations of each pool image and trains its shape prior on the "
-                        "training split's label maps")
+    p.add_argument(
+        "--tac-steps",
+        default="all",
+        choices=["all", "mid", "last", "auto"],
+        help="steps the TAC averages: all sampled steps (paper, default), the last three, the last one, "
+        "or auto: the one of these with the lowest CARD NLL on the validation pool",
+    )
+    p.add_argument(
+        "--baselines",
+        default="ts,ets,hts",
+        metavar="NAMES",
+        help="comma-separated baselines to fit beside CARD, from ts, ets, hts, pts, lts, calibnet (default "
+        "ts,ets,hts; uc is always written). pts fits on the pool's pixels; lts and calibnet need the "
+        "image around each pixel, so the pool is built (and cached) with crops, and calibnet also "
+        "runs the primary on 4 augmentations of each pool image and trains its shape prior on the "
+        "training split's label maps",
+    )
     p.add_argument("--dry-run", action="store_true", help="fit and print, do not write bundle.json")
     add_compute(p)
     return p
@@ -171,10 +223,20 @@ def cmd_fit(argv: List[str]) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     progress = make_progress("bar", a.quiet)
-    fit_bundle_calibration(str(resolve_bundle_path(a.bundle)), a.data, draws=a.draws, seed=a.seed,
-                           max_pixels_per_item=a.max_pixels, cache_dir=a.cache or None,
-                           device=resolve_device(a.device), batch_size=a.batch_size, write=not a.dry_run,
-                           tac_steps=a.tac_steps, baselines=baselines, progress=progress)
+    fit_bundle_calibration(
+        str(resolve_bundle_path(a.bundle)),
+        a.data,
+        draws=a.draws,
+        seed=a.seed,
+        max_pixels_per_item=a.max_pixels,
+        cache_dir=a.cache or None,
+        device=resolve_device(a.device),
+        batch_size=a.batch_size,
+        write=not a.dry_run,
+        tac_steps=a.tac_steps,
+        baselines=baselines,
+        progress=progress,
+    )
     progress.close()
     return 0
 
@@ -183,11 +245,12 @@ def fit_indices_parser() -> argparse.ArgumentParser:
     p = CommandLineParser(
         prog="cardseg fit-indices",
         description="Fit the intervals of the cardiac indices (LV/RV EDV, ESV, SV, EF, LV mass) on the validation "
-                    "subjects (ED frame01, ES frame02): per index a location-scale pivot, bias and sd from the "
-                    "validation errors, the multiplier from a standardised error-shape pool (training patients "
-                    "in-sample); writes them into bundle.json "
-                    "('indices'). --measure-test OUT then measures coverage, width and errors on the test subjects "
-                    "(nothing is fitted on them) into OUT/indices.md, indices.json, indices_coverage.png.")
+        "subjects (ED frame01, ES frame02): per index a location-scale pivot, bias and sd from the "
+        "validation errors, the multiplier from a standardised error-shape pool (training patients "
+        "in-sample); writes them into bundle.json "
+        "('indices'). --measure-test OUT then measures coverage, width and errors on the test subjects "
+        "(nothing is fitted on them) into OUT/indices.md, indices.json, indices_coverage.png.",
+    )
     add_bundle_and_data(p, bundle_help=REWRITTEN.format(what="whose index intervals are fitted"))
     p.add_argument("--level", type=float, default=0.9, help="nominal coverage of the intervals (default 0.9)")
     p.add_argument("--measure-test", metavar="OUT", help="measure the fitted intervals on the test subjects into OUT")
@@ -221,11 +284,19 @@ def cmd_fit_indices(argv: List[str]) -> int:
         torch.set_num_threads(a.threads)
     # the measurement is written last, after the fit (and its bundle.json write)
     with record.writing() if record else contextlib.nullcontext():
-        fit_indices(a.bundle, a.data, level=a.level, h5_spacing=a.h5_spacing, cache_dir=a.cache or None,
-                    device=resolve_device(a.device), batch_size=a.batch_size, write=not a.dry_run,
-                    measure_out=a.measure_test, fit=not a.no_fit)
+        fit_indices(
+            a.bundle,
+            a.data,
+            level=a.level,
+            h5_spacing=a.h5_spacing,
+            cache_dir=a.cache or None,
+            device=resolve_device(a.device),
+            batch_size=a.batch_size,
+            write=not a.dry_run,
+            measure_out=a.measure_test,
+            fit=not a.no_fit,
+        )
     return 0
-
 
 
 def command_fit_calibration(argv: List[str]) -> int:

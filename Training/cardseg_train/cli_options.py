@@ -13,16 +13,24 @@ from cardseg.base.errors import CardsegError
 DEFAULT_DATA = "../shared/data/acdc"
 
 
-def add_bundle_and_data(p: argparse.ArgumentParser, data_help: str = "ACDC HDF5 folder",
-                        bundle_help: str = "bundle folder (default: $CARDSEG_BUNDLE or the shipped one)") -> None:
+def add_bundle_and_data(
+    p: argparse.ArgumentParser,
+    data_help: str = "ACDC HDF5 folder",
+    bundle_help: str = "bundle folder (default: $CARDSEG_BUNDLE or the shipped one)",
+) -> None:
     """``--bundle`` and ``--data``."""
     p.add_argument("--bundle", metavar="PATH", help=bundle_help)
     p.add_argument("--data", default=DEFAULT_DATA, metavar="PATH", help=data_help)
 
 
 def add_h5_spacing(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--h5-spacing", type=float, default=1.5, metavar="MM",
-                   help="pixel size assumed for the geometry-less HDF5 volumes (default 1.5, as in training)")
+    p.add_argument(
+        "--h5-spacing",
+        type=float,
+        default=1.5,
+        metavar="MM",
+        help="pixel size assumed for the geometry-less HDF5 volumes (default 1.5, as in training)",
+    )
 
 
 def cache_default(name: str) -> str:
@@ -37,9 +45,13 @@ def cache_default(name: str) -> str:
 def add_cache(p: argparse.ArgumentParser, name: str, what: str, option: str = "--cache") -> None:
     """A cache folder option defaulting to :func:`cache_default` ``(name)``, shown resolved in --help."""
     default = cache_default(name)
-    p.add_argument(option, default=default, metavar="DIR",
-                   help=f"{what} ('' for none; default {default.replace('%', '%%')}: under cardseg's cache folder, "
-                        "$CARDSEG_CACHE_DIR, else $XDG_CACHE_HOME/cardseg, else ~/.cache/cardseg)")
+    p.add_argument(
+        option,
+        default=default,
+        metavar="DIR",
+        help=f"{what} ('' for none; default {default.replace('%', '%%')}: under cardseg's cache folder, "
+        "$CARDSEG_CACHE_DIR, else $XDG_CACHE_HOME/cardseg, else ~/.cache/cardseg)",
+    )
 
 
 def add_compute(p: argparse.ArgumentParser, quiet: bool = True) -> None:
@@ -110,8 +122,10 @@ def bundle_to_rewrite(path: Optional[str], command: str, writes: bool = True) ->
     from cardseg.bundle.folder import ENV_VAR, resolve_bundle_path
 
     if writes and path is None and not os.environ.get(ENV_VAR):
-        raise CardsegError(f"{command} writes its fit into bundle.json: name the bundle to rewrite with --bundle PATH "
-                           f"(the shipped one, {resolve_bundle_path(None)}, only when named; or --dry-run)")
+        raise CardsegError(
+            f"{command} writes its fit into bundle.json: name the bundle to rewrite with --bundle PATH "
+            f"(the shipped one, {resolve_bundle_path(None)}, only when named; or --dry-run)"
+        )
     return path
 
 
@@ -126,8 +140,16 @@ def add_study_options(p: argparse.ArgumentParser, files: str) -> None:
     add_overwrite(p)
 
 
-def study_main(argv, prog: str, doc: str, stem: str, compute: Callable, markdown: Callable[[dict], str],
-               options: Optional[Callable] = None, check: Optional[Callable] = None) -> int:
+def study_main(
+    argv,
+    prog: str,
+    doc: str,
+    stem: str,
+    compute: Callable,
+    markdown: Callable[[dict], str],
+    options: Optional[Callable] = None,
+    check: Optional[Callable] = None,
+) -> int:
     """The whole ``main`` of a validation study (``python -m cardseg_train.<study>``): the parser
     (:func:`add_study_options`, then ``options(parser)``), the ``--out`` record, ``check(args)`` (a
     :class:`CardsegError` for a bad value, before any data are read), the bundle and the split's
@@ -160,15 +182,19 @@ def study_main(argv, prog: str, doc: str, stem: str, compute: Callable, markdown
 
 def add_overwrite(p: argparse.ArgumentParser, option: str = "--out") -> None:
     """``--overwrite``: replace files the command writes that its record in ``option`` does not list."""
-    p.add_argument("--overwrite", action="store_true",
-                   help=f"replace files of the names this command writes in {option} even where the folder's record "
-                        "of what cardseg wrote there (.cardseg-output.json) does not list them or they changed "
-                        "since: needed once for a result folder written before the record existed. Without it such "
-                        "a file is refused before any work (exit 2); other files there are never touched")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help=f"replace files of the names this command writes in {option} even where the folder's record "
+        "of what cardseg wrote there (.cardseg-output.json) does not list them or they changed "
+        "since: needed once for a result folder written before the record existed. Without it such "
+        "a file is refused before any work (exit 2); other files there are never touched",
+    )
 
 
-def out_record(path: Optional[str], command: str, patterns: Sequence[str], overwrite: bool = False,
-               option: str = "--out"):
+def out_record(
+    path: Optional[str], command: str, patterns: Sequence[str], overwrite: bool = False, option: str = "--out"
+):
     """:func:`check_out_folder`, then the folder's :class:`~cardseg_train.out_record.OutRecord`
     for ``patterns`` (what ``command`` writes there), checked: refused in one line, before any
     work and writing nothing, when the folder holds such a file that cardseg did not write.

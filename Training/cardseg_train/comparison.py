@@ -25,19 +25,30 @@ from cardseg.base.errors import CardsegError
 
 #: (row label, source, method in that source's table): the paper's Table I order
 ROWS: Tuple[Tuple[str, str, str], ...] = (
-    ("UC", "conventional", "uc"), ("Alea.", "aleatoric", "uc"),
-    ("TS", "conventional", "ts"), ("ETS", "conventional", "ets"),
-    ("HTS", "conventional", "hts"), ("PTS", "conventional", "pts"), ("LTS", "conventional", "lts"),
+    ("UC", "conventional", "uc"),
+    ("Alea.", "aleatoric", "uc"),
+    ("TS", "conventional", "ts"),
+    ("ETS", "conventional", "ets"),
+    ("HTS", "conventional", "hts"),
+    ("PTS", "conventional", "pts"),
+    ("LTS", "conventional", "lts"),
     ("CalibNet", "conventional", "calibnet"),
-    ("Primary+ETS", "card", "ets"), ("Primary+HTS", "card", "hts"), ("CARD", "card", "card"),
+    ("Primary+ETS", "card", "ets"),
+    ("Primary+HTS", "card", "hts"),
+    ("CARD", "card", "card"),
 )
 #: the paper's Table I(a), ACDC-C block: mean NLL over clean + 4 artifacts, and spike ECE / SCE / ACE (%)
 PAPER = {
-    "UC": (0.945, (24.00, 12.31, 11.75)), "Alea.": (1.037, (23.64, 12.05, 11.50)),
-    "TS": (0.645, (21.87, 11.52, 11.25)), "ETS": (0.539, (19.57, 10.91, 10.81)),
-    "HTS": (0.623, (19.24, 10.86, 10.77)), "PTS": (0.542, (19.50, 10.96, 10.88)),
-    "LTS": (0.600, (18.48, 10.70, 10.66)), "CalibNet": (0.570, (16.22, 10.20, 10.10)),
-    "Primary+ETS": (0.559, (18.43, 9.29, 8.70)), "Primary+HTS": (0.647, (19.40, 9.71, 8.95)),
+    "UC": (0.945, (24.00, 12.31, 11.75)),
+    "Alea.": (1.037, (23.64, 12.05, 11.50)),
+    "TS": (0.645, (21.87, 11.52, 11.25)),
+    "ETS": (0.539, (19.57, 10.91, 10.81)),
+    "HTS": (0.623, (19.24, 10.86, 10.77)),
+    "PTS": (0.542, (19.50, 10.96, 10.88)),
+    "LTS": (0.600, (18.48, 10.70, 10.66)),
+    "CalibNet": (0.570, (16.22, 10.20, 10.10)),
+    "Primary+ETS": (0.559, (18.43, 9.29, 8.70)),
+    "Primary+HTS": (0.647, (19.40, 9.71, 8.95)),
     "CARD": (0.405, (13.81, 7.61, 7.42)),
 }
 
@@ -79,12 +90,14 @@ def _check_same_protocol(tables: Dict[str, dict]) -> List[str]:
     for name in names[1:]:
         t = tables[name]
         if table_roi(t) != table_roi(first):
-            raise CardsegError(f"{name} and {names[0]} were measured in different ROIs "
-                               f"({table_roi(t)!r} vs {table_roi(first)!r})")
+            raise CardsegError(
+                f"{name} and {names[0]} were measured in different ROIs ({table_roi(t)!r} vs {table_roi(first)!r})"
+            )
         for key in ("conditions", "volumes"):
             if t.get(key) != first.get(key):
-                raise CardsegError(f"{name} and {names[0]} were evaluated on different {key} "
-                                   f"({t.get(key)!r} vs {first.get(key)!r})")
+                raise CardsegError(
+                    f"{name} and {names[0]} were evaluated on different {key} ({t.get(key)!r} vs {first.get(key)!r})"
+                )
         a, b = (first.get("settings") or {}), (t.get("settings") or {})
         for key in ("split", "seed", "cases"):
             if key in a and key in b and a[key] != b[key]:
@@ -113,10 +126,20 @@ def comparison_table(tables: Dict[str, dict]) -> dict:
         block = sum(pooled[c]["nll"] for c in conditions) / len(conditions)
         artifacts = [c for c in conditions if c != "clean"]
         paper_nll, paper_spike = PAPER.get(label, (None, None))
-        rows.append({"label": label, "source": source, "method": method, "pooled": pooled, "block_nll": block,
-                     "artifacts_only_nll": (sum(pooled[c]["nll"] for c in artifacts) / len(artifacts)
-                                            if artifacts else None),
-                     "paper_block_nll": paper_nll, "paper_spike_ece_sce_ace": paper_spike})
+        rows.append(
+            {
+                "label": label,
+                "source": source,
+                "method": method,
+                "pooled": pooled,
+                "block_nll": block,
+                "artifacts_only_nll": (
+                    sum(pooled[c]["nll"] for c in artifacts) / len(artifacts) if artifacts else None
+                ),
+                "paper_block_nll": paper_nll,
+                "paper_spike_ece_sce_ace": paper_spike,
+            }
+        )
     if not rows:
         raise CardsegError("none of the table's rows is in the given evaluations")
     best = min(rows, key=lambda r: r["block_nll"])
@@ -125,15 +148,28 @@ def comparison_table(tables: Dict[str, dict]) -> dict:
     ratio = None
     if card is not None and others:
         runner = min(others, key=lambda r: r["block_nll"])
-        ratio = {"best_other": runner["label"], "card_over_best_other": card["block_nll"] / runner["block_nll"],
-                 "paper_card_over_best_other": (PAPER["CARD"][0] / PAPER[runner["label"]][0]
-                                                if runner["label"] in PAPER else None)}
-    dice = {name: (t.get("segmentation", {}).get("clean", {}).get("dice", {}) or {}).get("mean")
-            for name, t in tables.items()}
-    return {"conditions": conditions, "roi": table_roi(next(iter(tables.values()))),
-            "volumes": next(iter(tables.values()))["volumes"], "rows": rows,
-            "missing": missing, "lowest_block_nll": best["label"], "card_vs_best_other": ratio,
-            "clean_dice_by_source": dice, "bootstrap": rows_bootstrap(tables, rows, conditions)}
+        ratio = {
+            "best_other": runner["label"],
+            "card_over_best_other": card["block_nll"] / runner["block_nll"],
+            "paper_card_over_best_other": (
+                PAPER["CARD"][0] / PAPER[runner["label"]][0] if runner["label"] in PAPER else None
+            ),
+        }
+    dice = {
+        name: (t.get("segmentation", {}).get("clean", {}).get("dice", {}) or {}).get("mean")
+        for name, t in tables.items()
+    }
+    return {
+        "conditions": conditions,
+        "roi": table_roi(next(iter(tables.values()))),
+        "volumes": next(iter(tables.values()))["volumes"],
+        "rows": rows,
+        "missing": missing,
+        "lowest_block_nll": best["label"],
+        "card_vs_best_other": ratio,
+        "clean_dice_by_source": dice,
+        "bootstrap": rows_bootstrap(tables, rows, conditions),
+    }
 
 
 def rows_bootstrap(tables: Dict[str, dict], rows: List[dict], conditions: List[str]) -> Optional[dict]:
@@ -163,34 +199,51 @@ def _f(v: Optional[float], scale: float = 1.0, digits: int = 3) -> str:
 
 def markdown(cmp: dict, title: str = "The paper's Table I on our data") -> str:
     conds = cmp["conditions"]
-    lines = [f"# {title}", "",
-             f"{cmp['volumes']} volumes x {len(conds)} conditions, ROI {cmp.get('roi', DEFAULT_ROI)}; ECE / SCE / "
-             "ACE in %, pooled over the ROI pixels. "
-             "Block NLL: mean of the per-condition NLLs over all conditions, clean included (the paper's ACDC-C "
-             "column). The paper's values (its Table I(a)) stand beside ours; its data, corruption severities and "
-             "networks differ, so compare orderings and ratios, not raw numbers.", ""]
-    head = ("| Method | segmentor | " + " | ".join(f"{c} ECE/SCE/ACE" for c in conds)
-            + " | block NLL | artifacts-only NLL | paper block NLL | paper spike ECE/SCE/ACE |")
+    lines = [
+        f"# {title}",
+        "",
+        f"{cmp['volumes']} volumes x {len(conds)} conditions, ROI {cmp.get('roi', DEFAULT_ROI)}; ECE / SCE / "
+        "ACE in %, pooled over the ROI pixels. "
+        "Block NLL: mean of the per-condition NLLs over all conditions, clean included (the paper's ACDC-C "
+        "column). The paper's values (its Table I(a)) stand beside ours; its data, corruption severities and "
+        "networks differ, so compare orderings and ratios, not raw numbers.",
+        "",
+    ]
+    head = (
+        "| Method | segmentor | "
+        + " | ".join(f"{c} ECE/SCE/ACE" for c in conds)
+        + " | block NLL | artifacts-only NLL | paper block NLL | paper spike ECE/SCE/ACE |"
+    )
     lines += [head, "|" + "---|" * (head.count("|") - 1)]
     seg = {"conventional": "deterministic SwinUNETR", "aleatoric": "aleatoric SwinUNETR", "card": "diffusion primary"}
     for r in cmp["rows"]:
-        cells = [f"{_f(r['pooled'][c]['ece'], 100, 2)}/{_f(r['pooled'][c]['sce'], 100, 2)}/"
-                 f"{_f(r['pooled'][c]['ace'], 100, 2)}" for c in conds]
+        cells = [
+            f"{_f(r['pooled'][c]['ece'], 100, 2)}/{_f(r['pooled'][c]['sce'], 100, 2)}/"
+            f"{_f(r['pooled'][c]['ace'], 100, 2)}"
+            for c in conds
+        ]
         paper = r["paper_spike_ece_sce_ace"]
-        lines.append(f"| {r['label']} | {seg.get(r['source'], r['source'])} | " + " | ".join(cells)
-                     + f" | {_f(r['block_nll'])} | {_f(r['artifacts_only_nll'])} | {_f(r['paper_block_nll'])} | "
-                     + ("/".join(f"{v:.2f}" for v in paper) if paper else "n/a") + " |")
+        lines.append(
+            f"| {r['label']} | {seg.get(r['source'], r['source'])} | "
+            + " | ".join(cells)
+            + f" | {_f(r['block_nll'])} | {_f(r['artifacts_only_nll'])} | {_f(r['paper_block_nll'])} | "
+            + ("/".join(f"{v:.2f}" for v in paper) if paper else "n/a")
+            + " |"
+        )
     lines += ["", f"Lowest block NLL: **{cmp['lowest_block_nll']}**."]
     ratio = cmp.get("card_vs_best_other")
     if ratio:
         paper = ratio["paper_card_over_best_other"]
-        lines.append(f"CARD / best other calibrated row ({ratio['best_other']}): "
-                     f"**{ratio['card_over_best_other']:.3f}x** block NLL"
-                     + (f" (paper, same row: {paper:.3f}x)." if paper else "."))
+        lines.append(
+            f"CARD / best other calibrated row ({ratio['best_other']}): "
+            f"**{ratio['card_over_best_other']:.3f}x** block NLL"
+            + (f" (paper, same row: {paper:.3f}x)." if paper else ".")
+        )
     dice = {k: v for k, v in cmp["clean_dice_by_source"].items() if v is not None}
     if dice:
-        lines.append("Clean mean Dice of each segmentor: "
-                     + ", ".join(f"{seg.get(k, k)} {v:.3f}" for k, v in dice.items()) + ".")
+        lines.append(
+            "Clean mean Dice of each segmentor: " + ", ".join(f"{seg.get(k, k)} {v:.3f}" for k, v in dice.items()) + "."
+        )
     if cmp["missing"]:
         lines.append("Rows not in the given evaluations: " + ", ".join(cmp["missing"]) + ".")
     lines += bootstrap_markdown(cmp.get("bootstrap"))
@@ -200,20 +253,35 @@ def markdown(cmp: dict, title: str = "The paper's Table I on our data") -> str:
 def bootstrap_markdown(bs: Optional[dict]) -> List[str]:
     """The intervals of :func:`rows_bootstrap` as a table (nothing when there are none)."""
     if not bs or "block_nll" not in bs:
-        return (["", f"No intervals: the evaluations behind {', '.join(bs['without_per_volume'])} kept no "
-                      "per-volume records (rerun cardseg evaluate)."] if bs else [])
+        return (
+            [
+                "",
+                f"No intervals: the evaluations behind {', '.join(bs['without_per_volume'])} kept no "
+                "per-volume records (rerun cardseg evaluate).",
+            ]
+            if bs
+            else []
+        )
     ref = bs.get("reference")
-    lines = ["", f"Block NLL with {100 * bs['level']:.0f}% intervals from a paired bootstrap over the "
-                 f"{bs['patients']} test patients ({bs['resamples']} resamples, the same draws for every row)"
-                 + (", and CARD against each row:" if ref else ":"), "",
-             "| Method | block NLL interval | CARD - row | CARD / row |", "|---|---|---|---|"]
+    lines = [
+        "",
+        f"Block NLL with {100 * bs['level']:.0f}% intervals from a paired bootstrap over the "
+        f"{bs['patients']} test patients ({bs['resamples']} resamples, the same draws for every row)"
+        + (", and CARD against each row:" if ref else ":"),
+        "",
+        "| Method | block NLL interval | CARD - row | CARD / row |",
+        "|---|---|---|---|",
+    ]
     for lab, (lo, hi) in bs["block_nll"].items():
         d, r = bs["difference"].get(lab), bs["ratio"].get(lab)
-        lines.append(f"| {lab} | {lo:.3f} to {hi:.3f} | " + (f"{d[0]:+.3f} to {d[1]:+.3f} | {r[0]:.3f}x to {r[1]:.3f}x |"
-                                                               if d else "| |"))
+        lines.append(
+            f"| {lab} | {lo:.3f} to {hi:.3f} | "
+            + (f"{d[0]:+.3f} to {d[1]:+.3f} | {r[0]:.3f}x to {r[1]:.3f}x |" if d else "| |")
+        )
     if bs.get("without_per_volume"):
-        lines.append(f"No interval for {', '.join(bs['without_per_volume'])}: their evaluations kept no per-volume "
-                     "records.")
+        lines.append(
+            f"No interval for {', '.join(bs['without_per_volume'])}: their evaluations kept no per-volume records."
+        )
     return lines
 
 
@@ -228,8 +296,11 @@ def plot_block_nll(cmp: dict, path: Path) -> Path:
     plt = pyplot()
     rows = cmp["rows"]
     x = np.arange(len(rows))
-    seg = {"conventional": ("deterministic SwinUNETR", "C0"), "aleatoric": ("aleatoric SwinUNETR", "C2"),
-           "card": ("diffusion primary", "C3")}
+    seg = {
+        "conventional": ("deterministic SwinUNETR", "C0"),
+        "aleatoric": ("aleatoric SwinUNETR", "C2"),
+        "card": ("diffusion primary", "C3"),
+    }
     intervals = (cmp.get("bootstrap") or {}).get("block_nll", {})
     fig, ax = plt.subplots(figsize=(max(6.0, 0.8 * len(rows) + 2), 3.6))
     shown = set()
@@ -239,8 +310,14 @@ def plot_block_nll(cmp: dict, path: Path) -> Path:
         shown.add(name)
         if r["label"] in intervals:
             lo, hi = intervals[r["label"]]
-            ax.errorbar(i, r["block_nll"], yerr=[[r["block_nll"] - lo], [hi - r["block_nll"]]], color="k",
-                        capsize=3, linewidth=1)
+            ax.errorbar(
+                i,
+                r["block_nll"],
+                yerr=[[r["block_nll"] - lo], [hi - r["block_nll"]]],
+                color="k",
+                capsize=3,
+                linewidth=1,
+            )
     ax.set_xticks(x, [r["label"] for r in rows], rotation=30, ha="right")
     ax.set_ylabel("block NLL (clean + artifacts)")
     # above the bars (headroom added), so that the legend never hides a bar or its interval
@@ -299,9 +376,12 @@ def parse_sources(card: Optional[str], conventional: Optional[str], aleatoric: O
 #: the segmentor each source of the table must be an evaluation of (``calibration.json``'s ``segmentor``)
 SOURCE_KINDS = {"card": "diffusion", "conventional": "deterministic", "aleatoric": "aleatoric"}
 #: what a bundle of each segmentor kind is, in words
-KIND_NAMES = {"diffusion": "a CARD bundle (diffusion primary and reference)",
-              "deterministic": "a deterministic segmentor's plain bundle",
-              "aleatoric": "an aleatoric segmentor's plain bundle", "dual": "a Dual U-Net bundle (two U-Nets)"}
+KIND_NAMES = {
+    "diffusion": "a CARD bundle (diffusion primary and reference)",
+    "deterministic": "a deterministic segmentor's plain bundle",
+    "aleatoric": "an aleatoric segmentor's plain bundle",
+    "dual": "a Dual U-Net bundle (two U-Nets)",
+}
 
 
 def evaluated_segmentor(table: dict) -> Optional[str]:
@@ -319,8 +399,10 @@ def check_kind(option: str, given: os.PathLike, kind: Optional[str], want: str, 
     and not ``want``; ``evaluation``: ``given`` is an evaluation of such a bundle, not the bundle."""
     if kind is not None and kind != want:
         of = "an evaluation of " if evaluation else ""
-        raise CardsegError(f"{option} {given}: is {of}{KIND_NAMES.get(kind, repr(kind))}, but {option} takes "
-                           f"{of}{KIND_NAMES.get(want, repr(want))}")
+        raise CardsegError(
+            f"{option} {given}: is {of}{KIND_NAMES.get(kind, repr(kind))}, but {option} takes "
+            f"{of}{KIND_NAMES.get(want, repr(want))}"
+        )
 
 
 def check_source_kinds(sources: Dict[str, Path]) -> None:
@@ -331,6 +413,18 @@ def check_source_kinds(sources: Dict[str, Path]) -> None:
             check_kind(f"--{name}", folder, evaluated_segmentor(load_table(folder)), SOURCE_KINDS[name], True)
 
 
-__all__: Sequence[str] = ("ROWS", "PAPER", "comparison_table", "markdown", "write_comparison", "load_table",
-                          "sources_for_roi", "table_roi", "build_comparison", "write_comparison_files",
-                          "check_source_kinds", "evaluated_segmentor", "check_kind")
+__all__: Sequence[str] = (
+    "ROWS",
+    "PAPER",
+    "comparison_table",
+    "markdown",
+    "write_comparison",
+    "load_table",
+    "sources_for_roi",
+    "table_roi",
+    "build_comparison",
+    "write_comparison_files",
+    "check_source_kinds",
+    "evaluated_segmentor",
+    "check_kind",
+)

@@ -88,17 +88,23 @@ def draw_params(kind: str, rng: np.random.Generator) -> Dict[str, object]:
         step = 1.0 / (MOTION_TRANSFORMS + 1)
         times = step * np.arange(1, MOTION_TRANSFORMS + 1)
         times = times + rng.uniform(-MOTION_TIME_JITTER * step, MOTION_TIME_JITTER * step, MOTION_TRANSFORMS)
-        return {"phase_axis": str(rng.choice(PHASE_AXES)),
-                "degrees": rng.uniform(*MOTION_DEGREES, MOTION_TRANSFORMS).tolist(),
-                "translation_mm": rng.uniform(*MOTION_TRANSLATION_MM, (MOTION_TRANSFORMS, 2)).tolist(),
-                "times": times.tolist()}
+        return {
+            "phase_axis": str(rng.choice(PHASE_AXES)),
+            "degrees": rng.uniform(*MOTION_DEGREES, MOTION_TRANSFORMS).tolist(),
+            "translation_mm": rng.uniform(*MOTION_TRANSLATION_MM, (MOTION_TRANSFORMS, 2)).tolist(),
+            "times": times.tolist(),
+        }
     if kind == "ghosting":
-        return {"phase_axis": str(rng.choice(PHASE_AXES)),
-                "num_ghosts": int(rng.integers(GHOSTING_NUM_GHOSTS[0], GHOSTING_NUM_GHOSTS[1] + 1)),
-                "intensity": float(rng.uniform(*GHOSTING_INTENSITY))}
+        return {
+            "phase_axis": str(rng.choice(PHASE_AXES)),
+            "num_ghosts": int(rng.integers(GHOSTING_NUM_GHOSTS[0], GHOSTING_NUM_GHOSTS[1] + 1)),
+            "intensity": float(rng.uniform(*GHOSTING_INTENSITY)),
+        }
     if kind == "spike":
-        return {"positions_yx": rng.uniform(0.0, 1.0, (SPIKE_NUM_SPIKES, 2)).tolist(),
-                "intensity": float(rng.uniform(*SPIKE_INTENSITY))}
+        return {
+            "positions_yx": rng.uniform(0.0, 1.0, (SPIKE_NUM_SPIKES, 2)).tolist(),
+            "intensity": float(rng.uniform(*SPIKE_INTENSITY)),
+        }
     raise ValueError(f"unknown corruption {kind!r} (choose from {', '.join(CORRUPTIONS)})")
 
 
@@ -119,8 +125,9 @@ def _run(transform, array: np.ndarray, spacing_zyx: Sequence[float]) -> np.ndarr
     return transform(_to_tio(array, spacing_zyx))["image"].data[0].numpy()
 
 
-def apply_corruption(array: np.ndarray, kind: str, params: Dict[str, object],
-                     spacing: Tuple[float, float, float] = (1.0, 1.0, 1.0)) -> np.ndarray:
+def apply_corruption(
+    array: np.ndarray, kind: str, params: Dict[str, object], spacing: Tuple[float, float, float] = (1.0, 1.0, 1.0)
+) -> np.ndarray:
     """Apply one corruption with given parameters to ``array (Z, Y, X)``.
 
     spacing: the volume's voxel size ``(x, y, z)`` in mm (SimpleITK order, as
@@ -144,11 +151,13 @@ def apply_corruption(array: np.ndarray, kind: str, params: Dict[str, object],
     elif kind == "motion":
         deg = np.array([[d, 0.0, 0.0] for d in params["degrees"]])  # about the slice normal only
         trans = np.array([[0.0, ty, tx] for ty, tx in params["translation_mm"]])  # in-plane only
-        t = tio.Motion(degrees=deg, translation=trans, times=np.asarray(params["times"], float),
-                       image_interpolation="linear")
+        t = tio.Motion(
+            degrees=deg, translation=trans, times=np.asarray(params["times"], float), image_interpolation="linear"
+        )
     elif kind == "ghosting":
-        t = tio.Ghosting(num_ghosts=int(params["num_ghosts"]), axis=2, intensity=float(params["intensity"]),
-                         restore=None)
+        t = tio.Ghosting(
+            num_ghosts=int(params["num_ghosts"]), axis=2, intensity=float(params["intensity"]), restore=None
+        )
     elif kind == "spike":
         pos = np.array([[0.5, py, px] for py, px in params["positions_yx"]])  # slice frequency zero
         t = tio.Spike(spikes_positions=pos, intensity=float(params["intensity"]))
@@ -160,8 +169,14 @@ def apply_corruption(array: np.ndarray, kind: str, params: Dict[str, object],
     return np.ascontiguousarray(y).astype(out_dtype, copy=False)
 
 
-def corrupt_volume(array: np.ndarray, kind: str, case: str, spacing: Tuple[float, float, float] = (1.0, 1.0, 1.0),
-                   seed: int = 0, protocol: str = "inplane") -> np.ndarray:
+def corrupt_volume(
+    array: np.ndarray,
+    kind: str,
+    case: str,
+    spacing: Tuple[float, float, float] = (1.0, 1.0, 1.0),
+    seed: int = 0,
+    protocol: str = "inplane",
+) -> np.ndarray:
     """``array (Z, Y, X)`` corrupted by ``kind`` with this case's seeded parameters, under
     ``protocol`` (``inplane`` or ``tio3d``, see the module docstring).
 
@@ -174,8 +189,9 @@ def corrupt_volume(array: np.ndarray, kind: str, case: str, spacing: Tuple[float
     raise ValueError(f"unknown corruption protocol {protocol!r} (choose from {', '.join(PROTOCOLS)})")
 
 
-def apply_torchio_default(array: np.ndarray, kind: str, rng: np.random.Generator,
-                          spacing: Tuple[float, float, float] = (1.0, 1.0, 1.0)) -> np.ndarray:
+def apply_torchio_default(
+    array: np.ndarray, kind: str, rng: np.random.Generator, spacing: Tuple[float, float, float] = (1.0, 1.0, 1.0)
+) -> np.ndarray:
     """TorchIO's random ``kind`` transform with its default arguments on ``array (Z, Y, X)`` seen
     as the 3D image ``(1, X, Y, Z)`` with ``spacing (x, y, z)`` mm; its draw comes from torch's
     generator seeded from ``rng`` (the global random state is left as it was)."""
@@ -184,14 +200,18 @@ def apply_torchio_default(array: np.ndarray, kind: str, rng: np.random.Generator
     a = np.asarray(array)
     if a.ndim != 3:
         raise ValueError(f"expected a volume (Z, Y, X), got shape {a.shape}")
-    transforms = {"bias_field": tio.RandomBiasField, "motion": tio.RandomMotion, "ghosting": tio.RandomGhosting,
-                  "spike": tio.RandomSpike}
+    transforms = {
+        "bias_field": tio.RandomBiasField,
+        "motion": tio.RandomMotion,
+        "ghosting": tio.RandomGhosting,
+        "spike": tio.RandomSpike,
+    }
     if kind not in transforms:
         raise ValueError(f"unknown corruption {kind!r} (choose from {', '.join(CORRUPTIONS)})")
     out_dtype = a.dtype if np.issubdtype(a.dtype, np.floating) else np.float32
     xyz = a.astype(np.float32).transpose(2, 1, 0)
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(int(rng.integers(0, 2 ** 63 - 1)))
+        torch.manual_seed(int(rng.integers(0, 2**63 - 1)))
         y = _run(transforms[kind](), xyz, spacing)
     return np.ascontiguousarray(y.transpose(2, 1, 0)).astype(out_dtype, copy=False)
 

@@ -81,10 +81,12 @@ def split_lists(root: os.PathLike) -> Dict[str, List[str]]:
             out[split] = read_split_list(f)
     names = list(out)
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             both = sorted(set(out[a]) & set(out[b]))
             if both:
-                raise CardsegError(f"{root}: split lists {a} and {b} share {len(both)} patients ({', '.join(both[:3])} ...)")
+                raise CardsegError(
+                    f"{root}: split lists {a} and {b} share {len(both)} patients ({', '.join(both[:3])} ...)"
+                )
     return out
 
 
@@ -118,7 +120,9 @@ def _h5_arrays(path: Path) -> Tuple[np.ndarray, np.ndarray]:
         return np.asarray(f["image"][()], dtype=np.float32), np.asarray(f["label"][()], dtype=np.uint8)
 
 
-def acdc_h5_records(root: os.PathLike, patients: Iterable[str], spacing_mm: float = ACDC_H5_SPACING_MM) -> List[SliceRecord]:
+def acdc_h5_records(
+    root: os.PathLike, patients: Iterable[str], spacing_mm: float = ACDC_H5_SPACING_MM
+) -> List[SliceRecord]:
     """Slices of the given patients from the ACDC HDF5 layout, in (patient, frame, slice) order.
 
     A patient's slices come from ``slices/`` when present there (training patients), otherwise
@@ -166,7 +170,9 @@ def _strip_ext(name: str) -> str:
     return name
 
 
-def read_labelled_volume(image_path: os.PathLike, label_path: os.PathLike) -> Tuple[np.ndarray, np.ndarray, Tuple[float, float]]:
+def read_labelled_volume(
+    image_path: os.PathLike, label_path: os.PathLike
+) -> Tuple[np.ndarray, np.ndarray, Tuple[float, float]]:
     """Image ``(Z, Y, X)`` float32, label ``(Z, Y, X)`` uint8 and in-plane spacing ``(sx, sy)``.
 
     2D files become one slice. The label must share the image's size (geometry is trusted to match).
@@ -210,7 +216,9 @@ def acdc_nifti_cases(root: os.PathLike) -> Dict[str, List[Tuple[str, Path, Path]
     return out
 
 
-def pair_cases(root: os.PathLike, image_dir: str = "imagesTr", label_dir: str = "labelsTr") -> Dict[str, List[Tuple[str, Path, Path]]]:
+def pair_cases(
+    root: os.PathLike, image_dir: str = "imagesTr", label_dir: str = "labelsTr"
+) -> Dict[str, List[Tuple[str, Path, Path]]]:
     """``{case: [(case, image, label)]}`` for image/label files matched by name.
 
     ``root/image_dir/x.nii.gz`` pairs with ``root/label_dir/x.nii.gz``; an image called
@@ -254,8 +262,9 @@ def acdc_nifti_records(root: os.PathLike, patients: Optional[Iterable[str]] = No
     return _records_from_cases(cases, sorted(cases) if patients is None else patients)
 
 
-def pair_records(root: os.PathLike, cases: Optional[Iterable[str]] = None, image_dir: str = "imagesTr",
-                 label_dir: str = "labelsTr") -> List[SliceRecord]:
+def pair_records(
+    root: os.PathLike, cases: Optional[Iterable[str]] = None, image_dir: str = "imagesTr", label_dir: str = "labelsTr"
+) -> List[SliceRecord]:
     """Slices of a generic image/label folder (all pairs when ``cases`` is None)."""
     found = pair_cases(root, image_dir, label_dir)
     return _records_from_cases(found, sorted(found) if cases is None else cases)
@@ -269,8 +278,9 @@ def synthetic_records(seeds: Iterable[int], slices: int = 8, shape=(160, 144), s
     for s in seeds:
         vol, lab = synthetic_cine_volume(shape=(slices, *shape), spacing=(*spacing, 8.0), seed=int(s))
         case = f"synthetic{int(s):03d}"
-        out.extend(SliceRecord(vol.array[z], lab[z], tuple(float(v) for v in spacing), case, case, z)
-                   for z in range(slices))
+        out.extend(
+            SliceRecord(vol.array[z], lab[z], tuple(float(v) for v in spacing), case, case, z) for z in range(slices)
+        )
     return out
 
 
@@ -328,8 +338,15 @@ def resolve_split(root: os.PathLike, fmt: str, val_fraction: float = 0.1, seed: 
     return out
 
 
-def load_split(root: os.PathLike, split: str, fmt: Optional[str] = None, val_fraction: float = 0.1, seed: int = 0,
-               max_patients: Optional[int] = None, spacing_mm: float = ACDC_H5_SPACING_MM) -> List[SliceRecord]:
+def load_split(
+    root: os.PathLike,
+    split: str,
+    fmt: Optional[str] = None,
+    val_fraction: float = 0.1,
+    seed: int = 0,
+    max_patients: Optional[int] = None,
+    spacing_mm: float = ACDC_H5_SPACING_MM,
+) -> List[SliceRecord]:
     """Slices of the ``train`` or ``val`` split of a dataset in any supported layout.
 
     ``split="test"`` is refused: test patients are for reporting only, never for training or

@@ -23,8 +23,16 @@ def choose_panel(results: Sequence[CaseResult]) -> CaseResult:
     return min(scored, key=lambda r: r.agreement)
 
 
-def case_panel(bundle, item: LabelledVolume, condition: str, path: Path, seed: int = 0, device="cpu",
-               batch_size: int = 8, slice_index: Optional[int] = None) -> Path:
+def case_panel(
+    bundle,
+    item: LabelledVolume,
+    condition: str,
+    path: Path,
+    seed: int = 0,
+    device="cpu",
+    batch_size: int = 8,
+    slice_index: Optional[int] = None,
+) -> Path:
     """Run one volume again with the reference's predictions kept and draw paper Fig. 4 for one
     slice (default: the slice with the largest ground-truth foreground)."""
     from cardseg.segment import normalized_slices, trajectory_on_slices
@@ -33,20 +41,38 @@ def case_panel(bundle, item: LabelledVolume, condition: str, path: Path, seed: i
 
     vol = condition_volume(item, condition, seed)
     slices01 = normalized_slices(vol.volume, bundle)
-    traj = trajectory_on_slices(slices01, tuple(vol.volume.spacing[:2]), bundle, "card", device, batch_size,
-                                with_reference=True)
+    traj = trajectory_on_slices(
+        slices01, tuple(vol.volume.spacing[:2]), bundle, "card", device, batch_size, with_reference=True
+    )
     logits, tac, ref = traj.logits, traj.tac, traj.reference_logits
     z = int(np.argmax((item.labels > 0).sum(axis=(1, 2)))) if slice_index is None else int(slice_index)
     if not 0 <= z < item.labels.shape[0]:
         raise CardsegError(f"slice {z} outside 0..{item.labels.shape[0] - 1}")
-    temperature = (bundle.calibrator.temperature(tac[z:z + 1], outside=~traj.fov)[0].numpy()
-                   if bundle.calibrator.needs_tac else None)
-    return plot_case_panel(slices01[z], item.labels[z], logits[z].argmax(0).numpy(), ref[z].argmax(0).numpy(),
-                           tac[z].numpy(), Path(path), f"{item.case}, {condition}, slice {z}", temperature)
+    temperature = (
+        bundle.calibrator.temperature(tac[z : z + 1], outside=~traj.fov)[0].numpy()
+        if bundle.calibrator.needs_tac
+        else None
+    )
+    return plot_case_panel(
+        slices01[z],
+        item.labels[z],
+        logits[z].argmax(0).numpy(),
+        ref[z].argmax(0).numpy(),
+        tac[z].numpy(),
+        Path(path),
+        f"{item.case}, {condition}, slice {z}",
+        temperature,
+    )
 
 
-def conditions_figure(bundle, item: LabelledVolume, conditions: Sequence[str], path: Path, seed: int = 0,
-                      slice_index: Optional[int] = None) -> Path:
+def conditions_figure(
+    bundle,
+    item: LabelledVolume,
+    conditions: Sequence[str],
+    path: Path,
+    seed: int = 0,
+    slice_index: Optional[int] = None,
+) -> Path:
     """The same slice under every condition, as the network sees it (normalised), with the
     ground-truth outline (default slice: the largest ground-truth foreground)."""
     from cardseg.segment import normalized_slices

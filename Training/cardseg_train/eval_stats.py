@@ -64,8 +64,9 @@ def resample_weights(patients: int, resamples: int = BOOTSTRAP_RESAMPLES, seed: 
     return weights
 
 
-def paired_bootstrap(sums: np.ndarray, counts: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES,
-                     seed: int = 0) -> np.ndarray:
+def paired_bootstrap(
+    sums: np.ndarray, counts: np.ndarray, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
+) -> np.ndarray:
     """Block NLL of every method under ``resamples`` patient resamples.
 
     sums ``(C, M, P)`` NLL summed per condition, method and patient; counts ``(C, P)`` ROI pixels
@@ -87,16 +88,29 @@ def interval(samples: np.ndarray, level: float = BOOTSTRAP_LEVEL) -> List[float]
     return [float(lo), float(hi)]
 
 
-def bootstrap_block_nll(per_volume: Dict[str, Dict[str, List[dict]]], conditions: Sequence[str],
-                        methods: Sequence[str], reference: str = "card", resamples: int = BOOTSTRAP_RESAMPLES,
-                        seed: int = 0) -> dict:
+def bootstrap_block_nll(
+    per_volume: Dict[str, Dict[str, List[dict]]],
+    conditions: Sequence[str],
+    methods: Sequence[str],
+    reference: str = "card",
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> dict:
     """95 % patient-bootstrap intervals of every method's block NLL, and of ``reference - method``
     (paired) and ``reference / method`` for every other method. JSON-able."""
     patients, sums, counts = volume_nll_sums(per_volume, conditions, methods)
     boot = paired_bootstrap(sums, counts, resamples, seed)
-    out = {"unit": "patient", "patients": len(patients), "resamples": int(resamples), "level": BOOTSTRAP_LEVEL,
-           "seed": int(seed), "block_nll": {m: interval(boot[:, i]) for i, m in enumerate(methods)},
-           "reference": reference if reference in methods else None, "difference": {}, "ratio": {}}
+    out = {
+        "unit": "patient",
+        "patients": len(patients),
+        "resamples": int(resamples),
+        "level": BOOTSTRAP_LEVEL,
+        "seed": int(seed),
+        "block_nll": {m: interval(boot[:, i]) for i, m in enumerate(methods)},
+        "reference": reference if reference in methods else None,
+        "difference": {},
+        "ratio": {},
+    }
     if reference in methods:
         r = methods.index(reference)
         for i, m in enumerate(methods):

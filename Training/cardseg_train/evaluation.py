@@ -46,8 +46,12 @@ def acdc_h5_volumes(root: str, split: str, spacing_mm: float = ACDC_H5_SPACING_M
     for case, idx in group_by_case(records).items():
         img = np.stack([records[i].image for i in idx]).astype(np.float32)
         lab = np.stack([records[i].label for i in idx]).astype(np.uint8)
-        vol = Volume(array=img, spacing=(spacing_mm, spacing_mm, ACDC_H5_THICKNESS_MM), origin=(0.0, 0.0, 0.0),
-                     direction=(1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0))
+        vol = Volume(
+            array=img,
+            spacing=(spacing_mm, spacing_mm, ACDC_H5_THICKNESS_MM),
+            origin=(0.0, 0.0, 0.0),
+            direction=(1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0),
+        )
         out.append(LabelledVolume(case, records[idx[0]].patient, vol, lab))
     return out
 
@@ -61,8 +65,13 @@ def dice_score(pred: np.ndarray, truth: np.ndarray, k: int) -> float:
     return 2.0 * int((p & g).sum()) / denom
 
 
-def evaluate_dice(bundle: Bundle, cases: Sequence[LabelledVolume], device="cpu", batch_size: int = 8,
-                  progress: Optional[Progress] = None) -> List[Dict[str, object]]:
+def evaluate_dice(
+    bundle: Bundle,
+    cases: Sequence[LabelledVolume],
+    device="cpu",
+    batch_size: int = 8,
+    progress: Optional[Progress] = None,
+) -> List[Dict[str, object]]:
     """One row per volume: case, patient, and Dice per foreground class (primary only, ``uc``)."""
     progress = progress or Progress()
     names = bundle.class_names
@@ -100,10 +109,16 @@ def write_dice_table(rows: Sequence[Dict[str, object]], class_names: Sequence[st
         w.writerow({k: (f"{r[k]:.4f}" if isinstance(r[k], float) else r[k]) for k in keys})
     atomic_write(out / "dice.csv", table.getvalue().encode())
     summary = summarize(rows, class_names)
-    atomic_write(out / "dice.json", json.dumps({"title": title, "summary": summary, "volumes": list(rows)},
-                                               indent=2).encode())
+    atomic_write(
+        out / "dice.json", json.dumps({"title": title, "summary": summary, "volumes": list(rows)}, indent=2).encode()
+    )
     head = "| " + " | ".join(list(class_names[1:]) + ["mean"]) + " |"
     line = "| " + " | ".join(f"{summary[k]:.3f}" for k in list(class_names[1:]) + ["mean"]) + " |"
-    atomic_write(out / "dice.md", (f"{title} ({len(rows)} volumes, Dice per 3D volume at its own grid)\n\n"
-                                   f"{head}\n|{'---|' * (len(class_names))}\n{line}\n").encode())
+    atomic_write(
+        out / "dice.md",
+        (
+            f"{title} ({len(rows)} volumes, Dice per 3D volume at its own grid)\n\n"
+            f"{head}\n|{'---|' * (len(class_names))}\n{line}\n"
+        ).encode(),
+    )
     return summary

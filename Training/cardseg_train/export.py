@@ -37,7 +37,9 @@ def _run_provenance(run: Path, cfg: TrainConfig, meta: dict, which: str) -> dict
         "network": f"{cfg.network}",
         "checkpoint": which,
         "checkpoint_step": meta.get("step"),
-        "val_dice": (meta.get("val") or {}).get("dice") if which == "best" else (summary.get("last_val") or {}).get("dice"),
+        "val_dice": (meta.get("val") or {}).get("dice")
+        if which == "best"
+        else (summary.get("last_val") or {}).get("dice"),
         "val": meta.get("val") if which == "best" else summary.get("last_val"),
         "steps_done": summary.get("steps_done", meta.get("step")),
         "training_time_s": summary.get("elapsed_s", meta.get("elapsed_s")),
@@ -45,10 +47,19 @@ def _run_provenance(run: Path, cfg: TrainConfig, meta: dict, which: str) -> dict
         "data": _run_data_name(summary, cfg),
         "data_format": summary.get("format", cfg.data_format),
         "split": {"train_patients": summary.get("train_patients"), "val_patients": summary.get("val_patients")},
-        "recipe": {"batch_size": cfg.batch_size, "lr": cfg.lr, "warmup": cfg.warmup, "lr_schedule": cfg.lr_schedule,
-                   "p_uniform": cfg.p_uniform, "p_uncond": cfg.p_uncond, "p_focus": cfg.p_focus, "seed": cfg.seed,
-                   "loss": cfg.loss.to_dict(), "augment": cfg.augment.to_dict(),
-                   "acdc_h5_spacing_mm": cfg.acdc_h5_spacing if cfg.data_format == "acdc-h5" else None},
+        "recipe": {
+            "batch_size": cfg.batch_size,
+            "lr": cfg.lr,
+            "warmup": cfg.warmup,
+            "lr_schedule": cfg.lr_schedule,
+            "p_uniform": cfg.p_uniform,
+            "p_uncond": cfg.p_uncond,
+            "p_focus": cfg.p_focus,
+            "seed": cfg.seed,
+            "loss": cfg.loss.to_dict(),
+            "augment": cfg.augment.to_dict(),
+            "acdc_h5_spacing_mm": cfg.acdc_h5_spacing if cfg.data_format == "acdc-h5" else None,
+        },
     }
 
 
@@ -77,13 +88,23 @@ def check_roles(primary_run: Path, reference_run: Path) -> None:
     for option, run, want in (("--primary", primary_run, "primary"), ("--reference", reference_run, "reference")):
         cfg = read_run_config(run)
         if cfg.kind == "diffusion" and cfg.role != want:
-            raise CardsegError(f"{option} {run}: is a {cfg.role} run (its config.json records role {cfg.role!r}, "
-                               f"network {cfg.network}); {option} takes a run trained with --role {want}")
+            raise CardsegError(
+                f"{option} {run}: is a {cfg.role} run (its config.json records role {cfg.role!r}, "
+                f"network {cfg.network}); {option} takes a run trained with --role {want}"
+            )
 
 
-def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.PathLike, name: str = "acdc",
-                  version: str = "0.1.0", primary_checkpoint: str = "best", reference_checkpoint: str = "last",
-                  overwrite: bool = False, fp16: bool = True) -> Path:
+def export_bundle(
+    primary_run: os.PathLike,
+    reference_run: os.PathLike,
+    out: os.PathLike,
+    name: str = "acdc",
+    version: str = "0.1.0",
+    primary_checkpoint: str = "best",
+    reference_checkpoint: str = "last",
+    overwrite: bool = False,
+    fp16: bool = True,
+) -> Path:
     """Assemble a bundle from a trained primary run and a reference run (engine :func:`save_bundle`).
 
     A *plain* bundle wraps one deterministic or aleatoric run (given as both runs) so the
@@ -110,8 +131,10 @@ def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.
     p_net, p_cfg, p_meta = load_run_network(p_run, primary_checkpoint)
     r_net, r_cfg, r_meta = load_run_network(r_run, reference_checkpoint)
     if (p_cfg.kind == "diffusion") != (r_cfg.kind == "diffusion"):
-        raise CardsegError("a bundle holds two diffusion denoisers, or one plain segmentor given as both "
-                           f"--primary and --reference (got roles {p_cfg.role} and {r_cfg.role})")
+        raise CardsegError(
+            "a bundle holds two diffusion denoisers, or one plain segmentor given as both "
+            f"--primary and --reference (got roles {p_cfg.role} and {r_cfg.role})"
+        )
     plain = p_cfg.kind != "diffusion"
     segmentor = None
     if plain and p_run.resolve() == r_run.resolve():
@@ -121,8 +144,10 @@ def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.
     elif plain:
         # the Dual U-Net control: two plain segmentors; the "TAC" is the JS of their softmaxes
         if p_cfg.kind != "deterministic" or r_cfg.kind != "deterministic" or p_cfg.network != r_cfg.network:
-            raise CardsegError("a dual-segmentor bundle takes two deterministic runs of one network "
-                               f"(got {p_cfg.role} {p_cfg.network} and {r_cfg.role} {r_cfg.network})")
+            raise CardsegError(
+                "a dual-segmentor bundle takes two deterministic runs of one network "
+                f"(got {p_cfg.role} {p_cfg.network} and {r_cfg.role} {r_cfg.network})"
+            )
         segmentor = {"kind": "dual", "seeds": [p_cfg.seed, r_cfg.seed]}
     for key, (a, b) in _pairs(_shared(p_cfg), _shared(r_cfg)):
         if a != b:
@@ -130,8 +155,10 @@ def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.
     warnings = []
     n_ref, n_primary = count_parameters(r_net), count_parameters(p_net)
     if not plain and n_ref > n_primary:
-        warnings.append(f"the reference ({r_cfg.network}, {n_ref} parameters) is larger than the primary "
-                        f"({p_cfg.network}, {n_primary}): CARD expects a capacity-limited reference")
+        warnings.append(
+            f"the reference ({r_cfg.network}, {n_ref} parameters) is larger than the primary "
+            f"({p_cfg.network}, {n_primary}): CARD expects a capacity-limited reference"
+        )
     for key in ("data", "data_format", "acdc_h5_spacing", "val_fraction"):
         a, b = getattr(p_cfg, key), getattr(r_cfg, key)
         if a != b:
@@ -139,15 +166,25 @@ def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.
     for w in warnings:
         print(f"cardseg: warning: {w}", file=sys.stderr)
     strip = lambda spec: {k: v for k, v in spec.items() if k != "num_classes"}  # noqa: E731
-    config = default_config(name, p_cfg.classes, strip(p_cfg.network_spec()), strip(r_cfg.network_spec()),
-                            p_cfg.spacing, p_cfg.input_size, version=version, num_steps=p_cfg.num_steps,
-                            sampled_steps=[0] if plain else list(p_cfg.sampled_steps))
+    config = default_config(
+        name,
+        p_cfg.classes,
+        strip(p_cfg.network_spec()),
+        strip(r_cfg.network_spec()),
+        p_cfg.spacing,
+        p_cfg.input_size,
+        version=version,
+        num_steps=p_cfg.num_steps,
+        sampled_steps=[0] if plain else list(p_cfg.sampled_steps),
+    )
     if segmentor:
         config["segmentor"] = segmentor
     config["preprocessing"].update({"low_percentile": p_cfg.low_percentile, "high_percentile": p_cfg.high_percentile})
     config["provenance"] = {
-        "training": {"primary": _run_provenance(p_run, p_cfg, p_meta, primary_checkpoint),
-                     "reference": _run_provenance(r_run, r_cfg, r_meta, reference_checkpoint)},
+        "training": {
+            "primary": _run_provenance(p_run, p_cfg, p_meta, primary_checkpoint),
+            "reference": _run_provenance(r_run, r_cfg, r_meta, reference_checkpoint),
+        },
         "exported": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "weights_dtype": "float16" if fp16 else "float32",
         "warnings": warnings,
@@ -155,8 +192,14 @@ def export_bundle(primary_run: os.PathLike, reference_run: os.PathLike, out: os.
     return save_bundle(out, config, p_net, r_net, fp16=fp16, overwrite=overwrite)
 
 
-def swap_reference(bundle_dir: os.PathLike, reference_run: os.PathLike, out: os.PathLike,
-                   reference_checkpoint: str = "last", version: str = None, overwrite: bool = False) -> Path:
+def swap_reference(
+    bundle_dir: os.PathLike,
+    reference_run: os.PathLike,
+    out: os.PathLike,
+    reference_checkpoint: str = "last",
+    version: str = None,
+    overwrite: bool = False,
+) -> Path:
     """A copy of the diffusion bundle at ``bundle_dir`` whose reference is the network of
     ``reference_run`` (its ``reference_checkpoint``): :func:`swap_network` for the reference. The
     primary's weight file is copied byte for byte; configuration, calibration and regions are
@@ -164,8 +207,14 @@ def swap_reference(bundle_dir: os.PathLike, reference_run: os.PathLike, out: os.
     return swap_network(bundle_dir, reference_run, out, "reference", reference_checkpoint, version, overwrite)
 
 
-def swap_primary(bundle_dir: os.PathLike, primary_run: os.PathLike, out: os.PathLike, checkpoint: str = "best",
-                 version: str = None, overwrite: bool = False) -> Path:
+def swap_primary(
+    bundle_dir: os.PathLike,
+    primary_run: os.PathLike,
+    out: os.PathLike,
+    checkpoint: str = "best",
+    version: str = None,
+    overwrite: bool = False,
+) -> Path:
     """A copy of the diffusion bundle at ``bundle_dir`` whose primary is the network of
     ``primary_run``: :func:`swap_network` for the primary. The reference's weight file is copied
     byte for byte. Every fitted block was fitted on the old primary's outputs, so the copy keeps
@@ -175,8 +224,15 @@ def swap_primary(bundle_dir: os.PathLike, primary_run: os.PathLike, out: os.Path
     return swap_network(bundle_dir, primary_run, out, "primary", checkpoint, version, overwrite)
 
 
-def swap_network(bundle_dir: os.PathLike, run: os.PathLike, out: os.PathLike, role: str, checkpoint: str,
-                 version: str = None, overwrite: bool = False) -> Path:
+def swap_network(
+    bundle_dir: os.PathLike,
+    run: os.PathLike,
+    out: os.PathLike,
+    role: str,
+    checkpoint: str,
+    version: str = None,
+    overwrite: bool = False,
+) -> Path:
     """A copy of the diffusion bundle at ``bundle_dir`` whose ``role`` network (``primary`` or
     ``reference``) is the network of the training run ``run`` (its ``checkpoint``), written to
     ``out`` (another folder: the original, model card included, is never replaced). The other
@@ -201,10 +257,15 @@ def swap_network(bundle_dir: os.PathLike, run: os.PathLike, out: os.PathLike, ro
     if cfg.kind != "diffusion" or cfg.role != role:
         raise CardsegError(f"{run}: a {cfg.role} run cannot be a diffusion bundle's {role}")
     pre = config["preprocessing"]
-    bundle_values = {"spacing": config["pixel_spacing_mm"], "input_size": config["input_size"],
-                     "num_steps": config["diffusion"]["num_steps"], "classes": [c["name"] for c in config["classes"]],
-                     "low_percentile": pre.get("low_percentile"), "high_percentile": pre.get("high_percentile"),
-                     "sampled_steps": list(config["diffusion"]["sampled_steps"])}
+    bundle_values = {
+        "spacing": config["pixel_spacing_mm"],
+        "input_size": config["input_size"],
+        "num_steps": config["diffusion"]["num_steps"],
+        "classes": [c["name"] for c in config["classes"]],
+        "low_percentile": pre.get("low_percentile"),
+        "high_percentile": pre.get("high_percentile"),
+        "sampled_steps": list(config["diffusion"]["sampled_steps"]),
+    }
     for key, (want, have) in _pairs(_shared(cfg), bundle_values):
         if want != have:
             raise CardsegError(f"{run}: {key} {want!r} differs from the bundle's {have!r}")
@@ -220,5 +281,6 @@ def swap_network(bundle_dir: os.PathLike, run: os.PathLike, out: os.PathLike, ro
     fp16 = {e["dtype"] for e in checked.weights[other].tensors.values()} == {"F16"}
     kept_file = Path(checked.root) / config["networks"][other]["file"]
     nets = {role: network, other: kept}
-    return save_bundle(out, config, nets["primary"], nets["reference"], fp16=fp16, overwrite=overwrite,
-                       keep_files={other: kept_file})
+    return save_bundle(
+        out, config, nets["primary"], nets["reference"], fp16=fp16, overwrite=overwrite, keep_files={other: kept_file}
+    )

@@ -21,7 +21,6 @@ from cardseg.base.errors import CardsegError
 from .cli_options import study_main
 
 
-
 def dice_per_class(pred: np.ndarray, truth: np.ndarray, classes: int) -> List[Optional[float]]:
     """Dice of each foreground class ``1..classes-1`` (``None`` where both are empty)."""
     out = []
@@ -48,8 +47,9 @@ def study_volume(bundle, item, margin_mm: Optional[float] = None) -> dict:
     spacing = tuple(item.volume.spacing[:2])
 
     def run(offset=(0.0, 0.0)):
-        traj = run_on_grid(slice_grid(s01.shape[1:], spacing, bundle, offset), s01, bundle, "card", "cpu", 8,
-                           _quiet(), False, False)
+        traj = run_on_grid(
+            slice_grid(s01.shape[1:], spacing, bundle, offset), s01, bundle, "card", "cpu", 8, _quiet(), False, False
+        )
         labels = np.asarray(traj.logits).argmax(axis=1)
         dice = dice_per_class(labels, item.labels, bundle.num_classes)
         return labels, traj.fov, {"dice": dice, "mean_dice": mean_dice(dice), "agreement": run_agreement(traj, bundle)}
@@ -74,38 +74,55 @@ def summary(rows: List[dict]) -> dict:
     """Mean Dice without and with the engine's choice, and how often the kept run had the higher Dice."""
     fired = [r for r in rows if r["fired"]]
     with_choice = [r[r["kept"]]["mean_dice"] if r["fired"] else r["centred"]["mean_dice"] for r in rows]
-    better_kept = sum(1 for r in fired if r[r["kept"]]["mean_dice"] >= max(r["centred"]["mean_dice"],
-                                                                            r["moved"]["mean_dice"]))
-    return {"volumes": len(rows), "fired": len(fired), "kept_moved": sum(1 for r in fired if r["kept"] == "moved"),
-            "kept_the_higher_dice": better_kept,
-            "mean_dice_centred": float(np.mean([r["centred"]["mean_dice"] for r in rows])) if rows else None,
-            "mean_dice_with_recentring": float(np.mean(with_choice)) if rows else None,
-            "mean_dice_always_moved": float(np.mean([r["moved"]["mean_dice"] if r["fired"] else r["centred"]["mean_dice"]
-                                                     for r in rows])) if rows else None}
+    better_kept = sum(
+        1 for r in fired if r[r["kept"]]["mean_dice"] >= max(r["centred"]["mean_dice"], r["moved"]["mean_dice"])
+    )
+    return {
+        "volumes": len(rows),
+        "fired": len(fired),
+        "kept_moved": sum(1 for r in fired if r["kept"] == "moved"),
+        "kept_the_higher_dice": better_kept,
+        "mean_dice_centred": float(np.mean([r["centred"]["mean_dice"] for r in rows])) if rows else None,
+        "mean_dice_with_recentring": float(np.mean(with_choice)) if rows else None,
+        "mean_dice_always_moved": float(
+            np.mean([r["moved"]["mean_dice"] if r["fired"] else r["centred"]["mean_dice"] for r in rows])
+        )
+        if rows
+        else None,
+    }
 
 
 def markdown(result: dict) -> str:
     s = result["summary"]
-    lines = [f"# Moving the network grid onto the heart: {result['bundle']}, {result['split']} split", "",
-             f"Margin {result['margin_mm']:g} mm; the engine keeps the run with the higher agreement. "
-             f"The check fired on {s['fired']} of {s['volumes']} volumes; the moved grid was kept on "
-             f"{s['kept_moved']}; the kept run had the higher mean Dice on {s['kept_the_higher_dice']} of {s['fired']}.",
-             "", f"Mean Dice over all volumes (RV, MYO, LV): centred {s['mean_dice_centred']:.4f}, with recentring "
-             f"{s['mean_dice_with_recentring']:.4f}, always moving when the check fires "
-             f"{s['mean_dice_always_moved']:.4f}.", "",
-             "| volume | offset (mm, i, j) | centred Dice | centred agreement | moved Dice | moved agreement | kept |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Moving the network grid onto the heart: {result['bundle']}, {result['split']} split",
+        "",
+        f"Margin {result['margin_mm']:g} mm; the engine keeps the run with the higher agreement. "
+        f"The check fired on {s['fired']} of {s['volumes']} volumes; the moved grid was kept on "
+        f"{s['kept_moved']}; the kept run had the higher mean Dice on {s['kept_the_higher_dice']} of {s['fired']}.",
+        "",
+        f"Mean Dice over all volumes (RV, MYO, LV): centred {s['mean_dice_centred']:.4f}, with recentring "
+        f"{s['mean_dice_with_recentring']:.4f}, always moving when the check fires "
+        f"{s['mean_dice_always_moved']:.4f}.",
+        "",
+        "| volume | offset (mm, i, j) | centred Dice | centred agreement | moved Dice | moved agreement | kept |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         if r["fired"]:
             c, m = r["centred"], r["moved"]
-            lines.append(f"| {r['case']} | {r['offset_mm'][0]:+.1f}, {r['offset_mm'][1]:+.1f} | {c['mean_dice']:.3f} | "
-                         f"{c['agreement']:.4f} | {m['mean_dice']:.3f} | {m['agreement']:.4f} | {r['kept']} |")
+            lines.append(
+                f"| {r['case']} | {r['offset_mm'][0]:+.1f}, {r['offset_mm'][1]:+.1f} | {c['mean_dice']:.3f} | "
+                f"{c['agreement']:.4f} | {m['mean_dice']:.3f} | {m['agreement']:.4f} | {r['kept']} |"
+            )
     return "\n".join(lines) + "\n"
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     def options(p) -> None:
-        p.add_argument("--margin-mm", type=float, default=None, help="the check's margin (default: the engine's, 15 mm)")
+        p.add_argument(
+            "--margin-mm", type=float, default=None, help="the check's margin (default: the engine's, 15 mm)"
+        )
 
     def check(a) -> None:
         if a.margin_mm is not None and not 0.0 < a.margin_mm <= 100.0:
@@ -121,8 +138,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         margin = recentre_margin(bundle.config, True) if a.margin_mm is None else a.margin_mm
         return {"margin_mm": margin, "rows": rows, "summary": summary(rows)}
 
-    return study_main(argv, "python -m cardseg_train.field_of_view_study", __doc__, "field_of_view", compute, markdown,
-                      options, check)
+    return study_main(
+        argv, "python -m cardseg_train.field_of_view_study", __doc__, "field_of_view", compute, markdown, options, check
+    )
 
 
 if __name__ == "__main__":

@@ -52,8 +52,11 @@ def ef_errors(rows: Sequence[dict], policy: str) -> Dict[str, dict]:
     out = {}
     for name in ("LVEF", "RVEF"):
         err = np.array([r[policy][name] - r["truth"][name] for r in rows], dtype=float)
-        out[name] = {"mae": float(np.abs(err).mean()), "mean_error": float(err.mean()),
-                     "sd": float(err.std(ddof=1)) if len(err) > 1 else None}
+        out[name] = {
+            "mae": float(np.abs(err).mean()),
+            "mean_error": float(err.mean()),
+            "sd": float(err.std(ddof=1)) if len(err) > 1 else None,
+        }
     out["mean_dice"] = float(np.mean([d for r in rows for d in r[policy]["dice"]]))
     return out
 
@@ -74,65 +77,107 @@ def study_subject(bundle, ed, es, margin: float) -> dict:
         if key not in cache:
             item = items[ph]
             s01 = normalized_slices(item.volume, bundle)
-            traj = run_on_grid(slice_grid(s01.shape[1:], tuple(item.volume.spacing[:2]), bundle, offset), s01, bundle,
-                               "card", "cpu", 8, Progress(), False, False)
+            traj = run_on_grid(
+                slice_grid(s01.shape[1:], tuple(item.volume.spacing[:2]), bundle, offset),
+                s01,
+                bundle,
+                "card",
+                "cpu",
+                8,
+                Progress(),
+                False,
+                False,
+            )
             labels = np.asarray(traj.logits).argmax(axis=1).astype(np.uint8)
-            cache[key] = {"labels": labels, "fov": traj.fov, "agreement": run_agreement(traj, bundle),
-                          "dice": [d for d in dice_per_class(labels, item.labels, bundle.num_classes) if d is not None]}
+            cache[key] = {
+                "labels": labels,
+                "fov": traj.fov,
+                "agreement": run_agreement(traj, bundle),
+                "dice": [d for d in dice_per_class(labels, item.labels, bundle.num_classes) if d is not None],
+            }
         return cache[key]
 
     centred = {ph: run(ph) for ph in items}
-    offsets = {ph: recentre_offset(centred[ph]["labels"], centred[ph]["fov"], tuple(items[ph].volume.spacing[:2]),
-                                   margin_mm=margin) for ph in items}
+    offsets = {
+        ph: recentre_offset(
+            centred[ph]["labels"], centred[ph]["fov"], tuple(items[ph].volume.spacing[:2]), margin_mm=margin
+        )
+        for ph in items
+    }
     chosen = {"centred": dict(centred)}
-    chosen["per-volume"] = {ph: (run(ph, offsets[ph]) if offsets[ph] is not None and keep_moved(
-        centred[ph]["agreement"], run(ph, offsets[ph])["agreement"]) else centred[ph]) for ph in items}
+    chosen["per-volume"] = {
+        ph: (
+            run(ph, offsets[ph])
+            if offsets[ph] is not None and keep_moved(centred[ph]["agreement"], run(ph, offsets[ph])["agreement"])
+            else centred[ph]
+        )
+        for ph in items
+    }
     move = subject_offset(offsets) if ed.volume.array.shape[1:] == es.volume.array.shape[1:] else None
     if move is None:
         chosen["per-subject"] = dict(chosen["per-volume"])
     else:
         moved = {ph: run(ph, move) for ph in items}
-        keep = keep_subject_move({ph: centred[ph]["agreement"] for ph in items},
-                                 {ph: moved[ph]["agreement"] for ph in items})
+        keep = keep_subject_move(
+            {ph: centred[ph]["agreement"] for ph in items}, {ph: moved[ph]["agreement"] for ph in items}
+        )
         chosen["per-subject"] = moved if keep else dict(centred)
 
     def indices(labels: Dict[str, np.ndarray], corrections) -> Dict[str, float]:
         vols = {ph: ix.frame_volumes(labels[ph], items[ph].volume.spacing, names, corrections) for ph in items}
         return ix.cardiac_indices(vols["ED"], vols["ES"])
 
-    row = {"patient": ed.patient, "fired": {ph: offsets[ph] is not None for ph in items},
-           "truth": indices({ph: items[ph].labels for ph in items}, {})}
+    row = {
+        "patient": ed.patient,
+        "fired": {ph: offsets[ph] is not None for ph in items},
+        "truth": indices({ph: items[ph].labels for ph in items}, {}),
+    }
     for policy, runs in chosen.items():
         values = indices({ph: runs[ph]["labels"] for ph in items}, correct)
-        row[policy] = {"LVEF": values["LVEF"], "RVEF": values["RVEF"],
-                       "moved": {ph: runs[ph] is not centred[ph] for ph in items},
-                       "dice": [d for ph in items for d in runs[ph]["dice"]]}
+        row[policy] = {
+            "LVEF": values["LVEF"],
+            "RVEF": values["RVEF"],
+            "moved": {ph: runs[ph] is not centred[ph] for ph in items},
+            "dice": [d for ph in items for d in runs[ph]["dice"]],
+        }
     return row
 
 
 def markdown(result: dict) -> str:
-    lines = [f"# One grid per subject? {result['bundle']}, {result['split']} split", "",
-             f"Margin {result['margin_mm']:g} mm. LVEF and RVEF in points (value - label-derived); Dice: mean over "
-             "both frames' RV, MYO, LV.", "",
-             "| policy | LVEF MAE | LVEF error mean / sd | RVEF MAE | RVEF error mean / sd | mean Dice |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"# One grid per subject? {result['bundle']}, {result['split']} split",
+        "",
+        f"Margin {result['margin_mm']:g} mm. LVEF and RVEF in points (value - label-derived); Dice: mean over "
+        "both frames' RV, MYO, LV.",
+        "",
+        "| policy | LVEF MAE | LVEF error mean / sd | RVEF MAE | RVEF error mean / sd | mean Dice |",
+        "|---|---|---|---|---|---|",
+    ]
     for policy in POLICIES:
         s = result["summary"][policy]
-        lines.append(f"| {policy} | {s['LVEF']['mae']:.2f} | {s['LVEF']['mean_error']:+.2f} / {s['LVEF']['sd']:.2f} | "
-                     f"{s['RVEF']['mae']:.2f} | {s['RVEF']['mean_error']:+.2f} / {s['RVEF']['sd']:.2f} | "
-                     f"{s['mean_dice']:.4f} |")
-    lines += ["", "Subjects where the check fired on a frame (moved: which frames each policy ran on a moved grid):",
-              "", "| patient | fired (ED, ES) | policy | moved (ED, ES) | LVEF | RVEF | label LVEF | label RVEF |",
-              "|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {policy} | {s['LVEF']['mae']:.2f} | {s['LVEF']['mean_error']:+.2f} / {s['LVEF']['sd']:.2f} | "
+            f"{s['RVEF']['mae']:.2f} | {s['RVEF']['mean_error']:+.2f} / {s['RVEF']['sd']:.2f} | "
+            f"{s['mean_dice']:.4f} |"
+        )
+    lines += [
+        "",
+        "Subjects where the check fired on a frame (moved: which frames each policy ran on a moved grid):",
+        "",
+        "| patient | fired (ED, ES) | policy | moved (ED, ES) | LVEF | RVEF | label LVEF | label RVEF |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     yes = {True: "yes", False: "no"}
     for r in result["rows"]:
         if not any(r["fired"].values()):
             continue
         for policy in POLICIES:
             p = r[policy]
-            lines.append(f"| {r['patient']} | {yes[r['fired']['ED']]}, {yes[r['fired']['ES']]} | {policy} | "
-                         f"{yes[p['moved']['ED']]}, {yes[p['moved']['ES']]} | {p['LVEF']:.1f} | {p['RVEF']:.1f} | "
-                         f"{r['truth']['LVEF']:.1f} | {r['truth']['RVEF']:.1f} |")
+            lines.append(
+                f"| {r['patient']} | {yes[r['fired']['ED']]}, {yes[r['fired']['ES']]} | {policy} | "
+                f"{yes[p['moved']['ED']]}, {yes[p['moved']['ES']]} | {p['LVEF']:.1f} | {p['RVEF']:.1f} | "
+                f"{r['truth']['LVEF']:.1f} | {r['truth']['RVEF']:.1f} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -154,8 +199,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"{patient}: fired {rows[-1]['fired']}", file=sys.stderr, flush=True)
         return {"margin_mm": margin, "rows": rows, "summary": {policy: ef_errors(rows, policy) for policy in POLICIES}}
 
-    return study_main(argv, "python -m cardseg_train.field_of_view_subjects", __doc__, "field_of_view_subjects",
-                      compute, markdown)
+    return study_main(
+        argv, "python -m cardseg_train.field_of_view_subjects", __doc__, "field_of_view_subjects", compute, markdown
+    )
 
 
 if __name__ == "__main__":

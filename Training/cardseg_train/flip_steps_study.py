@@ -71,25 +71,36 @@ def run_study(bundle, cases, candidates: Sequence[Sequence[int]] = CANDIDATES, l
     out = {}
     for steps in lists:
         q = map_quality(preds, truths, maps[label(steps)])
-        out[label(steps)] = {"steps": steps, "network_calls_per_batch": 3 * len(steps),
-                             "seconds": seconds[label(steps)], **q}
+        out[label(steps)] = {
+            "steps": steps,
+            "network_calls_per_batch": 3 * len(steps),
+            "seconds": seconds[label(steps)],
+            **q,
+        }
     return {"volumes": len(preds), "sampled_steps": lists[0], "candidates": out}
 
 
 def markdown(result: dict) -> str:
     base = result["candidates"][label(result["sampled_steps"])]
-    lines = [f"# The flipped copies on fewer diffusion steps: {result['bundle']}, {result['split']} split", "",
-             f"{result['volumes']} clean volumes. The plain run (the bundle's steps {label(result['sampled_steps'])}) "
-             "and its TAC are the same throughout; the three flipped copies run on the steps of each row. Map: "
-             "TAC + the copies' disagreement, smoothed 2 px, against the plain run's substantial errors. Nothing "
-             "fitted; seconds on this machine, all volumes.", "",
-             "| copies' steps | primary calls a batch | seconds | share of the bundle's | AUROC | AUPRC | "
-             "covered at 5% | at 10% | at 20% |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# The flipped copies on fewer diffusion steps: {result['bundle']}, {result['split']} split",
+        "",
+        f"{result['volumes']} clean volumes. The plain run (the bundle's steps {label(result['sampled_steps'])}) "
+        "and its TAC are the same throughout; the three flipped copies run on the steps of each row. Map: "
+        "TAC + the copies' disagreement, smoothed 2 px, against the plain run's substantial errors. Nothing "
+        "fitted; seconds on this machine, all volumes.",
+        "",
+        "| copies' steps | primary calls a batch | seconds | share of the bundle's | AUROC | AUPRC | "
+        "covered at 5% | at 10% | at 20% |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in result["candidates"].items():
         c = r["covered"]
         share = r["seconds"] / base["seconds"] if base["seconds"] else float("nan")
-        lines.append(f"| {name} | {r['network_calls_per_batch']} | {r['seconds']:.1f} | {share:.2f} | "
-                     f"{r['auroc']:.3f} | {r['auprc']:.3f} | {c['0.05']:.3f} | {c['0.1']:.3f} | {c['0.2']:.3f} |")
+        lines.append(
+            f"| {name} | {r['network_calls_per_batch']} | {r['seconds']:.1f} | {share:.2f} | "
+            f"{r['auroc']:.3f} | {r['auprc']:.3f} | {c['0.05']:.3f} | {c['0.1']:.3f} | {c['0.2']:.3f} |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -42,8 +42,9 @@ def conformal_half(abs_errors: np.ndarray, level: float) -> float:
     return float(a[rank - 1]) if rank <= a.size else float("inf")
 
 
-def conformal_checks(e_val: np.ndarray, e_train: np.ndarray, level: float, repeats: int = 500,
-                     seed: int = 0) -> Dict[str, dict]:
+def conformal_checks(
+    e_val: np.ndarray, e_train: np.ndarray, level: float, repeats: int = 500, seed: int = 0
+) -> Dict[str, dict]:
     """Split-conformal on absolute errors about 0: leave-one-out on validation, cross-fitting on training."""
     inside, widths = [], []
     for i in range(e_val.size):
@@ -58,9 +59,16 @@ def conformal_checks(e_val: np.ndarray, e_train: np.ndarray, level: float, repea
         h = conformal_half(np.abs(e_train[idx[:n]]), level)
         cover.append(float(np.mean(np.abs(e_train[idx[n:]]) <= h)))
         w.append(2 * h)
-    return {"leave_one_out": {"coverage": float(np.mean(inside)), "median_width": float(np.median(widths))},
-            "training_split_check": {"coverage": float(np.mean(cover)), "median_width": float(np.mean(w)),
-                                     "n_fit": int(n), "n_held": int(e_train.size - n), "repeats": int(repeats)}}
+    return {
+        "leave_one_out": {"coverage": float(np.mean(inside)), "median_width": float(np.median(widths))},
+        "training_split_check": {
+            "coverage": float(np.mean(cover)),
+            "median_width": float(np.mean(w)),
+            "n_fit": int(n),
+            "n_held": int(e_train.size - n),
+            "repeats": int(repeats),
+        },
+    }
 
 
 def design_checks(val, train, level: float = 0.9, seed: int = 0) -> dict:
@@ -79,45 +87,69 @@ def design_checks(val, train, level: float = 0.9, seed: int = 0) -> dict:
         for design, (nv, nt) in (("pivot", (None, None)), ("pivot, spread-normalised", (uv, ut))):
             zv, zt = (ev, et) if nv is None else (ev / nv, et / nt)
             shape = ii.standardised_pool({"validation": zv, "train:clean": zt}, min_size=3)
-            res[design] = {"leave_one_out": ii.leave_one_out(ev, shape, level, seed=seed, unit_scale=nv),
-                           "training_split_check": ii.split_check(et, shape, ev.size, level, unit_scale=nt,
-                                                                  seed=seed)}
+            res[design] = {
+                "leave_one_out": ii.leave_one_out(ev, shape, level, seed=seed, unit_scale=nv),
+                "training_split_check": ii.split_check(et, shape, ev.size, level, unit_scale=nt, seed=seed),
+            }
         gauss = ii.standardised_pool({"gaussian": np.random.default_rng(seed).standard_normal(100_000)})
-        res["gaussian"] = {"leave_one_out": ii.leave_one_out(ev, gauss, level, seed=seed),
-                           "training_split_check": ii.split_check(et, gauss, ev.size, level, seed=seed)}
+        res["gaussian"] = {
+            "leave_one_out": ii.leave_one_out(ev, gauss, level, seed=seed),
+            "training_split_check": ii.split_check(et, gauss, ev.size, level, seed=seed),
+        }
         res["split-conformal"] = conformal_checks(ev, et, level, seed=seed)
         if name in TARGET_WIDTHS:
             c = TARGET_WIDTHS[name] / (2.0 * ii.location_scale(ev)[1])
-            inside = [abs(ev[i] - m) <= c * s for i in range(ev.size)
-                      for m, s in [ii.location_scale(np.delete(ev, i))]]
+            inside = [abs(ev[i] - m) <= c * s for i in range(ev.size) for m, s in [ii.location_scale(np.delete(ev, i))]]
             widths = [2 * c * ii.location_scale(np.delete(ev, i))[1] for i in range(ev.size)]
             res[f"pivot, c for width {TARGET_WIDTHS[name]:g}"] = {
                 "leave_one_out": {"coverage": float(np.mean(inside)), "median_width": float(np.median(widths))},
-                "training_split_check": ii.split_check(et, gauss, ev.size, level, seed=seed, pivot=c)}
-        out[name] = {"designs": res, "validation_subjects": int(ev.size), "training_patients": int(et.size),
-                     "spearman_spread_abs_error": {"validation": ii.spearman(uv, np.abs(ev)),
-                                                   "training": ii.spearman(ut, np.abs(et))}}
+                "training_split_check": ii.split_check(et, gauss, ev.size, level, seed=seed, pivot=c),
+            }
+        out[name] = {
+            "designs": res,
+            "validation_subjects": int(ev.size),
+            "training_patients": int(et.size),
+            "spearman_spread_abs_error": {
+                "validation": ii.spearman(uv, np.abs(ev)),
+                "training": ii.spearman(ut, np.abs(et)),
+            },
+        }
     return out
 
 
 def markdown(checks: dict, level: float) -> str:
-    lines = ["# Cardiac-index interval designs, checked on validation and training patients (no test subject)", "",
-             f"Nominal {level:.0%}. Leave-one-out: each validation subject predicted from the other ones. Cross-fitting: "
-             "the design fitted on as many training patients as there are validation subjects (their in-sample errors, "
-             "exchangeable among themselves), the other training patients predicted, repeated; its widths are "
-             "in-sample ones (smaller than on new subjects), its coverage is the design's.", ""]
+    lines = [
+        "# Cardiac-index interval designs, checked on validation and training patients (no test subject)",
+        "",
+        f"Nominal {level:.0%}. Leave-one-out: each validation subject predicted from the other ones. Cross-fitting: "
+        "the design fitted on as many training patients as there are validation subjects (their in-sample errors, "
+        "exchangeable among themselves), the other training patients predicted, repeated; its widths are "
+        "in-sample ones (smaller than on new subjects), its coverage is the design's.",
+        "",
+    ]
     for name, c in checks.items():
         rho = c["spearman_spread_abs_error"]
-        fmt = (lambda x: "n/a" if x is None else f"{x:.2f}")
-        lines += [f"## {name}", "", f"{c['validation_subjects']} validation subjects, {c['training_patients']} training "
-                  f"patients. Spearman(CARD spread, abs error): validation {fmt(rho['validation'])}, training "
-                  f"{fmt(rho['training'])}.", "",
-                  "| design | leave-one-out coverage | leave-one-out median width | cross-fitting coverage | "
-                  "cross-fitting median width (in-sample) |", "|---|---|---|---|---|"]
+
+        def fmt(x):
+            return "n/a" if x is None else f"{x:.2f}"
+
+        lines += [
+            f"## {name}",
+            "",
+            f"{c['validation_subjects']} validation subjects, {c['training_patients']} training "
+            f"patients. Spearman(CARD spread, abs error): validation {fmt(rho['validation'])}, training "
+            f"{fmt(rho['training'])}.",
+            "",
+            "| design | leave-one-out coverage | leave-one-out median width | cross-fitting coverage | "
+            "cross-fitting median width (in-sample) |",
+            "|---|---|---|---|---|",
+        ]
         for design, d in c["designs"].items():
             lo, sc = d["leave_one_out"], d["training_split_check"]
-            lines.append(f"| {design} | {lo['coverage']:.2f} | {lo['median_width']:.2f} | {sc['coverage']:.3f} | "
-                         f"{sc['median_width']:.2f} |")
+            lines.append(
+                f"| {design} | {lo['coverage']:.2f} | {lo['median_width']:.2f} | {sc['coverage']:.3f} | "
+                f"{sc['median_width']:.2f} |"
+            )
         lines.append("")
     return "\n".join(lines)
 
@@ -133,6 +165,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .report_files import atomic_write
 
     from cardseg.base.argparsing import CommandLineParser
+
     p = CommandLineParser(prog="python -m cardseg_train.indices_design", description=__doc__.split("\n")[0])
     p.add_argument("--bundle", default=None)
     p.add_argument("--data", default="../shared/data/acdc")
@@ -148,8 +181,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         thr = spread_tac_threshold(bundle.config)
         args = (a.evidence_cache, 1.5, thr, None, "cpu", 8, lambda s: print(s, flush=True))
         val = evidence_subjects(bundle, a.data, "val", ["clean"], *args)
-        train = evidence_subjects(bundle, a.data, "train", ["clean"], *args,
-                                  patients=pool_patients(a.data, a.pool_patients))
+        train = evidence_subjects(
+            bundle, a.data, "train", ["clean"], *args, patients=pool_patients(a.data, a.pool_patients)
+        )
         checks = design_checks(val, train, a.level)
     except (CardsegError, ValueError) as exc:
         print(f"indices_design: error: {exc}", file=sys.stderr)
@@ -157,8 +191,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = Path(a.out)
 
     def write() -> None:
-        atomic_write(out / "design.json", json.dumps({"level": a.level, "bundle": bundle.ident,
-                                                      "checks": checks}, indent=1).encode())
+        atomic_write(
+            out / "design.json",
+            json.dumps({"level": a.level, "bundle": bundle.ident, "checks": checks}, indent=1).encode(),
+        )
         atomic_write(out / "design.md", markdown(checks, a.level).encode())
 
     if write_recorded(record, "indices_design", write):  # the folder is checked again as the writing starts

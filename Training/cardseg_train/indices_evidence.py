@@ -56,8 +56,9 @@ def card_arrays(bundle, slices01: np.ndarray, spacing_xy, device="cpu", batch_si
     from cardseg.method.calibration import temperature_scale
     from cardseg.segment import trajectory_on_slices
 
-    traj = trajectory_on_slices(np.asarray(slices01, dtype=np.float32), tuple(spacing_xy), bundle, "card", device,
-                                batch_size)
+    traj = trajectory_on_slices(
+        np.asarray(slices01, dtype=np.float32), tuple(spacing_xy), bundle, "card", device, batch_size
+    )
     cal = bundle.calibrator
     tau = cal.temperature(traj.tac, outside=~traj.fov)  # as the engine: tau_min outside the field of view
     probs = temperature_scale(traj.logits, tau).float().exp_().permute(0, 2, 3, 1).contiguous().numpy()
@@ -74,23 +75,46 @@ def evidence_key(bundle, settings: dict) -> str:
 
 def _load(path: Path, case: str, patient: str, phase: str, variant: str) -> EvidenceVolume:
     with np.load(path, allow_pickle=False) as f:
-        return EvidenceVolume(case, patient, phase, variant, tuple(float(s) for s in f["spacing"]), f["labels"],
-                              f["probs"].astype(np.float32), f["disagreement"].astype(np.float32), f["truth"])
+        return EvidenceVolume(
+            case,
+            patient,
+            phase,
+            variant,
+            tuple(float(s) for s in f["spacing"]),
+            f["labels"],
+            f["probs"].astype(np.float32),
+            f["disagreement"].astype(np.float32),
+            f["truth"],
+        )
 
 
 def _save(path: Path, v: EvidenceVolume) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.stem + ".tmp.npz")
-    np.savez_compressed(tmp, spacing=np.asarray(v.spacing, dtype=float), labels=v.labels,
-                        probs=v.probs.astype(np.float16), disagreement=v.disagreement.astype(np.float16),
-                        truth=v.truth)
+    np.savez_compressed(
+        tmp,
+        spacing=np.asarray(v.spacing, dtype=float),
+        labels=v.labels,
+        probs=v.probs.astype(np.float16),
+        disagreement=v.disagreement.astype(np.float16),
+        truth=v.truth,
+    )
     tmp.replace(path)
 
 
-def evidence_volumes(bundle, data: str, split: str, variants: Sequence[str], cache_root: Optional[Path],
-                     h5_spacing: float = 1.5, seed: int = 0, device="cpu", batch_size: int = 8,
-                     log: Callable[[str], None] = print, patients: Optional[Sequence[str]] = None
-                     ) -> Iterator[EvidenceVolume]:
+def evidence_volumes(
+    bundle,
+    data: str,
+    split: str,
+    variants: Sequence[str],
+    cache_root: Optional[Path],
+    h5_spacing: float = 1.5,
+    seed: int = 0,
+    device="cpu",
+    batch_size: int = 8,
+    log: Callable[[str], None] = print,
+    patients: Optional[Sequence[str]] = None,
+) -> Iterator[EvidenceVolume]:
     """Yield every ED/ES volume of ``split`` (``val`` or ``train``) under each variant, cached."""
     from cardseg.base.errors import CardsegError
     from cardseg.segment import normalized_slices
@@ -104,8 +128,13 @@ def evidence_volumes(bundle, data: str, split: str, variants: Sequence[str], cac
     bad = [v for v in variants if v not in POOL_VARIANTS]
     if bad:
         raise CardsegError(f"unknown variant {bad[0]!r} (choose from {', '.join(POOL_VARIANTS)})")
-    settings = {"data": str(Path(data).resolve()), "split": split, "h5_spacing": float(h5_spacing),
-                "thickness": ACDC_H5_THICKNESS_MM, "seed": int(seed)}
+    settings = {
+        "data": str(Path(data).resolve()),
+        "split": split,
+        "h5_spacing": float(h5_spacing),
+        "thickness": ACDC_H5_THICKNESS_MM,
+        "seed": int(seed),
+    }
     root = Path(cache_root) / evidence_key(bundle, settings) if cache_root is not None else None
     for item in acdc_h5_volumes(data, split, h5_spacing):
         frame = item.case.rsplit("_", 1)[-1]
@@ -119,11 +148,23 @@ def evidence_volumes(bundle, data: str, split: str, variants: Sequence[str], cac
                 continue
             t0 = time.perf_counter()
             norm = normalized_slices(item.volume, bundle) if norm is None else norm
-            img = norm if variant == "clean" else perturb_image(norm, variant,
-                                                                corruption_rng(item.case, f"indices:{variant}", seed))
+            img = (
+                norm
+                if variant == "clean"
+                else perturb_image(norm, variant, corruption_rng(item.case, f"indices:{variant}", seed))
+            )
             labels, probs, tac = card_arrays(bundle, img, item.volume.spacing[:2], device, batch_size)
-            v = EvidenceVolume(item.case, item.patient, PHASES[frame], variant,
-                               tuple(float(s) for s in item.volume.spacing), labels, probs, tac, item.labels)
+            v = EvidenceVolume(
+                item.case,
+                item.patient,
+                PHASES[frame],
+                variant,
+                tuple(float(s) for s in item.volume.spacing),
+                labels,
+                probs,
+                tac,
+                item.labels,
+            )
             if path is not None:
                 _save(path, v)
             log(f"{item.case} {variant}: {time.perf_counter() - t0:.1f} s")
@@ -137,6 +178,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .cli_options import add_cache
 
     from cardseg.base.argparsing import CommandLineParser
+
     ap = CommandLineParser(prog="python -m cardseg_train.indices_evidence", description=__doc__.split("\n")[0])
     ap.add_argument("--bundle", default=None)
     ap.add_argument("--data", default="../shared/data/acdc")
@@ -148,9 +190,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         bundle = load_bundle(args.bundle, device="cpu")
         n = 0
-        for _ in evidence_volumes(bundle, args.data, args.split, args.variants.split(","),
-                                  Path(args.cache) if args.cache else None,
-                                  args.h5_spacing, log=lambda s: print(s, flush=True)):
+        for _ in evidence_volumes(
+            bundle,
+            args.data,
+            args.split,
+            args.variants.split(","),
+            Path(args.cache) if args.cache else None,
+            args.h5_spacing,
+            log=lambda s: print(s, flush=True),
+        ):
             n += 1
     except CardsegError as exc:
         print(f"indices_evidence: error: {exc}", file=sys.stderr)

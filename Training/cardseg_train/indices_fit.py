@@ -53,27 +53,48 @@ def cache_key(bundle, settings: dict) -> str:
     """Weights, calibration (parameters and TAC steps) and every setting that shapes the arrays."""
     from .cache_identity import calibrated_identity
 
-    blob = json.dumps({**calibrated_identity(bundle), "version": CACHE_VERSION,
-                       **settings}, sort_keys=True).encode()
+    blob = json.dumps({**calibrated_identity(bundle), "version": CACHE_VERSION, **settings}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
 def _load(path: Path, case: str, patient: str, phase: str) -> VolumeArrays:
     with np.load(path, allow_pickle=False) as f:
-        return VolumeArrays(case, patient, phase, tuple(float(s) for s in f["spacing"]), f["labels"], f["probs"],
-                            f["disagreement"], f["truth"])
+        return VolumeArrays(
+            case,
+            patient,
+            phase,
+            tuple(float(s) for s in f["spacing"]),
+            f["labels"],
+            f["probs"],
+            f["disagreement"],
+            f["truth"],
+        )
 
 
 def _save(path: Path, v: VolumeArrays) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.stem + ".tmp.npz")
-    np.savez_compressed(tmp, spacing=np.asarray(v.spacing, dtype=float), labels=v.labels, probs=v.probs,
-                        disagreement=v.disagreement, truth=v.truth)
+    np.savez_compressed(
+        tmp,
+        spacing=np.asarray(v.spacing, dtype=float),
+        labels=v.labels,
+        probs=v.probs,
+        disagreement=v.disagreement,
+        truth=v.truth,
+    )
     tmp.replace(path)
 
 
-def split_volumes(bundle, data: str, split: str, h5_spacing: float, cache_dir: Optional[str], device="cpu",
-                  batch_size: int = 8, log: Callable[[str], None] = print):
+def split_volumes(
+    bundle,
+    data: str,
+    split: str,
+    h5_spacing: float,
+    cache_dir: Optional[str],
+    device="cpu",
+    batch_size: int = 8,
+    log: Callable[[str], None] = print,
+):
     """Yield :class:`VolumeArrays` for every volume of ``split``, from the cache when it is there.
 
     Volumes are the ACDC HDF5 ones as ``cardseg evaluate`` reads them (pixels ``h5_spacing`` mm,
@@ -83,8 +104,12 @@ def split_volumes(bundle, data: str, split: str, h5_spacing: float, cache_dir: O
 
     from .evaluation import ACDC_H5_THICKNESS_MM, acdc_h5_volumes
 
-    settings = {"data": str(Path(data).resolve()), "split": split, "h5_spacing": float(h5_spacing),
-                "thickness": ACDC_H5_THICKNESS_MM}
+    settings = {
+        "data": str(Path(data).resolve()),
+        "split": split,
+        "h5_spacing": float(h5_spacing),
+        "thickness": ACDC_H5_THICKNESS_MM,
+    }
     root = Path(cache_dir) / cache_key(bundle, settings) if cache_dir else None
     for item in acdc_h5_volumes(data, split, h5_spacing):
         frame = item.case.rsplit("_", 1)[-1]
@@ -97,8 +122,16 @@ def split_volumes(bundle, data: str, split: str, h5_spacing: float, cache_dir: O
             continue
         t0 = time.perf_counter()
         res = segment_volume(item.volume, bundle, method="card", device=device, batch_size=batch_size)
-        v = VolumeArrays(item.case, item.patient, phase, tuple(float(s) for s in item.volume.spacing), res.labels,
-                         res.probabilities, res.disagreement, item.labels)
+        v = VolumeArrays(
+            item.case,
+            item.patient,
+            phase,
+            tuple(float(s) for s in item.volume.spacing),
+            res.labels,
+            res.probabilities,
+            res.disagreement,
+            item.labels,
+        )
         if path is not None:
             _save(path, v)
         log(f"{item.case}: segmented in {time.perf_counter() - t0:.1f} s")
@@ -120,9 +153,15 @@ class Subject:
     group: str = "val"
 
 
-def subjects_of(volumes, class_names: Sequence[str], flag_threshold: float, correct: Optional[dict] = None,
-                group: Optional[str] = None, minimum: int = 0, warn: Optional[Callable[[str], None]] = None
-                ) -> List[Subject]:
+def subjects_of(
+    volumes,
+    class_names: Sequence[str],
+    flag_threshold: float,
+    correct: Optional[dict] = None,
+    group: Optional[str] = None,
+    minimum: int = 0,
+    warn: Optional[Callable[[str], None]] = None,
+) -> List[Subject]:
     """Pair each patient's ED and ES volumes into :class:`Subject` rows (per variant when the
     volumes carry one). One volume in memory at a time. A patient without both frames is left
     out and named: in one warning line (``warn``, default stderr), or, when fewer than ``minimum``
@@ -149,13 +188,22 @@ def subjects_of(volumes, class_names: Sequence[str], flag_threshold: float, corr
             missing[f"{patient} (no {phase} frame, {frame})"] = variant
             continue
         (ev, esd, et), (sv, ssd, st) = f["ED"], f["ES"]
-        out.append(Subject(patient, ix.cardiac_indices(ev, sv), ix.cardiac_indices(et, st),
-                           ix.index_spreads(ev, sv, esd, ssd), group or variant))
+        out.append(
+            Subject(
+                patient,
+                ix.cardiac_indices(ev, sv),
+                ix.cardiac_indices(et, st),
+                ix.index_spreads(ev, sv, esd, ssd),
+                group or variant,
+            )
+        )
     if missing:
         names = ", ".join(missing)
         if len(out) < minimum:
-            raise CardsegError(f"only {len(out)} subjects have both the ED and the ES frame, {minimum} needed; "
-                               f"missing a frame: {names}")
+            raise CardsegError(
+                f"only {len(out)} subjects have both the ED and the ES frame, {minimum} needed; "
+                f"missing a frame: {names}"
+            )
         (warn or _warn)(f"left out {len(missing)} patient(s) missing a frame: {names}")
     return out
 
@@ -195,30 +243,46 @@ def fit_models(val: Sequence[Subject], pool: Sequence[Subject], level: float, se
             shape = ii.standardised_pool(parts, min_size=3)
             models[name] = ii.fit_index_model(e_val, shape, level, seed=seed)
         except ValueError as exc:
-            raise CardsegError(f"cannot fit the {name} interval from {len(val)} validation and {len(pool)} pool "
-                               f"subjects: {exc}") from None
+            raise CardsegError(
+                f"cannot fit the {name} interval from {len(val)} validation and {len(pool)} pool subjects: {exc}"
+            ) from None
         loo = ii.leave_one_out(e_val, shape, level, seed=seed) if np.isfinite(e_val).sum() >= 4 else None
         n_val, train = int(np.isfinite(e_val).sum()), parts.get("train:clean", np.array([]))
-        split = ii.split_check(train, shape, n_val, level, seed=seed) if np.isfinite(train).sum() >= n_val + 10 \
-            else None
-        info[name] = {"pool": {g: int(np.isfinite(e).sum()) for g, e in parts.items()}, "pool_size": int(shape.size),
-                      "leave_one_out": loo, "training_split_check": split}
+        split = (
+            ii.split_check(train, shape, n_val, level, seed=seed) if np.isfinite(train).sum() >= n_val + 10 else None
+        )
+        info[name] = {
+            "pool": {g: int(np.isfinite(e).sum()) for g, e in parts.items()},
+            "pool_size": int(shape.size),
+            "leave_one_out": loo,
+            "training_split_check": split,
+        }
     return models, info
 
 
-def fit_block(val: Sequence[Subject], pool: Sequence[Subject], config: dict, level: float, flag_threshold: float,
-              fit_info: dict, correct: Optional[dict] = None) -> dict:
+def fit_block(
+    val: Sequence[Subject],
+    pool: Sequence[Subject],
+    config: dict,
+    level: float,
+    flag_threshold: float,
+    fit_info: dict,
+    correct: Optional[dict] = None,
+) -> dict:
     """The ``indices`` block from validation subjects and a shape pool."""
     from cardseg.cohort import indices as ix
 
     models, info = fit_models(val, pool, level)
     block = ix.make_block(config, models, level, flag_threshold, volumes=correct)
     measured = measure(val, block)
-    block["fit"] = {**fit_info, "subjects": len(val), "pool_subjects": {g: sum(1 for s in pool if s.group == g)
-                                                                        for g in sorted({s.group for s in pool})},
-                    "validation_coverage_in_sample": {n: measured["indices"][n]["coverage"] for n in ix.INDEX_NAMES},
-                    "validation_leave_one_out": {n: info[n]["leave_one_out"] for n in ix.INDEX_NAMES},
-                    "training_split_check": {n: info[n]["training_split_check"] for n in ix.INDEX_NAMES}}
+    block["fit"] = {
+        **fit_info,
+        "subjects": len(val),
+        "pool_subjects": {g: sum(1 for s in pool if s.group == g) for g in sorted({s.group for s in pool})},
+        "validation_coverage_in_sample": {n: measured["indices"][n]["coverage"] for n in ix.INDEX_NAMES},
+        "validation_leave_one_out": {n: info[n]["leave_one_out"] for n in ix.INDEX_NAMES},
+        "training_split_check": {n: info[n]["training_split_check"] for n in ix.INDEX_NAMES},
+    }
     return block
 
 
@@ -238,8 +302,12 @@ def measure(subjects: Sequence[Subject], block: dict) -> dict:
     rows = []
     for s in subjects:
         iv = ix.subject_intervals(s.values, block)
-        rows.append({"patient": s.patient, **{n: {**iv[n], "truth": s.truth[n], "spread": s.spreads[n]}
-                                              for n in ix.INDEX_NAMES}})
+        rows.append(
+            {
+                "patient": s.patient,
+                **{n: {**iv[n], "truth": s.truth[n], "spread": s.spreads[n]} for n in ix.INDEX_NAMES},
+            }
+        )
     per_index = {}
     for name in ix.INDEX_NAMES:
         items = [r[name] for r in rows]
@@ -249,25 +317,40 @@ def measure(subjects: Sequence[Subject], block: dict) -> dict:
         inside = (lo <= t) & (t <= hi)
         err = v - t
         rho = ii.spearman([i["spread"] for i in items], np.abs(err))
-        per_index[name] = {"unit": ix.UNITS[name], "n": len(items), "covered": int(inside.sum()),
-                           "coverage": ix.coverage(t, lo, hi), "coverage_ci95": clopper_pearson(int(inside.sum()),
-                                                                                                len(items)),
-                           "mean_width": float(np.mean(hi - lo)), "median_width": float(np.median(hi - lo)),
-                           "mae": float(np.mean(np.abs(err))), "mean_error": float(np.mean(err)),
-                           "truth_mean": float(np.mean(t)), "spearman_spread_abs_error": rho}
+        per_index[name] = {
+            "unit": ix.UNITS[name],
+            "n": len(items),
+            "covered": int(inside.sum()),
+            "coverage": ix.coverage(t, lo, hi),
+            "coverage_ci95": clopper_pearson(int(inside.sum()), len(items)),
+            "mean_width": float(np.mean(hi - lo)),
+            "median_width": float(np.median(hi - lo)),
+            "mae": float(np.mean(np.abs(err))),
+            "mean_error": float(np.mean(err)),
+            "truth_mean": float(np.mean(t)),
+            "spearman_spread_abs_error": rho,
+        }
     for name, ci in (mae_intervals(rows, ix.INDEX_NAMES) if len(rows) >= 2 else {}).items():
         per_index[name]["mae_ci95"] = ci
     ef = [r["LVEF"] for r in rows]
     straddle = [cat.straddles(i["low"], i["high"]) for i in ef]
     implied = [cat.lvef_category(i["truth"]) in cat.interval_categories(i["low"], i["high"]) for i in ef]
-    categories = {"straddling": int(sum(straddle)), "implies_true_category": int(sum(implied)),
-                  "value_in_true_category": int(sum(cat.lvef_category(i["value"]) == cat.lvef_category(i["truth"])
-                                                    for i in ef)), "n": len(ef)}
+    categories = {
+        "straddling": int(sum(straddle)),
+        "implies_true_category": int(sum(implied)),
+        "value_in_true_category": int(sum(cat.lvef_category(i["value"]) == cat.lvef_category(i["truth"]) for i in ef)),
+        "n": len(ef),
+    }
     for r in rows:
         r["LVEF"]["label"] = cat.category_label(r["LVEF"]["low"], r["LVEF"]["high"])
         r["LVEF"]["true_category"] = cat.lvef_category(r["LVEF"]["truth"])
-    return {"nominal": float(block["nominal"]), "subjects": len(rows), "indices": per_index,
-            "lvef_categories": categories, "rows": rows}
+    return {
+        "nominal": float(block["nominal"]),
+        "subjects": len(rows),
+        "indices": per_index,
+        "lvef_categories": categories,
+        "rows": rows,
+    }
 
 
 def split_conformal_baseline(fit: Sequence[Subject], test: Sequence[Subject], level: float) -> dict:
@@ -288,16 +371,37 @@ def split_conformal_baseline(fit: Sequence[Subject], test: Sequence[Subject], le
     return out
 
 
-def evidence_subjects(bundle, data: str, split: str, variants: Sequence[str], evidence_cache: Optional[str],
-                      h5_spacing: float, flag_threshold: float, correct: Optional[dict], device, batch_size: int,
-                      log: Callable[[str], None], patients: Optional[Sequence[str]] = None,
-                      minimum: int = 0) -> List[Subject]:
+def evidence_subjects(
+    bundle,
+    data: str,
+    split: str,
+    variants: Sequence[str],
+    evidence_cache: Optional[str],
+    h5_spacing: float,
+    flag_threshold: float,
+    correct: Optional[dict],
+    device,
+    batch_size: int,
+    log: Callable[[str], None],
+    patients: Optional[Sequence[str]] = None,
+    minimum: int = 0,
+) -> List[Subject]:
     """Subjects of ``split`` (val or train) under ``variants`` from :mod:`cardseg_train.indices_evidence`;
     groups are ``<split>:<variant>``; ``minimum``: :func:`subjects_of`'s."""
     from .indices_evidence import evidence_volumes
 
-    vols = evidence_volumes(bundle, data, split, variants, Path(evidence_cache) if evidence_cache else None,
-                            h5_spacing, device=device, batch_size=batch_size, log=log, patients=patients)
+    vols = evidence_volumes(
+        bundle,
+        data,
+        split,
+        variants,
+        Path(evidence_cache) if evidence_cache else None,
+        h5_spacing,
+        device=device,
+        batch_size=batch_size,
+        log=log,
+        patients=patients,
+    )
     subs = subjects_of(vols, bundle.class_names, flag_threshold, correct, minimum=minimum)
     for s in subs:
         s.group = f"{split}:{s.group}"
@@ -311,12 +415,24 @@ def pool_patients(data: str, count: Optional[int]) -> Optional[List[str]]:
     return None if count is None else split_lists(data)["train"][:count]
 
 
-def fit_indices(bundle_path: Optional[str], data: str, level: float = 0.9, h5_spacing: float = 1.5,
-                cache_dir: Optional[str] = None, device="cpu", batch_size: int = 8, write: bool = True,
-                measure_out: Optional[str] = None, fit: bool = True, log: Callable[[str], None] = print,
-                evidence_cache: Optional[str] = None, pool: Sequence[str] = ("train:clean",),
-                pool_count: Optional[int] = None, correct: Optional[dict] = None,
-                previous: Optional[str] = None) -> dict:
+def fit_indices(
+    bundle_path: Optional[str],
+    data: str,
+    level: float = 0.9,
+    h5_spacing: float = 1.5,
+    cache_dir: Optional[str] = None,
+    device="cpu",
+    batch_size: int = 8,
+    write: bool = True,
+    measure_out: Optional[str] = None,
+    fit: bool = True,
+    log: Callable[[str], None] = print,
+    evidence_cache: Optional[str] = None,
+    pool: Sequence[str] = ("train:clean",),
+    pool_count: Optional[int] = None,
+    correct: Optional[dict] = None,
+    previous: Optional[str] = None,
+) -> dict:
     """Fit the index intervals on the validation subjects (writes ``bundle.json``'s ``indices``
     block unless ``write`` is false) and, with ``measure_out``, measure them on the test subjects.
 
@@ -343,8 +459,10 @@ def fit_indices(bundle_path: Optional[str], data: str, level: float = 0.9, h5_sp
     for s in ix.STRUCTURES:
         ix.class_index(names, s)
     summary: dict = {"bundle": bundle.ident, "timings_s": {}}
-    geometry = (f"ACDC HDF5 volumes carry no spacing: pixels taken as {h5_spacing:g} mm (as in training) and "
-                f"slices {ACDC_H5_THICKNESS_MM:g} mm apart (as cardseg evaluate)")
+    geometry = (
+        f"ACDC HDF5 volumes carry no spacing: pixels taken as {h5_spacing:g} mm (as in training) and "
+        f"slices {ACDC_H5_THICKNESS_MM:g} mm apart (as cardseg evaluate)"
+    )
     thr = ix.spread_tac_threshold(bundle.config)  # the spread diagnostic's TAC threshold
     if evidence_cache is None and cache_dir:
         evidence_cache = str(Path(cache_dir) / "evidence")
@@ -357,17 +475,31 @@ def fit_indices(bundle_path: Optional[str], data: str, level: float = 0.9, h5_sp
         for split in ("train", "val"):
             variants = [g.split(":", 1)[1] for g in pool if g.startswith(split + ":")]
             if variants:
-                pool_subjects += evidence_subjects(bundle, data, split, variants, evidence_cache, *args,
-                                                   patients=pool_patients(data, pool_count) if split == "train"
-                                                   else None)
-        info = {"split": "val", "pool": list(pool), "data": data_name(data, "acdc-h5"), "geometry": geometry,
-                "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"), "engine": "segment_volume card",
-                "cardseg": __version__}
+                pool_subjects += evidence_subjects(
+                    bundle,
+                    data,
+                    split,
+                    variants,
+                    evidence_cache,
+                    *args,
+                    patients=pool_patients(data, pool_count) if split == "train" else None,
+                )
+        info = {
+            "split": "val",
+            "pool": list(pool),
+            "data": data_name(data, "acdc-h5"),
+            "geometry": geometry,
+            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
+            "engine": "segment_volume card",
+            "cardseg": __version__,
+        }
         block = fit_block(val, pool_subjects, bundle.config, level, thr, info, correct)
         summary["timings_s"]["fit"] = time.perf_counter() - t0
         summary["block"] = block
-        log(f"fitted on {len(val)} validation subjects, shape pool {block['fit']['pool_subjects']}, at {level:.0%}: "
-            + ", ".join(f"{n} +-{m['half_width']:.3g}" for n, m in block["models"].items()))
+        log(
+            f"fitted on {len(val)} validation subjects, shape pool {block['fit']['pool_subjects']}, at {level:.0%}: "
+            + ", ".join(f"{n} +-{m['half_width']:.3g}" for n, m in block["models"].items())
+        )
         if write:
             update_config(bundle.path, {"indices": block})
             bundle.config["indices"] = block
@@ -375,35 +507,68 @@ def fit_indices(bundle_path: Optional[str], data: str, level: float = 0.9, h5_sp
     if measure_out:
         t0 = time.perf_counter()
         block = ix.fitted_block(bundle.config) if (write or not fit) else summary["block"]
-        test = subjects_of(split_volumes(bundle, data, "test", h5_spacing, cache_dir, device, batch_size, log), names,
-                           thr, block.get("volumes"), group="test", minimum=1)
+        test = subjects_of(
+            split_volumes(bundle, data, "test", h5_spacing, cache_dir, device, batch_size, log),
+            names,
+            thr,
+            block.get("volumes"),
+            group="test",
+            minimum=1,
+        )
         result = measure(test, block)
         if val is None:
-            val = evidence_subjects(bundle, data, "val", ["clean"], evidence_cache, h5_spacing, thr,
-                                    block.get("volumes"), device, batch_size, log, minimum=1)
-        uncorrected = subjects_of(split_volumes(bundle, data, "test", h5_spacing, cache_dir, device, batch_size, log),
-                                  names, thr, {}, group="test", warn=lambda text: None)  # said above
+            val = evidence_subjects(
+                bundle,
+                data,
+                "val",
+                ["clean"],
+                evidence_cache,
+                h5_spacing,
+                thr,
+                block.get("volumes"),
+                device,
+                batch_size,
+                log,
+                minimum=1,
+            )
+        uncorrected = subjects_of(
+            split_volumes(bundle, data, "test", h5_spacing, cache_dir, device, batch_size, log),
+            names,
+            thr,
+            {},
+            group="test",
+            warn=lambda text: None,
+        )  # said above
         result["uncorrected_volumes"] = {n: measure(uncorrected, block)["indices"][n]["mae"] for n in ix.INDEX_NAMES}
         result["split_conformal_baseline"] = split_conformal_baseline(val, test, block["nominal"])
         result["validation_in_sample"] = {k: v for k, v in measure(val, block).items() if k != "rows"}
-        result["settings"] = {"bundle": bundle.ident, "split": "test", "data": data_name(data, "acdc-h5"),
-                              "geometry": geometry, "block": {k: block[k] for k in ("nominal", "method", "volumes",
-                                                                                     "models", "assumptions")},
-                              "fit": block.get("fit", {})}
+        result["settings"] = {
+            "bundle": bundle.ident,
+            "split": "test",
+            "data": data_name(data, "acdc-h5"),
+            "geometry": geometry,
+            "block": {k: block[k] for k in ("nominal", "method", "volumes", "models", "assumptions")},
+            "fit": block.get("fit", {}),
+        }
         if previous:
             from .indices_stats import paired_difference
 
             old = json.loads((Path(previous) / "indices.json").read_text())
-            result["versus_previous"] = {"folder": str(previous), "method": old["settings"]["block"]["method"],
-                                         "differences": paired_difference(result["rows"], old["rows"], ix.INDEX_NAMES)}
+            result["versus_previous"] = {
+                "folder": str(previous),
+                "method": old["settings"]["block"]["method"],
+                "differences": paired_difference(result["rows"], old["rows"], ix.INDEX_NAMES),
+            }
         summary["timings_s"]["measure"] = time.perf_counter() - t0
         result["timings_s"] = summary["timings_s"]
         write_measurement(result, Path(measure_out), f"{bundle.ident} on the ACDC test subjects")
         summary["measurement"] = result
         idx = result["indices"]
-        log(f"measured on {result['subjects']} test subjects ({summary['timings_s']['measure']:.0f} s): LVEF MAE "
+        log(
+            f"measured on {result['subjects']} test subjects ({summary['timings_s']['measure']:.0f} s): LVEF MAE "
             f"{idx['LVEF']['mae']:.2f}, coverage {idx['LVEF']['coverage']:.2f}, median width "
-            f"{idx['LVEF']['median_width']:.1f}; RVEF MAE {idx['RVEF']['mae']:.2f} -> {measure_out}")
+            f"{idx['LVEF']['median_width']:.1f}; RVEF MAE {idx['RVEF']['mae']:.2f} -> {measure_out}"
+        )
     return summary
 
 
@@ -416,6 +581,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .indices_report import MEASUREMENT_FILES
 
     from cardseg.base.argparsing import CommandLineParser
+
     p = CommandLineParser(prog="python -m cardseg_train.indices_fit", description=__doc__.split("\n")[0])
     p.add_argument("--bundle", default=None)
     p.add_argument("--data", default="../shared/data/acdc")
@@ -434,10 +600,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         bundle_to_rewrite(a.bundle, p.prog, writes=not (a.dry_run or a.no_fit))
         record = out_record(a.measure_test, p.prog, MEASUREMENT_FILES, a.overwrite, option="--measure-test")
         with record.writing() if record else contextlib.nullcontext():  # the measurement is written last
-            fit_indices(a.bundle, a.data, a.level, cache_dir=a.cache or None, write=not a.dry_run,
-                        measure_out=a.measure_test, fit=not a.no_fit, evidence_cache=a.evidence_cache or None,
-                        pool=[g for g in a.pool.split(",") if g], pool_count=a.pool_patients,
-                        previous=a.previous, log=lambda s: print(s, flush=True))
+            fit_indices(
+                a.bundle,
+                a.data,
+                a.level,
+                cache_dir=a.cache or None,
+                write=not a.dry_run,
+                measure_out=a.measure_test,
+                fit=not a.no_fit,
+                evidence_cache=a.evidence_cache or None,
+                pool=[g for g in a.pool.split(",") if g],
+                pool_count=a.pool_patients,
+                previous=a.previous,
+                log=lambda s: print(s, flush=True),
+            )
     except CardsegError as exc:
         print(f"cardseg: error: {exc}", file=sys.stderr)
         return 2

@@ -26,56 +26,83 @@ def markdown(result: dict, title: str = "") -> str:
     base = result["split_conformal_baseline"]
     val = result["validation_in_sample"]
     loo = fit.get("validation_leave_one_out", {})
-    lines = [f"# Cardiac indices: {title}" if title else "# Cardiac indices", "",
-             f"Nominal level **{nom:.0%}**, method `{s['block']['method']}`: per index, bias and sd from the "
-             f"{fit.get('subjects', '?')} {fit.get('split', 'val')} subjects' errors, the pivot from the standardised "
-             f"shape pool ({', '.join(f'{g}: {n}' for g, n in (fit.get('pool_subjects') or {}).items()) or 'none'} "
-             f"subjects, plus the validation errors), fitted {fit.get('date', '?')}. Measured on "
-             f"{result['subjects']} test subjects (ED = frame01, ES = frame02), nothing fitted or chosen on them. "
-             f"Truth: the indices from the ground-truth labels on the same grid. Volumes: {_volumes(s['block'])}. "
-             f"{s['geometry']}.", "",
-             f"Assumptions: {s['block']['assumptions']}.", "",
-             "| Index | unit | coverage | 95% CI of coverage | median width | mean width | MAE | 95% CI of MAE "
-             "(patient bootstrap) | MAE without the volume corrections | mean error (seg - labels) | mean truth | Spearman(CARD spread, abs error) | "
-             "split-conformal (abs. errors) coverage | its width |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Cardiac indices: {title}" if title else "# Cardiac indices",
+        "",
+        f"Nominal level **{nom:.0%}**, method `{s['block']['method']}`: per index, bias and sd from the "
+        f"{fit.get('subjects', '?')} {fit.get('split', 'val')} subjects' errors, the pivot from the standardised "
+        f"shape pool ({', '.join(f'{g}: {n}' for g, n in (fit.get('pool_subjects') or {}).items()) or 'none'} "
+        f"subjects, plus the validation errors), fitted {fit.get('date', '?')}. Measured on "
+        f"{result['subjects']} test subjects (ED = frame01, ES = frame02), nothing fitted or chosen on them. "
+        f"Truth: the indices from the ground-truth labels on the same grid. Volumes: {_volumes(s['block'])}. "
+        f"{s['geometry']}.",
+        "",
+        f"Assumptions: {s['block']['assumptions']}.",
+        "",
+        "| Index | unit | coverage | 95% CI of coverage | median width | mean width | MAE | 95% CI of MAE "
+        "(patient bootstrap) | MAE without the volume corrections | mean error (seg - labels) | mean truth | Spearman(CARD spread, abs error) | "
+        "split-conformal (abs. errors) coverage | its width |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for n in ix.INDEX_NAMES:
         m, b = result["indices"][n], base[n]
         rho = "n/a" if m["spearman_spread_abs_error"] is None else f"{m['spearman_spread_abs_error']:.2f}"
-        lines.append(f"| {n} | {m['unit']} | {m['covered']}/{m['n']} = {m['coverage']:.2f} | "
-                     f"{m['coverage_ci95'][0]:.2f}-{m['coverage_ci95'][1]:.2f} | {m['median_width']:.1f} | "
-                     f"{m['mean_width']:.1f} | {m['mae']:.2f} | {_ci(m.get('mae_ci95'))} | "
-                     f"{result['uncorrected_volumes'][n]:.2f} | "
-                     f"{m['mean_error']:+.2f} | {m['truth_mean']:.1f} | {rho} | {b['coverage']:.2f} | "
-                     f"{_fmt_width(b['median_width'])} |")
+        lines.append(
+            f"| {n} | {m['unit']} | {m['covered']}/{m['n']} = {m['coverage']:.2f} | "
+            f"{m['coverage_ci95'][0]:.2f}-{m['coverage_ci95'][1]:.2f} | {m['median_width']:.1f} | "
+            f"{m['mean_width']:.1f} | {m['mae']:.2f} | {_ci(m.get('mae_ci95'))} | "
+            f"{result['uncorrected_volumes'][n]:.2f} | "
+            f"{m['mean_error']:+.2f} | {m['truth_mean']:.1f} | {rho} | {b['coverage']:.2f} | "
+            f"{_fmt_width(b['median_width'])} |"
+        )
     c = result["lvef_categories"]
-    lines += ["", f"LVEF categories (reduced <= 40 %, mildly reduced 41-49 %, preserved >= 50 %, on whole percent, "
-              f"half up): {c['straddling']} of {c['n']} intervals straddle a threshold; {c['implies_true_category']} "
-              f"of {c['n']} imply the category of the label-derived LVEF; the point value falls in the true category "
-              f"for {c['value_in_true_category']} of {c['n']}.", "",
-              "| patient | LVEF (seg) | interval | label | true LVEF | true category |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        f"LVEF categories (reduced <= 40 %, mildly reduced 41-49 %, preserved >= 50 %, on whole percent, "
+        f"half up): {c['straddling']} of {c['n']} intervals straddle a threshold; {c['implies_true_category']} "
+        f"of {c['n']} imply the category of the label-derived LVEF; the point value falls in the true category "
+        f"for {c['value_in_true_category']} of {c['n']}.",
+        "",
+        "| patient | LVEF (seg) | interval | label | true LVEF | true category |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in result["rows"]:
         e = r["LVEF"]
-        lines.append(f"| {r['patient']} | {e['value']:.1f} | {e['low']:.1f}-{e['high']:.1f} | {e['label']} | "
-                     f"{e['truth']:.1f} | {e['true_category']} |")
-    lines += ["", "The model per index (errors: `absolute` = truth - value in the index's unit, `relative` = truth / "
-              "value - 1), and on validation: in-sample coverage and each subject predicted from the others "
-              "(leave one out):", "",
-              "| Index | errors | bias | sd | pivot | half width | validation coverage (in-sample) | "
-              "leave-one-out coverage | leave-one-out median width (model units) |", "|---|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {r['patient']} | {e['value']:.1f} | {e['low']:.1f}-{e['high']:.1f} | {e['label']} | "
+            f"{e['truth']:.1f} | {e['true_category']} |"
+        )
+    lines += [
+        "",
+        "The model per index (errors: `absolute` = truth - value in the index's unit, `relative` = truth / "
+        "value - 1), and on validation: in-sample coverage and each subject predicted from the others "
+        "(leave one out):",
+        "",
+        "| Index | errors | bias | sd | pivot | half width | validation coverage (in-sample) | "
+        "leave-one-out coverage | leave-one-out median width (model units) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for n in ix.INDEX_NAMES:
         m = s["block"]["models"][n]
         lo = loo.get(n) or {}
-        lines.append(f"| {n} | {m['errors']} | {m['bias']:+.4g} | {m['sd']:.4g} | {m['pivot']:.3f} | "
-                     f"{m['half_width']:.4g} | {val['indices'][n]['coverage']:.2f} | "
-                     f"{lo.get('coverage', float('nan')):.2f} | {lo.get('median_width', float('nan')):.4g} |")
+        lines.append(
+            f"| {n} | {m['errors']} | {m['bias']:+.4g} | {m['sd']:.4g} | {m['pivot']:.3f} | "
+            f"{m['half_width']:.4g} | {val['indices'][n]['coverage']:.2f} | "
+            f"{lo.get('coverage', float('nan')):.2f} | {lo.get('median_width', float('nan')):.4g} |"
+        )
     lines += _split_check_lines(fit.get("training_split_check") or {}) + _previous_lines(result.get("versus_previous"))
     idx = result["indices"]
-    lines += ["", f"Mean absolute error: LVEF {idx['LVEF']['mae']:.2f} points, RVEF {idx['RVEF']['mae']:.2f} points; "
-              + ", ".join(f"{n} {idx[n]['mae']:.1f} ml" for n in ix.VOLUME_NAMES) + f"; LVM {idx['LVM_g']['mae']:.1f} g.",
-              "", f"Split-conformal baseline: the same point values with the ceil((n + 1) level)-th smallest absolute "
-              f"validation error as half width (n = {fit.get('subjects', '?')}: the largest one at 90 %). With "
-              f"{result['subjects']} test subjects one index's coverage moves in steps of "
-              f"{1 / max(result['subjects'], 1):.2f}; read the 95% intervals of coverage, not the point values."]
+    lines += [
+        "",
+        f"Mean absolute error: LVEF {idx['LVEF']['mae']:.2f} points, RVEF {idx['RVEF']['mae']:.2f} points; "
+        + ", ".join(f"{n} {idx[n]['mae']:.1f} ml" for n in ix.VOLUME_NAMES)
+        + f"; LVM {idx['LVM_g']['mae']:.1f} g.",
+        "",
+        f"Split-conformal baseline: the same point values with the ceil((n + 1) level)-th smallest absolute "
+        f"validation error as half width (n = {fit.get('subjects', '?')}: the largest one at 90 %). With "
+        f"{result['subjects']} test subjects one index's coverage moves in steps of "
+        f"{1 / max(result['subjects'], 1):.2f}; read the 95% intervals of coverage, not the point values.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -89,14 +116,19 @@ def _split_check_lines(checks: dict) -> list:
     if not items:
         return []
     c0 = items[0][1]
-    lines = ["", f"Cross-fitting check on the training patients' in-sample errors (exchangeable among themselves): "
-             f"{c0['repeats']} times, bias and sd from {c0['n_fit']} of them, the other {c0['n_held']} predicted "
-             "(widths are in-sample ones, smaller than on new subjects; the coverage is the procedure's):", "",
-             "| Index | mean held-out coverage | 10th-90th percentile over repeats | mean median width (model units) |",
-             "|---|---|---|---|"]
+    lines = [
+        "",
+        f"Cross-fitting check on the training patients' in-sample errors (exchangeable among themselves): "
+        f"{c0['repeats']} times, bias and sd from {c0['n_fit']} of them, the other {c0['n_held']} predicted "
+        "(widths are in-sample ones, smaller than on new subjects; the coverage is the procedure's):",
+        "",
+        "| Index | mean held-out coverage | 10th-90th percentile over repeats | mean median width (model units) |",
+        "|---|---|---|---|",
+    ]
     for n, c in items:
-        lines.append(f"| {n} | {c['coverage']:.3f} | {c['coverage_p10']:.2f}-{c['coverage_p90']:.2f} | "
-                     f"{c['median_width']:.4g} |")
+        lines.append(
+            f"| {n} | {c['coverage']:.3f} | {c['coverage_p10']:.2f}-{c['coverage_p90']:.2f} | {c['median_width']:.4g} |"
+        )
     return lines
 
 
@@ -104,14 +136,24 @@ def _previous_lines(prev) -> list:
     """New minus previous measurement, paired by patient, with patient-bootstrap 95 % intervals."""
     if not prev:
         return []
-    lines = ["", f"Against the previous measurement (`{prev['folder']}`, method `{prev['method']}`), new minus "
-             "previous on the same patients, 95% paired patient-bootstrap intervals:", "",
-             "| Index | patients | MAE difference | its 95% CI | coverage difference | its 95% CI | mean width difference "
-             "| its 95% CI |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        f"Against the previous measurement (`{prev['folder']}`, method `{prev['method']}`), new minus "
+        "previous on the same patients, 95% paired patient-bootstrap intervals:",
+        "",
+        "| Index | patients | MAE difference | its 95% CI | coverage difference | its 95% CI | mean width difference "
+        "| its 95% CI |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for n, d in prev["differences"].items():
-        lines.append(f"| {n} | {d['patients']} | " + " | ".join(
-            f"{d[k]['difference']:+.2f} | [{d[k]['ci95'][0]:+.2f}, {d[k]['ci95'][1]:+.2f}]"
-            for k in ("mae", "coverage", "mean_width")) + " |")
+        lines.append(
+            f"| {n} | {d['patients']} | "
+            + " | ".join(
+                f"{d[k]['difference']:+.2f} | [{d[k]['ci95'][0]:+.2f}, {d[k]['ci95'][1]:+.2f}]"
+                for k in ("mae", "coverage", "mean_width")
+            )
+            + " |"
+        )
     return lines
 
 
@@ -121,8 +163,9 @@ def _volumes(block: dict) -> str:
     if v.get("islands"):
         parts.append(f"stray islands of {', '.join(v['islands'])} dropped (largest 3D component kept)")
     if v.get("gaps"):
-        parts.append(f"slice gaps of {', '.join(v['gaps'])} filled (area below {v.get('gap_fraction')} of both "
-                     "neighbours)")
+        parts.append(
+            f"slice gaps of {', '.join(v['gaps'])} filled (area below {v.get('gap_fraction')} of both neighbours)"
+        )
     return "; ".join(parts) or "as segmented"
 
 
@@ -156,8 +199,9 @@ def plot_intervals(result: dict, path: Path, title: str = "") -> Path:
         for ok, colour in ((True, "C0"), (False, "C3")):
             sel = inside == ok  # the interval need not hold the value (it is shifted by the validation bias)
             ax.vlines(t[sel], lo[sel], hi[sel], color=colour, lw=1)
-            ax.plot(t[sel], v[sel], "o", ms=4, color=colour,
-                    label="truth inside the interval" if ok else "truth outside")
+            ax.plot(
+                t[sel], v[sel], "o", ms=4, color=colour, label="truth inside the interval" if ok else "truth outside"
+            )
         both = np.concatenate([t, lo, hi])
         a, b = float(np.nanmin(both)), float(np.nanmax(both))
         ax.plot([a, b], [a, b], color="0.5", lw=0.8, ls="--")
@@ -178,8 +222,9 @@ def plot_intervals(result: dict, path: Path, title: str = "") -> Path:
     base = [result["split_conformal_baseline"][n]["coverage"] for n in names]
     x = np.arange(len(names))
     ax.bar(x - 0.18, cov, 0.36, color="C0", label="location-scale pivot")
-    ax.errorbar(x - 0.18, cov, yerr=[np.array(cov) - ci[:, 0], ci[:, 1] - np.array(cov)], fmt="none", color="k",
-                capsize=3, lw=1)
+    ax.errorbar(
+        x - 0.18, cov, yerr=[np.array(cov) - ci[:, 0], ci[:, 1] - np.array(cov)], fmt="none", color="k", capsize=3, lw=1
+    )
     ax.bar(x + 0.18, base, 0.36, color="0.7", label="split-conformal")
     ax.axhline(result["nominal"], color="C3", ls="--", lw=1, label=f"nominal {result['nominal']:.0%}")
     ax.set_xticks(x, [n.replace("_ml", "").replace("_g", "") for n in names], fontsize=6, rotation=45)

@@ -51,8 +51,11 @@ def slice_rows(volumes, class_names: Sequence[str], correct: Optional[dict] = No
     """One row per slice and volume: patient, phase, position, truth, segmented and corrected RV ml."""
     from cardseg.cohort import index_volumes as iv
 
-    correct = {"islands": list(iv.CORRECTED), "gaps": list(iv.CORRECTED), "gap_fraction": iv.GAP_FRACTION} \
-        if correct is None else correct
+    correct = (
+        {"islands": list(iv.CORRECTED), "gaps": list(iv.CORRECTED), "gap_fraction": iv.GAP_FRACTION}
+        if correct is None
+        else correct
+    )
     names = list(class_names)
     rv, islands = names.index("RV"), [names.index(n) for n in correct.get("islands", []) if n in names]
     rows = []
@@ -65,8 +68,17 @@ def slice_rows(volumes, class_names: Sequence[str], correct: Optional[dict] = No
             fixed = iv.fill_slice_gaps(fixed, float(correct.get("gap_fraction", iv.GAP_FRACTION)))
         heart = (np.asarray(v.truth) > 0).reshape(v.truth.shape[0], -1).sum(axis=1)
         for z, pos in enumerate(slice_positions(heart)):
-            rows.append({"patient": v.patient, "phase": v.phase, "slice": z, "position": pos, "truth_ml": truth[z],
-                         "segmented_ml": seg[z], "corrected_ml": fixed[z] * ml})
+            rows.append(
+                {
+                    "patient": v.patient,
+                    "phase": v.phase,
+                    "slice": z,
+                    "position": pos,
+                    "truth_ml": truth[z],
+                    "segmented_ml": seg[z],
+                    "corrected_ml": fixed[z] * ml,
+                }
+            )
     return rows
 
 
@@ -84,11 +96,15 @@ def position_table(rows: Sequence[dict], key: str = "segmented_ml") -> Dict[str,
                 continue
             err = np.array([r[key] - r["truth_ml"] for r in rs])
             missed = sum(1 for r in rs if r["truth_ml"] > 1.0 and r[key] < 0.25 * r["truth_ml"])
-            out[phase][pos] = {"slices": len(rs), "truth_ml": float(sum(r["truth_ml"] for r in rs)),
-                               "signed_error_ml": float(err.sum()), "abs_error_ml": float(np.abs(err).sum()),
-                               "mae_per_slice_ml": float(np.abs(err).mean()),
-                               "share_of_abs_error": float(np.abs(err).sum() / total),
-                               "missed_slices": int(missed)}
+            out[phase][pos] = {
+                "slices": len(rs),
+                "truth_ml": float(sum(r["truth_ml"] for r in rs)),
+                "signed_error_ml": float(err.sum()),
+                "abs_error_ml": float(np.abs(err).sum()),
+                "mae_per_slice_ml": float(np.abs(err).mean()),
+                "share_of_abs_error": float(np.abs(err).sum() / total),
+                "missed_slices": int(missed),
+            }
     return out
 
 
@@ -101,39 +117,62 @@ def patient_table(rows: Sequence[dict]) -> List[dict]:
             v = {ph: sum(r[key] for r in rows if r["patient"] == p and r["phase"] == ph) for ph in ("ED", "ES")}
             t = {ph: sum(r["truth_ml"] for r in rows if r["patient"] == p and r["phase"] == ph) for ph in ("ED", "ES")}
             ef = 100 * (v["ED"] - v["ES"]) / v["ED"] if v["ED"] > 0 else float("nan")
-            rec[tag] = {"EDV_error_ml": v["ED"] - t["ED"], "ESV_error_ml": v["ES"] - t["ES"],
-                        "RVEF_error": ef - 100 * (t["ED"] - t["ES"]) / t["ED"]}
+            rec[tag] = {
+                "EDV_error_ml": v["ED"] - t["ED"],
+                "ESV_error_ml": v["ES"] - t["ES"],
+                "RVEF_error": ef - 100 * (t["ED"] - t["ES"]) / t["ED"],
+            }
         out.append(rec)
     return out
 
 
 def markdown(result: dict) -> str:
-    lines = ["# RV volume error by slice position (validation subjects only)", "",
-             f"{result['subjects']} validation subjects, ED = frame01, ES = frame02, bundle {result['bundle']}. "
-             f"{result['geometry']}. Positions from the labelled heart's extent (base first). Errors: segmented "
-             "minus labelled RV volume per slice, summed over the slices of that position; 'missed': slices with "
-             "more than 1 ml of labelled RV where the segmentation holds under a quarter of it. 'corrected': after "
-             "dropping stray islands and filling slice gaps (cardseg.cohort.index_volumes).", ""]
+    lines = [
+        "# RV volume error by slice position (validation subjects only)",
+        "",
+        f"{result['subjects']} validation subjects, ED = frame01, ES = frame02, bundle {result['bundle']}. "
+        f"{result['geometry']}. Positions from the labelled heart's extent (base first). Errors: segmented "
+        "minus labelled RV volume per slice, summed over the slices of that position; 'missed': slices with "
+        "more than 1 ml of labelled RV where the segmentation holds under a quarter of it. 'corrected': after "
+        "dropping stray islands and filling slice gaps (cardseg.cohort.index_volumes).",
+        "",
+    ]
     for key in ("segmented", "corrected"):
-        lines += [f"## {key.capitalize()} volumes", "",
-                  "| phase | position | slices | labelled RV ml | signed error ml | abs error ml | MAE per slice ml | "
-                  "share of the phase's abs error | missed slices |", "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## {key.capitalize()} volumes",
+            "",
+            "| phase | position | slices | labelled RV ml | signed error ml | abs error ml | MAE per slice ml | "
+            "share of the phase's abs error | missed slices |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for phase, table in result["by_position"][key].items():
             for pos, m in table.items():
-                lines.append(f"| {phase} | {pos} | {m['slices']} | {m['truth_ml']:.1f} | {m['signed_error_ml']:+.1f} | "
-                             f"{m['abs_error_ml']:.1f} | {m['mae_per_slice_ml']:.2f} | {m['share_of_abs_error']:.2f} | "
-                             f"{m['missed_slices']} |")
+                lines.append(
+                    f"| {phase} | {pos} | {m['slices']} | {m['truth_ml']:.1f} | {m['signed_error_ml']:+.1f} | "
+                    f"{m['abs_error_ml']:.1f} | {m['mae_per_slice_ml']:.2f} | {m['share_of_abs_error']:.2f} | "
+                    f"{m['missed_slices']} |"
+                )
         lines.append("")
-    lines += ["## Per patient", "", "| patient | RVEDV error ml | RVESV error ml | RVEF error | corrected RVEDV error | "
-              "corrected RVESV error | corrected RVEF error |", "|---|---|---|---|---|---|---|"]
+    lines += [
+        "## Per patient",
+        "",
+        "| patient | RVEDV error ml | RVESV error ml | RVEF error | corrected RVEDV error | "
+        "corrected RVESV error | corrected RVEF error |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in result["patients"]:
         s, c = r["segmented"], r["corrected"]
-        lines.append(f"| {r['patient']} | {s['EDV_error_ml']:+.1f} | {s['ESV_error_ml']:+.1f} | {s['RVEF_error']:+.1f} | "
-                     f"{c['EDV_error_ml']:+.1f} | {c['ESV_error_ml']:+.1f} | {c['RVEF_error']:+.1f} |")
+        lines.append(
+            f"| {r['patient']} | {s['EDV_error_ml']:+.1f} | {s['ESV_error_ml']:+.1f} | {s['RVEF_error']:+.1f} | "
+            f"{c['EDV_error_ml']:+.1f} | {c['ESV_error_ml']:+.1f} | {c['RVEF_error']:+.1f} |"
+        )
     m = result["summary"]
-    lines += ["", f"RVEF mean absolute error on validation: {m['segmented']['rvef_mae']:.2f} points as segmented, "
-              f"{m['corrected']['rvef_mae']:.2f} after the corrections; RV volume MAE {m['segmented']['volume_mae']:.1f} "
-              f"and {m['corrected']['volume_mae']:.1f} ml."]
+    lines += [
+        "",
+        f"RVEF mean absolute error on validation: {m['segmented']['rvef_mae']:.2f} points as segmented, "
+        f"{m['corrected']['rvef_mae']:.2f} after the corrections; RV volume MAE {m['segmented']['volume_mae']:.1f} "
+        f"and {m['corrected']['volume_mae']:.1f} ml.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -148,6 +187,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from .report_files import atomic_write
 
     from cardseg.base.argparsing import CommandLineParser
+
     ap = CommandLineParser(prog="python -m cardseg_train.indices_rv", description=__doc__.split("\n")[0])
     ap.add_argument("--bundle", default=None)
     ap.add_argument("--data", default="../shared/data/acdc")
@@ -166,14 +206,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     patients = patient_table(rows)
     summary = {}
     for tag in ("segmented", "corrected"):
-        summary[tag] = {"rvef_mae": float(np.mean([abs(p[tag]["RVEF_error"]) for p in patients])),
-                        "volume_mae": float(np.mean([abs(p[tag][k]) for p in patients
-                                                     for k in ("EDV_error_ml", "ESV_error_ml")]))}
-    result = {"bundle": bundle.ident, "split": "val", "subjects": len(patients),
-              "geometry": f"pixels taken as 1.5 mm, slices {ACDC_H5_THICKNESS_MM:g} mm apart",
-              "by_position": {"segmented": position_table(rows, "segmented_ml"),
-                              "corrected": position_table(rows, "corrected_ml")},
-              "patients": patients, "summary": summary, "slices": rows}
+        summary[tag] = {
+            "rvef_mae": float(np.mean([abs(p[tag]["RVEF_error"]) for p in patients])),
+            "volume_mae": float(np.mean([abs(p[tag][k]) for p in patients for k in ("EDV_error_ml", "ESV_error_ml")])),
+        }
+    result = {
+        "bundle": bundle.ident,
+        "split": "val",
+        "subjects": len(patients),
+        "geometry": f"pixels taken as 1.5 mm, slices {ACDC_H5_THICKNESS_MM:g} mm apart",
+        "by_position": {
+            "segmented": position_table(rows, "segmented_ml"),
+            "corrected": position_table(rows, "corrected_ml"),
+        },
+        "patients": patients,
+        "summary": summary,
+        "slices": rows,
+    }
     out = Path(a.out)
 
     def write() -> None:

@@ -33,9 +33,11 @@ def per_patient(rows: Sequence[Mapping], name: str) -> Dict[str, Dict[str, float
     out = {}
     for r in rows:
         i = r[name]
-        out[r["patient"]] = {"abs_error": abs(float(i["value"]) - float(i["truth"])),
-                             "inside": float(i["low"] <= i["truth"] <= i["high"]),
-                             "width": float(i["high"]) - float(i["low"])}
+        out[r["patient"]] = {
+            "abs_error": abs(float(i["value"]) - float(i["truth"])),
+            "inside": float(i["low"] <= i["truth"] <= i["high"]),
+            "width": float(i["high"]) - float(i["low"]),
+        }
     return out
 
 
@@ -45,8 +47,9 @@ def _bootstrap_mean(values: np.ndarray, resamples: int, seed: int) -> np.ndarray
     return w @ values / values.size
 
 
-def mae_intervals(rows: Sequence[Mapping], names: Sequence[str], resamples: int = BOOTSTRAP_RESAMPLES,
-                  seed: int = 0) -> Dict[str, List[float]]:
+def mae_intervals(
+    rows: Sequence[Mapping], names: Sequence[str], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0
+) -> Dict[str, List[float]]:
     """95 % patient-bootstrap interval of each index's mean absolute error: ``{name: [lo, hi]}``."""
     out = {}
     for name in names:
@@ -56,8 +59,13 @@ def mae_intervals(rows: Sequence[Mapping], names: Sequence[str], resamples: int 
     return out
 
 
-def paired_difference(rows: Sequence[Mapping], previous: Sequence[Mapping], names: Sequence[str],
-                      resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> Dict[str, dict]:
+def paired_difference(
+    rows: Sequence[Mapping],
+    previous: Sequence[Mapping],
+    names: Sequence[str],
+    resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = 0,
+) -> Dict[str, dict]:
     """``new - previous`` per index on the patients both measured: MAE, coverage and mean width,
     each ``{"difference", "ci95"}`` (paired patient bootstrap), plus ``"patients"``.
 
@@ -72,7 +80,9 @@ def paired_difference(rows: Sequence[Mapping], previous: Sequence[Mapping], name
         item: dict = {"patients": len(common)}
         for key, label in (("abs_error", "mae"), ("inside", "coverage"), ("width", "mean_width")):
             d = np.array([new[p][key] - old[p][key] for p in common])
-            item[label] = {"difference": float(d.mean()), "ci95": interval(_bootstrap_mean(d, resamples, seed),
-                                                                           BOOTSTRAP_LEVEL)}
+            item[label] = {
+                "difference": float(d.mean()),
+                "ci95": interval(_bootstrap_mean(d, resamples, seed), BOOTSTRAP_LEVEL),
+            }
         out[name] = item
     return out

@@ -111,9 +111,11 @@ class SegmentationLoss:
     def __call__(self, logits: torch.Tensor, labels: torch.Tensor):
         w = self.weights
         zero = logits.sum() * 0.0
-        terms = {"ce": F.cross_entropy(logits.float(), labels.long()) if w.ce else zero,
-                 "dice": soft_dice_loss(logits, labels) if w.dice else zero,
-                 "boundary": boundary_ce(logits, labels, w.boundary_radius) if w.boundary else zero}
+        terms = {
+            "ce": F.cross_entropy(logits.float(), labels.long()) if w.ce else zero,
+            "dice": soft_dice_loss(logits, labels) if w.dice else zero,
+            "boundary": boundary_ce(logits, labels, w.boundary_radius) if w.boundary else zero,
+        }
         total = w.ce * terms["ce"] + w.dice * terms["dice"] + w.boundary * terms["boundary"]
         return total, {name: v.detach() for name, v in terms.items()}
 
@@ -132,8 +134,10 @@ class AleatoricLoss(SegmentationLoss):
 
         w = self.weights
         zero = mu.sum() * 0.0
-        terms = {"ce": aleatoric_nll(mu.float(), log_var.float(), labels, self.samples) if w.ce else zero,
-                 "dice": soft_dice_loss(mu, labels) if w.dice else zero,
-                 "boundary": boundary_ce(mu, labels, w.boundary_radius) if w.boundary else zero}
+        terms = {
+            "ce": aleatoric_nll(mu.float(), log_var.float(), labels, self.samples) if w.ce else zero,
+            "dice": soft_dice_loss(mu, labels) if w.dice else zero,
+            "boundary": boundary_ce(mu, labels, w.boundary_radius) if w.boundary else zero,
+        }
         total = w.ce * terms["ce"] + w.dice * terms["dice"] + w.boundary * terms["boundary"]
         return total, {name: v.detach() for name, v in terms.items()}

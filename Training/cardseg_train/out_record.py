@@ -79,8 +79,10 @@ class OutRecord:
             return None
         stamp = read_stamp(self.folder)
         if stamp is None or path.is_symlink():
-            raise CardsegError(f"{self.option} {self.folder}: holds a {STAMP} that is not cardseg's record of the "
-                               "files it wrote; move it away")
+            raise CardsegError(
+                f"{self.option} {self.folder}: holds a {STAMP} that is not cardseg's record of the "
+                "files it wrote; move it away"
+            )
         return stamp
 
     def check(self) -> None:
@@ -92,12 +94,16 @@ class OutRecord:
         for sub in sorted({pattern.rsplit("/", 1)[0] for pattern in self.patterns if "/" in pattern}):
             p = self.folder / sub
             if os.path.lexists(p) and (p.is_symlink() or not p.is_dir()):
-                raise CardsegError(f"{self.option} {self.folder}: {sub} there is not a folder, and {self.command} "
-                                   "writes into a folder of that name; move it away")
+                raise CardsegError(
+                    f"{self.option} {self.folder}: {sub} there is not a folder, and {self.command} "
+                    "writes into a folder of that name; move it away"
+                )
         for rel, p in self.targets().items():
             if p.is_symlink() or not p.is_file():
-                raise CardsegError(f"{self.option} {self.folder}: {rel} there is not a plain file, and {self.command} "
-                                   "writes a file of that name; move it away")
+                raise CardsegError(
+                    f"{self.option} {self.folder}: {rel} there is not a plain file, and {self.command} "
+                    "writes a file of that name; move it away"
+                )
             if self.overwrite:
                 continue
             if rel not in files:
@@ -106,10 +112,15 @@ class OutRecord:
                 why = "which changed after cardseg wrote it"
             else:
                 continue
-            stopped = (" (a run was stopped half way there: the record lists only the files it finished)"
-                       if stamp and stamp.get("writing") else "")
-            raise CardsegError(f"{self.option} {self.folder}: holds {rel}, {why}, and {self.command} writes a file "
-                               f"of that name{stopped}; move it away, or pass --overwrite to replace it")
+            stopped = (
+                " (a run was stopped half way there: the record lists only the files it finished)"
+                if stamp and stamp.get("writing")
+                else ""
+            )
+            raise CardsegError(
+                f"{self.option} {self.folder}: holds {rel}, {why}, and {self.command} writes a file "
+                f"of that name{stopped}; move it away, or pass --overwrite to replace it"
+            )
 
     @contextmanager
     def writing(self) -> Iterator["OutRecord"]:
@@ -164,6 +175,11 @@ class OutRecord:
         from cardseg.io.outdir import STAMP
 
         mark = {"writing": {"command": self.command}} if writing else {}
-        stamp = {**self._keep, **mark, "tool": "cardseg", "version": __version__,
-                 "files": dict(sorted((self._files or {}).items()))}
+        stamp = {
+            **self._keep,
+            **mark,
+            "tool": "cardseg",
+            "version": __version__,
+            "files": dict(sorted((self._files or {}).items())),
+        }
         write_atomic(self.folder / STAMP, (json.dumps(stamp, indent=1) + "\n").encode("utf-8"))

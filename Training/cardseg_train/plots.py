@@ -34,8 +34,14 @@ def plot_learning_curve(runs: Sequence[Path], out: Path, labels: Sequence[str] =
         for key, ls in styles.items():
             pts = [(r["step"], r[key]) for r in rows if key in r]
             if pts:
-                ax_dice.plot(*zip(*pts), ls, color=colour, marker="o", ms=3,
-                             label=f"{name} {key.replace('val_dice', 'mean').replace('mean_', '')}")
+                ax_dice.plot(
+                    *zip(*pts),
+                    ls,
+                    color=colour,
+                    marker="o",
+                    ms=3,
+                    label=f"{name} {key.replace('val_dice', 'mean').replace('mean_', '')}",
+                )
     ax_loss.set(xlabel="step", ylabel="training loss", yscale="log", title="training loss")
     ax_dice.set(xlabel="step", ylabel="Dice (validation, network grid)", ylim=(0, 1), title="validation Dice")
     ax_loss.legend(fontsize=8)

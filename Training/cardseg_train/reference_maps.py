@@ -47,8 +47,12 @@ BURDENS = (0.05, 0.10, 0.20)
 SMOOTH_PX = 2.0
 
 
-def map_quality(pred: Sequence[np.ndarray], truth: Sequence[np.ndarray], score: Sequence[np.ndarray],
-                burdens: Sequence[float] = BURDENS) -> dict:
+def map_quality(
+    pred: Sequence[np.ndarray],
+    truth: Sequence[np.ndarray],
+    score: Sequence[np.ndarray],
+    burdens: Sequence[float] = BURDENS,
+) -> dict:
     """Scores of per-volume maps ``score`` (each ``(Z, Y, X)``, higher = more doubtful) against the
     substantial errors of ``pred`` against ``truth`` (uint8 label maps of the same shapes):
     ``{"volumes", "errors", "auroc", "auprc", "prevalence", "covered": {burden: share}}``."""
@@ -65,9 +69,14 @@ def map_quality(pred: Sequence[np.ndarray], truth: Sequence[np.ndarray], score: 
         scores.append(np.asarray(s, dtype=np.float32)[near])
         wrong.append((labels > 0)[near])
     det = detection_scores(np.concatenate(scores), np.concatenate(wrong)) if scores else {}
-    return {"volumes": len(scores), "errors": errors, "auroc": det.get("auroc"), "auprc": det.get("auprc"),
-            "prevalence": det.get("prevalence"),
-            "covered": {f"{b:g}": (covered[b] / errors if errors else None) for b in burdens}}
+    return {
+        "volumes": len(scores),
+        "errors": errors,
+        "auroc": det.get("auroc"),
+        "auprc": det.get("auprc"),
+        "prevalence": det.get("prevalence"),
+        "covered": {f"{b:g}": (covered[b] / errors if errors else None) for b in burdens},
+    }
 
 
 def candidate_quality(bundle_dir: Path, data: str, cache: Optional[Path], label: str = "") -> dict:
@@ -81,24 +90,26 @@ def candidate_quality(bundle_dir: Path, data: str, cache: Optional[Path], label:
     cases = acdc_h5_volumes(data, "val")
     key_dir = None if cache is None else Path(cache) / cache_key(bundle, "val", 0)
     maps = collect_maps(bundle, cases, ["clean"], key_dir)
-    row = map_quality([m.pred for m in maps], [m.truth for m in maps],
-                      [smoothed(m.tac, SMOOTH_PX) for m in maps])
+    row = map_quality([m.pred for m in maps], [m.truth for m in maps], [smoothed(m.tac, SMOOTH_PX) for m in maps])
     row["reference"] = dict(bundle.config["networks"]["reference"])
     row["label"] = label
     return row
 
 
 def markdown(rows: Dict[str, dict]) -> str:
-    lines = ["# The reference's disagreement as a map of the primary's errors (clean validation volumes)", "",
-             f"TAC smoothed in-plane by {SMOOTH_PX:g} px; substantial errors of the bundle's primary (the same for "
-             "every row); AUROC / AUPRC of the voxels of those errors inside the predicted heart's 10-pixel "
-             "neighbourhood; covered: "
-             "errors with half their pixels among the map's highest voxels, at a share of the predicted heart.", "",
-             "| reference | errors | AUROC | AUPRC | " + " | ".join(f"covered at {b:.0%}" for b in BURDENS) + " |",
-             "|---|---|---|---|" + "---|" * len(BURDENS)]
+    lines = [
+        "# The reference's disagreement as a map of the primary's errors (clean validation volumes)",
+        "",
+        f"TAC smoothed in-plane by {SMOOTH_PX:g} px; substantial errors of the bundle's primary (the same for "
+        "every row); AUROC / AUPRC of the voxels of those errors inside the predicted heart's 10-pixel "
+        "neighbourhood; covered: "
+        "errors with half their pixels among the map's highest voxels, at a share of the predicted heart.",
+        "",
+        "| reference | errors | AUROC | AUPRC | " + " | ".join(f"covered at {b:.0%}" for b in BURDENS) + " |",
+        "|---|---|---|---|" + "---|" * len(BURDENS),
+    ]
     for name, r in rows.items():
-        cov = " | ".join("n/a" if r["covered"][f"{b:g}"] is None else f"{r['covered'][f'{b:g}']:.3f}"
-                         for b in BURDENS)
+        cov = " | ".join("n/a" if r["covered"][f"{b:g}"] is None else f"{r['covered'][f'{b:g}']:.3f}" for b in BURDENS)
         lines.append(f"| {name} | {r['errors']} | {r['auroc']:.3f} | {r['auprc']:.3f} | {cov} |")
     return "\n".join(lines) + "\n"
 
@@ -121,8 +132,10 @@ def plot(rows: Dict[str, dict], path: Path) -> Path:
         m = re.fullmatch(r"(?:reference-)?(.+)-s(\d+)", name)
         if m:
             lines.setdefault(m.group(1), []).append((int(m.group(2)), r))
-    for ax, key, label in ((axes[0], lambda r: r["auprc"], "AUPRC of substantial-error voxels"),
-                           (axes[1], lambda r: r["covered"]["0.1"], "errors covered at 10 % of the heart")):
+    for ax, key, label in (
+        (axes[0], lambda r: r["auprc"], "AUPRC of substantial-error voxels"),
+        (axes[1], lambda r: r["covered"]["0.1"], "errors covered at 10 % of the heart"),
+    ):
         for i, (cap, pts) in enumerate(sorted(lines.items())):
             pts.sort(key=lambda t: t[0])
             ax.plot([s for s, _ in pts], [key(r) for _, r in pts], "-o", ms=4, color=f"C{i}", label=cap)
@@ -149,15 +162,23 @@ OUTPUT_FILES = ("reference_maps.json", "reference_maps.md", "reference_maps.png"
 def write_outputs(rows: Dict[str, dict], out: Path) -> None:
     rows = dict(sorted(rows.items(), key=lambda kv: _order(kv[0])))
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "reference_maps.json", (json.dumps({"smooth_px": SMOOTH_PX, "burdens": list(BURDENS),
-                                                           "split": "val", "condition": "clean", "rows": rows},
-                                                          indent=1) + "\n").encode("utf-8"))
+    atomic_write(
+        out / "reference_maps.json",
+        (
+            json.dumps(
+                {"smooth_px": SMOOTH_PX, "burdens": list(BURDENS), "split": "val", "condition": "clean", "rows": rows},
+                indent=1,
+            )
+            + "\n"
+        ).encode("utf-8"),
+    )
     atomic_write(out / "reference_maps.md", markdown(rows).encode("utf-8"))
     plot(rows, out / "reference_maps.png")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     from cardseg.base.argparsing import CommandLineParser
+
     p = CommandLineParser(prog="python -m cardseg_train.reference_maps", description=__doc__.split("\n")[0])
     p.add_argument("--bundle", required=True, help="the bundle whose primary (and reference, the first row) is used")
     p.add_argument("--candidates", nargs="+", default=[], help="reference training runs (run folders)")
@@ -176,8 +197,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"reference_maps: error: {exc}", file=sys.stderr)
         return 2
     if not_diffusion:
-        print(f"reference_maps: error: not a diffusion reference run: {', '.join(map(str, not_diffusion))}",
-              file=sys.stderr)
+        print(
+            f"reference_maps: error: not a diffusion reference run: {', '.join(map(str, not_diffusion))}",
+            file=sys.stderr,
+        )
         return 2
     if a.replot:
         try:
@@ -194,8 +217,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             name = Path(run).name
             swapped = swap_reference(Path(a.bundle), Path(run), Path(tmp) / name, a.checkpoint)
             rows[name] = candidate_quality(swapped, a.data, cache, name)
-            print(f"{name}: AUROC {rows[name]['auroc']:.3f} AUPRC {rows[name]['auprc']:.3f} "
-                  f"covered {rows[name]['covered']}", file=sys.stderr, flush=True)
+            print(
+                f"{name}: AUROC {rows[name]['auroc']:.3f} AUPRC {rows[name]['auprc']:.3f} "
+                f"covered {rows[name]['covered']}",
+                file=sys.stderr,
+                flush=True,
+            )
     return write_recorded(record, "reference_maps", lambda: write_outputs(rows, out))
 
 

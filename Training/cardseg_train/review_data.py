@@ -97,13 +97,15 @@ def cache_key(bundle, split: str, seed: int = 0) -> str:
     (:func:`~cardseg_train.cache_identity.maps_identity`), the split and the corruption seed."""
     from .cache_identity import maps_identity
 
-    blob = json.dumps({**maps_identity(bundle), "version": CACHE_VERSION, "split": split, "seed": seed},
-                      sort_keys=True).encode()
+    blob = json.dumps(
+        {**maps_identity(bundle), "version": CACHE_VERSION, "split": split, "seed": seed}, sort_keys=True
+    ).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
-def compute_maps(bundle, item: LabelledVolume, condition: str, seed: int = 0, device="cpu",
-                 batch_size: int = 8, flips: bool = False) -> VolumeMaps:
+def compute_maps(
+    bundle, item: LabelledVolume, condition: str, seed: int = 0, device="cpu", batch_size: int = 8, flips: bool = False
+) -> VolumeMaps:
     """Corrupt (if asked), normalise as the engine does, run the dual trajectory, keep the maps
     (and, with ``flips``, the flipped runs' disagreement, as the engine computes it). ``condition``:
     an ACDC-C condition, or ``pool:contrast``, ``pool:gamma``, ``pool:noise``: the calibration
@@ -125,17 +127,31 @@ def compute_maps(bundle, item: LabelledVolume, condition: str, seed: int = 0, de
     spacing_xy = tuple(vol.volume.spacing[:2])
     traj = trajectory_on_slices(slices01, spacing_xy, bundle, "card", device, batch_size)
     logits = arrays.to_numpy(traj.logits)
-    return VolumeMaps(item.case, condition, logits.argmax(axis=1).astype(np.uint8),
-                      item.labels.astype(np.uint8), arrays.to_numpy(traj.tac).astype(np.float32),
-                      tuple(float(s) for s in vol.volume.spacing), logits.astype(np.float16),
-                      fov=np.asarray(traj.fov, bool),
-                      flips=flip_disagreement_map(slices01, spacing_xy, bundle, traj, device, batch_size)
-                      if flips else None)
+    return VolumeMaps(
+        item.case,
+        condition,
+        logits.argmax(axis=1).astype(np.uint8),
+        item.labels.astype(np.uint8),
+        arrays.to_numpy(traj.tac).astype(np.float32),
+        tuple(float(s) for s in vol.volume.spacing),
+        logits.astype(np.float16),
+        fov=np.asarray(traj.fov, bool),
+        flips=flip_disagreement_map(slices01, spacing_xy, bundle, traj, device, batch_size) if flips else None,
+    )
 
 
-def collect_maps(bundle, cases: Sequence[LabelledVolume], conditions: Sequence[str], cache_dir: Optional[Path],
-                 seed: int = 0, device="cpu", batch_size: int = 8,
-                 progress: Optional[Progress] = None, calibrator=None, flips: bool = False) -> List[VolumeMaps]:
+def collect_maps(
+    bundle,
+    cases: Sequence[LabelledVolume],
+    conditions: Sequence[str],
+    cache_dir: Optional[Path],
+    seed: int = 0,
+    device="cpu",
+    batch_size: int = 8,
+    progress: Optional[Progress] = None,
+    calibrator=None,
+    flips: bool = False,
+) -> List[VolumeMaps]:
     """Every (case, condition), from ``cache_dir`` where already there (resumable per case). With a
     ``calibrator`` (CARD's) the entropy maps are filled and the logits dropped (memory); with
     ``flips`` the flipped runs' disagreement is collected too (three more primary runs a volume)."""
@@ -165,8 +181,16 @@ def _load(path: Optional[Path]) -> Optional[VolumeMaps]:
         return None
     with np.load(path, allow_pickle=False) as f:
         meta = json.loads(bytes(f["meta"]).decode())
-        return VolumeMaps(meta["case"], meta["condition"], f["pred"], f["truth"], f["tac"].astype(np.float32),
-                          tuple(meta["spacing"]), f["logits"], fov=f["fov"].astype(bool) if "fov" in f.files else None)
+        return VolumeMaps(
+            meta["case"],
+            meta["condition"],
+            f["pred"],
+            f["truth"],
+            f["tac"].astype(np.float32),
+            tuple(meta["spacing"]),
+            f["logits"],
+            fov=f["fov"].astype(bool) if "fov" in f.files else None,
+        )
 
 
 def _flips_path(path: Path) -> Path:
@@ -193,9 +217,17 @@ def _save(path: Optional[Path], m: VolumeMaps) -> None:
     else:  # maps made afresh without flips: flips of the earlier maps must not pair with them
         _flips_path(path).unlink(missing_ok=True)
     tmp = path.with_name(path.stem + ".tmp.npz")
-    meta = np.frombuffer(json.dumps({"case": m.case, "condition": m.condition, "spacing": list(m.spacing)}).encode(),
-                         dtype=np.uint8)
+    meta = np.frombuffer(
+        json.dumps({"case": m.case, "condition": m.condition, "spacing": list(m.spacing)}).encode(), dtype=np.uint8
+    )
     extra = {} if m.fov is None else {"fov": np.asarray(m.fov, bool)}
-    np.savez_compressed(tmp, pred=m.pred, truth=m.truth, tac=m.tac.astype(np.float16),
-                        logits=np.asarray(m.logits, dtype=np.float16), meta=meta, **extra)
+    np.savez_compressed(
+        tmp,
+        pred=m.pred,
+        truth=m.truth,
+        tac=m.tac.astype(np.float16),
+        logits=np.asarray(m.logits, dtype=np.float16),
+        meta=meta,
+        **extra,
+    )
     tmp.replace(path)

@@ -29,17 +29,33 @@ from cardseg.review.error_map import VOXEL_FEATURES, error_probability, smoothed
 from cardseg.review.regions import ErrorModel, form_regions, rank_regions, region_features
 
 from .review_data import VolumeMaps
-from .review_fit import (BUDGET, MAX_BURDEN, MAX_REGIONS, VolumeRegions, fit_logistic, patient_of, region_ece,
-                         volume_errors)
+from .review_fit import (
+    BUDGET,
+    MAX_BURDEN,
+    MAX_REGIONS,
+    VolumeRegions,
+    fit_logistic,
+    patient_of,
+    region_ece,
+    volume_errors,
+)
 
 #: share of each training fold's voxels the voxel model is fitted on (fixed draw; memory, time)
 VOXEL_SHARE = 0.35
 #: L2 weight of the voxel model (standardised features; many voxels, little shrinkage needed)
 VOXEL_L2 = 1e-3
 #: the rule's fixed parts: hysteresis grows to this share of the flag threshold, 3D, holes filled
-FIXED = {"map": "error_probability", "connectivity": "3d", "fill_holes": True, "smooth_px": 0.0, "merge_px": 0,
-         "min_voxels": 10, "neighbourhood_px": cv.NEIGHBOURHOOD_PX, "ranking": "summed_map",
-         "max_regions": MAX_REGIONS}
+FIXED = {
+    "map": "error_probability",
+    "connectivity": "3d",
+    "fill_holes": True,
+    "smooth_px": 0.0,
+    "merge_px": 0,
+    "min_voxels": 10,
+    "neighbourhood_px": cv.NEIGHBOURHOOD_PX,
+    "ranking": "summed_map",
+    "max_regions": MAX_REGIONS,
+}
 GROW = 0.5
 #: the TAC quantile (heart neighbourhood, clean validation) the disagreement overlays show brightest
 DISPLAY_QUANTILE = 0.99
@@ -89,8 +105,12 @@ def display_max(maps: Sequence[VolumeMaps], q: float = DISPLAY_QUANTILE) -> floa
 
 
 def candidate(flag_threshold: float, max_ml: float) -> dict:
-    return {**FIXED, "flag_threshold": flag_threshold, "grow_threshold": round(GROW * flag_threshold, 6),
-            "max_ml": max_ml}
+    return {
+        **FIXED,
+        "flag_threshold": flag_threshold,
+        "grow_threshold": round(GROW * flag_threshold, 6),
+        "max_ml": max_ml,
+    }
 
 
 def volume_regions(m: VolumeMaps, score: np.ndarray, settings: dict) -> VolumeRegions:
@@ -98,9 +118,16 @@ def volume_regions(m: VolumeMaps, score: np.ndarray, settings: dict) -> VolumeRe
     lab, n = form_regions(m.tac, m.pred, {**settings, "voxel_model": {"held_out": True}}, m.spacing, score)
     errors, ne, esz = volume_errors(m)
     sizes = np.bincount(lab.ravel(), minlength=n + 1)[1:]
-    return VolumeRegions(m.case, patient_of(m.case), region_features(score, m.pred, lab, n),
-                         cv.overlap_matrix(errors, ne, lab, n), esz, sizes,
-                         sizes * float(np.prod(m.spacing)) / 1000.0, cv.heart_voxels(m.pred))
+    return VolumeRegions(
+        m.case,
+        patient_of(m.case),
+        region_features(score, m.pred, lab, n),
+        cv.overlap_matrix(errors, ne, lab, n),
+        esz,
+        sizes,
+        sizes * float(np.prod(m.spacing)) / 1000.0,
+        cv.heart_voxels(m.pred),
+    )
 
 
 def fit_platt(z: np.ndarray, y: np.ndarray) -> Tuple[float, float]:
@@ -141,13 +168,20 @@ def evaluate_candidate(vols: Sequence[VolumeRegions]) -> dict:
     for p in patients:
         a, b = fit_platt(z[pk != p], y[pk != p])
         p_platt[pk == p] = 1.0 / (1.0 + np.exp(-(a * z[pk == p] + b)))
-    return {"volumes": len(vols), "substantial_errors": errors, "covered_top3": covered_top / errors if errors else None,
-            "covered_all": covered_all / errors if errors else None,
-            "median_burden_top3": float(np.median(burdens)) if burdens else None,
-            "regions_per_volume": len(y) / len(vols) if vols else None,
-            "regions": int(len(y)), "regions_holding_an_error": int(y.sum()),
-            "region_ece_logistic": region_ece(p_raw, y), "region_ece": region_ece(p_platt, y),
-            "held_out_logits": z.tolist(), "holds": y.astype(int).tolist()}
+    return {
+        "volumes": len(vols),
+        "substantial_errors": errors,
+        "covered_top3": covered_top / errors if errors else None,
+        "covered_all": covered_all / errors if errors else None,
+        "median_burden_top3": float(np.median(burdens)) if burdens else None,
+        "regions_per_volume": len(y) / len(vols) if vols else None,
+        "regions": int(len(y)),
+        "regions_holding_an_error": int(y.sum()),
+        "region_ece_logistic": region_ece(p_raw, y),
+        "region_ece": region_ece(p_platt, y),
+        "held_out_logits": z.tolist(),
+        "holds": y.astype(int).tolist(),
+    }
 
 
 def fit_error_map_rule(maps: Sequence[VolumeMaps], grid: Optional[dict] = None, progress=None) -> dict:
@@ -165,11 +199,19 @@ def fit_error_map_rule(maps: Sequence[VolumeMaps], grid: Optional[dict] = None, 
         settings = candidate(t, cap)
         vols = [volume_regions(m, s, settings) for m, s in zip(maps, held_maps)]
         figures = evaluate_candidate(vols)
-        rows.append({"flag_threshold": t, "max_ml": cap,
-                     **{k: v for k, v in figures.items() if k not in ("held_out_logits", "holds")}})
+        rows.append(
+            {
+                "flag_threshold": t,
+                "max_ml": cap,
+                **{k: v for k, v in figures.items() if k not in ("held_out_logits", "holds")},
+            }
+        )
         objective = (figures["covered_top3"] or 0.0, figures["covered_all"] or 0.0)
-        if figures["median_burden_top3"] is not None and figures["median_burden_top3"] <= MAX_BURDEN \
-                and (best is None or objective > best[0]):
+        if (
+            figures["median_burden_top3"] is not None
+            and figures["median_burden_top3"] <= MAX_BURDEN
+            and (best is None or objective > best[0])
+        ):
             best = (objective, settings, vols, figures)
         if progress is not None:
             progress.advance(1)
@@ -181,8 +223,16 @@ def fit_error_map_rule(maps: Sequence[VolumeMaps], grid: Optional[dict] = None, 
     model = fit_logistic(np.concatenate([v.features for v in vols]), np.concatenate([v.holds for v in vols]))
     model.platt = fit_platt(np.asarray(figures["held_out_logits"]), np.asarray(figures["holds"]))
     chosen = {k: v for k, v in figures.items() if k not in ("held_out_logits", "holds")}
-    return {"settings": settings, "voxel_model": voxel_model, "model": model, "candidates": rows,
-            "display_max_disagreement": display_max(maps),
-            "validation": {"cross_validated": chosen, "voxel_detection": detection,
-                           "regions_total": int(sum(len(v.features) for v in vols)),
-                           "regions_holding_an_error": int(sum(v.holds.sum() for v in vols))}}
+    return {
+        "settings": settings,
+        "voxel_model": voxel_model,
+        "model": model,
+        "candidates": rows,
+        "display_max_disagreement": display_max(maps),
+        "validation": {
+            "cross_validated": chosen,
+            "voxel_detection": detection,
+            "regions_total": int(sum(len(v.features) for v in vols)),
+            "regions_holding_an_error": int(sum(v.holds.sum() for v in vols)),
+        },
+    }

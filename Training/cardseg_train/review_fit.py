@@ -39,8 +39,13 @@ FIXED = {"min_voxels": 10, "merge_px": 0, "neighbourhood_px": cv.NEIGHBOURHOOD_P
 #: the hysteresis grow threshold as a share of the flag threshold
 GROW = 0.6
 #: (flag 0.04 and cap 120 ml since 2.2.0: the 2.1.0-era fits landed on the grid's lowest flag and largest cap)
-GRID = {"smooth_px": (0.0, 2.0), "connectivity": ("3d", "slice"), "flag_threshold": (0.04, 0.06, 0.08, 0.1),
-        "max_ml": (15.0, 30.0, 60.0, 120.0), "ranking": ("p_error", "p_error_per_ml")}
+GRID = {
+    "smooth_px": (0.0, 2.0),
+    "connectivity": ("3d", "slice"),
+    "flag_threshold": (0.04, 0.06, 0.08, 0.1),
+    "max_ml": (15.0, 30.0, 60.0, 120.0),
+    "ranking": ("p_error", "p_error_per_ml"),
+}
 
 
 @dataclass
@@ -87,8 +92,16 @@ def volume_regions(maps: VolumeMaps, errors, settings: dict) -> VolumeRegions:
     feats = region_features(maps.tac, maps.pred, lab, n)
     sizes = np.bincount(lab.ravel(), minlength=n + 1)[1:]
     el, ne, esz = errors
-    return VolumeRegions(maps.case, patient_of(maps.case), feats, cv.overlap_matrix(el, ne, lab, n), esz, sizes,
-                         sizes * float(np.prod(maps.spacing)) / 1000.0, cv.heart_voxels(maps.pred))
+    return VolumeRegions(
+        maps.case,
+        patient_of(maps.case),
+        feats,
+        cv.overlap_matrix(el, ne, lab, n),
+        esz,
+        sizes,
+        sizes * float(np.prod(maps.spacing)) / 1000.0,
+        cv.heart_voxels(maps.pred),
+    )
 
 
 def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 0.05) -> ErrorModel:
@@ -116,8 +129,12 @@ def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 0.05) -> ErrorModel:
     return ErrorModel(mean, scale, res.x[:-1], float(res.x[-1]))
 
 
-def volume_scores(volumes: Sequence[VolumeRegions], models: Dict[str, Optional[ErrorModel]],
-                  max_regions: Optional[int] = MAX_REGIONS, ranking: str = "p_error") -> List[dict]:
+def volume_scores(
+    volumes: Sequence[VolumeRegions],
+    models: Dict[str, Optional[ErrorModel]],
+    max_regions: Optional[int] = MAX_REGIONS,
+    ranking: str = "p_error",
+) -> List[dict]:
     """Each volume's regions ranked with its patient's model (``None``: summed disagreement), at
     most ``max_regions`` kept: one dict per volume with ``patient``, ``errors`` (substantial
     errors), ``covered_top`` (covered by the first :data:`BUDGET`), ``covered_all``, ``burden``
@@ -126,15 +143,26 @@ def volume_scores(volumes: Sequence[VolumeRegions], models: Dict[str, Optional[E
     for v in volumes:
         order, p = rank_regions(v.features, models.get(v.patient), max_regions, ranking, v.ml)
         cov = cv.covered_top_k(v.overlap[order], v.error_sizes)
-        out.append({"patient": v.patient, "errors": len(v.error_sizes),
-                    "covered_top": int(cov[min(BUDGET, len(order))].sum()), "covered_all": int(cov[-1].sum()),
-                    "burden": float(v.sizes[order][:BUDGET].sum()) / v.heart if v.heart else 0.0,
-                    "order": order, "p": p})
+        out.append(
+            {
+                "patient": v.patient,
+                "errors": len(v.error_sizes),
+                "covered_top": int(cov[min(BUDGET, len(order))].sum()),
+                "covered_all": int(cov[-1].sum()),
+                "burden": float(v.sizes[order][:BUDGET].sum()) / v.heart if v.heart else 0.0,
+                "order": order,
+                "p": p,
+            }
+        )
     return out
 
 
-def score(volumes: Sequence[VolumeRegions], models: Dict[str, Optional[ErrorModel]],
-          max_regions: Optional[int] = MAX_REGIONS, ranking: str = "p_error") -> dict:
+def score(
+    volumes: Sequence[VolumeRegions],
+    models: Dict[str, Optional[ErrorModel]],
+    max_regions: Optional[int] = MAX_REGIONS,
+    ranking: str = "p_error",
+) -> dict:
     """:func:`volume_scores` summed over the volumes: covered errors of the first :data:`BUDGET`
     and of all, the median burden, and the ECE of the kept regions' (p_error, holds) pairs."""
     rows = volume_scores(volumes, models, max_regions, ranking)
@@ -147,13 +175,17 @@ def score(volumes: Sequence[VolumeRegions], models: Dict[str, Optional[ErrorMode
     ys = [v.holds[r["order"]] for v, r in zip(volumes, rows) if r["p"] is not None and len(r["order"])]
     p_all = np.concatenate(ps) if ps else np.zeros(0)
     y_all = np.concatenate(ys) if ys else np.zeros(0, bool)
-    return {"volumes": len(volumes), "substantial_errors": errors,
-            "covered_top3": covered_top / errors if errors else None,
-            "covered_all": covered_all / errors if errors else None,
-            "median_burden_top3": float(np.median(burdens)) if burdens else None,
-            "regions_per_volume": kept / len(volumes) if volumes else None,
-            "region_ece": region_ece(p_all, y_all), "regions": int(len(y_all)),
-            "regions_holding_an_error": int(np.sum(y_all))}
+    return {
+        "volumes": len(volumes),
+        "substantial_errors": errors,
+        "covered_top3": covered_top / errors if errors else None,
+        "covered_all": covered_all / errors if errors else None,
+        "median_burden_top3": float(np.median(burdens)) if burdens else None,
+        "regions_per_volume": kept / len(volumes) if volumes else None,
+        "region_ece": region_ece(p_all, y_all),
+        "regions": int(len(y_all)),
+        "regions_holding_an_error": int(np.sum(y_all)),
+    }
 
 
 def cross_validated(volumes: Sequence[VolumeRegions], l2: float = 0.05) -> Dict[str, ErrorModel]:
@@ -172,8 +204,13 @@ def region_ece(p: np.ndarray, y: np.ndarray, bins: int = 10) -> Optional[float]:
     return binary_ece(p, y, bins) if len(p) else None
 
 
-def select_settings(maps: Sequence[VolumeMaps], grid: Optional[dict] = None, max_regions: int = MAX_REGIONS,
-                    max_burden: float = MAX_BURDEN, progress=None) -> dict:
+def select_settings(
+    maps: Sequence[VolumeMaps],
+    grid: Optional[dict] = None,
+    max_regions: int = MAX_REGIONS,
+    max_burden: float = MAX_BURDEN,
+    progress=None,
+) -> dict:
     """Grid search on (clean validation) ``maps``; returns the chosen settings, the fitted model and
     every candidate's cross-validated figures. The objective: errors covered by the first
     :data:`BUDGET` regions (then by all reported), among candidates within ``max_burden``."""
@@ -204,21 +241,30 @@ def select_settings(maps: Sequence[VolumeMaps], grid: Optional[dict] = None, max
     x = np.concatenate([v.features for v in vols])
     y = np.concatenate([v.holds for v in vols])
     model = fit_logistic(x, y)
-    return {"settings": {**settings, "max_regions": max_regions}, "model": model, "candidates": rows,
-            "validation": {"in_sample": score(vols, {v.patient: model for v in vols}, max_regions,
-                                              settings["ranking"]),
-                           "cross_validated": cv_summary, "regions_total": int(len(y)),
-                           "regions_holding_an_error": int(y.sum())}}
+    return {
+        "settings": {**settings, "max_regions": max_regions},
+        "model": model,
+        "candidates": rows,
+        "validation": {
+            "in_sample": score(vols, {v.patient: model for v in vols}, max_regions, settings["ranking"]),
+            "cross_validated": cv_summary,
+            "regions_total": int(len(y)),
+            "regions_holding_an_error": int(y.sum()),
+        },
+    }
 
 
 def refine_grid(settings: dict) -> dict:
     """The second pass around the first pass's winner: its smoothing, connectivity and ranking, the
     flag threshold x 0.875 / 1 / 1.125 and the size cap x 1 / 1.5 / 2."""
     t, cap = float(settings["flag_threshold"]), settings.get("max_ml")
-    return {"smooth_px": (settings["smooth_px"],), "connectivity": (settings["connectivity"],),
-            "flag_threshold": tuple(round(t * f, 4) for f in (0.875, 1.0, 1.125)),
-            "max_ml": (None,) if cap is None else tuple(float(cap) * f for f in (1.0, 1.5, 2.0)),
-            "ranking": (settings["ranking"],)}
+    return {
+        "smooth_px": (settings["smooth_px"],),
+        "connectivity": (settings["connectivity"],),
+        "flag_threshold": tuple(round(t * f, 4) for f in (0.875, 1.0, 1.125)),
+        "max_ml": (None,) if cap is None else tuple(float(cap) * f for f in (1.0, 1.5, 2.0)),
+        "ranking": (settings["ranking"],),
+    }
 
 
 def two_pass(maps: Sequence[VolumeMaps], first: Optional[dict] = None, progress=None) -> dict:
@@ -227,6 +273,7 @@ def two_pass(maps: Sequence[VolumeMaps], first: Optional[dict] = None, progress=
     ``first``: the first pass's result when already computed."""
     first = first or select_settings(maps, progress=progress)
     second = select_settings(maps, grid=refine_grid(first["settings"]), progress=progress)
-    second["candidates"] = ([{**c, "pass": 1} for c in first["candidates"]]
-                            + [{**c, "pass": 2} for c in second["candidates"]])
+    second["candidates"] = [{**c, "pass": 1} for c in first["candidates"]] + [
+        {**c, "pass": 2} for c in second["candidates"]
+    ]
     return second

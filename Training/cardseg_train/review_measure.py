@@ -17,8 +17,7 @@ from cardseg.metrics.calibration import binary_ece_consistency, equal_width_bins
 from cardseg.metrics.detection import detection_scores
 from cardseg.review import coverage as cv
 from cardseg.review.evaluation import near_errors
-from cardseg.review.regions import (ErrorModel, feature_map, form_regions, rank_regions, region_features,
-                                    region_settings)
+from cardseg.review.regions import ErrorModel, feature_map, form_regions, rank_regions, region_features, region_settings
 
 from .eval_stats import BOOTSTRAP_LEVEL, BOOTSTRAP_RESAMPLES, interval, resample_weights
 from .review_data import VolumeMaps
@@ -29,8 +28,12 @@ TOP = 3
 #: burdens (share of the predicted heart) of the coverage curves
 BURDENS = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5)
 #: the maps whose highest voxels are baselines (VolumeMaps attribute -> name in the tables)
-VOXEL_MAPS = {"tac": "TAC voxels", "tac_flips": "TAC + flip voxels", "entropy_card": "CARD calibrated entropy",
-              "entropy_uc": "primary entropy (uc)"}  # TAC + flips: where the maps hold the flipped runs
+VOXEL_MAPS = {
+    "tac": "TAC voxels",
+    "tac_flips": "TAC + flip voxels",
+    "entropy_card": "CARD calibrated entropy",
+    "entropy_uc": "primary entropy (uc)",
+}  # TAC + flips: where the maps hold the flipped runs
 #: random baselines are averaged over this many draws
 DRAWS = 5
 
@@ -53,8 +56,9 @@ def regions_in_order(m: VolumeMaps, settings: dict, model: Optional[ErrorModel])
     return lab, order, p
 
 
-def volume_study(m: VolumeMaps, settings: dict, model: Optional[ErrorModel], rng: np.random.Generator,
-                 with_detection: bool = True) -> dict:
+def volume_study(
+    m: VolumeMaps, settings: dict, model: Optional[ErrorModel], rng: np.random.Generator, with_detection: bool = True
+) -> dict:
     """One volume: covered errors of the first 1..k regions, the baselines at the burden of the
     first :data:`TOP`, the coverage curves of the voxel maps, and the voxels for detection AUCs."""
     errors, n = cv.error_labels(m.pred, m.truth)
@@ -72,13 +76,22 @@ def volume_study(m: VolumeMaps, settings: dict, model: Optional[ErrorModel], rng
     top &= rank_map <= TOP
     budget = int(vox[:TOP].sum())
     voxel_ml = float(np.prod(m.spacing)) / 1000.0
-    out = {"case": m.case, "errors": n, "heart_voxels": heart, "voxel_ml": voxel_ml,
-           "covered_k": cv.covered_top_k(overlap, sizes).sum(axis=1).tolist(),
-           "burden_k": (np.cumsum(np.concatenate([[0], vox])) / max(heart, 1)).tolist(),
-           "top_voxels": budget, "top_burden": budget / heart if heart else float("nan"),
-           "top_ml": budget * voxel_ml, "touched_top": touched_errors(errors, n, top),
-           "p_error": [] if p is None else p[order].tolist(),
-           "holds_error": cv.holds_error(overlap, sizes).tolist(), "same_burden": {}, "curves": {}}
+    out = {
+        "case": m.case,
+        "errors": n,
+        "heart_voxels": heart,
+        "voxel_ml": voxel_ml,
+        "covered_k": cv.covered_top_k(overlap, sizes).sum(axis=1).tolist(),
+        "burden_k": (np.cumsum(np.concatenate([[0], vox])) / max(heart, 1)).tolist(),
+        "top_voxels": budget,
+        "top_burden": budget / heart if heart else float("nan"),
+        "top_ml": budget * voxel_ml,
+        "touched_top": touched_errors(errors, n, top),
+        "p_error": [] if p is None else p[order].tolist(),
+        "holds_error": cv.holds_error(overlap, sizes).tolist(),
+        "same_burden": {},
+        "curves": {},
+    }
     for key in VOXEL_MAPS:
         score = getattr(m, key)
         if score is None:
@@ -88,18 +101,33 @@ def volume_study(m: VolumeMaps, settings: dict, model: Optional[ErrorModel], rng
     draws = [cv.random_voxels(boundary, budget, rng) for _ in range(DRAWS)]
     out["same_burden"]["boundary"] = float(np.mean([cv.covered(errors, n, d).sum() for d in draws]))
     out["touched_boundary"] = float(np.mean([touched_errors(errors, n, d) for d in draws]))
-    out["curves"]["boundary"] = [float(np.mean([cv.covered(errors, n, cv.random_voxels(
-        boundary, int(round(b * heart)), rng)).sum() for _ in range(2)])) for b in BURDENS]
+    out["curves"]["boundary"] = [
+        float(
+            np.mean(
+                [cv.covered(errors, n, cv.random_voxels(boundary, int(round(b * heart)), rng)).sum() for _ in range(2)]
+            )
+        )
+        for b in BURDENS
+    ]
     top_map = np.where(top, rank_map, 0)
-    out["same_burden"]["random_regions"] = float(np.mean([cv.covered(
-        errors, n, cv.random_regions(top_map, min(TOP, order.size), near, rng) > 0).sum() for _ in range(DRAWS)]))
+    out["same_burden"]["random_regions"] = float(
+        np.mean(
+            [
+                cv.covered(errors, n, cv.random_regions(top_map, min(TOP, order.size), near, rng) > 0).sum()
+                for _ in range(DRAWS)
+            ]
+        )
+    )
     if with_detection:
         wrong = (m.pred != m.truth)[near]
         score_rank = np.where(rank_map > 0, 1.0 / np.maximum(rank_map, 1), 0.0)  # first region highest
-        out["detection"] = {"wrong": wrong, "tac": m.tac[near], "regions": score_rank[near],
-                            "boundary": boundary[near].astype(np.float32),
-                            **{k: v[near] for k in ("tac_flips", "entropy_card", "entropy_uc")
-                               if (v := getattr(m, k)) is not None}}
+        out["detection"] = {
+            "wrong": wrong,
+            "tac": m.tac[near],
+            "regions": score_rank[near],
+            "boundary": boundary[near].astype(np.float32),
+            **{k: v[near] for k in ("tac_flips", "entropy_card", "entropy_uc") if (v := getattr(m, k)) is not None},
+        }
     return out
 
 
@@ -155,7 +183,10 @@ def pooled_reliability(summaries: Dict[str, dict]) -> Optional[dict]:
 def condition_summary(vols: Sequence[dict], max_regions: Optional[int]) -> dict:
     """Pool one condition's :func:`volume_study` results into its table row, curves and AUCs."""
     errors = sum(v["errors"] for v in vols)
-    frac = (lambda c: c / errors if errors else None)
+
+    def frac(c):
+        return c / errors if errors else None
+
     k_max = max(len(v["covered_k"]) for v in vols) - 1 if vols else 0
     by_k = []
     for k in range(1, k_max + 1):
@@ -163,25 +194,40 @@ def condition_summary(vols: Sequence[dict], max_regions: Optional[int]) -> dict:
         bur = [v["burden_k"][min(k, len(v["burden_k"]) - 1)] for v in vols]
         by_k.append({"regions": k, "covered": frac(cov), "median_burden": float(np.nanmedian(bur))})
     p = np.concatenate([np.asarray(v["p_error"], float) for v in vols]) if vols else np.zeros(0)
-    y = np.concatenate([np.asarray(v["holds_error"], bool)[:len(v["p_error"])] for v in vols]) if vols else []
-    same = {key: frac(sum(v["same_burden"].get(key, 0) for v in vols)) for key in vols[0]["same_burden"]} if vols else {}
-    curves = {key: [frac(sum(v["curves"][key][i] for v in vols)) for i in range(len(BURDENS))]
-              for key in (vols[0]["curves"] if vols else {})}
+    y = np.concatenate([np.asarray(v["holds_error"], bool)[: len(v["p_error"])] for v in vols]) if vols else []
+    same = (
+        {key: frac(sum(v["same_burden"].get(key, 0) for v in vols)) for key in vols[0]["same_burden"]} if vols else {}
+    )
+    curves = {
+        key: [frac(sum(v["curves"][key][i] for v in vols)) for i in range(len(BURDENS))]
+        for key in (vols[0]["curves"] if vols else {})
+    }
     top_k = min(TOP, k_max) if k_max else 0
-    row = {"volumes": len(vols), "substantial_errors": errors,
-           "covered_top3": frac(sum(v["covered_k"][min(TOP, len(v["covered_k"]) - 1)] for v in vols)),
-           "covered_all": frac(sum(v["covered_k"][-1] for v in vols)),
-           "median_burden_top3": float(np.nanmedian([v["top_burden"] for v in vols])) if vols else None,
-           "median_ml_top3": float(np.median([v["top_ml"] for v in vols])) if vols else None,
-           "touched_top3": frac(sum(v["touched_top"] for v in vols)),
-           "touched_boundary_same_burden": frac(sum(v["touched_boundary"] for v in vols)),
-           "regions_per_volume": float(np.mean([len(v["covered_k"]) - 1 for v in vols])) if vols else None,
-           "regions_holding_nothing": float(1 - np.mean(y)) if len(y) else None,
-           "same_burden": same, "top_regions": top_k, "max_regions": max_regions}
+    row = {
+        "volumes": len(vols),
+        "substantial_errors": errors,
+        "covered_top3": frac(sum(v["covered_k"][min(TOP, len(v["covered_k"]) - 1)] for v in vols)),
+        "covered_all": frac(sum(v["covered_k"][-1] for v in vols)),
+        "median_burden_top3": float(np.nanmedian([v["top_burden"] for v in vols])) if vols else None,
+        "median_ml_top3": float(np.median([v["top_ml"] for v in vols])) if vols else None,
+        "touched_top3": frac(sum(v["touched_top"] for v in vols)),
+        "touched_boundary_same_burden": frac(sum(v["touched_boundary"] for v in vols)),
+        "regions_per_volume": float(np.mean([len(v["covered_k"]) - 1 for v in vols])) if vols else None,
+        "regions_holding_nothing": float(1 - np.mean(y)) if len(y) else None,
+        "same_burden": same,
+        "top_regions": top_k,
+        "max_regions": max_regions,
+    }
     row["intervals"] = covered_intervals(vols)
     rel = reliability(p, y) if len(p) else None
-    return {**row, "p_error_ece": None if rel is None else rel["ece"], "reliability": rel, "by_regions": by_k,
-            "curves": {"burdens": list(BURDENS), **curves}, "detection": detection_table(vols)}
+    return {
+        **row,
+        "p_error_ece": None if rel is None else rel["ece"],
+        "reliability": rel,
+        "by_regions": by_k,
+        "curves": {"burdens": list(BURDENS), **curves},
+        "detection": detection_table(vols),
+    }
 
 
 def covered_intervals(vols: Sequence[dict], resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> dict:
@@ -205,8 +251,13 @@ def covered_intervals(vols: Sequence[dict], resamples: int = BOOTSTRAP_RESAMPLES
     drawn = w @ counts.T  # (resamples, rows)
     with np.errstate(invalid="ignore", divide="ignore"):
         frac = drawn[:, 1:] / drawn[:, :1]
-    return {"level": BOOTSTRAP_LEVEL, "resamples": resamples, "patients": len(patients), "covered_top3": interval(frac[:, 0]),
-            "same_burden": {k: interval(frac[:, 1 + j]) for j, k in enumerate(keys)}}
+    return {
+        "level": BOOTSTRAP_LEVEL,
+        "resamples": resamples,
+        "patients": len(patients),
+        "covered_top3": interval(frac[:, 0]),
+        "same_burden": {k: interval(frac[:, 1 + j]) for j, k in enumerate(keys)},
+    }
 
 
 def detection_table(vols: Sequence[dict]) -> Dict[str, dict]:
@@ -220,8 +271,14 @@ def detection_table(vols: Sequence[dict]) -> Dict[str, dict]:
     return {k: detection_scores(np.concatenate([d[k] for d in parts]), wrong) for k in keys}
 
 
-def study(maps: Sequence[VolumeMaps], settings: dict, model: Optional[ErrorModel], seed: int = 0,
-          with_detection: bool = True, progress=None) -> Dict[str, dict]:
+def study(
+    maps: Sequence[VolumeMaps],
+    settings: dict,
+    model: Optional[ErrorModel],
+    seed: int = 0,
+    with_detection: bool = True,
+    progress=None,
+) -> Dict[str, dict]:
     """:func:`condition_summary` per condition of ``maps`` (in their order)."""
     out: Dict[str, List[dict]] = {}
     for i, m in enumerate(maps):

@@ -57,10 +57,13 @@ def refit_p_error(fit: dict, maps_by_condition: Dict[str, Sequence]) -> dict:
     y = np.concatenate([v.holds for v in every])
     model = fit_logistic(x, y)
     pooled_figures = figures(pooled)
-    validation = {**fit["validation"], "clean_model_cross_validated": fit["validation"]["cross_validated"],
-                  "cross_validated": pooled_figures["clean"],
-                  "in_sample": score(every, {v.patient: model for v in every}, max_regions, ranking),
-                  "regions_total": int(len(y)), "regions_holding_an_error": int(y.sum()),
-                  "pool": {"conditions": list(regions), "clean_model": figures(clean_only),
-                           "pooled_model": pooled_figures}}
+    validation = {
+        **fit["validation"],
+        "clean_model_cross_validated": fit["validation"]["cross_validated"],
+        "cross_validated": pooled_figures["clean"],
+        "in_sample": score(every, {v.patient: model for v in every}, max_regions, ranking),
+        "regions_total": int(len(y)),
+        "regions_holding_an_error": int(y.sum()),
+        "pool": {"conditions": list(regions), "clean_model": figures(clean_only), "pooled_model": pooled_figures},
+    }
     return {**fit, "model": model, "validation": validation, "p_error_conditions": list(regions)}

@@ -66,8 +66,18 @@ class RunLog:
 
     def __init__(self, path: Path, class_names: Sequence[str]):
         self.path = Path(path)
-        self.fields: List[str] = (["step", "lr", "loss", "kl", "ce", "dice_loss", "boundary", "steps_per_s",
-                                   "elapsed_s", "val_dice"] + [f"val_dice_{n}" for n in list(class_names)[1:]])
+        self.fields: List[str] = [
+            "step",
+            "lr",
+            "loss",
+            "kl",
+            "ce",
+            "dice_loss",
+            "boundary",
+            "steps_per_s",
+            "elapsed_s",
+            "val_dice",
+        ] + [f"val_dice_{n}" for n in list(class_names)[1:]]
 
     def write(self, row: dict) -> None:
         new = not self.path.exists()

@@ -22,8 +22,15 @@ from cardseg.io.preprocess import SliceGrid, normalize_slice, slices_to_network
 from .datasets import SliceRecord
 
 
-def map_to_network(images: np.ndarray, labels: np.ndarray, spacing: Tuple[float, float], target_spacing: float,
-                   size: int, low: float = 0.5, high: float = 99.5) -> Tuple[torch.Tensor, torch.Tensor]:
+def map_to_network(
+    images: np.ndarray,
+    labels: np.ndarray,
+    spacing: Tuple[float, float],
+    target_spacing: float,
+    size: int,
+    low: float = 0.5,
+    high: float = 99.5,
+) -> Tuple[torch.Tensor, torch.Tensor]:
     """Slices ``(B, Y, X)`` of one shape and spacing → network grid, exactly as inference maps them.
 
     Returns image ``(B, 1, N, N)`` float32 (per-slice percentile normalisation, anti-aliased
@@ -46,8 +53,15 @@ class SliceDataset(Dataset):
     samples batches from them directly), and ``cases`` (each slice's case id).
     """
 
-    def __init__(self, records: Sequence[SliceRecord], target_spacing: float, size: int, low: float = 0.5,
-                 high: float = 99.5, num_classes: Optional[int] = None):
+    def __init__(
+        self,
+        records: Sequence[SliceRecord],
+        target_spacing: float,
+        size: int,
+        low: float = 0.5,
+        high: float = 99.5,
+        num_classes: Optional[int] = None,
+    ):
         if not records:
             raise CardsegError("no labelled slices to train or validate on")
         self.target_spacing, self.size = float(target_spacing), int(size)
@@ -63,9 +77,16 @@ class SliceDataset(Dataset):
             groups.setdefault((r.image.shape, tuple(r.spacing)), []).append(i)
         for (shape, sp), idx in groups.items():
             for j in range(0, len(idx), 64):
-                part = idx[j:j + 64]
-                x, y = map_to_network(np.stack([records[i].image for i in part]), np.stack([records[i].label for i in part]),
-                                      sp, self.target_spacing, self.size, self.low, self.high)
+                part = idx[j : j + 64]
+                x, y = map_to_network(
+                    np.stack([records[i].image for i in part]),
+                    np.stack([records[i].label for i in part]),
+                    sp,
+                    self.target_spacing,
+                    self.size,
+                    self.low,
+                    self.high,
+                )
                 self.images[part] = x
                 self.labels[part] = y
         self.cases = [r.case for r in records]

@@ -54,6 +54,7 @@ from .slice_dataset import SliceDataset
 from .train_config import TrainConfig, data_name, merge_resume_config, read_run_config
 from .train_steps import lr_factor, make_training_inputs, validate
 
+
 def check_new_run_folder(out: Path) -> None:
     """A new run goes into a new or empty folder: anything already there (a run, a run killed
     before its first checkpoint, the user's own files) is refused, so nothing is overwritten,
@@ -63,18 +64,27 @@ def check_new_run_folder(out: Path) -> None:
     if not out.is_dir():
         raise CardsegError(f"{out}: is a file, not a run folder; choose a new folder for --out")
     if (out / "last.pt").exists():
-        raise CardsegError(f"{out}: already holds a run; choose a new (or empty) folder for --out, or use --resume "
-                           "to continue that run")
+        raise CardsegError(
+            f"{out}: already holds a run; choose a new (or empty) folder for --out, or use --resume "
+            "to continue that run"
+        )
     if any(out.iterdir()):
         killed = (out / "config.json").is_file() and (out / "log.csv").is_file()
-        why = (" (it looks like a run stopped before its first checkpoint, which cannot be resumed: empty the "
-               "folder yourself to start again)" if killed else "")
-        raise CardsegError(f"{out}: is not empty; a new run needs a new or empty folder: choose another --out, "
-                           f"or use --resume for a run's folder{why}")
+        why = (
+            " (it looks like a run stopped before its first checkpoint, which cannot be resumed: empty the "
+            "folder yourself to start again)"
+            if killed
+            else ""
+        )
+        raise CardsegError(
+            f"{out}: is not empty; a new run needs a new or empty folder: choose another --out, "
+            f"or use --resume for a run's folder{why}"
+        )
 
 
-def load_run_data(c: TrainConfig, train_data: Optional[SliceDataset] = None,
-                  val_data: Optional[SliceDataset] = None) -> Tuple[SliceDataset, Optional[SliceDataset], List]:
+def load_run_data(
+    c: TrainConfig, train_data: Optional[SliceDataset] = None, val_data: Optional[SliceDataset] = None
+) -> Tuple[SliceDataset, Optional[SliceDataset], List]:
     """The run's training slices and validation volumes on its grid (given datasets are used as
     they are; ``max_train_slices`` / ``val_max_volumes`` applied) → ``(train, val, val volumes)``."""
     fmt = c.data_format or detect_format(c.data)
@@ -82,22 +92,24 @@ def load_run_data(c: TrainConfig, train_data: Optional[SliceDataset] = None,
     kw = dict(fmt=fmt, val_fraction=c.val_fraction, seed=c.seed, spacing_mm=c.acdc_h5_spacing)
     if train_data is None:
         recs = load_split(c.data, "train", max_patients=c.max_train_patients, **kw)
-        train_data = SliceDataset(recs, c.spacing, c.input_size, c.low_percentile, c.high_percentile,
-                                  num_classes=c.num_classes)
+        train_data = SliceDataset(
+            recs, c.spacing, c.input_size, c.low_percentile, c.high_percentile, num_classes=c.num_classes
+        )
     if c.max_train_slices is not None and len(train_data) > c.max_train_slices:
         keep = np.linspace(0, len(train_data) - 1, c.max_train_slices).round().astype(int)
         train_data = train_data.subset(keep.tolist())
     if val_data is None:
         val_patients = resolve_split(c.data, fmt, c.val_fraction, c.seed).get("val", [])
         if c.val_max_volumes is not None:
-            val_patients = val_patients[:max(1, c.val_max_volumes)]
+            val_patients = val_patients[: max(1, c.val_max_volumes)]
         if val_patients:
             recs = [r for r in load_split(c.data, "val", **kw) if r.patient in set(val_patients)]
-            val_data = SliceDataset(recs, c.spacing, c.input_size, c.low_percentile, c.high_percentile,
-                                    num_classes=c.num_classes)
+            val_data = SliceDataset(
+                recs, c.spacing, c.input_size, c.low_percentile, c.high_percentile, num_classes=c.num_classes
+            )
     val_volumes = val_data.volumes() if val_data is not None else []
     if c.val_max_volumes is not None:
-        val_volumes = val_volumes[:c.val_max_volumes]
+        val_volumes = val_volumes[: c.val_max_volumes]
     if len(train_data) == 0:
         raise CardsegError(f"{c.data}: no training slices (check --data, --max-train-patients and --val-fraction)")
     if train_data.num_classes > c.num_classes:
@@ -108,16 +120,26 @@ def load_run_data(c: TrainConfig, train_data: Optional[SliceDataset] = None,
 class Trainer:
     """Trains one denoiser into a run folder. ``Trainer(config, out, resume).run()`` → summary dict."""
 
-    def __init__(self, config: TrainConfig, out: os.PathLike, resume: bool = False, progress: bool = True,
-                 train_data: Optional[SliceDataset] = None, val_data: Optional[SliceDataset] = None):
+    def __init__(
+        self,
+        config: TrainConfig,
+        out: os.PathLike,
+        resume: bool = False,
+        progress: bool = True,
+        train_data: Optional[SliceDataset] = None,
+        val_data: Optional[SliceDataset] = None,
+    ):
         self.out = Path(out)
         self.progress = progress
         self.resume_from: Optional[dict] = None
         if resume:
             ckpt_path = self.out / "last.pt"
             if not ckpt_path.is_file():
-                hint = (" (the run stopped before its first checkpoint: start it again in a new folder)"
-                        if (self.out / "config.json").is_file() else "")
+                hint = (
+                    " (the run stopped before its first checkpoint: start it again in a new folder)"
+                    if (self.out / "config.json").is_file()
+                    else ""
+                )
                 raise CardsegError(f"{self.out}: nothing to resume (no last.pt){hint}")
             config = merge_resume_config(read_run_config(self.out), config, self.out)
             self.resume_from = load_checkpoint(ckpt_path)
@@ -143,11 +165,14 @@ class Trainer:
 
     def _provenance_data(self) -> dict:
         c = self.config
-        return {"data": data_name(c.data, c.data_format),
-                "format": c.data_format, "train_patients": list(self.train_data.patients),
-                "train_slices": len(self.train_data),
-                "val_patients": sorted({p for p in (self.val_data.patients if self.val_data else [])}),
-                "val_volumes": [v[0] for v in self.val_volumes]}
+        return {
+            "data": data_name(c.data, c.data_format),
+            "format": c.data_format,
+            "train_patients": list(self.train_data.patients),
+            "train_slices": len(self.train_data),
+            "val_patients": sorted({p for p in (self.val_data.patients if self.val_data else [])}),
+            "val_volumes": [v[0] for v in self.val_volumes],
+        }
 
     # -- sampler -----------------------------------------------------------------------------
     def _next_indices(self, n: int) -> torch.Tensor:
@@ -159,19 +184,24 @@ class Trainer:
                 self.perm = torch.randperm(total, generator=self.generator)
                 self.cursor = 0
             take = min(n - len(out), len(self.perm) - self.cursor)
-            out.extend(self.perm[self.cursor:self.cursor + take].tolist())
+            out.extend(self.perm[self.cursor : self.cursor + take].tolist())
             self.cursor += take
         return torch.tensor(out, dtype=torch.long)
 
     # -- state -------------------------------------------------------------------------------
     def _state(self, step: int) -> dict:
         return {
-            "format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "kind": "last", "step": int(step),
+            "format": CHECKPOINT_FORMAT,
+            "version": CHECKPOINT_VERSION,
+            "kind": "last",
+            "step": int(step),
             "model": {k: v.detach().cpu() for k, v in self.net.state_dict().items()},
-            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
             "rng": {"generator": self.generator.get_state(), "torch": torch.get_rng_state()},
             "sampler": {"perm": self.perm.clone(), "cursor": int(self.cursor)},
-            "best": dict(self.best), "elapsed_s": float(self.elapsed_before + time.perf_counter() - self.t_start),
+            "best": dict(self.best),
+            "elapsed_s": float(self.elapsed_before + time.perf_counter() - self.t_start),
             "network": self.config.network_spec(),
         }
 
@@ -179,17 +209,35 @@ class Trainer:
         atomic_save(self._state(step), self.out / "last.pt")
 
     def _save_best(self, step: int, val: Dict[str, float]) -> None:
-        atomic_save({"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "kind": "best", "step": int(step),
-                      "model": {k: v.detach().cpu() for k, v in self.net.state_dict().items()},
-                      "val": dict(val), "network": self.config.network_spec()}, self.out / "best.pt")
+        atomic_save(
+            {
+                "format": CHECKPOINT_FORMAT,
+                "version": CHECKPOINT_VERSION,
+                "kind": "best",
+                "step": int(step),
+                "model": {k: v.detach().cpu() for k, v in self.net.state_dict().items()},
+                "val": dict(val),
+                "network": self.config.network_spec(),
+            },
+            self.out / "best.pt",
+        )
 
     def _loss(self, img: torch.Tensor, lab: torch.Tensor, autocast):
         """One batch's loss for the run's role: the diffusion recipe (noised state, time), one
         forward pass of a plain segmentor, or the aleatoric heads."""
         c = self.config
         if c.kind == "diffusion":
-            img, x_t, t = make_training_inputs(self.schedule, img, lab, c.num_classes, c.p_uniform, c.p_uncond,
-                                               self.generator, c.p_focus, c.sampled_steps)
+            img, x_t, t = make_training_inputs(
+                self.schedule,
+                img,
+                lab,
+                c.num_classes,
+                c.p_uniform,
+                c.p_uncond,
+                self.generator,
+                c.p_focus,
+                c.sampled_steps,
+            )
             with autocast:
                 logits = self.net(img, x_t, t)
             return self.loss_fn(logits.float(), lab, x_t, t)
@@ -210,10 +258,13 @@ class Trainer:
         self.net = build_network(c.network_spec()).to(self.device)
         self.optimizer = torch.optim.Adam(self.net.parameters(), lr=c.lr, weight_decay=c.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: lr_factor(s, int(c.warmup), c.steps, c.lr_schedule))
-        self.loss_fn = {"diffusion": lambda: DiffusionLoss(self.schedule, c.loss),
-                        "deterministic": lambda: SegmentationLoss(c.loss),
-                        "aleatoric": lambda: AleatoricLoss(c.loss)}[c.kind]()
+            self.optimizer, lambda s: lr_factor(s, int(c.warmup), c.steps, c.lr_schedule)
+        )
+        self.loss_fn = {
+            "diffusion": lambda: DiffusionLoss(self.schedule, c.loss),
+            "deterministic": lambda: SegmentationLoss(c.loss),
+            "aleatoric": lambda: AleatoricLoss(c.loss),
+        }[c.kind]()
         self.augment = BatchAugment(c.augment)
         self.perm = torch.zeros(0, dtype=torch.long)
         self.cursor = 0
@@ -255,16 +306,31 @@ class Trainer:
         if not math.isfinite(means["loss"]):
             raise CardsegError(f"training diverged at step {step} (loss {means['loss']}); lower --lr")
         fmt = lambda key: f"{means[key]:.5f}" if key in means else ""  # noqa: E731
-        return {"step": step, "lr": f"{self.scheduler.get_last_lr()[0]:.6g}", "loss": fmt("loss"), "kl": fmt("kl"),
-                "ce": fmt("ce"), "dice_loss": fmt("dice"), "boundary": fmt("boundary"),
-                "steps_per_s": f"{n_acc / max(seconds, 1e-9):.3f}",
-                "elapsed_s": f"{self.elapsed_before + time.perf_counter() - self.t_start:.1f}"}
+        return {
+            "step": step,
+            "lr": f"{self.scheduler.get_last_lr()[0]:.6g}",
+            "loss": fmt("loss"),
+            "kl": fmt("kl"),
+            "ce": fmt("ce"),
+            "dice_loss": fmt("dice"),
+            "boundary": fmt("boundary"),
+            "steps_per_s": f"{n_acc / max(seconds, 1e-9):.3f}",
+            "elapsed_s": f"{self.elapsed_before + time.perf_counter() - self.t_start:.1f}",
+        }
 
     def _validate(self, step: int, row: dict) -> Dict[str, float]:
         """Validate, add the Dice to ``row``, keep ``best.pt`` when it improved, save ``last.pt``."""
         c = self.config
-        val = validate(self.net, self.val_volumes, c.num_classes, self.schedule, c.sampled_steps, self.device,
-                       c.val_batch_size, self.class_names)
+        val = validate(
+            self.net,
+            self.val_volumes,
+            c.num_classes,
+            self.schedule,
+            c.sampled_steps,
+            self.device,
+            c.val_batch_size,
+            self.class_names,
+        )
         row["val_dice"] = f"{val['dice']:.4f}"
         for n in self.class_names[1:]:
             row[f"val_dice_{n}"] = f"{val[f'dice_{n}']:.4f}"
@@ -279,8 +345,15 @@ class Trainer:
             return None
         from tqdm.auto import tqdm
 
-        return tqdm(total=self.config.steps, initial=step, desc=f"train {self.config.role}", unit="step",
-                    file=sys.stderr, dynamic_ncols=True, smoothing=0.05)
+        return tqdm(
+            total=self.config.steps,
+            initial=step,
+            desc=f"train {self.config.role}",
+            unit="step",
+            file=sys.stderr,
+            dynamic_ncols=True,
+            smoothing=0.05,
+        )
 
     def run(self) -> dict:
         c = self.config
@@ -301,8 +374,11 @@ class Trainer:
         n_acc, t_row = 0, time.perf_counter()
         last_val: Dict[str, float] = {}
         self.net.train()
-        autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if (c.amp and self.device.type == "cuda")
-                    else contextlib.nullcontext())
+        autocast = (
+            torch.autocast("cuda", dtype=torch.bfloat16)
+            if (c.amp and self.device.type == "cuda")
+            else contextlib.nullcontext()
+        )
         try:
             while step < c.steps:
                 for k, v in self._optimise(images, labels, autocast).items():
@@ -347,10 +423,16 @@ class Trainer:
             self.best = {"dice": None, "step": step}
             self._save_best(step, {})
         summary = {
-            "role": c.role, "network": c.network_spec(), "parameters": count_parameters(self.net),
-            "steps_done": step, "steps_planned": c.steps, "stopped_by": stop_reason,
+            "role": c.role,
+            "network": c.network_spec(),
+            "parameters": count_parameters(self.net),
+            "steps_done": step,
+            "steps_planned": c.steps,
+            "stopped_by": stop_reason,
             "elapsed_s": round(self.elapsed_before + time.perf_counter() - self.t_start, 2),
-            "best": self.best, "last_val": last_val, "hardware": hardware_description(self.device),
+            "best": self.best,
+            "last_val": last_val,
+            "hardware": hardware_description(self.device),
             "finished": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             **self._provenance_data(),
         }

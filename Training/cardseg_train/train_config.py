@@ -26,16 +26,36 @@ from .losses import LossWeights
 #: what a run is for → how it trains: the two diffusion denoisers of a bundle, and the plain
 #: segmentors of the conventional baselines (``deterministic``; with ``--size
 #: discriminative:unet`` and two seeds also the Dual U-Net control) and the ``aleatoric`` one
-ROLES = {"primary": "diffusion", "reference": "diffusion", "deterministic": "deterministic",
-         "aleatoric": "aleatoric"}
+ROLES = {"primary": "diffusion", "reference": "diffusion", "deterministic": "deterministic", "aleatoric": "aleatoric"}
 #: the network a role trains when ``--size`` is not given
-DEFAULT_NETWORK = {"primary": "time-swinunetr:mini", "reference": "time-swinunetr:mini",
-                   "deterministic": "discriminative:swinunetr-tiny", "aleatoric": "discriminative:swinunetr-tiny"}
+DEFAULT_NETWORK = {
+    "primary": "time-swinunetr:mini",
+    "reference": "time-swinunetr:mini",
+    "deterministic": "discriminative:swinunetr-tiny",
+    "aleatoric": "discriminative:swinunetr-tiny",
+}
 #: settings that may change when a run is resumed; everything else must match the run's config
-RESUMABLE = ("steps", "time_budget_min", "val_interval", "log_interval", "device", "threads", "val_max_volumes",
-             "val_batch_size", "amp")
-_PALETTE = [[0.0, 0.0, 0.0], [0.30, 0.55, 0.90], [0.95, 0.75, 0.25], [0.90, 0.30, 0.30], [0.40, 0.80, 0.45],
-            [0.70, 0.45, 0.85], [0.95, 0.55, 0.75], [0.45, 0.85, 0.85]]
+RESUMABLE = (
+    "steps",
+    "time_budget_min",
+    "val_interval",
+    "log_interval",
+    "device",
+    "threads",
+    "val_max_volumes",
+    "val_batch_size",
+    "amp",
+)
+_PALETTE = [
+    [0.0, 0.0, 0.0],
+    [0.30, 0.55, 0.90],
+    [0.95, 0.75, 0.25],
+    [0.90, 0.30, 0.30],
+    [0.40, 0.80, 0.45],
+    [0.70, 0.45, 0.85],
+    [0.95, 0.55, 0.75],
+    [0.45, 0.85, 0.85],
+]
 
 
 @dataclass
@@ -88,10 +108,14 @@ class TrainConfig:
             self.network = DEFAULT_NETWORK[self.role]
         diffusion_arch = not self.network.startswith("discriminative")
         if diffusion_arch != (self.kind == "diffusion"):
-            raise CardsegError(f"--role {self.role} cannot train {self.network}: "
-                               + ("use a time-conditioned network (time-swinunetr:SIZE or time-unet:SIZE)"
-                                  if self.kind == "diffusion" else "use discriminative:swinunetr-SIZE or "
-                                                                   "discriminative:unet"))
+            raise CardsegError(
+                f"--role {self.role} cannot train {self.network}: "
+                + (
+                    "use a time-conditioned network (time-swinunetr:SIZE or time-unet:SIZE)"
+                    if self.kind == "diffusion"
+                    else "use discriminative:swinunetr-SIZE or discriminative:unet"
+                )
+            )
         if self.warmup is None:
             self.warmup = int(min(1000, max(1, self.steps // 10)))
         if self.sampled_steps is None:
@@ -162,10 +186,16 @@ def check_options(c: TrainConfig) -> None:
         number_value(opt, "--acdc-h5-spacing", c.acdc_h5_spacing, low=PIXEL_SPACING_MM[0], high=PIXEL_SPACING_MM[1])
     if c.lr is not None:
         number_value(opt, "--lr", c.lr, low=0.0, low_open=True)
-    for key, value in (("--steps", c.steps), ("--batch-size", c.batch_size), ("--val-batch-size", c.val_batch_size),
-                       ("--log-interval", c.log_interval), ("--val-interval", c.val_interval),
-                       ("--val-volumes", c.val_max_volumes), ("--max-train-patients", c.max_train_patients),
-                       ("--max-train-slices", c.max_train_slices)):
+    for key, value in (
+        ("--steps", c.steps),
+        ("--batch-size", c.batch_size),
+        ("--val-batch-size", c.val_batch_size),
+        ("--log-interval", c.log_interval),
+        ("--val-interval", c.val_interval),
+        ("--val-volumes", c.val_max_volumes),
+        ("--max-train-patients", c.max_train_patients),
+        ("--max-train-slices", c.max_train_slices),
+    ):
         _at_least(opt, key, value, 1)
     _at_least(opt, "--warmup", c.warmup, 0)
     if c.threads is not None:
@@ -176,8 +206,7 @@ def check_options(c: TrainConfig) -> None:
             opt.fail("--val-fraction", f"must be below 1 (some patients must train) (got {c.val_fraction})")
     if c.time_budget_min is not None:
         number_value(opt, "--time-budget", c.time_budget_min, low=0.0, low_open=True)
-    for key, value in (("--p-uniform", c.p_uniform), ("--p-uncond", c.p_uncond),
-                       ("--p-focus", c.p_focus)):
+    for key, value in (("--p-uniform", c.p_uniform), ("--p-uncond", c.p_uncond), ("--p-focus", c.p_focus)):
         if value is not None:
             number_value(opt, key, value, low=0.0, high=1.0)
     for key, value in (("weight_decay", c.weight_decay), ("grad_clip", c.grad_clip)):
@@ -193,8 +222,11 @@ def check_options(c: TrainConfig) -> None:
 
 
 #: how provenance describes each data layout
-DATA_LAYOUTS = {"acdc-h5": "ACDC HDF5 layout", "acdc-nifti": "ACDC NIfTI layout",
-                "pairs": "imagesTr/labelsTr NIfTI pairs"}
+DATA_LAYOUTS = {
+    "acdc-h5": "ACDC HDF5 layout",
+    "acdc-nifti": "ACDC NIfTI layout",
+    "pairs": "imagesTr/labelsTr NIfTI pairs",
+}
 
 
 def data_name(data: os.PathLike, data_format: Optional[str] = None) -> str:
@@ -224,9 +256,19 @@ def class_list(names: Sequence[str]) -> List[dict]:
 def smoke_config(config: TrainConfig, explicit: Sequence[str] = ()) -> TrainConfig:
     """Shrink a configuration to a seconds-long end-to-end run (keys in ``explicit`` are kept)."""
     tiny = "time-unet:micro" if ROLES.get(config.role) == "diffusion" else "discriminative:unet"
-    preset = {"steps": 4, "batch_size": 2, "network": tiny, "input_size": 64, "spacing": 4.0,
-              "log_interval": 1, "val_interval": 4, "val_max_volumes": 1, "max_train_patients": 2,
-              "max_train_slices": 8, "warmup": 1}
+    preset = {
+        "steps": 4,
+        "batch_size": 2,
+        "network": tiny,
+        "input_size": 64,
+        "spacing": 4.0,
+        "log_interval": 1,
+        "val_interval": 4,
+        "val_max_volumes": 1,
+        "max_train_patients": 2,
+        "max_train_slices": 8,
+        "warmup": 1,
+    }
     for k, v in preset.items():
         if k not in explicit:
             setattr(config, k, v)
@@ -241,8 +283,9 @@ def merge_resume_config(saved: TrainConfig, new: TrainConfig, where: os.PathLike
     s, n = dataclasses.asdict(saved), dataclasses.asdict(new)
     changed = [k for k, v in n.items() if k not in RESUMABLE and v is not None and s[k] != v]
     if changed:
-        raise CardsegError(f"{where}: cannot resume with different {', '.join(changed)} "
-                           f"(only {', '.join(RESUMABLE)} may change)")
+        raise CardsegError(
+            f"{where}: cannot resume with different {', '.join(changed)} (only {', '.join(RESUMABLE)} may change)"
+        )
     out = TrainConfig.from_dict(s)
     for k in RESUMABLE:
         setattr(out, k, getattr(new, k))

@@ -14,8 +14,13 @@ from cardseg.method.diffusion import CategoricalSchedule, one_hot
 from cardseg.method.trajectory import run_trajectory
 
 
-def sample_noisy_state(schedule: CategoricalSchedule, labels: torch.Tensor, t: torch.Tensor, num_classes: int,
-                       generator: Optional[torch.Generator] = None) -> torch.Tensor:
+def sample_noisy_state(
+    schedule: CategoricalSchedule,
+    labels: torch.Tensor,
+    t: torch.Tensor,
+    num_classes: int,
+    generator: Optional[torch.Generator] = None,
+) -> torch.Tensor:
     """One-hot ``x_t ~ Cat(abar_t x0 + (1 - abar_t) u)`` (paper Eq. 1) for labels ``(B, H, W)``.
 
     Drawn as the equivalent mixture (keep the label with probability ``abar_t``, otherwise a
@@ -30,8 +35,14 @@ def sample_noisy_state(schedule: CategoricalSchedule, labels: torch.Tensor, t: t
     return one_hot(drawn, num_classes)
 
 
-def draw_steps(num_steps: int, b: int, p_focus: float = 0.0, focus_steps: Optional[Sequence[int]] = None,
-               generator: Optional[torch.Generator] = None, device=None) -> torch.Tensor:
+def draw_steps(
+    num_steps: int,
+    b: int,
+    p_focus: float = 0.0,
+    focus_steps: Optional[Sequence[int]] = None,
+    generator: Optional[torch.Generator] = None,
+    device=None,
+) -> torch.Tensor:
     """Step indices ``(B,)`` of one batch: uniform over ``0..T-1``, except that with probability
     ``p_focus`` a slice's step is drawn (uniformly) from ``focus_steps``, the steps the sampler
     calls at inference (the network is then trained more where it is used). Drawn on ``device``
@@ -44,9 +55,17 @@ def draw_steps(num_steps: int, b: int, p_focus: float = 0.0, focus_steps: Option
     return t
 
 
-def make_training_inputs(schedule: CategoricalSchedule, images: torch.Tensor, labels: torch.Tensor, num_classes: int,
-                         p_uniform: float, p_uncond: float, generator: Optional[torch.Generator] = None,
-                         p_focus: float = 0.0, focus_steps: Optional[Sequence[int]] = None):
+def make_training_inputs(
+    schedule: CategoricalSchedule,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    num_classes: int,
+    p_uniform: float,
+    p_uncond: float,
+    generator: Optional[torch.Generator] = None,
+    p_focus: float = 0.0,
+    focus_steps: Optional[Sequence[int]] = None,
+):
     """Step indices, noisy states and (possibly masked) images for one batch.
 
     images ``(B, 1, N, N)``, labels ``(B, N, N)`` → ``(image, x_t (B, K, N, N), t (B,))``. With
@@ -92,9 +111,16 @@ def dice_per_class(pred: torch.Tensor, label: torch.Tensor, num_classes: int) ->
 
 
 @torch.no_grad()
-def validate(net: torch.nn.Module, volumes: Sequence[Tuple[str, torch.Tensor, torch.Tensor]], num_classes: int,
-             schedule: CategoricalSchedule, sampled_steps: Sequence[int], device: torch.device,
-             batch_size: int = 16, class_names: Optional[Sequence[str]] = None) -> Dict[str, float]:
+def validate(
+    net: torch.nn.Module,
+    volumes: Sequence[Tuple[str, torch.Tensor, torch.Tensor]],
+    num_classes: int,
+    schedule: CategoricalSchedule,
+    sampled_steps: Sequence[int],
+    device: torch.device,
+    batch_size: int = 16,
+    class_names: Optional[Sequence[str]] = None,
+) -> Dict[str, float]:
     """Mean per-class Dice over volumes, with the engine's reverse sampler (mode ``uc``; one
     forward pass for a plain segmentor).
 
@@ -110,7 +136,7 @@ def validate(net: torch.nn.Module, volumes: Sequence[Tuple[str, torch.Tensor, to
         for _, images, labels in volumes:
             preds = []
             for i in range(0, images.shape[0], batch_size):
-                x = images[i:i + batch_size].to(device)
+                x = images[i : i + batch_size].to(device)
                 if getattr(net, "one_shot", False):  # a plain segmentor: one forward pass
                     logits = net(x)
                 else:

@@ -36,7 +36,7 @@ for sub in ("CARDSegment", "Training"):
 
 PACK_FORMAT = "cardseg-gpu-pack"
 #: packs above this size cannot travel with the working tree (64 MiB in all)
-MAX_PACK_BYTES = 48 * 2 ** 20
+MAX_PACK_BYTES = 48 * 2**20
 
 
 def quantize(images) -> np.ndarray:
@@ -45,15 +45,20 @@ def quantize(images) -> np.ndarray:
     return np.clip(np.rint(arr * 255.0), 0, 255).astype(np.uint8)
 
 
-def split_arrays(data: str, split: str, spacing: float, size: int, low: float, high: float, fmt=None,
-                 max_patients=None) -> dict:
+def split_arrays(
+    data: str, split: str, spacing: float, size: int, low: float, high: float, fmt=None, max_patients=None
+) -> dict:
     from cardseg_train.datasets import load_split
     from cardseg_train.slice_dataset import SliceDataset
 
     recs = load_split(data, split, fmt=fmt, max_patients=max_patients)
     ds = SliceDataset(recs, spacing, size, low, high, num_classes=4)
-    return {"images": quantize(ds.images), "labels": ds.labels.numpy().astype(np.uint8),
-            "cases": np.array(ds.cases), "patients": sorted({r.patient for r in recs})}
+    return {
+        "images": quantize(ds.images),
+        "labels": ds.labels.numpy().astype(np.uint8),
+        "cases": np.array(ds.cases),
+        "patients": sorted({r.patient for r in recs}),
+    }
 
 
 def fetch_wheels(dest: Path, wheels: str | None) -> list:
@@ -65,13 +70,35 @@ def fetch_wheels(dest: Path, wheels: str | None) -> list:
     if wheels and (Path(wheels) / name).is_file():
         shutil.copy2(Path(wheels) / name, dest / name)
     elif not (dest / name).is_file():
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "-d",
-                        str(dest), f"monai=={monai.__version__}"], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "-q",
+                "--no-deps",
+                "--only-binary=:all:",
+                "-d",
+                str(dest),
+                f"monai=={monai.__version__}",
+            ],
+            check=True,
+        )
     return sorted(p.name for p in dest.glob("*.whl"))
 
 
-def build_pack(data: str, out: Path, spacing: float = 1.4, size: int = 160, low: float = 0.5, high: float = 99.5,
-               wheels: str | None = None, with_wheels: bool = True, max_patients=None) -> dict:
+def build_pack(
+    data: str,
+    out: Path,
+    spacing: float = 1.4,
+    size: int = 160,
+    low: float = 0.5,
+    high: float = 99.5,
+    wheels: str | None = None,
+    with_wheels: bool = True,
+    max_patients=None,
+) -> dict:
     from cardseg_train.datasets import detect_format
     from cardseg_train.train_config import data_name
 
@@ -85,11 +112,20 @@ def build_pack(data: str, out: Path, spacing: float = 1.4, size: int = 160, low:
     tmp.replace(out / "data.npz")
     digest = hashlib.sha256((out / "data.npz").read_bytes()).hexdigest()
     meta = {
-        "format": PACK_FORMAT, "version": 1, "data": data_name(data, fmt), "data_format": fmt,
-        "pixel_spacing_mm": spacing, "input_size": size,
-        "preprocessing": {"normalization": "slice-percentile", "low_percentile": low, "high_percentile": high,
-                          "stored_as": "uint8 = round(255 * image)"},
-        "num_classes": 4, "classes": ["background", "RV", "MYO", "LV"],
+        "format": PACK_FORMAT,
+        "version": 1,
+        "data": data_name(data, fmt),
+        "data_format": fmt,
+        "pixel_spacing_mm": spacing,
+        "input_size": size,
+        "preprocessing": {
+            "normalization": "slice-percentile",
+            "low_percentile": low,
+            "high_percentile": high,
+            "stored_as": "uint8 = round(255 * image)",
+        },
+        "num_classes": 4,
+        "classes": ["background", "RV", "MYO", "LV"],
         "split": {s: v["patients"] for s, v in parts.items()},
         "slices": {s: int(len(v["images"])) for s, v in parts.items()},
         "data_sha256": digest,
@@ -104,10 +140,15 @@ def build_pack(data: str, out: Path, spacing: float = 1.4, size: int = 160, low:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="Build the data pack of one GPU training run (git-ignored).",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--data", default=str(ROOT.parent / "shared" / "data" / "acdc"),
-                    help="dataset folder, or 'synthetic' for a smoke pack")
+    ap = argparse.ArgumentParser(
+        description="Build the data pack of one GPU training run (git-ignored).",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    ap.add_argument(
+        "--data",
+        default=str(ROOT.parent / "shared" / "data" / "acdc"),
+        help="dataset folder, or 'synthetic' for a smoke pack",
+    )
     ap.add_argument("--out", default=str(ROOT / "Training" / "gpu" / "pack"))
     ap.add_argument("--spacing", type=float, default=1.4, help="network pixel size, mm")
     ap.add_argument("--input-size", type=int, default=160, help="network grid side")
@@ -115,10 +156,19 @@ def main(argv=None) -> int:
     ap.add_argument("--no-wheels", action="store_true", help="smoke packs: the machine already has MONAI")
     ap.add_argument("--max-patients", type=int, help="smoke packs: first few patients per split")
     a = ap.parse_args(argv)
-    meta = build_pack(a.data, Path(a.out), a.spacing, a.input_size, wheels=a.wheels, with_wheels=not a.no_wheels,
-                      max_patients=a.max_patients)
-    print(f"pack {a.out}: {meta['slices']['train']} training and {meta['slices']['val']} validation slices at "
-          f"{a.input_size}px x {a.spacing} mm, {meta['bytes'] / 2**20:.1f} MiB")
+    meta = build_pack(
+        a.data,
+        Path(a.out),
+        a.spacing,
+        a.input_size,
+        wheels=a.wheels,
+        with_wheels=not a.no_wheels,
+        max_patients=a.max_patients,
+    )
+    print(
+        f"pack {a.out}: {meta['slices']['train']} training and {meta['slices']['val']} validation slices at "
+        f"{a.input_size}px x {a.spacing} mm, {meta['bytes'] / 2**20:.1f} MiB"
+    )
     return 0
 
 

@@ -39,28 +39,32 @@ def cuda_consistency(smoke: bool) -> dict:
         res["cuda"] = "not available"
         return res
     gpu_b = load_bundle(device="cuda")
-    eager, *runs = [trajectory_on_slices(slices, vol.spacing[:2], gpu_b, "card", "cuda", batch_size=10)
-                    for _ in range(3)]
+    eager, *runs = [
+        trajectory_on_slices(slices, vol.spacing[:2], gpu_b, "card", "cuda", batch_size=10) for _ in range(3)
+    ]
     lab_cpu = ref.logits.argmax(1)
     lab_gpu = [eager.logits.argmax(1)]
-    res.update({
-        "labels_cpu_vs_cuda_equal_fraction": float((lab_cpu == lab_gpu[0]).float().mean()),
-        "labels_cpu_vs_cuda_differ_pixels": int((lab_cpu != lab_gpu[0]).sum()),
-        "max_abs_logit_diff_cpu_vs_cuda": float((ref.logits - eager.logits).abs().max()),
-        "max_abs_tac_diff_cpu_vs_cuda": float((ref.tac - eager.tac).abs().max()),
-        "labels_eager_vs_graphed_differ_pixels": int((eager.logits.argmax(1) != runs[0].logits.argmax(1)).sum()),
-        "max_abs_tac_diff_eager_vs_graphed": float((eager.tac - runs[0].tac).abs().max()),
-        "cuda_runs_bit_identical_logits": bool(torch.equal(runs[0].logits, runs[1].logits)),
-        "cuda_runs_bit_identical_tac": bool(torch.equal(runs[0].tac, runs[1].tac)),
-        "cuda_runs_max_abs_logit_diff": float((runs[0].logits - runs[1].logits).abs().max()),
-        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
-        "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
-    })
+    res.update(
+        {
+            "labels_cpu_vs_cuda_equal_fraction": float((lab_cpu == lab_gpu[0]).float().mean()),
+            "labels_cpu_vs_cuda_differ_pixels": int((lab_cpu != lab_gpu[0]).sum()),
+            "max_abs_logit_diff_cpu_vs_cuda": float((ref.logits - eager.logits).abs().max()),
+            "max_abs_tac_diff_cpu_vs_cuda": float((ref.tac - eager.tac).abs().max()),
+            "labels_eager_vs_graphed_differ_pixels": int((eager.logits.argmax(1) != runs[0].logits.argmax(1)).sum()),
+            "max_abs_tac_diff_eager_vs_graphed": float((eager.tac - runs[0].tac).abs().max()),
+            "cuda_runs_bit_identical_logits": bool(torch.equal(runs[0].logits, runs[1].logits)),
+            "cuda_runs_bit_identical_tac": bool(torch.equal(runs[0].tac, runs[1].tac)),
+            "cuda_runs_max_abs_logit_diff": float((runs[0].logits - runs[1].logits).abs().max()),
+            "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
+            "deterministic_algorithms": bool(torch.are_deterministic_algorithms_enabled()),
+        }
+    )
     return res
 
 
 def timed(fn, cuda: bool, repeats: int) -> List[float]:
     """Two warm-up calls, then ``repeats`` timed calls (seconds, sorted)."""
+
     def once() -> float:
         if cuda:
             torch.cuda.synchronize()
@@ -101,29 +105,44 @@ def schedule_variants(primary, reference, x: torch.Tensor, steps, k: int, sched,
     for name, graph, dtype in families:
         fam: dict = {}
         try:
+
             def ref_only():
-                with torch.no_grad(), (torch.autocast("cuda", dtype=dtype) if dtype is not None and cuda
-                                       else torch.autocast("cpu", enabled=False)):
+                with (
+                    torch.no_grad(),
+                    (
+                        torch.autocast("cuda", dtype=dtype)
+                        if dtype is not None and cuda
+                        else torch.autocast("cpu", enabled=False)
+                    ),
+                ):
                     for s, tb in zip(states, t_batches):
                         reference(x, s, tb)
 
             runners = {}
             if graph:
-                for label, mode, streams in (("uc", "uc", False), ("card", "card", False),
-                                             ("card_streams", "card", True)):
-                    g = GraphedTrajectory(primary, reference, x, steps, k, mode=mode, schedule=sched,
-                                          streams=streams, dtype=dtype)
-                    runners[label] = (lambda g=g: g(x))
+                for label, mode, streams in (
+                    ("uc", "uc", False),
+                    ("card", "card", False),
+                    ("card_streams", "card", True),
+                ):
+                    g = GraphedTrajectory(
+                        primary, reference, x, steps, k, mode=mode, schedule=sched, streams=streams, dtype=dtype
+                    )
+                    runners[label] = lambda g=g: g(x)
                 ref_graph = torch.cuda.CUDAGraph()
                 ref_only()
                 with torch.cuda.graph(ref_graph):
                     ref_only()
                 runners["reference"] = ref_graph.replay
             else:
-                for label, mode, streams in (("uc", "uc", False), ("card", "card", False),
-                                             ("card_streams", "card", True)):
-                    runners[label] = (lambda mode=mode, streams=streams: run_trajectory_fast(
-                        primary, reference, x, steps, k, mode, sched, streams=streams, dtype=dtype))
+                for label, mode, streams in (
+                    ("uc", "uc", False),
+                    ("card", "card", False),
+                    ("card_streams", "card", True),
+                ):
+                    runners[label] = lambda mode=mode, streams=streams: run_trajectory_fast(
+                        primary, reference, x, steps, k, mode, sched, streams=streams, dtype=dtype
+                    )
                 runners["reference"] = ref_only
             for label, fn in runners.items():
                 ts = timed(fn, cuda, repeats)
@@ -160,13 +179,26 @@ def paper_scale_timing(smoke: bool, repeats: int = 5) -> dict:
     reference = build_network({"arch": "time-swinunetr", "size": "mini", "num_classes": 4}).to(dev).eval()
     x = torch.rand(batch, 1, size, size, device=dev)
     steps = default_sampling_steps(50, 5)
-    out = {"device": torch.cuda.get_device_name() if cuda else "cpu", "torch": torch.__version__,
-           "primary_parameters": count_parameters(primary), "reference_parameters": count_parameters(reference),
-           "input": [batch, 1, size, size], "steps": steps, "dtype": "float32", "repeats": repeats}
+    out = {
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "torch": torch.__version__,
+        "primary_parameters": count_parameters(primary),
+        "reference_parameters": count_parameters(reference),
+        "input": [batch, 1, size, size],
+        "steps": steps,
+        "dtype": "float32",
+        "repeats": repeats,
+    }
     out["schedules"] = schedule_variants(primary, reference, x, steps, 4, CategoricalSchedule(50), repeats)
     base = out["schedules"]["eager_fp32"]
-    out.update({"uc_ms": base["uc_ms"], "card_ms": base["card_ms"], "ratio": round(base["card_ms"] / base["uc_ms"], 3),
-                "floor": base["floor"]})
+    out.update(
+        {
+            "uc_ms": base["uc_ms"],
+            "card_ms": base["card_ms"],
+            "ratio": round(base["card_ms"] / base["uc_ms"], 3),
+            "floor": base["floor"],
+        }
+    )
     out["paper"] = {"uc_ms": 1736.8, "card_ms": 2015.5, "ratio": 1.16}
     return out
 
@@ -186,8 +218,9 @@ def bundle_timing(smoke: bool, repeats: int = 10) -> dict:
     x, _ = network_inputs(vol, b)
     x = x.float().to(dev)
     res = {"bundle": b.ident, "input": list(x.shape), "device": torch.cuda.get_device_name() if cuda else "cpu"}
-    res["schedules"] = schedule_variants(b.primary, b.reference, x, b.sampled_steps, b.num_classes, b.schedule,
-                                         repeats if not smoke else 2)
+    res["schedules"] = schedule_variants(
+        b.primary, b.reference, x, b.sampled_steps, b.num_classes, b.schedule, repeats if not smoke else 2
+    )
     return res
 
 
@@ -195,8 +228,11 @@ def run_checks(out: Path, smoke: bool) -> dict:
     res: dict = {"torch": torch.__version__, "cuda": torch.cuda.is_available()}
     if torch.cuda.is_available():
         res["gpu"] = torch.cuda.get_device_name()
-    for key, fn in (("paper_scale_timing", paper_scale_timing), ("bundle_timing", bundle_timing),
-                    ("cuda_consistency", cuda_consistency)):
+    for key, fn in (
+        ("paper_scale_timing", paper_scale_timing),
+        ("bundle_timing", bundle_timing),
+        ("cuda_consistency", cuda_consistency),
+    ):
         t0 = time.perf_counter()
         try:
             res[key] = fn(smoke)

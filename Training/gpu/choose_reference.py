@@ -30,8 +30,12 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 
-GPU_CANDIDATES = {"mini": "time-swinunetr:mini", "unet": "time-unet:tiny", "unet-micro": "time-unet:micro",
-                  "unet-small": "time-unet:small"}
+GPU_CANDIDATES = {
+    "mini": "time-swinunetr:mini",
+    "unet": "time-unet:tiny",
+    "unet-micro": "time-unet:micro",
+    "unet-small": "time-unet:small",
+}
 
 
 def sweep_grid(rows: dict):
@@ -57,8 +61,11 @@ def _capacity_parameters(capacity: str, rows: dict):
     (choices written before counts were recorded); None when neither is known."""
     import re
 
-    counts = [r["parameters"] for n, r in rows.items() if r.get("parameters")
-              and re.fullmatch(rf"(?:reference-)?{re.escape(capacity)}-s\d+", n)]
+    counts = [
+        r["parameters"]
+        for n, r in rows.items()
+        if r.get("parameters") and re.fullmatch(rf"(?:reference-)?{re.escape(capacity)}-s\d+", n)
+    ]
     if counts:
         return min(counts)
     spec = GPU_CANDIDATES.get(capacity)
@@ -88,8 +95,9 @@ def plot_sweep(rows: dict, path: Path, title: str = "") -> Path:
         for j in range(len(steps)):
             if np.isfinite(grid[i, j]):
                 light = grid[i, j] < np.nanmin(grid) + 0.5 * (np.nanmax(grid) - np.nanmin(grid))
-                ax.text(j, i, f"{100 * grid[i, j]:.1f}", ha="center", va="center", color="k" if light else "w",
-                        fontsize=9)
+                ax.text(
+                    j, i, f"{100 * grid[i, j]:.1f}", ha="center", va="center", color="k" if light else "w", fontsize=9
+                )
     bi, bj = np.unravel_index(np.nanargmin(grid), grid.shape)
     ax.add_patch(Rectangle((bj - 0.5, bi - 0.5), 1, 1, fill=False, edgecolor="red", linewidth=2.5))
     labels = []
@@ -127,8 +135,9 @@ def _file_sha(path: Path) -> str:
     return h.hexdigest()
 
 
-def primary_pass(primary: nn.Module, volumes, images: dict, variants, steps, max_pixels: int, batch_size: int,
-                 progress=None) -> list:
+def primary_pass(
+    primary: nn.Module, volumes, images: dict, variants, steps, max_pixels: int, batch_size: int, progress=None
+) -> list:
     """The primary's reverse trajectory once per validation volume and variant: what every
     candidate reference needs, kept at the pool's pixels only.
 
@@ -155,7 +164,7 @@ def primary_pass(primary: nn.Module, volumes, images: dict, variants, steps, max
             x = images[(case, variant)]
             states, probs, logits = [], [], []
             for i in range(0, x.shape[0], batch_size):
-                xb = torch.from_numpy(np.ascontiguousarray(x[i:i + batch_size]))[:, None]
+                xb = torch.from_numpy(np.ascontiguousarray(x[i : i + batch_size]))[:, None]
                 kept = {}
 
                 def record(image, state, t, _kept=kept):
@@ -173,17 +182,27 @@ def primary_pass(primary: nn.Module, volumes, images: dict, variants, steps, max
                     one_hot = bool(((state == 0) | (state == 1)).all() and (state.sum(1) == 1).all())
                     if not (uniform or one_hot):
                         raise RuntimeError("the sampler's states are neither one-hot nor uniform; cannot cache them")
-                    st.append(np.full(state.shape[:1] + state.shape[2:], 255, np.uint8) if uniform
-                              else state.argmax(1).numpy().astype(np.uint8))
+                    st.append(
+                        np.full(state.shape[:1] + state.shape[2:], 255, np.uint8)
+                        if uniform
+                        else state.argmax(1).numpy().astype(np.uint8)
+                    )
                 states.append(np.stack(st))
                 probs.append(np.stack([kept[t][1].numpy() for t in steps]))
                 logits.append(res.logits.numpy())
             states, probs, logits = np.concatenate(states, 1), np.concatenate(probs, 1), np.concatenate(logits, 0)
             zyx = np.unravel_index(flat, lab.shape)
-            items.append({"case": case, "variant": variant, "states": states, "pixels": flat,
-                          "probs": probs.transpose(0, 2, 1, 3, 4)[:, :, zyx[0], zyx[1], zyx[2]].astype(np.float32),
-                          "logits": logits[zyx[0], :, zyx[1], zyx[2]].T.astype(np.float32),
-                          "labels": lab.reshape(-1)[flat].astype(np.int64)})
+            items.append(
+                {
+                    "case": case,
+                    "variant": variant,
+                    "states": states,
+                    "pixels": flat,
+                    "probs": probs.transpose(0, 2, 1, 3, 4)[:, :, zyx[0], zyx[1], zyx[2]].astype(np.float32),
+                    "logits": logits[zyx[0], :, zyx[1], zyx[2]].T.astype(np.float32),
+                    "labels": lab.reshape(-1)[flat].astype(np.int64),
+                }
+            )
             if progress is not None:
                 progress(1)
     return items
@@ -209,8 +228,13 @@ def load_items(path: Path, key: dict):
         if json.loads(str(z["key"])) != json.loads(json.dumps(key, sort_keys=True)):
             return None
         n = len([k for k in z.files if k.endswith(".meta")])
-        return [{**json.loads(str(z[f"{i}.meta"])), **{name: z[f"{i}.{name}"] for name in
-                 ("states", "pixels", "probs", "logits", "labels")}} for i in range(n)]
+        return [
+            {
+                **json.loads(str(z[f"{i}.meta"])),
+                **{name: z[f"{i}.{name}"] for name in ("states", "pixels", "probs", "logits", "labels")},
+            }
+            for i in range(n)
+        ]
 
 
 def candidate_pool(reference: nn.Module, items: list, images: dict, steps, batch_size: int) -> list:
@@ -230,12 +254,15 @@ def candidate_pool(reference: nn.Module, items: list, images: dict, steps, batch
         for si, t in enumerate(steps):
             q = np.empty((z, k, h, w), np.float32)
             for i in range(0, z, batch_size):
-                xb = torch.from_numpy(np.ascontiguousarray(x[i:i + batch_size]))[:, None]
-                cls = torch.from_numpy(it["states"][si, i:i + batch_size].astype(np.int64))
-                state = (torch.full((cls.shape[0], k) + cls.shape[1:], 1.0 / k) if bool((cls == 255).all())
-                         else torch.nn.functional.one_hot(cls, k).permute(0, 3, 1, 2).float())
+                xb = torch.from_numpy(np.ascontiguousarray(x[i : i + batch_size]))[:, None]
+                cls = torch.from_numpy(it["states"][si, i : i + batch_size].astype(np.int64))
+                state = (
+                    torch.full((cls.shape[0], k) + cls.shape[1:], 1.0 / k)
+                    if bool((cls == 255).all())
+                    else torch.nn.functional.one_hot(cls, k).permute(0, 3, 1, 2).float()
+                )
                 with torch.no_grad():
-                    q[i:i + batch_size] = reference(xb, state, torch.full((cls.shape[0],), t)).softmax(dim=1).numpy()
+                    q[i : i + batch_size] = reference(xb, state, torch.full((cls.shape[0],), t)).softmax(dim=1).numpy()
             q_px = q[zyx[0], :, zyx[1], zyx[2]].T  # (K, P)
             js.append(js_divergence(torch.from_numpy(it["probs"][si])[None], torch.from_numpy(q_px)[None])[0].numpy())
         pool.append(PoolItem(it["logits"], it["labels"], np.mean(js, axis=0), case=it["case"], variant=it["variant"]))
@@ -257,8 +284,11 @@ def main(argv=None) -> int:
     from cardseg_train.cli_options import add_cache
 
     add_cache(ap, "choose_reference", "where the primary's pass is cached")
-    ap.add_argument("--merge", metavar="CHOICE.json",
-                    help="keep the rows of an earlier choice (same primary and pool) for candidates not given now")
+    ap.add_argument(
+        "--merge",
+        metavar="CHOICE.json",
+        help="keep the rows of an earlier choice (same primary and pool) for candidates not given now",
+    )
     ap.add_argument("--out")
     ap.add_argument("--plot", metavar="PNG", help="also draw the capacity x training-length heat map (paper Fig. 5)")
     a = ap.parse_args(argv)
@@ -271,10 +301,17 @@ def main(argv=None) -> int:
         imgs, labs, cases = z["val_images"], z["val_labels"], z["val_cases"]
     order = list(dict.fromkeys(cases.tolist()))
     volumes = [(c, labs[cases == c].astype(np.int64)) for c in order]
-    images = {(c, v): _variant_image(imgs[cases == c].astype(np.float32) / 255.0, c, v) for c in order for v in variants}
+    images = {
+        (c, v): _variant_image(imgs[cases == c].astype(np.float32) / 255.0, c, v) for c in order for v in variants
+    }
     pack_meta = json.loads((Path(a.pack) / "pack.json").read_text())
-    key = {"primary": _file_sha(Path(a.primary) / "best.pt"), "pack": pack_meta.get("data_sha256"),
-           "variants": variants, "max_pixels": a.max_pixels, "steps": steps}
+    key = {
+        "primary": _file_sha(Path(a.primary) / "best.pt"),
+        "pack": pack_meta.get("data_sha256"),
+        "variants": variants,
+        "max_pixels": a.max_pixels,
+        "steps": steps,
+    }
     cache = Path(a.cache) / f"primary-{key['primary'][:16]}.npz" if a.cache else None
     items = load_items(cache, key) if cache is not None else None
     if items is None:
@@ -297,14 +334,25 @@ def main(argv=None) -> int:
         pool = candidate_pool(net, items, images, steps, a.batch_size)
         card = fit_card(pool)
         name = Path(c).name
-        rows[name] = {"card_nll": pool_nll(card, pool), "ts_nll": pool_nll(fit_ts(pool), pool),
-                      "parameters": sum(p.numel() for p in net.parameters()),
-                      "mean_tac": float(np.mean([p.tac.mean() for p in pool])), "params": card.to_dict()}
-        print(f"{name:28s} CARD NLL {rows[name]['card_nll']:.4f}  TS {rows[name]['ts_nll']:.4f}  "
-              f"mean TAC {rows[name]['mean_tac']:.4f}", flush=True)
+        rows[name] = {
+            "card_nll": pool_nll(card, pool),
+            "ts_nll": pool_nll(fit_ts(pool), pool),
+            "parameters": sum(p.numel() for p in net.parameters()),
+            "mean_tac": float(np.mean([p.tac.mean() for p in pool])),
+            "params": card.to_dict(),
+        }
+        print(
+            f"{name:28s} CARD NLL {rows[name]['card_nll']:.4f}  TS {rows[name]['ts_nll']:.4f}  "
+            f"mean TAC {rows[name]['mean_tac']:.4f}",
+            flush=True,
+        )
     best = min(rows, key=lambda k: rows[k]["card_nll"])
-    result = {"chosen": best, "variants": variants, "candidates": rows,
-              "objective": "CARD pool NLL over ROI pixels, validation volumes on the network grid"}
+    result = {
+        "chosen": best,
+        "variants": variants,
+        "candidates": rows,
+        "objective": "CARD pool NLL over ROI pixels, validation volumes on the network grid",
+    }
     print(f"chosen: {best}")
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -19,14 +19,21 @@ def load_pack(pack: Path, device: torch.device) -> dict:
     meta = json.loads((pack / "pack.json").read_text())
     with np.load(pack / "data.npz") as z:
         arrays = {k: z[k] for k in z.files}
-    out = {"meta": meta,
-           "train_images": torch.from_numpy(arrays["train_images"])[:, None].to(device),
-           "train_labels": torch.from_numpy(arrays["train_labels"]).to(device)}
+    out = {
+        "meta": meta,
+        "train_images": torch.from_numpy(arrays["train_images"])[:, None].to(device),
+        "train_labels": torch.from_numpy(arrays["train_labels"]).to(device),
+    }
     vols, cases = [], arrays["val_cases"]
     for case in dict.fromkeys(cases.tolist()):
         idx = np.flatnonzero(cases == case)
-        vols.append((case, torch.from_numpy(arrays["val_images"][idx])[:, None].to(device),
-                     torch.from_numpy(arrays["val_labels"][idx]).to(device)))
+        vols.append(
+            (
+                case,
+                torch.from_numpy(arrays["val_images"][idx])[:, None].to(device),
+                torch.from_numpy(arrays["val_labels"][idx]).to(device),
+            )
+        )
     out["val_volumes"] = vols
     return out
 
@@ -61,8 +68,16 @@ class DeviceAugment:
         return x.clamp(0, 1), label
 
 
-def noisy_inputs(schedule, images: torch.Tensor, labels: torch.Tensor, k: int, p_uniform: float = 0.15,
-                 p_uncond: float = 0.2, p_focus: float = 0.0, focus_steps=None):
+def noisy_inputs(
+    schedule,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    k: int,
+    p_uniform: float = 0.15,
+    p_uncond: float = 0.2,
+    p_focus: float = 0.0,
+    focus_steps=None,
+):
     """The training recipe's inputs (:func:`cardseg_train.train_steps.make_training_inputs`: ``x_t``
     from paper Eq. 1, the exact uniform state with ``p_uniform``, the image zeroed with
     ``p_uncond``, the step drawn from ``focus_steps`` with ``p_focus``), drawn on the device.

@@ -41,8 +41,9 @@ def _read(path: Path):
 
     with safe_open(str(path), framework="pt") as f:
         meta = json.loads((f.metadata() or {}).get("cardseg", "{}"))
-        tensors = {k: f.get_tensor(k).float() if f.get_tensor(k).is_floating_point() else f.get_tensor(k)
-                   for k in f.keys()}
+        tensors = {
+            k: f.get_tensor(k).float() if f.get_tensor(k).is_floating_point() else f.get_tensor(k) for k in f.keys()
+        }
     return tensors, meta
 
 
@@ -59,15 +60,28 @@ def _config(meta: dict, pack: dict, role: str):
         network = f"discriminative:{backbone}" + (f"-{width}" if backbone == "swinunetr" else "")
     else:
         network = f"{spec['arch']}:{spec['size']}"
-    cfg = TrainConfig(data="acdc", data_format="acdc-h5", role=role,
-                      network=network, spacing=float(pack["pixel_spacing_mm"]), input_size=int(pack["input_size"]),
-                      low_percentile=float(pack["preprocessing"]["low_percentile"]),
-                      high_percentile=float(pack["preprocessing"]["high_percentile"]),
-                      batch_size=int(meta["batch_size"]), lr=float(meta["lr"]), lr_schedule="cosine",
-                      time_budget_min=round(float(meta["budget_s"]) / 60.0, 2), device="cuda", amp=True,
-                      seed=int(meta.get("seed", 0)), warmup=0, num_steps=50,
-                      sampled_steps=default_sampling_steps(50, 5), p_uncond=float(meta.get("p_uncond", 0.2)),
-                      p_focus=float(meta.get("p_focus", 0.0)))
+    cfg = TrainConfig(
+        data="acdc",
+        data_format="acdc-h5",
+        role=role,
+        network=network,
+        spacing=float(pack["pixel_spacing_mm"]),
+        input_size=int(pack["input_size"]),
+        low_percentile=float(pack["preprocessing"]["low_percentile"]),
+        high_percentile=float(pack["preprocessing"]["high_percentile"]),
+        batch_size=int(meta["batch_size"]),
+        lr=float(meta["lr"]),
+        lr_schedule="cosine",
+        time_budget_min=round(float(meta["budget_s"]) / 60.0, 2),
+        device="cuda",
+        amp=True,
+        seed=int(meta.get("seed", 0)),
+        warmup=0,
+        num_steps=50,
+        sampled_steps=default_sampling_steps(50, 5),
+        p_uncond=float(meta.get("p_uncond", 0.2)),
+        p_focus=float(meta.get("p_focus", 0.0)),
+    )
     d = cfg.to_dict()
     d["network_spec"] = spec
     d["trained_by"] = "Training/gpu/run.py (time-based cosine schedule, bf16 autocast, AdamW, EMA where named)"
@@ -80,8 +94,18 @@ def _write_run(out: Path, cfg: dict, state: Dict[str, torch.Tensor], step: int, 
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     for kind in ("best", "last"):
-        torch.save({"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "kind": kind, "step": int(step),
-                    "model": state, "val": dict(val), "network": cfg["network_spec"]}, out / f"{kind}.pt")
+        torch.save(
+            {
+                "format": CHECKPOINT_FORMAT,
+                "version": CHECKPOINT_VERSION,
+                "kind": kind,
+                "step": int(step),
+                "model": state,
+                "val": dict(val),
+                "network": cfg["network_spec"],
+            },
+            out / f"{kind}.pt",
+        )
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
 
 
@@ -109,35 +133,64 @@ def import_runs(dirs: List[Path], pack_json: Path, out: Path) -> List[Path]:
     for stem, path in sorted(files.items()):
         tensors, meta = _read(path)
         job = meta.get("job", stem if stem in STEMS else stem.split("_")[0])
-        cfg = _config(meta, pack, "reference" if job.startswith("reference") else
-                      "deterministic" if job.startswith("deterministic") else
-                      "aleatoric" if job == "aleatoric" else "primary")
+        cfg = _config(
+            meta,
+            pack,
+            "reference"
+            if job.startswith("reference")
+            else "deterministic"
+            if job.startswith("deterministic")
+            else "aleatoric"
+            if job == "aleatoric"
+            else "primary",
+        )
         history = done.get(job, [])
         # a continued run's steps add to the first run's
         total_steps = sum(int(h.get("steps", 0)) for h in history)
         total_time = sum(float(h.get("elapsed_s", 0.0)) for h in history)
-        common = {"data": pack["data"], "format": "acdc-h5", "train_patients": pack["split"]["train"],
-                  "val_patients": pack["split"]["val"], "hardware": meta.get("device"),
-                  "pack_sha256": pack.get("data_sha256"),
-                  "imported": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                  "runs": [{k: h.get(k) for k in ("steps", "elapsed_s", "batch_size", "lr", "budget_s", "init_from")}
-                           for h in history]}
+        common = {
+            "data": pack["data"],
+            "format": "acdc-h5",
+            "train_patients": pack["split"]["train"],
+            "val_patients": pack["split"]["val"],
+            "hardware": meta.get("device"),
+            "pack_sha256": pack.get("data_sha256"),
+            "imported": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "runs": [
+                {k: h.get(k) for k in ("steps", "elapsed_s", "batch_size", "lr", "budget_s", "init_from")}
+                for h in history
+            ],
+        }
         if "checkpoints" in meta:  # a reference saved at several training lengths
             for s, val in meta["checkpoints"].items():
                 state = {k.split(".", 1)[1]: v for k, v in tensors.items() if k.startswith(f"step{s}.")}
                 run = out / f"{STEMS[job]}-s{s}"
-                summary = {**common, "role": "reference", "network": meta["network"], "steps_done": int(s),
-                           "elapsed_s": None, "best": {"dice": val.get("dice"), "step": int(s)}, "last_val": val,
-                           "parameters": meta.get("parameters")}
+                summary = {
+                    **common,
+                    "role": "reference",
+                    "network": meta["network"],
+                    "steps_done": int(s),
+                    "elapsed_s": None,
+                    "best": {"dice": val.get("dice"), "step": int(s)},
+                    "last_val": val,
+                    "parameters": meta.get("parameters"),
+                }
                 _write_run(run, cfg, state, int(s), val, summary)
                 made.append(run)
         else:
             val = meta.get("val", {})
             run = out / STEMS[job]
-            summary = {**common, "role": cfg["role"], "network": meta["network"], "steps_done": total_steps,
-                       "checkpoint_step_of_last_run": meta.get("step"), "elapsed_s": round(total_time, 1),
-                       "best": {"dice": val.get("dice"), "step": meta.get("step"), "weights": val.get("weights")},
-                       "last_val": val, "parameters": meta.get("parameters")}
+            summary = {
+                **common,
+                "role": cfg["role"],
+                "network": meta["network"],
+                "steps_done": total_steps,
+                "checkpoint_step_of_last_run": meta.get("step"),
+                "elapsed_s": round(total_time, 1),
+                "best": {"dice": val.get("dice"), "step": meta.get("step"), "weights": val.get("weights")},
+                "last_val": val,
+                "parameters": meta.get("parameters"),
+            }
             _write_run(run, cfg, tensors, int(meta.get("step", 0)), val, summary)
             made.append(run)
     return made

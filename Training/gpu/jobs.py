@@ -11,36 +11,101 @@ from typing import Dict, List
 #: every job: network spec, loss kind, checkpoint policy, output file(s)
 JOBS: Dict[str, dict] = {
     # the primary gets the whole budget and the largest batch: its Dice is what the run is for
-    "primary": {"spec": {"arch": "time-swinunetr", "size": "tiny"}, "kind": "diffusion", "lr": 4e-4, "batch": 128,
-                "keep": "best", "ema": 0.999},
+    "primary": {
+        "spec": {"arch": "time-swinunetr", "size": "tiny"},
+        "kind": "diffusion",
+        "lr": 4e-4,
+        "batch": 128,
+        "keep": "best",
+        "ema": 0.999,
+    },
     # the primary's recipe changed on a continuation (``--init-from JOB=primary.safetensors``): no
     # zeroed images, and half (or all) of the slices on the steps the 5-step sampler calls
-    "primary_focus": {"spec": {"arch": "time-swinunetr", "size": "tiny"}, "kind": "diffusion", "lr": 1.5e-4,
-                      "batch": 128, "keep": "best", "ema": 0.999, "p_uncond": 0.0, "p_focus": 0.5},
-    "primary_focus_all": {"spec": {"arch": "time-swinunetr", "size": "tiny"}, "kind": "diffusion", "lr": 1.5e-4,
-                          "batch": 128, "keep": "best", "ema": 0.999, "p_uncond": 0.0, "p_focus": 1.0},
+    "primary_focus": {
+        "spec": {"arch": "time-swinunetr", "size": "tiny"},
+        "kind": "diffusion",
+        "lr": 1.5e-4,
+        "batch": 128,
+        "keep": "best",
+        "ema": 0.999,
+        "p_uncond": 0.0,
+        "p_focus": 0.5,
+    },
+    "primary_focus_all": {
+        "spec": {"arch": "time-swinunetr", "size": "tiny"},
+        "kind": "diffusion",
+        "lr": 1.5e-4,
+        "batch": 128,
+        "keep": "best",
+        "ema": 0.999,
+        "p_uncond": 0.0,
+        "p_focus": 1.0,
+    },
     # references: saved at MILESTONES (the maturity axis), stopped after the last one
-    "reference": {"spec": {"arch": "time-swinunetr", "size": "mini"}, "kind": "diffusion", "lr": 3e-4, "batch": 32,
-                  "keep": "milestones", "max_steps": 16000},
-    "reference_unet": {"spec": {"arch": "time-unet", "size": "tiny"}, "kind": "diffusion", "lr": 1e-3, "batch": 32,
-                       "keep": "milestones", "max_steps": 16000},
+    "reference": {
+        "spec": {"arch": "time-swinunetr", "size": "mini"},
+        "kind": "diffusion",
+        "lr": 3e-4,
+        "batch": 32,
+        "keep": "milestones",
+        "max_steps": 16000,
+    },
+    "reference_unet": {
+        "spec": {"arch": "time-unet", "size": "tiny"},
+        "kind": "diffusion",
+        "lr": 1e-3,
+        "batch": 32,
+        "keep": "milestones",
+        "max_steps": 16000,
+    },
     # the capacity axis of the reference sweep (paper Fig. 5): the same U-Net recipe one size down and up
-    "reference_unet_micro": {"spec": {"arch": "time-unet", "size": "micro"}, "kind": "diffusion", "lr": 1e-3,
-                             "batch": 32, "keep": "milestones", "max_steps": 16000},
-    "reference_unet_small": {"spec": {"arch": "time-unet", "size": "small"}, "kind": "diffusion", "lr": 1e-3,
-                             "batch": 32, "keep": "milestones", "max_steps": 16000},
+    "reference_unet_micro": {
+        "spec": {"arch": "time-unet", "size": "micro"},
+        "kind": "diffusion",
+        "lr": 1e-3,
+        "batch": 32,
+        "keep": "milestones",
+        "max_steps": 16000,
+    },
+    "reference_unet_small": {
+        "spec": {"arch": "time-unet", "size": "small"},
+        "kind": "diffusion",
+        "lr": 1e-3,
+        "batch": 32,
+        "keep": "milestones",
+        "max_steps": 16000,
+    },
     # the conventional baselines' segmentor: lowest priority, so it stops at 60 % of the budget
     # and leaves the GPU to the primary's annealing phase
-    "deterministic": {"spec": {"arch": "discriminative", "backbone": "swinunetr", "feature_size": 24},
-                      "kind": "deterministic", "lr": 4e-4, "batch": 32, "budget_frac": 0.6, "keep": "best",
-                      "ema": 0.999},
+    "deterministic": {
+        "spec": {"arch": "discriminative", "backbone": "swinunetr", "feature_size": 24},
+        "kind": "deterministic",
+        "lr": 4e-4,
+        "batch": 32,
+        "budget_frac": 0.6,
+        "keep": "best",
+        "ema": 0.999,
+    },
     # the "Alea." row: the same SwinUNETR with a class-wise log-variance head (Kendall and Gal)
-    "aleatoric": {"spec": {"arch": "discriminative", "backbone": "swinunetr", "feature_size": 24, "aleatoric": True},
-                  "kind": "aleatoric", "lr": 4e-4, "batch": 32, "budget_frac": 0.6, "keep": "best", "ema": 0.999},
+    "aleatoric": {
+        "spec": {"arch": "discriminative", "backbone": "swinunetr", "feature_size": 24, "aleatoric": True},
+        "kind": "aleatoric",
+        "lr": 4e-4,
+        "batch": 32,
+        "budget_frac": 0.6,
+        "keep": "best",
+        "ema": 0.999,
+    },
     # the second member of the Dual SwinUNETR control: the deterministic recipe, another seed
-    "deterministic_b": {"spec": {"arch": "discriminative", "backbone": "swinunetr", "feature_size": 24},
-                        "kind": "deterministic", "lr": 4e-4, "batch": 32, "budget_frac": 0.6, "keep": "best",
-                        "ema": 0.999},
+    "deterministic_b": {
+        "spec": {"arch": "discriminative", "backbone": "swinunetr", "feature_size": 24},
+        "kind": "deterministic",
+        "lr": 4e-4,
+        "batch": 32,
+        "budget_frac": 0.6,
+        "keep": "best",
+        "ema": 0.999,
+    },
 }
 #: what a call runs without ``--jobs``: the bundle's networks and the conventional baselines'
 #: segmentors, within the device's 8 returned files (the capacity-sweep references are asked for

@@ -52,8 +52,13 @@ def curve_minima(curves: Dict[str, Curve]) -> Dict[str, dict]:
     for name, pts in curves.items():
         best_steps, best = min(pts, key=lambda p: p[1])
         longest = max(s for s, _ in pts)
-        out[name] = {"best_steps": best_steps, "best_card_nll": best, "longest_steps": longest,
-                     "points": len(pts), "interior_minimum": best_steps < longest}
+        out[name] = {
+            "best_steps": best_steps,
+            "best_card_nll": best,
+            "longest_steps": longest,
+            "points": len(pts),
+            "interior_minimum": best_steps < longest,
+        }
     return out
 
 
@@ -73,7 +78,7 @@ def plot_maturity(curves: Dict[str, Curve], path: Path, ts_nll: float | None = N
     fig, ax = plt.subplots(figsize=(7.0, 4.2))
     for name, pts in curves.items():
         s, v = zip(*pts)
-        line, = ax.plot(s, 100 * np.array(v), marker="o", label=name)
+        (line,) = ax.plot(s, 100 * np.array(v), marker="o", label=name)
         j = int(np.argmin(v))
         ax.plot([s[j]], [100 * v[j]], marker="*", markersize=14, color=line.get_color(), markeredgecolor="k")
     if ts_nll is not None:
@@ -116,11 +121,18 @@ def main(argv=None) -> int:
     minima = curve_minima(curves)
     for name, m in minima.items():
         where = "interior" if m["interior_minimum"] else "at the longest length (no minimum yet)"
-        print(f"{name:32s} best {100 * m['best_card_nll']:.2f} at {m['best_steps']} steps of "
-              f"{m['longest_steps']}: {where}")
+        print(
+            f"{name:32s} best {100 * m['best_card_nll']:.2f} at {m['best_steps']} steps of "
+            f"{m['longest_steps']}: {where}"
+        )
     if a.json:
-        Path(a.json).write_text(json.dumps({"ts_nll": ts, "curves": {k: [list(p) for p in v] for k, v in curves.items()},
-                                            "minima": minima}, indent=2) + "\n")
+        Path(a.json).write_text(
+            json.dumps(
+                {"ts_nll": ts, "curves": {k: [list(p) for p in v] for k, v in curves.items()}, "minima": minima},
+                indent=2,
+            )
+            + "\n"
+        )
     return 0
 
 

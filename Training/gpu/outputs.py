@@ -23,8 +23,10 @@ def save_weights(path: Path, tensors: Dict[str, torch.Tensor], meta: dict) -> No
     """fp16 safetensors (floating tensors halved), written beside and renamed into place."""
     from safetensors.torch import save_file
 
-    half = {k: (v.detach().to("cpu", torch.float16) if v.is_floating_point() else v.detach().cpu()).contiguous()
-            for k, v in tensors.items()}
+    half = {
+        k: (v.detach().to("cpu", torch.float16) if v.is_floating_point() else v.detach().cpu()).contiguous()
+        for k, v in tensors.items()
+    }
     tmp = path.with_name(path.name + ".part")
     save_file(half, str(tmp), metadata={"cardseg": json.dumps(meta)})
     os.replace(tmp, path)

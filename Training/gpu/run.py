@@ -59,21 +59,31 @@ from gpu.train_job import run_job  # noqa: E402
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    ap = argparse.ArgumentParser(description="One GPU run: engine checks, then every network at once.",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description="One GPU run: engine checks, then every network at once.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     ap.add_argument("--pack", default=str(ROOT / "Training" / "gpu" / "pack"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=420.0, help="training wall-clock budget of every job")
     ap.add_argument("--batch-size", type=int, help="every job's batch (default: each job's own)")
-    ap.add_argument("--jobs", default=",".join(DEFAULT_JOBS),
-                    help=f"comma-separated, from {', '.join(JOBS)} (default {','.join(DEFAULT_JOBS)})")
+    ap.add_argument(
+        "--jobs",
+        default=",".join(DEFAULT_JOBS),
+        help=f"comma-separated, from {', '.join(JOBS)} (default {','.join(DEFAULT_JOBS)})",
+    )
     ap.add_argument("--no-checks", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny batch and budget: the test suite's rehearsal")
     ap.add_argument("--job", help=argparse.SUPPRESS)  # internal: run one job in this process
     ap.add_argument("--alone", action="store_true", help=argparse.SUPPRESS)  # internal: no primary beside it
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--init-from", action="append", default=[], metavar="[JOB=]FILE",
-                    help="continue a job from a returned .safetensors (a bare FILE: the only job); repeatable")
+    ap.add_argument(
+        "--init-from",
+        action="append",
+        default=[],
+        metavar="[JOB=]FILE",
+        help="continue a job from a returned .safetensors (a bare FILE: the only job); repeatable",
+    )
     ap.add_argument("--lr-scale", type=float, default=1.0, help="multiply every job's learning rate")
     ap.add_argument("--p-uncond", type=float, default=0.2, help="diffusion jobs: probability of zeroing the image")
     ap.add_argument("--val-every-s", type=float, default=30.0, help="seconds between validations")
@@ -86,8 +96,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     if a.job:
         if a.smoke:
             torch.set_num_threads(1)
-        run_job(a.job, pack, out, a.budget_s, a.batch_size, a.seed, a.smoke, (a.init_from or [None])[0],
-                a.lr_scale, a.p_uncond, a.val_every_s, share_with_primary=not a.alone)
+        run_job(
+            a.job,
+            pack,
+            out,
+            a.budget_s,
+            a.batch_size,
+            a.seed,
+            a.smoke,
+            (a.init_from or [None])[0],
+            a.lr_scale,
+            a.p_uncond,
+            a.val_every_s,
+            share_with_primary=not a.alone,
+        )
         return 0
     jobs = [j.strip() for j in a.jobs.split(",") if j.strip()]
     unknown = [j for j in jobs if j not in JOBS]
@@ -103,17 +125,36 @@ def main(argv: Optional[List[str]] = None) -> int:
                 return 2
             name, path = jobs[0], item
         if name not in jobs or not Path(path).is_file():
-            print(f"run: --init-from {item}: {'no such job in --jobs' if name not in jobs else 'no such file'}",
-                  file=sys.stderr)
+            print(
+                f"run: --init-from {item}: {'no such job in --jobs' if name not in jobs else 'no such file'}",
+                file=sys.stderr,
+            )
             return 2
         inits[name] = path
     if not a.no_checks:
         run_checks(out, a.smoke)
     procs = {}
     for i, name in enumerate(jobs):
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--pack", str(pack), "--out", str(out), "--job", name,
-               "--budget-s", str(a.budget_s), "--seed", str(a.seed + i), "--lr-scale", str(a.lr_scale),
-               "--p-uncond", str(a.p_uncond), "--val-every-s", str(a.val_every_s)]
+        cmd = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--pack",
+            str(pack),
+            "--out",
+            str(out),
+            "--job",
+            name,
+            "--budget-s",
+            str(a.budget_s),
+            "--seed",
+            str(a.seed + i),
+            "--lr-scale",
+            str(a.lr_scale),
+            "--p-uncond",
+            str(a.p_uncond),
+            "--val-every-s",
+            str(a.val_every_s),
+        ]
         if a.batch_size:
             cmd += ["--batch-size", str(a.batch_size)]
         if a.smoke:

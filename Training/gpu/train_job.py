@@ -15,9 +15,20 @@ from gpu.outputs import log_line, save_weights
 from gpu.validation import validate
 
 
-def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: Optional[int], seed: int, smoke: bool,
-            init_from: Optional[str] = None, lr_scale: float = 1.0, p_uncond: float = 0.2,
-            val_every_s: float = 30.0, share_with_primary: bool = True) -> dict:
+def run_job(
+    name: str,
+    pack: Path,
+    out: Path,
+    budget_s: float,
+    batch: Optional[int],
+    seed: int,
+    smoke: bool,
+    init_from: Optional[str] = None,
+    lr_scale: float = 1.0,
+    p_uncond: float = 0.2,
+    val_every_s: float = 30.0,
+    share_with_primary: bool = True,
+) -> dict:
     from cardseg.method.diffusion import CategoricalSchedule, default_sampling_steps
     from cardseg.method.networks import build_network, count_parameters
     from cardseg_train.losses import AleatoricLoss, DiffusionLoss, SegmentationLoss
@@ -26,7 +37,7 @@ def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: Optional[i
     if share_with_primary:  # the lower-priority jobs leave the GPU to the primary's annealing
         budget_s = budget_s * float(job.get("budget_frac", 1.0))
     batch = int(batch) if batch else int(job.get("batch", 32))
-    max_steps = int(job.get("max_steps", 10 ** 9))
+    max_steps = int(job.get("max_steps", 10**9))
     if smoke:
         max_steps = SMOKE_STEPS
     cuda = torch.cuda.is_available() and not smoke
@@ -63,13 +74,23 @@ def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: Optional[i
         shadow = [ema[n] for n in ema_keys]
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=cuda)
     n_train = data["train_images"].shape[0]
-    base = {"job": name, "network": {k_: v for k_, v in spec.items() if k_ != "num_classes"},
-            "parameters": count_parameters(net), "device": torch.cuda.get_device_name() if cuda else "cpu",
-            "batch_size": batch, "budget_s": budget_s, "lr": job["lr"], "seed": seed, "p_uncond": p_uncond,
-            "p_focus": p_focus,
-            "init_from": Path(init_from).name if init_from else None,
-            "pack": {k_: meta_pack.get(k_) for k_ in ("data", "pixel_spacing_mm", "input_size", "preprocessing",
-                                                       "split", "data_sha256")}}
+    base = {
+        "job": name,
+        "network": {k_: v for k_, v in spec.items() if k_ != "num_classes"},
+        "parameters": count_parameters(net),
+        "device": torch.cuda.get_device_name() if cuda else "cpu",
+        "batch_size": batch,
+        "budget_s": budget_s,
+        "lr": job["lr"],
+        "seed": seed,
+        "p_uncond": p_uncond,
+        "p_focus": p_focus,
+        "init_from": Path(init_from).name if init_from else None,
+        "pack": {
+            k_: meta_pack.get(k_)
+            for k_ in ("data", "pixel_spacing_mm", "input_size", "preprocessing", "split", "data_sha256")
+        },
+    }
     log_line(out, {**base, "event": "start", "train_slices": n_train})
     files = [out / f for f in JOB_FILES[name]]
     milestones = {m for m in MILESTONES}
@@ -95,19 +116,29 @@ def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: Optional[i
 
     def write_best() -> None:
         if best_state is not None:
-            save_weights(files[0], best_state, {**base, "step": best["step"], "val": best, "elapsed_s":
-                                                round(time.perf_counter() - t0, 1)})
+            save_weights(
+                files[0],
+                best_state,
+                {**base, "step": best["step"], "val": best, "elapsed_s": round(time.perf_counter() - t0, 1)},
+            )
 
     def write_milestones() -> None:
         order = sorted(kept)
         per = PER_FILE if len(files) > 1 else len(order)  # a single file holds every checkpoint
         for i, path in enumerate(files):
-            part = order[i * per:(i + 1) * per] if i < len(files) - 1 else order[i * per:]
+            part = order[i * per : (i + 1) * per] if i < len(files) - 1 else order[i * per :]
             if not part:
                 continue
             tensors = {f"step{s}.{n}": v for s in part for n, v in kept[s].items()}
-            save_weights(path, tensors, {**base, "checkpoints": {str(s): kept_val.get(s, {}) for s in part},
-                                         "elapsed_s": round(time.perf_counter() - t0, 1)})
+            save_weights(
+                path,
+                tensors,
+                {
+                    **base,
+                    "checkpoints": {str(s): kept_val.get(s, {}) for s in part},
+                    "elapsed_s": round(time.perf_counter() - t0, 1),
+                },
+            )
 
     net.train()
     while True:
@@ -121,8 +152,7 @@ def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: Optional[i
         img, lab = augment(as_float(data["train_images"][idx]), data["train_labels"][idx].long())
         with autocast:
             if job["kind"] == "diffusion":
-                img, x_t, t = noisy_inputs(schedule, img, lab, k, p_uncond=p_uncond, p_focus=p_focus,
-                                              focus_steps=steps)
+                img, x_t, t = noisy_inputs(schedule, img, lab, k, p_uncond=p_uncond, p_focus=p_focus, focus_steps=steps)
                 logits = net(img, x_t, t)
             elif job["kind"] == "aleatoric":
                 logits, log_var = net.heads(img)
@@ -151,12 +181,21 @@ def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: Optional[i
         now = time.perf_counter()
         if now - t_log >= log_every:
             cur = float(loss.detach())
-            log_line(out, {"job": name, "event": "train", "step": step, "loss": round(cur, 5),
-                           "lr": opt.param_groups[0]["lr"], "steps_per_s": round(n_sum / (now - t_log), 2),
-                           "elapsed_s": round(now - t0, 1)})
+            log_line(
+                out,
+                {
+                    "job": name,
+                    "event": "train",
+                    "step": step,
+                    "loss": round(cur, 5),
+                    "lr": opt.param_groups[0]["lr"],
+                    "steps_per_s": round(n_sum / (now - t_log), 2),
+                    "elapsed_s": round(now - t0, 1),
+                },
+            )
             t_log, n_sum = now, 0
         if job["keep"] == "best" and now - t_val >= val_every:
-            for weights in (("raw", "ema") if ema is not None else ("raw",)):
+            for weights in ("raw", "ema") if ema is not None else ("raw",):
                 v = current_val(weights)
                 log_line(out, {"job": name, "event": "val", "step": step, "weights": weights, **v})
                 if v["dice"] > best["dice"]:
@@ -170,7 +209,7 @@ def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: Optional[i
 
     # the end of the budget: a last validation and the final files
     if job["keep"] == "best":
-        for weights in (("raw", "ema") if ema is not None else ("raw",)):
+        for weights in ("raw", "ema") if ema is not None else ("raw",):
             v = current_val(weights)
             log_line(out, {"job": name, "event": "val", "step": step, "weights": weights, "final": True, **v})
             if v["dice"] > best["dice"]:
@@ -183,8 +222,13 @@ def run_job(name: str, pack: Path, out: Path, budget_s: float, batch: Optional[i
         kept_val[step] = current_val("raw")
         log_line(out, {"job": name, "event": "milestone", "step": step, "final": True, **kept_val[step]})
         write_milestones()
-    summary = {**base, "event": "done", "steps": step, "elapsed_s": round(time.perf_counter() - t0, 1),
-               "best": best if job["keep"] == "best" else None,
-               "milestones": sorted(kept) if job["keep"] == "milestones" else None}
+    summary = {
+        **base,
+        "event": "done",
+        "steps": step,
+        "elapsed_s": round(time.perf_counter() - t0, 1),
+        "best": best if job["keep"] == "best" else None,
+        "milestones": sorted(kept) if job["keep"] == "milestones" else None,
+    }
     log_line(out, summary)
     return summary

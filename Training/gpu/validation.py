@@ -26,7 +26,7 @@ def validate(net, volumes, kind: str, schedule, steps, k: int, batch: int = 64) 
     for _, imgs, labs in volumes:
         preds = []
         for i in range(0, imgs.shape[0], batch):
-            x = as_float(imgs[i:i + batch])
+            x = as_float(imgs[i : i + batch])
             if kind == "diffusion":
                 logits = run_trajectory(net, x, steps, k, mode="uc", schedule=schedule).logits
             elif kind == "aleatoric":

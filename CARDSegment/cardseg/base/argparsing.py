@@ -25,7 +25,11 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
     def _get_help_string(self, action):
         text = action.help or ""
-        if "default" in text.lower() or action.default is None or action.default is False \
-                or action.default is argparse.SUPPRESS:
+        if (
+            "default" in text.lower()
+            or action.default is None
+            or action.default is False
+            or action.default is argparse.SUPPRESS
+        ):
             return text
         return super()._get_help_string(action)

@@ -113,8 +113,11 @@ def clamp_min(x: Any, low: float) -> Any:
 
 
 def clip(x: Any, low: float, high: float) -> Any:
-    return x.clamp(low, high) if is_tensor(x) else np.clip(x, np.asarray(low, dtype=x.dtype),
-                                                            np.asarray(high, dtype=x.dtype))
+    return (
+        x.clamp(low, high)
+        if is_tensor(x)
+        else np.clip(x, np.asarray(low, dtype=x.dtype), np.asarray(high, dtype=x.dtype))
+    )
 
 
 def sigmoid(x: Any) -> Any:

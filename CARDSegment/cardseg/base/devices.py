@@ -17,8 +17,10 @@ if TYPE_CHECKING:
 
 
 #: the one line a run gives where it needs torch and torch is not installed
-TORCH_MISSING = ("torch is not installed; it is needed to prepare a bundle's networks (the first run with a bundle), "
-                 "for --backend torch and for a GPU: install torch")
+TORCH_MISSING = (
+    "torch is not installed; it is needed to prepare a bundle's networks (the first run with a bundle), "
+    "for --backend torch and for a GPU: install torch"
+)
 
 
 def import_torch(threads: int):

@@ -22,4 +22,4 @@ def show(value: Any, limit: int = 60) -> str:
         text = json.dumps(value, ensure_ascii=True)
     except (TypeError, ValueError):
         text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -7,8 +7,12 @@ import stat
 
 from cardseg.base.errors import CardsegError
 
-_SPECIAL = ((stat.S_ISFIFO, "FIFO"), (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
-            (stat.S_ISSOCK, "socket"))
+_SPECIAL = (
+    (stat.S_ISFIFO, "FIFO"),
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISBLK, "block device"),
+    (stat.S_ISSOCK, "socket"),
+)
 
 
 #: how :func:`kind_of` starts a path that ``stat`` cannot answer for (then the reason in brackets)
@@ -49,6 +53,6 @@ def check_file_or_folder(path: os.PathLike, kind: str, not_what: str) -> None:
     if kind == "missing":
         raise CardsegError(f"{path}: no such file or folder")
     if kind.startswith(UNREADABLE):
-        raise CardsegError(f"{path}: cannot be read {kind[len(UNREADABLE):].strip()}")
+        raise CardsegError(f"{path}: cannot be read {kind[len(UNREADABLE) :].strip()}")
     if kind not in ("file", "folder"):
         raise CardsegError(f"{path}: is a {kind}, {not_what}")

@@ -59,8 +59,11 @@ NET_WEIGHT_MAX = 1e6
 def check_calibration(where: Where, cal: dict, sampled_steps: Sequence[int]) -> None:
     """The calibration method with all its parameters, and the optional fit description."""
     if cal.get("method") in NET_CALIBRATOR_ARCH:
-        where.fail("calibration.method", f"{show(cal['method'])} is a comparison baseline (store it under "
-                                         f"baselines); the engine calibrates with {', '.join(_ENGINE_METHODS)}")
+        where.fail(
+            "calibration.method",
+            f"{show(cal['method'])} is a comparison baseline (store it under "
+            f"baselines); the engine calibrates with {', '.join(_ENGINE_METHODS)}",
+        )
     _check_calibrator(where, cal, "calibration", allowed_extra=CALIBRATION_META)
     if "fitted" in cal and not isinstance(cal["fitted"], bool):
         where.fail("calibration.fitted", f"must be true or false (got {show(cal['fitted'])})")
@@ -72,8 +75,10 @@ def check_calibration(where: Where, cal: dict, sampled_steps: Sequence[int]) -> 
             where.fail("calibration.tac_steps", f"must be null or a non-empty list of sampled steps (got {show(tac)})")
         for i, t in enumerate(tac):
             if not is_int(t) or t not in sampled_steps:
-                where.fail(f"calibration.tac_steps[{i}]",
-                           f"must be one of the sampled steps {show(list(sampled_steps))} (got {show(t)})")
+                where.fail(
+                    f"calibration.tac_steps[{i}]",
+                    f"must be one of the sampled steps {show(list(sampled_steps))} (got {show(t)})",
+                )
 
 
 def check_baselines(where: Where, baselines: dict, num_classes: int) -> None:
@@ -87,20 +92,26 @@ def check_baselines(where: Where, baselines: dict, num_classes: int) -> None:
         if method != name:
             where.fail(f"{key}.method", f"must be {show(name)}, the key it is stored under (got {show(method)})")
         if method in NET_CALIBRATOR_ARCH and cal["arch"]["num_classes"] != num_classes:
-            where.fail(f"{key}.arch.num_classes", f"must be the bundle's class count {num_classes} "
-                                                  f"(got {cal['arch']['num_classes']})")
+            where.fail(
+                f"{key}.arch.num_classes",
+                f"must be the bundle's class count {num_classes} (got {cal['arch']['num_classes']})",
+            )
 
 
 def _check_calibrator(where: Where, cal: dict, key: str, allowed_extra: Sequence[str] = ()) -> str:
     """A ``{"method": name, **params}`` block: known method, every parameter present and in range."""
-    method = choice_value(where, f"{key}.method", required_value(where, cal, "method", f"{key}."), tuple(CALIBRATION_PARAMS))
+    method = choice_value(
+        where, f"{key}.method", required_value(where, cal, "method", f"{key}."), tuple(CALIBRATION_PARAMS)
+    )
     needed = CALIBRATION_PARAMS[method]
     for name in needed:
         required_value(where, cal, name, f"{key}.")
     for name in cal:
         if name != "method" and name not in needed and name not in allowed_extra:
-            where.fail(f"{key}.{name}", f"is not a parameter of the {method} calibration "
-                                        f"(it takes {', '.join(needed) or 'none'})")
+            where.fail(
+                f"{key}.{name}",
+                f"is not a parameter of the {method} calibration (it takes {', '.join(needed) or 'none'})",
+            )
     _CALIBRATOR_RANGES[method](where, cal, key)
     return method
 
@@ -177,7 +188,15 @@ def _net_ranges(where: Where, cal: dict, key: str) -> None:
                 where.fail(f"{at}.values[{i}]", f"must be in [-{NET_WEIGHT_MAX:g}, {NET_WEIGHT_MAX:g}] (got {show(v)})")
 
 
-_CALIBRATOR_RANGES = {"uc": _no_ranges, "ts": _ts_ranges, "ets": _ets_ranges, "hts": _hts_ranges,
-                      "card": _card_ranges, "pts": _net_ranges, "lts": _net_ranges, "calibnet": _net_ranges}
+_CALIBRATOR_RANGES = {
+    "uc": _no_ranges,
+    "ts": _ts_ranges,
+    "ets": _ets_ranges,
+    "hts": _hts_ranges,
+    "card": _card_ranges,
+    "pts": _net_ranges,
+    "lts": _net_ranges,
+    "calibnet": _net_ranges,
+}
 #: the methods a bundle's own ``calibration`` block may name
 _ENGINE_METHODS = tuple(m for m in CALIBRATION_PARAMS if m not in NET_CALIBRATOR_ARCH)

@@ -69,8 +69,14 @@ def integer_value(where: Where, key: str, value: Any, low: Optional[int] = None,
     return value
 
 
-def number_value(where: Where, key: str, value: Any, low: Optional[float] = None, high: Optional[float] = None,
-            low_open: bool = False) -> float:
+def number_value(
+    where: Where,
+    key: str,
+    value: Any,
+    low: Optional[float] = None,
+    high: Optional[float] = None,
+    low_open: bool = False,
+) -> float:
     """A finite JSON number (not a boolean), optionally within ``[low, high]`` (``(low, high]``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         where.fail(key, f"must be a number (got {show(value)})")

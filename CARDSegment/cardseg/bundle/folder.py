@@ -74,8 +74,10 @@ def check_bundle(path: Optional[os.PathLike] = None) -> CheckedBundle:
 def check_method(root: Path, config: dict, method: str) -> None:
     """``--method card`` needs a CARD-calibrated bundle: else a one-line :class:`CardsegError`."""
     if method == "card" and config["calibration"]["method"] != "card":
-        raise CardsegError(f"{root}: the bundle is calibrated by {config['calibration']['method']!r}, "
-                           "not CARD; use --method uc or a CARD bundle")
+        raise CardsegError(
+            f"{root}: the bundle is calibrated by {config['calibration']['method']!r}, "
+            "not CARD; use --method uc or a CARD bundle"
+        )
 
 
 def check_bundle_folder(path: Optional[os.PathLike] = None) -> Tuple[Path, dict]:

@@ -35,9 +35,17 @@ if TYPE_CHECKING:
     from torch import nn
 
 
-def default_config(name: str, classes: List[dict], primary: dict, reference: dict, pixel_spacing_mm: float,
-                   input_size: int, version: str = "0.0.0", num_steps: int = 50,
-                   sampled_steps: Optional[List[int]] = None) -> dict:
+def default_config(
+    name: str,
+    classes: List[dict],
+    primary: dict,
+    reference: dict,
+    pixel_spacing_mm: float,
+    input_size: int,
+    version: str = "0.0.0",
+    num_steps: int = 50,
+    sampled_steps: Optional[List[int]] = None,
+) -> dict:
     """A complete ``bundle.json`` dictionary with unfitted calibration defaults."""
     from cardseg.method.diffusion import default_sampling_steps
 
@@ -48,14 +56,28 @@ def default_config(name: str, classes: List[dict], primary: dict, reference: dic
         "image_channels": 1,
         "pixel_spacing_mm": float(pixel_spacing_mm),
         "input_size": int(input_size),
-        "preprocessing": {"normalization": "slice-percentile", "low_percentile": 0.5, "high_percentile": 99.5,
-                          "pad_value": 0.0},
-        "diffusion": {"schedule": "cosine", "num_steps": int(num_steps), "s": 0.008,
-                      "sampled_steps": sampled_steps or default_sampling_steps(num_steps)},
+        "preprocessing": {
+            "normalization": "slice-percentile",
+            "low_percentile": 0.5,
+            "high_percentile": 99.5,
+            "pad_value": 0.0,
+        },
+        "diffusion": {
+            "schedule": "cosine",
+            "num_steps": int(num_steps),
+            "s": 0.008,
+            "sampled_steps": sampled_steps or default_sampling_steps(num_steps),
+        },
         "networks": {"primary": dict(primary), "reference": dict(reference)},
         "calibration": {"method": "card", "tau_min": 1.0, "tau_max": 3.0, "w_b": 0.1, "w_k": 0.05, "fitted": False},
-        "regions": {"flag_threshold": 0.1, "min_voxels": 10, "connectivity": "3d", "merge_px": 0, "max_regions": None,
-                    "model": None},
+        "regions": {
+            "flag_threshold": 0.1,
+            "min_voxels": 10,
+            "connectivity": "3d",
+            "merge_px": 0,
+            "max_regions": None,
+            "model": None,
+        },
         "agreement": {"roi_dilation_px": 10, "out_of_domain_threshold": None},
         "provenance": {},
     }
@@ -124,9 +146,16 @@ class Bundle:
         return self
 
 
-def load_bundle(path: Optional[os.PathLike] = None, device: "str | torch.device" = "cpu",
-                backend: Optional[str] = None, progress=None, prepared: bool = False,
-                checked: Optional[CheckedBundle] = None, onnx_lookup=None, threads: Optional[int] = None) -> Bundle:
+def load_bundle(
+    path: Optional[os.PathLike] = None,
+    device: "str | torch.device" = "cpu",
+    backend: Optional[str] = None,
+    progress=None,
+    prepared: bool = False,
+    checked: Optional[CheckedBundle] = None,
+    onnx_lookup=None,
+    threads: Optional[int] = None,
+) -> Bundle:
     """Load and verify a bundle (see :func:`cardseg.bundle.folder.resolve_bundle_path` for how ``path`` is chosen).
 
     In order: ``bundle.json`` against the schema, each weight file's sha256 and safetensors
@@ -227,18 +256,35 @@ def load_bundle(path: Optional[os.PathLike] = None, device: "str | torch.device"
             return net
 
         if prepared and programs_enabled():
-            nets = load_programs(root, config, weights, eager, torch.device(device), cpu_group_norm=on_cpu,
-                                 progress=progress, notes=notes)
+            nets = load_programs(
+                root,
+                config,
+                weights,
+                eager,
+                torch.device(device),
+                cpu_group_norm=on_cpu,
+                progress=progress,
+                notes=notes,
+            )
         else:
             nets = {role: eager(role) for role in ROLES}
     checksums = {w.path.name: w.sha256 for w in weights.values()}
-    return Bundle(path=root, config=config, primary=nets["primary"], reference=nets["reference"], checksums=checksums,
-                  backend=backend, notes=notes)
+    return Bundle(
+        path=root,
+        config=config,
+        primary=nets["primary"],
+        reference=nets["reference"],
+        checksums=checksums,
+        backend=backend,
+        notes=notes,
+    )
 
 
 #: the note of an ``auto`` run on the CPU without ONNX Runtime (printed once per run)
-SPEED_NOTE = ("the torch networks run on the CPU; install the [speed] extra (pip install 'cardsegment[speed]') "
-              "for ONNX Runtime, about 1.5x faster")
+SPEED_NOTE = (
+    "the torch networks run on the CPU; install the [speed] extra (pip install 'cardsegment[speed]') "
+    "for ONNX Runtime, about 1.5x faster"
+)
 
 
 class _BundleFault(Exception):
@@ -269,8 +315,10 @@ def load_network(root: Path, config: dict, role: str, weights: WeightFile) -> nn
     spec = config["networks"][role]
     multiple = size_multiple(spec)
     if config["input_size"] % multiple:
-        raise CardsegError(f"{root / 'bundle.json'}: input_size must be a multiple of {multiple} for the {role} "
-                           f"network {_describe(spec)} (got {config['input_size']})")
+        raise CardsegError(
+            f"{root / 'bundle.json'}: input_size must be a multiple of {multiple} for the {role} "
+            f"network {_describe(spec)} (got {config['input_size']})"
+        )
     num_classes = len(config["classes"])
     net = _build(root, config, role, num_classes)
     _check_shapes(root, config, role, weights, net, num_classes)
@@ -278,8 +326,9 @@ def load_network(root: Path, config: dict, role: str, weights: WeightFile) -> nn
         state = load(weights.data) if weights.data is not None else load_file(str(weights.path))
         net.load_state_dict(state, strict=True)
     except Exception as exc:  # noqa: BLE001 - any failure of a checked file is reported in one line
-        raise CardsegError(f"{weights.path}: weights do not load into the {_describe(spec)} network "
-                           f"({_first_line(exc)})") from None
+        raise CardsegError(
+            f"{weights.path}: weights do not load into the {_describe(spec)} network ({_first_line(exc)})"
+        ) from None
     return net.float().eval()
 
 
@@ -296,8 +345,9 @@ def _check_shapes(root: Path, config: dict, role: str, weights: WeightFile, net:
     name, spec = weights.path.name, config["networks"][role]
     other = _class_count_held(root, config, role, need, held, num_classes)
     if other is not None:
-        raise CardsegError(f"{root}: bundle.json lists {num_classes} classes but {name} holds a network for "
-                           f"{other} classes")
+        raise CardsegError(
+            f"{root}: bundle.json lists {num_classes} classes but {name} holds a network for {other} classes"
+        )
     missing = [k for k in need if k not in held]
     unexpected = [k for k in held if k not in need]
     if missing:
@@ -307,8 +357,9 @@ def _check_shapes(root: Path, config: dict, role: str, weights: WeightFile, net:
     else:
         key = next(k for k in need if need[k] != held[k])
         problem = f"tensor {key!r} has shape {list(held[key])}, the network needs {list(need[key])}"
-    raise CardsegError(f"{weights.path}: weights do not fit the {_describe(spec)} network that bundle.json "
-                       f"describes ({problem})")
+    raise CardsegError(
+        f"{weights.path}: weights do not fit the {_describe(spec)} network that bundle.json describes ({problem})"
+    )
 
 
 def _class_count_held(root: Path, config: dict, role: str, need: dict, held: dict, num_classes: int) -> Optional[int]:
@@ -339,8 +390,15 @@ def _first_line(exc: BaseException) -> str:
     return lines[0][:200] if lines else type(exc).__name__
 
 
-def save_bundle(path: os.PathLike, config: dict, primary: nn.Module, reference: nn.Module, fp16: bool = True,
-                overwrite: bool = False, keep_files: Optional[Dict[str, os.PathLike]] = None) -> Path:
+def save_bundle(
+    path: os.PathLike,
+    config: dict,
+    primary: nn.Module,
+    reference: nn.Module,
+    fp16: bool = True,
+    overwrite: bool = False,
+    keep_files: Optional[Dict[str, os.PathLike]] = None,
+) -> Path:
     """Write a bundle folder atomically (weights as safetensors, sha256 into ``bundle.json``).
 
     A network with a NaN or infinite weight (also one that only overflows float16) is refused
@@ -368,16 +426,23 @@ def save_bundle(path: os.PathLike, config: dict, primary: nn.Module, reference: 
             _refuse_non_finite(dest, role, state, dtype)
             fname = f"{role}.safetensors"
             if role in (keep_files or {}):
-                problem = kept_file_problem(keep_files[role], {k: tuple(v.shape) for k, v in state.items()},
-                                            "F16" if fp16 else "F32")
+                problem = kept_file_problem(
+                    keep_files[role], {k: tuple(v.shape) for k, v in state.items()}, "F16" if fp16 else "F32"
+                )
                 if problem:
                     raise CardsegError(f"{keep_files[role]}: cannot be kept as the {role}'s weights: {problem}")
                 shutil.copyfile(keep_files[role], tmp / fname)
             else:
                 save_file(state, str(tmp / fname), metadata={"role": role, "format": "pt"})
             spec = config["networks"][role]
-            spec.update({"file": fname, "sha256": sha256_file(tmp / fname), "parameters": count_parameters(net),
-                         "dtype": "float16" if fp16 else "float32"})
+            spec.update(
+                {
+                    "file": fname,
+                    "sha256": sha256_file(tmp / fname),
+                    "parameters": count_parameters(net),
+                    "dtype": "float16" if fp16 else "float32",
+                }
+            )
         validate_config(config, tmp, label=str(dest / "bundle.json"))
         (tmp / "bundle.json").write_text(json.dumps(config, indent=2) + "\n")
         for f in tmp.iterdir():
@@ -401,9 +466,11 @@ def _refuse_non_finite(dest: Path, role: str, state: Dict[str, torch.Tensor], dt
         if tensor.is_floating_point():
             bad = int((~torch.isfinite(tensor)).sum())
             if bad:
-                raise CardsegError(f"{dest}: the {role} network's tensor {name!r} holds {bad} NaN or infinite "
-                                   f"value{'s' if bad > 1 else ''} as {str(dtype).replace('torch.', '')} "
-                                   f"(of {tensor.numel()}); not saved")
+                raise CardsegError(
+                    f"{dest}: the {role} network's tensor {name!r} holds {bad} NaN or infinite "
+                    f"value{'s' if bad > 1 else ''} as {str(dtype).replace('torch.', '')} "
+                    f"(of {tensor.numel()}); not saved"
+                )
 
 
 def merge_config(config: dict, changes: dict, replace: Sequence[str] = ()) -> dict:

@@ -53,9 +53,12 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Callable, Dict, Optional
+from typing import TYPE_CHECKING, Callable, Dict, Optional
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 from cardseg.base.cpus import default_threads
 from cardseg.base.errors import CardsegError
@@ -134,11 +137,18 @@ def _torch_version() -> str:
 
 def cache_key(weights_sha256: str, spec: dict, num_classes: int, image_channels: int, input_size: int) -> str:
     """sha256 of what the exported graph depends on (see the module docstring)."""
-    what = {"format": EXPORT_FORMAT, "weights_sha256": weights_sha256,
-            "network": {k: spec[k] for k in sorted(spec) if k not in ("file", "sha256", "parameters", "dtype")},
-            "num_classes": int(num_classes), "image_channels": int(image_channels), "input_size": int(input_size),
-            "opset": OPSET, "torch": _torch_version().split("+")[0], "monai": dist_version("monai"),
-            "onnxruntime": dist_version("onnxruntime")}
+    what = {
+        "format": EXPORT_FORMAT,
+        "weights_sha256": weights_sha256,
+        "network": {k: spec[k] for k in sorted(spec) if k not in ("file", "sha256", "parameters", "dtype")},
+        "num_classes": int(num_classes),
+        "image_channels": int(image_channels),
+        "input_size": int(input_size),
+        "opset": OPSET,
+        "torch": _torch_version().split("+")[0],
+        "monai": dist_version("monai"),
+        "onnxruntime": dist_version("onnxruntime"),
+    }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
@@ -162,8 +172,9 @@ class OnnxNetwork:
         # threads that spin between calls would compete with the torch work done between them
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         so.log_severity_level = 3
-        self.session = ort.InferenceSession(model if isinstance(model, bytes) else str(model), so,
-                                            providers=["CPUExecutionProvider"])
+        self.session = ort.InferenceSession(
+            model if isinstance(model, bytes) else str(model), so, providers=["CPUExecutionProvider"]
+        )
         self.num_classes = num_classes
         self.source = source
         #: the inputs the exported graph kept: one that ignores ``t`` (a discriminative network) has none
@@ -174,8 +185,11 @@ class OnnxNetwork:
         self.overlap_safe = int(threads) >= 2
 
     def __call__(self, image, state, t):
-        feed = {name: _np(value, dtype) for name, value, dtype in
-                (("image", image, np.float32), ("state", state, np.float32), ("t", t, np.int64)) if name in self.inputs}
+        feed = {
+            name: _np(value, dtype)
+            for name, value, dtype in (("image", image, np.float32), ("state", state, np.float32), ("t", t, np.int64))
+            if name in self.inputs
+        }
         logits = self.session.run(None, feed)[0]
         if isinstance(image, np.ndarray):
             return logits
@@ -226,9 +240,16 @@ def export_onnx(net: torch.nn.Module, num_classes: int, image_channels: int, siz
     batch = {0: "batch"}
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # TracerWarnings about shape-dependent Python branches (fixed input size)
-        torch.onnx.export(net.eval(), probe_inputs(num_classes, image_channels, size), buf, dynamo=False,
-                          opset_version=OPSET, input_names=["image", "state", "t"], output_names=["logits"],
-                          dynamic_axes={"image": batch, "state": batch, "t": batch, "logits": batch})
+        torch.onnx.export(
+            net.eval(),
+            probe_inputs(num_classes, image_channels, size),
+            buf,
+            dynamo=False,
+            opset_version=OPSET,
+            input_names=["image", "state", "t"],
+            output_names=["logits"],
+            dynamic_axes={"image": batch, "state": batch, "t": batch, "logits": batch},
+        )
     return buf.getvalue()
 
 
@@ -269,8 +290,9 @@ def _models_folder() -> Optional[Path]:
         return None
 
 
-def max_abs_difference(net: torch.nn.Module, onnx_net: OnnxNetwork, num_classes: int, image_channels: int,
-                       size: int, seed: int = 1) -> tuple:
+def max_abs_difference(
+    net: torch.nn.Module, onnx_net: OnnxNetwork, num_classes: int, image_channels: int, size: int, seed: int = 1
+) -> tuple:
     """``(max |onnx - torch|, max |torch|)`` of the logits on a seeded probe (batch 3)."""
     import torch
 
@@ -285,8 +307,9 @@ def within_tolerance(diff: float, scale: float) -> bool:
     return diff <= TOLERANCE[0] + TOLERANCE[1] * scale
 
 
-def _read_cached(model: Path, record: Path, key: str, num_classes: int, threads: Optional[int]
-                 ) -> Optional[OnnxNetwork]:
+def _read_cached(
+    model: Path, record: Path, key: str, num_classes: int, threads: Optional[int]
+) -> Optional[OnnxNetwork]:
     """The cached network when the record names this key and the model file's sha256, and the
     model file itself carries this key in its metadata; else ``None`` (a miss: made again).
     Only regular files are read (:func:`cardseg.bundle.onnx_cache.read_entry`)."""
@@ -376,9 +399,15 @@ def settle_device(device: str, lookup, threads: int):
     return resolve_device(device)
 
 
-def load_networks(root: Path, config: dict, weights: Dict[str, object], build: Callable[[str], "torch.nn.Module"],
-                  threads: Optional[int] = None, progress=None, found: Optional[Dict[str, tuple]] = None
-                  ) -> Dict[str, OnnxNetwork]:
+def load_networks(
+    root: Path,
+    config: dict,
+    weights: Dict[str, object],
+    build: Callable[[str], "torch.nn.Module"],
+    threads: Optional[int] = None,
+    progress=None,
+    found: Optional[Dict[str, tuple]] = None,
+) -> Dict[str, OnnxNetwork]:
     """``{role: OnnxNetwork}`` for both networks, from the cache or exported now.
 
     ``weights``: :func:`cardseg.bundle.weights.verify_weights`'s result (sha256 checked);
@@ -413,17 +442,30 @@ def load_networks(root: Path, config: dict, weights: Dict[str, object], build: C
         onnx_net = OnnxNetwork(data, num_classes, threads, source="memory")
         diff, scale = max_abs_difference(net, onnx_net, num_classes, channels, size)
         if not math.isfinite(scale):
-            raise BrokenNetwork(f"{root}: the {role} network gives NaN or infinite logits on a probe input; "
-                                f"the weights are broken (train or export the bundle again)")
+            raise BrokenNetwork(
+                f"{root}: the {role} network gives NaN or infinite logits on a probe input; "
+                f"the weights are broken (train or export the bundle again)"
+            )
         if not within_tolerance(diff, scale):
-            raise CardsegError(f"{root}: the ONNX export of the {role} network differs from torch by {diff:.3g} "
-                               f"(logits up to {scale:.3g}); use --backend torch")
+            raise CardsegError(
+                f"{root}: the ONNX export of the {role} network differs from torch by {diff:.3g} "
+                f"(logits up to {scale:.3g}); use --backend torch"
+            )
         try:
             write_entry(model, data)
-            rec = {"key": key, "role": role, "bundle": config["id"], "weights_sha256": wf.sha256,
-                   "onnx_sha256": hashlib.sha256(data).hexdigest(), "opset": OPSET, "torch": _torch_version(),
-                   "monai": dist_version("monai"), "onnxruntime": dist_version("onnxruntime"),
-                   "probe_max_abs_diff": diff, "probe_max_abs_logit": scale}
+            rec = {
+                "key": key,
+                "role": role,
+                "bundle": config["id"],
+                "weights_sha256": wf.sha256,
+                "onnx_sha256": hashlib.sha256(data).hexdigest(),
+                "opset": OPSET,
+                "torch": _torch_version(),
+                "monai": dist_version("monai"),
+                "onnxruntime": dist_version("onnxruntime"),
+                "probe_max_abs_diff": diff,
+                "probe_max_abs_logit": scale,
+            }
             write_entry(record, (json.dumps(rec, indent=2) + "\n").encode())
             onnx_net.source = str(model)
         except OSError:

@@ -98,8 +98,10 @@ def bundle_label(config: dict) -> str:
 
 
 #: the help line of ``--review-map`` (segment, batch, serve)
-REVIEW_MAP_HELP = ("which of the bundle's flagged-region rules to run, by the map its regions are cut from "
-                   "(default: the bundle's own). The shipped bundle: tac_flips (TAC + the flipped copies' "
-                   "disagreement); tac, its earlier rule, skips the three flipped runs (a card run about 3.6x "
-                   "faster on a CPU) and caught fewer errors on validation; a uc run has no regions to cut and "
-                   "ignores it")
+REVIEW_MAP_HELP = (
+    "which of the bundle's flagged-region rules to run, by the map its regions are cut from "
+    "(default: the bundle's own). The shipped bundle: tac_flips (TAC + the flipped copies' "
+    "disagreement); tac, its earlier rule, skips the three flipped runs (a card run about 3.6x "
+    "faster on a CPU) and caught fewer errors on validation; a uc run has no regions to cut and "
+    "ignores it"
+)

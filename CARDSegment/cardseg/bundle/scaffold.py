@@ -64,11 +64,12 @@ def _discriminative_spec(backbone_size: str) -> dict:
 
 
 #: the seeds :func:`init_bundle` takes (as ``cardseg synth``)
-MAX_SEED = 2 ** 32 - 1
+MAX_SEED = 2**32 - 1
 
 
-def check_init_options(primary: str, reference: str, input_size: int, pixel_spacing_mm: float,
-                       seed: int) -> Dict[str, dict]:
+def check_init_options(
+    primary: str, reference: str, input_size: int, pixel_spacing_mm: float, seed: int
+) -> Dict[str, dict]:
     """Refuse, in one :class:`CardsegError` line naming the ``cardseg init-bundle`` option, what the
     bundle loader would refuse in the bundle :func:`init_bundle` writes; returns the network specs.
 
@@ -89,16 +90,26 @@ def check_init_options(primary: str, reference: str, input_size: int, pixel_spac
     need = {role: size_multiple(spec) for role, spec in specs.items()}
     multiple = math.lcm(*need.values())
     if input_size % multiple:
-        why = ", ".join(f"{role} {text} needs {need[role]}" for role, text in (("primary", primary), ("reference", reference)))
+        why = ", ".join(
+            f"{role} {text} needs {need[role]}" for role, text in (("primary", primary), ("reference", reference))
+        )
         opts.fail("--input-size", f"must be a multiple of {multiple} ({why}) (got {input_size})")
     number_value(opts, "--spacing", pixel_spacing_mm, low=PIXEL_SPACING_MM[0], high=PIXEL_SPACING_MM[1])
     check_int_range("--seed", seed, 0, MAX_SEED)
     return specs
 
 
-def init_bundle(path: os.PathLike, primary: str = "time-unet:tiny", reference: str = "time-unet:micro",
-                input_size: int = 64, pixel_spacing_mm: float = 3.0, seed: int = 0, name: str = "untrained",
-                overwrite: bool = False, sampled_steps: Optional[list] = None) -> os.PathLike:
+def init_bundle(
+    path: os.PathLike,
+    primary: str = "time-unet:tiny",
+    reference: str = "time-unet:micro",
+    input_size: int = 64,
+    pixel_spacing_mm: float = 3.0,
+    seed: int = 0,
+    name: str = "untrained",
+    overwrite: bool = False,
+    sampled_steps: Optional[list] = None,
+) -> os.PathLike:
     """Write a bundle with randomly initialised (untrained, seeded) networks and ACDC classes.
 
     Meant for tests and as the starting point of training on a new task: it exercises the
@@ -113,8 +124,15 @@ def init_bundle(path: os.PathLike, primary: str = "time-unet:tiny", reference: s
     nets = {role: build_network({**spec, "num_classes": len(ACDC_CLASSES)}) for role, spec in specs.items()}
     for net in nets.values():
         _randomize_zero_weights(net)
-    config = default_config(name, ACDC_CLASSES, specs["primary"], specs["reference"], pixel_spacing_mm, input_size,
-                            sampled_steps=sampled_steps)
+    config = default_config(
+        name,
+        ACDC_CLASSES,
+        specs["primary"],
+        specs["reference"],
+        pixel_spacing_mm,
+        input_size,
+        sampled_steps=sampled_steps,
+    )
     config["provenance"] = {"training": "none (randomly initialised)", "seed": seed}
     return save_bundle(path, config, nets["primary"], nets["reference"], fp16=False, overwrite=overwrite)
 
@@ -154,12 +172,17 @@ def check_bundle_destination(path: os.PathLike, overwrite: bool = False) -> None
         files = {spec["file"]: spec["sha256"] for spec in config["networks"].values()}
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         files = None
-    own = (files is not None and sorted(present) == sorted({"bundle.json", *files})
-           and all(not (dest / n).is_symlink() and (dest / n).is_file() for n in present)
-           and all(isinstance(n, str) and sha256_file(dest / n) == h for n, h in files.items()))
+    own = (
+        files is not None
+        and sorted(present) == sorted({"bundle.json", *files})
+        and all(not (dest / n).is_symlink() and (dest / n).is_file() for n in present)
+        and all(isinstance(n, str) and sha256_file(dest / n) == h for n, h in files.items())
+    )
     if not own:
-        raise CardsegError(f"{dest}: folder is not empty and does not hold a bundle cardseg wrote; "
-                           "it is never replaced, choose a new or empty folder")
+        raise CardsegError(
+            f"{dest}: folder is not empty and does not hold a bundle cardseg wrote; "
+            "it is never replaced, choose a new or empty folder"
+        )
     if not overwrite:
         raise CardsegError(f"{dest}: holds a bundle already (use --overwrite to replace it)")
 
@@ -178,23 +201,23 @@ def _randomize_zero_weights(net: torch.nn.Module, std: float = 0.05) -> None:
 
 #: relative signal of each tissue in the synthetic bSSFP slice (fat, the brightest, is 1)
 _TISSUE = {
-    "fat": 1.0,          # subcutaneous rim
-    "epi_fat": 0.95,     # epicardial/pericardial fat patches around the heart
-    "muscle": 0.17,      # chest wall and back muscles, just inside the fat rim
-    "soft": 0.21,        # mediastinum and other soft tissue inside the thorax
+    "fat": 1.0,  # subcutaneous rim
+    "epi_fat": 0.95,  # epicardial/pericardial fat patches around the heart
+    "muscle": 0.17,  # chest wall and back muscles, just inside the fat rim
+    "soft": 0.21,  # mediastinum and other soft tissue inside the thorax
     "liver": 0.30,
-    "lung": 0.035,       # nearly black ...
-    "vessel": 0.30,      # ... with a few pulmonary vessels
-    "spine": 0.45,       # vertebral body (fatty marrow)
-    "aorta": 0.72,       # descending aorta, bright flowing blood
-    "pericardium": 0.12, # thin dark line around the heart
-    "rv_wall": 0.17,     # RV free wall (not labelled, as in ACDC)
-    "myo": 0.19,         # LV myocardium, septum included (label 2)
-    "lv": 0.80,          # LV blood pool (label 3), +-6 % per seed
-    "papillary": 0.25,   # dark spots in the LV pool, labelled LV as in ACDC
+    "lung": 0.035,  # nearly black ...
+    "vessel": 0.30,  # ... with a few pulmonary vessels
+    "spine": 0.45,  # vertebral body (fatty marrow)
+    "aorta": 0.72,  # descending aorta, bright flowing blood
+    "pericardium": 0.12,  # thin dark line around the heart
+    "rv_wall": 0.17,  # RV free wall (not labelled, as in ACDC)
+    "myo": 0.19,  # LV myocardium, septum included (label 2)
+    "lv": 0.80,  # LV blood pool (label 3), +-6 % per seed
+    "papillary": 0.25,  # dark spots in the LV pool, labelled LV as in ACDC
 }
-_RV_TO_LV = 0.88         # RV blood (label 1) relative to LV blood
-_CHEST_MM = 250.0        # smaller fields of view get the anatomy scaled down to fit
+_RV_TO_LV = 0.88  # RV blood (label 1) relative to LV blood
+_CHEST_MM = 250.0  # smaller fields of view get the anatomy scaled down to fit
 
 
 def _ellipse(x, y, cx, cy, a, b):
@@ -210,9 +233,9 @@ def _heart_slice(x, y, u, subj, mm_per_px):
     RV depth (mm), which the surrounding organs follow. x, y: in-plane coordinates (mm); u: 0 at the
     base .. 1 at the apex; subj: the seeded subject parameters; mm_per_px: (row, column) pixel size.
     """
-    r_lv = subj["r_lv"] * np.sqrt(max(1.0 - (u / 1.12) ** 2, 0.0))       # LV cavity narrows to the apex
-    r_epi = r_lv + subj["wall"] + 2.0 * u                                   # wall looks thicker apically
-    t_rv = subj["t_rv"] * max(1.0 - u / 0.82, 0.0) ** 0.5                   # RV ends before the LV
+    r_lv = subj["r_lv"] * np.sqrt(max(1.0 - (u / 1.12) ** 2, 0.0))  # LV cavity narrows to the apex
+    r_epi = r_lv + subj["wall"] + 2.0 * u  # wall looks thicker apically
+    t_rv = subj["t_rv"] * max(1.0 - u / 0.82, 0.0) ** 0.5  # RV ends before the LV
     d_lv = np.hypot(x - subj["hx"], y - subj["hy"])
     lab = np.zeros(x.shape, np.uint8)
     lab[d_lv <= r_epi] = 2
@@ -245,8 +268,9 @@ def _heart_slice(x, y, u, subj, mm_per_px):
     return lab, masks, r_epi, t_rv
 
 
-def synthetic_cine_volume(shape: Tuple[int, int, int] = (8, 192, 176), spacing=(1.5, 1.5, 8.0), seed: int = 0,
-                          noise: float = 0.03) -> Tuple[Volume, np.ndarray]:
+def synthetic_cine_volume(
+    shape: Tuple[int, int, int] = (8, 192, 176), spacing=(1.5, 1.5, 8.0), seed: int = 0, noise: float = 0.03
+) -> Tuple[Volume, np.ndarray]:
     """A procedural short-axis bSSFP cine-like stack with its label map (0 bg, 1 RV, 2 MYO, 3 LV).
 
     Slice 0 is the base, the last slice the apex. Each slice, in mm around the image centre
@@ -279,10 +303,15 @@ def synthetic_cine_volume(shape: Tuple[int, int, int] = (8, 192, 176), spacing=(
     xmm, ymm = (xx - (nx - 1) / 2) * sx / scale, (yy - (ny - 1) / 2) * sy / scale
     rot = np.deg2rad(rng.uniform(-8, 8))  # the whole chest, slightly rotated
     x, y = np.cos(rot) * xmm + np.sin(rot) * ymm, -np.sin(rot) * xmm + np.cos(rot) * ymm
-    subj = {"hx": rng.uniform(-6, 10), "hy": rng.uniform(-14, 2),          # LV centre (mm)
-            "r_lv": rng.uniform(23, 27), "wall": rng.uniform(7.5, 9.0),    # basal LV radius, wall
-            "t_rv": rng.uniform(18, 24), "rv_dir": np.deg2rad(rng.uniform(150, 170)),  # RV depth, side
-            "fat_phase": rng.uniform(0, 2 * np.pi, 3)}
+    subj = {
+        "hx": rng.uniform(-6, 10),
+        "hy": rng.uniform(-14, 2),  # LV centre (mm)
+        "r_lv": rng.uniform(23, 27),
+        "wall": rng.uniform(7.5, 9.0),  # basal LV radius, wall
+        "t_rv": rng.uniform(18, 24),
+        "rv_dir": np.deg2rad(rng.uniform(150, 170)),  # RV depth, side
+        "fat_phase": rng.uniform(0, 2 * np.pi, 3),
+    }
     rim_phase = rng.uniform(0, 2 * np.pi)
     lv_blood = _TISSUE["lv"] * rng.uniform(0.94, 1.06)
     vessel_xy = rng.uniform(-1, 1, (14, 2)) * (110, 90)
@@ -302,12 +331,24 @@ def synthetic_cine_volume(shape: Tuple[int, int, int] = (8, 192, 176), spacing=(
     for k in range(nz):
         u = k / max(nz - 1, 1)
         lab[k], heart, r_epi, t_rv = _heart_slice(x, y, u, subj, (sy / scale, sx / scale))
-        lungs = thorax & ((_ellipse(x, y, hx + r_epi + 46, hy - 5, 44, 72) < 1)
-                          | (_ellipse(x, y, hx - 60, hy - 45 - 0.3 * t_rv, 55, 38) < 1))
+        lungs = thorax & (
+            (_ellipse(x, y, hx + r_epi + 46, hy - 5, 44, 72) < 1)
+            | (_ellipse(x, y, hx - 60, hy - 45 - 0.3 * t_rv, 55, 38) < 1)
+        )
         liver = thorax & (_ellipse(x, y, -55, 95 - 20 * u, 95, 55) < 1)
-        layers = [(body < 1, "muscle"), (fat_rim, "fat"), (thorax, "soft"), (lungs, "lung"),
-                  (lungs & vessels, "vessel"), (liver, "liver"), (spine, "spine"), (aorta, "aorta"),
-                  (lab[k] == 2, "myo"), (lab[k] == 1, "rv"), (lab[k] == 3, "lv")]
+        layers = [
+            (body < 1, "muscle"),
+            (fat_rim, "fat"),
+            (thorax, "soft"),
+            (lungs, "lung"),
+            (lungs & vessels, "vessel"),
+            (liver, "liver"),
+            (spine, "spine"),
+            (aorta, "aorta"),
+            (lab[k] == 2, "myo"),
+            (lab[k] == 1, "rv"),
+            (lab[k] == 3, "lv"),
+        ]
         layers += [(heart[name], name) for name in ("epi_fat", "pericardium", "rv_wall", "papillary")]
         for mask, name in layers:  # later layers paint over earlier ones
             img[k][mask] = tissue[name]
@@ -315,10 +356,14 @@ def synthetic_cine_volume(shape: Tuple[int, int, int] = (8, 192, 176), spacing=(
     img *= 1 + 0.06 * texture / max(float(texture.std()), 1e-6)
     img = ndimage.gaussian_filter(img, (0, 0.7, 0.7))
     g = rng.uniform(-1, 1, 2)
-    bias = 1 + 0.18 * (g[0] * xmm + g[1] * ymm) / 150 - 0.12 * (xmm ** 2 + ymm ** 2) / 150 ** 2
+    bias = 1 + 0.18 * (g[0] * xmm + g[1] * ymm) / 150 - 0.12 * (xmm**2 + ymm**2) / 150**2
     img *= bias[None].astype(np.float32)
     n1, n2 = rng.normal(0, noise, shape), rng.normal(0, noise, shape)
-    img = np.sqrt((img + n1) ** 2 + n2 ** 2).astype(np.float32) * 1000.0
-    vol = Volume(array=img, spacing=tuple(float(s) for s in spacing), origin=(0.0, 0.0, 0.0),
-                 direction=(1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0))
+    img = np.sqrt((img + n1) ** 2 + n2**2).astype(np.float32) * 1000.0
+    vol = Volume(
+        array=img,
+        spacing=tuple(float(s) for s in spacing),
+        origin=(0.0, 0.0, 0.0),
+        direction=(1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0),
+    )
     return vol, lab

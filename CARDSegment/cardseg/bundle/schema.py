@@ -20,8 +20,17 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from cardseg.base.errors import CardsegError, show
 from cardseg.bundle.calibration_schema import check_baselines, check_calibration
-from cardseg.bundle.fields import (OptionWhere, Where, choice_value, integer_value, is_int, number_value,
-                                   required_object, required_value, text_value)
+from cardseg.bundle.fields import (
+    OptionWhere,
+    Where,
+    choice_value,
+    integer_value,
+    is_int,
+    number_value,
+    required_object,
+    required_value,
+    text_value,
+)
 
 SCHEMA_VERSION = 1
 ROLES = ("primary", "reference")
@@ -127,18 +136,39 @@ def _check_grid(where: Where, config: dict) -> None:
     channels = required_value(where, config, "image_channels")
     if not is_int(channels) or channels != 1:
         where.fail("image_channels", f"must be 1, the engine reads single-channel images (got {show(channels)})")
-    number_value(where, "pixel_spacing_mm", required_value(where, config, "pixel_spacing_mm"),
-            low=PIXEL_SPACING_MM[0], high=PIXEL_SPACING_MM[1])
-    integer_value(where, "input_size", required_value(where, config, "input_size"), low=INPUT_SIZE[0], high=INPUT_SIZE[1])
+    number_value(
+        where,
+        "pixel_spacing_mm",
+        required_value(where, config, "pixel_spacing_mm"),
+        low=PIXEL_SPACING_MM[0],
+        high=PIXEL_SPACING_MM[1],
+    )
+    integer_value(
+        where, "input_size", required_value(where, config, "input_size"), low=INPUT_SIZE[0], high=INPUT_SIZE[1]
+    )
 
 
 def _check_preprocessing(where: Where, pre: dict) -> None:
-    choice_value(where, "preprocessing.normalization", required_value(where, pre, "normalization", "preprocessing."),
-            NORMALIZATIONS)
-    low = number_value(where, "preprocessing.low_percentile", required_value(where, pre, "low_percentile", "preprocessing."),
-                  low=0.0, high=100.0)
-    high = number_value(where, "preprocessing.high_percentile",
-                   required_value(where, pre, "high_percentile", "preprocessing."), low=0.0, high=100.0)
+    choice_value(
+        where,
+        "preprocessing.normalization",
+        required_value(where, pre, "normalization", "preprocessing."),
+        NORMALIZATIONS,
+    )
+    low = number_value(
+        where,
+        "preprocessing.low_percentile",
+        required_value(where, pre, "low_percentile", "preprocessing."),
+        low=0.0,
+        high=100.0,
+    )
+    high = number_value(
+        where,
+        "preprocessing.high_percentile",
+        required_value(where, pre, "high_percentile", "preprocessing."),
+        low=0.0,
+        high=100.0,
+    )
     if not low < high:
         where.fail("preprocessing.high_percentile", f"must be > low_percentile ({show(low)}) (got {show(high)})")
     if "pad_value" in pre and number_value(where, "preprocessing.pad_value", pre["pad_value"]) != 0.0:
@@ -148,12 +178,24 @@ def _check_preprocessing(where: Where, pre: dict) -> None:
 def _check_diffusion(where: Where, diff: dict) -> List[int]:
     """Schedule, horizon and sampled steps; returns the sampled steps."""
     choice_value(where, "diffusion.schedule", required_value(where, diff, "schedule", "diffusion."), SCHEDULES)
-    num_steps = integer_value(where, "diffusion.num_steps", required_value(where, diff, "num_steps", "diffusion."),
-                              low=NUM_STEPS[0], high=NUM_STEPS[1])
-    number_value(where, "diffusion.s", required_value(where, diff, "s", "diffusion."), low=SCHEDULE_S[0],
-                 high=SCHEDULE_S[1], low_open=True)
-    return _check_steps(where, "diffusion.sampled_steps", required_value(where, diff, "sampled_steps", "diffusion."),
-                        num_steps)
+    num_steps = integer_value(
+        where,
+        "diffusion.num_steps",
+        required_value(where, diff, "num_steps", "diffusion."),
+        low=NUM_STEPS[0],
+        high=NUM_STEPS[1],
+    )
+    number_value(
+        where,
+        "diffusion.s",
+        required_value(where, diff, "s", "diffusion."),
+        low=SCHEDULE_S[0],
+        high=SCHEDULE_S[1],
+        low_open=True,
+    )
+    return _check_steps(
+        where, "diffusion.sampled_steps", required_value(where, diff, "sampled_steps", "diffusion."), num_steps
+    )
 
 
 def check_steps(steps: Any, num_steps: int, key: str) -> List[int]:
@@ -178,7 +220,9 @@ def _check_network(where: Where, spec: dict, key: str, root: Path) -> None:
     """Architecture and size known to ``cardseg.method.networks``, a weight file inside the folder, its sha256."""
     arch = choice_value(where, f"{key}.arch", required_value(where, spec, "arch", f"{key}."), tuple(NETWORK_SIZES))
     if arch == "discriminative":
-        choice_value(where, f"{key}.backbone", required_value(where, spec, "backbone", f"{key}."), DISCRIMINATIVE_BACKBONES)
+        choice_value(
+            where, f"{key}.backbone", required_value(where, spec, "backbone", f"{key}."), DISCRIMINATIVE_BACKBONES
+        )
     else:
         choice_value(where, f"{key}.size", required_value(where, spec, "size", f"{key}."), NETWORK_SIZES[arch])
     if "feature_size" in spec:
@@ -221,22 +265,51 @@ def _weight_path(where: Where, key: str, name: Any, root: Path) -> Path:
 
 def _is_plain_name(name: str) -> bool:
     """No folder part, no parent reference, not absolute, no drive, no NUL."""
-    return (bool(name) and name not in (".", "..") and "/" not in name and "\\" not in name and "\0" not in name
-            and not PureWindowsPath(name).drive and not os.path.isabs(name))
+    return (
+        bool(name)
+        and name not in (".", "..")
+        and "/" not in name
+        and "\\" not in name
+        and "\0" not in name
+        and not PureWindowsPath(name).drive
+        and not os.path.isabs(name)
+    )
 
 
 #: features of the region error model and of the voxel error map, the maps regions are cut from and
 #: their rankings (kept in step with cardseg.review.regions and cardseg.review.error_map by a test:
 #: the bundle layer may not import the review layer)
-REGION_FEATURES = ("log_sum_tac", "max_tac", "mean_tac", "log_voxels", "slices", "foreground_fraction", "classes",
-                   "end_position", "fov_fraction")
-VOXEL_FEATURES = ("log_tac_s2", "log_tac_s4", "tac_s2", "log_boundary_distance", "end_position",
-                  "end_position_sq", "pred_rv", "pred_myo", "pred_lv", "foreground_share")
+REGION_FEATURES = (
+    "log_sum_tac",
+    "max_tac",
+    "mean_tac",
+    "log_voxels",
+    "slices",
+    "foreground_fraction",
+    "classes",
+    "end_position",
+    "fov_fraction",
+)
+VOXEL_FEATURES = (
+    "log_tac_s2",
+    "log_tac_s4",
+    "tac_s2",
+    "log_boundary_distance",
+    "end_position",
+    "end_position_sq",
+    "pred_rv",
+    "pred_myo",
+    "pred_lv",
+    "foreground_share",
+)
 REGION_MAPS = ("tac", "tac_flips", "error_probability")
 #: the largest value of each map: the TAC (JS of two distributions), TAC + the JS of the four flipped runs
 #: (at most ln 4), a probability
-MAP_TOPS = {"tac": (LN2, f"ln 2 = {LN2:.4f}"), "tac_flips": (3 * LN2, f"ln 8 = {3 * LN2:.4f}"),
-            "error_probability": (1.0, "1")}
+MAP_TOPS = {
+    "tac": (LN2, f"ln 2 = {LN2:.4f}"),
+    "tac_flips": (3 * LN2, f"ln 8 = {3 * LN2:.4f}"),
+    "error_probability": (1.0, "1"),
+}
 REGION_RANKINGS = ("p_error", "p_error_per_ml", "summed_map")
 
 
@@ -274,13 +347,21 @@ def _check_regions(where: Where, regions: dict) -> None:
     if "fill_holes" in regions and not isinstance(regions["fill_holes"], bool):
         where.fail("regions.fill_holes", f"must be true or false (got {show(regions['fill_holes'])})")
     if regions.get("display_max_disagreement") is not None:
-        number_value(where, "regions.display_max_disagreement", regions["display_max_disagreement"], low=0.0,
-                     high=LN2 + TAC_TOL, low_open=True)
+        number_value(
+            where,
+            "regions.display_max_disagreement",
+            regions["display_max_disagreement"],
+            low=0.0,
+            high=LN2 + TAC_TOL,
+            low_open=True,
+        )
     if kind == "error_probability":
         voxel_model = regions.get("voxel_model")
         if voxel_model is None:
-            where.fail("regions.voxel_model", "must be a fitted voxel model for the error_probability map "
-                                              "(refit it: cardseg fit-review)")
+            where.fail(
+                "regions.voxel_model",
+                "must be a fitted voxel model for the error_probability map (refit it: cardseg fit-review)",
+            )
         _check_logistic(where, "regions.voxel_model", voxel_model, VOXEL_FEATURES)
     model = required_value(where, regions, "model", "regions.")
     if model is not None:
@@ -312,7 +393,9 @@ def _check_logistic(where: Where, key: str, model: Any, features: Sequence[str])
 
 def _check_agreement(where: Where, agreement: dict) -> None:
     """The agreement ROI radius and the out-of-domain threshold (``null``: never flagged)."""
-    integer_value(where, "agreement.roi_dilation_px", required_value(where, agreement, "roi_dilation_px", "agreement."), low=0)
+    integer_value(
+        where, "agreement.roi_dilation_px", required_value(where, agreement, "roi_dilation_px", "agreement."), low=0
+    )
     threshold = agreement.get("out_of_domain_threshold")
     if threshold is not None:
         number_value(where, "agreement.out_of_domain_threshold", threshold, low=0.0, high=1.0)
@@ -330,14 +413,17 @@ def _check_field_of_view(where: Where, block: dict) -> None:
 def _check_indices(where: Where, block: dict) -> None:
     """Fitted cardiac-index intervals (``cardseg.cohort.indices``): nominal level in (0, 1), method, the
     spread's model and flag threshold on the TAC map, a positive finite scale per index family."""
-    number_value(where, "indices.nominal", required_value(where, block, "nominal", "indices."), low=0.0, high=1.0, low_open=True)
+    number_value(
+        where, "indices.nominal", required_value(where, block, "nominal", "indices."), low=0.0, high=1.0, low_open=True
+    )
     if block["nominal"] >= 1.0:
         where.fail("indices.nominal", f"must be < 1 (got {show(block['nominal'])})")
     text_value(where, "indices.method", required_value(where, block, "method", "indices."))
     spread = required_object(where, block, "spread", "indices.")
     text_value(where, "indices.spread.model", required_value(where, spread, "model", "indices.spread."))
-    value = number_value(where, "indices.spread.flag_threshold",
-                    required_value(where, spread, "flag_threshold", "indices.spread."))
+    value = number_value(
+        where, "indices.spread.flag_threshold", required_value(where, spread, "flag_threshold", "indices.spread.")
+    )
     if not 0.0 <= value <= LN2 + TAC_TOL:
         where.fail("indices.spread.flag_threshold", f"must be in [0, ln 2 = {LN2:.4f}] (got {show(value)})")
     scales = required_object(where, block, "scales", "indices.")

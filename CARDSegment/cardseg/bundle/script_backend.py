@@ -61,14 +61,28 @@ def programs_enabled() -> bool:
     return os.environ.get(PROGRAMS_ENV, "1").strip() != "0"
 
 
-def program_key(weights_sha256: str, spec: dict, num_classes: int, image_channels: int, input_size: int,
-                device: torch.device, cpu_group_norm: bool) -> str:
+def program_key(
+    weights_sha256: str,
+    spec: dict,
+    num_classes: int,
+    image_channels: int,
+    input_size: int,
+    device: torch.device,
+    cpu_group_norm: bool,
+) -> str:
     """sha256 of everything a traced program depends on (see the module docstring)."""
-    what = {"format": PROGRAM_FORMAT, "weights_sha256": weights_sha256,
-            "network": {k: spec[k] for k in sorted(spec) if k not in ("file", "sha256", "parameters", "dtype")},
-            "num_classes": int(num_classes), "image_channels": int(image_channels), "input_size": int(input_size),
-            "device": str(device), "cpu_group_norm": bool(cpu_group_norm),
-            "torch": torch.__version__, "monai": dist_version("monai")}
+    what = {
+        "format": PROGRAM_FORMAT,
+        "weights_sha256": weights_sha256,
+        "network": {k: spec[k] for k in sorted(spec) if k not in ("file", "sha256", "parameters", "dtype")},
+        "num_classes": int(num_classes),
+        "image_channels": int(image_channels),
+        "input_size": int(input_size),
+        "device": str(device),
+        "cpu_group_norm": bool(cpu_group_norm),
+        "torch": torch.__version__,
+        "monai": dist_version("monai"),
+    }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
@@ -99,8 +113,9 @@ class ProgramNetwork:
         return self
 
 
-def trace_program(net: torch.nn.Module, num_classes: int, image_channels: int, size: int,
-                  device: torch.device) -> torch.jit.ScriptModule:
+def trace_program(
+    net: torch.nn.Module, num_classes: int, image_channels: int, size: int, device: torch.device
+) -> torch.jit.ScriptModule:
     """``net`` traced on a batch-2 probe on ``device`` and frozen (weights become constants)."""
     x = [v.to(device) for v in probe_inputs(num_classes, image_channels, size, batch=2)]
     with warnings.catch_warnings(), torch.no_grad():
@@ -146,9 +161,16 @@ def _paths(role: str, key: str) -> tuple:
     return folder / f"{role}-{key[:40]}.pt", folder / f"{role}-{key[:40]}.json"
 
 
-def load_programs(root: Path, config: dict, weights: Dict[str, object], build: Callable[[str], torch.nn.Module],
-                  device: torch.device, cpu_group_norm: bool, progress=None,
-                  notes: Optional[List[str]] = None) -> Dict[str, object]:
+def load_programs(
+    root: Path,
+    config: dict,
+    weights: Dict[str, object],
+    build: Callable[[str], torch.nn.Module],
+    device: torch.device,
+    cpu_group_norm: bool,
+    progress=None,
+    notes: Optional[List[str]] = None,
+) -> Dict[str, object]:
     """``{role: network}`` for both roles: the cached program, or a program traced now from
     ``build(role)`` (the eager network on ``device``, MONAI imported only then) and checked
     against it; the eager network itself when tracing fails or the program differs (a note is
@@ -179,8 +201,16 @@ def load_programs(root: Path, config: dict, weights: Dict[str, object], build: C
     return out
 
 
-def _prepare(root: Path, config: dict, role: str, net: torch.nn.Module, key: str, files: tuple,
-             device: torch.device, notes: Optional[List[str]]):
+def _prepare(
+    root: Path,
+    config: dict,
+    role: str,
+    net: torch.nn.Module,
+    key: str,
+    files: tuple,
+    device: torch.device,
+    notes: Optional[List[str]],
+):
     """Trace, check and cache one network (see :func:`load_programs`); ``files``: the cache's
     ``(program, record)`` paths, ``(None, None)`` when there is no cache folder."""
     model, record = files
@@ -192,12 +222,16 @@ def _prepare(root: Path, config: dict, role: str, net: torch.nn.Module, key: str
         diff, scale = _difference(net, prog, num_classes, channels, size, device)
     except Exception as exc:  # noqa: BLE001 - a network torch cannot trace still runs eagerly
         if notes is not None:
-            notes.append(f"the {role} network could not be prepared as a TorchScript program "
-                         f"({type(exc).__name__}); it runs eagerly")
+            notes.append(
+                f"the {role} network could not be prepared as a TorchScript program "
+                f"({type(exc).__name__}); it runs eagerly"
+            )
         return net
     if not math.isfinite(scale):
-        raise BrokenNetwork(f"{root}: the {role} network gives NaN or infinite logits on a probe input; "
-                            f"the weights are broken (train or export the bundle again)")
+        raise BrokenNetwork(
+            f"{root}: the {role} network gives NaN or infinite logits on a probe input; "
+            f"the weights are broken (train or export the bundle again)"
+        )
     if not within_tolerance(diff, scale):
         if notes is not None:
             notes.append(f"the prepared {role} program differs from the network by {diff:.3g}; it runs eagerly")
@@ -206,9 +240,17 @@ def _prepare(root: Path, config: dict, role: str, net: torch.nn.Module, key: str
         data = program_bytes(program, key)
         try:
             write_entry(model, data)
-            rec = {"key": key, "role": role, "bundle": config["id"], "device": str(device),
-                   "program_sha256": hashlib.sha256(data).hexdigest(), "torch": torch.__version__,
-                   "monai": dist_version("monai"), "probe_max_abs_diff": diff, "probe_max_abs_logit": scale}
+            rec = {
+                "key": key,
+                "role": role,
+                "bundle": config["id"],
+                "device": str(device),
+                "program_sha256": hashlib.sha256(data).hexdigest(),
+                "torch": torch.__version__,
+                "monai": dist_version("monai"),
+                "probe_max_abs_diff": diff,
+                "probe_max_abs_logit": scale,
+            }
             write_entry(record, (json.dumps(rec, indent=2) + "\n").encode())
             prog.source = str(model)
         except OSError:
@@ -219,6 +261,7 @@ def _prepare(root: Path, config: dict, role: str, net: torch.nn.Module, key: str
 def _difference(net, prog, num_classes, channels, size, device) -> tuple:
     """``(max |program - eager|, max |eager|)`` on a seeded batch-3 probe (another batch size
     than the trace's, so that a batch size frozen into the trace is caught)."""
+
     class _OnDevice:
         def __init__(self, f):
             self.f = f

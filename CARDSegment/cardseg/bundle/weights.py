@@ -26,13 +26,34 @@ from cardseg.bundle.schema import ROLES
 
 #: safetensors: an 8-byte little-endian header length, then a JSON header of at most 100 MB
 SAFETENSORS_MAX_HEADER = 100 * 1024 * 1024
-SAFETENSORS_ITEMSIZE = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
-                        "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8}
+SAFETENSORS_ITEMSIZE = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+}
 #: floating-point dtypes: (width in bytes, exponent mask); a value is NaN or infinite exactly when
 #: all its exponent bits are set, infinite when its mantissa is zero besides (F8_E4M3 has no
 #: infinity: its only non-finite pattern, S.1111.111, is NaN)
-FLOAT_BITS = {"F16": (2, 0x7C00), "BF16": (2, 0x7F80), "F32": (4, 0x7F800000), "F64": (8, 0x7FF0000000000000),
-              "F8_E5M2": (1, 0x7C), "F8_E4M3": (1, 0x7F)}
+FLOAT_BITS = {
+    "F16": (2, 0x7C00),
+    "BF16": (2, 0x7F80),
+    "F32": (4, 0x7F800000),
+    "F64": (8, 0x7FF0000000000000),
+    "F8_E5M2": (1, 0x7C),
+    "F8_E4M3": (1, 0x7F),
+}
 
 
 @dataclass(frozen=True)
@@ -141,7 +162,7 @@ def _count_matching(data: bytes, span: Sequence[int], mask: int, value: int) -> 
         if m == 0:
             continue
         table = bytes(1 if (b & m) == v else 0 for b in range(256))
-        hits &= int.from_bytes(data[begin + lane:end:width].translate(table), "little")
+        hits &= int.from_bytes(data[begin + lane : end : width].translate(table), "little")
     if hits == -1:
         return (end - begin) // width
     return hits.bit_count()
@@ -212,5 +233,7 @@ def kept_file_problem(path: os.PathLike, shapes: Dict[str, Tuple[int, ...]], dty
         return f"its tensors differ from the network's ({len(set(header) ^ set(shapes))} names)"
     for name, shape in shapes.items():
         if tuple(header[name]["shape"]) != tuple(shape) or header[name]["dtype"] != dtype:
-            return f"tensor {name} is {header[name]['dtype']} {header[name]['shape']}, the network's {dtype} {list(shape)}"
+            return (
+                f"tensor {name} is {header[name]['dtype']} {header[name]['shape']}, the network's {dtype} {list(shape)}"
+            )
     return None

@@ -44,8 +44,15 @@ from cardseg.cohort.cases import Case, cases_from_inputs, read_manifest
 from cardseg.cohort.hashing import bundle_settings, case_key, content_hash
 from cardseg.cohort.layout import COHORT_CSV, COHORT_PARQUET, LOCK_FILE, SUBJECTS_CSV, TRIAGE_HTML
 from cardseg.cohort.options import BatchOptions, BatchResult, check_options, options_from_args
-from cardseg.cohort.state import (append_state, check_batch_outdir, finished_report, outputs_digest, read_state,
-                                  recorded_cases, write_stamp)
+from cardseg.cohort.state import (
+    append_state,
+    check_batch_outdir,
+    finished_report,
+    outputs_digest,
+    read_state,
+    recorded_cases,
+    write_stamp,
+)
 from cardseg.cohort.subjects import indices_function, subject_columns, subject_rows
 from cardseg.cohort.tables import cohort_row, table_columns, write_parquet, write_table
 from cardseg.cohort.worker import CaseWorker, Job
@@ -89,8 +96,11 @@ def run_batch(o: BatchOptions) -> BatchResult:
     check_options(o)
     spacing = parse_spacing(o.spacing) if o.spacing else None
     target = os.path.realpath(os.path.abspath(os.fspath(o.output)))  # nothing is ever taken from inside it
-    cases = (read_manifest(o.manifest, o.frame, outdir=target) if o.manifest
-             else cases_from_inputs(o.inputs, o.frame, outdir=target))
+    cases = (
+        read_manifest(o.manifest, o.frame, outdir=target)
+        if o.manifest
+        else cases_from_inputs(o.inputs, o.frame, outdir=target)
+    )
     checked = check_bundle(o.bundle)
     chosen = with_review_map(checked, o.review_map)  # a map the bundle keeps no rule for is refused here
     checked = chosen if o.method == "card" else checked  # the rule is part of a card case's key (uc cuts no regions)
@@ -133,13 +143,23 @@ def run_batch(o: BatchOptions) -> BatchResult:
     return result
 
 
-def _plan(o: BatchOptions, out: Path, earlier: Optional[dict], settings: dict, config: dict, bundle_root: Path,
-          cases: List[Case], spacing, progress: CaseProgress) -> _Plan:
+def _plan(
+    o: BatchOptions,
+    out: Path,
+    earlier: Optional[dict],
+    settings: dict,
+    config: dict,
+    bundle_root: Path,
+    cases: List[Case],
+    spacing,
+    progress: CaseProgress,
+) -> _Plan:
     """Which cases are finished (same key in the state file, outputs still there) and which to run."""
     state = {} if (o.overwrite or earlier is None) else read_state(out)
     hashes = _hash_inputs(cases, progress, o.hash_threads)
-    plan = _Plan(o, out, earlier, settings, config, Path(bundle_root), list(cases), hashes, {}, {}, [],
-                 frozenset(state))
+    plan = _Plan(
+        o, out, earlier, settings, config, Path(bundle_root), list(cases), hashes, {}, {}, [], frozenset(state)
+    )
     for c in cases:
         h = hashes[c.name]
         if isinstance(h, CardsegError):
@@ -153,10 +173,14 @@ def _plan(o: BatchOptions, out: Path, earlier: Optional[dict], settings: dict, c
             plan.rows[c.name] = cohort_row(c, "ok", report=report, reused=True, input_sha256=h)
             continue
         if rec and rec.get("key") == key and not o.quiet:
-            print(f"cardseg: note: case {c.name}: its folder no longer holds what this batch wrote for it; "
-                  "computing it again", file=sys.stderr)
-        plan.jobs.append(Job(c.name, c.path, str(folder), c.frame, tuple(spacing) if spacing else None,
-                             overwrite=folder.exists()))
+            print(
+                f"cardseg: note: case {c.name}: its folder no longer holds what this batch wrote for it; "
+                "computing it again",
+                file=sys.stderr,
+            )
+        plan.jobs.append(
+            Job(c.name, c.path, str(folder), c.frame, tuple(spacing) if spacing else None, overwrite=folder.exists())
+        )
         plan.rows[c.name] = cohort_row(c, "pending", input_sha256=h)
     return plan
 
@@ -191,9 +215,16 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
             h = plan.hashes[c.name]
             if res["status"] == "ok":  # finished when its state line is: an interrupt in the append
                 unrecorded[c.name] = cohort_row(c, "ok", report=res["report"], input_sha256=h)  # is settled below
-                append_state(out, {"case": c.name, "key": plan.keys[c.name], "input_sha256": h,
-                                    "outputs": outputs_digest(out / c.name),
-                                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z")})
+                append_state(
+                    out,
+                    {
+                        "case": c.name,
+                        "key": plan.keys[c.name],
+                        "input_sha256": h,
+                        "outputs": outputs_digest(out / c.name),
+                        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                    },
+                )
                 rows[c.name] = unrecorded.pop(c.name)
                 result.computed += 1
             else:
@@ -205,16 +236,34 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
                 progress.start(len(plan.jobs))
                 if cluster is not None:
                     result.worker_loads = cluster.run_jobs(
-                        plan.jobs, on_result, bundle_root=plan.bundle_root, config=plan.config, outdir=out,
-                        method=o.method, device=o.device, batch_size=o.batch_size, threads=o.threads,
-                        workers=o.ray_workers, cpus_per_worker=o.ray_cpus_per_worker, review_map=o.review_map)
+                        plan.jobs,
+                        on_result,
+                        bundle_root=plan.bundle_root,
+                        config=plan.config,
+                        outdir=out,
+                        method=o.method,
+                        device=o.device,
+                        batch_size=o.batch_size,
+                        threads=o.threads,
+                        workers=o.ray_workers,
+                        cpus_per_worker=o.ray_cpus_per_worker,
+                        review_map=o.review_map,
+                    )
                 elif o.workers > 1 and len(plan.jobs) > 1:
                     from cardseg.cohort import local_pool
 
                     result.worker_loads = local_pool.run_jobs(
-                        plan.jobs, on_result, bundle_root=plan.bundle_root, method=o.method, device=o.device,
-                        batch_size=o.batch_size, threads=o.threads, backend=worker.bundle.backend,
-                        workers=o.workers, review_map=o.review_map)  # the backend the check load settled on
+                        plan.jobs,
+                        on_result,
+                        bundle_root=plan.bundle_root,
+                        method=o.method,
+                        device=o.device,
+                        batch_size=o.batch_size,
+                        threads=o.threads,
+                        backend=worker.bundle.backend,
+                        workers=o.workers,
+                        review_map=o.review_map,
+                    )  # the backend the check load settled on
                 else:  # the next case read and the last one written while this one computes
                     from cardseg.cohort.pipeline import run_overlapped
 
@@ -293,8 +342,12 @@ def _interrupted(plan: _Plan, result: BatchResult, before: Optional[Dict[str, Op
     replaced = [SUBJECTS_CSV] + ([TRIAGE_HTML] if plan.options.report else [])  # written or removed at the end
     unwritten = [n for n in replaced if n not in result.files]
     kept = []
-    if (len(unwritten) == len(replaced) and before is not None and not _cases_changed(plan, before)
-            and plan.earlier_cases <= {c.name for c in plan.cases}):
+    if (
+        len(unwritten) == len(replaced)
+        and before is not None
+        and not _cases_changed(plan, before)
+        and plan.earlier_cases <= {c.name for c in plan.cases}
+    ):
         kept = [n for n in unwritten if _earlier_file(plan.out, plan.earlier, n)]
     removed = []
     for name in (n for n in unwritten if n not in kept):
@@ -305,8 +358,13 @@ def _interrupted(plan: _Plan, result: BatchResult, before: Optional[Dict[str, Op
             pass
     wanted = ([SUBJECTS_CSV] if any(c.subject for c in plan.cases) else []) + replaced[1:]
     pending = sum(1 for r in plan.rows.values() if r["status"] == "pending")
-    return _Left(pending, COHORT_CSV in result.files, [n for n in wanted if n not in result.files and n not in kept],
-                 removed, kept)
+    return _Left(
+        pending,
+        COHORT_CSV in result.files,
+        [n for n in wanted if n not in result.files and n not in kept],
+        removed,
+        kept,
+    )
 
 
 def _cases_changed(plan: _Plan, before: Dict[str, Optional[bytes]]) -> bool:
@@ -322,18 +380,25 @@ def interrupted_line(head: str, exc: BaseException) -> str:
     left = getattr(exc, "batch_left", None)
     if left is None:  # during the checks, the hashing or the model's loading: OUTDIR untouched
         return f"cardseg: {head} before the cases ran; nothing was written into OUTDIR"
-    parts = [f"{COHORT_CSV} was not written" if not left.table
-             else f"no case is pending ({COHORT_CSV} is complete)" if not left.pending
-             else f"{left.pending} unfinished case{'s are' if left.pending > 1 else ' is'} 'pending' in {COHORT_CSV}"]
+    parts = [
+        f"{COHORT_CSV} was not written"
+        if not left.table
+        else f"no case is pending ({COHORT_CSV} is complete)"
+        if not left.pending
+        else f"{left.pending} unfinished case{'s are' if left.pending > 1 else ' is'} 'pending' in {COHORT_CSV}"
+    ]
     if left.missing:
         parts.append(f"{' and '.join(left.missing)} {'were' if len(left.missing) > 1 else 'was'} not written")
     if left.removed:
-        parts.append(f"the earlier run's {' and '.join(left.removed)} {'were' if len(left.removed) > 1 else 'was'} "
-                     "removed")
+        parts.append(
+            f"the earlier run's {' and '.join(left.removed)} {'were' if len(left.removed) > 1 else 'was'} removed"
+        )
     if left.kept:
         they = "they still describe" if len(left.kept) > 1 else "it still describes"
-        parts.append(f"the earlier run's {' and '.join(left.kept)} {'are' if len(left.kept) > 1 else 'is'} kept "
-                     f"(no case of this run finished: {they} the case folders)")
+        parts.append(
+            f"the earlier run's {' and '.join(left.kept)} {'are' if len(left.kept) > 1 else 'is'} kept "
+            f"(no case of this run finished: {they} the case folders)"
+        )
     again = "resume" if left.pending or not left.table else "finish"
     return f"cardseg: {head}; {', '.join(parts)}; run the same command again to {again}"
 
@@ -372,8 +437,9 @@ def _hash_inputs(cases: Sequence[Case], progress: CaseProgress, threads: int) ->
     return {c.name: out[c.name] for c in cases}
 
 
-def _write_subjects(out: Path, cases: Sequence[Case], rows: Dict[str, dict], config: dict,
-                    result: BatchResult, earlier: Optional[dict]) -> None:
+def _write_subjects(
+    out: Path, cases: Sequence[Case], rows: Dict[str, dict], config: dict, result: BatchResult, earlier: Optional[dict]
+) -> None:
     """``subjects.csv`` for the cases with a subject; with none (or no indices module) an earlier
     batch's ``subjects.csv`` would describe other cases, so it is removed (only that one: see
     :func:`_remove_stale`)."""
@@ -382,8 +448,11 @@ def _write_subjects(out: Path, cases: Sequence[Case], rows: Dict[str, dict], con
         return
     compute = indices_function()
     if compute is None:
-        print("cardseg: note: cardiac indices are not available in this cardseg (no cardseg.cohort.indices); "
-              f"{SUBJECTS_CSV} not written", file=sys.stderr)
+        print(
+            "cardseg: note: cardiac indices are not available in this cardseg (no cardseg.cohort.indices); "
+            f"{SUBJECTS_CSV} not written",
+            file=sys.stderr,
+        )
         _remove_stale(out, earlier, SUBJECTS_CSV)
         return
     status = {name: r["status"] for name, r in rows.items()}
@@ -440,7 +509,9 @@ def main_from_args(a) -> int:
         moved_note = f", {moved} on a grid moved onto the heart" if moved else ""
         rate = r.computed / (r.seconds / 60.0) if r.seconds > 0 and r.computed else 0.0
         reused = f" ({r.reused} from earlier runs)" if r.reused else ""
-        print(f"{r.outdir}: {n} case{'s' if n != 1 else ''}, {ok} ok{reused}, {r.failed} failed, {ood} out of domain"
-              f"{empty_note}{moved_note}; {', '.join(r.files)}; {r.computed} computed in {r.seconds:.1f} s "
-              f"({rate:.1f} cases/min)")
+        print(
+            f"{r.outdir}: {n} case{'s' if n != 1 else ''}, {ok} ok{reused}, {r.failed} failed, {ood} out of domain"
+            f"{empty_note}{moved_note}; {', '.join(r.files)}; {r.computed} computed in {r.seconds:.1f} s "
+            f"({rate:.1f} cases/min)"
+        )
     return 1 if r.failed else 0

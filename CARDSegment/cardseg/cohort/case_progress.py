@@ -27,9 +27,15 @@ class CaseProgress:
         if self.kind == "bar":
             from tqdm.auto import tqdm
 
-            self.bar = tqdm(total=total, desc=stage, unit="case", file=sys.stderr, dynamic_ncols=True, leave=leave,
-                            bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} "
-                                       "[{elapsed}<{remaining}{postfix}]")
+            self.bar = tqdm(
+                total=total,
+                desc=stage,
+                unit="case",
+                file=sys.stderr,
+                dynamic_ncols=True,
+                leave=leave,
+                bar_format="{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]",
+            )
         elif self.json is not None:
             self.json.stage(stage, total)
 
@@ -39,8 +45,9 @@ class CaseProgress:
             self.bar.update(1)
             minutes = (time.perf_counter() - self.t0) / 60.0
             rate = self.bar.n / minutes if minutes > 0 else 0.0
-            self.bar.set_postfix_str(f"{rate:.1f} cases/min" + (f", {self.failed} failed" if self.failed else ""),
-                                     refresh=True)
+            self.bar.set_postfix_str(
+                f"{rate:.1f} cases/min" + (f", {self.failed} failed" if self.failed else ""), refresh=True
+            )
         elif self.json is not None:
             self.json.advance(1)
 

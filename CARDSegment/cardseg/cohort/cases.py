@@ -26,8 +26,19 @@ PHASES = ("ED", "ES")
 CASE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 #: image files a folder given as INPUT is searched for (besides DICOM series sub-folders)
 VOLUME_SUFFIXES = (".nii.gz", ".nii", ".nrrd", ".nhdr", ".mha", ".mhd", ".hdr")
-_STRIP_SUFFIXES = VOLUME_SUFFIXES + (".img.gz", ".img", ".dcm", ".dicom", ".ima", ".png", ".jpg", ".jpeg", ".bmp",
-                                     ".tif", ".tiff")
+_STRIP_SUFFIXES = VOLUME_SUFFIXES + (
+    ".img.gz",
+    ".img",
+    ".dcm",
+    ".dicom",
+    ".ima",
+    ".png",
+    ".jpg",
+    ".jpeg",
+    ".bmp",
+    ".tif",
+    ".tiff",
+)
 _DICOM_SUFFIXES = (".dcm", ".dicom", ".ima")
 _GLOB_CHARS = re.compile(r"[*?\[]")
 
@@ -44,8 +55,9 @@ class Case:
     line: Optional[int] = None  # manifest line, for messages
 
 
-def read_manifest(manifest: os.PathLike, default_frame: Optional[int] = None,
-                  outdir: Optional[os.PathLike] = None) -> List[Case]:
+def read_manifest(
+    manifest: os.PathLike, default_frame: Optional[int] = None, outdir: Optional[os.PathLike] = None
+) -> List[Case]:
     """Cases from a CSV with the header ``case,path,frame,phase,subject`` (only ``case`` and
     ``path`` required, columns in any order). Relative paths are taken from the manifest's
     folder; an empty ``frame`` falls back to ``default_frame``. Refuses (one line) a missing or
@@ -72,24 +84,28 @@ def read_manifest(manifest: os.PathLike, default_frame: Optional[int] = None,
         rows.pop(0)
         header_line += 1
     if not rows:
-        raise CardsegError(f"{mpath}: empty manifest; its first line must be the header "
-                           f"{','.join(MANIFEST_COLUMNS)}")
+        raise CardsegError(f"{mpath}: empty manifest; its first line must be the header {','.join(MANIFEST_COLUMNS)}")
     header = [c.strip() for c in rows[0]]
     unknown = [c for c in header if c not in MANIFEST_COLUMNS]
     missing = [c for c in MANIFEST_REQUIRED if c not in header]
     also = f" (unknown column(s): {', '.join(repr(c) for c in unknown)})" if unknown else ""
     if missing:
-        raise CardsegError(f"{mpath}, line {header_line}: the manifest has no {' and no '.join(missing)} column{also}; "
-                           f"its header must "
-                           f"hold case,path (and optionally frame,phase,subject)")
+        raise CardsegError(
+            f"{mpath}, line {header_line}: the manifest has no {' and no '.join(missing)} column{also}; "
+            f"its header must "
+            f"hold case,path (and optionally frame,phase,subject)"
+        )
     if unknown:
-        raise CardsegError(f"{mpath}, line {header_line}: unknown manifest column(s) "
-                           f"{', '.join(repr(c) for c in unknown)}; the header "
-                           f"may hold {','.join(MANIFEST_COLUMNS)} (case and path required)")
+        raise CardsegError(
+            f"{mpath}, line {header_line}: unknown manifest column(s) "
+            f"{', '.join(repr(c) for c in unknown)}; the header "
+            f"may hold {','.join(MANIFEST_COLUMNS)} (case and path required)"
+        )
     dup = sorted({c for c in header if header.count(c) > 1})
     if dup:
-        raise CardsegError(f"{mpath}, line {header_line}: manifest column(s) {', '.join(dup)} appear more than once "
-                           "in the header")
+        raise CardsegError(
+            f"{mpath}, line {header_line}: manifest column(s) {', '.join(dup)} appear more than once in the header"
+        )
     col = {c: header.index(c) for c in header}
     base = Path(os.path.abspath(mpath)).parent  # the manifest's own folder, as the help says
     cases: List[Case] = []
@@ -119,15 +135,19 @@ def read_manifest(manifest: os.PathLike, default_frame: Optional[int] = None,
                 raise CardsegError(f"{where}: phase {phase!r} must be ED or ES (or empty)")
             phase = phase.upper()
             if not get.get("subject"):
-                raise CardsegError(f"{where}: phase {phase} without a subject; the cardiac indices pair a subject's "
-                                   "ED and ES cases: fill the subject column or leave phase empty")
+                raise CardsegError(
+                    f"{where}: phase {phase} without a subject; the cardiac indices pair a subject's "
+                    "ED and ES cases: fill the subject column or leave phase empty"
+                )
         if "\x00" in get["path"]:
             raise CardsegError(f"{where}: case {get['case']}: the path holds a NUL character")
         path = Path(os.path.expanduser(get["path"]))
         path = path if path.is_absolute() else base / path
         if inside(path, outdir):
-            raise CardsegError(f"{where}: {path} is inside the batch's OUTDIR {outdir}; a batch never takes its "
-                               "inputs from its own outputs")
+            raise CardsegError(
+                f"{where}: {path} is inside the batch's OUTDIR {outdir}; a batch never takes its "
+                "inputs from its own outputs"
+            )
         cases.append(Case(get["case"], os.path.abspath(path), frame, phase, get.get("subject") or None, lineno))
     if not cases:
         raise CardsegError(f"{mpath}: the manifest lists no case")
@@ -139,8 +159,10 @@ def read_manifest(manifest: os.PathLike, default_frame: Optional[int] = None,
 def check_case_name(name: str, where: str = "") -> None:
     prefix = f"{where}: " if where else ""
     if not CASE_NAME.match(name):
-        raise CardsegError(f"{prefix}case name {name!r} cannot be a folder name (letters, digits, '.', '_', '-'; "
-                           "starting with a letter or digit)")
+        raise CardsegError(
+            f"{prefix}case name {name!r} cannot be a folder name (letters, digits, '.', '_', '-'; "
+            "starting with a letter or digit)"
+        )
     if name in OWN_FILES:
         raise CardsegError(f"{prefix}case name {name!r} is reserved (a file cardseg batch writes)")
 
@@ -162,20 +184,29 @@ def _check_subject_phases(cases: Sequence[Case], mpath: Path) -> None:
         if c.subject and c.phase:
             other = held.get((c.subject, c.phase))
             if other is not None:
-                raise CardsegError(f"{mpath}: subject {c.subject!r} has two {c.phase} cases ({other.name} on line "
-                                   f"{other.line}, {c.name} on line {c.line})")
+                raise CardsegError(
+                    f"{mpath}: subject {c.subject!r} has two {c.phase} cases ({other.name} on line "
+                    f"{other.line}, {c.name} on line {c.line})"
+                )
             held[(c.subject, c.phase)] = c
     for (subject, phase), ed in held.items():
         es = held.get((subject, "ES"))
-        if phase == "ED" and es is not None and ed.frame == es.frame and \
-                os.path.realpath(ed.path) == os.path.realpath(es.path):
+        if (
+            phase == "ED"
+            and es is not None
+            and ed.frame == es.frame
+            and os.path.realpath(ed.path) == os.path.realpath(es.path)
+        ):
             frame = "" if ed.frame is None else f", frame {ed.frame}"
-            raise CardsegError(f"{mpath}: subject {subject!r}: ED ({ed.name}, line {ed.line}) and ES ({es.name}, line "
-                               f"{es.line}) are the same image ({ed.path}{frame}); the indices need two phases")
+            raise CardsegError(
+                f"{mpath}: subject {subject!r}: ED ({ed.name}, line {ed.line}) and ES ({es.name}, line "
+                f"{es.line}) are the same image ({ed.path}{frame}); the indices need two phases"
+            )
 
 
-def cases_from_inputs(inputs: Sequence[str], default_frame: Optional[int] = None,
-                      outdir: Optional[os.PathLike] = None) -> List[Case]:
+def cases_from_inputs(
+    inputs: Sequence[str], default_frame: Optional[int] = None, outdir: Optional[os.PathLike] = None
+) -> List[Case]:
     """Cases from INPUT arguments: files, folders and glob patterns (``**`` allowed).
 
     A file is one case. A folder that holds DICOM files is one case (a DICOM series); any other
@@ -195,15 +226,18 @@ def cases_from_inputs(inputs: Sequence[str], default_frame: Optional[int] = None
         if os.path.lexists(p) and kind_of(p) != "missing":
             require_file_or_folder(p)
             if inside(p, outdir):
-                raise CardsegError(f"{text}: is inside the batch's OUTDIR {outdir}; a batch never takes its inputs "
-                                   "from its own outputs")
+                raise CardsegError(
+                    f"{text}: is inside the batch's OUTDIR {outdir}; a batch never takes its inputs "
+                    "from its own outputs"
+                )
             found = [p]
         elif _GLOB_CHARS.search(text):
             found = [Path(m) for m in bounded_glob(text)]
             found = [f for f in found if not inside(f, outdir)]
             if not found:
-                raise CardsegError(f"{text}: the pattern matches no file or folder" +
-                                   (" outside OUTDIR" if outdir is not None else ""))
+                raise CardsegError(
+                    f"{text}: the pattern matches no file or folder" + (" outside OUTDIR" if outdir is not None else "")
+                )
             for f in found:
                 require_file_or_folder(f)
         else:
@@ -212,8 +246,10 @@ def cases_from_inputs(inputs: Sequence[str], default_frame: Optional[int] = None
             if f.is_dir() and not _holds_dicom(f):
                 inner = [e for e in _folder_cases(f) if not inside(e, outdir)]
                 if not inner and not _GLOB_CHARS.search(text):
-                    raise CardsegError(f"{f}: folder holds no image ({', '.join(VOLUME_SUFFIXES)}) and no DICOM "
-                                       "series folder" + (" outside OUTDIR" if outdir is not None and inside(outdir, f) else ""))
+                    raise CardsegError(
+                        f"{f}: folder holds no image ({', '.join(VOLUME_SUFFIXES)}) and no DICOM "
+                        "series folder" + (" outside OUTDIR" if outdir is not None and inside(outdir, f) else "")
+                    )
                 paths.extend(inner)
             else:
                 paths.append(f)
@@ -296,8 +332,9 @@ def _case_names(paths: Sequence[Path]) -> List[str]:
         for i in clash:
             depth[i] += 1
     dup = sorted({names[i] for i in clash})
-    raise CardsegError(f"cannot give the inputs distinct case names ({', '.join(dup[:3])}); "
-                       "name them yourself with --manifest")
+    raise CardsegError(
+        f"cannot give the inputs distinct case names ({', '.join(dup[:3])}); name them yourself with --manifest"
+    )
 
 
 def subject_pairs(cases: Sequence[Case]) -> Dict[str, Dict[str, Case]]:

@@ -55,8 +55,7 @@ def connect(address: str) -> bool:
         raise CardsegError("--ray needs Ray: pip install 'cardsegment[cluster]'")
     if ray.is_initialized():  # e.g. a test or a notebook that called ray.init() itself
         return False
-    kwargs = dict(ignore_reinit_error=True, logging_level="WARNING", log_to_driver=False,
-                  include_dashboard=False)
+    kwargs = dict(ignore_reinit_error=True, logging_level="WARNING", log_to_driver=False, include_dashboard=False)
     from cardseg.base.interrupt import keep_sigterm_handler
 
     try:
@@ -78,8 +77,10 @@ def check_capacity(cpus_per_worker: float, address: str) -> None:
     largest = max(sizes, default=0.0)
     if cpus_per_worker <= largest:
         return
-    msg = (f"--ray-cpus-per-worker {cpus_per_worker:g}: no node of the Ray cluster has that many CPUs "
-           f"(the largest has {largest:g})")
+    msg = (
+        f"--ray-cpus-per-worker {cpus_per_worker:g}: no node of the Ray cluster has that many CPUs "
+        f"(the largest has {largest:g})"
+    )
     if address == "local":
         raise CardsegError(msg)
     print(f"cardseg: warning: {msg}; the workers wait until the cluster has such a node", file=sys.stderr)
@@ -126,8 +127,16 @@ class _WorkerActor:
     once and the folder removed again, so that an actor that is killed later leaves nothing behind
     (a folder left by one killed while loading is removed by the next actor on that node)."""
 
-    def __init__(self, blob: Dict[str, bytes], outdir: str, method: str, device: str, batch_size: int,
-                 threads: Optional[int], review_map: Optional[str] = None):
+    def __init__(
+        self,
+        blob: Dict[str, bytes],
+        outdir: str,
+        method: str,
+        device: str,
+        batch_size: int,
+        threads: Optional[int],
+        review_map: Optional[str] = None,
+    ):
         from cardseg.bundle.folder import check_bundle_folder
 
         sweep_bundle_folders()
@@ -152,9 +161,14 @@ class _WorkerActor:
         if self.error:
             return {"case": job.case, "status": "error", "report": None, "seconds": 0.0, "error": self.error}
         if not os.path.isfile(os.path.join(self.outdir, BATCH_STAMP)):
-            return {"case": job.case, "status": "error", "report": None, "seconds": 0.0,
-                    "error": f"worker on {self.host} cannot see OUTDIR {self.outdir}: it must be on a filesystem "
-                             "that every node mounts at the same path"}
+            return {
+                "case": job.case,
+                "status": "error",
+                "report": None,
+                "seconds": 0.0,
+                "error": f"worker on {self.host} cannot see OUTDIR {self.outdir}: it must be on a filesystem "
+                "that every node mounts at the same path",
+            }
         res = self.worker.run(job)
         res["host"] = self.host
         return res
@@ -174,10 +188,21 @@ def disconnect(started: bool) -> None:
     sweep_bundle_folders()
 
 
-def run_jobs(jobs: Sequence[Job], on_result: Callable[[dict], None], *, bundle_root: Path,
-             config: dict, outdir: Path, method: str = "card", device: str = "auto", batch_size: int = 8,
-             threads: Optional[int] = None, workers: Optional[int] = None, cpus_per_worker: float = 1.0,
-             review_map: Optional[str] = None) -> int:
+def run_jobs(
+    jobs: Sequence[Job],
+    on_result: Callable[[dict], None],
+    *,
+    bundle_root: Path,
+    config: dict,
+    outdir: Path,
+    method: str = "card",
+    device: str = "auto",
+    batch_size: int = 8,
+    threads: Optional[int] = None,
+    workers: Optional[int] = None,
+    cpus_per_worker: float = 1.0,
+    review_map: Optional[str] = None,
+) -> int:
     """Run ``jobs`` on Ray actors (after :func:`connect`), calling ``on_result`` in this process
     for each finished case (in completion order). A worker that dies fails the cases it held (one
     line each) and is replaced. Returns how many times a bundle was loaded (one per actor that
@@ -195,8 +220,15 @@ def run_jobs(jobs: Sequence[Job], on_result: Callable[[dict], None], *, bundle_r
         blob = ray.put(_bundle_blob(bundle_root, config))
 
         def new_actor():
-            return remote_cls.remote(blob, str(outdir), method, "cuda" if per_gpu and device == "auto" else device,
-                                     batch_size, threads, review_map)
+            return remote_cls.remote(
+                blob,
+                str(outdir),
+                method,
+                "cuda" if per_gpu and device == "auto" else device,
+                batch_size,
+                threads,
+                review_map,
+            )
 
         actors = [new_actor() for _ in range(workers)]
         pending = deque(jobs)
@@ -218,8 +250,13 @@ def run_jobs(jobs: Sequence[Job], on_result: Callable[[dict], None], *, bundle_r
             try:
                 res = ray.get(ref)
             except ray.exceptions.RayActorError as exc:
-                res = {"case": job.case, "status": "error", "report": None, "seconds": 0.0,
-                       "error": f"Ray worker died ({_first(exc)})"}
+                res = {
+                    "case": job.case,
+                    "status": "error",
+                    "report": None,
+                    "seconds": 0.0,
+                    "error": f"Ray worker died ({_first(exc)})",
+                }
                 if actor in actors:
                     actors.remove(actor)
                     if restarts < 2 * workers and pending:
@@ -229,16 +266,28 @@ def run_jobs(jobs: Sequence[Job], on_result: Callable[[dict], None], *, bundle_r
                             submit(actors[-1])
                 actor = None
             except ray.exceptions.RayError as exc:
-                res = {"case": job.case, "status": "error", "report": None, "seconds": 0.0,
-                       "error": f"Ray task failed ({_first(exc)})"}
+                res = {
+                    "case": job.case,
+                    "status": "error",
+                    "report": None,
+                    "seconds": 0.0,
+                    "error": f"Ray task failed ({_first(exc)})",
+                }
             on_result(res)
             if actor is not None:
                 submit(actor)
             elif not actors and pending:
                 while pending:
                     j = pending.popleft()
-                    on_result({"case": j.case, "status": "error", "report": None, "seconds": 0.0,
-                               "error": "no Ray worker left (they kept dying)"})
+                    on_result(
+                        {
+                            "case": j.case,
+                            "status": "error",
+                            "report": None,
+                            "seconds": 0.0,
+                            "error": "no Ray worker left (they kept dying)",
+                        }
+                    )
         loads = 0
         for a in actors:
             try:

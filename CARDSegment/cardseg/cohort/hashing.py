@@ -63,14 +63,25 @@ def bundle_settings(config: dict, method: str) -> dict:
     """What, besides the input, a result depends on: the method and the bundle."""
     weights = {spec["file"]: spec["sha256"] for spec in config["networks"].values()}
     ident = config.get("id", {})
-    return {"method": method, "bundle": {"id": f"{ident.get('name', '?')}-{ident.get('version', '?')}",
-                                         "checksums": weights,
-                                         "config_sha256": _json_sha256(config)}}
+    return {
+        "method": method,
+        "bundle": {
+            "id": f"{ident.get('name', '?')}-{ident.get('version', '?')}",
+            "checksums": weights,
+            "config_sha256": _json_sha256(config),
+        },
+    }
 
 
 def case_key(input_sha256: str, case: Case, spacing: Optional[Sequence[float]], settings: dict) -> str:
-    return _json_sha256({"input": input_sha256, "frame": case.frame,
-                         "spacing": [float(s) for s in spacing] if spacing else None, "settings": settings})
+    return _json_sha256(
+        {
+            "input": input_sha256,
+            "frame": case.frame,
+            "spacing": [float(s) for s in spacing] if spacing else None,
+            "settings": settings,
+        }
+    )
 
 
 def _json_sha256(obj) -> str:

@@ -76,8 +76,7 @@ def standardised_pool(groups: Mapping[str, Sequence[float]], min_size: int = 5) 
     return np.concatenate(parts)
 
 
-def pivot_quantile(shape: Sequence[float], n: int, level: float, draws: int = PIVOT_DRAWS,
-                   seed: int = 0) -> float:
+def pivot_quantile(shape: Sequence[float], n: int, level: float, draws: int = PIVOT_DRAWS, seed: int = 0) -> float:
     """The ``level`` quantile of ``T = |e_new - mean(e_1..n)| / sd(e_1..n)`` for ``n + 1`` i.i.d.
     draws from the shape sample ``shape`` ``(N,)`` (with replacement), by Monte Carlo.
 
@@ -107,8 +106,7 @@ def gaussian_pivot(n: int, level: float) -> float:
     return float(t.ppf((1.0 + level) / 2.0, n - 1) * math.sqrt(1.0 + 1.0 / n))
 
 
-def fit_index_model(errors: Sequence[float], shape: Sequence[float], level: float,
-                    seed: int = 0) -> Dict[str, float]:
+def fit_index_model(errors: Sequence[float], shape: Sequence[float], level: float, seed: int = 0) -> Dict[str, float]:
     """``{"bias", "sd", "pivot", "half_width", "n"}`` for one index.
 
     errors: the validation subjects' ``truth - value`` ``(n,)`` (normalised by a per-subject
@@ -142,8 +140,13 @@ def interval_coverage(truth: Sequence[float], low: Sequence[float], high: Sequen
     return float(np.mean((lo[ok] <= t[ok]) & (t[ok] <= hi[ok])))
 
 
-def leave_one_out(errors: Sequence[float], shape: Sequence[float], level: float,
-                  seed: int = 0, unit_scale: Optional[Sequence[float]] = None) -> Dict[str, float]:
+def leave_one_out(
+    errors: Sequence[float],
+    shape: Sequence[float],
+    level: float,
+    seed: int = 0,
+    unit_scale: Optional[Sequence[float]] = None,
+) -> Dict[str, float]:
     """Each validation error predicted from the others: ``{"coverage", "median_width"}`` of the
     intervals ``m_(-i) +- c_(n-1) s_(-i)`` for ``e_i`` (a check on validation, nothing fitted on test).
 
@@ -164,9 +167,16 @@ def leave_one_out(errors: Sequence[float], shape: Sequence[float], level: float,
     return {"coverage": float(np.mean(inside)), "median_width": float(np.median(widths))}
 
 
-def split_check(errors: Sequence[float], shape: Sequence[float], n_fit: int, level: float,
-                unit_scale: Optional[Sequence[float]] = None, repeats: int = 500,
-                seed: int = 0, pivot: Optional[float] = None) -> Dict[str, float]:
+def split_check(
+    errors: Sequence[float],
+    shape: Sequence[float],
+    n_fit: int,
+    level: float,
+    unit_scale: Optional[Sequence[float]] = None,
+    repeats: int = 500,
+    seed: int = 0,
+    pivot: Optional[float] = None,
+) -> Dict[str, float]:
     """The whole procedure repeated on a larger exchangeable sample (cross-fitting): ``repeats``
     times, ``n_fit`` of the ``(N,)`` ``errors`` (drawn without replacement) give bias and sd, the
     other ``N - n_fit`` are predicted with ``c = pivot_quantile(shape, n_fit, level)``.
@@ -195,9 +205,16 @@ def split_check(errors: Sequence[float], shape: Sequence[float], n_fit: int, lev
         cover.append(float(np.mean(np.abs(z[held] - m) <= c * s)))
         widths.append(float(np.median(2 * c * s * np.abs(u[held]))))
     lo, hi = np.quantile(cover, [0.1, 0.9])
-    return {"coverage": float(np.mean(cover)), "coverage_p10": float(lo), "coverage_p90": float(hi),
-            "median_width": float(np.mean(widths)), "n_fit": int(n_fit), "n_held": int(e.size - n_fit),
-            "repeats": int(repeats), "pivot": float(c)}
+    return {
+        "coverage": float(np.mean(cover)),
+        "coverage_p10": float(lo),
+        "coverage_p90": float(hi),
+        "median_width": float(np.mean(widths)),
+        "n_fit": int(n_fit),
+        "n_held": int(e.size - n_fit),
+        "repeats": int(repeats),
+        "pivot": float(c),
+    }
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> Optional[float]:

@@ -74,16 +74,20 @@ def slice_areas(labels: np.ndarray, k: int) -> np.ndarray:
     return (lab == k).reshape(lab.shape[0], -1).sum(axis=1).astype(float)
 
 
-def corrected_volumes(labels: np.ndarray, spacing: Sequence[float], class_names: Sequence[str],
-                      correct: Optional[Mapping] = None) -> Dict[str, float]:
+def corrected_volumes(
+    labels: np.ndarray, spacing: Sequence[float], class_names: Sequence[str], correct: Optional[Mapping] = None
+) -> Dict[str, float]:
     """``{structure: ml}`` for every named foreground class of ``labels`` ``(Z, Y, X)``.
 
     correct: ``{"islands": [names], "gaps": [names], "gap_fraction": f}`` (default: both
     corrections for :data:`CORRECTED`); ``{}`` or ``None`` values switch a correction off.
     Classes not named stay as segmented.
     """
-    correct = {"islands": list(CORRECTED), "gaps": list(CORRECTED), "gap_fraction": GAP_FRACTION} \
-        if correct is None else correct
+    correct = (
+        {"islands": list(CORRECTED), "gaps": list(CORRECTED), "gap_fraction": GAP_FRACTION}
+        if correct is None
+        else correct
+    )
     names = list(class_names)
     voxel_ml = float(np.prod([float(s) for s in spacing])) / 1000.0
     islands = [names.index(n) for n in (correct.get("islands") or []) if n in names]

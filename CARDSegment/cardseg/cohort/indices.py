@@ -46,8 +46,17 @@ INDEX_NAMES = ("LVEDV_ml", "LVESV_ml", "LVSV_ml", "LVEF", "RVEDV_ml", "RVESV_ml"
 VOLUME_NAMES = ("LVEDV_ml", "LVESV_ml", "RVEDV_ml", "RVESV_ml")
 #: indices whose errors are modelled relative to the value (the others in their own unit)
 RELATIVE = ("LVEDV_ml", "LVESV_ml", "LVSV_ml", "RVEDV_ml", "RVESV_ml", "RVSV_ml", "LVM_g")
-UNITS = {"LVEDV_ml": "ml", "LVESV_ml": "ml", "LVSV_ml": "ml", "LVEF": "%", "RVEDV_ml": "ml", "RVESV_ml": "ml",
-         "RVSV_ml": "ml", "RVEF": "%", "LVM_g": "g"}
+UNITS = {
+    "LVEDV_ml": "ml",
+    "LVESV_ml": "ml",
+    "LVSV_ml": "ml",
+    "LVEF": "%",
+    "RVEDV_ml": "ml",
+    "RVESV_ml": "ml",
+    "RVSV_ml": "ml",
+    "RVEF": "%",
+    "LVM_g": "g",
+}
 #: the classes the indices need, by their bundle names
 STRUCTURES = ("LV", "RV", "MYO")
 #: myocardial density (g/ml) for LV mass
@@ -85,8 +94,7 @@ def structure_volumes(volumes: Sequence[float], class_names: Sequence[str]) -> D
 def class_index(class_names: Sequence[str], name: str) -> int:
     names = list(class_names)
     if name not in names:
-        raise CardsegError(f"cardiac indices need a class named {name!r}; the bundle's classes are "
-                           f"{', '.join(names)}")
+        raise CardsegError(f"cardiac indices need a class named {name!r}; the bundle's classes are {', '.join(names)}")
     return names.index(name)
 
 
@@ -107,8 +115,9 @@ def cardiac_indices(ed: Mapping[str, float], es: Mapping[str, float]) -> Dict[st
 # --------------------------------------------------------------------------------------------
 # spreads
 # --------------------------------------------------------------------------------------------
-def volume_spread(labels: np.ndarray, probs: np.ndarray, disagreement: np.ndarray, spacing: Sequence[float],
-                  flag_threshold: float) -> np.ndarray:
+def volume_spread(
+    labels: np.ndarray, probs: np.ndarray, disagreement: np.ndarray, spacing: Sequence[float], flag_threshold: float
+) -> np.ndarray:
     """Unscaled sd (ml) of every class volume in one frame: ``(K,)``.
 
     labels: the segmentation ``(Z, Y, X)``; probs: calibrated probabilities ``(Z, Y, X, K)``;
@@ -129,20 +138,21 @@ def volume_spread(labels: np.ndarray, probs: np.ndarray, disagreement: np.ndarra
     lab = np.asarray(labels)
     d = np.asarray(disagreement)
     if p.ndim != 4 or p.shape[:3] != d.shape or lab.shape != d.shape:
-        raise ValueError(f"labels, disagreement (Z, Y, X) and probs (Z, Y, X, K) disagree: {lab.shape}, "
-                         f"{d.shape}, {p.shape}")
+        raise ValueError(
+            f"labels, disagreement (Z, Y, X) and probs (Z, Y, X, K) disagree: {lab.shape}, {d.shape}, {p.shape}"
+        )
     k = p.shape[-1]
     q = p.copy()
     segmented = lab[..., None] == np.arange(k)
     q[segmented] = 1.0 - p[segmented]
     per_slice = q.sum(axis=(1, 2))  # (Z, K)
-    var = np.sum(per_slice ** 2, axis=0)
+    var = np.sum(per_slice**2, axis=0)
     regions, n = ndimage.label(d > flag_threshold)
     if n:
         flat = regions.ravel()
         for c in range(k):
             per_region = np.bincount(flat, weights=q[..., c].ravel(), minlength=n + 1)[1:]
-            var[c] += float(np.sum(per_region ** 2))
+            var[c] += float(np.sum(per_region**2))
     return np.sqrt(var) * voxel_volume_ml(spacing)
 
 
@@ -164,8 +174,9 @@ def spread_tac_threshold(config: Mapping) -> float:
     return SPREAD_TAC_THRESHOLD
 
 
-def index_spreads(ed: Mapping[str, float], es: Mapping[str, float], ed_sd: Mapping[str, float],
-                  es_sd: Mapping[str, float]) -> Dict[str, float]:
+def index_spreads(
+    ed: Mapping[str, float], es: Mapping[str, float], ed_sd: Mapping[str, float], es_sd: Mapping[str, float]
+) -> Dict[str, float]:
     """Unscaled sd of every index by the delta method (ED and ES errors taken independent).
 
     ed, es: structure volumes (ml); ed_sd, es_sd: their sds (ml), keys ``LV, RV, MYO``.
@@ -177,7 +188,7 @@ def index_spreads(ed: Mapping[str, float], es: Mapping[str, float], ed_sd: Mappi
         e, s, se, ss = float(ed[side]), float(es[side]), float(ed_sd[side]), float(es_sd[side])
         out[f"{side}EDV_ml"], out[f"{side}ESV_ml"] = se, ss
         out[f"{side}SV_ml"] = math.hypot(se, ss)
-        out[f"{side}EF"] = 100.0 * math.hypot(s * se / e ** 2, ss / e) if e > 0 else float("nan")
+        out[f"{side}EF"] = 100.0 * math.hypot(s * se / e**2, ss / e) if e > 0 else float("nan")
     out["LVM_g"] = MYO_DENSITY_G_PER_ML * float(ed_sd["MYO"])
     return {n: out[n] for n in INDEX_NAMES}
 
@@ -229,8 +240,9 @@ def subject_intervals(values: Mapping[str, float], block: Mapping) -> dict:
     return out
 
 
-def frame_volumes(labels: np.ndarray, spacing: Sequence[float], class_names: Sequence[str],
-                  correct: Optional[Mapping] = None) -> Dict[str, float]:
+def frame_volumes(
+    labels: np.ndarray, spacing: Sequence[float], class_names: Sequence[str], correct: Optional[Mapping] = None
+) -> Dict[str, float]:
     """``{"LV", "RV", "MYO"}`` volumes (ml) of one frame ``(Z, Y, X)`` after the block's
     corrections (``correct``: the block's ``volumes`` entry; ``{}`` for none)."""
     for s in STRUCTURES:
@@ -239,8 +251,14 @@ def frame_volumes(labels: np.ndarray, spacing: Sequence[float], class_names: Seq
     return {s: vols[s] for s in STRUCTURES}
 
 
-def frame_statistics(labels: np.ndarray, probs: np.ndarray, disagreement: np.ndarray, spacing: Sequence[float],
-                     class_names: Sequence[str], flag_threshold: float) -> Tuple[Dict[str, float], Dict[str, float]]:
+def frame_statistics(
+    labels: np.ndarray,
+    probs: np.ndarray,
+    disagreement: np.ndarray,
+    spacing: Sequence[float],
+    class_names: Sequence[str],
+    flag_threshold: float,
+) -> Tuple[Dict[str, float], Dict[str, float]]:
     """Structure volumes (ml, from ``labels`` ``(Z, Y, X)``, uncorrected) and their CARD spreads (ml)
     for one frame; the spread is a diagnostic of the fit, not part of the interval."""
     k = len(class_names)
@@ -249,8 +267,14 @@ def frame_statistics(labels: np.ndarray, probs: np.ndarray, disagreement: np.nda
     return vols, sds
 
 
-def subject_from_arrays(ed: Mapping[str, np.ndarray], es: Mapping[str, np.ndarray], ed_spacing, es_spacing,
-                        class_names: Sequence[str], block: Mapping) -> dict:
+def subject_from_arrays(
+    ed: Mapping[str, np.ndarray],
+    es: Mapping[str, np.ndarray],
+    ed_spacing,
+    es_spacing,
+    class_names: Sequence[str],
+    block: Mapping,
+) -> dict:
     """Indices with intervals from the label maps of two frames.
 
     ed, es: ``{"labels": (Z, Y, X), ...}`` (other arrays are not needed); block: the bundle's
@@ -269,43 +293,66 @@ def calibration_fingerprint(config: Mapping) -> dict:
     """What the intervals were fitted for: the calibration parameters, TAC steps and weights."""
     cal = config.get("calibration", {})
     nets = config.get("networks", {})
-    return {"method": cal.get("method"), **{k: cal.get(k) for k in ("tau_min", "tau_max", "w_b", "w_k")},
-            "tac_steps": cal.get("tac_steps"),
-            "weights": {spec.get("file"): spec.get("sha256") for spec in nets.values() if isinstance(spec, dict)}}
+    return {
+        "method": cal.get("method"),
+        **{k: cal.get(k) for k in ("tau_min", "tau_max", "w_b", "w_k")},
+        "tac_steps": cal.get("tac_steps"),
+        "weights": {spec.get("file"): spec.get("sha256") for spec in nets.values() if isinstance(spec, dict)},
+    }
 
 
-ASSUMPTIONS = ("the subjects the intervals are used on are exchangeable with the validation subjects (same "
-               "population, acquisition and engine); the standardised errors of the shape pool (the validation "
-               "errors and the training patients' in-sample errors) have the validation errors' shape up to location and "
-               "scale; coverage is marginal over subjects, not per subject")
+ASSUMPTIONS = (
+    "the subjects the intervals are used on are exchangeable with the validation subjects (same "
+    "population, acquisition and engine); the standardised errors of the shape pool (the validation "
+    "errors and the training patients' in-sample errors) have the validation errors' shape up to location and "
+    "scale; coverage is marginal over subjects, not per subject"
+)
 
 
-def make_block(config: Mapping, models: Mapping[str, Mapping], level: float, flag_threshold: float,
-               volumes: Optional[Mapping] = None, fit: Optional[dict] = None) -> dict:
+def make_block(
+    config: Mapping,
+    models: Mapping[str, Mapping],
+    level: float,
+    flag_threshold: float,
+    volumes: Optional[Mapping] = None,
+    fit: Optional[dict] = None,
+) -> dict:
     """The ``indices`` block for ``bundle.json`` (see :func:`cardseg.bundle.loading.update_config`).
 
     models: per index ``{"bias", "sd", "pivot", "half_width", "n"}``
     (:func:`cardseg.cohort.index_intervals.fit_index_model`); volumes: the corrections
     (:func:`cardseg.cohort.index_volumes.corrected_volumes`; default both).
     """
-    vol = {"islands": list(iv.CORRECTED), "gaps": list(iv.CORRECTED), "gap_fraction": iv.GAP_FRACTION} \
-        if volumes is None else dict(volumes)
+    vol = (
+        {"islands": list(iv.CORRECTED), "gaps": list(iv.CORRECTED), "gap_fraction": iv.GAP_FRACTION}
+        if volumes is None
+        else dict(volumes)
+    )
     return {
         "nominal": float(level),
         "method": METHOD,
-        "description": ("value + u * (bias -+ pivot * sd) per index; u = 1 for LVEF and RVEF (points), u = value for "
-                        "volumes, stroke volumes and LV mass (relative errors); bias and sd: mean and sd of the "
-                        "validation subjects' errors; pivot: the nominal quantile of |e_new - mean| / sd over draws "
-                        "from the standardised shape pool; volumes after dropping stray LV/RV islands and filling "
-                        "slice gaps"),
+        "description": (
+            "value + u * (bias -+ pivot * sd) per index; u = 1 for LVEF and RVEF (points), u = value for "
+            "volumes, stroke volumes and LV mass (relative errors); bias and sd: mean and sd of the "
+            "validation subjects' errors; pivot: the nominal quantile of |e_new - mean| / sd over draws "
+            "from the standardised shape pool; volumes after dropping stray LV/RV islands and filling "
+            "slice gaps"
+        ),
         "assumptions": ASSUMPTIONS,
         "volumes": vol,
-        "spread": {"model": "none (constant per index; CARD's spread is reported as a diagnostic only)",
-                   "flag_threshold": float(flag_threshold)},
+        "spread": {
+            "model": "none (constant per index; CARD's spread is reported as a diagnostic only)",
+            "flag_threshold": float(flag_threshold),
+        },
         "scales": {n: float(models[n]["half_width"]) for n in INDEX_NAMES},
-        "models": {n: {k: (int(models[n][k]) if k == "n" else float(models[n][k]))
-                       for k in ("bias", "sd", "pivot", "half_width", "n")}
-                   | {"errors": "relative" if n in RELATIVE else "absolute"} for n in INDEX_NAMES},
+        "models": {
+            n: {
+                k: (int(models[n][k]) if k == "n" else float(models[n][k]))
+                for k in ("bias", "sd", "pivot", "half_width", "n")
+            }
+            | {"errors": "relative" if n in RELATIVE else "absolute"}
+            for n in INDEX_NAMES
+        },
         "calibration": calibration_fingerprint(config),
         "fit": dict(fit or {}),
     }
@@ -318,18 +365,28 @@ def fitted_block(config: Mapping) -> dict:
         raise CardsegError(f"bundle {_bundle_name(config)} {NO_BLOCK}")
     fitted_for = block.get("calibration")
     if fitted_for is not None and not _same(fitted_for, calibration_fingerprint(config)):
-        raise CardsegError(f"bundle {_bundle_name(config)}: the index intervals were fitted for another calibration "
-                           "or other weights; rerun: cardseg fit-indices --bundle PATH")
+        raise CardsegError(
+            f"bundle {_bundle_name(config)}: the index intervals were fitted for another calibration "
+            "or other weights; rerun: cardseg fit-indices --bundle PATH"
+        )
     if block.get("method") != METHOD:
-        raise CardsegError(f"bundle {_bundle_name(config)}: the index intervals were fitted with method "
-                           f"{block.get('method')!r}, this cardseg applies {METHOD!r}; rerun: cardseg fit-indices "
-                           "--bundle PATH")
+        raise CardsegError(
+            f"bundle {_bundle_name(config)}: the index intervals were fitted with method "
+            f"{block.get('method')!r}, this cardseg applies {METHOD!r}; rerun: cardseg fit-indices "
+            "--bundle PATH"
+        )
     models = block.get("models") if isinstance(block.get("models"), Mapping) else {}
-    missing = [n for n in INDEX_NAMES if not isinstance(models.get(n), Mapping)
-               or not all(np.isfinite(float(models[n].get(k, float("nan")))) for k in ("bias", "half_width"))]
+    missing = [
+        n
+        for n in INDEX_NAMES
+        if not isinstance(models.get(n), Mapping)
+        or not all(np.isfinite(float(models[n].get(k, float("nan")))) for k in ("bias", "half_width"))
+    ]
     if missing:
-        raise CardsegError(f"bundle {_bundle_name(config)}: the index intervals have no model for "
-                           f"{', '.join(missing)}; rerun: cardseg fit-indices --bundle PATH")
+        raise CardsegError(
+            f"bundle {_bundle_name(config)}: the index intervals have no model for "
+            f"{', '.join(missing)}; rerun: cardseg fit-indices --bundle PATH"
+        )
     return dict(block)
 
 
@@ -365,8 +422,10 @@ def read_segment_folder(folder: Path, maps: bool = False) -> Tuple[dict, tuple, 
     missing = [n for n in need if not (folder / n).is_file()]
     if missing:
         hint = " (a --method card run writes it)" if missing == ["disagreement.nii.gz"] else ""
-        raise CardsegError(f"{folder}: no {', '.join(missing)}{hint}; cardiac indices need a cardseg segment "
-                           "--method card output folder")
+        raise CardsegError(
+            f"{folder}: no {', '.join(missing)}{hint}; cardiac indices need a cardseg segment "
+            "--method card output folder"
+        )
     try:
         report = json.loads((folder / "report.json").read_text(encoding="utf-8"))
         seg = sitk.ReadImage(str(folder / "segmentation.nii.gz"))
@@ -377,8 +436,11 @@ def read_segment_folder(folder: Path, maps: bool = False) -> Tuple[dict, tuple, 
     except (OSError, RuntimeError, ValueError) as exc:
         lines = str(exc).strip().splitlines()
         raise CardsegError(f"{folder}: cannot read the segment outputs ({lines[0][:200] if lines else exc})") from None
-    if maps and (arrays["probs"].ndim != 4 or arrays["probs"].shape[:3] != arrays["labels"].shape
-                 or arrays["disagreement"].shape != arrays["labels"].shape):
+    if maps and (
+        arrays["probs"].ndim != 4
+        or arrays["probs"].shape[:3] != arrays["labels"].shape
+        or arrays["disagreement"].shape != arrays["labels"].shape
+    ):
         raise CardsegError(f"{folder}: segmentation, probabilities and disagreement are not on one grid")
     return arrays, tuple(float(s) for s in seg.GetSpacing()), report
 
@@ -386,15 +448,18 @@ def read_segment_folder(folder: Path, maps: bool = False) -> Tuple[dict, tuple, 
 def _check_report(folder: Path, report: dict, config: Mapping) -> None:
     """The folder was made by ``card`` with this bundle's weights and calibration."""
     if report.get("method") != "card":
-        raise CardsegError(f"{folder}: made with --method {report.get('method')}; cardiac index intervals need "
-                           "--method card")
+        raise CardsegError(
+            f"{folder}: made with --method {report.get('method')}; cardiac index intervals need --method card"
+        )
     want = calibration_fingerprint(config)
     held = (report.get("bundle") or {}).get("checksums") or {}
     if held and any(held.get(f) != sha for f, sha in want["weights"].items()):
         raise CardsegError(f"{folder}: segmented with other weights than bundle {_bundle_name(config)}")
     cal = report.get("calibration")
-    if isinstance(cal, Mapping) and not _same({k: cal.get(k) for k in ("method", "tau_min", "tau_max", "w_b", "w_k")},
-                                              {k: want[k] for k in ("method", "tau_min", "tau_max", "w_b", "w_k")}):
+    if isinstance(cal, Mapping) and not _same(
+        {k: cal.get(k) for k in ("method", "tau_min", "tau_max", "w_b", "w_k")},
+        {k: want[k] for k in ("method", "tau_min", "tau_max", "w_b", "w_k")},
+    ):
         raise CardsegError(f"{folder}: calibrated with other parameters than bundle {_bundle_name(config)}")
 
 
@@ -413,8 +478,10 @@ def indices_from_folders(ed_dir: Path, es_dir: Path, config: dict) -> dict:
         arrays, spacing, report = read_segment_folder(folder)
         _check_report(folder, report, config)
         if arrays["labels"].size and int(arrays["labels"].max()) >= len(names):
-            raise CardsegError(f"{folder}: the segmentation holds label {int(arrays['labels'].max())}, the bundle "
-                               f"has {len(names)} classes")
+            raise CardsegError(
+                f"{folder}: the segmentation holds label {int(arrays['labels'].max())}, the bundle "
+                f"has {len(names)} classes"
+            )
         frames.append((arrays, spacing))
     (ed, ed_sp), (es, es_sp) = frames
     return subject_from_arrays(ed, es, ed_sp, es_sp, names, block)

@@ -59,8 +59,16 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _start_worker(bundle_root: str, method: str, device: str, batch_size: int, threads: int, backend: str,
-                  parent: int = 0, review_map: Optional[str] = None) -> None:
+def _start_worker(
+    bundle_root: str,
+    method: str,
+    device: str,
+    batch_size: int,
+    threads: int,
+    backend: str,
+    parent: int = 0,
+    review_map: Optional[str] = None,
+) -> None:
     global _WORKER
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the batch process's to handle
     signal.signal(signal.SIGTERM, _on_sigterm)
@@ -102,9 +110,19 @@ def _failed(job, why: str) -> dict:
     return {"case": job.case, "status": "error", "report": None, "seconds": 0.0, "error": why}
 
 
-def run_jobs(jobs: Sequence, on_result: Callable[[dict], None], *, bundle_root: Path, method: str = "card",
-             device: str = "auto", batch_size: int = 8, threads: Optional[int] = None, backend: str = "torch",
-             workers: int = 2, review_map: Optional[str] = None) -> int:
+def run_jobs(
+    jobs: Sequence,
+    on_result: Callable[[dict], None],
+    *,
+    bundle_root: Path,
+    method: str = "card",
+    device: str = "auto",
+    batch_size: int = 8,
+    threads: Optional[int] = None,
+    backend: str = "torch",
+    workers: int = 2,
+    review_map: Optional[str] = None,
+) -> int:
     """Run ``jobs`` on ``workers`` local processes, calling ``on_result`` here for each finished
     case (completion order). Returns how many worker processes loaded the bundle (one per
     process that ran a case)."""
@@ -176,8 +194,11 @@ def _stop(pool: ProcessPoolExecutor, grace_s: Optional[float] = None) -> None:
     try:
         for until in (notice, deadline):
             if until == deadline and notice < deadline and any(_alive(proc) for proc in procs):
-                print(f"cardseg: waiting up to {deadline - time.monotonic():.0f} s for the workers to clean up "
-                      "their cases (Ctrl-C again stops them now)", file=sys.stderr)
+                print(
+                    f"cardseg: waiting up to {deadline - time.monotonic():.0f} s for the workers to clean up "
+                    "their cases (Ctrl-C again stops them now)",
+                    file=sys.stderr,
+                )
             for proc in procs:
                 try:
                     proc.join(max(0.0, until - time.monotonic()))
@@ -187,8 +208,11 @@ def _stop(pool: ProcessPoolExecutor, grace_s: Optional[float] = None) -> None:
         _kill(procs)
         raise
     if any(_alive(proc) for proc in procs):
-        print("cardseg: a worker process did not stop in time and was killed; the next run into this folder "
-              "removes what its case left", file=sys.stderr)
+        print(
+            "cardseg: a worker process did not stop in time and was killed; the next run into this folder "
+            "removes what its case left",
+            file=sys.stderr,
+        )
     _kill(procs)
     pool.shutdown(wait=False, cancel_futures=True)
 

@@ -70,8 +70,9 @@ def check_options(o: BatchOptions) -> None:
     if o.workers > 1 and o.ray:
         raise CardsegError("--workers is for this machine; with --ray use --ray-workers")
     if o.ray_workers is not None and not o.ray:
-        raise CardsegError("--ray-workers is for a Ray cluster (--ray ADDRESS or --ray local); on this machine use "
-                           "--workers N")
+        raise CardsegError(
+            "--ray-workers is for a Ray cluster (--ray ADDRESS or --ray local); on this machine use --workers N"
+        )
     if not (math.isfinite(o.ray_cpus_per_worker) and o.ray_cpus_per_worker > 0):
         raise CardsegError(f"--ray-cpus-per-worker must be a number above 0, got {o.ray_cpus_per_worker}")
     if o.report_thumbnails < 0:
@@ -80,10 +81,26 @@ def check_options(o: BatchOptions) -> None:
 
 def options_from_args(a) -> BatchOptions:
     """The :class:`BatchOptions` of a parsed ``cardseg batch`` command line."""
-    return BatchOptions(inputs=list(a.inputs or ()), manifest=a.manifest, output=a.output, bundle=a.bundle,
-                        method=a.method, device=a.device, batch_size=a.batch_size, frame=a.frame, spacing=a.spacing,
-                        overwrite=a.overwrite, quiet=a.quiet, progress=a.progress, threads=a.threads,
-                        backend=a.backend or "torch", workers=a.workers, ray=a.ray,
-                        ray_workers=a.ray_workers, ray_cpus_per_worker=a.ray_cpus_per_worker,
-                        report=not a.no_report, report_thumbnails=a.report_thumbnails,
-                        review_map=a.review_map)
+    return BatchOptions(
+        inputs=list(a.inputs or ()),
+        manifest=a.manifest,
+        output=a.output,
+        bundle=a.bundle,
+        method=a.method,
+        device=a.device,
+        batch_size=a.batch_size,
+        frame=a.frame,
+        spacing=a.spacing,
+        overwrite=a.overwrite,
+        quiet=a.quiet,
+        progress=a.progress,
+        threads=a.threads,
+        backend=a.backend or "torch",
+        workers=a.workers,
+        ray=a.ray,
+        ray_workers=a.ray_workers,
+        ray_cpus_per_worker=a.ray_cpus_per_worker,
+        report=not a.no_report,
+        report_thumbnails=a.report_thumbnails,
+        review_map=a.review_map,
+    )

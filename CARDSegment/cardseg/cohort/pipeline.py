@@ -42,8 +42,9 @@ def default_finishers(cpus: Optional[int] = None) -> int:
     return max(1, min(4, cpus // 4))
 
 
-def run_overlapped(worker: CaseWorker, jobs: Sequence[Job], on_result: Callable[[dict], None],
-                   finishers: Optional[int] = None) -> None:
+def run_overlapped(
+    worker: CaseWorker, jobs: Sequence[Job], on_result: Callable[[dict], None], finishers: Optional[int] = None
+) -> None:
     """Run ``jobs`` with ``worker``'s bundle (loaded here if it is not yet) and settings, calling
     ``on_result`` once per job, in order, always from this thread (see the module docstring).
     ``finishers``: threads finishing and writing cases (default :func:`default_finishers`)."""
@@ -62,8 +63,18 @@ def run_overlapped(worker: CaseWorker, jobs: Sequence[Job], on_result: Callable[
     def finish(job: Job, t0: float, computed, volume, out, writer) -> dict:
         try:
             traj, timings = computed
-            result = segment.finish_case(traj, timings, volume, bundle, job.path, method=method, device=device,
-                                         frame=job.frame, spacing=job.spacing, t_start=t0)
+            result = segment.finish_case(
+                traj,
+                timings,
+                volume,
+                bundle,
+                job.path,
+                method=method,
+                device=device,
+                frame=job.frame,
+                spacing=job.spacing,
+                t_start=t0,
+            )
             segment.write_outputs(result, volume, bundle, out, job.overwrite, Progress(), writer=writer)
         except BaseException as exc:
             writer.__exit__(type(exc), exc, exc.__traceback__)
@@ -71,8 +82,13 @@ def run_overlapped(worker: CaseWorker, jobs: Sequence[Job], on_result: Callable[
                 return failed(job, exc, t0)
             raise
         writer.__exit__(None, None, None)
-        return {"case": job.case, "status": "ok", "error": "", "report": result.report,
-                "seconds": time.perf_counter() - t0}
+        return {
+            "case": job.case,
+            "status": "ok",
+            "error": "",
+            "report": result.report,
+            "seconds": time.perf_counter() - t0,
+        }
 
     if not jobs:
         return
@@ -86,15 +102,27 @@ def run_overlapped(worker: CaseWorker, jobs: Sequence[Job], on_result: Callable[
             behind.popleft()
             on_result(done)
 
-    with ThreadPoolExecutor(1, thread_name_prefix="cardseg-read") as reader, \
-            ThreadPoolExecutor(n_finish, thread_name_prefix="cardseg-finish") as finish_pool:
+    with (
+        ThreadPoolExecutor(1, thread_name_prefix="cardseg-read") as reader,
+        ThreadPoolExecutor(n_finish, thread_name_prefix="cardseg-finish") as finish_pool,
+    ):
         ahead: Optional[Future] = reader.submit(read, jobs[0])
         try:
             for i, job in enumerate(jobs):
                 t0 = time.perf_counter()
                 current, ahead = ahead, (reader.submit(read, jobs[i + 1]) if i + 1 < len(jobs) else None)
-                outcome = _compute(job, t0, current, bundle, method, device, batch_size, OutputWriter,
-                                   __version__, segment.run_networks)
+                outcome = _compute(
+                    job,
+                    t0,
+                    current,
+                    bundle,
+                    method,
+                    device,
+                    batch_size,
+                    OutputWriter,
+                    __version__,
+                    segment.run_networks,
+                )
                 if isinstance(outcome, dict):  # failed before its finishing: reported in its turn
                     fut: Future = Future()
                     fut.set_result(outcome)

@@ -44,22 +44,33 @@ def check_batch_outdir(output: os.PathLike, settings: dict, overwrite: bool) -> 
     stamp = read_batch_stamp(out)
     if stamp is None:
         what = "an output folder of cardseg segment" if read_stamp(out) is not None else "not written by cardseg batch"
-        raise CardsegError(f"{out}: folder is not empty and {what}; it is never used as a batch's OUTDIR, "
-                           "choose a new or empty folder")
+        raise CardsegError(
+            f"{out}: folder is not empty and {what}; it is never used as a batch's OUTDIR, choose a new or empty folder"
+        )
     own = set(OWN_FILES) | {f".{n}.tmp" for n in OWN_FILES}
-    foreign = [n for n in present if n not in own and not SEGMENT_LEFTOVER.match(n)
-               and not ((out / n).is_dir() and (out / n / STAMP).is_file())]
+    foreign = [
+        n
+        for n in present
+        if n not in own and not SEGMENT_LEFTOVER.match(n) and not ((out / n).is_dir() and (out / n / STAMP).is_file())
+    ]
     if foreign:
         more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
-        raise CardsegError(f"{out}: holds files cardseg did not write ({', '.join(foreign[:3])}{more}); "
-                           "move them or choose another folder")
+        raise CardsegError(
+            f"{out}: holds files cardseg did not write ({', '.join(foreign[:3])}{more}); "
+            "move them or choose another folder"
+        )
     if stamp.get("settings") != settings and not overwrite:
         old = stamp.get("settings") or {}
         old_id, new_id = (old.get("bundle") or {}).get("id"), (settings.get("bundle") or {}).get("id")
-        what = ("another configuration of the same bundle: its bundle.json changed, or another --review-map"
-                if old.get("method") == settings.get("method") and old_id == new_id else "other settings than now")
-        raise CardsegError(f"{out}: holds a batch made with method {old.get('method')} and bundle {old_id} ({what}); "
-                           "use --overwrite to recompute its cases, or choose another folder")
+        what = (
+            "another configuration of the same bundle: its bundle.json changed, or another --review-map"
+            if old.get("method") == settings.get("method") and old_id == new_id
+            else "other settings than now"
+        )
+        raise CardsegError(
+            f"{out}: holds a batch made with method {old.get('method')} and bundle {old_id} ({what}); "
+            "use --overwrite to recompute its cases, or choose another folder"
+        )
     return out, stamp
 
 
@@ -67,8 +78,14 @@ def write_stamp(out: Path, settings: dict, created: Optional[str]) -> None:
     from cardseg import __version__
 
     now = time.strftime("%Y-%m-%dT%H:%M:%S%z")
-    stamp = {"tool": "cardseg-batch", "version": __version__, "created": created or now, "updated": now,
-             "settings": settings, "files": list(OWN_FILES)}
+    stamp = {
+        "tool": "cardseg-batch",
+        "version": __version__,
+        "created": created or now,
+        "updated": now,
+        "settings": settings,
+        "files": list(OWN_FILES),
+    }
     write_atomic(out / BATCH_STAMP, (json.dumps(stamp, indent=1) + "\n").encode())
 
 

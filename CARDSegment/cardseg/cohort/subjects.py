@@ -27,16 +27,22 @@ def indices_function() -> Optional[Callable]:
     return indices_from_folders
 
 
-def subject_rows(out: Path, cases: Sequence[Case], status: Dict[str, str], config: dict,
-                 compute: Callable) -> Tuple[List[dict], List[str]]:
+def subject_rows(
+    out: Path, cases: Sequence[Case], status: Dict[str, str], config: dict, compute: Callable
+) -> Tuple[List[dict], List[str]]:
     """One row per subject: ``subject, ed_case, es_case, nominal, <index>, <index>_low,
     <index>_high, ..., LVEF_category, LVEF_straddles, error``; the columns follow the order the
     indices come in (the category columns are empty without an LVEF interval)."""
     rows, names = [], []
     for subject, phases in subject_pairs(cases).items():
-        row = {"subject": subject, "ed_case": phases["ED"].name if "ED" in phases else "",
-               "es_case": phases["ES"].name if "ES" in phases else "", "nominal": None, "error": "",
-               **{c: "" for c in CATEGORY_COLUMNS}}
+        row = {
+            "subject": subject,
+            "ed_case": phases["ED"].name if "ED" in phases else "",
+            "es_case": phases["ES"].name if "ES" in phases else "",
+            "nominal": None,
+            "error": "",
+            **{c: "" for c in CATEGORY_COLUMNS},
+        }
         missing = [p for p in PHASES if p not in phases]
         failed = [phases[p].name for p in PHASES if p in phases and status.get(phases[p].name) != "ok"]
         if missing:
@@ -70,6 +76,7 @@ def implausible(res: dict, ed_case: str, es_case: str) -> Dict[str, str]:
     """``{side: why}`` for each ventricle whose indices cannot be read as a heart's: empty at ED,
     or an ESV above its EDV (ED and ES swapped, or a failed segmentation). Such a row keeps its
     numbers with these as its error; an LV problem leaves it without an LVEF category."""
+
     def value(name: str) -> float:
         iv = res.get(name)
         return float(iv.get("value", "nan")) if isinstance(iv, dict) else float("nan")
@@ -80,8 +87,10 @@ def implausible(res: dict, ed_case: str, es_case: str) -> Dict[str, str]:
         if edv == 0:
             out[side] = f"no {side} at ED (case {ed_case}): no {side}EF"
         elif esv > edv:
-            out[side] = (f"{side} ESV {esv:.1f} ml (case {es_case}) exceeds EDV {edv:.1f} ml (case {ed_case}): "
-                         "ED and ES swapped, or a failed segmentation")
+            out[side] = (
+                f"{side} ESV {esv:.1f} ml (case {es_case}) exceeds EDV {edv:.1f} ml (case {ed_case}): "
+                "ED and ES swapped, or a failed segmentation"
+            )
     return out
 
 

@@ -21,33 +21,80 @@ REGION_COLUMNS = tuple(f"region{k}_{what}" for k in range(1, TOP_REGIONS + 1) fo
 #: the cohort table's fixed columns (``grid_moved``, ``grid_offset_mm``: :func:`grid_cells`); then
 #: ``volume_<class>_ml`` per foreground class, then ``time_<stage>_s`` per timing in the reports
 #: (``total`` first)
-COHORT_COLUMNS = ("case", "subject", "phase", "frame", "input", "input_sha256", "status", "error", "reused",
-                  "output", "method", "slices", "grid_moved", "grid_offset_mm", "agreement", "out_of_domain",
-                  "no_foreground", "flagged_regions", "flagged_volume_ml") + REGION_COLUMNS
+COHORT_COLUMNS = (
+    "case",
+    "subject",
+    "phase",
+    "frame",
+    "input",
+    "input_sha256",
+    "status",
+    "error",
+    "reused",
+    "output",
+    "method",
+    "slices",
+    "grid_moved",
+    "grid_offset_mm",
+    "agreement",
+    "out_of_domain",
+    "no_foreground",
+    "flagged_regions",
+    "flagged_volume_ml",
+) + REGION_COLUMNS
 
 
-def cohort_row(case: Case, status: str, error: str = "", report: Optional[dict] = None, reused: bool = False,
-               input_sha256: str = "") -> dict:
+def cohort_row(
+    case: Case,
+    status: str,
+    error: str = "",
+    report: Optional[dict] = None,
+    reused: bool = False,
+    input_sha256: str = "",
+) -> dict:
     """One row of the cohort table; ``report`` is the case's ``report.json`` (``None`` if it failed).
 
     A result with no foreground at all (every class volume 0: noise, a wrong slice spacing, a
     broken network) gets ``no_foreground`` true and ``out_of_domain`` true whatever the report
     says: an empty segmentation of a heart study is not a measurement to trust, and it is counted
     and ranked with the cases out of domain (first among them), never as 'not measured'."""
-    row = {"case": case.name, "subject": case.subject or "", "phase": case.phase or "",
-           "frame": "" if case.frame is None else case.frame, "input": case.path, "input_sha256": input_sha256,
-           "status": status, "error": error, "reused": reused, "output": f"{case.name}/" if report else "",
-           "method": "", "slices": "", "grid_moved": None, "grid_offset_mm": None, "agreement": None,
-           "out_of_domain": None, "no_foreground": None,
-           "flagged_regions": None, "flagged_volume_ml": None, **dict.fromkeys(REGION_COLUMNS)}
+    row = {
+        "case": case.name,
+        "subject": case.subject or "",
+        "phase": case.phase or "",
+        "frame": "" if case.frame is None else case.frame,
+        "input": case.path,
+        "input_sha256": input_sha256,
+        "status": status,
+        "error": error,
+        "reused": reused,
+        "output": f"{case.name}/" if report else "",
+        "method": "",
+        "slices": "",
+        "grid_moved": None,
+        "grid_offset_mm": None,
+        "agreement": None,
+        "out_of_domain": None,
+        "no_foreground": None,
+        "flagged_regions": None,
+        "flagged_volume_ml": None,
+        **dict.fromkeys(REGION_COLUMNS),
+    }
     if report:
         regions = report.get("regions") or []
         measured = report.get("method") == "card"
-        row.update({"method": report.get("method", ""), "slices": report.get("slices", ""),
-                    "agreement": report.get("agreement"), "out_of_domain": report.get("out_of_domain"),
-                    "flagged_regions": len(regions) if measured else None,
-                    "flagged_volume_ml": (sum(float(r.get("volume_mm3", 0.0)) for r in regions) / 1000.0
-                                          if measured else None)})
+        row.update(
+            {
+                "method": report.get("method", ""),
+                "slices": report.get("slices", ""),
+                "agreement": report.get("agreement"),
+                "out_of_domain": report.get("out_of_domain"),
+                "flagged_regions": len(regions) if measured else None,
+                "flagged_volume_ml": (
+                    sum(float(r.get("volume_mm3", 0.0)) for r in regions) / 1000.0 if measured else None
+                ),
+            }
+        )
         if measured:
             row.update(top_region_cells(regions))
         row.update(grid_cells(report))
@@ -142,10 +189,19 @@ def write_parquet(path: Path, rows: Sequence[dict], columns: Sequence[str]) -> b
         import pyarrow.parquet as pq
     except ImportError:
         return False
-    types = {"frame": pa.int64(), "reused": pa.bool_(), "slices": pa.int64(), "grid_moved": pa.bool_(),
-             "grid_offset_mm": pa.float64(), "agreement": pa.float64(), "out_of_domain": pa.bool_(),
-             "no_foreground": pa.bool_(), "flagged_regions": pa.int64(), "flagged_volume_ml": pa.float64(),
-             **dict.fromkeys(REGION_COLUMNS, pa.float64())}
+    types = {
+        "frame": pa.int64(),
+        "reused": pa.bool_(),
+        "slices": pa.int64(),
+        "grid_moved": pa.bool_(),
+        "grid_offset_mm": pa.float64(),
+        "agreement": pa.float64(),
+        "out_of_domain": pa.bool_(),
+        "no_foreground": pa.bool_(),
+        "flagged_regions": pa.int64(),
+        "flagged_volume_ml": pa.float64(),
+        **dict.fromkeys(REGION_COLUMNS, pa.float64()),
+    }
     arrays, fields = [], []
     for c in columns:
         t = types.get(c) or (pa.float64() if c.startswith(("volume_", "time_")) else pa.string())
@@ -170,5 +226,6 @@ def read_table(path: os.PathLike) -> List[dict]:
     """``cohort.csv`` (or ``subjects.csv``) as a list of ``{column: text}``, each cell as it was
     before :func:`write_table` made it safe for spreadsheets."""
     with open(path, newline="", encoding="utf-8") as f:
-        return [{read_cell(k): read_cell(v or "") for k, v in r.items() if isinstance(k, str)}
-                for r in csv.DictReader(f)]
+        return [
+            {read_cell(k): read_cell(v or "") for k, v in r.items() if isinstance(k, str)} for r in csv.DictReader(f)
+        ]

@@ -108,9 +108,13 @@ def rank_key(row: dict) -> Tuple:
     """Sort key, least trusted first: (tier, agreement, -regions, -flagged volume, case); a case with
     no foreground comes first within its tier."""
     agreement = -math.inf if no_foreground(row) else _float(row.get("agreement"))
-    return (tier(row), agreement if agreement is not None else math.inf,
-            -(_float(row.get("flagged_regions")) or 0.0), -(_float(row.get("flagged_volume_ml")) or 0.0),
-            str(row.get("case", "")))
+    return (
+        tier(row),
+        agreement if agreement is not None else math.inf,
+        -(_float(row.get("flagged_regions")) or 0.0),
+        -(_float(row.get("flagged_volume_ml")) or 0.0),
+        str(row.get("case", "")),
+    )
 
 
 def top_regions(row: dict) -> List[Tuple[float, Optional[float]]]:
@@ -147,8 +151,10 @@ def reason(row: dict) -> str:
 # --------------------------------------------------------------------------------------------
 def load_blocks(path: Path = TEMPLATE) -> Dict[str, Template]:
     text = path.read_text(encoding="utf-8")
-    blocks = {m.group(1): Template(m.group(2).strip("\n"))
-              for m in re.finditer(r"<!-- block:(\w+) -->(.*?)<!-- /block:\1 -->", text, re.S)}
+    blocks = {
+        m.group(1): Template(m.group(2).strip("\n"))
+        for m in re.finditer(r"<!-- block:(\w+) -->(.*?)<!-- /block:\1 -->", text, re.S)
+    }
     if "page" not in blocks or "row" not in blocks:
         raise CardsegError(f"{path}: the triage template has no page or row block")
     return blocks
@@ -160,8 +166,9 @@ def _esc(v) -> str:
 
 def _fill(block: Template, **values) -> str:
     """Fill a block; values whose name ends in ``_html`` are inserted as they are, the others escaped."""
-    return block.substitute({k[:-5] if k.endswith("_html") else k: (v if k.endswith("_html") else _esc(v))
-                             for k, v in values.items()})
+    return block.substitute(
+        {k[:-5] if k.endswith("_html") else k: (v if k.endswith("_html") else _esc(v)) for k, v in values.items()}
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -178,8 +185,16 @@ def worst_slice(report: dict, labels) -> int:
     return int(np.argmax((labels > 0).reshape(labels.shape[0], -1).sum(axis=1)))
 
 
-def thumbnail_png(image, labels, disagreement, spacing_xy: Sequence[float], colors: Sequence, vmax: float,
-                  regions=None, scale_note: str = "") -> bytes:
+def thumbnail_png(
+    image,
+    labels,
+    disagreement,
+    spacing_xy: Sequence[float],
+    colors: Sequence,
+    vmax: float,
+    regions=None,
+    scale_note: str = "",
+) -> bytes:
     """Two panels of one slice as a PNG: image + segmentation contours | disagreement over the image.
 
     image, labels, disagreement: ``(Y, X)`` arrays (image or disagreement may be ``None``);
@@ -207,8 +222,9 @@ def thumbnail_png(image, labels, disagreement, spacing_xy: Sequence[float], colo
         d = np.ma.masked_less_equal(np.asarray(disagreement, dtype=float), 1e-3)
         axes[1].imshow(d, cmap="inferno", vmin=0.0, vmax=vmax, alpha=0.85, aspect=aspect, interpolation="nearest")
         if scale_note:
-            axes[1].text(0.02, 0.02, scale_note, color="white", fontsize=6, transform=axes[1].transAxes,
-                         va="bottom", ha="left")
+            axes[1].text(
+                0.02, 0.02, scale_note, color="white", fontsize=6, transform=axes[1].transAxes, va="bottom", ha="left"
+            )
     flagged = None if regions is None else np.asarray(regions) > 0
     if flagged is not None and flagged.any() and min(flagged.shape) > 1:
         axes[1].contour(flagged.astype(float), levels=[0.5], colors=["cyan"], linewidths=0.6)
@@ -217,8 +233,9 @@ def thumbnail_png(image, labels, disagreement, spacing_xy: Sequence[float], colo
     return buf.getvalue()
 
 
-def case_thumbnail(folder: Path, report: dict, colors: Sequence, display_max: Optional[float] = None
-                   ) -> Tuple[bytes, int]:
+def case_thumbnail(
+    folder: Path, report: dict, colors: Sequence, display_max: Optional[float] = None
+) -> Tuple[bytes, int]:
     """``(png bytes, slice index)`` of a case folder's worst slice; raises on anything missing."""
     import SimpleITK as sitk
 
@@ -244,9 +261,17 @@ def case_thumbnail(folder: Path, report: dict, colors: Sequence, display_max: Op
     top = _float(display_max if display_max is not None else report.get("disagreement_display_max"))
     scaled = top is not None and 0.0 < top <= math.log(2.0)
     vmax = top if scaled else math.log(2.0)
-    note = (f"TAC 0-{vmax:.3f} nats (99th pct. on validation)" if scaled else "TAC 0-ln 2 nats")
-    png = thumbnail_png(image, labels[z], None if dis is None else dis[z], spacing[:2], colors, vmax,
-                        None if ranks is None or ranks.shape != labels.shape else ranks[z], note)
+    note = f"TAC 0-{vmax:.3f} nats (99th pct. on validation)" if scaled else "TAC 0-ln 2 nats"
+    png = thumbnail_png(
+        image,
+        labels[z],
+        None if dis is None else dis[z],
+        spacing[:2],
+        colors,
+        vmax,
+        None if ranks is None or ranks.shape != labels.shape else ranks[z],
+        note,
+    )
     return png, z
 
 
@@ -279,10 +304,13 @@ def subject_indices(subjects: Sequence[dict]) -> Dict[str, dict]:
     for row in subjects:
         names = [c for c in row if f"{c}_low" in row and f"{c}_high" in row]
         items = [(n, _float(row[n]), _float(row[f"{n}_low"]), _float(row[f"{n}_high"])) for n in names]
-        out[row.get("subject", "")] = {"nominal": _float(row.get("nominal")), "error": row.get("error", ""),
-                                       "indices": [i for i in items if i[1] is not None],
-                                       "category": str(row.get("LVEF_category") or "").lstrip("'"),
-                                       "straddles": bool(_bool(row.get("LVEF_straddles")))}
+        out[row.get("subject", "")] = {
+            "nominal": _float(row.get("nominal")),
+            "error": row.get("error", ""),
+            "indices": [i for i in items if i[1] is not None],
+            "category": str(row.get("LVEF_category") or "").lstrip("'"),
+            "straddles": bool(_bool(row.get("LVEF_straddles"))),
+        }
     return out
 
 
@@ -292,19 +320,28 @@ def _indices_html(blocks, info: Optional[dict]) -> str:
     error = _fill(blocks["index_error"], error=info["error"]) if info.get("error") else ""
     if not info["indices"]:
         return error
-    items = "".join(_fill(blocks["index_item"], name=re.sub(r"_(ml|g)$", "", n), value=_fmt(v, 1),
-                          unit=_unit(n), low=_fmt(lo, 1), high=_fmt(hi, 1)) for n, v, lo, hi in info["indices"])
+    items = "".join(
+        _fill(
+            blocks["index_item"],
+            name=re.sub(r"_(ml|g)$", "", n),
+            value=_fmt(v, 1),
+            unit=_unit(n),
+            low=_fmt(lo, 1),
+            high=_fmt(hi, 1),
+        )
+        for n, v, lo, hi in info["indices"]
+    )
     nominal = info.get("nominal")
     level = f"{100 * nominal:g} %" if nominal is not None and nominal <= 1 else (f"{nominal:g} %" if nominal else "")
     category = ""
     if info.get("category"):
-        category = _fill(blocks["category_straddles" if info.get("straddles") else "category"],
-                         label=info["category"])
+        category = _fill(blocks["category_straddles" if info.get("straddles") else "category"], label=info["category"])
     return _fill(blocks["indices"], items_html=items, nominal=level or "stated", category_html=category) + error
 
 
-def write_report(outdir: os.PathLike, config: Optional[dict] = None, max_thumbnails: int = 200,
-                 rows: Optional[Sequence[dict]] = None) -> Path:
+def write_report(
+    outdir: os.PathLike, config: Optional[dict] = None, max_thumbnails: int = 200, rows: Optional[Sequence[dict]] = None
+) -> Path:
     """Write ``OUTDIR/triage.html`` for a batch folder; returns its path.
 
     config: the bundle's ``bundle.json`` (class colours); rows: the cohort table (default: read
@@ -323,8 +360,12 @@ def write_report(outdir: os.PathLike, config: Optional[dict] = None, max_thumbna
     subjects = {s: i for s, i in subjects.items() if s in listed}  # only this cohort's subjects count
     classes = (config or {}).get("classes") or []
     display_max = _float(((config or {}).get("regions") or {}).get("display_max_disagreement"))
-    colors = [c.get("color", [1, 0, 0]) for c in classes] or [(0, 0, 0), (0.3, 0.55, 0.9), (0.95, 0.75, 0.25),
-                                                              (0.9, 0.3, 0.3)]
+    colors = [c.get("color", [1, 0, 0]) for c in classes] or [
+        (0, 0, 0),
+        (0.3, 0.55, 0.9),
+        (0.95, 0.75, 0.25),
+        (0.9, 0.3, 0.3),
+    ]
     try:
         import matplotlib.figure  # noqa: F401  (thumbnails need it)
 
@@ -343,60 +384,111 @@ def write_report(outdir: os.PathLike, config: Optional[dict] = None, max_thumbna
             if no_plot:
                 thumb = _fill(blocks["no_thumbnail"], why=no_plot)
             elif n_thumbs >= max_thumbnails:
-                thumb = _fill(blocks["no_thumbnail"], why=f"no thumbnail (only the first {max_thumbnails} cases get one)")
+                thumb = _fill(
+                    blocks["no_thumbnail"], why=f"no thumbnail (only the first {max_thumbnails} cases get one)"
+                )
             else:
                 try:
                     report = json.loads((folder / "report.json").read_text(encoding="utf-8"))
                     png, z = case_thumbnail(folder, report, colors, display_max)
                     per_slice = report.get("agreement_per_slice") or []
                     sa = _float(per_slice[z]) if z < len(per_slice) else None
-                    thumb = _fill(blocks["thumbnail"], case=case, png=base64.b64encode(png).decode("ascii"),
-                                  width=THUMB_PX[0], height=THUMB_PX[1], slice=z,
-                                  slices=report.get("slices", len(per_slice) or "?"),
-                                  slice_agreement=f", agreement {sa:.3f}" if sa is not None else "")
+                    thumb = _fill(
+                        blocks["thumbnail"],
+                        case=case,
+                        png=base64.b64encode(png).decode("ascii"),
+                        width=THUMB_PX[0],
+                        height=THUMB_PX[1],
+                        slice=z,
+                        slices=report.get("slices", len(per_slice) or "?"),
+                        slice_agreement=f", agreement {sa:.3f}" if sa is not None else "",
+                    )
                     n_thumbs += 1
                 except Exception as exc:  # a thumbnail never stops the report
-                    thumb = _fill(blocks["no_thumbnail"], why=f"no thumbnail ({type(exc).__name__}: "
-                                                              f"{str(exc).splitlines()[0][:120] if str(exc) else ''})")
+                    thumb = _fill(
+                        blocks["no_thumbnail"],
+                        why=f"no thumbnail ({type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0][:120] if str(exc) else ''})",
+                    )
         subject = row.get("subject", "")
         regions = ""
         if _float(row.get("flagged_regions")) is not None:
             regions = f"{int(_float(row['flagged_regions']))} ({_fmt(row.get('flagged_volume_ml'), 1)} ml)"
         top = top_regions(row)
-        top_html = _fill(blocks["top_regions"], items_html="".join(
-            _fill(blocks["top_region_item"], ml=_fmt(ml, 1), p_error="" if p is None else f", p_error {p:.2f}")
-            for ml, p in top)) if top else ""
-        vols = [(k[len("volume_"):-len("_ml")], _fmt(v, 1)) for k, v in row.items()
-                if k.startswith("volume_") and k.endswith("_ml") and _float(v) is not None]
-        html_rows.append(_fill(
-            blocks["row"], tier=t, anchor=re.sub(r"[^A-Za-z0-9_-]", "_", case), case=case, rank=rank,
-            folder_href=quote(case) + "/",
-            report_link_html=(_fill(blocks["report_link"], href=quote(case) + "/report.json")
-                              if row.get("status") == "ok" else ""),
-            subject_html=(_fill(blocks["subject"], subject=subject, phase=row.get("phase", "")) if subject else ""),
-            reason=reason(row), error_html=_fill(blocks["error"], error=row["error"]) if row.get("error") else "",
-            agreement=_fmt(row.get("agreement")), regions=regions, top_regions_html=top_html, thumbnail_html=thumb,
-            indices_html=_indices_html(blocks, subjects.get(subject)) if subject else "",
-            volumes_html=(_fill(blocks["volumes"], items_html="".join(_fill(blocks["volume_item"], name=n, value=v)
-                                                                      for n, v in vols)) if vols else "")))
+        top_html = (
+            _fill(
+                blocks["top_regions"],
+                items_html="".join(
+                    _fill(blocks["top_region_item"], ml=_fmt(ml, 1), p_error="" if p is None else f", p_error {p:.2f}")
+                    for ml, p in top
+                ),
+            )
+            if top
+            else ""
+        )
+        vols = [
+            (k[len("volume_") : -len("_ml")], _fmt(v, 1))
+            for k, v in row.items()
+            if k.startswith("volume_") and k.endswith("_ml") and _float(v) is not None
+        ]
+        html_rows.append(
+            _fill(
+                blocks["row"],
+                tier=t,
+                anchor=re.sub(r"[^A-Za-z0-9_-]", "_", case),
+                case=case,
+                rank=rank,
+                folder_href=quote(case) + "/",
+                report_link_html=(
+                    _fill(blocks["report_link"], href=quote(case) + "/report.json") if row.get("status") == "ok" else ""
+                ),
+                subject_html=(_fill(blocks["subject"], subject=subject, phase=row.get("phase", "")) if subject else ""),
+                reason=reason(row),
+                error_html=_fill(blocks["error"], error=row["error"]) if row.get("error") else "",
+                agreement=_fmt(row.get("agreement")),
+                regions=regions,
+                top_regions_html=top_html,
+                thumbnail_html=thumb,
+                indices_html=_indices_html(blocks, subjects.get(subject)) if subject else "",
+                volumes_html=(
+                    _fill(
+                        blocks["volumes"],
+                        items_html="".join(_fill(blocks["volume_item"], name=n, value=v) for n, v in vols),
+                    )
+                    if vols
+                    else ""
+                ),
+            )
+        )
     agreements = [a for a in (_float(r.get("agreement")) for r in rows if r.get("status") == "ok") if a is not None]
     ident = (config or {}).get("id") or {}
     methods = sorted({r.get("method") for r in rows if r.get("method")})
     page = _fill(
-        blocks["page"], title=f"cardseg triage: {out.name}", version=__version__, outdir=str(out.resolve()),
+        blocks["page"],
+        title=f"cardseg triage: {out.name}",
+        version=__version__,
+        outdir=str(out.resolve()),
         bundle=f"{ident.get('name', '?')}-{ident.get('version', '?')}" if ident else "?",
-        method=", ".join(methods) or "?", generated=time.strftime("%Y-%m-%d %H:%M:%S"),
-        n_cases=len(rows), n_failed=sum(1 for r in rows if tier(r) == 0),
-        n_ood=sum(1 for r in rows if tier(r) == 1), n_flagged=sum(1 for r in rows if tier(r) in (1, 2)
-                                                                   and (_float(r.get("flagged_regions")) or 0) > 0),
+        method=", ".join(methods) or "?",
+        generated=time.strftime("%Y-%m-%d %H:%M:%S"),
+        n_cases=len(rows),
+        n_failed=sum(1 for r in rows if tier(r) == 0),
+        n_ood=sum(1 for r in rows if tier(r) == 1),
+        n_flagged=sum(1 for r in rows if tier(r) in (1, 2) and (_float(r.get("flagged_regions")) or 0) > 0),
         median_agreement=f"{statistics.median(agreements):.3f}" if agreements else "-",
-        n_thumbnails=n_thumbs, rows_html="\n".join(html_rows),
+        n_thumbnails=n_thumbs,
+        rows_html="\n".join(html_rows),
         n_straddling=sum(1 for i in subjects.values() if i.get("straddles")),
-        indices_note_html=(" Cardiac indices come with their intervals at the stated nominal level "
-                           "(the subject's ED and ES cases), and the LVEF categories the interval implies "
-                           "(reduced &le; 40 %, mildly reduced 41-49 %, preserved &ge; 50 %, on whole percent); "
-                           "an interval that spans a threshold is marked <b>straddles a threshold</b>: the "
-                           "category is not settled by the measurement." if subjects else ""))
+        indices_note_html=(
+            " Cardiac indices come with their intervals at the stated nominal level "
+            "(the subject's ED and ES cases), and the LVEF categories the interval implies "
+            "(reduced &le; 40 %, mildly reduced 41-49 %, preserved &ge; 50 %, on whole percent); "
+            "an interval that spans a threshold is marked <b>straddles a threshold</b>: the "
+            "category is not settled by the measurement."
+            if subjects
+            else ""
+        ),
+    )
     path = out / TRIAGE_HTML
     write_atomic(path, page.encode("utf-8"))
     return path
@@ -405,6 +497,7 @@ def write_report(outdir: os.PathLike, config: Optional[dict] = None, max_thumbna
 def main(argv: Optional[List[str]] = None) -> int:
 
     from cardseg.base.argparsing import CommandLineParser
+
     p = CommandLineParser(prog="python -m cardseg.cohort.triage", description="rewrite a batch's triage.html")
     p.add_argument("outdir", metavar="OUTDIR", help="a cardseg batch output folder")
     p.add_argument("--bundle", metavar="PATH", help="bundle for the class colours (default: the batch's settings)")

@@ -84,8 +84,10 @@ def bounded_glob(pattern: str) -> List[str]:
         for e in entries:
             count += 1
             if count > MAX_ENTRIES:
-                raise CardsegError(f"{pattern}: the pattern walks more than {MAX_ENTRIES} files and folders; give a "
-                                   "narrower pattern or a --manifest")
+                raise CardsegError(
+                    f"{pattern}: the pattern walks more than {MAX_ENTRIES} files and folders; give a "
+                    "narrower pattern or a --manifest"
+                )
             sub = rel + [e.name]
             if _match(pat, sub, prefix=False):
                 found.append(os.path.join(folder, e.name) if folder != "." else e.name)

@@ -29,8 +29,16 @@ class Job:
 class CaseWorker:
     """Runs cases one after another; the bundle is loaded at the first case and kept."""
 
-    def __init__(self, bundle_root: os.PathLike, method: str = "card", device: str = "auto", batch_size: int = 8,
-                 threads: Optional[int] = None, backend: str = "torch", review_map: Optional[str] = None):
+    def __init__(
+        self,
+        bundle_root: os.PathLike,
+        method: str = "card",
+        device: str = "auto",
+        batch_size: int = 8,
+        threads: Optional[int] = None,
+        backend: str = "torch",
+        review_map: Optional[str] = None,
+    ):
         self.bundle_root = Path(bundle_root)
         self.method, self.device_name, self.batch_size, self.threads = method, device, batch_size, threads
         self.backend = backend  # torch, onnx or auto (cardseg.bundle.loading.load_bundle)
@@ -58,8 +66,16 @@ class CaseWorker:
         checked = with_review_map(checked if checked is not None else check_bundle(self.bundle_root), self.review_map)
         lookup = start_cpu_lookup(checked.config, checked.weights, self.backend, self.device_name, threads)
         self.device = settle_device(self.device_name, lookup, threads)
-        self.bundle = load_bundle(checked.root, device=self.device, backend=self.backend, progress=progress,
-                                  prepared=True, checked=checked, onnx_lookup=lookup, threads=threads)
+        self.bundle = load_bundle(
+            checked.root,
+            device=self.device,
+            backend=self.backend,
+            progress=progress,
+            prepared=True,
+            checked=checked,
+            onnx_lookup=lookup,
+            threads=threads,
+        )
         self.loads += 1
 
     def run(self, job: Job) -> dict:
@@ -71,11 +87,25 @@ class CaseWorker:
             from cardseg.base.progress import Progress
             from cardseg.segment import segment_file
 
-            report = segment_file(job.path, job.out, self.bundle, method=self.method, device=self.device,
-                                  batch_size=self.batch_size, frame=job.frame, spacing=job.spacing,
-                                  overwrite=job.overwrite, progress=Progress())
-            return {"case": job.case, "status": "ok", "error": "", "report": report,
-                    "seconds": time.perf_counter() - t0}
+            report = segment_file(
+                job.path,
+                job.out,
+                self.bundle,
+                method=self.method,
+                device=self.device,
+                batch_size=self.batch_size,
+                frame=job.frame,
+                spacing=job.spacing,
+                overwrite=job.overwrite,
+                progress=Progress(),
+            )
+            return {
+                "case": job.case,
+                "status": "ok",
+                "error": "",
+                "report": report,
+                "seconds": time.perf_counter() - t0,
+            }
         except Exception as exc:  # one bad case never stops the batch
             return failed(job, exc, t0)
 

@@ -29,8 +29,13 @@ import numpy as np
 import SimpleITK as sitk
 
 from cardseg.base.errors import CardsegError
-from cardseg.io.limits import (DIRECTION_TOLERANCE, LIMIT_MEMORY_NOTE, MAX_VOLUME_VOXELS, nearest_orthonormal,
-                                skew_degrees)
+from cardseg.io.limits import (
+    DIRECTION_TOLERANCE,
+    LIMIT_MEMORY_NOTE,
+    MAX_VOLUME_VOXELS,
+    nearest_orthonormal,
+    skew_degrees,
+)
 
 #: relative tolerance on the slice gap before a series counts as unevenly spaced
 GAP_TOLERANCE = 0.02
@@ -93,21 +98,31 @@ def _read_slice_header(path: Path) -> _Slice:
         position = np.array([float(v) for v in pos.split("\\")])
         if o.shape != (6,) or position.shape != (3,) or not np.isfinite([*o, *position]).all():
             raise ValueError("shape")
-        header = _Slice(path=path, position=position, row=o[:3], col=o[3:6], size=tuple(reader.GetSize()[:2]),
-                        spacing=_pixel_spacing(path, _meta(reader, "0028|0030")),
-                        instance=int(float(_meta(reader, "0020|0013") or 0)),
-                        trigger=float(_meta(reader, "0018|1060") or 0.0),
-                        between=abs(float(_meta(reader, "0018|0088") or 0.0)),
-                        thickness=float(_meta(reader, "0018|0050") or 0.0))
+        header = _Slice(
+            path=path,
+            position=position,
+            row=o[:3],
+            col=o[3:6],
+            size=tuple(reader.GetSize()[:2]),
+            spacing=_pixel_spacing(path, _meta(reader, "0028|0030")),
+            instance=int(float(_meta(reader, "0020|0013") or 0)),
+            trigger=float(_meta(reader, "0018|1060") or 0.0),
+            between=abs(float(_meta(reader, "0018|0088") or 0.0)),
+            thickness=float(_meta(reader, "0018|0050") or 0.0),
+        )
     except ValueError:
-        raise CardsegError(f"{path}: DICOM file has a malformed position, orientation, instance number, "
-                           "trigger time, slice spacing or slice thickness") from None
+        raise CardsegError(
+            f"{path}: DICOM file has a malformed position, orientation, instance number, "
+            "trigger time, slice spacing or slice thickness"
+        ) from None
     axes = nearest_orthonormal(np.column_stack([header.row, header.col]))
     if axes is None:
-        raise CardsegError(f"{path}: DICOM ImageOrientationPatient (0020,0037) is not two orthogonal unit vectors "
-                           f"(lengths {np.linalg.norm(header.row):.6g} and {np.linalg.norm(header.col):.6g}, "
-                           f"{skew_degrees(np.column_stack([header.row, header.col])):.3g} degrees from orthogonal; "
-                           f"tolerance {DIRECTION_TOLERANCE:g})")
+        raise CardsegError(
+            f"{path}: DICOM ImageOrientationPatient (0020,0037) is not two orthogonal unit vectors "
+            f"(lengths {np.linalg.norm(header.row):.6g} and {np.linalg.norm(header.col):.6g}, "
+            f"{skew_degrees(np.column_stack([header.row, header.col])):.3g} degrees from orthogonal; "
+            f"tolerance {DIRECTION_TOLERANCE:g})"
+        )
     header.row, header.col = axes[:, 0], axes[:, 1]
     return header
 
@@ -135,16 +150,19 @@ def list_series_files(folder: Path) -> List[Path]:
         raise CardsegError(f"{folder}: folder holds {len(series)} DICOM series; point to a folder with one")
     files = [Path(f) for f in reader.GetGDCMSeriesFileNames(str(folder), series[0])]
     listed = {os.path.realpath(f) for f in files}
-    stray = sorted(p for p in folder.iterdir()
-                   if p.is_file() and not p.name.startswith(".") and os.path.realpath(p) not in listed
-                   and looks_like_dicom(p))
+    stray = sorted(
+        p
+        for p in folder.iterdir()
+        if p.is_file() and not p.name.startswith(".") and os.path.realpath(p) not in listed and looks_like_dicom(p)
+    )
     if stray:
         raise CardsegError(f"{folder}: unreadable or foreign DICOM files in the series folder: {_names(stray)}")
     return files
 
 
-def read_dicom_series(folder: os.PathLike, frame: Optional[int] = None,
-                      spacing: Optional[Sequence[float]] = None) -> sitk.Image:
+def read_dicom_series(
+    folder: os.PathLike, frame: Optional[int] = None, spacing: Optional[Sequence[float]] = None
+) -> sitk.Image:
     """One 3D image from the folder's series (one phase of a cine series: ``frame``, 0-based),
     on the grid the files' own positions, orientation and pixel spacing define; ``spacing``
     (the user's, mm, x y [z]) stands in for what the files do not say (see the module docstring)."""
@@ -152,8 +170,9 @@ def read_dicom_series(folder: os.PathLike, frame: Optional[int] = None,
     return _stack(folder, [_header(folder, f) for f in list_series_files(folder)], frame, spacing)
 
 
-def read_dicom_file(path: os.PathLike, frame: Optional[int] = None,
-                    spacing: Optional[Sequence[float]] = None) -> sitk.Image:
+def read_dicom_file(
+    path: os.PathLike, frame: Optional[int] = None, spacing: Optional[Sequence[float]] = None
+) -> sitk.Image:
     """One single-frame DICOM file as a one-slice 3D image, with the same checks as a series."""
     path = Path(path)
     return _stack(path, [_header(path.parent, path)], frame, spacing)
@@ -169,22 +188,33 @@ def _header(folder: Path, f: Path) -> _Slice:
 def _stack(where: Path, headers: List[_Slice], frame: Optional[int], spacing: Optional[Sequence[float]]) -> sitk.Image:
     first = headers[0]
     normal = np.cross(first.row, first.col)
-    odd = [h.path for h in headers if h.size != first.size or not np.allclose(h.row, first.row, atol=1e-4)
-           or not np.allclose(h.col, first.col, atol=1e-4) or (h.spacing is None) != (first.spacing is None)
-           or (h.spacing is not None and not np.allclose(h.spacing, first.spacing, rtol=1e-4))]
+    odd = [
+        h.path
+        for h in headers
+        if h.size != first.size
+        or not np.allclose(h.row, first.row, atol=1e-4)
+        or not np.allclose(h.col, first.col, atol=1e-4)
+        or (h.spacing is None) != (first.spacing is None)
+        or (h.spacing is not None and not np.allclose(h.spacing, first.spacing, rtol=1e-4))
+    ]
     if odd:
-        raise CardsegError(f"{where}: files differ in size, orientation or pixel spacing from {first.path.name}: "
-                           f"{_names(odd)}")
+        raise CardsegError(
+            f"{where}: files differ in size, orientation or pixel spacing from {first.path.name}: {_names(odd)}"
+        )
     user = [float(v) for v in spacing] if spacing is not None else []
     inplane = first.spacing if len(user) < 2 else tuple(user[:2])
     if inplane is None:
-        raise CardsegError(f"{where}: DICOM file {first.path.name} has no PixelSpacing (0028,0030), so its pixel size "
-                           "is unknown (cardseg does not assume 1 mm); give it with --spacing SX,SY[,SZ] (mm)")
+        raise CardsegError(
+            f"{where}: DICOM file {first.path.name} has no PixelSpacing (0028,0030), so its pixel size "
+            "is unknown (cardseg does not assume 1 mm); give it with --spacing SX,SY[,SZ] (mm)"
+        )
     stack = _select_phase(where, headers, normal, frame)
     n = len(stack) * first.size[0] * first.size[1]
     if n > MAX_VOLUME_VOXELS:
-        raise CardsegError(f"{where}: the volume to segment has {n:,d} voxels; the limit is {MAX_VOLUME_VOXELS:,d} "
-                           f"({LIMIT_MEMORY_NOTE})")
+        raise CardsegError(
+            f"{where}: the volume to segment has {n:,d} voxels; the limit is {MAX_VOLUME_VOXELS:,d} "
+            f"({LIMIT_MEMORY_NOTE})"
+        )
     gaps = np.diff([float(h.position @ normal) for h in stack])
     source = None
     if len(gaps):
@@ -193,8 +223,10 @@ def _stack(where: Path, headers: List[_Slice], frame: Optional[int], spacing: Op
         spacing_z, source = _one_slice_spacing(where, first, user)
     if len(gaps) and (spacing_z <= 0 or np.abs(gaps - spacing_z).max() > GAP_TOLERANCE * spacing_z + 1e-3):
         k = int(np.argmax(np.abs(gaps - spacing_z)))
-        raise CardsegError(f"{where}: uneven slice spacing: {gaps[k]:.3g} mm between {stack[k].path.name} and "
-                           f"{stack[k + 1].path.name} where the series has {spacing_z:.3g} mm (a missing or extra slice?)")
+        raise CardsegError(
+            f"{where}: uneven slice spacing: {gaps[k]:.3g} mm between {stack[k].path.name} and "
+            f"{stack[k + 1].path.name} where the series has {spacing_z:.3g} mm (a missing or extra slice?)"
+        )
     _check_straight(where, stack, first, inplane)
     planes = []
     for h in stack:
@@ -224,11 +256,13 @@ def _check_straight(where: Path, stack: List[_Slice], first: _Slice, inplane: Se
     k = int(np.argmax(np.abs(drift).max(axis=1)))
     if np.abs(drift[k]).max() > SHEAR_TOLERANCE:
         mm = np.round(drift[k] * np.asarray(inplane, dtype=float), 3) + 0.0  # + 0.0: no "-0"
-        raise CardsegError(f"{where}: sheared DICOM series: the position of {stack[k].path.name} is {mm[0]:.3g} mm along "
-                           f"the rows and {mm[1]:.3g} mm along the columns off the straight stack through "
-                           f"{stack[0].path.name} ({np.abs(drift[k]).max():.3g} pixels; tolerance {SHEAR_TOLERANCE:g}); "
-                           "cardseg writes its outputs on an orthogonal grid, so it cannot return them where this "
-                           "series lies (resample it onto an orthogonal grid first)")
+        raise CardsegError(
+            f"{where}: sheared DICOM series: the position of {stack[k].path.name} is {mm[0]:.3g} mm along "
+            f"the rows and {mm[1]:.3g} mm along the columns off the straight stack through "
+            f"{stack[0].path.name} ({np.abs(drift[k]).max():.3g} pixels; tolerance {SHEAR_TOLERANCE:g}); "
+            "cardseg writes its outputs on an orthogonal grid, so it cannot return them where this "
+            "series lies (resample it onto an orthogonal grid first)"
+        )
 
 
 def _one_slice_spacing(where: Path, first: _Slice, user: List[float]):
@@ -239,8 +273,10 @@ def _one_slice_spacing(where: Path, first: _Slice, user: List[float]):
         return first.between, "SpacingBetweenSlices (0018,0088)"
     if first.thickness > 0:
         return first.thickness, "SliceThickness (0018,0050)"
-    raise CardsegError(f"{where}: one DICOM slice with neither SpacingBetweenSlices (0018,0088) nor SliceThickness "
-                       "(0018,0050), so the slice spacing is unknown; give it with --spacing SX,SY,SZ (mm)")
+    raise CardsegError(
+        f"{where}: one DICOM slice with neither SpacingBetweenSlices (0018,0088) nor SliceThickness "
+        "(0018,0050), so the slice spacing is unknown; give it with --spacing SX,SY,SZ (mm)"
+    )
 
 
 def _select_phase(folder: Path, headers: List[_Slice], normal: np.ndarray, frame: Optional[int]) -> List[_Slice]:
@@ -257,16 +293,20 @@ def _select_phase(folder: Path, headers: List[_Slice], normal: np.ndarray, frame
     counts = sorted({len(g) for g in groups})
     if len(counts) > 1:
         short = [g[0].path for g in groups if len(g) < counts[-1]]
-        raise CardsegError(f"{folder}: cine series with {counts[-1]} phases per slice position, but fewer at "
-                           f"{len(short)} position(s) (e.g. beside {_names(short, 2)}): files are missing")
+        raise CardsegError(
+            f"{folder}: cine series with {counts[-1]} phases per slice position, but fewer at "
+            f"{len(short)} position(s) (e.g. beside {_names(short, 2)}): files are missing"
+        )
     phases = counts[0]
     if phases == 1:
         if frame is not None:
             raise CardsegError(f"{folder}: --frame given but the DICOM series has one image per slice position")
         return [g[0] for g in groups]
     if frame is None:
-        raise CardsegError(f"{folder}: cine DICOM series with {phases} phases per slice position; "
-                           f"choose one with --frame N or a batch manifest's frame column (0..{phases - 1})")
+        raise CardsegError(
+            f"{folder}: cine DICOM series with {phases} phases per slice position; "
+            f"choose one with --frame N or a batch manifest's frame column (0..{phases - 1})"
+        )
     if not 0 <= frame < phases:
         raise CardsegError(f"{folder}: --frame {frame} is out of range (0..{phases - 1})")
     return [sorted(g, key=lambda h: (h.trigger, h.instance, h.path.name))[frame] for g in groups]

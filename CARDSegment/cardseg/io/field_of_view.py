@@ -46,8 +46,9 @@ MIN_EDGE_VOXELS = 10
 MIN_SHIFT_PX = 2.0
 
 
-def recentre_margin(config: Mapping, override: Optional[bool] = None,
-                    environ: Optional[Mapping[str, str]] = None) -> Optional[float]:
+def recentre_margin(
+    config: Mapping, override: Optional[bool] = None, environ: Optional[Mapping[str, str]] = None
+) -> Optional[float]:
     """The margin (mm) within which a heart near the edge moves the grid, or ``None`` when
     recentring is off: ``override`` if given, else ``$CARDSEG_RECENTRE`` (``1``/``0``), else the
     bundle ``config``'s ``field_of_view.recentre`` (default off)."""
@@ -91,9 +92,14 @@ def largest_heart(labels: np.ndarray) -> np.ndarray:
     return lab == int(np.argmax(sizes))
 
 
-def recentre_offset(labels: np.ndarray, fov: np.ndarray, spacing_xy: Tuple[float, float],
-                    current: Tuple[float, float] = (0.0, 0.0), margin_mm: float = MARGIN_MM,
-                    min_edge_voxels: int = MIN_EDGE_VOXELS) -> Optional[Tuple[float, float]]:
+def recentre_offset(
+    labels: np.ndarray,
+    fov: np.ndarray,
+    spacing_xy: Tuple[float, float],
+    current: Tuple[float, float] = (0.0, 0.0),
+    margin_mm: float = MARGIN_MM,
+    min_edge_voxels: int = MIN_EDGE_VOXELS,
+) -> Optional[Tuple[float, float]]:
     """The grid offset ``(rows, cols)`` in slice pixels (from the slice centre) that centres the
     network grid on the predicted heart, or ``None`` when the grid need not move.
 

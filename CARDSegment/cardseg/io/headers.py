@@ -95,8 +95,7 @@ class _ZlibStream:
         self.f.close()
 
 
-def check_data(path: Path, opener: Callable, skip: int, expected: int, dtype: Optional[np.dtype],
-               what: str) -> None:
+def check_data(path: Path, opener: Callable, skip: int, expected: int, dtype: Optional[np.dtype], what: str) -> None:
     """Read the data stream from ``opener()``: skip ``skip`` bytes, then require ``expected``
     bytes; for a floating-point ``dtype`` require every value to be finite. One-line errors."""
     have = 0
@@ -127,8 +126,10 @@ def check_data(path: Path, opener: Callable, skip: int, expected: int, dtype: Op
     except (EOFError, OSError, zlib.error, ValueError) as exc:
         raise CardsegError(f"{path}: {what} data are corrupt or truncated ({_short(exc)})") from None
     if have < expected:
-        raise CardsegError(f"{path}: file is truncated: the header declares {expected:,d} bytes of image data, "
-                           f"the file holds {have:,d}")
+        raise CardsegError(
+            f"{path}: file is truncated: the header declares {expected:,d} bytes of image data, "
+            f"the file holds {have:,d}"
+        )
 
 
 def _short(exc: Exception) -> str:
@@ -139,8 +140,22 @@ def _short(exc: Exception) -> str:
 
 #: NIfTI ``xyzt_units & 7`` → (name, mm per unit), converted as ITK does (unknown: mm)
 _NIFTI_UNITS = {0: ("mm", 1.0), 1: ("m", 1000.0), 2: ("mm", 1.0), 3: ("micrometre", 1e-3)}
-_NIFTI_DTYPES = {2: "u1", 4: "i2", 8: "i4", 16: "f4", 64: "f8", 256: "i1", 512: "u2", 768: "u4", 1024: "i8",
-                 1280: "u8", 32: "c8", 1792: "c16", 128: "u1", 2304: "u1"}
+_NIFTI_DTYPES = {
+    2: "u1",
+    4: "i2",
+    8: "i4",
+    16: "f4",
+    64: "f8",
+    256: "i1",
+    512: "u2",
+    768: "u4",
+    1024: "i8",
+    1280: "u8",
+    32: "c8",
+    1792: "c16",
+    128: "u1",
+    2304: "u1",
+}
 
 
 class NiftiHead(NamedTuple):
@@ -156,7 +171,7 @@ def read_nifti_head(path: Path) -> NiftiHead:
     header. A stream that is junk or corrupt from its start has no ``order``, never an exception."""
     raw, order = b"", None
     try:
-        with (gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb")) as f:
+        with gzip.open(path, "rb") if path.name.lower().endswith(".gz") else open(path, "rb") as f:
             raw = f.read(4)
             order = next((e for e in "<>" if len(raw) == 4 and struct.unpack(e + "i", raw)[0] in (348, 540)), None)
             raw += f.read(536)
@@ -171,9 +186,15 @@ def inspect_nifti(path: Path, start: Optional[NiftiHead] = None) -> Tuple[Declar
     ``start``: the file's start where the caller has read it already (:func:`read_nifti_head`)."""
     low = path.name.lower()
     if low.endswith(".img") or low.endswith(".img.gz"):  # the data half of a pair: read its header
-        stem = path.name[:-len(".img.gz")] if low.endswith(".img.gz") else path.name[:-len(".img")]
-        header = next((path.with_name(stem + e) for e in (".hdr", ".hdr.gz", ".HDR")
-                       if os.path.lexists(path.with_name(stem + e))), path.with_name(stem + ".hdr"))
+        stem = path.name[: -len(".img.gz")] if low.endswith(".img.gz") else path.name[: -len(".img")]
+        header = next(
+            (
+                path.with_name(stem + e)
+                for e in (".hdr", ".hdr.gz", ".HDR")
+                if os.path.lexists(path.with_name(stem + e))
+            ),
+            path.with_name(stem + ".hdr"),
+        )
         require_regular_file(header, f"{path}: the header file {header.name} of this NIfTI/Analyze pair")
         return inspect_nifti(header)
     head, end, fault = read_nifti_head(path) if start is None else start
@@ -185,8 +206,10 @@ def inspect_nifti(path: Path, start: Optional[NiftiHead] = None) -> Tuple[Declar
         raise CardsegError(f"{path}: not a NIfTI file (header size field {struct.unpack('<i', head[:4])[0]})")
     n1 = struct.unpack(end + "i", head[:4])[0]
     if n1 == 540:
-        raise CardsegError(f"{path}: NIfTI-2 files are not supported (ITK cannot read them); convert it to NIfTI-1, "
-                           "e.g. with nibabel: nib.save(nib.Nifti1Image(img.dataobj, img.affine), 'image.nii.gz')")
+        raise CardsegError(
+            f"{path}: NIfTI-2 files are not supported (ITK cannot read them); convert it to NIfTI-1, "
+            "e.g. with nibabel: nib.save(nib.Nifti1Image(img.dataobj, img.affine), 'image.nii.gz')"
+        )
     dim = struct.unpack(end + "8h", head[40:56])
     datatype, bitpix = struct.unpack(end + "2h", head[70:74])
     pixdim = struct.unpack(end + "8f", head[76:108])
@@ -197,14 +220,14 @@ def inspect_nifti(path: Path, start: Optional[NiftiHead] = None) -> Tuple[Declar
     srow = struct.unpack(end + "12f", head[280:328])
     is_nifti = head[344:348] in (b"n+1\0", b"ni1\0")
     ndim = int(dim[0])
-    if not 1 <= ndim <= 7 or any(int(d) < 1 for d in dim[1:ndim + 1]):
-        raise CardsegError(f"{path}: NIfTI header declares an invalid size {list(dim[1:max(ndim, 1) + 1])}")
-    size = tuple(int(d) for d in dim[1:ndim + 1])
+    if not 1 <= ndim <= 7 or any(int(d) < 1 for d in dim[1 : ndim + 1]):
+        raise CardsegError(f"{path}: NIfTI header declares an invalid size {list(dim[1 : max(ndim, 1) + 1])}")
+    size = tuple(int(d) for d in dim[1 : ndim + 1])
     if datatype not in _NIFTI_DTYPES or bitpix <= 0 or bitpix % 8:
         raise CardsegError(f"{path}: NIfTI datatype {datatype} is not supported")
     dtype = np.dtype(end + _NIFTI_DTYPES[datatype])
     bpv = bitpix // 8
-    spacing = tuple(float(p) * mm_per_unit for p in pixdim[1:min(ndim, 3) + 1])
+    spacing = tuple(float(p) * mm_per_unit for p in pixdim[1 : min(ndim, 3) + 1])
     decl = Declared("NIfTI", size, bpv, spacing, unit, mm_per_unit)
     if is_nifti and sform_code > 0:
         check_sform(path, srow, pixdim, min(ndim, 3), (unit, mm_per_unit))
@@ -212,30 +235,69 @@ def inspect_nifti(path: Path, start: Optional[NiftiHead] = None) -> Tuple[Declar
             check_qform_agrees(path, srow, quatern, pixdim[0], min(ndim, 3), mm_per_unit)
     data_path, skip = path, vox_offset
     if not (low.endswith(".hdr") or low.endswith(".hdr.gz")) and vox_offset < n1 + 4:
-        raise CardsegError(f"{path}: NIfTI vox_offset is {vox_offset}, inside the {n1}-byte header (the image data "
-                           f"of a .nii file start at byte {n1 + 4} or later); the image would be read shifted")
+        raise CardsegError(
+            f"{path}: NIfTI vox_offset is {vox_offset}, inside the {n1}-byte header (the image data "
+            f"of a .nii file start at byte {n1 + 4} or later); the image would be read shifted"
+        )
     if low.endswith(".hdr") or low.endswith(".hdr.gz"):
-        stem = path.name[:-len(".hdr.gz")] if low.endswith(".hdr.gz") else path.name[:-len(".hdr")]
+        stem = path.name[: -len(".hdr.gz")] if low.endswith(".hdr.gz") else path.name[: -len(".hdr")]
         cands = [path.with_name(stem + ext) for ext in (".img", ".img.gz", ".IMG")]
         data_path = next((c for c in cands if os.path.lexists(c)), cands[0])
         require_regular_file(data_path, f"{path}: the data file {data_path.name}")
         skip = max(vox_offset, 0)
-    return decl, lambda: check_data(data_path, lambda: _open_stream(
-        data_path, "gzip" if data_path.name.lower().endswith(".gz") else "raw"), skip,
-        decl.voxels * bpv, dtype, "NIfTI")
+    return decl, lambda: check_data(
+        data_path,
+        lambda: _open_stream(data_path, "gzip" if data_path.name.lower().endswith(".gz") else "raw"),
+        skip,
+        decl.voxels * bpv,
+        dtype,
+        "NIfTI",
+    )
 
 
 # ----------------------------------------------------------------------------- NRRD
 
 _NRRD_TYPES = {
-    "int8": "i1", "signed char": "i1", "int8_t": "i1", "uchar": "u1", "unsigned char": "u1", "uint8": "u1",
-    "uint8_t": "u1", "short": "i2", "short int": "i2", "signed short": "i2", "signed short int": "i2",
-    "int16": "i2", "int16_t": "i2", "ushort": "u2", "unsigned short": "u2", "unsigned short int": "u2",
-    "uint16": "u2", "uint16_t": "u2", "int": "i4", "signed int": "i4", "int32": "i4", "int32_t": "i4",
-    "uint": "u4", "unsigned int": "u4", "uint32": "u4", "uint32_t": "u4", "longlong": "i8", "long long": "i8",
-    "long long int": "i8", "signed long long": "i8", "signed long long int": "i8", "int64": "i8", "int64_t": "i8",
-    "ulonglong": "u8", "unsigned long long": "u8", "unsigned long long int": "u8", "uint64": "u8",
-    "uint64_t": "u8", "float": "f4", "double": "f8",
+    "int8": "i1",
+    "signed char": "i1",
+    "int8_t": "i1",
+    "uchar": "u1",
+    "unsigned char": "u1",
+    "uint8": "u1",
+    "uint8_t": "u1",
+    "short": "i2",
+    "short int": "i2",
+    "signed short": "i2",
+    "signed short int": "i2",
+    "int16": "i2",
+    "int16_t": "i2",
+    "ushort": "u2",
+    "unsigned short": "u2",
+    "unsigned short int": "u2",
+    "uint16": "u2",
+    "uint16_t": "u2",
+    "int": "i4",
+    "signed int": "i4",
+    "int32": "i4",
+    "int32_t": "i4",
+    "uint": "u4",
+    "unsigned int": "u4",
+    "uint32": "u4",
+    "uint32_t": "u4",
+    "longlong": "i8",
+    "long long": "i8",
+    "long long int": "i8",
+    "signed long long": "i8",
+    "signed long long int": "i8",
+    "int64": "i8",
+    "int64_t": "i8",
+    "ulonglong": "u8",
+    "unsigned long long": "u8",
+    "unsigned long long int": "u8",
+    "uint64": "u8",
+    "uint64_t": "u8",
+    "float": "f4",
+    "double": "f8",
 }
 
 
@@ -277,7 +339,8 @@ def inspect_nrrd(path: Path) -> Tuple[Declared, Callable[[], None]]:
     if fields.get("endian", "little") == "big":
         dtype = dtype.newbyteorder(">")
     encoding = {"raw": "raw", "gzip": "gzip", "gz": "gzip", "bzip2": "bzip2", "bz2": "bzip2"}.get(
-        fields.get("encoding", "raw").lower())
+        fields.get("encoding", "raw").lower()
+    )
     spacing = _nrrd_spacing(fields, len(sizes))
     decl = Declared("NRRD", sizes, dtype.itemsize, spacing)
     if encoding is None:  # ascii / hex: ITK parses the text and fails itself on short data
@@ -295,10 +358,16 @@ def inspect_nrrd(path: Path) -> Tuple[Declared, Callable[[], None]]:
         data_path, skip = path, offset + max(int(fields.get("byte skip", "0") or 0), 0)
     if encoding != "raw":
         off = skip if not datafile else 0
-        opener = (lambda: _OffsetStream(data_path, off, encoding))
+
+        def opener():
+            return _OffsetStream(data_path, off, encoding)
+
         skip = 0 if not datafile else skip
     else:
-        opener = (lambda: _open_stream(data_path, "raw"))
+
+        def opener():
+            return _open_stream(data_path, "raw")
+
     return decl, lambda: check_data(data_path, opener, skip, decl.voxels * dtype.itemsize, dtype, "NRRD")
 
 
@@ -337,9 +406,20 @@ def _nrrd_spacing(fields: Dict[str, str], ndim: int) -> Optional[Tuple[float, ..
 
 # ----------------------------------------------------------------------------- MetaImage
 
-_MET_TYPES = {"MET_CHAR": "i1", "MET_UCHAR": "u1", "MET_SHORT": "i2", "MET_USHORT": "u2", "MET_INT": "i4",
-              "MET_UINT": "u4", "MET_LONG": "i4", "MET_ULONG": "u4", "MET_LONG_LONG": "i8",
-              "MET_ULONG_LONG": "u8", "MET_FLOAT": "f4", "MET_DOUBLE": "f8"}
+_MET_TYPES = {
+    "MET_CHAR": "i1",
+    "MET_UCHAR": "u1",
+    "MET_SHORT": "i2",
+    "MET_USHORT": "u2",
+    "MET_INT": "i4",
+    "MET_UINT": "u4",
+    "MET_LONG": "i4",
+    "MET_ULONG": "u4",
+    "MET_LONG_LONG": "i8",
+    "MET_ULONG_LONG": "u8",
+    "MET_FLOAT": "f4",
+    "MET_DOUBLE": "f8",
+}
 
 
 def inspect_metaimage(path: Path) -> Tuple[Declared, Callable[[], None]]:
@@ -393,10 +473,16 @@ def inspect_metaimage(path: Path) -> Tuple[Declared, Callable[[], None]]:
         start += header_size
     expected = decl.voxels * decl.bytes_per_voxel
     if fields.get("CompressedData", "False").lower() == "true":
-        opener = (lambda: _ZlibStream(data_path, start))
+
+        def opener():
+            return _ZlibStream(data_path, start)
+
         skip = 0
     else:
-        opener = (lambda: _open_stream(data_path, "raw"))
+
+        def opener():
+            return _open_stream(data_path, "raw")
+
         skip = start
     return decl, lambda: check_data(data_path, opener, skip, expected, dtype, "MetaImage")
 

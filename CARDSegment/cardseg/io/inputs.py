@@ -45,25 +45,47 @@ import SimpleITK as sitk
 from cardseg.base.errors import CardsegError
 from cardseg.base.fd2 import FD2_LOCK
 from cardseg.io.headers import INSPECTORS, nrrd_field, read_nifti_head, read_nrrd_header
-from cardseg.io.limits import (DIRECTION_TOLERANCE, INPLANE_SPACING_MM, LIMIT_MEMORY_NOTE, MAX_FILE_VOXELS,
-                                MAX_VOLUME_VOXELS, MIN_INPLANE, SLICE_SPACING_MM, nearest_orthonormal, skew_degrees)
+from cardseg.io.limits import (
+    DIRECTION_TOLERANCE,
+    INPLANE_SPACING_MM,
+    LIMIT_MEMORY_NOTE,
+    MAX_FILE_VOXELS,
+    MAX_VOLUME_VOXELS,
+    MIN_INPLANE,
+    SLICE_SPACING_MM,
+    nearest_orthonormal,
+    skew_degrees,
+)
 
 #: ITK readers of 2D raster formats that store no physical pixel spacing
 RASTER_IO = {"PNGImageIO": "PNG", "JPEGImageIO": "JPEG", "BMPImageIO": "BMP", "TIFFImageIO": "TIFF"}
 _SUPPORTED_PIXELS = {
-    sitk.sitkUInt8, sitk.sitkInt8, sitk.sitkUInt16, sitk.sitkInt16, sitk.sitkUInt32, sitk.sitkInt32,
-    sitk.sitkUInt64, sitk.sitkInt64, sitk.sitkFloat32, sitk.sitkFloat64,
+    sitk.sitkUInt8,
+    sitk.sitkInt8,
+    sitk.sitkUInt16,
+    sitk.sitkInt16,
+    sitk.sitkUInt32,
+    sitk.sitkInt32,
+    sitk.sitkUInt64,
+    sitk.sitkInt64,
+    sitk.sitkFloat32,
+    sitk.sitkFloat64,
 }
 #: an ITK vector pixel type → the type of its components
-_COMPONENT_OF = {getattr(sitk, "sitkVector" + n): getattr(sitk, "sitk" + n) for n in (
-    "UInt8", "Int8", "UInt16", "Int16", "UInt32", "Int32", "UInt64", "Int64", "Float32", "Float64")}
+_COMPONENT_OF = {
+    getattr(sitk, "sitkVector" + n): getattr(sitk, "sitk" + n)
+    for n in ("UInt8", "Int8", "UInt16", "Int16", "UInt32", "Int32", "UInt64", "Int64", "Float32", "Float64")
+}
 #: NRRD axis kinds whose entries are whole images (the frames of a cine, as in Slicer's sequence files): ITK reads
 #: such an axis as the components of a vector pixel; every other kind (vector, RGB-color, ...) is pixel data
 _FRAME_KINDS = ("list",)
 _AXES = ("i (x)", "j (y)", "k (slice)")
 #: the header field that holds the axis directions, per ITK reader
-_DIRECTION_FIELD = {"NrrdImageIO": "NRRD space directions", "MetaImageIO": "MetaImage TransformMatrix",
-                    "NiftiImageIO": "NIfTI sform/qform"}
+_DIRECTION_FIELD = {
+    "NrrdImageIO": "NRRD space directions",
+    "MetaImageIO": "MetaImage TransformMatrix",
+    "NiftiImageIO": "NIfTI sform/qform",
+}
 
 sitk.ProcessObject.SetGlobalWarningDisplay(False)
 
@@ -79,8 +101,10 @@ def parse_spacing(text: str) -> tuple:
     bad = implausible_spacing(values)  # checked here, before any input is read or any case runs
     if bad:
         axis, value, lo, hi = bad
-        raise CardsegError(f"--spacing {text!r}: axis {_AXES[axis]} {value:g} mm is outside the plausible range "
-                           f"{lo:g}-{hi:g} mm for MRI")
+        raise CardsegError(
+            f"--spacing {text!r}: axis {_AXES[axis]} {value:g} mm is outside the plausible range "
+            f"{lo:g}-{hi:g} mm for MRI"
+        )
     return values
 
 
@@ -110,12 +134,13 @@ def read_image(path: os.PathLike, frame: Optional[int] = None, spacing: Optional
     img = _as_3d(img, p, frame)
     if spacing is not None:
         sp = list(img.GetSpacing())
-        sp[:len(spacing)] = [float(s) for s in spacing]
+        sp[: len(spacing)] = [float(s) for s in spacing]
         check_spacing(sp, p, given=len(spacing))  # before ITK sees it: ITK throws on a zero or negative spacing
         img.SetSpacing(sp)
     elif not has_spacing:
-        raise CardsegError(f"{p}: a {_raster_name(p)} image carries no physical pixel spacing; "
-                           "give it with --spacing SX,SY (mm)")
+        raise CardsegError(
+            f"{p}: a {_raster_name(p)} image carries no physical pixel spacing; give it with --spacing SX,SY (mm)"
+        )
     check_spacing(img.GetSpacing(), p, given=len(spacing) if spacing is not None else 0)
     _check_size(img.GetSize(), p)
     return img
@@ -147,8 +172,14 @@ def _native_stderr_muted():
 
 
 #: header formats that cardseg reads itself, by file name ending (for a reason ITK does not give)
-_HEADER_SUFFIXES = {".nhdr": "NrrdImageIO", ".nrrd": "NrrdImageIO", ".mhd": "MetaImageIO", ".mha": "MetaImageIO",
-                    ".hdr": "NiftiImageIO", ".img": "NiftiImageIO"}
+_HEADER_SUFFIXES = {
+    ".nhdr": "NrrdImageIO",
+    ".nrrd": "NrrdImageIO",
+    ".mhd": "MetaImageIO",
+    ".mha": "MetaImageIO",
+    ".hdr": "NiftiImageIO",
+    ".img": "NiftiImageIO",
+}
 
 
 def _inspect_before_itk(p: Path, io: Optional[str] = None, *start) -> None:
@@ -185,15 +216,27 @@ def _nrrd_time_axis_as_list(p: Path):
         except (OSError, CardsegError):  # not a NRRD: ITK and the header check say so
             pass
     kinds, data = fields.get("kinds", "").split(), fields.get("data file") or fields.get("datafile")
-    if (len(kinds) not in (3, 4) or kinds.count("time") != 1 or (data or "").startswith("LIST") or "%" in (data or "")
-            or (not data and offset < 0) or not fields.get("line skip", "0").strip().isdigit()):
+    if (
+        len(kinds) not in (3, 4)
+        or kinds.count("time") != 1
+        or (data or "").startswith("LIST")
+        or "%" in (data or "")
+        or (not data and offset < 0)
+        or not fields.get("line skip", "0").strip().isdigit()
+    ):
         yield p
         return
     skip = int(fields.get("line skip", "0")) + (0 if data else len(lines) + 1)  # attached: past the header too
-    keep = [ln.encode("latin-1") for ln in lines
-            if (nrrd_field(ln) or ("",))[0] not in ("kinds", "data file", "datafile", "line skip")]
-    keep += [b"kinds: " + " ".join("list" if k == "time" else k for k in kinds).encode(), b"line skip: %d" % skip,
-             b"data file: " + os.fsencode(os.path.abspath(p.parent / data if data else p))]
+    keep = [
+        ln.encode("latin-1")
+        for ln in lines
+        if (nrrd_field(ln) or ("",))[0] not in ("kinds", "data file", "datafile", "line skip")
+    ]
+    keep += [
+        b"kinds: " + " ".join("list" if k == "time" else k for k in kinds).encode(),
+        b"line skip: %d" % skip,
+        b"data file: " + os.fsencode(os.path.abspath(p.parent / data if data else p)),
+    ]
     with tempfile.TemporaryDirectory(prefix="cardseg-nrrd-") as tmp:
         header = Path(tmp) / "frames.nhdr"
         header.write_bytes(b"\n".join(keep) + b"\n\n")
@@ -215,17 +258,22 @@ def _read_via(p: Path, source: Path, frame: Optional[int], user_spacing: Optiona
         if start is not None and start.order is not None:  # it starts as a NIfTI (sizeof_hdr 348 or 540): NIfTI-2,
             _inspect_before_itk(p, "NiftiImageIO", start)  # or a header fault to name, from that one read; else junk
         reason = re.search(r"ITK ERROR: (.+)", str(exc))  # e.g. a NIfTI whose axes are not orthonormal
-        raise CardsegError(f"{p}: not a readable image (NIfTI, NRRD, MHA, DICOM; PNG/JPEG/BMP/TIFF with --spacing)"
-                           + (f": {reason.group(1).strip()}" if reason else "")) from None
+        raise CardsegError(
+            f"{p}: not a readable image (NIfTI, NRRD, MHA, DICOM; PNG/JPEG/BMP/TIFF with --spacing)"
+            + (f": {reason.group(1).strip()}" if reason else "")
+        ) from None
     io = reader.GetImageIO() or sitk.ImageFileReader.GetImageIOFromFileName(str(p))
     size = tuple(reader.GetSize())
     frames = _frames_as_components(reader, io)
     if frames:  # a cine whose frames ITK reads as components: its size as a 4D image's (x, y, z, frames)
         size = size + (1,) * (3 - len(size)) + (frames,)
     if (reader.GetNumberOfComponents() != 1 and not frames) or (
-            _COMPONENT_OF.get(reader.GetPixelID()) if frames else reader.GetPixelID()) not in _SUPPORTED_PIXELS:
-        raise CardsegError(f"{p}: unsupported pixel type {sitk.GetPixelIDValueAsString(reader.GetPixelID())} "
-                           "(need a scalar grey-level image)")
+        _COMPONENT_OF.get(reader.GetPixelID()) if frames else reader.GetPixelID()
+    ) not in _SUPPORTED_PIXELS:
+        raise CardsegError(
+            f"{p}: unsupported pixel type {sitk.GetPixelIDValueAsString(reader.GetPixelID())} "
+            "(need a scalar grey-level image)"
+        )
     has_spacing = True
     if io == "GDCMImageIO":  # one DICOM file: its own position, orientation and spacings, as in a series
         from cardseg.io.dicom import read_dicom_file
@@ -243,8 +291,13 @@ def _read_via(p: Path, source: Path, frame: Optional[int], user_spacing: Optiona
             # the header's own values (before a reader turns 0 into 1 mm), where the user gave none
             own = list(declared.spacing)[:3]
             given = list(user_spacing or [])
-            check_spacing(given + own[len(given):], p, header=io == "NiftiImageIO" and not given, given=len(given),
-                          unit=(declared.unit, declared.mm_per_unit))
+            check_spacing(
+                given + own[len(given) :],
+                p,
+                header=io == "NiftiImageIO" and not given,
+                given=len(given),
+                unit=(declared.unit, declared.mm_per_unit),
+            )
         else:
             has_spacing = False
         _check_frame_before_reading(size, p, frame)
@@ -253,8 +306,10 @@ def _read_via(p: Path, source: Path, frame: Optional[int], user_spacing: Optiona
         _check_file_voxels(int(np.prod(size)), p)
         has_spacing = False
     else:
-        raise CardsegError(f"{p}: {io.replace('ImageIO', '')} files are not supported "
-                           "(NIfTI, NRRD, MHA, DICOM; PNG/JPEG/BMP/TIFF with --spacing)")
+        raise CardsegError(
+            f"{p}: {io.replace('ImageIO', '')} files are not supported "
+            "(NIfTI, NRRD, MHA, DICOM; PNG/JPEG/BMP/TIFF with --spacing)"
+        )
     try:
         with _native_stderr_muted():
             img = reader.Execute()
@@ -282,10 +337,12 @@ def _orthonormal(direction: Sequence[float], p: Path, io: str) -> tuple:
     if exact is None:
         n = int(round(np.sqrt(len(direction))))
         lengths = ", ".join(f"{v:.6g}" for v in np.linalg.norm(np.reshape(direction, (n, n)), axis=0))
-        raise CardsegError(f"{p}: {_DIRECTION_FIELD.get(io, 'direction matrix')} is not orthonormal (axis lengths "
-                           f"{lengths}, {skew_degrees(direction):.3g} degrees from orthogonal; tolerance "
-                           f"{DIRECTION_TOLERANCE:g}); cardseg writes its outputs on an orthogonal grid, so it cannot "
-                           "return them where this image lies")
+        raise CardsegError(
+            f"{p}: {_DIRECTION_FIELD.get(io, 'direction matrix')} is not orthonormal (axis lengths "
+            f"{lengths}, {skew_degrees(direction):.3g} degrees from orthogonal; tolerance "
+            f"{DIRECTION_TOLERANCE:g}); cardseg writes its outputs on an orthogonal grid, so it cannot "
+            "return them where this image lies"
+        )
     return tuple(float(v) for v in exact.ravel())
 
 
@@ -297,15 +354,18 @@ def _first_line(exc: Exception) -> str:
 
 def _check_file_voxels(n: int, p: Path) -> None:
     if n > MAX_FILE_VOXELS:
-        raise CardsegError(f"{p}: the file declares {n:,d} voxels; the limit is {MAX_FILE_VOXELS:,d} "
-                           f"(about {MAX_FILE_VOXELS * 4 >> 20} MB as float32)")
+        raise CardsegError(
+            f"{p}: the file declares {n:,d} voxels; the limit is {MAX_FILE_VOXELS:,d} "
+            f"(about {MAX_FILE_VOXELS * 4 >> 20} MB as float32)"
+        )
 
 
 def _check_size(size: tuple, p: Path) -> None:
     n = int(np.prod(size))
     if n > MAX_VOLUME_VOXELS:
-        raise CardsegError(f"{p}: the volume to segment has {n:,d} voxels; the limit is {MAX_VOLUME_VOXELS:,d} "
-                           f"({LIMIT_MEMORY_NOTE})")
+        raise CardsegError(
+            f"{p}: the volume to segment has {n:,d} voxels; the limit is {MAX_VOLUME_VOXELS:,d} ({LIMIT_MEMORY_NOTE})"
+        )
     if min(size[:2]) < MIN_INPLANE:
         raise CardsegError(f"{p}: in-plane size {size[0]}x{size[1]} is too small (at least {MIN_INPLANE} pixels)")
 
@@ -313,16 +373,19 @@ def _check_size(size: tuple, p: Path) -> None:
 def _check_frame_before_reading(size: tuple, p: Path, frame: Optional[int]) -> None:
     if len(size) == 4:
         if frame is None:
-            raise CardsegError(f"{p}: 4D image with {size[3]} frames; choose one with --frame N or a batch "
-                               f"manifest's frame column (0..{size[3] - 1})")
+            raise CardsegError(
+                f"{p}: 4D image with {size[3]} frames; choose one with --frame N or a batch "
+                f"manifest's frame column (0..{size[3] - 1})"
+            )
         if not 0 <= frame < size[3]:
             raise CardsegError(f"{p}: --frame {frame} is out of range (0..{size[3] - 1})")
     elif frame is not None:
         raise CardsegError(f"{p}: --frame given but the image is {len(size)}D, not 4D")
 
 
-def check_spacing(spacing: Sequence[float], p: Path, header: bool = False, given: int = 0,
-                  unit: tuple = ("mm", 1.0)) -> None:
+def check_spacing(
+    spacing: Sequence[float], p: Path, header: bool = False, given: int = 0, unit: tuple = ("mm", 1.0)
+) -> None:
     """Each spatial axis' spacing (mm) within the plausible MRI range; the message names axis and value.
     ``given``: how many leading axes the user's ``--spacing`` set (their message says so); ``unit``: the
     header's unit of length and mm per unit (a NIfTI in metres names its pixdim in metres too)."""
@@ -331,12 +394,16 @@ def check_spacing(spacing: Sequence[float], p: Path, header: bool = False, given
         return
     axis, value, lo, hi = bad
     if axis < given:
-        raise CardsegError(f"{p}: --spacing gives axis {_AXES[axis]} {value:g} mm, outside the plausible "
-                           f"range {lo:g}-{hi:g} mm for MRI")
+        raise CardsegError(
+            f"{p}: --spacing gives axis {_AXES[axis]} {value:g} mm, outside the plausible "
+            f"range {lo:g}-{hi:g} mm for MRI"
+        )
     where = f"pixdim[{axis + 1}]" if header else "spacing"
     value_text = f"{value:g} mm" if unit[0] == "mm" else f"{value / unit[1]:g} {unit[0]} ({value:g} mm)"
-    raise CardsegError(f"{p}: {where} of axis {_AXES[axis]} is {value_text}, outside the plausible range "
-                       f"{lo:g}-{hi:g} mm for MRI (give the right one with --spacing)")
+    raise CardsegError(
+        f"{p}: {where} of axis {_AXES[axis]} is {value_text}, outside the plausible range "
+        f"{lo:g}-{hi:g} mm for MRI (give the right one with --spacing)"
+    )
 
 
 def _as_3d(img: sitk.Image, p: Path, frame: Optional[int]) -> sitk.Image:

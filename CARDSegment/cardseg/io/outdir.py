@@ -176,8 +176,9 @@ def check_output(output: os.PathLike, overwrite: bool = False, inputs: Iterable[
             # before the folder is known to be cardseg's or empty
         _check_siblings(out)
     except FileNotFoundError:  # another run, holding the lock, moved the folder while it was read
-        raise CardsegError(f"{out}: another cardseg run is writing this folder now; "
-                           "wait for it to finish or choose another folder") from None
+        raise CardsegError(
+            f"{out}: another cardseg run is writing this folder now; wait for it to finish or choose another folder"
+        ) from None
     return out
 
 
@@ -193,27 +194,40 @@ SYSTEM_FILES = (".DS_Store", "Thumbs.db", "desktop.ini")
 
 
 def _check_replaceable(out: Path, overwrite: bool) -> None:
-    present = sorted(p.name for p in out.iterdir() if p.name not in SYSTEM_FILES
-                     and not (p.name == INNER_TMP and own_leftover(p)) and not p.name.startswith(PROBE_PREFIX))
+    present = sorted(
+        p.name
+        for p in out.iterdir()
+        if p.name not in SYSTEM_FILES
+        and not (p.name == INNER_TMP and own_leftover(p))
+        and not p.name.startswith(PROBE_PREFIX)
+    )
     if not present:
         return
     stamp = read_stamp(out)
     if stamp is None:
-        raise CardsegError(f"{out}: folder is not empty and was not written by cardseg; it is never replaced, "
-                           "choose a new or empty folder")
+        raise CardsegError(
+            f"{out}: folder is not empty and was not written by cardseg; it is never replaced, "
+            "choose a new or empty folder"
+        )
     foreign = [n for n in present if n != STAMP and not _accepted(stamp, n)]
     if foreign:
         more = f" and {len(foreign) - 3} more" if len(foreign) > 3 else ""
-        raise CardsegError(f"{out}: holds files cardseg did not write ({', '.join(foreign[:3])}{more}); "
-                           "it is never replaced, move them or choose another folder")
+        raise CardsegError(
+            f"{out}: holds files cardseg did not write ({', '.join(foreign[:3])}{more}); "
+            "it is never replaced, move them or choose another folder"
+        )
     edited = [n for n in present if n != STAMP and file_changed(out, n, _accepted(stamp, n))]
     if edited:
-        raise CardsegError(f"{out}: {', '.join(edited[:3])} changed after cardseg wrote it; the folder is never "
-                           "replaced, move the file or choose another folder")
+        raise CardsegError(
+            f"{out}: {', '.join(edited[:3])} changed after cardseg wrote it; the folder is never "
+            "replaced, move the file or choose another folder"
+        )
     if not overwrite:
         if stamp.get("replacing"):  # the stamp a replacement leaves until its last step
-            raise CardsegError(f"{out}: holds the partial results of a cardseg run that was interrupted while it "
-                               "replaced them (use --overwrite to write them again)")
+            raise CardsegError(
+                f"{out}: holds the partial results of a cardseg run that was interrupted while it "
+                "replaced them (use --overwrite to write them again)"
+            )
         raise CardsegError(f"{out}: holds the results of an earlier cardseg run (use --overwrite to replace them)")
 
 
@@ -249,8 +263,12 @@ def _remove_leftover(folder: Path) -> None:
 def _stale_lock(p: Path) -> bool:
     """Whether ``p`` looks like a lock file cardseg wrote (a process id on one line)."""
     try:
-        return p.is_file() and not p.is_symlink() and p.stat().st_size < 32 and \
-            re.fullmatch(r"\d*\n?", p.read_text(encoding="ascii", errors="replace")) is not None
+        return (
+            p.is_file()
+            and not p.is_symlink()
+            and p.stat().st_size < 32
+            and re.fullmatch(r"\d*\n?", p.read_text(encoding="ascii", errors="replace")) is not None
+        )
     except OSError:
         return False
 
@@ -335,8 +353,10 @@ class OutputWriter:
             except OSError as exc:
                 raise CardsegError(f"{self.out}: cannot write there ({exc.strerror})") from None
             if not held:
-                raise CardsegError(f"{self.out}: another cardseg run is writing this folder now; "
-                                   "wait for it to finish or choose another folder")
+                raise CardsegError(
+                    f"{self.out}: another cardseg run is writing this folder now; "
+                    "wait for it to finish or choose another folder"
+                )
             old = _sibling(self.out, _OLD)
             if not self.out.exists() and old.is_dir() and read_stamp(old) is not None:
                 os.replace(old, self.out)  # a run stopped between its two renames: put the result back
@@ -413,8 +433,12 @@ class OutputWriter:
 
     def _write_stamp(self, folder: Path) -> None:
         files = {n: file_digest(folder / n) for n in self.files if (folder / n).is_file()}
-        stamp = {"tool": "cardseg", "version": self.version, "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                 "files": files}
+        stamp = {
+            "tool": "cardseg",
+            "version": self.version,
+            "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "files": files,
+        }
         write_atomic(folder / STAMP, (json.dumps(stamp, indent=1) + "\n").encode())  # a kill leaves no half stamp
 
     def _make_parents(self) -> None:

@@ -77,8 +77,10 @@ class SliceGrid:
         ny, nx, sx, sy, s, n = self._scale()
         dy, dx = (float(o) for o in self.offset)
         a = np.arange(n, dtype=np.float64) - (n - 1) / 2
-        return (_unnormalise((a * s / sy + dy) * 2 / max(ny - 1, 1), ny),
-                _unnormalise((a * s / sx + dx) * 2 / max(nx - 1, 1), nx))
+        return (
+            _unnormalise((a * s / sy + dy) * 2 / max(ny - 1, 1), ny),
+            _unnormalise((a * s / sx + dx) * 2 / max(nx - 1, 1), nx),
+        )
 
     def _network_position(self) -> tuple:
         """Each slice row's and column's position on the network grid, in network pixels (float64)."""
@@ -157,8 +159,9 @@ def resample_to_network(slices: np.ndarray, grid: SliceGrid, mode: str = "biline
     sigma = grid.antialias_sigma()
     if mode != "nearest" and max(sigma) > 0:
         arr = np.stack([ndimage.gaussian_filter(s, sigma=sigma, mode="nearest") for s in arr])
-    out = _resample(np.ascontiguousarray(arr), grid.to_network_grid(), tuple(grid.slice_shape), mode == "nearest",
-                    border=False)
+    out = _resample(
+        np.ascontiguousarray(arr), grid.to_network_grid(), tuple(grid.slice_shape), mode == "nearest", border=False
+    )
     return out[:, None]
 
 
@@ -187,8 +190,11 @@ def network_to_slices(maps, grid: SliceGrid, cache: Optional[dict] = None):
     held = None if cache is None else cache.get(key)
     if held is None or held[0] is not grid:
         rows, cols = grid.from_network_grid()
-        held = (grid, arrays.like(interpolation_matrix(rows, n, nearest=False, border=True), maps),
-                arrays.like(np.ascontiguousarray(interpolation_matrix(cols, n, nearest=False, border=True).T), maps))
+        held = (
+            grid,
+            arrays.like(interpolation_matrix(rows, n, nearest=False, border=True), maps),
+            arrays.like(np.ascontiguousarray(interpolation_matrix(cols, n, nearest=False, border=True).T), maps),
+        )
         if cache is not None:
             cache[key] = held
     return held[1] @ maps @ held[2]

@@ -98,5 +98,7 @@ def _check_float32_range(img: sitk.Image, p: Path) -> None:
         if mag.size:
             worst = max(worst, float(mag.max()))
     if worst > limit:
-        raise CardsegError(f"{p}: image holds values beyond the float32 range (|value| up to {worst:.3g}, "
-                           f"float32 ends at {limit:.3g}); cardseg computes in float32, rescale the image")
+        raise CardsegError(
+            f"{p}: image holds values beyond the float32 range (|value| up to {worst:.3g}, "
+            f"float32 ends at {limit:.3g}); cardseg computes in float32, rescale the image"
+        )

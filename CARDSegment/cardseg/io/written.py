@@ -217,8 +217,11 @@ if hasattr(os, "register_at_fork"):
 def _deflate(data: bytes, primer: bytes, level: int, last: bool) -> bytes:
     """``data`` as raw deflate blocks that continue a stream whose last 32 KiB were ``primer``; a
     non-final piece ends on a byte boundary (sync flush) so the next piece's blocks can follow."""
-    c = zlib.compressobj(level, zlib.DEFLATED, -15, zdict=primer) if primer else \
-        zlib.compressobj(level, zlib.DEFLATED, -15)
+    c = (
+        zlib.compressobj(level, zlib.DEFLATED, -15, zdict=primer)
+        if primer
+        else zlib.compressobj(level, zlib.DEFLATED, -15)
+    )
     return c.compress(data) + c.flush(zlib.Z_FINISH if last else zlib.Z_SYNC_FLUSH)
 
 
@@ -267,9 +270,11 @@ def verify_image(image, path: Path) -> None:
     except (OSError, EOFError, ValueError, RuntimeError, zlib.error, struct.error):
         raise IncompleteWrite(path) from None
     # ITK reads a one-slice vector image back as 2D: trailing axes of size 1 do not count
-    same = (_trimmed(reader.GetSize()) == _trimmed(image.GetSize())
-            and reader.GetNumberOfComponents() == image.GetNumberOfComponentsPerPixel()
-            and reader.GetPixelID() in (image.GetPixelID(), sitk.sitkUnknown))
+    same = (
+        _trimmed(reader.GetSize()) == _trimmed(image.GetSize())
+        and reader.GetNumberOfComponents() == image.GetNumberOfComponentsPerPixel()
+        and reader.GetPixelID() in (image.GetPixelID(), sitk.sitkUnknown)
+    )
     if not same or total != offset + expected:
         raise IncompleteWrite(path)
 
@@ -284,7 +289,7 @@ def _gunzip_length(path: Path) -> tuple:
             if not chunk:
                 break
             if len(head) < 540:
-                head += chunk[:540 - len(head)]
+                head += chunk[: 540 - len(head)]
             total += len(chunk)
     return total, head
 
@@ -325,7 +330,11 @@ def write_seg_nrrd(path: os.PathLike, labels, volume, classes: list) -> None:
     for value, cls in enumerate(classes):
         if value == 0:
             continue
-        segment = {"id": f"Segment_{value}", "name": cls["name"], "color": [float(c) for c in cls.get("color", [1, 0, 0])]}
+        segment = {
+            "id": f"Segment_{value}",
+            "name": cls["name"],
+            "color": [float(c) for c in cls.get("color", [1, 0, 0])],
+        }
         if cls.get("terminology"):
             segment["terminology"] = cls["terminology"]
         slicerio.add_segment(seg, ijk == value, segment)
@@ -344,11 +353,11 @@ def drop_write_date(path: os.PathLike) -> None:
     with open(path, "rb") as f:
         data = f.read()
     end = data.find(b"\n\n")
-    head = data[:end + 1] if end >= 0 else b""
+    head = data[: end + 1] if end >= 0 else b""
     new_head = _DATE_COMMENT.sub(b"", head, count=1)
     if new_head != head:
         with open(path, "wb") as f:
-            f.write(new_head + data[len(head):])
+            f.write(new_head + data[len(head) :])
 
 
 def write_text(path: os.PathLike, text: str) -> None:

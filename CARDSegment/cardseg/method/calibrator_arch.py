@@ -18,8 +18,15 @@ from cardseg.base.errors import show
 NET_CALIBRATOR_ARCH: Dict[str, Dict[str, Tuple[int, ...]]] = {
     "pts": {"num_classes": (2, 255), "top_k": (1, 255), "hidden": (1, 64), "layers": (1, 4)},
     "lts": {"num_classes": (2, 255), "kernel": (1, 9), "dilation": (1, 16)},
-    "calibnet": {"num_classes": (2, 255), "branch": (1, 32), "hidden": (1, 64), "reduction": (1, 160),
-                 "dae_hidden": (1, 64), "dae_dilations": (1, 16, 6), "augmentations": (1, 64)},
+    "calibnet": {
+        "num_classes": (2, 255),
+        "branch": (1, 32),
+        "hidden": (1, 64),
+        "reduction": (1, 160),
+        "dae_hidden": (1, 64),
+        "dae_dilations": (1, 16, 6),
+        "augmentations": (1, 64),
+    },
 }
 
 
@@ -42,8 +49,11 @@ def net_arch_problem(method: str, arch: Any) -> Optional[Tuple[str, str]]:
         v = arch[key]
         if len(bounds) == 3:
             low, high, max_len = bounds
-            if (not isinstance(v, (list, tuple)) or not 1 <= len(v) <= max_len
-                    or any(not _is_int(x) or not low <= x <= high for x in v)):
+            if (
+                not isinstance(v, (list, tuple))
+                or not 1 <= len(v) <= max_len
+                or any(not _is_int(x) or not low <= x <= high for x in v)
+            ):
                 return key, f"must be a list of 1 to {max_len} integers in [{low}, {high}] (got {show(v)})"
         elif not _is_int(v) or not bounds[0] <= v <= bounds[1]:
             return key, f"must be an integer in [{bounds[0]}, {bounds[1]}] (got {show(v)})"

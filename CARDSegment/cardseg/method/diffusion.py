@@ -141,7 +141,9 @@ class CategoricalSchedule:
         theta = (alpha * x_t + (1 - alpha) / k) * (abar_prev * x0 + (1 - abar_prev) / k)
         return theta / theta.sum(dim=1, keepdim=True).clamp_min(EPS)
 
-    def variational_kl(self, x_t: torch.Tensor, x0: torch.Tensor, p0_hat: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    def variational_kl(
+        self, x_t: torch.Tensor, x0: torch.Tensor, p0_hat: torch.Tensor, t: torch.Tensor
+    ) -> torch.Tensor:
         """Per-pixel ``KL(q(x_{t-1}|x_t,x_0) || q(x_{t-1}|x_t,p̂_0))``, logs clamped at 1e-12.
 
         x_t, x0, p0_hat: ``(B, K, H, W)``; t: ``(B,)`` → ``(B, H, W)``, zero when ``p0_hat == x0``.

@@ -140,8 +140,9 @@ class _OneStage(Progress):
         self.inner.advance(n)
 
 
-def flip_map(slices01: np.ndarray, traj, run_copy: Callable, steps_per_run: int,
-             progress: Optional[Progress] = None) -> np.ndarray:
+def flip_map(
+    slices01: np.ndarray, traj, run_copy: Callable, steps_per_run: int, progress: Optional[Progress] = None
+) -> np.ndarray:
     """The flipped runs' disagreement ``(Z, Y, X)`` float32 on the slices' grid (0 outside the
     field of view).
 

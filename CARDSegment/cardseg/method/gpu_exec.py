@@ -53,8 +53,9 @@ def run_card_two_streams(
     that call.
     """
     if image.device.type != "cuda":
-        return run_trajectory(primary, image, steps, num_classes, reference=reference, mode="card",
-                              schedule=schedule, tac_steps=tac_steps)
+        return run_trajectory(
+            primary, image, steps, num_classes, reference=reference, mode="card", schedule=schedule, tac_steps=tac_steps
+        )
     steps = [int(s) for s in steps]
     schedule = schedule or CategoricalSchedule()
     main = torch.cuda.current_stream(image.device)
@@ -88,10 +89,20 @@ class GraphedTrajectory:
     two-stream schedule; ``dtype=torch.bfloat16`` captures under autocast.
     """
 
-    def __init__(self, primary, reference, example: torch.Tensor, steps: Sequence[int], num_classes: int,
-                 mode: str = "card", schedule: Optional[CategoricalSchedule] = None, streams: bool = False,
-                 dtype: Optional[torch.dtype] = None, warmup: int = 3,
-                 tac_steps: Optional[Iterable[int]] = None):
+    def __init__(
+        self,
+        primary,
+        reference,
+        example: torch.Tensor,
+        steps: Sequence[int],
+        num_classes: int,
+        mode: str = "card",
+        schedule: Optional[CategoricalSchedule] = None,
+        streams: bool = False,
+        dtype: Optional[torch.dtype] = None,
+        warmup: int = 3,
+        tac_steps: Optional[Iterable[int]] = None,
+    ):
         if example.device.type != "cuda":
             raise ValueError("a CUDA graph needs a CUDA device")
         if mode not in ("card", "uc"):
@@ -106,11 +117,26 @@ class GraphedTrajectory:
         def body() -> TrajectoryResult:
             with _autocast(example.device, dtype):
                 if mode == "card" and streams:
-                    return run_card_two_streams(primary, reference, self.input, steps, num_classes, schedule,
-                                                tac_steps=tac_steps, side_stream=side)
-                return run_trajectory(primary, self.input, steps, num_classes,
-                                      reference=reference if mode == "card" else None, mode=mode,
-                                      schedule=schedule, tac_steps=tac_steps if mode == "card" else None)
+                    return run_card_two_streams(
+                        primary,
+                        reference,
+                        self.input,
+                        steps,
+                        num_classes,
+                        schedule,
+                        tac_steps=tac_steps,
+                        side_stream=side,
+                    )
+                return run_trajectory(
+                    primary,
+                    self.input,
+                    steps,
+                    num_classes,
+                    reference=reference if mode == "card" else None,
+                    mode=mode,
+                    schedule=schedule,
+                    tac_steps=tac_steps if mode == "card" else None,
+                )
 
         warm = torch.cuda.Stream(device=example.device)
         warm.wait_stream(torch.cuda.current_stream(example.device))
@@ -129,14 +155,23 @@ class GraphedTrajectory:
         self.input.copy_(image)
         self.graph.replay()
         out = self.output
-        return TrajectoryResult(logits=out.logits.float().clone(),
-                                tac=None if out.tac is None else out.tac.float().clone())
+        return TrajectoryResult(
+            logits=out.logits.float().clone(), tac=None if out.tac is None else out.tac.float().clone()
+        )
 
 
 @torch.no_grad()
-def run_trajectory_fast(primary, reference, image: torch.Tensor, steps: Sequence[int], num_classes: int,
-                        mode: str = "card", schedule: Optional[CategoricalSchedule] = None,
-                        streams: bool = False, dtype: Optional[torch.dtype] = None) -> TrajectoryResult:
+def run_trajectory_fast(
+    primary,
+    reference,
+    image: torch.Tensor,
+    steps: Sequence[int],
+    num_classes: int,
+    mode: str = "card",
+    schedule: Optional[CategoricalSchedule] = None,
+    streams: bool = False,
+    dtype: Optional[torch.dtype] = None,
+) -> TrajectoryResult:
     """Eager trajectory with the chosen schedule: two streams (``card`` on CUDA) and/or autocast.
 
     Same shapes and result as :func:`run_trajectory`; logits and tac returned as float32.
@@ -145,10 +180,20 @@ def run_trajectory_fast(primary, reference, image: torch.Tensor, steps: Sequence
         if mode == "card" and streams:
             res = run_card_two_streams(primary, reference, image, steps, num_classes, schedule)
         else:
-            res = run_trajectory(primary, image, steps, num_classes,
-                                 reference=reference if mode == "card" else None, mode=mode, schedule=schedule)
-    return TrajectoryResult(logits=res.logits.float(), tac=None if res.tac is None else res.tac.float(),
-                            reference_logits=res.reference_logits)
+            res = run_trajectory(
+                primary,
+                image,
+                steps,
+                num_classes,
+                reference=reference if mode == "card" else None,
+                mode=mode,
+                schedule=schedule,
+            )
+    return TrajectoryResult(
+        logits=res.logits.float(),
+        tac=None if res.tac is None else res.tac.float(),
+        reference_logits=res.reference_logits,
+    )
 
 
 #: ``CARDSEG_CUDA_GRAPHS``: ``0`` (or off/false/no) runs the engine eagerly; ``always`` captures a
@@ -188,11 +233,21 @@ def _attribute(net, name: str) -> Optional[dict]:
 
 
 @torch.no_grad()
-def run_graphed(primary, reference, image: torch.Tensor, steps: Sequence[int], num_classes: int, *,
-                mode: str = "card", schedule: Optional[CategoricalSchedule] = None,
-                tac_steps: Optional[Iterable[int]] = None, batch_size: int = 8, streams: bool = True,
-                volume: Optional[int] = None,
-                factory: Callable[..., Callable] = GraphedTrajectory) -> Optional[TrajectoryResult]:
+def run_graphed(
+    primary,
+    reference,
+    image: torch.Tensor,
+    steps: Sequence[int],
+    num_classes: int,
+    *,
+    mode: str = "card",
+    schedule: Optional[CategoricalSchedule] = None,
+    tac_steps: Optional[Iterable[int]] = None,
+    batch_size: int = 8,
+    streams: bool = True,
+    volume: Optional[int] = None,
+    factory: Callable[..., Callable] = GraphedTrajectory,
+) -> Optional[TrajectoryResult]:
     """The engine's trajectory on a CUDA device as a replayed CUDA graph, or ``None`` to run it eagerly.
 
     image: ``(B, C_img, H, W)`` with ``B <= batch_size`` on the networks' device. The batch is
@@ -218,8 +273,17 @@ def run_graphed(primary, reference, image: torch.Tensor, steps: Sequence[int], n
         return None
     steps = tuple(int(t) for t in steps)
     tac_key = None if tac_steps is None or mode != "card" else tuple(int(t) for t in tac_steps)
-    key = (id(reference) if mode == "card" else None, mode, tuple(image.shape[1:]), batch_size, steps, tac_key,
-           bool(streams), str(image.device), str(image.dtype))
+    key = (
+        id(reference) if mode == "card" else None,
+        mode,
+        tuple(image.shape[1:]),
+        batch_size,
+        steps,
+        tac_key,
+        bool(streams),
+        str(image.device),
+        str(image.dtype),
+    )
     per_net: Optional[Dict[tuple, Optional[Callable]]] = _attribute(primary, GRAPHS_ATTR)
     if per_net is None:  # an object that takes no attribute: no cache, so no graph
         return None
@@ -234,9 +298,17 @@ def run_graphed(primary, reference, image: torch.Tensor, steps: Sequence[int], n
         padded[:b] = image
     if key not in per_net:
         try:
-            per_net[key] = factory(primary, reference if mode == "card" else None, padded, steps, num_classes,
-                                   mode=mode, schedule=schedule, streams=streams and mode == "card",
-                                   tac_steps=tac_key)
+            per_net[key] = factory(
+                primary,
+                reference if mode == "card" else None,
+                padded,
+                steps,
+                num_classes,
+                mode=mode,
+                schedule=schedule,
+                streams=streams and mode == "card",
+                tac_steps=tac_key,
+            )
         except Exception as e:  # a network that cannot be captured still runs, eagerly
             per_net[key] = None
             warnings.warn(f"CUDA graph capture failed ({type(e).__name__}: {e}); running eagerly", RuntimeWarning)

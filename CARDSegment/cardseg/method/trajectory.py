@@ -142,13 +142,24 @@ def run_trajectory(
     if mode in ("card", "logit-mix") and reference is None:
         raise ValueError(f"mode {mode!r} needs a reference denoiser")
     with arrays.no_grad(image):
-        return _run(primary, image, steps, num_classes, reference, mode, schedule, tac_steps, keep_steps, on_step,
-                    overlap)
+        return _run(
+            primary, image, steps, num_classes, reference, mode, schedule, tac_steps, keep_steps, on_step, overlap
+        )
 
 
-def _run(primary: Callable, image: Any, steps: Sequence[int], num_classes: int, reference: Optional[Callable],
-         mode: str, schedule: CategoricalSchedule, tac_steps: Optional[Iterable[int]], keep_steps: bool,
-         on_step: Optional[Callable[[int], None]], overlap: bool) -> TrajectoryResult:
+def _run(
+    primary: Callable,
+    image: Any,
+    steps: Sequence[int],
+    num_classes: int,
+    reference: Optional[Callable],
+    mode: str,
+    schedule: CategoricalSchedule,
+    tac_steps: Optional[Iterable[int]],
+    keep_steps: bool,
+    on_step: Optional[Callable[[int], None]],
+    overlap: bool,
+) -> TrajectoryResult:
     """:func:`run_trajectory`'s loop, its arguments checked."""
     b, _, h, w = image.shape
     state = uniform_state((b, h, w), num_classes, like=image)

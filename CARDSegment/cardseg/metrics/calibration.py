@@ -79,9 +79,13 @@ def equal_width_bins(values: np.ndarray, n_bins: int = N_BINS) -> np.ndarray:
 def _binned_sums(values: np.ndarray, targets: np.ndarray, n_bins: int) -> np.ndarray:
     """``(3, n_bins)``: count, Σ value, Σ target per equal-width bin of ``values``."""
     idx = equal_width_bins(values, n_bins)
-    return np.stack([np.bincount(idx, minlength=n_bins).astype(np.float64),
-                     np.bincount(idx, weights=values, minlength=n_bins),
-                     np.bincount(idx, weights=targets, minlength=n_bins)])
+    return np.stack(
+        [
+            np.bincount(idx, minlength=n_bins).astype(np.float64),
+            np.bincount(idx, weights=values, minlength=n_bins),
+            np.bincount(idx, weights=targets, minlength=n_bins),
+        ]
+    )
 
 
 def _top_label_sums(p: np.ndarray, y: np.ndarray, n_bins: int) -> np.ndarray:
@@ -141,12 +145,17 @@ def binary_ece_consistency(p, y, n_bins: int = N_BINS, draws: int = 4000, seed: 
     for start in range(0, draws, 500):  # (500, N) outcomes at a time
         ys = rng.random((min(500, draws - start), n)) < p[None, :]
         flat = (np.arange(ys.shape[0])[:, None] * n_bins + idx[None, :]).ravel()
-        gap[start:start + ys.shape[0]] -= np.bincount(flat, weights=ys.ravel(),
-                                                      minlength=ys.shape[0] * n_bins).reshape(-1, n_bins)
+        gap[start : start + ys.shape[0]] -= np.bincount(
+            flat, weights=ys.ravel(), minlength=ys.shape[0] * n_bins
+        ).reshape(-1, n_bins)
     calibrated = np.abs(gap).sum(axis=1) / n
-    return {"ece": observed, "calibrated_median": float(np.median(calibrated)),
-            "calibrated_q90": float(np.quantile(calibrated, 0.9)),
-            "consistency_p": float(np.mean(calibrated >= observed - 1e-12)), "n": int(n)}
+    return {
+        "ece": observed,
+        "calibrated_median": float(np.median(calibrated)),
+        "calibrated_q90": float(np.quantile(calibrated, 0.9)),
+        "consistency_p": float(np.mean(calibrated >= observed - 1e-12)),
+        "n": int(n),
+    }
 
 
 def sce(probs, labels, n_bins: int = N_BINS) -> float:
@@ -211,8 +220,12 @@ class ReliabilityDiagram:
     def to_dict(self) -> dict:
         """JSON-able (NaN → None)."""
         clean = lambda a: [None if not np.isfinite(v) else float(v) for v in a]  # noqa: E731
-        return {"edges": self.edges.tolist(), "count": self.count.tolist(), "accuracy": clean(self.accuracy),
-                "confidence": clean(self.confidence)}
+        return {
+            "edges": self.edges.tolist(),
+            "count": self.count.tolist(),
+            "accuracy": clean(self.accuracy),
+            "confidence": clean(self.confidence),
+        }
 
 
 def reliability_diagram(probs, labels, n_bins: int = N_BINS) -> ReliabilityDiagram:
@@ -223,8 +236,13 @@ def reliability_diagram(probs, labels, n_bins: int = N_BINS) -> ReliabilityDiagr
 def calibration_metrics(probs, labels, n_bins: int = N_BINS) -> Dict[str, float]:
     """``{"ece", "sce", "ace", "nll", "n"}`` of one set of pixels."""
     p, y = _check(probs, labels)
-    return {"ece": ece(p, y, n_bins), "sce": sce(p, y, n_bins), "ace": ace(p, y, n_bins), "nll": nll(p, y),
-            "n": int(p.shape[0])}
+    return {
+        "ece": ece(p, y, n_bins),
+        "sce": sce(p, y, n_bins),
+        "ace": ace(p, y, n_bins),
+        "nll": nll(p, y),
+        "n": int(p.shape[0]),
+    }
 
 
 class CalibrationAccumulator:
@@ -267,7 +285,7 @@ class CalibrationAccumulator:
         probs = np.concatenate([c[1] for c in self._chunks])
         labels = np.concatenate([c[2] for c in self._chunks])
         if keys.shape[0] > self.cap:
-            keep = np.sort(np.argpartition(keys, self.cap - 1)[:self.cap])
+            keep = np.sort(np.argpartition(keys, self.cap - 1)[: self.cap])
             keys, probs, labels = keys[keep], probs[keep], labels[keep]
         self._chunks, self._kept = [(keys, probs, labels)], keys.shape[0]
         return probs, labels
@@ -285,6 +303,11 @@ class CalibrationAccumulator:
         if self.n == 0:
             nan = float("nan")
             return {"ece": nan, "sce": nan, "ace": nan, "nll": nan, "n": 0, "ace_exact": True}
-        return {"ece": _weighted_gap(self.top, self.n), "sce": _weighted_gap(self.cls, self.n) / self.k,
-                "ace": ace(*self._reduce(), self.n_bins), "nll": self.nll_sum / self.n, "n": self.n,
-                "ace_exact": self.n <= self.cap}
+        return {
+            "ece": _weighted_gap(self.top, self.n),
+            "sce": _weighted_gap(self.cls, self.n) / self.k,
+            "ace": ace(*self._reduce(), self.n_bins),
+            "nll": self.nll_sum / self.n,
+            "n": self.n,
+            "ace_exact": self.n <= self.cap,
+        }

@@ -25,8 +25,13 @@ def detection_scores(score: np.ndarray, wrong: np.ndarray) -> Dict[str, Optional
     if s.shape != y.shape:
         raise ValueError(f"score and wrong must have the same size ({s.numel()} != {y.numel()})")
     positives = int(y.sum())
-    out: Dict[str, Optional[float]] = {"auroc": None, "auprc": None, "positives": positives, "voxels": int(y.numel()),
-                                       "prevalence": positives / y.numel() if y.numel() else None}
+    out: Dict[str, Optional[float]] = {
+        "auroc": None,
+        "auprc": None,
+        "positives": positives,
+        "voxels": int(y.numel()),
+        "prevalence": positives / y.numel() if y.numel() else None,
+    }
     if positives == 0 or positives == y.numel():
         return out
     from monai.metrics import compute_average_precision, compute_roc_auc

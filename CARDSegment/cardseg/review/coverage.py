@@ -116,8 +116,7 @@ def predicted_boundary(pred: np.ndarray) -> np.ndarray:
     label (a band two pixels wide along every border of the segmentation)."""
     p = np.asarray(pred)
     size = (1, 3, 3)
-    return ndimage.maximum_filter(p, size=size, mode="nearest") != ndimage.minimum_filter(p, size=size,
-                                                                                           mode="nearest")
+    return ndimage.maximum_filter(p, size=size, mode="nearest") != ndimage.minimum_filter(p, size=size, mode="nearest")
 
 
 def top_voxels(score: np.ndarray, support: np.ndarray, n: int) -> np.ndarray:
@@ -133,8 +132,9 @@ def top_voxels(score: np.ndarray, support: np.ndarray, n: int) -> np.ndarray:
     return out
 
 
-def covered_at_burdens(errors: np.ndarray, n_errors: int, score: np.ndarray, support: np.ndarray, heart: int,
-                       burdens) -> list:
+def covered_at_burdens(
+    errors: np.ndarray, n_errors: int, score: np.ndarray, support: np.ndarray, heart: int, burdens
+) -> list:
     """Errors covered by the highest voxels of ``score`` inside ``support``, flagging each share of
     ``burdens`` of the ``heart`` voxels in turn: one count per burden (a map's coverage curve)."""
     return [int(covered(errors, n_errors, top_voxels(score, support, int(round(b * heart)))).sum()) for b in burdens]
@@ -150,8 +150,7 @@ def random_voxels(support: np.ndarray, n: int, rng: np.random.Generator) -> np.n
     return out
 
 
-def random_regions(regions: np.ndarray, n_regions: int, support: np.ndarray, rng: np.random.Generator
-                   ) -> np.ndarray:
+def random_regions(regions: np.ndarray, n_regions: int, support: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """int32 ``(Z, Y, X)``: regions ``1..n_regions`` of ``regions``, each moved in-plane (on its own
     slices) so that its centroid lands on a random voxel of ``support`` on its middle slice (any
     voxel of ``support`` if that slice has none); voxels moved off the grid are dropped, a region

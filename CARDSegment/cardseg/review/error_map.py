@@ -22,8 +22,18 @@ from scipy import ndimage
 from cardseg.review.coverage import predicted_boundary
 
 #: voxel features of the error-probability model, in this order
-VOXEL_FEATURES = ("log_tac_s2", "log_tac_s4", "tac_s2", "log_boundary_distance", "end_position",
-                  "end_position_sq", "pred_rv", "pred_myo", "pred_lv", "foreground_share")
+VOXEL_FEATURES = (
+    "log_tac_s2",
+    "log_tac_s4",
+    "tac_s2",
+    "log_boundary_distance",
+    "end_position",
+    "end_position_sq",
+    "pred_rv",
+    "pred_myo",
+    "pred_lv",
+    "foreground_share",
+)
 #: TAC floor inside the logarithms
 TAC_FLOOR = 1e-3
 #: side of the in-plane box whose predicted-foreground share is a feature
@@ -72,8 +82,18 @@ def voxel_features(tac: np.ndarray, pred: np.ndarray, where: np.ndarray) -> np.n
     pos3 = np.broadcast_to(pos[:, None, None].astype(np.float32), pred.shape)
     s2, s4 = smoothed(tac, 2.0), smoothed(tac, 4.0)
     share = ndimage.uniform_filter((pred > 0).astype(np.float32), size=(1, SHARE_BOX, SHARE_BOX))
-    columns = (np.log(s2 + TAC_FLOOR), np.log(s4 + TAC_FLOOR), s2, np.log1p(boundary_distance(pred)), pos3,
-               pos3 ** 2, pred == 1, pred == 2, pred == 3, share)
+    columns = (
+        np.log(s2 + TAC_FLOOR),
+        np.log(s4 + TAC_FLOOR),
+        s2,
+        np.log1p(boundary_distance(pred)),
+        pos3,
+        pos3**2,
+        pred == 1,
+        pred == 2,
+        pred == 3,
+        share,
+    )
     return np.stack([np.asarray(c)[where].astype(np.float32) for c in columns], axis=-1)
 
 

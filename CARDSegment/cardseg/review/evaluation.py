@@ -105,8 +105,12 @@ class ReviewTally:
         return self.caught.get(key, 0) / self.errors if self.errors else None
 
     def summary(self) -> dict:
-        return {"volumes": self.volumes, "substantial_errors": self.errors,
-                **{f"caught_top{k}": self.fraction(k) for k in self.budgets}, "caught_all": self.fraction(None),
-                "regions_per_volume": self.regions / self.volumes if self.volumes else None,
-                "empty_region_fraction": self.empty_regions / self.regions if self.regions else None,
-                "top3_size_over_foreground": float(np.mean(self.burden)) if self.burden else None}
+        return {
+            "volumes": self.volumes,
+            "substantial_errors": self.errors,
+            **{f"caught_top{k}": self.fraction(k) for k in self.budgets},
+            "caught_all": self.fraction(None),
+            "regions_per_volume": self.regions / self.volumes if self.volumes else None,
+            "empty_region_fraction": self.empty_regions / self.regions if self.regions else None,
+            "top3_size_over_foreground": float(np.mean(self.burden)) if self.burden else None,
+        }

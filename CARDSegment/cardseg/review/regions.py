@@ -49,11 +49,30 @@ from cardseg.review.coverage import heart_neighbourhood
 from cardseg.review.error_map import VOXEL_FEATURES, end_position, error_probability, smoothed
 
 #: region features the error model reads, in this order
-FEATURES = ("log_sum_tac", "max_tac", "mean_tac", "log_voxels", "slices", "foreground_fraction", "classes",
-            "end_position", "fov_fraction")
-DEFAULTS = {"connectivity": "3d", "merge_px": 0, "max_regions": None, "smooth_px": 0.0, "grow_threshold": None,
-            "neighbourhood_px": None, "max_ml": None, "ranking": "p_error", "map": "tac", "fill_holes": False,
-            "voxel_model": None}
+FEATURES = (
+    "log_sum_tac",
+    "max_tac",
+    "mean_tac",
+    "log_voxels",
+    "slices",
+    "foreground_fraction",
+    "classes",
+    "end_position",
+    "fov_fraction",
+)
+DEFAULTS = {
+    "connectivity": "3d",
+    "merge_px": 0,
+    "max_regions": None,
+    "smooth_px": 0.0,
+    "grow_threshold": None,
+    "neighbourhood_px": None,
+    "max_ml": None,
+    "ranking": "p_error",
+    "map": "tac",
+    "fill_holes": False,
+    "voxel_model": None,
+}
 RANKINGS = ("p_error", "p_error_per_ml", "summed_map")
 MAPS = ("tac", "tac_flips", "error_probability")
 #: the maps whose regions are cut from a disagreement (smoothed by ``smooth_px``), not from a fitted model
@@ -65,8 +84,10 @@ def describe_rule(block: dict) -> str:
     and how, and what ``p_error`` is."""
     s = {**DEFAULTS, **block}
     smooth = f", smoothed {float(s['smooth_px']):g} px" if float(s.get("smooth_px") or 0) > 0 else ""
-    what = {"error_probability": "the error-probability map",
-            "tac_flips": f"the TAC + flip disagreement{_copies(block)}{smooth}"}.get(s["map"], f"the TAC{smooth}")
+    what = {
+        "error_probability": "the error-probability map",
+        "tac_flips": f"the TAC + flip disagreement{_copies(block)}{smooth}",
+    }.get(s["map"], f"the TAC{smooth}")
     grow = f", grown above {float(s['grow_threshold']):g}" if s.get("grow_threshold") is not None else ""
     cap = f", up to {float(s['max_ml']):g} ml each" if s.get("max_ml") is not None else ""
     most = f", at most {int(s['max_regions'])}" if s.get("max_regions") is not None else ""
@@ -76,8 +97,10 @@ def describe_rule(block: dict) -> str:
     else:
         p_error = "p_error from a fitted region model" + (" with a Platt step" if model.get("platt") else "")
     seeds = f"seeds above {float(s['flag_threshold']):g}" if s.get("flag_threshold") is not None else "seeds"
-    return (f"cut from {what}: {seeds}{grow}, {s['connectivity']}{cap}{most}, "
-            f"ranked by {_RANKING_WORDS.get(s['ranking'], s['ranking'])}; {p_error}")
+    return (
+        f"cut from {what}: {seeds}{grow}, {s['connectivity']}{cap}{most}, "
+        f"ranked by {_RANKING_WORDS.get(s['ranking'], s['ranking'])}; {p_error}"
+    )
 
 
 def _copies(block: dict) -> str:
@@ -113,9 +136,18 @@ def cap_regions(score: np.ndarray, lab: np.ndarray, n: int, cap_voxels: Optional
     return out
 
 
-def region_labels(tac: np.ndarray, threshold: float, min_voxels: int, connectivity: str = "3d",
-                  merge_px: int = 0, *, grow_threshold: Optional[float] = None, allowed: Optional[np.ndarray] = None,
-                  cap_voxels: Optional[int] = None, fill_holes: bool = False) -> Tuple[np.ndarray, int]:
+def region_labels(
+    tac: np.ndarray,
+    threshold: float,
+    min_voxels: int,
+    connectivity: str = "3d",
+    merge_px: int = 0,
+    *,
+    grow_threshold: Optional[float] = None,
+    allowed: Optional[np.ndarray] = None,
+    cap_voxels: Optional[int] = None,
+    fill_holes: bool = False,
+) -> Tuple[np.ndarray, int]:
     """Label the flagged components of the map ``tac (Z, Y, X)``: int32 map (0 none, 1..n) and ``n``.
 
     With ``grow_threshold`` (at most ``threshold``) a component is one of ``map > grow_threshold``
@@ -171,13 +203,22 @@ def region_settings(settings: dict) -> dict:
         value = s[key]
         if value is None and key != "smooth_px":
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value < 0 \
-                or (key == "max_ml" and value == 0):
-            raise CardsegError(f"regions.{key} must be a {'positive' if key == 'max_ml' else 'non-negative'} "
-                               f"number{'' if key == 'smooth_px' else ' or null'} (got {value!r})")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not np.isfinite(value)
+            or value < 0
+            or (key == "max_ml" and value == 0)
+        ):
+            raise CardsegError(
+                f"regions.{key} must be a {'positive' if key == 'max_ml' else 'non-negative'} "
+                f"number{'' if key == 'smooth_px' else ' or null'} (got {value!r})"
+            )
     if s["grow_threshold"] is not None and s["grow_threshold"] > s["flag_threshold"]:
-        raise CardsegError(f"regions.grow_threshold ({s['grow_threshold']}) must not exceed regions.flag_threshold "
-                           f"({s['flag_threshold']})")
+        raise CardsegError(
+            f"regions.grow_threshold ({s['grow_threshold']}) must not exceed regions.flag_threshold "
+            f"({s['flag_threshold']})"
+        )
     return s
 
 
@@ -209,8 +250,14 @@ def feature_map(tac: np.ndarray, pred: np.ndarray, settings: dict, flips: Option
     return error_probability(tac, pred, model, allowed_of(pred, s))
 
 
-def form_regions(tac: np.ndarray, pred: np.ndarray, settings: dict, spacing: tuple,
-                 score: Optional[np.ndarray] = None, flips: Optional[np.ndarray] = None) -> Tuple[np.ndarray, int]:
+def form_regions(
+    tac: np.ndarray,
+    pred: np.ndarray,
+    settings: dict,
+    spacing: tuple,
+    score: Optional[np.ndarray] = None,
+    flips: Optional[np.ndarray] = None,
+) -> Tuple[np.ndarray, int]:
     """Regions of one volume as the (checked) ``settings`` say: ``(labels (Z, Y, X) int32, n)``.
 
     tac, pred ``(Z, Y, X)``; spacing (x, y, z) mm (for the ``max_ml`` cap); ``score`` the
@@ -223,13 +270,22 @@ def form_regions(tac: np.ndarray, pred: np.ndarray, settings: dict, spacing: tup
         cut = review_map(score, float(s["smooth_px"]))
     else:
         cut = score
-    return region_labels(cut, float(s["flag_threshold"]), int(s["min_voxels"]), s["connectivity"], int(s["merge_px"]),
-                         grow_threshold=s["grow_threshold"], allowed=allowed,
-                         cap_voxels=cap_voxels_of(s["max_ml"], spacing), fill_holes=bool(s["fill_holes"]))
+    return region_labels(
+        cut,
+        float(s["flag_threshold"]),
+        int(s["min_voxels"]),
+        s["connectivity"],
+        int(s["merge_px"]),
+        grow_threshold=s["grow_threshold"],
+        allowed=allowed,
+        cap_voxels=cap_voxels_of(s["max_ml"], spacing),
+        fill_holes=bool(s["fill_holes"]),
+    )
 
 
-def region_features(tac: np.ndarray, pred: np.ndarray, lab: np.ndarray, n: int,
-                    fov: Optional[np.ndarray] = None) -> np.ndarray:
+def region_features(
+    tac: np.ndarray, pred: np.ndarray, lab: np.ndarray, n: int, fov: Optional[np.ndarray] = None
+) -> np.ndarray:
     """Features of regions ``1..n`` of ``lab``: ``(n, len(FEATURES))`` float64.
 
     tac ``(Z, Y, X)`` disagreement, pred ``(Z, Y, X)`` predicted labels, fov ``(Y, X)`` bool
@@ -263,8 +319,17 @@ def region_features(tac: np.ndarray, pred: np.ndarray, lab: np.ndarray, n: int,
         slices = int(sub.any(axis=(1, 2)).sum())
         classes = np.unique(np.asarray(pred)[sl][sub]).size
         pos = float(end_position(zc[i], z))
-        out[i] = (np.log1p(s[i]), mx[i], s[i] / vox[i], np.log(vox[i]), slices, fg[i] / vox[i], classes, pos,
-                  infov[i] / vox[i])
+        out[i] = (
+            np.log1p(s[i]),
+            mx[i],
+            s[i] / vox[i],
+            np.log(vox[i]),
+            slices,
+            fg[i] / vox[i],
+            classes,
+            pos,
+            infov[i] / vox[i],
+        )
     return out
 
 
@@ -298,8 +363,14 @@ class ErrorModel:
         return 1.0 / (1.0 + np.exp(-np.clip(z, -50, 50)))
 
     def to_dict(self) -> dict:
-        d = {"kind": "logistic", "features": list(self.features), "mean": self.mean.tolist(),
-             "scale": self.scale.tolist(), "coef": self.coef.tolist(), "intercept": float(self.intercept)}
+        d = {
+            "kind": "logistic",
+            "features": list(self.features),
+            "mean": self.mean.tolist(),
+            "scale": self.scale.tolist(),
+            "coef": self.coef.tolist(),
+            "intercept": float(self.intercept),
+        }
         if self.platt is not None:
             d["platt"] = [float(v) for v in self.platt]
         return d
@@ -316,16 +387,21 @@ class ErrorModel:
             if platt is not None and (len(platt) != 2 or not np.isfinite(platt).all()):
                 raise ValueError("platt")
         except (KeyError, TypeError, ValueError, AttributeError):
-            raise CardsegError(f"bundle.json {key} is not a fitted error model for these features "
-                               "(refit it: cardseg fit-review)") from None
+            raise CardsegError(
+                f"bundle.json {key} is not a fitted error model for these features (refit it: cardseg fit-review)"
+            ) from None
         if any(a.shape != (len(features),) or not np.isfinite(a).all() for a in arrays) or (arrays[1] <= 0).any():
             raise CardsegError(f"bundle.json {key} has malformed mean/scale/coef (refit it: cardseg fit-review)")
         return cls(arrays[0], arrays[1], arrays[2], intercept, tuple(features), platt)
 
 
-def rank_regions(features: np.ndarray, model: Optional[ErrorModel], max_regions: Optional[int] = None,
-                 ranking: str = "p_error", volumes_ml: Optional[np.ndarray] = None
-                 ) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+def rank_regions(
+    features: np.ndarray,
+    model: Optional[ErrorModel],
+    max_regions: Optional[int] = None,
+    ranking: str = "p_error",
+    volumes_ml: Optional[np.ndarray] = None,
+) -> Tuple[np.ndarray, Optional[np.ndarray]]:
     """Order of regions to review (indices into ``features``) and their ``p_error``.
 
     By ``p_error`` (descending) when a model is given, or by ``p_error`` over the region's volume
@@ -342,13 +418,20 @@ def rank_regions(features: np.ndarray, model: Optional[ErrorModel], max_regions:
         key = p / np.maximum(np.asarray(volumes_ml, dtype=np.float64), 1e-9)
     order = np.lexsort((np.arange(n), -key)) if n else np.zeros(0, int)
     if max_regions is not None:
-        order = order[:int(max_regions)]
+        order = order[: int(max_regions)]
     return order, p
 
 
-def flagged_regions(tac: np.ndarray, labels: np.ndarray, settings: dict, ijk_to_lps: np.ndarray, spacing: tuple,
-                    class_names: Sequence[str], fov: Optional[np.ndarray] = None,
-                    flips: Optional[np.ndarray] = None) -> Tuple[List[dict], np.ndarray]:
+def flagged_regions(
+    tac: np.ndarray,
+    labels: np.ndarray,
+    settings: dict,
+    ijk_to_lps: np.ndarray,
+    spacing: tuple,
+    class_names: Sequence[str],
+    fov: Optional[np.ndarray] = None,
+    flips: Optional[np.ndarray] = None,
+) -> Tuple[List[dict], np.ndarray]:
     """Regions of a volume, most likely error first, and their rank map.
 
     tac, labels: ``(Z, Y, X)``; ``flips`` ``(Z, Y, X)`` the flipped runs' disagreement (needed when
@@ -364,8 +447,9 @@ def flagged_regions(tac: np.ndarray, labels: np.ndarray, settings: dict, ijk_to_
     feats = region_features(score, labels, lab, n, fov)
     model = ErrorModel.from_dict(s["model"]) if s.get("model") else None
     voxel_ml = float(np.prod(spacing)) / 1000.0
-    order, p = rank_regions(feats, model, s.get("max_regions"), s["ranking"],
-                            np.bincount(lab.ravel(), minlength=n + 1)[1:] * voxel_ml)
+    order, p = rank_regions(
+        feats, model, s.get("max_regions"), s["ranking"], np.bincount(lab.ravel(), minlength=n + 1)[1:] * voxel_ml
+    )
     dtype = np.uint16 if order.size < 65535 else np.uint32
     rank_of = np.zeros(n + 1, dtype)
     rank_of[order + 1] = np.arange(1, order.size + 1, dtype=dtype)
@@ -383,17 +467,23 @@ def flagged_regions(tac: np.ndarray, labels: np.ndarray, settings: dict, ijk_to_
         centroid_ijk = [float(ii.mean()), float(j.mean()), float(k.mean())]
         lps = (np.asarray(ijk_to_lps) @ np.array(centroid_ijk + [1.0]))[:3]
         present = np.unique(np.asarray(labels)[sl][sub])
-        regions.append({
-            "id": rank,
-            "voxels": int(sub.sum()),
-            "volume_mm3": float(sub.sum() * voxel_mm3),
-            "centroid_ijk": centroid_ijk,
-            "centroid_lps": [float(v) for v in lps],
-            "bbox_ijk": [[int(ii.min()), int(ii.max())], [int(j.min()), int(j.max())], [int(k.min()), int(k.max())]],
-            "mean_disagreement": float(values.mean()),
-            "max_disagreement": float(values.max()),
-            "summed_disagreement": float(values.sum()),
-            "classes": [class_names[c] for c in present.tolist()],
-            "p_error": None if p is None else float(p[i]),
-        })
+        regions.append(
+            {
+                "id": rank,
+                "voxels": int(sub.sum()),
+                "volume_mm3": float(sub.sum() * voxel_mm3),
+                "centroid_ijk": centroid_ijk,
+                "centroid_lps": [float(v) for v in lps],
+                "bbox_ijk": [
+                    [int(ii.min()), int(ii.max())],
+                    [int(j.min()), int(j.max())],
+                    [int(k.min()), int(k.max())],
+                ],
+                "mean_disagreement": float(values.mean()),
+                "max_disagreement": float(values.max()),
+                "summed_disagreement": float(values.sum()),
+                "classes": [class_names[c] for c in present.tolist()],
+                "p_error": None if p is None else float(p[i]),
+            }
+        )
     return regions, rank_map

@@ -8,19 +8,47 @@ import LocalTemperatureScaling`` works as before), or when a bundle names their 
 
 import importlib
 
-from cardseg.method.calibration.base import (MODULES, Calibrator, calibrator_class, calibrator_from_dict, load_all,
-                                             method_label, register, temperature_scale)
+from cardseg.method.calibration.base import (
+    MODULES,
+    Calibrator,
+    calibrator_class,
+    calibrator_from_dict,
+    load_all,
+    method_label,
+    register,
+    temperature_scale,
+)
 from cardseg.method.calibration.card import CARD, temperature_field
 from cardseg.method.calibration.simple import TemperatureScaling, Uncalibrated
 
 #: the names the torch-based modules provide, imported on first use (PEP 562)
-LAZY = {"EnsembleTemperatureScaling": "ets", "EntropyTemperatureScaling": "hts", "entropy_temperature": "hts",
-        "normalized_log_entropy": "hts", "LocalTemperatureScaling": "lts", "NetworkCalibrator": "netbase",
-        "ParameterizedTemperatureScaling": "pts", "CalibNet": "calibnet"}
+LAZY = {
+    "EnsembleTemperatureScaling": "ets",
+    "EntropyTemperatureScaling": "hts",
+    "entropy_temperature": "hts",
+    "normalized_log_entropy": "hts",
+    "LocalTemperatureScaling": "lts",
+    "NetworkCalibrator": "netbase",
+    "ParameterizedTemperatureScaling": "pts",
+    "CalibNet": "calibnet",
+}
 
-__all__ = ["REGISTRY", "MODULES", "Calibrator", "calibrator_class", "calibrator_from_dict", "load_all", "method_label",
-           "register", "temperature_scale", "CARD", "temperature_field", "TemperatureScaling", "Uncalibrated",
-           *LAZY]
+__all__ = [
+    "REGISTRY",
+    "MODULES",
+    "Calibrator",
+    "calibrator_class",
+    "calibrator_from_dict",
+    "load_all",
+    "method_label",
+    "register",
+    "temperature_scale",
+    "CARD",
+    "temperature_field",
+    "TemperatureScaling",
+    "Uncalibrated",
+    *LAZY,
+]
 
 
 def __getattr__(name: str):

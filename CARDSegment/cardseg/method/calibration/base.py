@@ -31,8 +31,16 @@ if TYPE_CHECKING:
     import torch
 
 #: the module of :mod:`cardseg.method.calibration` that defines each method
-MODULES = {"card": "card", "uc": "simple", "ts": "simple", "ets": "ets", "hts": "hts", "lts": "lts", "pts": "pts",
-           "calibnet": "calibnet"}
+MODULES = {
+    "card": "card",
+    "uc": "simple",
+    "ts": "simple",
+    "ets": "ets",
+    "hts": "hts",
+    "lts": "lts",
+    "pts": "pts",
+    "calibnet": "calibnet",
+}
 
 
 def temperature_scale(logits: Any, temperature: Any) -> Any:
@@ -60,12 +68,14 @@ class Calibrator:
     #: whether ``log_probs`` needs the 2D layout ``(B, K, H, W)`` (a convolutional calibrator)
     spatial: ClassVar[bool] = False
 
-    def log_probs(self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None,
-                  **inputs: torch.Tensor) -> torch.Tensor:
+    def log_probs(
+        self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None, **inputs: torch.Tensor
+    ) -> torch.Tensor:
         raise NotImplementedError
 
-    def probabilities(self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None,
-                      **inputs: torch.Tensor) -> torch.Tensor:
+    def probabilities(
+        self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None, **inputs: torch.Tensor
+    ) -> torch.Tensor:
         return arrays.exp(self.log_probs(logits, tac, **inputs))
 
     def require_inputs(self, inputs: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:

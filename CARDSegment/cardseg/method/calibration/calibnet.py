@@ -27,8 +27,12 @@ class _ShapeDAE(nn.Module):
 
     def __init__(self, num_classes: int, hidden: int, dilations):
         super().__init__()
-        self.convs = nn.ModuleList([nn.Conv2d(num_classes if i == 0 else hidden, hidden, 3, padding=d, dilation=d)
-                                    for i, d in enumerate(dilations)])
+        self.convs = nn.ModuleList(
+            [
+                nn.Conv2d(num_classes if i == 0 else hidden, hidden, 3, padding=d, dilation=d)
+                for i, d in enumerate(dilations)
+            ]
+        )
         self.out = nn.Conv2d(hidden, num_classes, 3, padding=1)
 
     def forward(self, p: torch.Tensor) -> torch.Tensor:
@@ -61,8 +65,7 @@ class _CalibNetModule(nn.Module):
     def forward(self, image, z, aug_mean, aug_std) -> torch.Tensor:
         """image ``(B, H, W)``; z, aug_mean, aug_std ``(B, K, H, W)`` clipped to ``±100`` (the
         branches read them divided by 10, the shape prior reads ``Softmax(z)``) → ``o (B, H, W)``."""
-        feats = (image[:, None], z / LOGIT_SCALE, aug_mean / LOGIT_SCALE, aug_std / LOGIT_SCALE,
-                 self.shape_residual(z))
+        feats = (image[:, None], z / LOGIT_SCALE, aug_mean / LOGIT_SCALE, aug_std / LOGIT_SCALE, self.shape_residual(z))
         h = torch.cat([F.relu(conv(f)) for conv, f in zip(self.branches, feats)], dim=1)
         s = torch.sigmoid(self.se_up(F.relu(self.se_down(h.mean(dim=(2, 3))))))
         h = F.relu(self.head(h * s[:, :, None, None]))
@@ -91,12 +94,25 @@ class CalibNet(NetworkCalibrator):
     label = "CalibNet"
     needs_inputs = ("image", "aug_mean", "aug_std")
     spatial = True
-    arch_defaults = {"num_classes": 4, "branch": 4, "hidden": 8, "reduction": 4, "dae_hidden": 8,
-                     "dae_dilations": [1, 2, 4, 8], "augmentations": 4}
+    arch_defaults = {
+        "num_classes": 4,
+        "branch": 4,
+        "hidden": 8,
+        "reduction": 4,
+        "dae_hidden": 8,
+        "dae_dilations": [1, 2, 4, 8],
+        "augmentations": 4,
+    }
 
     def build(self, arch: dict) -> nn.Module:
-        return _CalibNetModule(arch["num_classes"], arch["branch"], arch["hidden"], arch["reduction"],
-                               arch["dae_hidden"], arch["dae_dilations"])
+        return _CalibNetModule(
+            arch["num_classes"],
+            arch["branch"],
+            arch["hidden"],
+            arch["reduction"],
+            arch["dae_hidden"],
+            arch["dae_dilations"],
+        )
 
     @property
     def augmentations(self) -> int:
@@ -107,12 +123,27 @@ class CalibNet(NetworkCalibrator):
         """``Softmax(DAE(p)) - p`` for ``p = Softmax(z)``: ``(B, K, H, W)``, in ``[-1, 1]``."""
         return self.net.shape_residual(self._float(logits).clamp(-LOGIT_CLIP, LOGIT_CLIP))
 
-    def raw_output(self, logits: torch.Tensor, image: torch.Tensor = None, aug_mean: torch.Tensor = None,
-                   aug_std: torch.Tensor = None, **inputs: torch.Tensor) -> torch.Tensor:
-        if image.shape != logits.shape[:1] + logits.shape[2:] or aug_mean.shape != logits.shape \
-                or aug_std.shape != logits.shape:
-            raise ValueError(f"calibnet: image {tuple(image.shape)}, aug_mean {tuple(aug_mean.shape)} and aug_std "
-                             f"{tuple(aug_std.shape)} do not match logits {tuple(logits.shape)}")
+    def raw_output(
+        self,
+        logits: torch.Tensor,
+        image: torch.Tensor = None,
+        aug_mean: torch.Tensor = None,
+        aug_std: torch.Tensor = None,
+        **inputs: torch.Tensor,
+    ) -> torch.Tensor:
+        if (
+            image.shape != logits.shape[:1] + logits.shape[2:]
+            or aug_mean.shape != logits.shape
+            or aug_std.shape != logits.shape
+        ):
+            raise ValueError(
+                f"calibnet: image {tuple(image.shape)}, aug_mean {tuple(aug_mean.shape)} and aug_std "
+                f"{tuple(aug_std.shape)} do not match logits {tuple(logits.shape)}"
+            )
         z = self._float(logits).clamp(-LOGIT_CLIP, LOGIT_CLIP)
-        return self.net(self._float(image), z, self._float(aug_mean).clamp(-LOGIT_CLIP, LOGIT_CLIP),
-                        self._float(aug_std).clamp(0.0, LOGIT_CLIP))
+        return self.net(
+            self._float(image),
+            z,
+            self._float(aug_mean).clamp(-LOGIT_CLIP, LOGIT_CLIP),
+            self._float(aug_std).clamp(0.0, LOGIT_CLIP),
+        )

@@ -45,13 +45,18 @@ class CARD(Calibrator):
             tau[(..., arrays.like(np.asarray(outside, bool), tau))] = self.tau_min
         return tau
 
-    def log_probs(self, logits: Any, tac: Optional[Any] = None, outside: Optional[np.ndarray] = None,
-                  **inputs: Any) -> Any:
+    def log_probs(
+        self, logits: Any, tac: Optional[Any] = None, outside: Optional[np.ndarray] = None, **inputs: Any
+    ) -> Any:
         """Eq. 4 with Eq. 8's field; ``outside``: as in :meth:`temperature`."""
         if tac is None:
             raise ValueError("CARD needs the TAC map of the dual trajectory")
-        return temperature_scale(logits, self.temperature(tac.to(logits.dtype) if arrays.is_tensor(tac)
-                                                          else tac.astype(logits.dtype, copy=False), outside))
+        return temperature_scale(
+            logits,
+            self.temperature(
+                tac.to(logits.dtype) if arrays.is_tensor(tac) else tac.astype(logits.dtype, copy=False), outside
+            ),
+        )
 
     def params(self):
         return {"tau_min": self.tau_min, "tau_max": self.tau_max, "w_b": self.w_b, "w_k": self.w_k}

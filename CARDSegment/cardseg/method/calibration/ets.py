@@ -43,13 +43,16 @@ class EnsembleTemperatureScaling(Calibrator):
         self.temperature = float(temperature)
         self.w0, self.w1, self.w2 = weights
 
-    def log_probs(self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None,
-                  **inputs: torch.Tensor) -> torch.Tensor:
+    def log_probs(
+        self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None, **inputs: torch.Tensor
+    ) -> torch.Tensor:
         k = logits.shape[1]
         members = []
-        for w, logp in ((self.w0, lambda: torch.log_softmax(logits / self.temperature, dim=1)),
-                        (self.w1, lambda: torch.log_softmax(logits, dim=1)),
-                        (self.w2, lambda: torch.full_like(logits, -math.log(k)))):
+        for w, logp in (
+            (self.w0, lambda: torch.log_softmax(logits / self.temperature, dim=1)),
+            (self.w1, lambda: torch.log_softmax(logits, dim=1)),
+            (self.w2, lambda: torch.full_like(logits, -math.log(k))),
+        ):
             if w > 0:
                 members.append(math.log(w) + logp())
         mixed = torch.logsumexp(torch.stack(members), dim=0)

@@ -54,8 +54,9 @@ class EntropyTemperatureScaling(Calibrator):
     def temperature(self, logits: torch.Tensor) -> torch.Tensor:
         return entropy_temperature(logits, self.w, self.b)
 
-    def log_probs(self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None,
-                  **inputs: torch.Tensor) -> torch.Tensor:
+    def log_probs(
+        self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None, **inputs: torch.Tensor
+    ) -> torch.Tensor:
         return temperature_scale(logits, self.temperature(logits))
 
     def params(self):

@@ -27,8 +27,9 @@ class _LTSTree(nn.Module):
         super().__init__()
 
         def node(c_in: int) -> nn.Conv2d:
-            return nn.Conv2d(c_in, 1, kernel, padding=dilation * (kernel // 2), dilation=dilation,
-                             padding_mode="reflect")
+            return nn.Conv2d(
+                c_in, 1, kernel, padding=dilation * (kernel // 2), dilation=dilation, padding_mode="reflect"
+            )
 
         self.leaves = nn.ModuleList([node(num_classes) for _ in range(LOGIT_LEAVES)])
         self.gates = nn.ModuleList([node(num_classes) for _ in range(LOGIT_LEAVES - 1)])

@@ -137,8 +137,9 @@ class NetworkCalibrator(Calibrator):
             raise ValueError(f"{self.name} needs logits (B, K, H, W), got {tuple(logits.shape)}")
         return self.positive(self.raw_output(logits, **self.require_inputs(inputs)))
 
-    def log_probs(self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None,
-                  **inputs: torch.Tensor) -> torch.Tensor:
+    def log_probs(
+        self, logits: torch.Tensor, tac: Optional[torch.Tensor] = None, **inputs: torch.Tensor
+    ) -> torch.Tensor:
         t = self.temperature(logits, **inputs).to(device=logits.device, dtype=logits.dtype)
         return temperature_scale(logits, t)
 
@@ -146,8 +147,10 @@ class NetworkCalibrator(Calibrator):
         return sum(p.numel() for p in self.net.parameters())
 
     def params(self) -> dict:
-        return {"arch": {k: list(v) if isinstance(v, list) else v for k, v in self.arch.items()},
-                "weights": encode_state(self.net)}
+        return {
+            "arch": {k: list(v) if isinstance(v, list) else v for k, v in self.arch.items()},
+            "weights": encode_state(self.net),
+        }
 
     @classmethod
     def from_params(cls, params: dict) -> "NetworkCalibrator":

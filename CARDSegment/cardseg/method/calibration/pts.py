@@ -53,7 +53,7 @@ class ParameterizedTemperatureScaling(NetworkCalibrator):
         """The network's input: ``(B, K, *S)`` → ``(B, *S, top_k)``, decreasing, clipped and
         rescaled, float32."""
         z = self._float(logits).movedim(1, -1)
-        return logit_input(z.sort(dim=-1, descending=True).values[..., :self.arch["top_k"]])
+        return logit_input(z.sort(dim=-1, descending=True).values[..., : self.arch["top_k"]])
 
     def raw_output(self, logits: torch.Tensor, **inputs: torch.Tensor) -> torch.Tensor:
         return self.net(self.sorted_logits(logits))

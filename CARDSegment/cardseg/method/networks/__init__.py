@@ -20,8 +20,12 @@ from torch import nn
 #: SwinUNETR feature sizes of the paper's capacity sweep (parameter counts: ``cardseg sizes``).
 SWIN_SIZES: Dict[str, int] = {"mini": 12, "tiny": 24, "small": 36, "base": 60, "large": 72}
 #: channel widths of the small time-conditioned U-Nets.
-UNET_SIZES: Dict[str, tuple] = {"micro": (8, 16, 32), "tiny": (16, 32, 64), "small": (16, 32, 64, 128),
-                                "medium": (32, 64, 128, 256)}
+UNET_SIZES: Dict[str, tuple] = {
+    "micro": (8, 16, 32),
+    "tiny": (16, 32, 64),
+    "small": (16, 32, 64, 128),
+    "medium": (32, 64, 128, 256),
+}
 
 ARCHES = ("time-swinunetr", "time-unet", "discriminative")
 
@@ -51,10 +55,18 @@ def build_network(spec: dict) -> nn.Module:
         from cardseg.method.networks.discriminative import AleatoricSegmentor, DiscriminativeSegmentor
 
         if spec.get("aleatoric"):
-            return AleatoricSegmentor(num_classes=k, backbone=spec.get("backbone", "swinunetr"),
-                                      feature_size=int(spec.get("feature_size", 12)), image_channels=c_img)
-        return DiscriminativeSegmentor(num_classes=k, backbone=spec.get("backbone", "unet"),
-                                       feature_size=int(spec.get("feature_size", 12)), image_channels=c_img)
+            return AleatoricSegmentor(
+                num_classes=k,
+                backbone=spec.get("backbone", "swinunetr"),
+                feature_size=int(spec.get("feature_size", 12)),
+                image_channels=c_img,
+            )
+        return DiscriminativeSegmentor(
+            num_classes=k,
+            backbone=spec.get("backbone", "unet"),
+            feature_size=int(spec.get("feature_size", 12)),
+            image_channels=c_img,
+        )
     raise ValueError(f"unknown network architecture {arch!r} (choose from {', '.join(ARCHES)})")
 
 

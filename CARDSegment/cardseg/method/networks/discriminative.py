@@ -20,22 +20,38 @@ class DiscriminativeSegmentor(nn.Module):
     #: one forward pass gives the prediction (no reverse trajectory needed)
     one_shot = True
 
-    def __init__(self, num_classes: int, backbone: str = "unet", feature_size: int = 12, image_channels: int = 1,
-                 channels=(16, 32, 64, 128), out_channels: int | None = None):
+    def __init__(
+        self,
+        num_classes: int,
+        backbone: str = "unet",
+        feature_size: int = 12,
+        image_channels: int = 1,
+        channels=(16, 32, 64, 128),
+        out_channels: int | None = None,
+    ):
         super().__init__()
         self.num_classes = num_classes
         self.image_channels = image_channels
         out_channels = out_channels or num_classes
         if backbone == "swinunetr":
-            self.net = SwinUNETR(in_channels=image_channels, out_channels=out_channels, feature_size=feature_size,
-                                 spatial_dims=2)
+            self.net = SwinUNETR(
+                in_channels=image_channels, out_channels=out_channels, feature_size=feature_size, spatial_dims=2
+            )
         elif backbone == "unet":
-            self.net = UNet(spatial_dims=2, in_channels=image_channels, out_channels=out_channels,
-                            channels=tuple(channels), strides=(2,) * (len(channels) - 1), num_res_units=1)
+            self.net = UNet(
+                spatial_dims=2,
+                in_channels=image_channels,
+                out_channels=out_channels,
+                channels=tuple(channels),
+                strides=(2,) * (len(channels) - 1),
+                num_res_units=1,
+            )
         else:
             raise ValueError(f"unknown discriminative backbone {backbone!r}")
 
-    def forward(self, image: torch.Tensor, state: torch.Tensor | None = None, t: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, image: torch.Tensor, state: torch.Tensor | None = None, t: torch.Tensor | None = None
+    ) -> torch.Tensor:
         return self.net(image)
 
 
@@ -49,8 +65,16 @@ class AleatoricSegmentor(DiscriminativeSegmentor):
     from a fixed seed, so the same image always gives the same prediction.
     """
 
-    def __init__(self, num_classes: int, backbone: str = "swinunetr", feature_size: int = 12,
-                 image_channels: int = 1, channels=(16, 32, 64, 128), samples: int = 16, seed: int = 0):
+    def __init__(
+        self,
+        num_classes: int,
+        backbone: str = "swinunetr",
+        feature_size: int = 12,
+        image_channels: int = 1,
+        channels=(16, 32, 64, 128),
+        samples: int = 16,
+        seed: int = 0,
+    ):
         super().__init__(num_classes, backbone, feature_size, image_channels, channels, out_channels=2 * num_classes)
         self.samples = int(samples)
         self.seed = int(seed)
@@ -58,10 +82,12 @@ class AleatoricSegmentor(DiscriminativeSegmentor):
     def heads(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """image ``(B, C_img, H, W)`` → ``(mu, log_var)``, each ``(B, K, H, W)``; log-variance clamped to [-10, 10]."""
         out = self.net(image)
-        mu, log_var = out[:, : self.num_classes], out[:, self.num_classes:]
+        mu, log_var = out[:, : self.num_classes], out[:, self.num_classes :]
         return mu, log_var.clamp(-10.0, 10.0)
 
-    def forward(self, image: torch.Tensor, state: torch.Tensor | None = None, t: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, image: torch.Tensor, state: torch.Tensor | None = None, t: torch.Tensor | None = None
+    ) -> torch.Tensor:
         mu, log_var = self.heads(image)
         gen = torch.Generator(device="cpu").manual_seed(self.seed)
         eps = torch.randn((self.samples, *mu.shape), generator=gen).to(mu.device, mu.dtype)

@@ -20,8 +20,12 @@ def instance_to_group_norm(net: nn.Module) -> int:
     track running statistics (which normalise differently in eval mode) are left alone."""
     import torch
 
-    swaps = [(parent, name, child) for parent in net.modules() for name, child in parent.named_children()
-             if isinstance(child, _INSTANCE_NORMS) and not child.track_running_stats]
+    swaps = [
+        (parent, name, child)
+        for parent in net.modules()
+        for name, child in parent.named_children()
+        if isinstance(child, _INSTANCE_NORMS) and not child.track_running_stats
+    ]
     for parent, name, norm in swaps:
         group = nn.GroupNorm(norm.num_features, norm.num_features, eps=norm.eps, affine=norm.affine)
         if norm.affine:  # without an affine part the group norm holds no tensors to place

@@ -37,7 +37,9 @@ class TimeUNet(nn.Module):
         norm = ("instance", {"affine": True})
         act = ("leakyrelu", {"negative_slope": 0.01, "inplace": True})
         self.time_embed = TimestepEmbedding(emb)
-        self.full_res = UnetResBlock(2, c_in, max(channels[0] // 2, 4), kernel_size=3, stride=1, norm_name=norm, act_name=act)
+        self.full_res = UnetResBlock(
+            2, c_in, max(channels[0] // 2, 4), kernel_size=3, stride=1, norm_name=norm, act_name=act
+        )
         self.encoders = nn.ModuleList()
         prev = c_in
         for c in channels:
@@ -45,13 +47,15 @@ class TimeUNet(nn.Module):
             prev = c
         self.enc_film = nn.ModuleList(FiLM(emb, c) for c in channels)
         self.decoders = nn.ModuleList(
-            UnetrUpBlock(2, channels[i + 1], channels[i], kernel_size=3, upsample_kernel_size=2, norm_name=norm,
-                         res_block=True)
+            UnetrUpBlock(
+                2, channels[i + 1], channels[i], kernel_size=3, upsample_kernel_size=2, norm_name=norm, res_block=True
+            )
             for i in reversed(range(len(channels) - 1))
         )
         self.dec_film = nn.ModuleList(FiLM(emb, channels[i]) for i in reversed(range(len(channels) - 1)))
-        self.final_up = UnetrUpBlock(2, channels[0], channels[0], kernel_size=3, upsample_kernel_size=2, norm_name=norm,
-                                     res_block=True)
+        self.final_up = UnetrUpBlock(
+            2, channels[0], channels[0], kernel_size=3, upsample_kernel_size=2, norm_name=norm, res_block=True
+        )
         # UnetrUpBlock concatenates a skip with as many channels as its output: adapt the full-res branch
         self.full_res_proj = nn.Conv2d(max(channels[0] // 2, 4), channels[0], kernel_size=1)
         self.out = UnetOutBlock(2, channels[0], num_classes)
