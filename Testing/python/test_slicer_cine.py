@@ -33,6 +33,7 @@ from test_slicer_module_panel import (
     make_scene,  # noqa: E402,F401
     make_widget,
 )
+from test_slicer_module_panel import module  # noqa: E402,F401  (a fixture)
 
 
 import CARDSegmentLib as lib  # noqa: E402

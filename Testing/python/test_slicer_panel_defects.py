@@ -16,6 +16,7 @@ from test_slicer_module_panel import (
     make_widget,
     slicer,
 )
+from test_slicer_module_panel import finished_run, module  # noqa: F401  (fixtures)
 
 import CARDSegmentLib as lib  # noqa: E402  (on sys.path through test_slicer_module_panel)
 from CARDSegmentLib import panel  # noqa: E402
