@@ -315,7 +315,7 @@ def cmd_segment(a) -> int:
 
     from cardseg.base.progress import make_progress
     from cardseg.bundle.loading import load_bundle
-    from cardseg.segment import segment_file
+    from cardseg.segment import FileOptions, SegmentOptions, segment_file
 
     # both ONNX models cached and opened, on the CPU: numpy throughout, torch is never imported
     device = settle_device(a.device, lookup, threads)
@@ -341,13 +341,8 @@ def cmd_segment(a) -> int:
             a.input,
             out,
             bundle,
-            method=a.method,
-            device=device,
-            batch_size=a.batch_size,
-            frame=a.frame,
-            spacing=spacing,
-            overwrite=a.overwrite,
-            progress=progress,
+            SegmentOptions(method=a.method, device=device, batch_size=a.batch_size, progress=progress),
+            FileOptions(frame=a.frame, spacing=spacing, overwrite=a.overwrite),
             volume=volume,
             t_start=t_start,
         )

@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, NamedTuple, Optional, Sequence
 
 import numpy as np
 
@@ -34,7 +34,7 @@ from cardseg.io.volume import Volume
 from cardseg.io.written import IncompleteWrite, verify_seg_nrrd, write_image, write_seg_nrrd, write_text
 from cardseg.method.calibration import CARD, Uncalibrated, temperature_scale
 from cardseg.method.flips import STAGE as FLIP_STAGE, copies_config, flip_map, needs_flips
-from cardseg.method.trajectory import run_trajectory
+from cardseg.method.trajectory import TrajectoryOptions, TrajectoryResult, run_trajectory
 from cardseg.report import agreement_of, build_report
 
 if TYPE_CHECKING:
@@ -111,7 +111,42 @@ class SliceTrajectory:
     flips: Optional[np.ndarray] = None
 
 
-#: numbers the volumes whose trajectories run on a CUDA device (:func:`cardseg.method.gpu_exec.run_graphed`)
+@dataclass(frozen=True)
+class SegmentOptions:
+    """How the engine runs the networks on a volume's slices.
+
+    method: ``card`` (calibrated, with the disagreement map) or ``uc`` (the primary alone);
+    :func:`trajectory_on_slices` and :func:`run_on_grid` also take ``logit-mix`` (evaluation).
+    device: where torch networks run (ONNX Runtime networks run on the CPU); batch_size: slices
+    per network call; progress: where the stages are reported (``None``: nowhere)."""
+
+    method: str = "card"
+    device: "torch.device | str" = "cpu"
+    batch_size: int = 8
+    progress: Optional[Progress] = None
+
+
+@dataclass(frozen=True)
+class FileOptions:
+    """How :func:`segment_file` reads its input and treats its output folder.
+
+    frame: the frame of a 4-D (cine) input; spacing: ``(x, y, z)`` mm for an input that holds
+    none; overwrite: whether a folder cardseg wrote may be replaced (:mod:`cardseg.io.outdir`)."""
+
+    frame: Optional[int] = None
+    spacing: Optional[tuple] = None
+    overwrite: bool = False
+
+
+class NetworkRun(NamedTuple):
+    """What :func:`run_networks` returns: the trajectory on the slices' grid and the seconds of
+    ``preprocess``, ``trajectory`` (and ``flips``: :mod:`cardseg.method.flips`)."""
+
+    trajectory: SliceTrajectory
+    timings: Dict[str, float]
+
+
+#: numbers the volumes whose trajectories run on a CUDA device (:func:`cardseg.bundle.cuda_graphs.run_graphed`)
 _VOLUME_NUMBERS = itertools.count()
 
 
@@ -119,10 +154,8 @@ def trajectory_on_slices(
     slices01: np.ndarray,
     spacing_xy: tuple,
     bundle: Bundle,
-    method: str = "card",
-    device: "torch.device | str" = "cpu",
-    batch_size: int = 8,
-    progress: Optional[Progress] = None,
+    options: Optional[SegmentOptions] = None,
+    *,
     with_reference: bool = False,
     keep_step_js: bool = False,
     recentre: Optional[bool] = None,
@@ -130,10 +163,11 @@ def trajectory_on_slices(
     """Run the trajectory on normalised slices and bring the results back to their grid.
 
     slices01: ``(Z, Y, X)`` scaled to ``[0, 1]`` (:func:`normalized_slices`, perhaps perturbed by the caller);
-    spacing_xy: in-plane spacing (x, y) mm. The TAC averages the bundle's ``tac_steps`` (default: every sampled
-    step); ``method`` ``logit-mix`` (the paper's ablation: both networks' logits averaged at every step, no TAC)
-    is for evaluation. ``with_reference``, ``keep_step_js`` (``card`` only): :class:`SliceTrajectory`. ONNX
-    Runtime networks run on numpy arrays (torch not imported), torch networks on tensors on ``device``.
+    spacing_xy: in-plane spacing (x, y) mm; options: :class:`SegmentOptions` (method, device, batch size,
+    progress). The TAC averages the bundle's ``tac_steps`` (default: every sampled step); method
+    ``logit-mix`` (the paper's ablation: both networks' logits averaged at every step, no TAC) is for
+    evaluation. ``with_reference``, ``keep_step_js`` (``card`` only): :class:`SliceTrajectory`. ONNX
+    Runtime networks run on numpy arrays (torch not imported), torch networks on tensors on the device.
     ``recentre`` (``None``: the bundle's ``field_of_view`` block or ``$CARDSEG_RECENTRE``): when the
     prediction nears the edge of the centred field of view where the image goes on, the volume is run again on a
     grid centred on the heart (progress stage ``trajectory-moved``) and the run whose networks agree more is
@@ -141,9 +175,11 @@ def trajectory_on_slices(
     disagreement, so both keep the same grid and labels; ``logit-mix`` runs on the grid ``card`` keeps, after
     ``card``'s runs.
     """
+    options = options or SegmentOptions()
+    method = options.method
     if (with_reference or keep_step_js) and method != "card":
         raise ValueError("with_reference and keep_step_js need method 'card'")
-    progress = progress or Progress()
+    options = replace(options, progress=options.progress or Progress())
     margin = (
         recentre_margin(bundle.config, recentre)
         if method in METHODS + ("logit-mix",) and bundle.reference is not None
@@ -157,14 +193,11 @@ def trajectory_on_slices(
             slice_grid(slices01.shape[1:], spacing_xy, bundle, offset),
             slices01,
             bundle,
-            how,
-            device,
-            batch_size,
-            progress,
-            with_reference,
-            keep_step_js,
-            volume,
-            stage,
+            replace(options, method=how),
+            with_reference=with_reference,
+            keep_step_js=keep_step_js,
+            volume=volume,
+            stage=stage,
         )
 
     out = run()
@@ -195,118 +228,157 @@ def run_on_grid(
     grid: SliceGrid,
     slices01: np.ndarray,
     bundle: Bundle,
-    method: str,
-    device,
-    batch_size: int,
-    progress: Progress,
-    with_reference: bool,
-    keep_step_js: bool,
+    options: Optional[SegmentOptions] = None,
+    *,
+    with_reference: bool = False,
+    keep_step_js: bool = False,
     volume: Optional[int] = None,
     stage: str = "trajectory",
 ) -> SliceTrajectory:
-    """:func:`trajectory_on_slices` on one network grid (``volume``: its number for CUDA graphs; ``stage``:
-    the progress stage's name)."""
+    """:func:`trajectory_on_slices` on one network grid, batch by batch: slices01 ``(Z, Y, X)``
+    resampled to ``(Z, 1, N, N)``, each batch's trajectory resampled back (``volume``: its
+    number for CUDA graphs; ``stage``: the progress stage's name)."""
+    options = options or SegmentOptions()
+    progress = options.progress or Progress()
     x = resample_to_network(slices01, grid)
-    to_device = None
-    if not bundle.takes_numpy:
-        import torch
-
-        def to_device(a: np.ndarray):
-            return torch.from_numpy(a).to(device)
-
-    steps = bundle.sampled_steps
-    tac_steps = bundle.tac_steps if method == "card" else None
+    batch_size = options.batch_size
     nb = (x.shape[0] + batch_size - 1) // batch_size
-    # ONNX Runtime sessions run beside each other (own threads, Python's lock free): the same outputs, sooner
-    overlap = bool(getattr(bundle.reference, "overlap_safe", False)) and _device_type(device) == "cpu"
-    progress.stage(stage, nb * len(steps))
-    logits_all: Optional[np.ndarray] = None  # filled batch by batch: no list + concatenated copy
-    tac_out, ref_out = [], []
-    js_out: Dict[int, list] = {t: [] for t in steps} if keep_step_js else {}
-
-    weights: dict = {}  # the grid's interpolation matrices, made (and moved to the device) once
-
-    def back(maps) -> np.ndarray:  # (B, C, N, N) on the network grid -> (B, C, Y, X) numpy
-        return arrays.to_numpy(network_to_slices(maps, grid, weights))  # a GPU tensor is resampled on the GPU
-
-    # torch networks on a GPU: a batch's whole trajectory as one replayed CUDA graph (gpu_exec.run_graphed)
-    mode = method if method in ("card", "logit-mix") else "uc"
-    graphed = (
-        to_device is not None
-        and _device_type(device) == "cuda"
-        and mode in ("card", "uc")
-        and not (with_reference or keep_step_js)
-    )
-    if graphed:
-        from cardseg.method.gpu_exec import run_graphed
-
-        volume = next(_VOLUME_NUMBERS) if volume is None else volume  # captured once a grid serves a second volume
+    progress.stage(stage, nb * len(bundle.sampled_steps))
+    runner = _BatchRunner.for_grid(bundle, options, progress, keep_step_js, graphable=not with_reference)
+    if runner.graph_batch is not None:
+        runner.graph_batch = min(batch_size, x.shape[0])
+        runner.volume = (
+            next(_VOLUME_NUMBERS) if volume is None else volume
+        )  # captured once a grid serves a second volume
+    outputs = _GridOutputs(grid, x.shape[0], bundle.sampled_steps if keep_step_js else ())
     for b in range(nb):
-        xb = x[b * batch_size : (b + 1) * batch_size]
-        xb = to_device(xb) if to_device else xb
-        res = None
-        if graphed:
-            res = run_graphed(
-                bundle.primary,
-                bundle.reference,
-                xb,
-                steps,
-                bundle.num_classes,
-                mode=mode,
-                schedule=bundle.schedule,
-                tac_steps=tac_steps,
-                batch_size=min(batch_size, x.shape[0]),
-                volume=volume,
-            )
+        outputs.add(b * batch_size, runner(x[b * batch_size : (b + 1) * batch_size]), with_reference)
+    return outputs.trajectory(as_torch=not bundle.takes_numpy)
+
+
+@dataclass
+class _BatchRunner:
+    """How the batches of one grid run: as a replayed CUDA graph where one serves (``graph_batch``:
+    the graphs' batch size, ``None``: always eager), else eagerly (:func:`run_trajectory`)."""
+
+    bundle: Bundle
+    mode: str
+    progress: Progress
+    trajectory: TrajectoryOptions
+    to_device: Optional[Callable[[np.ndarray], Any]] = None
+    graph_batch: Optional[int] = None
+    volume: Optional[int] = None
+
+    @classmethod
+    def for_grid(
+        cls, bundle: Bundle, options: SegmentOptions, progress: Progress, keep_step_js: bool, graphable: bool
+    ) -> "_BatchRunner":
+        device = options.device
+        to_device = None
+        if not bundle.takes_numpy:
+            import torch
+
+            def to_device(a: np.ndarray):
+                return torch.from_numpy(a).to(device)
+
+        mode = options.method if options.method in ("card", "logit-mix") else "uc"
+        # ONNX Runtime sessions run beside each other (own threads, Python's lock free): the same outputs, sooner
+        overlap = bool(getattr(bundle.reference, "overlap_safe", False)) and _device_type(device) == "cpu"
+        trajectory = TrajectoryOptions(
+            tac_steps=bundle.tac_steps if options.method == "card" else None,
+            keep_steps=keep_step_js,
+            on_step=lambda t: progress.advance(1),
+            overlap=overlap,
+        )
+        # torch networks on a GPU: a batch's whole trajectory as one replayed CUDA graph (cuda_graphs.run_graphed)
+        graphed = (
+            to_device is not None
+            and _device_type(device) == "cuda"
+            and mode in ("card", "uc")
+            and graphable
+            and not keep_step_js
+        )
+        return cls(bundle, mode, progress, trajectory, to_device, options.batch_size if graphed else None)
+
+    def __call__(self, xb: np.ndarray) -> TrajectoryResult:
+        """The trajectory of one batch ``(B, 1, N, N)`` on the network grid."""
+        b = self.bundle
+        xb = self.to_device(xb) if self.to_device else xb
+        if self.graph_batch is not None:
+            from cardseg.bundle.cuda_graphs import TrajectorySpec, run_graphed
+
+            spec = TrajectorySpec(b.sampled_steps, b.num_classes, self.mode, b.schedule, self.trajectory.tac_steps)
+            res = run_graphed(b.primary, b.reference, xb, spec, batch_size=self.graph_batch, volume=self.volume)
             if res is not None:
-                progress.advance(len(steps))
-        if res is None:
-            res = run_trajectory(
-                bundle.primary,
-                xb,
-                steps,
-                bundle.num_classes,
-                reference=bundle.reference,
-                mode=mode,
-                schedule=bundle.schedule,
-                tac_steps=tac_steps,
-                keep_steps=keep_step_js,
-                on_step=lambda t: progress.advance(1),
-                overlap=overlap,
-            )
+                self.progress.advance(len(b.sampled_steps))
+                return res
+        return run_trajectory(
+            b.primary,
+            xb,
+            b.sampled_steps,
+            b.num_classes,
+            reference=b.reference,
+            mode=self.mode,
+            schedule=b.schedule,
+            options=self.trajectory,
+        )
+
+
+class _GridOutputs:
+    """The batches' outputs brought back from the network grid to the slices' grid ``(Y, X)``, as
+    numpy arrays filled batch by batch (no list of parts and concatenated copy for the logits)."""
+
+    def __init__(self, grid: SliceGrid, slices: int, js_steps: Sequence[int]):
+        self.grid, self.slices = grid, slices
+        self.weights: dict = {}  # the grid's interpolation matrices, made (and moved to the device) once
+        self.logits: Optional[np.ndarray] = None  # (Z, K, Y, X)
+        self.tac: list = []
+        self.reference: list = []
+        self.js: Dict[int, list] = {t: [] for t in js_steps}
+
+    def back(self, maps) -> np.ndarray:
+        """``(B, C, N, N)`` on the network grid -> ``(B, C, Y, X)`` numpy (a GPU tensor is resampled on the GPU)."""
+        return arrays.to_numpy(network_to_slices(maps, self.grid, self.weights))
+
+    def add(self, start: int, res: TrajectoryResult, with_reference: bool) -> None:
+        """One batch's trajectory, its first slice ``start``."""
         if res.tac is None:
-            part = back(res.logits)
+            part = self.back(res.logits)
         else:  # logits and TAC resampled and brought to the host together: one matmul pair, one copy
-            part = back(arrays.concatenate([arrays.float32(res.logits), arrays.float32(res.tac)[:, None]], axis=1))
-            tac_out.append(part[:, -1].copy())  # a copy: the batch's logits are not kept twice
+            part = self.back(arrays.concatenate([arrays.float32(res.logits), arrays.float32(res.tac)[:, None]], axis=1))
+            self.tac.append(part[:, -1].copy())  # a copy: the batch's logits are not kept twice
             part = part[:, :-1]
-        if logits_all is None:
-            logits_all = np.empty((x.shape[0],) + part.shape[1:], dtype=np.float32)
-        logits_all[b * batch_size : b * batch_size + part.shape[0]] = part
+        if self.logits is None:
+            self.logits = np.empty((self.slices,) + part.shape[1:], dtype=np.float32)
+        self.logits[start : start + part.shape[0]] = part
         del part
         if with_reference:
-            ref_out.append(back(res.reference_logits))
-        for t in js_out:
-            js_out[t].append(back(res.per_step_js[t][:, None])[:, 0])
-    fov = grid.field_of_view()
-    outside = ~fov
-    out = SliceTrajectory(_outside_to_background(logits_all, outside), None, fov, offset=tuple(grid.offset))
-    if tac_out:
-        out.tac = np.concatenate(tac_out)
-        out.tac[:, outside] = 0.0
-    if with_reference:
-        out.reference_logits = _outside_to_background(np.concatenate(ref_out), outside)
-    for t, parts in js_out.items():
-        out.step_js[t] = np.concatenate(parts)
-        out.step_js[t][:, outside] = 0.0
-    if not bundle.takes_numpy:  # CPU tensors, sharing the arrays' memory
-        import torch
+            self.reference.append(self.back(res.reference_logits))
+        for t in self.js:
+            self.js[t].append(self.back(res.per_step_js[t][:, None])[:, 0])
 
-        out.logits, out.tac, out.reference_logits = (
-            None if v is None else torch.from_numpy(v) for v in (out.logits, out.tac, out.reference_logits)
-        )
-        out.step_js = {t: torch.from_numpy(v) for t, v in out.step_js.items()}
-    return out
+    def trajectory(self, as_torch: bool) -> SliceTrajectory:
+        """The whole volume's :class:`SliceTrajectory`, outside the field of view background and no
+        disagreement (``as_torch``: CPU tensors sharing the arrays' memory)."""
+        fov = self.grid.field_of_view()
+        outside = ~fov
+        out = SliceTrajectory(_outside_to_background(self.logits, outside), None, fov, offset=tuple(self.grid.offset))
+        if self.tac:
+            out.tac = np.concatenate(self.tac)
+            out.tac[:, outside] = 0.0
+        if self.reference:
+            out.reference_logits = _outside_to_background(np.concatenate(self.reference), outside)
+        for t, parts in self.js.items():
+            out.step_js[t] = np.concatenate(parts)
+            out.step_js[t][:, outside] = 0.0
+        if as_torch:
+            import torch
+
+            out.logits, out.tac, out.reference_logits = (
+                None if v is None else torch.from_numpy(v) for v in (out.logits, out.tac, out.reference_logits)
+            )
+            out.step_js = {t: torch.from_numpy(v) for t, v in out.step_js.items()}
+        return out
 
 
 def _outside_to_background(logits: np.ndarray, outside: np.ndarray) -> np.ndarray:
@@ -316,32 +388,27 @@ def _outside_to_background(logits: np.ndarray, outside: np.ndarray) -> np.ndarra
     return logits
 
 
-def run_networks(
-    volume: Volume,
-    bundle: Bundle,
-    method: str = "card",
-    device: "torch.device | str" = "cpu",
-    batch_size: int = 8,
-    progress: Optional[Progress] = None,
-) -> tuple:
-    """The part of :func:`segment_volume` that runs the networks (on ``device``): ``(SliceTrajectory, timings)``,
-    timings holding the seconds of ``preprocess``, ``trajectory`` (and ``flips``: :mod:`cardseg.method.flips`).
-    :func:`finish_volume` does the rest on the CPU (a batch: on other threads while the networks run the next case)."""
-    if method not in METHODS:
-        raise CardsegError(f"unknown method {method!r} (choose from {', '.join(METHODS)})")
-    if batch_size < 1:
-        raise CardsegError(f"--batch-size must be at least 1, got {batch_size}")
+def run_networks(volume: Volume, bundle: Bundle, options: Optional[SegmentOptions] = None) -> NetworkRun:
+    """The networks' half of :func:`segment_volume` (on ``options.device``): normalised slices,
+    the trajectory, the flipped copies' map where the review needs it. :func:`finish_case` does
+    the rest on the CPU (``cardseg batch``: on other threads while the networks run the next case,
+    :mod:`cardseg.cohort.pipeline`)."""
+    options = options or SegmentOptions()
+    if options.method not in METHODS:
+        raise CardsegError(f"unknown method {options.method!r} (choose from {', '.join(METHODS)})")
+    if options.batch_size < 1:
+        raise CardsegError(f"--batch-size must be at least 1, got {options.batch_size}")
     t0 = time.perf_counter()
     slices01 = normalized_slices(volume, bundle)
     timings: Dict[str, float] = {"preprocess": time.perf_counter() - t0}
     t0 = time.perf_counter()
-    traj = trajectory_on_slices(slices01, volume.spacing[:2], bundle, method, device, batch_size, progress)
+    traj = trajectory_on_slices(slices01, volume.spacing[:2], bundle, options)
     timings["trajectory"] = time.perf_counter() - t0
-    if needs_flips(bundle.config, method):
+    if needs_flips(bundle.config, options.method):
         t0 = time.perf_counter()
-        traj.flips = flip_disagreement_map(slices01, volume.spacing[:2], bundle, traj, device, batch_size, progress)
+        traj.flips = flip_disagreement_map(slices01, volume.spacing[:2], bundle, traj, options)
         timings["flips"] = time.perf_counter() - t0
-    return traj, timings
+    return NetworkRun(traj, timings)
 
 
 def flip_disagreement_map(
@@ -349,25 +416,27 @@ def flip_disagreement_map(
     spacing_xy: tuple,
     bundle: Bundle,
     traj: SliceTrajectory,
-    device="cpu",
-    batch_size: int = 8,
-    progress: Optional[Progress] = None,
+    options: Optional[SegmentOptions] = None,
 ) -> np.ndarray:
-    """:func:`cardseg.method.flips.flip_map` of ``traj``: the primary alone on each flipped copy of ``slices01``, on
-    its own steps (``copies_config``; one volume for CUDA graphs: a one-shot run's copies do not capture one)."""
+    """:func:`cardseg.method.flips.flip_map` of ``traj``: the primary alone on each flipped copy of ``slices01``
+    ``(Z, Y, X)``, on its own steps (``copies_config``; one volume for CUDA graphs: a one-shot run's copies do
+    not capture one), with ``options``' device and batch size. Returns ``(Z, Y, X)``."""
+    options = options or SegmentOptions()
     volume, bundle = next(_VOLUME_NUMBERS), replace(bundle, config=copies_config(bundle.config))
 
     def run_copy(s, offset, prog):
         grid = slice_grid(s.shape[1:], spacing_xy, bundle, offset)
-        return run_on_grid(grid, s, bundle, "uc", device, batch_size, prog, False, False, volume, FLIP_STAGE).logits
+        copy_options = replace(options, method="uc", progress=prog)
+        return run_on_grid(grid, s, bundle, copy_options, volume=volume, stage=FLIP_STAGE).logits
 
-    return flip_map(slices01, traj, run_copy, -(-slices01.shape[0] // batch_size) * len(bundle.sampled_steps), progress)
+    steps_per_run = -(-slices01.shape[0] // options.batch_size) * len(bundle.sampled_steps)
+    return flip_map(slices01, traj, run_copy, steps_per_run, options.progress)
 
 
-def finish_volume(
-    traj: SliceTrajectory, volume: Volume, bundle: Bundle, method: str, device, timings: Dict[str, float]
-) -> SegmentationResult:
-    """Labels, calibrated probabilities (``card``: temperature Eq. 8, Eq. 4), report: from :func:`run_networks`."""
+def _finish_volume(run: NetworkRun, volume: Volume, bundle: Bundle, options: SegmentOptions) -> SegmentationResult:
+    """Labels ``(Z, Y, X)``, probabilities ``(Z, Y, X, K)`` (``card``: calibrated, temperature Eq. 8 and
+    Eq. 4; ``uc``: softmax), disagreement, temperature and the report, from :func:`run_networks`' output."""
+    traj, timings, method = run.trajectory, run.timings, options.method
     logits, tac, fov = traj.logits, traj.tac, traj.fov
     t0 = time.perf_counter()
     labels = arrays.to_numpy(arrays.argmax(logits, axis=1)).astype(np.uint8)
@@ -397,23 +466,17 @@ def finish_volume(
         temperature=temperature,
         field_of_view=fov,
     )
-    result.report = build_report(result, volume, bundle, method, device, timings, traj.offset, traj.recentring)
+    result.report = build_report(result, volume, bundle, method, options.device, timings, traj.offset, traj.recentring)
     return result
 
 
-def segment_volume(
-    volume: Volume,
-    bundle: Bundle,
-    method: str = "card",
-    device: "torch.device | str" = "cpu",
-    batch_size: int = 8,
-    progress: Optional[Progress] = None,
-) -> SegmentationResult:
-    """Run the method on every slice of ``volume`` and bring the results back to its grid (numpy
-    throughout with ONNX Runtime networks, torch tensors with torch networks):
-    :func:`run_networks`, then :func:`finish_volume`."""
-    traj, timings = run_networks(volume, bundle, method, device, batch_size, progress)
-    return finish_volume(traj, volume, bundle, method, device, timings)
+def segment_volume(volume: Volume, bundle: Bundle, options: Optional[SegmentOptions] = None) -> SegmentationResult:
+    """The engine's way in for a volume already read: run the method (``options``: :class:`SegmentOptions`)
+    on every slice of ``volume`` ``(Z, Y, X)`` and bring the results back to its grid
+    (:class:`SegmentationResult`; numpy throughout with ONNX Runtime networks, torch tensors inside with
+    torch networks). Nothing is written (:func:`segment_file` writes a case's folder)."""
+    options = options or SegmentOptions()
+    return _finish_volume(run_networks(volume, bundle, options), volume, bundle, options)
 
 
 def write_outputs(
@@ -469,115 +532,70 @@ def segment_file(
     input_path: os.PathLike,
     out: os.PathLike,
     bundle: Bundle,
+    options: Optional[SegmentOptions] = None,
+    file_options: Optional[FileOptions] = None,
     *,
-    method: str = "card",
-    device: "torch.device | str" = "cpu",
-    batch_size: int = 8,
-    frame: Optional[int] = None,
-    spacing: Optional[tuple] = None,
-    overwrite: bool = False,
-    progress: Optional[Progress] = None,
     volume: Optional[Volume] = None,
     t_start: Optional[float] = None,
 ) -> dict:
-    """One case, the one path every run takes (``cardseg segment``, ``cardseg batch``, Slicer):
-    check the output folder, read and check the input (unless ``volume`` was read already), take
-    the folder's lock, segment, write atomically. Returns the report; raises
+    """The engine's way in for a file, the one path every run takes (``cardseg segment``, ``cardseg
+    batch``, ``cardseg serve``, Slicer): check the output folder, read and check the input (unless
+    ``volume`` was read already), take the folder's lock, segment (``options``), write atomically.
+    Returns the report (its total seconds counted from ``t_start``, default now); raises
     :class:`CardsegError` (one line) with nothing written on bad input.
 
-    The same three steps, :func:`read_case`, :func:`compute_case` under an entered
+    Its stages, :func:`read_case`, :func:`run_networks` and :func:`finish_case` under an entered
     :class:`~cardseg.io.outdir.OutputWriter`, and :func:`write_outputs`, are what ``cardseg
     batch`` overlaps across cases (:mod:`cardseg.cohort.pipeline`)."""
     t_start = time.perf_counter() if t_start is None else t_start
-    out, volume = read_case(input_path, out, frame=frame, spacing=spacing, overwrite=overwrite, volume=volume)
-    with OutputWriter(out, overwrite, version=__version__) as writer:
-        result = compute_case(
-            volume,
-            bundle,
-            input_path,
-            method=method,
-            device=device,
-            batch_size=batch_size,
-            frame=frame,
-            spacing=spacing,
-            progress=progress,
-            t_start=t_start,
+    options, file_options = options or SegmentOptions(), file_options or FileOptions()
+    out, volume = read_case(input_path, out, file_options=file_options, volume=volume)
+    with OutputWriter(out, file_options.overwrite, version=__version__) as writer:
+        run = run_networks(volume, bundle, options)
+        result = finish_case(
+            run, volume, bundle, input_path, options=options, file_options=file_options, t_start=t_start
         )
-        write_outputs(result, volume, bundle, out, overwrite, progress, writer=writer)
+        write_outputs(result, volume, bundle, out, file_options.overwrite, options.progress, writer=writer)
     return result.report
 
 
 def read_case(
     input_path: os.PathLike,
     out: os.PathLike,
-    *,
-    frame: Optional[int] = None,
-    spacing: Optional[tuple] = None,
-    overwrite: bool = False,
+    file_options: Optional[FileOptions] = None,
     volume: Optional[Volume] = None,
 ):
     """``(out, volume)``: the output folder checked (:func:`cardseg.io.outdir.check_output`) and the
     input read and checked (unless ``volume`` is given); nothing is written."""
     from cardseg.io.volume import read_volume
 
-    out = check_output(out, overwrite, inputs=[input_path])
+    file_options = file_options or FileOptions()
+    out = check_output(out, file_options.overwrite, inputs=[input_path])
     if volume is None:
-        volume = read_volume(input_path, frame, spacing)
+        volume = read_volume(input_path, file_options.frame, file_options.spacing)
     return out, volume
 
 
-def compute_case(
-    volume: Volume,
-    bundle: Bundle,
-    input_path: os.PathLike,
-    *,
-    method: str = "card",
-    device: "torch.device | str" = "cpu",
-    batch_size: int = 8,
-    frame: Optional[int] = None,
-    spacing: Optional[tuple] = None,
-    progress: Optional[Progress] = None,
-    t_start: Optional[float] = None,
-) -> SegmentationResult:
-    """:func:`segment_volume` plus the report's fields about the input (path, frame, slices,
-    given spacing, reader notes, total seconds since ``t_start``): :func:`run_networks`, then
-    :func:`finish_case`."""
-    t_start = time.perf_counter() if t_start is None else t_start
-    traj, timings = run_networks(volume, bundle, method, device, batch_size, progress)
-    return finish_case(
-        traj,
-        timings,
-        volume,
-        bundle,
-        input_path,
-        method=method,
-        device=device,
-        frame=frame,
-        spacing=spacing,
-        t_start=t_start,
-    )
-
-
 def finish_case(
-    traj: SliceTrajectory,
-    timings: Dict[str, float],
+    run: NetworkRun,
     volume: Volume,
     bundle: Bundle,
     input_path: os.PathLike,
     *,
-    method: str,
-    device,
-    frame: Optional[int],
-    spacing: Optional[tuple],
+    options: Optional[SegmentOptions] = None,
+    file_options: Optional[FileOptions] = None,
     t_start: float,
 ) -> SegmentationResult:
-    """The second half of :func:`compute_case` (:func:`finish_volume` and the input's fields)."""
-    result = finish_volume(traj, volume, bundle, method, device, timings)
+    """The CPU half of a case after :func:`run_networks`: what :func:`segment_volume` returns, its
+    report also holding the input's fields (path, frame, slices, given spacing, reader notes, total
+    seconds since ``t_start``)."""
+    options, file_options = options or SegmentOptions(), file_options or FileOptions()
+    result = _finish_volume(run, volume, bundle, options)
     result.report["input"] = os.path.abspath(input_path)
-    result.report["frame"] = frame
+    result.report["frame"] = file_options.frame
     result.report["slices"] = int(volume.shape[0])
-    if spacing:
-        result.report["spacing_given_mm"] = list(spacing)
+    if file_options.spacing:
+        result.report["spacing_given_mm"] = list(file_options.spacing)
     result.report.update(volume.notes)  # e.g. where one DICOM slice's spacing came from
     result.report["timings_s"]["total"] = time.perf_counter() - t_start
     return result

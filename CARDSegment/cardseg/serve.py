@@ -341,7 +341,7 @@ class Engine:
         from cardseg.bundle.review_rules import check_review_map, with_review_map
         from cardseg.io.inputs import parse_spacing
         from cardseg.io.outdir import check_output
-        from cardseg.segment import segment_file
+        from cardseg.segment import FileOptions, SegmentOptions, segment_file
 
         a = self.arguments(request)
         self.check_segment(a)
@@ -357,13 +357,8 @@ class Engine:
             a.input,
             a.output,
             bundle,
-            method=a.method,
-            device=device,
-            batch_size=a.batch_size,
-            frame=a.frame,
-            spacing=spacing,
-            overwrite=a.overwrite,
-            progress=progress,
+            SegmentOptions(method=a.method, device=device, batch_size=a.batch_size, progress=progress),
+            FileOptions(frame=a.frame, spacing=spacing, overwrite=a.overwrite),
             t_start=t0,
         )
         out = Path(os.path.realpath(os.path.abspath(a.output)))

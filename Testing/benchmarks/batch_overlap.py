@@ -48,7 +48,7 @@ def _phantom(folder: Path) -> Path:
 
 
 def _stage_times(worker, src: Path, out: Path) -> dict:
-    """One case through the three steps of :func:`cardseg.segment.segment_file`, each timed, and
+    """One case through the stages of :func:`cardseg.segment.segment_file`, each timed, and
     each output file's write timed on its own."""
     from cardseg import __version__, segment
     from cardseg.base.progress import Progress
@@ -60,15 +60,9 @@ def _stage_times(worker, src: Path, out: Path) -> dict:
     t["read"] = time.perf_counter() - t0
     with OutputWriter(out, version=__version__) as writer:
         t0 = time.perf_counter()
-        result = segment.compute_case(
-            volume,
-            worker.bundle,
-            src,
-            method=worker.method,
-            device=worker.device,
-            batch_size=worker.batch_size,
-            progress=Progress(),
-        )
+        options = segment.SegmentOptions(worker.method, worker.device, worker.batch_size, Progress())
+        run = segment.run_networks(volume, worker.bundle, options)
+        result = segment.finish_case(run, volume, worker.bundle, src, options=options, t_start=t0)
         compute = time.perf_counter() - t0
         t["trajectory"] = network_seconds(result.report["timings_s"])
         t["postprocess, agreement, regions"] = compute - t["trajectory"] - result.report["timings_s"]["preprocess"]

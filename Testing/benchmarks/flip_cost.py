@@ -40,7 +40,7 @@ def main() -> None:
     from cardseg.bundle.scaffold import synthetic_cine_volume
     from cardseg.bundle.review_rules import choose_review_map, review_rules
     from cardseg.io.volume import read_volume
-    from cardseg.segment import segment_volume
+    from cardseg.segment import SegmentOptions, segment_volume
 
     import torch
 
@@ -59,7 +59,7 @@ def main() -> None:
     def run(mode: str) -> dict:
         bundle.config["regions"] = plain if mode == "card, TAC rule" else regions
         t0 = time.perf_counter()
-        res = segment_volume(volume, bundle, "uc" if mode == "uc" else "card")
+        res = segment_volume(volume, bundle, SegmentOptions("uc" if mode == "uc" else "card"))
         wall = time.perf_counter() - t0
         bundle.config["regions"] = regions
         t = res.report["timings_s"]

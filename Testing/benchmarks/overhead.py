@@ -59,7 +59,7 @@ def main() -> None:
         action="store_true",
         help="the paper's timing instead: time-SwinUNETR base (40.5M) primary alone vs with a Mini "
         "reference, 5 steps on a batch of 32 slices of 256 x 256, random weights (the GPU run's "
-        "engine check, Training/gpu/run.py)",
+        "engine check, Training/cardseg_gpu/run.py)",
     )
     a = ap.parse_args()
     if a.paper_scale:
@@ -70,7 +70,7 @@ def main() -> None:
         training = str(Path(__file__).resolve().parents[2] / "Training")
         if training not in sys.path:
             sys.path.insert(0, training)
-        from gpu.checks import paper_scale_timing
+        from cardseg_gpu.checks import paper_scale_timing
 
         if a.threads:
             torch.set_num_threads(a.threads)
@@ -83,7 +83,7 @@ def main() -> None:
     from cardseg.io.volume import read_volume
     from cardseg.method.networks import count_parameters
     from cardseg.base.devices import resolve_device
-    from cardseg.segment import network_inputs, segment_volume
+    from cardseg.segment import SegmentOptions, network_inputs, segment_volume
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -106,7 +106,7 @@ def main() -> None:
         """``segment_volume``'s trajectory time (includes the resampling to the network grid and back)."""
         if overlaps:
             bundle.reference.overlap_safe = overlap  # the session's switch (set again below)
-        result = segment_volume(volume, bundle, method=method, device=device, batch_size=a.batch_size)
+        result = segment_volume(volume, bundle, SegmentOptions(method=method, device=device, batch_size=a.batch_size))
         if device.type == "cuda":
             torch.cuda.synchronize()
         return result.report["timings_s"]["trajectory"]
@@ -127,9 +127,9 @@ def main() -> None:
                 out.append(time.perf_counter() - t0)
         return out
 
-    # on a GPU the engine replays each batch's trajectory as a CUDA graph (cardseg.method.gpu_exec.run_graphed,
+    # on a GPU the engine replays each batch's trajectory as a CUDA graph (cardseg.bundle.cuda_graphs.run_graphed,
     # batches padded to --batch-size): its floor is each network's forward pass replayed as a graph too
-    from cardseg.method.gpu_exec import cuda_graphs_enabled
+    from cardseg.bundle.cuda_graphs import cuda_graphs_enabled
 
     graph_floor = device.type == "cuda" and cuda_graphs_enabled()
     captured = {}
@@ -164,7 +164,7 @@ def main() -> None:
 
     def replays(method: str) -> float:
         """Seconds of the engine's graphed trajectory on every batch (``run_graphed``), synchronised."""
-        from cardseg.method.gpu_exec import run_graphed
+        from cardseg.bundle.cuda_graphs import TrajectorySpec, run_graphed
 
         torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -173,11 +173,13 @@ def main() -> None:
                 bundle.primary,
                 bundle.reference,
                 xb,
-                bundle.sampled_steps,
-                bundle.num_classes,
-                mode=method,
-                schedule=bundle.schedule,
-                tac_steps=bundle.tac_steps if method == "card" else None,
+                TrajectorySpec(
+                    bundle.sampled_steps,
+                    bundle.num_classes,
+                    method,
+                    bundle.schedule,
+                    bundle.tac_steps if method == "card" else None,
+                ),
                 batch_size=a.batch_size,
             )
         torch.cuda.synchronize()
@@ -189,10 +191,14 @@ def main() -> None:
 
         res = {}
         for method in ("card", "uc"):
-            graphed = segment_volume(volume, bundle, method=method, device=device, batch_size=a.batch_size)
+            graphed = segment_volume(
+                volume, bundle, SegmentOptions(method=method, device=device, batch_size=a.batch_size)
+            )
             os.environ["CARDSEG_CUDA_GRAPHS"] = "0"
             try:
-                eager = segment_volume(volume, bundle, method=method, device=device, batch_size=a.batch_size)
+                eager = segment_volume(
+                    volume, bundle, SegmentOptions(method=method, device=device, batch_size=a.batch_size)
+                )
             finally:
                 os.environ["CARDSEG_CUDA_GRAPHS"] = "1"
             row = {

@@ -179,8 +179,8 @@ def without_timings(rows):
 def blob_error_maps(seed: int, case: str, decoy_tac=(0.06, 0.09)):
     """Labelled review maps whose answer is known: the prediction is wrong in two 8x8 blobs (64 px
     each, a substantial error) under strong disagreement; two 6x6 decoys of weaker disagreement
-    (``decoy_tac``) sit where it is right. A ``cardseg_train.review_data.VolumeMaps``."""
-    from cardseg_train.review_data import VolumeMaps
+    (``decoy_tac``) sit where it is right. A ``cardseg_train.review.data.VolumeMaps``."""
+    from cardseg_train.review.data import VolumeMaps
 
     rng = np.random.default_rng(seed)
     truth = np.zeros((4, 48, 48), np.uint8)

@@ -11,8 +11,8 @@ import pytest
 from cardseg.bundle.loading import update_config
 from cardseg.metrics.calibration import calibration_metrics
 from cardseg.cli import main
-from cardseg_train import calibration_eval as ce
-from cardseg_train.ablation import ROWS, ablation_table
+from cardseg_train.calibration import harness as ce
+from cardseg_train.comparison.ablation import ROWS, ablation_table
 
 from conftest import ACDC, assert_figure, needs_acdc
 

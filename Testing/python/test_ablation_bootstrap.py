@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from cardseg.base.errors import CardsegError
 from cardseg.metrics.calibration import ace, ece, nll, sce
-from cardseg_train import ablation_bootstrap as ab
-from cardseg_train.eval_stats import interval, resample_weights
+from cardseg_train.comparison import ablation_bootstrap as ab
+from cardseg_train.base.stats import interval, resample_weights
 
 K = 4
 

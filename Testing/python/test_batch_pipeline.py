@@ -133,12 +133,12 @@ def test_several_finishers_finish_cases_at_once_and_report_them_in_order(
     met = {}
     real_finish = segment.finish_case
 
-    def finish_case(traj, timings, volume, bundle, path, **kw):
+    def finish_case(run, volume, bundle, path, **kw):
         i = int(Path(path).name[4])
         started[i].set()
         if i < 3:
             met[i] = all(started[j].wait(60) for j in range(3))
-        return real_finish(traj, timings, volume, bundle, path, **kw)
+        return real_finish(run, volume, bundle, path, **kw)
 
     monkeypatch.setattr(segment, "finish_case", finish_case)
     seen = []
@@ -203,14 +203,14 @@ def test_an_interrupt_while_waiting_for_a_finisher_loses_no_case_and_leaves_no_w
         frame = sys._current_frames().get(threading.main_thread().ident)
         return frame is not None and frame.f_code.co_name == "wait"
 
-    def finish_case(traj, timings, volume, bundle, path, **kw):
+    def finish_case(run, volume, bundle, path, **kw):
         if Path(path).name.startswith("case0"):
             assert computed_1.wait(60)
             deadline = time.monotonic() + 60  # the main thread has handed case 1 over and waits for this one
             while not main_thread_waits() and time.monotonic() < deadline:
                 time.sleep(0.01)
             os.kill(os.getpid(), signal.SIGINT)
-        return real_finish(traj, timings, volume, bundle, path, **kw)
+        return real_finish(run, volume, bundle, path, **kw)
 
     # Ctrl-C as a terminal delivers it, also where the test runner itself was started with SIGINT
     # ignored (a background job of a script)
@@ -241,10 +241,10 @@ def test_interrupts_inside_on_result_still_report_the_cases_finished_behind(
     run_networks = _signalling(segment.run_networks, 3, all_computed)
     real_finish = segment.finish_case
 
-    def finish_case(traj, timings, volume, bundle, path, **kw):
+    def finish_case(run, volume, bundle, path, **kw):
         if Path(path).name.startswith("case0"):
             assert all_computed.wait(60)  # so that cases 1 and 2 are behind it when it is reported
-        return real_finish(traj, timings, volume, bundle, path, **kw)
+        return real_finish(run, volume, bundle, path, **kw)
 
     seen = []
 

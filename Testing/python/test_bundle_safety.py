@@ -280,7 +280,7 @@ def test_merge_config_is_the_one_merge_the_writer_and_its_checks_use(tmp_path):
     exactly what merge_config returns, and fit-calibration's check previews the same merge."""
     from cardseg.bundle.folder import read_config
     from cardseg.bundle.loading import merge_config, update_config
-    from cardseg_train.calibrate import writable_changes
+    from cardseg_train.calibration.calibrate import writable_changes
 
     base = {"a": {"x": 1, "y": {"deep": 1}}, "b": 2, "r": {"old": 1, "kept": 2}}
     snapshot = json.loads(json.dumps(base))

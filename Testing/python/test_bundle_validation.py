@@ -554,7 +554,7 @@ def test_shipped_bundle_records_no_machine_paths():
 
 
 def test_provenance_names_data_and_runs_not_their_folders(tmp_path):
-    from cardseg_train.train_config import data_name, is_machine_path
+    from cardseg_train.training.config import data_name, is_machine_path
 
     data = tmp_path / "acdc"
     data.mkdir()
@@ -566,8 +566,8 @@ def test_provenance_names_data_and_runs_not_their_folders(tmp_path):
 
 
 def test_exported_provenance_holds_names_even_from_old_run_summaries(tmp_path):
-    from cardseg_train.export import _run_provenance
-    from cardseg_train.train_config import TrainConfig
+    from cardseg_train.training.export import _run_provenance
+    from cardseg_train.training.config import TrainConfig
 
     run = tmp_path / "runs" / "primary-mini"
     run.mkdir(parents=True)

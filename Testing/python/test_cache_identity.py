@@ -1,13 +1,21 @@
 """Every cache of network outputs is keyed by what shapes them: moving the grid (recentring), the
-grid, the steps or the weights never reuses old arrays (cardseg_train.cache_identity)."""
+grid, the steps or the weights never reuses old arrays (cardseg_train.base.cache_identity)."""
 
 import copy
 from types import SimpleNamespace
 
 import pytest
 
-from cardseg_train import calibrate, calibration_eval, indices_evidence, indices_fit, review_data
-from cardseg_train.cache_identity import maps_identity
+from cardseg_train.calibration import calibrate
+
+from cardseg_train.calibration import harness as calibration_eval
+
+from cardseg_train.indices import evidence as indices_evidence
+
+from cardseg_train.indices import fit as indices_fit
+
+from cardseg_train.review import data as review_data
+from cardseg_train.base.cache_identity import maps_identity
 
 
 def fake_bundle(**config_changes):

@@ -11,7 +11,7 @@ from scipy import ndimage
 pytest.importorskip("torchio")
 
 from cardseg.bundle.scaffold import synthetic_cine_volume  # noqa: E402
-from cardseg_train.corruptions import (
+from cardseg_train.data.corruptions import (
     CORRUPTIONS,
     corrupt_labelled_volume,
     corrupt_volume,  # noqa: E402
@@ -91,7 +91,7 @@ def test_motion_acts_slice_by_slice(clean):
 
 
 def test_labelled_volume_labels_untouched(clean):
-    from cardseg_train.evaluation import LabelledVolume
+    from cardseg_train.evaluation.segmentation import LabelledVolume
 
     vol, lab = clean
     item = LabelledVolume("p1_f1", "p1", vol, lab)
@@ -131,8 +131,8 @@ def test_evaluation_normalises_after_corrupting(clean, tiny_bundle, monkeypatch)
     normalisation (whatever it is) runs on the corrupted volume, as it would on a user's file."""
     import cardseg.segment
     from cardseg.bundle.loading import load_bundle
-    from cardseg_train import calibration_eval as ce
-    from cardseg_train.evaluation import LabelledVolume
+    from cardseg_train.calibration import harness as ce
+    from cardseg_train.evaluation.segmentation import LabelledVolume
 
     vol, lab = clean
     item = LabelledVolume("p1_f1", "p1", vol, lab)
@@ -173,7 +173,7 @@ def test_tio3d_protocol_is_torchio_default_seeded_per_case(clean, kind):
     # the same draw by hand: TorchIO's default transform on the (1, X, Y, Z) image, torch seeded
     import torchio as tio
 
-    from cardseg_train.corruptions import corruption_rng
+    from cardseg_train.data.corruptions import corruption_rng
 
     cls = {
         "bias_field": tio.RandomBiasField,
@@ -200,8 +200,8 @@ def test_tio3d_motion_mixes_slices(clean):
 
 
 def test_tio3d_conditions_are_named_and_cached_apart(clean):
-    from cardseg_train.calibration_eval import ALL_CONDITIONS, CONDITIONS, CaseCache, condition_volume
-    from cardseg_train.evaluation import LabelledVolume
+    from cardseg_train.calibration.harness import ALL_CONDITIONS, CONDITIONS, CaseCache, condition_volume
+    from cardseg_train.evaluation.segmentation import LabelledVolume
 
     vol, lab = clean
     assert (

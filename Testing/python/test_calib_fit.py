@@ -9,10 +9,10 @@ import torch
 from scipy.special import expit, softmax
 
 from cardseg.method.calibration import CARD, EnsembleTemperatureScaling, EntropyTemperatureScaling, TemperatureScaling
-from cardseg_train.calibration_fit import FITTERS, fit_calibrator, fit_card, fit_ets, fit_hts, fit_ts, pool_nll
-from cardseg_train.calibration_objectives import card_objective, ets_objective, hts_objective, log_entropy
-from cardseg_train.calibration_perturb import PERTURBATIONS, apply_perturbation, perturb_image, perturbation_params
-from cardseg_train.calibration_pool import (
+from cardseg_train.calibration.fit import FITTERS, fit_calibrator, fit_card, fit_ets, fit_hts, fit_ts, pool_nll
+from cardseg_train.calibration.objectives import card_objective, ets_objective, hts_objective, log_entropy
+from cardseg_train.data.perturb import PERTURBATIONS, apply_perturbation, perturb_image, perturbation_params
+from cardseg_train.calibration.pool import (
     PoolItem,
     concat_pool,
     ood_agreement_threshold,
@@ -225,10 +225,10 @@ def test_build_pool_runs_the_engine_on_each_variant(tiny_bundle):
     from cardseg.bundle.loading import load_bundle
     from cardseg.metrics.segmentation import roi_mask
     from cardseg.bundle.scaffold import synthetic_cine_volume
-    from cardseg.segment import segment_volume
-    from cardseg_train.calibration_perturb import POOL_VARIANTS
-    from cardseg_train.calibration_pool import build_pool
-    from cardseg_train.evaluation import LabelledVolume
+    from cardseg.segment import SegmentOptions, segment_volume
+    from cardseg_train.data.perturb import POOL_VARIANTS
+    from cardseg_train.calibration.pool import build_pool
+    from cardseg_train.evaluation.segmentation import LabelledVolume
 
     vol, lab = synthetic_cine_volume(shape=(2, 64, 56), spacing=(3.0, 2.5, 8.0), seed=2)
     cases = [LabelledVolume("synthetic_frame01", "synthetic", vol, lab)]
@@ -236,7 +236,7 @@ def test_build_pool_runs_the_engine_on_each_variant(tiny_bundle):
     pool = build_pool(bundle, cases, roi_radius=3, max_pixels_per_item=None, seed=0)
     assert [it.variant for it in pool] == list(POOL_VARIANTS)
     # the clean item is exactly what the engine computes on the volume
-    ref = segment_volume(vol, bundle, method="card")
+    ref = segment_volume(vol, bundle, SegmentOptions("card"))
     roi = roi_mask(lab > 0, 3)
     want = pool_item(ref.logits, ref.disagreement, lab, roi)
     assert np.array_equal(pool[0].logits, want.logits) and np.array_equal(pool[0].tac, want.tac)
@@ -262,9 +262,9 @@ def test_tac_step_subsets_from_kept_step_js_match_the_engine(tiny_bundle, tmp_pa
     from cardseg.base.errors import CardsegError
     from cardseg.metrics.segmentation import roi_mask
     from cardseg.bundle.scaffold import synthetic_cine_volume
-    from cardseg.segment import segment_volume
-    from cardseg_train.calibration_pool import PoolItem, build_pool, pool_with_tac_steps
-    from cardseg_train.evaluation import LabelledVolume
+    from cardseg.segment import SegmentOptions, segment_volume
+    from cardseg_train.calibration.pool import PoolItem, build_pool, pool_with_tac_steps
+    from cardseg_train.evaluation.segmentation import LabelledVolume
 
     vol, lab = synthetic_cine_volume(shape=(2, 64, 56), spacing=(3.0, 2.5, 8.0), seed=4)
     path = tmp_path / "b"
@@ -285,7 +285,7 @@ def test_tac_step_subsets_from_kept_step_js_match_the_engine(tiny_bundle, tmp_pa
     update_config(path, {"calibration": {"tac_steps": [0]}})
     b0 = load_bundle(path)
     assert b0.tac_steps == [0] and b0.calibrator.name == "card"
-    ref = segment_volume(vol, b0, method="card")
+    ref = segment_volume(vol, b0, SegmentOptions("card"))
     assert np.allclose(last.tac, ref.disagreement[roi_mask(lab > 0, 3)], atol=1e-6)
     assert last.agreement == pytest.approx(ref.report["agreement"], abs=1e-6)
     with pytest.raises(CardsegError, match="tac_steps"):  # not a sampled step: refused before writing

@@ -14,8 +14,8 @@ from cardseg.metrics.calibration import calibration_metrics
 from cardseg.cli import main
 from cardseg.method.agreement import agreement_score
 from cardseg.metrics.segmentation import roi_mask
-from cardseg_train import calibration_eval as ce
-from cardseg_train.calibration_report import markdown_table, write_report
+from cardseg_train.calibration import harness as ce
+from cardseg_train.calibration.report import markdown_table, write_report
 
 from conftest import ACDC, assert_figure
 

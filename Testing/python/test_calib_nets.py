@@ -28,10 +28,10 @@ from cardseg.method.calibration import (
 )
 from cardseg.method.calibration.netbase import TEMPERATURE_FLOOR
 from cardseg.base.errors import CardsegError
-from cardseg_train.calibration_fit import fit_calibrator, fit_ts, pool_nll
-from cardseg_train.calibration_fit_nets import fit_calibnet, fit_lts, fit_pts, holdout_split
-from cardseg_train.calibration_pool import PoolItem
-from cardseg_train.calibration_spatial import SpatialItem, crop_nll, crop_roi_probs, spatial_item
+from cardseg_train.calibration.fit import fit_calibrator, fit_ts, pool_nll
+from cardseg_train.calibration.fit_nets import fit_calibnet, fit_lts, fit_pts, holdout_split
+from cardseg_train.calibration.pool import PoolItem
+from cardseg_train.calibration.spatial import SpatialItem, crop_nll, crop_roi_probs, spatial_item
 
 from conftest import ACDC
 
@@ -450,7 +450,7 @@ def test_schema_refuses_a_network_fitted_for_other_classes_or_as_the_bundle_cali
 
 
 def test_fitted_networks_are_written_into_and_read_from_a_bundle(tiny_bundle, tmp_path):
-    from cardseg_train.calibration_eval import bundle_calibrators, crop_needs
+    from cardseg_train.calibration.harness import bundle_calibrators, crop_needs
 
     bundle = tmp_path / "bundle"
     shutil.copytree(tiny_bundle, bundle)
@@ -547,9 +547,9 @@ def test_build_pool_keeps_crops_that_line_up_with_the_pixel_vectors(tiny_bundle,
     from cardseg.metrics.segmentation import roi_mask
     from cardseg.bundle.scaffold import synthetic_cine_volume
     from cardseg.segment import normalized_slices
-    from cardseg_train.calibrate import load_pool, save_pool
-    from cardseg_train.calibration_pool import build_pool
-    from cardseg_train.evaluation import LabelledVolume
+    from cardseg_train.calibration.calibrate import load_pool, save_pool
+    from cardseg_train.calibration.pool import build_pool
+    from cardseg_train.evaluation.segmentation import LabelledVolume
 
     vol, lab = synthetic_cine_volume(shape=(3, 64, 56), spacing=(3.0, 2.5, 8.0), seed=2)
     cases = [LabelledVolume("synthetic_frame01", "synthetic", vol, lab)]
@@ -581,7 +581,7 @@ def test_build_pool_keeps_crops_that_line_up_with_the_pixel_vectors(tiny_bundle,
 
 
 def test_evaluation_reads_spatial_calibrators_at_the_same_pixels(tmp_path):
-    from cardseg_train import calibration_eval as ce
+    from cardseg_train.calibration import harness as ce
 
     rng = np.random.default_rng(0)
     z, k, h, w = 3, 4, 30, 26
@@ -648,7 +648,7 @@ def test_fit_calibration_refuses_an_unknown_baseline_in_one_line(tiny_bundle, tm
 @pytest.mark.skipif(not (ACDC / "volumes").is_dir(), reason="ACDC data not present")
 def test_fit_calibration_and_evaluate_with_the_network_baselines(tiny_bundle, tmp_path, monkeypatch):
     from cardseg.cli import main
-    from cardseg_train import calibrate
+    from cardseg_train.calibration import calibrate
 
     bundle = tmp_path / "bundle"
     shutil.copytree(tiny_bundle, bundle)

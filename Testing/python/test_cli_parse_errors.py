@@ -53,9 +53,9 @@ def test_help_states_each_default_once():
 @pytest.mark.parametrize(
     "module",
     [
-        "cardseg_train.indices_fit",
-        "cardseg_train.reference_maps",
-        "cardseg_train.indices_evidence",
+        "cardseg_train.indices.fit",
+        "cardseg_train.studies.reference_maps",
+        "cardseg_train.indices.evidence",
         "cardseg.cohort.triage",
     ],
 )

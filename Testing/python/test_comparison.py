@@ -8,7 +8,7 @@ import pytest
 
 from cardseg.cli import main
 from cardseg.base.errors import CardsegError
-from cardseg_train.comparison import PAPER, ROWS, comparison_table, markdown
+from cardseg_train.comparison.table import PAPER, ROWS, comparison_table, markdown
 
 from conftest import assert_figure
 
@@ -140,7 +140,7 @@ def test_rows_get_paired_patient_intervals_across_segmentors(tmp_path):
     cmp = comparison_table(src)
     assert set(cmp["bootstrap"]["without_per_volume"]) == {"UC", "TS", "ETS", "HTS"}
     assert "No interval for UC, TS, ETS, HTS" in markdown(cmp)
-    from cardseg_train.comparison import plot_block_nll
+    from cardseg_train.comparison.table import plot_block_nll
 
     assert_figure(plot_block_nll(cmp, tmp_path / "b.png"))
 

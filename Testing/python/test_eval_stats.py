@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cardseg.metrics.segmentation import roi_mask, roi_mask_square
-from cardseg_train import eval_stats as es
+from cardseg_train.base import stats as es
 
 
 def _per_volume(values: dict, patients=("p1", "p1", "p2", "p2", "p3", "p3"), n=100) -> dict:
@@ -91,7 +91,7 @@ def test_square_kernel_roi_is_the_literal_10x10_and_inside_the_disk():
 
 def test_calibration_table_square_roi_and_per_volume_sums(tmp_path):
     from cardseg.method.calibration import calibrator_from_dict
-    from cardseg_train import calibration_eval as ce
+    from cardseg_train.calibration import harness as ce
 
     names = ["bg", "RV", "MYO", "LV"]
     rng = np.random.default_rng(5)

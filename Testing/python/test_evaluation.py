@@ -6,7 +6,7 @@ import pytest
 from cardseg.bundle.loading import load_bundle
 from cardseg.cli import main
 from cardseg.bundle.scaffold import synthetic_cine_volume
-from cardseg_train.evaluation import LabelledVolume, acdc_h5_volumes, dice_score, evaluate_dice, summarize
+from cardseg_train.evaluation.segmentation import LabelledVolume, acdc_h5_volumes, dice_score, evaluate_dice, summarize
 
 from conftest import ACDC, assert_figure
 
@@ -65,7 +65,7 @@ def test_acdc_validation_volumes_and_evaluate_command(tiny_bundle, tmp_path):
 
 
 def test_learning_curve_plot_from_a_run_log(tmp_path):
-    from cardseg_train.plots import plot_learning_curve, read_log
+    from cardseg_train.base.plots import plot_learning_curve, read_log
 
     run = tmp_path / "run"
     run.mkdir()

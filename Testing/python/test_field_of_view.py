@@ -123,7 +123,7 @@ def off_centre_phantom():
 @pytest.mark.slow
 def test_the_shipped_bundle_finds_the_cut_off_ventricle_on_a_moved_grid(off_centre_phantom):
     from cardseg.bundle.loading import load_bundle
-    from cardseg.segment import segment_volume
+    from cardseg.segment import SegmentOptions, segment_volume
 
     volume, truth = off_centre_phantom
     bundle = load_bundle()
@@ -133,9 +133,12 @@ def test_the_shipped_bundle_finds_the_cut_off_ventricle_on_a_moved_grid(off_cent
         a, b = labels == 1, truth == 1
         return 2 * (a & b).sum() / max(1, a.sum() + b.sum())
 
-    card, uc = segment_volume(volume, bundle, "card"), segment_volume(volume, bundle, "uc")
+    card, uc = (
+        segment_volume(volume, bundle, SegmentOptions("card")),
+        segment_volume(volume, bundle, SegmentOptions("uc")),
+    )
     bundle.config["field_of_view"] = {"recentre": False}
-    centred = segment_volume(volume, bundle, "card")
+    centred = segment_volume(volume, bundle, SegmentOptions("card"))
     assert centred.report["field_of_view"] == {"recentred": False, "offset_mm": [0.0, 0.0], "tried": None}
     fov = card.report["field_of_view"]
     tried = fov["tried"]
@@ -149,7 +152,7 @@ def test_the_shipped_bundle_finds_the_cut_off_ventricle_on_a_moved_grid(off_cent
 
 
 def test_the_study_counts_how_often_the_kept_run_had_the_higher_dice():
-    from cardseg_train.field_of_view_study import dice_per_class, markdown, summary
+    from cardseg_train.studies.field_of_view import dice_per_class, markdown, summary
 
     truth = np.zeros((1, 4, 4), np.uint8)
     truth[0, :2] = 1
@@ -209,7 +212,11 @@ def test_the_engine_keeps_the_run_that_agrees_more_and_uc_keeps_the_same_grid(
     calls = []
     real = segment.run_on_grid
     monkeypatch.setattr(
-        segment, "run_on_grid", lambda grid, *a: calls.append((grid.offset, a[2], a[-2], a[-1])) or real(grid, *a)
+        segment,
+        "run_on_grid",
+        lambda grid, *a, **kw: (
+            calls.append((grid.offset, a[2].method, kw["volume"], kw["stage"])) or real(grid, *a, **kw)
+        ),
     )
     stages = []
 
@@ -218,7 +225,9 @@ def test_the_engine_keeps_the_run_that_agrees_more_and_uc_keeps_the_same_grid(
             stages.append(name)
 
     s01 = segment.normalized_slices(volume, bundle)
-    card = segment.trajectory_on_slices(s01, volume.spacing[:2], bundle, "card", progress=Stages())
+    card = segment.trajectory_on_slices(
+        s01, volume.spacing[:2], bundle, segment.SegmentOptions(method="card", progress=Stages())
+    )
     assert [c[0] for c in calls] == [(0.0, 0.0), (4.0, -3.0)] and calls[0][2] == calls[1][2]  # one volume number
     assert stages == ["trajectory", "trajectory-moved"]
     assert card.recentring == {
@@ -228,25 +237,27 @@ def test_the_engine_keeps_the_run_that_agrees_more_and_uc_keeps_the_same_grid(
     }
     assert card.offset == ((4.0, -3.0) if moved_agrees_more else (0.0, 0.0))
     calls.clear()
-    uc = segment.trajectory_on_slices(s01, volume.spacing[:2], bundle, "uc")
+    uc = segment.trajectory_on_slices(s01, volume.spacing[:2], bundle, segment.SegmentOptions("uc"))
     assert [c[1] for c in calls] == ["card", "card"]  # uc runs as card: the choice needs the reference
     assert uc.tac is None and uc.offset == card.offset and uc.recentring == card.recentring
     assert np.array_equal(np.asarray(uc.logits).argmax(1), np.asarray(card.logits).argmax(1))
-    result = segment.finish_volume(uc, volume, bundle, "uc", "cpu", {})
+    result = segment._finish_volume(segment.NetworkRun(uc, {}), volume, bundle, segment.SegmentOptions("uc"))
     assert result.report["field_of_view"]["recentred"] == moved_agrees_more
     assert result.report["field_of_view"]["tried"]["agreement_moved"] == card.recentring["agreement_moved"]
     # the ablation's logit-mix runs on the grid card keeps (after card's runs), as card's rows are measured
     calls.clear()
-    mix = segment.trajectory_on_slices(s01, volume.spacing[:2], bundle, "logit-mix")
+    mix = segment.trajectory_on_slices(s01, volume.spacing[:2], bundle, segment.SegmentOptions("logit-mix"))
     assert [c[1] for c in calls] == ["card", "card", "logit-mix"] and calls[-1][0] == card.offset
     assert mix.offset == card.offset and mix.tac is None and mix.recentring == card.recentring
     # off: one run, no trial
     bundle.config.pop("field_of_view")
     calls.clear()
-    assert segment.trajectory_on_slices(s01, volume.spacing[:2], bundle, "logit-mix").offset == (0.0, 0.0)
+    assert segment.trajectory_on_slices(
+        s01, volume.spacing[:2], bundle, segment.SegmentOptions("logit-mix")
+    ).offset == (0.0, 0.0)
     assert [c[1] for c in calls] == ["logit-mix"]
     calls.clear()
-    off = segment.trajectory_on_slices(s01, volume.spacing[:2], bundle, "uc")
+    off = segment.trajectory_on_slices(s01, volume.spacing[:2], bundle, segment.SegmentOptions("uc"))
     assert [c[1] for c in calls] == ["uc"] and off.recentring is None
 
 
@@ -254,14 +265,16 @@ def test_calibnet_augmentations_run_on_the_clean_runs_grid(tiny_bundle, syntheti
     """An augmented copy never chooses a grid of its own: the primary runs on the grid the clean run kept."""
     from cardseg import segment
     from cardseg.bundle.loading import load_bundle
-    from cardseg_train.calibration_spatial import engine_primary_logits
+    from cardseg_train.calibration.spatial import engine_primary_logits
 
     bundle = load_bundle(tiny_bundle)
     bundle.config["field_of_view"] = {"recentre": True}
     volume, _ = synthetic_volume
     grids = []
     real = segment.run_on_grid
-    monkeypatch.setattr(segment, "run_on_grid", lambda grid, *a: grids.append((grid.offset, a[2])) or real(grid, *a))
+    monkeypatch.setattr(
+        segment, "run_on_grid", lambda grid, *a, **kw: grids.append((grid.offset, a[2].method)) or real(grid, *a, **kw)
+    )
     s01 = segment.normalized_slices(volume, bundle)
     logits = engine_primary_logits(bundle, volume.spacing[:2], offset=(3.0, -2.0))(s01[:2])
     assert grids == [((3.0, -2.0), "uc")] and logits.shape[0] == 2

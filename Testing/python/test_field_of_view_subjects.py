@@ -1,9 +1,9 @@
-"""The per-subject grid study (cardseg_train.field_of_view_subjects): its choice rules on hand-made
+"""The per-subject grid study (cardseg_train.studies.field_of_view_subjects): its choice rules on hand-made
 agreements, its error summary, its table and its refusals."""
 
 import pytest
 
-from cardseg_train import field_of_view_subjects as fs
+from cardseg_train.studies import field_of_view_subjects as fs
 
 
 def test_the_subject_move_is_the_ed_frames_when_it_fired_else_the_es_frames():

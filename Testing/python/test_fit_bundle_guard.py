@@ -5,7 +5,7 @@ import shutil
 import pytest
 
 from cardseg.bundle.folder import BUNDLES_DIR, DEFAULT_NAME, ENV_VAR
-from cardseg_train import indices_fit
+from cardseg_train.indices import fit as indices_fit
 
 from conftest import refused, run_cli_quiet
 

@@ -8,8 +8,8 @@ import pytest
 from cardseg.bundle.loading import load_bundle
 from cardseg.bundle.folder import read_config
 from cardseg.cli import main
-from cardseg_train import calibrate
-from cardseg_train.calibration_pool import PoolItem
+from cardseg_train.calibration import calibrate
+from cardseg_train.calibration.pool import PoolItem
 
 from conftest import ACDC
 

@@ -11,8 +11,9 @@ from cardseg.bundle.calibration_schema import HTS_RANGE
 from cardseg.bundle.folder import read_config
 from cardseg.cli import main
 from cardseg.method.calibration import EntropyTemperatureScaling
-from cardseg_train import calibrate, calibration_fit
-from cardseg_train.calibration_pool import PoolItem
+from cardseg_train.calibration import calibrate
+from cardseg_train.calibration import fit as calibration_fit
+from cardseg_train.calibration.pool import PoolItem
 
 #: the shipped bundle's regions keys as fit-review writes them (values of a small rule)
 REVIEW_BLOCK = {

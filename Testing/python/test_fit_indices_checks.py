@@ -172,7 +172,7 @@ NAMES = ["background", "RV", "MYO", "LV"]
 def _volume(patient, phase, rng):
     """A small labelled volume: RV, myocardium and LV blobs, the prediction off by a few pixels
     (a random number of columns, so that the index errors spread)."""
-    from cardseg_train.indices_fit import VolumeArrays
+    from cardseg_train.indices.fit import VolumeArrays
 
     truth = np.zeros((4, 24, 24), np.uint8)
     truth[:, 10:20, 10:20] = 2  # myocardium around the LV
@@ -208,7 +208,7 @@ def _volumes(patients, missing):
 
 
 def test_a_patient_missing_a_frame_is_named_in_a_warning(capsys):
-    from cardseg_train.indices_fit import subjects_of
+    from cardseg_train.indices.fit import subjects_of
 
     subs = subjects_of(_volumes(["p1", "p2", "p3", "p4"], {("p2", "ES")}), NAMES, 0.1, minimum=3)
     assert [s.patient for s in subs] == ["p1", "p3", "p4"]
@@ -218,7 +218,7 @@ def test_a_patient_missing_a_frame_is_named_in_a_warning(capsys):
 
 
 def test_too_few_subjects_left_names_the_missing_frames(capsys):
-    from cardseg_train.indices_fit import subjects_of
+    from cardseg_train.indices.fit import subjects_of
 
     with pytest.raises(CardsegError) as exc:
         subjects_of(_volumes(["p1", "p2", "p3"], {("p2", "ED"), ("p3", "ES")}), NAMES, 0.1, minimum=3)
@@ -231,7 +231,7 @@ def test_too_few_subjects_left_names_the_missing_frames(capsys):
 def test_fit_indices_names_the_patient_missing_a_frame(bundle, tmp_path, capsys, monkeypatch):
     """The command on cached-like evidence (no network runs): the validation split with too few
     complete patients is refused naming the incomplete one, bundle.json untouched."""
-    from cardseg_train import indices_evidence
+    from cardseg_train.indices import evidence as indices_evidence
 
     def evidence(bundle, data, split, variants, cache, h5_spacing, **kw):
         patients = ["v1", "v2", "v3"] if split == "val" else [f"t{i}" for i in range(6)]
@@ -250,7 +250,7 @@ def test_fit_indices_names_the_patient_missing_a_frame(bundle, tmp_path, capsys,
 
 
 def test_fit_indices_warns_naming_the_patient_and_fits_the_rest(bundle, tmp_path, capsys, monkeypatch):
-    from cardseg_train import indices_evidence
+    from cardseg_train.indices import evidence as indices_evidence
 
     def evidence(bundle, data, split, variants, cache, h5_spacing, **kw):
         patients = [f"v{i}" for i in range(6)] if split == "val" else [f"t{i}" for i in range(6)]

@@ -133,13 +133,13 @@ def test_the_engine_cuts_regions_from_tac_plus_flips_and_changes_nothing_else(
 ):
     from cardseg.bundle.loading import load_bundle
     from cardseg.review.regions import flagged_regions
-    from cardseg.segment import normalized_slices, segment_volume, trajectory_on_slices
+    from cardseg.segment import SegmentOptions, normalized_slices, segment_volume, trajectory_on_slices
 
     vol, _ = synthetic_volume
     plain, fb = load_bundle(tiny_bundle, device="cpu"), load_bundle(flip_bundle, device="cpu")
     progress = Recorder()
-    a = segment_volume(vol, plain, "card")
-    b = segment_volume(vol, fb, "card", progress=progress)
+    a = segment_volume(vol, plain, SegmentOptions("card"))
+    b = segment_volume(vol, fb, SegmentOptions(method="card", progress=progress))
     # the segmentation, the TAC, the temperature and the probabilities are the plain run's
     for name in ("labels", "disagreement", "temperature", "probabilities"):
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
@@ -155,7 +155,9 @@ def test_the_engine_cuts_regions_from_tac_plus_flips_and_changes_nothing_else(
     slices01 = normalized_slices(vol, fb)
     probs = []
     for flip in flips.FLIPS:
-        t = trajectory_on_slices(np.ascontiguousarray(flips.unflip(slices01, flip)), vol.spacing[:2], fb, "uc")
+        t = trajectory_on_slices(
+            np.ascontiguousarray(flips.unflip(slices01, flip)), vol.spacing[:2], fb, SegmentOptions("uc")
+        )
         logits = np.asarray(t.logits, dtype=np.float32)
         e = np.exp(logits - logits.max(axis=1, keepdims=True))
         probs.append(flips.unflip(e / e.sum(axis=1, keepdims=True), flip, (0, 2, 3)))
@@ -185,7 +187,7 @@ def test_the_engine_cuts_regions_from_tac_plus_flips_and_changes_nothing_else(
         flagged_regions(b.disagreement, b.labels, settings, vol.ijk_to_lps(), vol.spacing, fb.class_names)
 
     # uc runs no flipped copy
-    u = segment_volume(vol, fb, "uc")
+    u = segment_volume(vol, fb, SegmentOptions("uc"))
     assert u.flips is None and "flips" not in u.report["timings_s"]
 
 
@@ -212,11 +214,11 @@ def test_the_slicer_panel_names_and_places_every_stage_a_flip_run_reports(flip_b
         sys.path.insert(0, str(MODULE_DIR))
     from CARDSegmentLib import process as proc
     from cardseg.bundle.loading import load_bundle
-    from cardseg.segment import segment_volume
+    from cardseg.segment import SegmentOptions, segment_volume
 
     vol, _ = synthetic_volume
     progress = Recorder()
-    segment_volume(vol, load_bundle(flip_bundle, device="cpu"), "card", progress=progress)
+    segment_volume(vol, load_bundle(flip_bundle, device="cpu"), SegmentOptions(method="card", progress=progress))
     for name, _total in progress.stages:
         assert name in proc.STAGE_TEXT and name in proc.STAGE_SPANS, name
     done = proc.overall_fraction("trajectory", 1, 1)
@@ -287,9 +289,11 @@ def test_on_a_moved_grid_each_flipped_copy_runs_on_the_mirrored_moved_grid(flip_
     calls = []
     real = segment.run_on_grid
     monkeypatch.setattr(
-        segment, "run_on_grid", lambda grid, *a: calls.append((grid.offset, a[-2], a[-1])) or real(grid, *a)
+        segment,
+        "run_on_grid",
+        lambda grid, *a, **kw: calls.append((grid.offset, kw["volume"], kw["stage"])) or real(grid, *a, **kw),
     )
-    result = segment.segment_volume(vol, bundle, "card")
+    result = segment.segment_volume(vol, bundle, segment.SegmentOptions("card"))
     assert result.report["field_of_view"]["recentred"] is True
     copies = [c for c in calls if c[2] == flips.STAGE]
     assert [c[0] for c in copies] == [(-6.0, -5.0), (6.0, 5.0), (-6.0, 5.0)]
@@ -302,12 +306,7 @@ def test_on_a_moved_grid_each_flipped_copy_runs_on_the_mirrored_moved_grid(flip_
             segment.slice_grid(slices01.shape[1:], vol.spacing[:2], bundle, (6.0, -5.0)),
             slices01,
             bundle,
-            "uc",
-            "cpu",
-            8,
-            Progress(),
-            False,
-            False,
+            segment.SegmentOptions("uc", "cpu", 8, Progress()),
         )
         traj.logits = plain.logits
         return flips.flip_map(
@@ -318,12 +317,7 @@ def test_on_a_moved_grid_each_flipped_copy_runs_on_the_mirrored_moved_grid(flip_
                     segment.slice_grid(s.shape[1:], vol.spacing[:2], bundle, offset_of(off)),
                     s,
                     bundle,
-                    "uc",
-                    "cpu",
-                    8,
-                    prog,
-                    False,
-                    False,
+                    segment.SegmentOptions("uc", "cpu", 8, prog),
                 ).logits
             ),
             1,
@@ -337,11 +331,11 @@ def test_the_networks_time_of_a_run_counts_its_flipped_runs(flip_bundle, tiny_bu
     """What the benchmarks hold a run's other work against: the dual trajectory plus the flipped
     runs where there were (a report of each kind)."""
     from cardseg.bundle.loading import load_bundle
-    from cardseg.segment import segment_volume
+    from cardseg.segment import SegmentOptions, segment_volume
 
     vol, _ = synthetic_volume
-    with_flips = segment_volume(vol, load_bundle(flip_bundle, device="cpu"), "card").report["timings_s"]
-    plain = segment_volume(vol, load_bundle(tiny_bundle, device="cpu"), "card").report["timings_s"]
+    with_flips = segment_volume(vol, load_bundle(flip_bundle, device="cpu"), SegmentOptions("card")).report["timings_s"]
+    plain = segment_volume(vol, load_bundle(tiny_bundle, device="cpu"), SegmentOptions("card")).report["timings_s"]
     assert flips.network_seconds(with_flips) == pytest.approx(with_flips["trajectory"] + with_flips["flips"])
     assert with_flips["flips"] > 0 and flips.network_seconds(plain) == plain["trajectory"]
 
@@ -360,15 +354,15 @@ def test_the_flipped_copies_run_on_the_steps_the_bundle_names(flip_bundle, two_s
     """regions.flip_steps: each copy runs the primary on those steps only (its terminal prediction
     at the last of them); the plain run, its TAC and everything calibrated keep the bundle's steps."""
     from cardseg.bundle.loading import load_bundle
-    from cardseg.segment import normalized_slices, segment_volume, trajectory_on_slices
+    from cardseg.segment import SegmentOptions, normalized_slices, segment_volume, trajectory_on_slices
 
     vol, _ = synthetic_volume
     full, short = load_bundle(flip_bundle, device="cpu"), load_bundle(two_step_flip_bundle, device="cpu")
     assert flips.flip_steps(full.config) == full.sampled_steps == [49, 37, 24, 12, 0]
     assert flips.flip_steps(short.config) == [49, 0] and short.sampled_steps == full.sampled_steps
     progress = Recorder()
-    a = segment_volume(vol, full, "card")
-    b = segment_volume(vol, short, "card", progress=progress)
+    a = segment_volume(vol, full, SegmentOptions("card"))
+    b = segment_volume(vol, short, SegmentOptions(method="card", progress=progress))
     for name in ("labels", "disagreement", "temperature", "probabilities"):
         assert np.array_equal(getattr(a, name), getattr(b, name)), name
     stages = dict(progress.stages)
@@ -379,10 +373,12 @@ def test_the_flipped_copies_run_on_the_steps_the_bundle_names(flip_bundle, two_s
     two_steps = dataclasses.replace(short, config=flips.copies_config(short.config))
     assert two_steps.sampled_steps == [49, 0]
     slices01 = normalized_slices(vol, short)
-    plain = trajectory_on_slices(slices01, vol.spacing[:2], short, "card")
+    plain = trajectory_on_slices(slices01, vol.spacing[:2], short, SegmentOptions("card"))
     probs = [np.asarray(arrays_softmax(np.asarray(plain.logits, np.float32)))]
     for flip in flips.FLIPS[1:]:
-        t = trajectory_on_slices(np.ascontiguousarray(flips.unflip(slices01, flip)), vol.spacing[:2], two_steps, "uc")
+        t = trajectory_on_slices(
+            np.ascontiguousarray(flips.unflip(slices01, flip)), vol.spacing[:2], two_steps, SegmentOptions("uc")
+        )
         probs.append(flips.unflip(arrays_softmax(np.asarray(t.logits, np.float32)), flip, (0, 2, 3)))
     expected = flips.flip_disagreement(np.stack(probs))
     expected[:, ~b.field_of_view] = 0.0
@@ -421,7 +417,7 @@ def test_cached_review_maps_are_keyed_by_the_copies_steps_only_when_they_are_the
 ):
     from cardseg.bundle.loading import load_bundle
     from cardseg.review.regions import describe_rule
-    from cardseg_train.review_data import cache_key
+    from cardseg_train.review.data import cache_key
 
     full, short = load_bundle(flip_bundle, device="cpu"), load_bundle(two_step_flip_bundle, device="cpu")
     same = dataclasses.replace(

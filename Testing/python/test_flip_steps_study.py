@@ -1,4 +1,4 @@
-"""``python -m cardseg_train.flip_steps_study``: the flipped copies on fewer diffusion steps against
+"""``python -m cardseg_train.studies.flip_steps``: the flipped copies on fewer diffusion steps against
 the bundle's own, on labelled volumes (a tiny untrained bundle and the synthetic volume here)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from cardseg_train import flip_steps_study as fss
+from cardseg_train.studies import flip_steps as fss
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +26,7 @@ def flips_bundle(tiny_bundle, tmp_path_factory):
 def test_the_study_compares_the_copies_steps_on_the_engine_s_own_maps(flips_bundle, synthetic_volume):
     from cardseg.bundle.loading import load_bundle
     from cardseg.review.error_map import smoothed
-    from cardseg.segment import segment_volume
+    from cardseg.segment import SegmentOptions, segment_volume
 
     vol, labels = synthetic_volume
     bundle = load_bundle(flips_bundle, device="cpu")
@@ -38,12 +38,12 @@ def test_the_study_compares_the_copies_steps_on_the_engine_s_own_maps(flips_bund
     assert rows["49, 0"]["network_calls_per_batch"] == 6 and rows["49, 37, 24, 12, 0"]["network_calls_per_batch"] == 15
     assert all(r["errors"] == rows["49, 0"]["errors"] and r["auroc"] is not None for r in rows.values())
     # the map of the bundle's own steps is what the engine cuts regions from (TAC + its flips, smoothed)
-    engine = segment_volume(vol, bundle, "card")
-    copies = segment_volume(vol, fss.with_copies_on(bundle, (49, 0)), "card")
+    engine = segment_volume(vol, bundle, SegmentOptions("card"))
+    copies = segment_volume(vol, fss.with_copies_on(bundle, (49, 0)), SegmentOptions("card"))
     assert not np.allclose(engine.flips, copies.flips, atol=1e-3)
     assert np.array_equal(engine.labels, copies.labels)
     own = smoothed(engine.disagreement + engine.flips, 2.0)
-    from cardseg_train.reference_maps import map_quality
+    from cardseg_train.studies.reference_maps import map_quality
 
     assert map_quality([engine.labels], [item.labels], [own])["auroc"] == pytest.approx(
         rows["49, 37, 24, 12, 0"]["auroc"], abs=1e-6

@@ -1,4 +1,4 @@
-"""Flipped copies (``cardseg.method.flips``) and the flip study (``python -m cardseg_train.flip_study``):
+"""Flipped copies (``cardseg.method.flips``) and the flip study (``python -m cardseg_train.studies.flip``):
 flips undone exactly, the flips' disagreement, the subjects' EF errors, and one run end to end on a tiny bundle."""
 
 import json
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cardseg.method import flips
-from cardseg_train import flip_study as fs
+from cardseg_train.studies import flip as fs
 
 from conftest import blob_error_maps
 
@@ -66,8 +66,8 @@ def test_subject_errors_are_value_minus_truth_and_zero_for_the_truth():
 def test_the_study_end_to_end_on_a_tiny_bundle(tiny_bundle, tmp_path):
     from cardseg.bundle.loading import load_bundle
     from cardseg.bundle.scaffold import synthetic_cine_volume
-    from cardseg.segment import normalized_slices, trajectory_on_slices
-    from cardseg_train.evaluation import LabelledVolume
+    from cardseg.segment import SegmentOptions, normalized_slices, trajectory_on_slices
+    from cardseg_train.evaluation.segmentation import LabelledVolume
 
     bundle = load_bundle(tiny_bundle)
     cases = []
@@ -76,7 +76,7 @@ def test_the_study_end_to_end_on_a_tiny_bundle(tiny_bundle, tmp_path):
         cases.append(LabelledVolume(f"s_{frame}", "s", vol, lab))
     logits, tac = fs.flipped_runs(bundle, normalized_slices(cases[0].volume, bundle), cases[0].volume.spacing[:2])
     plain = trajectory_on_slices(
-        normalized_slices(cases[0].volume, bundle), cases[0].volume.spacing[:2], bundle, "card"
+        normalized_slices(cases[0].volume, bundle), cases[0].volume.spacing[:2], bundle, SegmentOptions("card")
     )
     assert logits.shape[0] == 4 and np.allclose(logits[0], np.asarray(plain.logits), atol=1e-5)
     assert np.allclose(tac[0], np.asarray(plain.tac), atol=1e-6)

@@ -1,6 +1,6 @@
-"""The engine's CUDA-graph path (``cardseg.method.gpu_exec.run_graphed``) without a GPU.
+"""The engine's CUDA-graph path (``cardseg.bundle.cuda_graphs.run_graphed``) without a GPU.
 
-A real CUDA graph needs a GPU (``Training/gpu/run.py`` and ``Testing/benchmarks/gpu_engine.sh``
+A real CUDA graph needs a GPU (``Training/cardseg_gpu/run.py`` and ``Testing/benchmarks/gpu_engine.sh``
 check it there against the eager trajectory). What can go wrong around the graph is tested here
 with a stand-in graph that runs the eager trajectory on the buffer it was given: the padding of
 a short batch, one capture per network pair and grid, the slicing back, TAC's step subset, the
@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 import torch
 
-from cardseg.method import gpu_exec
+from cardseg.bundle import cuda_graphs
+from cardseg.bundle.cuda_graphs import TrajectorySpec
 from cardseg.method.diffusion import CategoricalSchedule
 from cardseg.method.networks import build_network
-from cardseg.method.trajectory import run_trajectory
+from cardseg.method.trajectory import TrajectoryOptions, run_trajectory
 
 STEPS = (49, 37, 24, 12, 0)
 K = 4
@@ -29,9 +30,9 @@ class StandInGraph:
 
     built = []
 
-    def __init__(self, primary, reference, example, steps, num_classes, *, mode, schedule, streams, tac_steps):
+    def __init__(self, primary, reference, example, spec, *, streams):
         self.shape = tuple(example.shape)
-        self.args = (primary, reference, tuple(steps), num_classes, mode, schedule, tac_steps)
+        self.args = (primary, reference, tuple(spec.steps), spec.num_classes, spec.mode, spec.schedule, spec.tac_steps)
         self.streams = streams
         StandInGraph.built.append(self)
 
@@ -39,7 +40,14 @@ class StandInGraph:
         assert tuple(image.shape) == self.shape, "a graph only ever sees the shape it was captured for"
         primary, reference, steps, k, mode, schedule, tac_steps = self.args
         return run_trajectory(
-            primary, image, steps, k, reference=reference, mode=mode, schedule=schedule, tac_steps=tac_steps
+            primary,
+            image,
+            steps,
+            k,
+            reference=reference,
+            mode=mode,
+            schedule=schedule,
+            options=TrajectoryOptions(tac_steps=tac_steps),
         )
 
 
@@ -62,11 +70,23 @@ def test_short_batches_are_padded_and_sliced_back_to_the_eager_result(mode, tac_
     sched = CategoricalSchedule()
     x = torch.rand(8, 1, 32, 32)
     for b in (8, 3, 1):  # a full batch first, then two shorter ones: the same graph serves all three
-        got = gpu_exec.run_graphed(
-            p, r, x[:b], STEPS, K, mode=mode, schedule=sched, tac_steps=tac_steps, batch_size=8, factory=StandInGraph
+        got = cuda_graphs.run_graphed(
+            p,
+            r,
+            x[:b],
+            TrajectorySpec(STEPS, K, mode, schedule=sched, tac_steps=tac_steps),
+            batch_size=8,
+            factory=StandInGraph,
         )
         want = run_trajectory(
-            p, x[:b], STEPS, K, reference=r if mode == "card" else None, mode=mode, schedule=sched, tac_steps=tac_steps
+            p,
+            x[:b],
+            STEPS,
+            K,
+            reference=r if mode == "card" else None,
+            mode=mode,
+            schedule=sched,
+            options=TrajectoryOptions(tac_steps=tac_steps),
         )
         assert got.logits.shape == (b, K, 32, 32)
         torch.testing.assert_close(got.logits, want.logits, rtol=1e-5, atol=1e-5)
@@ -87,52 +107,68 @@ def test_one_graph_per_mode_grid_and_reference():
     _, r2 = _nets(seed=1)
     x = torch.rand(4, 1, 32, 32)
     for ref, mode, grid in ((r, "card", 32), (r, "card", 32), (r, "uc", 32), (r2, "card", 32), (r, "card", 16)):
-        gpu_exec.run_graphed(
-            p, ref, torch.rand(2, 1, grid, grid), STEPS, K, mode=mode, batch_size=4, factory=StandInGraph
+        cuda_graphs.run_graphed(
+            p, ref, torch.rand(2, 1, grid, grid), TrajectorySpec(STEPS, K, mode), batch_size=4, factory=StandInGraph
         )
     assert len(StandInGraph.built) == 4
-    gpu_exec.run_graphed(p, r, x, STEPS, K, mode="card", batch_size=4, factory=StandInGraph)
+    cuda_graphs.run_graphed(p, r, x, TrajectorySpec(STEPS, K, "card"), batch_size=4, factory=StandInGraph)
     assert len(StandInGraph.built) == 4
     # the cache goes with the network: another primary captures its own
     p2, _ = _nets(seed=2)
-    gpu_exec.run_graphed(p2, r, x, STEPS, K, mode="card", batch_size=4, factory=StandInGraph)
+    cuda_graphs.run_graphed(p2, r, x, TrajectorySpec(STEPS, K, "card"), batch_size=4, factory=StandInGraph)
     assert len(StandInGraph.built) == 5
 
 
 def test_eager_when_switched_off_too_large_or_other_modes(monkeypatch):
     p, r = _nets()
     x = torch.rand(3, 1, 32, 32)
-    assert gpu_exec.run_graphed(p, r, x, STEPS, K, mode="logit-mix", batch_size=4, factory=StandInGraph) is None
-    assert gpu_exec.run_graphed(p, r, x, STEPS, K, mode="card", batch_size=2, factory=StandInGraph) is None
+    assert (
+        cuda_graphs.run_graphed(p, r, x, TrajectorySpec(STEPS, K, "logit-mix"), batch_size=4, factory=StandInGraph)
+        is None
+    )
+    assert (
+        cuda_graphs.run_graphed(p, r, x, TrajectorySpec(STEPS, K, "card"), batch_size=2, factory=StandInGraph) is None
+    )
     for off in ("0", "off", "False"):
-        monkeypatch.setenv(gpu_exec.GRAPHS_ENV, off)
-        assert not gpu_exec.cuda_graphs_enabled()
-        assert gpu_exec.run_graphed(p, r, x, STEPS, K, mode="card", batch_size=4, factory=StandInGraph) is None
-    monkeypatch.setenv(gpu_exec.GRAPHS_ENV, "1")
-    assert gpu_exec.cuda_graphs_enabled()
+        monkeypatch.setenv(cuda_graphs.GRAPHS_ENV, off)
+        assert not cuda_graphs.cuda_graphs_enabled()
+        assert (
+            cuda_graphs.run_graphed(p, r, x, TrajectorySpec(STEPS, K, "card"), batch_size=4, factory=StandInGraph)
+            is None
+        )
+    monkeypatch.setenv(cuda_graphs.GRAPHS_ENV, "1")
+    assert cuda_graphs.cuda_graphs_enabled()
     assert StandInGraph.built == []
 
 
 def test_a_graph_is_captured_once_its_grid_serves_a_second_volume(monkeypatch):
     """By default a key's first volume runs eagerly (capture would cost more than its few batches
     save); its second volume captures, later ones replay. ``always`` or no volume: capture at once."""
-    monkeypatch.delenv(gpu_exec.GRAPHS_ENV, raising=False)
+    monkeypatch.delenv(cuda_graphs.GRAPHS_ENV, raising=False)
     p, r = _nets()
     x = torch.rand(3, 1, 32, 32)
 
     def call(volume, mode="card", grid=32):
-        return gpu_exec.run_graphed(
-            p, r, torch.rand(3, 1, grid, grid), STEPS, K, mode=mode, batch_size=4, volume=volume, factory=StandInGraph
+        return cuda_graphs.run_graphed(
+            p,
+            r,
+            torch.rand(3, 1, grid, grid),
+            TrajectorySpec(STEPS, K, mode),
+            batch_size=4,
+            volume=volume,
+            factory=StandInGraph,
         )
 
-    assert gpu_exec.cuda_graphs_mode() == "reuse"
+    assert cuda_graphs.cuda_graphs_mode() == "reuse"
     assert call(10) is None and call(10) is None  # two batches of the first volume: eager
     assert StandInGraph.built == []
     got = call(11)  # the same grid in another volume: captured and replayed
     assert got is not None and len(StandInGraph.built) == 1
     want = run_trajectory(p, x, STEPS, K, reference=r, mode="card")
     torch.testing.assert_close(
-        gpu_exec.run_graphed(p, r, x, STEPS, K, mode="card", batch_size=4, volume=10, factory=StandInGraph).logits,
+        cuda_graphs.run_graphed(
+            p, r, x, TrajectorySpec(STEPS, K, "card"), batch_size=4, volume=10, factory=StandInGraph
+        ).logits,
         want.logits,
         rtol=1e-5,
         atol=1e-5,
@@ -142,13 +178,19 @@ def test_a_graph_is_captured_once_its_grid_serves_a_second_volume(monkeypatch):
     assert call(11, mode="uc") is None and call(12, grid=16) is None
     assert call(12, mode="uc") is not None and len(StandInGraph.built) == 2
     # no volume named (benchmarks, direct calls): capture at first use
-    assert gpu_exec.run_graphed(p, r, x, STEPS, K, mode="card", batch_size=3, factory=StandInGraph) is not None
+    assert (
+        cuda_graphs.run_graphed(p, r, x, TrajectorySpec(STEPS, K, "card"), batch_size=3, factory=StandInGraph)
+        is not None
+    )
     assert len(StandInGraph.built) == 3
-    monkeypatch.setenv(gpu_exec.GRAPHS_ENV, "always")
-    assert gpu_exec.cuda_graphs_mode() == "always"
+    monkeypatch.setenv(cuda_graphs.GRAPHS_ENV, "always")
+    assert cuda_graphs.cuda_graphs_mode() == "always"
     p2, _ = _nets(seed=2)
     assert (
-        gpu_exec.run_graphed(p2, r, x, STEPS, K, mode="card", batch_size=4, volume=20, factory=StandInGraph) is not None
+        cuda_graphs.run_graphed(
+            p2, r, x, TrajectorySpec(STEPS, K, "card"), batch_size=4, volume=20, factory=StandInGraph
+        )
+        is not None
     )
     assert len(StandInGraph.built) == 4
 
@@ -163,17 +205,17 @@ def test_a_failed_capture_warns_once_and_runs_eagerly_after():
 
     x = torch.rand(2, 1, 32, 32)
     with pytest.warns(RuntimeWarning, match="CUDA graph capture failed.*not permitted"):
-        assert gpu_exec.run_graphed(p, r, x, STEPS, K, mode="card", batch_size=4, factory=broken) is None
+        assert cuda_graphs.run_graphed(p, r, x, TrajectorySpec(STEPS, K, "card"), batch_size=4, factory=broken) is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert gpu_exec.run_graphed(p, r, x, STEPS, K, mode="card", batch_size=4, factory=broken) is None
+        assert cuda_graphs.run_graphed(p, r, x, TrajectorySpec(STEPS, K, "card"), batch_size=4, factory=broken) is None
     assert calls == [1]  # never tried again in this process
 
 
 def test_graphed_trajectory_refuses_the_cpu():
     p, r = _nets()
     with pytest.raises(ValueError, match="CUDA"):
-        gpu_exec.GraphedTrajectory(p, r, torch.rand(2, 1, 32, 32), STEPS, K)
+        cuda_graphs.GraphedTrajectory(p, r, torch.rand(2, 1, 32, 32), TrajectorySpec(STEPS, K))
 
 
 def test_trajectory_on_slices_takes_the_graph_path_on_a_gpu_device(tiny_bundle, monkeypatch):
@@ -185,20 +227,25 @@ def test_trajectory_on_slices_takes_the_graph_path_on_a_gpu_device(tiny_bundle, 
 
     bundle = load_bundle(tiny_bundle, backend="torch")
     slices = np.random.default_rng(0).random((11, 70, 60)).astype(np.float32)
-    eager = {m: segment.trajectory_on_slices(slices, (1.5, 1.5), bundle, m, batch_size=4) for m in ("card", "uc")}
+    eager = {
+        m: segment.trajectory_on_slices(slices, (1.5, 1.5), bundle, segment.SegmentOptions(method=m, batch_size=4))
+        for m in ("card", "uc")
+    }
     seen = []
-    real = gpu_exec.run_graphed
+    real = cuda_graphs.run_graphed
 
     def spy(*args, **kwargs):
         seen.append(tuple(args[2].shape))
         return real(*args, factory=StandInGraph, **kwargs)
 
-    monkeypatch.setattr(gpu_exec, "run_graphed", spy)
+    monkeypatch.setattr(cuda_graphs, "run_graphed", spy)
     monkeypatch.setattr(segment, "_device_type", lambda device: "cuda")
-    monkeypatch.delenv(gpu_exec.GRAPHS_ENV, raising=False)
+    monkeypatch.delenv(cuda_graphs.GRAPHS_ENV, raising=False)
     for volume in ("first", "second"):  # the first volume runs eagerly, the second captures and replays
         for m in ("card", "uc"):
-            got = segment.trajectory_on_slices(slices, (1.5, 1.5), bundle, m, batch_size=4)
+            got = segment.trajectory_on_slices(
+                slices, (1.5, 1.5), bundle, segment.SegmentOptions(method=m, batch_size=4)
+            )
             np.testing.assert_allclose(np.asarray(got.logits), np.asarray(eager[m].logits), rtol=1e-4, atol=1e-4)
             if m == "card":
                 np.testing.assert_allclose(np.asarray(got.tac), np.asarray(eager[m].tac), atol=1e-5)
@@ -208,10 +255,14 @@ def test_trajectory_on_slices_takes_the_graph_path_on_a_gpu_device(tiny_bundle, 
     assert {g.shape[0] for g in StandInGraph.built} == {4}
     # a volume of fewer slices than the batch size is padded to its own size, not to the batch size
     for _ in range(2):
-        segment.trajectory_on_slices(slices[:3], (1.5, 1.5), bundle, "uc", batch_size=4 * 16)
+        segment.trajectory_on_slices(
+            slices[:3], (1.5, 1.5), bundle, segment.SegmentOptions(method="uc", batch_size=4 * 16)
+        )
     assert len(StandInGraph.built) == 3 and StandInGraph.built[-1].shape[0] == 3
     seen.clear()
-    segment.trajectory_on_slices(slices, (1.5, 1.5), bundle, "card", batch_size=4, keep_step_js=True)
+    segment.trajectory_on_slices(
+        slices, (1.5, 1.5), bundle, segment.SegmentOptions(method="card", batch_size=4), keep_step_js=True
+    )
     assert seen == []
 
 
@@ -222,10 +273,18 @@ def test_a_real_cuda_graph_gives_the_eager_outputs(mode):
     p, r = p.cuda(), r.cuda()
     x = torch.rand(5, 1, 32, 32, device="cuda")
     tac_steps = (24, 12, 0)
-    got = gpu_exec.run_graphed(p, r, x, STEPS, K, mode=mode, tac_steps=tac_steps, batch_size=8)
-    again = gpu_exec.run_graphed(p, r, x, STEPS, K, mode=mode, tac_steps=tac_steps, batch_size=8)
-    want = run_trajectory(p, x, STEPS, K, reference=r if mode == "card" else None, mode=mode, tac_steps=tac_steps)
-    assert got is not None and len(getattr(p, gpu_exec.GRAPHS_ATTR)) == 1
+    got = cuda_graphs.run_graphed(p, r, x, TrajectorySpec(STEPS, K, mode, tac_steps=tac_steps), batch_size=8)
+    again = cuda_graphs.run_graphed(p, r, x, TrajectorySpec(STEPS, K, mode, tac_steps=tac_steps), batch_size=8)
+    want = run_trajectory(
+        p,
+        x,
+        STEPS,
+        K,
+        reference=r if mode == "card" else None,
+        mode=mode,
+        options=TrajectoryOptions(tac_steps=tac_steps),
+    )
+    assert got is not None and len(getattr(p, cuda_graphs.GRAPHS_ATTR)) == 1
     torch.testing.assert_close(got.logits, again.logits, rtol=0, atol=0)  # a replay is bit-identical
     torch.testing.assert_close(got.logits, want.logits, rtol=1e-4, atol=1e-4)
     assert torch.equal(got.logits.argmax(1), want.logits.argmax(1))
@@ -254,7 +313,7 @@ def test_logits_and_tac_come_back_as_if_resampled_one_by_one(tiny_bundle, backen
 
     bundle = load_bundle(tiny_bundle, backend=backend)
     slices = np.random.default_rng(3).random((11, 70, 60)).astype(np.float32)
-    got = segment.trajectory_on_slices(slices, (1.5, 1.5), bundle, "card", batch_size=4)
+    got = segment.trajectory_on_slices(slices, (1.5, 1.5), bundle, segment.SegmentOptions(method="card", batch_size=4))
     grid = segment.slice_grid(slices.shape[1:], (1.5, 1.5), bundle)
     x = resample_to_network(slices, grid)
     fov = grid.field_of_view()
@@ -268,7 +327,7 @@ def test_logits_and_tac_come_back_as_if_resampled_one_by_one(tiny_bundle, backen
             reference=bundle.reference,
             mode="card",
             schedule=bundle.schedule,
-            tac_steps=bundle.tac_steps,
+            options=TrajectoryOptions(tac_steps=bundle.tac_steps),
         )
         logits = np.asarray(network_to_slices(res.logits, grid))
         tac = np.asarray(network_to_slices(res.tac[:, None], grid))[:, 0]

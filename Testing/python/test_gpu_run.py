@@ -29,7 +29,7 @@ def _load(name: str):
 
 
 gpu_run = _load("run")  # puts Training on sys.path: the run's pieces import as the package gpu
-from gpu import jobs as gpu_jobs  # noqa: E402
+from cardseg_gpu import jobs as gpu_jobs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +166,7 @@ def test_weights_load_into_their_networks(smoke):
 def test_import_then_export_a_bundle(smoke, tmp_path):
     import_runs = _load("import_runs")
     from cardseg.bundle.loading import load_bundle
-    from cardseg_train.export import export_bundle
+    from cardseg_train.training.export import export_bundle
 
     pack, out, _, _ = smoke
     runs = import_runs.import_runs([out], pack / "pack.json", tmp_path / "runs")
@@ -303,10 +303,10 @@ def test_sweep_reuses_the_primary_pass_and_merges_an_earlier_choice(smoke, tmp_p
 
 
 def test_the_gpu_runs_focused_inputs_match_the_recipe():
-    """Training/gpu's device-side draws follow the same focus rule (here on the CPU)."""
+    """Training/cardseg_gpu's device-side draws follow the same focus rule (here on the CPU)."""
     import torch
     from cardseg.method.diffusion import CategoricalSchedule
-    from gpu.device_data import noisy_inputs
+    from cardseg_gpu.device_data import noisy_inputs
 
     sched, k = CategoricalSchedule(num_steps=50), 4
     torch.manual_seed(0)

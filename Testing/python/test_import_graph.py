@@ -3,7 +3,7 @@ taken from another module, no module above 450 lines.
 
 Every ``import`` and ``from ... import`` statement of the engine (``CARDSegment/cardseg``), the
 Slicer module (``CARDSegment/CARDSegment.py``, ``CARDSegment/CARDSegmentLib``) and the training
-tools (``Training/cardseg_train``, ``Training/gpu``) is read with :mod:`ast`, at module level and
+tools (``Training/cardseg_train``, ``Training/cardseg_gpu``) is read with :mod:`ast`, at module level and
 inside functions alike (a lazy import still ties two modules together). Relative imports are
 resolved; ``from package import name`` counts as an import of the submodule ``package.name``
 when that is a module of the project, else of the package. Only imports between the project's own
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 AREAS: Dict[str, List[Tuple[Path, str]]] = {
     "engine": [(ROOT / "CARDSegment", "cardseg")],
     "slicer": [(ROOT / "CARDSegment", "CARDSegmentLib"), (ROOT / "CARDSegment", "CARDSegment")],
-    "training": [(ROOT / "Training", "cardseg_train"), (ROOT / "Training", "gpu")],
+    "training": [(ROOT / "Training", "cardseg_train"), (ROOT / "Training", "cardseg_gpu")],
 }
 
 #: counted as ``ruff format`` lays the code out (its one argument a line in long calls adds about
@@ -46,7 +46,7 @@ ENGINE_LAYERS: Dict[str, Set[str]] = {
     "cli": {"base", "method", "metrics", "io", "bundle", "review", "segment", "cohort"},
 }
 #: top-level packages the engine never imports (it finds the training commands by entry point)
-ENGINE_NEVER_IMPORTS = ("cardseg_train", "gpu", "CARDSegmentLib", "CARDSegment")
+ENGINE_NEVER_IMPORTS = ("cardseg_train", "cardseg_gpu", "CARDSegmentLib", "CARDSegment")
 
 
 def engine_layer(module: str) -> Optional[str]:

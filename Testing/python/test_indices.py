@@ -191,7 +191,7 @@ def test_corrected_volumes_drop_islands_and_fill_gaps():
 def test_fit_block_and_measure_on_a_synthetic_problem():
     """Validation and test errors drawn from one location-scale family: the fitted intervals cover
     about the nominal share of many test subjects, and the in-sample validation check agrees."""
-    from cardseg_train.indices_fit import Subject, fit_block, measure
+    from cardseg_train.indices.fit import Subject, fit_block, measure
 
     rng = np.random.default_rng(2)
 
@@ -243,7 +243,7 @@ def _rows(errors, widths=None):
 
 
 def test_mae_bootstrap_interval_and_paired_difference_by_hand():
-    from cardseg_train.indices_stats import mae_intervals, paired_difference
+    from cardseg_train.indices.stats import mae_intervals, paired_difference
 
     errors = [1.0, -2.0, 3.0, 0.5, -0.5, 4.0, -1.0, 2.0, 0.0, 1.5]
     ci = mae_intervals(_rows(errors), ["LVEF"])["LVEF"]
@@ -263,7 +263,7 @@ def test_mae_bootstrap_interval_and_paired_difference_by_hand():
 
 
 def test_conformal_half_width_is_the_rank_of_the_absolute_errors():
-    from cardseg_train.indices_design import conformal_half
+    from cardseg_train.studies.indices_design import conformal_half
 
     a = np.arange(1.0, 11.0)  # 10 errors: ceil(11 * 0.9) = 10 -> the largest
     assert conformal_half(a, 0.9) == 10.0 and conformal_half(a, 0.8) == 9.0
@@ -271,7 +271,7 @@ def test_conformal_half_width_is_the_rank_of_the_absolute_errors():
 
 
 def test_too_few_subjects_refused_in_one_line():
-    from cardseg_train.indices_fit import Subject, fit_models
+    from cardseg_train.indices.fit import Subject, fit_models
 
     one = Subject("a", {n: 50.0 for n in ix.INDEX_NAMES}, {n: 51.0 for n in ix.INDEX_NAMES}, {})
     with pytest.raises(CardsegError) as err:
@@ -460,7 +460,7 @@ def test_schema_checks_the_block(tiny_bundle, tmp_path):
 # --------------------------------------------------------------------------------------------
 @pytest.mark.skipif(not (ACDC / "volumes").is_dir(), reason="ACDC data not present")
 def test_fit_indices_command(tiny_bundle, tmp_path, monkeypatch):
-    from cardseg_train import evaluation
+    from cardseg_train.evaluation import segmentation as evaluation
 
     bundle = tmp_path / "bundle"
     shutil.copytree(tiny_bundle, bundle)
@@ -518,7 +518,7 @@ def test_fit_indices_command(tiny_bundle, tmp_path, monkeypatch):
     )
     assert len(list((tmp_path / "cache").rglob("*.npz"))) == n
     # measured again beside the first measurement: the same block on the same patients differs by nothing
-    from cardseg_train.indices_fit import main as fit_main
+    from cardseg_train.indices.fit import main as fit_main
 
     again = tmp_path / "again"
     assert (

@@ -581,7 +581,7 @@ def test_a_second_interrupt_while_files_are_written_waits_for_them_and_leaves_no
     monkeypatch.setattr(seg, "ThreadPoolExecutor", Pool)
     assert len(seg.output_files(seg.segment_volume(seg.read_case(scan, tmp_path / "x")[1], bundle))) > seg.WRITE_THREADS
     with pytest.raises(KeyboardInterrupt):
-        seg.segment_file(scan, tmp_path / "out", bundle, method="card")
+        seg.segment_file(scan, tmp_path / "out", bundle, seg.SegmentOptions("card"))
     assert shutdowns[0] >= 1 and len(shutdowns) == 2  # the second interrupt came while files were being written
     assert running == []  # and the run ended only after they were
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # no output, no temporary folder, no lock
@@ -618,6 +618,6 @@ def test_an_interrupt_between_two_file_submissions_waits_for_the_first(tmp_path,
     monkeypatch.setattr(seg, "write_one", slow_write)
     monkeypatch.setattr(seg, "ThreadPoolExecutor", InterruptedPool)
     with pytest.raises(KeyboardInterrupt):
-        seg.segment_file(scan, tmp_path / "out", bundle, method="card")
+        seg.segment_file(scan, tmp_path / "out", bundle, seg.SegmentOptions("card"))
     assert len(submitted) == 1 and running == []
     assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -6,7 +6,7 @@ import torch
 
 from cardseg.method.calibration import CARD
 from cardseg.method.calibration.card import temperature_field
-from cardseg_train import calibration_eval as ce
+from cardseg_train.calibration import harness as ce
 
 NAMES = ["background", "RV", "MYO", "LV"]
 CAL = CARD(tau_min=1.0, tau_max=4.0, w_b=0.05, w_k=0.02)
@@ -78,8 +78,8 @@ def test_the_calibration_pool_keeps_no_pixel_outside_the_view(tiny_bundle, monke
     from cardseg.bundle.loading import load_bundle
     from cardseg.bundle.scaffold import synthetic_cine_volume
     from cardseg.metrics.segmentation import roi_mask
-    from cardseg_train import calibration_pool as cp
-    from cardseg_train.evaluation import LabelledVolume
+    from cardseg_train.calibration import pool as cp
+    from cardseg_train.evaluation.segmentation import LabelledVolume
 
     vol, lab = synthetic_cine_volume(shape=(2, 64, 56), spacing=(3.0, 2.5, 8.0), seed=2)
     bundle = load_bundle(tiny_bundle)
@@ -108,7 +108,7 @@ def test_the_calibration_pool_keeps_no_pixel_outside_the_view(tiny_bundle, monke
 
 
 def test_the_review_measures_card_entropy_uses_tau_min_outside_the_view(tmp_path):
-    from cardseg_train import review_data as rd
+    from cardseg_train.review import data as rd
 
     logits, tac, lab, fov = _case()
     maps = rd.VolumeMaps(

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from cardseg.metrics.calibration import binary_ece, binary_ece_consistency
-from cardseg_train.review_measure import pooled_reliability, regions_of, reliability
-from cardseg_train.review_report import p_error_lines, write_p_error_consistency
+from cardseg_train.review.measure import pooled_reliability, regions_of, reliability
+from cardseg_train.review.report import p_error_lines, write_p_error_consistency
 
 
 def test_binary_ece_by_hand():
@@ -94,8 +94,8 @@ def test_an_evaluation_keeps_its_regions_values_and_reports_them_pooled():
     from scipy import ndimage
 
     from cardseg.bundle.folder import BUNDLES_DIR, DEFAULT_NAME, read_config
-    from cardseg_train.review_data import VolumeMaps
-    from cardseg_train.review_report import markdown, review_tables
+    from cardseg_train.review.data import VolumeMaps
+    from cardseg_train.review.report import markdown, review_tables
 
     config = read_config(BUNDLES_DIR / DEFAULT_NAME)
     rng = np.random.default_rng(7)

@@ -14,7 +14,7 @@ from scipy import ndimage
 from cardseg.bundle.loading import load_bundle
 from cardseg.cli import main
 from cardseg.bundle.scaffold import synthetic_cine_volume
-from cardseg.segment import segment_volume
+from cardseg.segment import SegmentOptions, segment_volume
 from cardseg.io.volume import read_volume
 
 RV, MYO, LV = 1, 2, 3
@@ -48,7 +48,7 @@ def synth_files(request, tmp_path_factory):
 def test_default_model_segments_all_three_structures(default_bundle, synth_files):
     seed, vol, lab = synth_files
     assert vol.shape == (10, 192, 176)
-    result = segment_volume(vol, default_bundle, method="card")
+    result = segment_volume(vol, default_bundle, SegmentOptions("card"))
     scores = {c: dice(lab == c, result.labels == c) for c in (RV, MYO, LV)}
     for c, floor in DICE_FLOOR.items():
         assert scores[c] >= floor, f"seed {seed}: {default_bundle.class_names[c]} Dice {scores[c]:.3f} < {floor}"

@@ -1,4 +1,4 @@
-"""The reference candidates' error maps (``cardseg_train.reference_maps``): the map scores
+"""The reference candidates' error maps (``cardseg_train.studies.reference_maps``): the map scores
 against hand-made errors, and a bundle whose reference is swapped for another run's keeps its
 primary, configuration and calibration."""
 
@@ -12,9 +12,9 @@ import cardseg.cli
 from cardseg.bundle.folder import check_bundle
 from cardseg.base.errors import CardsegError
 from cardseg.bundle.loading import load_bundle
-from cardseg_train.export import swap_primary, swap_reference
-from cardseg_train.reference_maps import map_quality
-from cardseg_train.runs import load_checkpoint
+from cardseg_train.training.export import swap_primary, swap_reference
+from cardseg_train.studies.reference_maps import map_quality
+from cardseg_train.training.runs import load_checkpoint
 
 SMOKE = ["--smoke", "--data", "synthetic", "--quiet"]
 
@@ -168,7 +168,7 @@ def test_a_kept_weight_file_must_match_the_network(tmp_path):
 
 
 def test_the_command_refuses_a_non_diffusion_candidate_before_any_work(tmp_path, capsys):
-    from cardseg_train.reference_maps import main
+    from cardseg_train.studies.reference_maps import main
 
     plain, ref = tmp_path / "plain", tmp_path / "ref"
     assert cardseg.cli.main(["train", *SMOKE, "--role", "deterministic", "--steps", "1", "--out", str(plain)]) == 0
@@ -183,7 +183,7 @@ def test_the_command_refuses_a_non_diffusion_candidate_before_any_work(tmp_path,
 
 def test_export_refuses_runs_that_do_not_share_the_grid_or_horizon(tmp_path, capsys):
     """``cardseg train export`` and ``swap_reference`` compare the same list (export.SHARED)."""
-    from cardseg_train.export import SHARED
+    from cardseg_train.training.export import SHARED
 
     prim, ref = tmp_path / "p", tmp_path / "r"
     assert cardseg.cli.main(["train", *SMOKE, "--role", "primary", "--steps", "1", "--out", str(prim)]) == 0
@@ -226,7 +226,7 @@ def test_export_overwrites_a_bundle_but_never_a_folder_of_other_files(tmp_path, 
 
 @pytest.mark.parametrize("content", [None, "{not json", '{"no_rows": 1}', "[1, 2]"])
 def test_replot_of_a_file_that_is_not_a_result_is_one_line(tmp_path, capsys, content):
-    from cardseg_train.reference_maps import main
+    from cardseg_train.studies.reference_maps import main
 
     replot = tmp_path / "reference_maps.json"
     if content is not None:

@@ -1,4 +1,4 @@
-"""The reference maturity curves (Training/gpu/maturity.py): one curve per run and capacity,
+"""The reference maturity curves (Training/cardseg_gpu/maturity.py): one curve per run and capacity,
 the minimum found and called interior only when a longer checkpoint is worse."""
 
 from __future__ import annotations

@@ -45,7 +45,7 @@ def test_a_boundary_shell_touches_every_error_and_covers_none():
     lab, n = cv.error_labels(pred, truth)
     shell = cv.predicted_boundary(pred)
     assert cv.covered(lab, n, shell).sum() == 0
-    from cardseg_train.review_measure import touched_errors
+    from cardseg_train.review.measure import touched_errors
 
     assert touched_errors(lab, n, shell) == n  # the retired measure counts both as caught
     share, ml = cv.burden(int(shell.sum()), pred, (1.5, 1.5, 8.0))

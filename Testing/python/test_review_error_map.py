@@ -129,7 +129,7 @@ def test_summed_map_ranking_ignores_p_error_and_platt_recalibrates():
 
 
 def test_platt_fit_recovers_a_known_slope():
-    from cardseg_train.review_errmap import fit_platt
+    from cardseg_train.review.errmap import fit_platt
 
     rng = np.random.default_rng(0)
     z = rng.normal(0, 2, 20000)
@@ -139,7 +139,7 @@ def test_platt_fit_recovers_a_known_slope():
 
 
 def test_bootstrap_intervals_of_the_covered_fraction():
-    from cardseg_train.review_measure import covered_intervals
+    from cardseg_train.review.measure import covered_intervals
 
     def vol(case, errors, covered, base):
         return {
@@ -165,8 +165,8 @@ def test_bootstrap_intervals_of_the_covered_fraction():
 
 
 def test_fit_chooses_held_out_and_the_engine_reproduces_the_rule():
-    from cardseg_train.review_errmap import fit_error_map_rule
-    from cardseg_train.review_measure import study
+    from cardseg_train.review.errmap import fit_error_map_rule
+    from cardseg_train.review.measure import study
 
     maps = [blob_error_maps(i, f"patient{i:03d}_frame0{1 + i % 2}", decoy_tac=(0.04, 0.06)) for i in range(6)]
     res = fit_error_map_rule(maps, grid={"flag_threshold": (0.2, 0.3), "max_ml": (5.0,)})

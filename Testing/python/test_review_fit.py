@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from cardseg.review.regions import FEATURES, ErrorModel
-from cardseg_train.review_fit import fit_logistic, region_ece, select_settings
-from cardseg_train.review_measure import study
+from cardseg_train.review.fit import fit_logistic, region_ece, select_settings
+from cardseg_train.review.measure import study
 
 from conftest import blob_error_maps
 
@@ -66,8 +66,8 @@ def test_logistic_fit_lowers_the_loss_and_recovers_the_direction():
 
 def test_maps_are_cached_and_reused(tiny_bundle, synthetic_volume, tmp_path, monkeypatch):
     from cardseg.bundle.loading import load_bundle
-    from cardseg_train import review_data
-    from cardseg_train.evaluation import LabelledVolume
+    from cardseg_train.review import data as review_data
+    from cardseg_train.evaluation.segmentation import LabelledVolume
 
     vol, lab = synthetic_volume
     item = LabelledVolume("patient900_frame01", "patient900", vol, lab)
@@ -90,9 +90,9 @@ def test_flip_maps_are_collected_as_the_engine_computes_them_and_cached_beside(
     tiny_bundle, synthetic_volume, tmp_path, monkeypatch
 ):
     from cardseg.bundle.loading import load_bundle
-    from cardseg.segment import normalized_slices, trajectory_on_slices, flip_disagreement_map
-    from cardseg_train import review_data
-    from cardseg_train.evaluation import LabelledVolume
+    from cardseg.segment import SegmentOptions, flip_disagreement_map, normalized_slices, trajectory_on_slices
+    from cardseg_train.review import data as review_data
+    from cardseg_train.evaluation.segmentation import LabelledVolume
 
     vol, lab = synthetic_volume
     item = LabelledVolume("patient900_frame01", "patient900", vol, lab)
@@ -101,7 +101,7 @@ def test_flip_maps_are_collected_as_the_engine_computes_them_and_cached_beside(
     assert plain[0].flips is None and not list(tmp_path.glob("*__flips.npz"))
     first = review_data.collect_maps(bundle, [item], ["clean"], tmp_path, flips=True)  # the maps' file had none
     slices01 = normalized_slices(vol, bundle)
-    traj = trajectory_on_slices(slices01, vol.spacing[:2], bundle, "card")
+    traj = trajectory_on_slices(slices01, vol.spacing[:2], bundle, SegmentOptions("card"))
     assert np.allclose(first[0].flips, flip_disagreement_map(slices01, vol.spacing[:2], bundle, traj), atol=1e-6)
     assert np.allclose(first[0].tac, plain[0].tac, atol=1e-3) and float(first[0].flips.max()) > 0
 
@@ -122,18 +122,18 @@ def test_review_maps_under_the_calibration_pools_perturbations(tiny_bundle, synt
     """``pool:KIND`` maps: the engine's run on the normalised slices perturbed as the calibration
     pool perturbs them (same seeding), labels untouched; an unknown kind is refused."""
     from cardseg.bundle.loading import load_bundle
-    from cardseg.segment import normalized_slices, trajectory_on_slices
-    from cardseg_train import review_data
-    from cardseg_train.calibration_perturb import perturb_image
-    from cardseg_train.corruptions import corruption_rng
-    from cardseg_train.evaluation import LabelledVolume
+    from cardseg.segment import SegmentOptions, normalized_slices, trajectory_on_slices
+    from cardseg_train.review import data as review_data
+    from cardseg_train.data.perturb import perturb_image
+    from cardseg_train.data.corruptions import corruption_rng
+    from cardseg_train.evaluation.segmentation import LabelledVolume
 
     vol, lab = synthetic_volume
     item = LabelledVolume("patient900_frame01", "patient900", vol, lab)
     bundle = load_bundle(tiny_bundle)
     clean, gamma = review_data.collect_maps(bundle, [item], ["clean", "pool:gamma"], tmp_path)
     img = perturb_image(normalized_slices(vol, bundle), "gamma", corruption_rng(item.case, "pool:gamma", 0))
-    expected = trajectory_on_slices(img, vol.spacing[:2], bundle, "card")
+    expected = trajectory_on_slices(img, vol.spacing[:2], bundle, SegmentOptions("card"))
     assert np.allclose(gamma.tac, np.asarray(expected.tac), atol=1e-3)  # float16 cache
     assert not np.allclose(gamma.tac, clean.tac, atol=1e-3)
     assert np.array_equal(gamma.truth, clean.truth) and gamma.condition == "pool:gamma"
@@ -146,7 +146,7 @@ def test_review_maps_under_the_calibration_pools_perturbations(tiny_bundle, synt
 
 
 def test_the_second_pass_searches_around_the_winner_and_never_does_worse():
-    from cardseg_train.review_fit import refine_grid, two_pass
+    from cardseg_train.review.fit import refine_grid, two_pass
 
     maps = [blob_error_maps(i, f"patient{i:03d}_frame01") for i in range(4)]
     grid = refine_grid(

@@ -1,4 +1,4 @@
-"""The review frontier on validation (``cardseg_train.review_frontier``): resampled burdens,
+"""The review frontier on validation (``cardseg_train.studies.review_frontier``): resampled burdens,
 capped variants, the frontier's choice per budget, the files it writes, and its refusals."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from cardseg_train import review_frontier as rf
-from cardseg_train.review_fit import volume_errors, volume_regions
+from cardseg_train.studies import review_frontier as rf
+from cardseg_train.review.fit import volume_errors, volume_regions
 from conftest import blob_error_maps
 
 #: a small variant grid: two flags, an ml cap and two share caps, both rankings
@@ -117,8 +117,8 @@ def test_the_command_writes_its_three_files(tmp_path, monkeypatch):
 
     maps = [dataclasses.replace(m, flips=np.zeros_like(m.tac)) for m in _maps()]
     monkeypatch.setattr(rf, "VARIANTS", SMALL)
-    import cardseg_train.evaluation as ev
-    import cardseg_train.review_data as rd
+    import cardseg_train.evaluation.segmentation as ev
+    import cardseg_train.review.data as rd
 
     monkeypatch.setattr(ev, "acdc_h5_volumes", lambda data, split: ["x"] if split == "val" else pytest.fail(split))
     monkeypatch.setattr(rd, "collect_maps", lambda *a, **k: maps)

@@ -1,6 +1,6 @@
 """``cardseg fit-review --p-error-pool``: the rule chosen on clean validation maps stays, and the
 region model behind ``p_error`` is fitted again on the clean maps and on the same volumes under a
-shift (``cardseg_train.review_pool``), held out by patient."""
+shift (``cardseg_train.review.pool``), held out by patient."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from cardseg_train import review_pool, review_report as rr
-from cardseg_train.review_fit import select_settings
+from cardseg_train.review import pool as review_pool
+
+from cardseg_train.review import report as rr
+from cardseg_train.review.fit import select_settings
 from conftest import blob_error_maps
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from cardseg.bundle.loading import update_config
 from cardseg.review.regions import ErrorModel
-from cardseg_train import review_report as rr
+from cardseg_train.review import report as rr
 from conftest import blob_error_maps
 
 
@@ -62,7 +62,7 @@ def test_auto_keeps_the_family_that_covers_more_held_out(tac, errmap, flips, wan
 
 
 def test_a_tac_rule_fit_makes_a_block_the_engine_reproduces(tiny_bundle, tmp_path):
-    from cardseg_train.review_measure import study
+    from cardseg_train.review.measure import study
 
     maps = [blob_error_maps(i, f"patient{i:03d}_frame0{1 + i % 2}", decoy_tac=(0.04, 0.06)) for i in range(6)]
     fit = rr.choose_rule(maps, "tac")
@@ -116,7 +116,7 @@ def flip_maps(i: int):
 
 
 def test_the_tac_flips_family_cuts_regions_from_the_sum_and_the_engine_reproduces_it():
-    from cardseg_train.review_measure import study
+    from cardseg_train.review.measure import study
 
     maps = [flip_maps(i) for i in range(6)]
     fit = rr.choose_rule(maps, "tac-flips")
@@ -141,7 +141,7 @@ def test_the_tac_flips_family_cuts_regions_from_the_sum_and_the_engine_reproduce
 
 
 def test_the_command_line_takes_the_rule_family(capsys):
-    from cardseg_train.cli_fit import review_fit_parser
+    from cardseg_train.commands.fit import review_fit_parser
 
     assert review_fit_parser().parse_args([]).rule == "auto"
     assert review_fit_parser().parse_args(["--rule", "tac"]).rule == "tac"
@@ -200,7 +200,9 @@ def test_a_refit_keeps_the_rule_of_another_map_before_it_and_the_copies_steps():
 def test_fit_review_writes_the_copies_steps_its_maps_were_made_with(monkeypatch):
     from types import SimpleNamespace
 
-    from cardseg_train import evaluation, review_data
+    from cardseg_train.evaluation import segmentation as evaluation
+
+    from cardseg_train.review import data as review_data
 
     maps = [flip_maps(i) for i in range(6)]
     seen = {}
@@ -225,7 +227,8 @@ class FakeBundle:
 
 
 def test_fit_review_makes_its_maps_with_the_steps_asked_and_the_replaced_rule_keeps_its_own(monkeypatch):
-    from cardseg_train import evaluation, review_data
+    from cardseg_train.evaluation import segmentation as evaluation
+    from cardseg_train.review import data as review_data
 
     maps = [flip_maps(i) for i in range(6)]
     seen = {}
@@ -253,7 +256,7 @@ def test_fit_review_makes_its_maps_with_the_steps_asked_and_the_replaced_rule_ke
     ],
 )
 def test_fit_review_refuses_flip_steps_the_bundle_cannot_run(tiny_bundle, text, problem, capsys):
-    from cardseg_train.cli_fit import cmd_fit_review
+    from cardseg_train.commands.fit import cmd_fit_review
     from cardseg.base.errors import CardsegError
 
     with pytest.raises(CardsegError, match=problem):

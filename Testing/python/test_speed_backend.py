@@ -437,7 +437,7 @@ def test_reference_beside_the_primary_gives_the_same_outputs(swin_bundle, cache,
     (``run_trajectory(overlap=True)``): bit for bit what running it after the primary gives."""
     from cardseg.bundle.loading import load_bundle
     from cardseg.bundle.onnx_backend import OnnxNetwork
-    from cardseg.segment import segment_volume
+    from cardseg.segment import SegmentOptions, segment_volume
 
     vol, _ = synthetic_volume
     threads = torch.get_num_threads()
@@ -445,9 +445,9 @@ def test_reference_beside_the_primary_gives_the_same_outputs(swin_bundle, cache,
         torch.set_num_threads(2)
         b = load_bundle(swin_bundle, backend="onnx")
         assert b.reference.overlap_safe
-        beside = segment_volume(vol, b, method="card", batch_size=3)
+        beside = segment_volume(vol, b, SegmentOptions(method="card", batch_size=3))
         b.reference.overlap_safe = False
-        after = segment_volume(vol, b, method="card", batch_size=3)
+        after = segment_volume(vol, b, SegmentOptions(method="card", batch_size=3))
     finally:
         torch.set_num_threads(threads)
     for name in ("logits", "disagreement", "probabilities", "labels"):

@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from cardseg.base import arrays
 from cardseg.method.calibration import CARD, TemperatureScaling, Uncalibrated, temperature_field, temperature_scale
 from cardseg.method.diffusion import CategoricalSchedule, one_hot
-from cardseg.method.trajectory import TACAccumulator, js_divergence, run_trajectory
+from cardseg.method.trajectory import TACAccumulator, TrajectoryOptions, js_divergence, run_trajectory
 
 HAVE_ONNX = importlib.util.find_spec("onnxruntime") is not None and importlib.util.find_spec("onnx") is not None
 needs_onnx = pytest.mark.skipif(not HAVE_ONNX, reason="needs onnxruntime and onnx (the [speed] extra)")
@@ -114,7 +114,7 @@ class NumpyDenoiser:
 def test_run_trajectory_on_numpy_equals_torch(mode, overlap):
     image = np.random.default_rng(0).random((3, 1, 9, 8)).astype(np.float32)
     primary, reference = NumpyDenoiser(1), NumpyDenoiser(2)
-    kw = dict(reference=reference, mode=mode, keep_steps=mode == "card", overlap=overlap)
+    kw = dict(reference=reference, mode=mode, options=TrajectoryOptions(keep_steps=mode == "card", overlap=overlap))
     a = run_trajectory(primary, image, [49, 37, 24, 12, 0], 4, **kw)
     b = run_trajectory(primary, torch.from_numpy(image), [49, 37, 24, 12, 0], 4, **kw)
     _close(a.logits, b.logits)
@@ -149,7 +149,7 @@ def _array(folder: Path, name: str) -> np.ndarray:
 def test_cached_onnx_run_imports_no_torch_and_equals_the_tensor_path(tiny_bundle, phantom_file, model_cache, tmp_path):
     from cardseg.bundle.loading import load_bundle
     from cardseg.io.volume import read_volume
-    from cardseg.segment import segment_volume
+    from cardseg.segment import SegmentOptions, segment_volume
 
     common = [str(phantom_file), "--bundle", str(tiny_bundle), "--device", "cpu", "--threads", "2", "--quiet"]
     first = _child(["segment", *common, "-o", str(tmp_path / "first")])
@@ -169,14 +169,14 @@ def test_cached_onnx_run_imports_no_torch_and_equals_the_tensor_path(tiny_bundle
     tensors = dataclasses.replace(bundle, backend="torch")
     volume = read_volume(phantom_file)
     for method in ("card", "uc"):
-        result = segment_volume(volume, tensors, method=method)
+        result = segment_volume(volume, tensors, SegmentOptions(method))
         folder = tmp_path / f"{method}-auto"
         assert np.array_equal(_array(folder, "segmentation.nii.gz"), result.labels)
         np.testing.assert_allclose(_array(folder, "probabilities.nii.gz"), result.probabilities, atol=1e-5)
         if method == "card":
             np.testing.assert_allclose(_array(folder, "disagreement.nii.gz"), result.disagreement, atol=1e-5)
             np.testing.assert_allclose(_array(folder, "temperature.nii.gz"), result.temperature, atol=1e-5)
-        numpy_result = segment_volume(volume, bundle, method=method)
+        numpy_result = segment_volume(volume, bundle, SegmentOptions(method))
         assert np.array_equal(numpy_result.labels, result.labels)
         np.testing.assert_allclose(numpy_result.probabilities, result.probabilities, atol=1e-5)
         np.testing.assert_allclose(numpy_result.logits, result.logits, atol=1e-5)
@@ -359,7 +359,7 @@ def test_cached_onnx_batch_and_serve_import_no_torch_and_equal_the_torch_backend
     # the same ONNX sessions fed torch tensors (the path every batch took before, torch imported)
     from cardseg.bundle.loading import load_bundle
     from cardseg.io.volume import read_volume
-    from cardseg.segment import segment_volume
+    from cardseg.segment import SegmentOptions, segment_volume
 
     tensors = dataclasses.replace(load_bundle(tiny_bundle, backend="onnx", threads=2), backend="torch")
     for case in ("a", "b"):
@@ -368,7 +368,7 @@ def test_cached_onnx_batch_and_serve_import_no_torch_and_equal_the_torch_backend
         _same_outputs(tmp_path / "cold" / case, tmp_path / "warm-cpu" / case)
         _same_outputs(tmp_path / "warm-auto" / case, tmp_path / "warm-cpu" / case)
         _same_outputs(tmp_path / "onnx" / case, tmp_path / "warm-cpu" / case)
-        result = segment_volume(read_volume(cases / f"{case}.nii.gz"), tensors, method="card")
+        result = segment_volume(read_volume(cases / f"{case}.nii.gz"), tensors, SegmentOptions("card"))
         folder = tmp_path / "warm-cpu" / case
         assert np.array_equal(_array(folder, "segmentation.nii.gz"), result.labels)
         for name, value in zip(OUTPUTS[1:], (result.probabilities, result.disagreement, result.temperature)):
@@ -491,11 +491,13 @@ def test_the_onnx_and_torch_backends_agree_where_the_first_step_has_near_ties(ti
     differences away: 193 labels and probabilities 0.24 apart)."""
     from cardseg.bundle.loading import load_bundle
     from cardseg.io.volume import read_volume
-    from cardseg.segment import segment_volume
+    from cardseg.segment import SegmentOptions, segment_volume
 
     sitk.WriteImage(synthetic_volume[0].to_image(), str(tmp_path / "a.nii.gz"))
     volume = read_volume(tmp_path / "a.nii.gz", None, None)
-    runs = [segment_volume(volume, load_bundle(tiny_bundle, backend=b), method="card") for b in ("torch", "onnx")]
+    runs = [
+        segment_volume(volume, load_bundle(tiny_bundle, backend=b), SegmentOptions("card")) for b in ("torch", "onnx")
+    ]
     # a gap of 1.6e-6 between two classes remains on that slice, near the backends' own differences
     # (up to 7e-6 there): a handful of voxels may still go either way on another CPU or build
     assert int((np.asarray(runs[0].labels) != np.asarray(runs[1].labels)).sum()) <= 5

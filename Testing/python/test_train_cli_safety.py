@@ -8,10 +8,10 @@ import pytest
 
 import cardseg.cli
 from cardseg.base.errors import CardsegError
-from cardseg_train.datasets import synthetic_records
-from cardseg_train.slice_dataset import SliceDataset
-from cardseg_train.train import train
-from cardseg_train.train_config import TrainConfig
+from cardseg_train.data.datasets import synthetic_records
+from cardseg_train.data.slice_dataset import SliceDataset
+from cardseg_train.training.loop import train
+from cardseg_train.training.config import TrainConfig
 from conftest import files_of, refused
 
 SMOKE = ["train", "--smoke", "--data", "synthetic", "--quiet"]

@@ -16,8 +16,8 @@ from cardseg.base.errors import CardsegError
 from cardseg.bundle.scaffold import ACDC_CLASSES
 from cardseg.segment import network_inputs
 from cardseg.io.volume import Volume
-from cardseg_train import datasets as D
-from cardseg_train.slice_dataset import SliceDataset
+from cardseg_train.data import datasets as D
+from cardseg_train.data.slice_dataset import SliceDataset
 
 ACDC = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "acdc"
 HAS_ACDC = (ACDC / "slices").is_dir() and (ACDC / "train_patients.txt").is_file()

@@ -12,14 +12,14 @@ import cardseg.cli
 from cardseg.bundle.loading import load_bundle
 from cardseg.method.diffusion import uniform_state
 from cardseg.base.errors import CardsegError
-from cardseg_train import cli as train_cli
-from cardseg_train.augment import AugmentConfig
-from cardseg_train.datasets import synthetic_records
-from cardseg_train.slice_dataset import SliceDataset
-from cardseg_train.runs import load_checkpoint, load_run_network
-from cardseg_train.train import train
-from cardseg_train.train_config import TrainConfig
-from cardseg_train.train_steps import dice_per_class
+from cardseg_train.commands import train as train_cli
+from cardseg_train.data.augment import AugmentConfig
+from cardseg_train.data.datasets import synthetic_records
+from cardseg_train.data.slice_dataset import SliceDataset
+from cardseg_train.training.runs import load_checkpoint, load_run_network
+from cardseg_train.training.loop import train
+from cardseg_train.training.config import TrainConfig
+from cardseg_train.training.steps import dice_per_class
 
 SMOKE = ["--smoke", "--data", "synthetic", "--quiet"]
 
@@ -136,8 +136,8 @@ def test_first_step_from_uniform_state_segments(tmp_path):
 
 def test_stop_file_ends_a_run_cleanly(tmp_path):
     """`touch RUN/STOP` makes the trainer validate, save and write its summary at the next step."""
-    from cardseg_train.train import train
-    from cardseg_train.train_config import TrainConfig
+    from cardseg_train.training.loop import train
+    from cardseg_train.training.config import TrainConfig
 
     import threading
     import time as _time

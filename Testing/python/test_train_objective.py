@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from cardseg.method.diffusion import CategoricalSchedule, one_hot
-from cardseg_train.augment import AugmentConfig, BatchAugment
-from cardseg_train.losses import DiffusionLoss, LossWeights, boundary_band, boundary_ce, soft_dice_loss
-from cardseg_train.train_steps import draw_steps, lr_factor, make_training_inputs, sample_noisy_state
+from cardseg_train.data.augment import AugmentConfig, BatchAugment
+from cardseg_train.training.losses import DiffusionLoss, LossWeights, boundary_band, boundary_ce, soft_dice_loss
+from cardseg_train.training.steps import draw_steps, lr_factor, make_training_inputs, sample_noisy_state
 
 K = 4
 SCHED = CategoricalSchedule(num_steps=50)

@@ -14,8 +14,8 @@ import cardseg.cli
 from cardseg.method.networks import build_network
 from cardseg.method.networks.discriminative import AleatoricSegmentor, aleatoric_nll, predictive_logits
 from cardseg.bundle.scaffold import parse_network
-from cardseg_train.losses import AleatoricLoss, SegmentationLoss
-from cardseg_train.runs import load_run_network
+from cardseg_train.training.losses import AleatoricLoss, SegmentationLoss
+from cardseg_train.training.runs import load_run_network
 
 SMOKE = ["--smoke", "--data", "synthetic", "--quiet"]
 

@@ -77,7 +77,7 @@ def test_fit_indices_from_another_folder_caches_in_the_cache_root(tiny_bundle, r
     nothing is made in the working folder; --cache '' runs without a cache."""
     from test_fit_indices_checks import _volumes
 
-    from cardseg_train import indices_evidence
+    from cardseg_train.indices import evidence as indices_evidence
 
     caches = []
 

@@ -28,7 +28,7 @@ def test_an_out_that_is_a_file_is_refused_before_any_work(tmp_path, capsys, comm
 
 
 def test_check_out_folder_accepts_new_and_existing_folders(tmp_path):
-    from cardseg_train.cli_options import check_out_folder
+    from cardseg_train.base.cli_options import check_out_folder
 
     check_out_folder(None)
     check_out_folder(str(tmp_path))

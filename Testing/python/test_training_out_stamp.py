@@ -13,8 +13,8 @@ import pytest
 import cardseg.cli
 from cardseg.base.errors import CardsegError
 from cardseg.io.outdir import STAMP
-from cardseg_train.out_record import OutRecord
-from cardseg_train.report_files import atomic_write
+from cardseg_train.base.out_record import OutRecord
+from cardseg_train.base.report_files import atomic_write
 
 from conftest import ACDC, files_of, refused
 
@@ -331,8 +331,8 @@ def test_indices_design_records_what_it_wrote(tiny_bundle, tmp_path, capsys, mon
     them, a user's edit is refused, other files stay."""
     from test_fit_indices_checks import _volumes
 
-    from cardseg_train import indices_evidence
-    from cardseg_train.indices_design import main
+    from cardseg_train.indices import evidence as indices_evidence
+    from cardseg_train.studies.indices_design import main
 
     def evidence(bundle, data, split, variants, cache, h5_spacing, **kw):
         return list(_volumes([f"{split}{i}" for i in range(6 if split == "val" else 24)], set()))
@@ -388,7 +388,13 @@ def test_the_python_m_tools_refuse_in_one_line_when_the_writing_starts(tiny_bund
     """A refusal as the writing starts (a file saved during the work) is one line, exit 2, like the first check."""
     from test_fit_indices_checks import _volumes
 
-    from cardseg_train import indices_design, indices_evidence, indices_rv, reference_maps
+    from cardseg_train.studies import indices_design
+
+    from cardseg_train.indices import evidence as indices_evidence
+
+    from cardseg_train.studies import indices_rv
+
+    from cardseg_train.studies import reference_maps
 
     def evidence(bundle, data, split, variants, cache, h5_spacing=1.5, **kw):
         return list(_volumes([f"{split}{i}" for i in range(6 if split == "val" else 24)], set()))

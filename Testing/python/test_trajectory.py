@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from cardseg.method.diffusion import CategoricalSchedule
 from cardseg.method.networks import build_network
-from cardseg.method.trajectory import TACAccumulator, js_divergence, run_trajectory
+from cardseg.method.trajectory import TACAccumulator, TrajectoryOptions, js_divergence, run_trajectory
 
 LN2 = math.log(2)
 
@@ -77,7 +77,7 @@ def test_reference_sees_the_primary_states_and_never_advances_them(nets):
     p, r = Recorder(nets[0]), Recorder(nets[1])
     img = torch.randn(2, 1, 32, 32)
     steps = [49, 37, 24, 12, 0]
-    res = run_trajectory(p, img, steps, 4, reference=r, keep_steps=True)
+    res = run_trajectory(p, img, steps, 4, reference=r, options=TrajectoryOptions(keep_steps=True))
     assert [t for t, _ in p.seen] == steps and [t for t, _ in r.seen] == steps
     for (tp, sp), (tr, sr) in zip(p.seen, r.seen):
         assert tp == tr and torch.equal(sp, sr)
@@ -95,9 +95,15 @@ def test_reference_sees_the_primary_states_and_never_advances_them(nets):
 
 def test_tac_last_and_mid_use_step_subsets(nets):
     img = torch.randn(1, 1, 32, 32)
-    full = run_trajectory(nets[0], img, [49, 37, 24, 12, 0], 4, reference=nets[1], keep_steps=True)
-    last = run_trajectory(nets[0], img, [49, 37, 24, 12, 0], 4, reference=nets[1], tac_steps=[0])
-    mid = run_trajectory(nets[0], img, [49, 37, 24, 12, 0], 4, reference=nets[1], tac_steps=[24, 12, 0])
+    full = run_trajectory(
+        nets[0], img, [49, 37, 24, 12, 0], 4, reference=nets[1], options=TrajectoryOptions(keep_steps=True)
+    )
+    last = run_trajectory(
+        nets[0], img, [49, 37, 24, 12, 0], 4, reference=nets[1], options=TrajectoryOptions(tac_steps=[0])
+    )
+    mid = run_trajectory(
+        nets[0], img, [49, 37, 24, 12, 0], 4, reference=nets[1], options=TrajectoryOptions(tac_steps=[24, 12, 0])
+    )
     assert torch.allclose(last.tac, full.per_step_js[0])
     expect = (full.per_step_js[24] + full.per_step_js[12] + full.per_step_js[0]) / 3
     assert torch.allclose(mid.tac, expect, atol=1e-6)
@@ -134,9 +140,9 @@ class GradProbe(Recorder):
 def test_overlapped_reference_gives_the_same_trajectory(nets):
     img = torch.randn(2, 1, 32, 32)
     steps = [49, 37, 24, 12, 0]
-    plain = run_trajectory(nets[0], img, steps, 4, reference=nets[1], keep_steps=True)
+    plain = run_trajectory(nets[0], img, steps, 4, reference=nets[1], options=TrajectoryOptions(keep_steps=True))
     r = GradProbe(nets[1])
-    over = run_trajectory(nets[0], img, steps, 4, reference=r, keep_steps=True, overlap=True)
+    over = run_trajectory(nets[0], img, steps, 4, reference=r, options=TrajectoryOptions(keep_steps=True, overlap=True))
     assert torch.equal(over.logits, plain.logits) and torch.equal(over.tac, plain.tac)
     assert torch.equal(over.reference_logits, plain.reference_logits)
     for t in steps:
@@ -146,7 +152,7 @@ def test_overlapped_reference_gives_the_same_trajectory(nets):
     # on a worker thread, with autograd off there as well
     assert all(not grad and name.startswith("cardseg-reference") for grad, name in r.grad)
     # modes without a reference path of their own ignore it
-    uc = run_trajectory(nets[0], img, steps, 4, mode="uc", overlap=True)
+    uc = run_trajectory(nets[0], img, steps, 4, mode="uc", options=TrajectoryOptions(overlap=True))
     assert torch.equal(uc.logits, plain.logits)
 
 

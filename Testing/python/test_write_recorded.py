@@ -11,8 +11,8 @@ import pytest
 
 from cardseg.base.errors import CardsegError
 from cardseg.io.outdir import STAMP
-from cardseg_train.cli_options import out_record, write_recorded
-from cardseg_train.report_files import atomic_write
+from cardseg_train.base.cli_options import out_record, write_recorded
+from cardseg_train.base.report_files import atomic_write
 
 from conftest import files_of
 
@@ -69,7 +69,7 @@ def test_the_python_m_tools_end_through_the_shared_helper(module):
     # write_json_and_markdown and study_main end through write_recorded
     assert names & {"write_recorded", "write_json_and_markdown", "study_main"}
     assert not hasattr(mod, "written")  # no private copy of the ending
-    from cardseg_train.cli_options import study_main
+    from cardseg_train.studies.common import study_main
 
     assert "write_json_and_markdown" in study_main.__code__.co_names
 
@@ -77,8 +77,9 @@ def test_the_python_m_tools_end_through_the_shared_helper(module):
 def test_field_of_view_study_writes_its_record_and_refuses_a_file_saved_meanwhile(
     tiny_bundle, tmp_path, capsys, monkeypatch
 ):
-    from cardseg_train import evaluation, field_of_view_study
-    from cardseg_train.out_record import OutRecord
+    from cardseg_train.evaluation import segmentation as evaluation
+    from cardseg_train.studies import field_of_view as field_of_view_study
+    from cardseg_train.base.out_record import OutRecord
 
     centred = {"dice": [0.8, 0.7, 0.9], "mean_dice": 0.8, "agreement": 0.95}
     monkeypatch.setattr(evaluation, "acdc_h5_volumes", lambda data, split: [SimpleNamespace(case="v1")])

@@ -58,21 +58,17 @@ def run_overlapped(
     n_finish = max(1, int(finishers or default_finishers()))
 
     def read(job: Job):
-        return segment.read_case(job.path, job.out, frame=job.frame, spacing=job.spacing, overwrite=job.overwrite)
+        return segment.read_case(job.path, job.out, file_options=_file_options(job))
 
     def finish(job: Job, t0: float, computed, volume, out, writer) -> dict:
         try:
-            traj, timings = computed
             result = segment.finish_case(
-                traj,
-                timings,
+                computed,
                 volume,
                 bundle,
                 job.path,
-                method=method,
-                device=device,
-                frame=job.frame,
-                spacing=job.spacing,
+                options=segment.SegmentOptions(method=method, device=device, batch_size=batch_size),
+                file_options=_file_options(job),
                 t_start=t0,
             )
             segment.write_outputs(result, volume, bundle, out, job.overwrite, Progress(), writer=writer)
@@ -157,11 +153,19 @@ def _compute(job, t0, current, bundle, method, device, batch_size, writer_class,
         return failed(job, exc, t0)
     try:
         from cardseg.base.progress import Progress
+        from cardseg.segment import SegmentOptions
 
-        computed = run_networks(volume, bundle, method, device, batch_size, Progress())
+        computed = run_networks(volume, bundle, SegmentOptions(method, device, batch_size, Progress()))
     except BaseException as exc:
         writer.__exit__(type(exc), exc, exc.__traceback__)
         if isinstance(exc, Exception):
             return failed(job, exc, t0)
         raise
     return computed, volume, out, writer
+
+
+def _file_options(job: Job):
+    """The :class:`cardseg.segment.FileOptions` of ``job``."""
+    from cardseg.segment import FileOptions
+
+    return FileOptions(frame=job.frame, spacing=job.spacing, overwrite=job.overwrite)

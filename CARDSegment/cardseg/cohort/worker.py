@@ -85,19 +85,14 @@ class CaseWorker:
         try:
             self.load()
             from cardseg.base.progress import Progress
-            from cardseg.segment import segment_file
+            from cardseg.segment import FileOptions, SegmentOptions, segment_file
 
             report = segment_file(
                 job.path,
                 job.out,
                 self.bundle,
-                method=self.method,
-                device=self.device,
-                batch_size=self.batch_size,
-                frame=job.frame,
-                spacing=job.spacing,
-                overwrite=job.overwrite,
-                progress=Progress(),
+                SegmentOptions(method=self.method, device=self.device, batch_size=self.batch_size, progress=Progress()),
+                FileOptions(frame=job.frame, spacing=job.spacing, overwrite=job.overwrite),
             )
             return {
                 "case": job.case,

@@ -89,6 +89,24 @@ class TrajectoryResult:
     per_step_states: Dict[int, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class TrajectoryOptions:
+    """What :func:`run_trajectory` measures besides the terminal logits, and how it schedules the networks.
+
+    tac_steps: the steps the TAC average runs over (TAC-last ``[0]``, TAC-mid ``[24, 12, 0]``;
+    ``None``: every sampled step); keep_steps: keep each step's JS map ``(B, H, W)`` and state
+    ``(B, K, H, W)`` (:attr:`TrajectoryResult.per_step_js`, :attr:`TrajectoryResult.per_step_states`);
+    on_step: called with ``t`` after each step (progress); overlap (``card`` only; for networks
+    that leave Python's lock free while they run and keep their own threads, such as ONNX Runtime
+    sessions): the reference runs on a worker thread while the primary and the reverse step run.
+    """
+
+    tac_steps: Optional[Iterable[int]] = None
+    keep_steps: bool = False
+    on_step: Optional[Callable[[int], None]] = None
+    overlap: bool = False
+
+
 def _without_grad(net: Callable, image: Any, *inputs: Any) -> Any:
     """``net(image, *inputs)`` with autograd off (grad mode is per thread: a worker does not inherit it)."""
     with arrays.no_grad(image):
@@ -103,10 +121,7 @@ def run_trajectory(
     reference: Optional[Callable] = None,
     mode: str = "card",
     schedule: Optional[CategoricalSchedule] = None,
-    tac_steps: Optional[Iterable[int]] = None,
-    keep_steps: bool = False,
-    on_step: Optional[Callable[[int], None]] = None,
-    overlap: bool = False,
+    options: Optional[TrajectoryOptions] = None,
 ) -> TrajectoryResult:
     """Run the deterministic reverse sampler on one batch, with the reference alongside.
 
@@ -121,13 +136,9 @@ def run_trajectory(
     * ``logit-mix``: primary and reference logits averaged at every step; the mix advances
       the state and is the terminal output; no TAC.
 
-    ``tac_steps`` restricts the TAC average to a subset (TAC-last ``[0]``, TAC-mid
-    ``[24, 12, 0]``); ``on_step(t)`` is called after each step (progress).
-
-    ``overlap=True`` (``card`` only; for networks that leave Python's lock free while they run and
-    keep their own threads, such as ONNX Runtime sessions) evaluates the reference on a worker
-    thread while the primary and the reverse step run: the same calls on the same inputs, so the
-    same outputs, in less wall time where the primary leaves cores idle.
+    ``options`` (:class:`TrajectoryOptions`): the TAC's step subset, per-step outputs, a
+    per-step callback, and whether the reference runs beside the primary (the same calls on the
+    same inputs, so the same outputs, in less wall time where the primary leaves cores idle).
     """
     if mode not in MODES:
         raise ValueError(f"unknown trajectory mode {mode!r} (choose from {', '.join(MODES)})")
@@ -142,9 +153,7 @@ def run_trajectory(
     if mode in ("card", "logit-mix") and reference is None:
         raise ValueError(f"mode {mode!r} needs a reference denoiser")
     with arrays.no_grad(image):
-        return _run(
-            primary, image, steps, num_classes, reference, mode, schedule, tac_steps, keep_steps, on_step, overlap
-        )
+        return _run(primary, image, steps, num_classes, reference, mode, schedule, options or TrajectoryOptions())
 
 
 def _run(
@@ -155,18 +164,17 @@ def _run(
     reference: Optional[Callable],
     mode: str,
     schedule: CategoricalSchedule,
-    tac_steps: Optional[Iterable[int]],
-    keep_steps: bool,
-    on_step: Optional[Callable[[int], None]],
-    overlap: bool,
+    options: TrajectoryOptions,
 ) -> TrajectoryResult:
     """:func:`run_trajectory`'s loop, its arguments checked."""
     b, _, h, w = image.shape
     state = uniform_state((b, h, w), num_classes, like=image)
-    tac = TACAccumulator(tac_steps, keep=keep_steps)
+    keep_steps, on_step = options.keep_steps, options.on_step
+    tac = TACAccumulator(options.tac_steps, keep=keep_steps)
     result = TrajectoryResult(logits=None)
     logits = ref_logits = None
-    beside = ThreadPoolExecutor(1, thread_name_prefix="cardseg-reference") if overlap and mode == "card" else None
+    overlap = options.overlap and mode == "card"
+    beside = ThreadPoolExecutor(1, thread_name_prefix="cardseg-reference") if overlap else None
     try:
         for t in steps:
             t_batch = arrays.full((b,), t, image, dtype="int64")

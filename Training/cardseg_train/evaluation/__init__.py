@@ -1,0 +1,1 @@
+"""Segmentation quality of a bundle on labelled volumes."""

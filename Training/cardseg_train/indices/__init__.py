@@ -1,0 +1,1 @@
+"""The cardiac-index intervals: evidence, fit (``cardseg fit-indices``), report and bootstrap statistics."""

@@ -1,0 +1,1 @@
+"""The flagged-region rule and ``p_error``: fitted on validation (``cardseg fit-review``), measured by ``cardseg evaluate``."""
