@@ -133,13 +133,13 @@ def _make_nodes(
     input_volume,
     out_dir: Path,
     report: dict,
-    names: Dict[str, str],
-    new: OutputNodes,
+    pending: "PendingOutputs",
     classes: Optional[List[dict]],
     load_probabilities: bool,
-    frame: Optional[int] = None,
 ) -> None:
-    """Fill ``new`` with the nodes of one output folder (on error, what was made stays in ``new``)."""
+    """Fill ``pending.new`` with the nodes of one output folder, named from ``pending.names`` and
+    tagged with ``pending.frame`` (on error, what was made stays in ``pending.new``)."""
+    new, names, frame = pending.new, pending.names, pending.frame
     new.segmentation = load_segmentation(
         scene, input_volume, out_dir / "segmentation.seg.nrrd", scene.GenerateUniqueName(names["segmentation"]), classes
     )
@@ -219,13 +219,13 @@ def prepare_outputs(
         report["sequence_frame"] = int(frame)
     names = output_names(base_name or frame_base_name(input_volume.GetName(), frame))
     existing = {n.GetID() for n in all_nodes(scene)}
-    new = OutputNodes()
+    pending = PendingOutputs(OutputNodes(), names, frame)
     try:
-        _make_nodes(scene, input_volume, out_dir, report, names, new, classes, load_probabilities, frame)
+        _make_nodes(scene, input_volume, out_dir, report, pending, classes, load_probabilities)
     except Exception:
-        discard_outputs(scene, PendingOutputs(new, names, frame), existing)
+        discard_outputs(scene, pending, existing)
         raise
-    return PendingOutputs(new, names, frame)
+    return pending
 
 
 def discard_outputs(scene, pending: PendingOutputs, existing: Optional[set] = None) -> None:
@@ -265,7 +265,6 @@ def load_outputs(
     load_probabilities: bool = False,
     overlay: str = "disagreement",
     opacity: float = 0.5,
-    base_name: Optional[str] = None,
     frame: Optional[int] = None,
 ) -> OutputNodes:
     """Make nodes from one ``cardseg segment`` output folder and replace the previous ones.
@@ -274,5 +273,5 @@ def load_outputs(
     earlier outputs for ``input_volume`` (and ``frame``) removed. On any error the new nodes are
     removed again and the scene is as it was. The input volume is only read.
     """
-    pending = prepare_outputs(scene, input_volume, output_dir, classes, load_probabilities, base_name, frame)
+    pending = prepare_outputs(scene, input_volume, output_dir, classes, load_probabilities, frame=frame)
     return commit_outputs(scene, input_volume, pending, overlay, opacity)

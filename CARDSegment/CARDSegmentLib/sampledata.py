@@ -3,7 +3,7 @@ module (category "CARDSegment"), so that a user can try the module without data 
 
 ACDC may not be redistributed, so the sample is the phantom ``cardseg synth`` draws (10 slices
 of 192 x 176 pixels at 1.5 mm, 8 mm apart, seed 0; see
-``cardseg.bundle.scaffold.synthetic_cine_volume``), stored as int16, with its true labels as a
+``cardseg.bundle.phantom.synthetic_cine_volume``), stored as int16, with its true labels as a
 segmentation. It is one cardiac phase: the phantom has no motion, so there is no cine sequence.
 The files ship in the module folder (``Resources/SampleData``, about 0.5 MB) and nothing is
 downloaded: Sample Data "downloads" them from their ``file://`` address into Slicer's cache,

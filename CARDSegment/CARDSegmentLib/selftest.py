@@ -28,11 +28,12 @@ SHIPPED_NETWORKS = ("time-swinunetr:mini", "time-unet:tiny")
 #: (argv: output folder, primary "arch:size", reference "arch:size")
 MAKE_INPUTS_SCRIPT = (
     "import sys, numpy as np, SimpleITK as sitk\n"
-    "from cardseg.bundle.scaffold import init_bundle, synthetic_cine_volume\n"
+    "from cardseg.bundle.phantom import synthetic_cine_volume\n"
+    "from cardseg.bundle.scaffold import InitOptions, init_bundle\n"
     "from cardseg.bundle.loading import update_config\n"
     "out, primary, reference = sys.argv[1:4]\n"
-    "init_bundle(out + '/bundle', primary=primary, reference=reference, input_size=64,\n"
-    "            pixel_spacing_mm=3.0, seed=1)\n"
+    "init_bundle(out + '/bundle', InitOptions(primary=primary, reference=reference, input_size=64,\n"
+    "                                        pixel_spacing_mm=3.0, seed=1))\n"
     "update_config(out + '/bundle', {'regions': {'flag_threshold': 0.05, 'min_voxels': 5}})\n"
     "vol, _ = synthetic_cine_volume(shape=(3, 64, 56), spacing=(2.5, 2.2, 8.0), seed=3)\n"
     "img = vol.to_image()\n"

@@ -42,6 +42,24 @@ def build_parser(plugin_help: bool = False, plugins: Optional[dict] = None) -> a
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
+    _add_segment_parser(sub)
+    _add_batch_parser(sub)
+    _add_bundle_parsers(sub)
+    _add_synth_parser(sub)
+
+    from cardseg.serve import add_serve_parser
+
+    add_serve_parser(sub)
+    for name, ep in sorted((plugin_commands() if plugins is None else plugins).items()):
+        if name in sub.choices:
+            continue
+        p = sub.add_parser(name, help=describe_plugin(ep) if plugin_help else None, add_help=False)
+        p.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
+
+
+def _add_segment_parser(sub) -> None:
+    """``cardseg segment``: one volume."""
     p = sub.add_parser(
         "segment",
         help="segment a volume and calibrate its confidence",
@@ -107,6 +125,9 @@ def build_parser(plugin_help: bool = False, plugins: Optional[dict] = None) -> a
     p.add_argument("--backend", choices=["auto", "torch", "onnx"], help=BACKEND_HELP)
     p.add_argument("--review-map", metavar="MAP", help=REVIEW_MAP_HELP)
 
+
+def _add_batch_parser(sub) -> None:
+    """``cardseg batch``: many cases, in this process, local workers or on Ray."""
     p = sub.add_parser(
         "batch",
         help="segment many cases: cohort table, resume, triage report, optional Ray",
@@ -179,6 +200,11 @@ def build_parser(plugin_help: bool = False, plugins: Optional[dict] = None) -> a
         help="bar: a progress bar over cases on stderr with ETA and cases/min; json: one "
         "{stage, done, total} object per line on stderr",
     )
+    _add_batch_worker_options(p)
+
+
+def _add_batch_worker_options(p) -> None:
+    """``batch``'s options of the workers, the backend and the triage report."""
     p.add_argument(
         "--threads",
         type=int,
@@ -219,6 +245,9 @@ def build_parser(plugin_help: bool = False, plugins: Optional[dict] = None) -> a
         help="thumbnails in triage.html for the N least trusted cases (the rest are listed without)",
     )
 
+
+def _add_bundle_parsers(sub) -> None:
+    """``cardseg sizes``, ``info`` and ``init-bundle``."""
     sub.add_parser("sizes", help="parameter count of every network size")
 
     p = sub.add_parser("info", help="describe a bundle")
@@ -237,22 +266,15 @@ def build_parser(plugin_help: bool = False, plugins: Optional[dict] = None) -> a
     p.add_argument("--seed", type=int, default=0, help="random seed, 0 to 2^32-1")
     p.add_argument("--overwrite", action="store_true")
 
+
+def _add_synth_parser(sub) -> None:
+    """``cardseg synth``: the synthetic phantom."""
     p = sub.add_parser("synth", help="write a synthetic short-axis cine-like volume (and its labels)")
     p.add_argument("output", metavar="OUTPUT.nii.gz", help=f"image file ({', '.join(SYNTH_SUFFIXES)})")
     p.add_argument("--labels", metavar="PATH", help="also write the label map here")
     p.add_argument("--seed", type=int, default=0, help=f"0 to {SYNTH_MAX_SEED}")
     p.add_argument("--slices", type=int, default=10, help=f"1 to {SYNTH_MAX_SLICES}")
     p.add_argument("--overwrite", action="store_true", help="replace existing files (never a folder)")
-
-    from cardseg.serve import add_serve_parser
-
-    add_serve_parser(sub)
-    for name, ep in sorted((plugin_commands() if plugins is None else plugins).items()):
-        if name in sub.choices:
-            continue
-        p = sub.add_parser(name, help=describe_plugin(ep) if plugin_help else None, add_help=False)
-        p.add_argument("args", nargs=argparse.REMAINDER)
-    return parser
 
 
 def _check_segment_args(a) -> None:
@@ -414,9 +436,12 @@ def cmd_info(a) -> int:
 
 
 def cmd_init_bundle(a) -> int:
-    from cardseg.bundle.scaffold import init_bundle
+    from cardseg.bundle.scaffold import InitOptions, init_bundle
 
-    path = init_bundle(a.output, a.primary, a.reference, a.input_size, a.spacing, a.seed, overwrite=a.overwrite)
+    options = InitOptions(
+        primary=a.primary, reference=a.reference, input_size=a.input_size, pixel_spacing_mm=a.spacing, seed=a.seed
+    )
+    path = init_bundle(a.output, options, overwrite=a.overwrite)
     print(f"wrote untrained bundle {path}")
     return 0
 
@@ -462,7 +487,7 @@ def _write_image_atomic(image, path: str) -> None:
 
 
 def cmd_synth(a) -> int:
-    from cardseg.bundle.scaffold import synthetic_cine_volume
+    from cardseg.bundle.phantom import synthetic_cine_volume
 
     _check_synth_args(a)
     vol, lab = synthetic_cine_volume(shape=(a.slices, 192, 176), seed=a.seed)

@@ -22,7 +22,7 @@ from CARDSegmentLib import sampledata  # noqa: E402
 def phantom():
     """The phantom as the sample holds it: ``(Volume with int16 array (Z, Y, X), labels (Z, Y, X)
     uint8: 0 background, 1 RV, 2 MYO, 3 LV)``; ``cardseg synth``'s default phantom, rounded."""
-    from cardseg.bundle.scaffold import synthetic_cine_volume
+    from cardseg.bundle.phantom import synthetic_cine_volume
 
     shape = (sampledata.PHANTOM_SLICES,) + sampledata.PHANTOM_SIZE
     volume, labels = synthetic_cine_volume(shape=shape, seed=sampledata.PHANTOM_SEED)

@@ -37,7 +37,7 @@ from cardseg.method.flips import network_seconds
 
 
 def _phantom(folder: Path) -> Path:
-    from cardseg.bundle.scaffold import synthetic_cine_volume
+    from cardseg.bundle.phantom import synthetic_cine_volume
 
     import SimpleITK as sitk
 

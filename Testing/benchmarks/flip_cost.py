@@ -37,7 +37,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from cardseg.bundle.loading import load_bundle
-    from cardseg.bundle.scaffold import synthetic_cine_volume
+    from cardseg.bundle.phantom import synthetic_cine_volume
     from cardseg.bundle.review_rules import choose_review_map, review_rules
     from cardseg.io.volume import read_volume
     from cardseg.segment import SegmentOptions, segment_volume

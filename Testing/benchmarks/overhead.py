@@ -79,7 +79,8 @@ def main() -> None:
 
     from cardseg.bundle.folder import BUNDLES_DIR, DEFAULT_NAME
     from cardseg.bundle.loading import load_bundle
-    from cardseg.bundle.scaffold import init_bundle, synthetic_cine_volume
+    from cardseg.bundle.phantom import synthetic_cine_volume
+    from cardseg.bundle.scaffold import InitOptions, init_bundle
     from cardseg.io.volume import read_volume
     from cardseg.method.networks import count_parameters
     from cardseg.base.devices import resolve_device
@@ -93,7 +94,8 @@ def main() -> None:
     if path is None and (BUNDLES_DIR / DEFAULT_NAME / "bundle.json").is_file():
         path = BUNDLES_DIR / DEFAULT_NAME
     if path is None:
-        path = init_bundle(f"{tmp.name}/b", a.primary, a.reference, a.input_size, a.spacing)
+        options = InitOptions(a.primary, a.reference, a.input_size, a.spacing)
+        path = init_bundle(f"{tmp.name}/b", options)
     bundle = load_bundle(path, device=device, backend=a.backend)
     volume = read_volume(a.input) if a.input else synthetic_cine_volume((10, 216, 256))[0]
     z = volume.shape[0]

@@ -54,7 +54,7 @@ def main(argv=None) -> int:
         return 2
     import SimpleITK as sitk
 
-    from cardseg.bundle.scaffold import synthetic_cine_volume
+    from cardseg.bundle.phantom import synthetic_cine_volume
 
     work = Path(tempfile.mkdtemp(prefix="cardseg-peak-"))
     cache = work / "model-cache"  # a cache of its own: the first onnx run really exports

@@ -160,7 +160,7 @@ def test_ablate_command_reads_the_evaluation_cache(tiny_bundle, tmp_path, monkey
     )
     calls = []
     real = ce.run_case
-    monkeypatch.setattr(ce, "run_case", lambda *a, **k: calls.append(k.get("mode")) or real(*a, **k))
+    monkeypatch.setattr(ce, "run_case", lambda *a, **k: calls.append(a[3].mode) or real(*a, **k))
     assert main(["ablate", *common, "--out", str(tmp_path / "ab")]) == 0
     assert calls == ["logit-mix"]  # the card trajectories came from evaluate's cache
     t = json.loads((tmp_path / "ab" / "ablation.json").read_text())

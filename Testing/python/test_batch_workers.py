@@ -18,7 +18,7 @@ import SimpleITK as sitk
 
 from cardseg.cohort.batch import run_batch
 from cardseg.cohort.layout import COHORT_CSV, LOCK_FILE, SEGMENT_LEFTOVER
-from cardseg.cohort.options import BatchOptions, check_options
+from cardseg.cohort.options import BatchOptions, WorkerOptions, check_options
 from cardseg.cohort.worker import Job
 from cardseg.cohort import local_pool
 from cardseg.base.errors import CardsegError
@@ -95,7 +95,7 @@ def test_a_dying_worker_fails_only_its_cases(tmp_path, tiny_bundle, inputs):
             victim = multiprocessing.active_children()[0]
             os.kill(victim.pid, signal.SIGKILL)
 
-    local_pool.run_jobs(jobs, on_result, bundle_root=root, threads=1, workers=2)
+    local_pool.run_jobs(jobs, on_result, bundle_root=root, options=WorkerOptions(threads=1), workers=2)
     by_case = {r["case"]: r for r in results}
     assert sorted(by_case) == ["c0", "c1", "c2", "c3"] and len(results) == 4
     died = [r for r in results if r["status"] == "error"]

@@ -43,12 +43,13 @@ DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch
 
 @pytest.fixture(scope="module")
 def small_bundle(tmp_path_factory) -> Path:
-    from cardseg.bundle.scaffold import init_bundle
+    from cardseg.bundle.scaffold import InitOptions, init_bundle
 
     path = tmp_path_factory.mktemp("safety") / "small"
-    init_bundle(
-        path, primary="time-unet:micro", reference="time-unet:micro", input_size=32, pixel_spacing_mm=3.0, seed=4
+    options = InitOptions(
+        primary="time-unet:micro", reference="time-unet:micro", input_size=32, pixel_spacing_mm=3.0, seed=4
     )
+    init_bundle(path, options)
     return path
 
 
@@ -201,7 +202,7 @@ def test_the_bit_check_counts_exactly_what_torch_calls_non_finite(dtype, sizes, 
 
 def test_segment_refuses_a_nan_bundle_before_anything_runs(small_bundle, tmp_path, monkeypatch):
     """The CLI: exit 2, one line, no OUTDIR, no 'ONNX Runtime not used' fallback note."""
-    from cardseg.bundle.scaffold import synthetic_cine_volume
+    from cardseg.bundle.phantom import synthetic_cine_volume
 
     bad = _rewrite(small_bundle, tmp_path / "bad", "primary", "float16", _one(float("nan")))
     vol, _ = synthetic_cine_volume(shape=(2, 40, 40), spacing=(1.5, 1.5, 8.0), seed=1)
@@ -305,9 +306,11 @@ def test_merge_config_is_the_one_merge_the_writer_and_its_checks_use(tmp_path):
 
 
 def _rewrite_nothing(tmp_path: Path) -> Path:
-    from cardseg.bundle.scaffold import init_bundle
+    from cardseg.bundle.scaffold import InitOptions, init_bundle
 
-    return init_bundle(tmp_path / "src", primary="time-unet:micro", reference="time-unet:micro", input_size=32, seed=5)
+    return init_bundle(
+        tmp_path / "src", InitOptions(primary="time-unet:micro", reference="time-unet:micro", input_size=32, seed=5)
+    )
 
 
 # --- calibration settings -------------------------------------------------------------------------
@@ -504,6 +507,59 @@ def test_a_hand_edited_record_does_not_bless_another_model(small_bundle, tmp_pat
     assert hashlib.sha256(reference.read_bytes()).hexdigest() != hashlib.sha256(primary.read_bytes()).hexdigest()
 
 
+@needs_onnx
+def test_an_edited_model_with_a_matching_record_is_prepared_again(small_bundle, tmp_path, monkeypatch):
+    """The cached primary's graph edited (its logits negated, its own key kept) and the record's
+    sha256 updated to match, as anyone who can write the cache could: without the cache's keyed
+    seal it is a miss, the model is exported again, and the primary computes what torch does."""
+    import onnx
+
+    from cardseg.bundle import onnx_backend
+    from cardseg.bundle.loading import load_bundle
+
+    monkeypatch.setenv("CARDSEG_CACHE_DIR", str(tmp_path / "cache"))
+    load_bundle(small_bundle, backend="onnx")
+    (primary,) = (tmp_path / "cache" / "models").glob("primary-*.onnx")
+    model = onnx.load(str(primary))
+    out = model.graph.output[0].name
+    for node in model.graph.node:  # the last node now writes an inner name; a Neg writes the output
+        node.output[:] = [f"{o}_before_neg" if o == out else o for o in node.output]
+    model.graph.node.append(onnx.helper.make_node("Neg", [f"{out}_before_neg"], [out]))
+    primary.write_bytes(model.SerializeToString())
+    record = primary.with_suffix(".json")
+    rec = json.loads(record.read_text())
+    rec["onnx_sha256"] = hashlib.sha256(primary.read_bytes()).hexdigest()
+    record.write_text(json.dumps(rec))
+
+    exported = []
+    real = onnx_backend.export_onnx
+    monkeypatch.setattr(onnx_backend, "export_onnx", lambda *a, **k: exported.append(1) or real(*a, **k))
+    ob = load_bundle(small_bundle, backend="onnx")
+    assert exported == [1]
+    tb = load_bundle(small_bundle, backend="torch")
+    x = onnx_backend.probe_inputs(tb.num_classes, 1, 32, batch=2, seed=7)
+    with torch.no_grad():
+        assert float((ob.primary(*x) - tb.primary(*x)).abs().max()) < 1e-3
+    again = json.loads(record.read_text())  # the model and its record written again
+    assert again["onnx_sha256"] == hashlib.sha256(primary.read_bytes()).hexdigest() != rec["onnx_sha256"]
+
+
+@needs_onnx
+def test_a_seal_key_another_user_could_read_trusts_nothing(small_bundle, tmp_path, monkeypatch):
+    from cardseg.bundle import onnx_backend
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.bundle.onnx_cache import KEY_FILE
+
+    monkeypatch.setenv("CARDSEG_CACHE_DIR", str(tmp_path / "cache"))
+    load_bundle(small_bundle, backend="onnx")
+    os.chmod(tmp_path / "cache" / KEY_FILE, 0o644)
+    exported = []
+    real = onnx_backend.export_onnx
+    monkeypatch.setattr(onnx_backend, "export_onnx", lambda *a, **k: exported.append(1) or real(*a, **k))
+    load_bundle(small_bundle, backend="onnx")
+    assert len(exported) == 2  # both networks prepared again: no cached entry is trusted
+
+
 def _dead_pid() -> int:
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
@@ -589,3 +645,21 @@ def test_auto_refuses_a_network_whose_finite_weights_give_non_finite_logits(smal
         ):
             load_bundle(bad, backend=backend)
     assert not list((tmp_path / "cache").glob("models/*.onnx"))
+
+
+@needs_onnx
+def test_the_report_names_the_prepared_models_it_ran(tiny_bundle, phantom_file, tmp_path, monkeypatch):
+    from conftest import run_cli_quiet
+
+    monkeypatch.setenv("CARDSEG_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "res"
+    rc, err = run_cli_quiet(["segment", str(phantom_file), "-o", str(out), "--bundle", str(tiny_bundle)])
+    assert rc == 0, err
+    report = json.loads((out / "report.json").read_text())
+    assert report["backend"] == "onnx"
+    prepared = report["bundle"]["prepared_sha256"]
+    on_disk = {
+        p.name.split("-")[0]: hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in (tmp_path / "cache" / "models").glob("*.onnx")
+    }
+    assert prepared == on_disk and set(prepared) == {"primary", "reference"}

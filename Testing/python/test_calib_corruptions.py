@@ -10,7 +10,7 @@ from scipy import ndimage
 
 pytest.importorskip("torchio")
 
-from cardseg.bundle.scaffold import synthetic_cine_volume  # noqa: E402
+from cardseg.bundle.phantom import synthetic_cine_volume  # noqa: E402
 from cardseg_train.data.corruptions import (
     CORRUPTIONS,
     corrupt_labelled_volume,
@@ -149,7 +149,7 @@ def test_evaluation_normalises_after_corrupting(clean, tiny_bundle, monkeypatch)
     bundle = load_bundle(tiny_bundle)
     for condition in ("clean", "spike"):
         with pytest.raises(Stop):
-            ce.run_case(bundle, item, condition, seed=3)
+            ce.run_case(bundle, item, condition, ce.CaseRunOptions(seed=3))
     np.testing.assert_array_equal(seen[0], vol.array)
     np.testing.assert_array_equal(seen[1], ce.condition_volume(item, "spike", 3).volume.array)
     assert not np.array_equal(seen[1], vol.array)

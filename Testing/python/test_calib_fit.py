@@ -14,6 +14,7 @@ from cardseg_train.calibration.objectives import card_objective, ets_objective, 
 from cardseg_train.data.perturb import PERTURBATIONS, apply_perturbation, perturb_image, perturbation_params
 from cardseg_train.calibration.pool import (
     PoolItem,
+    PoolItemMeta,
     concat_pool,
     ood_agreement_threshold,
     pixel_flag_threshold,
@@ -166,7 +167,7 @@ def test_pool_item_gathers_roi_pixels_and_subsamples():
     tac = rng.random((3, 8, 9)).astype(np.float32)
     labels = rng.integers(0, 4, (3, 8, 9))
     roi = rng.random((3, 8, 9)) > 0.4
-    item = pool_item(logits, tac, labels, roi, case="c", variant="gamma", agreement=0.9)
+    item = pool_item(logits, tac, labels, roi, meta=PoolItemMeta(case="c", variant="gamma", agreement=0.9))
     n = int(roi.sum())
     assert item.logits.shape == (4, n) and item.labels.shape == (n,) and item.tac.shape == (n,)
     zz, yy, xx = np.nonzero(roi)
@@ -224,16 +225,16 @@ def test_threshold_rules():
 def test_build_pool_runs_the_engine_on_each_variant(tiny_bundle):
     from cardseg.bundle.loading import load_bundle
     from cardseg.metrics.segmentation import roi_mask
-    from cardseg.bundle.scaffold import synthetic_cine_volume
+    from cardseg.bundle.phantom import synthetic_cine_volume
     from cardseg.segment import SegmentOptions, segment_volume
     from cardseg_train.data.perturb import POOL_VARIANTS
-    from cardseg_train.calibration.pool import build_pool
+    from cardseg_train.calibration.pool import PoolOptions, build_pool
     from cardseg_train.evaluation.segmentation import LabelledVolume
 
     vol, lab = synthetic_cine_volume(shape=(2, 64, 56), spacing=(3.0, 2.5, 8.0), seed=2)
     cases = [LabelledVolume("synthetic_frame01", "synthetic", vol, lab)]
     bundle = load_bundle(tiny_bundle)
-    pool = build_pool(bundle, cases, roi_radius=3, max_pixels_per_item=None, seed=0)
+    pool = build_pool(bundle, cases, PoolOptions(roi_radius=3, max_pixels_per_item=None, seed=0))
     assert [it.variant for it in pool] == list(POOL_VARIANTS)
     # the clean item is exactly what the engine computes on the volume
     ref = segment_volume(vol, bundle, SegmentOptions("card"))
@@ -242,7 +243,7 @@ def test_build_pool_runs_the_engine_on_each_variant(tiny_bundle):
     assert np.array_equal(pool[0].logits, want.logits) and np.array_equal(pool[0].tac, want.tac)
     assert pool[0].agreement == pytest.approx(ref.report["agreement"], abs=1e-12)
     # perturbed variants differ and are seeded per case and variant
-    again = build_pool(bundle, cases, variants=("noise",), roi_radius=3, max_pixels_per_item=None, seed=0)
+    again = build_pool(bundle, cases, PoolOptions(variants=("noise",), roi_radius=3, max_pixels_per_item=None, seed=0))
     assert np.array_equal(again[0].logits, pool[-1].logits)
     for it in pool:
         assert it.logits.shape == (4, it.labels.shape[0]) and it.labels.shape[0] == int(roi.sum())
@@ -261,9 +262,9 @@ def test_tac_step_subsets_from_kept_step_js_match_the_engine(tiny_bundle, tmp_pa
     from cardseg.bundle.loading import load_bundle, update_config
     from cardseg.base.errors import CardsegError
     from cardseg.metrics.segmentation import roi_mask
-    from cardseg.bundle.scaffold import synthetic_cine_volume
+    from cardseg.bundle.phantom import synthetic_cine_volume
     from cardseg.segment import SegmentOptions, segment_volume
-    from cardseg_train.calibration.pool import PoolItem, build_pool, pool_with_tac_steps
+    from cardseg_train.calibration.pool import PoolItem, PoolOptions, build_pool, pool_with_tac_steps
     from cardseg_train.evaluation.segmentation import LabelledVolume
 
     vol, lab = synthetic_cine_volume(shape=(2, 64, 56), spacing=(3.0, 2.5, 8.0), seed=4)
@@ -273,9 +274,7 @@ def test_tac_step_subsets_from_kept_step_js_match_the_engine(tiny_bundle, tmp_pa
     it = build_pool(
         bundle,
         [LabelledVolume("s_frame01", "s", vol, lab)],
-        variants=("clean",),
-        roi_radius=3,
-        max_pixels_per_item=None,
+        PoolOptions(variants=("clean",), roi_radius=3, max_pixels_per_item=None),
     )[0]
     assert it.steps == bundle.sampled_steps and it.step_js.shape == (5, it.labels.size)
     assert np.allclose(it.step_js.mean(axis=0), it.tac, atol=1e-6)  # TAC = mean of the per-step JS (Eq. 7)

@@ -44,7 +44,7 @@ def _volume(seed=0, z=3, size=40):
 
 def test_summarize_case_keeps_roi_pixels_dice_and_slice_agreement():
     logits, tac, lab, wrong = _volume()
-    res = ce.summarize_case("p1_f1", "p1", "clean", logits, tac, lab, NAMES)
+    res = ce.summarize_case("p1_f1", "p1", "clean", ce.CaseMaps(logits, tac), lab, NAMES)
     roi = roi_mask(lab > 0, ce.ROI_RADIUS)
     assert res.logits.shape == (4, int(roi.sum())) and res.labels.shape == res.tac.shape == (int(roi.sum()),)
     assert np.array_equal(res.labels, lab[roi]) and np.allclose(res.tac, tac[roi])
@@ -60,16 +60,16 @@ def test_summarize_case_keeps_roi_pixels_dice_and_slice_agreement():
     # per 2D slice (paper Fig. 2a): a stray island on one slice lowers that slice's ratio only
     ref = logits.copy()
     ref[2, 1, 0:2, 0:2] += 40.0  # 4 RV pixels in a corner of slice 2, apart from the heart
-    res = ce.summarize_case("p1_f1", "p1", "clean", logits, tac, lab, NAMES, reference_logits=ref)
+    res = ce.summarize_case("p1_f1", "p1", "clean", ce.CaseMaps(logits, tac, reference_logits=ref), lab, NAMES)
     heart = int((ref[2].argmax(0) > 0).sum()) - 4
     assert res.lcc_reference == pytest.approx((1.0 + heart / (heart + 4)) / 2)
     with pytest.raises(ValueError, match="shapes"):
-        ce.summarize_case("x", "x", "clean", logits[:, :3], tac, lab, NAMES)
+        ce.summarize_case("x", "x", "clean", ce.CaseMaps(logits[:, :3], tac), lab, NAMES)
 
 
 def test_case_cache_round_trip_and_key(tmp_path):
     logits, tac, lab, _ = _volume()
-    res = ce.summarize_case("p1_f1", "p1", "motion", logits, tac, lab, NAMES)
+    res = ce.summarize_case("p1_f1", "p1", "motion", ce.CaseMaps(logits, tac), lab, NAMES)
     cache = ce.CaseCache(tmp_path, "k")
     assert cache.load("p1_f1", "motion") is None
     cache.save(res)
@@ -89,7 +89,7 @@ def _results():
     out = []
     for i, cond in enumerate(["clean", "clean", "motion", "motion"]):
         logits, tac, lab, _ = _volume(seed=i)
-        out.append(ce.summarize_case(f"c{i % 2}", f"p{i % 2}", cond, logits, tac, lab, NAMES))
+        out.append(ce.summarize_case(f"c{i % 2}", f"p{i % 2}", cond, ce.CaseMaps(logits, tac), lab, NAMES))
     return out
 
 

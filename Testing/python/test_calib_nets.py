@@ -29,7 +29,7 @@ from cardseg.method.calibration import (
 from cardseg.method.calibration.netbase import TEMPERATURE_FLOOR
 from cardseg.base.errors import CardsegError
 from cardseg_train.calibration.fit import fit_calibrator, fit_ts, pool_nll
-from cardseg_train.calibration.fit_nets import fit_calibnet, fit_lts, fit_pts, holdout_split
+from cardseg_train.calibration.fit_nets import PTSOptions, fit_calibnet, fit_lts, fit_pts, holdout_split
 from cardseg_train.calibration.pool import PoolItem
 from cardseg_train.calibration.spatial import SpatialItem, crop_nll, crop_roi_probs, spatial_item
 
@@ -491,7 +491,7 @@ def test_fit_pts_lowers_the_nll_where_a_global_temperature_cannot():
     assert info["t0"] == pytest.approx(ts.temperature, rel=0.1) and len(info["held_out"]) == 1
     # the same seed gives the same weights; the authors' squared-error objective also works
     assert fit_pts(pool).params() == pts.params()
-    mse = fit_pts(pool, objective="mse", max_epochs=5)
+    mse = fit_pts(pool, PTSOptions(objective="mse", max_epochs=5))
     assert pool_nll(mse, fresh) < pool_nll(ts, fresh)
     z = torch.from_numpy(np.concatenate([it.logits for it in fresh], axis=1))[None]
     assert torch.equal(pts.probabilities(z).argmax(dim=1), z.argmax(dim=1))
@@ -545,18 +545,18 @@ def test_spatial_fitters_say_what_the_pool_lacks():
 
 def test_build_pool_keeps_crops_that_line_up_with_the_pixel_vectors(tiny_bundle, tmp_path):
     from cardseg.metrics.segmentation import roi_mask
-    from cardseg.bundle.scaffold import synthetic_cine_volume
+    from cardseg.bundle.phantom import synthetic_cine_volume
     from cardseg.segment import normalized_slices
     from cardseg_train.calibration.calibrate import load_pool, save_pool
-    from cardseg_train.calibration.pool import build_pool
+    from cardseg_train.calibration.pool import PoolOptions, build_pool
     from cardseg_train.evaluation.segmentation import LabelledVolume
 
     vol, lab = synthetic_cine_volume(shape=(3, 64, 56), spacing=(3.0, 2.5, 8.0), seed=2)
     cases = [LabelledVolume("synthetic_frame01", "synthetic", vol, lab)]
     bundle = load_bundle(tiny_bundle)
     kw = dict(variants=("clean", "noise"), roi_radius=3, max_pixels_per_item=None, seed=0)
-    plain = build_pool(bundle, cases, **kw)
-    pool = build_pool(bundle, cases, spatial=True, augmentations=2, crop_margin=4, **kw)
+    plain = build_pool(bundle, cases, PoolOptions(**kw))
+    pool = build_pool(bundle, cases, PoolOptions(spatial=True, augmentations=2, crop_margin=4, **kw))
     roi = roi_mask(lab > 0, 3)
     for a, b in zip(plain, pool):
         assert np.array_equal(a.logits, b.logits) and np.array_equal(a.tac, b.tac) and a.spatial is None
@@ -577,7 +577,7 @@ def test_build_pool_keeps_crops_that_line_up_with_the_pixel_vectors(tiny_bundle,
     save_pool(plain, tmp_path / "q.npz")
     assert all(it.spatial is None for it in load_pool(tmp_path / "q.npz"))
     with pytest.raises(ValueError, match="spatial=True"):
-        build_pool(bundle, cases, augmentations=2, **kw)
+        build_pool(bundle, cases, PoolOptions(augmentations=2, **kw))
 
 
 def test_evaluation_reads_spatial_calibrators_at_the_same_pixels(tmp_path):
@@ -590,7 +590,7 @@ def test_evaluation_reads_spatial_calibrators_at_the_same_pixels(tmp_path):
     logits = rng.normal(0, 4, (z, k, h, w)).astype(np.float32)
     tac = rng.uniform(0, 0.6, (z, h, w)).astype(np.float32)
     image = rng.random((z, h, w)).astype(np.float32)
-    res = ce.summarize_case("c1", "p1", "clean", logits, tac, labels, ["bg", "a", "b", "c"], roi_radius=3)
+    res = ce.summarize_case("c1", "p1", "clean", ce.CaseMaps(logits, tac), labels, ["bg", "a", "b", "c"], roi_radius=3)
     assert not res.has_crops()
     from cardseg.metrics.segmentation import roi_mask
 

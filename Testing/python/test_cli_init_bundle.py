@@ -107,9 +107,9 @@ def _loads(path: Path) -> bool:
 def test_init_bundle_accepts_an_input_size_exactly_when_the_loader_does(tmp_path, capsys, primary):
     """One rule: for each side length, init-bundle writes a bundle iff the loader loads that
     bundle.json with the side length edited in."""
-    from cardseg.bundle.scaffold import init_bundle
+    from cardseg.bundle.scaffold import InitOptions, init_bundle
 
-    base = init_bundle(tmp_path / "base", primary=primary, reference="time-unet:micro", input_size=64)
+    base = init_bundle(tmp_path / "base", InitOptions(primary=primary, reference="time-unet:micro", input_size=64))
     config = json.loads((base / "bundle.json").read_text())
     for n in (40, 48, 64, 96):
         (base / "bundle.json").write_text(json.dumps({**config, "input_size": n}))

@@ -101,7 +101,9 @@ def test_calibration_table_square_roi_and_per_volume_sums(tmp_path):
         lab[:, 12:26, 14:28] = rng.integers(1, 4, size=(2, 14, 14))
         logits = rng.normal(size=(2, 4, 40, 40)).astype(np.float32) + 3 * np.eye(4)[lab].transpose(0, 3, 1, 2)
         tac = rng.uniform(0, 0.3, size=(2, 40, 40)).astype(np.float32)
-        results.append(ce.summarize_case(f"p{i // 2}_f{i}", f"p{i // 2}", "clean", logits, tac, lab, names))
+        results.append(
+            ce.summarize_case(f"p{i // 2}_f{i}", f"p{i // 2}", "clean", ce.CaseMaps(logits, tac), lab, names)
+        )
     cals = {
         "uc": calibrator_from_dict({"method": "uc"}),
         "ts": calibrator_from_dict({"method": "ts", "temperature": 2.0}),

@@ -5,7 +5,7 @@ import pytest
 
 from cardseg.bundle.loading import load_bundle
 from cardseg.cli import main
-from cardseg.bundle.scaffold import synthetic_cine_volume
+from cardseg.bundle.phantom import synthetic_cine_volume
 from cardseg_train.evaluation.segmentation import LabelledVolume, acdc_h5_volumes, dice_score, evaluate_dice, summarize
 
 from conftest import ACDC, assert_figure

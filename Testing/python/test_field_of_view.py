@@ -109,7 +109,7 @@ def test_the_bundle_schema_checks_the_field_of_view_block(tiny_bundle):
 def off_centre_phantom():
     """Three mid-ventricular slices of the synthetic phantom on a 320 x 320 canvas, the heart near the
     corner that the centred 224 mm grid (149 px at 1.5 mm) cuts: the right ventricle lies outside it."""
-    from cardseg.bundle.scaffold import synthetic_cine_volume
+    from cardseg.bundle.phantom import synthetic_cine_volume
 
     vol, truth = synthetic_cine_volume()
     z, y, x = vol.array.shape

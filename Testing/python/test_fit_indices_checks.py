@@ -233,7 +233,7 @@ def test_fit_indices_names_the_patient_missing_a_frame(bundle, tmp_path, capsys,
     complete patients is refused naming the incomplete one, bundle.json untouched."""
     from cardseg_train.indices import evidence as indices_evidence
 
-    def evidence(bundle, data, split, variants, cache, h5_spacing, **kw):
+    def evidence(bundle, data, split, variants, cache, options, **kw):
         patients = ["v1", "v2", "v3"] if split == "val" else [f"t{i}" for i in range(6)]
         return list(_volumes(patients, {("v2", "ES")} if split == "val" else set()))
 
@@ -252,7 +252,7 @@ def test_fit_indices_names_the_patient_missing_a_frame(bundle, tmp_path, capsys,
 def test_fit_indices_warns_naming_the_patient_and_fits_the_rest(bundle, tmp_path, capsys, monkeypatch):
     from cardseg_train.indices import evidence as indices_evidence
 
-    def evidence(bundle, data, split, variants, cache, h5_spacing, **kw):
+    def evidence(bundle, data, split, variants, cache, options, **kw):
         patients = [f"v{i}" for i in range(6)] if split == "val" else [f"t{i}" for i in range(6)]
         return list(_volumes(patients, {("v2", "ED")} if split == "val" else set()))
 

@@ -65,7 +65,7 @@ def test_subject_errors_are_value_minus_truth_and_zero_for_the_truth():
 
 def test_the_study_end_to_end_on_a_tiny_bundle(tiny_bundle, tmp_path):
     from cardseg.bundle.loading import load_bundle
-    from cardseg.bundle.scaffold import synthetic_cine_volume
+    from cardseg.bundle.phantom import synthetic_cine_volume
     from cardseg.segment import SegmentOptions, normalized_slices, trajectory_on_slices
     from cardseg_train.evaluation.segmentation import LabelledVolume
 

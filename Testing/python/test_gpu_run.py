@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-GPU = ROOT / "Training" / "gpu"
+GPU = ROOT / "Training" / "cardseg_gpu"
 
 
 def _load(name: str):
@@ -28,7 +28,7 @@ def _load(name: str):
     return mod
 
 
-gpu_run = _load("run")  # puts Training on sys.path: the run's pieces import as the package gpu
+gpu_run = _load("run")  # puts Training on sys.path: the run's pieces import as the package cardseg_gpu
 from cardseg_gpu import jobs as gpu_jobs  # noqa: E402
 
 
@@ -70,7 +70,6 @@ def smoke(tmp_path_factory):
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     sweep = tmp / "sweep"  # the capacity-sweep references and the Dual control's second member, a call of their own
@@ -94,7 +93,6 @@ def smoke(tmp_path_factory):
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return pack, out, tmp, sweep
@@ -166,7 +164,7 @@ def test_weights_load_into_their_networks(smoke):
 def test_import_then_export_a_bundle(smoke, tmp_path):
     import_runs = _load("import_runs")
     from cardseg.bundle.loading import load_bundle
-    from cardseg_train.training.export import export_bundle
+    from cardseg_train.training.export import ExportOptions, export_bundle
 
     pack, out, _, _ = smoke
     runs = import_runs.import_runs([out], pack / "pack.json", tmp_path / "runs")
@@ -174,7 +172,7 @@ def test_import_then_export_a_bundle(smoke, tmp_path):
     assert "primary" in names and "deterministic" in names
     refs = sorted(r for r in runs if r.name.startswith("reference-mini-s"))
     assert refs
-    bundle = export_bundle(tmp_path / "runs" / "primary", refs[-1], tmp_path / "bundle", version="9.9.9")
+    bundle = export_bundle(tmp_path / "runs" / "primary", refs[-1], tmp_path / "bundle", ExportOptions(version="9.9.9"))
     b = load_bundle(bundle)
     assert b.config["input_size"] == 64 and b.config["pixel_spacing_mm"] == 3.0
     assert b.config["networks"]["primary"]["size"] == "tiny"

@@ -314,7 +314,7 @@ def test_spread_threshold_is_a_tac_value():
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory, tiny_bundle):
     """ED and ES runs (card) of two synthetic volumes, and a uc run, with the tiny bundle."""
-    from cardseg.bundle.scaffold import synthetic_cine_volume
+    from cardseg.bundle.phantom import synthetic_cine_volume
 
     root = tmp_path_factory.mktemp("indices")
     bundle = root / "bundle"

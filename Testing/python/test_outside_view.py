@@ -57,7 +57,7 @@ def _case():
 
 def test_evaluation_gives_card_tau_min_outside_the_view_and_caches_the_mask(tmp_path):
     logits, tac, lab, fov = _case()
-    res = ce.summarize_case("p_f1", "p", "clean", logits, tac, lab, NAMES, field_of_view=fov)
+    res = ce.summarize_case("p_f1", "p", "clean", ce.CaseMaps(logits, tac, field_of_view=fov), lab, NAMES)
     roi = ce.roi_mask(lab > 0, ce.ROI_RADIUS)
     want = np.broadcast_to(~fov, lab.shape)[roi]
     assert want.any() and np.array_equal(res.outside_view, want)
@@ -68,7 +68,9 @@ def test_evaluation_gives_card_tau_min_outside_the_view_and_caches_the_mask(tmp_
     cache.save(res)
     back = cache.load("p_f1", "clean")
     assert np.array_equal(back.outside_view, want) and np.allclose(ce.calibrated_probs(CAL, back), probs)
-    inside = ce.summarize_case("p_f1", "p", "clean", logits, tac, lab, NAMES, field_of_view=np.ones_like(fov))
+    inside = ce.summarize_case(
+        "p_f1", "p", "clean", ce.CaseMaps(logits, tac, field_of_view=np.ones_like(fov)), lab, NAMES
+    )
     assert inside.outside_view is None
     cache.save(inside)
     assert cache.load("p_f1", "clean").outside_view is None
@@ -76,7 +78,7 @@ def test_evaluation_gives_card_tau_min_outside_the_view_and_caches_the_mask(tmp_
 
 def test_the_calibration_pool_keeps_no_pixel_outside_the_view(tiny_bundle, monkeypatch):
     from cardseg.bundle.loading import load_bundle
-    from cardseg.bundle.scaffold import synthetic_cine_volume
+    from cardseg.bundle.phantom import synthetic_cine_volume
     from cardseg.metrics.segmentation import roi_mask
     from cardseg_train.calibration import pool as cp
     from cardseg_train.evaluation.segmentation import LabelledVolume
@@ -95,10 +97,7 @@ def test_the_calibration_pool_keeps_no_pixel_outside_the_view(tiny_bundle, monke
     item = cp.build_pool(
         bundle,
         [LabelledVolume("s_frame01", "s", vol, lab)],
-        variants=("clean",),
-        roi_radius=3,
-        max_pixels_per_item=None,
-        spatial=True,
+        cp.PoolOptions(variants=("clean",), roi_radius=3, max_pixels_per_item=None, spatial=True),
     )[0]
     roi = roi_mask(lab > 0, 3)
     assert (roi & ~cut).any() and item.labels.size == int((roi & cut).sum())

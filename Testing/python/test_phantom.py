@@ -13,7 +13,7 @@ from scipy import ndimage
 
 from cardseg.bundle.loading import load_bundle
 from cardseg.cli import main
-from cardseg.bundle.scaffold import synthetic_cine_volume
+from cardseg.bundle.phantom import synthetic_cine_volume
 from cardseg.segment import SegmentOptions, segment_volume
 from cardseg.io.volume import read_volume
 

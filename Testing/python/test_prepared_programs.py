@@ -30,12 +30,13 @@ CHILD = (
 @pytest.fixture(scope="module")
 def swin_bundle(tmp_path_factory) -> Path:
     """An untrained bundle with the shipped architecture (SwinUNETR mini + a small U-Net), 64 px."""
-    from cardseg.bundle.scaffold import init_bundle
+    from cardseg.bundle.scaffold import InitOptions, init_bundle
 
     path = tmp_path_factory.mktemp("programs") / "swin"
-    init_bundle(
-        path, primary="time-swinunetr:mini", reference="time-unet:micro", input_size=64, pixel_spacing_mm=3.0, seed=4
+    options = InitOptions(
+        primary="time-swinunetr:mini", reference="time-unet:micro", input_size=64, pixel_spacing_mm=3.0, seed=4
     )
+    init_bundle(path, options)
     return path
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "Training" / "gpu" / "maturity.py"
+SCRIPT = ROOT / "Training" / "cardseg_gpu" / "maturity.py"
 
 
 def _load():

@@ -14,7 +14,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cardseg.base.errors import CardsegError
-from cardseg.review.regions import FEATURES, ErrorModel, flagged_regions, rank_regions, region_features, region_labels
+from cardseg.review.regions import (
+    FEATURES,
+    ErrorModel,
+    LabelRule,
+    flagged_regions,
+    rank_regions,
+    region_features,
+    region_labels,
+)
 from cardseg.review.evaluation import ReviewTally, catch_matrix, near_errors, substantial_errors
 
 
@@ -66,16 +74,16 @@ def test_connectivity_merge_and_minimum_size():
     tac[1, 2:6, 2:6] = 0.3  # same place on the next slice
     tac[0, 2:6, 9:13] = 0.3  # 3 px gap in-plane from the first
     tac[2, 25, 25] = 0.3  # 1 voxel
-    lab, n = region_labels(tac, 0.1, 1, "3d", 0)
+    lab, n = region_labels(tac, LabelRule(0.1, 1, "3d", 0))
     assert n == 3  # the two stacked squares join; the neighbour and the voxel stay apart
-    lab, n = region_labels(tac, 0.1, 1, "slice", 0)
+    lab, n = region_labels(tac, LabelRule(0.1, 1, "slice", 0))
     assert n == 4
-    lab, n = region_labels(tac, 0.1, 1, "3d", 2)
+    lab, n = region_labels(tac, LabelRule(0.1, 1, "3d", 2))
     assert n == 2 and (lab > 0).sum() == (tac > 0.1).sum()  # merged across the gap, no voxel added
-    lab, n = region_labels(tac, 0.1, 2, "3d", 0)
+    lab, n = region_labels(tac, LabelRule(0.1, 2, "3d", 0))
     assert n == 2
     with pytest.raises(CardsegError):
-        region_labels(tac, 0.1, 1, "4d")
+        region_labels(tac, LabelRule(0.1, 1, "4d"))
 
 
 def test_error_model_ranks_and_refuses_a_malformed_model():
@@ -83,7 +91,7 @@ def test_error_model_ranks_and_refuses_a_malformed_model():
     tac[0, 1:3, 1:3] = 0.6  # small, strong
     tac[1, 5:15, 5:15] = 0.12  # large, weak
     pred = np.zeros((2, 20, 20), np.uint8)
-    lab, n = region_labels(tac, 0.1, 1)
+    lab, n = region_labels(tac, LabelRule(0.1, 1))
     f = region_features(tac, pred, lab, n)
     assert f.shape == (2, len(FEATURES))
     coef = np.zeros(len(FEATURES))

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from cardseg.metrics.detection import detection_scores
 from cardseg.review import coverage as cv
-from cardseg.review.regions import cap_voxels_of, flagged_regions, form_regions, region_labels
+from cardseg.review.regions import LabelRule, cap_voxels_of, flagged_regions, form_regions, region_labels
 
 
 def _heart_with_two_errors():
@@ -130,7 +130,7 @@ def test_a_region_never_exceeds_its_cap(seed, cap, conn, grow, fill):
     tac = rng.uniform(0, 0.4, (3, 24, 24)).astype(np.float32)
     tac[1, 8:16, 8:16] = 0.35
     tac[1, 11:13, 11:13] = 0.0  # a hole that fill_holes (the shipped rule's setting) closes
-    lab, n = region_labels(tac, 0.2, 1, conn, 0, grow_threshold=grow, cap_voxels=cap, fill_holes=fill)
+    lab, n = region_labels(tac, LabelRule(0.2, 1, conn, 0, grow_threshold=grow, cap_voxels=cap, fill_holes=fill))
     sizes = np.bincount(lab.ravel(), minlength=n + 1)[1:]
     assert sizes.size == n and (sizes >= 1).all() and (sizes <= cap).all()
     if not fill:  # filled holes may hold low values; otherwise every voxel passed the threshold

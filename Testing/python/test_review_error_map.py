@@ -12,6 +12,7 @@ from cardseg.review.error_map import VOXEL_FEATURES, boundary_distance, error_pr
 from cardseg.review.regions import (
     FEATURES,
     ErrorModel,
+    LabelRule,
     feature_map,
     flagged_regions,
     form_regions,
@@ -67,8 +68,8 @@ def test_fill_holes_turns_a_ring_into_a_blob():
     score = np.zeros((1, 20, 20), np.float32)
     score[0, 5:15, 5:15] = 1.0
     score[0, 7:13, 7:13] = 0.0  # a ring around an unflagged error
-    ring, n = region_labels(score, 0.5, 1, "3d")
-    blob, m = region_labels(score, 0.5, 1, "3d", fill_holes=True)
+    ring, n = region_labels(score, LabelRule(0.5, 1, "3d"))
+    blob, m = region_labels(score, LabelRule(0.5, 1, "3d", fill_holes=True))
     assert n == m == 1
     assert (ring > 0).sum() == 100 - 36 and (blob > 0).sum() == 100
     errors = np.zeros(score.shape, np.int32)
@@ -76,7 +77,7 @@ def test_fill_holes_turns_a_ring_into_a_blob():
     assert not cv.covered(errors, 1, ring > 0)[0] and cv.covered(errors, 1, blob > 0)[0]
     allowed = np.zeros(score.shape, bool)
     allowed[0, :, :10] = True  # filling stays inside the allowed voxels
-    half, _ = region_labels(score, 0.5, 1, "3d", allowed=allowed, fill_holes=True)
+    half, _ = region_labels(score, LabelRule(0.5, 1, "3d", fill_holes=True), allowed)
     assert not (half[~allowed] > 0).any()
 
 

@@ -99,7 +99,8 @@ def test_flip_maps_are_collected_as_the_engine_computes_them_and_cached_beside(
     bundle = load_bundle(tiny_bundle)
     plain = review_data.collect_maps(bundle, [item], ["clean"], tmp_path)
     assert plain[0].flips is None and not list(tmp_path.glob("*__flips.npz"))
-    first = review_data.collect_maps(bundle, [item], ["clean"], tmp_path, flips=True)  # the maps' file had none
+    with_flips = review_data.MapOptions(flips=True)
+    first = review_data.collect_maps(bundle, [item], ["clean"], tmp_path, with_flips)  # the maps' file had none
     slices01 = normalized_slices(vol, bundle)
     traj = trajectory_on_slices(slices01, vol.spacing[:2], bundle, SegmentOptions("card"))
     assert np.allclose(first[0].flips, flip_disagreement_map(slices01, vol.spacing[:2], bundle, traj), atol=1e-6)
@@ -110,7 +111,7 @@ def test_flip_maps_are_collected_as_the_engine_computes_them_and_cached_beside(
 
     with monkeypatch.context() as mp:
         mp.setattr(review_data, "compute_maps", boom)
-        again = review_data.collect_maps(bundle, [item], ["clean"], tmp_path, flips=True)
+        again = review_data.collect_maps(bundle, [item], ["clean"], tmp_path, with_flips)
     assert np.allclose(again[0].flips, first[0].flips, atol=2e-3)  # stored as float16
     (flips_file,) = tmp_path.glob("*__flips.npz")
     # maps made afresh without flips (another pixel size, say) leave no flips of the earlier maps behind

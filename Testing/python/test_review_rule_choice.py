@@ -207,8 +207,8 @@ def test_fit_review_writes_the_copies_steps_its_maps_were_made_with(monkeypatch)
     maps = [flip_maps(i) for i in range(6)]
     seen = {}
 
-    def collect(bundle, cases, conditions, cache, seed, device, batch_size, progress, flips=False):
-        seen["flips"] = flips
+    def collect(bundle, cases, conditions, cache, options, progress):
+        seen["flips"] = options.flips
         return maps
 
     monkeypatch.setattr(evaluation, "acdc_h5_volumes", lambda data, split: [])
@@ -217,7 +217,7 @@ def test_fit_review_writes_the_copies_steps_its_maps_were_made_with(monkeypatch)
     for steps, expected in (([49, 0], [49, 0]), (None, None)):
         regions = {"map": "tac_flips", "flag_threshold": 0.2, "model": None, **({"flip_steps": steps} if steps else {})}
         bundle = SimpleNamespace(config={"regions": regions})
-        block = rr.fit_bundle_review(bundle, "data", None, rule="tac-flips")["block"]
+        block = rr.fit_bundle_review(bundle, "data", None, options=rr.ReviewFitOptions(rule="tac-flips"))["block"]
         assert seen["flips"] and block["map"] == "tac_flips" and block.get("flip_steps") == expected
 
 
@@ -233,7 +233,7 @@ def test_fit_review_makes_its_maps_with_the_steps_asked_and_the_replaced_rule_ke
     maps = [flip_maps(i) for i in range(6)]
     seen = {}
 
-    def collect(bundle, cases, conditions, cache, seed, device, batch_size, progress, flips=False):
+    def collect(bundle, cases, conditions, cache, options, progress):
         seen["copies"] = bundle.config["regions"].get("flip_steps")
         return maps
 
@@ -242,7 +242,9 @@ def test_fit_review_makes_its_maps_with_the_steps_asked_and_the_replaced_rule_ke
     monkeypatch.setattr(review_data, "cache_key", lambda bundle, split, seed: "k")
     old = {"map": "tac_flips", "flag_threshold": 0.2, "model": None}
     bundle = FakeBundle(config={"regions": old})
-    block = rr.fit_bundle_review(bundle, "data", None, rule="tac-flips", flip_steps=(49, 0))["block"]
+    block = rr.fit_bundle_review(
+        bundle, "data", None, options=rr.ReviewFitOptions(rule="tac-flips", flip_steps=(49, 0))
+    )["block"]
     assert seen["copies"] == [49, 0] and block["flip_steps"] == [49, 0]
     assert "flip_steps" not in block["previous"] and "flip_steps" not in old  # the replaced rule ran on all steps
 

@@ -53,7 +53,7 @@ FRAMES = 3
 def write_phantom_frames(folder: Path):
     """Three phantom frames on one grid (different seeds: different LV sizes)."""
     import SimpleITK as sitk
-    from cardseg.bundle.scaffold import synthetic_cine_volume
+    from cardseg.bundle.phantom import synthetic_cine_volume
 
     folder.mkdir(parents=True, exist_ok=True)
     paths = []

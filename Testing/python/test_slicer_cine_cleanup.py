@@ -92,7 +92,7 @@ def test_a_failure_while_loading_removes_the_jobs_nodes_and_none_of_the_users(re
 
 def write_frames(folder, shapes, spacings):
     import SimpleITK as sitk
-    from cardseg.bundle.scaffold import synthetic_cine_volume
+    from cardseg.bundle.phantom import synthetic_cine_volume
 
     folder.mkdir()
     paths = []

@@ -31,12 +31,13 @@ LOGIT_TOL = 1e-4
 @pytest.fixture(scope="module")
 def swin_bundle(tmp_path_factory) -> Path:
     """An untrained bundle with the shipped architecture (SwinUNETR mini + a small U-Net), 64 px."""
-    from cardseg.bundle.scaffold import init_bundle
+    from cardseg.bundle.scaffold import InitOptions, init_bundle
 
     path = tmp_path_factory.mktemp("speed") / "swin"
-    init_bundle(
-        path, primary="time-swinunetr:mini", reference="time-unet:micro", input_size=64, pixel_spacing_mm=3.0, seed=2
+    options = InitOptions(
+        primary="time-swinunetr:mini", reference="time-unet:micro", input_size=64, pixel_spacing_mm=3.0, seed=2
     )
+    init_bundle(path, options)
     return path
 
 
@@ -460,13 +461,14 @@ def test_reference_beside_the_primary_gives_the_same_outputs(swin_bundle, cache,
 def test_a_network_that_ignores_the_step_runs_on_onnx_too(tmp_path, volume_file, monkeypatch, capsys):
     """A discriminative primary takes no ``t``: its exported graph has no such input, and the run
     stays on ONNX Runtime (it used to fall back to torch with a note, every run)."""
-    from cardseg.bundle.scaffold import init_bundle
+    from cardseg.bundle.scaffold import InitOptions, init_bundle
     from cardseg.cli import main
 
     bundle = tmp_path / "disc"
-    init_bundle(
-        bundle, primary="discriminative:unet", reference="time-unet:micro", input_size=64, pixel_spacing_mm=3.0, seed=1
+    options = InitOptions(
+        primary="discriminative:unet", reference="time-unet:micro", input_size=64, pixel_spacing_mm=3.0, seed=1
     )
+    init_bundle(bundle, options)
     monkeypatch.setenv("CARDSEG_CACHE_DIR", str(tmp_path / "cache"))
     assert _segment(main, volume_file, tmp_path / "onnx", bundle, "--device", "cpu", "--backend", "onnx") == 0
     assert "ONNX Runtime not used" not in capsys.readouterr().err

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from cardseg.bundle.loading import default_config
+from cardseg.bundle.loading import BundleSpec, default_config
 from cardseg.base.errors import CardsegError
 from cardseg.bundle.scaffold import ACDC_CLASSES
 from cardseg.segment import network_inputs
@@ -157,7 +157,7 @@ def test_mapping_equals_inference_preprocessing():
     spacing = (1.4, 1.7)
     recs = [D.SliceRecord(img[z], lab[z], spacing, "c", "p", z) for z in range(3)]
     ds = SliceDataset(recs, target_spacing=2.5, size=32)
-    cfg = default_config("t", ACDC_CLASSES, {"arch": "time-unet"}, {"arch": "time-unet"}, 2.5, 32)
+    cfg = default_config(BundleSpec("t", ACDC_CLASSES, {"arch": "time-unet"}, {"arch": "time-unet"}, 2.5, 32))
     vol = Volume(array=img, spacing=(*spacing, 8.0), origin=(0.0, 0.0, 0.0), direction=tuple(np.eye(3).ravel()))
     x, grid = network_inputs(vol, types.SimpleNamespace(config=cfg))
     assert torch.equal(ds.images, x)

@@ -10,7 +10,7 @@ import torch
 from cardseg.method.diffusion import CategoricalSchedule, one_hot
 from cardseg_train.data.augment import AugmentConfig, BatchAugment
 from cardseg_train.training.losses import DiffusionLoss, LossWeights, boundary_band, boundary_ce, soft_dice_loss
-from cardseg_train.training.steps import draw_steps, lr_factor, make_training_inputs, sample_noisy_state
+from cardseg_train.training.steps import InputRecipe, draw_steps, lr_factor, make_training_inputs, sample_noisy_state
 
 K = 4
 SCHED = CategoricalSchedule(num_steps=50)
@@ -141,9 +141,9 @@ def test_noisy_state_follows_forward_process():
 def test_uniform_start_and_image_dropout():
     lab, img = _labels(6), torch.rand(6, 1, 32, 32)
     g = torch.Generator().manual_seed(0)
-    im, x_t, t = make_training_inputs(SCHED, img, lab, K, p_uniform=1.0, p_uncond=1.0, generator=g)
+    im, x_t, t = make_training_inputs(SCHED, img, lab, K, InputRecipe(p_uniform=1.0, p_uncond=1.0), generator=g)
     assert torch.equal(t, _t(6, 49)) and torch.allclose(x_t, torch.full_like(x_t, 0.25)) and float(im.abs().max()) == 0
-    im, x_t, t = make_training_inputs(SCHED, img, lab, K, p_uniform=0.0, p_uncond=0.0, generator=g)
+    im, x_t, t = make_training_inputs(SCHED, img, lab, K, InputRecipe(p_uniform=0.0, p_uncond=0.0), generator=g)
     assert (
         torch.equal(im, img)
         and torch.equal(x_t.sum(1), torch.ones(6, 32, 32))
@@ -161,11 +161,8 @@ def test_focused_steps_are_the_samplers_and_its_first_step_starts_uniform():
         img,
         lab,
         K,
-        p_uniform=0.0,
-        p_uncond=0.0,
+        InputRecipe(p_uniform=0.0, p_uncond=0.0, p_focus=1.0, focus_steps=steps),
         generator=torch.Generator().manual_seed(1),
-        p_focus=1.0,
-        focus_steps=steps,
     )
     assert set(t.tolist()) == set(steps)
     top = t == 49
@@ -176,8 +173,8 @@ def test_focused_steps_are_the_samplers_and_its_first_step_starts_uniform():
     off = float((~torch.isin(t_half, torch.tensor(steps))).float().mean())
     assert off == pytest.approx(0.5 * 45 / 50, abs=0.03)
     # without focus the draws are the plain recipe's, random number for random number
-    a = make_training_inputs(SCHED, img, lab, K, 0.15, 0.2, torch.Generator().manual_seed(3))
-    b = make_training_inputs(SCHED, img, lab, K, 0.15, 0.2, torch.Generator().manual_seed(3), 0.0, steps)
+    a = make_training_inputs(SCHED, img, lab, K, InputRecipe(0.15, 0.2), torch.Generator().manual_seed(3))
+    b = make_training_inputs(SCHED, img, lab, K, InputRecipe(0.15, 0.2, 0.0, steps), torch.Generator().manual_seed(3))
     assert all(torch.equal(u, v) for u, v in zip(a, b))
 
 

@@ -14,20 +14,20 @@ import cardseg.cli
 
 #: (parser factory, option attribute, folder under the cache root)
 PARSERS = [
-    ("cli_evaluate:evaluate_parser", "cache", "evaluate"),
-    ("cli_evaluate:evaluate_parser", "review_cache", "review"),
-    ("cli_compare:ablate_parser", "cache", "evaluate"),
-    ("cli_fit:review_fit_parser", "cache", "review"),
-    ("cli_fit:fit_parser", "cache", "calibration"),
-    ("cli_fit:fit_indices_parser", "cache", "indices"),
+    ("commands.evaluate:evaluate_parser", "cache", "evaluate"),
+    ("commands.evaluate:evaluate_parser", "review_cache", "review"),
+    ("commands.compare:ablate_parser", "cache", "evaluate"),
+    ("commands.fit:review_fit_parser", "cache", "review"),
+    ("commands.fit:fit_parser", "cache", "calibration"),
+    ("commands.fit:fit_indices_parser", "cache", "indices"),
 ]
 #: the python -m tools: (module, option, folder under the cache root)
 MODULES = [
-    ("indices_fit", "--cache", "indices"),
-    ("indices_design", "--evidence-cache", "indices/evidence"),
-    ("indices_evidence", "--cache", "indices/evidence"),
-    ("indices_rv", "--cache", "indices/evidence"),
-    ("reference_maps", "--cache", "review"),
+    ("indices.fit", "--cache", "indices"),
+    ("studies.indices_design", "--evidence-cache", "indices/evidence"),
+    ("indices.evidence", "--cache", "indices/evidence"),
+    ("studies.indices_rv", "--cache", "indices/evidence"),
+    ("studies.reference_maps", "--cache", "review"),
 ]
 
 
@@ -47,7 +47,7 @@ def root(tmp_path, monkeypatch):
 @pytest.mark.parametrize("spec, key, name", PARSERS, ids=lambda x: str(x))
 def test_command_cache_defaults_lie_in_the_cache_root(root, capsys, spec, key, name):
     p = _parser(spec)
-    out = ["--out", "results"] if spec.startswith(("cli_evaluate", "cli_compare")) else []
+    out = ["--out", "results"] if spec.startswith(("commands.evaluate", "commands.compare")) else []
     assert getattr(p.parse_args(out), key) == str(root / name)
     assert getattr(p.parse_args([*out, f"--{key.replace('_', '-')}", "mine"]), key) == "mine"
     assert getattr(p.parse_args([*out, f"--{key.replace('_', '-')}", ""]), key) == ""
@@ -69,7 +69,7 @@ def test_python_m_tools_show_their_cache_default_in_the_cache_root(root, capsys,
 def test_without_cardseg_cache_dir_the_xdg_cache_is_used(tmp_path, monkeypatch):
     monkeypatch.delenv("CARDSEG_CACHE_DIR", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
-    assert _parser("cli_fit:fit_parser").parse_args([]).cache == str(tmp_path / "xdg" / "cardseg" / "calibration")
+    assert _parser("commands.fit:fit_parser").parse_args([]).cache == str(tmp_path / "xdg" / "cardseg" / "calibration")
 
 
 def test_fit_indices_from_another_folder_caches_in_the_cache_root(tiny_bundle, root, tmp_path, monkeypatch, capsys):
@@ -81,7 +81,7 @@ def test_fit_indices_from_another_folder_caches_in_the_cache_root(tiny_bundle, r
 
     caches = []
 
-    def evidence(bundle, data, split, variants, cache, h5_spacing, **kw):
+    def evidence(bundle, data, split, variants, cache, options, **kw):
         caches.append(cache)
         return list(_volumes([f"{split}{i}" for i in range(6)], set()))
 

@@ -306,10 +306,10 @@ def _module_refused(capsys, main, argv, *words):
 @pytest.mark.parametrize(
     "module, option, name",
     [
-        ("indices_fit", "--measure-test", "indices_coverage.png"),
-        ("reference_maps", "--out", "reference_maps.md"),
-        ("indices_rv", "--out", "rv_slices.json"),
-        ("indices_design", "--out", "design.md"),
+        ("indices.fit", "--measure-test", "indices_coverage.png"),
+        ("studies.reference_maps", "--out", "reference_maps.md"),
+        ("studies.indices_rv", "--out", "rv_slices.json"),
+        ("studies.indices_design", "--out", "design.md"),
     ],
 )
 def test_the_python_m_tools_refuse_a_users_file_before_any_work(tmp_path, capsys, module, option, name):
@@ -320,7 +320,7 @@ def test_the_python_m_tools_refuse_a_users_file_before_any_work(tmp_path, capsys
     out.mkdir()
     (out / name).write_text("mine")
     argv = ["--bundle", str(tmp_path / "no-bundle"), "--data", str(tmp_path / "no-data"), option, str(out)]
-    if module == "indices_fit":
+    if module == "indices.fit":
         argv += ["--no-fit", "--cache", ""]
     _module_refused(capsys, main, argv, f"{option} {out}: holds {name}", "--overwrite")
     assert files_of(out) == {name: b"mine"}
@@ -334,7 +334,7 @@ def test_indices_design_records_what_it_wrote(tiny_bundle, tmp_path, capsys, mon
     from cardseg_train.indices import evidence as indices_evidence
     from cardseg_train.studies.indices_design import main
 
-    def evidence(bundle, data, split, variants, cache, h5_spacing, **kw):
+    def evidence(bundle, data, split, variants, cache, options, **kw):
         return list(_volumes([f"{split}{i}" for i in range(6 if split == "val" else 24)], set()))
 
     monkeypatch.setattr(indices_evidence, "evidence_volumes", evidence)
@@ -396,7 +396,7 @@ def test_the_python_m_tools_refuse_in_one_line_when_the_writing_starts(tiny_bund
 
     from cardseg_train.studies import reference_maps
 
-    def evidence(bundle, data, split, variants, cache, h5_spacing=1.5, **kw):
+    def evidence(bundle, data, split, variants, cache, options=None, **kw):
         return list(_volumes([f"{split}{i}" for i in range(6 if split == "val" else 24)], set()))
 
     monkeypatch.setattr(indices_evidence, "evidence_volumes", evidence)

@@ -59,7 +59,9 @@ def test_other_errors_are_not_swallowed(tmp_path):
         write_recorded(record, "tool", write)
 
 
-@pytest.mark.parametrize("module", ["field_of_view_study", "reference_maps", "indices_design", "indices_rv"])
+@pytest.mark.parametrize(
+    "module", ["studies.field_of_view", "studies.reference_maps", "studies.indices_design", "studies.indices_rv"]
+)
 def test_the_python_m_tools_end_through_the_shared_helper(module):
     import importlib
 
@@ -108,7 +110,7 @@ def test_field_of_view_study_writes_its_record_and_refuses_a_file_saved_meanwhil
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0] == "v1: -" and len(err) == 2, err  # the volume's progress line, then the one error line
     assert (
-        err[1].startswith("field_of_view_study: error: --out ")
+        err[1].startswith("field_of_view: error: --out ")
         and "field_of_view.md, which changed after cardseg wrote it" in err[1]
     ), err
     assert (out / "field_of_view.md").read_text() == "my edit"

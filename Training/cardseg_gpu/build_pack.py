@@ -25,7 +25,9 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
@@ -45,14 +47,33 @@ def quantize(images) -> np.ndarray:
     return np.clip(np.rint(arr * 255.0), 0, 255).astype(np.uint8)
 
 
-def split_arrays(
-    data: str, split: str, spacing: float, size: int, low: float, high: float, fmt=None, max_patients=None
-) -> dict:
+@dataclass(frozen=True)
+class PackOptions:
+    """How :func:`build_pack` maps the data onto the network grid and what it adds to the pack.
+
+    spacing: network pixel size in mm; size: network grid side; low, high: the per-slice
+    normalisation's percentiles; wheels: a folder that already holds the MONAI wheel (``None``:
+    ``pip download`` it); with_wheels: put the wheel in the pack (smoke packs go without);
+    max_patients: the first few patients per split only (``None``: all)."""
+
+    spacing: float = 1.4
+    size: int = 160
+    low: float = 0.5
+    high: float = 99.5
+    wheels: Optional[str] = None
+    with_wheels: bool = True
+    max_patients: Optional[int] = None
+
+
+def split_arrays(data: str, split: str, options: PackOptions, fmt=None) -> dict:
+    """One split's slices on the network grid: ``images`` ``uint8 (n, N, N)``, ``labels``, ``cases``
+    (one case id per slice) and the split's ``patients``."""
     from cardseg_train.data.datasets import load_split
     from cardseg_train.data.slice_dataset import SliceDataset
 
-    recs = load_split(data, split, fmt=fmt, max_patients=max_patients)
-    ds = SliceDataset(recs, spacing, size, low, high, num_classes=4)
+    o = options
+    recs = load_split(data, split, fmt=fmt, max_patients=o.max_patients)
+    ds = SliceDataset(recs, o.spacing, o.size, o.low, o.high, num_classes=4)
     return {
         "images": quantize(ds.images),
         "labels": ds.labels.numpy().astype(np.uint8),
@@ -88,23 +109,17 @@ def fetch_wheels(dest: Path, wheels: str | None) -> list:
     return sorted(p.name for p in dest.glob("*.whl"))
 
 
-def build_pack(
-    data: str,
-    out: Path,
-    spacing: float = 1.4,
-    size: int = 160,
-    low: float = 0.5,
-    high: float = 99.5,
-    wheels: str | None = None,
-    with_wheels: bool = True,
-    max_patients=None,
-) -> dict:
+def build_pack(data: str, out: Path, options: PackOptions = PackOptions()) -> dict:
+    """Write the pack of ``data`` (a dataset folder or ``synthetic``) into ``out``: ``data.npz``,
+    ``pack.json`` and (``options.with_wheels``) ``wheels/``. Returns ``pack.json``'s record plus
+    the pack's ``bytes``; a pack over :data:`MAX_PACK_BYTES` is refused (``SystemExit``)."""
     from cardseg_train.data.datasets import detect_format
     from cardseg_train.training.config import data_name
 
     fmt = detect_format(data)
     out.mkdir(parents=True, exist_ok=True)
-    parts = {s: split_arrays(data, s, spacing, size, low, high, fmt, max_patients) for s in ("train", "val")}
+    o = options
+    parts = {s: split_arrays(data, s, o, fmt) for s in ("train", "val")}
     arrays = {f"{s}_{k}": v[k] for s, v in parts.items() for k in ("images", "labels", "cases")}
     tmp = out / ".data.npz.part"
     with open(tmp, "wb") as f:
@@ -116,12 +131,12 @@ def build_pack(
         "version": 1,
         "data": data_name(data, fmt),
         "data_format": fmt,
-        "pixel_spacing_mm": spacing,
-        "input_size": size,
+        "pixel_spacing_mm": o.spacing,
+        "input_size": o.size,
         "preprocessing": {
             "normalization": "slice-percentile",
-            "low_percentile": low,
-            "high_percentile": high,
+            "low_percentile": o.low,
+            "high_percentile": o.high,
             "stored_as": "uint8 = round(255 * image)",
         },
         "num_classes": 4,
@@ -129,7 +144,7 @@ def build_pack(
         "split": {s: v["patients"] for s, v in parts.items()},
         "slices": {s: int(len(v["images"])) for s, v in parts.items()},
         "data_sha256": digest,
-        "wheels": fetch_wheels(out / "wheels", wheels) if with_wheels else [],
+        "wheels": fetch_wheels(out / "wheels", o.wheels) if o.with_wheels else [],
     }
     (out / "pack.json").write_text(json.dumps(meta, indent=2) + "\n")
     total = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
@@ -149,22 +164,21 @@ def main(argv=None) -> int:
         default=str(ROOT.parent / "shared" / "data" / "acdc"),
         help="dataset folder, or 'synthetic' for a smoke pack",
     )
-    ap.add_argument("--out", default=str(ROOT / "Training" / "gpu" / "pack"))
+    ap.add_argument("--out", default=str(ROOT / "Training" / "cardseg_gpu" / "pack"))
     ap.add_argument("--spacing", type=float, default=1.4, help="network pixel size, mm")
     ap.add_argument("--input-size", type=int, default=160, help="network grid side")
     ap.add_argument("--wheels", help="folder that already holds the MONAI wheel (else pip download)")
     ap.add_argument("--no-wheels", action="store_true", help="smoke packs: the machine already has MONAI")
     ap.add_argument("--max-patients", type=int, help="smoke packs: first few patients per split")
     a = ap.parse_args(argv)
-    meta = build_pack(
-        a.data,
-        Path(a.out),
-        a.spacing,
-        a.input_size,
+    options = PackOptions(
+        spacing=a.spacing,
+        size=a.input_size,
         wheels=a.wheels,
         with_wheels=not a.no_wheels,
         max_patients=a.max_patients,
     )
+    meta = build_pack(a.data, Path(a.out), options)
     print(
         f"pack {a.out}: {meta['slices']['train']} training and {meta['slices']['val']} validation slices at "
         f"{a.input_size}px x {a.spacing} mm, {meta['bytes'] / 2**20:.1f} MiB"

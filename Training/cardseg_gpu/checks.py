@@ -11,7 +11,7 @@ import json
 import time
 import traceback
 from pathlib import Path
-from typing import List
+from typing import Callable, Dict, List, NamedTuple, Sequence
 
 import torch
 
@@ -27,7 +27,7 @@ def cuda_consistency(smoke: bool) -> dict:
     path), "CUDA twice" the two graphed runs, and eager vs graphed is reported beside them."""
     no_simpleitk()
     from cardseg.bundle.loading import load_bundle
-    from cardseg.bundle.scaffold import synthetic_cine_volume
+    from cardseg.bundle.phantom import synthetic_cine_volume
     from cardseg.segment import SegmentOptions, normalized_slices, trajectory_on_slices
 
     vol, _ = synthetic_cine_volume((10, 216, 256), seed=3)
@@ -84,6 +84,102 @@ def timed(fn, cuda: bool, repeats: int) -> List[float]:
     return sorted(once() for _ in range(repeats))
 
 
+class TimingCase(NamedTuple):
+    """What :func:`schedule_variants` times: the two networks on one input ``x`` ``(B, 1, H, W)``,
+    the sampled ``steps``, the ``k`` classes and the diffusion schedule ``sched``."""
+
+    primary: torch.nn.Module
+    reference: torch.nn.Module
+    x: torch.Tensor
+    steps: Sequence[int]
+    k: int
+    sched: object
+
+    def spec(self, mode: str):
+        from cardseg.bundle.cuda_graphs import TrajectorySpec
+
+        return TrajectorySpec(self.steps, self.k, mode, self.sched)
+
+
+#: the trajectories timed under every schedule: ``(label, mode, reference on a second stream)``
+TRAJECTORIES = (("uc", "uc", False), ("card", "card", False), ("card_streams", "card", True))
+
+
+def step_inputs(case: TimingCase) -> List[tuple]:
+    """The reference's inputs at each sampled step: ``(uniform state (B, K, H, W), t (B,))``."""
+    from cardseg.method.diffusion import uniform_state
+
+    x = case.x
+    b, _, h, w = x.shape
+    states = [uniform_state((b, h, w), case.k, device=x.device) for _ in case.steps]
+    t_batches = [torch.full((b,), t, dtype=torch.long, device=x.device) for t in case.steps]
+    return list(zip(states, t_batches))
+
+
+def reference_forwards(case: TimingCase, inputs: List[tuple], dtype) -> Callable[[], None]:
+    """The reference's own forwards of one trajectory (one per sampled step, on the
+    :func:`step_inputs`), under the family's autocast (``dtype`` ``None``: float32)."""
+    x, cuda = case.x, case.x.device.type == "cuda"
+
+    def ref_only():
+        with (
+            torch.no_grad(),
+            torch.autocast("cuda", dtype=dtype) if dtype is not None and cuda else torch.autocast("cpu", enabled=False),
+        ):
+            for s, tb in inputs:
+                case.reference(x, s, tb)
+
+    return ref_only
+
+
+def graphed_runners(case: TimingCase, dtype, ref_only: Callable[[], None]) -> Dict[str, Callable]:
+    """The CUDA-graph family: each trajectory of :data:`TRAJECTORIES` and the reference's forwards
+    captured once, each runner replaying its graph."""
+    from cardseg.bundle.cuda_graphs import GraphedTrajectory
+
+    runners = {}
+    for label, mode, streams in TRAJECTORIES:
+        g = GraphedTrajectory(case.primary, case.reference, case.x, case.spec(mode), streams=streams, dtype=dtype)
+        runners[label] = lambda g=g: g(case.x)
+    ref_graph = torch.cuda.CUDAGraph()
+    ref_only()
+    with torch.cuda.graph(ref_graph):
+        ref_only()
+    runners["reference"] = ref_graph.replay
+    return runners
+
+
+def eager_runners(case: TimingCase, dtype, ref_only: Callable[[], None]) -> Dict[str, Callable]:
+    """The eager family: each trajectory of :data:`TRAJECTORIES` run as it is called."""
+    from cardseg.bundle.cuda_graphs import run_trajectory_fast
+
+    runners = {}
+    for label, mode, streams in TRAJECTORIES:
+        runners[label] = lambda mode=mode, streams=streams: run_trajectory_fast(
+            case.primary, case.reference, case.x, case.spec(mode), streams=streams, dtype=dtype
+        )
+    runners["reference"] = ref_only
+    return runners
+
+
+def time_family(fam: dict, runners: Dict[str, Callable], ref_eager, cuda: bool, repeats: int) -> None:
+    """Fill ``fam`` with one family's timings (median and all runs, ms), its ratios and floor, and
+    CARD's agreement with the eager fp32 trajectory ``ref_eager``."""
+    ms = lambda ts: round(1000 * ts[len(ts) // 2], 2)  # noqa: E731 - median in ms
+    for label, fn in runners.items():
+        ts = timed(fn, cuda, repeats)
+        fam[f"{label}_ms"] = ms(ts)
+        fam[f"{label}_ms_all"] = [round(1000 * t, 2) for t in ts]
+    fam["ratio"] = round(fam["card_ms"] / fam["uc_ms"], 3)
+    fam["ratio_streams"] = round(fam["card_streams_ms"] / fam["uc_ms"], 3)
+    fam["floor"] = round(1 + fam["reference_ms"] / fam["uc_ms"], 3)
+    for label in ("card", "card_streams"):
+        res = runners[label]()
+        agree = (res.logits.argmax(1) == ref_eager.logits.argmax(1)).float().mean()
+        fam[f"{label}_label_agreement_vs_eager_fp32"] = float(agree)
+        fam[f"{label}_max_abs_tac_diff_vs_eager_fp32"] = float((res.tac - ref_eager.tac).abs().max())
+
+
 def schedule_variants(primary, reference, x: torch.Tensor, steps, k: int, sched, repeats: int) -> dict:
     """The trajectory under every execution schedule of :mod:`cardseg.bundle.cuda_graphs`, timed in one run.
 
@@ -91,18 +187,16 @@ def schedule_variants(primary, reference, x: torch.Tensor, steps, k: int, sched,
     ``card_ms``, ``card_streams_ms`` (reference on a second stream), the reference's own five
     forwards ``reference_ms``, the ratios, the *floor* ``1 + reference_ms / uc_ms`` and, against
     the eager fp32 CARD trajectory, the label agreement and the largest TAC difference. Each
-    family is guarded: one that fails (e.g. capture unsupported) records its error.
+    family is guarded: one that fails (e.g. capture unsupported) records its error beside what
+    it had measured.
     """
-    from cardseg.method.diffusion import uniform_state
-    from cardseg.bundle.cuda_graphs import GraphedTrajectory, TrajectorySpec, run_trajectory_fast
+    from cardseg.bundle.cuda_graphs import run_trajectory_fast
 
+    case = TimingCase(primary, reference, x, steps, k, sched)
     cuda = x.device.type == "cuda"
-    b, _, h, w = x.shape
-    states = [uniform_state((b, h, w), k, device=x.device) for _ in steps]
-    t_batches = [torch.full((b,), t, dtype=torch.long, device=x.device) for t in steps]
-    ms = lambda ts: round(1000 * ts[len(ts) // 2], 2)  # noqa: E731 - median in ms
+    inputs = step_inputs(case)
     with torch.no_grad():
-        ref_eager = run_trajectory_fast(primary, reference, x, TrajectorySpec(steps, k, "card", sched))
+        ref_eager = run_trajectory_fast(primary, reference, x, case.spec("card"))
     out: dict = {}
     families = [("eager_fp32", False, None), ("eager_bf16", False, torch.bfloat16)]
     if cuda:
@@ -110,56 +204,9 @@ def schedule_variants(primary, reference, x: torch.Tensor, steps, k: int, sched,
     for name, graph, dtype in families:
         fam: dict = {}
         try:
-
-            def ref_only():
-                with (
-                    torch.no_grad(),
-                    (
-                        torch.autocast("cuda", dtype=dtype)
-                        if dtype is not None and cuda
-                        else torch.autocast("cpu", enabled=False)
-                    ),
-                ):
-                    for s, tb in zip(states, t_batches):
-                        reference(x, s, tb)
-
-            runners = {}
-            if graph:
-                for label, mode, streams in (
-                    ("uc", "uc", False),
-                    ("card", "card", False),
-                    ("card_streams", "card", True),
-                ):
-                    spec = TrajectorySpec(steps, k, mode, sched)
-                    g = GraphedTrajectory(primary, reference, x, spec, streams=streams, dtype=dtype)
-                    runners[label] = lambda g=g: g(x)
-                ref_graph = torch.cuda.CUDAGraph()
-                ref_only()
-                with torch.cuda.graph(ref_graph):
-                    ref_only()
-                runners["reference"] = ref_graph.replay
-            else:
-                for label, mode, streams in (
-                    ("uc", "uc", False),
-                    ("card", "card", False),
-                    ("card_streams", "card", True),
-                ):
-                    runners[label] = lambda mode=mode, streams=streams: run_trajectory_fast(
-                        primary, reference, x, TrajectorySpec(steps, k, mode, sched), streams=streams, dtype=dtype
-                    )
-                runners["reference"] = ref_only
-            for label, fn in runners.items():
-                ts = timed(fn, cuda, repeats)
-                fam[f"{label}_ms"] = ms(ts)
-                fam[f"{label}_ms_all"] = [round(1000 * t, 2) for t in ts]
-            fam["ratio"] = round(fam["card_ms"] / fam["uc_ms"], 3)
-            fam["ratio_streams"] = round(fam["card_streams_ms"] / fam["uc_ms"], 3)
-            fam["floor"] = round(1 + fam["reference_ms"] / fam["uc_ms"], 3)
-            for label in ("card", "card_streams"):
-                res = runners[label]()
-                agree = (res.logits.argmax(1) == ref_eager.logits.argmax(1)).float().mean()
-                fam[f"{label}_label_agreement_vs_eager_fp32"] = float(agree)
-                fam[f"{label}_max_abs_tac_diff_vs_eager_fp32"] = float((res.tac - ref_eager.tac).abs().max())
+            ref_only = reference_forwards(case, inputs, dtype)
+            runners = (graphed_runners if graph else eager_runners)(case, dtype, ref_only)
+            time_family(fam, runners, ref_eager, cuda, repeats)
         except Exception as exc:  # noqa: BLE001 - one schedule failing must not hide the others
             fam["error"] = f"{type(exc).__name__}: {exc}"
             fam["traceback"] = traceback.format_exc()[-1500:]
@@ -212,7 +259,7 @@ def bundle_timing(smoke: bool, repeats: int = 10) -> dict:
     under every execution schedule: the overhead a user of ``cardseg segment --device cuda`` sees."""
     no_simpleitk()
     from cardseg.bundle.loading import load_bundle
-    from cardseg.bundle.scaffold import synthetic_cine_volume
+    from cardseg.bundle.phantom import synthetic_cine_volume
     from cardseg.segment import network_inputs
 
     cuda = torch.cuda.is_available() and not smoke

@@ -269,20 +269,16 @@ def candidate_pool(reference: nn.Module, items: list, images: dict, steps, batch
     return pool
 
 
-def main(argv=None) -> int:
-    from cardseg.method.diffusion import default_sampling_steps
-    from cardseg_train.calibration.fit import fit_card, fit_ts, pool_nll
-    from cardseg_train.training.runs import load_run_network
+def build_parser() -> argparse.ArgumentParser:
+    from cardseg_train.base.cli_options import add_cache
 
     ap = argparse.ArgumentParser(description="Choose the reference on the validation pool (lowest CARD NLL).")
     ap.add_argument("--primary", required=True)
     ap.add_argument("--candidates", nargs="+", required=True)
-    ap.add_argument("--pack", default=str(ROOT / "Training" / "gpu" / "pack"))
+    ap.add_argument("--pack", default=str(ROOT / "Training" / "cardseg_gpu" / "pack"))
     ap.add_argument("--variants", default="clean,noise")
     ap.add_argument("--max-pixels", type=int, default=30000)
     ap.add_argument("--batch-size", type=int, default=16)
-    from cardseg_train.base.cli_options import add_cache
-
     add_cache(ap, "choose_reference", "where the primary's pass is cached")
     ap.add_argument(
         "--merge",
@@ -291,19 +287,30 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--out")
     ap.add_argument("--plot", metavar="PNG", help="also draw the capacity x training-length heat map (paper Fig. 5)")
-    a = ap.parse_args(argv)
-    from tqdm.auto import tqdm
+    return ap
 
-    primary, p_cfg, _ = load_run_network(a.primary)
-    steps = list(p_cfg.sampled_steps or default_sampling_steps(50, 5))
-    variants = [v.strip() for v in a.variants.split(",") if v.strip()]
-    with np.load(Path(a.pack) / "data.npz") as z:
+
+def validation_pool(pack: Path, variants: list):
+    """The pack's validation volumes: ``([(case, labels (Z, H, W))], {(case, variant): image (Z, H, W)})``,
+    the images in ``[0, 1]`` under each variant (:func:`_variant_image`)."""
+    with np.load(pack / "data.npz") as z:
         imgs, labs, cases = z["val_images"], z["val_labels"], z["val_cases"]
     order = list(dict.fromkeys(cases.tolist()))
     volumes = [(c, labs[cases == c].astype(np.int64)) for c in order]
     images = {
         (c, v): _variant_image(imgs[cases == c].astype(np.float32) / 255.0, c, v) for c in order for v in variants
     }
+    return volumes, images
+
+
+def cached_primary_pass(
+    a: argparse.Namespace, primary: nn.Module, volumes: list, images: dict, variants: list, steps: list
+) -> list:
+    """:func:`primary_pass` on the validation volumes and images (:func:`validation_pool`), read from
+    ``--cache`` when it was made with the same primary, pack, variants, pixels and steps, and
+    kept there otherwise."""
+    from tqdm.auto import tqdm
+
     pack_meta = json.loads((Path(a.pack) / "pack.json").read_text())
     key = {
         "primary": _file_sha(Path(a.primary) / "best.pt"),
@@ -322,6 +329,37 @@ def main(argv=None) -> int:
             save_items(items, cache, key)
     else:
         print(f"primary pass: {len(items)} items from {cache}")
+    return items
+
+
+def candidate_row(net: nn.Module, items: list, images: dict, steps: list, batch_size: int) -> dict:
+    """One candidate's row of the choice: CARD's and TS's pool NLL after fitting, its size, its
+    mean TAC and CARD's fitted parameters."""
+    from cardseg_train.calibration.fit import fit_card, fit_ts, pool_nll
+
+    pool = candidate_pool(net, items, images, steps, batch_size)
+    card = fit_card(pool)
+    return {
+        "card_nll": pool_nll(card, pool),
+        "ts_nll": pool_nll(fit_ts(pool), pool),
+        "parameters": sum(p.numel() for p in net.parameters()),
+        "mean_tac": float(np.mean([p.tac.mean() for p in pool])),
+        "params": card.to_dict(),
+    }
+
+
+def main(argv=None) -> int:
+    from cardseg.method.diffusion import default_sampling_steps
+    from cardseg_train.training.runs import load_run_network
+
+    a = build_parser().parse_args(argv)
+    from tqdm.auto import tqdm
+
+    primary, p_cfg, _ = load_run_network(a.primary)
+    steps = list(p_cfg.sampled_steps or default_sampling_steps(50, 5))
+    variants = [v.strip() for v in a.variants.split(",") if v.strip()]
+    volumes, images = validation_pool(Path(a.pack), variants)
+    items = cached_primary_pass(a, primary, volumes, images, variants, steps)
     rows = {}
     if a.merge:
         earlier = json.loads(Path(a.merge).read_text())
@@ -330,17 +368,8 @@ def main(argv=None) -> int:
             return 2
         rows.update(earlier["candidates"])
     for c in tqdm(a.candidates, desc="reference candidates", unit="candidate"):
-        net = load_run_network(c)[0]
-        pool = candidate_pool(net, items, images, steps, a.batch_size)
-        card = fit_card(pool)
         name = Path(c).name
-        rows[name] = {
-            "card_nll": pool_nll(card, pool),
-            "ts_nll": pool_nll(fit_ts(pool), pool),
-            "parameters": sum(p.numel() for p in net.parameters()),
-            "mean_tac": float(np.mean([p.tac.mean() for p in pool])),
-            "params": card.to_dict(),
-        }
+        rows[name] = candidate_row(load_run_network(c)[0], items, images, steps, a.batch_size)
         print(
             f"{name:28s} CARD NLL {rows[name]['card_nll']:.4f}  TS {rows[name]['ts_nll']:.4f}  "
             f"mean TAC {rows[name]['mean_tac']:.4f}",

@@ -199,7 +199,9 @@ def import_runs(dirs: List[Path], pack_json: Path, out: Path) -> List[Path]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="Turn a GPU run's returned files into run folders.")
     ap.add_argument("returned", nargs="+", help="folders the GPU run's files came back to (later ones win)")
-    ap.add_argument("--pack", default=str(ROOT / "Training" / "gpu" / "pack"), help="the pack the run trained on")
+    ap.add_argument(
+        "--pack", default=str(ROOT / "Training" / "cardseg_gpu" / "pack"), help="the pack the run trained on"
+    )
     ap.add_argument("--out", default="runs/gpu")
     a = ap.parse_args(argv)
     for run in import_runs([Path(d) for d in a.returned], Path(a.pack) / "pack.json", Path(a.out)):

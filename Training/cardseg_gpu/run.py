@@ -55,15 +55,16 @@ import torch  # noqa: E402
 from cardseg_gpu.checks import run_checks  # noqa: E402
 from cardseg_gpu.jobs import DEFAULT_JOBS, JOBS  # noqa: E402
 from cardseg_gpu.outputs import log_line  # noqa: E402
-from cardseg_gpu.train_job import run_job  # noqa: E402
+from cardseg_gpu.train_job import JobOptions, run_job  # noqa: E402
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of the run (and of the one-job processes it starts: ``--job``)."""
     ap = argparse.ArgumentParser(
         description="One GPU run: engine checks, then every network at once.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    ap.add_argument("--pack", default=str(ROOT / "Training" / "gpu" / "pack"))
+    ap.add_argument("--pack", default=str(ROOT / "Training" / "cardseg_gpu" / "pack"))
     ap.add_argument("--out", required=True)
     ap.add_argument("--budget-s", type=float, default=420.0, help="training wall-clock budget of every job")
     ap.add_argument("--batch-size", type=int, help="every job's batch (default: each job's own)")
@@ -87,84 +88,95 @@ def main(argv: Optional[List[str]] = None) -> int:
     ap.add_argument("--lr-scale", type=float, default=1.0, help="multiply every job's learning rate")
     ap.add_argument("--p-uncond", type=float, default=0.2, help="diffusion jobs: probability of zeroing the image")
     ap.add_argument("--val-every-s", type=float, default=30.0, help="seconds between validations")
-    a = ap.parse_args(argv)
-    out, pack = Path(a.out), Path(a.pack)
-    out.mkdir(parents=True, exist_ok=True)
-    if not (pack / "pack.json").is_file():
-        print(f"run: {pack}: no pack.json (build one with Training/cardseg_gpu/build_pack.py)", file=sys.stderr)
-        return 2
-    if a.job:
-        if a.smoke:
-            torch.set_num_threads(1)
-        run_job(
-            a.job,
-            pack,
-            out,
-            a.budget_s,
-            a.batch_size,
-            a.seed,
-            a.smoke,
-            (a.init_from or [None])[0],
-            a.lr_scale,
-            a.p_uncond,
-            a.val_every_s,
-            share_with_primary=not a.alone,
-        )
-        return 0
-    jobs = [j.strip() for j in a.jobs.split(",") if j.strip()]
+    return ap
+
+
+class UsageError(Exception):
+    """A command line the run refuses (printed as one ``run:`` line, exit status 2)."""
+
+
+def selected_jobs(spec: str) -> List[str]:
+    """The jobs of ``--jobs`` (comma-separated), each checked against :data:`cardseg_gpu.jobs.JOBS`."""
+    jobs = [j.strip() for j in spec.split(",") if j.strip()]
     unknown = [j for j in jobs if j not in JOBS]
     if unknown:
-        print(f"run: unknown job(s) {', '.join(unknown)} (choose from {', '.join(JOBS)})", file=sys.stderr)
-        return 2
+        raise UsageError(f"unknown job(s) {', '.join(unknown)} (choose from {', '.join(JOBS)})")
+    return jobs
+
+
+def init_sources(items: List[str], jobs: List[str]) -> Dict[str, str]:
+    """``--init-from [JOB=]FILE`` items → ``{job: file}`` (a bare FILE names the only job)."""
     inits: Dict[str, str] = {}
-    for item in a.init_from:
+    for item in items:
         name, sep, path = item.partition("=")
         if not sep:
             if len(jobs) != 1:
-                print("run: --init-from FILE needs exactly one job; write JOB=FILE", file=sys.stderr)
-                return 2
+                raise UsageError("--init-from FILE needs exactly one job; write JOB=FILE")
             name, path = jobs[0], item
         if name not in jobs or not Path(path).is_file():
-            print(
-                f"run: --init-from {item}: {'no such job in --jobs' if name not in jobs else 'no such file'}",
-                file=sys.stderr,
-            )
-            return 2
+            raise UsageError(f"--init-from {item}: {'no such job in --jobs' if name not in jobs else 'no such file'}")
         inits[name] = path
-    if not a.no_checks:
-        run_checks(out, a.smoke)
-    procs = {}
-    for i, name in enumerate(jobs):
-        cmd = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--pack",
-            str(pack),
-            "--out",
-            str(out),
-            "--job",
-            name,
-            "--budget-s",
-            str(a.budget_s),
-            "--seed",
-            str(a.seed + i),
-            "--lr-scale",
-            str(a.lr_scale),
-            "--p-uncond",
-            str(a.p_uncond),
-            "--val-every-s",
-            str(a.val_every_s),
-        ]
-        if a.batch_size:
-            cmd += ["--batch-size", str(a.batch_size)]
-        if a.smoke:
-            cmd.append("--smoke")
-        if "primary" not in jobs:
-            cmd.append("--alone")
-        if name in inits:
-            cmd += ["--init-from", inits[name]]
-        procs[name] = subprocess.Popen(cmd, stdout=sys.stdout, stderr=sys.stderr)
-    deadline = time.time() + (a.budget_s + 120 if not a.smoke else 900)
+    return inits
+
+
+def run_one_job(a: argparse.Namespace, pack: Path, out: Path) -> int:
+    """``--job NAME``: train that one job in this process."""
+    if a.smoke:
+        torch.set_num_threads(1)
+    options = JobOptions(
+        pack=pack,
+        out=out,
+        budget_s=a.budget_s,
+        batch=a.batch_size,
+        seed=a.seed,
+        smoke=a.smoke,
+        init_from=(a.init_from or [None])[0],
+        lr_scale=a.lr_scale,
+        p_uncond=a.p_uncond,
+        val_every_s=a.val_every_s,
+        share_with_primary=not a.alone,
+    )
+    run_job(a.job, options)
+    return 0
+
+
+def job_command(
+    a: argparse.Namespace, pack: Path, out: Path, name: str, seed: int, alone: bool, init_from
+) -> List[str]:
+    """The command line of the process that trains the job ``name`` (``--job``)."""
+    cmd = [
+        sys.executable,
+        str(Path(__file__).resolve()),
+        "--pack",
+        str(pack),
+        "--out",
+        str(out),
+        "--job",
+        name,
+        "--budget-s",
+        str(a.budget_s),
+        "--seed",
+        str(seed),
+        "--lr-scale",
+        str(a.lr_scale),
+        "--p-uncond",
+        str(a.p_uncond),
+        "--val-every-s",
+        str(a.val_every_s),
+    ]
+    if a.batch_size:
+        cmd += ["--batch-size", str(a.batch_size)]
+    if a.smoke:
+        cmd.append("--smoke")
+    if alone:
+        cmd.append("--alone")
+    if init_from is not None:
+        cmd += ["--init-from", init_from]
+    return cmd
+
+
+def wait_for(procs: Dict[str, subprocess.Popen], deadline: float) -> dict:
+    """Each job process's exit status, or ``"killed at the deadline"`` for one still running then."""
     codes = {}
     for name, p in procs.items():
         try:
@@ -172,6 +184,32 @@ def main(argv: Optional[List[str]] = None) -> int:
         except subprocess.TimeoutExpired:
             p.kill()
             codes[name] = "killed at the deadline"
+    return codes
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    a = build_parser().parse_args(argv)
+    out, pack = Path(a.out), Path(a.pack)
+    out.mkdir(parents=True, exist_ok=True)
+    if not (pack / "pack.json").is_file():
+        print(f"run: {pack}: no pack.json (build one with Training/cardseg_gpu/build_pack.py)", file=sys.stderr)
+        return 2
+    if a.job:
+        return run_one_job(a, pack, out)
+    try:
+        jobs = selected_jobs(a.jobs)
+        inits = init_sources(a.init_from, jobs)
+    except UsageError as exc:
+        print(f"run: {exc}", file=sys.stderr)
+        return 2
+    if not a.no_checks:
+        run_checks(out, a.smoke)
+    alone = "primary" not in jobs
+    procs = {}
+    for i, name in enumerate(jobs):
+        cmd = job_command(a, pack, out, name, a.seed + i, alone, inits.get(name))
+        procs[name] = subprocess.Popen(cmd, stdout=sys.stdout, stderr=sys.stderr)
+    codes = wait_for(procs, time.time() + (a.budget_s + 120 if not a.smoke else 900))
     log_line(out, {"event": "run done", "exit_codes": codes})
     return 0 if all(c == 0 for c in codes.values()) else 1
 

@@ -35,27 +35,38 @@ if TYPE_CHECKING:
     from torch import nn
 
 
-def default_config(
-    name: str,
-    classes: List[dict],
-    primary: dict,
-    reference: dict,
-    pixel_spacing_mm: float,
-    input_size: int,
-    version: str = "0.0.0",
-    num_steps: int = 50,
-    sampled_steps: Optional[List[int]] = None,
-) -> dict:
+@dataclass(frozen=True)
+class BundleSpec:
+    """What a new bundle is, for :func:`default_config`.
+
+    name, version: the bundle's ``id``; classes: the ``classes`` list (``{"name", "color"}`` each,
+    background first); primary, reference: the network specs (``arch`` and ``size`` or ``backbone``);
+    pixel_spacing_mm, input_size: the networks' grid (mm per pixel, pixels a side); num_steps: the
+    diffusion horizon T; sampled_steps: the steps the trajectory samples (``None``:
+    :func:`cardseg.method.diffusion.default_sampling_steps` of ``num_steps``)."""
+
+    name: str
+    classes: List[dict]
+    primary: dict
+    reference: dict
+    pixel_spacing_mm: float
+    input_size: int
+    version: str = "0.0.0"
+    num_steps: int = 50
+    sampled_steps: Optional[List[int]] = None
+
+
+def default_config(spec: BundleSpec) -> dict:
     """A complete ``bundle.json`` dictionary with unfitted calibration defaults."""
     from cardseg.method.diffusion import default_sampling_steps
 
     return {
         "schema_version": SCHEMA_VERSION,
-        "id": {"name": name, "version": version},
-        "classes": classes,
+        "id": {"name": spec.name, "version": spec.version},
+        "classes": spec.classes,
         "image_channels": 1,
-        "pixel_spacing_mm": float(pixel_spacing_mm),
-        "input_size": int(input_size),
+        "pixel_spacing_mm": float(spec.pixel_spacing_mm),
+        "input_size": int(spec.input_size),
         "preprocessing": {
             "normalization": "slice-percentile",
             "low_percentile": 0.5,
@@ -64,11 +75,11 @@ def default_config(
         },
         "diffusion": {
             "schedule": "cosine",
-            "num_steps": int(num_steps),
+            "num_steps": int(spec.num_steps),
             "s": 0.008,
-            "sampled_steps": sampled_steps or default_sampling_steps(num_steps),
+            "sampled_steps": spec.sampled_steps or default_sampling_steps(spec.num_steps),
         },
-        "networks": {"primary": dict(primary), "reference": dict(reference)},
+        "networks": {"primary": dict(spec.primary), "reference": dict(spec.reference)},
         "calibration": {"method": "card", "tau_min": 1.0, "tau_max": 3.0, "w_b": 0.1, "w_k": 0.05, "fitted": False},
         "regions": {
             "flag_threshold": 0.1,
@@ -196,88 +207,123 @@ def load_bundle(
     :attr:`Bundle.backend` is the one that was used. When it is ``onnx`` and both models came from
     the cache, torch has not been imported.
     """
-    from cardseg.bundle.onnx_backend import CHOICES, BrokenNetwork, ExporterMissing, available
+    from cardseg.bundle.onnx_backend import available
     from cardseg.bundle.onnx_cache import clean_stale_temporaries
 
-    backend = backend or "torch"
-    if backend not in CHOICES:
-        raise CardsegError(f"unknown backend {backend!r} (choose from {', '.join(CHOICES)})")
+    backend = _known_backend(backend)
     if checked is None:
         checked = check_bundle(path)
-    root, config, weights = checked.root, checked.config, checked.weights
     clean_stale_temporaries()
-    on_cpu = str(device).split(":")[0] == "cpu"
+    on_cpu = _is_cpu(device)
     if backend == "onnx" and not on_cpu:
         raise CardsegError("--backend onnx runs on the CPU; use --device cpu or --backend torch")
     notes: List[str] = []
     nets = None
     if backend == "onnx" or (backend == "auto" and on_cpu and available() is None):
-        from cardseg.bundle.onnx_backend import load_networks
-
-        def build(role: str) -> nn.Module:
-            try:
-                return load_network(root, config, role, weights[role])
-            except CardsegError as exc:  # the bundle's own fault: no backend can run it
-                raise _BundleFault(exc) from None
-
-        try:
-            found = onnx_lookup.result() if onnx_lookup is not None else None
-            nets = load_networks(root, config, weights, build, threads=threads, progress=progress, found=found)
-            backend = "onnx"
-        except _BundleFault as fault:
-            raise fault.error from None
-        except BrokenNetwork:
-            raise
-        except ExporterMissing:
-            if backend == "onnx":
-                raise
-        except Exception as exc:  # auto must run wherever torch runs
-            why = str(exc) if isinstance(exc, CardsegError) else f"{type(exc).__name__}: {_first_line(exc)}"
-            if backend == "onnx":
-                if isinstance(exc, CardsegError):
-                    raise
-                raise CardsegError(f"ONNX Runtime failed ({why}); use --backend torch") from exc
-            notes.append(f"ONNX Runtime not used ({why}); the torch networks run instead")
+        nets = _onnx_networks(checked, backend == "onnx", onnx_lookup, threads, progress, notes)
     elif backend == "auto" and on_cpu:  # the [speed] extra is not installed
         notes.append(SPEED_NOTE)
+    used = "torch" if nets is None else "onnx"
     if nets is None:
-        import torch
-
-        from cardseg.bundle.script_backend import load_programs, programs_enabled
-
-        backend = "torch"
-
-        def eager(role: str) -> nn.Module:
-            net = load_network(root, config, role, weights[role]).to(device)
-            if on_cpu:  # same arithmetic, a faster CPU kernel
-                from cardseg.method.networks.fast import instance_to_group_norm
-
-                instance_to_group_norm(net)
-            return net
-
-        if prepared and programs_enabled():
-            nets = load_programs(
-                root,
-                config,
-                weights,
-                eager,
-                torch.device(device),
-                cpu_group_norm=on_cpu,
-                progress=progress,
-                notes=notes,
-            )
-        else:
-            nets = {role: eager(role) for role in ROLES}
-    checksums = {w.path.name: w.sha256 for w in weights.values()}
+        nets = _torch_networks(checked, device, prepared, progress, notes)
     return Bundle(
-        path=root,
-        config=config,
+        path=checked.root,
+        config=checked.config,
         primary=nets["primary"],
         reference=nets["reference"],
-        checksums=checksums,
-        backend=backend,
+        checksums={w.path.name: w.sha256 for w in checked.weights.values()},
+        backend=used,
         notes=notes,
     )
+
+
+def _is_cpu(device: "str | torch.device") -> bool:
+    return str(device).split(":")[0] == "cpu"
+
+
+def _known_backend(backend: Optional[str]) -> str:
+    """``backend`` (``None``: ``torch``), refused in one line when it is none of the choices."""
+    from cardseg.bundle.onnx_backend import CHOICES
+
+    backend = backend or "torch"
+    if backend not in CHOICES:
+        raise CardsegError(f"unknown backend {backend!r} (choose from {', '.join(CHOICES)})")
+    return backend
+
+
+def _onnx_networks(
+    checked: CheckedBundle, required: bool, onnx_lookup, threads: Optional[int], progress, notes: List[str]
+) -> Optional[Dict[str, Any]]:
+    """The ONNX Runtime sessions of both networks (:func:`cardseg.bundle.onnx_backend.load_networks`),
+    role -> session, or ``None`` where ``auto`` falls back to torch (why appended to ``notes``).
+
+    ``required`` (``--backend onnx``): every failure is raised, one that is no :class:`CardsegError`
+    as one naming it. A fault of the bundle itself, or a network that gives NaN or infinite logits,
+    is raised either way.
+    """
+    from cardseg.bundle.onnx_backend import BrokenNetwork, ExporterMissing, load_networks
+
+    root, config, weights = checked.root, checked.config, checked.weights
+
+    def build(role: str) -> nn.Module:
+        try:
+            return load_network(root, config, role, weights[role])
+        except CardsegError as exc:  # the bundle's own fault: no backend can run it
+            raise _BundleFault(exc) from None
+
+    try:
+        found = onnx_lookup.result() if onnx_lookup is not None else None
+        return load_networks(root, config, weights, build, threads=threads, progress=progress, found=found)
+    except _BundleFault as fault:
+        raise fault.error from None
+    except BrokenNetwork:
+        raise
+    except ExporterMissing:
+        if required:
+            raise
+    except Exception as exc:  # auto must run wherever torch runs
+        why = str(exc) if isinstance(exc, CardsegError) else f"{type(exc).__name__}: {_first_line(exc)}"
+        if required:
+            if isinstance(exc, CardsegError):
+                raise
+            raise CardsegError(f"ONNX Runtime failed ({why}); use --backend torch") from exc
+        notes.append(f"ONNX Runtime not used ({why}); the torch networks run instead")
+    return None
+
+
+def _torch_networks(
+    checked: CheckedBundle, device: "str | torch.device", prepared: bool, progress, notes: List[str]
+) -> Dict[str, Any]:
+    """Both networks run by torch, role -> network: the cached TorchScript programs with ``prepared``
+    (:mod:`cardseg.bundle.script_backend`, unless turned off), else the eager modules on ``device``
+    (on the CPU with their instance norms run as the equivalent group norms)."""
+    import torch
+
+    from cardseg.bundle.script_backend import load_programs, programs_enabled
+
+    root, config, weights = checked.root, checked.config, checked.weights
+    on_cpu = _is_cpu(device)
+
+    def eager(role: str) -> nn.Module:
+        net = load_network(root, config, role, weights[role]).to(device)
+        if on_cpu:  # same arithmetic, a faster CPU kernel
+            from cardseg.method.networks.fast import instance_to_group_norm
+
+            instance_to_group_norm(net)
+        return net
+
+    if prepared and programs_enabled():
+        return load_programs(
+            root,
+            config,
+            weights,
+            eager,
+            torch.device(device),
+            cpu_group_norm=on_cpu,
+            progress=progress,
+            notes=notes,
+        )
+    return {role: eager(role) for role in ROLES}
 
 
 #: the note of an ``auto`` run on the CPU without ONNX Runtime (printed once per run)

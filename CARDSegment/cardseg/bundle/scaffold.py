@@ -1,22 +1,21 @@
-"""Things made from nothing: untrained bundles (for tests and new tasks) and synthetic volumes."""
+"""Untrained bundles made from nothing (for tests and new tasks), and the checks of where a bundle is
+written. The synthetic volume is :func:`cardseg.bundle.phantom.synthetic_cine_volume`."""
 
 from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional
 
-import numpy as np
 import torch
-from scipy import ndimage
 
 from cardseg.base.errors import CardsegError
 from cardseg.base.options import check_int_range
 from cardseg.bundle.fields import OptionWhere, integer_value, number_value
-from cardseg.bundle.loading import default_config, save_bundle
+from cardseg.bundle.loading import BundleSpec, default_config, save_bundle
 from cardseg.bundle.schema import DISCRIMINATIVE_BACKBONES, INPUT_SIZE, NETWORK_SIZES, PIXEL_SPACING_MM
-from cardseg.io.volume import Volume
 from cardseg.method.networks import build_network
 
 ACDC_CLASSES = [
@@ -99,18 +98,27 @@ def check_init_options(
     return specs
 
 
-def init_bundle(
-    path: os.PathLike,
-    primary: str = "time-unet:tiny",
-    reference: str = "time-unet:micro",
-    input_size: int = 64,
-    pixel_spacing_mm: float = 3.0,
-    seed: int = 0,
-    name: str = "untrained",
-    overwrite: bool = False,
-    sampled_steps: Optional[list] = None,
-) -> os.PathLike:
-    """Write a bundle with randomly initialised (untrained, seeded) networks and ACDC classes.
+@dataclass(frozen=True)
+class InitOptions:
+    """What :func:`init_bundle` builds.
+
+    primary, reference: the networks as ``ARCH:SIZE`` (:func:`parse_network`); input_size: the
+    network grid's side in pixels; pixel_spacing_mm: its pixel spacing in mm; seed: the seed of the
+    random weights (0 to :data:`MAX_SEED`); name: the bundle's ``id.name``; sampled_steps: the
+    diffusion steps the trajectory samples (``None``: the default steps of the horizon)."""
+
+    primary: str = "time-unet:tiny"
+    reference: str = "time-unet:micro"
+    input_size: int = 64
+    pixel_spacing_mm: float = 3.0
+    seed: int = 0
+    name: str = "untrained"
+    sampled_steps: Optional[List[int]] = None
+
+
+def init_bundle(path: os.PathLike, options: Optional[InitOptions] = None, overwrite: bool = False) -> os.PathLike:
+    """Write a bundle with randomly initialised (untrained, seeded) networks and ACDC classes, as
+    ``options`` say (``None``: :class:`InitOptions` defaults).
 
     Meant for tests and as the starting point of training on a new task: it exercises the
     whole pipeline but segments nothing meaningful. ``path`` must be new or empty; with
@@ -118,22 +126,25 @@ def init_bundle(
     Both the options (:func:`check_init_options`) and the destination are checked before any
     work: a refusal is one line, and nothing is written or deleted.
     """
-    specs = check_init_options(primary, reference, input_size, pixel_spacing_mm, seed)
+    o = options or InitOptions()
+    specs = check_init_options(o.primary, o.reference, o.input_size, o.pixel_spacing_mm, o.seed)
     check_bundle_destination(path, overwrite)
-    torch.manual_seed(seed)
+    torch.manual_seed(o.seed)
     nets = {role: build_network({**spec, "num_classes": len(ACDC_CLASSES)}) for role, spec in specs.items()}
     for net in nets.values():
         _randomize_zero_weights(net)
     config = default_config(
-        name,
-        ACDC_CLASSES,
-        specs["primary"],
-        specs["reference"],
-        pixel_spacing_mm,
-        input_size,
-        sampled_steps=sampled_steps,
+        BundleSpec(
+            o.name,
+            ACDC_CLASSES,
+            specs["primary"],
+            specs["reference"],
+            o.pixel_spacing_mm,
+            o.input_size,
+            sampled_steps=o.sampled_steps,
+        )
     )
-    config["provenance"] = {"training": "none (randomly initialised)", "seed": seed}
+    config["provenance"] = {"training": "none (randomly initialised)", "seed": o.seed}
     return save_bundle(path, config, nets["primary"], nets["reference"], fp16=False, overwrite=overwrite)
 
 
@@ -197,173 +208,3 @@ def _randomize_zero_weights(net: torch.nn.Module, std: float = 0.05) -> None:
         for p in net.parameters():
             if p.dim() > 1 and not p.any():
                 p.normal_(0.0, std)
-
-
-#: relative signal of each tissue in the synthetic bSSFP slice (fat, the brightest, is 1)
-_TISSUE = {
-    "fat": 1.0,  # subcutaneous rim
-    "epi_fat": 0.95,  # epicardial/pericardial fat patches around the heart
-    "muscle": 0.17,  # chest wall and back muscles, just inside the fat rim
-    "soft": 0.21,  # mediastinum and other soft tissue inside the thorax
-    "liver": 0.30,
-    "lung": 0.035,  # nearly black ...
-    "vessel": 0.30,  # ... with a few pulmonary vessels
-    "spine": 0.45,  # vertebral body (fatty marrow)
-    "aorta": 0.72,  # descending aorta, bright flowing blood
-    "pericardium": 0.12,  # thin dark line around the heart
-    "rv_wall": 0.17,  # RV free wall (not labelled, as in ACDC)
-    "myo": 0.19,  # LV myocardium, septum included (label 2)
-    "lv": 0.80,  # LV blood pool (label 3), +-6 % per seed
-    "papillary": 0.25,  # dark spots in the LV pool, labelled LV as in ACDC
-}
-_RV_TO_LV = 0.88  # RV blood (label 1) relative to LV blood
-_CHEST_MM = 250.0  # smaller fields of view get the anatomy scaled down to fit
-
-
-def _ellipse(x, y, cx, cy, a, b):
-    """Normalised elliptic radius: < 1 inside the ellipse centred (cx, cy) with semi-axes (a, b)."""
-    return np.hypot((x - cx) / a, (y - cy) / b)
-
-
-def _heart_slice(x, y, u, subj, mm_per_px):
-    """The heart in one slice: ``(labels, masks, r_epi, t_rv)``.
-
-    labels: uint8 (0 bg, 1 RV, 2 MYO, 3 LV); masks: the unlabelled heart tissue (``rv_wall``,
-    ``pericardium``, ``epi_fat``) and the papillary muscles; r_epi: LV epicardial radius and t_rv:
-    RV depth (mm), which the surrounding organs follow. x, y: in-plane coordinates (mm); u: 0 at the
-    base .. 1 at the apex; subj: the seeded subject parameters; mm_per_px: (row, column) pixel size.
-    """
-    r_lv = subj["r_lv"] * np.sqrt(max(1.0 - (u / 1.12) ** 2, 0.0))  # LV cavity narrows to the apex
-    r_epi = r_lv + subj["wall"] + 2.0 * u  # wall looks thicker apically
-    t_rv = subj["t_rv"] * max(1.0 - u / 0.82, 0.0) ** 0.5  # RV ends before the LV
-    d_lv = np.hypot(x - subj["hx"], y - subj["hy"])
-    lab = np.zeros(x.shape, np.uint8)
-    lab[d_lv <= r_epi] = 2
-    lab[d_lv <= r_lv] = 3
-    rv = np.zeros(x.shape, bool)
-    if t_rv > 1.0:
-        # RV: an ellipse reaching t_rv beyond the LV epicardium, minus the LV -> a crescent on the septum
-        a, b, ang = 0.5 * (r_epi + t_rv), 1.35 * r_epi, subj["rv_dir"]
-        c = r_epi + t_rv - a
-        dx, dy = x - subj["hx"] - c * np.cos(ang), y - subj["hy"] - c * np.sin(ang)
-        along, across = dx * np.cos(ang) + dy * np.sin(ang), -dx * np.sin(ang) + dy * np.cos(ang)
-        rv = (np.hypot(along / a, across / b) <= 1.0) & (d_lv > r_epi)
-        lab[rv] = 1
-    rv_wall = np.zeros(x.shape, bool)
-    if rv.any():
-        rv_wall = (ndimage.distance_transform_edt(~rv, sampling=mm_per_px) <= 4.0) & (lab == 0)
-    # epicardial/pericardial fat: a patchy band whose width varies around the heart
-    out = ndimage.distance_transform_edt((lab == 0) & ~rv_wall, sampling=mm_per_px)
-    phi, ph = np.arctan2(y - subj["hy"], x - subj["hx"]), subj["fat_phase"]
-    fat_w = 4 * np.sin(2 * phi + ph[0]) + 2.5 * np.cos(3 * phi + ph[1]) + 2.5 * np.sin(5 * phi + ph[2]) + 1
-    pericardium = (out > 0) & (out <= 1.5)
-    fat = (out > 1.5) & (out <= 1.5 + fat_w)  # no fat where fat_w <= 0
-    papillary = np.zeros(x.shape, bool)
-    if u < 0.8:  # two papillary muscles on the free-wall side of the LV pool
-        for da in (-0.9, 0.9):
-            a = subj["rv_dir"] + np.pi + da
-            px, py = subj["hx"] + 0.62 * r_lv * np.cos(a), subj["hy"] + 0.62 * r_lv * np.sin(a)
-            papillary |= np.hypot(x - px, y - py) <= 0.16 * r_lv
-    masks = {"rv_wall": rv_wall, "pericardium": pericardium, "epi_fat": fat, "papillary": papillary & (lab == 3)}
-    return lab, masks, r_epi, t_rv
-
-
-def synthetic_cine_volume(
-    shape: Tuple[int, int, int] = (8, 192, 176), spacing=(1.5, 1.5, 8.0), seed: int = 0, noise: float = 0.03
-) -> Tuple[Volume, np.ndarray]:
-    """A procedural short-axis bSSFP cine-like stack with its label map (0 bg, 1 RV, 2 MYO, 3 LV).
-
-    Slice 0 is the base, the last slice the apex. Each slice, in mm around the image centre
-    (anatomy scaled down only when the field of view is under 250 mm), with signal relative to fat:
-
-    * outside the body: air (0, noise only); body: an ellipse with a bright subcutaneous fat rim
-      (1.0, 5-15 mm) over a dark-grey muscle layer (0.17); inside the thorax mid-grey soft tissue (0.21);
-    * lungs (0.035, a few vessels at 0.3) hugging the heart laterally and anteriorly, the liver (0.30)
-      below, rising towards the apex, a vertebral body (0.45) and the descending aorta (0.72);
-    * LV: a round bright blood pool (0.80 +-6 %, label 3) with two dark papillary muscles (0.25,
-      labelled LV) inside a dark-grey myocardial ring (0.19, label 2) 7.5-9 mm thick at the base;
-    * RV: a crescent of blood (0.88 x LV, label 1) wrapped around the septal side of the LV, sharing
-      the septum with the LV myocardium, behind an unlabelled 4 mm free wall (0.17);
-    * a thin dark pericardial line (0.12) and patchy epicardial/pericardial fat (0.95) around the heart.
-
-    From base to apex the LV narrows, its wall looks thicker, and the RV thins out and is gone in
-    the apical ~20 % of slices. Heart position, size, RV direction, fat pattern and blood signal
-    vary with ``seed``. Then: smooth tissue texture (+-6 %), a Gaussian point-spread blur
-    (0.7 px, partial-volume edges), a coil-like bias field (linear gradient up to +-18 %, 12 %
-    central-to-peripheral fall-off) and Rician noise of standard deviation ``noise`` (fraction of
-    the fat signal). Deterministic per seed.
-
-    Returns ``(Volume, labels (Z, Y, X) uint8)``; intensities in scanner-like units (fat ~ 1000).
-    """
-    rng = np.random.default_rng(seed)
-    nz, ny, nx = shape
-    sx, sy = float(spacing[0]), float(spacing[1])
-    scale = min(1.0, nx * sx / _CHEST_MM, ny * sy / _CHEST_MM)
-    yy, xx = np.mgrid[0:ny, 0:nx].astype(np.float32)
-    xmm, ymm = (xx - (nx - 1) / 2) * sx / scale, (yy - (ny - 1) / 2) * sy / scale
-    rot = np.deg2rad(rng.uniform(-8, 8))  # the whole chest, slightly rotated
-    x, y = np.cos(rot) * xmm + np.sin(rot) * ymm, -np.sin(rot) * xmm + np.cos(rot) * ymm
-    subj = {
-        "hx": rng.uniform(-6, 10),
-        "hy": rng.uniform(-14, 2),  # LV centre (mm)
-        "r_lv": rng.uniform(23, 27),
-        "wall": rng.uniform(7.5, 9.0),  # basal LV radius, wall
-        "t_rv": rng.uniform(18, 24),
-        "rv_dir": np.deg2rad(rng.uniform(150, 170)),  # RV depth, side
-        "fat_phase": rng.uniform(0, 2 * np.pi, 3),
-    }
-    rim_phase = rng.uniform(0, 2 * np.pi)
-    lv_blood = _TISSUE["lv"] * rng.uniform(0.94, 1.06)
-    vessel_xy = rng.uniform(-1, 1, (14, 2)) * (110, 90)
-    tissue = dict(_TISSUE, lv=lv_blood, rv=lv_blood * _RV_TO_LV)
-
-    body = _ellipse(x, y, 0, 12, 150, 128)
-    thorax = _ellipse(x, y, 0, 10, 118, 100) < 1
-    fat_rim = (body < 1) & (body > 1 - (9 + 4 * np.sin(2 * np.arctan2(y, x) + rim_phase)) / 128)
-    vessels = np.zeros(x.shape, bool)
-    for vx, vy in vessel_xy:
-        vessels |= np.hypot(x - vx, y - vy) < 2.5
-    hx, hy = subj["hx"], subj["hy"]
-    spine = _ellipse(x, y, hx + 20, hy + 95, 20, 16) < 1
-    aorta = np.hypot(x - hx - 28, y - hy - 62) < 11
-    img = np.zeros(shape, np.float32)
-    lab = np.zeros(shape, np.uint8)
-    for k in range(nz):
-        u = k / max(nz - 1, 1)
-        lab[k], heart, r_epi, t_rv = _heart_slice(x, y, u, subj, (sy / scale, sx / scale))
-        lungs = thorax & (
-            (_ellipse(x, y, hx + r_epi + 46, hy - 5, 44, 72) < 1)
-            | (_ellipse(x, y, hx - 60, hy - 45 - 0.3 * t_rv, 55, 38) < 1)
-        )
-        liver = thorax & (_ellipse(x, y, -55, 95 - 20 * u, 95, 55) < 1)
-        layers = [
-            (body < 1, "muscle"),
-            (fat_rim, "fat"),
-            (thorax, "soft"),
-            (lungs, "lung"),
-            (lungs & vessels, "vessel"),
-            (liver, "liver"),
-            (spine, "spine"),
-            (aorta, "aorta"),
-            (lab[k] == 2, "myo"),
-            (lab[k] == 1, "rv"),
-            (lab[k] == 3, "lv"),
-        ]
-        layers += [(heart[name], name) for name in ("epi_fat", "pericardium", "rv_wall", "papillary")]
-        for mask, name in layers:  # later layers paint over earlier ones
-            img[k][mask] = tissue[name]
-    texture = ndimage.gaussian_filter(rng.normal(0, 1, shape).astype(np.float32), (0, 3, 3))
-    img *= 1 + 0.06 * texture / max(float(texture.std()), 1e-6)
-    img = ndimage.gaussian_filter(img, (0, 0.7, 0.7))
-    g = rng.uniform(-1, 1, 2)
-    bias = 1 + 0.18 * (g[0] * xmm + g[1] * ymm) / 150 - 0.12 * (xmm**2 + ymm**2) / 150**2
-    img *= bias[None].astype(np.float32)
-    n1, n2 = rng.normal(0, noise, shape), rng.normal(0, noise, shape)
-    img = np.sqrt((img + n1) ** 2 + n2**2).astype(np.float32) * 1000.0
-    vol = Volume(
-        array=img,
-        spacing=tuple(float(s) for s in spacing),
-        origin=(0.0, 0.0, 0.0),
-        direction=(1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0),
-    )
-    return vol, lab

@@ -36,14 +36,14 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 from cardseg.base.errors import CardsegError, one_line
 from cardseg.cohort.case_progress import CaseProgress
 from cardseg.cohort.cases import Case, cases_from_inputs, read_manifest
 from cardseg.cohort.hashing import bundle_settings, case_key, content_hash
 from cardseg.cohort.layout import COHORT_CSV, COHORT_PARQUET, LOCK_FILE, SUBJECTS_CSV, TRIAGE_HTML
-from cardseg.cohort.options import BatchOptions, BatchResult, check_options, options_from_args
+from cardseg.cohort.options import BatchOptions, BatchResult, check_options, options_from_args, worker_options
 from cardseg.cohort.state import (
     append_state,
     check_batch_outdir,
@@ -56,6 +56,21 @@ from cardseg.cohort.state import (
 from cardseg.cohort.subjects import indices_function, subject_columns, subject_rows
 from cardseg.cohort.tables import cohort_row, table_columns, write_parquet, write_table
 from cardseg.cohort.worker import CaseWorker, Job
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """What the checks before any case settled: OUTDIR and the bundle.
+
+    out: OUTDIR; earlier: the stamp of the earlier batch that wrote into it (``None``: a new or
+    empty OUTDIR); settings: the bundle's and method's settings that the stamp and the cases' keys
+    hold (:func:`bundle_settings`); config: the bundle's ``bundle.json``; bundle_root: its folder."""
+
+    out: Path
+    earlier: Optional[dict]
+    settings: dict
+    config: dict
+    bundle_root: Path
 
 
 @dataclass
@@ -109,7 +124,7 @@ def run_batch(o: BatchOptions) -> BatchResult:
     settings = bundle_settings(config, o.method)
     out, earlier = check_batch_outdir(o.output, settings, o.overwrite)
     progress = CaseProgress(o.progress, o.quiet)
-    plan = _plan(o, out, earlier, settings, config, bundle_root, cases, spacing, progress)
+    plan = _plan(o, _Checked(out, earlier, settings, config, Path(bundle_root)), cases, spacing, progress)
 
     worker = cluster = None
     ray_started = False
@@ -143,22 +158,13 @@ def run_batch(o: BatchOptions) -> BatchResult:
     return result
 
 
-def _plan(
-    o: BatchOptions,
-    out: Path,
-    earlier: Optional[dict],
-    settings: dict,
-    config: dict,
-    bundle_root: Path,
-    cases: List[Case],
-    spacing,
-    progress: CaseProgress,
-) -> _Plan:
+def _plan(o: BatchOptions, checked: _Checked, cases: List[Case], spacing, progress: CaseProgress) -> _Plan:
     """Which cases are finished (same key in the state file, outputs still there) and which to run."""
+    out, earlier, settings, config = checked.out, checked.earlier, checked.settings, checked.config
     state = {} if (o.overwrite or earlier is None) else read_state(out)
     hashes = _hash_inputs(cases, progress, o.hash_threads)
     plan = _Plan(
-        o, out, earlier, settings, config, Path(bundle_root), list(cases), hashes, {}, {}, [], frozenset(state)
+        o, out, earlier, settings, config, checked.bundle_root, list(cases), hashes, {}, {}, [], frozenset(state)
     )
     for c in cases:
         h = hashes[c.name]
@@ -186,20 +192,14 @@ def _plan(
 
 
 def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], cluster) -> BatchResult:
-    from cardseg.io.outdir import FileLock, clean_leftovers
+    """OUTDIR taken (its lock), stamped and filled: the cases run, then the cohort table (also after
+    an interrupt), ``subjects.csv`` and the report."""
+    from cardseg.io.outdir import clean_leftovers
 
-    o, out = plan.options, plan.out
-    by_name = {c.name: c for c in plan.cases}
-    created = not out.exists()
-    os.makedirs(out, exist_ok=True)
-    lock = FileLock(out / LOCK_FILE)
+    out = plan.out
     result = BatchResult(outdir=out)
-    rows = plan.rows
     before = None
-    if not lock.acquire():  # an interrupt in it leaves no lock (FileLock's rule); the guard starts at once
-        if created:
-            _rmdir_quiet(out)
-        raise CardsegError(f"{out}: another cardseg batch is running into this folder now")
+    lock = _lock_outdir(out)
     try:
         clean_leftovers(out.parent, skip=out.name)  # what killed runs of any kind left beside OUTDIR
         clean_leftovers(out)  # and inside it, once: the cases' writers then look only at their own names
@@ -207,86 +207,17 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
         # what an interrupt compares with (did a case folder change?); not with Ray, whose killed workers
         # may still write a case after the interrupt is handled: there the earlier tables always go
         before = None if cluster is not None else _job_stamps(plan)
-
         unrecorded: Dict[str, dict] = {}  # rows of ok cases whose state line is being appended
-
-        def on_result(res: dict) -> None:
-            c = by_name[res["case"]]
-            h = plan.hashes[c.name]
-            if res["status"] == "ok":  # finished when its state line is: an interrupt in the append
-                unrecorded[c.name] = cohort_row(c, "ok", report=res["report"], input_sha256=h)  # is settled below
-                append_state(
-                    out,
-                    {
-                        "case": c.name,
-                        "key": plan.keys[c.name],
-                        "input_sha256": h,
-                        "outputs": outputs_digest(out / c.name),
-                        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                    },
-                )
-                rows[c.name] = unrecorded.pop(c.name)
-                result.computed += 1
-            else:
-                rows[c.name] = cohort_row(c, "error", res["error"], input_sha256=h)
-            progress.advance(res["status"] == "ok")
-
         try:
             if plan.jobs:
                 progress.start(len(plan.jobs))
-                if cluster is not None:
-                    result.worker_loads = cluster.run_jobs(
-                        plan.jobs,
-                        on_result,
-                        bundle_root=plan.bundle_root,
-                        config=plan.config,
-                        outdir=out,
-                        method=o.method,
-                        device=o.device,
-                        batch_size=o.batch_size,
-                        threads=o.threads,
-                        workers=o.ray_workers,
-                        cpus_per_worker=o.ray_cpus_per_worker,
-                        review_map=o.review_map,
-                    )
-                elif o.workers > 1 and len(plan.jobs) > 1:
-                    from cardseg.cohort import local_pool
-
-                    result.worker_loads = local_pool.run_jobs(
-                        plan.jobs,
-                        on_result,
-                        bundle_root=plan.bundle_root,
-                        method=o.method,
-                        device=o.device,
-                        batch_size=o.batch_size,
-                        threads=o.threads,
-                        backend=worker.bundle.backend,
-                        workers=o.workers,
-                        review_map=o.review_map,
-                    )  # the backend the check load settled on
-                else:  # the next case read and the last one written while this one computes
-                    from cardseg.cohort.pipeline import run_overlapped
-
-                    run_overlapped(worker, plan.jobs, on_result)
-                    result.worker_loads = worker.loads
+                on_result = _result_recorder(plan, result, unrecorded, progress)
+                result.worker_loads = _run_jobs(plan, on_result, worker, cluster)
         finally:  # the table also after Ctrl-C: unfinished cases are 'pending'
             progress.close()
-            for name in recorded_cases(out, unrecorded, plan.keys):  # the interrupt came after the line
-                rows[name], result.computed = unrecorded[name], result.computed + 1
-            result.rows = [rows[c.name] for c in plan.cases]
-            columns = table_columns(result.rows, plan.class_names)
-            write_table(out / COHORT_CSV, result.rows, columns)
-            result.files.append(COHORT_CSV)
-            if write_parquet(out / COHORT_PARQUET, result.rows, columns):
-                result.files.append(COHORT_PARQUET)
-        _write_subjects(out, plan.cases, rows, plan.config, result, plan.earlier)
-        if o.report:
-            from cardseg.cohort.triage import write_report
-
-            write_report(out, config=plan.config, max_thumbnails=o.report_thumbnails)
-            result.files.append(TRIAGE_HTML)
-        else:  # --no-report: an earlier run's page would describe other results
-            _remove_stale(out, plan.earlier, TRIAGE_HTML)
+            _write_cohort_table(plan, result, unrecorded)
+        _write_subjects(out, plan.cases, plan.rows, plan.config, result, plan.earlier)
+        _write_triage(plan, result)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: an earlier run's subjects.csv and report stay
         exc.batch_left = _interrupted(plan, result, before)  # only where no case folder changed
         raise
@@ -295,6 +226,113 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
     result.reused = sum(1 for r in result.rows if r["reused"])
     result.failed = sum(1 for r in result.rows if r["status"] != "ok")
     return result
+
+
+def _lock_outdir(out: Path):
+    """OUTDIR created where it is not there yet, and its lock taken (a
+    :class:`cardseg.io.outdir.FileLock`, held: the caller releases it); one-line
+    :class:`CardsegError` while another batch holds it (OUTDIR, if created here, removed again)."""
+    from cardseg.io.outdir import FileLock
+
+    created = not out.exists()
+    os.makedirs(out, exist_ok=True)
+    lock = FileLock(out / LOCK_FILE)
+    if not lock.acquire():  # an interrupt in it leaves no lock (FileLock's rule); the caller's guard starts at once
+        if created:
+            _rmdir_quiet(out)
+        raise CardsegError(f"{out}: another cardseg batch is running into this folder now")
+    return lock
+
+
+def _result_recorder(
+    plan: _Plan, result: BatchResult, unrecorded: Dict[str, dict], progress: CaseProgress
+) -> Callable[[dict], None]:
+    """The ``on_result`` that takes each finished case's result (a worker's dict): its row in
+    ``plan.rows``, an ok case's state line appended (its row is in ``unrecorded`` while the line is
+    being appended, so that an interrupt in the append is settled by :func:`_write_cohort_table`)."""
+    by_name = {c.name: c for c in plan.cases}
+    out, rows = plan.out, plan.rows
+
+    def on_result(res: dict) -> None:
+        c = by_name[res["case"]]
+        h = plan.hashes[c.name]
+        if res["status"] == "ok":  # finished when its state line is
+            unrecorded[c.name] = cohort_row(c, "ok", report=res["report"], input_sha256=h)
+            append_state(
+                out,
+                {
+                    "case": c.name,
+                    "key": plan.keys[c.name],
+                    "input_sha256": h,
+                    "outputs": outputs_digest(out / c.name),
+                    "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                },
+            )
+            rows[c.name] = unrecorded.pop(c.name)
+            result.computed += 1
+        else:
+            rows[c.name] = cohort_row(c, "error", res["error"], input_sha256=h)
+        progress.advance(res["status"] == "ok")
+
+    return on_result
+
+
+def _run_jobs(plan: _Plan, on_result: Callable[[dict], None], worker: Optional[CaseWorker], cluster) -> int:
+    """Run the plan's jobs on the Ray cluster (``cluster``: :mod:`cardseg.cohort.cluster`, connected),
+    on local worker processes (``--workers``) or here with ``worker``; returns how many times a
+    bundle was loaded."""
+    o = plan.options
+    if cluster is not None:
+        return cluster.run_jobs(
+            plan.jobs,
+            on_result,
+            bundle_root=plan.bundle_root,
+            config=plan.config,
+            outdir=plan.out,
+            options=worker_options(o),
+            workers=o.ray_workers,
+            cpus_per_worker=o.ray_cpus_per_worker,
+        )
+    if o.workers > 1 and len(plan.jobs) > 1:
+        from cardseg.cohort import local_pool
+
+        return local_pool.run_jobs(
+            plan.jobs,
+            on_result,
+            bundle_root=plan.bundle_root,
+            options=worker_options(o, worker.bundle.backend),  # the backend the check load settled on
+            workers=o.workers,
+        )
+    from cardseg.cohort.pipeline import run_overlapped  # the next case read and the last one written while one computes
+
+    run_overlapped(worker, plan.jobs, on_result)
+    return worker.loads
+
+
+def _write_cohort_table(plan: _Plan, result: BatchResult, unrecorded: Dict[str, dict]) -> None:
+    """``cohort.csv`` (and ``cohort.parquet`` where pyarrow is there) from the plan's rows, after the
+    ok cases whose state line an interrupt cut short but that the state file holds are counted."""
+    out, rows = plan.out, plan.rows
+    for name in recorded_cases(out, unrecorded, plan.keys):  # the interrupt came after the line
+        rows[name], result.computed = unrecorded[name], result.computed + 1
+    result.rows = [rows[c.name] for c in plan.cases]
+    columns = table_columns(result.rows, plan.class_names)
+    write_table(out / COHORT_CSV, result.rows, columns)
+    result.files.append(COHORT_CSV)
+    if write_parquet(out / COHORT_PARQUET, result.rows, columns):
+        result.files.append(COHORT_PARQUET)
+
+
+def _write_triage(plan: _Plan, result: BatchResult) -> None:
+    """``triage.html``; with ``--no-report`` an earlier run's page would describe other results, so it
+    is removed (only that one: :func:`_remove_stale`)."""
+    if plan.options.report:
+        from cardseg.cohort.triage import write_report
+
+        write_report(plan.out, config=plan.config, max_thumbnails=plan.options.report_thumbnails)
+        result.files.append(TRIAGE_HTML)
+    else:
+        _remove_stale(plan.out, plan.earlier, TRIAGE_HTML)
 
 
 @dataclass

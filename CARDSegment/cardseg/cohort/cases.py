@@ -67,19 +67,44 @@ def read_manifest(
     (the batch's OUTDIR: its own outputs) is refused, and so is a manifest that is not a regular file.
     """
     mpath = Path(manifest)
+    header, header_line, body = _manifest_header(list(csv.reader(io.StringIO(_manifest_text(mpath)))), mpath)
+    col = {c: header.index(c) for c in header}
+    base = Path(os.path.abspath(mpath)).parent  # the manifest's own folder, as the help says
+    cases: List[Case] = []
+    for lineno, row in enumerate(body, start=header_line + 1):
+        if not any(c.strip() for c in row):
+            continue
+        if len(row) > len(header):
+            raise CardsegError(f"{mpath}, line {lineno}: {len(row)} fields, the header has {len(header)}")
+        get = {c: (row[i].strip() if i < len(row) else "") for c, i in col.items()}
+        cases.append(_manifest_case(get, f"{mpath}, line {lineno}", lineno, base, default_frame, outdir))
+    if not cases:
+        raise CardsegError(f"{mpath}: the manifest lists no case")
+    _check_unique(cases, f"{mpath}: ")
+    _check_subject_phases(cases, mpath)
+    return cases
+
+
+def _manifest_text(mpath: Path) -> str:
+    """The manifest's text; one-line :class:`CardsegError` when it is missing, not a regular file or unreadable."""
     kind = kind_of(mpath)
     if kind == "missing":
         raise CardsegError(f"{mpath}: no such manifest")
     if kind != "file":
         raise CardsegError(f"{mpath}: the manifest is a {kind}, not a regular file")
     try:
-        text = mpath.read_text(encoding="utf-8-sig")
+        return mpath.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise CardsegError(f"{mpath}: no such manifest") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise CardsegError(f"{mpath}: cannot read the manifest ({one_line(exc)})") from None
-    rows = list(csv.reader(io.StringIO(text)))
-    header_line = 1  # blank lines before the header are skipped, and counted
+
+
+def _manifest_header(rows: List[List[str]], mpath: Path) -> Tuple[List[str], int, List[List[str]]]:
+    """``(header, its line number, the rows after it)`` of the manifest's CSV rows (blank lines
+    before the header skipped, and counted); refuses (one line) no header, a missing or unknown
+    column and a column given twice."""
+    header_line = 1
     while rows and not any(c.strip() for c in rows[0]):
         rows.pop(0)
         header_line += 1
@@ -106,54 +131,64 @@ def read_manifest(
         raise CardsegError(
             f"{mpath}, line {header_line}: manifest column(s) {', '.join(dup)} appear more than once in the header"
         )
-    col = {c: header.index(c) for c in header}
-    base = Path(os.path.abspath(mpath)).parent  # the manifest's own folder, as the help says
-    cases: List[Case] = []
-    for lineno, row in enumerate(rows[1:], start=header_line + 1):
-        if not any(c.strip() for c in row):
-            continue
-        if len(row) > len(header):
-            raise CardsegError(f"{mpath}, line {lineno}: {len(row)} fields, the header has {len(header)}")
-        get = {c: (row[i].strip() if i < len(row) else "") for c, i in col.items()}
-        where = f"{mpath}, line {lineno}"
-        if not get["case"]:
-            raise CardsegError(f"{where}: empty case")
-        if not get["path"]:
-            raise CardsegError(f"{where}: case {get['case']}: empty path")
-        check_case_name(get["case"], where)
-        frame = default_frame
-        if get.get("frame"):
-            try:
-                frame = int(get["frame"])
-            except ValueError:
-                frame = -1
-            if frame < 0:
-                raise CardsegError(f"{where}: frame {get['frame']!r} is not a whole number >= 0")
-        phase = get.get("phase") or None
-        if phase is not None:
-            if phase.upper() not in PHASES:
-                raise CardsegError(f"{where}: phase {phase!r} must be ED or ES (or empty)")
-            phase = phase.upper()
-            if not get.get("subject"):
-                raise CardsegError(
-                    f"{where}: phase {phase} without a subject; the cardiac indices pair a subject's "
-                    "ED and ES cases: fill the subject column or leave phase empty"
-                )
-        if "\x00" in get["path"]:
-            raise CardsegError(f"{where}: case {get['case']}: the path holds a NUL character")
-        path = Path(os.path.expanduser(get["path"]))
-        path = path if path.is_absolute() else base / path
-        if inside(path, outdir):
+    return header, header_line, rows[1:]
+
+
+def _manifest_case(
+    get: Dict[str, str],
+    where: str,
+    lineno: int,
+    base: Path,
+    default_frame: Optional[int],
+    outdir: Optional[os.PathLike],
+) -> Case:
+    """The case of one manifest line (``get``: its cells by column, stripped; ``where``: the file
+    and line, for messages); refuses (one line) what :func:`read_manifest` says it refuses in a line."""
+    if not get["case"]:
+        raise CardsegError(f"{where}: empty case")
+    if not get["path"]:
+        raise CardsegError(f"{where}: case {get['case']}: empty path")
+    check_case_name(get["case"], where)
+    frame = _manifest_frame(get, where, default_frame)
+    phase = _manifest_phase(get, where)
+    if "\x00" in get["path"]:
+        raise CardsegError(f"{where}: case {get['case']}: the path holds a NUL character")
+    path = Path(os.path.expanduser(get["path"]))
+    path = path if path.is_absolute() else base / path
+    if inside(path, outdir):
+        raise CardsegError(
+            f"{where}: {path} is inside the batch's OUTDIR {outdir}; a batch never takes its "
+            "inputs from its own outputs"
+        )
+    return Case(get["case"], os.path.abspath(path), frame, phase, get.get("subject") or None, lineno)
+
+
+def _manifest_frame(get: Dict[str, str], where: str, default_frame: Optional[int]) -> Optional[int]:
+    """A line's frame: its ``frame`` cell, a whole number >= 0, or ``default_frame`` when empty."""
+    frame = default_frame
+    if get.get("frame"):
+        try:
+            frame = int(get["frame"])
+        except ValueError:
+            frame = -1
+        if frame < 0:
+            raise CardsegError(f"{where}: frame {get['frame']!r} is not a whole number >= 0")
+    return frame
+
+
+def _manifest_phase(get: Dict[str, str], where: str) -> Optional[str]:
+    """A line's phase: ``ED``, ``ES`` (any case) or ``None`` when empty; a phase needs a subject."""
+    phase = get.get("phase") or None
+    if phase is not None:
+        if phase.upper() not in PHASES:
+            raise CardsegError(f"{where}: phase {phase!r} must be ED or ES (or empty)")
+        phase = phase.upper()
+        if not get.get("subject"):
             raise CardsegError(
-                f"{where}: {path} is inside the batch's OUTDIR {outdir}; a batch never takes its "
-                "inputs from its own outputs"
+                f"{where}: phase {phase} without a subject; the cardiac indices pair a subject's "
+                "ED and ES cases: fill the subject column or leave phase empty"
             )
-        cases.append(Case(get["case"], os.path.abspath(path), frame, phase, get.get("subject") or None, lineno))
-    if not cases:
-        raise CardsegError(f"{mpath}: the manifest lists no case")
-    _check_unique(cases, f"{mpath}: ")
-    _check_subject_phases(cases, mpath)
-    return cases
+    return phase
 
 
 def check_case_name(name: str, where: str = "") -> None:

@@ -30,11 +30,13 @@ import socket
 import sys
 import tempfile
 from collections import deque
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
 from cardseg.base.errors import CardsegError, one_line
 from cardseg.cohort.layout import BATCH_STAMP
+from cardseg.cohort.options import WorkerOptions
 from cardseg.cohort.worker import CaseWorker, Job
 
 try:
@@ -127,16 +129,7 @@ class _WorkerActor:
     once and the folder removed again, so that an actor that is killed later leaves nothing behind
     (a folder left by one killed while loading is removed by the next actor on that node)."""
 
-    def __init__(
-        self,
-        blob: Dict[str, bytes],
-        outdir: str,
-        method: str,
-        device: str,
-        batch_size: int,
-        threads: Optional[int],
-        review_map: Optional[str] = None,
-    ):
+    def __init__(self, blob: Dict[str, bytes], outdir: str, options: WorkerOptions):
         from cardseg.bundle.folder import check_bundle_folder
 
         sweep_bundle_folders()
@@ -150,7 +143,8 @@ class _WorkerActor:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(data)
             root, _ = check_bundle_folder(tmp)
-            self.worker = CaseWorker(root, method, device, batch_size, threads, review_map=review_map)
+            o = options  # its backend is not used: Ray's workers always run torch
+            self.worker = CaseWorker(root, o.method, o.device, o.batch_size, o.threads, review_map=o.review_map)
             self.worker.load()
         except Exception as exc:  # every case of this actor fails with this line
             self.error = f"worker on {self.host} cannot load the bundle ({type(exc).__name__}: {one_line(exc)})"
@@ -195,109 +189,111 @@ def run_jobs(
     bundle_root: Path,
     config: dict,
     outdir: Path,
-    method: str = "card",
-    device: str = "auto",
-    batch_size: int = 8,
-    threads: Optional[int] = None,
+    options: WorkerOptions = WorkerOptions(),
     workers: Optional[int] = None,
     cpus_per_worker: float = 1.0,
-    review_map: Optional[str] = None,
 ) -> int:
     """Run ``jobs`` on Ray actors (after :func:`connect`), calling ``on_result`` in this process
-    for each finished case (in completion order). A worker that dies fails the cases it held (one
-    line each) and is replaced. Returns how many times a bundle was loaded (one per actor that
-    ran a case)."""
-    actors: List = []
+    for each finished case (in completion order). ``options``: how each actor runs its cases (its
+    backend aside: Ray's workers always run torch; ``threads`` default: ``cpus_per_worker``). A
+    worker that dies fails the cases it held (one line each) and is replaced. Returns how many
+    times a bundle was loaded (one per actor that ran a case)."""
+    pool = None
     try:
         resources = ray.cluster_resources()
-        gpus = int(resources.get("GPU", 0)) if device != "cpu" else 0
+        gpus = int(resources.get("GPU", 0)) if options.device != "cpu" else 0
         per_gpu = 1 if gpus else 0
         if workers is None:
             workers = gpus if gpus else max(1, int(resources.get("CPU", 1) // cpus_per_worker))
         workers = max(1, min(int(workers), len(jobs)))
         remote_cls = ray.remote(_WorkerActor).options(num_cpus=cpus_per_worker, num_gpus=per_gpu)
-        threads = threads or max(1, int(cpus_per_worker))
+        actor_options = replace(
+            options,
+            device="cuda" if per_gpu and options.device == "auto" else options.device,
+            threads=options.threads or max(1, int(cpus_per_worker)),
+        )
         blob = ray.put(_bundle_blob(bundle_root, config))
+        pool = _ActorPool(lambda: remote_cls.remote(blob, str(outdir), actor_options), workers, jobs)
+        pool.run(on_result)
+        return pool.loads()
+    finally:
+        if pool is not None:
+            pool.kill()
 
-        def new_actor():
-            return remote_cls.remote(
-                blob,
-                str(outdir),
-                method,
-                "cuda" if per_gpu and device == "auto" else device,
-                batch_size,
-                threads,
-                review_map,
-            )
 
-        actors = [new_actor() for _ in range(workers)]
-        pending = deque(jobs)
-        inflight: Dict[object, tuple] = {}
-        restarts = 0
+def _failed(job: Job, why: str) -> dict:
+    return {"case": job.case, "status": "error", "report": None, "seconds": 0.0, "error": why}
 
-        def submit(actor) -> None:
-            if pending:
-                job = pending.popleft()
-                inflight[actor.run.remote(job)] = (actor, job)
 
-        for a in actors:
+class _ActorPool:
+    """The actors of one :func:`run_jobs` and the cases they hold: each actor is given
+    :data:`PREFETCH` cases ahead; one that dies is replaced, at most ``2 * workers`` times and
+    only while cases wait."""
+
+    def __init__(self, new_actor: Callable[[], object], workers: int, jobs: Sequence[Job]):
+        self.new_actor = new_actor
+        self.workers = workers
+        self.actors: List = [new_actor() for _ in range(workers)]
+        self.pending = deque(jobs)
+        self.inflight: Dict[object, tuple] = {}  # {task: (actor, job)}
+        self.restarts = 0
+
+    def submit(self, actor) -> None:
+        if self.pending:
+            job = self.pending.popleft()
+            self.inflight[actor.run.remote(job)] = (actor, job)
+
+    def run(self, on_result: Callable[[dict], None]) -> None:
+        """Every case to an actor, ``on_result`` for each as it finishes; the cases left when no
+        actor is left fail (one line each)."""
+        for a in self.actors:
             for _ in range(PREFETCH):
-                submit(a)
-        while inflight:
-            ready, _ = ray.wait(list(inflight), num_returns=1)
-            ref = ready[0]
-            actor, job = inflight.pop(ref)
-            try:
-                res = ray.get(ref)
-            except ray.exceptions.RayActorError as exc:
-                res = {
-                    "case": job.case,
-                    "status": "error",
-                    "report": None,
-                    "seconds": 0.0,
-                    "error": f"Ray worker died ({_first(exc)})",
-                }
-                if actor in actors:
-                    actors.remove(actor)
-                    if restarts < 2 * workers and pending:
-                        restarts += 1
-                        actors.append(new_actor())
-                        for _ in range(PREFETCH):
-                            submit(actors[-1])
-                actor = None
-            except ray.exceptions.RayError as exc:
-                res = {
-                    "case": job.case,
-                    "status": "error",
-                    "report": None,
-                    "seconds": 0.0,
-                    "error": f"Ray task failed ({_first(exc)})",
-                }
+                self.submit(a)
+        while self.inflight:
+            ready, _ = ray.wait(list(self.inflight), num_returns=1)
+            actor, job = self.inflight.pop(ready[0])
+            res, actor = self._result(ready[0], actor, job)
             on_result(res)
             if actor is not None:
-                submit(actor)
-            elif not actors and pending:
-                while pending:
-                    j = pending.popleft()
-                    on_result(
-                        {
-                            "case": j.case,
-                            "status": "error",
-                            "report": None,
-                            "seconds": 0.0,
-                            "error": "no Ray worker left (they kept dying)",
-                        }
-                    )
+                self.submit(actor)
+            elif not self.actors and self.pending:
+                while self.pending:
+                    on_result(_failed(self.pending.popleft(), "no Ray worker left (they kept dying)"))
+
+    def _result(self, ref, actor, job: Job) -> tuple:
+        """``(the case's result, the actor to give the next case)``; no actor (``None``) when it died."""
+        try:
+            return ray.get(ref), actor
+        except ray.exceptions.RayActorError as exc:
+            res = _failed(job, f"Ray worker died ({_first(exc)})")
+            self._replace(actor)
+            return res, None
+        except ray.exceptions.RayError as exc:
+            return _failed(job, f"Ray task failed ({_first(exc)})"), actor
+
+    def _replace(self, actor) -> None:
+        """Drop a dead actor and, while restarts are left and cases wait, start another one."""
+        if actor in self.actors:
+            self.actors.remove(actor)
+            if self.restarts < 2 * self.workers and self.pending:
+                self.restarts += 1
+                self.actors.append(self.new_actor())
+                for _ in range(PREFETCH):
+                    self.submit(self.actors[-1])
+
+    def loads(self) -> int:
+        """How many times the live actors loaded the bundle (each actor closed on the way)."""
         loads = 0
-        for a in actors:
+        for a in self.actors:
             try:
                 loads += ray.get(a.loads.remote())
                 ray.get(a.close.remote())
             except ray.exceptions.RayError:
                 pass
         return loads
-    finally:
-        for a in actors:
+
+    def kill(self) -> None:
+        for a in self.actors:
             try:
                 ray.kill(a)
             except Exception:

@@ -9,13 +9,14 @@ runs one case at a time; results come back to the batch process, which alone wri
 table and the resume state, in completion order, exactly as for one worker or for Ray.
 
 A worker process that dies (killed, out of memory) breaks the whole pool: the cases in flight at
-that moment (at most one per worker) fail, one line each; the cases not yet started go to a fresh set of workers (at most ``2 N`` restarts). Ctrl-C
-and SIGTERM stop the workers without finishing their cases, and without leaving anything half
-written: the workers ignore SIGINT, so that only this process decides; it sends them SIGTERM
-(:func:`_stop`), which a worker takes like Ctrl-C in its case (the case's temporary folder and
-lock are removed, as with one worker) and then ends; SIGTERM to the whole process group does the
-same. A worker still there after :data:`STOP_GRACE_S` (stuck in a native call) is killed; on
-Linux a worker also ends when the batch process dies by SIGKILL.
+that moment (at most one per worker) fail, one line each; the cases not yet started go to a fresh
+set of workers (at most ``2 N`` restarts). Ctrl-C and SIGTERM stop the workers without finishing
+their cases, and without leaving anything half written: the workers ignore SIGINT, so that only
+this process decides; it sends them SIGTERM (:func:`_stop`), which a worker takes like Ctrl-C in
+its case (the case's temporary folder and lock are removed, as with one worker) and then ends;
+SIGTERM to the whole process group does the same. A worker still there after :data:`STOP_GRACE_S`
+(stuck in a native call) is killed; on Linux a worker also ends when the batch process dies by
+SIGKILL.
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ import os
 import signal
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Dict, Optional, Sequence
 
 from cardseg.base import cpus
+from cardseg.cohort.options import WorkerOptions
 
 #: the worker of this process (set by :func:`_start_worker` in each worker process)
 _WORKER = None
@@ -59,16 +62,7 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _start_worker(
-    bundle_root: str,
-    method: str,
-    device: str,
-    batch_size: int,
-    threads: int,
-    backend: str,
-    parent: int = 0,
-    review_map: Optional[str] = None,
-) -> None:
+def _start_worker(bundle_root: str, options: WorkerOptions, parent: int = 0) -> None:
     global _WORKER
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the batch process's to handle
     signal.signal(signal.SIGTERM, _on_sigterm)
@@ -76,7 +70,8 @@ def _start_worker(
         _die_with_parent(parent)
     from cardseg.cohort.worker import CaseWorker
 
-    _WORKER = CaseWorker(Path(bundle_root), method, device, batch_size, threads, backend, review_map)
+    o = options
+    _WORKER = CaseWorker(Path(bundle_root), o.method, o.device, o.batch_size, o.threads, o.backend, o.review_map)
 
 
 def _on_sigterm(signum, frame) -> None:
@@ -115,22 +110,18 @@ def run_jobs(
     on_result: Callable[[dict], None],
     *,
     bundle_root: Path,
-    method: str = "card",
-    device: str = "auto",
-    batch_size: int = 8,
-    threads: Optional[int] = None,
-    backend: str = "torch",
+    options: WorkerOptions = WorkerOptions(),
     workers: int = 2,
-    review_map: Optional[str] = None,
 ) -> int:
-    """Run ``jobs`` on ``workers`` local processes, calling ``on_result`` here for each finished
+    """Run ``jobs`` on ``workers`` local processes, each running its cases with ``options`` (its
+    ``threads`` default: :func:`default_threads`), calling ``on_result`` here for each finished
     case (completion order). Returns how many worker processes loaded the bundle (one per
     process that ran a case)."""
     import multiprocessing
 
     workers = max(1, min(int(workers), len(jobs)))
-    threads = threads or default_threads(workers)
-    args = (str(bundle_root), method, device, batch_size, threads, backend, os.getpid(), review_map)
+    options = replace(options, threads=options.threads or default_threads(workers))
+    args = (str(bundle_root), options, os.getpid())
     ctx = multiprocessing.get_context("spawn")
     pending = list(reversed(jobs))  # popped from the end: jobs in their order
     loaded = set()

@@ -42,6 +42,24 @@ class BatchOptions:
     review_map: Optional[str] = None
 
 
+@dataclass(frozen=True)
+class WorkerOptions:
+    """How each worker of a batch runs its cases (:class:`cardseg.cohort.worker.CaseWorker`).
+
+    method: ``card`` or ``uc``; device: where torch networks run (``auto``, ``cpu``, ``cuda``...);
+    batch_size: slices per network call; threads: CPU threads per worker (``None``: the worker's
+    share of the CPUs); backend: what runs the networks, torch, onnx or auto
+    (:func:`cardseg.bundle.loading.load_bundle`); review_map: which of the bundle's flagged-region
+    rules runs (:mod:`cardseg.bundle.review_rules`; ``None``: the bundle's own)."""
+
+    method: str = "card"
+    device: str = "auto"
+    batch_size: int = 8
+    threads: Optional[int] = None
+    backend: str = "torch"
+    review_map: Optional[str] = None
+
+
 @dataclass
 class BatchResult:
     outdir: Path
@@ -77,6 +95,19 @@ def check_options(o: BatchOptions) -> None:
         raise CardsegError(f"--ray-cpus-per-worker must be a number above 0, got {o.ray_cpus_per_worker}")
     if o.report_thumbnails < 0:
         raise CardsegError(f"--report-thumbnails must be 0 or more, got {o.report_thumbnails}")
+
+
+def worker_options(o: BatchOptions, backend: Optional[str] = None) -> WorkerOptions:
+    """The :class:`WorkerOptions` of a batch's workers; ``backend``: the one its check load settled on
+    (default: the one asked for)."""
+    return WorkerOptions(
+        method=o.method,
+        device=o.device,
+        batch_size=o.batch_size,
+        threads=o.threads,
+        backend=o.backend if backend is None else backend,
+        review_map=o.review_map,
+    )
 
 
 def options_from_args(a) -> BatchOptions:

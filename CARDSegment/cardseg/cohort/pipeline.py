@@ -30,10 +30,17 @@ from __future__ import annotations
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Deque, Optional, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Deque, NamedTuple, Optional, Sequence
 
 from cardseg.base.cpus import usable_cpus
 from cardseg.cohort.worker import CaseWorker, Job, failed
+
+if TYPE_CHECKING:  # the engine's modules are imported where a batch runs cases
+    from cardseg.io.outdir import OutputWriter
+    from cardseg.io.volume import Volume
+    from cardseg.segment import NetworkRun, SegmentOptions
 
 
 def default_finishers(cpus: Optional[int] = None) -> int:
@@ -49,119 +56,126 @@ def run_overlapped(
     ``on_result`` once per job, in order, always from this thread (see the module docstring).
     ``finishers``: threads finishing and writing cases (default :func:`default_finishers`)."""
     worker.load()
-    bundle, method, device, batch_size = worker.bundle, worker.method, worker.device, worker.batch_size
-    from cardseg import segment
-    from cardseg import __version__
-    from cardseg.base.progress import Progress
-    from cardseg.io.outdir import OutputWriter
+    from cardseg.segment import SegmentOptions
 
+    bundle = worker.bundle
+    options = SegmentOptions(method=worker.method, device=worker.device, batch_size=worker.batch_size)
     n_finish = max(1, int(finishers or default_finishers()))
-
-    def read(job: Job):
-        return segment.read_case(job.path, job.out, file_options=_file_options(job))
-
-    def finish(job: Job, t0: float, computed, volume, out, writer) -> dict:
-        try:
-            result = segment.finish_case(
-                computed,
-                volume,
-                bundle,
-                job.path,
-                options=segment.SegmentOptions(method=method, device=device, batch_size=batch_size),
-                file_options=_file_options(job),
-                t_start=t0,
-            )
-            segment.write_outputs(result, volume, bundle, out, job.overwrite, Progress(), writer=writer)
-        except BaseException as exc:
-            writer.__exit__(type(exc), exc, exc.__traceback__)
-            if isinstance(exc, Exception):
-                return failed(job, exc, t0)
-            raise
-        writer.__exit__(None, None, None)
-        return {
-            "case": job.case,
-            "status": "ok",
-            "error": "",
-            "report": result.report,
-            "seconds": time.perf_counter() - t0,
-        }
-
     if not jobs:
         return
     behind: Deque[Future] = deque()
-
-    def report_ready(keep: int) -> None:
-        """Report finished cases in order, waiting while more than ``keep`` are behind. A case
-        leaves ``behind`` only once its result is in hand (an interrupt while waiting loses none)."""
-        while behind and (len(behind) > keep or behind[0].done()):
-            done = behind[0].result()
-            behind.popleft()
-            on_result(done)
-
     with (
         ThreadPoolExecutor(1, thread_name_prefix="cardseg-read") as reader,
         ThreadPoolExecutor(n_finish, thread_name_prefix="cardseg-finish") as finish_pool,
     ):
-        ahead: Optional[Future] = reader.submit(read, jobs[0])
+        ahead: Optional[Future] = reader.submit(_read, jobs[0])
         try:
             for i, job in enumerate(jobs):
                 t0 = time.perf_counter()
-                current, ahead = ahead, (reader.submit(read, jobs[i + 1]) if i + 1 < len(jobs) else None)
-                outcome = _compute(
-                    job,
-                    t0,
-                    current,
-                    bundle,
-                    method,
-                    device,
-                    batch_size,
-                    OutputWriter,
-                    __version__,
-                    segment.run_networks,
-                )
+                current, ahead = ahead, (reader.submit(_read, jobs[i + 1]) if i + 1 < len(jobs) else None)
+                outcome = _compute(job, t0, current, bundle, options)
                 if isinstance(outcome, dict):  # failed before its finishing: reported in its turn
                     fut: Future = Future()
                     fut.set_result(outcome)
                 else:  # handed over before any wait, so its entered writer is always someone's to close
-                    computed, volume, out, writer = outcome
-                    fut = finish_pool.submit(finish, job, t0, computed, volume, out, writer)
+                    fut = finish_pool.submit(_finish, job, t0, outcome, bundle, options)
                 behind.append(fut)
-                report_ready(n_finish)
-            report_ready(0)
+                _report_ready(behind, n_finish, on_result)
+            _report_ready(behind, 0, on_result)
         except BaseException:
-            while behind:  # finished cases are still reported (their files are complete)
-                try:
-                    report_ready(0)
-                except BaseException:  # noqa: BLE001 - the first interruption is the one that counts
-                    if behind and behind[0].done() and behind[0].exception() is not None:
-                        behind.popleft()  # a case whose finishing itself raised has nothing to report
+            _report_finished(behind, on_result)
             if ahead is not None:
                 ahead.cancel()
             raise
 
 
-def _compute(job, t0, current, bundle, method, device, batch_size, writer_class, version, run_networks):
-    """``((trajectory, timings), volume, out, entered writer)``, or the error result of a case
-    that failed while being read, locked or computed (its writer has cleaned up)."""
+def _report_ready(behind: Deque[Future], keep: int, on_result: Callable[[dict], None]) -> None:
+    """Report finished cases in order, waiting while more than ``keep`` are behind. A case
+    leaves ``behind`` only once its result is in hand (an interrupt while waiting loses none)."""
+    while behind and (len(behind) > keep or behind[0].done()):
+        done = behind[0].result()
+        behind.popleft()
+        on_result(done)
+
+
+def _report_finished(behind: Deque[Future], on_result: Callable[[dict], None]) -> None:
+    """After an interrupt: the cases behind are still reported as they finish (their files are
+    complete); a case whose finishing itself raised has nothing to report."""
+    while behind:
+        try:
+            _report_ready(behind, 0, on_result)
+        except BaseException:  # noqa: BLE001 - the first interruption is the one that counts
+            if behind and behind[0].done() and behind[0].exception() is not None:
+                behind.popleft()
+
+
+class _Computed(NamedTuple):
+    """A case whose networks ran: their result (:func:`cardseg.segment.run_networks`), the volume
+    read, its output folder and the entered writer of that folder."""
+
+    networks: "NetworkRun"
+    volume: "Volume"
+    out: Path
+    writer: "OutputWriter"
+
+
+def _read(job: Job):
+    """``(out, volume)`` of ``job`` (:func:`cardseg.segment.read_case`)."""
+    from cardseg import segment
+
+    return segment.read_case(job.path, job.out, file_options=_file_options(job))
+
+
+def _compute(job: Job, t0: float, current: Future, bundle, options: "SegmentOptions") -> "_Computed | dict":
+    """The case's :class:`_Computed`, or the error result of a case that failed while being read
+    (``current``: its :func:`_read`), locked or computed (its writer has cleaned up). ``options``:
+    the :class:`cardseg.segment.SegmentOptions` the networks run with (a fresh progress each case)."""
+    from cardseg import __version__, segment
+    from cardseg.base.progress import Progress
+    from cardseg.io.outdir import OutputWriter
+
     try:
         out, volume = current.result()
     except Exception as exc:  # noqa: BLE001 - one bad case never stops the batch
         return failed(job, exc, t0)
     try:
-        writer = writer_class(out, job.overwrite, version=version).__enter__()
+        writer = OutputWriter(out, job.overwrite, version=__version__).__enter__()
     except Exception as exc:  # noqa: BLE001
         return failed(job, exc, t0)
     try:
-        from cardseg.base.progress import Progress
-        from cardseg.segment import SegmentOptions
-
-        computed = run_networks(volume, bundle, SegmentOptions(method, device, batch_size, Progress()))
+        computed = segment.run_networks(volume, bundle, replace(options, progress=Progress()))
     except BaseException as exc:
         writer.__exit__(type(exc), exc, exc.__traceback__)
         if isinstance(exc, Exception):
             return failed(job, exc, t0)
         raise
-    return computed, volume, out, writer
+    return _Computed(computed, volume, out, writer)
+
+
+def _finish(job: Job, t0: float, c: _Computed, bundle, options: "SegmentOptions") -> dict:
+    """Finish and write a computed case (on a finishing thread) and close its writer: the case's
+    result, ok or the error it failed with."""
+    from cardseg import segment
+    from cardseg.base.progress import Progress
+
+    try:
+        result = segment.finish_case(
+            c.networks, c.volume, bundle, job.path, options=options, file_options=_file_options(job), t_start=t0
+        )
+        segment.write_outputs(result, c.volume, bundle, c.out, job.overwrite, Progress(), writer=c.writer)
+    except BaseException as exc:
+        c.writer.__exit__(type(exc), exc, exc.__traceback__)
+        if isinstance(exc, Exception):
+            return failed(job, exc, t0)
+        raise
+    c.writer.__exit__(None, None, None)
+    return {
+        "case": job.case,
+        "status": "ok",
+        "error": "",
+        "report": result.report,
+        "seconds": time.perf_counter() - t0,
+    }
 
 
 def _file_options(job: Job):

@@ -40,6 +40,7 @@ import re
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -339,6 +340,32 @@ def _indices_html(blocks, info: Optional[dict]) -> str:
     return _fill(blocks["indices"], items_html=items, nominal=level or "stated", category_html=category) + error
 
 
+#: the page's note on the cardiac indices, when subjects have some
+_INDICES_NOTE_HTML = (
+    " Cardiac indices come with their intervals at the stated nominal level "
+    "(the subject's ED and ES cases), and the LVEF categories the interval implies "
+    "(reduced &le; 40 %, mildly reduced 41-49 %, preserved &ge; 50 %, on whole percent); "
+    "an interval that spans a threshold is marked <b>straddles a threshold</b>: the "
+    "category is not settled by the measurement."
+)
+#: the class colours of a bundle that names none (index 0 background)
+_DEFAULT_COLORS = [(0, 0, 0), (0.3, 0.55, 0.9), (0.95, 0.75, 0.25), (0.9, 0.3, 0.3)]
+
+
+@dataclass(frozen=True)
+class _Thumbnails:
+    """How the report's thumbnails are made.
+
+    colors: one RGB per class (index 0 background); display_max: the disagreement drawn brightest
+    (``None``: each case's report says); limit: how many cases get one (the first of the ranking);
+    missing: why none can be made (matplotlib is not installed), ``""`` when they can."""
+
+    colors: list
+    display_max: Optional[float]
+    limit: int
+    missing: str
+
+
 def write_report(
     outdir: os.PathLike, config: Optional[dict] = None, max_thumbnails: int = 200, rows: Optional[Sequence[dict]] = None
 ) -> Path:
@@ -347,123 +374,159 @@ def write_report(
     config: the bundle's ``bundle.json`` (class colours); rows: the cohort table (default: read
     ``cohort.csv``). Thumbnails need matplotlib; without it the page says so in their place.
     """
-    from cardseg import __version__
     from cardseg.base.files import write_atomic
-    from cardseg.cohort.layout import COHORT_CSV, SUBJECTS_CSV, TRIAGE_HTML
+    from cardseg.cohort.layout import COHORT_CSV, TRIAGE_HTML
 
     out = Path(outdir)
     if rows is None:
         rows = _read_csv(out / COHORT_CSV)
     rows = [{k: ("" if v is None else v) for k, v in r.items()} for r in rows]
+    subjects = _cohort_subjects(out, rows)
+    thumbs = _thumbnail_settings(config, max_thumbnails)
+    blocks = load_blocks()
+    html_rows, n_thumbs = [], 0
+    for rank, row in enumerate(rank_cases(rows), start=1):
+        thumb = ""
+        if tier(row) != 0:
+            thumb, made = _thumbnail_cell(blocks, thumbs, out, row.get("case", ""), n_thumbs)
+            n_thumbs += made
+        html_rows.append(_row_html(blocks, rank, row, thumb, subjects))
+    page = _page_html(blocks, out, config, rows, subjects, "\n".join(html_rows), n_thumbs)
+    path = out / TRIAGE_HTML
+    write_atomic(path, page.encode("utf-8"))
+    return path
+
+
+def _cohort_subjects(out: Path, rows: Sequence[dict]) -> Dict[str, dict]:
+    """:func:`subject_indices` of ``OUTDIR/subjects.csv`` (none without it), only the subjects ``rows`` list."""
+    from cardseg.cohort.layout import SUBJECTS_CSV
+
     subjects = subject_indices(_read_csv(out / SUBJECTS_CSV)) if (out / SUBJECTS_CSV).is_file() else {}
     listed = {r.get("subject") for r in rows if r.get("subject")}
-    subjects = {s: i for s, i in subjects.items() if s in listed}  # only this cohort's subjects count
+    return {s: i for s, i in subjects.items() if s in listed}  # only this cohort's subjects count
+
+
+def _thumbnail_settings(config: Optional[dict], max_thumbnails: int) -> _Thumbnails:
+    """The :class:`_Thumbnails` of a bundle's ``bundle.json`` (``None``: the default colours, each case's scale)."""
     classes = (config or {}).get("classes") or []
     display_max = _float(((config or {}).get("regions") or {}).get("display_max_disagreement"))
-    colors = [c.get("color", [1, 0, 0]) for c in classes] or [
-        (0, 0, 0),
-        (0.3, 0.55, 0.9),
-        (0.95, 0.75, 0.25),
-        (0.9, 0.3, 0.3),
-    ]
+    colors = [c.get("color", [1, 0, 0]) for c in classes] or list(_DEFAULT_COLORS)
     try:
         import matplotlib.figure  # noqa: F401  (thumbnails need it)
 
-        no_plot = ""
+        missing = ""
     except ImportError:
-        no_plot = "no thumbnail: matplotlib is not installed (pip install matplotlib)"
-    blocks = load_blocks()
-    ranked = rank_cases(rows)
-    html_rows, n_thumbs = [], 0
-    for rank, row in enumerate(ranked, start=1):
-        case = row.get("case", "")
-        folder = out / case
-        t = tier(row)
-        thumb = ""
-        if t != 0:
-            if no_plot:
-                thumb = _fill(blocks["no_thumbnail"], why=no_plot)
-            elif n_thumbs >= max_thumbnails:
-                thumb = _fill(
-                    blocks["no_thumbnail"], why=f"no thumbnail (only the first {max_thumbnails} cases get one)"
-                )
-            else:
-                try:
-                    report = json.loads((folder / "report.json").read_text(encoding="utf-8"))
-                    png, z = case_thumbnail(folder, report, colors, display_max)
-                    per_slice = report.get("agreement_per_slice") or []
-                    sa = _float(per_slice[z]) if z < len(per_slice) else None
-                    thumb = _fill(
-                        blocks["thumbnail"],
-                        case=case,
-                        png=base64.b64encode(png).decode("ascii"),
-                        width=THUMB_PX[0],
-                        height=THUMB_PX[1],
-                        slice=z,
-                        slices=report.get("slices", len(per_slice) or "?"),
-                        slice_agreement=f", agreement {sa:.3f}" if sa is not None else "",
-                    )
-                    n_thumbs += 1
-                except Exception as exc:  # a thumbnail never stops the report
-                    thumb = _fill(
-                        blocks["no_thumbnail"],
-                        why=f"no thumbnail ({type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0][:120] if str(exc) else ''})",
-                    )
-        subject = row.get("subject", "")
-        regions = ""
-        if _float(row.get("flagged_regions")) is not None:
-            regions = f"{int(_float(row['flagged_regions']))} ({_fmt(row.get('flagged_volume_ml'), 1)} ml)"
-        top = top_regions(row)
-        top_html = (
+        missing = "no thumbnail: matplotlib is not installed (pip install matplotlib)"
+    return _Thumbnails(colors, display_max, max_thumbnails, missing)
+
+
+def _thumbnail_cell(blocks, thumbs: _Thumbnails, out: Path, case: str, made: int) -> Tuple[str, bool]:
+    """``(the thumbnail cell of a case with a result, whether a thumbnail was made)``; ``made``:
+    how many cases ranked before it got one. A thumbnail that cannot be made says why in its place."""
+    if thumbs.missing:
+        return _fill(blocks["no_thumbnail"], why=thumbs.missing), False
+    if made >= thumbs.limit:
+        return _fill(blocks["no_thumbnail"], why=f"no thumbnail (only the first {thumbs.limit} cases get one)"), False
+    try:
+        return _thumbnail_html(blocks, thumbs, out / case, case), True
+    except Exception as exc:  # a thumbnail never stops the report
+        return (
             _fill(
-                blocks["top_regions"],
-                items_html="".join(
-                    _fill(blocks["top_region_item"], ml=_fmt(ml, 1), p_error="" if p is None else f", p_error {p:.2f}")
-                    for ml, p in top
-                ),
-            )
-            if top
-            else ""
+                blocks["no_thumbnail"],
+                why=f"no thumbnail ({type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''})",
+            ),
+            False,
         )
-        vols = [
-            (k[len("volume_") : -len("_ml")], _fmt(v, 1))
-            for k, v in row.items()
-            if k.startswith("volume_") and k.endswith("_ml") and _float(v) is not None
-        ]
-        html_rows.append(
-            _fill(
-                blocks["row"],
-                tier=t,
-                anchor=re.sub(r"[^A-Za-z0-9_-]", "_", case),
-                case=case,
-                rank=rank,
-                folder_href=quote(case) + "/",
-                report_link_html=(
-                    _fill(blocks["report_link"], href=quote(case) + "/report.json") if row.get("status") == "ok" else ""
-                ),
-                subject_html=(_fill(blocks["subject"], subject=subject, phase=row.get("phase", "")) if subject else ""),
-                reason=reason(row),
-                error_html=_fill(blocks["error"], error=row["error"]) if row.get("error") else "",
-                agreement=_fmt(row.get("agreement")),
-                regions=regions,
-                top_regions_html=top_html,
-                thumbnail_html=thumb,
-                indices_html=_indices_html(blocks, subjects.get(subject)) if subject else "",
-                volumes_html=(
-                    _fill(
-                        blocks["volumes"],
-                        items_html="".join(_fill(blocks["volume_item"], name=n, value=v) for n, v in vols),
-                    )
-                    if vols
-                    else ""
-                ),
-            )
-        )
+
+
+def _thumbnail_html(blocks, thumbs: _Thumbnails, folder: Path, case: str) -> str:
+    """The thumbnail block of a case folder's worst slice (:func:`case_thumbnail`); raises on anything missing."""
+    report = json.loads((folder / "report.json").read_text(encoding="utf-8"))
+    png, z = case_thumbnail(folder, report, thumbs.colors, thumbs.display_max)
+    per_slice = report.get("agreement_per_slice") or []
+    sa = _float(per_slice[z]) if z < len(per_slice) else None
+    return _fill(
+        blocks["thumbnail"],
+        case=case,
+        png=base64.b64encode(png).decode("ascii"),
+        width=THUMB_PX[0],
+        height=THUMB_PX[1],
+        slice=z,
+        slices=report.get("slices", len(per_slice) or "?"),
+        slice_agreement=f", agreement {sa:.3f}" if sa is not None else "",
+    )
+
+
+def _row_html(blocks, rank: int, row: dict, thumb: str, subjects: Dict[str, dict]) -> str:
+    """One case's row of the page (``rank``: its place in the ranking, from 1; ``thumb``: its thumbnail cell)."""
+    case = row.get("case", "")
+    subject = row.get("subject", "")
+    regions = ""
+    if _float(row.get("flagged_regions")) is not None:
+        regions = f"{int(_float(row['flagged_regions']))} ({_fmt(row.get('flagged_volume_ml'), 1)} ml)"
+    return _fill(
+        blocks["row"],
+        tier=tier(row),
+        anchor=re.sub(r"[^A-Za-z0-9_-]", "_", case),
+        case=case,
+        rank=rank,
+        folder_href=quote(case) + "/",
+        report_link_html=(
+            _fill(blocks["report_link"], href=quote(case) + "/report.json") if row.get("status") == "ok" else ""
+        ),
+        subject_html=(_fill(blocks["subject"], subject=subject, phase=row.get("phase", "")) if subject else ""),
+        reason=reason(row),
+        error_html=_fill(blocks["error"], error=row["error"]) if row.get("error") else "",
+        agreement=_fmt(row.get("agreement")),
+        regions=regions,
+        top_regions_html=_top_regions_html(blocks, row),
+        thumbnail_html=thumb,
+        indices_html=_indices_html(blocks, subjects.get(subject)) if subject else "",
+        volumes_html=_volumes_html(blocks, row),
+    )
+
+
+def _top_regions_html(blocks, row: dict) -> str:
+    """The row's largest flagged regions (:func:`top_regions`), ``""`` for none."""
+    top = top_regions(row)
+    if not top:
+        return ""
+    items = "".join(
+        _fill(blocks["top_region_item"], ml=_fmt(ml, 1), p_error="" if p is None else f", p_error {p:.2f}")
+        for ml, p in top
+    )
+    return _fill(blocks["top_regions"], items_html=items)
+
+
+def _volumes_html(blocks, row: dict) -> str:
+    """The row's class volumes (``volume_<class>_ml``), ``""`` for none."""
+    vols = [
+        (k[len("volume_") : -len("_ml")], _fmt(v, 1))
+        for k, v in row.items()
+        if k.startswith("volume_") and k.endswith("_ml") and _float(v) is not None
+    ]
+    if not vols:
+        return ""
+    items = "".join(_fill(blocks["volume_item"], name=n, value=v) for n, v in vols)
+    return _fill(blocks["volumes"], items_html=items)
+
+
+def _page_html(
+    blocks,
+    out: Path,
+    config: Optional[dict],
+    rows: Sequence[dict],
+    subjects: Dict[str, dict],
+    rows_html: str,
+    n_thumbs: int,
+) -> str:
+    """The whole page: the cohort's summary above ``rows_html`` (the ranked rows, ``n_thumbs`` with a thumbnail)."""
+    from cardseg import __version__
+
     agreements = [a for a in (_float(r.get("agreement")) for r in rows if r.get("status") == "ok") if a is not None]
     ident = (config or {}).get("id") or {}
     methods = sorted({r.get("method") for r in rows if r.get("method")})
-    page = _fill(
+    return _fill(
         blocks["page"],
         title=f"cardseg triage: {out.name}",
         version=__version__,
@@ -477,21 +540,10 @@ def write_report(
         n_flagged=sum(1 for r in rows if tier(r) in (1, 2) and (_float(r.get("flagged_regions")) or 0) > 0),
         median_agreement=f"{statistics.median(agreements):.3f}" if agreements else "-",
         n_thumbnails=n_thumbs,
-        rows_html="\n".join(html_rows),
+        rows_html=rows_html,
         n_straddling=sum(1 for i in subjects.values() if i.get("straddles")),
-        indices_note_html=(
-            " Cardiac indices come with their intervals at the stated nominal level "
-            "(the subject's ED and ES cases), and the LVEF categories the interval implies "
-            "(reduced &le; 40 %, mildly reduced 41-49 %, preserved &ge; 50 %, on whole percent); "
-            "an interval that spans a threshold is marked <b>straddles a threshold</b>: the "
-            "category is not settled by the measurement."
-            if subjects
-            else ""
-        ),
+        indices_note_html=_INDICES_NOTE_HTML if subjects else "",
     )
-    path = out / TRIAGE_HTML
-    write_atomic(path, page.encode("utf-8"))
-    return path
 
 
 def main(argv: Optional[List[str]] = None) -> int:

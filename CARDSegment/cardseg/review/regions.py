@@ -136,53 +136,62 @@ def cap_regions(score: np.ndarray, lab: np.ndarray, n: int, cap_voxels: Optional
     return out
 
 
-def region_labels(
-    tac: np.ndarray,
-    threshold: float,
-    min_voxels: int,
-    connectivity: str = "3d",
-    merge_px: int = 0,
-    *,
-    grow_threshold: Optional[float] = None,
-    allowed: Optional[np.ndarray] = None,
-    cap_voxels: Optional[int] = None,
-    fill_holes: bool = False,
-) -> Tuple[np.ndarray, int]:
-    """Label the flagged components of the map ``tac (Z, Y, X)``: int32 map (0 none, 1..n) and ``n``.
+@dataclass(frozen=True)
+class LabelRule:
+    """How :func:`region_labels` cuts flagged components from a map.
 
-    With ``grow_threshold`` (at most ``threshold``) a component is one of ``map > grow_threshold``
-    holding at least one voxel above ``threshold`` (hysteresis); ``allowed`` (bool ``(Z, Y, X)``)
-    limits the flagged voxels; regions over ``cap_voxels`` keep their highest voxels
-    (:func:`cap_regions`); ``fill_holes`` fills the mask's holes slice by slice (inside ``allowed``)
-    before labelling. Labels are numbered in scan order; components under ``min_voxels`` (after
-    the cap) are removed.
+    threshold: the flag threshold, voxels above it seed a region; min_voxels: components with fewer
+    voxels (after the cap) are removed; connectivity: ``"3d"`` (components also join the same pixel
+    on neighbouring slices) or ``"slice"`` (8-connected within one slice); merge_px: components
+    closer than this many in-plane pixels are merged; grow_threshold: with a value (at most
+    ``threshold``) a component is one of ``map > grow_threshold`` holding a voxel above ``threshold``
+    (hysteresis), ``None``: components of ``map > threshold``; cap_voxels: regions over this many
+    voxels keep their highest voxels (:func:`cap_regions`), ``None``: no cap; fill_holes: fill the
+    mask's holes slice by slice before labelling."""
+
+    threshold: float
+    min_voxels: int
+    connectivity: str = "3d"
+    merge_px: int = 0
+    grow_threshold: Optional[float] = None
+    cap_voxels: Optional[int] = None
+    fill_holes: bool = False
+
+
+def region_labels(tac: np.ndarray, rule: LabelRule, allowed: Optional[np.ndarray] = None) -> Tuple[np.ndarray, int]:
+    """Label the flagged components of the map ``tac (Z, Y, X)`` as ``rule`` says: int32 map
+    (0 none, 1..n) and ``n``.
+
+    ``allowed`` (bool ``(Z, Y, X)``) limits the flagged voxels (holes are filled inside it only).
+    Labels are numbered in scan order. An unknown ``rule.connectivity`` is a one-line
+    :class:`CardsegError`.
     """
-    if connectivity not in ("3d", "slice"):
-        raise CardsegError(f"regions.connectivity must be '3d' or 'slice' (got {connectivity!r})")
+    if rule.connectivity not in ("3d", "slice"):
+        raise CardsegError(f"regions.connectivity must be '3d' or 'slice' (got {rule.connectivity!r})")
     tac = np.asarray(tac)
-    seeds = tac > threshold
-    mask = seeds if grow_threshold is None else tac > min(float(grow_threshold), float(threshold))
+    seeds = tac > rule.threshold
+    mask = seeds if rule.grow_threshold is None else tac > min(float(rule.grow_threshold), float(rule.threshold))
     if allowed is not None:
         mask = mask & np.asarray(allowed, bool)
         seeds = seeds & mask
-    if fill_holes:
+    if rule.fill_holes:
         mask = np.stack([ndimage.binary_fill_holes(m) for m in mask]) if mask.size else mask
         if allowed is not None:
             mask &= np.asarray(allowed, bool)
-    grown = roi_mask(mask, merge_px)  # per slice, no growth across slices
+    grown = roi_mask(mask, rule.merge_px)  # per slice, no growth across slices
     structure = np.zeros((3, 3, 3), bool)
     structure[1] = True  # 8-connected in-plane ...
-    if connectivity == "3d":
+    if rule.connectivity == "3d":
         structure[0, 1, 1] = structure[2, 1, 1] = True  # ... and the same pixel on the neighbouring slices
     lab, n = ndimage.label(grown, structure=structure)
     lab = np.where(mask, lab, 0).astype(np.int32)
     if n == 0:
         return lab, 0
-    if grow_threshold is not None:  # hysteresis: only components that reach the flag threshold
+    if rule.grow_threshold is not None:  # hysteresis: only components that reach the flag threshold
         lab = np.where(np.isin(lab, np.unique(lab[seeds])), lab, 0).astype(np.int32)
-    lab = cap_regions(tac, lab, n, cap_voxels)
+    lab = cap_regions(tac, lab, n, rule.cap_voxels)
     sizes = np.bincount(lab.ravel(), minlength=n + 1)
-    keep = np.flatnonzero(sizes >= max(int(min_voxels), 1))
+    keep = np.flatnonzero(sizes >= max(int(rule.min_voxels), 1))
     keep = keep[keep > 0]
     remap = np.zeros(n + 1, np.int32)
     remap[keep] = np.arange(1, keep.size + 1, dtype=np.int32)
@@ -270,17 +279,16 @@ def form_regions(
         cut = review_map(score, float(s["smooth_px"]))
     else:
         cut = score
-    return region_labels(
-        cut,
-        float(s["flag_threshold"]),
-        int(s["min_voxels"]),
-        s["connectivity"],
-        int(s["merge_px"]),
+    rule = LabelRule(
+        threshold=float(s["flag_threshold"]),
+        min_voxels=int(s["min_voxels"]),
+        connectivity=s["connectivity"],
+        merge_px=int(s["merge_px"]),
         grow_threshold=s["grow_threshold"],
-        allowed=allowed,
         cap_voxels=cap_voxels_of(s["max_ml"], spacing),
         fill_holes=bool(s["fill_holes"]),
     )
+    return region_labels(cut, rule, allowed)
 
 
 def region_features(

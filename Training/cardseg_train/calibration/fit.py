@@ -228,9 +228,9 @@ NETWORK_METHODS = ("pts", "lts", "calibnet")
 def fit_calibrator(method: str, pool: Sequence[PoolItem], **kwargs) -> Calibrator:
     """Fit ``method`` (one of :data:`FITTERS` or :data:`NETWORK_METHODS`) on the pool."""
     if method in NETWORK_METHODS:
-        from cardseg_train.calibration.fit_nets import NET_FITTERS
+        from cardseg_train.calibration.fit_nets import fit_network
 
-        return NET_FITTERS[method](pool, **kwargs)
+        return fit_network(method, pool, **kwargs)
     if method not in FITTERS:
         raise ValueError(f"no fitter for {method!r} (choose from {', '.join((*FITTERS, *NETWORK_METHODS))})")
     return FITTERS[method](pool, **kwargs)

@@ -5,9 +5,9 @@ pixel-wise NLL of the calibrated ROI pixels of the source-validation pool. What 
 optimiser, since these have hundreds to thousands of weights: Adam from a fixed seed, with early
 stopping on a held-out part of the pool.
 
-* **Held-out part**: about ``holdout`` (default 20%) of the pool's *patients* (every item of a
-  held-out patient: both frames and all perturbations), drawn from ``seed``; with one patient,
-  whole items instead. The weights kept are those of the epoch with the lowest held-out NLL,
+* **Held-out part**: about ``holdout`` (:class:`NetFitOptions`, default 20%) of the pool's
+  *patients* (every item of a held-out patient: both frames and all perturbations), drawn from
+  ``seed``; with one patient, whole items instead. The weights kept are those of the epoch with the lowest held-out NLL,
   epoch 0 included, which is the start: every network starts as TS (output layer zero, biases set
   so that ``T`` is the TS temperature fitted on the training part), so a fitted network is never
   worse than that TS on the held-out part.
@@ -15,9 +15,10 @@ stopping on a held-out part of the pool.
   (the same pixels as TS, ETS, HTS and CARD), in shuffled mini-batches.
 * **LTS** and **CalibNet** (:func:`fit_lts`, :func:`fit_calibnet`) read neighbourhoods and the
   image, which the pixel vectors lack: they need the pool's spatial crops
-  (:class:`~cardseg_train.calibration.spatial.SpatialItem`, ``build_pool(..., spatial=True)``;
-  CalibNet also ``augmentations=N``). Their loss is the NLL over *all* ROI pixels of the crops
-  (the pixel vectors keep a random subset), a few slices of one item per step.
+  (:class:`~cardseg_train.calibration.spatial.SpatialItem`, a pool built with
+  ``PoolOptions(spatial=True)``; CalibNet also ``augmentations=N``). Their loss is the NLL over
+  *all* ROI pixels of the crops (the pixel vectors keep a random subset), a few slices of one item
+  per step.
 * **CalibNet's shape prior** (its denoising network of label maps) is trained first, on
   corrupted ground-truth label maps (:func:`corrupt_label_maps`): by default the training part's
   own crops; ``shape_labels`` gives other source label maps (``cardseg fit-calibration`` passes
@@ -30,6 +31,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -49,6 +51,80 @@ HOLDOUT = 0.2
 MIN_DELTA = 1e-5
 #: gradient norm clip of every step
 GRAD_CLIP = 1.0
+
+
+# --------------------------------------------------------------------------------------------
+# the fitters' options
+
+
+@dataclass(frozen=True)
+class NetFitOptions:
+    """How a network calibrator trains (the fields every fitter shares).
+
+    seed: draws the held-out split, the starting weights and the batch order; holdout: the
+    held-out share of the pool's patients; lr: Adam's step size (each calibrator's own options
+    set its default); max_epochs: the most passes over the training part; patience: epochs
+    without a held-out improvement of more than :data:`MIN_DELTA` before training stops."""
+
+    seed: int = 0
+    holdout: float = HOLDOUT
+    lr: float = 3e-3
+    max_epochs: int = 30
+    patience: int = 4
+
+
+@dataclass(frozen=True)
+class PTSOptions(NetFitOptions):
+    """PTS (:func:`fit_pts`): training as :class:`NetFitOptions`, and
+
+    hidden / layers: ReLU units per hidden layer and hidden layers of the MLP over the sorted
+    logits; top_k: how many of the largest logits it reads (``None``: all ``K``); batch_pixels: pixels per mini-batch;
+    max_steps_per_epoch: the most mini-batches per epoch; objective: ``nll`` (the pool's
+    objective) or ``mse`` (the authors' squared error to the one-hot label)."""
+
+    hidden: int = 5
+    layers: int = 2
+    top_k: Optional[int] = None
+    lr: float = 5e-3
+    batch_pixels: int = 8192
+    max_steps_per_epoch: int = 200
+    objective: str = "nll"
+
+
+@dataclass(frozen=True)
+class CropFitOptions(NetFitOptions):
+    """A calibrator trained on the pool's spatial crops: training as :class:`NetFitOptions`, and
+    slices: how many consecutive slices of one crop make one step's batch."""
+
+    slices: int = 4
+
+
+@dataclass(frozen=True)
+class LTSOptions(CropFitOptions):
+    """LTS (:func:`fit_lts`): training as :class:`CropFitOptions`, and kernel / dilation: the
+    size and dilation of the tree's ``kernel x kernel`` convolutions."""
+
+    kernel: int = 5
+    dilation: int = 2
+    lr: float = 1e-2
+
+
+@dataclass(frozen=True)
+class CalibNetOptions(CropFitOptions):
+    """CalibNet (:func:`fit_calibnet`): training as :class:`CropFitOptions`, and
+
+    branch: channels of each of the five input branches; hidden: channels of the dilated head
+    convolution; reduction: the squeeze-and-excitation block's channel reduction; dae_hidden /
+    dae_dilations: the shape prior's channels and the dilations of its convolutions, one layer
+    each; dae_steps: the shape prior's training steps (:func:`train_shape_prior`)."""
+
+    branch: int = 4
+    hidden: int = 8
+    reduction: int = 4
+    dae_hidden: int = 8
+    dae_dilations: Sequence[int] = (1, 2, 4, 8)
+    dae_steps: int = 500
+    lr: float = 3e-3
 
 
 # --------------------------------------------------------------------------------------------
@@ -84,15 +160,14 @@ def _train(
     params: List[torch.nn.Parameter],
     epoch: Callable[[torch.optim.Optimizer], float],
     held_nll: Callable[[], float],
-    lr: float,
-    max_epochs: int,
-    patience: int,
+    options: NetFitOptions,
     progress: Optional[Progress],
     info: dict,
 ) -> None:
-    """Adam over ``params`` (``epoch(optimizer)`` runs one pass, returns its mean training loss);
-    keeps the state with the lowest held-out NLL (the start included), stops after ``patience``
-    epochs without improvement; fills ``info``."""
+    """Adam over ``params`` at ``options.lr`` (``epoch(optimizer)`` runs one pass, returns its mean
+    training loss); keeps the state with the lowest held-out NLL (the start included), stops after
+    ``options.patience`` epochs without improvement or after ``options.max_epochs``; fills ``info``."""
+    lr, max_epochs, patience = options.lr, options.max_epochs, options.patience
     progress = progress or Progress()
     t0 = time.perf_counter()
     for p in params:
@@ -147,35 +222,27 @@ def _nll(logp: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 def fit_pts(
     pool: Sequence[PoolItem],
-    seed: int = 0,
-    holdout: float = HOLDOUT,
-    hidden: int = 5,
-    layers: int = 2,
-    top_k: Optional[int] = None,
-    lr: float = 5e-3,
-    max_epochs: int = 30,
-    patience: int = 4,
-    batch_pixels: int = 8192,
-    max_steps_per_epoch: int = 200,
-    objective: str = "nll",
+    options: PTSOptions = PTSOptions(),
     progress: Optional[Progress] = None,
     info: Optional[dict] = None,
 ) -> ParameterizedTemperatureScaling:
     """PTS on the pool's ROI pixel vectors (see the module docstring).
 
-    ``objective``: ``nll`` (the pool's objective, default) or ``mse`` (the authors' squared error
-    to the one-hot label); early stopping always watches the held-out NLL. An epoch is at most
-    ``max_steps_per_epoch`` mini-batches of ``batch_pixels`` pixels.
+    ``options.objective``: ``nll`` (the pool's objective, default) or ``mse`` (the authors' squared
+    error to the one-hot label); early stopping always watches the held-out NLL. An epoch is at
+    most ``options.max_steps_per_epoch`` mini-batches of ``options.batch_pixels`` pixels.
     """
+    objective, batch_pixels, seed = options.objective, options.batch_pixels, options.seed
     if objective not in ("nll", "mse"):
         raise ValueError(f"unknown PTS objective {objective!r} (nll or mse)")
     info = {} if info is None else info
-    train, held, names = holdout_split(pool, holdout, seed)
+    train, held, names = holdout_split(pool, options.holdout, seed)
     z_np, y_np, _ = concat_pool(train)
     t0 = fit_temperature(z_np, y_np)
     k = z_np.shape[1]
     cal = ParameterizedTemperatureScaling(
-        {"num_classes": k, "top_k": top_k or k, "hidden": hidden, "layers": layers}, seed=seed
+        {"num_classes": k, "top_k": options.top_k or k, "hidden": options.hidden, "layers": options.layers},
+        seed=seed,
     )
     cal.set_constant_temperature(t0)
     z, y = torch.from_numpy(z_np.astype(np.float32)), torch.from_numpy(y_np)
@@ -191,7 +258,7 @@ def fit_pts(
 
     def epoch(opt):
         order = torch.from_numpy(rng.permutation(y.numel()))
-        steps = min(math.ceil(y.numel() / batch_pixels), max_steps_per_epoch)
+        steps = min(math.ceil(y.numel() / batch_pixels), options.max_steps_per_epoch)
         total = 0.0
         for s in range(steps):
             idx = order[s * batch_pixels : (s + 1) * batch_pixels]
@@ -218,7 +285,7 @@ def fit_pts(
             "seed": seed,
         }
     )
-    _train(cal, list(cal.net.parameters()), epoch, held_nll, lr, max_epochs, patience, progress, info)
+    _train(cal, list(cal.net.parameters()), epoch, held_nll, options, progress, info)
     return cal
 
 
@@ -233,7 +300,7 @@ def spatial_crops(pool: Sequence[PoolItem], method: str) -> List[SpatialItem]:
         raise ValueError(
             f"{method} reads the image and the pixels' neighbourhoods, and {len(missing)} of the "
             f"{len(pool)} pool items hold ROI pixel vectors only: build the pool with spatial crops "
-            f"(build_pool(..., spatial=True); cardseg fit-calibration --baselines ...,{method} does)"
+            f"(build_pool with PoolOptions(spatial=True); cardseg fit-calibration --baselines ...,{method} does)"
         )
     return [it.spatial for it in pool]
 
@@ -260,17 +327,14 @@ def _fit_on_crops(
     params,
     train: Sequence[SpatialItem],
     held: Sequence[SpatialItem],
-    seed: int,
-    lr: float,
-    max_epochs: int,
-    patience: int,
-    slices: int,
+    options: CropFitOptions,
     progress: Optional[Progress],
     info: dict,
 ) -> None:
-    """Adam on the mean NLL over the ROI pixels of ``slices``-slice chunks of the training crops."""
-    rng = np.random.default_rng(seed)
-    batches = _crop_batches(train, slices)
+    """Adam on the mean NLL over the ROI pixels of ``options.slices``-slice chunks of the training
+    crops (batch order drawn from ``options.seed``)."""
+    rng = np.random.default_rng(options.seed)
+    batches = _crop_batches(train, options.slices)
     if not batches:
         raise ValueError(f"{cal.name}: the training crops hold no ROI pixels")
 
@@ -300,19 +364,12 @@ def _fit_on_crops(
             total += float(value.detach())
         return total / len(batches)
 
-    _train(cal, params, epoch, lambda: crop_nll(cal, held), lr, max_epochs, patience, progress, info)
+    _train(cal, params, epoch, lambda: crop_nll(cal, held), options, progress, info)
 
 
 def fit_lts(
     pool: Sequence[PoolItem],
-    seed: int = 0,
-    holdout: float = HOLDOUT,
-    kernel: int = 5,
-    dilation: int = 2,
-    lr: float = 1e-2,
-    max_epochs: int = 30,
-    patience: int = 4,
-    slices: int = 4,
+    options: LTSOptions = LTSOptions(),
     progress: Optional[Progress] = None,
     info: Optional[dict] = None,
 ) -> LocalTemperatureScaling:
@@ -320,12 +377,14 @@ def fit_lts(
     pool's spatial crops (see the module docstring). Its nodes are single linear convolutions whose
     weights travel further than a deep network's, hence a larger default step than CalibNet's."""
     info = {} if info is None else info
+    seed = options.seed
     spatial_crops(pool, "lts")
-    train, held, names = holdout_split(pool, holdout, seed)
+    train, held, names = holdout_split(pool, options.holdout, seed)
     train_c, held_c = [it.spatial for it in train], [it.spatial for it in held]
     t0 = _crop_temperature_start(train_c)
     k = train_c[0].logits.shape[1]
-    cal = LocalTemperatureScaling({"num_classes": k, "kernel": kernel, "dilation": dilation}, seed=seed)
+    arch = {"num_classes": k, "kernel": options.kernel, "dilation": options.dilation}
+    cal = LocalTemperatureScaling(arch, seed=seed)
     cal.set_constant_temperature(t0)
     info.update(
         {
@@ -336,9 +395,7 @@ def fit_lts(
             "seed": seed,
         }
     )
-    _fit_on_crops(
-        cal, list(cal.net.parameters()), train_c, held_c, seed, lr, max_epochs, patience, slices, progress, info
-    )
+    _fit_on_crops(cal, list(cal.net.parameters()), train_c, held_c, options, progress, info)
     return cal
 
 
@@ -429,44 +486,34 @@ def train_shape_prior(
 
 def fit_calibnet(
     pool: Sequence[PoolItem],
+    options: CalibNetOptions = CalibNetOptions(),
     shape_labels: Optional[Sequence[np.ndarray]] = None,
-    seed: int = 0,
-    holdout: float = HOLDOUT,
-    branch: int = 4,
-    hidden: int = 8,
-    reduction: int = 4,
-    dae_hidden: int = 8,
-    dae_dilations: Sequence[int] = (1, 2, 4, 8),
-    dae_steps: int = 500,
-    lr: float = 3e-3,
-    max_epochs: int = 30,
-    patience: int = 4,
-    slices: int = 4,
     progress: Optional[Progress] = None,
     info: Optional[dict] = None,
 ) -> CalibNet:
     """CalibNet on the pool's spatial crops with augmentation statistics (module docstring):
-    the shape prior first (on ``shape_labels``, default the training crops' label slices), then
-    the temperature network with the prior frozen."""
+    the shape prior first (on ``shape_labels``, 2D label maps, default the training crops' label
+    slices), then the temperature network with the prior frozen."""
     info = {} if info is None else info
+    seed, dae_steps = options.seed, options.dae_steps
     crops = spatial_crops(pool, "calibnet")
     counts = {sp.augmentations for sp in crops}
     if len(counts) != 1 or 0 in counts or any(sp.aug_mean is None for sp in crops):
         raise ValueError(
             "calibnet needs every crop with augmentation statistics over one number of augmentations "
-            "(build_pool(..., spatial=True, augmentations=N))"
+            "(build_pool with PoolOptions(spatial=True, augmentations=N))"
         )
-    train, held, names = holdout_split(pool, holdout, seed)
+    train, held, names = holdout_split(pool, options.holdout, seed)
     train_c, held_c = [it.spatial for it in train], [it.spatial for it in held]
     k = train_c[0].logits.shape[1]
     cal = CalibNet(
         {
             "num_classes": k,
-            "branch": branch,
-            "hidden": hidden,
-            "reduction": reduction,
-            "dae_hidden": dae_hidden,
-            "dae_dilations": list(dae_dilations),
+            "branch": options.branch,
+            "hidden": options.hidden,
+            "reduction": options.reduction,
+            "dae_hidden": options.dae_hidden,
+            "dae_dilations": list(options.dae_dilations),
             "augmentations": counts.pop(),
         },
         seed=seed,
@@ -495,8 +542,23 @@ def fit_calibnet(
         }
     )
     params = [p for name, p in cal.net.named_parameters() if not name.startswith("dae.")]
-    _fit_on_crops(cal, params, train_c, held_c, seed, lr, max_epochs, patience, slices, progress, info)
+    _fit_on_crops(cal, params, train_c, held_c, options, progress, info)
     return cal
 
 
 NET_FITTERS: Dict[str, Callable[..., NetworkCalibrator]] = {"pts": fit_pts, "lts": fit_lts, "calibnet": fit_calibnet}
+#: each network calibrator's options class
+NET_OPTIONS: Dict[str, type] = {"pts": PTSOptions, "lts": LTSOptions, "calibnet": CalibNetOptions}
+
+
+def fit_network(
+    method: str, pool: Sequence[PoolItem], progress: Optional[Progress] = None, info: Optional[dict] = None, **kwargs
+) -> NetworkCalibrator:
+    """Fit the network calibrator ``method`` (one of :data:`NET_FITTERS`) with its options as
+    keywords, as :func:`cardseg_train.calibration.fit.fit_calibrator` passes them: the fields of
+    its :data:`NET_OPTIONS` class (another keyword raises ``TypeError``), and for CalibNet also
+    ``shape_labels``."""
+    if method == "calibnet":
+        shape_labels = kwargs.pop("shape_labels", None)
+        return fit_calibnet(pool, CalibNetOptions(**kwargs), shape_labels, progress, info)
+    return NET_FITTERS[method](pool, NET_OPTIONS[method](**kwargs), progress, info)

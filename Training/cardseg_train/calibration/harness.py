@@ -38,7 +38,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -180,23 +180,29 @@ def slice_dice(pred: np.ndarray, truth: np.ndarray, num_classes: int) -> float:
     return float(np.mean(scores)) if scores else float("nan")
 
 
+class CaseMaps(NamedTuple):
+    """One volume's trajectory outputs on its own grid: the primary's terminal logits ``(Z, K, Y, X)``,
+    the TAC ``(Z, Y, X)``, the reference's terminal logits ``(Z, K, Y, X)`` (``None``: not kept) and
+    the networks' field of view ``(Y, X)`` bool (``None``: everywhere)."""
+
+    logits: np.ndarray
+    tac: np.ndarray
+    reference_logits: Optional[np.ndarray] = None
+    field_of_view: Optional[np.ndarray] = None
+
+
 def summarize_case(
     case: str,
     patient: str,
     condition: str,
-    logits: np.ndarray,
-    tac: np.ndarray,
+    maps: CaseMaps,
     labels: np.ndarray,
     class_names: Sequence[str],
     roi_radius: int = ROI_RADIUS,
-    reference_logits: Optional[np.ndarray] = None,
-    field_of_view: Optional[np.ndarray] = None,
 ) -> CaseResult:
-    """Reduce one volume's trajectory outputs to a :class:`CaseResult`.
-
-    logits (and reference_logits, when given) ``(Z, K, Y, X)``, tac and labels ``(Z, Y, X)`` on
-    the volume's own grid; field_of_view ``(Y, X)`` bool, the networks' (None: everywhere).
-    """
+    """Reduce one volume's trajectory outputs ``maps`` to a :class:`CaseResult`; labels
+    ``(Z, Y, X)`` on the volume's own grid, as the maps."""
+    logits, tac, reference_logits, field_of_view = maps
     k = len(class_names)
     if logits.shape[1] != k or logits.shape[:1] + logits.shape[2:] != labels.shape or tac.shape != labels.shape:
         raise ValueError(f"shapes disagree: logits {logits.shape}, tac {tac.shape}, labels {labels.shape}")
@@ -222,83 +228,95 @@ def summarize_case(
     return res
 
 
-def run_case(
-    bundle,
-    item: LabelledVolume,
-    condition: str,
-    seed: int = 0,
-    device="cpu",
-    batch_size: int = 8,
-    roi_radius: int = ROI_RADIUS,
-    spatial: bool = False,
-    augmentations: int = 0,
-    mode: str = "card",
-) -> CaseResult:
+@dataclass(frozen=True)
+class CaseRunOptions:
+    """How :func:`run_case` runs one volume under one condition.
+
+    seed: seeds the corruption and the augmentations; device / batch_size: where the networks run
+    and how many slices per call; roi_radius: the ROI's dilation of the ground-truth foreground,
+    pixels; spatial: also keep the ROI box (LTS, CalibNet); augmentations: with CalibNet's logit
+    statistics over that many augmentations; mode: ``card`` (the dual trajectory) or ``logit-mix``
+    (the paper's Logit Mix ablation)."""
+
+    seed: int = 0
+    device: "torch.device | str" = "cpu"
+    batch_size: int = 8
+    roi_radius: int = ROI_RADIUS
+    spatial: bool = False
+    augmentations: int = 0
+    mode: str = "card"
+
+
+def run_case(bundle, item: LabelledVolume, condition: str, options: CaseRunOptions = CaseRunOptions()) -> CaseResult:
     """Corrupt (if asked), normalise as the engine does, run the dual trajectory, summarise.
 
-    ``mode`` ``logit-mix`` runs the paper's Logit Mix ablation instead (the mixed logits, TAC 0).
+    ``options.mode`` ``logit-mix`` runs the paper's Logit Mix ablation instead (the mixed logits, TAC 0).
 
-    ``spatial``: also keep the ROI box (LTS, CalibNet); ``augmentations``: with CalibNet's logit
-    statistics over that many augmentations (seeded by ``(seed, case, "calibnet-aug:" condition)``).
+    ``options.spatial``: also keep the ROI box (LTS, CalibNet); ``options.augmentations``: with
+    CalibNet's logit statistics over that many augmentations (seeded by ``(seed, case,
+    "calibnet-aug:" condition)``).
     """
     from cardseg.segment import SegmentOptions, normalized_slices, trajectory_on_slices
 
-    vol = condition_volume(item, condition, seed)
+    vol = condition_volume(item, condition, options.seed)
     slices01 = normalized_slices(vol.volume, bundle)
     spacing = tuple(vol.volume.spacing[:2])
-    if mode == "logit-mix":
-        traj = trajectory_on_slices(
-            slices01, spacing, bundle, SegmentOptions(method="logit-mix", device=device, batch_size=batch_size)
-        )
-        logits = traj.logits.numpy()
-        return summarize_case(
-            item.case,
-            item.patient,
-            condition,
-            logits,
-            np.zeros(item.labels.shape, np.float32),
-            item.labels,
-            bundle.class_names,
-            roi_radius,
-        )
-    if mode != "card":
-        raise ValueError(f"run_case mode must be card or logit-mix, not {mode!r}")
+    if options.mode == "logit-mix":
+        return _logit_mix_case(bundle, item, condition, slices01, spacing, options)
+    if options.mode != "card":
+        raise ValueError(f"run_case mode must be card or logit-mix, not {options.mode!r}")
     traj = trajectory_on_slices(
         slices01,
         spacing,
         bundle,
-        SegmentOptions(method="card", device=device, batch_size=batch_size),
+        SegmentOptions(method="card", device=options.device, batch_size=options.batch_size),
         with_reference=True,
         keep_step_js=True,
     )
     logits, tac = traj.logits.numpy(), traj.tac.numpy()
-    res = summarize_case(
-        item.case,
-        item.patient,
-        condition,
-        logits,
-        tac,
-        item.labels,
-        bundle.class_names,
-        roi_radius,
-        reference_logits=traj.reference_logits.numpy(),
-        field_of_view=traj.fov,
-    )
-    roi = roi_mask(item.labels > 0, roi_radius)
+    maps = CaseMaps(logits, tac, traj.reference_logits.numpy(), traj.fov)
+    res = summarize_case(item.case, item.patient, condition, maps, item.labels, bundle.class_names, options.roi_radius)
+    roi = roi_mask(item.labels > 0, options.roi_radius)
     res.js_steps = [int(t) for t in traj.step_js]
     res.step_js = np.stack([traj.step_js[t].numpy()[roi] for t in res.js_steps]).astype(np.float16)
-    if (spatial or augmentations) and roi.any():
+    if (options.spatial or options.augmentations) and roi.any():
         res.spatial = spatial_item(logits, slices01, item.labels, roi, tac)
-        if augmentations:
-            res.spatial.aug_mean, res.spatial.aug_std = augmentation_stats(
-                engine_primary_logits(bundle, spacing, device, batch_size, traj.offset),
-                slices01,
-                res.spatial.box,
-                augmentations,
-                corruption_rng(item.case, f"calibnet-aug:{condition}", seed),
-            )
-            res.spatial.augmentations = int(augmentations)
+        if options.augmentations:
+            _add_augmentation_stats(res, bundle, slices01, spacing, traj.offset, options)
     return res
+
+
+def _logit_mix_case(
+    bundle, item: LabelledVolume, condition: str, slices01: np.ndarray, spacing: tuple, options: CaseRunOptions
+) -> CaseResult:
+    """:func:`run_case` in ``logit-mix`` mode: the mixed logits of the normalised slices
+    ``slices01`` ``(Z, Y, X)`` summarised with a TAC of 0."""
+    from cardseg.segment import SegmentOptions, trajectory_on_slices
+
+    traj = trajectory_on_slices(
+        slices01,
+        spacing,
+        bundle,
+        SegmentOptions(method="logit-mix", device=options.device, batch_size=options.batch_size),
+    )
+    maps = CaseMaps(traj.logits.numpy(), np.zeros(item.labels.shape, np.float32))
+    return summarize_case(item.case, item.patient, condition, maps, item.labels, bundle.class_names, options.roi_radius)
+
+
+def _add_augmentation_stats(
+    res: CaseResult, bundle, slices01: np.ndarray, spacing: tuple, offset: tuple, options: CaseRunOptions
+) -> None:
+    """Fill the result's ROI box with CalibNet's statistics: the mean and standard deviation of the
+    primary's logits over ``options.augmentations`` augmentations of ``slices01`` ``(Z, Y, X)``, run
+    on the trajectory's grid (``spacing``, ``offset``)."""
+    res.spatial.aug_mean, res.spatial.aug_std = augmentation_stats(
+        engine_primary_logits(bundle, spacing, options.device, options.batch_size, offset),
+        slices01,
+        res.spatial.box,
+        options.augmentations,
+        corruption_rng(res.case, f"calibnet-aug:{res.condition}", options.seed),
+    )
+    res.spatial.augmentations = int(options.augmentations)
 
 
 def evaluation_settings(data: str, split: str, seed: int, h5_spacing: float, bundle) -> dict:
@@ -373,18 +391,15 @@ def run_cases(
     cases: Sequence[LabelledVolume],
     conditions: Sequence[str],
     cache: CaseCache,
-    seed: int = 0,
-    device="cpu",
-    batch_size: int = 8,
+    options: CaseRunOptions = CaseRunOptions(),
     progress: Optional[Progress] = None,
-    spatial: bool = False,
-    augmentations: int = 0,
-    mode: str = "card",
 ) -> List[CaseResult]:
-    """Every (case, condition), from the cache where it is already there (resumable per case).
+    """Every (case, condition), from the cache where it is already there (resumable per case), else
+    run with ``options`` (:func:`run_case`).
 
-    ``spatial`` / ``augmentations`` (see :func:`crop_needs`): a cached result without the ROI box
-    (or with another number of augmentations) is run again, and cached with it."""
+    ``options.spatial`` / ``options.augmentations`` (see :func:`crop_needs`): a cached result without
+    the ROI box (or with another number of augmentations) is run again, and cached with it."""
+    spatial, augmentations = options.spatial, options.augmentations
     progress = progress or Progress()
     progress.stage("cases x conditions", len(cases) * len(conditions))
     out = []
@@ -392,17 +407,7 @@ def run_cases(
         for condition in conditions:
             res = cache.load(item.case, condition)
             if res is None or ((spatial or augmentations) and not res.has_crops(augmentations)):
-                res = run_case(
-                    bundle,
-                    item,
-                    condition,
-                    seed,
-                    device,
-                    batch_size,
-                    spatial=spatial,
-                    augmentations=augmentations,
-                    mode=mode,
-                )
+                res = run_case(bundle, item, condition, options)
                 cache.save(res)
             out.append(res)
             progress.advance(1)
@@ -449,7 +454,7 @@ def calibrated_probs(cal: Calibrator, res: CaseResult, tac: Optional[np.ndarray]
             return np.zeros((0, res.logits.shape[0]), dtype=np.float32)
         if res.spatial is None:
             raise CardsegError(
-                f"{res.case} {res.condition}: no ROI box cached for {cal.name} (run_cases with spatial=True)"
+                f"{res.case} {res.condition}: no ROI box cached for {cal.name} (run_cases with CaseRunOptions(spatial=True))"
             )
         return crop_roi_probs(cal, res.spatial)
     z = torch.from_numpy(np.ascontiguousarray(res.logits, dtype=np.float32))[None]
@@ -457,6 +462,82 @@ def calibrated_probs(cal: Calibrator, res: CaseResult, tac: Optional[np.ndarray]
     if cal.needs_tac and res.outside_view is not None:
         return cal.probabilities(z, d, outside=res.outside_view)[0].T.numpy()
     return cal.probabilities(z, d if cal.needs_tac else None)[0].T.numpy()
+
+
+class MethodMetrics(NamedTuple):
+    """One calibrator's metrics over the results of one condition (see the module docstring):
+    ``pooled`` over all ROI pixels, ``per_volume_mean`` (ECE, SCE, ACE, NLL averaged over volumes),
+    ``volume_sums`` (per volume: case, patient, pixel count and NLL sum), ``reliability`` (the
+    pooled reliability diagram) and ``confidence_histogram`` (its counts per bin)."""
+
+    pooled: dict
+    per_volume_mean: Dict[str, float]
+    volume_sums: List[dict]
+    reliability: dict
+    confidence_histogram: list
+
+
+def method_metrics(cal: Calibrator, results: Sequence[CaseResult], num_classes: int, roi: str) -> MethodMetrics:
+    """``cal``'s metrics over the ROI ``roi`` (one of :data:`ROIS`) pixels of ``results``."""
+    acc = CalibrationAccumulator(num_classes)
+    vols, sums = [], []
+    for r in results:
+        sel = r.roi_pixels(roi)
+        p, lab = calibrated_probs(cal, r), r.labels
+        if sel is not None:
+            p, lab = p[sel], lab[sel]
+        acc.add(p, lab)
+        vols.append(calibration_metrics(p, lab))
+        sums.append(
+            {
+                "case": r.case,
+                "patient": r.patient,
+                "n": int(lab.size),
+                "nll_sum": float(vols[-1]["nll"]) * int(lab.size) if lab.size else 0.0,
+            }
+        )
+    pooled = acc.result()
+    per_volume = {key: float(np.mean([v[key] for v in vols])) for key in ("ece", "sce", "ace", "nll")}
+    diag = acc.reliability()
+    return MethodMetrics(pooled, per_volume, sums, diag.to_dict(), diag.count.tolist())
+
+
+def segmentation_summary(results: Sequence[CaseResult], class_names: Sequence[str]) -> dict:
+    """Mean Dice per foreground class and overall, LCC ratios and agreement over ``results``."""
+    dice = {name: _mean(r.dice[name] for r in results) for name in class_names[1:]}
+    dice["mean"] = _mean(_mean(r.dice.values()) for r in results)
+    return {
+        "dice": dice,
+        "lcc": _mean(r.lcc for r in results),
+        "lcc_reference": _mean(r.lcc_reference for r in results),
+        "agreement": _mean(r.agreement for r in results),
+        "volumes": len(results),
+    }
+
+
+def agreement_scatter(results: Sequence[CaseResult]) -> dict:
+    """Per-slice agreement against Dice over ``results``, with their Pearson r."""
+    xs = [a for r in results for a in r.slice_agreement]
+    ys = [d for r in results for d in r.slice_dice]
+    return {"agreement": xs, "dice": ys, "r": pearson_r(xs, ys)}
+
+
+def block_nll(
+    pooled: Dict[str, Dict[str, dict]], conditions: Sequence[str], methods: Sequence[str]
+) -> Tuple[Dict[str, float], Optional[Dict[str, float]], Optional[dict]]:
+    """``(block NLL per method, artifacts-only NLL per method or None without corruptions, CARD's
+    ratio to the best post-hoc baseline or None)`` from the pooled NLL per condition and method."""
+    mean_nll = {m: float(np.mean([pooled[c][m]["nll"] for c in conditions])) for m in methods}
+    corrupted = [c for c in conditions if c != "clean"]
+    artifacts_nll = (
+        {m: float(np.mean([pooled[c][m]["nll"] for c in corrupted])) for m in methods} if corrupted else None
+    )
+    post_hoc = [m for m in POST_HOC if m in methods]
+    ratio = None
+    if "card" in methods and post_hoc:
+        best = min(post_hoc, key=lambda m: mean_nll[m])
+        ratio = {"best_baseline": best, "card_over_best": mean_nll["card"] / mean_nll[best]}
+    return mean_nll, artifacts_nll, ratio
 
 
 def calibration_table(
@@ -475,70 +556,26 @@ def calibration_table(
     (``per_volume``) and give the paired patient bootstrap of the block NLL (``bootstrap``)."""
     from cardseg_train.base.stats import bootstrap_block_nll
 
-    k = len(class_names)
     conditions = list(conditions or dict.fromkeys(r.condition for r in results))
     methods = list(calibrators)
-    pooled: Dict[str, Dict[str, dict]] = {}
-    per_volume: Dict[str, Dict[str, dict]] = {}
-    volume_sums: Dict[str, Dict[str, list]] = {}
-    reliability: Dict[str, Dict[str, dict]] = {}
-    confidence_hist: Dict[str, Dict[str, list]] = {}
+    metrics: Dict[str, Dict[str, MethodMetrics]] = {}
     segmentation: Dict[str, dict] = {}
     scatter: Dict[str, dict] = {}
     for cond in conditions:
         rs = [r for r in results if r.condition == cond]
         if not rs:
             raise CardsegError(f"no results for condition {cond!r}")
-        pooled[cond], per_volume[cond], reliability[cond], confidence_hist[cond] = {}, {}, {}, {}
-        volume_sums[cond] = {}
-        for m, cal in calibrators.items():
-            acc = CalibrationAccumulator(k)
-            vols, sums = [], []
-            for r in rs:
-                sel = r.roi_pixels(roi)
-                p, lab = calibrated_probs(cal, r), r.labels
-                if sel is not None:
-                    p, lab = p[sel], lab[sel]
-                acc.add(p, lab)
-                vols.append(calibration_metrics(p, lab))
-                sums.append(
-                    {
-                        "case": r.case,
-                        "patient": r.patient,
-                        "n": int(lab.size),
-                        "nll_sum": float(vols[-1]["nll"]) * int(lab.size) if lab.size else 0.0,
-                    }
-                )
-            volume_sums[cond][m] = sums
-            pooled[cond][m] = acc.result()
-            per_volume[cond][m] = {key: float(np.mean([v[key] for v in vols])) for key in ("ece", "sce", "ace", "nll")}
-            diag = acc.reliability()
-            reliability[cond][m] = diag.to_dict()
-            confidence_hist[cond][m] = diag.count.tolist()
-        dice = {name: _mean(r.dice[name] for r in rs) for name in class_names[1:]}
-        dice["mean"] = _mean(_mean(r.dice.values()) for r in rs)
-        segmentation[cond] = {
-            "dice": dice,
-            "lcc": _mean(r.lcc for r in rs),
-            "lcc_reference": _mean(r.lcc_reference for r in rs),
-            "agreement": _mean(r.agreement for r in rs),
-            "volumes": len(rs),
-        }
-        xs = [a for r in rs for a in r.slice_agreement]
-        ys = [d for r in rs for d in r.slice_dice]
-        scatter[cond] = {"agreement": xs, "dice": ys, "r": pearson_r(xs, ys)}
-    mean_nll = {m: float(np.mean([pooled[c][m]["nll"] for c in conditions])) for m in methods}
-    corrupted = [c for c in conditions if c != "clean"]
-    artifacts_nll = (
-        {m: float(np.mean([pooled[c][m]["nll"] for c in corrupted])) for m in methods} if corrupted else None
-    )
+        metrics[cond] = {m: method_metrics(cal, rs, len(class_names), roi) for m, cal in calibrators.items()}
+        segmentation[cond] = segmentation_summary(rs, class_names)
+        scatter[cond] = agreement_scatter(rs)
+
+    def per_condition(field_name: str) -> Dict[str, Dict[str, object]]:
+        return {c: {m: getattr(mm, field_name) for m, mm in metrics[c].items()} for c in conditions}
+
+    pooled, volume_sums = per_condition("pooled"), per_condition("volume_sums")
+    mean_nll, artifacts_nll, ratio = block_nll(pooled, conditions, methods)
     all_x = [a for c in conditions for a in scatter[c]["agreement"]]
     all_y = [d for c in conditions for d in scatter[c]["dice"]]
-    post_hoc = [m for m in POST_HOC if m in methods]
-    ratio = None
-    if "card" in methods and post_hoc:
-        best = min(post_hoc, key=lambda m: mean_nll[m])
-        ratio = {"best_baseline": best, "card_over_best": mean_nll["card"] / mean_nll[best]}
     return {
         "conditions": conditions,
         "methods": methods,
@@ -548,7 +585,7 @@ def calibration_table(
         "volumes": len({r.case for r in results}),
         "roi": roi,
         "pooled": pooled,
-        "per_volume_mean": per_volume,
+        "per_volume_mean": per_condition("per_volume_mean"),
         "per_volume": volume_sums,
         "bootstrap": bootstrap_block_nll(volume_sums, conditions, methods),
         "mean_nll": mean_nll,
@@ -557,7 +594,7 @@ def calibration_table(
         "card_vs_best_post_hoc": ratio,
         "segmentation": segmentation,
         "agreement_vs_dice": {"r_all": pearson_r(all_x, all_y), "per_condition": scatter},
-        "reliability": reliability,
-        "confidence_histogram": confidence_hist,
+        "reliability": per_condition("reliability"),
+        "confidence_histogram": per_condition("confidence_histogram"),
         "calibrators": {m: cal.summary() for m, cal in calibrators.items()},
     }

@@ -15,12 +15,15 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from cardseg_train.data.perturb import POOL_VARIANTS, perturb_image
 from cardseg_train.calibration.spatial import CROP_MARGIN, SpatialItem
+
+if TYPE_CHECKING:
+    import torch
 
 LN2 = math.log(2.0)
 
@@ -72,6 +75,18 @@ class PoolItem:
                 )
 
 
+@dataclass(frozen=True)
+class PoolItemMeta:
+    """What a :class:`PoolItem` records about its volume besides the pixels (the fields of the
+    same names there): case, variant, agreement, step_roi_js and patient."""
+
+    case: str = ""
+    variant: str = "clean"
+    agreement: Optional[float] = None
+    step_roi_js: Optional[List[float]] = None
+    patient: str = ""
+
+
 def pool_item(
     logits: np.ndarray,
     tac: np.ndarray,
@@ -79,14 +94,11 @@ def pool_item(
     roi: np.ndarray,
     rng: Optional[np.random.Generator] = None,
     max_pixels: Optional[int] = None,
-    case: str = "",
-    variant: str = "clean",
-    agreement: Optional[float] = None,
     step_js: Optional[Dict[int, np.ndarray]] = None,
-    step_roi_js: Optional[List[float]] = None,
+    meta: PoolItemMeta = PoolItemMeta(),
 ) -> PoolItem:
     """Gather the ROI pixels of a volume: logits ``(Z, K, Y, X)``, tac/labels/roi ``(Z, Y, X)``,
-    step_js ``{t: (Z, Y, X)}`` (optional).
+    step_js ``{t: (Z, Y, X)}`` (optional); ``meta`` goes into the item as it is.
 
     With ``max_pixels``, a uniform random subset (without replacement, drawn from ``rng``)
     of that many ROI pixels is kept, in their original order.
@@ -102,7 +114,16 @@ def pool_item(
         z, t, y = z[:, keep], t[keep], y[keep]
         js = None if js is None else js[:, keep]
     return PoolItem(
-        z, y, t, case=case, variant=variant, agreement=agreement, step_js=js, steps=steps, step_roi_js=step_roi_js
+        z,
+        y,
+        t,
+        case=meta.case,
+        variant=meta.variant,
+        agreement=meta.agreement,
+        step_js=js,
+        steps=steps,
+        step_roi_js=meta.step_roi_js,
+        patient=meta.patient,
     )
 
 
@@ -166,20 +187,33 @@ def engine_card_outputs(
     )
 
 
+@dataclass(frozen=True)
+class PoolOptions:
+    """How :func:`build_pool` builds a pool.
+
+    variants: the perturbations (:data:`~cardseg_train.data.perturb.POOL_VARIANTS` names, ``clean``
+    for the volume as it is); roi_radius: the ROI's dilation of the ground-truth foreground, pixels;
+    max_pixels_per_item: the most ROI pixels kept per item (``None``: all); seed: seeds the
+    perturbations, the pixel draws and the augmentations; device / batch_size: where and how many
+    slices per call the networks run; draws: how often each perturbation is drawn per volume;
+    spatial: also keep each item's ROI box (LTS, CalibNet); augmentations: the primary also runs on
+    that many photometric augmentations of each item's image (CalibNet; needs ``spatial``);
+    crop_margin: pixels of the ROI box around the ROI."""
+
+    variants: Sequence[str] = POOL_VARIANTS
+    roi_radius: int = 10
+    max_pixels_per_item: Optional[int] = 30_000
+    seed: int = 0
+    device: "torch.device | str" = "cpu"
+    batch_size: int = 8
+    draws: int = 1
+    spatial: bool = False
+    augmentations: int = 0
+    crop_margin: int = CROP_MARGIN
+
+
 def build_pool(
-    bundle,
-    cases,
-    variants: Sequence[str] = POOL_VARIANTS,
-    roi_radius: int = 10,
-    max_pixels_per_item: Optional[int] = 30_000,
-    seed: int = 0,
-    device="cpu",
-    batch_size: int = 8,
-    progress: Optional[Callable[[str], None]] = None,
-    draws: int = 1,
-    spatial: bool = False,
-    augmentations: int = 0,
-    crop_margin: int = CROP_MARGIN,
+    bundle, cases, options: PoolOptions = PoolOptions(), progress: Optional[Callable[[str], None]] = None
 ) -> List[PoolItem]:
     """Run the dual trajectory on every case and variant and keep its ROI pixels.
 
@@ -200,65 +234,81 @@ def build_pool(
     ``spatial``): the primary also runs on that many photometric augmentations of the item's
     image, for CalibNet's mean and standard deviation of the logits (generator seeded by
     ``(seed, case, "calibnet-aug:" variant)``, apart from the pool's own draws, so the pixel
-    vectors are the same with or without crops).
+    vectors are the same with or without crops). ``progress`` gets one line per item.
     """
-    from cardseg.method.agreement import agreement_score
     from cardseg.metrics.segmentation import roi_mask
     from cardseg.segment import normalized_slices
 
-    from cardseg_train.calibration.spatial import augmentation_stats, engine_primary_logits, spatial_item
-    from cardseg_train.data.corruptions import corruption_rng
-
-    if augmentations and not spatial:
+    if options.augmentations and not options.spatial:
         raise ValueError("augmentation statistics are kept with the spatial crops: pass spatial=True")
 
-    agreement_radius = int(bundle.config.get("agreement", {}).get("roi_dilation_px", 10))
     pool = []
     for case in cases:
-        roi = roi_mask(case.labels > 0, roi_radius)
+        roi = roi_mask(case.labels > 0, options.roi_radius)
         norm = normalized_slices(case.volume, bundle)
-        jobs = [(v, k) for v in variants for k in range(1 if v == "clean" else max(1, draws))]
+        jobs = [(v, k) for v in options.variants for k in range(1 if v == "clean" else max(1, options.draws))]
         for variant, draw in jobs:
-            tag = variant + (f":{draw}" if draw else "")
-            rng = corruption_rng(case.case, f"pool:{tag}", seed)
-            img = norm if variant == "clean" else perturb_image(norm, variant, rng)
-            spacing = tuple(case.volume.spacing[:2])
-            logits, tac, step_js, offset, fov = engine_card_outputs(bundle, img, spacing, device, batch_size)
-            pred_roi = roi_mask(logits.argmax(axis=1) > 0, agreement_radius)
-            agreement = agreement_score(tac, pred_roi)
-            step_roi_js = [float(js[pred_roi].mean()) for js in step_js.values()] if pred_roi.any() else None
-            in_view = roi & fov  # what the engine decides without the networks is no calibrator's to fit
-            pool.append(
-                pool_item(
-                    logits,
-                    tac,
-                    case.labels,
-                    in_view,
-                    rng,
-                    max_pixels_per_item,
-                    case=case.case,
-                    variant=variant,
-                    agreement=agreement,
-                    step_js=step_js,
-                    step_roi_js=step_roi_js,
-                )
-            )
-            pool[-1].patient = str(getattr(case, "patient", "") or "")
-            if spatial:
-                sp = spatial_item(logits, img, case.labels, in_view, tac, crop_margin)
-                if augmentations:
-                    sp.aug_mean, sp.aug_std = augmentation_stats(
-                        engine_primary_logits(bundle, spacing, device, batch_size, offset),
-                        img,
-                        sp.box,
-                        augmentations,
-                        corruption_rng(case.case, f"calibnet-aug:{tag}", seed),
-                    )
-                    sp.augmentations = int(augmentations)
-                pool[-1].spatial = sp
+            pool.append(_variant_item(bundle, case, norm, roi, variant, draw, options))
             if progress is not None:
-                progress(f"{case.case} {variant}: {pool[-1].labels.shape[0]} px, agreement {agreement}")
+                progress(f"{case.case} {variant}: {pool[-1].labels.shape[0]} px, agreement {pool[-1].agreement}")
     return pool
+
+
+def _variant_item(
+    bundle, case, norm: np.ndarray, roi: np.ndarray, variant: str, draw: int, options: PoolOptions
+) -> PoolItem:
+    """One pool item of :func:`build_pool`: draw ``draw`` of ``variant`` of the case's normalised
+    slices ``norm`` ``(Z, Y, X)`` through the engine, its in-view ROI pixels and, with
+    ``options.spatial``, its ROI box (with the augmentation statistics where asked)."""
+    from cardseg.method.agreement import agreement_score
+    from cardseg.metrics.segmentation import roi_mask
+
+    from cardseg_train.calibration.spatial import spatial_item
+    from cardseg_train.data.corruptions import corruption_rng
+
+    tag = variant + (f":{draw}" if draw else "")
+    rng = corruption_rng(case.case, f"pool:{tag}", options.seed)
+    img = norm if variant == "clean" else perturb_image(norm, variant, rng)
+    spacing = tuple(case.volume.spacing[:2])
+    logits, tac, step_js, offset, fov = engine_card_outputs(bundle, img, spacing, options.device, options.batch_size)
+    agreement_radius = int(bundle.config.get("agreement", {}).get("roi_dilation_px", 10))
+    pred_roi = roi_mask(logits.argmax(axis=1) > 0, agreement_radius)
+    agreement = agreement_score(tac, pred_roi)
+    step_roi_js = [float(js[pred_roi].mean()) for js in step_js.values()] if pred_roi.any() else None
+    in_view = roi & fov  # what the engine decides without the networks is no calibrator's to fit
+    patient = str(getattr(case, "patient", "") or "")
+    meta = PoolItemMeta(case.case, variant, agreement, step_roi_js, patient)
+    item = pool_item(logits, tac, case.labels, in_view, rng, options.max_pixels_per_item, step_js, meta)
+    if options.spatial:
+        item.spatial = spatial_item(logits, img, case.labels, in_view, tac, options.crop_margin)
+        if options.augmentations:
+            aug_rng = corruption_rng(case.case, f"calibnet-aug:{tag}", options.seed)
+            _add_augmentation_stats(item.spatial, bundle, img, spacing, offset, aug_rng, options)
+    return item
+
+
+def _add_augmentation_stats(
+    sp: SpatialItem,
+    bundle,
+    img: np.ndarray,
+    spacing: Tuple[float, float],
+    offset: tuple,
+    rng: np.random.Generator,
+    options: PoolOptions,
+) -> None:
+    """Fill the ROI box's CalibNet statistics: the mean and standard deviation of the primary's
+    logits over ``options.augmentations`` photometric augmentations (drawn from ``rng``) of
+    ``img`` ``(Z, Y, X)``, run on the engine's grid (``spacing``, ``offset``) as the item was."""
+    from cardseg_train.calibration.spatial import augmentation_stats, engine_primary_logits
+
+    sp.aug_mean, sp.aug_std = augmentation_stats(
+        engine_primary_logits(bundle, spacing, options.device, options.batch_size, offset),
+        img,
+        sp.box,
+        options.augmentations,
+        rng,
+    )
+    sp.augmentations = int(options.augmentations)
 
 
 def pixel_flag_threshold(tac_values: np.ndarray, quantile: float = 0.99) -> float:

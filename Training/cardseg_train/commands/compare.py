@@ -88,7 +88,7 @@ def cmd_ablate(argv: List[str]) -> int:
 
     from cardseg_train.comparison.ablation import ablation_table, markdown, plot
     from cardseg_train.base.report_files import atomic_write
-    from cardseg_train.calibration.harness import CaseCache, evaluation_settings, run_cases
+    from cardseg_train.calibration.harness import CaseCache, CaseRunOptions, evaluation_settings, run_cases
     from cardseg_train.evaluation.segmentation import acdc_h5_volumes
 
     if a.threads:
@@ -99,27 +99,19 @@ def cmd_ablate(argv: List[str]) -> int:
     settings = evaluation_settings(a.data, a.split, a.seed, a.h5_spacing, bundle)
     root = Path(a.cache) if a.cache else None
     progress = make_progress("bar", a.quiet)
-    card = run_cases(
-        bundle,
-        cases,
-        [a.condition],
-        CaseCache(root, CaseCache.make_key(bundle.checksums, settings)),
-        a.seed,
-        device,
-        a.batch_size,
-        progress,
-    )
+    card_run = CaseRunOptions(seed=a.seed, device=device, batch_size=a.batch_size)
+    card_cache = CaseCache(root, CaseCache.make_key(bundle.checksums, settings))
+    card = run_cases(bundle, cases, [a.condition], card_cache, card_run, progress)
     mix_key = CaseCache.make_key(bundle.checksums, {**settings, "mode": "logit-mix", "grid": "card's"})
-    mix = run_cases(
-        bundle, cases, [a.condition], CaseCache(root, mix_key), a.seed, device, a.batch_size, progress, mode="logit-mix"
-    )
+    mix_run = CaseRunOptions(seed=a.seed, device=device, batch_size=a.batch_size, mode="logit-mix")
+    mix = run_cases(bundle, cases, [a.condition], CaseCache(root, mix_key), mix_run, progress)
     dual_run = None
     if a.dual_bundle:  # the control's own trajectories, cached like evaluate's
         dual_bundle = load_bundle(a.dual_bundle, device=device)
         dual_settings = evaluation_settings(a.data, a.split, a.seed, a.h5_spacing, dual_bundle)
         dual_cache = CaseCache(root, CaseCache.make_key(dual_bundle.checksums, dual_settings))
         dual_run = (
-            run_cases(dual_bundle, cases, [a.condition], dual_cache, a.seed, device, a.batch_size, progress),
+            run_cases(dual_bundle, cases, [a.condition], dual_cache, card_run, progress),
             dual_bundle.config,
         )
     progress.close()

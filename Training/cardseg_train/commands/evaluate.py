@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import argparse
 import glob
+from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Sequence
+from typing import Any, List, Optional, Sequence
 
 from cardseg.base.argparsing import CommandLineParser
 from cardseg.base.errors import CardsegError
@@ -37,6 +38,21 @@ CALIBRATION_FILES = (
 )
 DICE_FILES = ("dice.csv", "dice.json", "dice.md")
 REVIEW_FILES = ("review.md", "review.json", "review.png")
+
+
+@dataclass(frozen=True)
+class EvaluationRun:
+    """What the writing steps of one ``cardseg evaluate`` share: the loaded bundle, the evaluated
+    cases (:class:`~cardseg_train.evaluation.segmentation.LabelledVolume`), the conditions, the
+    parsed command line, the device the networks run on, the results folder and the reports' title."""
+
+    bundle: Any
+    cases: Sequence[Any]
+    conditions: Sequence[str]
+    args: argparse.Namespace
+    device: Any
+    out: Path
+    title: str
 
 
 def evaluate_parser() -> argparse.ArgumentParser:
@@ -133,6 +149,7 @@ def cmd_evaluate(argv: List[str]) -> int:
 
     from cardseg_train.calibration.harness import (
         CaseCache,
+        CaseRunOptions,
         bundle_calibrators,
         crop_needs,
         evaluation_settings,
@@ -159,28 +176,21 @@ def cmd_evaluate(argv: List[str]) -> int:
         if not a.quiet:
             print(" ".join(f"{k} {v:.3f}" for k, v in summary.items()), f"-> {out}")
         return 0
+    run = EvaluationRun(bundle, cases, conditions, a, device, out, title)
     if a.review_only:
-        review_section(bundle, cases, conditions, a, device, out, title, record)
+        review_section(run, record)
         return 0
     settings = evaluation_settings(a.data, a.split, a.seed, a.h5_spacing, bundle)
     cache = CaseCache(Path(a.cache) if a.cache else None, CaseCache.make_key(bundle.checksums, settings))
     progress = make_progress("bar", a.quiet)
     spatial, augmentations = crop_needs(calibrators.values())
-    results = run_cases(
-        bundle,
-        cases,
-        conditions,
-        cache,
-        a.seed,
-        device,
-        a.batch_size,
-        progress,
-        spatial=spatial,
-        augmentations=augmentations,
+    case_run = CaseRunOptions(
+        seed=a.seed, device=device, batch_size=a.batch_size, spatial=spatial, augmentations=augmentations
     )
+    results = run_cases(bundle, cases, conditions, cache, case_run, progress)
     progress.close()
     with record.writing():  # from the first file on, the folder's record says what this run wrote
-        table = write_results(results, bundle, calibrators, cases, conditions, rois, settings, a, device, out, title)
+        table = write_results(run, results, calibrators, rois, settings)
     if not a.quiet:
         for m in methods:
             print(
@@ -191,10 +201,8 @@ def cmd_evaluate(argv: List[str]) -> int:
     return 0
 
 
-def write_results(
-    results, bundle, calibrators, cases, conditions, rois, settings, a, device, out: Path, title: str
-) -> dict:
-    """The tables, the review study and the figures of a full evaluation into ``out``; returns
+def write_results(run: EvaluationRun, results, calibrators, rois: Sequence[str], settings: dict) -> dict:
+    """The tables, the review study and the figures of a full evaluation into ``run.out``; returns
     the first ROI's table."""
     import numpy as np
 
@@ -204,24 +212,25 @@ def write_results(
     from cardseg_train.calibration.figures import case_panel, choose_panel, conditions_figure
     from cardseg_train.training.config import data_name
 
+    bundle, a, out = run.bundle, run.args, run.out
     panel_case, _, panel_cond = (a.panel or "").partition(":")
     segmentor = (bundle.config.get("segmentor") or {}).get("kind", "diffusion")
     for i, roi in enumerate(rois):
         table_roi = calibration_table(
-            results, calibrators, bundle.class_names, conditions, segmentor=segmentor, roi=roi
+            results, calibrators, bundle.class_names, run.conditions, segmentor=segmentor, roi=roi
         )
         # the cache key holds the resolved data path; the written tables name the data only
         table_roi["settings"] = {
             **settings,
             "data": data_name(a.data, "acdc-h5"),
             "bundle": bundle.ident,
-            "cases": [c.case for c in cases],
+            "cases": [c.case for c in run.cases],
             "roi": roi,
         }
-        write_report(table_roi, out if i == 0 else out / f"roi-{roi}", f"{title}, ROI {roi}")
+        write_report(table_roi, out if i == 0 else out / f"roi-{roi}", f"{run.title}, ROI {roi}")
         if i == 0:
             table = table_roi
-    if "clean" in conditions:
+    if "clean" in run.conditions:
         rows = [
             {
                 "case": r.case,
@@ -232,20 +241,20 @@ def write_results(
             for r in results
             if r.condition == "clean"
         ]
-        write_dice_table(rows, bundle.class_names, out, title)
+        write_dice_table(rows, bundle.class_names, out, run.title)
     if not a.no_review:
-        review_section(bundle, cases, conditions, a, device, out, title)
+        review_section(run)
     if panel_case.lower() != "none":
         if panel_case:
             cond = panel_cond or "clean"
-            item = next((c for c in cases if c.case == panel_case), None)
+            item = next((c for c in run.cases if c.case == panel_case), None)
             if item is None:
                 raise CardsegError(f"--panel: no case {panel_case!r} in the {a.split} split")
         else:
             pick = choose_panel(results)
-            item, cond = next(c for c in cases if c.case == pick.case), pick.condition
-        case_panel(bundle, item, cond, out / f"panel_{item.case}_{cond}.png", a.seed, device, a.batch_size)
-        conditions_figure(bundle, item, conditions, out / f"conditions_{item.case}.png", a.seed)
+            item, cond = next(c for c in run.cases if c.case == pick.case), pick.condition
+        case_panel(bundle, item, cond, out / f"panel_{item.case}_{cond}.png", a.seed, run.device, a.batch_size)
+        conditions_figure(bundle, item, run.conditions, out / f"conditions_{item.case}.png", a.seed)
     return table
 
 
@@ -285,39 +294,38 @@ def evaluate_outputs(
     return names
 
 
-def review_section(bundle, cases, conditions, a, device, out: Path, title: str, record=None) -> None:
-    """The flagged-region study of ``cardseg evaluate``: review.md/.json/.png in ``out``."""
+def review_section(run: EvaluationRun, record: Optional[Any] = None) -> None:
+    """The flagged-region study of ``cardseg evaluate``: review.md/.json/.png in ``run.out``
+    (within ``record``'s writing when given, else within the caller's)."""
     from cardseg.base.progress import make_progress
 
-    from cardseg_train.review.data import cache_key, collect_maps
+    from cardseg_train.review.data import MapOptions, cache_key, collect_maps
     from cardseg_train.review.report import review_tables, summary_line, write_review
 
+    bundle, a = run.bundle, run.args
     key = cache_key(bundle, a.split, a.seed)
     progress = make_progress("bar", a.quiet)
     regions = bundle.config["regions"]
     flips = "tac_flips" in (regions.get("map"), (regions.get("previous") or {}).get("map"))  # a rule cut from it
     maps = collect_maps(
         bundle,
-        cases,
-        conditions,
+        run.cases,
+        run.conditions,
         Path(a.review_cache) / key if a.review_cache else None,
-        a.seed,
-        device,
-        a.batch_size,
+        MapOptions(a.seed, run.device, a.batch_size, flips),
         progress,
         calibrator=bundle.calibrator,
-        flips=flips,
     )
     progress.stage("review study", len(maps) * (2 if bundle.config["regions"].get("previous") else 1))
     t = review_tables(maps, bundle.config, a.seed, progress)
     progress.close()
     if record is None:  # within a full evaluation's writing
-        write_review(t, out, f"Flagged-region review, {title}")
+        write_review(t, run.out, f"Flagged-region review, {run.title}")
     else:
         with record.writing():
-            write_review(t, out, f"Flagged-region review, {title}")
+            write_review(t, run.out, f"Flagged-region review, {run.title}")
     if not a.quiet:
-        print(summary_line(t, conditions))
+        print(summary_line(t, run.conditions))
 
 
 def command_evaluate(argv: List[str]) -> int:

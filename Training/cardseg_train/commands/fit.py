@@ -109,7 +109,7 @@ def cmd_fit_review(argv: List[str]) -> int:
     from cardseg.base.progress import make_progress
     from cardseg.base.devices import resolve_device
 
-    from cardseg_train.review.report import RULE_KEYS, fit_bundle_review
+    from cardseg_train.review.report import RULE_KEYS, ReviewFitOptions, fit_bundle_review
 
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -123,9 +123,7 @@ def cmd_fit_review(argv: List[str]) -> int:
         device=device,
         batch_size=a.batch_size,
         progress=progress,
-        rule=a.rule,
-        flip_steps=flip_steps,
-        pool=a.p_error_pool,
+        options=ReviewFitOptions(rule=a.rule, flip_steps=flip_steps, pool=a.p_error_pool),
     )
     progress.close()
     if record:  # first, so that a refused bundle write loses nothing of the fit
@@ -214,7 +212,7 @@ def cmd_fit(argv: List[str]) -> int:
 
     from cardseg.base.progress import make_progress
 
-    from cardseg_train.calibration.calibrate import fit_bundle_calibration, parse_baselines
+    from cardseg_train.calibration.calibrate import CalibrationFitOptions, fit_bundle_calibration, parse_baselines
 
     a = fit_parser().parse_args(argv)
     check_compute(a)
@@ -223,9 +221,7 @@ def cmd_fit(argv: List[str]) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     progress = make_progress("bar", a.quiet)
-    fit_bundle_calibration(
-        str(resolve_bundle_path(a.bundle)),
-        a.data,
+    options = CalibrationFitOptions(
         draws=a.draws,
         seed=a.seed,
         max_pixels_per_item=a.max_pixels,
@@ -235,8 +231,8 @@ def cmd_fit(argv: List[str]) -> int:
         write=not a.dry_run,
         tac_steps=a.tac_steps,
         baselines=baselines,
-        progress=progress,
     )
+    fit_bundle_calibration(str(resolve_bundle_path(a.bundle)), a.data, options, progress=progress)
     progress.close()
     return 0
 
@@ -278,15 +274,13 @@ def cmd_fit_indices(argv: List[str]) -> int:
 
     from cardseg.base.devices import resolve_device
 
-    from cardseg_train.indices.fit import fit_indices
+    from cardseg_train.indices.fit import IndexFitOptions, fit_indices
 
     if a.threads:
         torch.set_num_threads(a.threads)
     # the measurement is written last, after the fit (and its bundle.json write)
     with record.writing() if record else contextlib.nullcontext():
-        fit_indices(
-            a.bundle,
-            a.data,
+        options = IndexFitOptions(
             level=a.level,
             h5_spacing=a.h5_spacing,
             cache_dir=a.cache or None,
@@ -296,6 +290,7 @@ def cmd_fit_indices(argv: List[str]) -> int:
             measure_out=a.measure_test,
             fit=not a.no_fit,
         )
+        fit_indices(a.bundle, a.data, options)
     return 0
 
 

@@ -59,13 +59,8 @@ _LOSS_FLAGS = {
 }
 
 
-def train_parser() -> argparse.ArgumentParser:
-    p = CommandLineParser(
-        prog="cardseg train",
-        description="Train a categorical-diffusion denoiser (primary or reference) into a run folder. "
-        "'cardseg train export --help' builds a bundle from two runs.",
-    )
-    g = p.add_argument_group("data")
+def _add_data_options(g) -> None:
+    """The ``data`` group of ``cardseg train``: which dataset, its layout, split and classes."""
     g.add_argument(
         "--data",
         metavar="PATH",
@@ -94,7 +89,10 @@ def train_parser() -> argparse.ArgumentParser:
         metavar="NAMES",
         help="comma-separated class names, background first (default background,RV,MYO,LV)",
     )
-    g = p.add_argument_group("model")
+
+
+def _add_model_options(g) -> None:
+    """The ``model`` group: the run's role, network, grid and diffusion horizon."""
     g.add_argument(
         "--role",
         choices=["primary", "reference", "deterministic", "aleatoric"],
@@ -110,7 +108,10 @@ def train_parser() -> argparse.ArgumentParser:
     g.add_argument("--spacing", type=float, metavar="MM", help="network pixel size in mm (default 2.0)")
     g.add_argument("--input-size", type=int, metavar="N", help="network grid side (default 128)")
     g.add_argument("--num-steps", type=int, metavar="T", help="diffusion horizon (default 50)")
-    g = p.add_argument_group("optimisation")
+
+
+def _add_optimisation_options(g) -> None:
+    """The ``optimisation`` group: steps, batch, learning rate and the diffusion recipe's draws."""
     g.add_argument("--steps", type=int, metavar="N", help="optimisation steps (default 25000)")
     g.add_argument("--batch-size", type=int, metavar="N", help="default 8")
     g.add_argument("--lr", type=float, help="Adam learning rate after warm-up (default 2e-4)")
@@ -129,6 +130,10 @@ def train_parser() -> argparse.ArgumentParser:
         metavar="P",
         help="probability of drawing a slice's step from the sampler's own steps (default 0)",
     )
+
+
+def _add_loss_options(g) -> None:
+    """The ``optimisation`` group's loss weights, augmentation switch and seed."""
     g.add_argument("--w-kl", type=float, help="weight of the variational KL term (default 1)")
     g.add_argument("--w-ce", type=float, help="weight of the cross-entropy term (default 1)")
     g.add_argument("--w-dice", type=float, help="weight of the soft Dice term (default 1)")
@@ -136,7 +141,10 @@ def train_parser() -> argparse.ArgumentParser:
     g.add_argument("--boundary-radius", type=int, metavar="PX", help="half width of the boundary band (default 2)")
     g.add_argument("--no-augment", action="store_true", help="switch all augmentation off")
     g.add_argument("--seed", type=int, help="default 0")
-    g = p.add_argument_group("run")
+
+
+def _add_run_options(g) -> None:
+    """The ``run`` group: the run folder, resuming, time budget, logging, validation, device."""
     g.add_argument("--out", metavar="RUN_DIR", help="run folder (keep it out of git, e.g. runs/NAME)")
     g.add_argument("--resume", action="store_true", help="continue the run in --out from its last.pt")
     g.add_argument(
@@ -160,6 +168,21 @@ def train_parser() -> argparse.ArgumentParser:
         help="a few steps on a few slices with a tiny network (seconds): checks the whole path",
     )
     g.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def train_parser() -> argparse.ArgumentParser:
+    """The command line of ``cardseg train``, in its four option groups."""
+    p = CommandLineParser(
+        prog="cardseg train",
+        description="Train a categorical-diffusion denoiser (primary or reference) into a run folder. "
+        "'cardseg train export --help' builds a bundle from two runs.",
+    )
+    _add_data_options(p.add_argument_group("data"))
+    _add_model_options(p.add_argument_group("model"))
+    optimisation = p.add_argument_group("optimisation")
+    _add_optimisation_options(optimisation)
+    _add_loss_options(optimisation)
+    _add_run_options(p.add_argument_group("run"))
     return p
 
 
@@ -271,13 +294,10 @@ def cmd_train(argv: List[str]) -> int:
 
 
 def cmd_export(argv: List[str]) -> int:
-    from cardseg_train.training.export import export_bundle
+    from cardseg_train.training.export import ExportOptions, export_bundle
 
     a = export_parser().parse_args(argv)
-    path = export_bundle(
-        a.primary,
-        a.reference,
-        a.output,
+    options = ExportOptions(
         name=a.name,
         version=a.version,
         primary_checkpoint=a.primary_checkpoint,
@@ -285,6 +305,7 @@ def cmd_export(argv: List[str]) -> int:
         overwrite=a.overwrite,
         fp16=not a.fp32,
     )
+    path = export_bundle(a.primary, a.reference, a.output, options)
     cfg = json.loads((Path(path) / "bundle.json").read_text(encoding="utf-8"))
     prov = cfg["provenance"]["training"]
     print(
@@ -318,12 +339,12 @@ def _lazy(module: str, name: str):
 
 COMMANDS = {
     "train": command_train,
-    "evaluate": _lazy("cli_evaluate", "command_evaluate"),
-    "fit-calibration": _lazy("cli_fit", "command_fit_calibration"),
-    "fit-review": _lazy("cli_fit", "command_fit_review"),
-    "fit-indices": _lazy("cli_fit", "command_fit_indices"),
-    "compare": _lazy("cli_compare", "command_compare"),
-    "ablate": _lazy("cli_compare", "command_ablate"),
+    "evaluate": _lazy("evaluate", "command_evaluate"),
+    "fit-calibration": _lazy("fit", "command_fit_calibration"),
+    "fit-review": _lazy("fit", "command_fit_review"),
+    "fit-indices": _lazy("fit", "command_fit_indices"),
+    "compare": _lazy("compare", "command_compare"),
+    "ablate": _lazy("compare", "command_ablate"),
 }
 
 

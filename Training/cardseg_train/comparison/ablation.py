@@ -129,21 +129,7 @@ def ablation_table(
         if fitted is not None and steps:
             measure(label, card_results, lambda r, f=fitted, s=steps: _probs(f, r, r.tac_over(s)))
     measure("Proposed", card_results, lambda r: _probs(card, r))
-    ordered = [
-        {
-            "label": lab,
-            **{m: float(rows[lab][m]) for m in ("ece", "sce", "ace", "nll")},
-            "paper_ece_sce_ace": PAPER[lab],
-        }
-        for lab in ROWS
-        if lab in rows
-    ]
-    out = {
-        "condition": condition,
-        "volumes": len({r.case for r in card_results}),
-        "rows": ordered,
-        "missing": [lab for lab in ROWS if lab not in rows],
-    }
+    out = _table(rows, condition, len({r.case for r in card_results}))
     if resamples:
         out["bootstrap"] = bootstrap_variants(
             {lab: pixels[lab] for lab in ROWS if lab in pixels},
@@ -153,6 +139,26 @@ def ablation_table(
             without=[lab for lab in ROWS if lab in rows and lab not in pixels],
         )
     return out
+
+
+def _table(rows: Dict[str, dict], condition: str, volumes: int) -> dict:
+    """The measured ``rows`` (``{label: pooled metrics}``) in :data:`ROWS`' order, each beside the
+    paper's figures, and the labels not measured."""
+    ordered = [
+        {
+            "label": lab,
+            **{m: float(rows[lab][m]) for m in ("ece", "sce", "ace", "nll")},
+            "paper_ece_sce_ace": PAPER[lab],
+        }
+        for lab in ROWS
+        if lab in rows
+    ]
+    return {
+        "condition": condition,
+        "volumes": volumes,
+        "rows": ordered,
+        "missing": [lab for lab in ROWS if lab not in rows],
+    }
 
 
 def markdown(t: dict, title: str = "") -> str:

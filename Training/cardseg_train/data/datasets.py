@@ -271,8 +271,8 @@ def pair_records(
 
 
 def synthetic_records(seeds: Iterable[int], slices: int = 8, shape=(160, 144), spacing=(1.5, 1.5)) -> List[SliceRecord]:
-    """Labelled slices of :func:`cardseg.bundle.scaffold.synthetic_cine_volume` (tests and smoke runs)."""
-    from cardseg.bundle.scaffold import synthetic_cine_volume
+    """Labelled slices of :func:`cardseg.bundle.phantom.synthetic_cine_volume` (tests and smoke runs)."""
+    from cardseg.bundle.phantom import synthetic_cine_volume
 
     out = []
     for s in seeds:

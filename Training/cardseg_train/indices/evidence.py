@@ -21,9 +21,12 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Sequence
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 #: bump when what a cached volume holds, or how it is computed, changes
 CACHE_VERSION = 1
@@ -46,6 +49,21 @@ class EvidenceVolume:
     probs: np.ndarray
     disagreement: np.ndarray
     truth: np.ndarray
+
+
+@dataclass(frozen=True)
+class EvidenceOptions:
+    """How :func:`evidence_volumes` reads and segments the volumes.
+
+    h5_spacing: the pixel size (mm) the ACDC HDF5 volumes are taken to have; seed: the
+    perturbations' seed; device, batch_size: where the networks run and how many slices a call;
+    patients: only these patients' volumes (``None``: every patient of the split)."""
+
+    h5_spacing: float = 1.5
+    seed: int = 0
+    device: "torch.device | str" = "cpu"
+    batch_size: int = 8
+    patients: Optional[Sequence[str]] = None
 
 
 def card_arrays(bundle, slices01: np.ndarray, spacing_xy, device="cpu", batch_size: int = 8):
@@ -111,12 +129,8 @@ def evidence_volumes(
     split: str,
     variants: Sequence[str],
     cache_root: Optional[Path],
-    h5_spacing: float = 1.5,
-    seed: int = 0,
-    device="cpu",
-    batch_size: int = 8,
+    options: EvidenceOptions = EvidenceOptions(),
     log: Callable[[str], None] = print,
-    patients: Optional[Sequence[str]] = None,
 ) -> Iterator[EvidenceVolume]:
     """Yield every ED/ES volume of ``split`` (``val`` or ``train``) under each variant, cached."""
     from cardseg.base.errors import CardsegError
@@ -134,14 +148,14 @@ def evidence_volumes(
     settings = {
         "data": str(Path(data).resolve()),
         "split": split,
-        "h5_spacing": float(h5_spacing),
+        "h5_spacing": float(options.h5_spacing),
         "thickness": ACDC_H5_THICKNESS_MM,
-        "seed": int(seed),
+        "seed": int(options.seed),
     }
     root = Path(cache_root) / evidence_key(bundle, settings) if cache_root is not None else None
-    for item in acdc_h5_volumes(data, split, h5_spacing):
+    for item in acdc_h5_volumes(data, split, options.h5_spacing):
         frame = item.case.rsplit("_", 1)[-1]
-        if frame not in PHASES or (patients is not None and item.patient not in patients):
+        if frame not in PHASES or (options.patients is not None and item.patient not in options.patients):
             continue
         norm = None
         for variant in variants:
@@ -154,9 +168,9 @@ def evidence_volumes(
             img = (
                 norm
                 if variant == "clean"
-                else perturb_image(norm, variant, corruption_rng(item.case, f"indices:{variant}", seed))
+                else perturb_image(norm, variant, corruption_rng(item.case, f"indices:{variant}", options.seed))
             )
-            labels, probs, tac = card_arrays(bundle, img, item.volume.spacing[:2], device, batch_size)
+            labels, probs, tac = card_arrays(bundle, img, item.volume.spacing[:2], options.device, options.batch_size)
             v = EvidenceVolume(
                 item.case,
                 item.patient,
@@ -199,7 +213,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             args.split,
             args.variants.split(","),
             Path(args.cache) if args.cache else None,
-            args.h5_spacing,
+            EvidenceOptions(h5_spacing=args.h5_spacing),
             log=lambda s: print(s, flush=True),
         ):
             n += 1

@@ -15,210 +15,31 @@ Nothing is fitted or chosen on the test subjects. Tables and figure: :mod:`cards
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from cardseg.base.errors import CardsegError
 
-#: bump when what a cached volume holds, or how it is computed, changes
-CACHE_VERSION = 1
-#: ACDC HDF5 frame names → cardiac phase (the data README: frame01 = ED, frame02 = ES)
-PHASES = {"frame01": "ED", "frame02": "ES"}
-#: the fewest validation subjects a fit takes (the pivot needs 2 errors, their shape 3 without a pool)
-MIN_FIT_SUBJECTS = 3
+from cardseg_train.indices.evidence import EvidenceOptions
+from cardseg_train.indices.subjects import (  # noqa: F401 - also this module's interface
+    CACHE_VERSION,
+    MIN_FIT_SUBJECTS,
+    PHASES,
+    Subject,
+    VolumeArrays,
+    cache_key,
+    errors_of,
+    split_volumes,
+    subjects_of,
+)
 
-
-@dataclass
-class VolumeArrays:
-    """One segmented volume: ``labels``/``truth`` uint8 ``(Z, Y, X)``, ``probs`` float32
-    ``(Z, Y, X, K)`` (calibrated), ``disagreement`` float32 ``(Z, Y, X)``, spacing (x, y, z) mm."""
-
-    case: str
-    patient: str
-    phase: str
-    spacing: tuple
-    labels: np.ndarray
-    probs: np.ndarray
-    disagreement: np.ndarray
-    truth: np.ndarray
-
-
-def cache_key(bundle, settings: dict) -> str:
-    """Weights, calibration (parameters and TAC steps) and every setting that shapes the arrays."""
-    from cardseg_train.base.cache_identity import calibrated_identity
-
-    blob = json.dumps({**calibrated_identity(bundle), "version": CACHE_VERSION, **settings}, sort_keys=True).encode()
-    return hashlib.sha256(blob).hexdigest()[:16]
-
-
-def _load(path: Path, case: str, patient: str, phase: str) -> VolumeArrays:
-    with np.load(path, allow_pickle=False) as f:
-        return VolumeArrays(
-            case,
-            patient,
-            phase,
-            tuple(float(s) for s in f["spacing"]),
-            f["labels"],
-            f["probs"],
-            f["disagreement"],
-            f["truth"],
-        )
-
-
-def _save(path: Path, v: VolumeArrays) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.stem + ".tmp.npz")
-    np.savez_compressed(
-        tmp,
-        spacing=np.asarray(v.spacing, dtype=float),
-        labels=v.labels,
-        probs=v.probs,
-        disagreement=v.disagreement,
-        truth=v.truth,
-    )
-    tmp.replace(path)
-
-
-def split_volumes(
-    bundle,
-    data: str,
-    split: str,
-    h5_spacing: float,
-    cache_dir: Optional[str],
-    device="cpu",
-    batch_size: int = 8,
-    log: Callable[[str], None] = print,
-):
-    """Yield :class:`VolumeArrays` for every volume of ``split``, from the cache when it is there.
-
-    Volumes are the ACDC HDF5 ones as ``cardseg evaluate`` reads them (pixels ``h5_spacing`` mm,
-    slices :data:`~cardseg_train.evaluation.segmentation.ACDC_H5_THICKNESS_MM` apart).
-    """
-    from cardseg.segment import SegmentOptions, segment_volume
-
-    from cardseg_train.evaluation.segmentation import ACDC_H5_THICKNESS_MM, acdc_h5_volumes
-
-    settings = {
-        "data": str(Path(data).resolve()),
-        "split": split,
-        "h5_spacing": float(h5_spacing),
-        "thickness": ACDC_H5_THICKNESS_MM,
-    }
-    root = Path(cache_dir) / cache_key(bundle, settings) if cache_dir else None
-    for item in acdc_h5_volumes(data, split, h5_spacing):
-        frame = item.case.rsplit("_", 1)[-1]
-        if frame not in PHASES:
-            continue
-        phase = PHASES[frame]
-        path = root / f"{item.case}.npz" if root is not None else None
-        if path is not None and path.is_file():
-            yield _load(path, item.case, item.patient, phase)
-            continue
-        t0 = time.perf_counter()
-        res = segment_volume(item.volume, bundle, SegmentOptions(method="card", device=device, batch_size=batch_size))
-        v = VolumeArrays(
-            item.case,
-            item.patient,
-            phase,
-            tuple(float(s) for s in item.volume.spacing),
-            res.labels,
-            res.probabilities,
-            res.disagreement,
-            item.labels,
-        )
-        if path is not None:
-            _save(path, v)
-        log(f"{item.case}: segmented in {time.perf_counter() - t0:.1f} s")
-        yield v
-
-
-# --------------------------------------------------------------------------------------------
-# per-subject statistics
-# --------------------------------------------------------------------------------------------
-@dataclass
-class Subject:
-    """One patient (one variant): index values from the corrected segmentation, from the labels,
-    and CARD's unscaled spreads (a diagnostic)."""
-
-    patient: str
-    values: Dict[str, float]
-    truth: Dict[str, float]
-    spreads: Dict[str, float]
-    group: str = "val"
-
-
-def subjects_of(
-    volumes,
-    class_names: Sequence[str],
-    flag_threshold: float,
-    correct: Optional[dict] = None,
-    group: Optional[str] = None,
-    minimum: int = 0,
-    warn: Optional[Callable[[str], None]] = None,
-) -> List[Subject]:
-    """Pair each patient's ED and ES volumes into :class:`Subject` rows (per variant when the
-    volumes carry one). One volume in memory at a time. A patient without both frames is left
-    out and named: in one warning line (``warn``, default stderr), or, when fewer than ``minimum``
-    subjects are left, in the :class:`CardsegError` that refuses them.
-
-    correct: the volume corrections (:func:`cardseg.cohort.index_volumes.corrected_volumes`;
-    ``None`` both, ``{}`` none); group: the rows' group (default: ``val``/``train`` + variant).
-    """
-    from cardseg.cohort import indices as ix
-
-    frames: Dict[tuple, Dict[str, tuple]] = {}
-    k = len(class_names)
-    for v in volumes:
-        vols = ix.frame_volumes(v.labels, v.spacing, class_names, correct)
-        _, sds = ix.frame_statistics(v.labels, v.probs, v.disagreement, v.spacing, class_names, flag_threshold)
-        truth = ix.structure_volumes(ix.class_volumes(v.truth, v.spacing, k), class_names)
-        variant = getattr(v, "variant", "clean")
-        frames.setdefault((v.patient, variant), {})[v.phase] = (vols, sds, truth)
-    out, missing = [], {}
-    for (patient, variant), f in frames.items():
-        if "ED" not in f or "ES" not in f:
-            phase = "ES" if "ED" in f else "ED"
-            frame = next(n for n, ph in PHASES.items() if ph == phase)
-            missing[f"{patient} (no {phase} frame, {frame})"] = variant
-            continue
-        (ev, esd, et), (sv, ssd, st) = f["ED"], f["ES"]
-        out.append(
-            Subject(
-                patient,
-                ix.cardiac_indices(ev, sv),
-                ix.cardiac_indices(et, st),
-                ix.index_spreads(ev, sv, esd, ssd),
-                group or variant,
-            )
-        )
-    if missing:
-        names = ", ".join(missing)
-        if len(out) < minimum:
-            raise CardsegError(
-                f"only {len(out)} subjects have both the ED and the ES frame, {minimum} needed; "
-                f"missing a frame: {names}"
-            )
-        (warn or _warn)(f"left out {len(missing)} patient(s) missing a frame: {names}")
-    return out
-
-
-def _warn(text: str) -> None:
-    import sys
-
-    print(f"cardseg: warning: {text}", file=sys.stderr, flush=True)
-
-
-def errors_of(subjects: Sequence[Subject], name: str) -> np.ndarray:
-    """The modelled errors of index ``name`` (:func:`cardseg.cohort.indices.index_error`): ``(n,)``."""
-    from cardseg.cohort import indices as ix
-
-    return np.array([ix.index_error(name, s.values[name], s.truth[name]) for s in subjects], dtype=float)
+if TYPE_CHECKING:
+    import torch
 
 
 # --------------------------------------------------------------------------------------------
@@ -371,38 +192,37 @@ def split_conformal_baseline(fit: Sequence[Subject], test: Sequence[Subject], le
     return out
 
 
+@dataclass(frozen=True)
+class SubjectOptions:
+    """How :func:`evidence_subjects` pairs a split's volumes into :class:`Subject` rows.
+
+    flag_threshold: the spread diagnostic's TAC threshold; correct: the volume corrections
+    (:func:`cardseg.cohort.index_volumes.corrected_volumes`; ``None`` both, ``{}`` none); minimum:
+    the fewest complete subjects accepted (:func:`subjects_of`'s)."""
+
+    flag_threshold: float
+    correct: Optional[dict] = None
+    minimum: int = 0
+
+
 def evidence_subjects(
     bundle,
     data: str,
     split: str,
     variants: Sequence[str],
     evidence_cache: Optional[str],
-    h5_spacing: float,
-    flag_threshold: float,
-    correct: Optional[dict],
-    device,
-    batch_size: int,
-    log: Callable[[str], None],
-    patients: Optional[Sequence[str]] = None,
-    minimum: int = 0,
+    volumes: EvidenceOptions,
+    subjects: SubjectOptions,
+    log: Callable[[str], None] = print,
 ) -> List[Subject]:
-    """Subjects of ``split`` (val or train) under ``variants`` from :mod:`cardseg_train.indices.evidence`;
-    groups are ``<split>:<variant>``; ``minimum``: :func:`subjects_of`'s."""
+    """Subjects of ``split`` (val or train) under ``variants`` from :mod:`cardseg_train.indices.evidence`
+    (``volumes``: how they are read and segmented, and whose); groups are ``<split>:<variant>``."""
     from cardseg_train.indices.evidence import evidence_volumes
 
     vols = evidence_volumes(
-        bundle,
-        data,
-        split,
-        variants,
-        Path(evidence_cache) if evidence_cache else None,
-        h5_spacing,
-        device=device,
-        batch_size=batch_size,
-        log=log,
-        patients=patients,
+        bundle, data, split, variants, Path(evidence_cache) if evidence_cache else None, volumes, log=log
     )
-    subs = subjects_of(vols, bundle.class_names, flag_threshold, correct, minimum=minimum)
+    subs = subjects_of(vols, bundle.class_names, subjects.flag_threshold, subjects.correct, minimum=subjects.minimum)
     for s in subs:
         s.group = f"{split}:{s.group}"
     return subs
@@ -415,161 +235,213 @@ def pool_patients(data: str, count: Optional[int]) -> Optional[List[str]]:
     return None if count is None else split_lists(data)["train"][:count]
 
 
+@dataclass(frozen=True)
+class IndexFitOptions:
+    """What :func:`fit_indices` does, and where the volumes it segments are kept.
+
+    level: the intervals' nominal level, in (0, 1); h5_spacing: the pixel size (mm) the ACDC HDF5
+    volumes are taken to have; cache_dir: the test volumes' cache folder (``None``: no cache);
+    evidence_cache: where the validation and pool volumes are cached (``None``:
+    ``<cache_dir>/evidence``; no cache without either); device, batch_size: where the networks run
+    and how many slices a call; write: whether the fitted block is written into ``bundle.json``;
+    measure_out: the folder the test measurement is written into (``None``: no measurement); fit:
+    whether to fit (otherwise the bundle's block is measured); pool: the shape pool's groups,
+    ``train:clean`` (training patients in-sample, the first ``pool_count`` of the list, ``None``:
+    all) and/or ``val:contrast``, ``val:gamma``, ``val:noise``; correct: the volume corrections
+    (``None``: both); previous: an earlier measurement folder (``indices.json``) to compare with,
+    paired by patient."""
+
+    level: float = 0.9
+    h5_spacing: float = 1.5
+    cache_dir: Optional[str] = None
+    evidence_cache: Optional[str] = None
+    device: "torch.device | str" = "cpu"
+    batch_size: int = 8
+    write: bool = True
+    measure_out: Optional[str] = None
+    fit: bool = True
+    pool: Sequence[str] = ("train:clean",)
+    pool_count: Optional[int] = None
+    correct: Optional[dict] = None
+    previous: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class _IndexRun:
+    """What the fit and the measurement of one :func:`fit_indices` call share: the loaded bundle,
+    the data folder, the options (evidence cache resolved), the spread diagnostic's TAC threshold,
+    the sentence on the assumed geometry and where progress is logged."""
+
+    bundle: object
+    data: str
+    options: IndexFitOptions
+    flag_threshold: float
+    geometry: str
+    log: Callable[[str], None]
+
+    def evidence(self, split: str, variants: Sequence[str], subjects: SubjectOptions, patients=None) -> List[Subject]:
+        """:func:`evidence_subjects` of ``split`` under ``variants`` (``patients``: only those)."""
+        o = self.options
+        volumes = EvidenceOptions(o.h5_spacing, device=o.device, batch_size=o.batch_size, patients=patients)
+        return evidence_subjects(self.bundle, self.data, split, variants, o.evidence_cache, volumes, subjects, self.log)
+
+    def test_subjects(self, correct: Optional[dict], **kw) -> List[Subject]:
+        """The test subjects (:func:`split_volumes`, :func:`subjects_of` with ``correct`` and ``kw``)."""
+        o = self.options
+        volumes = split_volumes(
+            self.bundle, self.data, "test", o.h5_spacing, o.cache_dir, o.device, o.batch_size, self.log
+        )
+        return subjects_of(volumes, self.bundle.class_names, self.flag_threshold, correct, group="test", **kw)
+
+
 def fit_indices(
     bundle_path: Optional[str],
     data: str,
-    level: float = 0.9,
-    h5_spacing: float = 1.5,
-    cache_dir: Optional[str] = None,
-    device="cpu",
-    batch_size: int = 8,
-    write: bool = True,
-    measure_out: Optional[str] = None,
-    fit: bool = True,
+    options: IndexFitOptions = IndexFitOptions(),
     log: Callable[[str], None] = print,
-    evidence_cache: Optional[str] = None,
-    pool: Sequence[str] = ("train:clean",),
-    pool_count: Optional[int] = None,
-    correct: Optional[dict] = None,
-    previous: Optional[str] = None,
 ) -> dict:
     """Fit the index intervals on the validation subjects (writes ``bundle.json``'s ``indices``
-    block unless ``write`` is false) and, with ``measure_out``, measure them on the test subjects.
+    block unless ``options.write`` is false) and, with ``options.measure_out``, measure them on
+    the test subjects (:class:`IndexFitOptions`). Test subjects are only measured. Returns
+    ``{"bundle", "timings_s", "block" (when fitted), "measurement" (when measured)}``."""
+    run = _index_run(bundle_path, data, options, log)
+    summary: dict = {"bundle": run.bundle.ident, "timings_s": {}}
+    val = _fit_job(run, summary) if options.fit else None
+    if options.measure_out:
+        _measure_job(run, summary, val)
+    return summary
 
-    pool: the shape pool's groups, ``train:clean`` (training patients in-sample, the first
-    ``pool_count`` of the list) and/or ``val:contrast``, ``val:gamma``, ``val:noise``; correct:
-    the volume corrections (``None``: both); evidence_cache: where the validation and pool volumes
-    are cached (default ``<cache_dir>/evidence``; no cache without either); previous: an earlier measurement folder
-    (``indices.json``) to compare with, paired by patient. Test subjects are only measured.
-    """
-    from cardseg import __version__
-    from cardseg.bundle.loading import load_bundle, update_config
+
+def _index_run(bundle_path: Optional[str], data: str, o: IndexFitOptions, log: Callable[[str], None]) -> _IndexRun:
+    """Check the options, load the bundle (refused without the structures the indices need)."""
+    from dataclasses import replace
+
+    from cardseg.bundle.loading import load_bundle
     from cardseg.cohort import indices as ix
 
     from cardseg_train.evaluation.segmentation import ACDC_H5_THICKNESS_MM
-    from cardseg_train.indices.report import write_measurement
-    from cardseg_train.training.config import data_name
 
-    if not 0.0 < level < 1.0:
-        raise CardsegError(f"--level must be in (0, 1), got {level}")
-    if previous and not (Path(previous) / "indices.json").is_file():
-        raise CardsegError(f"--previous {previous}: no indices.json there")
-    bundle = load_bundle(bundle_path, device=device)
-    names = bundle.class_names
+    if not 0.0 < o.level < 1.0:
+        raise CardsegError(f"--level must be in (0, 1), got {o.level}")
+    if o.previous and not (Path(o.previous) / "indices.json").is_file():
+        raise CardsegError(f"--previous {o.previous}: no indices.json there")
+    bundle = load_bundle(bundle_path, device=o.device)
     for s in ix.STRUCTURES:
-        ix.class_index(names, s)
-    summary: dict = {"bundle": bundle.ident, "timings_s": {}}
+        ix.class_index(bundle.class_names, s)
     geometry = (
-        f"ACDC HDF5 volumes carry no spacing: pixels taken as {h5_spacing:g} mm (as in training) and "
+        f"ACDC HDF5 volumes carry no spacing: pixels taken as {o.h5_spacing:g} mm (as in training) and "
         f"slices {ACDC_H5_THICKNESS_MM:g} mm apart (as cardseg evaluate)"
     )
-    thr = ix.spread_tac_threshold(bundle.config)  # the spread diagnostic's TAC threshold
-    if evidence_cache is None and cache_dir:
-        evidence_cache = str(Path(cache_dir) / "evidence")
-    args = (h5_spacing, thr, correct, device, batch_size, log)
-    val = None
-    if fit:
-        t0 = time.perf_counter()
-        val = evidence_subjects(bundle, data, "val", ["clean"], evidence_cache, *args, minimum=MIN_FIT_SUBJECTS)
-        pool_subjects: List[Subject] = []
-        for split in ("train", "val"):
-            variants = [g.split(":", 1)[1] for g in pool if g.startswith(split + ":")]
-            if variants:
-                pool_subjects += evidence_subjects(
-                    bundle,
-                    data,
-                    split,
-                    variants,
-                    evidence_cache,
-                    *args,
-                    patients=pool_patients(data, pool_count) if split == "train" else None,
-                )
-        info = {
-            "split": "val",
-            "pool": list(pool),
-            "data": data_name(data, "acdc-h5"),
-            "geometry": geometry,
-            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
-            "engine": "segment_volume card",
-            "cardseg": __version__,
-        }
-        block = fit_block(val, pool_subjects, bundle.config, level, thr, info, correct)
-        summary["timings_s"]["fit"] = time.perf_counter() - t0
-        summary["block"] = block
-        log(
-            f"fitted on {len(val)} validation subjects, shape pool {block['fit']['pool_subjects']}, at {level:.0%}: "
-            + ", ".join(f"{n} +-{m['half_width']:.3g}" for n, m in block["models"].items())
-        )
-        if write:
-            update_config(bundle.path, {"indices": block})
-            bundle.config["indices"] = block
-            log(f"wrote the indices block into {bundle.path / 'bundle.json'}")
-    if measure_out:
-        t0 = time.perf_counter()
-        block = ix.fitted_block(bundle.config) if (write or not fit) else summary["block"]
-        test = subjects_of(
-            split_volumes(bundle, data, "test", h5_spacing, cache_dir, device, batch_size, log),
-            names,
-            thr,
-            block.get("volumes"),
-            group="test",
-            minimum=1,
-        )
-        result = measure(test, block)
-        if val is None:
-            val = evidence_subjects(
-                bundle,
-                data,
-                "val",
-                ["clean"],
-                evidence_cache,
-                h5_spacing,
-                thr,
-                block.get("volumes"),
-                device,
-                batch_size,
-                log,
-                minimum=1,
-            )
-        uncorrected = subjects_of(
-            split_volumes(bundle, data, "test", h5_spacing, cache_dir, device, batch_size, log),
-            names,
-            thr,
-            {},
-            group="test",
-            warn=lambda text: None,
-        )  # said above
-        result["uncorrected_volumes"] = {n: measure(uncorrected, block)["indices"][n]["mae"] for n in ix.INDEX_NAMES}
-        result["split_conformal_baseline"] = split_conformal_baseline(val, test, block["nominal"])
-        result["validation_in_sample"] = {k: v for k, v in measure(val, block).items() if k != "rows"}
-        result["settings"] = {
-            "bundle": bundle.ident,
-            "split": "test",
-            "data": data_name(data, "acdc-h5"),
-            "geometry": geometry,
-            "block": {k: block[k] for k in ("nominal", "method", "volumes", "models", "assumptions")},
-            "fit": block.get("fit", {}),
-        }
-        if previous:
-            from cardseg_train.indices.stats import paired_difference
+    if o.evidence_cache is None and o.cache_dir:
+        o = replace(o, evidence_cache=str(Path(o.cache_dir) / "evidence"))
+    return _IndexRun(bundle, data, o, ix.spread_tac_threshold(bundle.config), geometry, log)
 
-            old = json.loads((Path(previous) / "indices.json").read_text())
-            result["versus_previous"] = {
-                "folder": str(previous),
-                "method": old["settings"]["block"]["method"],
-                "differences": paired_difference(result["rows"], old["rows"], ix.INDEX_NAMES),
-            }
-        summary["timings_s"]["measure"] = time.perf_counter() - t0
-        result["timings_s"] = summary["timings_s"]
-        write_measurement(result, Path(measure_out), f"{bundle.ident} on the ACDC test subjects")
-        summary["measurement"] = result
-        idx = result["indices"]
-        log(
-            f"measured on {result['subjects']} test subjects ({summary['timings_s']['measure']:.0f} s): LVEF MAE "
-            f"{idx['LVEF']['mae']:.2f}, coverage {idx['LVEF']['coverage']:.2f}, median width "
-            f"{idx['LVEF']['median_width']:.1f}; RVEF MAE {idx['RVEF']['mae']:.2f} -> {measure_out}"
-        )
-    return summary
+
+def _fit_job(run: _IndexRun, summary: dict) -> List[Subject]:
+    """Fit the block on the validation subjects and the shape pool into ``summary["block"]``, and
+    write it into ``bundle.json`` unless asked not to; returns the validation subjects."""
+    from cardseg.bundle.loading import update_config
+
+    o, bundle = run.options, run.bundle
+    t0 = time.perf_counter()
+    val = run.evidence("val", ["clean"], SubjectOptions(run.flag_threshold, o.correct, minimum=MIN_FIT_SUBJECTS))
+    pool_subjects: List[Subject] = []
+    for split in ("train", "val"):
+        variants = [g.split(":", 1)[1] for g in o.pool if g.startswith(split + ":")]
+        if variants:
+            patients = pool_patients(run.data, o.pool_count) if split == "train" else None
+            pool_subjects += run.evidence(split, variants, SubjectOptions(run.flag_threshold, o.correct), patients)
+    block = fit_block(val, pool_subjects, bundle.config, o.level, run.flag_threshold, _fit_info(run), o.correct)
+    summary["timings_s"]["fit"] = time.perf_counter() - t0
+    summary["block"] = block
+    run.log(
+        f"fitted on {len(val)} validation subjects, shape pool {block['fit']['pool_subjects']}, at {o.level:.0%}: "
+        + ", ".join(f"{n} +-{m['half_width']:.3g}" for n, m in block["models"].items())
+    )
+    if o.write:
+        update_config(bundle.path, {"indices": block})
+        bundle.config["indices"] = block
+        run.log(f"wrote the indices block into {bundle.path / 'bundle.json'}")
+    return val
+
+
+def _fit_info(run: _IndexRun) -> dict:
+    """What the block's ``fit`` records of the fit's inputs (beside its figures)."""
+    from cardseg import __version__
+
+    from cardseg_train.training.config import data_name
+
+    return {
+        "split": "val",
+        "pool": list(run.options.pool),
+        "data": data_name(run.data, "acdc-h5"),
+        "geometry": run.geometry,
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
+        "engine": "segment_volume card",
+        "cardseg": __version__,
+    }
+
+
+def _measure_job(run: _IndexRun, summary: dict, val: Optional[List[Subject]]) -> None:
+    """Measure the block (the one fitted, else the bundle's) on the test subjects, beside the
+    baselines, and write the measurement into ``options.measure_out`` (``summary["measurement"]``).
+    ``val``: the validation subjects of the fit (``None``: read here)."""
+    from cardseg.cohort import indices as ix
+
+    from cardseg_train.indices.report import write_measurement
+
+    o = run.options
+    t0 = time.perf_counter()
+    block = ix.fitted_block(run.bundle.config) if (o.write or not o.fit) else summary["block"]
+    test = run.test_subjects(block.get("volumes"), minimum=1)
+    result = measure(test, block)
+    if val is None:
+        val = run.evidence("val", ["clean"], SubjectOptions(run.flag_threshold, block.get("volumes"), minimum=1))
+    uncorrected = run.test_subjects({}, warn=lambda text: None)  # said above
+    result["uncorrected_volumes"] = {n: measure(uncorrected, block)["indices"][n]["mae"] for n in ix.INDEX_NAMES}
+    result["split_conformal_baseline"] = split_conformal_baseline(val, test, block["nominal"])
+    result["validation_in_sample"] = {k: v for k, v in measure(val, block).items() if k != "rows"}
+    result["settings"] = _measure_settings(run, block)
+    if o.previous:
+        result["versus_previous"] = _versus_previous(o.previous, result["rows"])
+    summary["timings_s"]["measure"] = time.perf_counter() - t0
+    result["timings_s"] = summary["timings_s"]
+    write_measurement(result, Path(o.measure_out), f"{run.bundle.ident} on the ACDC test subjects")
+    summary["measurement"] = result
+    idx = result["indices"]
+    run.log(
+        f"measured on {result['subjects']} test subjects ({summary['timings_s']['measure']:.0f} s): LVEF MAE "
+        f"{idx['LVEF']['mae']:.2f}, coverage {idx['LVEF']['coverage']:.2f}, median width "
+        f"{idx['LVEF']['median_width']:.1f}; RVEF MAE {idx['RVEF']['mae']:.2f} -> {o.measure_out}"
+    )
+
+
+def _measure_settings(run: _IndexRun, block: dict) -> dict:
+    """The measurement's ``settings``: the bundle, the data, the assumed geometry and the block measured."""
+    from cardseg_train.training.config import data_name
+
+    return {
+        "bundle": run.bundle.ident,
+        "split": "test",
+        "data": data_name(run.data, "acdc-h5"),
+        "geometry": run.geometry,
+        "block": {k: block[k] for k in ("nominal", "method", "volumes", "models", "assumptions")},
+        "fit": block.get("fit", {}),
+    }
+
+
+def _versus_previous(previous: str, rows: List[dict]) -> dict:
+    """The measurement's ``rows`` against those of the measurement folder ``previous``, paired by patient."""
+    from cardseg.cohort import indices as ix
+
+    from cardseg_train.indices.stats import paired_difference
+
+    old = json.loads((Path(previous) / "indices.json").read_text())
+    return {
+        "folder": str(previous),
+        "method": old["settings"]["block"]["method"],
+        "differences": paired_difference(rows, old["rows"], ix.INDEX_NAMES),
+    }
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -600,20 +472,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         bundle_to_rewrite(a.bundle, p.prog, writes=not (a.dry_run or a.no_fit))
         record = out_record(a.measure_test, p.prog, MEASUREMENT_FILES, a.overwrite, option="--measure-test")
         with record.writing() if record else contextlib.nullcontext():  # the measurement is written last
-            fit_indices(
-                a.bundle,
-                a.data,
-                a.level,
+            options = IndexFitOptions(
+                level=a.level,
                 cache_dir=a.cache or None,
                 write=not a.dry_run,
                 measure_out=a.measure_test,
                 fit=not a.no_fit,
                 evidence_cache=a.evidence_cache or None,
-                pool=[g for g in a.pool.split(",") if g],
+                pool=tuple(g for g in a.pool.split(",") if g),
                 pool_count=a.pool_patients,
                 previous=a.previous,
-                log=lambda s: print(s, flush=True),
             )
+            fit_indices(a.bundle, a.data, options, log=lambda s: print(s, flush=True))
     except CardsegError as exc:
         print(f"cardseg: error: {exc}", file=sys.stderr)
         return 2

@@ -18,29 +18,45 @@ def _fmt_width(x: float) -> str:
 
 
 def markdown(result: dict, title: str = "") -> str:
-    from cardseg.cohort import indices as ix
+    """``indices.md`` of a measurement (:func:`cardseg_train.indices.fit.measure`'s result with the
+    settings, baselines and validation figures ``fit-indices`` adds)."""
+    fit = result["settings"].get("fit", {})
+    lines = _header_lines(result, title) + _index_lines(result) + _lvef_lines(result) + _model_lines(result)
+    lines += _split_check_lines(fit.get("training_split_check") or {}) + _previous_lines(result.get("versus_previous"))
+    lines += _closing_lines(result)
+    return "\n".join(lines) + "\n"
 
-    nom = result["nominal"]
+
+def _header_lines(result: dict, title: str) -> list:
+    """The title, what was fitted on what and measured on what, and the model's assumptions."""
     s = result["settings"]
     fit = s.get("fit", {})
-    base = result["split_conformal_baseline"]
-    val = result["validation_in_sample"]
-    loo = fit.get("validation_leave_one_out", {})
-    lines = [
+    pool = ", ".join(f"{g}: {n}" for g, n in (fit.get("pool_subjects") or {}).items()) or "none"
+    return [
         f"# Cardiac indices: {title}" if title else "# Cardiac indices",
         "",
-        f"Nominal level **{nom:.0%}**, method `{s['block']['method']}`: per index, bias and sd from the "
+        f"Nominal level **{result['nominal']:.0%}**, method `{s['block']['method']}`: per index, bias and sd from the "
         f"{fit.get('subjects', '?')} {fit.get('split', 'val')} subjects' errors, the pivot from the standardised "
-        f"shape pool ({', '.join(f'{g}: {n}' for g, n in (fit.get('pool_subjects') or {}).items()) or 'none'} "
+        f"shape pool ({pool} "
         f"subjects, plus the validation errors), fitted {fit.get('date', '?')}. Measured on "
         f"{result['subjects']} test subjects (ED = frame01, ES = frame02), nothing fitted or chosen on them. "
         f"Truth: the indices from the ground-truth labels on the same grid. Volumes: {_volumes(s['block'])}. "
         f"{s['geometry']}.",
         "",
         f"Assumptions: {s['block']['assumptions']}.",
+    ]
+
+
+def _index_lines(result: dict) -> list:
+    """The test table: per index coverage, widths, errors and the split-conformal baseline."""
+    from cardseg.cohort import indices as ix
+
+    base = result["split_conformal_baseline"]
+    lines = [
         "",
         "| Index | unit | coverage | 95% CI of coverage | median width | mean width | MAE | 95% CI of MAE "
-        "(patient bootstrap) | MAE without the volume corrections | mean error (seg - labels) | mean truth | Spearman(CARD spread, abs error) | "
+        "(patient bootstrap) | MAE without the volume corrections | mean error (seg - labels) | mean truth | "
+        "Spearman(CARD spread, abs error) | "
         "split-conformal (abs. errors) coverage | its width |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -55,8 +71,13 @@ def markdown(result: dict, title: str = "") -> str:
             f"{m['mean_error']:+.2f} | {m['truth_mean']:.1f} | {rho} | {b['coverage']:.2f} | "
             f"{_fmt_width(b['median_width'])} |"
         )
+    return lines
+
+
+def _lvef_lines(result: dict) -> list:
+    """The LVEF categories: how many intervals straddle a threshold, and every test patient's row."""
     c = result["lvef_categories"]
-    lines += [
+    lines = [
         "",
         f"LVEF categories (reduced <= 40 %, mildly reduced 41-49 %, preserved >= 50 %, on whole percent, "
         f"half up): {c['straddling']} of {c['n']} intervals straddle a threshold; {c['implies_true_category']} "
@@ -72,7 +93,17 @@ def markdown(result: dict, title: str = "") -> str:
             f"| {r['patient']} | {e['value']:.1f} | {e['low']:.1f}-{e['high']:.1f} | {e['label']} | "
             f"{e['truth']:.1f} | {e['true_category']} |"
         )
-    lines += [
+    return lines
+
+
+def _model_lines(result: dict) -> list:
+    """The model per index with its validation figures (in-sample and leave-one-out)."""
+    from cardseg.cohort import indices as ix
+
+    s = result["settings"]
+    loo = s.get("fit", {}).get("validation_leave_one_out", {})
+    val = result["validation_in_sample"]
+    lines = [
         "",
         "The model per index (errors: `absolute` = truth - value in the index's unit, `relative` = truth / "
         "value - 1), and on validation: in-sample coverage and each subject predicted from the others "
@@ -90,9 +121,16 @@ def markdown(result: dict, title: str = "") -> str:
             f"{m['half_width']:.4g} | {val['indices'][n]['coverage']:.2f} | "
             f"{lo.get('coverage', float('nan')):.2f} | {lo.get('median_width', float('nan')):.4g} |"
         )
-    lines += _split_check_lines(fit.get("training_split_check") or {}) + _previous_lines(result.get("versus_previous"))
+    return lines
+
+
+def _closing_lines(result: dict) -> list:
+    """The mean absolute errors in words and how to read the split-conformal baseline."""
+    from cardseg.cohort import indices as ix
+
+    fit = result["settings"].get("fit", {})
     idx = result["indices"]
-    lines += [
+    return [
         "",
         f"Mean absolute error: LVEF {idx['LVEF']['mae']:.2f} points, RVEF {idx['RVEF']['mae']:.2f} points; "
         + ", ".join(f"{n} {idx[n]['mae']:.1f} ml" for n in ix.VOLUME_NAMES)
@@ -103,7 +141,6 @@ def markdown(result: dict, title: str = "") -> str:
         f"{result['subjects']} test subjects one index's coverage moves in steps of "
         f"{1 / max(result['subjects'], 1):.2f}; read the 95% intervals of coverage, not the point values.",
     ]
-    return "\n".join(lines) + "\n"
 
 
 def _ci(ci) -> str:

@@ -6,9 +6,10 @@ the volume (regions may lie anywhere). One compact ``.npz`` per (case, condition
 predicted labels and ground truth as uint8, TAC and the primary's terminal logits as float16, the
 slice spacing; beside it, when asked (a ``tac_flips`` review rule), ``<case>__<condition>__flips.npz``
 with the flipped runs' disagreement (:func:`cardseg.segment.flip_disagreement_map`, float16).
-Written atomically, read without pickles, so an interrupted collection resumes. The two entropy maps the review study compares the TAC with
-(the primary's softmax and CARD's calibrated probabilities) are derived from the logits when the
-maps are read, with the bundle's current calibrator (:func:`entropy_maps`).
+Written atomically, read without pickles, so an interrupted collection resumes. The two entropy
+maps the review study compares the TAC with (the primary's softmax and CARD's calibrated
+probabilities) are derived from the logits when the maps are read, with the bundle's current
+calibrator (:func:`entropy_maps`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import numpy as np
 
@@ -25,6 +26,9 @@ from cardseg.base.progress import Progress
 
 from cardseg_train.calibration.harness import condition_volume
 from cardseg_train.evaluation.segmentation import LabelledVolume
+
+if TYPE_CHECKING:
+    import torch
 
 #: bump when what a cached map holds, or how it is computed, changes
 CACHE_VERSION = 3  # 3: the networks' field of view kept (CARD's entropy map: tau_min outside it)
@@ -146,21 +150,32 @@ def compute_maps(
     )
 
 
+@dataclass(frozen=True)
+class MapOptions:
+    """How :func:`collect_maps` computes the maps its cache lacks.
+
+    seed: the corruption seed (per case and condition); device, batch_size: where the networks run
+    and how many slices a call; flips: whether the flipped runs' disagreement is collected too
+    (three more primary runs a volume)."""
+
+    seed: int = 0
+    device: "torch.device | str" = "cpu"
+    batch_size: int = 8
+    flips: bool = False
+
+
 def collect_maps(
     bundle,
     cases: Sequence[LabelledVolume],
     conditions: Sequence[str],
     cache_dir: Optional[Path],
-    seed: int = 0,
-    device="cpu",
-    batch_size: int = 8,
+    options: MapOptions = MapOptions(),
     progress: Optional[Progress] = None,
     calibrator=None,
-    flips: bool = False,
 ) -> List[VolumeMaps]:
     """Every (case, condition), from ``cache_dir`` where already there (resumable per case). With a
     ``calibrator`` (CARD's) the entropy maps are filled and the logits dropped (memory); with
-    ``flips`` the flipped runs' disagreement is collected too (three more primary runs a volume)."""
+    ``options.flips`` the flipped runs' disagreement is collected too."""
     progress = progress or Progress()
     progress.stage("review maps", len(cases) * len(conditions))
     out = []
@@ -170,10 +185,10 @@ def collect_maps(
             maps = _load(path)
             if maps is not None and not np.allclose(maps.spacing, item.volume.spacing):
                 maps = None  # made with another pixel-size assumption: compute again
-            if maps is not None and flips:
+            if maps is not None and options.flips:
                 maps.flips = _load_flips(path, maps)
-            if maps is None or (flips and maps.flips is None):
-                maps = compute_maps(bundle, item, cond, seed, device, batch_size, flips)
+            if maps is None or (options.flips and maps.flips is None):
+                maps = compute_maps(bundle, item, cond, options.seed, options.device, options.batch_size, options.flips)
                 _save(path, maps)
             if calibrator is not None:
                 entropy_maps(maps, calibrator).logits = None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, Optional, Sequence
 
@@ -113,6 +114,21 @@ def choose_rule(maps, rule: str = "auto", progress=None, fitters=None) -> dict:
     return fit
 
 
+@dataclass(frozen=True)
+class ReviewFitOptions:
+    """What :func:`fit_bundle_review` fits.
+
+    rule: the rule family (one of :data:`RULES`; ``auto``: the best held out); flip_steps: the
+    steps the flipped copies run on for the new rule (``None``: those of the bundle's rule,
+    ``regions.flip_steps``, else its sampled steps); pool: whether ``p_error`` is fitted again on
+    the clean volumes and on the same volumes under the calibration pool's perturbations
+    (:mod:`cardseg_train.review.pool`)."""
+
+    rule: str = "auto"
+    flip_steps: Optional[Sequence[int]] = None
+    pool: bool = False
+
+
 def fit_bundle_review(
     bundle,
     data: str,
@@ -120,55 +136,33 @@ def fit_bundle_review(
     device="cpu",
     batch_size: int = 8,
     progress=None,
-    rule: str = "auto",
-    flip_steps: Optional[Sequence[int]] = None,
-    pool: bool = False,
+    options: ReviewFitOptions = ReviewFitOptions(),
 ) -> dict:
     """Choose the region rule (:func:`choose_rule`) and fit ``p_error`` on the clean validation
-    volumes (with ``pool``, then again on them and on the same volumes under the calibration pool's
-    perturbations: :mod:`cardseg_train.review.pool`). Returns the new ``regions`` block and every
-    candidate's figures (the caller writes them). ``flip_steps``: the steps the flipped copies run
-    on for the new rule (default: those of the bundle's rule, ``regions.flip_steps``, else its
-    sampled steps); the replaced rule keeps its own."""
+    volumes (:class:`ReviewFitOptions`). Returns the new ``regions`` block and every candidate's
+    figures (the caller writes them); the replaced rule keeps its own flip steps."""
     from dataclasses import replace
 
     from cardseg.method.flips import with_flip_steps
 
     from cardseg_train.evaluation.segmentation import acdc_h5_volumes
-    from cardseg_train.review.data import cache_key, collect_maps
+    from cardseg_train.review.data import MapOptions, cache_key, collect_maps
 
     old = bundle.config["regions"]
-    if flip_steps is not None:  # the maps are made as the new rule will run
-        bundle = replace(bundle, config=with_flip_steps(bundle.config, flip_steps))
+    if options.flip_steps is not None:  # the maps are made as the new rule will run
+        bundle = replace(bundle, config=with_flip_steps(bundle.config, options.flip_steps))
     t0 = time.perf_counter()
     cases = acdc_h5_volumes(data, "val")
     key = cache_key(bundle, "val", 0)
-    maps = collect_maps(
-        bundle,
-        cases,
-        ["clean"],
-        None if cache_dir is None else Path(cache_dir) / key,
-        0,
-        device,
-        batch_size,
-        progress,
-        flips=needs_flips(rule),
-    )
-    fit = choose_rule(maps, rule, progress)
-    if pool:
+    folder = None if cache_dir is None else Path(cache_dir) / key
+    map_options = MapOptions(0, device, batch_size, flips=needs_flips(options.rule))
+    maps = collect_maps(bundle, cases, ["clean"], folder, map_options, progress)
+    fit = choose_rule(maps, options.rule, progress)
+    if options.pool:
         from cardseg_train.review.pool import POOL_CONDITIONS, refit_p_error
 
-        extra = collect_maps(
-            bundle,
-            cases,
-            list(POOL_CONDITIONS),
-            None if cache_dir is None else Path(cache_dir) / key,
-            0,
-            device,
-            batch_size,
-            progress,
-            flips=fit["settings"].get("map") == "tac_flips",
-        )
+        map_options = replace(map_options, flips=fit["settings"].get("map") == "tac_flips")
+        extra = collect_maps(bundle, cases, list(POOL_CONDITIONS), folder, map_options, progress)
         fit = refit_p_error(
             fit, {"clean": maps, **{c: [m for m in extra if m.condition == c] for c in POOL_CONDITIONS}}
         )
@@ -255,6 +249,17 @@ def _ci(iv) -> str:
 
 
 def markdown(t: dict, title: str) -> str:
+    """``review.md`` of a review result (:func:`review_tables`): the rule, its figures per
+    condition beside the previous rule's and the baselines', detection, ``p_error`` calibration
+    and the covered errors against burden per map."""
+    lines = _intro_lines(t, title) + _rule_lines(t) + _same_burden_lines(t) + _detection_lines(t)
+    lines += p_error_lines(t)
+    lines += _curve_lines(t)
+    return "\n".join(lines) + "\n"
+
+
+def _intro_lines(t: dict, title: str) -> list:
+    """The title, what the measures mean, and the rule (and the previous one) measured."""
     lines = [
         f"# {title}",
         "",
@@ -268,7 +273,12 @@ def markdown(t: dict, title: str) -> str:
     ]
     if "previous_rule" in t:
         lines += ["", f"Previous rule (today's before this fit): `{json.dumps(t['previous_rule'])}`."]
-    lines += [
+    return lines
+
+
+def _rule_lines(t: dict) -> list:
+    """Per condition, this fit's rule and the previous one: errors, coverage, burden, regions, ECE."""
+    lines = [
         "",
         f"Each baseline flags, in each volume, as many voxels as the rule's first {BUDGET} regions hold "
         "(the highest values of a map inside the predicted heart's 10-pixel neighbourhood, random pixels "
@@ -293,8 +303,13 @@ def markdown(t: dict, title: str) -> str:
                 f"{_pct(s['touched_boundary_same_burden'])} | {format_value(s['regions_per_volume'], 1, 1)} | "
                 f"{_pct(s['regions_holding_nothing'])} | {format_value(s['p_error_ece'], 1, 3)} |"
             )
+    return lines
+
+
+def _same_burden_lines(t: dict) -> list:
+    """Covered errors of the rule's first regions and of every baseline at the same burden."""
     keys = list(BASELINE_NAMES)
-    lines += [
+    lines = [
         "",
         f"Covered errors at the same per-volume burden as the first {BUDGET} regions of this fit:",
         "",
@@ -308,12 +323,16 @@ def markdown(t: dict, title: str) -> str:
             + " | ".join(_pct(s["same_burden"].get(k)) + _ci((ci.get("same_burden") or {}).get(k)) for k in keys)
             + " |"
         )
-    lines += [
+    return lines + [
         "",
         "In brackets: 95% patient-bootstrap intervals (2000 resamples of the patients, a patient's volumes together).",
     ]
+
+
+def _detection_lines(t: dict) -> list:
+    """Voxel-level detection of wrong voxels (AUROC / AUPRC) per condition and score."""
     det_keys = list(next(iter(t["bundle"].values()))["detection"])
-    lines += [
+    lines = [
         "",
         "Voxel-level detection of wrong voxels inside the predicted heart's 10-pixel neighbourhood, "
         "AUROC / AUPRC (MONAI); 'regions' scores a voxel by its region's rank (first highest, 0 outside), "
@@ -330,8 +349,12 @@ def markdown(t: dict, title: str) -> str:
             + " | ".join(f"{format_value(d[k]['auroc'], 1, 3)} / {format_value(d[k]['auprc'], 1, 3)}" for k in det_keys)
             + " |"
         )
-    lines += p_error_lines(t)
-    lines += [
+    return lines
+
+
+def _curve_lines(t: dict) -> list:
+    """Covered errors against burden, per condition and map."""
+    lines = [
         "",
         "Covered errors against burden (share of the predicted heart), per map:",
         "",
@@ -344,7 +367,7 @@ def markdown(t: dict, title: str) -> str:
                 lines.append(
                     f"| {cond} | {BASELINE_NAMES.get(k, k)} | " + " | ".join(_pct(v) for v in s["curves"][k]) + " |"
                 )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def p_error_consistency(t: dict) -> Dict[str, Optional[dict]]:

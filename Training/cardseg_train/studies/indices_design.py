@@ -155,13 +155,16 @@ def markdown(checks: dict, level: float) -> str:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from dataclasses import replace
+    from functools import partial
 
     from cardseg.base.errors import CardsegError
     from cardseg.bundle.loading import load_bundle
     from cardseg.cohort.indices import spread_tac_threshold
 
     from cardseg_train.base.cli_options import add_cache, add_overwrite, out_record, write_recorded
-    from cardseg_train.indices.fit import evidence_subjects, pool_patients
+    from cardseg_train.indices.evidence import EvidenceOptions
+    from cardseg_train.indices.fit import SubjectOptions, evidence_subjects, pool_patients
     from cardseg_train.base.report_files import atomic_write
 
     from cardseg.base.argparsing import CommandLineParser
@@ -179,11 +182,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         record = out_record(a.out, p.prog, ("design.json", "design.md"), a.overwrite)
         bundle = load_bundle(a.bundle, device="cpu")
         thr = spread_tac_threshold(bundle.config)
-        args = (a.evidence_cache, 1.5, thr, None, "cpu", 8, lambda s: print(s, flush=True))
-        val = evidence_subjects(bundle, a.data, "val", ["clean"], *args)
-        train = evidence_subjects(
-            bundle, a.data, "train", ["clean"], *args, patients=pool_patients(a.data, a.pool_patients)
-        )
+        volumes = EvidenceOptions(h5_spacing=1.5, device="cpu", batch_size=8)
+        subjects, log = SubjectOptions(thr), partial(print, flush=True)
+        val = evidence_subjects(bundle, a.data, "val", ["clean"], a.evidence_cache, volumes, subjects, log)
+        train_volumes = replace(volumes, patients=pool_patients(a.data, a.pool_patients))
+        train = evidence_subjects(bundle, a.data, "train", ["clean"], a.evidence_cache, train_volumes, subjects, log)
         checks = design_checks(val, train, a.level)
     except (CardsegError, ValueError) as exc:
         print(f"indices_design: error: {exc}", file=sys.stderr)

@@ -275,7 +275,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     from cardseg_train.base.cli_options import DEFAULT_DATA, add_cache, add_overwrite, out_record, write_recorded
     from cardseg_train.evaluation.segmentation import acdc_h5_volumes
     from cardseg_train.base.report_files import atomic_write
-    from cardseg_train.review.data import cache_key, collect_maps, rule_map
+    from cardseg_train.review.data import MapOptions, cache_key, collect_maps, rule_map
 
     ap = CommandLineParser(prog="python -m cardseg_train.studies.review_frontier", description=__doc__.split("\n")[0])
     ap.add_argument(
@@ -303,11 +303,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             cases,
             ["clean"],
             Path(a.cache) / cache_key(bundle, "val", 0) if a.cache else None,
-            0,
-            "cpu",
-            8,
+            MapOptions(0, "cpu", 8, flips=map_name == "tac_flips"),
             progress,
-            flips=map_name == "tac_flips",
         )
         maps = [rule_map(m, {"map": map_name}) for m in maps]
         result = study(maps, map_name, draws=a.draws, progress=progress)

@@ -8,7 +8,9 @@ import datetime
 import json
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, List, NamedTuple, Optional, Tuple
 
 from cardseg.base.errors import CardsegError
 from cardseg.method.networks import count_parameters
@@ -94,16 +96,120 @@ def check_roles(primary_run: Path, reference_run: Path) -> None:
             )
 
 
+@dataclass(frozen=True)
+class ExportOptions:
+    """How :func:`export_bundle` writes a bundle.
+
+    name: the bundle's name (``bundle.json`` ``id``); version: its version; primary_checkpoint,
+    reference_checkpoint: which checkpoint of each run goes in (``best``: the best validated,
+    ``last``: the last saved); overwrite: whether a bundle already at the destination may be
+    replaced (never a folder of other files); fp16: store the weights as float16 (else float32)."""
+
+    name: str = "acdc"
+    version: str = "0.1.0"
+    primary_checkpoint: str = "best"
+    reference_checkpoint: str = "last"
+    overwrite: bool = False
+    fp16: bool = True
+
+
+class _LoadedRun(NamedTuple):
+    """One run as a bundle takes it: its folder, network, training config, checkpoint record
+    (``step``, ``val``, ...) and which checkpoint (``best`` or ``last``) was read."""
+
+    path: Path
+    net: Any
+    cfg: TrainConfig
+    meta: dict
+    checkpoint: str
+
+
+def _load_run(run: Path, checkpoint: str) -> _LoadedRun:
+    net, cfg, meta = load_run_network(run, checkpoint)
+    return _LoadedRun(run, net, cfg, meta, checkpoint)
+
+
+def _bundle_reference(p: _LoadedRun, r: _LoadedRun) -> Tuple[_LoadedRun, Optional[dict]]:
+    """The reference the bundle holds and its ``segmentor`` entry (``None`` for a diffusion pair).
+
+    One plain run given as both runs is a plain bundle: the reference is the segmentor itself (the
+    primary's checkpoint), so the TAC is 0. Two deterministic runs of one network are the Dual
+    U-Net control: the "TAC" is the JS of their softmaxes. Any other mix is refused."""
+    if (p.cfg.kind == "diffusion") != (r.cfg.kind == "diffusion"):
+        raise CardsegError(
+            "a bundle holds two diffusion denoisers, or one plain segmentor given as both "
+            f"--primary and --reference (got roles {p.cfg.role} and {r.cfg.role})"
+        )
+    if p.cfg.kind == "diffusion":
+        return r, None
+    if p.path.resolve() == r.path.resolve():
+        # one forward pass ("step 0"); the reference is the segmentor itself, so the TAC is 0
+        return p._replace(path=r.path), {"kind": p.cfg.kind}
+    # the Dual U-Net control: two plain segmentors; the "TAC" is the JS of their softmaxes
+    if p.cfg.kind != "deterministic" or r.cfg.kind != "deterministic" or p.cfg.network != r.cfg.network:
+        raise CardsegError(
+            "a dual-segmentor bundle takes two deterministic runs of one network "
+            f"(got {p.cfg.role} {p.cfg.network} and {r.cfg.role} {r.cfg.network})"
+        )
+    return r, {"kind": "dual", "seeds": [p.cfg.seed, r.cfg.seed]}
+
+
+def _export_warnings(p: _LoadedRun, r: _LoadedRun, plain: bool) -> List[str]:
+    """What is exported but warned about: a diffusion reference larger than its primary, runs
+    trained on other data or another split."""
+    warnings = []
+    n_ref, n_primary = count_parameters(r.net), count_parameters(p.net)
+    if not plain and n_ref > n_primary:
+        warnings.append(
+            f"the reference ({r.cfg.network}, {n_ref} parameters) is larger than the primary "
+            f"({p.cfg.network}, {n_primary}): CARD expects a capacity-limited reference"
+        )
+    for key in ("data", "data_format", "acdc_h5_spacing", "val_fraction"):
+        a, b = getattr(p.cfg, key), getattr(r.cfg, key)
+        if a != b:
+            warnings.append(f"primary and reference runs differ in {key}: {a!r} vs {b!r}")
+    return warnings
+
+
+def _bundle_config(
+    p: _LoadedRun, r: _LoadedRun, options: ExportOptions, segmentor: Optional[dict], warnings: List[str]
+) -> dict:
+    """``bundle.json`` of the pair: the engine's default configuration on the primary's grid,
+    classes and steps (``[0]`` for a plain segmentor), the ``segmentor`` entry, the primary's
+    normalisation percentiles and the provenance of both runs."""
+    from cardseg.bundle.loading import BundleSpec, default_config
+
+    plain = p.cfg.kind != "diffusion"
+    strip = lambda spec: {k: v for k, v in spec.items() if k != "num_classes"}  # noqa: E731
+    spec = BundleSpec(
+        options.name,
+        p.cfg.classes,
+        strip(p.cfg.network_spec()),
+        strip(r.cfg.network_spec()),
+        p.cfg.spacing,
+        p.cfg.input_size,
+        version=options.version,
+        num_steps=p.cfg.num_steps,
+        sampled_steps=[0] if plain else list(p.cfg.sampled_steps),
+    )
+    config = default_config(spec)
+    if segmentor:
+        config["segmentor"] = segmentor
+    config["preprocessing"].update({"low_percentile": p.cfg.low_percentile, "high_percentile": p.cfg.high_percentile})
+    config["provenance"] = {
+        "training": {
+            "primary": _run_provenance(p.path, p.cfg, p.meta, p.checkpoint),
+            "reference": _run_provenance(r.path, r.cfg, r.meta, r.checkpoint),
+        },
+        "exported": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "weights_dtype": "float16" if options.fp16 else "float32",
+        "warnings": warnings,
+    }
+    return config
+
+
 def export_bundle(
-    primary_run: os.PathLike,
-    reference_run: os.PathLike,
-    out: os.PathLike,
-    name: str = "acdc",
-    version: str = "0.1.0",
-    primary_checkpoint: str = "best",
-    reference_checkpoint: str = "last",
-    overwrite: bool = False,
-    fp16: bool = True,
+    primary_run: os.PathLike, reference_run: os.PathLike, out: os.PathLike, options: ExportOptions = ExportOptions()
 ) -> Path:
     """Assemble a bundle from a trained primary run and a reference run (engine :func:`save_bundle`).
 
@@ -122,74 +228,22 @@ def export_bundle(
     more parameters than the primary is exported with a warning (stderr and provenance), since the
     capacity analysis of the paper compares such references too.
     """
-    from cardseg.bundle.loading import default_config, save_bundle
+    from cardseg.bundle.loading import save_bundle
     from cardseg.bundle.scaffold import check_bundle_destination
 
-    check_bundle_destination(out, overwrite)  # an --overwrite replaces a bundle, never a folder of other files
+    check_bundle_destination(out, options.overwrite)  # an --overwrite replaces a bundle, never a folder of other files
     p_run, r_run = Path(primary_run), Path(reference_run)
     check_roles(p_run, r_run)
-    p_net, p_cfg, p_meta = load_run_network(p_run, primary_checkpoint)
-    r_net, r_cfg, r_meta = load_run_network(r_run, reference_checkpoint)
-    if (p_cfg.kind == "diffusion") != (r_cfg.kind == "diffusion"):
-        raise CardsegError(
-            "a bundle holds two diffusion denoisers, or one plain segmentor given as both "
-            f"--primary and --reference (got roles {p_cfg.role} and {r_cfg.role})"
-        )
-    plain = p_cfg.kind != "diffusion"
-    segmentor = None
-    if plain and p_run.resolve() == r_run.resolve():
-        # one forward pass ("step 0"); the reference is the segmentor itself, so the TAC is 0
-        r_net, r_cfg, r_meta, reference_checkpoint = p_net, p_cfg, p_meta, primary_checkpoint
-        segmentor = {"kind": p_cfg.kind}
-    elif plain:
-        # the Dual U-Net control: two plain segmentors; the "TAC" is the JS of their softmaxes
-        if p_cfg.kind != "deterministic" or r_cfg.kind != "deterministic" or p_cfg.network != r_cfg.network:
-            raise CardsegError(
-                "a dual-segmentor bundle takes two deterministic runs of one network "
-                f"(got {p_cfg.role} {p_cfg.network} and {r_cfg.role} {r_cfg.network})"
-            )
-        segmentor = {"kind": "dual", "seeds": [p_cfg.seed, r_cfg.seed]}
-    for key, (a, b) in _pairs(_shared(p_cfg), _shared(r_cfg)):
+    p = _load_run(p_run, options.primary_checkpoint)
+    r, segmentor = _bundle_reference(p, _load_run(r_run, options.reference_checkpoint))
+    for key, (a, b) in _pairs(_shared(p.cfg), _shared(r.cfg)):
         if a != b:
             raise CardsegError(f"primary and reference runs differ in {key} ({a!r} vs {b!r})")
-    warnings = []
-    n_ref, n_primary = count_parameters(r_net), count_parameters(p_net)
-    if not plain and n_ref > n_primary:
-        warnings.append(
-            f"the reference ({r_cfg.network}, {n_ref} parameters) is larger than the primary "
-            f"({p_cfg.network}, {n_primary}): CARD expects a capacity-limited reference"
-        )
-    for key in ("data", "data_format", "acdc_h5_spacing", "val_fraction"):
-        a, b = getattr(p_cfg, key), getattr(r_cfg, key)
-        if a != b:
-            warnings.append(f"primary and reference runs differ in {key}: {a!r} vs {b!r}")
+    warnings = _export_warnings(p, r, plain=p.cfg.kind != "diffusion")
     for w in warnings:
         print(f"cardseg: warning: {w}", file=sys.stderr)
-    strip = lambda spec: {k: v for k, v in spec.items() if k != "num_classes"}  # noqa: E731
-    config = default_config(
-        name,
-        p_cfg.classes,
-        strip(p_cfg.network_spec()),
-        strip(r_cfg.network_spec()),
-        p_cfg.spacing,
-        p_cfg.input_size,
-        version=version,
-        num_steps=p_cfg.num_steps,
-        sampled_steps=[0] if plain else list(p_cfg.sampled_steps),
-    )
-    if segmentor:
-        config["segmentor"] = segmentor
-    config["preprocessing"].update({"low_percentile": p_cfg.low_percentile, "high_percentile": p_cfg.high_percentile})
-    config["provenance"] = {
-        "training": {
-            "primary": _run_provenance(p_run, p_cfg, p_meta, primary_checkpoint),
-            "reference": _run_provenance(r_run, r_cfg, r_meta, reference_checkpoint),
-        },
-        "exported": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "weights_dtype": "float16" if fp16 else "float32",
-        "warnings": warnings,
-    }
-    return save_bundle(out, config, p_net, r_net, fp16=fp16, overwrite=overwrite)
+    config = _bundle_config(p, r, options, segmentor, warnings)
+    return save_bundle(out, config, p.net, r.net, fp16=options.fp16, overwrite=options.overwrite)
 
 
 def swap_reference(

@@ -59,7 +59,7 @@ from cardseg_train.training.runs import (
 )
 from cardseg_train.data.slice_dataset import SliceDataset
 from cardseg_train.training.config import TrainConfig, data_name, merge_resume_config, read_run_config
-from cardseg_train.training.steps import lr_factor, make_training_inputs, validate
+from cardseg_train.training.steps import InputRecipe, lr_factor, make_training_inputs, validate
 
 
 def check_new_run_folder(out: Path) -> None:
@@ -234,17 +234,8 @@ class Trainer:
         forward pass of a plain segmentor, or the aleatoric heads."""
         c = self.config
         if c.kind == "diffusion":
-            img, x_t, t = make_training_inputs(
-                self.schedule,
-                img,
-                lab,
-                c.num_classes,
-                c.p_uniform,
-                c.p_uncond,
-                self.generator,
-                c.p_focus,
-                c.sampled_steps,
-            )
+            recipe = InputRecipe(c.p_uniform, c.p_uncond, c.p_focus, c.sampled_steps)
+            img, x_t, t = make_training_inputs(self.schedule, img, lab, c.num_classes, recipe, self.generator)
             with autocast:
                 logits = self.net(img, x_t, t)
             return self.loss_fn(logits.float(), lab, x_t, t)

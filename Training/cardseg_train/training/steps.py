@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -55,35 +56,48 @@ def draw_steps(
     return t
 
 
+@dataclass(frozen=True)
+class InputRecipe:
+    """The random draws of one batch's diffusion inputs (:func:`make_training_inputs`).
+
+    p_uniform: probability that a slice gets ``t = T-1`` and the exact uniform state (what
+    inference starts from); p_uncond: probability that a slice's image is zeroed; p_focus:
+    probability that a slice's step is drawn from ``focus_steps`` (the sampler's own steps,
+    :func:`draw_steps`) rather than uniformly; focus_steps: those steps (``None``: no focus)."""
+
+    p_uniform: float
+    p_uncond: float
+    p_focus: float = 0.0
+    focus_steps: Optional[Sequence[int]] = None
+
+
 def make_training_inputs(
     schedule: CategoricalSchedule,
     images: torch.Tensor,
     labels: torch.Tensor,
     num_classes: int,
-    p_uniform: float,
-    p_uncond: float,
+    recipe: InputRecipe,
     generator: Optional[torch.Generator] = None,
-    p_focus: float = 0.0,
-    focus_steps: Optional[Sequence[int]] = None,
 ):
     """Step indices, noisy states and (possibly masked) images for one batch.
 
     images ``(B, 1, N, N)``, labels ``(B, N, N)`` → ``(image, x_t (B, K, N, N), t (B,))``. With
-    probability ``p_uniform`` a slice gets ``t = T-1`` and the exact uniform state (what
-    inference starts from); with probability ``p_uncond`` its image is zeroed. With probability
-    ``p_focus`` a slice's step comes from ``focus_steps`` (:func:`draw_steps`); a focused slice at
-    ``T-1`` also gets the exact uniform state, as inference does.
+    probability ``recipe.p_uniform`` a slice gets ``t = T-1`` and the exact uniform state (what
+    inference starts from); with probability ``recipe.p_uncond`` its image is zeroed. With
+    probability ``recipe.p_focus`` a slice's step comes from ``recipe.focus_steps``
+    (:func:`draw_steps`); a focused slice at ``T-1`` also gets the exact uniform state, as
+    inference does. The random numbers come from ``generator`` (CPU).
     """
     b = labels.shape[0]
     dev = labels.device
     top = schedule.num_steps - 1
-    t = draw_steps(schedule.num_steps, b, p_focus, focus_steps, generator)
-    uniform = (torch.rand(b, generator=generator) < p_uniform) | ((t == top) & (p_focus > 0))
+    t = draw_steps(schedule.num_steps, b, recipe.p_focus, recipe.focus_steps, generator)
+    uniform = (torch.rand(b, generator=generator) < recipe.p_uniform) | ((t == top) & (recipe.p_focus > 0))
     t = torch.where(uniform, torch.full_like(t, top), t)
     x_t = sample_noisy_state(schedule, labels, t, num_classes, generator)
     u = uniform.to(dev).view(b, 1, 1, 1)
     x_t = torch.where(u, torch.full_like(x_t, 1.0 / num_classes), x_t)
-    drop = (torch.rand(b, generator=generator) < p_uncond).to(dev).view(b, 1, 1, 1)
+    drop = (torch.rand(b, generator=generator) < recipe.p_uncond).to(dev).view(b, 1, 1, 1)
     images = torch.where(drop, torch.zeros_like(images), images)
     return images, x_t, t.to(dev)
 

@@ -2,7 +2,7 @@
 
 A calibrator turns the primary's terminal logits ``z (B, K, *S)`` (``S`` any spatial shape) and,
 for trajectory-aware methods, the TAC map ``d̄ (B, *S)`` into calibrated class probabilities
-``q (B, K, *S)``. Fitting lives in ``cardseg_train.calibration_fit`` (and ``calibration_fit_nets``
+``q (B, K, *S)``. Fitting lives in ``cardseg_train.calibration.fit`` (and ``calibration_fit_nets``
 for the small networks); here each calibrator only holds its fitted parameters (JSON-able, stored
 in ``bundle.json``) and applies them.
 

@@ -15,7 +15,7 @@ from cardseg.method.calibration.netbase import LOGIT_CLIP, LOGIT_SCALE, NetworkC
 #: the augmentation set whose logit statistics CalibNet reads (the fitting pool's perturbations at
 #: CalibNet's strength): augmentation j is kind ``AUGMENTATION_KINDS[j % 3]``, contrast and gamma
 #: factors drawn uniformly from [0.6, 1.5], Gaussian noise of sigma 0.15 (see
-#: ``cardseg_train.calibration_spatial.calibnet_augmentation``)
+#: ``cardseg_train.calibration.spatial.calibnet_augmentation``)
 AUGMENTATION_KINDS = ("contrast", "gamma", "noise")
 AUGMENTATION_NOISE_SIGMA = 0.15
 
