@@ -34,6 +34,13 @@ def agreement_of(tac, labels, bundle: Bundle) -> Optional[float]:
     return agreement_report(tac, labels, agreement_roi_px(bundle), bundle.class_names)["agreement"]
 
 
+def prepared_checksums(bundle) -> dict:
+    """``{role: sha256}`` of the prepared models the networks ran as (ONNX Runtime models), so a
+    report names what ran as well as the bundle's weights it was made from; empty for torch."""
+    nets = {"primary": bundle.primary, "reference": bundle.reference}
+    return {role: net.sha256 for role, net in nets.items() if isinstance(getattr(net, "sha256", None), str)}
+
+
 def build_report(
     result: Any,
     volume: Volume,
@@ -80,7 +87,12 @@ def build_report(
         "timings_s": timings,
         "device": str(device),
         "backend": getattr(bundle, "backend", "torch"),
-        "bundle": {"id": bundle.ident, "path": str(Path(bundle.path).resolve()), "checksums": bundle.checksums},
+        "bundle": {
+            "id": bundle.ident,
+            "path": str(Path(bundle.path).resolve()),
+            "checksums": bundle.checksums,
+            "prepared_sha256": prepared_checksums(bundle),
+        },
     }
     if method == "card":
         report.update(agreement_report(result.disagreement, result.labels, agreement_roi_px(bundle), names))

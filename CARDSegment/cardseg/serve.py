@@ -125,17 +125,21 @@ def add_serve_parser(sub) -> None:
 
 class Protocol:
     """Writes the protocol's JSON lines to one stream, flushed line by line. A client that is gone
-    (a broken pipe) is not an error here: the end of its input ends the engine."""
+    (a broken pipe) is said once on stderr, and the engine stops reading (:attr:`gone`)."""
 
     def __init__(self, stream):
         self.stream = stream
+        self.gone = False  # the answers' pipe broke: said once on stderr, nothing more is written
 
     def send(self, obj: dict) -> None:
+        if self.gone:
+            return
         try:
             self.stream.write(strictjson.dumps(obj) + "\n")  # never a bare NaN a client cannot read
             self.stream.flush()
         except (BrokenPipeError, ValueError):
-            pass
+            self.gone = True
+            print("cardseg serve: the client stopped reading the answers; no more are sent", file=sys.stderr)
 
 
 @contextlib.contextmanager
@@ -156,6 +160,12 @@ def protocol_stdout() -> Iterator[Protocol]:
             stream.close()
 
 
+#: the longest request line read (a request is a few hundred bytes); a longer one is refused
+MAX_REQUEST_BYTES = 1 << 20
+#: what :class:`StdinReader` hands on in place of a line longer than :data:`MAX_REQUEST_BYTES`
+TOO_LONG = "\0too long"
+
+
 class StdinReader:
     """Reads request lines on a thread, so that the end of input is seen while a request runs.
 
@@ -171,7 +181,15 @@ class StdinReader:
 
     def _pump(self, stream) -> None:
         try:
-            for raw in iter(stream.readline, b""):
+            while True:
+                raw = stream.readline(MAX_REQUEST_BYTES + 1)
+                if not raw:
+                    break
+                if len(raw) > MAX_REQUEST_BYTES and not raw.endswith(b"\n"):
+                    while raw and not raw.endswith(b"\n"):  # the rest of the line is read and dropped
+                        raw = stream.readline(MAX_REQUEST_BYTES + 1)
+                    self.lines.put(TOO_LONG)
+                    continue
                 self.lines.put(raw.decode("utf-8", errors="replace"))
         except (OSError, ValueError):
             pass
@@ -394,6 +412,9 @@ class Engine:
     def handle(self, line: str) -> bool:
         """Answer one input line; False when it asks the engine to end."""
         t0 = time.perf_counter()
+        if line is TOO_LONG:
+            self.protocol.send(error_event(None, f"a request line must be at most {MAX_REQUEST_BYTES} bytes", 2))
+            return True
         try:
             request = strictjson.loads(line)
         except (ValueError, RecursionError) as exc:  # nested deeper than Python's parser goes: refused too
@@ -506,6 +527,9 @@ def serve(a: argparse.Namespace, make_parser: Callable, check_segment: Callable,
                 while True:
                     line = reader.get()
                     if line is None or (eof.is_set() and a.eof == "stop"):  # stop: no queued request runs
+                        break
+                    if protocol.gone:  # nobody reads the answers: stop rather than work unheard
+                        reason = "client gone"
                         break
                     if not line.strip():
                         continue

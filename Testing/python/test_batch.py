@@ -491,7 +491,8 @@ def test_a_parquet_table_that_cannot_be_written_names_its_file(tmp_path, monkeyp
     from cardseg.cohort.tables import write_parquet
 
     def full_disk(table, where, **kwargs):
-        open(where, "wb").write(b"PAR1")  # a part written, then the limit
+        where.write(b"PAR1")  # a part written (to the file made for it), then the limit
+        where.flush()
         raise OSError("Error writing bytes to file. Detail: [errno 27] File too large")
 
     monkeypatch.setattr(pq, "write_table", full_disk)

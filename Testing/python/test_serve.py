@@ -384,3 +384,48 @@ def test_help_says_each_default_once_and_never_none():
     )
     assert p.returncode == 0 and "(default: None)" not in p.stdout
     assert "(default: $CARDSEG_BUNDLE or the shipped one)" in p.stdout and "(default: stop)" in p.stdout
+
+
+def test_a_line_over_the_limit_is_refused_unread_and_the_engine_goes_on(tmp_path, tiny_bundle):
+    from cardseg.serve import MAX_REQUEST_BYTES
+
+    engine = Serve("--bundle", str(tiny_bundle), "--backend", "torch", "--no-preload")
+    try:
+        assert engine.event()["event"] == "ready"
+        answer = engine.ask('{"op": "status", "id": "' + "x" * (2 * MAX_REQUEST_BYTES) + '"}')
+        assert answer["ok"] is False and answer["code"] == 2 and "at most" in answer["error"]
+        assert len(json.dumps(answer)) < 1000  # the line is not echoed back
+        assert engine.ask({"op": "status", "id": 8})["id"] == 8  # the rest of the long line was dropped
+    finally:
+        engine.close()
+
+
+@pytest.mark.parametrize("path", ["in\u0000put.nii.gz", "in\udcffput.nii.gz"])
+def test_a_path_no_file_name_can_hold_is_one_refusal(tmp_path, tiny_bundle, path):
+    engine = Serve("--bundle", str(tiny_bundle), "--backend", "torch", "--no-preload")
+    try:
+        assert engine.event()["event"] == "ready"
+        line = json.dumps({"input": str(tmp_path / path), "output": str(tmp_path / "out"), "id": 3})
+        answer = engine.ask(line)
+        assert answer["ok"] is False and answer["code"] == 2, answer
+        assert "\n" not in answer["error"] and "Traceback" not in answer["error"]
+        assert engine.ask({"op": "status", "id": 4})["id"] == 4
+    finally:
+        engine.close()
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_client_that_stops_reading_ends_the_engine_with_a_line_on_stderr(tiny_bundle):
+    engine = Serve("--bundle", str(tiny_bundle), "--backend", "torch", "--no-preload")
+    try:
+        assert engine.event()["event"] == "ready"
+        engine.proc.stdout.close()  # the client reads no more answers
+        for i in range(3):
+            try:
+                engine.send({"op": "status", "id": i})
+            except BrokenPipeError:  # it has gone already
+                break
+        assert engine.proc.wait(120) == 0
+        assert "stopped reading" in engine.proc.stderr.read()
+    finally:
+        engine.close()

@@ -29,6 +29,8 @@ def kind_of(path: os.PathLike) -> str:
         return "missing"
     except OSError as exc:  # a symbolic link loop, a name too long, no permission
         return f"{UNREADABLE} ({exc.strerror or exc})"
+    except ValueError:  # a NUL, or a lone surrogate the file system cannot encode
+        return f"{UNREADABLE} (its name holds a character no file name can)"
     if stat.S_ISREG(mode):
         return "file"
     if stat.S_ISDIR(mode):

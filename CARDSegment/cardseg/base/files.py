@@ -61,13 +61,46 @@ def can_create_files(folder: os.PathLike) -> bool:
     return True
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``.<name>.tmp`` beside ``path``, sync it, check that the file holds every
-    byte, then rename it over ``path``. On any failure (a full disk, a file size limit) ``path``
-    is untouched and the temporary file is removed; the error (an :class:`OSError`) propagates."""
-    tmp = path.with_name(f".{path.name}.tmp")
+def _nofollow() -> int:
+    """``O_NOFOLLOW`` where the platform has it (opening a symbolic link then fails), else 0."""
+    return getattr(os, "O_NOFOLLOW", 0)
+
+
+def _own_plain_file(st: os.stat_result) -> bool:
+    """Whether ``st`` is a regular file with one name, owned by this process's user: a file this
+    program may have left (a hard link to another file, or another user's file, is not)."""
+    import stat
+
+    owner = getattr(os, "geteuid", None)
+    return stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and (owner is None or st.st_uid == owner())
+
+
+def open_new_file(path: Path) -> int:
+    """A descriptor of ``path`` made new (``O_EXCL``, never through a symbolic link), for writing.
+
+    A file already there that this program may have left (:func:`_own_plain_file`: a run killed
+    while writing it) is removed first; anything else in the way (a link, another user's file, a
+    hard link to some other file) is left alone and refused with an :class:`OSError`."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _nofollow() | getattr(os, "O_BINARY", 0)
     try:
-        with open(tmp, "wb") as f:
+        return os.open(path, flags, 0o666)
+    except FileExistsError:
+        st = os.lstat(path)
+        if not _own_plain_file(st):
+            raise OSError(errno.EEXIST, "something this program did not make is in the way", str(path)) from None
+        os.unlink(path)
+        return os.open(path, flags, 0o666)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``.<name>.tmp`` beside ``path`` (made new, never through a link:
+    :func:`open_new_file`), sync it, check that the file holds every byte, then rename it over
+    ``path``. On any failure (a full disk, a file size limit) ``path`` is untouched and the
+    temporary file is removed; the error (an :class:`OSError`) propagates."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = open_new_file(tmp)
+    try:
+        with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -144,19 +177,35 @@ class FileLock:
 
     def _take(self) -> bool:
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = self._open()
             if not _try_lock(fd):
                 os.close(fd)
                 return False
             try:  # the file we locked may have been unlinked by the run that just finished
-                same = os.path.samestat(os.fstat(fd), os.stat(self.path))
+                same = os.path.samestat(os.fstat(fd), os.lstat(self.path))
             except FileNotFoundError:
                 same = False
             if same:
                 self.fd = fd
+                os.ftruncate(fd, 0)
                 os.write(fd, f"{os.getpid()}\n".encode())
                 return True
             os.close(fd)
+
+    def _open(self) -> int:
+        """The lock file's descriptor, never through a symbolic link; a file there that this
+        program cannot have made (another user's, a hard link to another file, not a regular
+        file) is refused with an :class:`OSError` and left as it is."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _nofollow(), 0o666)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP or os.path.islink(self.path):
+                raise OSError(errno.ELOOP, "its lock file is a symbolic link, not a lock", str(self.path)) from None
+            raise
+        if not _own_plain_file(os.fstat(fd)):
+            os.close(fd)
+            raise OSError(errno.EEXIST, "its lock file is a file this program did not make", str(self.path))
+        return fd
 
     def release(self) -> None:
         if self.fd is None:

@@ -7,7 +7,6 @@ so a command can refuse a broken bundle before it reads any input or imports tor
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from typing import Dict, Optional, Tuple
 from cardseg.base.errors import CardsegError, show
 from cardseg.bundle.schema import validate_config
 from cardseg.bundle.weights import WeightFile, verify_weights
+from cardseg.base.strictjson import bounded_loads
 
 ENV_VAR = "CARDSEG_BUNDLE"
 DEFAULT_NAME = "acdc"
@@ -40,7 +40,7 @@ def read_config(path: os.PathLike) -> dict:
     """The parsed ``bundle.json`` of the bundle folder ``path`` (read only, not validated)."""
     p = Path(path) / "bundle.json"
     try:
-        config = json.loads(p.read_text(encoding="utf-8"))
+        config = bounded_loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
         raise CardsegError(f"{p}: unreadable bundle.json ({_one_line(exc)})") from None
     if not isinstance(config, dict):

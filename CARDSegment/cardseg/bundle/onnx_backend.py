@@ -62,7 +62,7 @@ if TYPE_CHECKING:
 
 from cardseg.base.cpus import default_threads
 from cardseg.base.errors import CardsegError
-from cardseg.bundle.onnx_cache import cache_dir, read_recorded, temp_file, write_entry
+from cardseg.bundle.onnx_cache import SEAL_FIELD, cache_dir, read_recorded, seal, temp_file, write_entry
 
 BACKENDS = ("torch", "onnx")
 #: what ``--backend`` accepts: a backend, or ``auto`` (see :func:`cardseg.bundle.loading.load_bundle`)
@@ -177,6 +177,8 @@ class OnnxNetwork:
         )
         self.num_classes = num_classes
         self.source = source
+        #: the sha256 of the ONNX model this session runs (``report.json`` names it beside the bundle's weights)
+        self.sha256 = hashlib.sha256(model if isinstance(model, bytes) else Path(model).read_bytes()).hexdigest()
         #: the inputs the exported graph kept: one that ignores ``t`` (a discriminative network) has none
         self.inputs = frozenset(i.name for i in self.session.get_inputs())
         #: a call leaves Python's lock free and runs on the session's own threads, so the trajectory
@@ -459,6 +461,7 @@ def load_networks(
                 "bundle": config["id"],
                 "weights_sha256": wf.sha256,
                 "onnx_sha256": hashlib.sha256(data).hexdigest(),
+                SEAL_FIELD: seal(data),
                 "opset": OPSET,
                 "torch": _torch_version(),
                 "monai": dist_version("monai"),

@@ -4,6 +4,9 @@ written, and the temporaries an interrupted export leaves.
 
 * :func:`cache_dir`: ``$CARDSEG_CACHE_DIR``, else ``$XDG_CACHE_HOME/cardseg``, else
   ``~/.cache/cardseg``; never inside the installed package. Models lie in its ``models`` folder.
+* Every entry's record carries :func:`seal`, a keyed digest under a secret only this user can
+  read (``seal.key``, mode 0600): an entry edited by anyone, its record's sha256 updated to
+  match, is a miss and prepared again, never run.
 * :func:`read_entry` reads regular files only, opened without blocking and bounded in size: a
   FIFO, a device, a folder or an oversized file at an entry's name is a cache miss, never a hang.
 * :func:`write_entry` writes through a temporary in the same folder and renames it over the
@@ -19,7 +22,6 @@ written, and the temporaries an interrupted export leaves.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import stat
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Iterator, Optional
 
 from cardseg.base.errors import CardsegError
+from cardseg.base.strictjson import bounded_loads
 
 CACHE_ENV = "CARDSEG_CACHE_DIR"
 #: name prefix of every temporary file the cache writes
@@ -93,18 +96,68 @@ def read_entry(path: Path, limit: int) -> Optional[bytes]:
     return data if len(data) <= limit else None
 
 
+#: the cache's secret (:func:`seal`), beside the models, readable by its owner alone
+KEY_FILE = "seal.key"
+#: the record field holding :func:`seal` of the entry's bytes
+SEAL_FIELD = "seal"
+
+
+def _seal_key() -> Optional[bytes]:
+    """The cache's secret key, made on first use (32 random bytes, mode 0600, never through a
+    link); ``None`` when it cannot be made or read, or the file there is not this user's private
+    file (another user's, a link, group or other permissions): nothing cached is trusted then."""
+    import secrets
+
+    try:
+        path = cache_dir() / KEY_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "wb") as f:
+                f.write(secrets.token_bytes(32))
+        info = os.lstat(path)
+        owner = getattr(os, "geteuid", None)
+        if not stat.S_ISREG(info.st_mode) or info.st_mode & 0o077 or (owner is not None and info.st_uid != owner()):
+            return None
+        key = read_entry(path, 64)
+    except (OSError, CardsegError):
+        return None
+    return key if key is not None and len(key) == 32 else None
+
+
+def seal(data: bytes) -> Optional[str]:
+    """The keyed digest (HMAC-SHA256 under the cache's secret, :func:`_seal_key`) that proves an
+    entry was written by this user's cardseg: a sha256 alone is recomputed by anyone who edits
+    the entry. ``None`` when the cache has no usable key."""
+    import hmac
+
+    key = _seal_key()
+    return None if key is None else hmac.new(key, data, hashlib.sha256).hexdigest()
+
+
 def read_recorded(model: Path, record: Path, key: str, digest_field: str) -> Optional[bytes]:
-    """The bytes of the cache entry ``model`` when its ``record`` (JSON) names ``key`` and, under
-    ``digest_field``, the sha256 of exactly these bytes; else ``None`` (a miss). Only regular
-    files are read (:func:`read_entry`). The caller still checks the key held inside the model."""
+    """The bytes of the cache entry ``model`` when its ``record`` (JSON) names ``key``, under
+    ``digest_field`` the sha256 of exactly these bytes, and under :data:`SEAL_FIELD` their
+    :func:`seal`; else ``None`` (a miss: the caller prepares the model again and writes it over).
+    Only regular files are read (:func:`read_entry`). The caller still checks the key held inside
+    the model."""
+    import hmac
+
     raw, data = read_entry(record, MAX_RECORD_BYTES), read_entry(model, MAX_MODEL_BYTES)
     if raw is None or data is None:
         return None
     try:
-        rec = json.loads(raw.decode("utf-8"))
+        rec = bounded_loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         return None
     if not isinstance(rec, dict) or rec.get("key") != key or rec.get(digest_field) != hashlib.sha256(data).hexdigest():
+        return None
+    sealed, expected = rec.get(SEAL_FIELD), seal(data)
+    if not isinstance(sealed, str) or expected is None or not hmac.compare_digest(sealed, expected):
         return None
     return data
 

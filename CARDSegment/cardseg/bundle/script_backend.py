@@ -44,7 +44,7 @@ import torch
 
 from cardseg.base.errors import CardsegError
 from cardseg.bundle.onnx_backend import BrokenNetwork, dist_version, max_abs_difference, probe_inputs, within_tolerance
-from cardseg.bundle.onnx_cache import models_dir, read_recorded, write_entry
+from cardseg.bundle.onnx_cache import SEAL_FIELD, models_dir, read_recorded, seal, write_entry
 
 #: bump when the tracing recipe changes, so that older cached programs are not used
 PROGRAM_FORMAT = 1
@@ -246,6 +246,7 @@ def _prepare(
                 "bundle": config["id"],
                 "device": str(device),
                 "program_sha256": hashlib.sha256(data).hexdigest(),
+                SEAL_FIELD: seal(data),
                 "torch": torch.__version__,
                 "monai": dist_version("monai"),
                 "probe_max_abs_diff": diff,

@@ -22,14 +22,17 @@ def _companions(path: Path) -> List[Path]:
     found: List[Path] = []
     if name.endswith(".hdr"):
         found = [path.with_name(path.name[:-4] + s) for s in (".img", ".img.gz", ".IMG")]
-    elif name.endswith((".mhd", ".nhdr")):
+    elif name.endswith(".mhd"):
+        from cardseg.io.headers import metaimage_data_files
+
+        found = metaimage_data_files(path) or []
+    elif name.endswith(".nhdr"):
         try:
             with open(path, "rb") as f:
                 head = f.read(65536).decode("latin-1")
         except OSError:
             head = ""
-        key = r"ElementDataFile\s*=\s*(.+)" if name.endswith(".mhd") else r"data ?file\s*:\s*(.+)"
-        m = re.search(r"(?im)^" + key + r"$", head)
+        m = re.search(r"(?im)^data ?file\s*:\s*(.+)$", head)
         if m:
             value = m.group(1).strip()
             if value.upper() not in ("LOCAL",) and not value.upper().startswith("LIST") and "%" not in value:

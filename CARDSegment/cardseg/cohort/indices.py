@@ -28,7 +28,6 @@ probabilities; spacing is ``(x, y, z)`` in mm.
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 from typing import Dict, Mapping, Optional, Sequence, Tuple
@@ -39,6 +38,7 @@ from scipy import ndimage
 from cardseg.base.errors import CardsegError
 from cardseg.cohort import index_intervals as ii
 from cardseg.cohort import index_volumes as iv
+from cardseg.base.strictjson import bounded_loads
 
 #: the indices, in table order
 INDEX_NAMES = ("LVEDV_ml", "LVESV_ml", "LVSV_ml", "LVEF", "RVEDV_ml", "RVESV_ml", "RVSV_ml", "RVEF", "LVM_g")
@@ -427,7 +427,7 @@ def read_segment_folder(folder: Path, maps: bool = False) -> Tuple[dict, tuple, 
             "--method card output folder"
         )
     try:
-        report = json.loads((folder / "report.json").read_text(encoding="utf-8"))
+        report = bounded_loads((folder / "report.json").read_text(encoding="utf-8"))
         seg = sitk.ReadImage(str(folder / "segmentation.nii.gz"))
         arrays = {"labels": sitk.GetArrayFromImage(seg)}
         if maps:

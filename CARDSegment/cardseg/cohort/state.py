@@ -13,11 +13,12 @@ from typing import Dict, List, Optional, Tuple
 from cardseg.base.errors import CardsegError
 from cardseg.base.files import PROBE_PREFIX, write_atomic
 from cardseg.cohort.layout import BATCH_STAMP, OWN_FILES, SEGMENT_LEFTOVER, STATE_FILE
+from cardseg.base.strictjson import bounded_loads
 
 
 def read_batch_stamp(outdir: Path) -> Optional[dict]:
     try:
-        stamp = json.loads((outdir / BATCH_STAMP).read_text(encoding="utf-8"))
+        stamp = bounded_loads((outdir / BATCH_STAMP).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(stamp, dict) or stamp.get("tool") != "cardseg-batch":
@@ -27,9 +28,10 @@ def read_batch_stamp(outdir: Path) -> Optional[dict]:
 
 def check_batch_outdir(output: os.PathLike, settings: dict, overwrite: bool) -> Tuple[Path, Optional[dict]]:
     """Validate OUTDIR before any work; writes nothing. Returns ``(absolute path, earlier stamp)``."""
-    from cardseg.io.outdir import STAMP, check_writable, nearest_existing, read_stamp
+    from cardseg.io.outdir import STAMP, check_not_leftover_name, check_writable, nearest_existing, read_stamp
 
     out = Path(os.path.realpath(os.path.abspath(os.fspath(output))))
+    check_not_leftover_name(out)
     if out.exists() and not out.is_dir():
         raise CardsegError(f"{out}: exists and is not a folder")
     base = nearest_existing(out)
@@ -99,7 +101,7 @@ def read_state(out: Path) -> Dict[str, dict]:
         return state
     for line in lines:
         try:
-            rec = json.loads(line)
+            rec = bounded_loads(line)
         except ValueError:
             continue
         if isinstance(rec, dict) and isinstance(rec.get("case"), str):
@@ -163,7 +165,7 @@ def finished_report(folder: Path, digest: Optional[str] = None) -> Optional[dict
     try:
         if sha256_file(folder / "report.json") != files["report.json"].get("sha256"):
             return None
-        report = json.loads((folder / "report.json").read_text(encoding="utf-8"))
+        report = bounded_loads((folder / "report.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     return report if isinstance(report, dict) else None

@@ -11,7 +11,7 @@ from typing import List, Optional, Sequence
 
 from cardseg.base.csvcells import read_cell, safe_cell
 from cardseg.base.errors import one_line
-from cardseg.base.files import write_atomic
+from cardseg.base.files import open_new_file, write_atomic
 from cardseg.cohort.cases import Case
 
 #: how many of a case's flagged regions, in review order, the cohort table describes one by one
@@ -213,7 +213,8 @@ def write_parquet(path: Path, rows: Sequence[dict], columns: Sequence[str]) -> b
         fields.append(pa.field(c, t))
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        pq.write_table(pa.Table.from_arrays(arrays, schema=pa.schema(fields)), str(tmp))
+        with os.fdopen(open_new_file(tmp), "wb") as f:  # never through a link planted under that name
+            pq.write_table(pa.Table.from_arrays(arrays, schema=pa.schema(fields)), f)
         os.replace(tmp, path)
     except OSError as exc:  # pyarrow's own message names no file (a full disk, a file-size limit)
         if os.path.lexists(tmp):

@@ -141,7 +141,17 @@ def _pixel_spacing(path: Path, text: Optional[str]) -> Optional[tuple]:
 
 
 def list_series_files(folder: Path) -> List[Path]:
-    """The files of the folder's one DICOM series; refuses several series or stray DICOM files."""
+    """The files of the folder's one DICOM series; refuses several series, stray DICOM files, or
+    anything in the folder that is not a file or a folder (a FIFO would block a reader), by name."""
+    from cardseg.base.filekind import kind_of
+
+    special = sorted(
+        (p.name, kind) for p in folder.iterdir() if (kind := kind_of(p)) not in ("file", "folder", "missing")
+    )
+    if special:
+        name, kind = special[0]
+        more = f" (and {len(special) - 1} more)" if len(special) > 1 else ""
+        raise CardsegError(f"{folder}: {name} is a {kind}, not a file; a DICOM series folder holds files only{more}")
     reader = sitk.ImageSeriesReader()
     series = reader.GetGDCMSeriesIDs(str(folder))
     if not series:

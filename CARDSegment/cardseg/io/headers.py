@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import bz2
 import gzip
+import io
+import math
 import os
 import re
 import struct
@@ -49,7 +51,7 @@ class Declared:
 
     @property
     def voxels(self) -> int:
-        return int(np.prod(self.size, dtype=np.int64)) if self.size else 0
+        return math.prod(int(s) for s in self.size) if self.size else 0  # Python integers: no wrap-around
 
 
 # ----------------------------------------------------------------------------- data streams
@@ -102,6 +104,9 @@ def check_data(path: Path, opener: Callable, skip: int, expected: int, dtype: Op
     carry = b""
     try:
         with opener() as f:
+            raw = isinstance(f, io.BufferedReader)  # an uncompressed file: its size says what it holds
+            if raw:
+                _check_not_far_larger(path, os.fstat(f.fileno()).st_size, skip + expected)
             while skip > 0:
                 got = f.read(min(skip, _CHUNK))
                 if not got:
@@ -121,7 +126,7 @@ def check_data(path: Path, opener: Callable, skip: int, expected: int, dtype: Op
                     carry = buf[n:]
                     if not np.isfinite(values).all():
                         raise CardsegError(f"{path}: image contains NaN or infinite values")
-            while f.read(_CHUNK):  # to the end: a corrupt compressed tail fails its checksum
+            while not raw and f.read(_CHUNK):  # to the end: a corrupt compressed tail fails its checksum
                 pass
     except (EOFError, OSError, zlib.error, ValueError) as exc:
         raise CardsegError(f"{path}: {what} data are corrupt or truncated ({_short(exc)})") from None
@@ -129,6 +134,18 @@ def check_data(path: Path, opener: Callable, skip: int, expected: int, dtype: Op
         raise CardsegError(
             f"{path}: file is truncated: the header declares {expected:,d} bytes of image data, "
             f"the file holds {have:,d}"
+        )
+
+
+#: a raw data file may hold this many bytes beyond twice what its header declares (padding, a
+#: trailer); a far larger one (a sparse file of gigabytes behind a small header) is refused unread
+SLACK_BYTES = 1 << 20
+
+
+def _check_not_far_larger(path: Path, size: int, declared: int) -> None:
+    if size > 2 * declared + SLACK_BYTES:
+        raise CardsegError(
+            f"{path}: the data file holds {size:,d} bytes, far more than the {declared:,d} its header declares"
         )
 
 
@@ -341,7 +358,7 @@ def inspect_nrrd(path: Path) -> Tuple[Declared, Callable[[], None]]:
     encoding = {"raw": "raw", "gzip": "gzip", "gz": "gzip", "bzip2": "bzip2", "bz2": "bzip2"}.get(
         fields.get("encoding", "raw").lower()
     )
-    spacing = _nrrd_spacing(fields, len(sizes))
+    spacing = _nrrd_spacing(fields, len(sizes), path)
     decl = Declared("NRRD", sizes, dtype.itemsize, spacing)
     if encoding is None:  # ascii / hex: ITK parses the text and fails itself on short data
         return decl, lambda: None
@@ -390,18 +407,34 @@ class _OffsetStream:
         self.f.close()
 
 
-def _nrrd_spacing(fields: Dict[str, str], ndim: int) -> Optional[Tuple[float, ...]]:
+def _nrrd_spacing(fields: Dict[str, str], ndim: int, path: Path) -> Optional[Tuple[float, ...]]:
+    """The spacing of the spatial axes from ``space directions`` or ``spacings``. An axis may go
+    without one only when the header says it is not spatial: ``none`` in ``space directions``, a
+    non-spatial ``kinds`` entry (``vector``, ``list``, ``time``...), or, without ``kinds``, the one
+    extra axis of a 4-D image. A spatial axis without a finite spacing is refused, never read as 1 mm."""
     if "space directions" in fields:
         vectors = re.findall(r"\(([^)]*)\)|none", fields["space directions"])
-        out = []
-        for v in vectors:
-            if v:
-                out.append(float(np.linalg.norm([float(x) for x in v.split(",")])))
-        return tuple(out) if out else None
-    if "spacings" in fields:
-        vals = [float(x) for x in fields["spacings"].split() if x.lower() != "nan"]
+        vals = [float(np.linalg.norm([float(x) for x in v.split(",")])) for v in vectors if v]
+        if any(not math.isfinite(v) for v in vals):
+            raise CardsegError(f"{path}: NRRD space directions hold a non-finite vector")
         return tuple(vals) if vals else None
-    return None
+    if "spacings" not in fields:
+        return None
+    vals = [float(x) for x in fields["spacings"].split()]
+    kinds = fields.get("kinds", "").split()
+    if len(kinds) == len(vals):
+        spatial = [k.lower() in ("domain", "space") for k in kinds]
+    else:
+        spatial = [True] * len(vals)
+        if ndim > 3 and sum(not math.isfinite(v) for v in vals) <= ndim - 3:
+            spatial = [math.isfinite(v) for v in vals]
+    missing = [i for i, v in enumerate(vals) if spatial[i] and not math.isfinite(v)]
+    if missing and any(math.isfinite(v) for v in vals):
+        raise CardsegError(
+            f"{path}: NRRD spacings give no finite spacing on spatial axis {missing[0]} ({fields['spacings'].strip()})"
+        )
+    finite = tuple(v for v, sp in zip(vals, spatial) if sp and math.isfinite(v))
+    return finite or None
 
 
 # ----------------------------------------------------------------------------- MetaImage
@@ -463,7 +496,10 @@ def inspect_metaimage(path: Path) -> Tuple[Declared, Callable[[], None]]:
     if datafile == "LOCAL":
         data_path, start = path, offset
     elif datafile.startswith("LIST") or "%" in datafile:
-        return decl, lambda: None
+        files = _metaimage_list(path, datafile, raw[offset:] if offset >= 0 else b"")
+        if fields.get("CompressedData", "False").lower() == "true":
+            return decl, lambda: None  # compressed slabs: their sizes say nothing, left to the reader
+        return decl, lambda: _check_slabs(path, files, decl.voxels * decl.bytes_per_voxel, dtype)
     else:
         data_path, start = path.parent / datafile, 0
         require_regular_file(data_path, f"{path}: the data file {datafile}")
@@ -485,6 +521,60 @@ def inspect_metaimage(path: Path) -> Tuple[Declared, Callable[[], None]]:
 
         skip = start
     return decl, lambda: check_data(data_path, opener, skip, expected, dtype, "MetaImage")
+
+
+def _metaimage_list(path: Path, datafile: str, rest: bytes) -> List[Path]:
+    """The data files of a MetaImage whose ``ElementDataFile`` is ``LIST`` (the names follow the
+    header, one or more per line) or a ``printf`` pattern with its first, last and step numbers."""
+    if datafile.startswith("LIST"):
+        names = rest.decode("latin-1").split()
+    else:
+        pattern, *numbers = datafile.split()
+        try:
+            if len(numbers) not in (2, 3):
+                raise ValueError(datafile)
+            first, last, step = [int(n) for n in numbers] + [1] * (3 - len(numbers))
+            if step < 1 or last < first:
+                raise ValueError(datafile)
+            names = [pattern % i for i in range(first, last + 1, step)]
+        except (TypeError, ValueError):
+            raise CardsegError(f"{path}: MetaImage ElementDataFile pattern {datafile!r} is not valid") from None
+    if not names:
+        raise CardsegError(f"{path}: MetaImage ElementDataFile {datafile.split()[0]} names no data file")
+    return [path.parent / n for n in names]
+
+
+def metaimage_data_files(path: Path) -> Optional[List[Path]]:
+    """Every data file a ``.mhd`` header names (one, a ``LIST`` or a pattern), or ``None`` when the
+    header cannot be read or holds its data itself (``LOCAL``)."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(1 << 16)
+    except OSError:
+        return None
+    m = re.search(rb"(?m)^\s*ElementDataFile\s*=\s*(.*?)\s*$", raw)
+    if not m:
+        return None
+    datafile = m.group(1).decode("latin-1")
+    if datafile == "LOCAL":
+        return None
+    if datafile.startswith("LIST") or "%" in datafile:
+        try:
+            return _metaimage_list(path, datafile, raw[m.end() :])
+        except CardsegError:
+            return None
+    return [path.parent / datafile]
+
+
+def _check_slabs(path: Path, files: List[Path], expected: int, dtype: np.dtype) -> None:
+    """Each listed data file holds its equal share of the ``expected`` bytes (ITK fills a short one
+    with zeros without a word)."""
+    share, extra = divmod(expected, len(files))
+    if extra:
+        raise CardsegError(f"{path}: {len(files)} data files cannot hold equal parts of the image")
+    for f in files:
+        require_regular_file(f, f"{path}: the data file {f.name}")
+        check_data(f, lambda f=f: _open_stream(f, "raw"), 0, share, dtype, "MetaImage")
 
 
 #: ITK ImageIO name → header inspector

@@ -31,6 +31,7 @@ the one error line.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import re
 import struct
@@ -278,7 +279,7 @@ def _read_via(p: Path, source: Path, frame: Optional[int], user_spacing: Optiona
     if io == "GDCMImageIO":  # one DICOM file: its own position, orientation and spacings, as in a series
         from cardseg.io.dicom import read_dicom_file
 
-        _check_file_voxels(int(np.prod(size)), p)
+        _check_file_voxels(math.prod(int(n) for n in size), p)
         return read_dicom_file(p, frame, user_spacing), True, False
     direction = _orthonormal(reader.GetDirection(), p, io)
     if io in INSPECTORS:
@@ -303,7 +304,7 @@ def _read_via(p: Path, source: Path, frame: Optional[int], user_spacing: Optiona
         _check_frame_before_reading(size, p, frame)
         check_data()
     elif io in RASTER_IO:
-        _check_file_voxels(int(np.prod(size)), p)
+        _check_file_voxels(math.prod(int(n) for n in size), p)
         has_spacing = False
     else:
         raise CardsegError(
@@ -361,7 +362,7 @@ def _check_file_voxels(n: int, p: Path) -> None:
 
 
 def _check_size(size: tuple, p: Path) -> None:
-    n = int(np.prod(size))
+    n = math.prod(int(n) for n in size)
     if n > MAX_VOLUME_VOXELS:
         raise CardsegError(
             f"{p}: the volume to segment has {n:,d} voxels; the limit is {MAX_VOLUME_VOXELS:,d} ({LIMIT_MEMORY_NOTE})"
@@ -422,9 +423,22 @@ def _as_3d(img: sitk.Image, p: Path, frame: Optional[int]) -> sitk.Image:
     return img
 
 
+#: the smallest share of voxels that must differ from the image's commonest value: an MR image
+#: has noise or anatomy nearly everywhere; one of a few bright voxels on a blank field is not one
+MIN_SIGNAL_FRACTION = 0.01
+
+
 def check_array(a: np.ndarray, p: Path) -> None:
-    """Values of the volume ``(Z, Y, X)``: finite and not constant."""
+    """Values of the volume ``(Z, Y, X)``: finite, not constant, and with signal in at least
+    :data:`MIN_SIGNAL_FRACTION` of its voxels (a blank field would be segmented as a heart)."""
     if not np.isfinite(a).all():
         raise CardsegError(f"{p}: image contains NaN or infinite values")
     if float(a.max()) == float(a.min()):
         raise CardsegError(f"{p}: image is constant ({float(a.min()):g} everywhere)")
+    values, counts = np.unique(a, return_counts=True)
+    background = values[np.argmax(counts)]
+    differing = a.size - int(counts.max())
+    if differing < MIN_SIGNAL_FRACTION * a.size:
+        raise CardsegError(
+            f"{p}: image holds almost no signal: {differing:,d} of {a.size:,d} voxels differ from {float(background):g}"
+        )

@@ -40,6 +40,7 @@ from typing import Dict, Iterable, List, Optional
 from cardseg.base.errors import CardsegError
 from cardseg.base.files import FileLock  # noqa: F401 - part of this module's interface
 from cardseg.base.files import PROBE_PREFIX, can_create_files, remove_stale_probes, write_atomic
+from cardseg.base.strictjson import bounded_loads
 
 #: the file that marks a folder as written by cardseg (JSON: tool, version, time, files)
 STAMP = ".cardseg-output.json"
@@ -63,7 +64,7 @@ def _sibling(out: Path, suffix: str) -> Path:
 def read_stamp(folder: Path) -> Optional[dict]:
     """The stamp of a cardseg output folder, or ``None`` if it has none (or an unreadable one)."""
     try:
-        stamp = json.loads((folder / STAMP).read_text(encoding="utf-8"))
+        stamp = bounded_loads((folder / STAMP).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
     if not isinstance(stamp, dict) or stamp.get("tool") != "cardseg" or not isinstance(stamp.get("files"), dict):
@@ -149,12 +150,15 @@ def check_output(output: os.PathLike, overwrite: bool = False, inputs: Iterable[
     """Validate the output location before any work; return its absolute path. Writes nothing
     (but a probe file, removed at once, to learn whether the folder is writable).
 
-    Refuses (one-line :class:`CardsegError`): an output that is, contains or lies inside one of
+    Refuses (one-line :class:`CardsegError`): a name of the form of cardseg's own leftovers
+    (``.NAME.cardseg-tmp``, ``.NAME.cardseg-old``, ``.NAME.cardseg.lock``, ``.cardseg-tmp``), which a
+    later run would clean away; an output that is, contains or lies inside one of
     ``inputs``; a path whose parent is a file or cannot be written; an existing file; a non-empty
     folder without cardseg's stamp or with files the stamp does not list (even with
     ``overwrite``); a stamped non-empty folder without ``overwrite``.
     """
     out = Path(os.path.realpath(os.path.abspath(os.fspath(output))))
+    check_not_leftover_name(out)
     for inp in inputs:
         src = Path(os.path.realpath(os.path.abspath(os.fspath(inp))))
         if out == src or _is_within(src, out):
@@ -180,6 +184,12 @@ def check_output(output: os.PathLike, overwrite: bool = False, inputs: Iterable[
             f"{out}: another cardseg run is writing this folder now; wait for it to finish or choose another folder"
         ) from None
     return out
+
+
+def check_not_leftover_name(out: Path) -> None:
+    """Refuse an output named as cardseg names its own leftovers (a later run would clean it away)."""
+    if _LEFTOVER.match(out.name) or out.name == INNER_TMP:
+        raise CardsegError(f"{out}: the name has the form of cardseg's own temporary files; choose another name")
 
 
 def check_writable(folder: Path, out: Path) -> None:
@@ -407,7 +417,7 @@ class OutputWriter:
         leaves a folder that the next run with ``--overwrite`` replaces. Only entries that are
         plain names directly inside ``out``, unchanged since cardseg wrote them, are removed.
         """
-        new = json.loads((self.tmp / STAMP).read_text(encoding="utf-8"))["files"]
+        new = bounded_loads((self.tmp / STAMP).read_text(encoding="utf-8"))["files"]
         listed = set(stamp["files"]) | set(stamp.get("replacing") or {}) if stamp else set()
         old = {n: _accepted(stamp, n) for n in listed if inside_entry(self.out, n)}
         replacing = {n: list(v) for n, v in old.items()}
