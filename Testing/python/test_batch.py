@@ -240,7 +240,7 @@ def test_cohort_table_columns(cohort):
         "phase",
         "frame",
         "input",
-        "input_sha256",
+        "input_digest",
         "status",
         "error",
         "reused",
@@ -284,7 +284,7 @@ def test_cohort_table_columns(cohort):
     assert r["out_of_domain"] == ""  # the untrained bundle has no out-of-domain threshold
     assert r["no_foreground"] == "false"
     assert r["grid_moved"] == "false" and float(r["grid_offset_mm"]) == 0.0  # recentring is off: the centred grid
-    assert r["input_sha256"] == content_hash(cohort["root"] / "in" / "p1_es.nii.gz")
+    assert r["input_digest"] == content_hash(cohort["root"] / "in" / "p1_es.nii.gz")
     assert r["input"] == str(cohort["root"] / "in" / "p1_es.nii.gz")
 
 
@@ -481,7 +481,7 @@ def test_resume_after_kill(tmp_path, tiny_bundle, synthetic_volume):
     )
     assert third.computed == 1 and [r["reused"] for r in third.rows] == [True, True, False, True]
     assert {c: (out / c / "report.json").stat().st_mtime_ns for c in mtimes} == mtimes
-    assert third.rows[2]["input_sha256"] == content_hash(inputs[2])
+    assert third.rows[2]["input_digest"] == content_hash(inputs[2])
 
 
 def test_a_parquet_table_that_cannot_be_written_names_its_file(tmp_path, monkeypatch):

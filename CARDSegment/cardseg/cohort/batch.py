@@ -176,7 +176,7 @@ def _plan(o: BatchOptions, checked: _Checked, cases: List[Case], spacing, progre
         rec = state.get(c.name)
         report = finished_report(folder, rec.get("outputs")) if rec and rec.get("key") == key else None
         if report is not None:
-            plan.rows[c.name] = cohort_row(c, "ok", report=report, reused=True, input_sha256=h)
+            plan.rows[c.name] = cohort_row(c, "ok", report=report, reused=True, input_digest=h)
             continue
         if rec and rec.get("key") == key and not o.quiet:
             print(
@@ -187,7 +187,7 @@ def _plan(o: BatchOptions, checked: _Checked, cases: List[Case], spacing, progre
         plan.jobs.append(
             Job(c.name, c.path, str(folder), c.frame, tuple(spacing) if spacing else None, overwrite=folder.exists())
         )
-        plan.rows[c.name] = cohort_row(c, "pending", input_sha256=h)
+        plan.rows[c.name] = cohort_row(c, "pending", input_digest=h)
     return plan
 
 
@@ -257,7 +257,7 @@ def _result_recorder(
         c = by_name[res["case"]]
         h = plan.hashes[c.name]
         if res["status"] == "ok":  # finished when its state line is
-            unrecorded[c.name] = cohort_row(c, "ok", report=res["report"], input_sha256=h)
+            unrecorded[c.name] = cohort_row(c, "ok", report=res["report"], input_digest=h)
             append_state(
                 out,
                 {
@@ -271,7 +271,7 @@ def _result_recorder(
             rows[c.name] = unrecorded.pop(c.name)
             result.computed += 1
         else:
-            rows[c.name] = cohort_row(c, "error", res["error"], input_sha256=h)
+            rows[c.name] = cohort_row(c, "error", res["error"], input_digest=h)
         progress.advance(res["status"] == "ok")
 
     return on_result

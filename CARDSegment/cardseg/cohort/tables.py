@@ -27,7 +27,7 @@ COHORT_COLUMNS = (
     "phase",
     "frame",
     "input",
-    "input_sha256",
+    "input_digest",
     "status",
     "error",
     "reused",
@@ -50,9 +50,11 @@ def cohort_row(
     error: str = "",
     report: Optional[dict] = None,
     reused: bool = False,
-    input_sha256: str = "",
+    input_digest: str = "",
 ) -> dict:
-    """One row of the cohort table; ``report`` is the case's ``report.json`` (``None`` if it failed).
+    """One row of the cohort table; ``report`` is the case's ``report.json`` (``None`` if it failed);
+    ``input_digest``: :func:`cardseg.cohort.hashing.content_hash` of the input (a sha256 over its
+    files' names and sha256s, not ``sha256sum`` of one file).
 
     A result with no foreground at all (every class volume 0: noise, a wrong slice spacing, a
     broken network) gets ``no_foreground`` true and ``out_of_domain`` true whatever the report
@@ -64,7 +66,7 @@ def cohort_row(
         "phase": case.phase or "",
         "frame": "" if case.frame is None else case.frame,
         "input": case.path,
-        "input_sha256": input_sha256,
+        "input_digest": input_digest,
         "status": status,
         "error": error,
         "reused": reused,
