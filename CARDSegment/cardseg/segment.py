@@ -99,7 +99,8 @@ class SliceTrajectory:
     (figures only); step_js: ``{t: (Z, Y, X)}`` each sampled step's JS map, when asked; offset: the
     grid's centre from the slice centre, ``(rows, cols)`` pixels; recentring: a moved grid's trial
     (``offset``, ``agreement_centred``, ``agreement_moved``; :mod:`cardseg.io.field_of_view`); flips:
-    ``(Z, Y, X)`` numpy, the flipped runs' disagreement when the review map needs it (:mod:`cardseg.method.flips`)."""
+    ``(Z, Y, X)`` numpy, the flipped runs' disagreement when the review map needs it (:mod:`cardseg.method.flips`);
+    blank_slices: the slices whose input is constant (:func:`blank_slices`), made background with no disagreement."""
 
     logits: Any
     tac: Any
@@ -109,6 +110,7 @@ class SliceTrajectory:
     offset: tuple = (0.0, 0.0)
     recentring: Optional[dict] = None
     flips: Optional[np.ndarray] = None
+    blank_slices: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -408,7 +410,29 @@ def run_networks(volume: Volume, bundle: Bundle, options: Optional[SegmentOption
         t0 = time.perf_counter()
         traj.flips = flip_disagreement_map(slices01, volume.spacing[:2], bundle, traj, options)
         timings["flips"] = time.perf_counter() - t0
+    _blank_to_background(traj, blank_slices(volume.array))
     return NetworkRun(traj, timings)
+
+
+def blank_slices(array: np.ndarray) -> tuple:
+    """The indices of the slices of ``array`` ``(Z, Y, X)`` that hold one value everywhere: no image
+    to segment (normalised, a blank slice becomes zeros, on which a network still draws a heart)."""
+    flat = array.reshape(array.shape[0], -1)
+    return tuple(int(k) for k in np.flatnonzero(flat.max(axis=1) == flat.min(axis=1)))
+
+
+def _blank_to_background(traj: SliceTrajectory, blank: tuple) -> None:
+    """Blank slices become confident background with no disagreement (in place), as outside the
+    field of view, and are listed in :attr:`SliceTrajectory.blank_slices` (``report.json``)."""
+    if not blank:
+        return
+    idx = list(blank)
+    traj.logits[idx] = -OUTSIDE_MARGIN
+    traj.logits[idx, 0] = 0.0
+    for maps in (traj.tac, traj.flips):
+        if maps is not None:
+            maps[idx] = 0.0
+    traj.blank_slices = tuple(blank)
 
 
 def flip_disagreement_map(
@@ -467,6 +491,7 @@ def _finish_volume(run: NetworkRun, volume: Volume, bundle: Bundle, options: Seg
         field_of_view=fov,
     )
     result.report = build_report(result, volume, bundle, method, options.device, timings, traj.offset, traj.recentring)
+    result.report["blank_slices"] = list(traj.blank_slices)
     return result
 
 

@@ -135,3 +135,25 @@ def test_a_volume_with_almost_no_signal_is_refused(tmp_path, tiny_bundle):
     sitk.WriteImage(img, str(image))
     line = refused(["segment", str(image), "-o", str(out), "--bundle", str(tiny_bundle)], out)
     assert "almost no signal" in line and "1 of 32,768" in line
+
+
+@pytest.mark.parametrize("backend", ["torch", "onnx"])
+def test_a_blank_slice_is_named_and_left_empty_and_the_others_unchanged(tiny_bundle, synthetic_volume, backend):
+    from dataclasses import replace
+
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.segment import SegmentOptions, segment_volume
+
+    if backend == "onnx":
+        pytest.importorskip("onnxruntime")
+    vol, _ = synthetic_volume
+    bundle = load_bundle(tiny_bundle, backend=backend)
+    blanked = vol.array.copy()
+    blanked[1] = float(blanked.min())  # a slice of one value, as a scanner pads a stack
+    before = segment_volume(vol, bundle, SegmentOptions("card"))
+    after = segment_volume(replace(vol, array=blanked), bundle, SegmentOptions("card"))
+    assert before.report["blank_slices"] == [] and after.report["blank_slices"] == [1]
+    assert not after.labels[1].any() and float(after.disagreement[1].max()) == 0.0
+    assert np.allclose(after.probabilities[1, ..., 0], 1.0, atol=1e-6)
+    others = [k for k in range(vol.shape[0]) if k != 1]
+    assert np.array_equal(after.labels[others], before.labels[others])
