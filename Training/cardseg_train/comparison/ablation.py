@@ -176,6 +176,12 @@ def markdown(t: dict, title: str = "") -> str:
             f"| {r['label']} | {100 * r['ece']:.2f} | {100 * r['sce']:.2f} | {100 * r['ace']:.2f} | "
             f"{r['nll']:.3f} | {' / '.join(f'{v:.2f}' for v in r['paper_ece_sce_ace'])} |"
         )
+    if any(r["label"] == "w/o Ref. Contrast" for r in t["rows"]):
+        lines += [
+            "",
+            "w/o Ref. Contrast equals Primary+TS by construction: with the primary on both paths the TAC "
+            "is 0 everywhere, so the temperature is one fitted constant.",
+        ]
     if t["missing"]:
         lines += ["", "Not computed: " + ", ".join(t["missing"]) + "."]
     lines += bootstrap_markdown(t.get("bootstrap"))
