@@ -30,6 +30,7 @@ from cardseg.bundle.loading import Bundle
 from cardseg.io.outdir import OutputWriter, check_output
 from cardseg.io.field_of_view import keep_moved, recentre_margin, recentre_offset
 from cardseg.io.preprocess import SliceGrid, network_to_slices, normalize_slice, resample_to_network, slices_to_network
+from cardseg.io.preprocess import blank_slices
 from cardseg.io.volume import Volume
 from cardseg.io.written import IncompleteWrite, verify_seg_nrrd, write_image, write_seg_nrrd, write_text
 from cardseg.method.calibration import CARD, Uncalibrated, temperature_scale
@@ -100,7 +101,7 @@ class SliceTrajectory:
     grid's centre from the slice centre, ``(rows, cols)`` pixels; recentring: a moved grid's trial
     (``offset``, ``agreement_centred``, ``agreement_moved``; :mod:`cardseg.io.field_of_view`); flips:
     ``(Z, Y, X)`` numpy, the flipped runs' disagreement when the review map needs it (:mod:`cardseg.method.flips`);
-    blank_slices: the slices whose input is constant (:func:`blank_slices`), made background with no disagreement."""
+    blank_slices: the slices whose input is constant (:func:`cardseg.io.preprocess.blank_slices`), made background with no disagreement."""
 
     logits: Any
     tac: Any
@@ -412,13 +413,6 @@ def run_networks(volume: Volume, bundle: Bundle, options: Optional[SegmentOption
         timings["flips"] = time.perf_counter() - t0
     _blank_to_background(traj, blank_slices(volume.array))
     return NetworkRun(traj, timings)
-
-
-def blank_slices(array: np.ndarray) -> tuple:
-    """The indices of the slices of ``array`` ``(Z, Y, X)`` that hold one value everywhere: no image
-    to segment (normalised, a blank slice becomes zeros, on which a network still draws a heart)."""
-    flat = array.reshape(array.shape[0], -1)
-    return tuple(int(k) for k in np.flatnonzero(flat.max(axis=1) == flat.min(axis=1)))
 
 
 def _blank_to_background(traj: SliceTrajectory, blank: tuple) -> None:

@@ -198,3 +198,10 @@ def network_to_slices(maps, grid: SliceGrid, cache: Optional[dict] = None):
         if cache is not None:
             cache[key] = held
     return held[1] @ maps @ held[2]
+
+
+def blank_slices(array: np.ndarray) -> tuple:
+    """The indices of the slices of ``array`` ``(Z, Y, X)`` that hold one value everywhere: no image
+    to segment (normalised, a blank slice becomes zeros, on which a network still draws a heart)."""
+    flat = array.reshape(array.shape[0], -1)
+    return tuple(int(k) for k in np.flatnonzero(flat.max(axis=1) == flat.min(axis=1)))
