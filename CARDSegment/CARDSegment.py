@@ -93,6 +93,7 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self._preparing = False  # checking or installing the Python packages before a run
         self._clickGuard = lib.ClickGuard()  # a double click must not start and cancel at once
         self._watched = ()  # IDs of the output nodes the panel shows (their removal refreshes it)
+        self._refreshAfterBatch = False  # one of them left during a batch of scene changes
         self._rowKeys = []  # (frame, region) of each row of the review table
         self._browser, self._shownFrame = None, None  # a cine input's sequence browser (followed) and frame
         self._engineChoice = EngineChoice(qt.QSettings(), MODULE_DIR)  # "Keep engine warm" (application settings)
@@ -111,6 +112,7 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.addObserver(slicer.mrmlScene, slicer.mrmlScene.StartCloseEvent, self.onSceneStartClose)
         self.addObserver(slicer.mrmlScene, slicer.mrmlScene.EndCloseEvent, self.onSceneEndClose)
         self.addObserver(slicer.mrmlScene, slicer.mrmlScene.NodeRemovedEvent, self.onNodeRemoved)
+        self.addObserver(slicer.mrmlScene, slicer.mrmlScene.EndBatchProcessEvent, self.onEndBatchProcess)
 
         self.ui.applyButton.connect("clicked(bool)", self.onApplyButton)
         self.ui.bundleFolderPathLineEdit.connect("currentPathChanged(QString)", self.onBundleFolderChanged)
@@ -157,8 +159,20 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             self.initializeParameterNode()
 
     def onNodeRemoved(self, caller, event) -> None:
-        """A node left the scene: when it is one the panel shows, show what is left."""
-        if not slicer.mrmlScene.IsClosing() and lib.watched_nodes_gone(slicer.mrmlScene, self._watched):
+        """A node left the scene: when it is one the panel shows, show what is left (once a batch of
+        changes, such as replacing a run's outputs, has ended)."""
+        scene = slicer.mrmlScene
+        if scene.IsClosing() or not lib.watched_nodes_gone(scene, self._watched):
+            return
+        if scene.IsBatchProcessing():
+            self._refreshAfterBatch = True
+            return
+        self.refreshResults()
+
+    def onEndBatchProcess(self, caller, event) -> None:
+        """A batch of scene changes ended: refresh once if a shown node left during it."""
+        if self._refreshAfterBatch and not slicer.mrmlScene.IsClosing():
+            self._refreshAfterBatch = False
             self.refreshResults()
 
     def initializeParameterNode(self) -> None:

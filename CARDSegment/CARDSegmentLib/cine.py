@@ -329,11 +329,15 @@ class CineJob:
 
     def _commit(self) -> None:
         shown = self.cine.shown
-        for pending in self._pending:
-            o = self.options
-            self.outputs[pending.frame] = commit_outputs(
-                self.scene, self.input_volume, pending, o.overlay, o.opacity, show=pending.frame == shown
-            )
+        self.scene.StartState(self.scene.BatchProcessState)  # observers hear of the frames' commit once
+        try:
+            for pending in self._pending:
+                o = self.options
+                self.outputs[pending.frame] = commit_outputs(
+                    self.scene, self.input_volume, pending, o.overlay, o.opacity, show=pending.frame == shown
+                )
+        finally:
+            self.scene.EndState(self.scene.BatchProcessState)
         commit_indices(self.scene, self.input_volume, self._indices_table, replaced=list(self.outputs))
         segmentations = {
             f: find_outputs(self.scene, self.input_volume, f).segmentation

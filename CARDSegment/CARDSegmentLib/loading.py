@@ -245,9 +245,13 @@ def commit_outputs(
     (other frames' outputs stay), give them the freed names, and (``show``) show the overlay."""
     new = pending.new
     keep = {n.GetID() for n in new.nodes()}
-    for node in output_nodes_of(scene, input_volume, pending.frame):
-        if node.GetID() not in keep:
-            remove_node(scene, node)
+    scene.StartState(scene.BatchProcessState)  # one refresh for the replaced nodes, not one each
+    try:
+        for node in output_nodes_of(scene, input_volume, pending.frame):
+            if node.GetID() not in keep:
+                remove_node(scene, node)
+    finally:
+        scene.EndState(scene.BatchProcessState)
     for role, name in pending.names.items():  # the names the replaced nodes had, now free again
         node = getattr(new, role)
         if node is not None and node.GetName() != name and scene.GetFirstNodeByName(name) is None:

@@ -104,6 +104,13 @@ SLICER_5_8_0 = {
         },
     },
     "methods": {  # name: the classes that declare it in v5.8.0
+        # the scene's batch state (one refresh for a commit of many nodes): vtkMRMLScene.h has had
+        # all five since Slicer 4 (read in a Slicer 4 header; the slicer-core releases have them too)
+        "BatchProcessState": ["vtkMRMLScene"],
+        "EndBatchProcessEvent": ["vtkMRMLScene"],
+        "EndState": ["vtkMRMLScene"],
+        "IsBatchProcessing": ["vtkMRMLScene"],
+        "StartState": ["vtkMRMLScene"],
         # the region outlines (CARDSegmentLib.region_outlines), looked up in the v5.8.0 tag
         "GetLabelValue": ["vtkSegment"],
         "GetNthSegmentID": ["vtkSegmentation"],

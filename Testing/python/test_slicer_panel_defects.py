@@ -41,6 +41,7 @@ def observed(monkeypatch):
     def observe(widget):
         scene = slicer.mrmlScene
         widget.addObserver(scene, scene.NodeRemovedEvent, widget.onNodeRemoved)
+        widget.addObserver(scene, scene.EndBatchProcessEvent, widget.onEndBatchProcess)
         widgets.append(widget)
         return widget
 
@@ -469,3 +470,19 @@ def test_clearing_the_table_selection_clears_the_regions_highlight(module, rotat
     widget.onRegionSelected()
     assert outputs.regions.GetAttribute(SELECTED_ATTRIBUTE) is None and not widget.ui.acceptButton.enabled
     assert not module.dialogs.errors
+
+
+# ---------------------------------------------------------------------------------------------
+# segmenting again: the old outputs go in one batch, and the panel refreshes once for them
+
+
+def test_segmenting_again_refreshes_the_panel_once_not_per_removed_node(module, rotated_nifti, finished_run, observed):
+    scene = slicer.mrmlScene
+    widget, volume, first = ran_widget(module, rotated_nifti, finished_run, observed)
+    old = [n.GetID() for n in first.nodes()]
+    calls = []
+    real = widget.refreshResults
+    widget.refreshResults = lambda table=True: calls.append(table) or real(table)
+    run_through_panel(module, widget)
+    assert all(scene.GetNodeByID(i) is None for i in old)  # the earlier outputs were replaced
+    assert len(old) >= 5 and len(calls) <= 2, (len(old), calls)
