@@ -476,6 +476,26 @@ def test_a_fifo_in_the_cache_is_a_miss_not_a_hang(small_bundle, tmp_path, which)
     assert entry.is_file()  # made again in place of the FIFO
 
 
+def count_exports(monkeypatch) -> list:
+    """A list that gains an item each time the ONNX backend exports a network (the real export runs)."""
+    from cardseg.bundle import onnx_backend
+
+    exported = []
+    real = onnx_backend.export_onnx
+    monkeypatch.setattr(onnx_backend, "export_onnx", lambda *a, **k: exported.append(1) or real(*a, **k))
+    return exported
+
+
+def bless_in_record(model: Path) -> tuple:
+    """Edit the cache record beside ``model`` so its sha256 names the file as it is now, as anyone
+    who can write the cache could; ``(record path, the record as written)``."""
+    record = model.with_suffix(".json")
+    rec = json.loads(record.read_text())
+    rec["onnx_sha256"] = hashlib.sha256(model.read_bytes()).hexdigest()
+    record.write_text(json.dumps(rec))
+    return record, rec
+
+
 @needs_onnx
 def test_a_hand_edited_record_does_not_bless_another_model(small_bundle, tmp_path, monkeypatch):
     """Another network's model copied under the reference's name, with the record's sha256
@@ -490,14 +510,9 @@ def test_a_hand_edited_record_does_not_bless_another_model(small_bundle, tmp_pat
     (primary,) = models.glob("primary-*.onnx")
     (reference,) = models.glob("reference-*.onnx")
     shutil.copyfile(primary, reference)
-    record = reference.with_suffix(".json")
-    rec = json.loads(record.read_text())
-    rec["onnx_sha256"] = hashlib.sha256(reference.read_bytes()).hexdigest()
-    record.write_text(json.dumps(rec))
+    bless_in_record(reference)
 
-    exported = []
-    real = onnx_backend.export_onnx
-    monkeypatch.setattr(onnx_backend, "export_onnx", lambda *a, **k: exported.append(1) or real(*a, **k))
+    exported = count_exports(monkeypatch)
     ob = load_bundle(small_bundle, backend="onnx")
     assert exported == [1]
     tb = load_bundle(small_bundle, backend="torch")
@@ -526,14 +541,9 @@ def test_an_edited_model_with_a_matching_record_is_prepared_again(small_bundle, 
         node.output[:] = [f"{o}_before_neg" if o == out else o for o in node.output]
     model.graph.node.append(onnx.helper.make_node("Neg", [f"{out}_before_neg"], [out]))
     primary.write_bytes(model.SerializeToString())
-    record = primary.with_suffix(".json")
-    rec = json.loads(record.read_text())
-    rec["onnx_sha256"] = hashlib.sha256(primary.read_bytes()).hexdigest()
-    record.write_text(json.dumps(rec))
+    record, rec = bless_in_record(primary)
 
-    exported = []
-    real = onnx_backend.export_onnx
-    monkeypatch.setattr(onnx_backend, "export_onnx", lambda *a, **k: exported.append(1) or real(*a, **k))
+    exported = count_exports(monkeypatch)
     ob = load_bundle(small_bundle, backend="onnx")
     assert exported == [1]
     tb = load_bundle(small_bundle, backend="torch")
@@ -546,16 +556,13 @@ def test_an_edited_model_with_a_matching_record_is_prepared_again(small_bundle, 
 
 @needs_onnx
 def test_a_seal_key_another_user_could_read_trusts_nothing(small_bundle, tmp_path, monkeypatch):
-    from cardseg.bundle import onnx_backend
     from cardseg.bundle.loading import load_bundle
     from cardseg.bundle.onnx_cache import KEY_FILE
 
     monkeypatch.setenv("CARDSEG_CACHE_DIR", str(tmp_path / "cache"))
     load_bundle(small_bundle, backend="onnx")
     os.chmod(tmp_path / "cache" / KEY_FILE, 0o644)
-    exported = []
-    real = onnx_backend.export_onnx
-    monkeypatch.setattr(onnx_backend, "export_onnx", lambda *a, **k: exported.append(1) or real(*a, **k))
+    exported = count_exports(monkeypatch)
     load_bundle(small_bundle, backend="onnx")
     assert len(exported) == 2  # both networks prepared again: no cached entry is trusted
 

@@ -305,6 +305,17 @@ def spatial_crops(pool: Sequence[PoolItem], method: str) -> List[SpatialItem]:
     return [it.spatial for it in pool]
 
 
+def _crop_fit_info(t0: float, names, train_c, held_c, seed: int) -> dict:
+    """The fit record's start temperature, held-out patients, pixel counts and seed of a crop fit."""
+    return {
+        "t0": t0,
+        "held_out": names,
+        "train_pixels": sum(sp.pixels for sp in train_c),
+        "held_out_pixels": sum(sp.pixels for sp in held_c),
+        "seed": seed,
+    }
+
+
 def _crop_temperature_start(crops: Sequence[SpatialItem]) -> float:
     """TS temperature on the ROI pixels of crops (the networks' starting point)."""
     z = np.concatenate([np.moveaxis(sp.logits, 1, 0)[:, sp.roi].T for sp in crops]).astype(np.float64)
@@ -386,15 +397,7 @@ def fit_lts(
     arch = {"num_classes": k, "kernel": options.kernel, "dilation": options.dilation}
     cal = LocalTemperatureScaling(arch, seed=seed)
     cal.set_constant_temperature(t0)
-    info.update(
-        {
-            "t0": t0,
-            "held_out": names,
-            "train_pixels": sum(sp.pixels for sp in train_c),
-            "held_out_pixels": sum(sp.pixels for sp in held_c),
-            "seed": seed,
-        }
-    )
+    info.update(_crop_fit_info(t0, names, train_c, held_c, seed))
     _fit_on_crops(cal, list(cal.net.parameters()), train_c, held_c, options, progress, info)
     return cal
 
@@ -526,11 +529,7 @@ def fit_calibnet(
     cal.set_constant_temperature(t0)
     info.update(
         {
-            "t0": t0,
-            "held_out": names,
-            "train_pixels": sum(sp.pixels for sp in train_c),
-            "held_out_pixels": sum(sp.pixels for sp in held_c),
-            "seed": seed,
+            **_crop_fit_info(t0, names, train_c, held_c, seed),
             "shape_prior": {
                 "maps": len(maps),
                 "source": "training crops" if own else "given label maps",
