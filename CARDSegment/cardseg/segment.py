@@ -34,7 +34,7 @@ from cardseg.io.preprocess import blank_slices
 from cardseg.io.volume import Volume
 from cardseg.io.written import IncompleteWrite, verify_seg_nrrd, write_image, write_seg_nrrd, write_text
 from cardseg.method.calibration import CARD, Uncalibrated, temperature_scale
-from cardseg.method.flips import STAGE as FLIP_STAGE, copies_config, flip_map, needs_flips
+from cardseg.method.flips import STAGE as FLIP_STAGE, copies_config, flip_copies, flip_map, needs_flips
 from cardseg.method.trajectory import TrajectoryOptions, TrajectoryResult, run_trajectory
 from cardseg.report import agreement_of, build_report
 
@@ -448,7 +448,7 @@ def flip_disagreement_map(
         return run_on_grid(grid, s, bundle, copy_options, volume=volume, stage=FLIP_STAGE).logits
 
     steps_per_run = -(-slices01.shape[0] // options.batch_size) * len(bundle.sampled_steps)
-    return flip_map(slices01, traj, run_copy, steps_per_run, options.progress)
+    return flip_map(slices01, traj, run_copy, steps_per_run, options.progress, flip_copies(bundle.config))
 
 
 def _finish_volume(run: NetworkRun, volume: Volume, bundle: Bundle, options: SegmentOptions) -> SegmentationResult:

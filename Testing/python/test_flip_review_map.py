@@ -426,3 +426,88 @@ def test_cached_review_maps_are_keyed_by_the_copies_steps_only_when_they_are_the
     assert cache_key(full, "val") == cache_key(same, "val") != cache_key(short, "val")
     assert "(the flipped copies on steps 49, 0)" in describe_rule(short.config["regions"])
     assert "flipped copies on steps" not in describe_rule(full.config["regions"])
+
+
+@pytest.fixture(scope="module")
+def one_copy_bundle(flip_bundle, tmp_path_factory):
+    path = tmp_path_factory.mktemp("flipcopies") / "tiny-flips-both"
+    shutil.copytree(flip_bundle, path)
+    config = json.loads((path / "bundle.json").read_text())
+    config["regions"].update({"flip_copies": ["both"], "flip_steps": [49]})
+    (path / "bundle.json").write_text(json.dumps(config, indent=1))
+    return path
+
+
+def test_the_bundle_names_which_flipped_copies_run(flip_bundle, one_copy_bundle, synthetic_volume):
+    """regions.flip_copies: only those copies run (here one, on one step); the map is the JS of the
+    plain run and that copy; the plain run and everything calibrated stay as they are."""
+    from cardseg.bundle.loading import load_bundle
+    from cardseg.segment import SegmentOptions, normalized_slices, segment_volume, trajectory_on_slices
+
+    vol, _ = synthetic_volume
+    full, one = load_bundle(flip_bundle, device="cpu"), load_bundle(one_copy_bundle, device="cpu")
+    assert flips.flip_copies(full.config) == flips.FLIPS[1:] and flips.flip_copies(one.config) == ((1, 2),)
+    progress = Recorder()
+    a = segment_volume(vol, full, SegmentOptions("card"))
+    b = segment_volume(vol, one, SegmentOptions(method="card", progress=progress))
+    for name in ("labels", "disagreement", "temperature", "probabilities"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    stages = dict(progress.stages)
+    assert stages[flips.STAGE] == stages["trajectory"] // 5  # one copy, one step a batch
+
+    slices01 = normalized_slices(vol, one)
+    plain = trajectory_on_slices(slices01, vol.spacing[:2], one, SegmentOptions("card"))
+    one_step = dataclasses.replace(one, config=flips.copies_config(one.config))
+    t = trajectory_on_slices(
+        np.ascontiguousarray(flips.unflip(slices01, (1, 2))), vol.spacing[:2], one_step, SegmentOptions("uc")
+    )
+    probs = [
+        arrays_softmax(np.asarray(plain.logits, np.float32)),
+        flips.unflip(arrays_softmax(np.asarray(t.logits, np.float32)), (1, 2), (0, 2, 3)),
+    ]
+    expected = flips.flip_disagreement(np.stack(probs))
+    expected[:, ~b.field_of_view] = 0.0
+    assert np.allclose(b.flips, expected, atol=1e-5)
+    assert "(the flipped copies: both; on steps 49)" in describe_rule_of(one)
+
+
+def describe_rule_of(bundle) -> str:
+    from cardseg.review.regions import describe_rule
+
+    return describe_rule(bundle.config["regions"])
+
+
+@pytest.mark.parametrize(
+    "names, problem",
+    [
+        ([], "non-empty list"),
+        (["rows", "rows"], "each copy once"),
+        (["diagonal"], r"flip_copies\[0\]"),
+        ("both", "list"),
+    ],
+)
+def test_the_schema_and_the_fit_option_refuse_copies_no_run_makes(tiny_bundle, names, problem):
+    from cardseg.base.errors import CardsegError
+    from cardseg.bundle.schema import check_copies, validate_config
+
+    config = json.loads((tiny_bundle / "bundle.json").read_text())
+    config["regions"].update({"map": "tac_flips", "flag_threshold": 0.2, "flip_copies": names})
+    with pytest.raises(CardsegError, match=problem):
+        validate_config(config, tiny_bundle)
+    with pytest.raises(CardsegError, match=problem.replace("flip_copies", "--flip-copies")):
+        check_copies(names, "--flip-copies")
+    config["regions"]["flip_copies"] = ["rows", "both"]
+    validate_config(config, tiny_bundle)
+
+
+def test_cached_review_maps_are_keyed_by_the_copies_only_when_fewer_run(flip_bundle, one_copy_bundle):
+    from cardseg.bundle.loading import load_bundle
+    from cardseg_train.review.data import cache_key
+
+    full, one = load_bundle(flip_bundle, device="cpu"), load_bundle(one_copy_bundle, device="cpu")
+    all_named = dataclasses.replace(full, config=flips.with_flip_copies(full.config, ["both", "rows", "columns"]))
+    steps_only = dataclasses.replace(
+        one, config={**one.config, "regions": {**one.config["regions"], "flip_copies": None}}
+    )
+    assert cache_key(full, "val") == cache_key(all_named, "val")
+    assert cache_key(one, "val") != cache_key(steps_only, "val") != cache_key(full, "val")

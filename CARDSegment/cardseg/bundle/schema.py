@@ -86,6 +86,8 @@ def validate_config(config: dict, root: os.PathLike, label: Optional[str] = None
     _check_regions(where, required_object(where, config, "regions"))
     if config["regions"].get("flip_steps") is not None:
         _check_steps(where, "regions.flip_steps", config["regions"]["flip_steps"], num_steps)
+    if config["regions"].get("flip_copies") is not None:
+        _check_copies(where, config["regions"]["flip_copies"])
     _check_agreement(where, required_object(where, config, "agreement"))
     if config.get("field_of_view") is not None:
         _check_field_of_view(where, required_object(where, config, "field_of_view"))
@@ -320,6 +322,25 @@ def check_regions(regions: Any, label: str) -> None:
     if not isinstance(regions, dict):
         where.fail("regions", f"must be a JSON object (got {show(regions)})")
     _check_regions(where, regions)
+
+
+def check_copies(names: Any, key: str) -> List[str]:
+    """:func:`_check_copies` for a command-line option named ``key`` (one-line refusal naming it)."""
+    return _check_copies(OptionWhere(), names, key)
+
+
+def _check_copies(where: Where, names: Any, key: str = "regions.flip_copies") -> List[str]:
+    """The flipped copies a ``tac_flips`` rule runs (``regions.flip_copies``): a non-empty list of
+    distinct copy names (rows, columns, both)."""
+    from cardseg.method.flips import COPY_NAMES
+
+    if not isinstance(names, list) or not names:
+        where.fail(key, f"must be a non-empty list of copy names (got {show(names)})")
+    for i, n in enumerate(names):
+        choice_value(where, f"{key}[{i}]", n, tuple(COPY_NAMES))
+    if len(set(names)) != len(names):
+        where.fail(key, f"must name each copy once (got {show(names)})")
+    return list(names)
 
 
 def _check_regions(where: Where, regions: dict) -> None:

@@ -13,7 +13,7 @@ temperature and everything calibrated stay the plain run's.
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -109,6 +109,25 @@ def with_flip_steps(config: dict, steps: Sequence[int]) -> dict:
     return {**config, "regions": {**(config.get("regions") or {}), "flip_steps": [int(t) for t in steps]}}
 
 
+#: the names of the copies in ``regions.flip_copies``: each flip of :data:`FLIPS` but the plain one
+COPY_NAMES = {"rows": (1,), "columns": (2,), "both": (1, 2)}
+
+
+def flip_copies(config: dict) -> Tuple[Tuple[int, ...], ...]:
+    """The flipped copies a ``tac_flips`` rule runs: ``regions.flip_copies`` (names of
+    :data:`COPY_NAMES`, e.g. ``["both"]``: the volume flipped along rows and columns at once), else
+    all three (rows, columns, both), in :data:`FLIPS` order."""
+    names = (config.get("regions") or {}).get("flip_copies")
+    if not names:
+        return FLIPS[1:]
+    return tuple(f for f in FLIPS[1:] if f in {COPY_NAMES[n] for n in names})
+
+
+def with_flip_copies(config: dict, names: Sequence[str]) -> dict:
+    """``config`` (a shallow copy) whose rule runs the flipped copies ``names`` (``regions.flip_copies``)."""
+    return {**config, "regions": {**(config.get("regions") or {}), "flip_copies": [str(n) for n in names]}}
+
+
 def copies_config(config: dict) -> dict:
     """``config`` as the flipped copies run it: its ``diffusion.sampled_steps`` are :func:`flip_steps`
     (a copy of the dict; ``config`` itself when they are the plain run's)."""
@@ -131,7 +150,7 @@ def mirrored(offset: Sequence[float], flip: Sequence[int]) -> tuple:
 
 
 class _OneStage(Progress):
-    """Passes ``advance`` on and swallows the per-run ``stage`` calls: three runs, one stage."""
+    """Passes ``advance`` on and swallows the per-run ``stage`` calls: several runs, one stage."""
 
     def __init__(self, inner: Progress):
         self.inner = inner
@@ -141,7 +160,12 @@ class _OneStage(Progress):
 
 
 def flip_map(
-    slices01: np.ndarray, traj, run_copy: Callable, steps_per_run: int, progress: Optional[Progress] = None
+    slices01: np.ndarray,
+    traj,
+    run_copy: Callable,
+    steps_per_run: int,
+    progress: Optional[Progress] = None,
+    copies: Sequence[Sequence[int]] = FLIPS[1:],
 ) -> np.ndarray:
     """The flipped runs' disagreement ``(Z, Y, X)`` float32 on the slices' grid (0 outside the
     field of view).
@@ -151,13 +175,14 @@ def flip_map(
     view); ``run_copy(slices, offset, progress)``: the primary's terminal logits ``(Z, K, Y, X)`` on
     a flipped copy run on the grid at ``offset`` (the engine's runner,
     :func:`cardseg.segment.flip_disagreement_map`); steps_per_run: the progress steps one run
-    advances. Progress: one stage :data:`STAGE` over the three runs."""
+    advances; copies: the flips run (:func:`flip_copies`). Progress: one stage :data:`STAGE` over
+    the copies' runs."""
     progress = progress or Progress()
     acc = FlipDisagreement()
     acc.add(arrays.softmax(arrays.to_numpy(traj.logits).astype(np.float32, copy=False), 1))
-    progress.stage(STAGE, (len(FLIPS) - 1) * int(steps_per_run))
+    progress.stage(STAGE, len(copies) * int(steps_per_run))
     quiet = _OneStage(progress)
-    for flip in FLIPS[1:]:
+    for flip in copies:
         logits = run_copy(np.ascontiguousarray(unflip(slices01, flip)), mirrored(traj.offset, flip), quiet)
         probs = arrays.softmax(arrays.to_numpy(logits).astype(np.float32, copy=False), 1)
         del logits

@@ -104,8 +104,11 @@ def describe_rule(block: dict) -> str:
 
 
 def _copies(block: dict) -> str:
-    steps = block.get("flip_steps")
-    return f" (the flipped copies on steps {', '.join(str(int(t)) for t in steps)})" if steps else ""
+    steps, names = block.get("flip_steps"), block.get("flip_copies")
+    on = f" on steps {', '.join(str(int(t)) for t in steps)}" if steps else ""
+    if names:
+        return f" (the flipped copies: {', '.join(names)}{';' if on else ''}{on})"
+    return f" (the flipped copies{on})" if on else ""
 
 
 _RANKING_WORDS = {"p_error": "p_error", "p_error_per_ml": "p_error per ml", "summed_map": "summed map"}

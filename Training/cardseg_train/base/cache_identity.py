@@ -27,10 +27,12 @@ def maps_identity(bundle) -> dict:
         "tac_steps": None if bundle.tac_steps is None else [int(t) for t in bundle.tac_steps],
         "field_of_view": fov,
     }
-    from cardseg.method.flips import flip_steps
+    from cardseg.method.flips import FLIPS, flip_copies, flip_steps
 
     if flip_steps(c) != bundle.sampled_steps:  # the flipped copies on steps of their own (keys of others unchanged)
         identity["flip_steps"] = flip_steps(c)
+    if flip_copies(c) != FLIPS[1:]:  # fewer copies than all three
+        identity["flip_copies"] = [list(f) for f in flip_copies(c)]
     return identity
 
 

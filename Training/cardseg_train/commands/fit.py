@@ -73,6 +73,12 @@ def review_fit_parser() -> argparse.ArgumentParser:
         "into it as regions.flip_steps (default: the bundle's rule's, else its sampled steps)",
     )
     p.add_argument(
+        "--flip-copies",
+        metavar="NAME,...",
+        help="the flipped copies the new rule (tac-flips) runs, from rows, columns and both, e.g. both; "
+        "written into it as regions.flip_copies (default: the bundle's rule's, else all three)",
+    )
+    p.add_argument(
         "--p-error-pool",
         action="store_true",
         help="fit p_error (not the rule) on the validation volumes under fit-calibration's perturbations "
@@ -81,6 +87,13 @@ def review_fit_parser() -> argparse.ArgumentParser:
     )
     add_compute(p)
     return p
+
+
+def parse_flip_copies(text: str) -> List[str]:
+    """``--flip-copies`` as copy names (one-line refusal, exit 2)."""
+    from cardseg.bundle.schema import check_copies
+
+    return check_copies([n.strip() for n in text.split(",")], "--flip-copies")
 
 
 def parse_flip_steps(text: str, bundle_arg) -> List[int]:
@@ -101,6 +114,7 @@ def cmd_fit_review(argv: List[str]) -> int:
     a = review_fit_parser().parse_args(argv)
     check_compute(a)
     flip_steps = parse_flip_steps(a.flip_steps, a.bundle) if a.flip_steps is not None else None
+    flip_copies = parse_flip_copies(a.flip_copies) if a.flip_copies is not None else None
     record = out_record(a.out, "cardseg fit-review", ["review_fit.json"], a.overwrite)
     bundle_to_rewrite(a.bundle, "cardseg fit-review", writes=not a.dry_run)
     import torch
@@ -123,7 +137,7 @@ def cmd_fit_review(argv: List[str]) -> int:
         device=device,
         batch_size=a.batch_size,
         progress=progress,
-        options=ReviewFitOptions(rule=a.rule, flip_steps=flip_steps, pool=a.p_error_pool),
+        options=ReviewFitOptions(rule=a.rule, flip_steps=flip_steps, flip_copies=flip_copies, pool=a.p_error_pool),
     )
     progress.close()
     if record:  # first, so that a refused bundle write loses nothing of the fit

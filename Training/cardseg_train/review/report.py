@@ -120,12 +120,14 @@ class ReviewFitOptions:
 
     rule: the rule family (one of :data:`RULES`; ``auto``: the best held out); flip_steps: the
     steps the flipped copies run on for the new rule (``None``: those of the bundle's rule,
-    ``regions.flip_steps``, else its sampled steps); pool: whether ``p_error`` is fitted again on
+    ``regions.flip_steps``, else its sampled steps); flip_copies: the copies it runs (``None``: the
+    bundle's rule's, ``regions.flip_copies``, else all three); pool: whether ``p_error`` is fitted again on
     the clean volumes and on the same volumes under the calibration pool's perturbations
     (:mod:`cardseg_train.review.pool`)."""
 
     rule: str = "auto"
     flip_steps: Optional[Sequence[int]] = None
+    flip_copies: Optional[Sequence[str]] = None
     pool: bool = False
 
 
@@ -143,7 +145,7 @@ def fit_bundle_review(
     figures (the caller writes them); the replaced rule keeps its own flip steps."""
     from dataclasses import replace
 
-    from cardseg.method.flips import with_flip_steps
+    from cardseg.method.flips import with_flip_copies, with_flip_steps
 
     from cardseg_train.evaluation.segmentation import acdc_h5_volumes
     from cardseg_train.review.data import MapOptions, cache_key, collect_maps
@@ -151,6 +153,8 @@ def fit_bundle_review(
     old = bundle.config["regions"]
     if options.flip_steps is not None:  # the maps are made as the new rule will run
         bundle = replace(bundle, config=with_flip_steps(bundle.config, options.flip_steps))
+    if options.flip_copies is not None:
+        bundle = replace(bundle, config=with_flip_copies(bundle.config, options.flip_copies))
     t0 = time.perf_counter()
     cases = acdc_h5_volumes(data, "val")
     key = cache_key(bundle, "val", 0)
@@ -167,8 +171,10 @@ def fit_bundle_review(
             fit, {"clean": maps, **{c: [m for m in extra if m.condition == c] for c in POOL_CONDITIONS}}
         )
     block = regions_block(fit, old, len(maps), time.perf_counter() - t0)
-    if block["map"] == "tac_flips" and bundle.config["regions"].get("flip_steps"):  # fitted on those copies' maps
-        block["flip_steps"] = [int(t) for t in bundle.config["regions"]["flip_steps"]]
+    if block["map"] == "tac_flips":  # fitted on those copies' maps
+        for key in ("flip_steps", "flip_copies"):
+            if bundle.config["regions"].get(key):
+                block[key] = list(bundle.config["regions"][key])
     return {"block": block, "candidates": fit["candidates"]}
 
 
@@ -178,7 +184,7 @@ def regions_block(fit: dict, old: dict, volumes: int, seconds: float) -> dict:
     rule key, so merged into ``old`` (as ``update_config`` does) it leaves nothing of the old rule."""
 
     def rule(block: dict) -> dict:  # what a kept rule needs to run again
-        return {k: v for k, v in block.items() if k in RULE_KEYS or k in ("model", "flip_steps")}
+        return {k: v for k, v in block.items() if k in RULE_KEYS or k in ("model", "flip_steps", "flip_copies")}
 
     previous = rule(old)
     older = old.get("previous")  # the rule before it stays too where its map is another (--review-map)
