@@ -7,7 +7,8 @@ the slice stack is built from the files' own ``ImagePositionPatient`` and
 when slices are missing or unevenly spaced, when their positions drift along the rows or columns
 (a sheared series, beyond :data:`SHEAR_TOLERANCE` pixels: the outputs lie on an orthogonal grid),
 or when files disagree on size or orientation. A
-cine series (several phases at each slice position) is read one phase at a time (``frame``).
+cine series (several phases at each slice position) is read one phase at a time (``frame``); a cine
+exported as one series per slice location is assembled by :mod:`cardseg.io.dicom_study`.
 
 Nothing is assumed: a file without ``PixelSpacing`` is refused (ITK would read 1 mm) unless the
 user gives the spacing; an ``ImageOrientationPatient`` whose vectors are not unit length and
@@ -23,7 +24,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import SimpleITK as sitk
@@ -49,7 +50,9 @@ SLICE_SPACING_KEY = "cardseg_slice_spacing_from"
 
 
 @dataclass
-class _Slice:
+class SliceHeader:
+    """What cardseg reads of one single-frame DICOM file before its pixels (LPS, mm)."""
+
     path: Path
     position: np.ndarray  # (3,) LPS mm of the first voxel
     row: np.ndarray  # (3,) direction of increasing column index i
@@ -60,6 +63,10 @@ class _Slice:
     trigger: float
     between: float  # SpacingBetweenSlices (mm), 0 where absent: the slice spacing of a one-slice series
     thickness: float  # SliceThickness (mm), 0 where absent: the next choice for a one-slice series
+    trigger_known: bool = False  # whether the file has a TriggerTime (0018,1060)
+    series_uid: str = ""  # SeriesInstanceUID (0020,000E)
+    series_number: str = ""  # SeriesNumber (0020,0011)
+    frame_of_reference: str = ""  # FrameOfReferenceUID (0020,0052), else StudyInstanceUID (0020,000D)
 
 
 def looks_like_dicom(path: Path) -> bool:
@@ -83,7 +90,7 @@ def _meta(reader: sitk.ImageFileReader, key: str) -> Optional[str]:
     return reader.GetMetaData(key).strip() if reader.HasMetaDataKey(key) else None
 
 
-def _read_slice_header(path: Path) -> _Slice:
+def _read_slice_header(path: Path) -> SliceHeader:
     reader = sitk.ImageFileReader()
     reader.SetFileName(str(path))
     reader.ReadImageInformation()
@@ -98,7 +105,7 @@ def _read_slice_header(path: Path) -> _Slice:
         position = np.array([float(v) for v in pos.split("\\")])
         if o.shape != (6,) or position.shape != (3,) or not np.isfinite([*o, *position]).all():
             raise ValueError("shape")
-        header = _Slice(
+        header = SliceHeader(
             path=path,
             position=position,
             row=o[:3],
@@ -109,6 +116,10 @@ def _read_slice_header(path: Path) -> _Slice:
             trigger=float(_meta(reader, "0018|1060") or 0.0),
             between=abs(float(_meta(reader, "0018|0088") or 0.0)),
             thickness=float(_meta(reader, "0018|0050") or 0.0),
+            trigger_known=bool(_meta(reader, "0018|1060")),
+            series_uid=(_meta(reader, "0020|000e") or "").strip("\0 "),
+            series_number=(_meta(reader, "0020|0011") or "").strip("\0 "),
+            frame_of_reference=(_meta(reader, "0020|0052") or _meta(reader, "0020|000d") or "").strip("\0 "),
         )
     except ValueError:
         raise CardsegError(
@@ -143,6 +154,16 @@ def _pixel_spacing(path: Path, text: Optional[str]) -> Optional[tuple]:
 def list_series_files(folder: Path) -> List[Path]:
     """The files of the folder's one DICOM series; refuses several series, stray DICOM files, or
     anything in the folder that is not a file or a folder (a FIFO would block a reader), by name."""
+    series = series_file_lists(folder)
+    if len(series) > 1:
+        raise CardsegError(f"{folder}: folder holds {len(series)} DICOM series; point to a folder with one")
+    return next(iter(series.values()))
+
+
+def series_file_lists(folder: Path) -> Dict[str, List[Path]]:
+    """The DICOM series among the folder's own files: SeriesInstanceUID -> its files, in GDCM's order.
+    Refuses (one line, by name) a folder holding no series, DICOM files that belong to none (unreadable or
+    foreign), and anything that is not a file or a folder (a FIFO would block a reader)."""
     from cardseg.base.filekind import kind_of
 
     special = sorted(
@@ -153,13 +174,11 @@ def list_series_files(folder: Path) -> List[Path]:
         more = f" (and {len(special) - 1} more)" if len(special) > 1 else ""
         raise CardsegError(f"{folder}: {name} is a {kind}, not a file; a DICOM series folder holds files only{more}")
     reader = sitk.ImageSeriesReader()
-    series = reader.GetGDCMSeriesIDs(str(folder))
-    if not series:
+    ids = reader.GetGDCMSeriesIDs(str(folder))
+    if not ids:
         raise CardsegError(f"{folder}: folder holds no DICOM series")
-    if len(series) > 1:
-        raise CardsegError(f"{folder}: folder holds {len(series)} DICOM series; point to a folder with one")
-    files = [Path(f) for f in reader.GetGDCMSeriesFileNames(str(folder), series[0])]
-    listed = {os.path.realpath(f) for f in files}
+    series = {uid: [Path(f) for f in reader.GetGDCMSeriesFileNames(str(folder), uid)] for uid in ids}
+    listed = {os.path.realpath(f) for files in series.values() for f in files}
     stray = sorted(
         p
         for p in folder.iterdir()
@@ -167,7 +186,7 @@ def list_series_files(folder: Path) -> List[Path]:
     )
     if stray:
         raise CardsegError(f"{folder}: unreadable or foreign DICOM files in the series folder: {_names(stray)}")
-    return files
+    return series
 
 
 def read_dicom_series(
@@ -177,7 +196,7 @@ def read_dicom_series(
     on the grid the files' own positions, orientation and pixel spacing define; ``spacing``
     (the user's, mm, x y [z]) stands in for what the files do not say (see the module docstring)."""
     folder = Path(folder)
-    return _stack(folder, [_header(folder, f) for f in list_series_files(folder)], frame, spacing)
+    return stack_volume(folder, [read_header(folder, f) for f in list_series_files(folder)], frame, spacing)
 
 
 def read_dicom_file(
@@ -185,28 +204,25 @@ def read_dicom_file(
 ) -> sitk.Image:
     """One single-frame DICOM file as a one-slice 3D image, with the same checks as a series."""
     path = Path(path)
-    return _stack(path, [_header(path.parent, path)], frame, spacing)
+    return stack_volume(path, [read_header(path.parent, path)], frame, spacing)
 
 
-def _header(folder: Path, f: Path) -> _Slice:
+def read_header(folder: Path, f: Path) -> SliceHeader:
+    """The header of DICOM file ``f``; an unreadable one is refused naming it (and ``folder``)."""
     try:
         return _read_slice_header(f)
     except RuntimeError:
         raise CardsegError(f"{folder}: unreadable DICOM file {f.name}") from None
 
 
-def _stack(where: Path, headers: List[_Slice], frame: Optional[int], spacing: Optional[Sequence[float]]) -> sitk.Image:
+def stack_volume(
+    where: Path, headers: List[SliceHeader], frame: Optional[int], spacing: Optional[Sequence[float]]
+) -> sitk.Image:
+    """One 3D image from single-frame DICOM slices (one phase per slice position: ``frame``), after the
+    checks of the module docstring; ``where`` is the input named in a refusal."""
     first = headers[0]
     normal = np.cross(first.row, first.col)
-    odd = [
-        h.path
-        for h in headers
-        if h.size != first.size
-        or not np.allclose(h.row, first.row, atol=1e-4)
-        or not np.allclose(h.col, first.col, atol=1e-4)
-        or (h.spacing is None) != (first.spacing is None)
-        or (h.spacing is not None and not np.allclose(h.spacing, first.spacing, rtol=1e-4))
-    ]
+    odd = [h.path for h in headers if not same_frame_grid(h, first)]
     if odd:
         raise CardsegError(
             f"{where}: files differ in size, orientation or pixel spacing from {first.path.name}: {_names(odd)}"
@@ -237,7 +253,7 @@ def _stack(where: Path, headers: List[_Slice], frame: Optional[int], spacing: Op
             f"{where}: uneven slice spacing: {gaps[k]:.3g} mm between {stack[k].path.name} and "
             f"{stack[k + 1].path.name} where the series has {spacing_z:.3g} mm (a missing or extra slice?)"
         )
-    _check_straight(where, stack, first, inplane)
+    check_straight(where, stack, first, inplane)
     planes = []
     for h in stack:
         try:
@@ -256,9 +272,27 @@ def _stack(where: Path, headers: List[_Slice], frame: Optional[int], spacing: Op
     return vol
 
 
-def _check_straight(where: Path, stack: List[_Slice], first: _Slice, inplane: Sequence[float]) -> None:
+def same_frame_grid(h: SliceHeader, first: SliceHeader) -> bool:
+    """Whether ``h`` has the size, orientation and pixel spacing of ``first`` (so both stack on one grid)."""
+    return (
+        h.size == first.size
+        and np.allclose(h.row, first.row, atol=1e-4)
+        and np.allclose(h.col, first.col, atol=1e-4)
+        and (h.spacing is None) == (first.spacing is None)
+        and (h.spacing is None or np.allclose(h.spacing, first.spacing, rtol=1e-4))
+    )
+
+
+def check_straight(
+    where: Path,
+    stack: List[SliceHeader],
+    first: SliceHeader,
+    inplane: Sequence[float],
+    name: Callable[[SliceHeader], str] = lambda h: h.path.name,
+) -> None:
     """Refuse slices whose positions drift in-plane (along the row or column direction) from the first one
-    by more than :data:`SHEAR_TOLERANCE` pixels: placed on a straight grid, they would come back displaced."""
+    by more than :data:`SHEAR_TOLERANCE` pixels: placed on a straight grid, they would come back displaced.
+    ``name``: how the message names a slice (its file name by default)."""
     if len(stack) < 2:
         return
     offsets = np.array([h.position - stack[0].position for h in stack])
@@ -267,15 +301,15 @@ def _check_straight(where: Path, stack: List[_Slice], first: _Slice, inplane: Se
     if np.abs(drift[k]).max() > SHEAR_TOLERANCE:
         mm = np.round(drift[k] * np.asarray(inplane, dtype=float), 3) + 0.0  # + 0.0: no "-0"
         raise CardsegError(
-            f"{where}: sheared DICOM series: the position of {stack[k].path.name} is {mm[0]:.3g} mm along "
+            f"{where}: sheared DICOM series: the position of {name(stack[k])} is {mm[0]:.3g} mm along "
             f"the rows and {mm[1]:.3g} mm along the columns off the straight stack through "
-            f"{stack[0].path.name} ({np.abs(drift[k]).max():.3g} pixels; tolerance {SHEAR_TOLERANCE:g}); "
+            f"{name(stack[0])} ({np.abs(drift[k]).max():.3g} pixels; tolerance {SHEAR_TOLERANCE:g}); "
             "cardseg writes its outputs on an orthogonal grid, so it cannot return them where this "
             "series lies (resample it onto an orthogonal grid first)"
         )
 
 
-def _one_slice_spacing(where: Path, first: _Slice, user: List[float]):
+def _one_slice_spacing(where: Path, first: SliceHeader, user: List[float]):
     """The slice spacing of a one-slice series and where it came from (see the module docstring)."""
     if len(user) >= 3:
         return user[2], "--spacing"
@@ -289,11 +323,13 @@ def _one_slice_spacing(where: Path, first: _Slice, user: List[float]):
     )
 
 
-def _select_phase(folder: Path, headers: List[_Slice], normal: np.ndarray, frame: Optional[int]) -> List[_Slice]:
+def _select_phase(
+    folder: Path, headers: List[SliceHeader], normal: np.ndarray, frame: Optional[int]
+) -> List[SliceHeader]:
     """Group the files by slice position; return one file per position, sorted along the normal."""
     where = np.array([float(h.position @ normal) for h in headers])
     order = np.argsort(where, kind="stable")
-    groups: List[List[_Slice]] = []
+    groups: List[List[SliceHeader]] = []
     last = None
     for i in order:
         if last is None or abs(where[i] - last) > 1e-3:

@@ -1,7 +1,8 @@
 """The one place that decides whether a file or folder is an image cardseg may segment.
 
 Accepted: NIfTI (``.nii``, ``.nii.gz``, ``.hdr``/``.img``), NRRD (``.nrrd``, ``.nhdr``),
-MetaImage (``.mha``, ``.mhd``), a DICOM series folder (or one DICOM file), and 2D PNG, JPEG,
+MetaImage (``.mha``, ``.mhd``), a DICOM series folder (or one DICOM file), a DICOM study folder of
+one series per slice location (:mod:`cardseg.io.dicom_study`), and 2D PNG, JPEG,
 BMP or TIFF images when the pixel spacing is given (they carry none). Checked before any data
 is used, each refusal one line:
 
@@ -124,10 +125,10 @@ def read_image(path: os.PathLike, frame: Optional[int] = None, spacing: Optional
     p = Path(path)
     if not p.exists():
         raise CardsegError(f"{p}: no such file or folder")
-    if p.is_dir():
-        from cardseg.io.dicom import read_dicom_series
+    if p.is_dir():  # a DICOM series, or a study of one series per slice location (cardseg.io.dicom_study)
+        from cardseg.io.dicom_study import read_dicom_folder
 
-        img = read_dicom_series(p, frame, spacing)
+        img = read_dicom_folder(p, frame, spacing)
         has_spacing = True
     else:
         img, has_spacing, took_frame = _read_file(p, frame, spacing)

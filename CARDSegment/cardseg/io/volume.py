@@ -6,6 +6,7 @@ the image's third axis, taken as it is stored (no reorientation).
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,8 @@ class Volume:
     """A 3D scalar image: ``array (Z, Y, X)`` float32 plus its geometry (x, y, z order).
 
     ``notes``: what the reader had to choose about the geometry, for the report (e.g.
-    ``{"slice_spacing_from": "SliceThickness (0018,0050)"}`` for one DICOM slice); empty otherwise.
+    ``{"slice_spacing_from": "SliceThickness (0018,0050)"}`` for one DICOM slice; ``study_series``, the
+    series of a DICOM study folder in slice order); empty otherwise.
     """
 
     array: np.ndarray
@@ -57,10 +59,13 @@ class Volume:
     @classmethod
     def from_image(cls, img: sitk.Image) -> "Volume":
         from cardseg.io.dicom import SLICE_SPACING_KEY
+        from cardseg.io.dicom_study import STUDY_SERIES_KEY
 
         notes = {}
         if img.HasMetaDataKey(SLICE_SPACING_KEY):
             notes["slice_spacing_from"] = img.GetMetaData(SLICE_SPACING_KEY)
+        if img.HasMetaDataKey(STUDY_SERIES_KEY):
+            notes["study_series"] = json.loads(img.GetMetaData(STUDY_SERIES_KEY))
         return cls(
             array=sitk.GetArrayFromImage(img).astype(np.float32, copy=False),
             spacing=tuple(img.GetSpacing()),
