@@ -263,3 +263,50 @@ def test_fit_review_refuses_flip_steps_the_bundle_cannot_run(tiny_bundle, text, 
 
     with pytest.raises(CardsegError, match=problem):
         cmd_fit_review(["--bundle", str(tiny_bundle), "--flip-steps", text, "--dry-run"])
+
+
+def test_fit_review_runs_the_copies_asked_within_the_burden_asked(monkeypatch):
+    """--flip-copies reach the maps and the new rule (not the replaced one); --max-burden bounds
+    the chosen rule's held-out median burden and is named in the fit's objective."""
+    from cardseg_train.evaluation import segmentation as evaluation
+    from cardseg_train.review import data as review_data
+
+    maps = [flip_maps(i) for i in range(6)]
+    seen = {}
+
+    def collect(bundle, cases, conditions, cache, options, progress):
+        seen["copies"] = bundle.config["regions"].get("flip_copies")
+        return maps
+
+    monkeypatch.setattr(evaluation, "acdc_h5_volumes", lambda data, split: [])
+    monkeypatch.setattr(review_data, "collect_maps", collect)
+    monkeypatch.setattr(review_data, "cache_key", lambda bundle, split, seed: "k")
+    old = {"map": "tac_flips", "flag_threshold": 0.2, "model": None}
+    wide = rr.fit_bundle_review(
+        FakeBundle(config={"regions": old}), "data", None, options=rr.ReviewFitOptions("tac-flips")
+    )
+    burden = wide["block"]["fit"]["validation"]["cross_validated"]["median_burden_top3"]
+    assert burden > 0
+    options = rr.ReviewFitOptions(rule="tac-flips", flip_copies=("rows", "columns"), max_burden=burden / 2)
+    res = rr.fit_bundle_review(FakeBundle(config={"regions": old}), "data", None, options=options)
+    block = res["block"]
+    assert seen["copies"] == ["rows", "columns"] and block["flip_copies"] == ["rows", "columns"]
+    assert "flip_copies" not in block["previous"]
+    assert block["fit"]["validation"]["cross_validated"]["median_burden_top3"] <= burden / 2
+    assert f"{burden / 2 * 100:g}%" in block["fit"]["objective"]
+
+
+@pytest.mark.parametrize(
+    "args, problem",
+    [
+        (["--flip-copies", "rows,rows"], "each copy once"),
+        (["--flip-copies", "diagonal"], r"--flip-copies\[0\] must be one of"),
+        (["--max-burden", "0"], r"--max-burden must be a share in \(0, 1\]"),
+    ],
+)
+def test_fit_review_refuses_copies_and_burdens_no_rule_can_have(tiny_bundle, args, problem):
+    from cardseg_train.commands.fit import cmd_fit_review
+    from cardseg.base.errors import CardsegError
+
+    with pytest.raises(CardsegError, match=problem):
+        cmd_fit_review(["--bundle", str(tiny_bundle), *args, "--dry-run"])

@@ -79,6 +79,13 @@ def review_fit_parser() -> argparse.ArgumentParser:
         "written into it as regions.flip_copies (default: the bundle's rule's, else all three)",
     )
     p.add_argument(
+        "--max-burden",
+        type=float,
+        metavar="SHARE",
+        help="the largest median share of the predicted heart the first three regions may cover, "
+        "held out (default 0.10)",
+    )
+    p.add_argument(
         "--p-error-pool",
         action="store_true",
         help="fit p_error (not the rule) on the validation volumes under fit-calibration's perturbations "
@@ -115,6 +122,8 @@ def cmd_fit_review(argv: List[str]) -> int:
     check_compute(a)
     flip_steps = parse_flip_steps(a.flip_steps, a.bundle) if a.flip_steps is not None else None
     flip_copies = parse_flip_copies(a.flip_copies) if a.flip_copies is not None else None
+    if a.max_burden is not None and not 0.0 < a.max_burden <= 1.0:
+        raise CardsegError(f"--max-burden must be a share in (0, 1], got {a.max_burden}")
     record = out_record(a.out, "cardseg fit-review", ["review_fit.json"], a.overwrite)
     bundle_to_rewrite(a.bundle, "cardseg fit-review", writes=not a.dry_run)
     import torch
@@ -137,7 +146,9 @@ def cmd_fit_review(argv: List[str]) -> int:
         device=device,
         batch_size=a.batch_size,
         progress=progress,
-        options=ReviewFitOptions(rule=a.rule, flip_steps=flip_steps, flip_copies=flip_copies, pool=a.p_error_pool),
+        options=ReviewFitOptions(
+            rule=a.rule, flip_steps=flip_steps, flip_copies=flip_copies, pool=a.p_error_pool, max_burden=a.max_burden
+        ),
     )
     progress.close()
     if record:  # first, so that a refused bundle write loses nothing of the fit

@@ -184,7 +184,9 @@ def evaluate_candidate(vols: Sequence[VolumeRegions]) -> dict:
     }
 
 
-def fit_error_map_rule(maps: Sequence[VolumeMaps], grid: Optional[dict] = None, progress=None) -> dict:
+def fit_error_map_rule(
+    maps: Sequence[VolumeMaps], grid: Optional[dict] = None, progress=None, max_burden: float = MAX_BURDEN
+) -> dict:
     """Choose the candidate (held out) and fit the final voxel model, region model and Platt step.
 
     Returns ``settings`` (a full ``regions`` rule without models), ``voxel_model``, ``model``,
@@ -209,14 +211,14 @@ def fit_error_map_rule(maps: Sequence[VolumeMaps], grid: Optional[dict] = None, 
         objective = (figures["covered_top3"] or 0.0, figures["covered_all"] or 0.0)
         if (
             figures["median_burden_top3"] is not None
-            and figures["median_burden_top3"] <= MAX_BURDEN
+            and figures["median_burden_top3"] <= max_burden
             and (best is None or objective > best[0])
         ):
             best = (objective, settings, vols, figures)
         if progress is not None:
             progress.advance(1)
     if best is None:
-        raise ValueError(f"no candidate rule kept the median burden within {MAX_BURDEN:.0%}")
+        raise ValueError(f"no candidate rule kept the median burden within {max_burden:.0%}")
     _, settings, vols, figures = best
     voxel = [voxel_data(m) for m in maps]
     voxel_model = fit_voxel_model(np.concatenate([d[0] for d in voxel]), np.concatenate([d[1] for d in voxel]))

@@ -267,12 +267,14 @@ def refine_grid(settings: dict) -> dict:
     }
 
 
-def two_pass(maps: Sequence[VolumeMaps], first: Optional[dict] = None, progress=None) -> dict:
+def two_pass(
+    maps: Sequence[VolumeMaps], first: Optional[dict] = None, progress=None, max_burden: float = MAX_BURDEN
+) -> dict:
     """:func:`select_settings` over :data:`GRID`, then over :func:`refine_grid` of its winner (which
     holds that winner, so the second pass never does worse); candidates of both, tagged by pass.
-    ``first``: the first pass's result when already computed."""
-    first = first or select_settings(maps, progress=progress)
-    second = select_settings(maps, grid=refine_grid(first["settings"]), progress=progress)
+    ``first``: the first pass's result when already computed (within the same ``max_burden``)."""
+    first = first or select_settings(maps, progress=progress, max_burden=max_burden)
+    second = select_settings(maps, grid=refine_grid(first["settings"]), progress=progress, max_burden=max_burden)
     second["candidates"] = [{**c, "pass": 1} for c in first["candidates"]] + [
         {**c, "pass": 2} for c in second["candidates"]
     ]

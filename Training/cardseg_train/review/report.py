@@ -64,16 +64,16 @@ def needs_flips(rule: str) -> bool:
     return rule in ("auto", "tac-flips")
 
 
-def fit_tac_rule(maps, progress=None) -> dict:
+def fit_tac_rule(maps, progress=None, max_burden: float = MAX_BURDEN) -> dict:
     """The TAC rule (regions cut from the disagreement itself, :func:`cardseg_train.review.fit.two_pass`),
     as :func:`fit_error_map_rule` returns a fit."""
-    fit = two_pass(maps, progress=progress)
+    fit = two_pass(maps, progress=progress, max_burden=max_burden)
     fit["settings"] = {**fit["settings"], "map": "tac"}
     fit["display_max_disagreement"] = display_max(maps)
     return fit
 
 
-def fit_tac_flips_rule(maps, progress=None) -> dict:
+def fit_tac_flips_rule(maps, progress=None, max_burden: float = MAX_BURDEN) -> dict:
     """The TAC + flips rule: the TAC family's search (:func:`cardseg_train.review.fit.two_pass`) on
     the sum of each volume's TAC and flipped runs' disagreement, the first pass over
     :data:`FLIP_FLAGS`; the overlay's display maximum stays the TAC's."""
@@ -81,11 +81,10 @@ def fit_tac_flips_rule(maps, progress=None) -> dict:
     from cardseg_train.review.fit import GRID, select_settings
 
     summed = [rule_map(m, {"map": "tac_flips"}) for m in maps]
-    fit = two_pass(
-        summed,
-        first=select_settings(summed, grid={**GRID, "flag_threshold": FLIP_FLAGS}, progress=progress),
-        progress=progress,
+    first = select_settings(
+        summed, grid={**GRID, "flag_threshold": FLIP_FLAGS}, progress=progress, max_burden=max_burden
     )
+    fit = two_pass(summed, first=first, progress=progress, max_burden=max_burden)
     fit["settings"] = {**fit["settings"], "map": "tac_flips"}
     fit["display_max_disagreement"] = display_max(maps)
     return fit
@@ -97,20 +96,23 @@ def held_out_objective(fit: dict) -> tuple:
     return (v.get("covered_top3") or 0.0, v.get("covered_all") or 0.0)
 
 
-def choose_rule(maps, rule: str = "auto", progress=None, fitters=None) -> dict:
+def choose_rule(maps, rule: str = "auto", progress=None, fitters=None, max_burden: Optional[float] = None) -> dict:
     """Fit the asked rule family, or every one (``auto``) and keep the one whose first regions cover
-    the most substantial errors held out (each keeps the median burden within the budget); the fit
-    gains ``rule`` and ``families`` (each family's held-out figures)."""
+    the most substantial errors held out (each keeps the median burden within the budget,
+    ``max_burden``, default :data:`~cardseg_train.review.fit.MAX_BURDEN`); the fit gains ``rule``,
+    ``families`` (each family's held-out figures) and ``max_burden``."""
     if rule not in RULES:
         raise ValueError(f"unknown rule {rule!r} (choose from {', '.join(RULES)})")
     fitters = fitters or {"error-map": fit_error_map_rule, "tac": fit_tac_rule, "tac-flips": fit_tac_flips_rule}
     names = [r for r in RULES[1:] if rule in ("auto", r)]
-    fits = {name: fitters[name](maps, progress=progress) for name in names}
+    budget = {} if max_burden is None else {"max_burden": float(max_burden)}
+    fits = {name: fitters[name](maps, progress=progress, **budget) for name in names}
     best = max(names, key=lambda name: held_out_objective(fits[name]))
     fit = fits[best]
     fit["rule"] = best
     fit["families"] = {name: f["validation"]["cross_validated"] for name, f in fits.items()}
     fit["candidates"] = [{"rule": name, **row} for name, f in fits.items() for row in f["candidates"]]
+    fit["max_burden"] = MAX_BURDEN if max_burden is None else float(max_burden)
     return fit
 
 
@@ -123,12 +125,14 @@ class ReviewFitOptions:
     ``regions.flip_steps``, else its sampled steps); flip_copies: the copies it runs (``None``: the
     bundle's rule's, ``regions.flip_copies``, else all three); pool: whether ``p_error`` is fitted again on
     the clean volumes and on the same volumes under the calibration pool's perturbations
-    (:mod:`cardseg_train.review.pool`)."""
+    (:mod:`cardseg_train.review.pool`); max_burden: the first regions' median burden the rule may
+    reach (``None``: :data:`~cardseg_train.review.fit.MAX_BURDEN`)."""
 
     rule: str = "auto"
     flip_steps: Optional[Sequence[int]] = None
     flip_copies: Optional[Sequence[str]] = None
     pool: bool = False
+    max_burden: Optional[float] = None
 
 
 def fit_bundle_review(
@@ -161,7 +165,7 @@ def fit_bundle_review(
     folder = None if cache_dir is None else Path(cache_dir) / key
     map_options = MapOptions(0, device, batch_size, flips=needs_flips(options.rule))
     maps = collect_maps(bundle, cases, ["clean"], folder, map_options, progress)
-    fit = choose_rule(maps, options.rule, progress)
+    fit = choose_rule(maps, options.rule, progress, max_burden=options.max_burden)
     if options.pool:
         from cardseg_train.review.pool import POOL_CONDITIONS, refit_p_error
 
@@ -212,7 +216,7 @@ def regions_block(fit: dict, old: dict, volumes: int, seconds: float) -> dict:
             **({"p_error_conditions": fit["p_error_conditions"]} if fit.get("p_error_conditions") else {}),
             "objective": f"substantial errors covered (at least half their pixels) by the first {BUDGET} "
             f"regions per volume, cross-fitted by patient, median burden at most "
-            f"{MAX_BURDEN:.0%} of the predicted heart",
+            f"{fit.get('max_burden', MAX_BURDEN) * 100:g}% of the predicted heart",
             "p_error": "probability that the region holds at least half of a substantial error "
             "(logistic region model" + (", Platt step fitted on held-out logits)" if platt else ")"),
             **({"rule_family": fit["rule"], "families_held_out": fit["families"]} if "rule" in fit else {}),

@@ -6,7 +6,8 @@ candidate (:data:`CANDIDATES`: which copies, ``regions.flip_copies``, and on whi
 ``regions.flip_steps``) runs on the same plain trajectory of every clean volume of the split
 (validation; the test split only once a release has frozen its choices), and the region rule is
 fitted on its maps exactly as ``cardseg fit-review --rule tac-flips`` fits it (the same two-pass
-search, ``p_error`` cross-fitted leave one patient out). Reported per candidate: the primary calls
+search, ``p_error`` cross-fitted leave one patient out), within fit-review's burden budget and
+within the shipped rule's own held-out burden (``--max-burden``). Reported per candidate: the primary calls
 a batch, the copies' seconds over all volumes on this machine, and the held-out figures of its
 best rule (the first three regions' covered share, their median burden, all regions' cover).
 
@@ -107,18 +108,6 @@ def candidate_maps(bundle, cases, candidates: Sequence[Candidate], log=print) ->
     return maps, seconds
 
 
-def fit_within(maps, max_burden: float) -> dict:
-    """The tac-flips rule's two-pass search (as :func:`cardseg_train.review.report.fit_tac_flips_rule`)
-    with the first regions' median burden held within ``max_burden``."""
-    from cardseg_train.review.data import rule_map
-    from cardseg_train.review.fit import GRID, refine_grid, select_settings
-    from cardseg_train.review.report import FLIP_FLAGS
-
-    summed = [rule_map(m, {"map": "tac_flips"}) for m in maps]
-    first = select_settings(summed, grid={**GRID, "flag_threshold": FLIP_FLAGS}, max_burden=max_burden)
-    return select_settings(summed, grid=refine_grid(first["settings"]), max_burden=max_burden)
-
-
 def shipped_burden(bundle) -> float:
     """The held-out median burden of the bundle's own rule (its fit record)."""
     return float(bundle.config["regions"]["fit"]["validation"]["cross_validated"]["median_burden_top3"])
@@ -128,6 +117,7 @@ def run_study(bundle, cases, candidates: Sequence[Candidate] = CANDIDATES, log=p
     """Per candidate: its cost and the held-out figures of the tac-flips rule fitted on its maps,
     within fit-review's burden budget and within the shipped rule's own burden."""
     from cardseg_train.review.fit import MAX_BURDEN
+    from cardseg_train.review.report import choose_rule
 
     maps, seconds = candidate_maps(bundle, list(cases), candidates, log)
     budgets = {"budget": MAX_BURDEN, "shipped_burden": shipped_burden(bundle)}
@@ -140,7 +130,7 @@ def run_study(bundle, cases, candidates: Sequence[Candidate] = CANDIDATES, log=p
             "seconds": seconds[c.name],
         }
         for key, burden in budgets.items():
-            fit = fit_within(maps[c.name], burden)
+            fit = choose_rule(maps[c.name], "tac-flips", max_burden=burden)
             out[c.name][key] = {"held_out": fit["validation"]["cross_validated"], "settings": dict(fit["settings"])}
         held = out[c.name]["budget"]["held_out"]
         log(f"{c.name}: top3 {held['covered_top3']:.3f} at {held['median_burden_top3']:.3f}")
