@@ -134,7 +134,8 @@ def _add_batch_parser(sub) -> None:
         formatter_class=DefaultsHelpFormatter,
         description="Segment every case into OUTDIR/<case>/ exactly as 'segment' does, with the model "
         "loaded once per worker; write cohort.csv (and cohort.parquet with pyarrow), "
-        "subjects.csv (cardiac indices with intervals for subjects with ED and ES cases) "
+        "subjects.csv (cardiac indices with intervals for subjects with ED and ES cases), "
+        "curves.csv (the volume curves of cine inputs: see --frames) "
         "and triage.html. A bad case gets its one-line error in the table and the batch "
         "goes on (exit code 1 at the end); a rerun skips finished cases (keyed by the "
         "input's content and the bundle). Refusals before any work: one line, exit 2.",
@@ -175,12 +176,7 @@ def _add_batch_parser(sub) -> None:
         choices=["card", "uc"],
         help="card: calibrated by trajectory agreement; uc: primary only, uncalibrated",
     )
-    p.add_argument(
-        "--frame",
-        type=int,
-        metavar="N",
-        help="frame (phase) of 4D or cine DICOM inputs, 0-based; a manifest's frame column overrides it",
-    )
+    _add_batch_frame_options(p)
     p.add_argument(
         "--spacing",
         metavar="SX,SY[,SZ]",
@@ -201,6 +197,23 @@ def _add_batch_parser(sub) -> None:
         "{stage, done, total} object per line on stderr",
     )
     _add_batch_worker_options(p)
+
+
+def _add_batch_frame_options(p) -> None:
+    """``batch``'s choice of the frames of 4D and cine inputs."""
+    p.add_argument(
+        "--frame",
+        type=int,
+        metavar="N",
+        help="frame (phase) of 4D or cine DICOM inputs, 0-based; a manifest's frame column overrides it",
+    )
+    p.add_argument(
+        "--frames",
+        choices=["ed-es", "all"],
+        help="what a cine (a 4D or cine DICOM input with no frame picked) runs: ed-es (the default) segments "
+        "every frame with the primary alone, sets ED and ES from the LV volume curve and runs the method on "
+        "those two; all runs the method on every frame; both write curves.csv",
+    )
 
 
 def _add_batch_worker_options(p) -> None:
@@ -248,13 +261,32 @@ def _add_batch_worker_options(p) -> None:
 
 def _add_bundle_parsers(sub) -> None:
     """``cardseg sizes``, ``info`` and ``init-bundle``."""
-    sub.add_parser("sizes", help="parameter count of every network size")
+    sub.add_parser(
+        "sizes",
+        help="parameter count of every network size",
+        description="Print the parameter count of every size of the two time-conditioned networks "
+        "(time-swinunetr and time-unet, named ARCH:SIZE as init-bundle's --primary and --reference take "
+        "them), for 4 classes and 1 image channel.",
+    )
 
-    p = sub.add_parser("info", help="describe a bundle")
-    p.add_argument("--bundle", metavar="PATH")
+    p = sub.add_parser(
+        "info",
+        help="describe a bundle",
+        description="Check a bundle as a run would and describe it: its id, classes, network grid, sampled "
+        "steps, networks, calibration, out-of-domain threshold and flagged-region rules.",
+    )
+    p.add_argument("--bundle", metavar="PATH", help="bundle folder (default: $CARDSEG_BUNDLE or the shipped one)")
 
-    p = sub.add_parser("init-bundle", help="write an untrained (random, seeded) bundle, e.g. for tests")
-    p.add_argument("output", metavar="OUTDIR")
+    p = sub.add_parser(
+        "init-bundle",
+        help="write an untrained (random, seeded) bundle, e.g. for tests",
+        description="Write an untrained bundle (random weights from --seed) into OUTDIR: bundle.json and "
+        "the two safetensors files, e.g. for tests, to try the Slicer module, or to start a new task. "
+        "Every option is checked before anything is written.",
+    )
+    p.add_argument(
+        "output", metavar="OUTDIR", help="new or empty folder for the bundle (with --overwrite: a bundle cardseg wrote)"
+    )
     p.add_argument(
         "--primary", default="time-unet:tiny", help="ARCH:SIZE, e.g. time-swinunetr:base, discriminative:unet"
     )
@@ -264,7 +296,9 @@ def _add_bundle_parsers(sub) -> None:
     )
     p.add_argument("--spacing", type=float, default=3.0, help="network pixel spacing in mm")
     p.add_argument("--seed", type=int, default=0, help="random seed, 0 to 2^32-1")
-    p.add_argument("--overwrite", action="store_true")
+    p.add_argument(
+        "--overwrite", action="store_true", help="replace a bundle folder that cardseg wrote (never anything else)"
+    )
 
 
 def _add_synth_parser(sub) -> None:
@@ -274,6 +308,8 @@ def _add_synth_parser(sub) -> None:
     p.add_argument("--labels", metavar="PATH", help="also write the label map here")
     p.add_argument("--seed", type=int, default=0, help=f"0 to {SYNTH_MAX_SEED}")
     p.add_argument("--slices", type=int, default=10, help=f"1 to {SYNTH_MAX_SLICES}")
+    p.add_argument("--frames", type=int, metavar="N", help="a beating cine, N frames over 800 ms: 4-D NIfTI")
+    p.add_argument("--truth", action="store_true", help="with --frames: also write its truth, NAME.truth.json")
     p.add_argument("--overwrite", action="store_true", help="replace existing files (never a folder)")
 
 
@@ -455,6 +491,10 @@ def _check_synth_args(a) -> None:
         check_new_file(a.labels, a.overwrite, "--labels", SYNTH_SUFFIXES)
         if os.path.realpath(a.labels) == os.path.realpath(a.output):  # also through a linked folder
             raise CardsegError(f"{a.labels}: --labels must differ from the output")
+    if a.frames is not None or a.truth:
+        from cardseg.bundle.beating import check_cine_request
+
+        check_cine_request(a.output, a.labels, a.frames, a.slices, a.truth, a.overwrite)
 
 
 def _write_image_atomic(image, path: str) -> None:
@@ -490,6 +530,12 @@ def cmd_synth(a) -> int:
     from cardseg.bundle.phantom import synthetic_cine_volume
 
     _check_synth_args(a)
+    if a.frames is not None:
+        from cardseg.bundle.beating import write_cine
+
+        written = write_cine(a.output, a.labels, (a.frames, a.slices, a.seed), a.truth, _write_image_atomic)
+        print(f"wrote a {a.frames}-frame cine: " + ", ".join(written))
+        return 0
     vol, lab = synthetic_cine_volume(shape=(a.slices, 192, 176), seed=a.seed)
     _write_image_atomic(vol.to_image(), a.output)
     if a.labels:

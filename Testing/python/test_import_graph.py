@@ -42,8 +42,9 @@ ENGINE_LAYERS: Dict[str, Set[str]] = {
     "bundle": {"base", "method", "metrics", "io"},
     "review": {"base", "method", "metrics", "io", "bundle"},
     "segment": {"base", "method", "metrics", "io", "bundle", "review"},
-    "cohort": {"base", "method", "metrics", "io", "bundle", "review", "segment"},
-    "cli": {"base", "method", "metrics", "io", "bundle", "review", "segment", "cohort"},
+    "cine": {"base", "metrics", "io"},  # a cine's phases, volume curves, rates and wall thickness
+    "cohort": {"base", "method", "metrics", "io", "bundle", "review", "segment", "cine"},
+    "cli": {"base", "method", "metrics", "io", "bundle", "review", "segment", "cine", "cohort"},
 }
 #: top-level packages the engine never imports (it finds the training commands by entry point)
 ENGINE_NEVER_IMPORTS = ("cardseg_train", "cardseg_gpu", "CARDSegmentLib", "CARDSegment")

@@ -3,7 +3,8 @@ tests, benchmarks, ``cardseg synth`` and the Slicer module's sample data."""
 
 from __future__ import annotations
 
-from typing import NamedTuple, Tuple
+from dataclasses import dataclass
+from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 from scipy import ndimage
@@ -31,8 +32,25 @@ _RV_TO_LV = 0.88  # RV blood (label 1) relative to LV blood
 _CHEST_MM = 250.0  # smaller fields of view get the anatomy scaled down to fit
 
 
+@dataclass(frozen=True)
+class HeartShape:
+    """A change of the seeded heart, for one cardiac phase: the LV cavity's radius times
+    ``lv_scale`` on every slice, the RV's depth times ``rv_scale``, and (``wall_mm`` given) a wall of
+    ``wall_mm`` everywhere (image mm, also where a small field of view scales the anatomy down)
+    instead of the seed's, which thickens towards the apex. The default leaves the heart as the
+    seed draws it."""
+
+    lv_scale: float = 1.0
+    rv_scale: float = 1.0
+    wall_mm: Optional[float] = None
+
+
 def synthetic_cine_volume(
-    shape: Tuple[int, int, int] = (8, 192, 176), spacing=(1.5, 1.5, 8.0), seed: int = 0, noise: float = 0.03
+    shape: Tuple[int, int, int] = (8, 192, 176),
+    spacing=(1.5, 1.5, 8.0),
+    seed: int = 0,
+    noise: float = 0.03,
+    heart: Optional[HeartShape] = None,
 ) -> Tuple[Volume, np.ndarray]:
     """A procedural short-axis bSSFP cine-like stack with its label map (0 bg, 1 RV, 2 MYO, 3 LV).
 
@@ -54,13 +72,16 @@ def synthetic_cine_volume(
     vary with ``seed``. Then: smooth tissue texture (+-6 %), a Gaussian point-spread blur
     (0.7 px, partial-volume edges), a coil-like bias field (linear gradient up to +-18 %, 12 %
     central-to-peripheral fall-off) and Rician noise of standard deviation ``noise`` (fraction of
-    the fat signal). Deterministic per seed.
+    the fat signal). Deterministic per seed; ``heart`` (:class:`HeartShape`) changes only the heart
+    (and the organs that hug it), everything else drawn as without it.
 
     Returns ``(Volume, labels (Z, Y, X) uint8)``; intensities in scanner-like units (fat ~ 1000).
     """
     rng = np.random.default_rng(seed)  # drawn from in this order: plane, subject, scanner effects
     plane = _chest_plane(shape, spacing, rng)
     subj = _subject(rng)
+    if heart is not None:
+        subj = _reshaped(subj, heart, plane)
     img, lab = _anatomy(shape, plane, subj)
     img = _scanner_effects(img, plane, rng, noise)
     vol = Volume(
@@ -81,6 +102,24 @@ class _Plane(NamedTuple):
     xmm: np.ndarray  # the image's axes
     ymm: np.ndarray
     mm_per_px: Tuple[float, float]  # (row, column) pixel size in anatomy mm
+    scale: float  # image mm per anatomy mm (1, or less for a field of view under _CHEST_MM)
+
+
+def synthetic_cine_labels(
+    shape: Tuple[int, int, int] = (8, 192, 176),
+    spacing=(1.5, 1.5, 8.0),
+    seed: int = 0,
+    heart: Optional[HeartShape] = None,
+) -> np.ndarray:
+    """The label map ``(Z, Y, X)`` uint8 of :func:`synthetic_cine_volume` with the same arguments
+    (any ``noise``), without drawing the image: for fitting a heart's shape to a volume."""
+    rng = np.random.default_rng(seed)
+    plane = _chest_plane(shape, spacing, rng)
+    subj = _subject(rng)
+    if heart is not None:
+        subj = _reshaped(subj, heart, plane)
+    nz = shape[0]
+    return np.stack([_heart_labels(plane.x, plane.y, k / max(nz - 1, 1), subj)[0] for k in range(nz)])
 
 
 def _chest_plane(shape: Tuple[int, int, int], spacing, rng: np.random.Generator) -> _Plane:
@@ -92,7 +131,7 @@ def _chest_plane(shape: Tuple[int, int, int], spacing, rng: np.random.Generator)
     xmm, ymm = (xx - (nx - 1) / 2) * sx / scale, (yy - (ny - 1) / 2) * sy / scale
     rot = np.deg2rad(rng.uniform(-8, 8))  # the whole chest, slightly rotated
     x, y = np.cos(rot) * xmm + np.sin(rot) * ymm, -np.sin(rot) * xmm + np.cos(rot) * ymm
-    return _Plane(x, y, xmm, ymm, (sy / scale, sx / scale))
+    return _Plane(x, y, xmm, ymm, (sy / scale, sx / scale), scale)
 
 
 def _subject(rng: np.random.Generator) -> dict:
@@ -110,6 +149,14 @@ def _subject(rng: np.random.Generator) -> dict:
         "lv_blood": _TISSUE["lv"] * rng.uniform(0.94, 1.06),
         "vessel_xy": rng.uniform(-1, 1, (14, 2)) * (110, 90),
     }
+
+
+def _reshaped(subj: dict, heart: HeartShape, plane: _Plane) -> dict:
+    """``subj`` with the heart of :class:`HeartShape` ``heart`` (its wall in anatomy mm on ``plane``)."""
+    out = dict(subj, r_lv=subj["r_lv"] * heart.lv_scale, t_rv=subj["t_rv"] * heart.rv_scale)
+    if heart.wall_mm is not None:
+        out["uniform_wall"] = float(heart.wall_mm) / plane.scale
+    return out
 
 
 def _ellipse(x, y, cx, cy, a, b):
@@ -182,22 +229,7 @@ def _heart_slice(x, y, u, subj, mm_per_px):
     RV depth (mm), which the surrounding organs follow. x, y: in-plane coordinates (mm); u: 0 at the
     base .. 1 at the apex; subj: the seeded subject parameters; mm_per_px: (row, column) pixel size.
     """
-    r_lv = subj["r_lv"] * np.sqrt(max(1.0 - (u / 1.12) ** 2, 0.0))  # LV cavity narrows to the apex
-    r_epi = r_lv + subj["wall"] + 2.0 * u  # wall looks thicker apically
-    t_rv = subj["t_rv"] * max(1.0 - u / 0.82, 0.0) ** 0.5  # RV ends before the LV
-    d_lv = np.hypot(x - subj["hx"], y - subj["hy"])
-    lab = np.zeros(x.shape, np.uint8)
-    lab[d_lv <= r_epi] = 2
-    lab[d_lv <= r_lv] = 3
-    rv = np.zeros(x.shape, bool)
-    if t_rv > 1.0:
-        # RV: an ellipse reaching t_rv beyond the LV epicardium, minus the LV -> a crescent on the septum
-        a, b, ang = 0.5 * (r_epi + t_rv), 1.35 * r_epi, subj["rv_dir"]
-        c = r_epi + t_rv - a
-        dx, dy = x - subj["hx"] - c * np.cos(ang), y - subj["hy"] - c * np.sin(ang)
-        along, across = dx * np.cos(ang) + dy * np.sin(ang), -dx * np.sin(ang) + dy * np.cos(ang)
-        rv = (np.hypot(along / a, across / b) <= 1.0) & (d_lv > r_epi)
-        lab[rv] = 1
+    lab, rv, r_lv, r_epi, t_rv = _heart_labels(x, y, u, subj)
     rv_wall = np.zeros(x.shape, bool)
     if rv.any():
         rv_wall = (ndimage.distance_transform_edt(~rv, sampling=mm_per_px) <= 4.0) & (lab == 0)
@@ -215,6 +247,30 @@ def _heart_slice(x, y, u, subj, mm_per_px):
             papillary |= np.hypot(x - px, y - py) <= 0.16 * r_lv
     masks = {"rv_wall": rv_wall, "pericardium": pericardium, "epi_fat": fat, "papillary": papillary & (lab == 3)}
     return lab, masks, r_epi, t_rv
+
+
+def _heart_labels(x, y, u, subj):
+    """The labels of one slice's heart (:func:`_heart_slice`): ``(labels, rv mask, r_lv, r_epi, t_rv)``."""
+    r_lv = subj["r_lv"] * np.sqrt(max(1.0 - (u / 1.12) ** 2, 0.0))  # LV cavity narrows to the apex
+    if "uniform_wall" in subj:
+        r_epi = r_lv + subj["uniform_wall"]
+    else:
+        r_epi = r_lv + subj["wall"] + 2.0 * u  # wall looks thicker apically
+    t_rv = subj["t_rv"] * max(1.0 - u / 0.82, 0.0) ** 0.5  # RV ends before the LV
+    d_lv = np.hypot(x - subj["hx"], y - subj["hy"])
+    lab = np.zeros(x.shape, np.uint8)
+    lab[d_lv <= r_epi] = 2
+    lab[d_lv <= r_lv] = 3
+    rv = np.zeros(x.shape, bool)
+    if t_rv > 1.0:
+        # RV: an ellipse reaching t_rv beyond the LV epicardium, minus the LV -> a crescent on the septum
+        a, b, ang = 0.5 * (r_epi + t_rv), 1.35 * r_epi, subj["rv_dir"]
+        c = r_epi + t_rv - a
+        dx, dy = x - subj["hx"] - c * np.cos(ang), y - subj["hy"] - c * np.sin(ang)
+        along, across = dx * np.cos(ang) + dy * np.sin(ang), -dx * np.sin(ang) + dy * np.cos(ang)
+        rv = (np.hypot(along / a, across / b) <= 1.0) & (d_lv > r_epi)
+        lab[rv] = 1
+    return lab, rv, r_lv, r_epi, t_rv
 
 
 def _scanner_effects(img: np.ndarray, plane: _Plane, rng: np.random.Generator, noise: float) -> np.ndarray:

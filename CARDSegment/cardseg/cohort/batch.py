@@ -10,9 +10,11 @@ cases to run, runs them with a model loaded once per worker (here, or on Ray wor
     ``cohort.csv``               one row per case (:data:`COHORT_COLUMNS`, class volumes, timings)
     ``cohort.parquet``           the same table, when pyarrow is importable
     ``subjects.csv``             cardiac indices with intervals, one row per subject with ED and ES
+    ``curves.csv``               the cine subjects' LV and RV volume curves (:mod:`cardseg.cohort.cine`)
     ``triage.html``              the triage report (:mod:`cardseg.cohort.triage`)
     ``.cardseg-batch.json``      the stamp: this folder is a batch's output, and its settings
     ``.cardseg-batch-state.jsonl`` one line per finished case: its resume key
+    ``.cardseg-batch-curves.jsonl`` one line per cine fast pass: its curve, under its resume key
     ``.cardseg-batch.lock``      held while a batch runs: a second batch into OUTDIR is refused
 
 **Resume.** A case's key is the sha256 of the input's content (the file, its detached data file
@@ -41,6 +43,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 from cardseg.base.errors import CardsegError, one_line
 from cardseg.cohort.case_progress import CaseProgress
 from cardseg.cohort.cases import Case, cases_from_inputs, read_manifest
+from cardseg.cohort import cine_batch
+from cardseg.cohort.cine import CineSubject, plan_cines
 from cardseg.cohort.hashing import bundle_settings, case_key, content_hash
 from cardseg.cohort.layout import COHORT_CSV, COHORT_PARQUET, LOCK_FILE, SUBJECTS_CSV, TRIAGE_HTML
 from cardseg.cohort.options import BatchOptions, BatchResult, check_options, options_from_args, worker_options
@@ -89,6 +93,20 @@ class _Plan:
     rows: Dict[str, dict]
     jobs: List[Job]
     earlier_cases: frozenset = frozenset()  # the cases earlier runs finished into OUTDIR (its state file)
+    state: Dict[str, dict] = field(default_factory=dict)  # the state file's records, by case
+    spacing: Optional[tuple] = None  # --spacing
+    cines: List[CineSubject] = field(default_factory=list)  # the cine subjects (cardseg.cohort.cine)
+
+    @property
+    def pending_cines(self) -> List[CineSubject]:
+        """The ``ed-es`` cine subjects whose curve a fast pass must find (none cached, the input hashed)."""
+        return [
+            s
+            for s in self.cines
+            if s.choice is None
+            and s.pending_cases
+            and not isinstance(self.hashes.get(s.pending_cases[0].name), CardsegError)
+        ]
 
     @property
     def class_names(self) -> List[str]:
@@ -116,6 +134,7 @@ def run_batch(o: BatchOptions) -> BatchResult:
         if o.manifest
         else cases_from_inputs(o.inputs, o.frame, outdir=target)
     )
+    cases, cines = plan_cines(cases, o.frames, o.frame)  # a 4D input with no frame picked: a cine subject
     checked = check_bundle(o.bundle)
     chosen = with_review_map(checked, o.review_map)  # a map the bundle keeps no rule for is refused here
     checked = chosen if o.method == "card" else checked  # the rule is part of a card case's key (uc cuts no regions)
@@ -124,11 +143,12 @@ def run_batch(o: BatchOptions) -> BatchResult:
     settings = bundle_settings(config, o.method)
     out, earlier = check_batch_outdir(o.output, settings, o.overwrite)
     progress = CaseProgress(o.progress, o.quiet)
-    plan = _plan(o, _Checked(out, earlier, settings, config, Path(bundle_root)), cases, spacing, progress)
+    plan = _plan(o, _Checked(out, earlier, settings, config, Path(bundle_root)), cases, spacing, progress, cines)
 
     worker = cluster = None
     ray_started = False
-    if plan.jobs and o.ray:  # a cluster that cannot be reached is a refusal, before OUTDIR is touched
+    passes = bool(plan.pending_cines)  # the fast passes run here, with a local worker
+    if (plan.jobs or passes) and o.ray:  # a cluster that cannot be reached is a refusal, before OUTDIR is touched
         from cardseg.cohort import cluster
 
         ray_started = cluster.connect(o.ray)
@@ -137,19 +157,9 @@ def run_batch(o: BatchOptions) -> BatchResult:
         except CardsegError:
             cluster.disconnect(ray_started)
             raise
-    elif plan.jobs:  # the networks load here, once: a bundle that does not load is a refusal
-        worker = CaseWorker(bundle_root, o.method, o.device, o.batch_size, o.threads, o.backend, o.review_map)
-        from cardseg.base.progress import make_progress
-
-        load_progress = make_progress(o.progress, o.quiet)
-        try:
-            worker.load(load_progress, checked)  # torch only when the cached ONNX sessions are not all there
-        finally:
-            load_progress.close()
-        if not o.quiet:
-            for note in worker.bundle.notes:
-                print(f"cardseg: note: {note}", file=sys.stderr)
     try:
+        if (plan.jobs and not o.ray) or passes:  # the networks load here, once: one that does not is a refusal
+            worker = _loaded_worker(o, bundle_root, checked)
         result = _execute(plan, progress, worker, cluster)
     finally:
         if cluster is not None:
@@ -158,37 +168,63 @@ def run_batch(o: BatchOptions) -> BatchResult:
     return result
 
 
-def _plan(o: BatchOptions, checked: _Checked, cases: List[Case], spacing, progress: CaseProgress) -> _Plan:
-    """Which cases are finished (same key in the state file, outputs still there) and which to run."""
+def _loaded_worker(o: BatchOptions, bundle_root, checked) -> CaseWorker:
+    """The local :class:`CaseWorker` with its bundle loaded (a refusal when it does not load); its notes printed."""
+    from cardseg.base.progress import make_progress
+
+    worker = CaseWorker(bundle_root, o.method, o.device, o.batch_size, o.threads, o.backend, o.review_map)
+    load_progress = make_progress(o.progress, o.quiet)
+    try:
+        worker.load(load_progress, checked)  # torch only when the cached ONNX sessions are not all there
+    finally:
+        load_progress.close()
+    if not o.quiet:
+        for note in worker.bundle.notes:
+            print(f"cardseg: note: {note}", file=sys.stderr)
+    return worker
+
+
+def _plan(o: BatchOptions, checked: _Checked, cases: List[Case], spacing, progress: CaseProgress, cines=()) -> _Plan:
+    """Which cases are finished (same key in the state file, outputs still there) and which to run;
+    a cine subject's ED and ES cases wait for its fast pass unless an earlier run's curve is kept."""
     out, earlier, settings, config = checked.out, checked.earlier, checked.settings, checked.config
     state = {} if (o.overwrite or earlier is None) else read_state(out)
     hashes = _hash_inputs(cases, progress, o.hash_threads)
     plan = _Plan(
         o, out, earlier, settings, config, checked.bundle_root, list(cases), hashes, {}, {}, [], frozenset(state)
     )
+    plan.state, plan.spacing, plan.cines = state, tuple(spacing) if spacing else None, list(cines)
+    cine_batch.settle_kept_curves(plan)
+    waiting = {c.name for s in plan.pending_cines for c in s.pending_cases}
     for c in cases:
-        h = hashes[c.name]
-        if isinstance(h, CardsegError):
-            plan.rows[c.name] = cohort_row(c, "error", one_line(h))
-            continue
-        key = plan.keys[c.name] = case_key(h, c, spacing, settings)
-        folder = out / c.name
-        rec = state.get(c.name)
-        report = finished_report(folder, rec.get("outputs")) if rec and rec.get("key") == key else None
-        if report is not None:
-            plan.rows[c.name] = cohort_row(c, "ok", report=report, reused=True, input_digest=h)
-            continue
-        if rec and rec.get("key") == key and not o.quiet:
-            print(
-                f"cardseg: note: case {c.name}: its folder no longer holds what this batch wrote for it; "
-                "computing it again",
-                file=sys.stderr,
-            )
-        plan.jobs.append(
-            Job(c.name, c.path, str(folder), c.frame, tuple(spacing) if spacing else None, overwrite=folder.exists())
-        )
-        plan.rows[c.name] = cohort_row(c, "pending", input_digest=h)
+        if c.name in waiting:
+            plan.rows[c.name] = cohort_row(c, "pending", input_digest=hashes[c.name])
+        else:
+            _plan_case(plan, c)
     return plan
+
+
+def _plan_case(plan: _Plan, c: Case) -> None:
+    """One case into the plan: its row (an error, reused from an earlier run, or pending) and its job."""
+    h = plan.hashes[c.name]
+    if isinstance(h, CardsegError):
+        plan.rows[c.name] = cohort_row(c, "error", one_line(h))
+        return
+    key = plan.keys[c.name] = case_key(h, c, plan.spacing, plan.settings)
+    folder = plan.out / c.name
+    rec = plan.state.get(c.name)
+    report = finished_report(folder, rec.get("outputs")) if rec and rec.get("key") == key else None
+    if report is not None:
+        plan.rows[c.name] = cohort_row(c, "ok", report=report, reused=True, input_digest=h)
+        return
+    if rec and rec.get("key") == key and not plan.options.quiet:
+        print(
+            f"cardseg: note: case {c.name}: its folder no longer holds what this batch wrote for it; "
+            "computing it again",
+            file=sys.stderr,
+        )
+    plan.jobs.append(Job(c.name, c.path, str(folder), c.frame, plan.spacing, overwrite=folder.exists()))
+    plan.rows[c.name] = cohort_row(c, "pending", input_digest=h)
 
 
 def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], cluster) -> BatchResult:
@@ -204,19 +240,23 @@ def _execute(plan: _Plan, progress: CaseProgress, worker: Optional[CaseWorker], 
         clean_leftovers(out.parent, skip=out.name)  # what killed runs of any kind left beside OUTDIR
         clean_leftovers(out)  # and inside it, once: the cases' writers then look only at their own names
         write_stamp(out, plan.settings, (plan.earlier or {}).get("created"))
-        # what an interrupt compares with (did a case folder change?); not with Ray, whose killed workers
-        # may still write a case after the interrupt is handled: there the earlier tables always go
-        before = None if cluster is not None else _job_stamps(plan)
         unrecorded: Dict[str, dict] = {}  # rows of ok cases whose state line is being appended
         try:
+            if plan.pending_cines:  # the fast passes (no case folder changes) add the cine subjects' jobs
+                cine_batch.run_fast_passes(plan, worker, progress, _plan_case)
+            # what an interrupt compares with (did a case folder change?); not with Ray, whose killed workers
+            # may still write a case after the interrupt is handled: there the earlier tables always go
+            before = None if cluster is not None else _job_stamps(plan)
             if plan.jobs:
                 progress.start(len(plan.jobs))
                 on_result = _result_recorder(plan, result, unrecorded, progress)
                 result.worker_loads = _run_jobs(plan, on_result, worker, cluster)
+            cine_batch.settle_all_frames(plan)
         finally:  # the table also after Ctrl-C: unfinished cases are 'pending'
             progress.close()
             _write_cohort_table(plan, result, unrecorded)
-        _write_subjects(out, plan.cases, plan.rows, plan.config, result, plan.earlier)
+        _write_subjects(out, plan, result)
+        cine_batch.write_curves(plan, result, _remove_stale)
         _write_triage(plan, result)
     except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: an earlier run's subjects.csv and report stay
         exc.batch_left = _interrupted(plan, result, before)  # only where no case folder changed
@@ -475,12 +515,14 @@ def _hash_inputs(cases: Sequence[Case], progress: CaseProgress, threads: int) ->
     return {c.name: out[c.name] for c in cases}
 
 
-def _write_subjects(
-    out: Path, cases: Sequence[Case], rows: Dict[str, dict], config: dict, result: BatchResult, earlier: Optional[dict]
-) -> None:
-    """``subjects.csv`` for the cases with a subject; with none (or no indices module) an earlier
-    batch's ``subjects.csv`` would describe other cases, so it is removed (only that one: see
+def _write_subjects(out: Path, plan: _Plan, result: BatchResult) -> None:
+    """``subjects.csv`` for the cases with a subject (the cine subjects' cells and the wall thickness:
+    :mod:`cardseg.cohort.cine_tables`); with none (or no indices module) an earlier batch's
+    ``subjects.csv`` would describe other cases, so it is removed (only that one: see
     :func:`_remove_stale`)."""
+    from cardseg.cohort.cine_tables import add_cine_cells, add_wall_cells, wall_functions
+
+    cases, rows, config, earlier = plan.cases, plan.rows, plan.config, plan.earlier
     if not any(c.subject for c in cases):
         _remove_stale(out, earlier, SUBJECTS_CSV)
         return
@@ -495,7 +537,12 @@ def _write_subjects(
         return
     status = {name: r["status"] for name, r in rows.items()}
     subj, names = subject_rows(out, cases, status, config, compute)
-    write_table(out / SUBJECTS_CSV, subj, subject_columns(names))
+    columns = subject_columns(names)
+    extra = add_cine_cells(subj, plan.cines)
+    if plan.cines:  # a batch of cines: the wall thickness of every subject with ED and ES segmentations
+        extra += add_wall_cells(subj, out, lambda case: status.get(case) == "ok", wall_functions(config))
+    columns = columns[:-1] + extra + columns[-1:]  # the error column stays last
+    write_table(out / SUBJECTS_CSV, subj, columns)
     result.subjects = subj
     result.files.append(SUBJECTS_CSV)
 

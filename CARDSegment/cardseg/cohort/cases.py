@@ -80,7 +80,7 @@ def read_manifest(
         cases.append(_manifest_case(get, f"{mpath}, line {lineno}", lineno, base, default_frame, outdir))
     if not cases:
         raise CardsegError(f"{mpath}: the manifest lists no case")
-    _check_unique(cases, f"{mpath}: ")
+    check_unique(cases, f"{mpath}: ")
     _check_subject_phases(cases, mpath)
     return cases
 
@@ -202,7 +202,8 @@ def check_case_name(name: str, where: str = "") -> None:
         raise CardsegError(f"{prefix}case name {name!r} is reserved (a file cardseg batch writes)")
 
 
-def _check_unique(cases: Sequence[Case], prefix: str = "") -> None:
+def check_unique(cases: Sequence[Case], prefix: str = "") -> None:
+    """One-line :class:`CardsegError` when two cases share a name (compared ignoring case: folder names)."""
     seen: Dict[str, Case] = {}
     for c in cases:
         key = c.name.lower()  # case-insensitive file systems would put both into one folder
@@ -231,6 +232,7 @@ def _check_subject_phases(cases: Sequence[Case], mpath: Path) -> None:
             and es is not None
             and ed.frame == es.frame
             and os.path.realpath(ed.path) == os.path.realpath(es.path)
+            and not (ed.frame is None and _is_cine(ed.path))  # both frames found from the cine's curve
         ):
             frame = "" if ed.frame is None else f", frame {ed.frame}"
             raise CardsegError(
@@ -239,12 +241,20 @@ def _check_subject_phases(cases: Sequence[Case], mpath: Path) -> None:
             )
 
 
+def _is_cine(path: str) -> bool:
+    """Whether ``path`` holds more than one frame by its headers (:mod:`cardseg.io.cine_info`)."""
+    from cardseg.io.cine_info import read_cine_info
+
+    return os.path.exists(path) and read_cine_info(path).frames > 1
+
+
 def cases_from_inputs(
     inputs: Sequence[str], default_frame: Optional[int] = None, outdir: Optional[os.PathLike] = None
 ) -> List[Case]:
     """Cases from INPUT arguments: files, folders and glob patterns (``**`` allowed).
 
-    A file is one case. A folder that holds DICOM files is one case (a DICOM series); any other
+    A file is one case. A folder that holds DICOM files is one case (a DICOM series), and so is a
+    study folder of one series per slice location in sub-folders (:func:`_is_study`); any other
     folder contributes its image files (:data:`VOLUME_SUFFIXES`) and its sub-folders that hold
     DICOM files, sorted by name (not recursively). A case is named after its file without the
     image suffix (``p001_ED.nii.gz`` -> ``p001_ED``) or its folder; names that clash get their
@@ -278,7 +288,7 @@ def cases_from_inputs(
         else:
             require_file_or_folder(p)  # a dangling link or a loop says so; else 'no such file or folder'
         for f in found:
-            if f.is_dir() and not _holds_dicom(f):
+            if f.is_dir() and not _holds_dicom(f) and not _is_study(f):
                 inner = [e for e in _folder_cases(f) if not inside(e, outdir)]
                 if not inner and not _GLOB_CHARS.search(text):
                     raise CardsegError(
@@ -309,6 +319,16 @@ def _holds_dicom(folder: Path) -> bool:
     return any(_looks_like_dicom(e) for e in entries)
 
 
+def _is_study(folder: Path) -> bool:
+    """Whether ``folder`` is a DICOM study of one series per slice location in sub-folders (one case, a
+    cine: :func:`cardseg.io.dicom_study.is_study_folder`); ``False`` where this cardseg reads no studies."""
+    try:
+        from cardseg.io.dicom_study import is_study_folder
+    except ImportError:
+        return False
+    return is_study_folder(folder)
+
+
 def _looks_like_dicom(path: Path) -> bool:
     from cardseg.io.dicom import looks_like_dicom
 
@@ -324,7 +344,7 @@ def _folder_cases(folder: Path) -> List[Path]:
             continue
         if e.is_file() and e.name.lower().endswith(VOLUME_SUFFIXES):
             out.append(e)
-        elif e.is_dir() and _holds_dicom(e):
+        elif e.is_dir() and (_holds_dicom(e) or _is_study(e)):
             out.append(e)
     return out
 

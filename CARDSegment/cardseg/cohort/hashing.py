@@ -45,18 +45,22 @@ def _companions(path: Path) -> List[Path]:
 
 def content_hash(path: os.PathLike) -> str:
     """sha256 over what the case's result depends on: the file and its detached data file, or
-    every (non-hidden) file directly inside a DICOM folder, each with its name. Anything but a
+    every (non-hidden) file inside a DICOM folder and its sub-folders (a study of one series per
+    slice location), each with its name (``sub-folder/name`` below the folder). Anything but a
     regular file or a folder (a FIFO, a device) is refused in one line without being opened."""
     p = Path(path)
     kind = require_file_or_folder(p)
     h = hashlib.sha256()
     if kind == "folder":
         files = sorted(e for e in p.iterdir() if e.is_file() and not e.name.startswith("."))
+        subs = sorted(e for e in p.iterdir() if e.is_dir() and not e.name.startswith("."))
+        files += [f for d in subs for f in sorted(d.iterdir()) if f.is_file() and not f.name.startswith(".")]
     else:
         files = [p] + _companions(p)
     try:
         for f in files:
-            h.update(f.name.encode("utf-8", "surrogateescape") + b"\0" + sha256_file(f).encode() + b"\n")
+            name = f.name if f.parent == p else f"{f.parent.name}/{f.name}"  # a study's series sub-folders
+            h.update(name.encode("utf-8", "surrogateescape") + b"\0" + sha256_file(f).encode() + b"\n")
     except OSError as exc:
         raise CardsegError(f"{p}: cannot read it ({exc.strerror or exc})") from None
     return h.hexdigest()
@@ -71,13 +75,13 @@ def bundle_settings(config: dict, method: str) -> dict:
         "bundle": {
             "id": f"{ident.get('name', '?')}-{ident.get('version', '?')}",
             "checksums": weights,
-            "config_sha256": _json_sha256(config),
+            "config_sha256": json_sha256(config),
         },
     }
 
 
 def case_key(input_sha256: str, case: Case, spacing: Optional[Sequence[float]], settings: dict) -> str:
-    return _json_sha256(
+    return json_sha256(
         {
             "input": input_sha256,
             "frame": case.frame,
@@ -87,5 +91,6 @@ def case_key(input_sha256: str, case: Case, spacing: Optional[Sequence[float]], 
     )
 
 
-def _json_sha256(obj) -> str:
+def json_sha256(obj) -> str:
+    """sha256 of ``obj`` as canonical JSON (sorted keys, no spaces)."""
     return hashlib.sha256(json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()).hexdigest()

@@ -40,6 +40,9 @@ class BatchOptions:
     hash_threads: int = 4
     #: which of the bundle's flagged-region rules runs, by its map (cardseg.bundle.review_rules); None: the bundle's own
     review_map: Optional[str] = None
+    #: what a cine input (a 4D file with no frame picked) runs: "ed-es" (the default: a fast pass over its
+    #: frames finds ED and ES, then those two run) or "all" (every frame runs); see cardseg.cohort.cine
+    frames: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,10 @@ class BatchResult:
 
 
 def check_options(o: BatchOptions) -> None:
+    from cardseg.cohort.cine import check_frames_mode
+
     check_run_options(o.batch_size, o.threads, o.frame)
+    check_frames_mode(o.frames, o.frame)
     if o.method not in ("card", "uc"):
         raise CardsegError(f"unknown method {o.method!r} (card or uc)")
     if o.manifest and o.inputs:
@@ -134,4 +140,5 @@ def options_from_args(a) -> BatchOptions:
         report=not a.no_report,
         report_thumbnails=a.report_thumbnails,
         review_map=a.review_map,
+        frames=getattr(a, "frames", None),
     )

@@ -382,6 +382,9 @@ def write_report(
         rows = _read_csv(out / COHORT_CSV)
     rows = [{k: ("" if v is None else v) for k, v in r.items()} for r in rows]
     subjects = _cohort_subjects(out, rows)
+    from cardseg.cohort.cine_report import curve_blocks
+
+    curves = curve_blocks(out, sorted({r.get("subject") for r in rows if r.get("subject")}))
     thumbs = _thumbnail_settings(config, max_thumbnails)
     blocks = load_blocks()
     html_rows, n_thumbs = [], 0
@@ -390,8 +393,9 @@ def write_report(
         if tier(row) != 0:
             thumb, made = _thumbnail_cell(blocks, thumbs, out, row.get("case", ""), n_thumbs)
             n_thumbs += made
-        html_rows.append(_row_html(blocks, rank, row, thumb, subjects))
-    page = _page_html(blocks, out, config, rows, subjects, "\n".join(html_rows), n_thumbs)
+        curve = curves.get(row.get("subject", "")) if row.get("phase") == "ED" else None
+        html_rows.append(_row_html(blocks, rank, row, thumb, subjects, curve or ""))
+    page = _page_html(blocks, out, config, rows, subjects, "\n".join(html_rows), n_thumbs, curves)
     path = out / TRIAGE_HTML
     write_atomic(path, page.encode("utf-8"))
     return path
@@ -457,8 +461,9 @@ def _thumbnail_html(blocks, thumbs: _Thumbnails, folder: Path, case: str) -> str
     )
 
 
-def _row_html(blocks, rank: int, row: dict, thumb: str, subjects: Dict[str, dict]) -> str:
-    """One case's row of the page (``rank``: its place in the ranking, from 1; ``thumb``: its thumbnail cell)."""
+def _row_html(blocks, rank: int, row: dict, thumb: str, subjects: Dict[str, dict], curve_html: str = "") -> str:
+    """One case's row of the page (``rank``: its place in the ranking, from 1; ``thumb``: its thumbnail cell;
+    ``curve_html``: a cine subject's volume curves, on its ED case's row: :mod:`cardseg.cohort.cine_report`)."""
     case = row.get("case", "")
     subject = row.get("subject", "")
     regions = ""
@@ -481,7 +486,7 @@ def _row_html(blocks, rank: int, row: dict, thumb: str, subjects: Dict[str, dict
         regions=regions,
         top_regions_html=_top_regions_html(blocks, row),
         thumbnail_html=thumb,
-        indices_html=_indices_html(blocks, subjects.get(subject)) if subject else "",
+        indices_html=(_indices_html(blocks, subjects.get(subject)) if subject else "") + curve_html,
         volumes_html=_volumes_html(blocks, row),
     )
 
@@ -519,9 +524,12 @@ def _page_html(
     subjects: Dict[str, dict],
     rows_html: str,
     n_thumbs: int,
+    curves: Optional[Dict[str, str]] = None,
 ) -> str:
-    """The whole page: the cohort's summary above ``rows_html`` (the ranked rows, ``n_thumbs`` with a thumbnail)."""
+    """The whole page: the cohort's summary above ``rows_html`` (the ranked rows, ``n_thumbs`` with a
+    thumbnail); ``curves``: the cine subjects' curve blocks (their sentence joins the indices note)."""
     from cardseg import __version__
+    from cardseg.cohort.cine_report import page_note
 
     agreements = [a for a in (_float(r.get("agreement")) for r in rows if r.get("status") == "ok") if a is not None]
     ident = (config or {}).get("id") or {}
@@ -542,7 +550,7 @@ def _page_html(
         n_thumbnails=n_thumbs,
         rows_html=rows_html,
         n_straddling=sum(1 for i in subjects.values() if i.get("straddles")),
-        indices_note_html=_INDICES_NOTE_HTML if subjects else "",
+        indices_note_html=(_INDICES_NOTE_HTML if subjects else "") + page_note(curves or {}),
     )
 
 
