@@ -195,6 +195,11 @@ def test_a_refit_keeps_the_rule_of_another_map_before_it_and_the_copies_steps():
     # a rule of the new map two back is shadowed by the replaced one: not carried
     same_map = rr.regions_block(fit, {**old, "previous": {"map": "tac_flips", "flag_threshold": 0.3}}, len(maps), 1.0)
     assert "previous" not in same_map["previous"]
+    # ... but the TAC rule behind it is, however deep in the chain (a second refit of the same map)
+    deep = {**old, "previous": {"map": "tac_flips", "flag_threshold": 0.3, "previous": tac_rule}}
+    again = rr.regions_block(fit, deep, len(maps), 1.0)
+    assert again["previous"]["flag_threshold"] == 0.2625 and again["previous"]["previous"] == tac_rule
+    assert list(review_rules({"regions": again})) == ["tac_flips", "tac"]
 
 
 def test_fit_review_writes_the_copies_steps_its_maps_were_made_with(monkeypatch):

@@ -191,12 +191,15 @@ def regions_block(fit: dict, old: dict, volumes: int, seconds: float) -> dict:
         return {k: v for k, v in block.items() if k in RULE_KEYS or k in ("model", "flip_steps", "flip_copies")}
 
     previous = rule(old)
-    older = old.get("previous")  # the rule before it stays too where its map is another (--review-map)
-    if isinstance(older, dict) and older.get("map", "tac") not in (
-        fit["settings"].get("map", "tac"),
-        old.get("map", "tac"),
-    ):
-        previous["previous"] = rule(older)
+    # the newest earlier rule of each other map stays too, however deep in old's chain (--review-map)
+    tail, seen = previous, {fit["settings"].get("map", "tac"), old.get("map", "tac")}
+    older = old.get("previous")
+    while isinstance(older, dict):
+        if older.get("map", "tac") not in seen:
+            tail["previous"] = rule(older)
+            tail = tail["previous"]
+            seen.add(older.get("map", "tac"))
+        older = older.get("previous")
     voxel = {"voxel_model": fit["voxel_model"].to_dict()} if fit.get("voxel_model") is not None else {}
     if fit.get("display_max_disagreement") is not None:
         voxel["display_max_disagreement"] = fit["display_max_disagreement"]
