@@ -23,6 +23,12 @@ REVIEW_MAP_NAMES = {
 }
 
 
+#: how report.json writes a flagged region's measures: its volume in mm³ to 0.1 mm³, ``p_error`` to 3
+#: decimals; the ranking is computed before rounding
+VOLUME_MM3_DECIMALS = 1
+PROBABILITY_DECIMALS = 3
+
+
 def agreement_roi_px(bundle: Bundle) -> int:
     """The radius (pixels, per slice) by which the predicted heart is dilated for the agreement score."""
     return int(bundle.config.get("agreement", {}).get("roi_dilation_px", 10))
@@ -51,13 +57,13 @@ def build_report(
     grid_offset: tuple = (0.0, 0.0),
     recentring: Optional[dict] = None,
 ) -> dict:
-    """``report.json`` of one run (README, "cardseg segment") from ``result``, a
+    """``report.json`` of one run (the keys: the documentation's output reference) from ``result``, a
     :class:`cardseg.segment.SegmentationResult` (not imported: ``segment`` imports this module):
     volumes, agreement, flagged regions (which also fills ``result.region_ranks``), the calibration, where the network grid lay
     (``field_of_view``: its centre's offset from the slice centre, mm along i and j, whether it was
     moved onto the heart, and the moved grid's trial: :mod:`cardseg.io.field_of_view`), timings and
-    the bundle."""
-    cfg = bundle.config
+    the bundle. The regions' volumes and ``p_error`` are rounded as :data:`VOLUME_MM3_DECIMALS` and
+    :data:`PROBABILITY_DECIMALS` say, after they are ranked."""
     names = bundle.class_names
     voxel_ml = float(np.prod(volume.spacing)) / 1000.0
     counts = np.bincount(result.labels.ravel(), minlength=len(names))
@@ -95,28 +101,38 @@ def build_report(
         },
     }
     if method == "card":
-        report.update(agreement_report(result.disagreement, result.labels, agreement_roi_px(bundle), names))
-        threshold = cfg.get("agreement", {}).get("out_of_domain_threshold")
-        if threshold is not None and report["agreement"] is not None:
-            report["out_of_domain"] = bool(report["agreement"] < float(threshold))
-        report["regions"], result.region_ranks = flagged_regions(
-            result.disagreement,
-            result.labels,
-            cfg["regions"],
-            volume.ijk_to_lps(),
-            volume.spacing,
-            names,
-            result.field_of_view,
-            result.flips,
-        )
-        kind = cfg["regions"].get("map", "tac")
-        report["review_map"] = REVIEW_MAP_NAMES.get(kind, kind)
-        # without a region model regions are ranked by the review map summed inside them ("summed_map",
-        # as the bundle's rule names it; for the TAC rule that is each region's summed_disagreement)
-        report["region_ranking"] = (
-            cfg["regions"].get("ranking", "p_error") if cfg["regions"].get("model") else "summed_map"
-        )
-        # the disagreement the overlays show brightest: what the bundle's validation volumes reach
-        report["disagreement_display_max"] = cfg["regions"].get("display_max_disagreement")
-        report["calibration"] = bundle.calibrator.to_dict()
+        _add_card_fields(report, result, volume, bundle)
     return report
+
+
+def _add_card_fields(report: dict, result: Any, volume: Volume, bundle: Bundle) -> None:
+    """A card run's part of ``report.json``: agreement, out-of-domain test, flagged regions (which
+    also fills ``result.region_ranks``; their volumes and ``p_error`` rounded after ranking), the
+    review map, the ranking and the calibration."""
+    cfg, names = bundle.config, bundle.class_names
+    report.update(agreement_report(result.disagreement, result.labels, agreement_roi_px(bundle), names))
+    threshold = cfg.get("agreement", {}).get("out_of_domain_threshold")
+    if threshold is not None and report["agreement"] is not None:
+        report["out_of_domain"] = bool(report["agreement"] < float(threshold))
+    report["regions"], result.region_ranks = flagged_regions(
+        result.disagreement,
+        result.labels,
+        cfg["regions"],
+        volume.ijk_to_lps(),
+        volume.spacing,
+        names,
+        result.field_of_view,
+        result.flips,
+    )
+    for region in report["regions"]:
+        region["volume_mm3"] = round(region["volume_mm3"], VOLUME_MM3_DECIMALS)
+        if region.get("p_error") is not None:
+            region["p_error"] = round(region["p_error"], PROBABILITY_DECIMALS)
+    kind = cfg["regions"].get("map", "tac")
+    report["review_map"] = REVIEW_MAP_NAMES.get(kind, kind)
+    # without a region model regions are ranked by the review map summed inside them ("summed_map",
+    # as the bundle's rule names it; for the TAC rule that is each region's summed_disagreement)
+    report["region_ranking"] = cfg["regions"].get("ranking", "p_error") if cfg["regions"].get("model") else "summed_map"
+    # the disagreement the overlays show brightest: what the bundle's validation volumes reach
+    report["disagreement_display_max"] = cfg["regions"].get("display_max_disagreement")
+    report["calibration"] = bundle.calibrator.to_dict()

@@ -95,7 +95,7 @@ def add_serve_parser(sub) -> None:
         formatter_class=DefaultsHelpFormatter,
         description="Load the bundle once, then segment one volume per JSON line read on stdin "
         "exactly as 'segment' does, answering with JSON lines on stdout (progress, then "
-        "one result per request). The protocol is described in cardseg/serve.py.",
+        "one result per request). The protocol is in the documentation's command-line reference.",
     )
     p.add_argument(
         "--bundle",

@@ -198,9 +198,11 @@ def test_screenshots_are_committed_small_pngs(cmake, entry):
 def test_screenshots_are_shown_and_explained(cmake):
     names = [Path(urlsplit(u).path).name for u in cmake["EXTENSION_SCREENSHOTURLS"].split()]
     readme = (REPO / "README.md").read_text(encoding="utf-8")
+    slicer_page = (REPO / "docs" / "getting-started" / "slicer.md").read_text(encoding="utf-8")
     notes = (SCREENSHOTS / "README.md").read_text(encoding="utf-8")
+    assert f"](Resources/Screenshots/{names[0]})" in readme, f"the README does not show {names[0]}"
     for name in names:
-        assert f"](Resources/Screenshots/{name})" in readme, f"the README does not show {name}"
+        assert f"](../../Resources/Screenshots/{name})" in slicer_page, f"the Slicer module's page does not show {name}"
         assert f"`{name}`" in notes, f"Resources/Screenshots/README.md does not say what {name} is"
     assert (SCREENSHOTS / "make_screenshots.py").is_file()
 

@@ -1,6 +1,6 @@
 """The synthetic phantom of `cardseg synth`: its anatomy, and that the shipped model segments it.
 
-The README's first run is `cardseg synth demo.nii.gz && cardseg segment demo.nii.gz -o demo-out`:
+The README's first run (Testing/run-demo.sh) is `cardseg synth demo.nii.gz && cardseg segment demo.nii.gz -o demo-out`:
 these tests hold the phantom to looking enough like a bSSFP short-axis stack that the default
 `acdc` bundle finds all three structures in it, not flagged out of domain.
 """

@@ -1,5 +1,5 @@
 """``segmentation.seg.nrrd`` is the same bytes for the same labels: pynrrd's write-time comment is
-dropped from the header (README: the output images are bit-identical between runs)."""
+dropped from the header (docs/how-to/segment-your-file.md: the output images are bit-identical between runs)."""
 
 import datetime
 

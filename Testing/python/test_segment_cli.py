@@ -183,7 +183,7 @@ def test_4d_needs_a_frame_and_2d_is_one_slice(tiny_bundle, synthetic_volume, tmp
 
 
 def test_one_slice_outputs_as_the_readme_describes_them(tiny_bundle, synthetic_volume, tmp_path):
-    """README: a one-slice input's outputs are one-slice 3D images, except that ITK reads the vector
+    """docs/reference/outputs.md: a one-slice input's outputs are one-slice 3D images, except that ITK reads the vector
     ``probabilities.nii.gz`` as 2D (geometry from ``segmentation.nii.gz``); nibabel (X, Y, 1, 1, K)."""
     nib = pytest.importorskip("nibabel")  # (torchio brings it)
 

@@ -1,17 +1,17 @@
 """Prepared torch programs: the torch backend's networks without MONAI at run time.
 
 Building a bundle's networks means importing MONAI, and ``import monai`` loads every one of its
-subpackages (1.3 s of a 5 s run on our 2-core machines; 19 s on a GPU workstation whose
-environment holds torchvision, measured under issue 25). So the first torch run with a bundle
+subpackages (a large share of a whole run, the more so in an environment that holds
+torchvision). So the first torch run with a bundle
 builds the eager networks as usual (MONAI, the verified safetensors), traces each one into a
 TorchScript program on the run's device, checks the program against the eager network on a
 seeded probe, and caches it beside the ONNX models; every later run loads the program and never
 imports MONAI.
 
-Why TorchScript and not ``torch.export``: on torch 2.13 ``torch.export.load`` of the shipped
-primary takes 3.7 s on 2 cores (1.2 s to import its serialiser, 2.5 s to turn the JSON graph back
-into Python objects), longer than the MONAI import it would save, while ``torch.jit.load`` takes
-0.16 s for both networks and runs them as fast as eager torch. TorchScript is deprecated but
+Why TorchScript and not ``torch.export``: ``torch.export.load`` of the shipped primary takes
+longer (importing its serialiser, turning the JSON graph back into Python objects) than the MONAI
+import it would save, while ``torch.jit.load`` is quick and runs the networks as fast as eager
+torch (``Testing/benchmarks/network_loading.py`` measures the ways). TorchScript is deprecated but
 still shipped by torch; if a future torch drops it or a trace fails its check, the eager networks
 run (one note) and nothing else changes. A loaded program executes no Python from the cache: a
 TorchScript archive holds a graph of torch operators and tensors, read by torch's restricted

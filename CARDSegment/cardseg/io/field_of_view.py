@@ -1,11 +1,8 @@
 """Moving the network's field of view onto the heart when the centred grid cuts it off.
 
-The networks see each slice on an ``N x N`` grid of the bundle's pixel spacing (160 px at
-1.4 mm: 224 mm for the ACDC bundle), centred on the slice. A slice with a larger field of view
-whose heart lies off-centre loses the part beyond the grid: that part is background, with full
-confidence, whatever the image shows. (On the ACDC training patients, with 1.5 mm pixels, the
-labelled heart reaches beyond the centred grid on 32 of 1,289 slices and volumes, in 5 of the 70
-patients, up to 18% of a slice's heart.)
+The networks see each slice on an ``N x N`` grid of the bundle's pixel spacing, centred on the
+slice. A slice with a larger field of view whose heart lies off-centre loses the part beyond the
+grid: that part is background, with full confidence, whatever the image shows.
 
 The engine therefore checks the first run's prediction (:func:`recentre_offset`): when the
 largest predicted heart component comes within :data:`MARGIN_MM` of the edge of the field of view
@@ -15,15 +12,11 @@ where the grid cuts a ventricle off, the network often predicts nothing of it at
 rest of the heart stops short of the edge. A heart well inside the grid costs nothing more.
 
 Which of the two runs is kept: the one whose networks agree more (the agreement score of
-``report.json``, paper Eq. 5, each over its own predicted heart). A grid centred on the heart is
-not always better: the networks learned hearts where the centred ACDC crops put them, and on the
-validation volumes where the check fired, moving the grid helped three and hurt two; in all five
-the run with the higher agreement had the higher Dice
-(``Training/results/acdc-2.3.0/field-of-view/``).
+``report.json``, paper Eq. 5, each over its own predicted heart); a grid centred on the heart is
+not always the better one. The documentation's design notes say why and how the rule was chosen.
 
 Whether a bundle does this: its ``field_of_view`` block (``{"recentre": true, "margin_mm": 15}``;
-on in the shipped bundle since 2.3.0; absent: off, as in the releases before), or ``$CARDSEG_RECENTRE``
-(``1``/``0``) over it.
+absent: off), or ``$CARDSEG_RECENTRE`` (``1``/``0``) over it.
 
 Arrays are ``(Z, Y, X)`` label maps and ``(Y, X)`` masks; the functions are pure (no files).
 """

@@ -6,8 +6,8 @@ import numpy as np
 
 #: most voxels a file may declare in all (every frame of a 4D cine), about 256 MB as float32
 MAX_FILE_VOXELS = 64 * 2**20
-#: most voxels of the volume that is segmented (one frame): a whole run at this size peaks at about
-#: 2.7 GB of memory (measured: Testing/benchmarks/results/peak_memory.json, README "size limits")
+#: most voxels of the volume that is segmented (one frame); what a whole run at this size needs in
+#: memory is measured by Testing/benchmarks/peak_memory.py
 MAX_VOLUME_VOXELS = 16 * 2**20
 #: what a refusal of a larger volume says of the memory a run at the limit needs (the measured peaks)
 LIMIT_MEMORY_NOTE = "a run that size needs about 2.7 GB of memory, 3 GB on a first run that exports the ONNX models"
