@@ -239,16 +239,11 @@ def test_cohort_table_columns(cohort):
         "subject",
         "phase",
         "frame",
-        "input",
-        "input_digest",
         "status",
         "error",
-        "reused",
-        "output",
-        "method",
-        "slices",
-        "grid_moved",
-        "grid_offset_mm",
+        "volume_RV_ml",
+        "volume_MYO_ml",
+        "volume_LV_ml",
         "agreement",
         "out_of_domain",
         "no_foreground",
@@ -260,9 +255,14 @@ def test_cohort_table_columns(cohort):
         "region2_p_error",
         "region3_ml",
         "region3_p_error",
-        "volume_RV_ml",
-        "volume_MYO_ml",
-        "volume_LV_ml",
+        "grid_moved",
+        "grid_offset_mm",
+        "input",
+        "input_digest",
+        "reused",
+        "output",
+        "method",
+        "slices",
         "time_total_s",
         "time_preprocess_s",
         "time_trajectory_s",
@@ -273,10 +273,10 @@ def test_cohort_table_columns(cohort):
     report = json.loads((cohort["out"] / "p1_es" / "report.json").read_text())
     assert float(r["agreement"]) == report["agreement"]
     assert int(r["flagged_regions"]) == len(report["regions"])
-    assert float(r["flagged_volume_ml"]) == pytest.approx(sum(x["volume_mm3"] for x in report["regions"]) / 1000)
+    assert float(r["flagged_volume_ml"]) == round(sum(x["volume_mm3"] for x in report["regions"]) / 1000, 1)
     for k in (1, 2, 3):  # the first regions in review order, one by one ('' where there are fewer)
         reg = report["regions"][k - 1] if k <= len(report["regions"]) else None
-        assert r[f"region{k}_ml"] == ("" if reg is None else repr(reg["volume_mm3"] / 1000.0))
+        assert r[f"region{k}_ml"] == ("" if reg is None else repr(round(reg["volume_mm3"] / 1000.0, 1)))
         assert r[f"region{k}_p_error"] == ("" if reg is None or reg["p_error"] is None else repr(reg["p_error"]))
     assert float(r["volume_LV_ml"]) == report["class_volumes_ml"]["LV"]
     assert float(r["time_total_s"]) == report["timings_s"]["total"]

@@ -247,6 +247,7 @@ def write_dicom_cine(folder, vol, phases: int = 3, rr_ms: str = "810"):
             sl.SetMetaData("0020|000e", "1.2.826.0.1.3680043.2.1125.1.99")
             sl.SetMetaData("0020|0032", "\\".join(map(str, img.TransformIndexToPhysicalPoint((0, 0, k)))))
             sl.SetMetaData("0020|0037", "1\\0\\0\\0\\1\\0")
+            sl.SetMetaData("0008|0060", "MR")  # an MR image: GDCM writes PixelSpacing (0028,0030)
             sl.SetMetaData("0020|0013", str(n))
             sl.SetMetaData("0018|1060", str(25.0 + 45.0 * ph))
             sl.SetMetaData("0018|1062", rr_ms)

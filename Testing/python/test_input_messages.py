@@ -179,3 +179,23 @@ def test_result_cut_short_while_replaced_is_named_so(tmp_path, capsys, tiny_bund
     assert {n: (out / n).read_bytes() for n in names} == before
     assert main(argv + ["--overwrite"]) == 0
     assert "replacing" not in json.loads((out / STAMP).read_text(encoding="utf-8"))
+
+
+def test_a_folder_of_image_files_is_pointed_to_batch(tmp_path, capsys, phantom_file):
+    """``cardseg segment FOLDER`` reads a DICOM series; a folder of NIfTI files gets one line naming
+    one of them and the two commands that take them, and nothing is written."""
+    import shutil
+
+    folder = tmp_path / "cohort"
+    folder.mkdir()
+    for name in ("a.nii.gz", "b.nii.gz"):
+        shutil.copy(phantom_file, folder / name)
+    assert main(["segment", str(folder), "-o", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no DICOM series but 2 image files (e.g. a.nii.gz)" in err[0]
+    assert f"cardseg batch {folder} -o OUTDIR" in err[0] and not (tmp_path / "out").exists()
+    (folder / "a.nii.gz").unlink()
+    (folder / "b.nii.gz").unlink()
+    (folder / "notes.txt").write_text("x")
+    assert main(["segment", str(folder), "-o", str(tmp_path / "out")]) == 2
+    assert "batch" not in capsys.readouterr().err

@@ -15,6 +15,9 @@ _SPECIAL = (
 )
 
 
+#: the single-file volume formats the engine reads (what a folder of images is recognised by)
+VOLUME_SUFFIXES = (".nii.gz", ".nii", ".nrrd", ".nhdr", ".mha", ".mhd", ".hdr")
+
 #: how :func:`kind_of` starts a path that ``stat`` cannot answer for (then the reason in brackets)
 UNREADABLE = "path that cannot be read"
 

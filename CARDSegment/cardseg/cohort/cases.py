@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from cardseg.base.errors import CardsegError, one_line
 from cardseg.cohort.layout import OWN_FILES
-from cardseg.base.filekind import kind_of
+from cardseg.base.filekind import VOLUME_SUFFIXES as _VOLUMES, kind_of
 from cardseg.cohort.walk import bounded_glob, inside, require_file_or_folder
 
 #: the manifest's columns; only the first two are required
@@ -25,7 +25,7 @@ PHASES = ("ED", "ES")
 #: what a case name may look like (it becomes a folder name)
 CASE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
 #: image files a folder given as INPUT is searched for (besides DICOM series sub-folders)
-VOLUME_SUFFIXES = (".nii.gz", ".nii", ".nrrd", ".nhdr", ".mha", ".mhd", ".hdr")
+VOLUME_SUFFIXES = _VOLUMES
 _STRIP_SUFFIXES = VOLUME_SUFFIXES + (
     ".img.gz",
     ".img",

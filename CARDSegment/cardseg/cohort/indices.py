@@ -64,8 +64,8 @@ MYO_DENSITY_G_PER_ML = 1.05
 #: the spread model :func:`volume_spread` implements (a per-subject diagnostic, not in the interval)
 SPREAD_MODEL = "slice-and-region-coherent-expected-error"
 #: TAC above which a voxel counts as flagged in the spread's region term when the bundle's review
-#: regions are cut from another map (nats, in [0, ln 2]): the seed threshold of the TAC review rule
-#: fitted on validation for issue 22 (``Training/results/acdc-2.1.0/review/covered/review_fit.json``)
+#: regions are cut from another map (nats, in [0, ln 2]): a seed threshold of the TAC review rule
+#: as fit-review fits it on validation
 SPREAD_TAC_THRESHOLD = 0.08
 METHOD = "location-scale-pivot"
 #: what a refusal says when a bundle carries no fitted intervals

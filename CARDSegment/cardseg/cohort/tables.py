@@ -18,30 +18,21 @@ from cardseg.cohort.cases import Case
 TOP_REGIONS = 3
 #: ``region<k>_ml`` and ``region<k>_p_error`` of the first :data:`TOP_REGIONS` regions
 REGION_COLUMNS = tuple(f"region{k}_{what}" for k in range(1, TOP_REGIONS + 1) for what in ("ml", "p_error"))
-#: the cohort table's fixed columns (``grid_moved``, ``grid_offset_mm``: :func:`grid_cells`); then
-#: ``volume_<class>_ml`` per foreground class, then ``time_<stage>_s`` per timing in the reports
-#: (``total`` first)
-COHORT_COLUMNS = (
-    "case",
-    "subject",
-    "phase",
-    "frame",
-    "input",
-    "input_digest",
-    "status",
-    "error",
-    "reused",
-    "output",
-    "method",
-    "slices",
-    "grid_moved",
-    "grid_offset_mm",
-    "agreement",
-    "out_of_domain",
-    "no_foreground",
-    "flagged_regions",
-    "flagged_volume_ml",
-) + REGION_COLUMNS
+#: the cohort table's first columns: which case, and whether it was measured
+CASE_COLUMNS = ("case", "subject", "phase", "frame", "status", "error")
+#: after ``volume_<class>_ml`` per foreground class: how far to trust the case, its review, where
+#: the grid lay (``grid_moved``, ``grid_offset_mm``: :func:`grid_cells`)
+REVIEW_COLUMNS = (
+    ("agreement", "out_of_domain", "no_foreground", "flagged_regions", "flagged_volume_ml")
+    + REGION_COLUMNS
+    + ("grid_moved", "grid_offset_mm")
+)
+#: last, the bookkeeping, then ``time_<stage>_s`` per timing in the reports (``total`` first)
+RECORD_COLUMNS = ("input", "input_digest", "reused", "output", "method", "slices")
+#: the cohort table's fixed columns, in the order :func:`table_columns` lays them out around the volumes
+COHORT_COLUMNS = CASE_COLUMNS + REVIEW_COLUMNS + RECORD_COLUMNS
+#: decimals of the table's millilitres (0.1 ml: what a segmentation's volume means)
+ML_DECIMALS = 1
 
 
 def cohort_row(
@@ -93,7 +84,9 @@ def cohort_row(
                 "out_of_domain": report.get("out_of_domain"),
                 "flagged_regions": len(regions) if measured else None,
                 "flagged_volume_ml": (
-                    sum(float(r.get("volume_mm3", 0.0)) for r in regions) / 1000.0 if measured else None
+                    round(sum(float(r.get("volume_mm3", 0.0)) for r in regions) / 1000.0, ML_DECIMALS)
+                    if measured
+                    else None
                 ),
             }
         )
@@ -120,7 +113,7 @@ def top_region_cells(regions: Sequence[dict]) -> dict:
     for k in range(1, TOP_REGIONS + 1):
         r = regions[k - 1] if k <= len(regions) else None
         p = None if r is None else r.get("p_error")
-        cells[f"region{k}_ml"] = None if r is None else float(r.get("volume_mm3", 0.0)) / 1000.0
+        cells[f"region{k}_ml"] = None if r is None else round(float(r.get("volume_mm3", 0.0)) / 1000.0, ML_DECIMALS)
         cells[f"region{k}_p_error"] = None if p is None else float(p)
     return cells
 
@@ -148,7 +141,8 @@ def _is_zero(v) -> bool:
 
 
 def table_columns(rows: Sequence[dict], class_names: Sequence[str] = ()) -> List[str]:
-    cols = list(COHORT_COLUMNS)
+    """The cohort table's columns: :data:`CASE_COLUMNS`, ``volume_<class>_ml`` (the bundle's classes
+    first), :data:`REVIEW_COLUMNS`, :data:`RECORD_COLUMNS`, ``time_<stage>_s``."""
     vols = [f"volume_{n}_ml" for n in class_names]
     times: List[str] = ["time_total_s"]
     for r in rows:
@@ -157,7 +151,7 @@ def table_columns(rows: Sequence[dict], class_names: Sequence[str] = ()) -> List
                 vols.append(k)
             elif k.startswith("time_") and k not in times:
                 times.append(k)
-    return cols + vols + times
+    return list(CASE_COLUMNS) + vols + list(REVIEW_COLUMNS) + list(RECORD_COLUMNS) + times
 
 
 def _csv_value(v) -> str:

@@ -160,6 +160,20 @@ def list_series_files(folder: Path) -> List[Path]:
     return next(iter(series.values()))
 
 
+def _no_series(folder: Path) -> str:
+    """The refusal of a folder without a DICOM series; one of image files points to ``cardseg batch``."""
+    from cardseg.base.filekind import VOLUME_SUFFIXES
+
+    images = sorted(p.name for p in folder.iterdir() if p.name.lower().endswith(VOLUME_SUFFIXES) and p.is_file())
+    if not images:
+        return f"{folder}: folder holds no DICOM series"
+    return (
+        f"{folder}: folder holds no DICOM series but {len(images)} image file{'s' if len(images) > 1 else ''} "
+        f"(e.g. {images[0]}): segment one with 'cardseg segment FILE', or the folder as a cohort with "
+        f"'cardseg batch {folder} -o OUTDIR'"
+    )
+
+
 def series_file_lists(folder: Path) -> Dict[str, List[Path]]:
     """The DICOM series among the folder's own files: SeriesInstanceUID -> its files, in GDCM's order.
     Refuses (one line, by name) a folder holding no series, DICOM files that belong to none (unreadable or
@@ -176,7 +190,7 @@ def series_file_lists(folder: Path) -> Dict[str, List[Path]]:
     reader = sitk.ImageSeriesReader()
     ids = reader.GetGDCMSeriesIDs(str(folder))
     if not ids:
-        raise CardsegError(f"{folder}: folder holds no DICOM series")
+        raise CardsegError(_no_series(folder))
     series = {uid: [Path(f) for f in reader.GetGDCMSeriesFileNames(str(folder), uid)] for uid in ids}
     listed = {os.path.realpath(f) for files in series.values() for f in files}
     stray = sorted(

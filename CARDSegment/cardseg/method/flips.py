@@ -1,11 +1,12 @@
 """Flipped copies of a volume: undoing a flip, and how much the runs on them disagree (numpy).
 
 Not part of the paper's method: the review map of a bundle whose ``regions.map`` is
-``"tac_flips"`` is the TAC plus this disagreement (measured in
-``Training/results/acdc-2.3.0/flip-study``). The primary is trained with row and column flips, so
+``"tac_flips"`` is the TAC plus this disagreement (the design notes say why and what it was
+measured to buy). The primary is trained with row and column flips, so
 the same volume flipped is an input it knows; where its terminal predictions on the flipped
 copies disagree, its answer is unstable. :func:`flip_map` runs the primary on the volume's copies
-flipped along rows, columns and both, each on the grid the plain run kept, mirrored (its offset
+the bundle names (:func:`flip_copies`: flipped along rows, columns or both), on the steps it names
+(:func:`flip_steps`), each on the grid the plain run kept, mirrored (its offset
 from the slice centre negated along the flipped axes), without the reference (which plays no
 part in the primary's trajectory), and flips each back. The segmentation, the TAC, the
 temperature and everything calibrated stay the plain run's.
