@@ -14,7 +14,7 @@ import vtk
 
 import slicer
 from slicer import vtkMRMLScalarVolumeNode
-from slicer.parameterNodeWrapper import WithinRange, parameterNodeWrapper
+from slicer.parameterNodeWrapper import Minimum, WithinRange, parameterNodeWrapper
 from slicer.ScriptedLoadableModule import (
     ScriptedLoadableModule,
     ScriptedLoadableModuleLogic,
@@ -72,10 +72,11 @@ class CARDSegmentParameterNode:
     loadProbabilities: bool = False
     overlay: Overlay = Overlay.DISAGREEMENT
     overlayOpacity: Annotated[float, WithinRange(0.0, 1.0)] = 0.5
-    # a cine sequence's input: which frames; ED and ES frames (-1: found from the LV volume curve)
+    # a cine sequence's input: which frames; ED and ES frames (-1, shown "auto": found from the LV
+    # volume curve); the minimum keeps the spin boxes' range (and their "auto" text) from the .ui
     frameMode: FrameMode = FrameMode.SHOWN
-    edFrame: int = -1
-    esFrame: int = -1
+    edFrame: Annotated[int, Minimum(-1)] = -1
+    esFrame: Annotated[int, Minimum(-1)] = -1
 
 
 # -- CARDSegmentWidget
@@ -95,7 +96,7 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self._watched = ()  # IDs of the output nodes the panel shows (their removal refreshes it)
         self._refreshAfterBatch = False  # one of them left during a batch of scene changes
         self._rowKeys = []  # (frame, region) of each row of the review table
-        self._browser, self._shownFrame = None, None  # a cine input's sequence browser (followed) and frame
+        self._cine, self._shownFrame = None, None  # a cine input's sequence (its browser followed) and frame
         self._engineChoice = EngineChoice(qt.QSettings(), MODULE_DIR)  # "Keep engine warm" (application settings)
 
     def setup(self) -> None:
@@ -216,25 +217,24 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
                 self.refreshResults()
             elif p.inputVolume:
                 self.logic.showOverlay(p.inputVolume, p.overlay.value, p.overlayOpacity)
-        lib.show_cine_choices(self.ui, self._browser and self.logic.sequenceInfo(p.inputVolume), p.frameMode.value)
+        lib.show_cine_choices(self.ui, self._cine, p.frameMode.value)
 
     def _observeBrowser(self, cine) -> None:
         """Follow the frame slider of the input's sequence browser (None: stop)."""
-        if self._browser is not None:
-            self.removeObserver(self._browser, vtk.vtkCommand.ModifiedEvent, self.onBrowserModified)
-        self._browser, self._shownFrame = (cine.browser, cine.shown) if cine is not None else (None, None)
-        if self._browser is not None:
-            self.addObserver(self._browser, vtk.vtkCommand.ModifiedEvent, self.onBrowserModified)
+        if self._cine is not None:
+            self.removeObserver(self._cine.browser, vtk.vtkCommand.ModifiedEvent, self.onBrowserModified)
+        self._cine, self._shownFrame = cine, (cine.shown if cine is not None else None)
+        if self._cine is not None:
+            self.addObserver(self._cine.browser, vtk.vtkCommand.ModifiedEvent, self.onBrowserModified)
 
     def onBrowserModified(self, caller=None, event=None) -> None:
-        """The user moved to another frame: show its results (segmentation, overlay, agreement)."""
-        p = self._parameterNode
-        cine = self.logic.sequenceInfo(p.inputVolume) if p and p.inputVolume else None
-        if cine is None or cine.shown == self._shownFrame:
+        """The user moved to another frame: the browser shows its results through the result
+        sequences' proxies by itself; the panel updates the agreement line only (no scene scan)."""
+        if self._cine is None or self._cine.shown == self._shownFrame:
             return
-        self._shownFrame = cine.shown
-        self.logic.followFrame(p.inputVolume, p.overlay.value, p.overlayOpacity)
-        self.refreshResults(table=False)
+        self._shownFrame = self._cine.shown
+        self.logic.frameChanged(self._cine)
+        self._showAgreement(self.logic.frameReport(self._cine, self._shownFrame))
 
     def onBundleFolderChanged(self, path: str) -> None:
         """The folder box changed: store it ("" when empty, never ".")."""
@@ -356,17 +356,19 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         """Show the input's agreement, indices and (``table``) review table (the slice views are left alone)."""
         p = self._parameterNode
         volume = p.inputVolume if p else None
-        outputs = self.logic.outputs(volume) if volume else lib.OutputNodes()
         self._watched = self.logic.outputNodeIDs(volume) if volume else ()
-        summary = lib.agreement_summary(outputs.report_dict() if outputs.report else None)
-        self.ui.agreementLabel.text = summary.text
-        self.ui.agreementLabel.setStyleSheet("color: #c0392b; font-weight: bold;" if summary.warning else "")
+        self._showAgreement(self.logic.shownReport(volume) if volume else None)
         self.ui.indicesLabel.text = self.logic.indicesText(volume) if volume else ""
         self.ui.keepResultsButton.enabled = self.logic.hasSegmentation(volume)
         if table:  # not on each frame of a playing cine: the table holds every frame's regions already
             rows = self.logic.reviewRows(volume) if volume else []
             self.ui.exportButton.enabled = bool(rows) or bool(self.ui.indicesLabel.text)
             self._fillRegionsTable(rows)
+
+    def _showAgreement(self, report: Optional[dict]) -> None:
+        summary = lib.agreement_summary(report)
+        self.ui.agreementLabel.text = summary.text
+        self.ui.agreementLabel.setStyleSheet("color: #c0392b; font-weight: bold;" if summary.warning else "")
 
     def _fillRegionsTable(self, rows) -> None:
         self._statusColumn, self._rowKeys = lib.fill_region_table(self.ui.regionsTable, rows, qt.QTableWidgetItem)
@@ -410,7 +412,8 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         volume = self._parameterNode.inputVolume
         if volume is None:
             return
-        default = os.path.join(qt.QDir.homePath(), f"{lib.safe_file_name(volume.GetName())}-CARD-review.csv")
+        name = lib.safe_file_name(self.logic.baseName(volume))  # a sequence's name, not its proxy's
+        default = os.path.join(qt.QDir.homePath(), f"{name}-CARD-review.csv")
         path = qt.QFileDialog.getSaveFileName(
             slicer.util.mainWindow(), "Export review", default, "CSV (*.csv);;JSON (*.json)"
         )
@@ -424,7 +427,7 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         volume = self._parameterNode.inputVolume
         if volume is None:
             return
-        count = lib.release_outputs(slicer.mrmlScene, volume)
+        count = self.logic.keepResults(volume)
         self.ui.statusLabel.text = f"Kept {count} result nodes; the next run makes new ones."
         self.refreshResults()
 

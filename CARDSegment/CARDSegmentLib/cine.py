@@ -23,7 +23,6 @@ The seam for a warm engine (a process that keeps the model loaded between runs):
 from __future__ import annotations
 
 import csv
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -35,9 +34,11 @@ from .bundles import bundle_classes
 from .cine_results import SUBJECT, commit_indices, indices_from_subjects, make_indices_table
 from .geometry import GEOMETRY_TOLERANCE_MM, ijk_to_ras, image_dimensions
 from .jobs import JobOptions, cancel_runs, one_line, remove_tree, start_or_clean_up
-from .loading import PendingOutputs, commit_outputs, discard_outputs, prepare_outputs
-from .outputs import OutputError, OutputNodes, all_nodes, find_outputs, read_report, segmented_frames
-from .sequences import Cine, FramePlan, follow_frame, lv_curve, pick_ed_es
+from .loading import PendingOutputs, discard_outputs, frame_base_name, prepare_outputs
+from .outputs import OutputError, OutputNodes, all_nodes, read_report
+from .overlays import show_overlay
+from .sequences import frame_outputs, record_frames, shown_outputs
+from .sequences import Cine, FramePlan, lv_curve, pick_ed_es
 from .volume_files import write_volume_file
 
 #: makes the process of one step: ``(command, launcher, on_progress) -> a CardsegRun-like object``
@@ -205,7 +206,8 @@ class CineJob:
             return
         try:
             self.options.check()
-            self.work_dir = Path(tempfile.mkdtemp(prefix="CARDSegment-", dir=self.options.work_root))
+            proc.sweep_orphaned_work_dirs(remove_tree, self.options.work_root)  # what a crashed Slicer left
+            self.work_dir = proc.make_work_dir(self.options.work_root)
             (self.work_dir / "frames").mkdir()
             for frame in self.plan.frames:
                 write_volume_file(self.cine.frame_volume(frame), self.work_dir / "frames" / f"{case_name(frame)}.nrrd")
@@ -300,6 +302,7 @@ class CineJob:
                         self.frame_dir(frame),
                         self._classes,
                         self.options.load_probabilities,
+                        base_name=frame_base_name(self.cine.name, frame),
                         frame=frame,
                     )
                 )
@@ -309,7 +312,7 @@ class CineJob:
                 return False
             if self.plan.indices:
                 indices = indices_from_subjects(self.output_dir / "subjects.csv", self.ed, self.es)
-                self._indices_table = make_indices_table(self.scene, self.input_volume, indices)
+                self._indices_table = make_indices_table(self.scene, self.input_volume, indices, self.cine.name)
             self._commit()
         except Exception as exc:  # noqa: BLE001 - the scene as before, one line says why
             message = one_line(exc)
@@ -328,22 +331,21 @@ class CineJob:
         return self.outputs
 
     def _commit(self) -> None:
-        shown = self.cine.shown
+        """Record the loaded frames in the result sequences and put the indices in place, in one
+        batch of scene changes; then show the overlay of the shown frame (through the proxies)."""
+        frames = {pending.frame: pending.new for pending in self._pending}
         self.scene.StartState(self.scene.BatchProcessState)  # observers hear of the frames' commit once
         try:
-            for pending in self._pending:
-                o = self.options
-                self.outputs[pending.frame] = commit_outputs(
-                    self.scene, self.input_volume, pending, o.overlay, o.opacity, show=pending.frame == shown
-                )
+            held = record_frames(self.scene, self.cine, self.input_volume, frames)
+            commit_indices(
+                self.scene, self.input_volume, self._indices_table, replaced=list(frames), base_name=self.cine.name
+            )
         finally:
             self.scene.EndState(self.scene.BatchProcessState)
-        commit_indices(self.scene, self.input_volume, self._indices_table, replaced=list(self.outputs))
-        segmentations = {
-            f: find_outputs(self.scene, self.input_volume, f).segmentation
-            for f in segmented_frames(self.scene, self.input_volume)
-        }
-        follow_frame(self.scene, segmentations, shown)  # the shown frame's segmentation only
+        shown = shown_outputs(self.cine, held)
+        if shown.segmentation is not None:
+            show_overlay(self.scene, self.input_volume, shown, self.options.overlay, self.options.opacity)
+        self.outputs = {f: frame_outputs(self.cine, f, held) for f in frames}
         self._pending, self._indices_table, self._made = [], None, set()
 
     def _discard(self) -> None:

@@ -119,11 +119,12 @@ def indices_from_subjects(path: os.PathLike, ed: int, es: int) -> dict:
     }
 
 
-def make_indices_table(scene, input_volume, indices: dict):
-    """A table node of ``indices`` (one row per index), tagged as the sequence's ``indices`` output."""
+def make_indices_table(scene, input_volume, indices: dict, base_name: Optional[str] = None):
+    """A table node of ``indices`` (one row per index), tagged as the sequence's ``indices`` output;
+    named from ``base_name`` (the sequence's name; default: the input's)."""
     import vtk
 
-    name = scene.GenerateUniqueName(f"{input_volume.GetName()} CARD indices")
+    name = scene.GenerateUniqueName(f"{base_name or input_volume.GetName()} CARD indices")
     table = scene.AddNewNodeByClass("vtkMRMLTableNode", name)
     columns = {
         "index": vtk.vtkStringArray(),
@@ -180,9 +181,10 @@ def read_indices(table) -> Optional[dict]:
     }
 
 
-def commit_indices(scene, input_volume, table, replaced: List[int]) -> None:
+def commit_indices(scene, input_volume, table, replaced: List[int], base_name: Optional[str] = None) -> None:
     """Put a new indices ``table`` in place of the earlier one; without a new table, drop the earlier
-    one when a frame it was computed from was just replaced (its numbers would be stale)."""
+    one when a frame it was computed from was just replaced (its numbers would be stale). The new
+    table takes the name ``<base_name> CARD indices`` when it is free."""
     for old in output_nodes_of(scene, input_volume, None):
         if old.GetAttribute("CARDSegment.Role") != "indices" or old is table:
             continue
@@ -190,7 +192,7 @@ def commit_indices(scene, input_volume, table, replaced: List[int]) -> None:
         if table is not None or held["ed"] in replaced or held["es"] in replaced:
             remove_node(scene, old)
     if table is not None:
-        final = f"{input_volume.GetName()} CARD indices"
+        final = f"{base_name or input_volume.GetName()} CARD indices"
         if table.GetName() != final and scene.GetFirstNodeByName(final) is None:
             table.SetName(final)
 

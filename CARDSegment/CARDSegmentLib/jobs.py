@@ -17,7 +17,6 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ContextManager, Optional, Tuple
@@ -139,7 +138,8 @@ class SegmentationJob:
             return
         try:
             self.options.check()
-            self.work_dir = Path(tempfile.mkdtemp(prefix="CARDSegment-", dir=self.options.work_root))
+            proc.sweep_orphaned_work_dirs(remove_tree, self.options.work_root)  # what a crashed Slicer left
+            self.work_dir = proc.make_work_dir(self.options.work_root)
             write_volume_file(self.input_volume, self.input_path)
         except Exception as exc:  # noqa: BLE001 - any failure here is the run's one-line error
             self._fail(one_line(exc))

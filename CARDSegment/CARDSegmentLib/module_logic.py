@@ -18,13 +18,14 @@ from .engine import Engine
 from .cine import CineJob
 from .cine_results import export_cine_review, indices_lines, read_indices
 from .jobs import JobMonitor, JobOptions, SegmentationJob
-from .outputs import OutputNodes, find_outputs, output_nodes_of, segmented_frames
+from .outputs import OutputNodes, find_outputs, output_nodes_of, read_report, release_outputs
 from .overlays import show_overlay
 from .parameters import bundle_path, job_options
 from .process import FAILED, SUCCEEDED
 from .region_outlines import highlight_region
+from .sequences import frame_outputs, recorded_frames, release_results, result_node_ids, result_sequences, shown_outputs
 from .review import export_review, has_decisions, review_rows, set_region_status, show_region
-from .sequences import FrameMode, cine_of, follow_frame, frame_plan
+from .sequences import FrameMode, check_slices_for_indices, cine_of, frame_plan, slice_count
 
 #: how often the timer polls a running segmentation process
 POLL_INTERVAL_MS = 200
@@ -122,6 +123,7 @@ class ModuleLogic:
                 run_factory=self.segmentRunFactory(options),
             )
         plan = frame_plan(FrameMode(options.frame_mode), cine.count, cine.shown, options.ed_frame, options.es_frame)
+        check_slices_for_indices(plan, slice_count(cine.frame_volume(cine.shown)))
         return CineJob(
             self.currentScene,
             inputVolume,
@@ -224,20 +226,38 @@ class ModuleLogic:
             raise RuntimeError(f"segmentation {state}: {job.error}")
         return job.finish()
 
-    # -- results
+    # -- results (a cine's: the result sequences of its browser, see CARDSegmentLib.sequences)
 
     def outputs(self, inputVolume) -> OutputNodes:
-        """The input's outputs; for a sequence those of the frame it shows (with the shared region outline)."""
+        """The input's outputs; for a sequence the proxies that show the shown frame's, with its indices table."""
         cine = cine_of(self.currentScene, inputVolume)
         if cine is None:
             return find_outputs(self.currentScene, inputVolume)
-        return self._frameOutputs(inputVolume, cine.shown)
-
-    def _frameOutputs(self, inputVolume, frame: Optional[int]) -> OutputNodes:
-        out = find_outputs(self.currentScene, inputVolume, frame)
-        shared = find_outputs(self.currentScene, inputVolume, None)
-        out.roi, out.indices = shared.roi, shared.indices
+        out = shown_outputs(cine)
+        out.indices = find_outputs(self.currentScene, inputVolume, None).indices
         return out
+
+    def shownReport(self, inputVolume) -> Optional[dict]:
+        """The shown frame's ``report.json`` (None: not segmented), read from its proxy: no scene scan,
+        so the panel can call it on every frame of a playing cine."""
+        cine = cine_of(self.currentScene, inputVolume)
+        report = shown_outputs(cine).report if cine is not None else find_outputs(self.currentScene, inputVolume).report
+        return read_report(report) if report is not None else None
+
+    @staticmethod
+    def frameReport(cine, frame: int) -> Optional[dict]:
+        """``frame``'s ``report.json`` from its item in the report sequence (None: not segmented); the
+        browser's sequences only, no scene scan (the panel calls it on every frame of a playing cine)."""
+        report = frame_outputs(cine, frame).report
+        return read_report(report) if report is not None else None
+
+    @staticmethod
+    def frameChanged(cine) -> None:
+        """The browser shows another frame: the outlines' proxy keeps no highlight of the last one
+        (its segments are the new frame's)."""
+        regions = shown_outputs(cine).regions
+        if regions is not None and regions.GetDisplayNode() is not None:
+            highlight_region(regions, None)
 
     def isSequence(self, inputVolume) -> bool:
         return cine_of(self.currentScene, inputVolume) is not None
@@ -246,11 +266,23 @@ class ModuleLogic:
         """The :class:`~CARDSegmentLib.sequences.Cine` behind the input, or None (a plain volume)."""
         return cine_of(self.currentScene, inputVolume)
 
+    def baseName(self, inputVolume) -> str:
+        """The stem of the input's output and export names: a sequence's name (its proxy's name
+        may carry the shown frame), else the volume's."""
+        cine = cine_of(self.currentScene, inputVolume)
+        return cine.name if cine is not None else (inputVolume.GetName() or "Volume")
+
     def frameOutputs(self, inputVolume) -> Dict[Optional[int], OutputNodes]:
-        """``{frame: outputs}`` of every segmented frame; ``{None: outputs}`` for a plain volume."""
-        if not self.isSequence(inputVolume):
+        """``{frame: outputs}`` of every segmented frame (the sequences' items; the shown frame's
+        review through its proxy); ``{None: outputs}`` for a plain volume."""
+        cine = cine_of(self.currentScene, inputVolume)
+        if cine is None:
             return {None: find_outputs(self.currentScene, inputVolume)}
-        return {f: self._frameOutputs(inputVolume, f) for f in segmented_frames(self.currentScene, inputVolume)}
+        held = result_sequences(cine)
+        frames = {f: frame_outputs(cine, f, held) for f in recorded_frames(cine, held)}
+        if cine.shown in frames:
+            frames[cine.shown].review = shown_outputs(cine, held).review or frames[cine.shown].review
+        return frames
 
     def indices(self, inputVolume) -> Optional[dict]:
         """The sequence's cardiac indices (:func:`~CARDSegmentLib.cine_results.read_indices`), or None."""
@@ -258,7 +290,10 @@ class ModuleLogic:
 
     def hasSegmentation(self, inputVolume) -> bool:
         """Whether the input (any frame of a sequence) has a segmentation of this module."""
-        return any(o.segmentation is not None for o in self.frameOutputs(inputVolume).values())
+        cine = cine_of(self.currentScene, inputVolume)
+        if cine is not None:
+            return bool(recorded_frames(cine))
+        return find_outputs(self.currentScene, inputVolume).segmentation is not None
 
     def indicesText(self, inputVolume) -> str:
         """The panel's lines for the sequence's cardiac indices ("" for a plain volume or none yet)."""
@@ -266,8 +301,17 @@ class ModuleLogic:
         return "\n".join(indices_lines(self.indices(inputVolume), cine.frame_label)) if cine is not None else ""
 
     def outputNodeIDs(self, inputVolume) -> tuple:
-        """IDs of every output node of the input (all frames): the panel watches their removal."""
-        return tuple(n.GetID() for n in output_nodes_of(self.currentScene, inputVolume, "all"))
+        """IDs of the input's output nodes in the scene (a sequence's: its result sequences, their
+        proxies and the indices table): the panel watches their removal."""
+        own = tuple(n.GetID() for n in output_nodes_of(self.currentScene, inputVolume, "all"))
+        cine = cine_of(self.currentScene, inputVolume)
+        return own + (result_node_ids(cine) if cine is not None else ())
+
+    def keepResults(self, inputVolume) -> int:
+        """Keep the current results as ordinary nodes (and sequences): the next run makes new ones."""
+        cine = cine_of(self.currentScene, inputVolume)
+        kept = release_results(cine) if cine is not None else 0
+        return kept + release_outputs(self.currentScene, inputVolume)
 
     def reviewRows(self, inputVolume) -> List[dict]:
         """The review rows of every segmented frame, each with its ``frame`` (None: a plain volume)."""
@@ -292,19 +336,9 @@ class ModuleLogic:
             if f in plan.frames
         )
 
-    def followFrame(self, inputVolume, overlay: str, opacity: float) -> None:
-        """The browser moved: show that frame's segmentation, region outlines and overlay (when it
-        has results) and nothing of the other frames' (:func:`~CARDSegmentLib.sequences.follow_frame`)."""
-        cine = cine_of(self.currentScene, inputVolume)
-        frames = self.frameOutputs(inputVolume) if cine is not None else {}
-        if not frames:
-            return
-        follow_frame(self.currentScene, frames, cine.shown)  # the outputs found once, not again per frame
-        shown = frames.get(cine.shown)
-        if shown is not None and shown.segmentation is not None:
-            show_overlay(self.currentScene, inputVolume, shown, overlay, opacity)
-
     def showOverlay(self, inputVolume, overlay: str, opacity: float) -> None:
+        """The chosen map in front of every slice view (for a sequence its proxy: set once, it then
+        follows the frame by itself)."""
         outputs = self.outputs(inputVolume)
         if outputs.segmentation is not None:
             show_overlay(self.currentScene, inputVolume, outputs, overlay, opacity)
@@ -314,7 +348,7 @@ class ModuleLogic:
         if cine is None or frame is None:
             return self.outputs(inputVolume)
         cine.show(frame)
-        return self._frameOutputs(inputVolume, frame)
+        return shown_outputs(cine)
 
     def showRegion(self, inputVolume, regionId: int, frame: Optional[int] = None) -> dict:
         """Highlight region ``regionId``'s outline (of ``frame``, which a sequence's browser then
@@ -325,16 +359,23 @@ class ModuleLogic:
         return next(r for r in review_rows(outputs.review) if r["region"] == regionId)
 
     def clearRegionHighlight(self, inputVolume) -> None:
-        """Every region outline of the input's results (all frames) as loaded: nothing selected."""
-        for outputs in (self.frameOutputs(inputVolume) if inputVolume is not None else {}).values():
-            if outputs.regions is not None:
-                highlight_region(outputs.regions, None)
+        """Every region outline of the input's results as loaded: nothing selected (a sequence's
+        outlines are one proxy: its highlight is the only one)."""
+        regions = self.outputs(inputVolume).regions if inputVolume is not None else None
+        if regions is not None and regions.GetDisplayNode() is not None:
+            highlight_region(regions, None)
 
     def setRegionStatus(
         self, inputVolume, regionId: int, status: str, note: Optional[str] = None, frame: Optional[int] = None
     ) -> None:
-        outputs = self.outputs(inputVolume) if frame is None else self._frameOutputs(inputVolume, frame)
-        set_region_status(outputs.review, regionId, status, note)
+        """Record a decision in the review of ``frame`` (a sequence's item, and its proxy when shown)."""
+        cine = cine_of(self.currentScene, inputVolume)
+        if cine is None or frame is None:
+            set_region_status(self.outputs(inputVolume).review, regionId, status, note)
+            return
+        set_region_status(frame_outputs(cine, frame).review, regionId, status, note)
+        if frame == cine.shown and shown_outputs(cine).review is not None:
+            set_region_status(shown_outputs(cine).review, regionId, status, note)
 
     def exportReview(self, inputVolume, path: str) -> str:
         """The review (and, for a sequence, every frame's review and the cardiac indices) to CSV or JSON."""

@@ -156,7 +156,8 @@ def show_overlay(
         raise ValueError(f"overlay must be one of {OVERLAY_CHOICES}, not {overlay!r}")
     chosen = outputs.overlay(overlay)
     ours = {n.GetID() for n in (outputs.disagreement, outputs.temperature) if n is not None}
-    for comp in slice_composite_nodes(scene):
+    helped = chosen is not None and input_volume is not None and _set_layers(scene, input_volume, chosen, opacity)
+    for comp in () if helped else slice_composite_nodes(scene):  # the application's helper set every view
         if input_volume is not None:
             comp.SetBackgroundVolumeID(input_volume.GetID())
         if chosen is not None:
@@ -170,6 +171,17 @@ def show_overlay(
         legend = color_legend(node, create=False)
         if legend is not None:
             legend.SetVisibility(node is chosen)
+
+
+def _set_layers(scene, background, foreground, opacity: float) -> bool:
+    """``slicer.util.setSliceViewerLayers`` on the application's scene; False elsewhere (not set)."""
+    import slicer
+
+    util = getattr(slicer, "util", None)
+    if scene is not getattr(slicer, "mrmlScene", None) or not hasattr(util, "setSliceViewerLayers"):
+        return False
+    util.setSliceViewerLayers(background=background, foreground=foreground, foregroundOpacity=float(opacity))
+    return True
 
 
 def set_overlay_opacity(scene, outputs: OutputNodes, opacity: float) -> None:

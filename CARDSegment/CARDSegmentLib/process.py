@@ -20,6 +20,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -35,6 +36,9 @@ FINISHED_STATES = (SUCCEEDED, FAILED, CANCELLED)
 ERROR_PREFIX = "cardseg: error:"
 DEVICE_CHOICES = ("auto", "cpu", "cuda")
 METHOD_CHOICES = ("card", "uc")
+#: the environment variable that tells an engine child which process it must not outlive
+#: (``cardseg.base.parent_watch.PARENT_ENV``, restated: this library does not import the engine)
+PARENT_PID_ENV = "CARDSEG_PARENT_PID"
 #: lines of process output kept for the error message and the log
 LOG_LINES = 200
 
@@ -108,6 +112,7 @@ class SegmentCommand:
         env["PYTHONUNBUFFERED"] = "1"
         env["PYTHONUTF8"] = "1"
         env["PYTHONIOENCODING"] = "utf-8"
+        env[PARENT_PID_ENV] = str(os.getpid())  # the engine ends when this process is gone
         env.update(self.extra_env)
         return env
 
@@ -447,3 +452,95 @@ class CardsegRun:
         self.state = state
         self.error = error
         self.finished_at = time.monotonic()
+
+
+# ---------------------------------------------------------------------------------------------
+# a run's temporary folder: made with its owner's process id, swept when the owner is gone
+#
+# Each run writes its input and the engine's outputs under a folder CARDSegment-* (in the run's
+# work_root, default the system's temporary folder) and deletes it when the run ends. When the
+# program that made it exits or crashes first, the folder stays; its engine child ends by itself
+# (cardseg.base.parent_watch). The next run then deletes every such folder whose OWNER_FILE names
+# a process that no longer runs: only folders this module made (the prefix and the owner file
+# both present), never another file.
+
+#: the prefix of a run's temporary folder
+WORK_PREFIX = "CARDSegment-"
+#: the file in a run's temporary folder that holds the process id of the program that made it
+OWNER_FILE = "CARDSegment-owner.pid"
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (no signal is sent to it: on Windows ``os.kill`` would end it)."""
+    if pid <= 0:
+        return False
+    if sys.platform == "win32":
+        return _windows_process_alive(int(pid))
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def _windows_process_alive(pid: int) -> bool:
+    """Windows: a handle with SYNCHRONIZE rights, not yet signalled; True when it cannot be asked
+    (a folder is then kept, never deleted)."""
+    import ctypes
+
+    try:
+        kernel32 = ctypes.WinDLL("kernel32", use_last_error=True)
+        handle = kernel32.OpenProcess(0x00100000, False, pid)  # SYNCHRONIZE
+        if not handle:
+            return False
+        try:
+            return kernel32.WaitForSingleObject(handle, 0) == 0x00000102  # WAIT_TIMEOUT: still running
+        finally:
+            kernel32.CloseHandle(handle)
+    except (AttributeError, OSError):
+        return True
+
+
+def make_work_dir(work_root: Optional[os.PathLike] = None) -> Path:
+    """A new run folder ``CARDSegment-*`` holding :data:`OWNER_FILE` with this process's id."""
+    path = Path(tempfile.mkdtemp(prefix=WORK_PREFIX, dir=work_root))
+    (path / OWNER_FILE).write_text(str(os.getpid()), encoding="ascii")
+    return path
+
+
+def owner_of(folder: Path) -> Optional[int]:
+    """The process id :data:`OWNER_FILE` of ``folder`` names, or None (no such file, not a number)."""
+    try:
+        text = (folder / OWNER_FILE).read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def orphaned_work_dirs(
+    work_root: Optional[os.PathLike] = None, alive: Callable[[int], bool] = process_alive
+) -> List[Path]:
+    """The run folders in ``work_root`` whose owner no longer runs (this process's are never among them)."""
+    root = Path(work_root) if work_root else Path(tempfile.gettempdir())
+    try:
+        candidates = [p for p in root.iterdir() if p.name.startswith(WORK_PREFIX) and p.is_dir() and not p.is_symlink()]
+    except OSError:
+        return []
+    out = []
+    for folder in sorted(candidates):
+        owner = owner_of(folder)
+        if owner is not None and owner != os.getpid() and not alive(owner):
+            out.append(folder)
+    return out
+
+
+def sweep_orphaned_work_dirs(remove: Callable[[Path], object], work_root: Optional[os.PathLike] = None) -> List[Path]:
+    """Delete (with ``remove``) the run folders :func:`orphaned_work_dirs` finds; returns them."""
+    folders = orphaned_work_dirs(work_root)
+    for folder in folders:
+        remove(folder)
+    return folders

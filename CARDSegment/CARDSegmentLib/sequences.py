@@ -12,7 +12,11 @@ The end-diastolic and end-systolic frames (:func:`pick_ed_es`), when the user do
 (the LV volume of each frame is its segmentation's LV class volume, ``class_volumes_ml["LV"]`` of
 the frame's ``report.json``, before any correction the bundle's index block applies); ties go to
 the earlier frame. To find them, every frame is segmented. Either frame can be set by the user instead.
-:func:`follow_frame` shows the shown frame's results and hides the other frames'. MRML classes only (no Qt).
+
+The cardiac indices need a short-axis stack: a run that asks for them on frames of fewer than
+:data:`MIN_SLICES_FOR_INDICES` slices (a per-slice-location series, loaded as a sequence of
+single-slice volumes) is refused. The results are recorded as sequences in the same browser
+(below). MRML classes only (no Qt).
 """
 
 from __future__ import annotations
@@ -21,12 +25,16 @@ import enum
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from .outputs import INPUT_REFERENCE, OutputNodes, find_outputs
-from .overlays import color_legend
-from .views import slice_composite_nodes
+from .geometry import image_dimensions
+from .loading import frame_base_name, output_names
+from .outputs import FRAME_ATTRIBUTE, ROLE_ATTRIBUTE, OutputNodes, remove_node, tag_output
 
 #: ``ed_frame`` / ``es_frame`` value meaning "find it from the LV volume curve"
 AUTO = -1
+#: the fewest slices a frame must have for the cardiac indices (EDV, ESV, EF, LV mass and their
+#: intervals): a short-axis stack covering the ventricles from base to apex at the usual 8-10 mm
+#: per slice has at least this many; one slice (or a few) cannot give a volume
+MIN_SLICES_FOR_INDICES = 6
 
 
 class FrameMode(enum.Enum):
@@ -42,7 +50,11 @@ class FrameMode(enum.Enum):
 
 @dataclass
 class Cine:
-    """A sequence browser and the volume sequence whose proxy is the panel's input."""
+    """A sequence browser and the volume sequence whose proxy is the panel's input.
+
+    Frames are the input sequence's own item numbers, also when it is not the browser's master
+    sequence (the browser's selected item is then the master's: it is mapped through the index value).
+    """
 
     browser: object
     sequence: object
@@ -52,9 +64,22 @@ class Cine:
         return int(self.sequence.GetNumberOfDataNodes())
 
     @property
+    def name(self) -> str:
+        """The sequence's name: the stem of the outputs' names (a proxy's name may carry the shown frame)."""
+        return self.sequence.GetName() or "Volume"
+
+    def _is_master(self) -> bool:
+        master = self.browser.GetMasterSequenceNode()
+        return master is None or master.GetID() == self.sequence.GetID()
+
+    @property
     def shown(self) -> int:
-        """The frame the browser shows now."""
-        return max(0, int(self.browser.GetSelectedItemNumber()))
+        """The frame of the input sequence the browser shows now."""
+        selected = int(self.browser.GetSelectedItemNumber())
+        if self._is_master() or selected < 0:
+            return max(0, selected)
+        value = self.browser.GetMasterSequenceNode().GetNthIndexValue(selected)
+        return max(0, int(self.sequence.GetItemNumberFromIndexValue(value, False)))
 
     def frame_volume(self, frame: int):
         """The volume node of ``frame`` (held by the sequence, not in the scene)."""
@@ -71,30 +96,29 @@ class Cine:
         return f"frame {int(frame)} ({value}{' ' + unit if unit else ''})"
 
     def show(self, frame: int) -> None:
-        """Move the browser to ``frame`` (Slicer updates the proxy volume)."""
-        if 0 <= int(frame) < self.count and int(frame) != self.browser.GetSelectedItemNumber():
-            self.browser.SetSelectedItemNumber(int(frame))
-
-
-def _synchronized(browser) -> List[object]:
-    import vtk
-
-    collection = vtk.vtkCollection()
-    browser.GetSynchronizedSequenceNodes(collection, True)
-    return [collection.GetItemAsObject(i) for i in range(collection.GetNumberOfItems())]
+        """Move the browser to ``frame`` (its master's item of the same index value) and update the proxies."""
+        if not 0 <= int(frame) < self.count or int(frame) == self.shown:
+            return
+        item = int(frame)
+        if not self._is_master():
+            value = self.sequence.GetNthIndexValue(item)
+            item = int(self.browser.GetMasterSequenceNode().GetItemNumberFromIndexValue(value, False))
+        if item >= 0:
+            self.browser.SetSelectedItemNumber(item)
+            sequences_logic(self.browser.GetScene()).UpdateProxyNodesFromSequences(self.browser)
 
 
 def cine_of(scene, volume) -> Optional[Cine]:
-    """The sequence browser and volume sequence whose proxy node is ``volume``, or None (a plain volume)."""
+    """The sequence browser and volume sequence whose proxy node is ``volume``, or None (a plain
+    volume, or a proxy of this module's own results). The browser is asked of the Sequences logic
+    (from the proxy), not looked for in the scene."""
     if volume is None or scene is None or volume.GetID() is None:
         return None
-    browsers = scene.GetNodesByClass("vtkMRMLSequenceBrowserNode")
-    for browser in (browsers.GetItemAsObject(i) for i in range(browsers.GetNumberOfItems())):
-        for sequence in _synchronized(browser):
-            proxy = browser.GetProxyNode(sequence)
-            if proxy is not None and proxy.GetID() == volume.GetID() and sequence.GetNumberOfDataNodes() > 0:
-                return Cine(browser, sequence)
-    return None
+    browser = sequences_logic(scene).GetFirstBrowserNodeForProxyNode(volume)
+    sequence = browser.GetSequenceNode(volume) if browser is not None else None
+    if sequence is None or sequence.GetNumberOfDataNodes() < 1 or sequence.GetAttribute(ROLE_ATTRIBUTE) is not None:
+        return None
+    return Cine(browser, sequence)
 
 
 @dataclass
@@ -175,46 +199,196 @@ def lv_curve(reports: Mapping[int, Mapping]) -> Dict[int, float]:
     return out
 
 
-def follow_frame(scene, segmentations: Mapping[int, object], frame: int) -> None:
-    """Show ``frame``'s results in the views and nothing of the other frames'.
+def slice_count(volume) -> int:
+    """The number of slices (the K extent) of a frame volume; 0 without image data."""
+    dims = image_dimensions(volume)
+    return int(dims[2]) if dims else 0
 
-    ``segmentations``: ``{frame: segmentation node}`` of the segmented frames (this module's
-    outputs, tagged with their input and frame; the frame's other outputs are looked up), or
-    ``{frame: OutputNodes}`` when the caller holds them already. Each frame's segmentation and region outlines
-    (its ``regions`` output, one segmentation node per frame) are visible for ``frame`` only.
-    Another frame's disagreement or temperature map leaves the slice views' foreground and its
-    colour legend is hidden; which of the shown frame's maps is in front is
-    :func:`~CARDSegmentLib.overlays.show_overlay`'s choice.
+
+def check_slices_for_indices(plan: FramePlan, slices: int) -> None:
+    """Raise ValueError (one line) when ``plan`` asks for the cardiac indices of frames with fewer
+    than :data:`MIN_SLICES_FOR_INDICES` slices."""
+    if plan.indices and slices < MIN_SLICES_FOR_INDICES:
+        raise ValueError(
+            f"the cardiac indices need frames of at least {MIN_SLICES_FOR_INDICES} short-axis slices "
+            f"(MIN_SLICES_FOR_INDICES); this sequence's frames have {slices} (a series per slice location "
+            "is one slice: combine the study's short-axis series into one cine, or segment the shown frame)"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# the results: per-frame outputs recorded as sequences in the input's own browser
+#
+# Each output role of a cine (segmentation, disagreement, temperature, probabilities, report,
+# review, regions) is one vtkMRMLSequenceNode with an item per segmented frame, at the input
+# sequence's index value of that frame. The sequence is synchronised with the input's browser
+# (playback, saving changes and recording on, a missing frame shown as an empty node), so that the
+# browser itself shows the shown frame's results through one proxy node per role: moving the frame
+# slider, playing the cine, saving the scene and the Sequences module need no observer of this
+# module. The proxy keeps its display node (colours, overlay window, outline style) from frame to
+# frame; a review decision made on the proxy's table is saved back into that frame's item. The
+# result sequences carry the role attribute and the input reference of .outputs and a reference
+# to the input sequence (INPUT_SEQUENCE_REFERENCE); they are found from the input's browser (its
+# synchronised sequences), never by scanning the scene.
+
+#: the roles recorded per frame (the cardiac-index table is the sequence's own: one node, no frame)
+RESULT_ROLES = ("segmentation", "disagreement", "temperature", "probabilities", "report", "review", "regions")
+#: reference from a result sequence to the input sequence it belongs to
+INPUT_SEQUENCE_REFERENCE = "CARDSegment.InputSequence"
+
+_LOGICS: Dict[int, tuple] = {}
+
+
+def sequences_logic(scene):
+    """The Sequences module's logic (in Slicer), else one ``vtkSlicerSequencesLogic`` kept per scene."""
+    import slicer
+
+    module = getattr(getattr(slicer, "modules", None), "sequences", None)
+    if module is not None and scene is getattr(slicer, "mrmlScene", None):
+        return module.logic()
+    held = _LOGICS.get(id(scene))
+    if held is None or held[0] is not scene:
+        logic = slicer.vtkSlicerSequencesLogic()
+        logic.SetMRMLScene(scene)
+        held = _LOGICS[id(scene)] = (scene, logic)
+    return held[1]
+
+
+def synchronized_sequences(browser) -> List[object]:
+    """The sequences of ``browser`` (master included)."""
+    import vtk
+
+    collection = vtk.vtkCollection()
+    browser.GetSynchronizedSequenceNodes(collection, True)
+    return [collection.GetItemAsObject(i) for i in range(collection.GetNumberOfItems())]
+
+
+def result_sequences(cine) -> Dict[str, object]:
+    """``{role: sequence}`` of this module's results for ``cine``'s input sequence (its browser's)."""
+    out: Dict[str, object] = {}
+    for sequence in synchronized_sequences(cine.browser):
+        role = sequence.GetAttribute(ROLE_ATTRIBUTE)
+        if role in RESULT_ROLES and sequence.GetNodeReferenceID(INPUT_SEQUENCE_REFERENCE) == cine.sequence.GetID():
+            out.setdefault(role, sequence)
+    return out
+
+
+def recorded_frames(cine, held: Optional[Dict[str, object]] = None) -> List[int]:
+    """The frames (input item numbers) that have a recorded segmentation, in order."""
+    sequence = (held if held is not None else result_sequences(cine)).get("segmentation")
+    if sequence is None:
+        return []
+    frames = set()
+    for i in range(sequence.GetNumberOfDataNodes()):
+        frame = cine.sequence.GetItemNumberFromIndexValue(sequence.GetNthIndexValue(i), True)
+        if frame >= 0:
+            frames.add(int(frame))
+    return sorted(frames)
+
+
+def frame_outputs(cine, frame: int, held: Optional[Dict[str, object]] = None) -> OutputNodes:
+    """The recorded items of ``frame`` (nodes held by the sequences, not in the scene)."""
+    value = cine.sequence.GetNthIndexValue(int(frame))
+    out = OutputNodes()
+    for role, sequence in (held if held is not None else result_sequences(cine)).items():
+        setattr(out, role, sequence.GetDataNodeAtValue(value, True))
+    return out
+
+
+def shown_outputs(cine, held: Optional[Dict[str, object]] = None) -> OutputNodes:
+    """The proxy nodes the browser shows the results through (an empty proxy on an unsegmented frame)."""
+    out = OutputNodes()
+    for role, sequence in (held if held is not None else result_sequences(cine)).items():
+        setattr(out, role, cine.browser.GetProxyNode(sequence))
+    return out
+
+
+def result_node_ids(cine) -> tuple:
+    """IDs of the result sequences and their proxies (the nodes a panel showing them watches)."""
+    held = result_sequences(cine)
+    proxies = [cine.browser.GetProxyNode(s) for s in held.values()]
+    return tuple(n.GetID() for n in list(held.values()) + proxies if n is not None)
+
+
+def _new_sequence(scene, cine, input_volume, role: str, name: str):
+    """An empty result sequence for ``role``, indexed as the input sequence, synchronised with its browser."""
+    sequence = scene.AddNewNodeByClass("vtkMRMLSequenceNode", scene.GenerateUniqueName(name))
+    sequence.SetIndexName(cine.sequence.GetIndexName())
+    sequence.SetIndexUnit(cine.sequence.GetIndexUnit())
+    sequence.SetIndexType(cine.sequence.GetIndexType())
+    tag_output(sequence, role, input_volume)
+    sequence.SetNodeReferenceID(INPUT_SEQUENCE_REFERENCE, cine.sequence.GetID())
+    browser = cine.browser
+    browser.AddSynchronizedSequenceNode(sequence)
+    browser.SetPlayback(sequence, True)
+    browser.SetSaveChanges(sequence, True)  # a decision on the shown frame's review is kept in its item
+    browser.SetRecording(sequence, True)
+    browser.SetOverwriteProxyName(sequence, False)  # the proxy keeps the sequence's name on every frame
+    browser.SetMissingItemMode(sequence, browser.MissingItemSetToDefault)  # an unsegmented frame shows nothing
+    return sequence
+
+
+def record_frames(scene, cine, input_volume, frames: Dict[int, OutputNodes]) -> Dict[str, object]:
+    """Record the scene nodes of ``frames`` (``{frame: OutputNodes}``, one run's) as the frames'
+    items of the result sequences, replacing those frames' earlier items (a role the run did not
+    make loses its item for them); other frames' items stay. The sequences (and proxies) are named
+    from the input sequence's name (``7: SAX cine CARD segmentation``), an item from its frame too
+    (``7: SAX cine frame 2 CARD segmentation``).
+
+    The recorded nodes leave the scene, except one per role that becomes the role's proxy when the
+    browser has none yet (its display nodes, already styled, stay); the browser then shows the
+    shown frame. Returns ``{role: sequence}``. Call it inside the scene's batch state.
     """
-    others = []
-    for f, given in segmentations.items():
-        node = given.segmentation if isinstance(given, OutputNodes) else given
-        if node is None or not scene.IsNodePresent(node):
+    held = result_sequences(cine)
+    names = output_names(cine.name)
+    for role in RESULT_ROLES:
+        made = {f: getattr(o, role) for f, o in frames.items()}
+        if role not in held and not any(n is not None for n in made.values()):
             continue
-        outputs = given if isinstance(given, OutputNodes) else _frame_outputs(scene, node, f)
-        for shown in (node, outputs.regions):
-            display = shown.GetDisplayNode() if shown is not None else None
-            if display is not None:
-                display.SetVisibility(f == frame)
-        if f != frame:
-            others += [m for m in (outputs.disagreement, outputs.temperature) if m is not None]
-    _hide_maps(scene, others)
+        sequence = held.get(role) or _new_sequence(scene, cine, input_volume, role, names[role])
+        held[role] = sequence
+        modifying = sequence.StartModify()  # one modified event for the run's frames, not one per frame
+        for frame, node in sorted(made.items()):
+            value = cine.sequence.GetNthIndexValue(int(frame))
+            if node is None:
+                if sequence.GetItemNumberFromIndexValue(value, True) >= 0:
+                    sequence.RemoveDataNodeAtValue(value)
+            else:
+                _set_item(sequence, node, value, output_names(frame_base_name(cine.name, frame))[role])
+        sequence.EndModify(modifying)
+        _place_proxy(scene, cine, input_volume, sequence, role, [n for n in made.values() if n is not None])
+    sequences_logic(scene).UpdateProxyNodesFromSequences(cine.browser)
+    return held
 
 
-def _frame_outputs(scene, segmentation, frame: int) -> OutputNodes:
-    """The outputs of the segmentation's input volume and ``frame`` (the segmentation alone when
-    it names no input)."""
-    volume = scene.GetNodeByID(segmentation.GetNodeReferenceID(INPUT_REFERENCE) or "")
-    return find_outputs(scene, volume, frame) if volume is not None else OutputNodes(segmentation=segmentation)
+def _set_item(sequence, node, value: str, name: str) -> None:
+    """``node`` as the item at ``value``: an empty item of its class, then ``node``'s content
+    shallow-copied into it (its image data shared, not copied: the scene node is dropped next)."""
+    if sequence.GetItemNumberFromIndexValue(value, True) < 0:
+        empty = type(node)()  # an empty node of the same class
+        sequence.SetDataNodeAtValue(empty, value)
+    sequence.UpdateDataNodeAtValue(node, value, True)
+    sequence.GetDataNodeAtValue(value, True).SetName(name)
 
 
-def _hide_maps(scene, maps: List[object]) -> None:
-    """Take ``maps`` out of every slice view's foreground and hide their legends."""
-    ids = {m.GetID() for m in maps}
-    for comp in slice_composite_nodes(scene):
-        if comp.GetForegroundVolumeID() in ids:
-            comp.SetForegroundVolumeID(None)
-    for node in maps:
-        legend = color_legend(node, create=False)
-        if legend is not None:
-            legend.SetVisibility(False)
+def _place_proxy(scene, cine, input_volume, sequence, role: str, nodes: List[object]) -> None:
+    """The first of ``nodes`` becomes ``sequence``'s proxy when it has none; the others leave the scene."""
+    proxy = cine.browser.GetProxyNode(sequence)
+    if proxy is None and nodes:
+        proxy = nodes[0]
+        cine.browser.AddProxyNode(proxy, sequence, False)
+        proxy.SetName(sequence.GetName())
+        tag_output(proxy, role, input_volume)
+        proxy.RemoveAttribute(FRAME_ATTRIBUTE)
+    for node in nodes:
+        if node is not proxy:
+            remove_node(scene, node)
+
+
+def release_results(cine) -> int:
+    """Keep the recorded results as ordinary sequences: the next run records new ones. Returns how many."""
+    held = result_sequences(cine)
+    for sequence in held.values():
+        sequence.RemoveAttribute(ROLE_ATTRIBUTE)
+        sequence.RemoveNodeReferenceIDs(INPUT_SEQUENCE_REFERENCE)
+    return len(held)

@@ -20,11 +20,13 @@ import threading
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from conftest import MODULE_DIR, slicer_core
 
 slicer = slicer_core()
+from vtk.util.numpy_support import vtk_to_numpy  # noqa: E402  (comes with slicer-core)
 
 from test_slicer_module_panel import (
     FakeTimer,
@@ -38,12 +40,39 @@ from test_slicer_module_panel import module  # noqa: E402,F401  (a fixture)
 
 import CARDSegmentLib as lib  # noqa: E402
 from CARDSegmentLib import cine_results, install, outputs as outputs_lib, volume_files  # noqa: E402
+from CARDSegmentLib import sequences as seqs  # noqa: E402
 from CARDSegmentLib.cine import CineJob, case_name  # noqa: E402
 from CARDSegmentLib.module_logic import ModuleLogic  # noqa: E402
 from CARDSegmentLib.review import COLUMN_NAMES, create_review_table  # noqa: E402
-from CARDSegmentLib.sequences import AUTO, FrameMode, FramePlan, cine_of, frame_plan, pick_ed_es  # noqa: E402
+from CARDSegmentLib.sequences import (  # noqa: E402
+    AUTO,
+    MIN_SLICES_FOR_INDICES,
+    FrameMode,
+    FramePlan,
+    cine_of,
+    frame_plan,
+    pick_ed_es,
+)
 
 FRAMES = 3
+#: slices per frame: the fewest the cardiac indices accept
+SLICES = MIN_SLICES_FOR_INDICES
+
+
+def register_segmentation_converters():
+    """The segmentation representations Slicer's Segmentations module registers at start-up (a
+    segmentation is copied into a sequence item through them)."""
+    factory = slicer.vtkSegmentationConverterFactory.GetInstance()
+    registered = {r.GetClassName() for r in factory.GetConverterRules()}
+    for rule in (
+        slicer.vtkBinaryLabelmapToClosedSurfaceConversionRule,
+        slicer.vtkClosedSurfaceToBinaryLabelmapConversionRule,
+    ):
+        if rule.__name__ not in registered:
+            factory.RegisterConverterRule(rule())
+
+
+register_segmentation_converters()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -58,7 +87,7 @@ def write_phantom_frames(folder: Path):
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for i in range(FRAMES):
-        vol, _ = synthetic_cine_volume(shape=(4, 64, 56), spacing=(2.4, 2.4, 8.0), seed=20 + i)
+        vol, _ = synthetic_cine_volume(shape=(SLICES, 64, 56), spacing=(2.4, 2.4, 8.0), seed=20 + i)
         paths.append(folder / f"phase{i}.nrrd")
         sitk.WriteImage(vol.to_image(), str(paths[-1]))
     return paths
@@ -95,12 +124,24 @@ def node_ids(scene):
     return {c.GetItemAsObject(i).GetID() for i in range(c.GetNumberOfItems())}
 
 
-def frame_nodes(scene, volume):
-    """{frame: {role: node ID}} of every segmented frame."""
+def frame_items(scene, volume):
+    """{frame: OutputNodes of its recorded items} of every segmented frame."""
+    cine = lib.cine_of(scene, volume)
+    held = seqs.result_sequences(cine)
+    return {f: seqs.frame_outputs(cine, f, held) for f in seqs.recorded_frames(cine, held)}
+
+
+MARK = "test.run"
+
+
+def mark_items(scene, volume, run: str):
+    """Mark every recorded item that has no mark yet with ``run``; returns {frame: {marks}}."""
     out = {}
-    for f in outputs_lib.segmented_frames(scene, volume):
-        o = outputs_lib.find_outputs(scene, volume, f)
-        out[f] = {r: getattr(o, r).GetID() for r in ("segmentation", "report", "review") if getattr(o, r)}
+    for f, o in frame_items(scene, volume).items():
+        for node in o.nodes():
+            if node.GetAttribute(MARK) is None:
+                node.SetAttribute(MARK, run)
+        out[f] = {node.GetAttribute(MARK) for node in o.nodes()}
     return out
 
 
@@ -206,9 +247,20 @@ def test_the_real_engine_segments_every_frame_and_picks_ed_and_es_from_the_lv_cu
         assert o.segmentation.GetName() == f"7: SAX cine frame {f} CARD segmentation"
         assert o.segmentation.GetAttribute(outputs_lib.FRAME_ATTRIBUTE) == str(f)
         assert json.loads(o.report.GetText())["sequence_frame"] == f
-    # only the shown frame's segmentation is visible
-    visible = {f: bool(o.segmentation.GetDisplayNode().GetVisibility()) for f, o in r.outputs.items()}
-    assert visible == {0: False, 1: True, 2: False}
+    # the results are sequences synchronised with the input's browser; its proxies show frame 1's
+    held = seqs.result_sequences(lib.cine_of(r.scene, r.cine.proxy))
+    assert {"segmentation", "report", "review", "disagreement", "regions"} <= set(held)
+    synchronized = {s.GetID() for s in seqs.synchronized_sequences(r.cine.browser)}
+    for role, sequence in held.items():
+        assert sequence.GetID() in synchronized and r.cine.browser.GetSaveChanges(sequence), role
+        assert r.cine.browser.GetRecording(sequence) and sequence.GetNumberOfDataNodes() == FRAMES, role
+        assert [sequence.GetNthIndexValue(i) for i in range(FRAMES)] == [str(40 * i) for i in range(FRAMES)]
+    proxy = r.cine.browser.GetProxyNode(held["report"])
+    assert json.loads(proxy.GetText())["sequence_frame"] == 1 and proxy.GetName() == "7: SAX cine CARD report"
+    assert r.cine.browser.GetProxyNode(held["segmentation"]).GetDisplayNode().GetVisibility()
+    proxies = {r.cine.browser.GetProxyNode(sequence).GetID() for sequence in held.values()}
+    framed = {n.GetID() for n in outputs_lib.all_nodes(r.scene) if n.GetAttribute(outputs_lib.FRAME_ATTRIBUTE)}
+    assert framed <= proxies  # no frame's own node stays in the scene (a proxy has its item's attributes)
 
 
 def test_the_indices_shown_are_cardseg_batchs_on_the_same_frames(real_run):
@@ -300,6 +352,7 @@ def replay(real_run, frame_paths, tmp_path):
     return SimpleNamespace(
         scene=scene,
         cine=cine,
+        cine_of=lambda: lib.cine_of(scene, cine.proxy),
         logic=logic,
         real=real_run,
         options=lambda **kw: options_for(real_run.bundle, tmp_path, **kw),
@@ -310,27 +363,23 @@ def test_results_of_one_frame_survive_a_run_on_another(replay):
     r, ed, es = replay, replay.real.job.ed, replay.real.job.es
     other = ({0, 1, 2} - {ed, es}).pop()
     r.logic.runSync(r.cine.proxy, r.options(frame_mode="ed_es", ed_frame=ed, es_frame=es))
-    first = frame_nodes(r.scene, r.cine.proxy)
-    assert sorted(first) == sorted((ed, es))
+    assert mark_items(r.scene, r.cine.proxy, "first") == {ed: {"first"}, es: {"first"}}
     assert len(r.logic.launcher.argvs) == 1  # ED and ES set: one engine run, the indices in it
     indices = r.logic.indices(r.cine.proxy)
     assert (indices["ed"], indices["es"]) == (ed, es) and indices["indices"]
 
     show_frame(r.cine, other)  # the shown frame alone: ED's and ES's results stay, untouched
     r.logic.runSync(r.cine.proxy, r.options(frame_mode="shown"))
-    second = frame_nodes(r.scene, r.cine.proxy)
-    assert sorted(second) == [0, 1, 2]
-    assert {f: second[f] for f in (ed, es)} == first
+    assert mark_items(r.scene, r.cine.proxy, "second") == {ed: {"first"}, es: {"first"}, other: {"second"}}
     assert json.dumps(r.logic.indices(r.cine.proxy), sort_keys=True) == json.dumps(indices, sort_keys=True)  # NaN too
 
-    show_frame(r.cine, ed)  # the ED frame again: only its nodes are replaced; the indices were its, so they go
+    show_frame(r.cine, ed)  # the ED frame again: only its items are replaced; the indices were its, so they go
     r.logic.runSync(r.cine.proxy, r.options(frame_mode="shown"))
-    third = frame_nodes(r.scene, r.cine.proxy)
-    assert third[es] == first[es] and third[other] == second[other]
-    assert not set(third[ed].values()) & set(first[ed].values())
+    assert mark_items(r.scene, r.cine.proxy, "third") == {ed: {"third"}, es: {"first"}, other: {"second"}}
     assert r.logic.indices(r.cine.proxy) is None
-    names = [r.scene.GetNodeByID(i).GetName() for i in third[ed].values()]
-    assert f"7: SAX cine frame {ed} CARD segmentation" in names  # the replaced node's name, free again
+    assert frame_items(r.scene, r.cine.proxy)[ed].segmentation.GetName() == f"7: SAX cine frame {ed} CARD segmentation"
+    held = seqs.result_sequences(r.cine_of())
+    assert all(s.GetNumberOfDataNodes() == FRAMES for s in held.values())  # one item per frame, none doubled
 
 
 def test_the_review_covers_every_segmented_frame_and_exports_with_the_indices(replay, tmp_path):
@@ -452,68 +501,62 @@ def test_an_indices_table_saved_before_the_category_shows_none(tmp_path):
     assert len(cine_results.indices_lines(held)) == 3
 
 
-def what_is_shown(scene, frames):
-    """``(segmentations, region outlines, overlay legends)``: the frames whose node is visible, and
-    the frames whose map every slice view shows in front."""
-    from CARDSegmentLib.overlays import color_legend
-    from CARDSegmentLib.views import slice_composite_nodes
-
-    def visible(node):
-        return node is not None and bool(node.GetDisplayNode().GetVisibility())
-
-    legends = {
-        f: [color_legend(n, create=False) for n in (o.disagreement, o.temperature) if n is not None]
-        for f, o in frames.items()
-    }
-    maps = {n.GetID(): f for f, o in frames.items() for n in (o.disagreement, o.temperature) if n is not None}
-    fronts = {maps.get(c.GetForegroundVolumeID()) for c in slice_composite_nodes(scene)}
+def proxies_show(r):
+    """``(frame of the report shown, segments, outline segments, overlay image or None)`` through the
+    result sequences' proxies (None for the frame: the report proxy is empty)."""
+    shown = r.logic.outputs(r.cine.proxy)
+    text = shown.report.GetText() if shown.report is not None else ""
+    image = shown.disagreement.GetImageData() if shown.disagreement is not None else None
     return (
-        {f for f, o in frames.items() if visible(o.segmentation)},
-        {f for f, o in frames.items() if visible(o.regions)},
-        {f for f, ls in legends.items() if any(legend is not None and legend.GetVisibility() for legend in ls)},
-        fronts,
+        json.loads(text)["sequence_frame"] if text else None,
+        shown.segmentation.GetSegmentation().GetNumberOfSegments(),
+        shown.regions.GetSegmentation().GetNumberOfSegments() if shown.regions is not None else 0,
+        vtk_to_numpy(image.GetPointData().GetScalars()).copy() if image is not None else None,
     )
 
 
-def test_moving_the_frame_shows_that_frames_outlines_and_overlay_only(replay):
-    """Issue 22: each frame's region outlines (``regions``) are its own segmentation node; moving the
-    slider shows the shown frame's outlines, segmentation, overlay and legend, and nothing of the
-    other frames (all three frames' outlines used to stay visible at once)."""
+def test_moving_the_frame_shows_that_frames_results_through_the_proxies(replay):
+    """The browser shows each frame's results through one proxy per role (segmentation, outlines,
+    overlay, report): the views keep the same nodes, set once; moving the slider changes their content."""
+    from vtk.util.numpy_support import vtk_to_numpy
+
     r = replay
     r.logic.runSync(r.cine.proxy, r.options(frame_mode="all"))
     frames = r.logic.frameOutputs(r.cine.proxy)
     assert sorted(frames) == [0, 1, 2] and all(o.regions is not None for o in frames.values())
     assert all(o.disagreement is not None and o.temperature is not None for o in frames.values())
-    first = int(r.cine.browser.GetSelectedItemNumber())  # right after the run: the shown frame's alone
-    assert what_is_shown(r.scene, frames) == ({first}, {first}, {first}, {first})
-    for overlay in ("disagreement", "temperature"):
-        for shown in (0, 2, 1, 0):
-            show_frame(r.cine, shown)
-            r.logic.followFrame(r.cine.proxy, overlay, 0.5)
-            assert what_is_shown(r.scene, frames) == ({shown}, {shown}, {shown}, {shown})
-            front = {c.GetForegroundVolumeID() for c in lib.views.slice_composite_nodes(r.scene)}
-            assert front == {frames[shown].overlay(overlay).GetID()}
-    r.logic.followFrame(r.cine.proxy, "none", 0.5)
-    assert what_is_shown(r.scene, frames) == ({0}, {0}, set(), {None})
+    shown = r.logic.outputs(r.cine.proxy)
+    front = {c.GetForegroundVolumeID() for c in lib.views.slice_composite_nodes(r.scene)}
+    assert front == {shown.disagreement.GetID()}  # set once, when the results were loaded
+    for frame in (0, 2, 1, 0):
+        show_frame(r.cine, frame)
+        seen, segments, outlines, image = proxies_show(r)
+        item = frames[frame]
+        assert seen == frame and segments == item.segmentation.GetSegmentation().GetNumberOfSegments()
+        assert outlines == item.regions.GetSegmentation().GetNumberOfSegments()
+        assert np.array_equal(image, vtk_to_numpy(item.disagreement.GetImageData().GetPointData().GetScalars()))
+        assert {c.GetForegroundVolumeID() for c in lib.views.slice_composite_nodes(r.scene)} == front
+    r.logic.showOverlay(r.cine.proxy, "temperature", 0.5)
+    assert {c.GetForegroundVolumeID() for c in lib.views.slice_composite_nodes(r.scene)} == {shown.temperature.GetID()}
+    r.logic.showOverlay(r.cine.proxy, "none", 0.5)
+    assert {c.GetForegroundVolumeID() for c in lib.views.slice_composite_nodes(r.scene)} == {None}
 
 
 def test_a_frame_without_results_shows_nothing_of_another_frame(replay):
-    """The shown frame alone segmented (frame 1); on frame 0 or 2 none of frame 1's nodes stays in
-    the views (not its outlines, not its map over another frame's image)."""
+    """The shown frame alone segmented (frame 1); on frame 0 or 2 the proxies are empty (not frame
+    1's outlines, not its map over another frame's image)."""
     r = replay
     show_frame(r.cine, 1)
     r.logic.runSync(r.cine.proxy, r.options(frame_mode="shown"))
     frames = r.logic.frameOutputs(r.cine.proxy)
     assert sorted(frames) == [1] and frames[1].regions is not None
-    r.logic.followFrame(r.cine.proxy, "disagreement", 0.5)
-    assert what_is_shown(r.scene, frames) == ({1}, {1}, {1}, {1})
+    assert proxies_show(r)[0] == 1 and proxies_show(r)[1] > 0
     for other in (0, 2):
         show_frame(r.cine, other)
-        r.logic.followFrame(r.cine.proxy, "disagreement", 0.5)
-        assert what_is_shown(r.scene, frames) == (set(), set(), set(), {None})
+        assert proxies_show(r) == (None, 0, 0, None)
+        assert r.logic.frameReport(r.cine_of(), other) is None
     show_frame(r.cine, 1)
-    r.logic.followFrame(r.cine.proxy, "disagreement", 0.5)
-    assert what_is_shown(r.scene, frames) == ({1}, {1}, {1}, {1})
+    assert proxies_show(r)[0] == 1 and r.logic.frameReport(r.cine_of(), 1)["sequence_frame"] == 1
 
 
 def test_results_load_a_frame_per_step_and_cancel_while_loading_leaves_the_scene(replay):
@@ -615,12 +658,12 @@ def test_the_panel_with_a_sequence(module, replay, monkeypatch):
     table = widget.ui.regionsTable
     assert table.called("setHorizontalHeaderLabels")[-1][0][0] == "Frame"
     assert table.called("setRowCount")[-1] == (len(widget.logic.reviewRows(r.cine.proxy)),)
-    # the frame slider: the shown frame's segmentation only
-    widget._observeBrowser(widget.logic.sequenceInfo(r.cine.proxy))
+    # the frame slider: the proxies show frame 2; the panel's agreement line is frame 2's
     show_frame(r.cine, 2)
     widget.onBrowserModified()
-    segs = {f: o.segmentation for f, o in widget.logic.frameOutputs(r.cine.proxy).items()}
-    assert {f: bool(s.GetDisplayNode().GetVisibility()) for f, s in segs.items()} == {0: False, 1: False, 2: True}
+    report = json.loads(widget.logic.outputs(r.cine.proxy).report.GetText())
+    assert report["sequence_frame"] == 2
+    assert widget.ui.agreementLabel.text == lib.agreement_summary(report).text
     # an impossible choice is one line, nothing started
     p.frameMode, p.edFrame, p.esFrame = FrameMode.ED_ES, 1, 1
     widget.onApplyButton()
@@ -793,28 +836,31 @@ def test_slicer_5_12_is_the_first_whose_pip_install_shows_its_own_dialogs():
 
 
 def test_one_highlighted_region_across_frames_and_none_once_the_selection_is_cleared(replay):
-    """Selecting a region of another frame leaves no highlight on the first frame's outlines; a
-    cleared selection (the panel's table) leaves none anywhere."""
-    from CARDSegmentLib.region_outlines import SELECTED_ATTRIBUTE
+    """The outlines are one proxy: selecting a region of another frame moves the browser there and
+    highlights that region alone; a frame change or a cleared selection leaves no highlight."""
+    from CARDSegmentLib.region_outlines import SELECTED_ATTRIBUTE, region_segment_ids
 
     r = replay
     r.logic.runSync(r.cine.proxy, r.options(frame_mode="all"))
     frames = r.logic.frameOutputs(r.cine.proxy)
     with_regions = [f for f, o in frames.items() if lib.review_rows(o.review)]
     assert len(with_regions) >= 2, "the test bundle should flag regions in two frames"
+    outlines = r.logic.outputs(r.cine.proxy).regions
 
-    def highlighted():
-        return {f: o.regions.GetAttribute(SELECTED_ATTRIBUTE) for f, o in frames.items() if o.regions is not None}
+    def overridden():
+        display = outlines.GetDisplayNode()
+        return {s for s in region_segment_ids(outlines).values() if display.GetSegmentOverrideColor(s).GetX() >= 0}
 
     first, second = with_regions[:2]
     region = lib.review_rows(frames[first].review)[0]["region"]
     r.logic.showRegion(r.cine.proxy, region, frame=first)
-    assert highlighted()[first] == str(region)
+    assert r.cine_of().shown == first and outlines.GetAttribute(SELECTED_ATTRIBUTE) == str(region)
     other = lib.review_rows(frames[second].review)[-1]["region"]
     r.logic.showRegion(r.cine.proxy, other, frame=second)
-    assert {f: v for f, v in highlighted().items() if v is not None} == {second: str(other)}
+    assert r.cine_of().shown == second and outlines.GetAttribute(SELECTED_ATTRIBUTE) == str(other)
+    assert overridden() == {region_segment_ids(outlines)[other]}
     r.logic.clearRegionHighlight(r.cine.proxy)
-    assert set(highlighted().values()) == {None}
+    assert outlines.GetAttribute(SELECTED_ATTRIBUTE) is None and overridden() == set()
     r.logic.clearRegionHighlight(None)  # no input volume selected: nothing to do
 
 
@@ -840,3 +886,16 @@ def test_a_subject_the_engine_found_implausible_shows_its_numbers_with_the_probl
     assert cine_results.indices_lines(cine_results.indices_from_subjects(path, 0, 1))[1:] == [
         "No cardiac indices: the bundle has no fitted intervals"
     ]
+
+
+def test_outputs_are_named_from_the_sequence_not_from_the_renamed_proxy(replay):
+    """MultiVolumeImporter renames the proxy on every frame ("name [time = 80ms]"): the outputs,
+    the indices and the export take the sequence's name."""
+    r = replay
+    show_frame(r.cine, 2)
+    r.cine.proxy.SetName("7: SAX cine [time = 80ms]")
+    r.logic.runSync(r.cine.proxy, r.options(frame_mode="all"))
+    assert r.logic.outputs(r.cine.proxy).segmentation.GetName() == "7: SAX cine CARD segmentation"
+    assert frame_items(r.scene, r.cine.proxy)[2].segmentation.GetName() == "7: SAX cine frame 2 CARD segmentation"
+    assert r.logic.outputs(r.cine.proxy).indices.GetName() == "7: SAX cine CARD indices"
+    assert r.logic.baseName(r.cine.proxy) == "7: SAX cine"

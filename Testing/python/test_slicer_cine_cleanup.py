@@ -132,14 +132,14 @@ def start_all_frames(scene, cine, launcher, tmp_path):
 
 ODD = {
     "size": (
-        [(3, 64, 56), (3, 72, 56), (3, 64, 56)],
+        [(6, 64, 56), (6, 72, 56), (6, 64, 56)],
         [(2.4, 2.4, 8.0)] * 3,
-        "(56 x 72 x 3 voxels of 2.4 x 2.4 x 8 mm against 56 x 64 x 3 voxels",
+        "(56 x 72 x 6 voxels of 2.4 x 2.4 x 8 mm against 56 x 64 x 6 voxels",
     ),
     "spacing": (
-        [(3, 64, 56)] * 3,
+        [(6, 64, 56)] * 3,
         [(2.4, 2.4, 8.0), (2.0, 2.0, 8.0), (2.4, 2.4, 8.0)],
-        "(56 x 64 x 3 voxels of 2 x 2 x 8 mm against 56 x 64 x 3 voxels of 2.4",
+        "(56 x 64 x 6 voxels of 2 x 2 x 8 mm against 56 x 64 x 6 voxels of 2.4",
     ),
 }
 

@@ -134,6 +134,7 @@ def _fake_parameter_node_wrapper():
 
     module.parameterNodeWrapper = parameterNodeWrapper
     module.WithinRange = lambda lo, hi: ("range", lo, hi)
+    module.Minimum = lambda lo: ("minimum", lo)
     return module
 
 
