@@ -76,7 +76,7 @@ def build_report(
         "agreement_per_class": None,
         "out_of_domain": None,
         "regions": [],
-        "class_volumes_ml": {n: float(counts[i] * voxel_ml) for i, n in enumerate(names) if i > 0},
+        "class_volumes_ml": {n: round(float(counts[i] * voxel_ml), 1) for i, n in enumerate(names) if i > 0},
         "shape_zyx": list(volume.shape),
         "spacing_xyz": [float(s) for s in volume.spacing],
         "field_of_view": {

@@ -388,7 +388,7 @@ def test_indices_from_folders(folders, tmp_path):
     cfg_raw = update_config(refit, {"indices": {**cfg["indices"], "volumes": {}}})
     raw = ix.indices_from_folders(root / "ed", root / "es", cfg_raw)
     report = json.loads((root / "ed" / "report.json").read_text())
-    assert raw["RVEDV_ml"]["value"] == pytest.approx(report["class_volumes_ml"]["RV"])
+    assert raw["RVEDV_ml"]["value"] == pytest.approx(report["class_volumes_ml"]["RV"], abs=0.05)  # 0.1 ml in the report
     # twice the half width gives twice the width (away from the cut at 0)
     doubled = {n: {**m, "half_width": 2 * m["half_width"]} for n, m in MODELS.items()}
     out2 = ix.indices_from_folders(root / "ed", root / "es", _fit_block_into(refit, doubled))
