@@ -172,20 +172,13 @@ def frame_plan(mode: FrameMode, count: int, shown: int, ed_frame: int = AUTO, es
 
 
 def pick_ed_es(lv_volumes: Mapping[int, float], ed: Optional[int] = None, es: Optional[int] = None) -> Tuple[int, int]:
-    """``(ED, ES)`` frames: the set ones kept, the others from the LV volume curve.
+    """``(ED, ES)`` frames by the engine's rule (:func:`cardseg.cine.phases.choose_phases`, the one
+    ``cardseg batch`` uses): the set ones kept, ED the largest LV volume, ES the smallest (ties: the
+    earlier frame). lv_volumes: ``{frame: LV volume (ml)}`` of the segmented frames (at least two)."""
+    from cardseg.cine.phases import choose_phases
 
-    lv_volumes: ``{frame: LV volume (ml)}`` of the segmented frames. ED = the frame of the largest
-    LV volume, ES = the frame of the smallest (ties: the earlier frame); a frame the user set is
-    kept, and the other is then chosen among the remaining frames.
-    """
-    frames = sorted(lv_volumes)
-    if len(frames) < 2:
-        raise ValueError("finding ED and ES needs at least two segmented frames")
-    if ed is None:
-        ed = max((f for f in frames if f != es), key=lambda f: (lv_volumes[f], -f))
-    if es is None:
-        es = min((f for f in frames if f != ed), key=lambda f: (lv_volumes[f], f))
-    return int(ed), int(es)
+    choice = choose_phases(lv_volumes, ed, es)
+    return int(choice.ed), int(choice.es)
 
 
 def lv_curve(reports: Mapping[int, Mapping]) -> Dict[int, float]:

@@ -78,9 +78,21 @@ def test_the_r_wave_frame_is_ed_only_when_near_the_largest_volume():
     assert choose_phases(near, trigger_ms=None).ed == 2
 
 
-def test_the_rule_is_the_slicer_panels_without_trigger_times(monkeypatch):
+def _by_hand(lv, ed, es):
+    """The rule written out: ED the largest LV (earlier frame on ties), ES the smallest among the
+    other frames, a fixed frame kept."""
+    frames = sorted(lv)
+    if ed is None:
+        top = max(lv[f] for f in frames if f != es)
+        ed = min(f for f in frames if f != es and lv[f] == top)
+    if es is None:
+        low = min(lv[f] for f in frames if f != ed)
+        es = min(f for f in frames if f != ed and lv[f] == low)
+    return ed, es
+
+
+def test_without_trigger_times_the_rule_is_largest_and_smallest_and_the_panel_uses_it(monkeypatch):
     monkeypatch.syspath_prepend(str(MODULE_DIR))
-    sequences = pytest.importorskip("CARDSegmentLib.sequences", reason="the Slicer module's library does not import")
     rng = np.random.default_rng(0)
     for _ in range(200):
         n = int(rng.integers(2, 12))
@@ -89,7 +101,10 @@ def test_the_rule_is_the_slicer_panels_without_trigger_times(monkeypatch):
         which = rng.integers(0, 2)
         ed, es = (fixed, None) if which else (None, fixed)
         choice = choose_phases(lv, ed, es)
-        assert (choice.ed, choice.es) == sequences.pick_ed_es(lv, ed, es)
+        assert (choice.ed, choice.es) == _by_hand(lv, ed, es)
+    sequences = pytest.importorskip("CARDSegmentLib.sequences", reason="the Slicer module's library does not import")
+    lv = {0: 3.0, 1: 9.0, 2: 1.0, 3: 9.0}
+    assert sequences.pick_ed_es(lv) == (choose_phases(lv).ed, choose_phases(lv).es) == (1, 2)
 
 
 def test_too_short_or_broken_curves_are_refused():
