@@ -49,6 +49,7 @@ REQUIREMENTS: Tuple[Requirement, ...] = (
     Requirement("safetensors", "safetensors"),
     Requirement("slicerio", "slicerio", "1.1"),
     Requirement("tqdm", "tqdm"),
+    Requirement("matplotlib", "matplotlib"),
 )
 
 
