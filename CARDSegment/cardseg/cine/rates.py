@@ -21,6 +21,8 @@ from typing import NamedTuple, Optional, Sequence
 
 import numpy as np
 
+from cardseg.io.cine_info import positive
+
 #: the heart rates (beats/min) taken as a measurement; outside them the rates are left empty
 HEART_RATE_BPM = (20.0, 300.0)
 
@@ -36,14 +38,6 @@ class Rates(NamedTuple):
     note: str
 
 
-def _positive(v) -> Optional[float]:
-    try:
-        f = float(v)
-    except (TypeError, ValueError):
-        return None
-    return f if math.isfinite(f) and f > 0 else None
-
-
 def trigger_step_ms(trigger_ms: Optional[Sequence[float]]) -> Optional[float]:
     """The median step (ms) between sorted trigger times ``(T,)``; ``None`` for fewer than two or no positive step."""
     if trigger_ms is None or len(trigger_ms) < 2:
@@ -51,7 +45,7 @@ def trigger_step_ms(trigger_ms: Optional[Sequence[float]]) -> Optional[float]:
     t = np.sort(np.asarray([float(v) for v in trigger_ms], dtype=float))
     if not np.isfinite(t).all():
         return None
-    return _positive(np.median(np.diff(t)))
+    return positive(np.median(np.diff(t)))
 
 
 def cycle_length(
@@ -61,13 +55,13 @@ def cycle_length(
     rr_ms: Optional[float] = None,
 ) -> tuple:
     """``(cycle ms or None, source)`` by the order of the module docstring; ``frames``: how many the cine holds."""
-    rr = _positive(rr_ms)
+    rr = positive(rr_ms)
     if rr is not None:
         return rr, "R-R interval"
     step = trigger_step_ms(trigger_ms)
     if step is not None and frames > 1:
         return frames * step, "trigger times"
-    interval = _positive(frame_ms)
+    interval = positive(frame_ms)
     if interval is not None and frames > 1:
         return frames * interval, "frame interval"
     return None, ""
@@ -77,7 +71,7 @@ def frame_times_ms(frames: int, frame_ms: Optional[float] = None, trigger_ms: Op
     """Each frame's time (ms, ``(T,)``): the trigger times where known, else frame x interval, else ``None`` each."""
     if trigger_ms is not None and len(trigger_ms) == frames and all(math.isfinite(float(t)) for t in trigger_ms):
         return [float(t) for t in trigger_ms]
-    interval = _positive(frame_ms)
+    interval = positive(frame_ms)
     return [k * interval if interval is not None else None for k in range(frames)]
 
 

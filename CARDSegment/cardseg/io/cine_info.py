@@ -45,7 +45,8 @@ class CineInfo(NamedTuple):
     source: str = ""
 
 
-def _positive(v) -> Optional[float]:
+def positive(v) -> Optional[float]:
+    """``v`` as a finite positive float, else ``None`` (a missing or unusable header value)."""
     try:
         f = float(v)
     except (TypeError, ValueError):
@@ -82,7 +83,7 @@ def _nifti_info(p: Path) -> CineInfo:
         return CineInfo(1)
     pixdim = struct.unpack(head.order + "8f", head.raw[76:108])
     per_unit = _NIFTI_TIME_MS.get(head.raw[123] & 0x38)
-    interval = _positive(pixdim[4])
+    interval = positive(pixdim[4])
     if per_unit is None or interval is None:
         return CineInfo(int(dim[4]))
     return CineInfo(int(dim[4]), round(interval * per_unit, 4), source="NIfTI pixdim[4]")  # float32 in the header
@@ -114,9 +115,9 @@ def _nrrd_info(p: Path) -> CineInfo:
         times = [float(v) * per_unit for v in values]
         if all(math.isfinite(t) for t in times):
             step = np.median(np.diff(times)) if frames > 1 else None
-            return CineInfo(frames, _positive(step), tuple(times), source="NRRD axis index values")
+            return CineInfo(frames, positive(step), tuple(times), source="NRRD axis index values")
     spacings = fields.get("spacings", "").split()
-    if axis < len(spacings) and _positive(spacings[axis]) is not None:
+    if axis < len(spacings) and positive(spacings[axis]) is not None:
         return CineInfo(frames, float(spacings[axis]) * per_unit, source="NRRD spacings")
     return CineInfo(frames)
 
@@ -165,7 +166,7 @@ def _dicom_header(f: Path) -> Optional[dict]:
         "where": where,
         "trigger": _float_or_none(meta("0018|1060")),
         "instance": _float_or_none(meta("0020|0013")) or 0.0,
-        "rr": _positive(meta("0018|1062")),
+        "rr": positive(meta("0018|1062")),
     }
 
 
@@ -194,6 +195,6 @@ def _dicom_info(folder: Path) -> CineInfo:
     for g in groups:
         if all(h["trigger"] is not None for h in g):
             times = tuple(sorted(h["trigger"] for h in g))[:frames]
-            step = _positive(np.median(np.diff(times)))
+            step = positive(np.median(np.diff(times)))
             return CineInfo(frames, step, times, rr, "DICOM TriggerTime")
     return CineInfo(frames, None, None, rr, "DICOM NominalInterval" if rr else "")
