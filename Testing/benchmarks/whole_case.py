@@ -96,7 +96,10 @@ def _rounds(run, modes, count: int, cases) -> list:
 def summary(rounds: list, modes) -> dict:
     """Medians of each mode's figures and of the per-round ratios to ``uc``."""
     med = {m: {k: statistics.median(rd[m][k] for rd in rounds) for k in rounds[0][m]} for m in modes}
-    ratios = {f"{m} / uc": statistics.median(rd[m]["wall_s"] / rd["uc"]["wall_s"] for rd in rounds) for m in modes[1:]}
+    ratios = {
+        f"{m.replace(' ', '_')}_over_uc": statistics.median(rd[m]["wall_s"] / rd["uc"]["wall_s"] for rd in rounds)
+        for m in modes[1:]
+    }
     return {"median": med, "ratio_median": ratios, "rounds_detail": rounds}
 
 
