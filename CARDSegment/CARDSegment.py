@@ -2,8 +2,8 @@
 
 Thin on purpose: the method is the ``cardseg`` engine (in the module folder), run in a separate
 PythonSlicer process so that the GUI never freezes; all that is not a Slicer class is in ``CARDSegmentLib``
-(no Qt, tested outside Slicer: MRML work, run handling in ``module_logic``, the self-test's body in
-``selftest``). Here: Module, parameter node, Widget, a Logic wrapping the library's, Test."""
+(no Qt, tested outside Slicer: MRML work, run handling in ``panel.logic``, the self-test's body in
+``panel.selftest``). Here: Module, parameter node, Widget, a Logic wrapping the library's, Test."""
 
 import logging
 import os
@@ -24,13 +24,14 @@ from slicer.ScriptedLoadableModule import (
 from slicer.util import VTKObservationMixin
 
 import CARDSegmentLib as lib
-from CARDSegmentLib import about, selftest
-from CARDSegmentLib.acknowledgement import ensure_acknowledged_for_bundle as ensure_acknowledged
-from CARDSegmentLib.install import DependencyDeclined, InstallFailed, use_application
-from CARDSegmentLib.jobs import EngineChoice
-from CARDSegmentLib.module_logic import ModuleLogic
-from CARDSegmentLib.parameters import BundleSource, Device, FrameMode, Method, Overlay
-from CARDSegmentLib.sampledata import register_sample_data
+from CARDSegmentLib.panel import about
+from CARDSegmentLib.panel import selftest
+from CARDSegmentLib.install.acknowledgement import ensure_acknowledged_for_bundle as ensure_acknowledged
+from CARDSegmentLib.install.packages import DependencyDeclined, InstallFailed, use_application
+from CARDSegmentLib.runs.jobs import EngineChoice
+from CARDSegmentLib.panel.logic import ModuleLogic
+from CARDSegmentLib.panel.parameters import BundleSource, Device, FrameMode, Method, Overlay
+from CARDSegmentLib.install.sampledata import register_sample_data
 
 MODULE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -55,7 +56,7 @@ def registerSampleData() -> None:
     register_sample_data(MODULE_DIR)
 
 
-# -- Parameters (the choices themselves: CARDSegmentLib.parameters)
+# -- Parameters (the choices themselves: CARDSegmentLib.panel.parameters)
 
 
 @parameterNodeWrapper
@@ -68,7 +69,7 @@ class CARDSegmentParameterNode:
     bundleFolder: str = ""
     device: Device = Device.AUTO
     method: Method = Method.CARD
-    fastReview: bool = False  # regions from the bundle's TAC rule: no flipped runs (CARDSegmentLib.parameters)
+    fastReview: bool = False  # regions from the bundle's TAC rule: no flipped runs (CARDSegmentLib.panel.parameters)
     loadProbabilities: bool = False
     overlay: Overlay = Overlay.DISAGREEMENT
     overlayOpacity: Annotated[float, WithinRange(0.0, 1.0)] = 0.5
@@ -462,7 +463,7 @@ class CARDSegmentLogic(ScriptedLoadableModuleLogic, ModuleLogic):
 class CARDSegmentTest(ScriptedLoadableModuleTest):
     """Runs in Slicer: a small synthetic oblique volume through the whole path, with networks of the
     shipped bundle's architecture (SwinUNETR primary, so a missing MONAI piece fails here), then
-    once with the shipped bundle itself. The steps: CARDSegmentLib.selftest."""
+    once with the shipped bundle itself. The steps: CARDSegmentLib.panel.selftest."""
 
     def setUp(self):
         slicer.mrmlScene.Clear()

@@ -1,6 +1,6 @@
 """``cardseg serve``: a warm engine that segments one volume per request, the model loaded once.
 
-A GUI (the Slicer module, :mod:`CARDSegmentLib.engine`) keeps this process alive between clicks,
+A GUI (the Slicer module, :mod:`CARDSegmentLib.runs.engine`) keeps this process alive between clicks,
 so that a second "Segment & Calibrate" pays only the computation: python, the bundle and its
 networks (ONNX Runtime sessions, or torch modules and torch) are loaded once. Every request runs the
 same code as ``cardseg segment`` (:func:`cardseg.segment.segment_file`, the CLI's own option

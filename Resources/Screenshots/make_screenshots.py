@@ -5,7 +5,7 @@ synthetic phantom in ``CARDSegment/Resources/SampleData``; ACDC images may not b
 
 1. ``--write-sample-data`` first (re)writes the sample data with the project's phantom code
    (``phantom_sample.write_sample_files``, beside this script) and prints the SHA-256 values
-   that ``CARDSegmentLib.sampledata.SAMPLE_FILES`` must then hold.
+   that ``CARDSegmentLib.install.sampledata.SAMPLE_FILES`` must then hold.
 2. ``cardseg segment`` runs on the sample image with the shipped default bundle (a separate
    process: ``PY -m cardseg segment``, PY the running Python unless ``--python``), into a
    temporary folder.
@@ -41,8 +41,8 @@ sys.path.insert(0, str(MODULE_DIR))
 sys.path.insert(0, str(HERE))
 
 import phantom_sample  # noqa: E402
-from CARDSegmentLib import sampledata  # noqa: E402
-from CARDSegmentLib.overlays import overlay_range, overlay_title  # noqa: E402
+from CARDSegmentLib.install import sampledata  # noqa: E402
+from CARDSegmentLib.outputs.overlays import overlay_range, overlay_title  # noqa: E402
 
 OVERVIEW = "CARDSegment-phantom-overview.png"
 REVIEW = "CARDSegment-phantom-review.png"
@@ -284,7 +284,7 @@ def main(argv=None) -> int:
     folder = sampledata.sample_folder(MODULE_DIR)
     if a.write_sample_data:
         for name, digest in phantom_sample.write_sample_files(folder, classes).items():
-            print(f"{name}: sha256 {digest}  (put it in CARDSegmentLib/sampledata.py SAMPLE_FILES)")
+            print(f"{name}: sha256 {digest}  (put it in CARDSegmentLib/install/sampledata.py SAMPLE_FILES)")
     sample = folder / sampledata.SAMPLE_FILES[0].file_name
     if not sample.is_file():
         print(f"make_screenshots: error: {sample}: no sample image (run with --write-sample-data)", file=sys.stderr)

@@ -1,5 +1,5 @@
 """Making the module's sample data (``CARDSegment/Resources/SampleData``) with the engine's phantom
-code; ``CARDSegmentLib.sampledata`` (which may not import the engine) says what the files are and
+code; ``CARDSegmentLib.install.sampledata`` (which may not import the engine) says what the files are and
 registers them in Slicer. Run through ``make_screenshots.py --write-sample-data``, so that the
 screenshots are drawn from exactly these files."""
 
@@ -16,7 +16,7 @@ MODULE_DIR = Path(__file__).resolve().parents[2] / "CARDSegment"
 if str(MODULE_DIR) not in sys.path:
     sys.path.insert(0, str(MODULE_DIR))
 
-from CARDSegmentLib import sampledata  # noqa: E402
+from CARDSegmentLib.install import sampledata  # noqa: E402
 
 
 def phantom():

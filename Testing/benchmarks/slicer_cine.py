@@ -41,8 +41,8 @@ import test_slicer_cine as cine_tests  # noqa: E402  (the tests' scene helpers; 
 from test_slicer_module_panel import FakeTimer, make_scene  # noqa: E402
 
 import CARDSegmentLib as lib  # noqa: E402
-from CARDSegmentLib.cine import case_name  # noqa: E402
-from CARDSegmentLib.module_logic import ModuleLogic  # noqa: E402
+from CARDSegmentLib.cine.job import case_name  # noqa: E402
+from CARDSegmentLib.panel.logic import ModuleLogic  # noqa: E402
 
 GOAL_COMMIT_S, GOAL_FRAME_CHANGE_S = 2.0, 0.020
 

@@ -96,7 +96,7 @@ def scene_and_volume(tmp_path, synthetic_volume):
     """An MRML scene holding the synthetic volume as the scalar volume node *cine*: ``(scene,
     volume)``. For the Slicer-logic tests (their module has called :func:`slicer_core`)."""
     import slicer
-    from CARDSegmentLib import volume_files
+    from CARDSegmentLib.outputs import volume_files
 
     vol, _ = synthetic_volume
     src = tmp_path / "in.nrrd"

@@ -1,4 +1,4 @@
-"""The research-only acknowledgement (``CARDSegmentLib/acknowledgement.py``): asked once before the
+"""The research-only acknowledgement (``CARDSegmentLib/install/acknowledgement.py``): asked once before the
 first run with ACDC-trained weights, the answer kept in the settings; a decline stores nothing."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ MODULE_DIR = REPO / "CARDSegment"
 if str(MODULE_DIR) not in sys.path:
     sys.path.insert(0, str(MODULE_DIR))
 
-from CARDSegmentLib import acknowledgement as ack  # noqa: E402
-from CARDSegmentLib.bundles import BundleChoiceError  # noqa: E402
+from CARDSegmentLib.install import acknowledgement as ack  # noqa: E402
+from CARDSegmentLib.install.bundles import BundleChoiceError  # noqa: E402
 
 SHIPPED = MODULE_DIR / "cardseg" / "bundles" / "acdc"
 

@@ -102,7 +102,9 @@ def test_without_trigger_times_the_rule_is_largest_and_smallest_and_the_panel_us
         ed, es = (fixed, None) if which else (None, fixed)
         choice = choose_phases(lv, ed, es)
         assert (choice.ed, choice.es) == _by_hand(lv, ed, es)
-    sequences = pytest.importorskip("CARDSegmentLib.sequences", reason="the Slicer module's library does not import")
+    sequences = pytest.importorskip(
+        "CARDSegmentLib.cine.sequences", reason="the Slicer module's library does not import"
+    )
     lv = {0: 3.0, 1: 9.0, 2: 1.0, 3: 9.0}
     assert sequences.pick_ed_es(lv) == (choose_phases(lv).ed, choose_phases(lv).es) == (1, 2)
 

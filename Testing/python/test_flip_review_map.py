@@ -225,7 +225,7 @@ def test_the_slicer_panel_names_and_places_every_stage_a_flip_run_reports(flip_b
 
     if str(MODULE_DIR) not in sys.path:
         sys.path.insert(0, str(MODULE_DIR))
-    from CARDSegmentLib import process as proc
+    from CARDSegmentLib.runs import process as proc
     from cardseg.bundle.loading import load_bundle
     from cardseg.segment import SegmentOptions, segment_volume
 

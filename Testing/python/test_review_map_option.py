@@ -306,7 +306,9 @@ def test_serve_refuses_an_unknown_map_before_loading_any_network(two_rule_bundle
 def _slicer_lib():
     if str(MODULE_DIR) not in sys.path:
         sys.path.insert(0, str(MODULE_DIR))
-    from CARDSegmentLib import engine, parameters, process
+    from CARDSegmentLib.runs import engine
+    from CARDSegmentLib.panel import parameters
+    from CARDSegmentLib.runs import process
 
     return engine, parameters, process
 
@@ -402,7 +404,7 @@ def test_info_says_an_earlier_rule_is_unusable_instead_of_failing(two_rule_bundl
 
 def test_the_panel_says_which_map_the_regions_were_cut_from():
     _slicer_lib()
-    from CARDSegmentLib.summary import agreement_summary
+    from CARDSegmentLib.panel.summary import agreement_summary
 
     report = {"method": "card", "agreement": 0.98, "agreement_per_slice": [0.99, 0.97], "regions": [{}, {}]}
     assert agreement_summary(report).text == "Agreement 0.980 (lowest slice 1: 0.970); 2 flagged regions."

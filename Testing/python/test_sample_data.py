@@ -1,4 +1,4 @@
-"""The module's sample data (``CARDSegmentLib/sampledata.py``, written by
+"""The module's sample data (``CARDSegmentLib/install/sampledata.py``, written by
 ``Resources/Screenshots/phantom_sample.py``): the shipped phantom files are what the project's
 phantom code draws, Sample Data gets everything it needs to copy them from the module
 folder (no network) and check them, and they load into MRML as a volume and a three-segment
@@ -23,7 +23,7 @@ MODULE_DIR = REPO / "CARDSegment"
 if str(MODULE_DIR) not in sys.path:
     sys.path.insert(0, str(MODULE_DIR))
 
-from CARDSegmentLib import sampledata  # noqa: E402
+from CARDSegmentLib.install import sampledata  # noqa: E402
 
 sys.path.insert(0, str(REPO / "Resources" / "Screenshots"))
 import phantom_sample  # noqa: E402  (the maintainers' writer of the sample files)

@@ -5,7 +5,7 @@ One process answers several requests: the second gives the same outputs as a one
 ``cardseg segment``; a bad request is answered with a one-line error and the next one still
 works; a changed bundle is loaded again; ``monai`` is never imported when the ONNX backend runs
 from a warm cache; the end of input ends the engine, also in the middle of a request (nothing
-half written). Through the module's client (:mod:`CARDSegmentLib.engine`): cancel kills the
+half written). Through the module's client (:mod:`CARDSegmentLib.runs.engine`): cancel kills the
 process and the next run starts a new one.
 """
 
@@ -246,8 +246,8 @@ def test_sigterm_ends_an_idle_engine(tmp_path, tiny_bundle):
 def test_client_cancel_kills_the_engine_and_the_next_run_starts_another(tmp_path, phantom, tiny_bundle):
     if str(MODULE_DIR) not in sys.path:
         sys.path.insert(0, str(MODULE_DIR))
-    from CARDSegmentLib import process as proc
-    from CARDSegmentLib.engine import Engine
+    from CARDSegmentLib.runs import process as proc
+    from CARDSegmentLib.runs.engine import Engine
 
     def command(out: str, src: Path = phantom) -> proc.SegmentCommand:
         return proc.SegmentCommand(

@@ -39,12 +39,15 @@ from test_slicer_module_panel import module  # noqa: E402,F401  (a fixture)
 
 
 import CARDSegmentLib as lib  # noqa: E402
-from CARDSegmentLib import cine_results, install, outputs as outputs_lib, volume_files  # noqa: E402
-from CARDSegmentLib import sequences as seqs  # noqa: E402
-from CARDSegmentLib.cine import CineJob, case_name  # noqa: E402
-from CARDSegmentLib.module_logic import ModuleLogic  # noqa: E402
-from CARDSegmentLib.review import COLUMN_NAMES, create_review_table  # noqa: E402
-from CARDSegmentLib.sequences import (  # noqa: E402
+from CARDSegmentLib.cine import results as cine_results  # noqa: E402
+from CARDSegmentLib.install import packages as install  # noqa: E402
+from CARDSegmentLib.outputs import nodes as outputs_lib  # noqa: E402
+from CARDSegmentLib.outputs import volume_files  # noqa: E402
+from CARDSegmentLib.cine import sequences as seqs  # noqa: E402
+from CARDSegmentLib.cine.job import CineJob, case_name  # noqa: E402
+from CARDSegmentLib.panel.logic import ModuleLogic  # noqa: E402
+from CARDSegmentLib.outputs.review import COLUMN_NAMES, create_review_table  # noqa: E402
+from CARDSegmentLib.cine.sequences import (  # noqa: E402
     AUTO,
     MIN_SLICES_FOR_INDICES,
     FrameMode,
@@ -526,7 +529,7 @@ def test_moving_the_frame_shows_that_frames_results_through_the_proxies(replay):
     assert sorted(frames) == [0, 1, 2] and all(o.regions is not None for o in frames.values())
     assert all(o.disagreement is not None and o.temperature is not None for o in frames.values())
     shown = r.logic.outputs(r.cine.proxy)
-    front = {c.GetForegroundVolumeID() for c in lib.views.slice_composite_nodes(r.scene)}
+    front = {c.GetForegroundVolumeID() for c in lib.outputs.views.slice_composite_nodes(r.scene)}
     assert front == {shown.disagreement.GetID()}  # set once, when the results were loaded
     for frame in (0, 2, 1, 0):
         show_frame(r.cine, frame)
@@ -535,11 +538,11 @@ def test_moving_the_frame_shows_that_frames_results_through_the_proxies(replay):
         assert seen == frame and segments == item.segmentation.GetSegmentation().GetNumberOfSegments()
         assert outlines == item.regions.GetSegmentation().GetNumberOfSegments()
         assert np.array_equal(image, vtk_to_numpy(item.disagreement.GetImageData().GetPointData().GetScalars()))
-        assert {c.GetForegroundVolumeID() for c in lib.views.slice_composite_nodes(r.scene)} == front
+        assert {c.GetForegroundVolumeID() for c in lib.outputs.views.slice_composite_nodes(r.scene)} == front
     r.logic.showOverlay(r.cine.proxy, "temperature", 0.5)
-    assert {c.GetForegroundVolumeID() for c in lib.views.slice_composite_nodes(r.scene)} == {shown.temperature.GetID()}
+    assert {c.GetForegroundVolumeID() for c in lib.outputs.views.slice_composite_nodes(r.scene)} == {shown.temperature.GetID()}
     r.logic.showOverlay(r.cine.proxy, "none", 0.5)
-    assert {c.GetForegroundVolumeID() for c in lib.views.slice_composite_nodes(r.scene)} == {None}
+    assert {c.GetForegroundVolumeID() for c in lib.outputs.views.slice_composite_nodes(r.scene)} == {None}
 
 
 def test_a_frame_without_results_shows_nothing_of_another_frame(replay):
@@ -838,7 +841,7 @@ def test_slicer_5_12_is_the_first_whose_pip_install_shows_its_own_dialogs():
 def test_one_highlighted_region_across_frames_and_none_once_the_selection_is_cleared(replay):
     """The outlines are one proxy: selecting a region of another frame moves the browser there and
     highlights that region alone; a frame change or a cleared selection leaves no highlight."""
-    from CARDSegmentLib.region_outlines import SELECTED_ATTRIBUTE, region_segment_ids
+    from CARDSegmentLib.outputs.region_outlines import SELECTED_ATTRIBUTE, region_segment_ids
 
     r = replay
     r.logic.runSync(r.cine.proxy, r.options(frame_mode="all"))

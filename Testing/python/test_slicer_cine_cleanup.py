@@ -23,7 +23,7 @@ slicer = slicer_core()
 
 import CARDSegmentLib as lib  # noqa: E402
 import test_slicer_cine as cine_tests  # noqa: E402
-from CARDSegmentLib.module_logic import ModuleLogic  # noqa: E402
+from CARDSegmentLib.panel.logic import ModuleLogic  # noqa: E402
 from test_slicer_cine import add_sequence, node_ids, options_for, show_frame  # noqa: E402
 from test_slicer_module_panel import FakeTimer, make_scene  # noqa: E402
 
@@ -48,7 +48,7 @@ def load_one_frame(r):
 
 def add_user_nodes(scene, frame_path):
     """What a user may do between two timer ticks: load a volume, add a text node."""
-    from CARDSegmentLib import volume_files
+    from CARDSegmentLib.outputs import volume_files
 
     volume = scene.AddNewNodeByClass("vtkMRMLScalarVolumeNode", "my other patient")
     volume_files.read_volume_file(volume, frame_path)

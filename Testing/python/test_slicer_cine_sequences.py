@@ -24,10 +24,11 @@ slicer = slicer_core()
 
 import CARDSegmentLib as lib  # noqa: E402
 import test_slicer_cine as cine_tests  # noqa: E402
-from CARDSegmentLib import outputs as outputs_lib, sequences as rs  # noqa: E402
-from CARDSegmentLib.cine import case_name  # noqa: E402
-from CARDSegmentLib.module_logic import ModuleLogic  # noqa: E402
-from CARDSegmentLib.sequences import MIN_SLICES_FOR_INDICES, FrameMode  # noqa: E402
+from CARDSegmentLib.outputs import nodes as outputs_lib  # noqa: E402
+from CARDSegmentLib.cine import sequences as rs  # noqa: E402
+from CARDSegmentLib.cine.job import case_name  # noqa: E402
+from CARDSegmentLib.panel.logic import ModuleLogic  # noqa: E402
+from CARDSegmentLib.cine.sequences import MIN_SLICES_FOR_INDICES, FrameMode  # noqa: E402
 from test_slicer_cine import CopyingBatch, add_sequence, options_for, show_frame, write_subjects  # noqa: E402
 from test_slicer_module_panel import FakeTimer, fire_until_idle, make_scene, make_widget  # noqa: E402
 from test_slicer_module_panel import module  # noqa: E402,F401  (a fixture)
@@ -113,7 +114,7 @@ def test_the_results_are_sequences_of_the_inputs_browser_not_nodes_per_frame(stu
 
 def rs_name(role: str) -> str:
     """The role's part of an output name (``CARD segmentation``, ``disagreement``...)."""
-    return lib.loading.output_names("")[role].strip()
+    return lib.outputs.loading.output_names("")[role].strip()
 
 
 def panel_on(module, study, monkeypatch):

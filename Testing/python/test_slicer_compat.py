@@ -114,7 +114,7 @@ SLICER_5_8_0 = {
         "EndState": ["vtkMRMLScene"],
         "IsBatchProcessing": ["vtkMRMLScene"],
         "StartState": ["vtkMRMLScene"],
-        # the region outlines (CARDSegmentLib.region_outlines), looked up in the v5.8.0 tag
+        # the region outlines (CARDSegmentLib.outputs.region_outlines), looked up in the v5.8.0 tag
         "GetLabelValue": ["vtkSegment"],
         "GetNthSegmentID": ["vtkSegmentation"],
         "GetTag": ["vtkSegment"],
@@ -291,7 +291,7 @@ SLICER_5_8_0 = {
         "StartCloseEvent": ["vtkMRMLScene"],
         "StartModify": ["vtkMRMLNode"],
         "WriteData": ["vtkMRMLStorageNode"],
-        # a cine sequence's browser and volumes (CARDSegmentLib/sequences.py)
+        # a cine sequence's browser and volumes (CARDSegmentLib/cine/sequences.py)
         "GetIndexUnit": ["vtkMRMLSequenceNode"],
         "GetNthDataNode": ["vtkMRMLSequenceNode"],
         "GetNthIndexValue": ["vtkMRMLSequenceNode"],
@@ -300,7 +300,7 @@ SLICER_5_8_0 = {
         "GetSelectedItemNumber": ["vtkMRMLSequenceBrowserNode"],
         "GetSynchronizedSequenceNodes": ["vtkMRMLSequenceBrowserNode"],
         "SetSelectedItemNumber": ["vtkMRMLSequenceBrowserNode"],
-        # a cine's results recorded as sequences of the input's browser (CARDSegmentLib/sequences.py),
+        # a cine's results recorded as sequences of the input's browser (CARDSegmentLib/cine/sequences.py),
         # looked up in the v5.8.0 tag with lookup_in_slicer_source
         "AddProxyNode": ["vtkMRMLSequenceBrowserNode"],
         "AddSynchronizedSequenceNode": ["vtkMRMLSequenceBrowserNode"],
@@ -334,7 +334,7 @@ SLICER_5_8_0 = {
 
 
 def module_sources() -> List[Path]:
-    return [MODULE_FILE] + sorted(LIB_DIR.glob("*.py"))
+    return [MODULE_FILE] + sorted(LIB_DIR.rglob("*.py"))
 
 
 _CAMEL = re.compile(r"^[A-Z][a-z0-9]+[A-Za-z0-9]*$")  # GetID, SetTag, StartCloseEvent; not SIGKILL
@@ -691,11 +691,11 @@ def _returns_a_value(source: str, function: str) -> bool:
 
 
 def test_the_panel_binds_the_gui_through_the_call_that_returns_a_tag():
-    """The module binds with ``connectParametersToGui`` (through CARDSegmentLib.panel.connect_gui),
+    """The module binds with ``connectParametersToGui`` (through CARDSegmentLib.panel.gui.connect_gui),
     never ``connectGui``, whose tag is None on 5.8."""
     text = MODULE_FILE.read_text(encoding="utf-8")
     assert ".connectGui(" not in text and "lib.connect_gui(" in text
-    assert ".connectParametersToGui(" in (LIB_DIR / "panel.py").read_text(encoding="utf-8")
+    assert ".connectParametersToGui(" in (LIB_DIR / "panel" / "gui.py").read_text(encoding="utf-8")
 
 
 @pytest.mark.skipif(not os.environ.get("SLICER_SOURCE"), reason="needs SLICER_SOURCE: a Slicer git checkout")

@@ -1,4 +1,4 @@
-"""The module's warm-engine client (CARDSegmentLib.engine) with a fake launcher: requests, progress,
+"""The module's warm-engine client (CARDSegmentLib.runs.engine) with a fake launcher: requests, progress,
 results, errors, a crash and the restart after it, cancel, a change of interpreter, close.
 
 Pure Python (no Qt, no slicer-core needed). The fake engine answers each request line with the
@@ -18,8 +18,8 @@ MODULE_DIR = REPO / "CARDSegment"
 if str(MODULE_DIR) not in sys.path:
     sys.path.insert(0, str(MODULE_DIR))
 
-from CARDSegmentLib import process as proc  # noqa: E402
-from CARDSegmentLib.engine import Engine, EngineHandle, engine_argv, parse_event, request_of  # noqa: E402
+from CARDSegmentLib.runs import process as proc  # noqa: E402
+from CARDSegmentLib.runs.engine import Engine, EngineHandle, engine_argv, parse_event, request_of  # noqa: E402
 
 
 def progress(stage, done, total):

@@ -24,10 +24,10 @@ from conftest import MODULE_DIR, slicer_core
 slicer = slicer_core()
 
 import CARDSegmentLib as lib  # noqa: E402
-from CARDSegmentLib import process as proc  # noqa: E402
-from CARDSegmentLib.engine import Engine, EngineRun  # noqa: E402
-from CARDSegmentLib.jobs import cancel_runs  # noqa: E402
-from CARDSegmentLib.module_logic import ModuleLogic  # noqa: E402
+from CARDSegmentLib.runs import process as proc  # noqa: E402
+from CARDSegmentLib.runs.engine import Engine, EngineRun  # noqa: E402
+from CARDSegmentLib.runs.jobs import cancel_runs  # noqa: E402
+from CARDSegmentLib.panel.logic import ModuleLogic  # noqa: E402
 from test_slicer_engine import FakeEngine, Launcher, OneShot, command, progress, succeed  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""The "Keep engine warm" setting (issue 25; CARDSegmentLib.jobs.EngineChoice): stored in the
+"""The "Keep engine warm" setting (issue 25; CARDSegmentLib.runs.jobs.EngineChoice): stored in the
 application settings (default on), applied to each run's options, and starting or closing the
 module Logic's warm engine when the module is entered or the box is toggled.
 
@@ -20,9 +20,9 @@ MODULE_DIR = REPO / "CARDSegment"
 if str(MODULE_DIR) not in sys.path:
     sys.path.insert(0, str(MODULE_DIR))
 
-from CARDSegmentLib import acknowledgement  # noqa: E402
-from CARDSegmentLib.engine import Engine, EngineHandle  # noqa: E402
-from CARDSegmentLib.jobs import (
+from CARDSegmentLib.install import acknowledgement  # noqa: E402
+from CARDSegmentLib.runs.engine import Engine, EngineHandle  # noqa: E402
+from CARDSegmentLib.runs.jobs import (
     KEEP_ENGINE_WARM_KEY,
     LEAVE_ENGINE,
     START_ENGINE,
@@ -33,7 +33,7 @@ from CARDSegmentLib.jobs import (
     ready_to_warm_up,
     settings_flag,
 )
-from CARDSegmentLib.module_logic import ModuleLogic  # noqa: E402
+from CARDSegmentLib.panel.logic import ModuleLogic  # noqa: E402
 
 
 class Settings:

@@ -18,7 +18,7 @@ slicer = slicer_core()
 
 
 import CARDSegmentLib as lib  # noqa: E402
-from CARDSegmentLib.module_logic import ModuleLogic  # noqa: E402
+from CARDSegmentLib.panel.logic import ModuleLogic  # noqa: E402
 from vtk.util.numpy_support import vtk_to_numpy  # noqa: E402
 
 

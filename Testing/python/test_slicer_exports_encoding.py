@@ -21,8 +21,11 @@ from conftest import MODULE_DIR, slicer_core
 slicer = slicer_core()
 
 
-from CARDSegmentLib import cine_results, review  # noqa: E402
-from CARDSegmentLib.outputs import OutputNodes  # noqa: E402
+from CARDSegmentLib.cine import results as cine_results  # noqa: E402
+
+
+from CARDSegmentLib.outputs import review  # noqa: E402
+from CARDSegmentLib.outputs.nodes import OutputNodes  # noqa: E402
 
 NOTE = "wall \u2265 5 mm, \u00e9paisseur"
 REGIONS = [

@@ -27,9 +27,12 @@ from vtk.util.numpy_support import vtk_to_numpy  # noqa: E402
 
 
 import CARDSegmentLib as lib  # noqa: E402
-from CARDSegmentLib import colormaps, geometry, overlays, volume_files  # noqa: E402
-from CARDSegmentLib import outputs as outputs_lib  # noqa: E402
-from CARDSegmentLib import terminology as terminology_lib  # noqa: E402
+from CARDSegmentLib.outputs import colormaps  # noqa: E402
+from CARDSegmentLib.outputs import geometry  # noqa: E402
+from CARDSegmentLib.outputs import overlays  # noqa: E402
+from CARDSegmentLib.outputs import volume_files  # noqa: E402
+from CARDSegmentLib.outputs import nodes as outputs_lib  # noqa: E402
+from CARDSegmentLib.outputs import terminology as terminology_lib  # noqa: E402
 
 LN2 = math.log(2.0)
 SLICE_VIEWS = ("Red", "Yellow", "Green")
@@ -235,7 +238,7 @@ def test_outputs_have_exactly_the_input_geometry(run):
 def test_flagged_regions_are_outlined_voxel_for_voxel(run):
     """regions.nii.gz becomes one outlined segment per region (no fill): its voxels exactly, on the
     input's grid, named with the region's rank, p_error and size (issue 22: outlines, not boxes)."""
-    from CARDSegmentLib.region_outlines import region_segment_ids
+    from CARDSegmentLib.outputs.region_outlines import region_segment_ids
 
     regions = sitk.GetArrayFromImage(sitk.ReadImage(str(run.outdir / "regions.nii.gz")))
     ids = sorted(int(v) for v in np.unique(regions) if v)
@@ -825,7 +828,7 @@ def test_review_table_lists_the_reports_regions_in_rank_order(fresh, run):
 
 def outline_masks(node, shape):
     """``{region id: boolean mask on the input's grid}`` of a region outline node's segments."""
-    from CARDSegmentLib.region_outlines import region_segment_ids
+    from CARDSegmentLib.outputs.region_outlines import region_segment_ids
 
     masks = {}
     for k, segment_id in region_segment_ids(node).items():
@@ -843,7 +846,7 @@ def rgb(vector):
 def test_selecting_a_region_highlights_its_outline_and_centres_the_views(fresh, run):
     """Issue 22: selecting region k shows region k's own voxels (its outline segment in another
     colour, the other regions dimmed), not a bounding box: no ROI node is made."""
-    from CARDSegmentLib import region_outlines as ro
+    from CARDSegmentLib.outputs import region_outlines as ro
 
     o = fresh.outputs
     regions = sitk.GetArrayFromImage(sitk.ReadImage(str(run.outdir / "regions.nii.gz")))
@@ -953,7 +956,7 @@ def test_review_survives_a_scene_save_and_reload(fresh, run, tmp_path):
     assert back.segmentation is not None and back.review is not None and back.report is not None
     assert back.regions is not None and back.disagreement is not None and back.probabilities is not None
     assert back.roi is None  # no box: the selected region's outline is highlighted, and stays so
-    from CARDSegmentLib import region_outlines as ro
+    from CARDSegmentLib.outputs import region_outlines as ro
 
     assert back.regions.GetAttribute(ro.SELECTED_ATTRIBUTE) == str(ids[0])
     shown = ro.region_segment_ids(back.regions)[ids[0]]
@@ -1112,7 +1115,7 @@ def test_bundle_choice(tmp_path, run):
 def test_a_bundle_json_that_is_not_an_object_is_a_bundle_choice_error(tmp_path, content, kind):
     """What the panel's Apply catches (BundleChoiceError), in one line naming the file, for every
     reader of bundle.json: the acknowledgement check, the classes and the label."""
-    from CARDSegmentLib.acknowledgement import ensure_acknowledged_for_bundle
+    from CARDSegmentLib.install.acknowledgement import ensure_acknowledged_for_bundle
 
     (tmp_path / "bundle.json").write_text(content, encoding="utf-8")
     never = SimpleNamespace(value=lambda key: None, setValue=lambda key, value: None)
@@ -1132,7 +1135,7 @@ def test_a_bundle_json_that_is_not_an_object_is_a_bundle_choice_error(tmp_path, 
     "provenance", ["trained on ACDC", ["acdc"], 7, {"training": "acdc"}, {"training": {"primary": "acdc"}}]
 )
 def test_a_bundle_with_a_provenance_that_is_not_an_object_is_asked_nothing_and_does_not_crash(tmp_path, provenance):
-    from CARDSegmentLib.acknowledgement import ensure_acknowledged_for_bundle, research_only_sources
+    from CARDSegmentLib.install.acknowledgement import ensure_acknowledged_for_bundle, research_only_sources
 
     config = {"id": "not an object", "classes": [{"name": "background"}], "provenance": provenance}
     (tmp_path / "bundle.json").write_text(json.dumps(config), encoding="utf-8")

@@ -21,10 +21,10 @@ LISTED_SUFFIXES = {".py", ".ui", ".png"}
 
 
 def module_sources():
-    return [MODULE_FILE] + sorted(LIB_DIR.glob("*.py"))
+    return [MODULE_FILE] + sorted(LIB_DIR.rglob("*.py"))
 
 
-@pytest.mark.parametrize("path", module_sources(), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", module_sources(), ids=lambda p: p.relative_to(MODULE_DIR).as_posix())
 def test_module_sources_compile(path, tmp_path):
     py_compile.compile(str(path), cfile=str(tmp_path / "x.pyc"), doraise=True)
     # Slicer 5.8 runs Python 3.9: no syntax from later versions (match, except*, ...)
@@ -116,7 +116,7 @@ def test_cmakelists_lists_every_script_and_resource_of_the_module_folder():
     # the engine and the shipped bundles come in through globs, so new files need no edit
     assert "cardseg/*.py" in variables["CARDSEG_PYTHON_SCRIPTS__patterns"]
     assert "cardseg/cli.py" in scripts and "cardseg/method/calibration/card.py" in scripts
-    assert "CARDSegmentLib/process.py" in scripts
+    assert "CARDSegmentLib/runs/process.py" in scripts
     assert {"Resources/UI/CARDSegment.ui", "Resources/Icons/CARDSegment.png"} <= set(resources)
 
 
@@ -296,7 +296,7 @@ def _imports(path: Path):
 SHARED_ENGINE_MODULES = {"cardseg.cine.phases"}
 
 
-@pytest.mark.parametrize("path", sorted(LIB_DIR.glob("*.py")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted(LIB_DIR.rglob("*.py")), ids=lambda p: p.relative_to(MODULE_DIR).as_posix())
 def test_library_is_mrml_only(path):
     imported = _imports(path) - SHARED_ENGINE_MODULES
     assert not {m.split(".")[0] for m in imported} & {"qt", "ctk", "cardseg", "torch", "PythonQt"}
@@ -322,7 +322,7 @@ def _declared_dependencies():
 def _dependencies_module():
     if str(MODULE_DIR) not in sys.path:
         sys.path.insert(0, str(MODULE_DIR))
-    from CARDSegmentLib import dependencies
+    from CARDSegmentLib.install import dependencies
 
     return dependencies
 
@@ -425,3 +425,32 @@ def test_old_torch_and_pip_pins():
     ]
     assert dependencies.pip_specs(missing, {}.get) == ["monai>=1.5", "einops"]
     assert dependencies.pip_specs(missing[:1], {"torch": "2.5.1"}.get) == []
+
+
+#: the library's packages, top first: a package imports only packages below it
+LIBRARY_LAYERS = [{"panel"}, {"cine"}, {"runs"}, {"outputs", "install"}]
+
+
+def _library_imports(path: Path):
+    """The library packages ``path`` imports (relative imports resolved from its own package)."""
+    package = path.parent.name
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.ImportFrom) or node.level == 0:
+            continue
+        target = (node.module or "").split(".")[0]
+        if node.level == 1:
+            found.add(package)
+        elif target:
+            found.add(target)
+    return found
+
+
+def test_library_packages_point_down():
+    rank = {name: depth for depth, layer in enumerate(LIBRARY_LAYERS) for name in layer}
+    assert {p.name for p in LIB_DIR.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(rank)
+    assert sorted(p.name for p in LIB_DIR.glob("*.py")) == ["__init__.py"]
+    for path in LIB_DIR.glob("*/*.py"):
+        own = path.parent.name
+        for used in _library_imports(path) - {own}:
+            assert rank[used] > rank[own], f"{path.relative_to(LIB_DIR)} imports {used}"

@@ -26,7 +26,9 @@ slicer = slicer_core()
 
 
 import CARDSegmentLib as lib  # noqa: E402
-from CARDSegmentLib import dependencies, terminology, volume_files  # noqa: E402
+from CARDSegmentLib.install import dependencies  # noqa: E402
+from CARDSegmentLib.outputs import terminology  # noqa: E402
+from CARDSegmentLib.outputs import volume_files  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------

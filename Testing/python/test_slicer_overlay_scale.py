@@ -17,7 +17,7 @@ from conftest import slicer_core
 slicer = slicer_core()
 import vtk  # noqa: E402
 
-from CARDSegmentLib import overlays  # noqa: E402
+from CARDSegmentLib.outputs import overlays  # noqa: E402
 
 LN2 = math.log(2.0)
 

@@ -1,4 +1,4 @@
-"""Issue 24's defects of the module panel (CARDSegment.py with CARDSegmentLib.panel), each driven
+"""Issue 24's defects of the module panel (CARDSegment.py with CARDSegmentLib.panel.gui), each driven
 through the real module file with the stand-ins of test_slicer_module_panel (real MRML scene,
 real job and loading; fake Qt, fake process)."""
 
@@ -19,7 +19,7 @@ from test_slicer_module_panel import (
 from test_slicer_module_panel import finished_run, module  # noqa: F401  (fixtures)
 
 import CARDSegmentLib as lib  # noqa: E402  (on sys.path through test_slicer_module_panel)
-from CARDSegmentLib import panel  # noqa: E402
+from CARDSegmentLib.panel import gui as panel  # noqa: E402
 
 
 @pytest.fixture
@@ -68,7 +68,7 @@ def run_through_panel(module, widget):
 
 
 def composite_state(scene):
-    from CARDSegmentLib.views import slice_composite_nodes
+    from CARDSegmentLib.outputs.views import slice_composite_nodes
 
     return [
         (c.GetBackgroundVolumeID(), c.GetForegroundVolumeID(), c.GetForegroundOpacity())
@@ -77,7 +77,7 @@ def composite_state(scene):
 
 
 def set_views(scene, background, foreground, opacity):
-    from CARDSegmentLib.views import slice_composite_nodes
+    from CARDSegmentLib.outputs.views import slice_composite_nodes
 
     for c in slice_composite_nodes(scene):
         c.SetBackgroundVolumeID(background)
@@ -343,7 +343,11 @@ def test_the_panel_says_how_long_the_run_took(module, rotated_nifti, finished_ru
 import os  # noqa: E402
 import unittest  # noqa: E402
 
-from CARDSegmentLib import dependencies, jobs, selftest  # noqa: E402
+from CARDSegmentLib.install import dependencies  # noqa: E402
+
+from CARDSegmentLib.runs import jobs  # noqa: E402
+
+from CARDSegmentLib.panel import selftest  # noqa: E402
 
 
 class Case(unittest.TestCase):
@@ -414,7 +418,7 @@ def test_a_temporary_folder_that_cannot_be_deleted_is_reported(tmp_path, monkeyp
 
 from pathlib import Path  # noqa: E402
 
-from CARDSegmentLib import terminology  # noqa: E402
+from CARDSegmentLib.outputs import terminology  # noqa: E402
 
 MODULE_DIR = Path(__file__).resolve().parents[2] / "CARDSegment"
 #: (category, type) codes of Slicer's DICOM master list used here, read in the
@@ -459,7 +463,7 @@ def test_a_terminology_file_that_does_not_load_is_reported(tmp_path, caplog):
 def test_clearing_the_table_selection_clears_the_regions_highlight(module, rotated_nifti, finished_run, observed):
     """A selected row highlights its region's outline; a cleared selection (no row) leaves every
     region as loaded, with the decision buttons off."""
-    from CARDSegmentLib.region_outlines import SELECTED_ATTRIBUTE
+    from CARDSegmentLib.outputs.region_outlines import SELECTED_ATTRIBUTE
 
     widget, volume, outputs = ran_widget(module, rotated_nifti, finished_run, observed)
     region = lib.review_rows(outputs.review)[0]["region"]

@@ -10,8 +10,8 @@ import xml.etree.ElementTree as ET
 from test_slicer_module_panel import FakeSettings, load_volume, make_widget, module  # noqa: F401
 
 import slicer  # noqa: E402  (slicer-core, checked by test_slicer_module_panel)
-from CARDSegmentLib import jobs  # noqa: E402
-from CARDSegmentLib.engine import Engine  # noqa: E402
+from CARDSegmentLib.runs import jobs  # noqa: E402
+from CARDSegmentLib.runs.engine import Engine  # noqa: E402
 
 from conftest import MODULE_DIR  # noqa: E402
 from test_slicer_engine_choice import FakeServe  # noqa: E402  (a serve process that is ready, then waits)

@@ -1,7 +1,7 @@
 """Engine children do not outlive the program that started them, and what they leave is swept.
 
 A small "parent" process (standing in for Slicer) starts each kind of engine child the way the
-module does (``CARDSegmentLib.process.PopenHandle`` with the command's environment, in its own
+module does (``CARDSegmentLib.runs.process.PopenHandle`` with the command's environment, in its own
 session): a one-shot ``cardseg segment``, a ``cardseg batch`` and a warm ``cardseg serve``. The
 test kills the parent with SIGKILL while the child works; the child must be gone within 5 s
 (``cardseg.base.parent_watch``). The run folder the parent made is then deleted by the next run's
@@ -27,7 +27,7 @@ from conftest import MODULE_DIR, slicer_core
 slicer = slicer_core()
 
 import CARDSegmentLib as lib  # noqa: E402
-from CARDSegmentLib import process as workdirs  # noqa: E402
+from CARDSegmentLib.runs import process as workdirs  # noqa: E402
 from cardseg.base import parent_watch  # noqa: E402
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="reads /proc to tell a reaped child from a live one")
@@ -39,10 +39,10 @@ PARENT = textwrap.dedent(
     """
     import json, subprocess, sys, time
     sys.path.insert(0, sys.argv[1])
-    from CARDSegmentLib import process as proc
-    from CARDSegmentLib.cine import BatchCommand
-    from CARDSegmentLib.engine import engine_argv
-    from CARDSegmentLib.process import make_work_dir
+    from CARDSegmentLib.runs import process as proc
+    from CARDSegmentLib.cine.job import BatchCommand
+    from CARDSegmentLib.runs.engine import engine_argv
+    from CARDSegmentLib.runs.process import make_work_dir
 
     kind, input_path, bundle, root = sys.argv[2:6]
     work = make_work_dir(root)
@@ -143,7 +143,7 @@ class FakeVolume:
 
 
 def test_the_engine_is_told_which_process_to_watch(tmp_path):
-    from CARDSegmentLib.process import SegmentCommand
+    from CARDSegmentLib.runs.process import SegmentCommand
 
     env = SegmentCommand("in.nrrd", str(tmp_path)).env({})
     assert env[workdirs.PARENT_PID_ENV] == str(os.getpid())

@@ -1,4 +1,4 @@
-"""The module's process runner (CARDSegmentLib.process): command, progress lines, errors, cancel.
+"""The module's process runner (CARDSegmentLib.runs.process): command, progress lines, errors, cancel.
 
 Pure Python: runs with or without slicer-core. A fake launcher replays scripted output; real
 subprocesses check the error line of ``python -m cardseg segment`` and that cancel ends a process.
@@ -18,7 +18,7 @@ MODULE_DIR = REPO / "CARDSegment"
 if str(MODULE_DIR) not in sys.path:
     sys.path.insert(0, str(MODULE_DIR))
 
-from CARDSegmentLib import process as proc  # noqa: E402
+from CARDSegmentLib.runs import process as proc  # noqa: E402
 
 
 class FakeHandle(proc.ProcessHandle):

@@ -14,7 +14,7 @@ from conftest import slicer_core
 slicer = slicer_core()
 
 
-from CARDSegmentLib import review  # noqa: E402
+from CARDSegmentLib.outputs import review  # noqa: E402
 
 REGIONS = [
     {

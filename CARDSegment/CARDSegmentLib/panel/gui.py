@@ -16,7 +16,7 @@ import re
 import time
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
-from .outputs import BUNDLE_ATTRIBUTE, ROLE_ATTRIBUTE, all_nodes
+from ..outputs.nodes import BUNDLE_ATTRIBUTE, ROLE_ATTRIBUTE, all_nodes
 
 #: the Qt property that names the parameter a widget shows (Slicer's parameterNodeWrapper)
 PARAMETER_NAME_PROPERTY = "SlicerParameterName"

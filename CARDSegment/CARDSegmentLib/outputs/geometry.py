@@ -9,7 +9,7 @@ from typing import Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from .outputs import OutputError
+from .nodes import OutputError
 
 #: largest difference (mm) tolerated between an output's IJK-to-RAS matrix and the input's before
 #: the input's exact matrix is copied onto the output (NIfTI keeps its geometry in float32)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import enum
 
-from .bundles import resolve_bundle
-from .jobs import JobOptions
-from .sequences import FrameMode  # noqa: F401 - the panel's frame choice, with the other enums here
+from ..install.bundles import resolve_bundle
+from ..runs.jobs import JobOptions
+from ..cine.sequences import FrameMode  # noqa: F401 - the panel's frame choice, with the other enums here
 
 #: the review map of "Fast review": the bundle's rule on the TAC alone (cardseg.bundle.review_rules), no flipped runs
 FAST_REVIEW_MAP = "tac"

@@ -13,19 +13,26 @@ import threading
 import time
 from typing import Callable, ContextManager, Dict, List, Optional
 
-from . import install
-from .engine import Engine
-from .cine import CineJob
-from .cine_results import export_cine_review, indices_lines, read_indices
-from .jobs import JobMonitor, JobOptions, SegmentationJob
-from .outputs import OutputNodes, find_outputs, output_nodes_of, read_report, release_outputs
-from .overlays import show_overlay
+from ..install import packages as install
+from ..runs.engine import Engine
+from ..cine.job import CineJob
+from ..cine.results import export_cine_review, indices_lines, read_indices
+from ..runs.jobs import JobMonitor, JobOptions, SegmentationJob
+from ..outputs.nodes import OutputNodes, find_outputs, output_nodes_of, read_report, release_outputs
+from ..outputs.overlays import show_overlay
 from .parameters import bundle_path, job_options
-from .process import FAILED, SUCCEEDED
-from .region_outlines import highlight_region
-from .sequences import frame_outputs, recorded_frames, release_results, result_node_ids, result_sequences, shown_outputs
-from .review import export_review, has_decisions, review_rows, set_region_status, show_region
-from .sequences import FrameMode, check_slices_for_indices, cine_of, frame_plan, slice_count
+from ..runs.process import FAILED, SUCCEEDED
+from ..outputs.region_outlines import highlight_region
+from ..cine.sequences import (
+    frame_outputs,
+    recorded_frames,
+    release_results,
+    result_node_ids,
+    result_sequences,
+    shown_outputs,
+)
+from ..outputs.review import export_review, has_decisions, review_rows, set_region_status, show_region
+from ..cine.sequences import FrameMode, check_slices_for_indices, cine_of, frame_plan, slice_count
 
 #: how often the timer polls a running segmentation process
 POLL_INTERVAL_MS = 200
@@ -226,7 +233,7 @@ class ModuleLogic:
             raise RuntimeError(f"segmentation {state}: {job.error}")
         return job.finish()
 
-    # -- results (a cine's: the result sequences of its browser, see CARDSegmentLib.sequences)
+    # -- results (a cine's: the result sequences of its browser, see CARDSegmentLib.cine.sequences)
 
     def outputs(self, inputVolume) -> OutputNodes:
         """The input's outputs; for a sequence the proxies that show the shown frame's, with its indices table."""
@@ -263,7 +270,7 @@ class ModuleLogic:
         return cine_of(self.currentScene, inputVolume) is not None
 
     def sequenceInfo(self, inputVolume):
-        """The :class:`~CARDSegmentLib.sequences.Cine` behind the input, or None (a plain volume)."""
+        """The :class:`~CARDSegmentLib.cine.sequences.Cine` behind the input, or None (a plain volume)."""
         return cine_of(self.currentScene, inputVolume)
 
     def baseName(self, inputVolume) -> str:
@@ -285,7 +292,7 @@ class ModuleLogic:
         return frames
 
     def indices(self, inputVolume) -> Optional[dict]:
-        """The sequence's cardiac indices (:func:`~CARDSegmentLib.cine_results.read_indices`), or None."""
+        """The sequence's cardiac indices (:func:`~CARDSegmentLib.cine.results.read_indices`), or None."""
         return read_indices(find_outputs(self.currentScene, inputVolume, None).indices)
 
     def hasSegmentation(self, inputVolume) -> bool:

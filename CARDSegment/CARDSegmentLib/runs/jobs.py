@@ -1,8 +1,8 @@
 """One "Segment & Calibrate" from start to nodes, without Qt.
 
 :class:`SegmentationJob` writes the input volume to a temporary file, runs ``cardseg segment``
-in a separate process (:class:`~CARDSegmentLib.process.CardsegRun`), and when the process has
-succeeded turns its outputs into nodes (:func:`~CARDSegmentLib.loading.load_outputs`). The scene
+in a separate process (:class:`~CARDSegmentLib.runs.process.CardsegRun`), and when the process has
+succeeded turns its outputs into nodes (:func:`~CARDSegmentLib.outputs.loading.load_outputs`). The scene
 is not touched before :meth:`SegmentationJob.finish`: a cancelled or failed run leaves it as it
 was. The module's Logic drives a :class:`JobMonitor` from a ``QTimer`` (it turns every error,
 expected or not, into the panel's one-line message); scripts and tests call :meth:`wait`.
@@ -22,13 +22,13 @@ from pathlib import Path
 from typing import Callable, ContextManager, Optional, Tuple
 
 from . import process as proc
-from .acknowledgement import ensure_acknowledged_for_bundle
-from .bundles import bundle_classes
-from .dependencies import missing_requirements
-from .install import InstallFailed
-from .loading import load_outputs
-from .outputs import OutputError, OutputNodes
-from .volume_files import write_volume_file
+from ..install.acknowledgement import ensure_acknowledged_for_bundle
+from ..install.bundles import bundle_classes
+from ..install.dependencies import missing_requirements
+from ..install.packages import InstallFailed
+from ..outputs.loading import load_outputs
+from ..outputs.nodes import OutputError, OutputNodes
+from ..outputs.volume_files import write_volume_file
 
 
 @dataclass
@@ -48,7 +48,7 @@ class JobOptions:
     batch_size: Optional[int] = None
     work_root: Optional[str] = None  # where the temporary folder is made (default: the system's)
     keep_files: bool = False  # keep the temporary folder (debugging)
-    keep_engine_warm: bool = True  # runs go through one warm ``cardseg serve`` (CARDSegmentLib.engine); the
+    keep_engine_warm: bool = True  # runs go through one warm ``cardseg serve`` (CARDSegmentLib.runs.engine); the
     # panel sets it from the user's "Keep engine warm" box (EngineChoice.options)
     # a cine sequence's input (ignored for a plain volume): which frames, ED and ES (-1: found from the LV curve)
     frame_mode: str = "shown"  # shown | ed_es | all
@@ -413,7 +413,7 @@ def ready_to_warm_up(
     options: JobOptions, module_dir: os.PathLike, settings, missing: Optional[Callable[[], list]] = None
 ) -> bool:
     """Whether the engine may start before any click: the packages it needs are installed
-    (``missing()``, default :func:`~.dependencies.missing_requirements`, is empty) and the
+    (``missing()``, default :func:`~CARDSegmentLib.install.dependencies.missing_requirements`, is empty) and the
     research-use terms of ``options``' bundle need no agreement or were agreed (a click asks for
     both first; nothing is asked here)."""
     return not (missing or missing_requirements)() and ensure_acknowledged_for_bundle(
@@ -448,7 +448,7 @@ class EngineChoice:
 
     def apply(self, logic, options: Callable[[], JobOptions]) -> str:
         """Start or close ``logic``'s engine as the choice asks (``logic``: a
-        :class:`~.module_logic.ModuleLogic`; ``options()``: the panel's current run options).
+        :class:`~CARDSegmentLib.panel.logic.ModuleLogic`; ``options()``: the panel's current run options).
 
         Returns the action taken: ``leave`` also when the engine cannot start yet (packages missing,
         terms not agreed, an unusable bundle folder: the first click deals with them and starts it).

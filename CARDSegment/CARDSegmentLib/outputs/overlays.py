@@ -10,7 +10,7 @@ import math
 from typing import Optional
 
 from .colormaps import color_node
-from .outputs import OutputNodes
+from .nodes import OutputNodes
 from .views import slice_composite_nodes
 
 OVERLAY_CHOICES = ("disagreement", "temperature", "none")

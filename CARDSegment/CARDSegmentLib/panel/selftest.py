@@ -14,11 +14,11 @@ import subprocess
 import tempfile
 from typing import Callable, Tuple
 
-from . import dependencies as deps
-from .bundles import bundle_classes, bundle_config, shipped_bundle_dir
-from .jobs import JobOptions, remove_tree
-from .process import SegmentCommand, default_python_executable
-from .review import review_rows, set_region_status, show_region
+from ..install import dependencies as deps
+from ..install.bundles import bundle_classes, bundle_config, shipped_bundle_dir
+from ..runs.jobs import JobOptions, remove_tree
+from ..runs.process import SegmentCommand, default_python_executable
+from ..outputs.review import review_rows, set_region_status, show_region
 from .summary import agreement_summary
 
 #: the shipped bundle's networks, used when the module folder has no shipped bundle

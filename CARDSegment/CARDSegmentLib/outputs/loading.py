@@ -17,7 +17,7 @@ import numpy as np
 
 from . import terminology
 from .geometry import GEOMETRY_TOLERANCE_MM, adopt_geometry, ijk_to_ras
-from .outputs import (
+from .nodes import (
     BUNDLE_ATTRIBUTE,
     METHOD_ATTRIBUTE,
     REPORT_REFERENCE,

@@ -20,8 +20,8 @@ import os
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from .outputs import OutputNodes, output_nodes_of, read_report, remove_node, tag_output
-from .review import CSV_FIELDS, json_text, review_csv, review_document, write_text_atomic
+from ..outputs.nodes import OutputNodes, output_nodes_of, read_report, remove_node, tag_output
+from ..outputs.review import CSV_FIELDS, json_text, review_csv, review_document, write_text_atomic
 
 #: the subject name the manifest gives the sequence's ED and ES frames
 SUBJECT = "cine"
@@ -279,8 +279,8 @@ def cine_review_csv(frames: Dict[int, OutputNodes], indices: Optional[dict]) -> 
 def export_cine_review(scene, input_volume, frames: Dict[int, OutputNodes], path: os.PathLike) -> Path:
     """Write every frame's review and the indices: ``.csv`` (:func:`cine_review_csv`; a missing
     index value or bound written ``nan`` as in the engine's ``subjects.csv``) or ``.json`` (a missing
-    or non-finite number as ``null``, never a bare ``NaN``: :func:`~.review.json_text`), both UTF-8
-    (the CSV without a byte-order mark) and written whole or not at all (:func:`~.review.write_text_atomic`)."""
+    or non-finite number as ``null``, never a bare ``NaN``: :func:`~CARDSegmentLib.outputs.review.json_text`), both UTF-8
+    (the CSV without a byte-order mark) and written whole or not at all (:func:`~CARDSegmentLib.outputs.review.write_text_atomic`)."""
     p = Path(path)
     indices_nodes = [
         n for n in output_nodes_of(scene, input_volume, None) if n.GetAttribute("CARDSegment.Role") == "indices"

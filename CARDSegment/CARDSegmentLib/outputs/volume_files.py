@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .outputs import OutputError
+from .nodes import OutputError
 
 
 def read_volume_file(node, path: os.PathLike) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from .geometry import adopt_geometry
-from .outputs import OutputError
+from .nodes import OutputError
 from .volume_files import read_volume_file
 
 #: the outline colour (a warm yellow, apart from the class colours and the overlays' maps)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from .geometry import local_to_world, lps_to_ras
-from .outputs import OutputNodes, read_report
+from .nodes import OutputNodes, read_report
 from .region_outlines import highlight_region
 from .views import jump_slices_to
 

@@ -1,7 +1,7 @@
 """The engine's stages on the panel's progress bar: how much of the bar each fills, what the
 status line says, and the overall fraction a progress line puts the run at.
 
-Nothing here imports Qt or Slicer (:mod:`CARDSegmentLib.process` and :mod:`CARDSegmentLib.engine`
+Nothing here imports Qt or Slicer (:mod:`CARDSegmentLib.runs.process` and :mod:`CARDSegmentLib.runs.engine`
 feed it the engine's ``--progress json`` lines).
 """
 

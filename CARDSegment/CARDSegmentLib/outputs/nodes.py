@@ -70,7 +70,7 @@ class OutputNodes:
     review: object = None
     roi: object = None
     indices: object = None
-    regions: object = None  # the flagged regions as outlines (CARDSegmentLib.region_outlines)
+    regions: object = None  # the flagged regions as outlines (CARDSegmentLib.outputs.region_outlines)
 
     def nodes(self) -> List[object]:
         return [getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None]

@@ -87,7 +87,7 @@ def ensure_acknowledged_for_bundle(
     bundle_path: Optional[os.PathLike], module_dir: os.PathLike, settings, ask: Callable[[str, str], bool]
 ) -> bool:
     """:func:`ensure_acknowledged` for the bundle a run will use: ``bundle_path`` (a
-    :class:`~.jobs.JobOptions`' ``bundle_path``; None means the shipped default) read from its
+    :class:`~CARDSegmentLib.runs.jobs.JobOptions`' ``bundle_path``; None means the shipped default) read from its
     ``bundle.json`` (a :class:`~.bundles.BundleChoiceError` when it cannot be read)."""
     shipped_dir = os.path.realpath(shipped_bundle_dir(module_dir))
     path = shipped_dir if bundle_path is None else os.path.realpath(bundle_path)

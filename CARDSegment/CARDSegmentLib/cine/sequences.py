@@ -25,9 +25,9 @@ import enum
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
-from .geometry import image_dimensions
-from .loading import frame_base_name, output_names
-from .outputs import FRAME_ATTRIBUTE, ROLE_ATTRIBUTE, OutputNodes, remove_node, tag_output
+from ..outputs.geometry import image_dimensions
+from ..outputs.loading import frame_base_name, output_names
+from ..outputs.nodes import FRAME_ATTRIBUTE, ROLE_ATTRIBUTE, OutputNodes, remove_node, tag_output
 
 #: ``ed_frame`` / ``es_frame`` value meaning "find it from the LV volume curve"
 AUTO = -1

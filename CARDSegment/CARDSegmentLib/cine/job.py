@@ -1,13 +1,13 @@
 """One "Segment & Calibrate" on frames of a cine sequence, without Qt.
 
-:class:`CineJob` has :class:`~CARDSegmentLib.jobs.SegmentationJob`'s interface (start, poll,
-wait, cancel, load_step, finish), so the panel's timer and :class:`~CARDSegmentLib.jobs.JobMonitor`
+:class:`CineJob` has :class:`~CARDSegmentLib.runs.jobs.SegmentationJob`'s interface (start, poll,
+wait, cancel, load_step, finish), so the panel's timer and :class:`~CARDSegmentLib.runs.jobs.JobMonitor`
 drive it unchanged. It writes the chosen frames to a temporary folder and runs the engine once for
 all of them: ``cardseg batch`` over a manifest (the model loaded once, progress per frame). When
 the plan asks for the cardiac indices, the manifest marks the ED and ES frames, and the engine
 writes ``subjects.csv`` with ``cardseg batch``'s own code (the same numbers as a batch's
 subjects.csv); when ED or ES is to be found, it is picked after the frames are segmented
-(:func:`~CARDSegmentLib.sequences.pick_ed_es`) and a second, short batch run on the same folder
+(:func:`~CARDSegmentLib.cine.sequences.pick_ed_es`) and a second, short batch run on the same folder
 (every frame reused) writes the indices.
 
 The results load a frame at a time (:meth:`CineJob.load_step`, one call per timer tick: the GUI
@@ -29,17 +29,17 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
-from . import process as proc
-from .bundles import bundle_classes
-from .cine_results import SUBJECT, commit_indices, indices_from_subjects, make_indices_table
-from .geometry import GEOMETRY_TOLERANCE_MM, ijk_to_ras, image_dimensions
-from .jobs import JobOptions, cancel_runs, one_line, remove_tree, start_or_clean_up
-from .loading import PendingOutputs, discard_outputs, frame_base_name, prepare_outputs
-from .outputs import OutputError, OutputNodes, all_nodes, read_report
-from .overlays import show_overlay
+from ..runs import process as proc
+from ..install.bundles import bundle_classes
+from .results import SUBJECT, commit_indices, indices_from_subjects, make_indices_table
+from ..outputs.geometry import GEOMETRY_TOLERANCE_MM, ijk_to_ras, image_dimensions
+from ..runs.jobs import JobOptions, cancel_runs, one_line, remove_tree, start_or_clean_up
+from ..outputs.loading import PendingOutputs, discard_outputs, frame_base_name, prepare_outputs
+from ..outputs.nodes import OutputError, OutputNodes, all_nodes, read_report
+from ..outputs.overlays import show_overlay
 from .sequences import frame_outputs, record_frames, shown_outputs
 from .sequences import Cine, FramePlan, lv_curve, pick_ed_es
-from .volume_files import write_volume_file
+from ..outputs.volume_files import write_volume_file
 
 #: makes the process of one step: ``(command, launcher, on_progress) -> a CardsegRun-like object``
 RunFactory = Callable[[proc.SegmentCommand, Optional[proc.Launcher], Optional[Callable]], object]
