@@ -153,6 +153,30 @@ def test_segmenting_all_frames_again_refreshes_the_panel_once_per_commit(module,
     )
 
 
+def test_the_items_a_commit_replaces_are_let_go_a_few_per_tick_after_it(module, study, monkeypatch):
+    rs.release_retired(None)  # what earlier tests' panels left (their release timers never fired)
+    widget, _ = panel_on(module, study, monkeypatch)
+    run_through(module, widget)
+    assert rs.retired_count() == 0  # the first run replaced nothing
+    run_through(module, widget)  # every frame again: each role's 30 items are replaced
+    cine = lib.cine_of(study.scene, study.cine.proxy)
+    held = rs.result_sequences(cine)
+    retired = rs.retired_count()
+    assert retired == FRAMES * len(held)  # kept alive: none was deleted inside the commit
+    timer = FakeTimer.made[-1]
+    assert timer.active and timer.interval < 100  # the panel's release timer
+    ticks = 0
+    while timer.active:
+        before = rs.retired_count()
+        timer.slot()
+        assert rs.retired_count() < before  # at least one let go per tick
+        ticks += 1
+    assert rs.retired_count() == 0 and 1 <= ticks <= retired
+    assert rs.recorded_frames(cine) == list(range(FRAMES))
+    assert all(sequence.GetNumberOfDataNodes() == FRAMES for sequence in held.values())
+    assert widget.logic.outputs(study.cine.proxy).segmentation is not None
+
+
 def test_a_frame_change_runs_no_scene_scan(module, study, monkeypatch):
     widget, refreshes = panel_on(module, study, monkeypatch)
     run_through(module, widget)

@@ -22,6 +22,7 @@ single-slice volumes) is refused. The results are recorded as sequences in the s
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Tuple
 
@@ -355,13 +356,37 @@ def record_frames(scene, cine, input_volume, frames: Dict[int, OutputNodes]) -> 
 
 
 def _set_item(sequence, node, value: str, name: str) -> None:
-    """``node`` as the item at ``value``: an empty item of its class, then ``node``'s content
-    shallow-copied into it (its image data shared, not copied: the scene node is dropped next)."""
-    if sequence.GetItemNumberFromIndexValue(value, True) < 0:
-        empty = type(node)()  # an empty node of the same class
-        sequence.SetDataNodeAtValue(empty, value)
+    """``node`` as the item at ``value``: a new empty item of its class, then ``node``'s content
+    shallow-copied into it (its image data shared, not copied: the scene node is dropped next).
+    An item it replaces is retired (:func:`release_retired`), not deleted here."""
+    if sequence.GetItemNumberFromIndexValue(value, True) >= 0:
+        _RETIRED.append(sequence.GetDataNodeAtValue(value, True))
+        sequence.RemoveDataNodeAtValue(value)
+    sequence.SetDataNodeAtValue(type(node)(), value)
     sequence.UpdateDataNodeAtValue(node, value, True)
     sequence.GetDataNodeAtValue(value, True).SetName(name)
+
+
+#: result items a commit replaced, still referenced: deleting a segmentation item costs 15-30 ms
+#: (its segments go with it), so a commit replacing 30 frames would spend seconds on it; the
+#: panel lets them go a few per timer tick instead (:func:`release_retired`)
+_RETIRED: List[object] = []
+
+
+def retired_count() -> int:
+    """How many replaced result items are still held."""
+    return len(_RETIRED)
+
+
+def release_retired(seconds: float = 0.05) -> int:
+    """Let replaced result items go, oldest first, for about ``seconds`` (at least one; all with
+    ``seconds=None``). Returns how many are still held."""
+    start = time.perf_counter()
+    while _RETIRED:
+        _RETIRED.pop(0)
+        if seconds is not None and time.perf_counter() - start >= seconds:
+            break
+    return len(_RETIRED)
 
 
 def _place_proxy(scene, cine, input_volume, sequence, role: str, nodes: List[object]) -> None:

@@ -32,10 +32,20 @@ from ..cine.sequences import (
     shown_outputs,
 )
 from ..outputs.review import export_review, has_decisions, review_rows, set_region_status, show_region
-from ..cine.sequences import FrameMode, check_slices_for_indices, cine_of, frame_plan, slice_count
+from ..cine.sequences import (
+    FrameMode,
+    check_slices_for_indices,
+    cine_of,
+    frame_plan,
+    release_retired,
+    retired_count,
+    slice_count,
+)
 
 #: how often the timer polls a running segmentation process
 POLL_INTERVAL_MS = 200
+#: how often replaced result items are let go after a run (a few each time, see release_retired)
+RELEASE_INTERVAL_MS = 20
 
 
 class ModuleLogic:
@@ -53,6 +63,7 @@ class ModuleLogic:
         self.job: Optional[SegmentationJob] = None
         self._monitor: Optional[JobMonitor] = None
         self._timer = None
+        self._releaseTimer = None
         self._onProgress: Optional[Callable] = None
         self._onFinished: Optional[Callable] = None
         self.launcher = None  # tests may inject a fake process launcher
@@ -187,7 +198,8 @@ class ModuleLogic:
             self._timer = None
 
     def _finished(self) -> None:
-        """Hand the run's outcome to the panel, once."""
+        """Hand the run's outcome to the panel, once; then let the results it replaced go."""
+        self._releaseRetired()
         callback, self._onFinished = self._onFinished, None
         if callback is None or self._monitor is None or self._monitor.outcome is None:
             return
@@ -196,6 +208,22 @@ class ModuleLogic:
             callback(state, error)
         except Exception:
             logging.exception("CARDSegment: updating the panel after the run failed")
+
+    def _releaseRetired(self) -> None:
+        """Let the result items a commit replaced go a few per timer tick (deleting them all at
+        once would hold the GUI for seconds), on a timer of their own."""
+        if retired_count() == 0 or self._releaseTimer is not None:
+            return
+
+        def tick():
+            if release_retired() == 0 and self._releaseTimer is not None:
+                self._releaseTimer.stop()
+                self._releaseTimer = None
+
+        self._releaseTimer = self._makeTimer()
+        self._releaseTimer.setInterval(RELEASE_INTERVAL_MS)
+        self._releaseTimer.connect("timeout()", tick)
+        self._releaseTimer.start()
 
     def cancel(self) -> None:
         """End the running process; the scene stays as it was. Returns at once: the process is
@@ -231,7 +259,9 @@ class ModuleLogic:
         state = job.wait(timeout)
         if state != SUCCEEDED:
             raise RuntimeError(f"segmentation {state}: {job.error}")
-        return job.finish()
+        outputs = job.finish()
+        release_retired(None)  # no GUI to keep responsive
+        return outputs
 
     # -- results (a cine's: the result sequences of its browser, see CARDSegmentLib.cine.sequences)
 
