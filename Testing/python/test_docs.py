@@ -172,6 +172,28 @@ def test_a_changed_result_file_changes_the_generated_text(monkeypatch):
     assert "0.988" in generate.readme_block() and generate.readme_block() != before_readme
 
 
+def test_the_readme_speed_table_follows_its_benchmark_files(monkeypatch):
+    """The README's speed block reads the benchmarks' own result files: change the whole-case
+    ratio or the Slicer commit and the block changes with it."""
+    before = generate.readme_block("speed")
+    case = results.resolve_file("Testing/benchmarks/results/whole_case.json")
+    data = json.loads(case.path.read_text(encoding="utf-8"))
+    data["case"]["ratio_median"]["card_over_uc"] = 9.876
+    monkeypatch.setitem(results._JSON_CACHE, case.path, data)
+    slicer = results.resolve_file("Testing/benchmarks/results/slicer_cine.json")
+    cine = json.loads(slicer.path.read_text(encoding="utf-8"))
+    cine["commit_replacing_every_frame_s"] = 7.654
+    monkeypatch.setitem(results._JSON_CACHE, slicer.path, cine)
+    after = generate.readme_block("speed")
+    assert "9.88x" in after and after != before
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    begin, end = generate.markers("speed")
+    assert readme.index(generate.END) < readme.index(begin) < readme.index(end)
+    begin, end = generate.markers("slicer")  # the panel's figures sit in the Slicer section
+    assert readme.index("## In Slicer") < readme.index(begin) < readme.index(end) < readme.index("## Results")
+    assert "7.65" in generate.readme_block("slicer")
+
+
 def test_references_resolve_through_a_release_chain(tmp_path, monkeypatch):
     """``@shipped`` is the release bundle.json names; a file it does not hold comes from the release
     its kept.json names; pointers, percentages, counts and booleans are rendered as the spec says."""
