@@ -1,9 +1,10 @@
 """The extension is ready for the Slicer Extensions Index: the index's description checks that need
 no network, written here as our own code after reading the index's
 ``scripts/check_description_files.py`` (ExtensionsIndex commit 07f1d1b) and its pull request
-template, run on the top-level ``CMakeLists.txt``, the entry ``Resources/ExtensionsIndex/CARDSegment.json``
-and the files they point at. What needs the network (the URLs downloading as images, the GitHub
-topic, the clone) is listed in ``Resources/ExtensionsIndex/README.md``.
+template, run on the top-level ``CMakeLists.txt``, the entries (``Resources/ExtensionsIndex/CARDSegment.json``
+for the index's ``main`` branch, ``Resources/ExtensionsIndex/<release>/CARDSegment.json`` for its
+branches of the Slicer stable releases) and the files they point at. What needs the network (the
+URLs downloading as images, the GitHub topic, the clone) is listed in ``Resources/ExtensionsIndex/README.md``.
 """
 
 from __future__ import annotations
@@ -18,7 +19,16 @@ from urllib.parse import urlsplit
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-ENTRY = REPO / "Resources" / "ExtensionsIndex" / "CARDSegment.json"
+INDEX_DIR = REPO / "Resources" / "ExtensionsIndex"
+#: the entry for the index's main branch (Slicer Preview Releases)
+ENTRY = INDEX_DIR / "CARDSegment.json"
+#: the index's branches of the Slicer stable releases the module supports (the index has a branch
+#: for each: 5.8, 5.10 and 5.12 at ExtensionsIndex commit 07f1d1b); each entry builds the
+#: repository's branch of the same name
+RELEASE_BRANCHES = ("5.8", "5.10", "5.12")
+ENTRIES = {"main": ENTRY, **{b: INDEX_DIR / b / "CARDSegment.json" for b in RELEASE_BRANCHES}}
+#: the branch the icon and screenshot URLs name: one set of images, shown by every release's catalog
+IMAGE_BRANCH = "main"
 SCREENSHOTS = REPO / "Resources" / "Screenshots"
 SHIPPED_BUNDLE = REPO / "CARDSegment" / "cardseg" / "bundles" / "acdc"
 
@@ -40,6 +50,10 @@ ENTRY_TYPES = {
 ENTRY_REQUIRED = {"$schema", "category", "scm_url"}
 #: a few of the categories the index accepts (its list has about 60), the ones that fit this module
 KNOWN_CATEGORIES = {"Segmentation", "Cardiac", "Quantification", "Analysis"}
+#: words of the method that a non-expert reader of the catalog would not understand
+JARGON = ("diffusion", "trajectory", "categorical", "calibrat", "myocard", "ventric", "reverse")
+#: the index asks for 1-2 sentences; a sentence longer than this is hard to read in the catalog
+MAX_SENTENCE_WORDS = 40
 #: what the index's size check allows
 MAX_REPOSITORY_MB = 100
 #: what the extension template and the wizard write, and what this project had before
@@ -73,6 +87,13 @@ def cmake():
 @pytest.fixture(scope="module")
 def entry():
     return json.loads(ENTRY.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module", params=sorted(ENTRIES))
+def branch_entry(request):
+    """``(index branch, path, entry)`` for each of the index's branches."""
+    path = ENTRIES[request.param]
+    return request.param, path, json.loads(path.read_text(encoding="utf-8"))
 
 
 def github_repo(url: str) -> str:
@@ -133,14 +154,39 @@ def test_raw_file_refuses_web_pages_other_repositories_and_branches():
 # the index entry
 
 
-def test_entry_file_is_lf_only_json_named_after_the_cmake_project(cmake):
-    raw = ENTRY.read_bytes()
+def test_entry_file_is_lf_only_json_named_after_the_cmake_project(cmake, branch_entry):
+    _, path, _ = branch_entry
+    raw = path.read_bytes()
     assert b"\r" not in raw, "the index refuses CR or CRLF line endings"
     json.loads(raw)
-    assert cmake["project"] == ENTRY.stem == "CARDSegment"
+    assert cmake["project"] == path.stem == "CARDSegment"
 
 
-def test_entry_follows_the_catalog_schema(entry):
+def test_there_is_an_entry_for_each_index_branch_and_no_other():
+    folders = {p.parent.name for p in INDEX_DIR.glob("*/*.json")}
+    assert folders == set(RELEASE_BRANCHES), folders ^ set(RELEASE_BRANCHES)
+    assert all(path.is_file() for path in ENTRIES.values())
+
+
+def test_each_entry_builds_the_repository_branch_of_its_index_branch(branch_entry, entry):
+    """main builds main; a release's entry builds the repository's branch named after that release,
+    and differs from main's entry in nothing else."""
+    branch, _, this = branch_entry
+    assert this["scm_revision"] == branch
+    assert {k: v for k, v in this.items() if k != "scm_revision"} == {
+        k: v for k, v in entry.items() if k != "scm_revision"
+    }
+
+
+def test_the_readme_names_every_entry_and_its_revision():
+    readme = (INDEX_DIR / "README.md").read_text(encoding="utf-8")
+    for branch, path in ENTRIES.items():
+        assert f"`{path.relative_to(INDEX_DIR).as_posix()}`" in readme, path
+        assert f'`"scm_revision": "{branch}"`' in readme, branch
+
+
+def test_entry_follows_the_catalog_schema(branch_entry):
+    _, _, entry = branch_entry
     assert entry["$schema"] == SCHEMA_URL
     assert ENTRY_REQUIRED <= set(entry), f"missing {ENTRY_REQUIRED - set(entry)}"
     assert set(entry) <= set(ENTRY_TYPES), f"keys the schema does not allow: {set(entry) - set(ENTRY_TYPES)}"
@@ -151,21 +197,23 @@ def test_entry_follows_the_catalog_schema(entry):
     assert entry.get("scm_type", "git") == "git"
 
 
-def test_extension_name_and_category(entry, cmake):
-    assert not ENTRY.stem.lower().startswith("slicer"), "the index wants extension names without 'Slicer'"
+def test_extension_name_and_category(branch_entry, cmake):
+    _, path, entry = branch_entry
+    assert not path.stem.lower().startswith("slicer"), "the index wants extension names without 'Slicer'"
     assert entry["category"] in KNOWN_CATEGORIES
     assert entry["category"] == cmake["EXTENSION_CATEGORY"]
 
 
-def test_entry_agrees_with_cmakelists(entry, cmake):
+def test_entry_agrees_with_cmakelists(branch_entry, cmake):
+    _, _, entry = branch_entry
     assert urlsplit(entry["scm_url"]).scheme in ("https", "git")
     assert github_repo(entry["scm_url"]) == github_repo(cmake["EXTENSION_HOMEPAGE"])
     assert sorted(entry.get("build_dependencies", [])) == sorted(cmake["EXTENSION_DEPENDS"].split())
     assert "PyTorch" in entry["build_dependencies"]
     assert entry.get("build_subdirectory", ".") == "."
-    # the icon and screenshot URLs name the branch the index builds (raw_file checks it)
+    # the icon and screenshot URLs name the images' branch (raw_file checks it), the one main's entry builds
     for url in [cmake["EXTENSION_ICONURL"]] + cmake["EXTENSION_SCREENSHOTURLS"].split():
-        raw_file(url, cmake["EXTENSION_HOMEPAGE"], entry["scm_revision"])
+        raw_file(url, cmake["EXTENSION_HOMEPAGE"], IMAGE_BRANCH)
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,16 +227,17 @@ def test_homepage_and_licence(cmake):
 
 
 def test_icon_is_a_committed_128_pixel_png(cmake, entry):
-    path = raw_file(cmake["EXTENSION_ICONURL"], cmake["EXTENSION_HOMEPAGE"], entry["scm_revision"])
+    assert entry["scm_revision"] == IMAGE_BRANCH
+    path = raw_file(cmake["EXTENSION_ICONURL"], cmake["EXTENSION_HOMEPAGE"], IMAGE_BRANCH)
     assert path.is_file(), f"{path}: the icon URL points at no file of the repository"
     assert png_size(path) == (128, 128)
 
 
-def test_screenshots_are_committed_small_pngs(cmake, entry):
+def test_screenshots_are_committed_small_pngs(cmake):
     urls = cmake["EXTENSION_SCREENSHOTURLS"].split()
     assert urls, "the index wants at least one screenshot"
     for url in urls:
-        path = raw_file(url, cmake["EXTENSION_HOMEPAGE"], entry["scm_revision"])
+        path = raw_file(url, cmake["EXTENSION_HOMEPAGE"], IMAGE_BRANCH)
         assert path.parent == SCREENSHOTS and path.is_file(), f"{url}: no such screenshot"
         assert path.stat().st_size <= MAX_SCREENSHOT_BYTES, f"{path.name}: {path.stat().st_size} bytes"
         width, height = png_size(path)
@@ -233,11 +282,27 @@ def test_contributors_are_names_with_affiliations(cmake):
 def test_description_says_what_it_is_for_and_that_the_weights_are_research_only(cmake):
     text = cmake["EXTENSION_DESCRIPTION"]
     sentences = [s for s in re.split(r"(?<=[.!?])\s+", text.strip()) if s]
-    assert 1 <= len(sentences) <= 3, "the index asks for 1-2 sentences"
+    assert 1 <= len(sentences) <= 2, "the index asks for 1-2 sentences"
+    assert all(len(s.split()) <= MAX_SENTENCE_WORDS for s in sentences), [len(s.split()) for s in sentences]
     low = text.lower()
-    assert "cardiac" in low and "segment" in low
+    assert "cardiac" in low and "segment" in low and "mri" in low
     assert "acdc" in low and "research use only" in low
     assert "not a medical device" in low
+    assert not [w for w in JARGON if w in low], "a non-expert must understand the description"
+
+
+def test_the_repository_name_exception_is_argued(cmake):
+    """The index wants a repository name starting with "Slicer" unless the repository is also used
+    without Slicer; this one is (a pip package and a command), and the README says so for the pull request."""
+    name = github_repo(cmake["EXTENSION_HOMEPAGE"]).split("/")[1]
+    if name.startswith("Slicer"):
+        return
+    readme = (INDEX_DIR / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Repository name", 1)[1].split("\n## ", 1)[0]
+    assert "REPOSITORY_NAME_CHECK_EXCEPTIONS" in section and f"`{name}`" in section
+    assert "pip install" in section and "`cardseg`" in section
+    pyproject = (REPO / "pyproject.toml").read_text(encoding="utf-8")
+    assert 'cardseg = "cardseg.cli:console_main"' in pyproject  # the command exists
 
 
 def test_tracked_files_fit_the_index_size_limit():

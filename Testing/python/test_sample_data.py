@@ -6,10 +6,13 @@ segmentation."""
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import logging
+import os
 import shutil
+import subprocess
 import sys
 import urllib.request
 from pathlib import Path
@@ -57,11 +60,58 @@ def test_registration_arguments_point_at_the_module_folder_and_are_consistent():
     args = sampledata.registration_arguments(MODULE_DIR)
     n = len(sampledata.SAMPLE_FILES)
     assert args["category"] == "CARDSegment" and args["sampleName"] == "CARDSegmentPhantom"
-    for key in ("uris", "fileNames", "nodeNames", "loadFileType", "checksums"):
+    for key in ("uris", "fileNames", "nodeNames", "loadFileTypes", "checksums"):
         assert len(args[key]) == n, key  # Sample Data refuses lists of different lengths
-    assert args["loadFileType"] == ["VolumeFile", "SegmentationFile"]
+    assert args["loadFileTypes"] == ["VolumeFile", "SegmentationFile"]
     assert all(u.startswith("file://") for u in args["uris"])
     assert Path(args["thumbnailFileName"]).is_file()
+
+
+#: the parameters of ``SampleDataLogic.registerCustomSampleDataSource`` in each supported Slicer,
+#: read from Modules/Scripted/SampleData/SampleData.py in the tags (the same list in all three)
+REGISTER_PARAMETERS = (
+    "category",
+    "sampleName",
+    "uris",
+    "fileNames",
+    "nodeNames",
+    "customDownloader",
+    "thumbnailFileName",
+    "loadFileTypes",
+    "loadFiles",
+    "loadFileProperties",
+    "checksums",
+    "loadFileType",
+)
+REGISTER_TAGS = ("v5.8.0", "v5.10.0", "v5.12.0")
+#: accepted there only for old callers; passing it beside loadFileTypes is an error
+DEPRECATED_PARAMETERS = {"loadFileType"}
+
+
+def test_registration_uses_only_current_parameters_of_every_supported_slicer():
+    args = sampledata.registration_arguments(MODULE_DIR)
+    assert set(args) <= set(REGISTER_PARAMETERS), set(args) - set(REGISTER_PARAMETERS)
+    assert not set(args) & DEPRECATED_PARAMETERS
+    assert "loadFileTypes" in args
+
+
+@pytest.mark.skipif(not os.environ.get("SLICER_SOURCE"), reason="needs SLICER_SOURCE: a Slicer git checkout")
+@pytest.mark.parametrize("tag", REGISTER_TAGS)
+def test_the_recorded_parameters_are_slicers(tag):
+    source = subprocess.run(
+        ["git", "-C", os.environ["SLICER_SOURCE"], "show", f"{tag}:Modules/Scripted/SampleData/SampleData.py"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    found = [
+        node
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef) and node.name == "registerCustomSampleDataSource"
+    ]
+    assert len(found) == 1
+    assert tuple(a.arg for a in found[0].args.args) == REGISTER_PARAMETERS
+    assert "loadFileType: deprecated" in source
 
 
 def test_sample_data_copies_and_verifies_the_files_without_network(tmp_path):

@@ -85,11 +85,13 @@ SLICER_5_8_0 = {
         "WaitCursor",
         "childWidgetVariables",
         "confirmOkCancelDisplay",
+        "createProgressDialog",
         "errorDisplay",
         "loadUI",
         "loadVolume",
         "mainWindow",
         "pip_install",
+        "showStatusMessage",
         "tryWithErrorDisplay",
         "warningDisplay",
     },
@@ -710,6 +712,88 @@ def test_connect_parameters_to_gui_returns_its_tag_in_slicer_source(tag):
     assert _returns_a_value(show, "_connectParametersToGui")
     assert _returns_a_value(show, "_connectGui") is WRAPPER_TAGS[tag]
     assert 'checkedSetAttr(classtype, "connectParametersToGui", _connectParametersToGui)' in show
+
+
+# ---------------------------------------------------------------------------------------------
+# slicer.packaging (Slicer 5.12 and later), which CARDSegmentLib/install/packages.py prefers where it exists
+
+#: the parameters of the slicer.packaging functions the installer calls, in order, read in
+#: Base/Python/slicer/packaging.py of PACKAGING_TAGS (Slicer's main branch at 583e9b3, August 2026,
+#: has the same); v5.8.0 and v5.10.0 have no such file, and there the installer keeps slicer.util.pip_install
+SLICER_PACKAGING = {
+    "pip_ensure": (
+        "requirements",
+        "constraints",
+        "skip_packages",
+        "prompt_install",
+        "prompt_restart",
+        "requester",
+        "skip_in_testing",
+        "show_progress",
+    ),
+}
+PACKAGING_TAGS = ("v5.12.0", "v5.12.3")
+NO_PACKAGING_TAGS = ("v5.8.0", "v5.10.0")
+INSTALLER = LIB_DIR / "install" / "packages.py"
+
+
+def _packaging_calls(tree: ast.AST) -> Dict[str, List[ast.Call]]:
+    """The ``packaging.<name>(...)`` calls (the installer's local name for ``slicer.packaging``)."""
+    calls: Dict[str, List[ast.Call]] = defaultdict(list)
+    for node in ast.walk(tree):
+        func = getattr(node, "func", None)
+        if isinstance(node, ast.Call) and isinstance(func, ast.Attribute) and _chain(func)[0] == "packaging":
+            calls[func.attr].append(node)
+    return calls
+
+
+def test_the_installer_calls_slicer_packaging_with_the_names_of_slicer_5_12():
+    calls = _packaging_calls(ast.parse(INSTALLER.read_text(encoding="utf-8")))
+    assert set(calls) == {"pip_ensure"}
+    for name, found in calls.items():
+        parameters = SLICER_PACKAGING[name]
+        for call in found:
+            keywords = {k.arg for k in call.keywords}
+            assert None not in keywords and keywords <= set(parameters[len(call.args) :]), (name, keywords)
+            assert len(call.args) <= len(parameters)
+
+
+def test_the_installer_imports_slicer_packaging_behind_a_check():
+    """5.8 and 5.10 have no slicer.packaging: it is imported by name inside a try that catches
+    ImportError, and its function is looked up with getattr; no static import or attribute use."""
+    source = INSTALLER.read_text(encoding="utf-8")
+    tree = ast.parse(source)
+    guarded_imports = [
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Try)
+        and any(getattr(h.type, "id", None) == "ImportError" for h in node.handlers)
+        and 'import_module("slicer.packaging")' in ast.get_source_segment(source, node)
+    ]
+    assert len(guarded_imports) == 1
+    assert 'getattr(packaging, "pip_ensure", None)' in source
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            assert not any(n.startswith("slicer.packaging") for n in names)
+        if isinstance(node, ast.Attribute):
+            assert _chain(node)[1][:1] != ["packaging"] or _chain(node)[0] != "slicer"
+
+
+@pytest.mark.skipif(not os.environ.get("SLICER_SOURCE"), reason="needs SLICER_SOURCE: a Slicer git checkout")
+@pytest.mark.parametrize("tag", PACKAGING_TAGS + NO_PACKAGING_TAGS)
+def test_slicer_packaging_is_as_recorded_in_slicer_source(tag):
+    shown = subprocess.run(
+        ["git", "-C", os.environ["SLICER_SOURCE"], "show", f"{tag}:Base/Python/slicer/packaging.py"],
+        capture_output=True,
+        text=True,
+    )
+    if tag in NO_PACKAGING_TAGS:
+        assert shown.returncode != 0, f"{tag} has slicer.packaging: the installer could use it there too"
+        return
+    functions = {n.name: n for n in ast.parse(shown.stdout).body if isinstance(n, ast.FunctionDef)}
+    for name, parameters in SLICER_PACKAGING.items():
+        assert tuple(a.arg for a in functions[name].args.args) == parameters, (tag, name)
 
 
 if __name__ == "__main__":  # print the lookup for a Slicer checkout: python test_slicer_compat.py /path/to/Slicer

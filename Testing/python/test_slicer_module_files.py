@@ -160,7 +160,7 @@ def test_testing_folder_follows_slicer_convention():
 def test_extension_adds_the_module():
     text = re.sub(r"#[^\n]*", "", (REPO / "CMakeLists.txt").read_text(encoding="utf-8"))
     assert re.search(r"add_subdirectory\(\s*CARDSegment\s*\)", text)
-    assert 'EXTENSION_DEPENDS "PyTorch"' in text and 'EXTENSION_CATEGORY "Segmentation"' in text
+    assert 'EXTENSION_DEPENDS "PyTorch"' in text and 'EXTENSION_CATEGORY "Cardiac"' in text
 
 
 def test_icon_is_the_extension_icon():

@@ -1,8 +1,9 @@
 """Which Python packages the engine needs, and which of them are missing (no Qt, no installing).
 
-The module's Logic asks the user before installing anything: torch through the PyTorch
-extension (``PyTorchUtils``), the rest with ``slicer.util.pip_install``. This file only knows the
-list and how to check it, so that it can be tested anywhere. Keep it in step with the
+The module's Logic asks the user before installing anything (:mod:`.packages`): torch through the
+PyTorch extension (``PyTorchUtils``), the rest with pip (``slicer.packaging.pip_ensure`` on Slicer
+5.12 and later, ``slicer.util.pip_install`` before). This file only knows the list, how to check it
+and what pip must keep as it is (:func:`constraints`), so that it can be tested anywhere. Keep it in step with the
 ``dependencies`` of the repository's ``pyproject.toml`` (a test compares them).
 
 Why these minimums (read from MONAI's own wheels and metadata):
@@ -22,7 +23,7 @@ import importlib.metadata
 import importlib.util
 import re
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, Iterable, List, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -97,10 +98,14 @@ def missing_requirements(
 
 
 def describe(missing: List[Requirement]) -> str:
-    """A sentence for the confirmation dialog."""
+    """The confirmation dialog's text: what is missing, that it is downloaded (a network connection
+    is needed) and, when torch is among it, how long and how large that download is."""
     names = ", ".join(r.pip_spec for r in missing)
     torch = any(r.module == "torch" for r in missing)
-    text = f"CARDSegment needs these Python packages, which are not installed yet: {names}."
+    text = (
+        f"CARDSegment needs these Python packages, which are not installed yet: {names}. "
+        "They are downloaded from the internet, so this computer needs a network connection."
+    )
     if torch:
         text += " PyTorch is installed through the PyTorch extension and can take several minutes and a few gigabytes."
     return text + " Install them now?"
@@ -148,3 +153,24 @@ def pip_specs(missing: List[Requirement], version_of: Callable[[str], Optional[s
     if specs and torch:
         specs.append(f"torch=={torch}")
     return specs
+
+
+def constraints(
+    missing: List[Requirement],
+    version_of: Callable[[str], Optional[str]] = installed_version,
+    imported: Iterable[str] = (),
+) -> List[str]:
+    """Constraint lines (``numpy==1.26.4``) for pip while it installs ``missing``: the packages that
+    must stay as they are in a running Slicer. torch, whenever it is installed (the PyTorch
+    extension's build), and every other requirement that is installed, new enough and already
+    imported (``imported``: module names, e.g. ``sys.modules``), because a new version of an imported
+    package only takes effect after a restart. pip then chooses versions of ``missing`` that fit them."""
+    loaded = set(imported)
+    lines = []
+    for req in REQUIREMENTS:
+        if req in missing:
+            continue
+        version = version_of(req.distribution)
+        if version and (req.module == "torch" or req.module in loaded):
+            lines.append(f"{req.distribution}=={version}")
+    return lines

@@ -83,7 +83,8 @@ def missing_files(module_dir: os.PathLike) -> List[str]:
 def registration_arguments(module_dir: os.PathLike) -> Dict[str, object]:
     """The keyword arguments of ``SampleDataLogic.registerCustomSampleDataSource`` for the phantom:
     the files' ``file://`` addresses in the module folder, their names in the cache and the scene,
-    how to load them and their checksums."""
+    how to load them (``loadFileTypes``, which every Slicer 5 accepts; ``loadFileType`` is its
+    deprecated spelling) and their checksums."""
     folder = sample_folder(module_dir)
     return {
         "category": CATEGORY,
@@ -92,7 +93,7 @@ def registration_arguments(module_dir: os.PathLike) -> Dict[str, object]:
         "fileNames": [f.file_name for f in SAMPLE_FILES],
         "nodeNames": [f.node_name for f in SAMPLE_FILES],
         "thumbnailFileName": str(folder / THUMBNAIL),
-        "loadFileType": [f.load_type for f in SAMPLE_FILES],
+        "loadFileTypes": [f.load_type for f in SAMPLE_FILES],
         "checksums": [f"SHA256:{f.sha256}" for f in SAMPLE_FILES],
     }
 
