@@ -3,7 +3,8 @@
 SimpleITK's NIfTI writer, when the disk fills up or a file-size limit (``ulimit -f``) cuts a
 write, prints ``** ERROR: NWAD: wrote only 0 of N bytes`` on the process's stderr and returns as
 if all went well. :func:`write_image` therefore mutes that line and reads every file back
-before it returns: the whole gzip stream (its CRC and length), the header's size, number of
+before it returns: the whole file (the bytes it compressed itself, their length and CRC-32; a
+file SimpleITK compressed, its whole gzip stream, decompressed), the header's size, number of
 components and pixel type, and the amount of voxel data. Any shortfall raises
 :class:`IncompleteWrite`, an :class:`OSError` (the command line's exit 1) that names the file.
 """
@@ -21,7 +22,7 @@ import threading
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, List, Optional
+from typing import Iterator, List, NamedTuple, Optional
 
 from cardseg.base.fd2 import FD2_LOCK
 
@@ -110,9 +111,10 @@ def write_image(image, path: os.PathLike) -> None:
     gzip-compressed NIfTI."""
     path = Path(path)
     raw = path.with_name(path.name + RAW_SUFFIX)
+    written: Optional[GzipWritten] = None
     try:
         _sitk_write(image, raw, path, compressed=False)
-        _gzip_file(raw, path)
+        written = _gzip_file(raw, path)
     except IncompleteWrite:
         # no room for the uncompressed file (disk, quota, ``ulimit -f``): SimpleITK compresses as
         # it writes, needing room for the compressed file only
@@ -120,7 +122,7 @@ def write_image(image, path: os.PathLike) -> None:
         _sitk_write(image, path, path, compressed=True)
     finally:
         _remove(raw)
-    verify_image(image, path)
+    verify_image(image, path, written)
 
 
 def _sitk_write(image, target: Path, name: Path, compressed: bool) -> None:
@@ -147,23 +149,53 @@ def _remove(path: Path) -> None:
         pass
 
 
-def _gzip_file(src: Path, dst: Path, level: int = GZIP_LEVEL) -> None:
+#: the bytes of a NIfTI file that hold its header (NIfTI-2's size; NIfTI-1's is 348)
+HEADER_BYTES = 540
+
+
+class GzipWritten(NamedTuple):
+    """What :func:`_gzip_file` wrote: the uncompressed bytes' count and first :data:`HEADER_BYTES`
+    (the NIfTI header), and the compressed file's own length and CRC-32 (what it must read back as)."""
+
+    raw_size: int
+    head: bytes
+    size: int
+    crc: int
+
+
+def _gzip_file(src: Path, dst: Path, level: int = GZIP_LEVEL) -> GzipWritten:
     """``src`` gzip-compressed into ``dst``: one ordinary gzip member (no file name, time 0), its
     deflate stream made of :data:`PIECE_BYTES` pieces compressed on several threads at once
     (:func:`_deflate_pieces`); an ``OSError`` of the file system (full disk, size limit) goes up as
-    :class:`IncompleteWrite`."""
+    :class:`IncompleteWrite`. Returns what it wrote (:class:`GzipWritten`)."""
+    # magic, deflate, no flags, time 0, "fastest" (level 1) or no extra flag, OS unknown
+    magic = b"\x1f\x8b\x08\x00\x00\x00\x00\x00" + (b"\x04" if level == 1 else b"\x00") + b"\xff"
     try:
         with open(src, "rb") as fin, open(dst, "wb") as fout:
-            # magic, deflate, no flags, time 0, "fastest" (level 1) or no extra flag, OS unknown
-            fout.write(b"\x1f\x8b\x08\x00\x00\x00\x00\x00" + (b"\x04" if level == 1 else b"\x00") + b"\xff")
-            crc, size = 0, 0
+            out = _Counted(fout)
+            out.write(magic)
+            crc, size, head = 0, 0, b""
             for raw, packed in _deflate_pieces(fin, level):
                 crc = zlib.crc32(raw, crc)
+                head = head if len(head) >= HEADER_BYTES else head + raw[: HEADER_BYTES - len(head)]
                 size += len(raw)
-                fout.write(packed)
-            fout.write(struct.pack("<II", crc & 0xFFFFFFFF, size & 0xFFFFFFFF))
+                out.write(packed)
+            out.write(struct.pack("<II", crc & 0xFFFFFFFF, size & 0xFFFFFFFF))
     except OSError:
         raise IncompleteWrite(dst) from None
+    return GzipWritten(size, head, out.size, out.crc)
+
+
+class _Counted:
+    """A binary file being written, with the length and CRC-32 of what was written to it."""
+
+    def __init__(self, f):
+        self.f, self.size, self.crc = f, 0, 0
+
+    def write(self, data: bytes) -> None:
+        self.f.write(data)
+        self.size += len(data)
+        self.crc = zlib.crc32(data, self.crc)
 
 
 #: a file is compressed in pieces of this many bytes, several at once (pigz's way: each piece
@@ -251,16 +283,19 @@ def _deflate_pieces(fin, level: int) -> Iterator[tuple]:
             future.cancel()
 
 
-def verify_image(image, path: Path) -> None:
+def verify_image(image, path: Path, written: Optional[GzipWritten] = None) -> None:
     """Raise :class:`IncompleteWrite` unless ``path`` (a gzip-compressed NIfTI) reads back as
-    ``image``: complete gzip stream with a valid CRC, same size, components and pixel type in the
-    header, and exactly the header's offset plus the voxel bytes once decompressed."""
+    ``image``: same size, components and pixel type in the header, and exactly the header's offset
+    plus the voxel bytes once decompressed. The file is read whole: with ``written`` (what
+    :func:`_gzip_file` wrote), it must hold those very bytes (length and CRC-32), whose
+    uncompressed length and header ``written`` gives; without, its gzip stream must decompress
+    whole with a valid CRC."""
     import SimpleITK as sitk
 
     per_voxel = image.GetNumberOfComponentsPerPixel() * sitk.GetArrayViewFromImage(image).itemsize
     expected = image.GetNumberOfPixels() * per_voxel
     try:
-        total, head = _gunzip_length(path)
+        total, head = _gunzip_length(path) if written is None else _written_length(path, written)
         offset = _vox_offset(head)
         reader = sitk.ImageFileReader()
         reader.SetFileName(str(path))
@@ -288,10 +323,26 @@ def _gunzip_length(path: Path) -> tuple:
             chunk = f.read(1 << 20)
             if not chunk:
                 break
-            if len(head) < 540:
-                head += chunk[: 540 - len(head)]
+            if len(head) < HEADER_BYTES:
+                head += chunk[: HEADER_BYTES - len(head)]
             total += len(chunk)
     return total, head
+
+
+def _written_length(path: Path, written: GzipWritten) -> tuple:
+    """``written``'s uncompressed length and header, once ``path`` reads back as the very bytes
+    :func:`_gzip_file` wrote (their length and CRC-32); raises ``EOFError`` otherwise."""
+    size, crc = 0, 0
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            if not chunk:
+                break
+            size += len(chunk)
+            crc = zlib.crc32(chunk, crc)
+    if (size, crc) != (written.size, written.crc):
+        raise EOFError(f"{path} does not hold the bytes written")
+    return written.raw_size, written.head
 
 
 def _vox_offset(head: bytes) -> int:

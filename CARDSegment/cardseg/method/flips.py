@@ -42,11 +42,46 @@ def _entropy(q: np.ndarray, eps: float) -> np.ndarray:
     return out
 
 
+def _flip_slice(a: np.ndarray, flip: Sequence[int], yx_axes: Tuple[int, int]) -> np.ndarray:
+    """One slice's array flipped along the in-plane axes of ``flip`` (1 rows, 2 columns of a
+    ``(Z, Y, X)`` volume), found at ``yx_axes`` of ``a``: a view."""
+    return np.flip(a, axis=tuple(yx_axes[f - 1] for f in flip)) if flip else a
+
+
+class _SliceBuffers:
+    """Scratch arrays of one slice's ``(K, Y, X)`` logits, reused from slice to slice and run to run."""
+
+    def __init__(self, shape: tuple):
+        self.shifted = np.empty(shape, np.float32)
+        self.probs = np.empty(shape, np.float32)
+        self.total = np.empty(shape[1:], np.float32)
+        self.entropy = np.empty(shape[1:], np.float32)
+
+
+def _softmax_entropy(logits: np.ndarray, buf: _SliceBuffers) -> None:
+    """Softmax of one slice's logits ``(K, Y, X)`` over the class axis into ``buf.probs`` and its
+    entropy (nats) into ``buf.entropy``, float32, from the logits themselves:
+    ``H = log(sum_k e_k) - sum_k p_k (l_k - max_k l_k)`` with ``e_k = exp(l_k - max_k l_k)``
+    (one logarithm per voxel, none per class)."""
+    np.subtract(logits, logits.max(axis=0), out=buf.shifted)
+    np.exp(buf.shifted, out=buf.probs)
+    np.sum(buf.probs, axis=0, out=buf.total)
+    buf.probs /= buf.total
+    np.log(buf.total, out=buf.entropy)
+    buf.shifted *= buf.probs
+    buf.entropy -= buf.shifted.sum(axis=0)
+
+
 class FlipDisagreement:
     """The generalised Jensen-Shannon divergence of ``F`` runs' class distributions, accumulated one
-    run at a time (memory: one ``(Z, K, Y, X)`` float32 sum and a ``(Z, Y, X)`` float64 entropy sum
-    however many runs, beside the run being added):
-    ``JS = H(mean_f p_f) - mean_f H(p_f)`` per voxel (nats; 0 where all agree, at most ``ln F``)."""
+    run at a time (memory: one ``(Z, K, Y, X)`` float32 sum and a ``(Z, Y, X)`` entropy sum however
+    many runs, beside the run being added):
+    ``JS = H(mean_f p_f) - mean_f H(p_f)`` per voxel (nats; 0 where all agree, at most ``ln F``).
+
+    :meth:`add` takes a run's distributions and sums their entropies in float64; :meth:`add_logits`
+    takes a run's logits, flipped or not, and does the softmax, the entropy and the flip back in
+    float32, one slice at a time. Runs added only with :meth:`add_logits` leave a float32 entropy sum,
+    and :meth:`result` then takes the mean distribution's entropy in float32 too."""
 
     def __init__(self, eps: float = 1e-12):
         self.eps = eps
@@ -54,17 +89,39 @@ class FlipDisagreement:
         self._sum: Optional[np.ndarray] = None
         self._entropy: Optional[np.ndarray] = None
 
+    def _check(self, shape: tuple) -> bool:
+        """Whether a run of ``shape`` is the first; raises ``ValueError`` for a shape other than the earlier runs'."""
+        if self._sum is None:
+            return True
+        if tuple(shape) != self._sum.shape:
+            raise ValueError(f"run of shape {tuple(shape)} after runs of shape {self._sum.shape}")
+        return False
+
     def add(self, probs: np.ndarray) -> None:
         """One run's distribution ``(Z, K, Y, X)`` on the volume's voxels (already flipped back)."""
         p = np.asarray(probs, dtype=np.float32)
+        first = self._check(p.shape)
         h = _entropy(p, self.eps)
-        if self._sum is None:
+        if first:
             self._sum, self._entropy = p.copy(), h
         else:
-            if p.shape != self._sum.shape:
-                raise ValueError(f"run of shape {p.shape} after runs of shape {self._sum.shape}")
             self._sum += p
             self._entropy += h
+        self.runs += 1
+
+    def add_logits(self, logits: np.ndarray, flip: Sequence[int] = ()) -> None:
+        """One run's terminal logits ``(Z, K, Y, X)`` on a copy flipped along ``flip`` (axes of
+        ``(Z, Y, X)``; ``()``: the volume itself): its softmax and entropy (:func:`_softmax_entropy`,
+        float32), each slice flipped back as it is added."""
+        logits = np.asarray(logits, dtype=np.float32)
+        if self._check(logits.shape):
+            self._sum = np.zeros(logits.shape, np.float32)
+            self._entropy = np.zeros((logits.shape[0],) + logits.shape[2:], np.float32)
+        buf = _SliceBuffers(logits.shape[1:])
+        for z in range(logits.shape[0]):
+            _softmax_entropy(logits[z], buf)
+            self._sum[z] += _flip_slice(buf.probs, flip, (1, 2))
+            self._entropy[z] += _flip_slice(buf.entropy, flip, (0, 1))
         self.runs += 1
 
     def result(self) -> np.ndarray:
@@ -72,10 +129,27 @@ class FlipDisagreement:
         if not self.runs:
             raise ValueError("no run added")
         self._sum /= self.runs  # the mean distribution, in place (the accumulator is spent)
-        out = np.clip(_entropy(self._sum, self.eps) - self._entropy / self.runs, 0.0, None).astype(np.float32)
+        self._entropy /= self.runs
+        if self._entropy.dtype == np.float64:
+            js = _entropy(self._sum, self.eps) - self._entropy
+        else:
+            js = _entropy32(self._sum, self.eps) - self._entropy
+        out = np.clip(js, 0.0, None).astype(np.float32, copy=False)
         self._sum = self._entropy = None
         self.runs = 0
         return out
+
+
+def _entropy32(q: np.ndarray, eps: float) -> np.ndarray:
+    """:func:`_entropy` in float32, overwriting ``q`` (``(Z, K, Y, X)`` float32) with ``q log q``."""
+    out = np.empty((q.shape[0],) + q.shape[2:], dtype=np.float32)
+    for z in range(q.shape[0]):
+        s = q[z]
+        logs = np.log(np.maximum(s, np.float32(eps)))
+        s *= logs
+        np.sum(s, axis=0, out=out[z])
+        np.negative(out[z], out=out[z])
+    return out
 
 
 def flip_disagreement(probs: np.ndarray, eps: float = 1e-12) -> np.ndarray:
@@ -180,15 +254,13 @@ def flip_map(
     the copies' runs."""
     progress = progress or Progress()
     acc = FlipDisagreement()
-    acc.add(arrays.softmax(arrays.to_numpy(traj.logits).astype(np.float32, copy=False), 1))
+    acc.add_logits(arrays.to_numpy(traj.logits))
     progress.stage(STAGE, len(copies) * int(steps_per_run))
     quiet = _OneStage(progress)
     for flip in copies:
         logits = run_copy(np.ascontiguousarray(unflip(slices01, flip)), mirrored(traj.offset, flip), quiet)
-        probs = arrays.softmax(arrays.to_numpy(logits).astype(np.float32, copy=False), 1)
+        acc.add_logits(arrays.to_numpy(logits), flip)
         del logits
-        acc.add(unflip(probs, flip, (0, 2, 3)))
-        del probs
     out = acc.result()
     out[:, ~np.asarray(traj.fov, bool)] = 0.0
     return out
