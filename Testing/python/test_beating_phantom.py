@@ -110,8 +110,70 @@ def test_the_static_phantom_is_unchanged_by_a_default_heart(kw):
                           synthetic_cine_volume(**kw, heart=HeartShape(0.8, 0.7, 9.0))[1])  # fmt: skip
 
 
+def _first_cavity_pixel(img: np.ndarray, lab: np.ndarray) -> float:
+    """Median signal of the LV pixels touching the myocardium (4-neighbours), from the myocardium's
+    median (0) to the median of the pool more than 4 px inside (1), over the slices."""
+    values = []
+    for im, la in zip(img, lab):
+        lv, myo = la == LV, la == MYO
+        if lv.sum() < 100:
+            continue
+        edge = lv & ndimage.binary_dilation(myo)
+        deep = ndimage.distance_transform_edt(lv) > 4
+        pool, wall = np.median(im[deep]), np.median(im[myo])
+        values.append((np.median(im[edge]) - wall) / (pool - wall))
+    return float(np.median(values))
+
+
+def test_the_trabecular_layer_darkens_the_cavity_edge_only():
+    """The layer changes the image, not the labels; only pixels near a cavity; and the LV's first
+    pixel sits where ACDC's median does (0.24 of the way from myocardium to pool, quartiles
+    0.17-0.35), where a flat pool puts it at about 0.75."""
+    kw = {"shape": (6, 192, 176), "seed": 2}
+    flat, lab = synthetic_cine_volume(**kw, heart=HeartShape(wall_mm=8.0))
+    trab, lab2 = synthetic_cine_volume(**kw, heart=HeartShape(wall_mm=8.0, trabecular_mm=(2.8, 1.8)))
+    assert np.array_equal(lab, lab2)
+    changed = np.abs(flat.array - trab.array) > 0.01  # scanner units, fat ~1000: beyond float rounding
+    near = ndimage.distance_transform_edt(~np.isin(lab, (RV, LV)), sampling=(1e3, 1.5, 1.5)) <= 4 * 1.5
+    assert changed.any() and not (changed & ~near).any()
+    assert _first_cavity_pixel(flat.array, lab) > 0.6
+    assert 0.17 <= _first_cavity_pixel(trab.array, lab) <= 0.35
+
+
+def test_the_trabecular_layer_rises_as_stated():
+    """Inside a disc cavity the signal goes from the myocardium's at its boundary towards the pool's
+    as 1 - exp(-d / depth), d from the pixel centre to the boundary."""
+    from cardseg.bundle.phantom import _TISSUE, _trabecular_layer
+
+    yy, xx = np.mgrid[0:81, 0:81]
+    lab = np.where(np.hypot(yy - 40, xx - 40) <= 30, LV, MYO).astype(np.uint8)
+    img = np.where(lab == LV, 0.8, _TISSUE["myo"]).astype(np.float32)
+    out = _trabecular_layer(img, lab, (3.0, 0.0), (1.5, 1.5))
+    d = (ndimage.distance_transform_edt(lab == LV) - 0.5) * 1.5
+    inside = lab == LV
+    expected = _TISSUE["myo"] + (0.8 - _TISSUE["myo"]) * (1 - np.exp(-d[inside] / 3.0))
+    assert np.allclose(out[inside], expected, atol=1e-5)
+    assert np.array_equal(out[~inside], img[~inside])
+
+
+def test_the_beating_cine_draws_the_acdc_trabecular_layers(cine):
+    from cardseg.bundle.beating import ACDC_TRABECULAR_MM
+
+    assert BeatOptions().trabecular_mm == ACDC_TRABECULAR_MM
+    k = cine.truth.ed_frame
+    assert 0.17 <= _first_cavity_pixel(cine.frames[k].array, cine.labels[k]) <= 0.35
+
+
 @pytest.mark.parametrize(
-    "opts", [BeatOptions(frames=1), BeatOptions(ed_frame=20), BeatOptions(lv_ef=0.95), BeatOptions(wall_es_mm=40.0)]
+    "opts",
+    [
+        BeatOptions(frames=1),
+        BeatOptions(ed_frame=20),
+        BeatOptions(lv_ef=0.95),
+        BeatOptions(wall_es_mm=40.0),
+        BeatOptions(trabecular_mm=(-1.0, 0.0)),
+        BeatOptions(trabecular_mm=(2.0,)),
+    ],
 )
 def test_a_beat_that_cannot_be_drawn_is_refused(opts):
     with pytest.raises(CardsegError):
@@ -213,8 +275,7 @@ def test_an_existing_truth_file_is_kept_without_overwrite(tmp_path, capsys):
 def test_the_shipped_model_finds_the_beat():
     """The primary alone (``uc``) on each frame of a short cine: end-diastole and end-systole from its
     LV curve are the phantom's, and its wall thickens from one to the other in every segment. (Its
-    volumes and thickness are off by more than the cine's own accuracy: see the wall-thickness study's
-    phantom block.)"""
+    volumes and thickness against the truth: Training/results/beating-phantom.)"""
     from cardseg.bundle.loading import load_bundle
     from cardseg.segment import SegmentOptions, segment_volume
 

@@ -19,6 +19,12 @@ from cardseg.io.volume import Volume
 
 #: label values of the phantom
 RV, MYO, LV = 1, 2, 3
+#: trabecular layer depths (mm, LV then RV) that give the phantom ACDC's signal across the labelled
+#: endocardium: on ACDC's validation volumes (ED and ES, pixels taken as 1.5 mm) the median signal of
+#: the first cavity pixel is 0.24 (LV) and 0.31 (RV) of the way from myocardium to the pool's, and
+#: it rises as 1 - exp(-d / depth) with the distance d from the label boundary
+#: (``Training/cardseg_train/studies/beating_phantom.py``)
+ACDC_TRABECULAR_MM = (2.8, 1.8)
 
 
 @dataclass(frozen=True)
@@ -26,9 +32,12 @@ class BeatOptions:
     """The beat: ``frames`` evenly over one R-R interval of ``rr_ms``; end-diastole at
     ``ed_frame``, end-systole ``systole_share`` of the beat later (rounded to a frame); the LV's
     and the RV's ejection fractions; the wall thickness at end-diastole and end-systole (mm, the
-    same around the ring and from base to apex). Defaults: 20 frames over 800 ms (40 ms apart, 75
+    same around the ring and from base to apex); ``trabecular_mm``, the depth (mm, LV then RV) of
+    the trabecular layer lining each cavity in the image, labelled cavity
+    (:class:`~cardseg.bundle.phantom.HeartShape`). Defaults: 20 frames over 800 ms (40 ms apart, 75
     beats a minute), end-systole at frame 7 (280 ms), LV EF 0.58, RV EF 0.52, wall 8.0 mm thickening
-    to 10.5 mm, about what keeps the myocardium's volume through the beat."""
+    to 10.5 mm, about what keeps the myocardium's volume through the beat, and the trabecular
+    layers of :data:`ACDC_TRABECULAR_MM`."""
 
     frames: int = 20
     rr_ms: float = 800.0
@@ -38,6 +47,7 @@ class BeatOptions:
     rv_ef: float = 0.52
     wall_ed_mm: float = 8.0
     wall_es_mm: float = 10.5
+    trabecular_mm: Tuple[float, float] = ACDC_TRABECULAR_MM
 
 
 class CineTruth(NamedTuple):
@@ -128,6 +138,8 @@ def check_beat(opts: BeatOptions) -> None:
         raise CardsegError(f"ejection fractions must lie in (0, 0.9), not {opts.lv_ef} and {opts.rv_ef}")
     if not (2.0 <= opts.wall_ed_mm <= 25.0 and 2.0 <= opts.wall_es_mm <= 25.0) or not opts.rr_ms > 0:
         raise CardsegError("walls must be 2-25 mm thick and the R-R interval positive")
+    if len(opts.trabecular_mm) != 2 or not all(0.0 <= t <= 10.0 for t in opts.trabecular_mm):
+        raise CardsegError(f"trabecular layers are two depths of 0-10 mm (LV, RV), not {opts.trabecular_mm}")
 
 
 def beating_cine(
@@ -140,7 +152,7 @@ def beating_cine(
     """The phantom of ``seed`` (``shape``, ``spacing`` (x, y, z) mm, ``noise`` as in
     :func:`~cardseg.bundle.phantom.synthetic_cine_volume`) beating over ``opts.frames`` frames.
 
-    End-diastole is the seed's heart with the stated uniform wall; frame ``k`` has ejected the
+    End-diastole is the seed's heart with the stated uniform wall and trabecular layers; frame ``k`` has ejected the
     share :func:`contraction` of the stroke, its target volumes ``V_ed * (1 - EF * share)``. The LV
     cavity's radius is scaled on every slice and the RV's depth, each fitted (secant steps on the
     drawn labels) until the labels' volume meets its target, while the wall follows
@@ -166,7 +178,8 @@ def beating_cine(
         rv_scale = _fitted(
             lambda s: (labels(HeartShape(lv_scale, s, float(wall[k]))) == RV).sum() * ml, rv_target[k], 1.0
         )
-        vol, lab = synthetic_cine_volume(shape, spacing, seed, noise, HeartShape(lv_scale, rv_scale, float(wall[k])))
+        heart = HeartShape(lv_scale, rv_scale, float(wall[k]), tuple(opts.trabecular_mm))
+        vol, lab = synthetic_cine_volume(shape, spacing, seed, noise, heart)
         frames.append(vol)
         maps.append(lab)
     stack = np.stack(maps)

@@ -37,12 +37,14 @@ class HeartShape:
     """A change of the seeded heart, for one cardiac phase: the LV cavity's radius times
     ``lv_scale`` on every slice, the RV's depth times ``rv_scale``, and (``wall_mm`` given) a wall of
     ``wall_mm`` everywhere (image mm, also where a small field of view scales the anatomy down)
-    instead of the seed's, which thickens towards the apex. The default leaves the heart as the
-    seed draws it."""
+    instead of the seed's, which thickens towards the apex; ``trabecular_mm`` (LV, RV), where
+    non-zero, a trabecular layer lining that cavity (:func:`_trabecular_layer`). The default
+    leaves the heart as the seed draws it."""
 
     lv_scale: float = 1.0
     rv_scale: float = 1.0
     wall_mm: Optional[float] = None
+    trabecular_mm: Tuple[float, float] = (0.0, 0.0)
 
 
 def synthetic_cine_volume(
@@ -156,6 +158,8 @@ def _reshaped(subj: dict, heart: HeartShape, plane: _Plane) -> dict:
     out = dict(subj, r_lv=subj["r_lv"] * heart.lv_scale, t_rv=subj["t_rv"] * heart.rv_scale)
     if heart.wall_mm is not None:
         out["uniform_wall"] = float(heart.wall_mm) / plane.scale
+    if any(heart.trabecular_mm):
+        out["trabecular"] = tuple(float(t) / plane.scale for t in heart.trabecular_mm)
     return out
 
 
@@ -218,7 +222,28 @@ def _anatomy(shape: Tuple[int, int, int], plane: _Plane, subj: dict) -> Tuple[np
         layers += [(heart[name], name) for name in ("epi_fat", "pericardium", "rv_wall", "papillary")]
         for mask, name in layers:  # later layers paint over earlier ones
             img[k][mask] = tissue[name]
+        if "trabecular" in subj:
+            img[k] = _trabecular_layer(img[k], lab[k], subj["trabecular"], plane.mm_per_px)
     return img, lab
+
+
+def _trabecular_layer(img: np.ndarray, lab: np.ndarray, depth_mm: Tuple[float, float], mm_per_px) -> np.ndarray:
+    """One slice's signal ``img`` with a trabecular layer lining the LV (label 3) and RV (label 1)
+    cavities: inside a cavity, at distance ``d`` (mm) from its boundary, the signal goes from the
+    myocardium's at the boundary towards its own, ``myo + (img - myo) * (1 - exp(-d / depth))``
+    (``depth_mm`` per cavity, LV then RV; 0: none). The layer is labelled cavity, as ACDC's
+    annotators label trabeculae and papillary muscles. ``d`` is from the pixel centre to the
+    boundary half a pixel beyond the nearest pixel centre outside."""
+    out = img.copy()
+    half = 0.5 * float(np.mean(mm_per_px))
+    myo = _TISSUE["myo"]
+    for label, depth in ((3, depth_mm[0]), (1, depth_mm[1])):
+        cavity = lab == label
+        if depth <= 0 or not cavity.any():
+            continue
+        d = ndimage.distance_transform_edt(cavity, sampling=mm_per_px)[cavity] - half
+        out[cavity] = myo + (img[cavity] - myo) * (1.0 - np.exp(-np.maximum(d, 0.0) / depth))
+    return out
 
 
 def _heart_slice(x, y, u, subj, mm_per_px):
