@@ -124,6 +124,18 @@ def _add_segment_parser(sub) -> None:
     )
     p.add_argument("--backend", choices=["auto", "torch", "onnx"], help=BACKEND_HELP)
     p.add_argument("--review-map", metavar="MAP", help=REVIEW_MAP_HELP)
+    _add_eof_option(p)
+
+
+def _add_eof_option(p) -> None:
+    """``--eof``: what the end of standard input does to a ``segment`` or ``batch`` run."""
+    p.add_argument(
+        "--eof",
+        default="finish",
+        choices=["finish", "stop"],
+        help="finish: standard input is not read; stop: the run stops at the end of its standard input "
+        "(its starter, e.g. the Slicer module, is gone) as SIGTERM stops it, nothing half written",
+    )
 
 
 def _add_batch_parser(sub) -> None:
@@ -196,6 +208,7 @@ def _add_batch_parser(sub) -> None:
         help="bar: a progress bar over cases on stderr with ETA and cases/min; json: one "
         "{stage, done, total} object per line on stderr",
     )
+    _add_eof_option(p)
     _add_batch_worker_options(p)
 
 
@@ -561,6 +574,10 @@ COMMANDS = {
 }
 
 
+#: the commands whose ``--eof stop`` watches standard input here (``serve`` reads its own)
+EOF_WATCHED = ("segment", "batch")
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Run one command. SIGTERM is handled like Ctrl-C in every command (the same cleanup of
     temporaries and locks), then reported as ``terminated`` with exit status 143."""
@@ -576,6 +593,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 return run_plugin(argv[0], plugins[argv[0]], argv[1:])
             parser = build_parser(plugin_help=not argv or argv[0] in ("-h", "--help"), plugins=plugins)
             a = parser.parse_args(argv)
+            if a.command in EOF_WATCHED and a.eof == "stop":
+                from cardseg.base.input_watch import stop_on_eof
+
+                stop_on_eof()  # inside the SIGTERM handler: the end of input stops the run as SIGTERM does
             return COMMANDS[a.command](a)
     except CardsegError as exc:
         print(f"cardseg: error: {exc}", file=sys.stderr)
@@ -611,9 +632,14 @@ def console_main() -> None:
     After ``segment`` the interpreter skips its own teardown (``os._exit`` once stdout and stderr
     are flushed): unloading torch and MONAI takes about half a second of every run and frees
     nothing a finished process needs (``Testing/benchmarks/whole_run.py``, "python start/exit").
+    So does any command run with ``--eof stop``: the thread reading its input would make the
+    teardown abort, and after a stop at end of input the stop's grace period
+    (:func:`cardseg.base.input_watch.stop_self`) must not run out in it.
     """
+    from cardseg.base.input_watch import INPUT_WATCHED
+
     rc = main()
-    if sys.argv[1:2] and sys.argv[1] in QUICK_EXIT:
+    if (sys.argv[1:2] and sys.argv[1] in QUICK_EXIT) or INPUT_WATCHED.is_set():
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(rc)

@@ -19,6 +19,12 @@ Protocol (version :data:`PROTOCOL`), JSON lines, UTF-8:
     loaded networks serve every rule), ``overwrite`` (true/false). An absent field takes the value ``cardseg serve`` was started
     with (``--bundle``, ``--device``, ``--backend``, ``--threads``), else segment's default. The
     values are judged by segment's own parser and checks: the same one-line refusals.
+  - ``{"id": ANY, "op": "batch", "manifest": CSV, "output": OUTDIR, ...}``: run ``cardseg batch
+    --manifest CSV -o OUTDIR`` in this process (:func:`cardseg.cohort.batch.run_batch`, its checks,
+    cohort table, resume and ``subjects.csv``), its cases on the bundle kept loaded. The other
+    fields are the value fields of ``segment`` (``cardseg batch``'s options of the same names),
+    ``overwrite`` and ``report`` (true, the default: write ``triage.html``; false:
+    ``--no-report``); the cases run here, one after another (no ``--workers``, no ``--ray``).
   - ``{"id": ANY, "op": "status"}``: answered with a ``status`` event (below).
   - ``{"op": "exit"}``: end the engine (as end of input does).
 
@@ -28,12 +34,18 @@ Protocol (version :data:`PROTOCOL`), JSON lines, UTF-8:
     "error": null|LINE}``: once, after start-up; the bundle given at start (or the default one) is
     already loaded (``error`` says why not: the first request then loads its own or fails).
   - ``{"stage": NAME, "done": n, "total": m}``: progress of the running request, exactly the
-    lines of ``cardseg segment --progress json`` (stages ``export-onnx``, ``trajectory``, ``write``).
+    lines of ``cardseg segment --progress json`` (stages ``export-onnx``, ``trajectory``, ``write``)
+    or, for ``batch``, of ``cardseg batch --progress json`` (stages ``hashing``, ``cases``).
   - ``{"event": "result", "id": ANY, "ok": true, "output": OUTDIR, "files": [...], "slices": n,
     "agreement": x|null, "out_of_domain": b|null, "regions": n, "timings_s": {...}, "backend": ...,
     "device": ..., "loaded_bundle": b, "notes": [...], "seconds": s}``: the request succeeded
     (``timings_s`` is report.json's; ``loaded_bundle`` whether this request (re)loaded the bundle;
     ``seconds`` its wall time in the engine).
+  - ``{"event": "result", "id": ANY, "ok": true, "output": OUTDIR, "cases": n, "computed": n,
+    "reused": n, "failed": 0, "files": [...], "loaded_bundle": b, "seconds": s}``: a ``batch``
+    succeeded (``files``: the tables written at OUTDIR's top); when a case failed, the same with
+    ``"ok": false``, ``"failed": k``, ``"code": 1`` and ``"error"`` saying how many (``cohort.csv``
+    gives each case's one line), as ``cardseg batch`` then exits with 1.
   - ``{"event": "result", "id": ANY, "ok": false, "error": LINE, "code": c}``: it failed; ``LINE``
     is the one line ``cardseg segment`` would print after ``cardseg: error:``; ``code`` segment's
     exit status (2 bad input or options, 1 a failed write, 3 an unexpected error, whose traceback
@@ -80,7 +92,9 @@ PROTOCOL = 1
 #: request fields that map to a ``cardseg segment`` option taking a value
 VALUE_FIELDS = ("bundle", "device", "backend", "method", "frame", "spacing", "batch_size", "threads", "review_map")
 FIELDS = ("id", "op", "input", "output", "overwrite") + VALUE_FIELDS
-OPS = ("segment", "status", "exit")
+#: the fields of a ``batch`` request (its value fields are those of ``segment``, options of ``cardseg batch`` too)
+BATCH_FIELDS = ("id", "op", "manifest", "output", "overwrite", "report") + VALUE_FIELDS
+OPS = ("segment", "batch", "status", "exit")
 #: modules whose presence ``status`` reports
 WATCHED_MODULES = ("monai", "torch", "onnxruntime")
 #: exit status of an unexpected error in one request (the engine goes on)
@@ -167,32 +181,24 @@ TOO_LONG = "\0too long"
 
 
 class StdinReader:
-    """Reads request lines on a thread, so that the end of input is seen while a request runs.
+    """Reads request lines on a thread (:func:`cardseg.base.input_watch.watch_input`, the watchdog
+    ``cardseg segment --eof stop`` has too), so that the end of input is seen while a request runs.
 
     ``on_eof`` is called (from the reader thread) when the input ends; lines go to :meth:`get`,
     which returns None after the last one.
     """
 
     def __init__(self, stream, on_eof: Callable[[], None]):
+        from cardseg.base.input_watch import watch_input
+
         self.lines: "queue.Queue[Optional[str]]" = queue.Queue()
         self.on_eof = on_eof
-        self.thread = threading.Thread(target=self._pump, args=(stream,), daemon=True, name="cardseg-serve-stdin")
-        self.thread.start()
+        self.thread = watch_input(stream, self._ended, self._line, "cardseg-serve-stdin", MAX_REQUEST_BYTES)
 
-    def _pump(self, stream) -> None:
-        try:
-            while True:
-                raw = stream.readline(MAX_REQUEST_BYTES + 1)
-                if not raw:
-                    break
-                if len(raw) > MAX_REQUEST_BYTES and not raw.endswith(b"\n"):
-                    while raw and not raw.endswith(b"\n"):  # the rest of the line is read and dropped
-                        raw = stream.readline(MAX_REQUEST_BYTES + 1)
-                    self.lines.put(TOO_LONG)
-                    continue
-                self.lines.put(raw.decode("utf-8", errors="replace"))
-        except (OSError, ValueError):
-            pass
+    def _line(self, raw: Optional[bytes]) -> None:
+        self.lines.put(TOO_LONG if raw is None else raw.decode("utf-8", errors="replace"))
+
+    def _ended(self) -> None:
         self.lines.put(None)
         self.on_eof()
 
@@ -319,25 +325,38 @@ class Engine:
 
     def arguments(self, request: dict) -> argparse.Namespace:
         """``request`` as ``cardseg segment``'s parsed arguments (its parser: same choices, types, defaults)."""
-        unknown = sorted(set(request) - set(FIELDS))
+        argv = self.option_argv("segment", request, FIELDS, ("input", "output"))
+        return self.parse(argv + ["--", request["input"]])
+
+    def batch_arguments(self, request: dict) -> argparse.Namespace:
+        """``request`` as ``cardseg batch --manifest``'s parsed arguments (its parser, as for segment)."""
+        argv = self.option_argv("batch", request, BATCH_FIELDS, ("manifest", "output"))
+        report = request.get("report", True)
+        if not isinstance(report, bool):
+            raise CardsegError(f"'report' must be true or false, got {json.dumps(report)}")
+        return self.parse(argv + [f"--manifest={request['manifest']}"] + ([] if report else ["--no-report"]))
+
+    def option_argv(self, command: str, request: dict, fields: tuple, paths: tuple) -> list:
+        """The command line of ``command`` that ``request`` asks for, without its input: its fields
+        checked (only ``fields``; each of ``paths`` a path), the engine's start options for the
+        value fields it leaves out, ``--progress json``."""
+        unknown = sorted(set(request) - set(fields))
         if unknown:
-            raise CardsegError(f"unknown request field {unknown[0]!r} (fields: {', '.join(FIELDS)})")
-        for name in ("input", "output"):
+            raise CardsegError(f"unknown request field {unknown[0]!r} (fields: {', '.join(fields)})")
+        for name in paths:
             if not isinstance(request.get(name), str) or not request[name]:
                 raise CardsegError(f"the request needs {name!r}: a path")
         d = self.defaults
         values = {"bundle": d.bundle, "device": d.device, "backend": d.backend, "threads": d.threads}
         values.update({k: request[k] for k in VALUE_FIELDS if request.get(k) is not None})
-        argv = ["segment", f"--output={request['output']}", "--progress=json"]
+        argv = [command, f"--output={request['output']}", "--progress=json"]
         for name, value in values.items():
             if value is not None:
                 argv.append(f"--{name.replace('_', '-')}={option_text(name, value)}")
         overwrite = request.get("overwrite", False)
         if not isinstance(overwrite, bool):
             raise CardsegError(f"'overwrite' must be true or false, got {json.dumps(overwrite)}")
-        if overwrite:
-            argv.append("--overwrite")
-        return self.parse(argv + ["--", request["input"]])
+        return argv + (["--overwrite"] if overwrite else [])
 
     def parse(self, argv: list) -> argparse.Namespace:
         """Parse with the CLI's parser; its usage error becomes a one-line :class:`CardsegError`."""
@@ -399,6 +418,54 @@ class Engine:
             "seconds": time.perf_counter() - t0,
         }
 
+    def batch(self, request: dict, t0: float) -> dict:
+        """One ``batch`` request: :func:`cardseg.cohort.batch.run_batch`, the code ``cardseg batch``
+        runs (its checks, cohort table, resume), in this process with the bundle kept loaded; the
+        result event (``ok`` false with code 1 when a case failed, as ``cardseg batch`` exits)."""
+        from cardseg.cohort.batch import BatchHooks, run_batch
+        from cardseg.cohort.options import options_from_args
+
+        a = self.batch_arguments(request)
+        self.check_backend(a)
+        loads: list = []
+        hooks = BatchHooks(protocol_case_progress(self.protocol.stream), self.warm_worker(loads))
+        r = run_batch(options_from_args(a), hooks)
+        event = {
+            "event": "result",
+            "id": request.get("id"),
+            "ok": not r.failed,
+            "output": str(r.outdir),
+            "cases": len(r.rows),
+            "computed": r.computed,
+            "reused": r.reused,
+            "failed": r.failed,
+            "files": list(r.files),
+            "loaded_bundle": any(loads),
+            "seconds": time.perf_counter() - t0,
+        }
+        if r.failed:
+            event.update(error=f"{r.failed} of {len(r.rows)} cases failed (cohort.csv says why)", code=1)
+        return event
+
+    def warm_worker(self, loads: list) -> Callable:
+        """The batch's ``load_worker``: a case worker on the bundle kept loaded (loaded now if it is
+        not the one the batch names); ``loads`` receives whether it was (re)loaded."""
+        from cardseg.base.cpus import default_threads
+        from cardseg.base.progress import JsonProgress
+        from cardseg.bundle.review_rules import with_review_map
+        from cardseg.cohort.worker import CaseWorker
+
+        def load(o, bundle_root, checked) -> CaseWorker:
+            threads = o.threads or default_threads()
+            progress = JsonProgress(self.protocol.stream)  # a first run's ONNX export, as segment's
+            bundle, loaded_now, device = self.loaded.get(o.bundle, o.device, o.backend, o.method, progress, threads)
+            worker = CaseWorker(bundle_root, o.method, o.device, o.batch_size, o.threads, o.backend, o.review_map)
+            worker.bundle, worker.device = with_review_map(bundle, o.review_map), device
+            loads.append(loaded_now)
+            return worker
+
+        return load
+
     def status(self, request: dict) -> dict:
         return {
             "event": "status",
@@ -435,14 +502,15 @@ class Engine:
             self.protocol.send(self.status(request))
             return True
         self.requests += 1
-        self.protocol.send(self.run_request(request, t0))
+        self.protocol.send(self.run_request(request, t0, self.batch if op == "batch" else self.segment))
         return True
 
-    def run_request(self, request: dict, t0: float) -> dict:
-        """The result event of one segment request; errors become error events (a stop goes on up)."""
+    def run_request(self, request: dict, t0: float, work: Optional[Callable] = None) -> dict:
+        """The result event of one segment (or ``work``'s) request; errors become error events (a
+        stop goes on up)."""
         rid = request.get("id")
         try:
-            return self.segment(request, t0)
+            return (work or self.segment)(request, t0)
         except CardsegError as exc:
             return error_event(rid, one_line(exc), 2)
         except KeyboardInterrupt:
@@ -474,6 +542,17 @@ class Engine:
             traceback.print_exc(file=sys.stderr)
             return f"{type(exc).__name__}: {one_line(exc)}"
         return None
+
+
+def protocol_case_progress(stream):
+    """A batch's progress over its cases as ``cardseg batch --progress json`` writes it, on the
+    protocol's stream ``stream`` (a :class:`cardseg.cohort.case_progress.CaseProgress`)."""
+    from cardseg.base.progress import JsonProgress
+    from cardseg.cohort.case_progress import CaseProgress
+
+    progress = CaseProgress("none")
+    progress.kind, progress.json = "json", JsonProgress(stream)
+    return progress
 
 
 def option_text(name: str, value) -> str:

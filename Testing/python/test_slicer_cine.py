@@ -540,7 +540,9 @@ def test_moving_the_frame_shows_that_frames_results_through_the_proxies(replay):
         assert np.array_equal(image, vtk_to_numpy(item.disagreement.GetImageData().GetPointData().GetScalars()))
         assert {c.GetForegroundVolumeID() for c in lib.outputs.views.slice_composite_nodes(r.scene)} == front
     r.logic.showOverlay(r.cine.proxy, "temperature", 0.5)
-    assert {c.GetForegroundVolumeID() for c in lib.outputs.views.slice_composite_nodes(r.scene)} == {shown.temperature.GetID()}
+    assert {c.GetForegroundVolumeID() for c in lib.outputs.views.slice_composite_nodes(r.scene)} == {
+        shown.temperature.GetID()
+    }
     r.logic.showOverlay(r.cine.proxy, "none", 0.5)
     assert {c.GetForegroundVolumeID() for c in lib.outputs.views.slice_composite_nodes(r.scene)} == {None}
 

@@ -243,6 +243,47 @@ def test_a_batch_command_never_goes_to_the_engine():
     assert isinstance(run, proc.CardsegRun) and engine.starts == 0
 
 
+def test_a_cines_batch_command_goes_to_the_engine_as_a_batch_request():
+    batch = proc.BatchCommand("m.csv", "out", python_executable="/p", device="cpu", threads=2)
+    assert request_of(batch, 3) == {
+        "id": 3,
+        "op": "batch",
+        "manifest": "m.csv",
+        "output": "out",
+        "report": False,
+        "device": "cpu",
+        "method": "card",
+        "threads": 2,
+    }
+
+    def frames(request):
+        rid = request["id"]
+        lines = [progress("hashing", 3, 3), progress("cases", 1, 3), progress("cases", 3, 3)]
+        return [lines, [("stdout", json.dumps({"event": "result", "id": rid, "ok": True, "cases": 3}))]]
+
+    launcher = Launcher(frames)
+    engine = Engine(launcher)
+    one_shots = []
+    runs = [engine.run_factory(batch, lambda argv, env, cwd: one_shots.append(argv)) for _ in range(2)]
+    for run in runs:  # the frames, then the indices: one engine, no one-shot process
+        run.start()
+        assert run.wait(5, interval=0) == proc.SUCCEEDED and run.progress.fraction == 1.0
+    assert engine.starts == 1 and one_shots == [] and [r["op"] for r in launcher.engines[0].requests] == ["batch"] * 2
+    assert runs[0].progress.stage == "cases" and runs[0].result["cases"] == 3
+
+
+def test_a_batch_the_engine_cannot_serve_falls_back_to_the_one_shot_cardseg_batch():
+    engine = Engine(Launcher(lambda r: [[("stderr", "ImportError: no cardseg")], 1], ready=False))
+    one_shots = []
+    run = engine.run_factory(
+        proc.BatchCommand("m.csv", "out", python_executable="/p"),
+        lambda argv, env, cwd: one_shots.append(OneShot(argv)) or one_shots[-1],
+    )
+    run.start()
+    assert run.wait(5, interval=0) == proc.SUCCEEDED and run.engine_failed
+    assert one_shots[0].argv[3:6] == ["batch", "--manifest", "m.csv"] and "--no-report" in one_shots[0].argv
+
+
 def test_an_interpreter_that_cannot_start_falls_back_and_fails_with_its_error():
     def launcher(argv, env, cwd):
         raise FileNotFoundError(2, "No such file or directory", argv[0])

@@ -44,13 +44,15 @@ PARENT = textwrap.dedent(
     from CARDSegmentLib.runs.engine import engine_argv
     from CARDSegmentLib.runs.process import make_work_dir
 
-    kind, input_path, bundle, root = sys.argv[2:6]
+    kind, input_path, bundle, root, watch = sys.argv[2:7]
+    env_only = watch == "env"
     work = make_work_dir(root)
     kw = dict(bundle_path=bundle, device="cpu", python_executable=sys.executable, engine_dir=sys.argv[1], threads=1)
     command = (BatchCommand if kind == "batch" else proc.SegmentCommand)(input_path, str(work / "output"), **kw)
     argv = engine_argv(command) if kind == "serve" else command.argv()
-    stdin = subprocess.PIPE if kind == "serve" else subprocess.DEVNULL
-    handle = proc.PopenHandle(argv, command.env(), None, stdin=stdin)
+    if kind != "serve" and env_only:  # only the environment's watch: the input is no pipe
+        argv = [a for a in argv if a not in ("--eof", "stop")]
+    handle = proc.PopenHandle(argv, command.env(), None, stdin=subprocess.DEVNULL if env_only else subprocess.PIPE)
     print(json.dumps({"child": handle.pid, "work": str(work)}), flush=True)
     while True:
         for stream, line in handle.read_lines():
@@ -90,15 +92,19 @@ def child_input(kind: str, long_input: Path, tmp_path: Path) -> Path:
     return manifest
 
 
-@pytest.mark.parametrize("kind", ["segment", "batch", "serve"])
+@pytest.mark.parametrize(
+    "kind, watch", [("segment", "pipe"), ("batch", "pipe"), ("serve", "pipe"), ("segment", "env"), ("batch", "env")]
+)
 def test_killing_the_parent_ends_the_engine_child_and_the_next_run_sweeps_its_folder(
-    kind, tiny_bundle, long_input, tmp_path
+    kind, watch, tiny_bundle, long_input, tmp_path
 ):
+    """Each child, as the module starts it (its input a pipe the parent holds: the end of input
+    stops it) and, for the one-shot children, with the environment's watch alone."""
     root = tmp_path / "runs"
     root.mkdir()
     parent = subprocess.Popen(
         [sys.executable, "-c", PARENT, str(MODULE_DIR), kind, str(child_input(kind, long_input, tmp_path))]
-        + [str(tiny_bundle), str(root)],
+        + [str(tiny_bundle), str(root), watch],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

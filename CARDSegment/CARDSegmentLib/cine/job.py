@@ -14,26 +14,29 @@ The results load a frame at a time (:meth:`CineJob.load_step`, one call per time
 stays responsive); nothing replaces earlier nodes before every frame is loaded, and a failure
 removes what was made. Each frame's nodes replace only that frame's earlier ones.
 
-The seam for a warm engine (a process that keeps the model loaded between runs): a
-:data:`RunFactory` makes the process of one step from its command; the default is the one-shot
-``CardsegRun``. A warm client that reads the same manifest and writes the same folders (one
-``segment`` output folder per frame, ``subjects.csv``) can be passed as ``run_factory``.
+Each step is an engine child started and polled by :class:`~CARDSegmentLib.runs.child.ChildRuns`,
+as a volume's run is: a :data:`~CARDSegmentLib.runs.child.RunFactory` makes it from the step's
+:class:`~CARDSegmentLib.runs.process.BatchCommand`. The default is the one-shot ``cardseg batch``
+process; the warm engine's ``Engine.run_factory`` sends the same manifest and folders to the
+running ``cardseg serve`` as a ``batch`` request instead (the same code, the model already
+loaded: no second engine process).
 """
 
 from __future__ import annotations
 
 import csv
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
 from ..runs import process as proc
+from ..runs.process import BatchCommand  # noqa: F401 (the command of each step; also named here)
 from ..install.bundles import bundle_classes
 from .results import SUBJECT, commit_indices, indices_from_subjects, make_indices_table
 from ..outputs.geometry import GEOMETRY_TOLERANCE_MM, ijk_to_ras, image_dimensions
-from ..runs.jobs import JobOptions, cancel_runs, one_line, remove_tree, start_or_clean_up
+from ..runs.child import ChildRuns, RunFactory, one_line
+from ..runs.jobs import JobOptions, remove_tree
 from ..outputs.loading import PendingOutputs, discard_outputs, frame_base_name, prepare_outputs
 from ..outputs.nodes import OutputError, OutputNodes, all_nodes, read_report
 from ..outputs.overlays import show_overlay
@@ -41,17 +44,7 @@ from .sequences import frame_outputs, record_frames, shown_outputs
 from .sequences import Cine, FramePlan, lv_curve, pick_ed_es
 from ..outputs.volume_files import write_volume_file
 
-#: makes the process of one step: ``(command, launcher, on_progress) -> a CardsegRun-like object``
-RunFactory = Callable[[proc.SegmentCommand, Optional[proc.Launcher], Optional[Callable]], object]
 LOADED = "loaded"
-
-
-@dataclass
-class BatchCommand(proc.SegmentCommand):
-    """``cardseg batch`` over a manifest of frame files (``input_path`` is the manifest)."""
-
-    def argv(self) -> List[str]:
-        return self.engine_call("batch", "--manifest", str(self.input_path)) + ["--no-report"]
 
 
 def node_ids(scene) -> set:
@@ -134,10 +127,8 @@ class CineJob:
         self.scene, self.input_volume, self.cine, self.plan = scene, input_volume, cine, plan
         self.options = options or JobOptions()
         self.launcher, self.on_progress = launcher, on_progress
-        self.run_factory = run_factory or proc.CardsegRun
+        self.children = ChildRuns(run_factory, launcher, self.cleanup, self._fail)  # the steps' engine children
         self.work_dir: Optional[Path] = None
-        self.run = None  # the process of the current step
-        self.runs: list = []
         self.ed, self.es = plan.ed, plan.es
         self.outputs: Dict[int, OutputNodes] = {}
         self._pending: List[PendingOutputs] = []
@@ -155,9 +146,19 @@ class CineJob:
         return self._state
 
     @property
+    def run(self):
+        """The current step's run (a CardsegRun or an EngineRun; None before the start)."""
+        return self.children.run
+
+    @property
+    def runs(self) -> list:
+        """Every step's run so far, the current one last."""
+        return self.children.runs
+
+    @property
     def error(self) -> Optional[str]:
         """The one-line error; a temporary path in it reads as what it held (the files are gone)."""
-        return proc.name_paths(self._error or (self.run.error if self.run is not None else None), self._path_names())
+        return proc.name_paths(self._error or self.children.error, self._path_names())
 
     def _label(self, frame) -> str:
         """``frame 3 (120 ms) of 'SAX cine'``."""
@@ -185,7 +186,7 @@ class CineJob:
             return proc.Progress("loading", self._loading, len(self.plan.frames), 1.0)
         if len(self.runs) > 1:
             return proc.Progress("indices", 0, 0, 1.0)
-        return self.run.progress if self.run is not None else proc.Progress()
+        return self.children.progress
 
     @property
     def output_dir(self) -> Optional[Path]:
@@ -220,30 +221,28 @@ class CineJob:
 
     def _start_run(self, manifest: Path, on_progress) -> None:
         command = self.options.command(manifest, self.output_dir, kind=BatchCommand)
-        self.run = self.run_factory(command, self.launcher, on_progress)
-        self.runs.append(self.run)
         self._state = proc.RUNNING
-        start_or_clean_up(self.run, self._fail)
-        if self.run.state == proc.FAILED:
+        if self.children.start(command, on_progress) == proc.FAILED:
             self._state = proc.FAILED
-            self.cleanup()
 
     def poll(self) -> str:
         """Advance; ``succeeded`` means the frames (and indices) are ready to load."""
         if self._state != proc.RUNNING or self.run is None:
             return self._state
-        state = self.run.poll()
-        if state == proc.FAILED:
-            self._error = failed_frames(self.output_dir / "cohort.csv", self._frame_error) or self.run.error
+        state = self.children.poll(self._ended)
         if state in (proc.FAILED, proc.CANCELLED):
             self._state = state
-            self.cleanup()
         elif state == proc.SUCCEEDED:
             try:
                 self._after_segmentation()
             except Exception as exc:  # noqa: BLE001
                 self._fail(one_line(exc))
         return self._state
+
+    def _ended(self, state: str) -> None:
+        """A step failed: the frame that failed, from the batch's table (before the folder goes)."""
+        if state == proc.FAILED:
+            self._error = failed_frames(self.output_dir / "cohort.csv", self._frame_error) or self.run.error
 
     def _after_segmentation(self) -> None:
         """The frames are segmented: pick ED/ES when asked (then a second run writes the indices)."""
@@ -270,8 +269,7 @@ class CineJob:
 
     def abort(self, message: str) -> None:
         try:
-            if self.run is not None and self.run.running:
-                self.run.cancel()
+            self.children.stop()
         finally:
             self._discard()
             self._fail(message)
@@ -283,7 +281,7 @@ class CineJob:
         if self._state in (proc.IDLE, proc.RUNNING, proc.SUCCEEDED):
             self._state = proc.CANCELLED
         self._discard()
-        cancel_runs([self.run], self.cleanup, background)
+        self.children.cancel(background)
 
     def load_step(self) -> bool:
         """Load one frame (then the indices, then put everything in place); True when done."""

@@ -67,7 +67,7 @@ class ModuleLogic:
         self._onProgress: Optional[Callable] = None
         self._onFinished: Optional[Callable] = None
         self.launcher = None  # tests may inject a fake process launcher
-        self.runFactory = None  # a sequence's process per step (None: one-shot CardsegRun; a warm engine's seam)
+        self.runFactory = None  # tests may make a sequence's runs (None: the warm engine's, as a volume's)
         self.engine: Optional[Engine] = None  # the warm cardseg serve process, made on first use
         self._background: List[threading.Thread] = []
 
@@ -150,12 +150,13 @@ class ModuleLogic:
             options,
             launcher=self.launcher,
             on_progress=onProgress,
-            run_factory=self.runFactory,
+            run_factory=self.runFactory or self.segmentRunFactory(options),
         )
 
     def segmentRunFactory(self, options: JobOptions):
         """The warm engine's run factory when the user keeps it warm (and no test launcher is
-        injected), else None: the one-shot process."""
+        injected), else None: the one-shot process. Volumes and cine sequences alike: one engine
+        serves every run of the panel."""
         if not options.keep_engine_warm or self.launcher is not None:
             if self.engine is not None and not options.keep_engine_warm:
                 self.closeEngine()  # the user turned it off: free its memory now
@@ -171,10 +172,12 @@ class ModuleLogic:
             self.engine.warm_up(options.command("", ""))
 
     def closeEngine(self) -> None:
-        """End the warm engine (module cleanup, application exit; atexit does it too)."""
+        """End the warm engine (module cleanup, application exit; atexit does it too) and wait for
+        the endings of cancelled runs: when this returns, no engine process of this Logic runs."""
         if self.engine is not None:
             self.engine.close()
             self.engine = None
+        self.waitForBackground()
 
     def elapsedSeconds(self) -> Optional[float]:
         """Seconds the current run has taken so far, or the last run took; None before any run."""
@@ -225,13 +228,14 @@ class ModuleLogic:
         self._releaseTimer.connect("timeout()", tick)
         self._releaseTimer.start()
 
-    def cancel(self) -> None:
+    def cancel(self, wait: bool = False) -> None:
         """End the running process; the scene stays as it was. Returns at once: the process is
-        ended and its files deleted on a background thread (:meth:`waitForBackground`)."""
+        ended and its files deleted on a background thread (:meth:`waitForBackground`); with
+        ``wait``, here, before this returns (the module's cleanup: nothing may outlive it)."""
         if not self.isRunning:
             return
         self._stopTimer()
-        self._monitor.cancel(background=self._inBackground)
+        self._monitor.cancel(background=None if wait else self._inBackground)
         self._finished()
 
     def _inBackground(self, fn: Callable[[], None]) -> None:

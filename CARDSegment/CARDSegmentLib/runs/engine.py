@@ -16,15 +16,15 @@ which the module drives exactly like a :class:`~.process.CardsegRun` (``start``,
 * The one-shot process stays the fallback: a run whose engine could not start or ended before it
   was ready (e.g. an engine without ``serve``) goes on as a one-shot ``cardseg segment``
   (:attr:`EngineRun.engine_failed` says so), and so do the later runs of that engine.
-  :meth:`Engine.run_factory` has the signature of ``cine.RunFactory``: an engine run for a plain
-  segment command, the one-shot run for anything else (``cardseg batch``).
+  :meth:`Engine.run_factory` has the signature of ``runs.child.RunFactory``: an engine run for a
+  plain segment command and for a cine's ``cardseg batch`` command (a ``batch`` request: the frames
+  on the model already loaded), the one-shot run for anything else.
 """
 
 from __future__ import annotations
 
 import atexit
 import json
-import subprocess
 import time
 import weakref
 from typing import Callable, Dict, List, Optional, Tuple
@@ -52,17 +52,22 @@ def launch_key(command: proc.SegmentCommand) -> Tuple:
     )
 
 
+def served(command: proc.SegmentCommand) -> bool:
+    """Whether the engine serves ``command``: a plain ``cardseg segment`` or ``cardseg batch``
+    command (a subclass of those may run another command line: it runs one-shot)."""
+    return type(command) in (proc.SegmentCommand, proc.BatchCommand)
+
+
 def request_of(command: proc.SegmentCommand, rid: int) -> Dict[str, object]:
-    """The JSON request for one run: the options :meth:`~.process.SegmentCommand.argv` passes."""
+    """The JSON request for one run: the options :meth:`~.process.SegmentCommand.argv` passes
+    (a :class:`~.process.BatchCommand`: a ``batch`` request without the triage report)."""
     command.argv()  # the same refusal of a wrong device or method as a one-shot run
-    request: Dict[str, object] = {
-        "id": rid,
-        "input": str(command.input_path),
-        "output": str(command.output_dir),
-        "device": command.device,
-        "method": command.method,
-        "overwrite": True,
-    }
+    request: Dict[str, object] = {"id": rid}
+    if isinstance(command, proc.BatchCommand):
+        request.update(op="batch", manifest=str(command.input_path), report=False)
+    else:
+        request.update(input=str(command.input_path), overwrite=True)
+    request.update(output=str(command.output_dir), device=command.device, method=command.method)
     if command.bundle_path:
         request["bundle"] = str(command.bundle_path)
     if command.threads:
@@ -94,10 +99,8 @@ EngineLauncher = Callable[[List[str], Dict[str, str], Optional[str]], EngineHand
 
 class PipedProcess(proc.PopenHandle, EngineHandle):
     """A real engine process: :class:`~.process.PopenHandle` (reader threads queue its output
-    lines) with a pipe on its standard input too."""
-
-    def __init__(self, argv: List[str], env: Dict[str, str], cwd: Optional[str] = None):
-        super().__init__(argv, env, cwd, stdin=subprocess.PIPE)
+    lines; its input pipe, closed by :meth:`close_input` and by ``kill``) that also writes the
+    requests on its input pipe."""
 
     def write_line(self, text: str) -> None:
         try:
@@ -105,16 +108,6 @@ class PipedProcess(proc.PopenHandle, EngineHandle):
             self._proc.stdin.flush()
         except ValueError as exc:  # the pipe was closed here
             raise BrokenPipeError(str(exc)) from None
-
-    def close_input(self) -> None:
-        try:
-            self._proc.stdin.close()
-        except OSError:
-            pass
-
-    def kill(self) -> None:
-        self.close_input()
-        super().kill()
 
 
 def pipe_launcher(argv: List[str], env: Dict[str, str], cwd: Optional[str] = None) -> EngineHandle:
@@ -287,10 +280,11 @@ class Engine:
         launcher: Optional[proc.Launcher] = None,
         on_progress: Optional[Callable[[proc.Progress], None]] = None,
     ):
-        """``cine.RunFactory``'s signature: an :class:`EngineRun` for a plain ``cardseg segment``
-        command, else (a subclass such as ``cardseg batch``'s, or an engine for this interpreter
-        that never got ready) the one-shot :class:`~.process.CardsegRun` with ``launcher``."""
-        if type(command) is not proc.SegmentCommand or self.broken == launch_key(command):
+        """:data:`~.child.RunFactory`'s signature: an :class:`EngineRun` for a plain ``cardseg
+        segment`` or ``cardseg batch`` command (:func:`served`), else (another command, or an
+        engine for this interpreter that never got ready) the one-shot :class:`~.process.CardsegRun`
+        with ``launcher``."""
+        if not served(command) or self.broken == launch_key(command):
             return proc.CardsegRun(command, launcher, on_progress)
         return self.run(command, on_progress, launcher)
 

@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Callable, ContextManager, Optional, Tuple
 
 from . import process as proc
+from .child import ChildRuns, cancel_runs, one_line  # noqa: F401 (cancel_runs, one_line: re-exported)
 from ..install.acknowledgement import ensure_acknowledged_for_bundle
 from ..install.bundles import bundle_classes
 from ..install.dependencies import missing_requirements
-from ..install.packages import InstallFailed
 from ..outputs.loading import load_outputs
 from ..outputs.nodes import OutputError, OutputNodes
 from ..outputs.volume_files import write_volume_file
@@ -92,9 +92,9 @@ class SegmentationJob:
         self.options = options or JobOptions()
         self.launcher = launcher
         self.on_progress = on_progress
-        self.run_factory = run_factory or proc.CardsegRun  # the warm engine's Engine.run_factory, or one-shot
+        # the engine child: the warm engine's Engine.run_factory makes it, else a one-shot process
+        self.children = ChildRuns(run_factory, launcher, self.cleanup, self._fail)
         self.work_dir: Optional[Path] = None
-        self.run: Optional[proc.CardsegRun] = None
         self.outputs: Optional[OutputNodes] = None
         self._error: Optional[str] = None
         self._state = proc.IDLE
@@ -111,13 +111,16 @@ class SegmentationJob:
         """The one-line error; a temporary path in it reads as what it held (the files are gone)."""
         volume = f"volume '{self.input_volume.GetName()}'" if self.input_volume is not None else "the input volume"
         names = {str(self.input_path): volume, str(self.output_dir): f"the results of {volume}"}
-        return proc.name_paths(
-            self._error or (self.run.error if self.run is not None else None), names if self.work_dir else {}
-        )
+        return proc.name_paths(self._error or self.children.error, names if self.work_dir else {})
+
+    @property
+    def run(self):
+        """The engine child's run (a CardsegRun or an EngineRun; None before the start)."""
+        return self.children.run
 
     @property
     def progress(self) -> proc.Progress:
-        return self.run.progress if self.run is not None else proc.Progress()
+        return self.children.progress
 
     @property
     def input_path(self) -> Optional[Path]:
@@ -144,37 +147,26 @@ class SegmentationJob:
         except Exception as exc:  # noqa: BLE001 - any failure here is the run's one-line error
             self._fail(one_line(exc))
             return
-        command = self.options.command(self.input_path, self.output_dir)
-        self.run = self.run_factory(command, self.launcher, self.on_progress)
         self._state = proc.RUNNING
-        start_or_clean_up(self.run, self._fail)
-        if self.run.state == proc.FAILED:
+        if self.children.start(self.options.command(self.input_path, self.output_dir), self.on_progress) == proc.FAILED:
             self._state = proc.FAILED
-            self.cleanup()
 
     def poll(self) -> str:
         """Advance: read the process's output; ``succeeded`` means :meth:`finish` may be called."""
-        if self._state != proc.RUNNING or self.run is None:
-            return self._state
-        state = self.run.poll()
-        if state in (proc.FAILED, proc.CANCELLED):
-            self._state = state
-            self.cleanup()
-        elif state == proc.SUCCEEDED:
-            self._state = proc.SUCCEEDED
+        if self._state == proc.RUNNING:
+            self._state = self.children.poll()
         return self._state
 
     def wait(self, timeout: Optional[float] = None) -> str:
         """Poll until the process ends (scripts, tests, Slicer's self-test)."""
-        if self.run is not None and self._state == proc.RUNNING:
-            self.run.wait(timeout)
-        return self.poll()
+        if self._state == proc.RUNNING:
+            self._state = self.children.wait(timeout)
+        return self._state
 
     def abort(self, message: str) -> None:
         """Fail the job with ``message``: end the process if it runs, delete the temporary files."""
         try:
-            if self.run is not None and self.run.running:
-                self.run.cancel()
+            self.children.stop()
         finally:
             self._fail(message)
 
@@ -185,7 +177,7 @@ class SegmentationJob:
         ``cancelled`` at once); without it they run here."""
         if self._state in (proc.IDLE, proc.RUNNING, proc.SUCCEEDED):
             self._state = proc.CANCELLED
-        cancel_runs([self.run], self.cleanup, background)
+        self.children.cancel(background)
 
     def load_step(self) -> bool:
         """Load the results (a plain volume's in one step); True when done."""
@@ -228,36 +220,6 @@ class SegmentationJob:
         self.cleanup()
 
 
-def start_or_clean_up(run, fail: Callable[[str], None]) -> None:
-    """``run.start()``; if it raises, ``fail`` (which deletes the temporary folder) before the error goes on."""
-    try:
-        run.start()
-    except Exception as exc:
-        fail(one_line(exc))
-        raise
-
-
-def cancel_runs(runs, cleanup: Callable[[], None], background: Optional[Callable] = None) -> None:
-    """Cancel ``runs`` (any may be None), then ``cleanup``; with ``background(fn)`` the waiting for
-    the processes and the cleanup happen there, and this returns at once. The cleanup happens even
-    when a run's cancel raises (the error is raised after it is handed over)."""
-    endings: list = []
-
-    def finish() -> None:
-        try:
-            for end in endings:
-                end()
-        finally:
-            cleanup()
-
-    try:
-        for run in runs:
-            if run is not None:
-                run.cancel(background=endings.append if background is not None else None)
-    finally:
-        (background or (lambda fn: fn()))(finish)
-
-
 def remove_tree(path: os.PathLike) -> Optional[str]:
     """Delete the folder ``path`` (this module's own temporary folder) as far as possible.
 
@@ -285,23 +247,6 @@ def remove_tree(path: os.PathLike) -> Optional[str]:
 def engine_dir_of(module_file: os.PathLike) -> str:
     """The folder next to ``CARDSegment.py`` that holds the ``cardseg`` package."""
     return str(Path(module_file).resolve().parent)
-
-
-#: errors whose message is already written for the user; others get their type name in front
-_PLAIN_ERRORS = (OutputError, OSError, ValueError, InstallFailed)
-
-
-def one_line(exc: BaseException) -> str:
-    """The one line the panel shows for an exception.
-
-    Expected errors (unreadable outputs, files, values) give their message; anything else (a bug,
-    an API this Slicer lacks) gives ``Type: message`` so that the cause stays recognisable.
-    """
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    text = lines[0] if lines else ""
-    if isinstance(exc, _PLAIN_ERRORS) and text:
-        return text
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 class JobMonitor:

@@ -68,7 +68,8 @@ class SegmentCommand:
         return self.engine_call("segment", str(self.input_path)) + ["--overwrite"]
 
     def engine_call(self, *subcommand: str) -> List[str]:
-        """``python -m cardseg <subcommand...> -o OUT`` + the options every run passes (``cardseg batch`` too).
+        """``python -m cardseg <subcommand...> -o OUT`` + the options every run passes (``cardseg batch`` too),
+        ``--eof stop`` among them (see :class:`PopenHandle`).
 
         Checks ``device`` and ``method`` (ValueError naming the wrong choice)."""
         if self.device not in DEVICE_CHOICES:
@@ -88,6 +89,8 @@ class SegmentCommand:
             self.device,
             "--method",
             self.method,
+            "--eof",
+            "stop",  # the child reads its input: the end of it (this process is gone) stops it at once
         ]
         for flag, value, kind in (
             ("--bundle", self.bundle_path, str),
@@ -115,6 +118,14 @@ class SegmentCommand:
         env[PARENT_PID_ENV] = str(os.getpid())  # the engine ends when this process is gone
         env.update(self.extra_env)
         return env
+
+
+@dataclass
+class BatchCommand(SegmentCommand):
+    """``cardseg batch`` over a manifest of volume files (``input_path`` is the manifest), no triage report."""
+
+    def argv(self) -> List[str]:
+        return self.engine_call("batch", "--manifest", str(self.input_path)) + ["--no-report"]
 
 
 def default_python_executable() -> str:
@@ -204,9 +215,15 @@ Launcher = Callable[[List[str], Dict[str, str], Optional[str]], ProcessHandle]
 
 
 class PopenHandle(ProcessHandle):
-    """A real child process; two reader threads move its output lines into a queue."""
+    """A real child process; two reader threads move its output lines into a queue.
 
-    def __init__(self, argv: List[str], env: Dict[str, str], cwd: Optional[str] = None, stdin=subprocess.DEVNULL):
+    Its standard input is a pipe whose write end this handle keeps open and never writes to (unless
+    ``stdin`` says otherwise): the operating system closes it when this process ends, however it
+    ends, and a child started with ``--eof stop`` then stops at once. :meth:`close_input` closes it
+    here; :meth:`kill` does so first.
+    """
+
+    def __init__(self, argv: List[str], env: Dict[str, str], cwd: Optional[str] = None, stdin=subprocess.PIPE):
         kwargs = {}
         if os.name == "nt":
             kwargs["creationflags"] = getattr(subprocess, "CREATE_NO_WINDOW", 0)
@@ -270,8 +287,17 @@ class PopenHandle(ProcessHandle):
             return None  # something still holds the pipes open; give it a few seconds
         return code
 
+    def close_input(self) -> None:
+        """Close this end of the child's input pipe (a child with ``--eof stop`` then stops)."""
+        if self._proc.stdin is not None:
+            try:
+                self._proc.stdin.close()
+            except OSError:
+                pass
+
     def kill(self) -> None:
         """End the process and every process it started (see :func:`kill_process_tree`)."""
+        self.close_input()
         kill_process_tree(self._proc)
         try:
             self._proc.wait(timeout=10)

@@ -113,13 +113,25 @@ class _Plan:
         return [c["name"] for c in self.config["classes"]][1:]
 
 
-def run_batch(o: BatchOptions) -> BatchResult:
+@dataclass(frozen=True)
+class BatchHooks:
+    """What a caller that keeps a model loaded (``cardseg serve``) hands :func:`run_batch`.
+
+    progress: reports the cases (a :class:`CaseProgress`'s ``start``, ``advance``, ``close``; None:
+    the one ``--progress`` asks for); load_worker: ``(options, bundle_root, checked) -> CaseWorker``,
+    the local worker with its bundle loaded (None: loaded here, :func:`_loaded_worker`)."""
+
+    progress: Optional[CaseProgress] = None
+    load_worker: Optional[Callable[[BatchOptions, Path, object], CaseWorker]] = None
+
+
+def run_batch(o: BatchOptions, hooks: Optional[BatchHooks] = None) -> BatchResult:
     """Run a batch: every check first, then the cases, then the tables and the report.
 
     Order: options, the cases (manifest or INPUTs), the bundle (schema, checksums), OUTDIR, the
     inputs' content hashes (read only), then the Ray cluster (``--ray``) or the networks (local);
     a refusal up to here is a one-line :class:`CardsegError` and nothing is written. Only then is
-    OUTDIR created or taken (its lock), stamped, and filled.
+    OUTDIR created or taken (its lock), stamped, and filled. ``hooks``: see :class:`BatchHooks`.
     """
     from cardseg.bundle.folder import check_bundle, check_method
     from cardseg.bundle.review_rules import with_review_map
@@ -142,7 +154,8 @@ def run_batch(o: BatchOptions) -> BatchResult:
     check_method(bundle_root, config, o.method)  # as segment refuses it, before any case
     settings = bundle_settings(config, o.method)
     out, earlier = check_batch_outdir(o.output, settings, o.overwrite)
-    progress = CaseProgress(o.progress, o.quiet)
+    hooks = hooks or BatchHooks()
+    progress = hooks.progress or CaseProgress(o.progress, o.quiet)
     plan = _plan(o, _Checked(out, earlier, settings, config, Path(bundle_root)), cases, spacing, progress, cines)
 
     worker = cluster = None
@@ -159,7 +172,7 @@ def run_batch(o: BatchOptions) -> BatchResult:
             raise
     try:
         if (plan.jobs and not o.ray) or passes:  # the networks load here, once: one that does not is a refusal
-            worker = _loaded_worker(o, bundle_root, checked)
+            worker = (hooks.load_worker or _loaded_worker)(o, bundle_root, checked)
         result = _execute(plan, progress, worker, cluster)
     finally:
         if cluster is not None:
