@@ -21,6 +21,8 @@ import sys
 import threading
 from typing import Callable, Optional
 
+from cardseg.base.input_watch import stop_self
+
 #: the environment variable naming the process id of the program the engine must not outlive
 PARENT_ENV = "CARDSEG_PARENT_PID"
 #: seconds between two checks of the watched process
@@ -72,19 +74,9 @@ def alive_check(pid: int) -> Callable[[], bool]:
 
 
 def _stop_self() -> None:
-    """Stop as SIGTERM stops a command, and end the process :data:`GRACE_S` seconds later if it
-    still runs: on POSIX by the kernel's SIGALRM (whose default action ends the process even while
-    the main thread holds the interpreter in a long native call), elsewhere from a timer thread."""
-    if hasattr(signal, "setitimer"):
-        signal.setitimer(signal.ITIMER_REAL, GRACE_S)
-    else:
-        timer = threading.Timer(GRACE_S, lambda: os._exit(EXIT_PARENT_GONE))
-        timer.daemon = True
-        timer.start()
-    try:
-        signal.raise_signal(signal.SIGTERM)
-    except (OSError, ValueError, AttributeError):
-        os._exit(EXIT_PARENT_GONE)
+    """Stop as SIGTERM stops a command, ending the process :data:`GRACE_S` seconds later if it
+    still runs (:func:`cardseg.base.input_watch.stop_self`)."""
+    stop_self(GRACE_S)
 
 
 def watch_parent(
