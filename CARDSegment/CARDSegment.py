@@ -26,6 +26,7 @@ from slicer.util import VTKObservationMixin
 import CARDSegmentLib as lib
 from CARDSegmentLib.panel import about
 from CARDSegmentLib.panel import selftest
+from CARDSegmentLib.cine.stack import combined_text
 from CARDSegmentLib.install.acknowledgement import ensure_acknowledged_for_bundle as ensure_acknowledged
 from CARDSegmentLib.install.packages import DependencyDeclined, InstallFailed, use_application
 from CARDSegmentLib.runs.jobs import EngineChoice
@@ -124,6 +125,8 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
         self.ui.rejectButton.connect("clicked(bool)", lambda _: self.onSetStatus("rejected"))
         self.ui.exportButton.connect("clicked(bool)", self.onExportButton)
         self.ui.keepResultsButton.connect("clicked(bool)", self.onKeepResults)
+        self.ui.cineCurvesButton.connect("clicked(bool)", self.onShowCineCurves)
+        self.ui.combineSeriesButton.connect("clicked(bool)", self.onCombineSeries)
         self.ui.keepEngineWarmCheckBox.checked = self._engineChoice.keep_warm
         self.ui.keepEngineWarmCheckBox.connect("toggled(bool)", self.onKeepEngineWarm)
 
@@ -340,6 +343,7 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             if state == "loaded":
                 elapsed = lib.elapsed_text(self.logic.elapsedSeconds())
                 self.ui.statusLabel.text = f"Done in {elapsed}." if elapsed else "Done."
+                self._afterCineRun(self._parameterNode.inputVolume)
                 self.refreshResults()
                 return
             if state == lib.CANCELLED:
@@ -365,6 +369,43 @@ class CARDSegmentWidget(ScriptedLoadableModuleWidget, VTKObservationMixin):
             rows = self.logic.reviewRows(volume) if volume else []
             self.ui.exportButton.enabled = bool(rows) or bool(self.ui.indicesLabel.text)
             self._fillRegionsTable(rows)
+        self._showCineTools(volume)
+
+    def _showCineTools(self, volume) -> None:
+        """A cine's curves line and button, and the offer to combine single-slice series into one
+        cine (widgets of the panel that setup() loads)."""
+        if not hasattr(self.ui, "cineTablesLabel"):
+            return
+        self.ui.cineTablesLabel.text = self.logic.cineTablesText(volume) if volume else ""
+        self.ui.cineCurvesButton.enabled = self.ui.cineCurvesButton.visible = bool(self.ui.cineTablesLabel.text)
+        offer = self.logic.combineOffer(volume) if volume else ""
+        self.ui.combineSeriesButton.enabled = self.ui.combineSeriesButton.visible = bool(offer)
+        self.ui.combineSeriesButton.toolTip = offer
+
+    def _afterCineRun(self, volume) -> None:
+        """A sequence's run loaded: its volume curves and wall table made and shown in the layout."""
+        if volume is not None and self.logic.isSequence(volume):
+            self.logic.updateCineTables(volume)
+            self.logic.showCineCurves(volume)
+
+    def onShowCineCurves(self) -> None:
+        volume = self._parameterNode.inputVolume if self._parameterNode else None
+        if volume is not None and not self.logic.showCineCurves(volume):
+            self.ui.statusLabel.text = "No volume curves: fewer than two frames are segmented."
+
+    def onCombineSeries(self) -> None:
+        """Build one cine of the input's study's single-slice series and make it the input."""
+        volume = self._parameterNode.inputVolume if self._parameterNode else None
+        if volume is None:
+            return
+        try:
+            combined = self.logic.combineStudySeries(volume)
+        except ValueError as exc:
+            self.ui.statusLabel.text = f"Cannot combine the series: {exc}"
+            slicer.util.warningDisplay(self.ui.statusLabel.text, windowTitle="CARDSegment")
+            return
+        self._parameterNode.inputVolume = combined.proxy
+        self.ui.statusLabel.text = combined_text(combined)
 
     def _showAgreement(self, report: Optional[dict]) -> None:
         summary = lib.agreement_summary(report)

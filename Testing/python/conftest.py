@@ -41,6 +41,16 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+@pytest.fixture(autouse=True)
+def _no_retired_cine_items():
+    """Every test starts without the replaced cine result items an earlier test's panel left
+    (they are process-wide, let go by a release timer that tests fire only when they test it)."""
+    sequences = sys.modules.get("CARDSegmentLib.cine.sequences")
+    if sequences is not None:
+        sequences.release_retired(None)
+    yield
+
+
 @pytest.fixture(scope="session")
 def tiny_bundle(tmp_path_factory) -> Path:
     """An untrained bundle of two tiny U-Nets (64 x 64 at 3 mm), made the documented way."""

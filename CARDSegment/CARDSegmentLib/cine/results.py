@@ -1,5 +1,5 @@
 """A cine sequence's own results: the cardiac indices of its ED and ES frames, and the export of
-every segmented frame's review with them. MRML classes only (no Qt, no engine import).
+every segmented frame's review with them (and with the volume curves and wall table of :mod:`.curves`). MRML classes only (no Qt, no engine import).
 
 The indices are not computed here: the engine writes them (``cardseg batch``'s ``subjects.csv``,
 from ``cardseg.cohort.indices`` on the ED and ES frames' outputs: EDV, ESV, SV, EF for LV and RV,
@@ -18,10 +18,11 @@ import io
 import math
 import os
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 from ..outputs.nodes import OutputNodes, output_nodes_of, read_report, remove_node, tag_output
 from ..outputs.review import CSV_FIELDS, json_text, review_csv, review_document, write_text_atomic
+from .curves import EXPORT_FIELDS, cine_nodes, export_document, export_rows
 
 #: the subject name the manifest gives the sequence's ED and ES frames
 SUBJECT = "cine"
@@ -235,17 +236,20 @@ def indices_lines(indices: Optional[dict], frame_label=str) -> List[str]:
 
 
 #: the cine export's CSV columns: a record kind and frame, the review's columns, the indices' (the
-#: LVEF category and straddle flag on the LVEF row, as ``subjects.csv`` has them)
+#: LVEF category and straddle flag on the LVEF row, as ``subjects.csv`` has them), the volume
+#: curves' and the wall table's (:mod:`.curves`)
 CINE_CSV_FIELDS = (
     ("record", "frame")
     + CSV_FIELDS
     + ("index", "value", "low", "high", "unit", "nominal", "ed_frame", "es_frame")
     + CATEGORY_COLUMNS
+    + EXPORT_FIELDS
 )
 
 
-def cine_review_csv(frames: Dict[int, OutputNodes], indices: Optional[dict]) -> str:
-    """Every segmented frame's review rows (``record`` = region) and the indices (``record`` = index)."""
+def cine_review_csv(frames: Dict[int, OutputNodes], indices: Optional[dict], more: Sequence[dict] = ()) -> str:
+    """Every segmented frame's review rows (``record`` = region), the indices (``record`` = index),
+    then ``more`` rows (the volume curves' ``curve`` and the wall table's ``wall`` rows)."""
     out = io.StringIO()
     writer = csv.DictWriter(out, fieldnames=CINE_CSV_FIELDS, lineterminator="\n", restval="")
     writer.writeheader()
@@ -273,11 +277,13 @@ def cine_review_csv(frames: Dict[int, OutputNodes], indices: Optional[dict]) -> 
                 "LVEF_straddles": "" if straddles is None else str(bool(straddles)).lower(),
             }
         )
+    for row in more:
+        writer.writerow(row)
     return out.getvalue()
 
 
 def export_cine_review(scene, input_volume, frames: Dict[int, OutputNodes], path: os.PathLike) -> Path:
-    """Write every frame's review and the indices: ``.csv`` (:func:`cine_review_csv`; a missing
+    """Write every frame's review, the indices, the volume curves and the wall table: ``.csv`` (:func:`cine_review_csv`; a missing
     index value or bound written ``nan`` as in the engine's ``subjects.csv``) or ``.json`` (a missing
     or non-finite number as ``null``, never a bare ``NaN``: :func:`~CARDSegmentLib.outputs.review.json_text`), both UTF-8
     (the CSV without a byte-order mark) and written whole or not at all (:func:`~CARDSegmentLib.outputs.review.write_text_atomic`)."""
@@ -286,7 +292,8 @@ def export_cine_review(scene, input_volume, frames: Dict[int, OutputNodes], path
         n for n in output_nodes_of(scene, input_volume, None) if n.GetAttribute("CARDSegment.Role") == "indices"
     ]
     indices = read_indices(indices_nodes[0]) if indices_nodes else None
-    if not any(o.review is not None for o in frames.values()) and indices is None:
+    tables = cine_nodes(scene, input_volume)
+    if not any(o.review is not None for o in frames.values()) and indices is None and tables.curves is None:
         raise KeyError("no review table for this sequence")
     if p.suffix.lower() == ".json":
         doc = {
@@ -296,10 +303,11 @@ def export_cine_review(scene, input_volume, frames: Dict[int, OutputNodes], path
                 if o.review is not None
             },
             "indices": indices,
+            **export_document(tables),
         }
         write_text_atomic(p, json_text(doc))
     elif p.suffix.lower() == ".csv":
-        write_text_atomic(p, cine_review_csv(frames, indices))
+        write_text_atomic(p, cine_review_csv(frames, indices, export_rows(tables)))
     else:
         raise ValueError(f"{p.name}: export to .csv or .json")
     return p

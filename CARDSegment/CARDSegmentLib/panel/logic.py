@@ -424,3 +424,69 @@ class ModuleLogic:
             frames = {f: o for f, o in self.frameOutputs(inputVolume).items()}
             return str(export_cine_review(self.currentScene, inputVolume, frames, path))
         return str(export_review(self.outputs(inputVolume), path))
+
+    # -- a cine's volume curves and wall table (CARDSegmentLib.cine.curves)
+
+    def updateCineTables(self, inputVolume, tables=None):
+        """Make or update the sequence's volume-curve chart and wall table after a run, from
+        ``tables`` (a :class:`~CARDSegmentLib.cine.curves.CineTables` of the run's folder), else the
+        last job's ``cine_tables`` when it read them; curves missing there come from the segmented
+        frames' reports, marked at the indices' ED and ES. A wall table whose ED and ES frames still
+        have their indices is kept when the run gave none. Returns the CineNodes (None: a plain volume)."""
+        from ..cine import curves as cc
+
+        cine = cine_of(self.currentScene, inputVolume)
+        if cine is None:
+            return None
+        if tables is None and getattr(self.job, "input_volume", None) is inputVolume:
+            tables = getattr(self.job, "cine_tables", None)
+        tables = tables or cc.CineTables(wall_note="this run measured no wall thickness")
+        indices = self.indices(inputVolume)
+        if tables.curves is None:
+            reports = {f: self.frameReport(cine, f) for f in recorded_frames(cine)}
+            ed, es = (indices["ed"], indices["es"]) if indices else (None, None)
+            found, _ = cc.curves_from_reports(reports, cc.frame_times_ms(cine.sequence), ed, es)
+            tables = cc.CineTables(found, tables.wall, tables.curves_note, tables.wall_note)
+        held = cc.read_wall_table(cc.cine_nodes(self.currentScene, inputVolume).wall)
+        keep = held is not None and indices is not None and (held.ed, held.es) == (indices["ed"], indices["es"])
+        scene = self.currentScene
+        scene.StartState(scene.BatchProcessState)
+        try:
+            return cc.show_cine_tables(scene, inputVolume, tables, cine.name, cine.frame_label, keep_wall=keep)
+        finally:
+            scene.EndState(scene.BatchProcessState)
+
+    def showCineCurves(self, inputVolume) -> bool:
+        """Show the sequence's volume-curve chart in a plot view of the layout (and its wall table in
+        a table view); False when it has none."""
+        from ..cine.curves import cine_nodes, show_in_layout
+
+        return show_in_layout(self.currentScene, cine_nodes(self.currentScene, inputVolume))
+
+    def cineTablesText(self, inputVolume) -> str:
+        """The panel's lines on the sequence's curves and wall table ("" for a plain volume or an
+        unsegmented sequence)."""
+        from ..cine.curves import cine_nodes, tables_lines
+
+        if not self.isSequence(inputVolume) or not self.hasSegmentation(inputVolume):
+            return ""
+        return "\n".join(tables_lines(cine_nodes(self.currentScene, inputVolume)))
+
+    # -- single-slice series of one study combined into one cine (CARDSegmentLib.cine.stack)
+
+    def combineOffer(self, inputVolume) -> str:
+        """The offer to combine the input's study's single-slice series into one cine ("" when the
+        input is not one of several such series)."""
+        from ..cine.stack import offer_text, study_series
+
+        return offer_text(study_series(self.currentScene, inputVolume)) if inputVolume is not None else ""
+
+    def combineStudySeries(self, inputVolume):
+        """Build one cine of the input's study's single-slice series; returns the
+        :class:`~CARDSegmentLib.cine.stack.CombinedCine`. Raises StackError (a ValueError, one
+        line naming the series that disagree) when they make no stack."""
+        from ..cine.stack import combine_series, plan_stack, stack_name, study_series
+
+        plan = plan_stack(study_series(self.currentScene, inputVolume))
+        with self._busy():
+            return combine_series(self.currentScene, plan, stack_name(plan.series))
